@@ -1,0 +1,127 @@
+"""Where the CUDA sources are and how they are compiled: the one place setup.py and the
+compile-only check (``nox -s compile`` / ``python -m gpucheck._csrc``) both read.
+
+This module must not import torch at import time (setup.py loads it by path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CSRC = Path(__file__).resolve().parent.parent / "csrc"
+EXTENSION_NAME = "gpucheck._C"
+#: Environment variable selecting a subset of kernels (comma separated folder names of csrc/).
+KERNELS_ENV = "GPUCHECK_KERNELS"
+
+CXX_FLAGS = ["-O3"]
+NVCC_FLAGS = ["-O3", "-lineinfo", "--expt-relaxed-constexpr", "-Xptxas=-warn-spills"]
+#: Architecture for the compile-only check (setup.py uses TORCH_CUDA_ARCH_LIST instead).
+CHECK_ARCH = ["-gencode=arch=compute_90,code=sm_90"]
+
+
+def kernels() -> list[str]:
+    """Names of the kernel folders in csrc/ that hold sources, honouring GPUCHECK_KERNELS."""
+    found = sorted(
+        p.name
+        for p in CSRC.iterdir()
+        if p.is_dir() and (any(p.glob("*.cu")) or any(p.glob("*.cpp")))
+    ) if CSRC.is_dir() else []
+    wanted = [k.strip() for k in os.environ.get(KERNELS_ENV, "").split(",") if k.strip()]
+    if wanted:
+        unknown = sorted(set(wanted) - set(found))
+        if unknown:
+            raise SystemExit(f"{KERNELS_ENV} names unknown kernels {unknown}; csrc/ has {found}")
+        return [k for k in found if k in wanted]
+    return found
+
+
+def sources() -> list[Path]:
+    """All translation units of the extension: csrc/*.cpp plus csrc/<kernel>/*.{cpp,cu}."""
+    if not CSRC.is_dir():
+        return []
+    files = sorted(CSRC.glob("*.cpp"))
+    for k in kernels():
+        files += sorted((CSRC / k).glob("*.cpp")) + sorted((CSRC / k).glob("*.cu"))
+    return files
+
+
+def _torch_compile_env() -> tuple[list[str], list[str]]:
+    """Include flags and the nvcc flags torch itself adds for extensions."""
+    from torch.utils import cpp_extension
+
+    includes = [f"-I{p}" for p in cpp_extension.include_paths(device_type="cuda")]
+    includes.append(f"-I{CSRC}")
+    cuda_home = cpp_extension.CUDA_HOME or "/usr/local/cuda"
+    includes.append(f"-I{Path(cuda_home) / 'include'}")
+    import torch
+
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    common = [f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-DTORCH_EXTENSION_NAME=_C", "-std=c++20"]
+    return includes + common, list(cpp_extension.COMMON_NVCC_FLAGS)
+
+
+def compile_check(jobs: int = 2) -> int:
+    """Compile (not link) every source for sm_90 against torch's headers. Returns an exit code.
+
+    Works on machines without a GPU: the CPU wheel of torch ships the CUDA headers, and nvcc
+    compiles .cu files without a device.
+    """
+    nvcc = shutil.which("nvcc") or (
+        str(Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc")
+    )
+    if not Path(nvcc).exists():
+        print("compile check: nvcc not found (set CUDA_HOME or put nvcc on PATH)", file=sys.stderr)
+        return 2
+    files = sources()
+    if not files:
+        print("compile check: csrc/ has no sources yet; nothing to compile")
+        return 0
+    includes, torch_nvcc = _torch_compile_env()
+    failures = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        procs: list[tuple[Path, list[str], subprocess.Popen[bytes], float]] = []
+        pending = list(files)
+        while pending or procs:
+            while pending and len(procs) < jobs:
+                src = pending.pop(0)
+                obj = Path(tmp) / (src.stem + src.suffix.replace(".", "_") + ".o")
+                if src.suffix == ".cu":
+                    cmd = [nvcc, "-c", str(src), "-o", str(obj), *CHECK_ARCH, *NVCC_FLAGS,
+                           *torch_nvcc, *includes, "-Xcompiler", "-fPIC"]
+                else:
+                    cmd = [nvcc, "-x", "c++", "-c", str(src), "-o", str(obj), *CXX_FLAGS,
+                           *includes, "-Xcompiler", "-fPIC"]
+                procs.append((src, cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                                                         stderr=subprocess.STDOUT),
+                              time.monotonic()))
+            src, cmd, proc, start = procs.pop(0)
+            out, _ = proc.communicate()
+            rel = src.relative_to(CSRC.parent)
+            took = time.monotonic() - start
+            if proc.returncode == 0:
+                print(f"compiled {rel} ({took:.1f} s)")
+                if out.strip():
+                    print(out.decode(errors="replace"))
+            else:
+                failures += 1
+                print(f"FAILED   {rel}\n  {' '.join(cmd)}\n{out.decode(errors='replace')}")
+    print(f"compile check: {len(files) - failures} of {len(files)} sources compiled for sm_90")
+    return 1 if failures else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Compile-only check of gpucheck's CUDA sources")
+    parser.add_argument("--jobs", type=int, default=max(1, os.cpu_count() or 1))
+    args = parser.parse_args(argv)
+    return compile_check(args.jobs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Typed Python wrappers of gpucheck's reference CUDA kernels (``torch.ops.gpucheck.*``)."""

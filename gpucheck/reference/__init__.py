@@ -1,0 +1,1 @@
+"""Pure-PyTorch implementations of gpucheck's kernels, used as oracles (CPU and GPU)."""
