@@ -1,7 +1,17 @@
 // All operator schemas of gpucheck's extension. Kernels register their CUDA implementations
 // with TORCH_LIBRARY_IMPL(gpucheck, CUDA, m) in their own entry-point file
 // (csrc/<kernel>/<kernel>.cpp); Python calls them as torch.ops.gpucheck.<op>.
+#include <Python.h>
 #include <torch/library.h>
+
+// `import gpucheck._C` loads this library, which registers the ops below; the module itself
+// is empty (the pattern of pytorch/extension-cpp).
+extern "C" {
+PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module_def);
+}
+}
 
 TORCH_LIBRARY(gpucheck, m) {
   // --- ssim (csrc/ssim) ---

@@ -52,16 +52,37 @@ def sources() -> list[Path]:
     return files
 
 
-def _torch_compile_env() -> tuple[list[str], list[str]]:
+def _cuda_home() -> Path | None:
+    """The CUDA toolkit root: $CUDA_HOME, /usr/local/cuda, or two levels above nvcc."""
+    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    for c in candidates:
+        if c and (Path(c) / "bin" / "nvcc").exists():
+            return Path(c)
+    found = shutil.which("nvcc")
+    return Path(found).resolve().parent.parent if found else None
+
+
+def _torch_compile_env(cuda_home: Path) -> tuple[list[str], list[str]]:
     """Include flags and the nvcc flags torch itself adds for extensions."""
+    import sysconfig
+
+    import torch
     from torch.utils import cpp_extension
 
-    includes = [f"-I{p}" for p in cpp_extension.include_paths(device_type="cuda")]
-    includes.append(f"-I{CSRC}")
-    cuda_home = cpp_extension.CUDA_HOME or "/usr/local/cuda"
-    includes.append(f"-I{Path(cuda_home) / 'include'}")
-    import torch
-
+    # include_paths("cpu"): a CPU build of torch knows no toolkit, so add its include dir here.
+    includes = [f"-I{p}" for p in cpp_extension.include_paths()]
+    includes += [f"-I{cuda_home / 'include'}", f"-I{CSRC}",
+                 f"-I{sysconfig.get_paths()['include']}"]
+    torch_include = Path(cpp_extension.include_paths()[0])
+    if not (torch_include / "c10/cuda/impl/cuda_cmake_macros.h").exists():
+        # CPU wheels ship c10/cuda headers but not this one generated file; recreate it with
+        # the content a CUDA build generates, in a private include dir.
+        shim = Path(tempfile.mkdtemp(prefix="gpucheck-shim-"))
+        (shim / "c10/cuda/impl").mkdir(parents=True)
+        (shim / "c10/cuda/impl/cuda_cmake_macros.h").write_text(
+            "#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n"
+        )
+        includes.append(f"-I{shim}")
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     common = [f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-DTORCH_EXTENSION_NAME=_C", "-std=c++20"]
     return includes + common, list(cpp_extension.COMMON_NVCC_FLAGS)
@@ -73,17 +94,16 @@ def compile_check(jobs: int = 2) -> int:
     Works on machines without a GPU: the CPU wheel of torch ships the CUDA headers, and nvcc
     compiles .cu files without a device.
     """
-    nvcc = shutil.which("nvcc") or (
-        str(Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc")
-    )
-    if not Path(nvcc).exists():
+    cuda_home = _cuda_home()
+    if cuda_home is None:
         print("compile check: nvcc not found (set CUDA_HOME or put nvcc on PATH)", file=sys.stderr)
         return 2
+    nvcc = str(cuda_home / "bin" / "nvcc")
     files = sources()
     if not files:
         print("compile check: csrc/ has no sources yet; nothing to compile")
         return 0
-    includes, torch_nvcc = _torch_compile_env()
+    includes, torch_nvcc = _torch_compile_env(cuda_home)
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
         procs: list[tuple[Path, list[str], subprocess.Popen[bytes], float]] = []
