@@ -1,0 +1,110 @@
+"""gpucheck's pytest plugin (entry point ``pytest11``): markers and device fixtures for suites.
+
+Users' own suites get:
+
+* markers ``gpu``, ``multigpu``, ``sanitizer`` (small enough to run under compute-sanitizer)
+  and ``slow``;
+* ``gpu_device``: a ``torch.device`` for each target CUDA device (the test is parametrized
+  over them). Before the test body runs, another visible device is made current *and
+  initialized*, so an extension that forgets its device guard launches on the wrong device
+  the way it does in real training;
+* ``other_device``: that other device, or ``None`` when only one device is visible.
+
+Target devices: ``--gpucheck-device N`` (repeatable) or ``GPUCHECK_DEVICES=0,1``; default: all
+visible devices. Without a CUDA device, tests using ``gpu_device`` are skipped with a reason.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+MARKERS = {
+    "gpu": "needs a CUDA device",
+    "multigpu": "needs two or more CUDA devices",
+    "sanitizer": "small enough to run under compute-sanitizer (memcheck slows launches ~37x)",
+    "slow": "takes long (soak tests, large sizes)",
+}
+DEVICES_ENV = "GPUCHECK_DEVICES"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("gpucheck")
+    group.addoption(
+        "--gpucheck-device",
+        action="append",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"target CUDA device index (repeatable; default: ${DEVICES_ENV} or all visible)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, doc in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {doc}")
+
+
+def _visible_cuda_count() -> int:
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def target_devices(config: pytest.Config) -> list[int]:
+    """Indices of the devices the suite targets (validated against what is visible)."""
+    chosen: list[int] | None = config.getoption("--gpucheck-device")
+    if chosen is None and os.environ.get(DEVICES_ENV):
+        chosen = [int(x) for x in os.environ[DEVICES_ENV].split(",") if x.strip()]
+    count = _visible_cuda_count()
+    if chosen is None:
+        return list(range(count))
+    bad = [i for i in chosen if not 0 <= i < count]
+    if bad:
+        raise pytest.UsageError(
+            f"gpucheck: target device(s) {bad} not visible; {count} CUDA device(s) visible"
+        )
+    return chosen
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "gpu_device" not in metafunc.fixturenames:
+        return
+    devices = target_devices(metafunc.config)
+    if devices:
+        metafunc.parametrize("gpu_device", devices, ids=[f"cuda{i}" for i in devices],
+                             indirect=True)
+    else:
+        metafunc.parametrize(
+            "gpu_device",
+            [pytest.param(None, marks=pytest.mark.skip(reason="no CUDA device visible"))],
+            ids=["nocuda"],
+            indirect=True,
+        )
+
+
+@pytest.fixture
+def gpu_device(request: pytest.FixtureRequest) -> Any:
+    """The target ``torch.device``; another device is current and initialized meanwhile."""
+    import torch
+
+    from gpucheck.runner.poison import make_other_device_current
+
+    target = torch.device("cuda", request.param)
+    other = make_other_device_current(target)
+    request.node.user_properties.append(
+        ("gpucheck_current_device", None if other is None else str(other))
+    )
+    return target
+
+
+@pytest.fixture
+def other_device(gpu_device: Any) -> Any:
+    """The device made current while ``gpu_device`` is tested, or None (one device visible)."""
+    from gpucheck.runner.poison import other_device as _other
+
+    return _other(gpu_device)
