@@ -42,9 +42,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+    from gpucheck.runner.worker import add_options
+
+    add_options(group)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     for name, doc in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {doc}")
+    if config.getoption("--gpucheck-results"):
+        from gpucheck.runner.worker import Recorder
+
+        config.pluginmanager.register(Recorder(config), "gpucheck-recorder")
 
 
 def _visible_cuda_count() -> int:

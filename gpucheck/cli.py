@@ -1,0 +1,139 @@
+"""gpucheck's command line. Thin: parse, build a config, call one pipeline function.
+
+Exit codes for every command: 0 clean, 1 findings of severity error, 2 usage or environment
+error (one sentence, no traceback).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+import gpucheck
+from gpucheck.errors import EXIT_CLEAN, EXIT_USAGE, GpucheckError
+
+GIB = 1024**3
+
+
+def _gib(value: int | None) -> str:
+    return "N/A" if value is None else f"{value / GIB:.2f} GiB"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(gpucheck.__version__, prog_name="gpucheck")
+def cli() -> None:
+    """Find the bugs of multi-GPU PyTorch CUDA extensions before your users do."""
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def devices(as_json: bool) -> int:
+    """List every visible CUDA device, its memory, processes and peer access."""
+    from gpucheck.devices import discover
+
+    inv = discover()
+    if as_json:
+        click.echo(json.dumps({"gpucheck_version": gpucheck.__version__, **inv.to_json()},
+                              indent=2))
+    else:
+        _print_inventory(inv)
+    if inv.environment_error:
+        return EXIT_USAGE
+    return EXIT_CLEAN
+
+
+def _print_inventory(inv) -> None:  # type: ignore[no-untyped-def]
+    console = Console(soft_wrap=True)
+    versions = (f"driver {inv.driver_version or 'N/A'}, CUDA (driver) "
+                f"{inv.cuda_driver_version or 'N/A'}, torch {inv.torch_version or 'not installed'}")
+    if not inv.devices:
+        console.print(inv.reason)
+        console.print(versions)
+        return
+    table = Table(title=f"{len(inv.devices)} visible CUDA device(s); {versions}")
+    for col in ("cuda", "nvml", "name", "cc", "uuid", "pci", "total", "free", "util"):
+        table.add_column(col)
+    for d in inv.devices:
+        table.add_row(str(d.cuda_index), str(d.nvml_index), d.name, d.compute_capability or "N/A",
+                      d.uuid, d.pci_bus_id or "N/A", _gib(d.memory_total), _gib(d.memory_free),
+                      "N/A" if d.utilization_gpu is None else f"{d.utilization_gpu}%")
+    console.print(table)
+    procs = Table(title="processes with a CUDA context")
+    for col in ("cuda", "pid", "name", "memory"):
+        procs.add_column(col)
+    for d in inv.devices:
+        for p in d.processes:
+            procs.add_row(str(d.cuda_index), str(p.pid), p.name or "N/A", _gib(p.used_memory))
+    console.print(procs if procs.row_count else "processes with a CUDA context: none")
+    if len(inv.devices) > 1:
+        peer = Table(title="peer access (row can access column)")
+        peer.add_column("")
+        for d in inv.devices:
+            peer.add_column(f"cuda:{d.cuda_index}")
+        for d in inv.devices:
+            peer.add_row(f"cuda:{d.cuda_index}", *("-" if v is None else ("yes" if v else "no")
+                                                     for v in d.peer_access))
+        console.print(peer)
+    for note in inv.notes:
+        console.print(f"note: {note}")
+
+
+@cli.command()
+@click.option("--all-devices", is_flag=True, help="Target every visible CUDA device (default).")
+@click.option("--device", "device_indices", type=click.IntRange(min=0), multiple=True,
+              metavar="N", help="Target CUDA device N (repeatable).")
+@click.option("--suite", "suites", multiple=True, metavar="NAME|PATH",
+              help="Suite to run: a folder name under suites/ or a path (repeatable; "
+                   "default: every suite).")
+@click.option("--mode", "modes", multiple=True,
+              type=click.Choice(["blocking", "nvml", "sanitizer", "sanitizer:memcheck",
+                                 "sanitizer:racecheck", "sanitizer:initcheck",
+                                 "sanitizer:synccheck"]),
+              help="Instrumentation (repeatable; default: blocking + nvml).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Output folder (default: reports/<timestamp>/).")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=900.0,
+              show_default=True, metavar="SECONDS",
+              help="A case running longer than this is recorded as hung.")
+@click.option("--quiet", is_flag=True, help="No live progress; one line per worker.")
+@click.option("--cpu-only", is_flag=True, help="Run without a GPU (GPU cases are skipped).")
+@click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
+def run(all_devices: bool, device_indices: tuple[int, ...], suites: tuple[str, ...],
+        modes: tuple[str, ...], out: Path | None, timeout: float, quiet: bool,
+        cpu_only: bool, pytest_args: tuple[str, ...]) -> int:
+    """Run the suites on every target device, each in its own process.
+
+    Arguments after `--` go to pytest (e.g. `-- -k forward`).
+    """
+    from gpucheck.runner.pipeline import RunConfig
+    from gpucheck.runner.pipeline import run as run_pipeline
+
+    return run_pipeline(RunConfig(all_devices, device_indices, suites, modes, out, timeout,
+                                  quiet, cpu_only, list(pytest_args)))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``gpucheck`` script; returns the exit code."""
+    try:
+        rv = cli.main(args=list(argv) if argv is not None else None,
+                      prog_name="gpucheck", standalone_mode=False)
+    except GpucheckError as err:
+        click.echo(f"gpucheck: {err}", err=True)
+        return err.exit_code
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        return 130
+    except click.ClickException as err:
+        err.show()
+        return EXIT_USAGE if isinstance(err, click.UsageError) else err.exit_code
+    return rv if isinstance(rv, int) else EXIT_CLEAN
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,234 @@
+"""The only module that talks to NVML (through nvidia-ml-py's ``pynvml``).
+
+Every call goes through :func:`query`, which turns "not supported", "no permission", a missing
+library or a missing function into the :data:`NA` sentinel instead of an exception (the pattern
+of nvitop's ``nvmlQuery``). :func:`status` says whether NVML could be initialized and, if not,
+why, in one sentence a user can act on.
+
+NVML never creates a CUDA context, so everything here is safe to call from the harness's parent
+process and from a sampler thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+try:  # nvidia-ml-py is a dependency, but a broken environment must still get a clear sentence
+    import pynvml as _nv
+except ImportError:  # pragma: no cover - exercised by patching in tests
+    _nv = None
+
+
+class _NAType:
+    """Sentinel for "this value is not available here" (falsy, prints as N/A, JSON null)."""
+
+    _instance: _NAType | None = None
+
+    def __new__(cls) -> _NAType:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return "N/A"
+
+    __str__ = __repr__
+
+
+NA: Any = _NAType()
+
+
+def na_to_none(value: Any) -> Any:
+    """NA -> None for JSON; anything else unchanged."""
+    return None if value is NA else value
+
+
+@dataclass(frozen=True)
+class NvmlStatus:
+    ok: bool
+    reason: str | None = None  # one sentence when not ok
+    no_driver: bool = False  # True when the machine simply has no NVIDIA driver / GPU
+
+
+_lock = threading.Lock()
+_status: NvmlStatus | None = None
+
+# Why NVML failed to start, in words a user can act on.
+_INIT_REASONS = {
+    "NVMLError_LibraryNotFound": (
+        "the NVIDIA driver's NVML library (libnvidia-ml.so.1) was not found, "
+        "so no NVIDIA driver is installed on this machine",
+        True,
+    ),
+    "NVMLError_DriverNotLoaded": ("the NVIDIA driver is not loaded", True),
+    "NVMLError_LibRmVersionMismatch": (
+        "the NVIDIA kernel driver and its user-space library have different versions "
+        "(driver/library version mismatch, usually after a driver update without a reboot)",
+        False,
+    ),
+    "NVMLError_NoPermission": ("this user has no permission to query the NVIDIA driver", False),
+}
+
+
+def status() -> NvmlStatus:
+    """Initialize NVML once (thread-safe) and report whether it is usable."""
+    global _status
+    with _lock:
+        if _status is None:
+            _status = _init()
+        return _status
+
+
+def _init() -> NvmlStatus:
+    if _nv is None:
+        return NvmlStatus(False, "the Python package nvidia-ml-py (pynvml) is not installed")
+    try:
+        _nv.nvmlInit()
+    except _nv.NVMLError as err:
+        reason, no_driver = _INIT_REASONS.get(
+            type(err).__name__, (f"NVML failed to initialize: {err}", False)
+        )
+        return NvmlStatus(False, reason, no_driver)
+    except OSError as err:  # a library found but unloadable
+        return NvmlStatus(False, f"the NVML library could not be loaded: {err}", True)
+    return NvmlStatus(True)
+
+
+def reset() -> None:
+    """Forget the initialization state (tests; after a driver reload)."""
+    global _status
+    with _lock:
+        if _status is not None and _status.ok and _nv is not None:
+            try:
+                _nv.nvmlShutdown()
+            except _nv.NVMLError:
+                pass
+        _status = None
+
+
+def query(func: str | Callable[..., Any], *args: Any, default: Any = NA) -> Any:
+    """Call a pynvml function; return ``default`` where the answer is unavailable.
+
+    ``func`` is a pynvml function or its name (``"nvmlDeviceGetUUID"``). Unavailable means:
+    NVML not initialized or not installed, the function missing from this driver, not
+    supported by this device, no permission, or any other NVML error. Bytes become str.
+    """
+    if not status().ok or _nv is None:
+        return default
+    fn = getattr(_nv, func, None) if isinstance(func, str) else func
+    if fn is None:
+        return default
+    try:
+        value = fn(*args)
+    except (_nv.NVMLError, AttributeError, TypeError, OSError):
+        return default
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return value
+
+
+# --- typed helpers used by devices.py and the NVML sampler -------------------------------------
+
+
+def device_count() -> int:
+    count = query("nvmlDeviceGetCount")
+    return 0 if count is NA else int(count)
+
+
+def handle(index: int) -> Any:
+    return query("nvmlDeviceGetHandleByIndex", index)
+
+
+def uuid(h: Any) -> Any:
+    return query("nvmlDeviceGetUUID", h)
+
+
+def name(h: Any) -> Any:
+    return query("nvmlDeviceGetName", h)
+
+
+def pci_bus_id(h: Any) -> Any:
+    info = query("nvmlDeviceGetPciInfo", h)
+    if info is NA:
+        return NA
+    bus = info.busId
+    return bus.decode() if isinstance(bus, bytes) else str(bus)
+
+
+def compute_capability(h: Any) -> Any:
+    cc = query("nvmlDeviceGetCudaComputeCapability", h)
+    return NA if cc is NA else f"{cc[0]}.{cc[1]}"
+
+
+@dataclass(frozen=True)
+class MemoryInfo:
+    total: Any
+    free: Any
+    used: Any
+    reserved: Any  # NA where the driver has only the v1 query
+
+
+def memory_info(h: Any) -> MemoryInfo:
+    """Memory of one device in bytes; the v2 query (with ``reserved``) where the driver has it."""
+    if _nv is not None and hasattr(_nv, "nvmlMemory_v2"):
+        info = query(lambda: _nv.nvmlDeviceGetMemoryInfo(h, version=_nv.nvmlMemory_v2))
+        if info is not NA:
+            return MemoryInfo(info.total, info.free, info.used, info.reserved)
+    info = query("nvmlDeviceGetMemoryInfo", h)
+    if info is NA:
+        return MemoryInfo(NA, NA, NA, NA)
+    return MemoryInfo(info.total, info.free, info.used, NA)
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    pid: int
+    used_memory: Any  # bytes, or NA (not available e.g. under some virtualization)
+    name: Any
+
+
+def compute_processes(h: Any) -> list[ProcessInfo]:
+    """Processes with a CUDA context on this device and the memory each one uses there."""
+    procs = query("nvmlDeviceGetComputeRunningProcesses", h, default=[])
+    out = []
+    for p in procs:
+        used = getattr(p, "usedGpuMemory", None)
+        out.append(ProcessInfo(int(p.pid), NA if used is None else int(used),
+                               query("nvmlSystemGetProcessName", p.pid)))
+    return out
+
+
+def utilization(h: Any) -> tuple[Any, Any]:
+    """(gpu %, memory %) over the driver's last sample period."""
+    rates = query("nvmlDeviceGetUtilizationRates", h)
+    return (NA, NA) if rates is NA else (rates.gpu, rates.memory)
+
+
+def p2p_read_ok(h1: Any, h2: Any) -> Any:
+    """Whether NVML reports peer-to-peer reads between two devices (NA if unknown)."""
+    if _nv is None:
+        return NA
+    st = query("nvmlDeviceGetP2PStatus", h1, h2, getattr(_nv, "NVML_P2P_CAPS_INDEX_READ", 0))
+    return NA if st is NA else st == getattr(_nv, "NVML_P2P_STATUS_OK", 0)
+
+
+def driver_version() -> Any:
+    return query("nvmlSystemGetDriverVersion")
+
+
+def cuda_driver_version() -> Any:
+    """The CUDA version the driver supports, as "13.0"."""
+    v = query("nvmlSystemGetCudaDriverVersion_v2")
+    if v is NA:
+        v = query("nvmlSystemGetCudaDriverVersion")
+    return NA if v is NA else f"{v // 1000}.{(v % 1000) // 10}"
+
+
+def nvml_version() -> Any:
+    return query("nvmlSystemGetNVMLVersion")

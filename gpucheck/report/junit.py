@@ -1,0 +1,71 @@
+"""JUnit XML from results.jsonl (what CI systems display).
+
+One <testsuite> per (device, suite, mode); one <testcase> per record; failed -> <failure>,
+error/crashed/hung -> <error> (with the kind in ``type``), skipped -> <skipped>.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from gpucheck.report import results
+
+
+def _describe(record: dict[str, Any]) -> tuple[str, str]:
+    findings = record.get("findings") or []
+    message = record.get("reason") or (findings[0]["message"] if findings else record["status"])
+    parts = []
+    for f in findings:
+        parts.append(f"[{f['severity']}] {f['kind']}: {f['message']}")
+        if f.get("evidence"):
+            parts.append(str(f["evidence"]))
+        if f.get("hint"):
+            parts.append(f"hint: {f['hint']}")
+    if record.get("stderr_tail"):
+        parts.append("stderr (tail):\n" + str(record["stderr_tail"]))
+    return str(message), "\n".join(parts)
+
+
+def to_xml(records: list[dict[str, Any]]) -> ET.ElementTree:
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        groups[(r["device"], r["suite"], r["mode"])].append(r)
+    root = ET.Element("testsuites", name="gpucheck")
+    totals = defaultdict(int)
+    for (device, suite, mode), recs in sorted(groups.items()):
+        counts = {"tests": len(recs), "failures": 0, "errors": 0, "skipped": 0}
+        ts = ET.SubElement(root, "testsuite", name=f"{suite} [{device}, {mode}]")
+        time_total = 0.0
+        for r in recs:
+            time_total += float(r.get("duration_s") or 0.0)
+            classname, _, name = r["case"].rpartition("::")
+            tc = ET.SubElement(ts, "testcase", classname=f"{device}.{suite}.{classname}",
+                               name=name or r["case"], time=f"{float(r.get('duration_s') or 0):.3f}")
+            status = r["status"]
+            message, text = _describe(r)
+            if status == "failed":
+                counts["failures"] += 1
+                ET.SubElement(tc, "failure", message=message, type="failed").text = text
+            elif status in ("error", "crashed", "hung"):
+                counts["errors"] += 1
+                ET.SubElement(tc, "error", message=message, type=status).text = text
+            elif status == "skipped":
+                counts["skipped"] += 1
+                ET.SubElement(tc, "skipped", message=message)
+        for key, value in counts.items():
+            ts.set(key, str(value))
+            totals[key] += value
+        ts.set("time", f"{time_total:.3f}")
+    for key in ("tests", "failures", "errors", "skipped"):
+        root.set(key, str(totals[key]))
+    ET.indent(root)
+    return ET.ElementTree(root)
+
+
+def write(results_path: Path, junit_path: Path) -> Path:
+    """Write JUnit XML for every case record of ``results_path``."""
+    to_xml(results.cases(results_path)).write(junit_path, encoding="utf-8", xml_declaration=True)
+    return junit_path

@@ -1,0 +1,105 @@
+"""The results.jsonl format: one JSON object per line, written and flushed record by record.
+
+The first line is a ``run`` header; every other line is a ``case`` record for one finished
+(device, suite, case, mode). Appends are single ``write`` calls on a file opened with
+O_APPEND, so several worker processes can share one file, and a run that is interrupted keeps
+every record already finished. The JSON Schema is ``results.schema.json`` beside this module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+SCHEMA_ID = "gpucheck.results/1"
+STATUSES = ("passed", "failed", "error", "crashed", "hung", "skipped")
+#: statuses that make a run unclean (each carries at least one error finding)
+BAD_STATUSES = ("failed", "error", "crashed", "hung")
+
+
+@dataclass
+class Finding:
+    kind: str
+    severity: str  # "error" | "warning" | "info"
+    message: str
+    device: str | None = None
+    suite: str | None = None
+    case: str | None = None
+    op: str | None = None
+    kernel: str | None = None
+    evidence: str | None = None
+    hint: str | None = None
+
+
+@dataclass
+class CaseRecord:
+    run_id: str
+    device: str
+    suite: str
+    case: str
+    mode: str
+    status: str
+    reason: str | None = None
+    duration_s: float = 0.0
+    started_at: str | None = None
+    device_uuid: str | None = None
+    current_device: str | None = None
+    memory: dict[str, int | None] = field(default_factory=dict)
+    exit_code: int | None = None
+    signal: str | None = None
+    stderr_tail: str | None = None
+    findings: list[Finding] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data = {"schema": SCHEMA_ID, "record": "case", **data}
+        return data
+
+
+def schema() -> dict[str, Any]:
+    """The JSON Schema of one results.jsonl line."""
+    text = resources.files("gpucheck.report").joinpath("results.schema.json").read_text()
+    loaded: dict[str, Any] = json.loads(text)
+    return loaded
+
+
+def append(path: Path, record: dict[str, Any]) -> None:
+    """Append one record as one line, in one write, flushed to disk before returning."""
+    line = (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read(path: Path) -> Iterator[dict[str, Any]]:
+    """Records of a results file; a torn last line (killed mid-write) is skipped."""
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                continue
+
+
+def cases(path: Path) -> list[dict[str, Any]]:
+    return [r for r in read(path) if r.get("record") == "case"]
+
+
+def header(path: Path) -> dict[str, Any] | None:
+    return next((r for r in read(path) if r.get("record") == "run"), None)
+
+
+def has_errors(records: list[dict[str, Any]]) -> bool:
+    """True when any record carries a finding of severity error."""
+    return any(f.get("severity") == "error" for r in records for f in r.get("findings", []))

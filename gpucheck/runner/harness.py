@@ -1,0 +1,228 @@
+"""Parent side: one pytest worker process per target device, all running at once.
+
+Each worker appends its own case records to results.jsonl. The parent watches every worker's
+state file: a case that runs past the timeout gets every thread's Python stack dumped
+(SIGUSR1 -> faulthandler) and the worker killed, and becomes a ``hung`` record; a worker that
+dies (signal, abort, CUDA context lost) becomes a ``crashed`` record for the case it was in,
+with the exit code or signal and the tail of its stderr. Other workers are not affected.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpucheck.report import results
+from gpucheck.report.results import CaseRecord, Finding
+from gpucheck.runner.worker import now_iso, read_state, stacks_path
+
+STDERR_TAIL = 4000
+STACKS_CHARS = 8000
+POLL_S = 0.2
+#: pytest exit codes that mean the worker ended normally (0 ok, 1 failures, 5 no tests)
+NORMAL_EXITS = (0, 1, 5)
+
+
+@dataclass
+class WorkerSpec:
+    label: str  # "cuda:0" or "cpu"
+    device_index: int | None
+    uuid: str | None
+    suites: dict[str, Path]
+    mode: str
+    env: dict[str, str] = field(default_factory=dict)
+    pytest_args: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Worker:
+    spec: WorkerSpec
+    proc: subprocess.Popen[bytes]
+    state_path: Path
+    stdout_path: Path
+    stderr_path: Path
+    started: float
+    finished: bool = False
+    hung_case: str | None = None
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+def _plugin_autoloaded() -> bool:
+    eps = importlib.metadata.entry_points(group="pytest11")
+    return any(ep.value == "gpucheck.pytest_plugin" for ep in eps)
+
+
+def worker_command(spec: WorkerSpec, results_path: Path, state_path: Path,
+                   run_id: str) -> list[str]:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    if not _plugin_autoloaded():
+        cmd += ["-p", "gpucheck.pytest_plugin"]
+    cmd += [
+        "--gpucheck-results", str(results_path), "--gpucheck-state", str(state_path),
+        "--gpucheck-run-id", run_id, "--gpucheck-mode", spec.mode,
+    ]
+    if spec.device_index is not None:
+        cmd += ["--gpucheck-device", str(spec.device_index)]
+    if spec.uuid:
+        cmd += ["--gpucheck-device-uuid", spec.uuid]
+    for name, path in spec.suites.items():
+        cmd += ["--gpucheck-suite", f"{name}={path}"]
+    cmd += spec.pytest_args
+    cmd += [str(p) for p in spec.suites.values()]
+    return cmd
+
+
+def _tail(path: Path, n: int = STDERR_TAIL) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - n))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _signal_name(returncode: int) -> str | None:
+    if returncode >= 0:
+        return None
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+class Harness:
+    """Starts the workers, watches them and writes crash/hang records."""
+
+    def __init__(self, specs: list[WorkerSpec], out_dir: Path, results_path: Path, run_id: str,
+                 timeout: float, on_update: Callable[[Worker], None] | None = None) -> None:
+        self.specs = specs
+        self.out_dir = out_dir
+        self.results_path = results_path
+        self.run_id = run_id
+        self.timeout = timeout
+        self.on_update = on_update
+        self.workers: list[Worker] = []
+
+    def start(self) -> None:
+        wdir = self.out_dir / "workers"
+        wdir.mkdir(parents=True, exist_ok=True)
+        for spec in self.specs:
+            stem = f"{spec.label.replace(':', '')}.{spec.mode}"
+            state = wdir / f"{stem}.state.json"
+            stdout, stderr = wdir / f"{stem}.out.log", wdir / f"{stem}.err.log"
+            env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **spec.env}
+            cmd = worker_command(spec, self.results_path, state, self.run_id)
+            (wdir / f"{stem}.cmd").write_text(" ".join(cmd) + "\n")
+            with open(stdout, "wb") as out, open(stderr, "wb") as err:
+                proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
+            self.workers.append(Worker(spec, proc, state, stdout, stderr, time.monotonic()))
+
+    def poll(self) -> bool:
+        """One round of watching; True while any worker still runs."""
+        running = False
+        for w in self.workers:
+            if w.finished:
+                continue
+            w.state = read_state(w.state_path) or w.state
+            rc = w.proc.poll()
+            if rc is None:
+                running = True
+                case = w.state.get("case")
+                if case and time.time() - float(w.state.get("started", time.time())) > self.timeout:
+                    self._kill_hung(w, case)
+                    rc = w.proc.returncode
+            if rc is not None:
+                self._finish(w, rc)
+            if self.on_update:
+                self.on_update(w)
+        return any(not w.finished for w in self.workers)
+
+    def _kill_hung(self, w: Worker, case: str) -> None:
+        w.hung_case = case
+        if hasattr(signal, "SIGUSR1"):
+            try:
+                w.proc.send_signal(signal.SIGUSR1)  # faulthandler: every thread's stack
+            except ProcessLookupError:
+                pass
+            time.sleep(1.0)
+        try:
+            os.killpg(w.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        w.proc.wait()
+
+    def _finish(self, w: Worker, rc: int) -> None:
+        w.finished = True
+        w.state = read_state(w.state_path) or w.state
+        case = w.hung_case or w.state.get("case")
+        if w.hung_case:
+            self._record(w, case, "hung", f"no progress for {self.timeout:g} s; killed", rc,
+                         "hang", "the case did not finish within --timeout; the stderr tail "
+                         "holds every thread's Python stack at the moment it was stopped")
+        elif rc not in NORMAL_EXITS:
+            sig = _signal_name(rc)
+            how = f"killed by {sig}" if sig else f"exited with code {rc}"
+            if case:
+                self._record(w, case, "crashed", f"worker {how} while running this case", rc,
+                             "crash", "the process died inside the case (abort, segfault or "
+                             "lost CUDA context); run it alone under compute-sanitizer")
+            else:
+                self._record(w, f"<worker {w.spec.label}>", "error",
+                             f"worker {how} outside any case (collection or start-up)", rc,
+                             "worker-error", "see the worker's stderr tail")
+
+    def _record(self, w: Worker, case: str, status: str, message: str, rc: int, kind: str,
+                hint: str) -> None:
+        started = float(w.state.get("started", time.time()))
+        suite = str(w.state.get("suite") or ",".join(w.spec.suites))
+        tail = _tail(w.stderr_path)
+        if status == "hung":  # stacks first: they say where it hung
+            try:  # faulthandler prints the innermost frame first: keep the head
+                stacks = stacks_path(w.state_path).read_text(errors="replace")[:STACKS_CHARS]
+            except OSError:
+                stacks = "(no stack dump: the worker did not answer SIGUSR1)"
+            tail = f"--- Python stacks of every thread when stopped ---\n{stacks}\n{tail}".strip()
+        record = CaseRecord(
+            run_id=self.run_id, device=w.spec.label, device_uuid=w.spec.uuid, suite=suite,
+            case=case, mode=w.spec.mode, status=status, reason=message,
+            duration_s=round(max(0.0, time.time() - started), 3), started_at=now_iso(),
+            exit_code=rc if rc >= 0 else None, signal=_signal_name(rc), stderr_tail=tail,
+            findings=[Finding(kind=kind, severity="error", message=message,
+                              device=w.spec.label, suite=suite, case=case,
+                              evidence=(tail[:2500] if status == "hung" else tail[-2500:])
+                              or None, hint=hint)],
+        )
+        results.append(self.results_path, record.to_json())
+
+    def interrupt(self) -> None:
+        """Ctrl-C: ask every worker to stop (pytest finishes its current record), then wait."""
+        for w in self.workers:
+            if w.proc.poll() is None:
+                try:
+                    os.killpg(w.proc.pid, signal.SIGINT)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 10
+        for w in self.workers:
+            try:
+                w.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(w.proc.pid, signal.SIGKILL)
+                w.proc.wait()
+            w.finished = True
+
+    def run(self) -> None:
+        self.start()
+        while self.poll():
+            time.sleep(POLL_S)

@@ -1,0 +1,131 @@
+"""``gpucheck run``: from a RunConfig to results.jsonl, junit.xml and an exit code."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from rich.console import Console
+
+import gpucheck
+from gpucheck import devices as devices_mod
+from gpucheck.errors import EXIT_CLEAN, EXIT_FINDINGS, EnvironmentProblem, UsageProblem
+from gpucheck.report import junit, results
+from gpucheck.runner import suites as suites_mod
+from gpucheck.runner.harness import Harness, WorkerSpec
+from gpucheck.runner.progress import Progress, summary_table
+
+#: every mode the CLI accepts; the harness issue fills in the ones not yet implemented
+MODES = ("blocking", "nvml", "sanitizer", "sanitizer:memcheck", "sanitizer:racecheck",
+         "sanitizer:initcheck", "sanitizer:synccheck")
+IMPLEMENTED_MODES = ("blocking",)
+DEFAULT_MODES = ("blocking", "nvml")
+
+
+@dataclass
+class RunConfig:
+    all_devices: bool = False
+    devices: tuple[int, ...] = ()
+    suites: tuple[str, ...] = ()
+    modes: tuple[str, ...] = ()
+    out: Path | None = None
+    timeout: float = 900.0
+    quiet: bool = False
+    cpu_only: bool = False
+    pytest_args: list[str] = field(default_factory=list)
+
+
+def prepare_out(out: Path | None) -> Path:
+    """Create the output folder (default reports/<timestamp>/) and prove it is writable."""
+    path = out or Path("reports") / datetime.now().strftime("%Y%m%d-%H%M%S")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".gpucheck-write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as err:
+        raise UsageProblem(f"cannot write to the output folder {str(path)!r}: "
+                           f"{err.strerror or err}") from err
+    return path
+
+
+def choose_targets(cfg: RunConfig) -> tuple[list[tuple[str, int | None, str | None]], list[str]]:
+    """(label, CUDA index, UUID) of each target, plus notes for the run header."""
+    if cfg.cpu_only:
+        return [("cpu", None, None)], ["--cpu-only: GPUs hidden; cases that need one are skipped"]
+    inv = devices_mod.discover()
+    if inv.environment_error:
+        raise EnvironmentProblem(inv.environment_error)
+    if not inv.devices:
+        raise EnvironmentProblem(f"{inv.reason} Use --cpu-only to run without a GPU.")
+    visible = [d.cuda_index for d in inv.devices]
+    wanted = list(dict.fromkeys(cfg.devices)) if cfg.devices else visible
+    for index in wanted:
+        if index not in visible:
+            raise UsageProblem(f"--device {index} is out of range: {len(visible)} CUDA device(s) "
+                               f"visible ({', '.join(map(str, visible))})")
+    notes = []
+    if len(visible) < 2:
+        notes.append("only one CUDA device is visible: wrong-device checks (another device "
+                      "current while the target runs) could not run")
+    return [(f"cuda:{i}", i, inv.by_cuda_index(i).uuid) for i in wanted], notes  # type: ignore[union-attr]
+
+
+def run(cfg: RunConfig) -> int:
+    """Run the suites on every target device; returns the exit code of the whole run."""
+    if cfg.all_devices and cfg.devices:
+        raise UsageProblem("--all-devices and --device exclude each other")
+    modes = tuple(dict.fromkeys(cfg.modes)) or DEFAULT_MODES
+    explicit_missing = [m for m in cfg.modes if m not in IMPLEMENTED_MODES]
+    if explicit_missing:
+        raise UsageProblem(f"mode {explicit_missing[0]!r} is not available yet in gpucheck "
+                           f"{gpucheck.__version__}; available: {', '.join(IMPLEMENTED_MODES)}")
+    active = [m for m in modes if m in IMPLEMENTED_MODES]
+    targets, notes = choose_targets(cfg)
+    notes += [f"mode {m!r} is not implemented yet and did not run"
+              for m in modes if m not in IMPLEMENTED_MODES]
+    out = prepare_out(cfg.out)
+    suites = suites_mod.resolve(cfg.suites)
+    results_path = out / "results.jsonl"
+    run_id = uuid.uuid4().hex[:12]
+    mode_label = "+".join(active) or "plain"
+    env: dict[str, str] = {}
+    if "blocking" in active:
+        env["CUDA_LAUNCH_BLOCKING"] = "1"
+    if cfg.cpu_only:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    results.append(results_path, {
+        "schema": results.SCHEMA_ID, "record": "run", "run_id": run_id,
+        "started_at": datetime.now().astimezone().isoformat(timespec="seconds"),
+        "gpucheck_version": gpucheck.__version__,
+        "torch_version": devices_mod._torch_version(),
+        "driver_version": None,
+        "devices": [{"device": label, "uuid": u, "name": None} for label, _, u in targets],
+        "suites": sorted(suites), "modes": list(active), "notes": notes,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    })
+    specs = [WorkerSpec(label, index, u, suites, mode_label, env, cfg.pytest_args)
+             for label, index, u in targets]
+    console = Console(stderr=False, quiet=False)
+    progress = Progress(console, quiet=cfg.quiet)
+    harness = Harness(specs, out, results_path, run_id, cfg.timeout, on_update=progress.update)
+    interrupted = False
+    with progress:
+        try:
+            harness.run()
+        except KeyboardInterrupt:
+            interrupted = True
+            harness.interrupt()
+    junit_path = junit.write(results_path, out / "junit.xml")
+    records = results.cases(results_path)
+    console.print(summary_table(records))
+    for note in notes:
+        console.print(f"[yellow]note:[/] {note}")
+    console.print(f"results: {results_path}  junit: {junit_path}")
+    if interrupted:
+        console.print("[yellow]interrupted: finished cases were kept[/]")
+        return 130
+    return EXIT_FINDINGS if results.has_errors(records) else EXIT_CLEAN

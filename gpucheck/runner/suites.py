@@ -1,0 +1,52 @@
+"""Finding suites: ``--suite NAME`` (a folder of suites/) or ``--suite PATH``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpucheck.errors import UsageProblem
+
+#: suites/ of the gpucheck checkout (editable installs); the current directory's comes first.
+PROJECT_SUITES = Path(__file__).resolve().parents[2] / "suites"
+
+
+def suite_roots() -> list[Path]:
+    roots = [Path.cwd() / "suites", PROJECT_SUITES]
+    seen: list[Path] = []
+    for r in roots:
+        if r.is_dir() and r.resolve() not in seen:
+            seen.append(r.resolve())
+    return seen
+
+
+def available() -> dict[str, Path]:
+    """Every suite folder (one holding test_*.py) under the suite roots, by name."""
+    found: dict[str, Path] = {}
+    for root in suite_roots():
+        for d in sorted(root.iterdir()):
+            if d.is_dir() and not d.name.startswith((".", "_")) and any(d.rglob("test_*.py")):
+                found.setdefault(d.name, d)
+    return found
+
+
+def resolve(requested: tuple[str, ...] | list[str]) -> dict[str, Path]:
+    """Map each requested suite to its path; all available suites when none is requested."""
+    known = available()
+    if not requested:
+        if not known:
+            raise UsageProblem("no suites found: pass --suite PATH or run from a directory "
+                               "that has a suites/ folder")
+        return known
+    chosen: dict[str, Path] = {}
+    for item in requested:
+        path = Path(item)
+        if path.exists():
+            name = path.stem if path.is_file() else path.resolve().name
+            chosen[name] = path.resolve()
+        elif item in known:
+            chosen[item] = known[item]
+        else:
+            names = ", ".join(sorted(known)) or "none"
+            raise UsageProblem(f"unknown suite {item!r}: not a path, and not one of the known "
+                               f"suites ({names})")
+    return chosen

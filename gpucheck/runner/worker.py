@@ -1,0 +1,196 @@
+"""Worker side of the harness: pytest hooks that write one results.jsonl record per case.
+
+Active only when pytest gets ``--gpucheck-results FILE`` (the harness passes it). The worker
+also keeps a small state file (current case, its start time, progress) that the parent reads
+to attribute a crash or a hang to the case that was running.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import signal
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpucheck.report import results
+from gpucheck.report.results import CaseRecord, Finding
+
+EVIDENCE_CHARS = 4000
+CUDA_ERROR_MARKERS = ("CUDA error", "illegal memory access", "CUBLAS_STATUS", "cudaError",
+                      "device-side assert")
+
+
+def add_options(group: Any) -> None:
+    group.addoption("--gpucheck-results", default=None, help="append case records here")
+    group.addoption("--gpucheck-state", default=None, help="worker state file (harness)")
+    group.addoption("--gpucheck-run-id", default="adhoc")
+    group.addoption("--gpucheck-mode", default="plain")
+    group.addoption("--gpucheck-device-uuid", default=None)
+    group.addoption("--gpucheck-suite", action="append", default=[], metavar="NAME=PATH",
+                    help="name of the suite rooted at PATH (for records)")
+
+
+def stacks_path(state_path: Path) -> Path:
+    """Where a worker's thread stacks go when the parent asks for them (hangs)."""
+    return state_path.with_name(state_path.name.replace(".state.json", "") + ".stacks.txt")
+
+
+def write_state(path: Path, state: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state))
+    os.replace(tmp, path)
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    try:
+        loaded: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return loaded
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _torch_cuda() -> Any:
+    """torch.cuda if this process already initialized CUDA, else None (never initializes it)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    return torch.cuda
+
+
+class Recorder:
+    """Collects setup/call/teardown reports of each item into one record."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.results = Path(config.getoption("--gpucheck-results"))
+        state = config.getoption("--gpucheck-state")
+        self.state_path = Path(state) if state else None
+        self.run_id = config.getoption("--gpucheck-run-id")
+        self.mode = config.getoption("--gpucheck-mode")
+        self.uuid = config.getoption("--gpucheck-device-uuid")
+        devices = config.getoption("--gpucheck-device") or []
+        self.device = f"cuda:{devices[0]}" if devices else "cpu"
+        self.suites = []
+        for spec in config.getoption("--gpucheck-suite"):
+            name, _, path = spec.partition("=")
+            self.suites.append((name, Path(path).resolve()))
+        self.rootpath = Path(config.rootpath)
+        self.reports: dict[str, list[pytest.TestReport]] = {}
+        self.started: dict[str, tuple[float, str]] = {}
+        self.done = 0
+        self.total = 0
+        self.findings = 0
+        if hasattr(signal, "SIGUSR1") and self.state_path is not None:
+            # On a hang the parent sends SIGUSR1: every thread's stack goes to this file
+            # (pytest captures sys.stderr, so it cannot go there).
+            self._stacks = open(stacks_path(self.state_path), "w")  # noqa: SIM115
+            faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True)
+
+    def _state(self, case: str | None) -> None:
+        if self.state_path is None:
+            return
+        write_state(self.state_path, {
+            "case": case, "suite": self.suite_of(self._path_of(case)) if case else None,
+            "started": time.time(), "done": self.done, "total": self.total,
+            "findings": self.findings, "pid": os.getpid(),
+        })
+
+    def _path_of(self, nodeid: str) -> Path:
+        return (self.rootpath / nodeid.split("::")[0]).resolve()
+
+    def suite_of(self, item_path: Path) -> str:
+        for name, root in self.suites:
+            if item_path == root or root in item_path.parents:
+                return name
+        return item_path.parent.name
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.total = len(session.items)
+        self._state(None)
+
+    def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
+        self.started[nodeid] = (time.monotonic(), now_iso())
+        cuda = _torch_cuda()
+        if cuda is not None:
+            cuda.reset_peak_memory_stats()
+        self._state(nodeid)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.reports.setdefault(report.nodeid, []).append(report)
+
+    def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> None:
+        reports = self.reports.pop(nodeid, [])
+        t0, started_at = self.started.pop(nodeid, (time.monotonic(), now_iso()))
+        record = self.build(nodeid, reports, time.monotonic() - t0, started_at)
+        results.append(self.results, record.to_json())
+        self.done += 1
+        self.findings += len(record.findings)
+        self._state(None)
+
+    def build(self, nodeid: str, reports: list[pytest.TestReport], duration: float,
+              started_at: str) -> CaseRecord:
+        suite = self.suite_of(self._path_of(nodeid))
+        status, reason, findings = "passed", None, []
+        current = None
+        for rep in reports:
+            for key, value in rep.user_properties:
+                if key == "gpucheck_current_device":
+                    current = value
+            if rep.skipped:
+                if hasattr(rep, "wasxfail"):
+                    status, reason = "skipped", f"expected failure: {rep.wasxfail}"
+                elif status == "passed":
+                    status, reason = "skipped", _skip_reason(rep)
+            elif rep.failed:
+                status = "failed" if rep.when == "call" else "error"
+                findings.append(_failure_finding(rep, self.device, suite))
+                reason = reason or findings[-1].message
+        memory: dict[str, int | None] = {"torch_peak_allocated": None,
+                                         "torch_peak_reserved": None, "nvml_peak_used": None}
+        cuda = _torch_cuda()
+        if cuda is not None:
+            memory["torch_peak_allocated"] = int(cuda.max_memory_allocated())
+            memory["torch_peak_reserved"] = int(cuda.max_memory_reserved())
+        return CaseRecord(
+            run_id=self.run_id, device=self.device, device_uuid=self.uuid, suite=suite,
+            case=nodeid, mode=self.mode, status=status, reason=reason,
+            duration_s=round(duration, 6), started_at=started_at, current_device=current,
+            memory=memory, findings=[f for f in findings if f is not None],
+        )
+
+
+def _skip_reason(rep: pytest.TestReport) -> str:
+    longrepr = rep.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr)
+
+
+def _failure_finding(rep: pytest.TestReport, device: str, suite: str) -> Finding:
+    text = str(rep.longrepr)
+    crash = getattr(rep.longrepr, "reprcrash", None)
+    message = crash.message.strip().splitlines()[0] if crash and crash.message else (
+        text.strip().splitlines()[-1] if text.strip() else f"{rep.when} failed")
+    cuda_error = any(m in text for m in CUDA_ERROR_MARKERS)
+    where = "" if rep.when == "call" else f" (in {rep.when})"
+    return Finding(
+        kind="cuda-error" if cuda_error else "test-failure",
+        severity="error",
+        message=message + where,
+        device=device, suite=suite, case=rep.nodeid,
+        evidence=text[-EVIDENCE_CHARS:],
+        hint=("a CUDA error: under CUDA_LAUNCH_BLOCKING=1 it is raised at the launch that "
+              "failed; illegal memory access on a non-zero device is the classic missing "
+              "device guard (OptionalCUDAGuard(device_of(input)))") if cuda_error else None,
+    )
