@@ -1,0 +1,168 @@
+// Entry points of the fused SSIM kernels: device guard, input checks, allocation, launch.
+// Schemas are in csrc/registration.cpp; kernels in ssim_cuda.cu.
+#include "ssim/ssim.h"
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <limits>
+#include <string_view>
+#include <tuple>
+
+#include "common.h"
+
+namespace gpucheck {
+namespace {
+
+constexpr const char* kForward = "gpucheck::ssim_forward";
+constexpr const char* kBackward = "gpucheck::ssim_backward";
+
+struct Options {
+  bool valid;
+  bool mean;
+};
+
+Options parse_options(std::string_view padding, std::string_view reduction, const char* op) {
+  TORCH_CHECK(padding == "same" || padding == "valid", op,
+              ": padding must be \"same\" or \"valid\", got \"", padding, "\"");
+  TORCH_CHECK(reduction == "mean" || reduction == "none", op,
+              ": reduction must be \"mean\" or \"none\", got \"", reduction, "\"");
+  return {padding == "valid", reduction == "mean"};
+}
+
+ssim::Dtype to_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return ssim::Dtype::kFloat32;
+    case at::kHalf: return ssim::Dtype::kFloat16;
+    case at::kBFloat16: return ssim::Dtype::kBFloat16;
+    case at::kDouble: return ssim::Dtype::kFloat64;
+    default: break;
+  }
+  TORCH_CHECK(false, "gpucheck::ssim: images must be float32, float16, bfloat16 or float64, got ",
+              t);
+}
+
+// img1 must already be known to be a CUDA tensor (the guard needs its device).
+void check_images(const at::Tensor& img1,  // [B, C, H, W]
+                  const at::Tensor& img2,  // [B, C, H, W]
+                  bool valid, const char* op) {
+  check_cuda(img2, op, "img2");
+  check_same_device(img1, "img1", img2, op, "img2");
+  TORCH_CHECK(img1.dim() == 4, op, ": img1 must be [B, C, H, W], got ", img1.sizes());
+  TORCH_CHECK(img2.sizes() == img1.sizes(), op, ": img2 must have img1's shape ", img1.sizes(),
+              ", got ", img2.sizes());
+  const auto t = img1.scalar_type();
+  TORCH_CHECK(t == at::kFloat || t == at::kHalf || t == at::kBFloat16 || t == at::kDouble, op,
+              ": img1 must be float32, float16, bfloat16 or float64, got ", t);
+  TORCH_CHECK(img2.scalar_type() == t, op, ": img2 must have img1's dtype ", t, ", got ",
+              img2.scalar_type());
+  TORCH_CHECK(img1.numel() > 0, op, ": images must not be empty, got ", img1.sizes());
+  constexpr int64_t kMaxSide = std::numeric_limits<int>::max() / 2;
+  TORCH_CHECK(img1.size(2) <= kMaxSide && img1.size(3) <= kMaxSide, op,
+              ": H and W must be below ", kMaxSide, ", got ", img1.sizes());
+  TORCH_CHECK(!valid || (img1.size(2) >= 11 && img1.size(3) >= 11), op,
+              ": padding=\"valid\" needs H, W >= 11, got ", img1.sizes());
+}
+
+ssim::Geometry geometry(const at::Tensor& img,  // [B, C, H, W]
+                        bool valid) {
+  return {img.size(0) * img.size(1), static_cast<int>(img.size(2)),
+          static_cast<int>(img.size(3)), valid};
+}
+
+void check_grid(int64_t blocks, const char* op, const at::Tensor& img) {
+  TORCH_CHECK(blocks <= std::numeric_limits<int>::max(), op, ": images too large (",
+              img.sizes(), " needs ", blocks, " thread blocks)");
+}
+
+void check_cuda_call(cudaError_t err) { C10_CUDA_CHECK(err); }
+
+// Returns the SSIM map ([B, C, H', W'], the images' dtype) or its mean (0-dim).
+at::Tensor ssim_forward(const at::Tensor& img1,  // [B, C, H, W]
+                        const at::Tensor& img2,  // [B, C, H, W]
+                        std::string_view padding, std::string_view reduction) {
+  check_cuda(img1, kForward, "img1");
+  GPUCHECK_DEVICE_GUARD(img1);
+  const Options opt = parse_options(padding, reduction, kForward);
+  check_images(img1, img2, opt.valid, kForward);
+  const at::Tensor x = img1.contiguous();
+  const at::Tensor y = img2.contiguous();
+  const ssim::Geometry geo = geometry(x, opt.valid);
+  const ssim::Dtype dtype = to_dtype(x.scalar_type());
+  const int64_t blocks = ssim::forward_blocks(geo);
+  check_grid(blocks, kForward, x);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+
+  if (!opt.mean) {
+    at::Tensor map =
+        at::empty({x.size(0), x.size(1), geo.out_height(), geo.out_width()}, x.options());
+    check_cuda_call(
+        ssim::launch_forward(dtype, x.data_ptr(), y.data_ptr(), geo, map.data_ptr(), nullptr,
+                             stream));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return map;
+  }
+  const auto acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor partials = at::empty({blocks}, x.options().dtype(acc));  // [blocks] scratch
+  at::Tensor out = at::empty({}, x.options());
+  check_cuda_call(ssim::launch_forward(dtype, x.data_ptr(), y.data_ptr(), geo, nullptr,
+                                       partials.data_ptr(), stream));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const double count = static_cast<double>(geo.planes) * geo.out_height() * geo.out_width();
+  check_cuda_call(ssim::launch_mean(dtype, partials.data_ptr(), blocks, 1.0 / count,
+                                    out.data_ptr(), stream));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+// Returns (d loss / d img1, d loss / d img2); the second is an empty [0] tensor unless
+// need_grad2.
+std::tuple<at::Tensor, at::Tensor> ssim_backward(
+    const at::Tensor& grad,  // [] (reduction mean) or [B, C, H', W'] (reduction none)
+    const at::Tensor& img1,  // [B, C, H, W]
+    const at::Tensor& img2,  // [B, C, H, W]
+    std::string_view padding, std::string_view reduction, bool need_grad2) {
+  check_cuda(img1, kBackward, "img1");
+  GPUCHECK_DEVICE_GUARD(img1);
+  const Options opt = parse_options(padding, reduction, kBackward);
+  check_images(img1, img2, opt.valid, kBackward);
+  check_cuda(grad, kBackward, "grad");
+  check_same_device(img1, "img1", grad, kBackward, "grad");
+  TORCH_CHECK(grad.scalar_type() == img1.scalar_type(), kBackward,
+              ": grad must have the images' dtype ", img1.scalar_type(), ", got ",
+              grad.scalar_type());
+  const at::Tensor x = img1.contiguous();
+  const at::Tensor y = img2.contiguous();
+  const ssim::Geometry geo = geometry(x, opt.valid);
+  if (opt.mean) {
+    TORCH_CHECK(grad.numel() == 1, kBackward,
+                ": with reduction=\"mean\" grad must have one element, got ", grad.sizes());
+  } else {
+    const std::vector<int64_t> want = {x.size(0), x.size(1), geo.out_height(), geo.out_width()};
+    TORCH_CHECK(grad.sizes() == at::IntArrayRef(want), kBackward, ": grad must be ",
+                at::IntArrayRef(want), ", got ", grad.sizes());
+  }
+  const at::Tensor g = grad.contiguous();
+  const int64_t blocks = ssim::backward_blocks(geo);
+  check_grid(blocks, kBackward, x);
+  const ssim::Dtype dtype = to_dtype(x.scalar_type());
+  at::Tensor grad1 = at::empty_like(x);
+  at::Tensor grad2 = need_grad2 ? at::empty_like(y) : at::empty({0}, y.options());
+  const double count = static_cast<double>(geo.planes) * geo.out_height() * geo.out_width();
+  check_cuda_call(ssim::launch_backward(dtype, g.data_ptr(), opt.mean, 1.0 / count,
+                                        x.data_ptr(), y.data_ptr(), geo, grad1.data_ptr(),
+                                        need_grad2 ? grad2.data_ptr() : nullptr,
+                                        c10::cuda::getCurrentCUDAStream()));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {grad1, grad2};
+}
+
+}  // namespace
+}  // namespace gpucheck
+
+TORCH_LIBRARY_IMPL(gpucheck, CUDA, m) {
+  m.impl("ssim_forward", &gpucheck::ssim_forward);
+  m.impl("ssim_backward", &gpucheck::ssim_backward);
+}

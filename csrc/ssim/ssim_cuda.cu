@@ -1,0 +1,557 @@
+// Fused SSIM kernels: forward (map or per-block sums) and backward (recomputing), plus the
+// deterministic second stage of the mean.
+//
+// Layout of both passes. A block of kThreads threads owns kThreads consecutive columns of one
+// image plane and a strip of rows. It streams the strip's rows (plus a 5-row halo above and
+// below) through shared memory, kChunk = 11 rows at a time; the next chunk is prefetched into
+// registers while the current one is filtered. Each thread filters its own column:
+//   * horizontally, 11 taps read from shared memory, for the five moments x, y, x², y², xy;
+//   * vertically, in registers: the last 11 horizontal results live in a ring of 11 slots.
+//     The ring index of a row is (row mod 11); the row loop is unrolled by 11 so that every
+//     ring index is a compile-time constant and the ring stays in registers.
+// Out-of-image pixels read as zero (zero padding), so tiles need not divide the image.
+//
+// Backward. With zero padding the window is symmetric, so the adjoint of the filter is the
+// filter itself. For a loss L = sum_p g(p) S(p), with the moments mu1 = G*x, mu2 = G*y,
+// mxx = G*x², myy = G*y², mxy = G*xy:
+//   dL/dx = G*(g dS/dmu1) + 2 x G*(g dS/dmxx) + y G*(g dS/dmxy)
+//   dL/dy = G*(g dS/dmu2) + 2 y G*(g dS/dmyy) + x G*(g dS/dmxy),   dS/dmxx = dS/dmyy.
+// The backward kernel recomputes the moments on a halo of 5 around its tile, forms the four
+// weighted partials there in shared memory (zero outside the map), and filters them a second
+// time. Recomputing instead of saving the partials in the forward costs arithmetic (about a
+// forward pass) but no memory: saving four float32 maps would cost 16 bytes per pixel of
+// memory (475 MiB at 5x3x1080x1920) and 32 bytes per pixel of traffic (write + read),
+// about as much time as the recomputation.
+//
+// Determinism: no atomics. With reduction = mean each block writes its sum (fixed shuffle
+// tree) and one block adds the partials in a fixed order in float64.
+#include "ssim/ssim.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <type_traits>
+
+namespace gpucheck::ssim {
+namespace {
+
+constexpr int kThreads = 128;                  // columns per block (one per thread)
+constexpr int kHalf = 5;                       // window radius
+constexpr int kWin = 2 * kHalf + 1;            // 11
+constexpr int kChunk = kWin;                   // rows per shared-memory chunk (= ring size)
+constexpr int kSmemW = kThreads + 2 * kHalf;   // 138 columns of input per chunk row
+constexpr int kChunkElems = kChunk * kSmemW;   // 1518
+constexpr int kLoads = (kChunkElems + kThreads - 1) / kThreads;  // 12 per thread per image
+// Forward: a strip of kFwdRows map rows needs kFwdRows + 10 input rows = kFwdChunks chunks.
+constexpr int kFwdChunks = 4;
+constexpr int kFwdRows = kFwdChunks * kChunk - 2 * kHalf;  // 34
+// Backward: kBwdRows gradient rows need kBwdRows + 20 input rows; the block's threads hold
+// the partials of kThreads columns, so kThreads - 10 gradient columns come out per block.
+constexpr int kBwdChunks = 6;
+constexpr int kBwdRows = kBwdChunks * kChunk - 4 * kHalf;  // 46
+constexpr int kBwdCols = kThreads - 2 * kHalf;             // 118
+constexpr int kMeanThreads = 256;
+
+static_assert(kThreads % 32 == 0, "whole warps");
+
+// The normalized 1-D Gaussian, sigma 1.5 (the 2-D window is its outer product).
+__constant__ float kGaussF[kWin] = {
+    0.00102838008447911f, 0.007598758135239185f, 0.03600077212843083f, 0.10936068950970002f,
+    0.2130055377112537f,  0.26601172486179436f,  0.2130055377112537f,  0.10936068950970002f,
+    0.03600077212843083f, 0.007598758135239185f, 0.00102838008447911f};
+__constant__ double kGaussD[kWin] = {
+    0.00102838008447911, 0.007598758135239185, 0.03600077212843083, 0.10936068950970002,
+    0.2130055377112537,  0.26601172486179436,  0.2130055377112537,  0.10936068950970002,
+    0.03600077212843083, 0.007598758135239185, 0.00102838008447911};
+
+template <typename T>
+using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+template <typename A>
+__device__ __forceinline__ A gauss(int k);
+template <>
+__device__ __forceinline__ float gauss<float>(int k) { return kGaussF[k]; }
+template <>
+__device__ __forceinline__ double gauss<double>(int k) { return kGaussD[k]; }
+
+// Explicit conversions (torch builds with __CUDA_NO_HALF_OPERATORS__ and friends).
+__device__ __forceinline__ float to_acc(float v) { return v; }
+__device__ __forceinline__ double to_acc(double v) { return v; }
+__device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_acc(acc_t<T> v);
+template <>
+__device__ __forceinline__ float from_acc<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ double from_acc<double>(double v) { return v; }
+template <>
+__device__ __forceinline__ __half from_acc<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// One chunk (kChunk rows x kSmemW columns) of both images, held in registers between the
+// global loads and the shared-memory stores so that the loads of chunk k+1 overlap the
+// filtering of chunk k.
+template <typename T>
+struct ChunkLoader {
+  using A = acc_t<T>;
+  A rx[kLoads];
+  A ry[kLoads];
+
+  // Rows row0.., columns col0.. of the plane; zero outside the image.
+  __device__ __forceinline__ void fetch(const T* __restrict__ x, const T* __restrict__ y,
+                                        int height, int width, int row0, int col0) {
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      const int e = static_cast<int>(threadIdx.x) + i * kThreads;
+      const int rr = e / kSmemW;
+      const int r = row0 + rr;
+      const int c = col0 + (e - rr * kSmemW);
+      A vx = A(0);
+      A vy = A(0);
+      if (e < kChunkElems && r >= 0 && r < height && c >= 0 && c < width) {
+        const int64_t idx = static_cast<int64_t>(r) * width + c;
+        vx = to_acc(x[idx]);
+        vy = to_acc(y[idx]);
+      }
+      rx[i] = vx;
+      ry[i] = vy;
+    }
+  }
+
+  __device__ __forceinline__ void store(A* xs, A* ys) const {
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      const int e = static_cast<int>(threadIdx.x) + i * kThreads;
+      if (e < kChunkElems) {
+        xs[e] = rx[i];
+        ys[e] = ry[i];
+      }
+    }
+  }
+};
+
+// Horizontal 11-tap filter of the five moments; xr/yr point at the leftmost tap.
+template <typename A>
+__device__ __forceinline__ void filter_row(const A* xr, const A* yr, A (&h)[5]) {
+  A a0 = A(0), a1 = A(0), a2 = A(0), a3 = A(0), a4 = A(0);
+#pragma unroll
+  for (int k = 0; k < kWin; ++k) {
+    const A xv = xr[k];
+    const A yv = yr[k];
+    const A wx = gauss<A>(k) * xv;
+    const A wy = gauss<A>(k) * yv;
+    a0 += wx;
+    a1 += wy;
+    a2 = fma(wx, xv, a2);
+    a3 = fma(wy, yv, a3);
+    a4 = fma(wx, yv, a4);
+  }
+  h[0] = a0;
+  h[1] = a1;
+  h[2] = a2;
+  h[3] = a3;
+  h[4] = a4;
+}
+
+// Vertical 11-tap filter over a ring whose oldest row sits in slot `first` (compile-time).
+template <int N, typename A>
+__device__ __forceinline__ void filter_ring(const A (&ring)[kWin][N], int first, A (&out)[N]) {
+#pragma unroll
+  for (int q = 0; q < N; ++q) out[q] = A(0);
+#pragma unroll
+  for (int k = 0; k < kWin; ++k) {
+    const int slot = (first + k) % kWin;
+#pragma unroll
+    for (int q = 0; q < N; ++q) out[q] = fma(gauss<A>(k), ring[slot][q], out[q]);
+  }
+}
+
+template <typename A>
+struct SsimTerms {
+  A a1, a2, b1, b2;
+};
+
+// m = (mu1, mu2, E[x²], E[y²], E[xy]) under the window.
+template <typename A>
+__device__ __forceinline__ SsimTerms<A> ssim_terms(const A (&m)[5]) {
+  const A c1 = A(0.01 * 0.01);
+  const A c2 = A(0.03 * 0.03);
+  const A mu11 = m[0] * m[0];
+  const A mu22 = m[1] * m[1];
+  const A mu12 = m[0] * m[1];
+  SsimTerms<A> t;
+  t.a1 = A(2) * mu12 + c1;
+  t.a2 = A(2) * (m[4] - mu12) + c2;
+  t.b1 = mu11 + mu22 + c1;
+  t.b2 = (m[2] - mu11) + (m[3] - mu22) + c2;
+  return t;
+}
+
+// Deterministic block sum (fixed shuffle tree, then warps in order); valid in thread 0.
+template <typename A>
+__device__ __forceinline__ A block_sum(A v) {
+  __shared__ A warp_sums[kThreads / 32];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = v;
+  __syncthreads();
+  A total = A(0);
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; ++w) total += warp_sums[w];
+  }
+  return total;
+}
+
+struct TileGrid {
+  int tiles_x;
+  int tiles_y;
+};
+
+__host__ __device__ inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+inline TileGrid forward_grid(const Geometry& g) {
+  return {ceil_div(g.out_width(), kThreads), ceil_div(g.out_height(), kFwdRows)};
+}
+inline TileGrid backward_grid(const Geometry& g) {
+  return {ceil_div(g.width, kBwdCols), ceil_div(g.height, kBwdRows)};
+}
+
+// Forward. Block = (plane, strip of kFwdRows map rows, kThreads map columns). kMean: write
+// the block's sum of map values to partials[block]; else write the map.
+template <typename T, bool kMean>
+__global__ void __launch_bounds__(kThreads)
+    ssim_forward_kernel(const T* __restrict__ img1,  // [planes, H, W]
+                        const T* __restrict__ img2,  // [planes, H, W]
+                        int height, int width, int out_h, int out_w, int offset, int tiles_x,
+                        int tiles_y,
+                        T* __restrict__ map,               // [planes, out_h, out_w] or null
+                        acc_t<T>* __restrict__ partials) {  // [blocks] or null
+  using A = acc_t<T>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  A* xs = reinterpret_cast<A*>(smem_raw);  // [kChunk, kSmemW]
+  A* ys = xs + kChunkElems;                // [kChunk, kSmemW]
+
+  const int64_t block = blockIdx.x;
+  const int tx = static_cast<int>(block % tiles_x);
+  const int64_t rest = block / tiles_x;
+  const int ty = static_cast<int>(rest % tiles_y);
+  const int64_t plane = rest / tiles_y;
+
+  const int o_col0 = tx * kThreads;
+  const int o_row0 = ty * kFwdRows;
+  const int rows_out = min(kFwdRows, out_h - o_row0);
+  const int halo_rows = rows_out + 2 * kHalf;  // input rows streamed
+  const int chunks = ceil_div(halo_rows, kChunk);
+  const int img_row0 = o_row0 + offset - kHalf;  // image row of streamed row 0
+  const int img_col0 = o_col0 + offset - kHalf;  // image column of shared column 0
+
+  const int64_t plane_px = static_cast<int64_t>(height) * width;
+  const T* x = img1 + plane * plane_px;
+  const T* y = img2 + plane * plane_px;
+  const int j = threadIdx.x;
+  const int o_col = o_col0 + j;
+  const bool col_ok = o_col < out_w;
+  T* map_plane = kMean ? nullptr : map + plane * (static_cast<int64_t>(out_h) * out_w);
+
+  A ring[kWin][5];
+  A sum = A(0);
+  ChunkLoader<T> loader;
+  loader.fetch(x, y, height, width, img_row0, img_col0);
+  for (int c = 0; c < chunks; ++c) {
+    loader.store(xs, ys);
+    __syncthreads();
+    if (c + 1 < chunks) loader.fetch(x, y, height, width, img_row0 + (c + 1) * kChunk, img_col0);
+#pragma unroll
+    for (int u = 0; u < kChunk; ++u) {
+      const int t = c * kChunk + u;  // streamed row; its ring slot is t % 11 == u
+      if (t < halo_rows) {
+        filter_row<A>(xs + u * kSmemW + j, ys + u * kSmemW + j, ring[u]);
+        if (t >= 2 * kHalf) {  // map row t - 10 is complete: rows t-10..t are in the ring
+          A m[5];
+          filter_ring<5>(ring, (u + 1) % kWin, m);
+          const SsimTerms<A> s = ssim_terms(m);
+          const A value = (s.a1 * s.a2) / (s.b1 * s.b2);
+          if (col_ok) {
+            if constexpr (kMean) {
+              sum += value;
+            } else {
+              const int o_row = o_row0 + t - 2 * kHalf;
+              map_plane[static_cast<int64_t>(o_row) * out_w + o_col] = from_acc<T>(value);
+            }
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  if constexpr (kMean) {
+    const A total = block_sum(sum);
+    if (threadIdx.x == 0) partials[block] = total;
+  }
+}
+
+// Backward. Block = (plane, strip of kBwdRows image rows, kBwdCols image columns). Thread j
+// computes the weighted partials of image column c0 - 5 + j (stage A) and, for 5 <= j < 123,
+// the gradient of image column c0 - 5 + j (stage B).
+template <typename T, bool kScalarGrad>
+__global__ void __launch_bounds__(kThreads)
+    ssim_backward_kernel(const T* __restrict__ grad,  // [1] or [planes, out_h, out_w]
+                         acc_t<T> scale,
+                         const T* __restrict__ img1,  // [planes, H, W]
+                         const T* __restrict__ img2,  // [planes, H, W]
+                         int height, int width, int out_h, int out_w, int offset, int tiles_x,
+                         int tiles_y,
+                         T* __restrict__ grad1,   // [planes, H, W]
+                         T* __restrict__ grad2) {  // [planes, H, W] or null
+  using A = acc_t<T>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  A* xs = reinterpret_cast<A*>(smem_raw);  // [kChunk, kSmemW]
+  A* ys = xs + kChunkElems;                // [kChunk, kSmemW]
+  A* ps = ys + kChunkElems;                // [kChunk, 4, kThreads] weighted partials
+
+  const int64_t block = blockIdx.x;
+  const int tx = static_cast<int>(block % tiles_x);
+  const int64_t rest = block / tiles_x;
+  const int ty = static_cast<int>(rest % tiles_y);
+  const int64_t plane = rest / tiles_y;
+
+  const int c0 = tx * kBwdCols;
+  const int r0 = ty * kBwdRows;
+  const int rows_out = min(kBwdRows, height - r0);
+  const int in_rows = rows_out + 4 * kHalf;
+  const int chunks = ceil_div(in_rows, kChunk);
+  const int img_row0 = r0 - 2 * kHalf;  // image row of streamed row 0
+  const int img_col0 = c0 - 2 * kHalf;  // image column of shared column 0
+
+  const int64_t plane_px = static_cast<int64_t>(height) * width;
+  const T* x = img1 + plane * plane_px;
+  const T* y = img2 + plane * plane_px;
+  const int j = threadIdx.x;
+  // Stage A: this thread's partials column, and whether it is a map column.
+  const int p_col = c0 - kHalf + j;
+  const int p_mcol = p_col - offset;  // map column
+  const bool p_col_ok = p_mcol >= 0 && p_mcol < out_w;
+  // Stage B: this thread's gradient column; reads centre on jc (in range for every thread).
+  const int g_col = c0 - kHalf + j;
+  const bool g_ok = j >= kHalf && j < kThreads - kHalf && g_col < width;
+  const int jc = min(max(j, kHalf), kThreads - kHalf - 1);
+  const bool need2 = grad2 != nullptr;
+
+  const T* grad_plane =
+      kScalarGrad ? grad : grad + plane * (static_cast<int64_t>(out_h) * out_w);
+  const A g_scalar = kScalarGrad ? to_acc(grad[0]) * scale : A(0);
+
+  A ring_a[kWin][5];  // horizontal moments of streamed rows
+  A ring_b[kWin][4];  // horizontal filtered partials of partial rows
+  ChunkLoader<T> loader;
+  loader.fetch(x, y, height, width, img_row0, img_col0);
+  for (int c = 0; c < chunks; ++c) {
+    loader.store(xs, ys);
+    __syncthreads();
+    if (c + 1 < chunks) loader.fetch(x, y, height, width, img_row0 + (c + 1) * kChunk, img_col0);
+    // Stage A: moments of streamed row t; at t >= 10 the partials of partial row m = t - 10
+    // (image row r0 - 5 + m) go to ps[u].
+#pragma unroll
+    for (int u = 0; u < kChunk; ++u) {
+      const int t = c * kChunk + u;
+      if (t < in_rows) {
+        filter_row<A>(xs + u * kSmemW + j, ys + u * kSmemW + j, ring_a[u]);
+        if (t >= 2 * kHalf) {
+          A m[5];
+          filter_ring<5>(ring_a, (u + 1) % kWin, m);
+          const int p_mrow = r0 - kHalf + (t - 2 * kHalf) - offset;  // map row
+          A g = A(0);
+          if (p_col_ok && p_mrow >= 0 && p_mrow < out_h) {
+            g = kScalarGrad ? g_scalar
+                            : to_acc(grad_plane[static_cast<int64_t>(p_mrow) * out_w + p_mcol]);
+          }
+          const SsimTerms<A> s = ssim_terms(m);
+          const A inv = A(1) / (s.b1 * s.b2);
+          const A ssim = s.a1 * s.a2 * inv;
+          const A da = s.a2 - s.a1;
+          const A db = ssim * (s.b2 - s.b1);
+          const A ginv = g * inv;
+          A* p = ps + u * 4 * kThreads + j;
+          p[0 * kThreads] = ginv * (A(2) * (m[1] * da - m[0] * db));  // g dS/dmu1
+          p[1 * kThreads] = ginv * (A(2) * (m[0] * da - m[1] * db));  // g dS/dmu2
+          p[2 * kThreads] = -ginv * ssim * s.b1;                      // g dS/dE[x²] (= dE[y²])
+          p[3 * kThreads] = ginv * (A(2) * s.a1);                     // g dS/dE[xy]
+        }
+      }
+    }
+    __syncthreads();
+    // Stage B: filter partial row m = t - 10 horizontally (ring slot m % 11 == (u + 1) % 11);
+    // at m >= 10 gradient row q = m - 10 (image row r0 + q) is complete.
+#pragma unroll
+    for (int u = 0; u < kChunk; ++u) {
+      const int t = c * kChunk + u;
+      if (t < in_rows && t >= 2 * kHalf) {
+        const int slot = (u + 1) % kWin;
+        const A* p = ps + u * 4 * kThreads + (jc - kHalf);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) ring_b[slot][q] = A(0);
+#pragma unroll
+        for (int k = 0; k < kWin; ++k) {
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            ring_b[slot][q] = fma(gauss<A>(k), p[q * kThreads + k], ring_b[slot][q]);
+          }
+        }
+        if (t >= 4 * kHalf && g_ok) {
+          A f[4];
+          filter_ring<4>(ring_b, (u + 2) % kWin, f);
+          const int row = r0 + t - 4 * kHalf;
+          const int64_t idx = static_cast<int64_t>(row) * width + g_col;
+          const A xv = to_acc(x[idx]);
+          const A yv = to_acc(y[idx]);
+          const A d1 = f[0] + A(2) * xv * f[2] + yv * f[3];
+          grad1[plane * plane_px + idx] = from_acc<T>(d1);
+          if (need2) {
+            const A d2 = f[1] + A(2) * yv * f[2] + xv * f[3];
+            grad2[plane * plane_px + idx] = from_acc<T>(d2);
+          }
+        }
+      }
+    }
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kMeanThreads)
+    ssim_mean_kernel(const acc_t<T>* __restrict__ partials,  // [count]
+                     int64_t count, double scale,
+                     T* __restrict__ out) {  // [1]
+  __shared__ double sums[kMeanThreads];
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < count; i += kMeanThreads) s += static_cast<double>(partials[i]);
+  sums[threadIdx.x] = s;
+  __syncthreads();
+#pragma unroll
+  for (int stride = kMeanThreads / 2; stride > 0; stride >>= 1) {
+    if (static_cast<int>(threadIdx.x) < stride) sums[threadIdx.x] += sums[threadIdx.x + stride];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[0] = from_acc<T>(static_cast<acc_t<T>>(sums[0] * scale));
+}
+
+// Blocks with more than 48 KiB of dynamic shared memory need the attribute raised first.
+template <typename Kernel>
+cudaError_t prepare(Kernel kernel, size_t smem) {
+  if (smem <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(smem));
+}
+
+template <typename T>
+cudaError_t forward_typed(const void* img1, const void* img2, const Geometry& geo, void* map,
+                          void* partials, cudaStream_t stream) {
+  using A = acc_t<T>;
+  const TileGrid grid = forward_grid(geo);
+  const int64_t blocks = forward_blocks(geo);
+  const size_t smem = 2 * kChunkElems * sizeof(A);
+  const T* x = static_cast<const T*>(img1);
+  const T* y = static_cast<const T*>(img2);
+  if (partials != nullptr) {
+    const auto kernel = ssim_forward_kernel<T, true>;
+    if (const cudaError_t err = prepare(kernel, smem); err != cudaSuccess) return err;
+    kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(
+        x, y, geo.height, geo.width, geo.out_height(), geo.out_width(), geo.offset(),
+        grid.tiles_x, grid.tiles_y, nullptr, static_cast<A*>(partials));
+  } else {
+    const auto kernel = ssim_forward_kernel<T, false>;
+    if (const cudaError_t err = prepare(kernel, smem); err != cudaSuccess) return err;
+    kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(
+        x, y, geo.height, geo.width, geo.out_height(), geo.out_width(), geo.offset(),
+        grid.tiles_x, grid.tiles_y, static_cast<T*>(map), nullptr);
+  }
+  return cudaSuccess;
+}
+
+template <typename T>
+cudaError_t backward_typed(const void* grad, bool grad_is_scalar, double scale, const void* img1,
+                           const void* img2, const Geometry& geo, void* grad1, void* grad2,
+                           cudaStream_t stream) {
+  using A = acc_t<T>;
+  const TileGrid grid = backward_grid(geo);
+  const int64_t blocks = backward_blocks(geo);
+  const size_t smem = (2 * kChunkElems + kChunk * 4 * kThreads) * sizeof(A);
+  const auto kernel = grad_is_scalar ? ssim_backward_kernel<T, true> : ssim_backward_kernel<T, false>;
+  if (const cudaError_t err = prepare(kernel, smem); err != cudaSuccess) return err;
+  kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(
+      static_cast<const T*>(grad), static_cast<A>(scale), static_cast<const T*>(img1),
+      static_cast<const T*>(img2), geo.height, geo.width, geo.out_height(), geo.out_width(),
+      geo.offset(), grid.tiles_x, grid.tiles_y, static_cast<T*>(grad1), static_cast<T*>(grad2));
+  return cudaSuccess;
+}
+
+template <typename T>
+cudaError_t mean_typed(const void* partials, int64_t count, double scale, void* out,
+                       cudaStream_t stream) {
+  ssim_mean_kernel<T><<<1, kMeanThreads, 0, stream>>>(static_cast<const acc_t<T>*>(partials),
+                                                       count, scale, static_cast<T*>(out));
+  return cudaSuccess;
+}
+
+}  // namespace
+
+int64_t forward_blocks(const Geometry& geo) {
+  const TileGrid g = forward_grid(geo);
+  return geo.planes * g.tiles_x * g.tiles_y;
+}
+
+int64_t backward_blocks(const Geometry& geo) {
+  const TileGrid g = backward_grid(geo);
+  return geo.planes * g.tiles_x * g.tiles_y;
+}
+
+cudaError_t launch_forward(Dtype dtype, const void* img1, const void* img2, const Geometry& geo,
+                           void* map, void* partials, cudaStream_t stream) {
+  switch (dtype) {
+    case Dtype::kFloat32: return forward_typed<float>(img1, img2, geo, map, partials, stream);
+    case Dtype::kFloat16: return forward_typed<__half>(img1, img2, geo, map, partials, stream);
+    case Dtype::kBFloat16:
+      return forward_typed<__nv_bfloat16>(img1, img2, geo, map, partials, stream);
+    case Dtype::kFloat64: return forward_typed<double>(img1, img2, geo, map, partials, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t launch_mean(Dtype dtype, const void* partials, int64_t count, double scale,
+                        void* out, cudaStream_t stream) {
+  switch (dtype) {
+    case Dtype::kFloat32: return mean_typed<float>(partials, count, scale, out, stream);
+    case Dtype::kFloat16: return mean_typed<__half>(partials, count, scale, out, stream);
+    case Dtype::kBFloat16: return mean_typed<__nv_bfloat16>(partials, count, scale, out, stream);
+    case Dtype::kFloat64: return mean_typed<double>(partials, count, scale, out, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t launch_backward(Dtype dtype, const void* grad, bool grad_is_scalar, double scale,
+                            const void* img1, const void* img2, const Geometry& geo, void* grad1,
+                            void* grad2, cudaStream_t stream) {
+  switch (dtype) {
+    case Dtype::kFloat32:
+      return backward_typed<float>(grad, grad_is_scalar, scale, img1, img2, geo, grad1, grad2,
+                                   stream);
+    case Dtype::kFloat16:
+      return backward_typed<__half>(grad, grad_is_scalar, scale, img1, img2, geo, grad1, grad2,
+                                    stream);
+    case Dtype::kBFloat16:
+      return backward_typed<__nv_bfloat16>(grad, grad_is_scalar, scale, img1, img2, geo, grad1,
+                                           grad2, stream);
+    case Dtype::kFloat64:
+      return backward_typed<double>(grad, grad_is_scalar, scale, img1, img2, geo, grad1, grad2,
+                                    stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace gpucheck::ssim

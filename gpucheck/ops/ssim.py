@@ -1,0 +1,141 @@
+"""Fused SSIM on CUDA (``torch.ops.gpucheck.ssim_forward`` / ``ssim_backward``), differentiable.
+
+The kernels (csrc/ssim) compute the same function as :func:`gpucheck.reference.ssim.ssim`:
+an 11×11 Gaussian window (sigma 1.5), C1 = 0.01², C2 = 0.03², zero padding. The forward pass
+saves nothing but references to its inputs; the backward pass recomputes the window moments
+(no extra memory in training).
+
+This module imports without the compiled extension; it is loaded on first call.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import types
+from typing import Any
+
+import torch
+
+from gpucheck.ops import _ext
+
+PADDINGS = ("same", "valid")
+REDUCTIONS = ("mean", "none")
+WINDOW_SIZE = 11
+
+
+def _map_shape(img: torch.Tensor, padding: str) -> tuple[Any, ...]:
+    b, c, h, w = img.shape
+    if padding == "valid":
+        torch._check(h >= WINDOW_SIZE and w >= WINDOW_SIZE,
+                     lambda: f"padding='valid' needs H, W >= 11, got {list(img.shape)}")
+        return (b, c, h - 2 * (WINDOW_SIZE // 2), w - 2 * (WINDOW_SIZE // 2))
+    return (b, c, h, w)
+
+
+def _forward_fake(img1: torch.Tensor, img2: torch.Tensor, padding: str, reduction: str
+                  ) -> torch.Tensor:
+    torch._check(img1.dim() == 4, lambda: f"img1 must be [B, C, H, W], got {list(img1.shape)}")
+    if reduction == "mean":
+        return img1.new_empty(())
+    return img1.new_empty(_map_shape(img1, padding))
+
+
+def _backward_fake(grad: torch.Tensor, img1: torch.Tensor, img2: torch.Tensor, padding: str,
+                   reduction: str, need_grad2: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    grad2 = torch.empty_like(img2) if need_grad2 else img2.new_empty((0,))
+    return torch.empty_like(img1), grad2
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    img1, img2, padding, reduction = inputs
+    ctx.save_for_backward(img1, img2)
+    ctx.padding = padding
+    ctx.reduction = reduction
+
+
+def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    img1, img2 = ctx.saved_tensors
+    need1, need2 = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    if not (need1 or need2):
+        return None, None, None, None
+    grad1, grad2 = torch.ops.gpucheck.ssim_backward(
+        grad.contiguous(), img1, img2, ctx.padding, ctx.reduction, bool(need2)
+    )
+    return (grad1 if need1 else None), (grad2 if need2 else None), None, None
+
+
+@functools.cache
+def load_ops() -> None:
+    """Load the extension and register the fake (meta) and autograd rules of the SSIM ops.
+
+    Raises:
+        gpucheck.errors.ExtensionNotBuilt: the compiled extension is not installed.
+    """
+    _ext.load()
+    torch.library.register_fake("gpucheck::ssim_forward")(_forward_fake)
+    torch.library.register_fake("gpucheck::ssim_backward")(_backward_fake)
+    torch.library.register_autograd(
+        "gpucheck::ssim_forward", _backward, setup_context=_setup_context
+    )
+
+
+def ssim(img1: torch.Tensor, img2: torch.Tensor, padding: str = "same", train: bool = True,
+         reduction: str = "mean") -> torch.Tensor:
+    """SSIM of two CUDA image batches with the fused kernels.
+
+    Args:
+        img1: ``[B, C, H, W]`` CUDA tensor, float32, float16, bfloat16 or float64 (values
+            nominally in [0, 1]); any H, W >= 1 (>= 11 with ``padding="valid"``).
+        img2: ``[B, C, H, W]``, same dtype and device as ``img1``.
+        padding: ``"same"`` (zero padding, map ``[B, C, H, W]``) or ``"valid"`` (map
+            ``[B, C, H-10, W-10]``).
+        train: when False the call records no autograd graph (inference).
+        reduction: ``"mean"`` (0-dim tensor) or ``"none"`` (the map).
+
+    Returns:
+        The mean SSIM (0-dim) or the SSIM map, in the images' dtype (accumulated in float32,
+        float64 for float64 images). Differentiable with respect to both images when
+        ``train`` is True; results are bitwise reproducible.
+
+    Raises:
+        ValueError: unknown ``padding``/``reduction``, or images not on a CUDA device.
+        TypeError: an image is not a tensor.
+        RuntimeError: the kernel's checks (shape, dtype, device, empty images), with the
+            values received.
+        gpucheck.errors.ExtensionNotBuilt: the compiled extension is not installed.
+    """
+    if padding not in PADDINGS:
+        raise ValueError(f"ssim: padding must be one of {PADDINGS}, got {padding!r}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"ssim: reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    for name, t in (("img1", img1), ("img2", img2)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"ssim: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device.type != "cuda":
+            raise ValueError(
+                f"ssim: {name} must be a CUDA tensor, got one on {t.device} (use "
+                "gpucheck.reference.ssim on the CPU)"
+            )
+    load_ops()
+    if train:
+        return torch.ops.gpucheck.ssim_forward(img1, img2, padding, reduction)
+    with torch.no_grad():
+        return torch.ops.gpucheck.ssim_forward(img1, img2, padding, reduction)
+
+
+__all__ = ["load_ops", "ssim"]
+
+
+class _CallableModule(types.ModuleType):
+    """Lets ``gpucheck.ops.ssim(...)`` work after this submodule was imported.
+
+    ``gpucheck.ops`` exports the function ``ssim`` lazily, but importing the submodule of the
+    same name replaces that attribute with the module; calling the module calls the function.
+    """
+
+    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return ssim(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
