@@ -15,5 +15,9 @@ PyObject* PyInit__C(void) {
 
 TORCH_LIBRARY(gpucheck, m) {
   // --- ssim (csrc/ssim) ---
+  m.def("ssim_forward(Tensor img1, Tensor img2, str padding, str reduction) -> Tensor");
+  m.def(
+      "ssim_backward(Tensor grad, Tensor img1, Tensor img2, str padding, str reduction, "
+      "bool need_grad2) -> (Tensor, Tensor)");
   // --- knn (csrc/knn) ---
 }
