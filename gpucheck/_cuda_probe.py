@@ -74,9 +74,9 @@ def probe() -> dict[str, Any]:
                 "compute_capability": f"{major.value}.{minor.value}",
                 "primary_context_active": bool(active.value),
             })
-        peer = []
+        peer: list[list[bool | None]] = []
         for a in handles:
-            row = []
+            row: list[bool | None] = []
             for b in handles:
                 if a.value == b.value:
                     row.append(None)

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 import gpucheck
+from gpucheck.devices import Inventory
 from gpucheck.errors import EXIT_CLEAN, EXIT_USAGE, GpucheckError
 
 GIB = 1024**3
@@ -48,7 +49,7 @@ def devices(as_json: bool) -> int:
     return EXIT_CLEAN
 
 
-def _print_inventory(inv) -> None:  # type: ignore[no-untyped-def]
+def _print_inventory(inv: Inventory) -> None:
     console = Console(soft_wrap=True)
     versions = (f"driver {inv.driver_version or 'N/A'}, CUDA (driver) "
                 f"{inv.cuda_driver_version or 'N/A'}, torch {inv.torch_version or 'not installed'}")

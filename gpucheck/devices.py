@@ -166,6 +166,7 @@ def discover(probe: dict[str, Any] | None = None) -> Inventory:
 
     answer = probe if probe is not None else run_cuda_probe()
     cuda_entries: list[dict[str, Any]]
+    nvml_idx: list[int | None]
     if answer.get("ok"):
         cuda_entries = answer["devices"]
         nvml_idx = map_by_uuid([d["uuid"] for d in cuda_entries], nvml_uuids)
@@ -185,15 +186,16 @@ def discover(probe: dict[str, Any] | None = None) -> Inventory:
                           f"{len(handles)} GPU(s) NVML sees." if visible is not None else
                           "No CUDA device is visible to the CUDA driver.")
             return inv
-        nvml_idx = list(parse_visible_devices(visible, nvml_uuids))
-        cuda_entries = [{"cuda_index": c, "uuid": nvml_uuids[n]} for c, n in enumerate(nvml_idx)]
+        chosen = parse_visible_devices(visible, nvml_uuids)
+        nvml_idx = list(chosen)
+        cuda_entries = [{"cuda_index": c, "uuid": nvml_uuids[n]} for c, n in enumerate(chosen)]
         peer = [[None if a == b else nvml.na_to_none(nvml.p2p_read_ok(handles[a], handles[b]))
-                 for b in nvml_idx] for a in nvml_idx]
+                 for b in chosen] for a in chosen]
         inv.mapping = VISIBLE_ENV
         inv.notes.append(f"libcuda could not be asked ({answer.get('message')}); the mapping "
                          f"follows {VISIBLE_ENV} and assumes PCI bus order")
 
-    for entry, n in zip(cuda_entries, nvml_idx):
+    for entry, n in zip(cuda_entries, nvml_idx, strict=False):
         inv.devices.append(_device(entry, n, handles[n] if n is not None else None,
                                    peer[entry["cuda_index"]] if peer else []))
     if not inv.devices:

@@ -11,6 +11,7 @@ process and from a sampler thread.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -105,10 +106,8 @@ def reset() -> None:
     global _status
     with _lock:
         if _status is not None and _status.ok and _nv is not None:
-            try:
+            with contextlib.suppress(_nv.NVMLError):
                 _nv.nvmlShutdown()
-            except _nv.NVMLError:
-                pass
         _status = None
 
 

@@ -50,6 +50,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for name, doc in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {doc}")
+    if config.getoption("--gpucheck-device"):
+        target_devices(config)  # a bad index is a usage error before collection starts
     if config.getoption("--gpucheck-results"):
         from gpucheck.runner.worker import Recorder
 

@@ -34,7 +34,7 @@ def to_xml(records: list[dict[str, Any]]) -> ET.ElementTree:
     for r in records:
         groups[(r["device"], r["suite"], r["mode"])].append(r)
     root = ET.Element("testsuites", name="gpucheck")
-    totals = defaultdict(int)
+    totals: dict[str, int] = defaultdict(int)
     for (device, suite, mode), recs in sorted(groups.items()):
         counts = {"tests": len(recs), "failures": 0, "errors": 0, "skipped": 0}
         ts = ET.SubElement(root, "testsuite", name=f"{suite} [{device}, {mode}]")
@@ -42,8 +42,9 @@ def to_xml(records: list[dict[str, Any]]) -> ET.ElementTree:
         for r in recs:
             time_total += float(r.get("duration_s") or 0.0)
             classname, _, name = r["case"].rpartition("::")
+            seconds = float(r.get("duration_s") or 0)
             tc = ET.SubElement(ts, "testcase", classname=f"{device}.{suite}.{classname}",
-                               name=name or r["case"], time=f"{float(r.get('duration_s') or 0):.3f}")
+                               name=name or r["case"], time=f"{seconds:.3f}")
             status = r["status"]
             message, text = _describe(r)
             if status == "failed":

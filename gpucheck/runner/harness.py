@@ -9,6 +9,7 @@ with the exit code or signal and the tail of its stderr. Other workers are not a
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
 import signal
@@ -130,14 +131,12 @@ class Harness:
 
     def poll(self) -> bool:
         """One round of watching; True while any worker still runs."""
-        running = False
         for w in self.workers:
             if w.finished:
                 continue
             w.state = read_state(w.state_path) or w.state
             rc = w.proc.poll()
             if rc is None:
-                running = True
                 case = w.state.get("case")
                 if case and time.time() - float(w.state.get("started", time.time())) > self.timeout:
                     self._kill_hung(w, case)
@@ -151,23 +150,19 @@ class Harness:
     def _kill_hung(self, w: Worker, case: str) -> None:
         w.hung_case = case
         if hasattr(signal, "SIGUSR1"):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 w.proc.send_signal(signal.SIGUSR1)  # faulthandler: every thread's stack
-            except ProcessLookupError:
-                pass
             time.sleep(1.0)
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(w.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         w.proc.wait()
 
     def _finish(self, w: Worker, rc: int) -> None:
         w.finished = True
         w.state = read_state(w.state_path) or w.state
-        case = w.hung_case or w.state.get("case")
+        case: str | None = w.hung_case or w.state.get("case")
         if w.hung_case:
-            self._record(w, case, "hung", f"no progress for {self.timeout:g} s; killed", rc,
+            self._record(w, w.hung_case, "hung", f"no progress for {self.timeout:g} s; killed", rc,
                          "hang", "the case did not finish within --timeout; the stderr tail "
                          "holds every thread's Python stack at the moment it was stopped")
         elif rc not in NORMAL_EXITS:
@@ -209,10 +204,8 @@ class Harness:
         """Ctrl-C: ask every worker to stop (pytest finishes its current record), then wait."""
         for w in self.workers:
             if w.proc.poll() is None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(w.proc.pid, signal.SIGINT)
-                except ProcessLookupError:
-                    pass
         deadline = time.monotonic() + 10
         for w in self.workers:
             try:

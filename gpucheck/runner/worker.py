@@ -146,7 +146,7 @@ class Recorder:
         for rep in reports:
             for key, value in rep.user_properties:
                 if key == "gpucheck_current_device":
-                    current = value
+                    current = None if value is None else str(value)
             if rep.skipped:
                 if hasattr(rep, "wasxfail"):
                     status, reason = "skipped", f"expected failure: {rep.wasxfail}"

@@ -1,0 +1,109 @@
+"""The CLI's contract: exit codes 0/1/2 and one clear sentence for bad input, no traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from gpucheck import cli, devices
+from gpucheck.devices import Device, Inventory
+
+
+def gpucheck(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "gpucheck.cli", *args], capture_output=True,
+                          text=True, timeout=120, **kw)
+
+
+def _no_traceback(proc):
+    assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_devices_without_gpu_is_a_sentence_and_exit_0():
+    proc = gpucheck("devices")
+    _no_traceback(proc)
+    if "visible CUDA device" in proc.stdout:
+        pytest.skip("this machine has GPUs")
+    assert proc.returncode == 0
+    assert proc.stdout.startswith("No NVIDIA GPU")
+
+
+def test_devices_json_without_gpu_lists_no_devices():
+    proc = gpucheck("devices", "--json")
+    data = json.loads(proc.stdout)
+    if data["devices"]:
+        pytest.skip("this machine has GPUs")
+    assert proc.returncode == 0
+    assert data["devices"] == []
+    assert data["reason"]
+    assert data["torch_version"]
+
+
+def test_run_without_gpu_says_so_in_one_line_and_exits_2(tmp_path):
+    proc = gpucheck("run", "--out", str(tmp_path / "r"))
+    if proc.returncode == 0:
+        pytest.skip("this machine has GPUs")
+    _no_traceback(proc)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "No NVIDIA GPU" in lines[0] and "--cpu-only" in lines[0]
+
+
+def _two_gpus():
+    devs = [Device(i, i, f"GPU-{i}", "NVIDIA H200", "9.0", None, 1, 1, 0, 0, 0, 0)
+            for i in range(2)]
+    return Inventory(devs, None, "580", "13.0", None, "2.11", None, "cuda-driver-uuid")
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["run", "--device", "5"], "--device 5 is out of range: 2 CUDA device(s) visible (0, 1)"),
+        (["run", "--device", "0", "--all-devices"], "exclude each other"),
+        (["run", "--mode", "sanitizer:memcheck"], "not available yet"),
+        (["run", "--suite", "no-such-suite"], "unknown suite 'no-such-suite'"),
+    ],
+)
+def test_bad_run_requests_exit_2(monkeypatch, capsys, tmp_path, args, words):
+    monkeypatch.setattr(devices, "discover", _two_gpus)
+    monkeypatch.chdir(tmp_path)
+    code = cli.main([*args, "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert words in err
+
+
+def test_unusable_out_folder_exits_2(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(devices, "discover", _two_gpus)
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    code = cli.main(["run", "--out", str(blocker / "sub")])
+    assert code == 2
+    assert "cannot write to the output folder" in capsys.readouterr().err
+
+
+def test_usage_errors_exit_2():
+    for args in (["run", "--device", "x"], ["run", "--device", "-1"], ["run", "--timeout", "0"],
+                 ["run", "--mode", "bogus"], ["nonsense"]):
+        proc = gpucheck(*args)
+        _no_traceback(proc)
+        assert proc.returncode == 2, args
+
+
+def test_driver_mismatch_exits_2(monkeypatch, capsys):
+    broken = Inventory([], "No CUDA device is usable: driver/library version mismatch.", None,
+                       None, None, None, None, "none",
+                       environment_error="No CUDA device is usable: version mismatch.")
+    monkeypatch.setattr(devices, "discover", lambda: broken)
+    assert cli.main(["devices"]) == 2
+    assert cli.main(["run"]) == 2
+    assert "version mismatch" in capsys.readouterr().err
+
+
+def test_devices_table_with_gpus(monkeypatch, capsys):
+    monkeypatch.setattr(devices, "discover", _two_gpus)
+    assert cli.main(["devices"]) == 0
+    out = capsys.readouterr().out
+    assert "2 visible CUDA device(s)" in out and "GPU-1" in out and "peer access" in out

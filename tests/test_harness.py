@@ -1,0 +1,167 @@
+"""`gpucheck run` end to end on CPU: real worker processes running a real suite with passing,
+failing, skipped, aborting and hanging cases; the records, JUnit XML and exit codes they give."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from gpucheck.report import results
+
+SUITE = textwrap.dedent('''
+    import os, time, pytest
+
+    def test_ok():
+        assert sum(range(5)) == 10
+
+    def test_fail():
+        assert [1, 2] == [1, 3]
+
+    @pytest.mark.skip(reason="not on this machine")
+    def test_skip():
+        pass
+
+    def test_gpu(gpu_device):
+        assert gpu_device.type == "cuda"
+
+    @pytest.fixture
+    def broken():
+        raise RuntimeError("fixture exploded")
+
+    def test_setup_error(broken):
+        pass
+
+    def test_cuda_error():
+        if os.environ.get("DEMO_CUDA_ERROR"):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    def test_abort():
+        if os.environ.get("DEMO_ABORT"):
+            os.abort()
+
+    def test_hang():
+        if os.environ.get("DEMO_HANG"):
+            time.sleep(600)
+
+    def test_last():
+        assert True
+''')
+
+
+@pytest.fixture
+def project(tmp_path):
+    suite = tmp_path / "suites" / "demo"
+    suite.mkdir(parents=True)
+    (suite / "test_demo.py").write_text(SUITE)
+    return tmp_path
+
+
+def run(project, *args, env=None, timeout=180):
+    return subprocess.run(
+        [sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet", *args],
+        cwd=project, capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def by_case(path: Path):
+    return {r["case"].rsplit("::", 1)[-1]: r for r in results.cases(path)}
+
+
+def test_records_statuses_findings_and_junit(project):
+    out = project / "out"
+    proc = run(project, "--out", str(out), env={"DEMO_CUDA_ERROR": "1"})
+    assert proc.returncode == 1, proc.stderr  # failures are findings of severity error
+    recs = by_case(out / "results.jsonl")
+    assert {k: r["status"] for k, r in recs.items()} == {
+        "test_ok": "passed", "test_fail": "failed", "test_skip": "skipped",
+        "test_gpu[nocuda]": "skipped", "test_setup_error": "error",
+        "test_cuda_error": "failed", "test_abort": "passed", "test_hang": "passed",
+        "test_last": "passed",
+    }
+    assert recs["test_skip"]["reason"] == "not on this machine"
+    assert recs["test_gpu[nocuda]"]["reason"] == "no CUDA device visible"
+    fail = recs["test_fail"]["findings"][0]
+    assert fail["kind"] == "test-failure" and fail["severity"] == "error"
+    assert "assert [1, 2] == [1, 3]" in fail["message"]
+    assert recs["test_setup_error"]["findings"][0]["message"].endswith("(in setup)")
+    cuda = recs["test_cuda_error"]["findings"][0]
+    assert cuda["kind"] == "cuda-error" and "device guard" in cuda["hint"]
+    for r in recs.values():
+        assert r["device"] == "cpu" and r["suite"] == "demo" and r["mode"] == "blocking"
+        assert r["duration_s"] >= 0
+    # every line (header included) is valid against the shipped schema
+    schema = results.schema()
+    lines = list(results.read(out / "results.jsonl"))
+    assert lines[0]["record"] == "run" and lines[0]["suites"] == ["demo"]
+    for line in lines:
+        jsonschema.validate(line, schema)
+    # JUnit agrees with the records
+    root = ET.parse(out / "junit.xml").getroot()
+    assert (root.get("tests"), root.get("failures"), root.get("errors"), root.get("skipped")) \
+        == ("9", "2", "1", "2")
+
+
+def test_clean_run_exits_0(project):
+    out = project / "out"
+    proc = run(project, "--out", str(out), "--", "-k", "test_ok or test_last")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [r["status"] for r in results.cases(out / "results.jsonl")] == ["passed", "passed"]
+
+
+def test_abort_becomes_a_crashed_record_with_signal_and_stderr(project):
+    out = project / "out"
+    proc = run(project, "--out", str(out), env={"DEMO_ABORT": "1"})
+    assert proc.returncode == 1
+    recs = by_case(out / "results.jsonl")
+    crash = recs["test_abort"]
+    assert crash["status"] == "crashed"
+    assert crash["signal"] == "SIGABRT"
+    assert crash["findings"][0]["kind"] == "crash"
+    assert "test_abort" in crash["stderr_tail"]  # pytest's faulthandler names the frame
+    # what finished before the crash is kept
+    assert recs["test_ok"]["status"] == "passed"
+
+
+def test_hang_becomes_a_hung_record_with_every_threads_stack(project):
+    out = project / "out"
+    t0 = time.monotonic()
+    proc = run(project, "--out", str(out), "--timeout", "2", env={"DEMO_HANG": "1"})
+    assert time.monotonic() - t0 < 60
+    assert proc.returncode == 1
+    hung = by_case(out / "results.jsonl")["test_hang"]
+    assert hung["status"] == "hung"
+    assert "no progress for 2 s" in hung["reason"]
+    assert "in test_hang" in hung["findings"][0]["evidence"]  # the frame where it hung
+
+
+def test_ctrl_c_keeps_finished_records_and_writes_junit(project):
+    out = project / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet", "--out", str(out),
+         "--timeout", "300"],
+        cwd=project, env={**os.environ, "DEMO_HANG": "1"},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    state = out / "workers" / "cpu.blocking.state.json"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if state.exists() and "test_hang" in state.read_text():
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    stdout, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    recs = by_case(out / "results.jsonl")
+    assert recs["test_ok"]["status"] == "passed"
+    assert (out / "junit.xml").exists()
+    assert "interrupted" in stdout

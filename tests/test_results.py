@@ -1,0 +1,77 @@
+"""results.jsonl writing/reading and JUnit conversion on hand-made records."""
+
+from __future__ import annotations
+
+import multiprocessing
+import xml.etree.ElementTree as ET
+
+import jsonschema
+import pytest
+
+from gpucheck.report import junit, results
+from gpucheck.report.results import CaseRecord, Finding
+
+
+def _record(case, status, findings=()):
+    return CaseRecord(run_id="r1", device="cuda:1", suite="ssim", case=case,
+                      mode="blocking", status=status, findings=list(findings)).to_json()
+
+
+def test_append_is_one_line_per_record_and_survives_a_torn_tail(tmp_path):
+    path = tmp_path / "results.jsonl"
+    results.append(path, _record("a.py::t1", "passed"))
+    results.append(path, _record("a.py::t2", "skipped"))
+    with open(path, "a") as f:
+        f.write('{"record": "case", "cas')  # a writer killed mid-line
+    assert [r["case"] for r in results.cases(path)] == ["a.py::t1", "a.py::t2"]
+
+
+def _writer(path, worker):
+    for i in range(50):
+        results.append(path, _record(f"w{worker}.py::t{i}", "passed",
+                                     [Finding("x", "info", "m" * 3000)]))
+
+
+def test_concurrent_writers_do_not_interleave(tmp_path):
+    path = tmp_path / "results.jsonl"
+    procs = [multiprocessing.Process(target=_writer, args=(path, w)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    recs = results.cases(path)
+    assert len(recs) == 200
+    assert len(path.read_text().splitlines()) == 200
+
+
+def test_schema_accepts_records_and_rejects_bad_ones():
+    schema = results.schema()
+    good = _record("a.py::t", "failed", [Finding("test-failure", "error", "boom",
+                                                 device="cuda:1")])
+    jsonschema.validate(good, schema)
+    for bad in ({**good, "status": "exploded"}, {k: v for k, v in good.items() if k != "mode"},
+                {**good, "findings": [{"kind": "x"}]}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
+
+
+def test_has_errors_looks_at_severity():
+    assert not results.has_errors([_record("a", "passed", [Finding("x", "warning", "w")])])
+    assert results.has_errors([_record("a", "crashed", [Finding("crash", "error", "died")])])
+
+
+def test_junit_groups_by_device_suite_mode(tmp_path):
+    path = tmp_path / "results.jsonl"
+    results.append(path, _record("s/t.py::ok", "passed"))
+    results.append(path, _record("s/t.py::bad", "failed", [Finding("test-failure", "error",
+                                                                    "assert 1 == 2")]))
+    results.append(path, _record("s/t.py::hang", "hung", [Finding("hang", "error", "stuck",
+                                                                  hint="look at stacks")]))
+    results.append(path, {**_record("s/t.py::ok", "passed"), "device": "cuda:0"})
+    root = ET.parse(junit.write(path, tmp_path / "junit.xml")).getroot()
+    suites = {s.get("name"): s for s in root.iter("testsuite")}
+    assert set(suites) == {"ssim [cuda:0, blocking]", "ssim [cuda:1, blocking]"}
+    s1 = suites["ssim [cuda:1, blocking]"]
+    assert (s1.get("tests"), s1.get("failures"), s1.get("errors")) == ("3", "1", "1")
+    err = s1.find("testcase[@name='hang']/error")
+    assert err.get("type") == "hung" and "hint: look at stacks" in err.text
