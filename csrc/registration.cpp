@@ -20,4 +20,5 @@ TORCH_LIBRARY(gpucheck, m) {
       "ssim_backward(Tensor grad, Tensor img1, Tensor img2, str padding, str reduction, "
       "bool need_grad2) -> (Tensor, Tensor)");
   // --- knn (csrc/knn) ---
+  m.def("knn_mean_sq_dist(Tensor points, int k=3) -> Tensor");
 }

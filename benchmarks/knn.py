@@ -1,0 +1,140 @@
+"""Benchmark of gpucheck.ops.knn_mean_sq_dist (issue 4) on one GPU.
+
+For N in 100k, 1M, 10M and uniform / clustered clouds (k = 3 unless --k): median time of one
+call with CUDA events (after warm-up; several input sets rotated so small sizes do not just
+time the L2), peak extra device memory per point (peak allocated during the call minus inputs
+and output), growth of the time from 1M to 10M, and a spot check of 1000 random rows against
+the float64 reference. Usage: ``python benchmarks/knn.py [--sizes 100000,1000000] [--json F]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "suites" / "knn"))
+
+import knn_clouds  # noqa: E402
+
+from gpucheck.ops import knn_mean_sq_dist  # noqa: E402
+from gpucheck.reference import knn_mean_sq_dist as reference  # noqa: E402
+
+# simple-knn distCUDA2 on an H200 (shared/PEERS.md), ms: (uniform, clustered).
+PEER_MS = {100_000: (6.84, 6.06), 1_000_000: (28.3, 17.2), 10_000_000: (378.0, 355.0)}
+TARGET_MS = {100_000: 1.0, 1_000_000: 5.0, 10_000_000: 60.0}
+CLOUDS = {"uniform": "uniform", "clustered": "clusters"}
+
+
+def time_ms(inputs: list[torch.Tensor], k: int, repeats: int) -> list[float]:
+    """Per-call times (ms) with CUDA events, rotating over ``inputs``."""
+    for x in inputs:  # warm-up: module load, allocator growth
+        knn_mean_sq_dist(x, k)
+    torch.cuda.synchronize()
+    times = []
+    for r in range(repeats):
+        x = inputs[r % len(inputs)]
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        knn_mean_sq_dist(x, k)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return times
+
+
+def extra_bytes(x: torch.Tensor, k: int) -> int:
+    """Peak device memory allocated during one call beyond its input and its output."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = knn_mean_sq_dist(x, k)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    return peak - base - out.numel() * out.element_size()
+
+
+def spot_check(x: torch.Tensor, k: int, rows: int = 1000) -> float:
+    """Largest relative error of ``rows`` random rows against the float64 reference."""
+    got = knn_mean_sq_dist(x, k)
+    idx = torch.randperm(x.shape[0], device=x.device)[:rows]
+    want = reference(x, k, rows=idx, chunk_elements=1 << 26)
+    err = (got[idx].double() - want).abs() / want.clamp_min(1e-300)
+    err[want == 0] = (got[idx][want == 0] != 0).double()
+    return float(err.max())
+
+
+def kernel_breakdown(x: torch.Tensor, k: int) -> str:
+    """Device time per kernel of one call (torch.profiler), largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    knn_mean_sq_dist(x, k)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        knn_mean_sq_dist(x, k)
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=12,
+                                     max_name_column_width=60)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes", default="100000,1000000,10000000")
+    parser.add_argument("--k", type=int, default=3)
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--profile", action="store_true", help="per-kernel times at 10M")
+    args = parser.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    dev = torch.device("cuda", torch.cuda.current_device())
+    props = torch.cuda.get_device_properties(dev)
+    print(f"# {props.name}, torch {torch.__version__}, CUDA {torch.version.cuda}, k={args.k}")
+
+    rows = []
+    for label, cloud in CLOUDS.items():
+        for n in sizes:
+            sets = 4 if n <= 1_000_000 else 1
+            inputs = [knn_clouds.make(cloud, n, 1000 + s, dev) for s in range(sets)]
+            repeats = 50 if n <= 1_000_000 else 20
+            times = time_ms(inputs, args.k, repeats)
+            med = statistics.median(times)
+            extra = extra_bytes(inputs[0], args.k)
+            err = spot_check(inputs[0], args.k)
+            row = {"cloud": label, "n": n, "k": args.k, "median_ms": med,
+                   "min_ms": min(times), "max_ms": max(times), "repeats": repeats,
+                   "extra_bytes_per_point": extra / n, "max_rel_err_1000_rows": err}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            del inputs
+            torch.cuda.empty_cache()
+        if args.profile and 10_000_000 in sizes:
+            x = knn_clouds.make(cloud, 10_000_000, 7, dev)
+            try:
+                print(f"## kernels, {label} 10M\n{kernel_breakdown(x, args.k)}")
+            except Exception as err:  # profiler unavailable on this machine
+                print(f"## kernel breakdown unavailable: {err}")
+            del x
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+
+    print("\n| cloud | N | median ms | min–max ms | target | simple-knn | extra B/pt | rel err |")
+    print("|---|---|---|---|---|---|---|---|")
+    by = {(r["cloud"], r["n"]): r for r in rows}
+    for r in rows:
+        peer = PEER_MS.get(r["n"], (float("nan"),) * 2)[0 if r["cloud"] == "uniform" else 1]
+        print(f"| {r['cloud']} | {r['n']:,} | {r['median_ms']:.3f} | {r['min_ms']:.3f}–"
+              f"{r['max_ms']:.3f} | ≤ {TARGET_MS.get(r['n'], float('nan')):g} | {peer:g} | "
+              f"{r['extra_bytes_per_point']:.1f} | {r['max_rel_err_1000_rows']:.1e} |")
+    for label in CLOUDS:
+        if (label, 1_000_000) in by and (label, 10_000_000) in by:
+            g = by[(label, 10_000_000)]["median_ms"] / by[(label, 1_000_000)]["median_ms"]
+            print(f"growth 1M -> 10M ({label}): x{g:.2f} (linear: x10)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+"""GPU suite of ``gpucheck.ops.knn_mean_sq_dist`` (issue 4, story 2 of shared/STORIES.md).
+
+Every test runs on each target device with *another* device current (``gpu_device``), so a
+missing device guard crashes or computes on the wrong GPU, and a leaked ``cudaSetDevice`` (the
+published fix of story 2) shows as a changed current device.
+
+Tolerance. The op returns the mean of the k smallest float32 squared distances, each computed
+from float32 coordinate differences: one rounding in each difference, one in each square or
+fused multiply-add, i.e. at most ~6 units of roundoff u = 2^-24 relative per distance (all
+terms are non-negative, so nothing cancels). Swapping near-tied neighbours cannot move the
+k-th order statistics by more than that same relative amount, and the float32 sum and
+division add k more. So |op - ref| <= (k + 6) u |ref| against the float64 oracle; we allow
+twice that (rtol = 2 (k + 6) u, 1.1e-6 for k = 3) and atol = 0, so exact zeros (duplicates)
+must come out exactly zero.
+"""
+
+from __future__ import annotations
+
+import os
+
+import knn_clouds
+import pytest
+import torch
+
+from gpucheck.ops import knn_mean_sq_dist
+from gpucheck.reference import knn_mean_sq_dist as reference
+
+pytestmark = pytest.mark.gpu
+
+U = 2.0**-24
+KS = (1, 3, 16)
+# k + 1 (smallest legal), 33 (partial last leaf), 1000, 1025 (two tree levels + partial leaf).
+SMALL_SIZES = ("k+1", 33, 1000, 1025)
+ISSUE_CLOUDS = ("uniform", "clusters", "planar", "duplicates", "offset")
+REF_CHUNK = 1 << 26
+
+
+def fresh_seed() -> int:
+    return int.from_bytes(os.urandom(4), "little")
+
+
+def rtol(k: int) -> float:
+    return 2 * (k + 6) * U
+
+
+def check_against_reference(points: torch.Tensor, k: int, what: str) -> None:
+    got = knn_mean_sq_dist(points, k)
+    assert got.shape == (points.shape[0],) and got.dtype == torch.float32
+    assert got.device == points.device
+    want = reference(points, k, chunk_elements=REF_CHUNK)
+    torch.testing.assert_close(got.double(), want, rtol=rtol(k), atol=0.0,
+                               msg=lambda m: f"{what}: {m}")
+
+
+def size(n: int | str, k: int) -> int:
+    return k + 1 if n == "k+1" else int(n)
+
+
+@pytest.mark.sanitizer
+@pytest.mark.parametrize("k", KS)
+@pytest.mark.parametrize("n", SMALL_SIZES)
+@pytest.mark.parametrize("cloud", (*ISSUE_CLOUDS, "line"))
+def test_matches_reference_small(gpu_device: torch.device, cloud: str, n: int | str,
+                                 k: int) -> None:
+    seed = fresh_seed()
+    points = knn_clouds.make(cloud, size(n, k), seed, gpu_device)
+    check_against_reference(points, k, f"{cloud} N={size(n, k)} k={k} seed={seed}")
+
+
+@pytest.mark.parametrize("k", KS)
+@pytest.mark.parametrize("cloud", (*ISSUE_CLOUDS, "line"))
+def test_matches_reference_100k(gpu_device: torch.device, cloud: str, k: int) -> None:
+    seed = fresh_seed()
+    points = knn_clouds.make(cloud, 100_000, seed, gpu_device)
+    check_against_reference(points, k, f"{cloud} N=100000 k={k} seed={seed}")
+
+
+@pytest.mark.parametrize("k", range(1, 17))
+def test_every_k(gpu_device: torch.device, k: int) -> None:
+    seed = fresh_seed()
+    points = knn_clouds.make("clusters", 3000, seed, gpu_device)
+    check_against_reference(points, k, f"clusters N=3000 k={k} seed={seed}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k", (3, 16))
+@pytest.mark.parametrize("cloud", ("uniform", "clusters", "offset"))
+def test_matches_reference_rows_2m(gpu_device: torch.device, cloud: str, k: int) -> None:
+    """2M points: the reference checks 3000 random rows against all points."""
+    seed = fresh_seed()
+    points = knn_clouds.make(cloud, 2_000_000, seed, gpu_device)
+    got = knn_mean_sq_dist(points, k)
+    rows = torch.randperm(points.shape[0], device=gpu_device)[:3000]
+    want = reference(points, k, rows=rows, chunk_elements=REF_CHUNK)
+    torch.testing.assert_close(got[rows].double(), want, rtol=rtol(k), atol=0.0,
+                               msg=lambda m: f"{cloud} N=2e6 k={k} seed={seed}: {m}")
+    assert torch.isfinite(got).all()
+
+
+@pytest.mark.sanitizer
+def test_duplicates_give_exact_zero(gpu_device: torch.device) -> None:
+    base = knn_clouds.make("uniform", 700, fresh_seed(), gpu_device)
+    points = base.repeat(4, 1)[torch.randperm(2800, device=gpu_device)].contiguous()
+    assert torch.equal(knn_mean_sq_dist(points, 3), torch.zeros(2800, device=gpu_device))
+    # Four copies: the 4th neighbour is a different point, so k = 4 is positive everywhere.
+    assert bool((knn_mean_sq_dist(points, 4) > 0).all())
+
+
+@pytest.mark.sanitizer
+def test_all_points_equal(gpu_device: torch.device) -> None:
+    points = torch.full((100, 3), 1.5e4, device=gpu_device)
+    points += torch.rand(1, 3, device=gpu_device)  # one random point, repeated
+    assert torch.equal(knn_mean_sq_dist(points, 16), torch.zeros(100, device=gpu_device))
+
+
+@pytest.mark.sanitizer
+def test_bitwise_repeatable(gpu_device: torch.device) -> None:
+    points = knn_clouds.make("clusters", 50_000, fresh_seed(), gpu_device)
+    first = knn_mean_sq_dist(points, 3)
+    for _ in range(3):
+        assert torch.equal(knn_mean_sq_dist(points, 3), first)
+
+
+@pytest.mark.multigpu
+def test_bitwise_across_devices(gpu_device: torch.device, other_device: torch.device | None
+                                ) -> None:
+    if other_device is None:
+        pytest.skip("needs a second visible CUDA device")
+    points = knn_clouds.make("clusters", 100_000, fresh_seed(), gpu_device)
+    here = knn_mean_sq_dist(points, 3)
+    there = knn_mean_sq_dist(points.to(other_device), 3)
+    assert there.device == other_device
+    assert torch.equal(here, there.to(gpu_device))
+
+
+@pytest.mark.sanitizer
+def test_current_device_unchanged(gpu_device: torch.device, other_device: torch.device | None
+                                  ) -> None:
+    before = torch.cuda.current_device()
+    if other_device is not None:
+        assert before == other_device.index  # the fixture made another device current
+    points = knn_clouds.make("uniform", 5000, fresh_seed(), gpu_device)
+    out = knn_mean_sq_dist(points, 3)
+    assert torch.cuda.current_device() == before
+    assert out.device == gpu_device
+    # The next default-device allocation still lands on the caller's device.
+    assert torch.empty(1, device="cuda").device.index == before
+
+
+@pytest.mark.sanitizer
+def test_side_stream(gpu_device: torch.device) -> None:
+    points = knn_clouds.make("uniform", 20_000, fresh_seed(), gpu_device)
+    want = knn_mean_sq_dist(points, 3)
+    stream = torch.cuda.Stream(device=gpu_device)
+    stream.wait_stream(torch.cuda.current_stream(gpu_device))
+    with torch.cuda.stream(stream):
+        got = knn_mean_sq_dist(points, 3)
+    stream.synchronize()
+    assert torch.equal(got, want)
+
+
+@pytest.mark.sanitizer
+def test_opcheck(gpu_device: torch.device) -> None:
+    from gpucheck.ops.knn import op
+
+    points = knn_clouds.make("uniform", 777, fresh_seed(), gpu_device)
+    torch.library.opcheck(op(), (points, 5))
+
+
+def _nan_at(device: torch.device, row: int) -> torch.Tensor:
+    p = torch.rand(100, 3, device=device)
+    p[row, 1] = float("nan")
+    return p
+
+
+def _inf_at(device: torch.device, row: int) -> torch.Tensor:
+    p = torch.rand(100, 3, device=device)
+    p[row, 2] = -float("inf")
+    return p
+
+
+BAD_INPUTS = [
+    # (id, make(device) -> (points, k), exception, message pattern)
+    ("shape_2d", lambda d: (torch.rand(10, 2, device=d), 3), ValueError,
+     r"points must be \[N, 3\], got \[10, 2\]"),
+    ("shape_1d", lambda d: (torch.rand(30, device=d), 3), ValueError,
+     r"points must be \[N, 3\], got \[30\]"),
+    ("shape_3d", lambda d: (torch.rand(10, 3, 1, device=d), 3), ValueError,
+     r"points must be \[N, 3\], got \[10, 3, 1\]"),
+    ("float64", lambda d: (torch.rand(10, 3, device=d, dtype=torch.float64), 3), TypeError,
+     r"points must be float32, got Double"),
+    ("float16", lambda d: (torch.rand(10, 3, device=d).half(), 3), TypeError,
+     r"points must be float32, got Half"),
+    ("int", lambda d: (torch.randint(0, 9, (10, 3), device=d), 3), TypeError,
+     r"points must be float32, got Long"),
+    ("non_contiguous", lambda d: (torch.rand(3, 10, device=d).t(), 3), ValueError,
+     r"points must be contiguous, got strides \[1, 10\]"),
+    ("cpu", lambda d: (torch.rand(10, 3), 3), ValueError,
+     r"points must be a CUDA tensor, got one on cpu"),
+    ("n_equals_k", lambda d: (torch.rand(3, 3, device=d), 3), ValueError,
+     r"needs more than k points .* got N = 3 with k = 3"),
+    ("n_zero", lambda d: (torch.rand(0, 3, device=d), 1), ValueError,
+     r"needs more than k points .* got N = 0 with k = 1"),
+    ("k_zero", lambda d: (torch.rand(10, 3, device=d), 0), ValueError,
+     r"k must be in \[1, 16\], got 0"),
+    ("k_17", lambda d: (torch.rand(100, 3, device=d), 17), ValueError,
+     r"k must be in \[1, 16\], got 17"),
+    ("k_negative", lambda d: (torch.rand(10, 3, device=d), -2), ValueError,
+     r"k must be in \[1, 16\], got -2"),
+    ("k_float", lambda d: (torch.rand(10, 3, device=d), 3.0), TypeError, r"k must be an int"),
+    ("nan", lambda d: (_nan_at(d, 57), 3), ValueError,
+     r"points must be finite, but row 57 is \(.*nan.*\)"),
+    ("inf", lambda d: (_inf_at(d, 3), 3), ValueError,
+     r"points must be finite, but row 3 is \(.*-inf\)"),
+]
+
+
+@pytest.mark.sanitizer
+@pytest.mark.parametrize(("make", "exc", "pattern"), [b[1:] for b in BAD_INPUTS],
+                         ids=[b[0] for b in BAD_INPUTS])
+def test_bad_input(gpu_device: torch.device, make, exc: type[Exception], pattern: str) -> None:
+    points, k = make(gpu_device)
+    before = torch.cuda.current_device()
+    with pytest.raises(exc, match=pattern):
+        knn_mean_sq_dist(points, k)
+    assert torch.cuda.current_device() == before
+    # The error left no broken state behind: a valid call on the same device still works.
+    ok = knn_mean_sq_dist(torch.rand(50, 3, device=gpu_device) + 1, 3)
+    assert bool((ok > 0).all())
