@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Build only the SSIM kernel, run its GPU suite and its benchmark (on the lent GPU machine).
+# Usage (from the repository root): bash benchmarks/gpu_ssim.sh [pytest -m expression]
+# Logs go to $OUT (or ./ssim-gpu-logs when OUT is unset).
+set -o pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16}
+export GPUCHECK_KERNELS=ssim PYTHONUNBUFFERED=1
+out=${OUT:-ssim-gpu-logs}
+mkdir -p "$out"
+marks=${1:-not slow}
+start=$(date +%s)
+pip install --no-deps --no-build-isolation -e . > "$out/build.log" 2>&1 || { tail -60 "$out/build.log"; exit 1; }
+echo "build: $(( $(date +%s) - start )) s"
+nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$out/gpu.txt"
+timeout 170 python -m pytest suites/ssim -q -rs -p no:cacheprovider -m "$marks" --maxfail=25 2>&1 \
+  | tee "$out/suite.log" | tail -40
+suite_rc=$?
+timeout 120 python benchmarks/ssim.py --json "$out/bench.json" 2>&1 | tee "$out/bench.log" | tail -12
+bench_rc=$?
+echo "suite rc=$suite_rc bench rc=$bench_rc total $(( $(date +%s) - start )) s"

@@ -1,0 +1,348 @@
+"""GPU suite of the fused SSIM kernels (gpucheck.ops.ssim) against the reference.
+
+Every test runs on each target device (``gpu_device``) while *another* device is current and
+initialized (story 1 of shared/STORIES.md: an unguarded SSIM extension crashed on cuda:1).
+Inputs are fresh random images each run; the seed is printed so a failure can be replayed.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from gpucheck.ops import _ext
+from gpucheck.ops.ssim import load_ops, ssim
+from gpucheck.reference.ssim import ssim as ref_ssim
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not _ext.available(), reason="gpucheck's CUDA extension is not built"),
+]
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+SIZES = [(1, 1, 1, 1), (1, 1, 11, 11), (2, 3, 113, 203), (5, 3, 1080, 1920)]
+SMALL = [(1, 1, 1, 1), (1, 1, 11, 11), (2, 3, 113, 203)]
+# Forward map vs the float64 reference (rtol, atol); gradients: relative L2 error.
+MAP_TOL = {torch.float32: (2e-4, 5e-5), torch.float64: (1e-10, 1e-12)}
+GRAD_REL_TOL = {torch.float32: 1e-4, torch.float64: 1e-10}
+# Low precision: kernel error <= 2x the error of the reference run in that dtype, plus a
+# floor for cases where the reference happens to be (near) exact.
+LOWP_FLOOR = {torch.float16: 1e-3, torch.bfloat16: 8e-3}
+
+
+def _size_params(sizes: list[tuple[int, ...]]) -> list[object]:
+    return [
+        pytest.param(s, id="x".join(map(str, s)),
+                     marks=[pytest.mark.sanitizer] if s[2] * s[3] <= 113 * 203 else [])
+        for s in sizes
+    ]
+
+
+def _images(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two correlated random images in [0, 1] (never zeros); prints the seed."""
+    seed = random.randrange(2**31)
+    print(f"seed={seed} shape={shape} dtype={dtype} device={device}")
+    gen = torch.Generator(device=device).manual_seed(seed)
+    x = torch.rand(shape, generator=gen, device=device, dtype=torch.float32)
+    noise = torch.rand(shape, generator=gen, device=device, dtype=torch.float32)
+    y = (0.7 * x + 0.3 * noise).clamp(0, 1)
+    return x.to(dtype), y.to(dtype)
+
+
+def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative L2 error of a against ref (both upcast to float64)."""
+    a, ref = a.double(), ref.double()
+    assert torch.isfinite(a).all(), "non-finite values"
+    return float((a - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+def _paddings(shape: tuple[int, ...]) -> list[str]:
+    return ["same", "valid"] if min(shape[2:]) >= 11 else ["same"]
+
+
+def _loss_weights(out: torch.Tensor) -> torch.Tensor:
+    """Random upstream gradient for reduction='none' (so every map pixel matters)."""
+    return torch.rand(out.shape, device=out.device, dtype=torch.float32) + 0.5
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", _size_params(SIZES))
+def test_forward_matches_reference(gpu_device: torch.device, shape: tuple[int, ...],
+                                   dtype: torch.dtype) -> None:
+    load_ops()
+    x, y = _images(shape, dtype, gpu_device)
+    for padding in _paddings(shape):
+        got_map = ssim(x, y, padding=padding, train=False, reduction="none")
+        got_mean = ssim(x, y, padding=padding, train=False)
+        want_map = ref_ssim(x.double(), y.double(), padding=padding, reduction="none")
+        assert got_map.dtype == dtype and got_map.shape == want_map.shape
+        assert got_map.device == gpu_device and got_mean.shape == ()
+        if dtype in MAP_TOL:
+            rtol, atol = MAP_TOL[dtype]
+            torch.testing.assert_close(got_map.double(), want_map, rtol=rtol, atol=atol)
+            torch.testing.assert_close(got_mean.double(), want_map.mean(), rtol=rtol, atol=atol)
+        else:
+            lowp_map = ref_ssim(x, y, padding=padding, reduction="none")
+            err, ref_err = _rel(got_map, want_map), _rel(lowp_map, want_map)
+            assert err <= 2 * ref_err + LOWP_FLOOR[dtype], (padding, err, ref_err)
+            err_mean = abs(float(got_mean) - float(want_map.mean()))
+            ref_err_mean = abs(float(lowp_map.double().mean()) - float(want_map.mean()))
+            assert err_mean <= 2 * ref_err_mean + LOWP_FLOOR[dtype], (err_mean, ref_err_mean)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", _size_params(SIZES))
+def test_backward_matches_reference(gpu_device: torch.device, shape: tuple[int, ...],
+                                    dtype: torch.dtype) -> None:
+    load_ops()
+    x, y = _images(shape, dtype, gpu_device)
+    for padding in _paddings(shape):
+        for reduction in ("none", "mean"):
+            a = x.clone().requires_grad_(True)
+            b = y.clone().requires_grad_(True)
+            out = ssim(a, b, padding=padding, train=True, reduction=reduction)
+            w = _loss_weights(out) if reduction == "none" else None
+            (out if w is None else (out.float() * w).sum()).backward()
+
+            a64 = x.double().requires_grad_(True)
+            b64 = y.double().requires_grad_(True)
+            out64 = ref_ssim(a64, b64, padding=padding, reduction=reduction)
+            (out64 if w is None else (out64 * w.double()).sum()).backward()
+            assert a.grad is not None and b.grad is not None
+            assert a.grad.dtype == dtype and a.grad.shape == x.shape
+            case = (padding, reduction)
+            if dtype in GRAD_REL_TOL:
+                tol = GRAD_REL_TOL[dtype]
+                assert _rel(a.grad, a64.grad) <= tol, (case, _rel(a.grad, a64.grad))
+                assert _rel(b.grad, b64.grad) <= tol, (case, _rel(b.grad, b64.grad))
+                continue
+            al = x.clone().requires_grad_(True)
+            bl = y.clone().requires_grad_(True)
+            outl = ref_ssim(al, bl, padding=padding, reduction=reduction)
+            (outl if w is None else (outl.float() * w).sum()).backward()
+            for got, lowp, want, name in ((a.grad, al.grad, a64.grad, "img1"),
+                                          (b.grad, bl.grad, b64.grad, "img2")):
+                err, ref_err = _rel(got, want), _rel(lowp, want)
+                assert err <= 2 * ref_err + LOWP_FLOOR[dtype], (case, name, err, ref_err)
+
+
+@pytest.mark.sanitizer
+def test_inference_records_no_graph_and_matches_train(gpu_device: torch.device) -> None:
+    x, y = _images((2, 3, 37, 29), torch.float32, gpu_device)
+    a = x.clone().requires_grad_(True)
+    trained = ssim(a, y, train=True)
+    inferred = ssim(a, y, train=False)
+    assert trained.grad_fn is not None
+    assert inferred.grad_fn is None and not inferred.requires_grad
+    assert torch.equal(trained.detach(), inferred)
+
+
+@pytest.mark.sanitizer
+def test_only_img1_requires_grad(gpu_device: torch.device) -> None:
+    x, y = _images((2, 3, 40, 53), torch.float32, gpu_device)
+    a1 = x.clone().requires_grad_(True)
+    ssim(a1, y).backward()
+    a2 = x.clone().requires_grad_(True)
+    b2 = y.clone().requires_grad_(True)
+    ssim(a2, b2).backward()
+    assert a1.grad is not None and torch.equal(a1.grad, a2.grad)
+    assert b2.grad is not None and b2.grad.abs().sum() > 0
+
+
+@pytest.mark.sanitizer
+@pytest.mark.parametrize("padding", ["same", "valid"])
+def test_non_contiguous_inputs(gpu_device: torch.device, padding: str) -> None:
+    x, y = _images((2, 3, 60, 90), torch.float32, gpu_device)
+    xs, ys = x[..., ::2], y[..., ::2]                  # strided views
+    xc = x.contiguous(memory_format=torch.channels_last)  # same values, other strides
+    assert not xs.is_contiguous() and not xc.is_contiguous()
+    torch.testing.assert_close(ssim(xs, ys, padding=padding, reduction="none"),
+                               ssim(xs.contiguous(), ys.contiguous(), padding=padding,
+                                    reduction="none"), rtol=0, atol=0)
+    base = torch.zeros(2, 3, 60, 90, device=gpu_device)
+    base[..., ::2] = xs
+    a = base[..., ::2].detach().requires_grad_(True)  # a strided leaf
+    assert not a.is_contiguous()
+    ssim(a, ys, padding=padding).backward()
+    b = xs.contiguous().requires_grad_(True)
+    ssim(b, ys.contiguous(), padding=padding).backward()
+    assert torch.equal(a.grad, b.grad)
+    assert torch.equal(ssim(xc, y, padding=padding), ssim(x, y, padding=padding))
+
+
+@pytest.mark.sanitizer
+def test_mixed_devices_are_rejected(gpu_device: torch.device,
+                                    other_device: torch.device | None) -> None:
+    load_ops()
+    x, y = _images((1, 3, 16, 16), torch.float32, gpu_device)
+    with pytest.raises(ValueError, match="img2 must be a CUDA tensor, got one on cpu"):
+        ssim(x, y.cpu())
+    with pytest.raises(RuntimeError, match="img2 must be a CUDA tensor, got one on cpu"):
+        torch.ops.gpucheck.ssim_forward(x, y.cpu(), "same", "mean")
+    if other_device is None:
+        pytest.skip("mixed CUDA devices need two visible devices")
+    with pytest.raises(RuntimeError,
+                       match=f"img2 is on {other_device} but img1 is on {gpu_device}"):
+        ssim(x, y.to(other_device))
+    with pytest.raises(RuntimeError,
+                       match=f"grad is on {other_device} but img1 is on {gpu_device}"):
+        torch.ops.gpucheck.ssim_backward(torch.ones((), device=other_device), x, y, "same",
+                                         "mean", True)
+
+
+@pytest.mark.sanitizer
+@pytest.mark.parametrize(
+    ("shape1", "shape2", "dtype", "kwargs", "match"),
+    [
+        ((0, 3, 16, 16), (0, 3, 16, 16), torch.float32, {},
+         r"must not be empty, got \[0, 3, 16, 16\]"),
+        ((1, 3, 0, 16), (1, 3, 0, 16), torch.float32, {},
+         r"must not be empty, got \[1, 3, 0, 16\]"),
+        ((3, 16, 16), (3, 16, 16), torch.float32, {}, r"\[B, C, H, W\], got \[3, 16, 16\]"),
+        ((1, 1, 3, 16, 16), (1, 1, 3, 16, 16), torch.float32, {}, r"got \[1, 1, 3, 16, 16\]"),
+        ((1, 3, 16, 16), (1, 3, 16, 15), torch.float32, {},
+         r"img1's shape \[1, 3, 16, 16\], got \[1, 3, 16, 15\]"),
+        ((1, 3, 16, 16), (1, 3, 16, 16), torch.int32, {}, "float64, got Int"),
+        ((1, 3, 16, 16), (1, 3, 16, 16), torch.uint8, {}, "float64, got Byte"),
+        ((1, 3, 8, 16), (1, 3, 8, 16), torch.float32, {"padding": "valid"},
+         r"H, W >= 11, got \[1, 3, 8, 16\]"),
+    ],
+)
+def test_bad_inputs_raise_clear_errors(gpu_device: torch.device, shape1: tuple[int, ...],
+                                       shape2: tuple[int, ...], dtype: torch.dtype,
+                                       kwargs: dict[str, str], match: str) -> None:
+    load_ops()
+    x = (torch.rand(shape1, device=gpu_device) * 100).to(dtype)
+    y = (torch.rand(shape2, device=gpu_device) * 100).to(dtype)
+    with pytest.raises(RuntimeError, match=match):
+        ssim(x, y, **kwargs)
+    padding = kwargs.get("padding", "same")
+    with pytest.raises(RuntimeError, match=match):
+        torch.ops.gpucheck.ssim_forward(x, y, padding, "none")
+
+
+@pytest.mark.sanitizer
+def test_bad_options_and_dtype_mix(gpu_device: torch.device) -> None:
+    load_ops()
+    x, y = _images((1, 3, 16, 16), torch.float32, gpu_device)
+    with pytest.raises(ValueError, match="got 'reflect'"):
+        ssim(x, y, padding="reflect")
+    with pytest.raises(ValueError, match="got 'sum'"):
+        ssim(x, y, reduction="sum")
+    with pytest.raises(RuntimeError, match='padding must be "same" or "valid", got "reflect"'):
+        torch.ops.gpucheck.ssim_forward(x, y, "reflect", "mean")
+    with pytest.raises(RuntimeError, match="img1's dtype Float, got Half"):
+        ssim(x, y.half())
+    with pytest.raises(RuntimeError, match=r"grad must be \[1, 3, 16, 16\], got \[1, 3, 16\]"):
+        torch.ops.gpucheck.ssim_backward(torch.ones(1, 3, 16, device=gpu_device), x, y,
+                                         "same", "none", True)
+
+
+@pytest.mark.sanitizer
+def test_does_not_change_the_current_device(gpu_device: torch.device,
+                                            other_device: torch.device | None) -> None:
+    current = torch.cuda.current_device()
+    x, y = _images((1, 3, 32, 32), torch.float32, gpu_device)
+    a = x.clone().requires_grad_(True)
+    ssim(a, y).backward()
+    assert torch.cuda.current_device() == current
+    if other_device is not None:
+        assert current == other_device.index
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_bitwise_reproducible_over_10_repeats(gpu_device: torch.device,
+                                              dtype: torch.dtype) -> None:
+    x, y = _images((2, 3, 270, 480), dtype, gpu_device)
+    g = torch.rand(2, 3, 270, 480, device=gpu_device).to(dtype)
+    results = []
+    for _ in range(10):
+        a = x.clone().requires_grad_(True)
+        b = y.clone().requires_grad_(True)
+        mean = ssim(a, b)
+        mean.backward()
+        a2 = x.clone().requires_grad_(True)
+        smap = ssim(a2, y, reduction="none")
+        smap.backward(g)
+        results.append((mean.detach(), a.grad, b.grad, smap.detach(), a2.grad))
+    for r in results[1:]:
+        for got, first in zip(r, results[0], strict=True):
+            assert torch.equal(got, first)
+
+
+def test_identical_on_every_visible_device(gpu_device: torch.device) -> None:
+    x, y = _images((2, 3, 113, 203), torch.float32, gpu_device)
+
+    def run(dev: torch.device) -> list[torch.Tensor]:
+        a = x.to(dev).requires_grad_(True)
+        b = y.to(dev).requires_grad_(True)
+        mean = ssim(a, b, padding="valid")
+        mean.backward()
+        return [t.cpu() for t in (mean.detach(), ssim(a, b, reduction="none").detach(),
+                                  a.grad, b.grad)]
+
+    here = run(gpu_device)
+    for i in range(torch.cuda.device_count()):
+        there = run(torch.device("cuda", i))
+        for got, want in zip(there, here, strict=True):
+            assert torch.equal(got, want), f"cuda:{i} differs from {gpu_device}"
+
+
+@pytest.mark.sanitizer
+@pytest.mark.parametrize("padding", ["same", "valid"])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_opcheck(gpu_device: torch.device, padding: str, reduction: str) -> None:
+    load_ops()
+    x, y = _images((2, 3, 19, 23), torch.float32, gpu_device)
+    a = x.clone().requires_grad_(True)
+    b = y.clone().requires_grad_(True)
+    torch.library.opcheck(torch.ops.gpucheck.ssim_forward.default, (a, b, padding, reduction))
+    grad = (torch.rand((), device=gpu_device) if reduction == "mean"
+            else torch.rand(ssim(x, y, padding=padding, reduction="none").shape,
+                            device=gpu_device))
+    for need2 in (True, False):
+        torch.library.opcheck(torch.ops.gpucheck.ssim_backward.default,
+                              (grad, x, y, padding, reduction, need2))
+
+
+@pytest.mark.sanitizer
+@pytest.mark.parametrize("padding", ["same", "valid"])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_gradcheck_float64(gpu_device: torch.device, padding: str, reduction: str) -> None:
+    x, y = _images((1, 2, 13, 16), torch.float64, gpu_device)
+    a = x.requires_grad_(True)
+    b = y.requires_grad_(True)
+    assert torch.autograd.gradcheck(
+        lambda p, q: ssim(p, q, padding=padding, reduction=reduction), (a, b)
+    )
+
+
+@pytest.mark.sanitizer
+def test_identical_images_give_one(gpu_device: torch.device) -> None:
+    x, _ = _images((2, 3, 21, 34), torch.float32, gpu_device)
+    smap = ssim(x, x.clone(), reduction="none")
+    torch.testing.assert_close(smap, torch.ones_like(smap), rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_soak_2000_iterations_with_another_device_current(
+        gpu_device: torch.device, other_device: torch.device | None) -> None:
+    """Story 1: the unguarded extension crashed after ~1000 training iterations on cuda:1."""
+    x, y = _images((1, 3, 540, 960), torch.float32, gpu_device)
+    first: list[torch.Tensor] = []
+    for i in range(2000):
+        a = x.clone().requires_grad_(True)
+        loss = 1 - ssim(a, y)
+        loss.backward()
+        if i == 0:
+            first = [loss.detach().clone(), a.grad.clone()]
+        elif i % 500 == 499:
+            assert torch.equal(loss.detach(), first[0]) and torch.equal(a.grad, first[1]), i
+    torch.cuda.synchronize(gpu_device)
+    if other_device is not None:
+        torch.cuda.synchronize(other_device)
+        assert torch.cuda.current_device() == other_device.index
+    assert torch.isfinite(first[1]).all() and 0 < float(first[0]) < 1
