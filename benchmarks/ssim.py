@@ -130,7 +130,8 @@ def main() -> int:
     rate = copy_rate(device)
     props = torch.cuda.get_device_properties(device)
     print(f"device {props.name}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
-          f"copy rate {rate / 1e12:.2f} TB/s (read+write), L2 {props.L2_cache_size / 2**20:.0f} MiB")
+          f"copy rate {rate / 1e12:.2f} TB/s (read+write), "
+          f"L2 {props.L2_cache_size / 2**20:.0f} MiB")
     rows = []
     cases = [(s, torch.float32) for s in SIZES]
     cases += [(s, d) for s in SIZES[:2] for d in (torch.bfloat16, torch.float16)]
