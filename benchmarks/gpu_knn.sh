@@ -1,26 +1,30 @@
 #!/usr/bin/env bash
 # Build the KNN kernel only, run its GPU suite and its benchmark (issue 4). Run from the repo
-# root on a GPU machine. Logs go to $OUT (or ./knn-logs). Env: KNN_SUITE_ARGS (pytest args,
-# default: every test), KNN_BENCH_ARGS, KNN_SUITE_TIMEOUT / KNN_BENCH_TIMEOUT (seconds).
+# root on a GPU machine. Logs go to $OUT (or ./knn-logs).
+# Env: PYTHON (default python3: the interpreter that holds torch), KNN_SUITE_MARKERS (pytest -m
+# expression, default: every test), KNN_BENCH_ARGS, KNN_SUITE_TIMEOUT / KNN_BENCH_TIMEOUT (s).
 set -u -o pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16}
 export GPUCHECK_KERNELS=knn PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
 LOGS=${OUT:-knn-logs}
 mkdir -p "$LOGS"
 nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$LOGS/gpu.txt"
 start=$(date +%s)
-if ! pip install --no-deps --no-build-isolation -e . > "$LOGS/build.log" 2>&1; then
+if ! "$PY" -m pip install -v --no-deps --no-build-isolation -e . > "$LOGS/build.log" 2>&1; then
   tail -60 "$LOGS/build.log"; exit 1
 fi
 echo "build: $(( $(date +%s) - start )) s"
-grep -E "spill|stack frame" "$LOGS/build.log" | sort | uniq -c | head -5
+grep -E "not building|spill|stack frame" "$LOGS/build.log" | sort | uniq -c | head -5
+"$PY" -c "import torch, gpucheck._C; print('extension loaded:', torch.ops.gpucheck.knn_mean_sq_dist)" || {
+  tail -40 "$LOGS/build.log"; exit 1; }
 suite_rc=0
+markers=(); [ -n "${KNN_SUITE_MARKERS:-}" ] && markers=(-m "$KNN_SUITE_MARKERS")
+timeout "${KNN_SUITE_TIMEOUT:-170}" "$PY" -m pytest suites/knn -q -p no:cacheprovider \
+  --junitxml="$LOGS/suite.xml" "${markers[@]}" 2>&1 | tee "$LOGS/suite.log" | tail -40 || suite_rc=$?
 # shellcheck disable=SC2086
-timeout "${KNN_SUITE_TIMEOUT:-170}" python -m pytest suites/knn -q -p no:cacheprovider \
-  --junitxml="$LOGS/suite.xml" ${KNN_SUITE_ARGS:-} 2>&1 | tee "$LOGS/suite.log" | tail -40 || suite_rc=$?
-# shellcheck disable=SC2086
-timeout "${KNN_BENCH_TIMEOUT:-120}" python benchmarks/knn.py --json "$LOGS/bench.json" \
+timeout "${KNN_BENCH_TIMEOUT:-120}" "$PY" benchmarks/knn.py --json "$LOGS/bench.json" \
   ${KNN_BENCH_ARGS:-} 2>&1 | tee "$LOGS/bench.log" | grep -v "^{" || true
 echo "suite exit code: $suite_rc; total $(( $(date +%s) - start )) s"
 exit "$suite_rc"
