@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 import gpucheck
@@ -117,6 +118,36 @@ def run(all_devices: bool, device_indices: tuple[int, ...], suites: tuple[str, .
 
     return run_pipeline(RunConfig(all_devices, device_indices, suites, modes, out, timeout,
                                   quiet, cpu_only, list(pytest_args)))
+
+
+@cli.command("parse-sanitizer")
+@click.argument("log", type=click.Path(exists=True, dir_okay=False, readable=True,
+                                       path_type=Path))
+@click.option("--tool", type=click.Choice(["memcheck", "racecheck", "initcheck", "synccheck"]),
+              default=None, help="The tool that wrote LOG (default: guessed from its content).")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def parse_sanitizer(log: Path, tool: str | None, as_json: bool) -> int:
+    """Turn a compute-sanitizer --log-file into findings (exit 1 if any is an error)."""
+    from gpucheck.errors import UsageProblem
+    from gpucheck.sanitizer import parse_file
+
+    report = parse_file(log, tool)
+    if report.tool is None and not report.findings:
+        raise UsageProblem(f"{log} does not look like compute-sanitizer output "
+                           "(no '========= ' lines)")
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        console = Console(soft_wrap=True)
+        console.print(f"{report.tool}: {report.errors_reported} error(s) reported, "
+                      f"{report.errors_printed} printed, {len(report.findings)} distinct")
+        for f in report.findings:
+            where = f.kernel_name or f.api_call or ""
+            line = (f"[{f.severity}] {f.error} x{f.count} {where} {f.source or ''} "
+                    f"{f.python_frame or ''}")
+            console.print(escape(line.rstrip()))
+    errors = any(f.severity == "error" for f in report.findings) or bool(report.errors_reported)
+    return 1 if errors else EXIT_CLEAN
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,274 @@
+"""Parse compute-sanitizer's text output (``--log-file``) into findings.
+
+The log interleaves the tool's lines (prefixed ``========= ``) with the program's own output.
+A record starts with an unindented tool line (``Invalid __global__ read of size 4 bytes``,
+``Error: Race reported between ...``, ``Program hit ...``) and continues with indented lines
+(``at KERNEL+0xOFF``, ``by thread (x,y,z) in block (x,y,z)``, ``Access to 0x... is out of
+bounds``, host frames) until a blank tool line. Wording of older releases (``Address 0x...``,
+``at 0xOFF in FILE:LINE:KERNEL``) is accepted too. Identical records (same error, kernel,
+offset and source line) are folded into one finding with a count.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+PREFIX = re.compile(r"^={9}(?: |$)")
+TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
+
+# --- first lines of a record -------------------------------------------------------------------
+ACCESS = re.compile(
+    r"^(?P<what>Invalid|Misaligned|Out-of-range) (?:__(?P<space>\w+?)__ )?"
+    r"(?P<access>read|write|atomic|access)\w* of size (?P<size>\d+) bytes?", re.I)
+UNINIT = re.compile(r"^Uninitialized (?:__(?P<space>\w+?)__ )?memory (?P<access>read|write)\w*"
+                    r"(?: of size (?P<size>\d+) bytes?)?", re.I)
+RACE = re.compile(r"^(?P<level>Error|Warning): Race reported between (?P<a1>\w+) access at "
+                  r"(?P<loc>.+?)(?: \[(?P<n>\d+) hazards?\])?$")
+RACE_MORE = re.compile(r"^and (?P<a2>\w+) access at (?P<loc>.+?)(?: \[(?P<n>\d+) hazards?\])?$")
+BARRIER = re.compile(r"^Barrier error detected\.?\s*(?P<detail>.*)$", re.I)
+API = re.compile(r"^Program hit (?P<err>\w+) \(error (?P<code>\d+)\) due to \"(?P<why>[^\"]*)\""
+                 r"(?: on CUDA API call to (?P<call>\w+))?")
+LEAK = re.compile(r"^Leaked (?P<size>\d+) bytes? at (?P<addr>0x[0-9a-fA-F]+)")
+# --- continuation lines ------------------------------------------------------------------------
+AT_NEW = re.compile(r"^at (?P<kernel>.+?)\+(?P<off>0x[0-9a-fA-F]+)(?: in (?P<src>\S+:\d+))?$")
+AT_OLD = re.compile(r"^at (?P<off>0x[0-9a-fA-F]+) in (?:(?P<src>\S+?:\d+):)?(?P<kernel>.+)$")
+THREAD = re.compile(r"^by thread \((?P<t>[\d, ]+)\) in block \((?P<b>[\d, ]+)\)")
+ADDRESS = re.compile(r"^(?:Access to|Address) (?P<addr>0x[0-9a-fA-F]+)\s*(?P<rest>.*)$")
+RELATION = re.compile(r"^and is (?P<rel>.+)$")
+HOST = re.compile(r"^Host Frame:\s*(?P<frame>.*)$")
+DEVICE = re.compile(r"^Device Frame:\s*(?P<frame>.*)$")
+PY_FRAME = re.compile(r" in (?P<where>\S+\.py:\d+)\s*$")
+SRC_IN_FRAME = re.compile(r" in (?P<src>\S+\.(?:cu|cuh|h|hpp|cpp|cc):\d+)\s*$")
+# --- summaries ---------------------------------------------------------------------------------
+ERR_SUMMARY = re.compile(r"^ERROR SUMMARY: (?P<n>[\d,]+) errors?\s*$")
+NOT_PRINTED = re.compile(r"^ERROR SUMMARY: (?P<n>[\d,]+) errors? w(?:ere|as) not printed")
+RACE_SUMMARY = re.compile(r"^RACECHECK SUMMARY: (?P<n>[\d,]+) hazards? displayed "
+                          r"\((?P<e>[\d,]+) errors?, (?P<w>[\d,]+) warnings?\)")
+LEAK_SUMMARY = re.compile(r"^LEAK SUMMARY: (?P<bytes>[\d,]+) bytes? leaked in (?P<n>[\d,]+)")
+IGNORED = ("COMPUTE-SANITIZER", "CUDA-MEMCHECK", "Target application returned an error",
+           "Process ID:", "Saved host backtrace", "This run has", "No host backtrace")
+
+
+@dataclass
+class SanitizerFinding:
+    """One compute-sanitizer error record (or several identical ones, see ``count``)."""
+
+    tool: str
+    severity: str
+    error: str
+    kind: str = "sanitizer"
+    access: str | None = None
+    space: str | None = None
+    size: int | None = None
+    kernel: str | None = None
+    kernel_name: str | None = None
+    offset: str | None = None
+    thread: str | None = None
+    block: str | None = None
+    address: str | None = None
+    address_relation: str | None = None
+    host_frames: list[str] = field(default_factory=list)
+    device_frames: list[str] = field(default_factory=list)
+    python_frame: str | None = None
+    source: str | None = None
+    api_call: str | None = None
+    hazards: int | None = None
+    count: int = 1
+    lines: list[str] = field(default_factory=list, repr=False)
+
+    def key(self) -> tuple[Any, ...]:
+        return (self.tool, self.error, self.kernel, self.offset, self.source, self.api_call,
+                self.access)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("lines")
+        return data
+
+
+@dataclass
+class SanitizerReport:
+    tool: str | None
+    errors_reported: int | None  # the tool's own count (ERROR / RACECHECK SUMMARY)
+    errors_printed: int  # records in the log, before folding
+    errors_not_printed: int
+    findings: list[SanitizerFinding]
+    summary_seen: bool
+    target_failed: bool  # "Target application returned an error"
+    leaked_bytes: int | None = None
+
+    @property
+    def clean(self) -> bool:
+        return self.summary_seen and not self.findings and not self.errors_reported
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tool": self.tool, "errors_reported": self.errors_reported,
+            "errors_printed": self.errors_printed, "errors_not_printed": self.errors_not_printed,
+            "summary_seen": self.summary_seen, "target_failed": self.target_failed,
+            "leaked_bytes": self.leaked_bytes,
+            "findings": [f.to_json() for f in self.findings],
+        }
+
+
+def kernel_name(signature: str) -> str:
+    """``void ns::k<float, 2>(const float *, int)`` -> ``ns::k<float, 2>``."""
+    sig = signature.strip()
+    if sig.endswith(")"):
+        depth = 0
+        for i in range(len(sig) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(sig[i], 0)
+            if depth == 0:
+                sig = sig[:i]
+                break
+    depth, cut = 0, 0
+    for i, ch in enumerate(sig):  # drop a return type: the last space outside <...>
+        depth += {"<": 1, ">": -1}.get(ch, 0)
+        if ch == " " and depth == 0:
+            cut = i + 1
+    return sig[cut:].strip()
+
+
+def _num(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def _tuple(text: str) -> str:
+    return "(" + ",".join(p.strip() for p in text.split(",")) + ")"
+
+
+def _start(line: str, tool: str | None) -> SanitizerFinding:
+    """A finding from the first line of a record."""
+    if m := ACCESS.match(line):
+        space = (m["space"] or ("shared or local" if "Shared or Local" in line else None))
+        return SanitizerFinding(tool or "memcheck", "error", line, access=m["access"].lower(),
+                                space=space, size=int(m["size"]))
+    if m := UNINIT.match(line):
+        return SanitizerFinding(tool or "initcheck", "error", line, access=m["access"].lower(),
+                                space=m["space"] or "global",
+                                size=int(m["size"]) if m["size"] else None)
+    if m := RACE.match(line):
+        f = SanitizerFinding(tool or "racecheck", "error" if m["level"] == "Error" else "warning",
+                             line, access=m["a1"].lower(), space="shared",
+                             hazards=int(m["n"]) if m["n"] else None)
+        _location(f, m["loc"])
+        return f
+    if m := BARRIER.match(line):
+        return SanitizerFinding(tool or "synccheck", "error", line, access="barrier")
+    if m := API.match(line):
+        return SanitizerFinding(tool or "memcheck", "error", line, access="api",
+                                api_call=m["call"])
+    if m := LEAK.match(line):
+        return SanitizerFinding(tool or "memcheck", "warning", line, access="leak",
+                                size=int(m["size"]), address=m["addr"])
+    if line.startswith("Error: process didn't terminate"):
+        return SanitizerFinding(tool or "memcheck", "error", line, access="process")
+    return SanitizerFinding(tool or "memcheck", "error", line)
+
+
+def _location(f: SanitizerFinding, loc: str) -> None:
+    """``KERNEL+0xOFF [in FILE:LINE]`` or ``0xOFF in [FILE:LINE:]KERNEL``."""
+    m = AT_NEW.match("at " + loc) or AT_OLD.match("at " + loc)
+    if m:
+        f.kernel, f.offset = m["kernel"].strip(), m["off"]
+        f.kernel_name = kernel_name(f.kernel)
+        f.source = f.source or m["src"]
+
+
+def _continue(f: SanitizerFinding, line: str) -> None:
+    body = line.strip()
+    if m := RACE_MORE.match(body):
+        f.access = f"{f.access}/{m['a2'].lower()}"
+        if m["n"]:
+            f.hazards = (f.hazards or 0) + int(m["n"])
+    elif body.startswith("at ") and f.kernel is None:
+        _location(f, body[3:])
+    elif m := THREAD.match(body):
+        f.thread, f.block = _tuple(m["t"]), _tuple(m["b"])
+    elif m := ADDRESS.match(body):
+        f.address = m["addr"]
+        if m["rest"] and f.address_relation is None:
+            f.address_relation = m["rest"]
+    elif m := RELATION.match(body):
+        f.address_relation = m["rel"]
+    elif m := HOST.match(body):
+        frame = m["frame"].strip()
+        f.host_frames.append(frame)
+        if (p := PY_FRAME.search(frame)) and f.python_frame is None:
+            f.python_frame = p["where"]
+    elif m := DEVICE.match(body):
+        frame = m["frame"].strip()
+        f.device_frames.append(frame)
+        if (s := SRC_IN_FRAME.search(frame)) and f.source is None:
+            f.source = s["src"]
+
+
+def detect_tool(text: str) -> str | None:
+    if "RACECHECK SUMMARY" in text or "Race reported between" in text:
+        return "racecheck"
+    if "Uninitialized __" in text or re.search(r"Uninitialized \w+ memory", text):
+        return "initcheck"
+    if "Barrier error" in text:
+        return "synccheck"
+    if "COMPUTE-SANITIZER" in text or "ERROR SUMMARY" in text:
+        return "memcheck"
+    return None
+
+
+def parse(text: str, tool: str | None = None) -> SanitizerReport:
+    """Parse a whole log. ``tool`` overrides what the log's content suggests."""
+    tool = tool or detect_tool(text)
+    records: list[SanitizerFinding] = []
+    current: SanitizerFinding | None = None
+    reported: int | None = None
+    not_printed = 0
+    summary = target_failed = False
+    leaked: int | None = None
+    for raw in text.splitlines():
+        if not PREFIX.match(raw):
+            continue  # the program's own output
+        line = raw[10:].rstrip() if len(raw) > 9 else ""
+        if not line.strip():
+            current = None
+            continue
+        if line[0] == " ":
+            if current is not None:
+                current.lines.append(line)
+                _continue(current, line)
+            continue
+        current = None
+        if m := NOT_PRINTED.match(line):
+            not_printed = _num(m["n"])
+            summary = True
+        elif m := ERR_SUMMARY.match(line):
+            reported = _num(m["n"]) if reported is None else max(reported, _num(m["n"]))
+            summary = True
+        elif m := RACE_SUMMARY.match(line):
+            reported = _num(m["e"]) + _num(m["w"])
+            summary = True
+        elif m := LEAK_SUMMARY.match(line):
+            leaked = _num(m["bytes"])
+        elif line.startswith("Target application returned an error"):
+            target_failed = True
+        elif line.startswith(IGNORED):
+            continue
+        else:
+            current = _start(line, tool)
+            current.lines.append(line)
+            records.append(current)
+    folded: dict[tuple[Any, ...], SanitizerFinding] = {}
+    for rec in records:
+        if rec.key() in folded:
+            folded[rec.key()].count += 1
+        else:
+            folded[rec.key()] = rec
+    printed = sum(1 for r in records if r.access != "process")
+    return SanitizerReport(tool, reported, printed, not_printed, list(folded.values()),
+                           summary, target_failed, leaked)
+
+
+def parse_file(path: Path | str, tool: str | None = None) -> SanitizerReport:
+    return parse(Path(path).read_text(errors="replace"), tool)

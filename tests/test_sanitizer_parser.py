@@ -1,0 +1,179 @@
+"""The compute-sanitizer parser on real recorded logs (tests/fixtures/sanitizer/) and on
+records in the documented wording of other tools and older releases."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpucheck.sanitizer import parse, parse_file
+from gpucheck.sanitizer.parser import kernel_name
+
+FIXTURES = Path(__file__).parent / "fixtures" / "sanitizer"
+UNGUARDED = FIXTURES / "memcheck_unguarded_launch_h200x2.log"
+
+
+def test_real_memcheck_log_of_an_unguarded_launch():
+    report = parse_file(UNGUARDED)
+    assert report.tool == "memcheck"
+    assert report.errors_reported == 231684
+    assert report.errors_not_printed == 231584
+    assert report.errors_printed == 3
+    assert report.target_failed and report.summary_seen and not report.clean
+    oob = report.findings[0]
+    assert oob.count == 3  # three identical records (threads 0..2) folded
+    assert (oob.error, oob.access, oob.space, oob.size) == (
+        "Invalid __global__ read of size 4 bytes", "read", "global", 4)
+    assert oob.kernel == "add1(const float *, float *, int)"
+    assert oob.kernel_name == "add1"
+    assert oob.offset == "0xc0"
+    assert (oob.thread, oob.block) == ("(0,0,0)", "(8,0,0)")
+    assert oob.address == "0x7f5ba2802000"
+    assert oob.address_relation == ("8,904,704 bytes before the nearest allocation at "
+                                    "0x7f5ba3080000 of size 65,536 bytes")
+    assert oob.host_frames[0] == "unguarded(at::Tensor) [0x1034c8] in unguarded_ext.so"
+    assert oob.python_frame == "unguarded_add.py:54"
+    assert oob.source is None  # built without -lineinfo
+    # interleaved program output (the traceback, torch warnings) produced no findings
+    assert all("Traceback" not in f.error for f in report.findings)
+    assert report.findings[1].access == "process"
+
+
+def test_cli_json_matches_the_documented_shape():
+    proc = subprocess.run([sys.executable, "-m", "gpucheck.cli", "parse-sanitizer",
+                           str(UNGUARDED), "--json"], capture_output=True, text=True)
+    assert proc.returncode == 1  # findings of severity error
+    data = json.loads(proc.stdout)
+    assert {"tool", "errors_reported", "errors_printed", "findings"} <= set(data)
+    f = data["findings"][0]
+    for key in ("kind", "severity", "tool", "error", "access", "space", "size", "kernel",
+                "kernel_name", "offset", "thread", "block", "address", "address_relation",
+                "host_frames", "python_frame", "source", "count"):
+        assert key in f, key
+    assert f["kind"] == "sanitizer" and f["count"] == 3
+
+
+def _log(*lines: str) -> str:
+    return "\n".join(lines) + "\n"
+
+
+def test_clean_run():
+    report = parse(_log("========= COMPUTE-SANITIZER", "hello from the program",
+                        "========= ERROR SUMMARY: 0 errors"))
+    assert report.clean and report.errors_reported == 0 and report.findings == []
+
+
+def test_older_wording_and_lineinfo():
+    report = parse(_log(
+        "========= CUDA-MEMCHECK",
+        "========= Invalid __shared__ write of size 8 bytes",
+        "=========     at 0x00000150 in /src/k.cu:42:void scale<double>(double*, int)",
+        "=========     by thread (31,0,0) in block (2,1,0)",
+        "=========     Address 0x00000400 is out of bounds",
+        "=========",
+        "========= ERROR SUMMARY: 1 error",
+    ))
+    f = report.findings[0]
+    assert (f.space, f.access, f.size) == ("shared", "write", 8)
+    assert f.kernel == "void scale<double>(double*, int)" and f.kernel_name == "scale<double>"
+    assert f.source == "/src/k.cu:42" and f.offset == "0x00000150"
+    assert f.address == "0x00000400" and f.address_relation == "is out of bounds"
+    assert (f.thread, f.block) == ("(31,0,0)", "(2,1,0)")
+    assert report.errors_reported == 1
+
+
+def test_new_wording_with_lineinfo_and_device_frames():
+    report = parse(_log(
+        "========= Invalid __global__ write of size 4 bytes",
+        "=========     at void gpucheck::knn::search<3>(const float3 *, float *, int)+0x2f0 in "
+        "knn_cuda.cu:118",
+        "=========     by thread (5,0,0) in block (0,0,0)",
+        "=========     Access to 0x7f00 is out of bounds",
+        "=========     and is 4 bytes after the nearest allocation at 0x7e00 of size 256 bytes",
+        "=========     Device Frame: helper(float3) in knn_cuda.cu:80",
+        "=========     Host Frame: test_knn in /suites/knn/test_knn.py:31",
+        "=========",
+        "========= ERROR SUMMARY: 1 error",
+    ))
+    f = report.findings[0]
+    assert f.kernel_name == "gpucheck::knn::search<3>"
+    assert f.source == "knn_cuda.cu:118"
+    assert f.python_frame == "/suites/knn/test_knn.py:31"
+    assert f.address_relation.startswith("4 bytes after the nearest allocation")
+
+
+def test_racecheck_hazards():
+    report = parse(_log(
+        "========= COMPUTE-SANITIZER",
+        "========= Error: Race reported between Write access at reduce(float *)+0x140 in r.cu:9",
+        "=========     and Read access at reduce(float *)+0xe0 in r.cu:12 [4 hazards]",
+        "=========     and Write access at reduce(float *)+0x140 in r.cu:9 [5 hazards]",
+        "=========",
+        "========= Warning: Race reported between Read access at reduce(float *)+0x20",
+        "=========     and Write access at reduce(float *)+0x40 [1 hazards]",
+        "=========",
+        "========= RACECHECK SUMMARY: 2 hazards displayed (1 error, 1 warning)",
+    ))
+    assert report.tool == "racecheck" and report.errors_reported == 2
+    err, warn = report.findings
+    assert err.severity == "error" and warn.severity == "warning"
+    assert err.kernel_name == "reduce" and err.source == "r.cu:9" and err.hazards == 9
+    assert err.access == "write/read/write" and err.space == "shared"
+
+
+def test_initcheck_synccheck_api_and_leaks():
+    init = parse(_log(
+        "========= Uninitialized __global__ memory read of size 4 bytes",
+        "=========     at use(int *, int *)+0x70",
+        "=========     by thread (0,0,0) in block (0,0,0)",
+        "=========     Address 0x7f0000 ",
+        "=========",
+        "========= ERROR SUMMARY: 1 error",
+    ))
+    assert init.tool == "initcheck"
+    assert (init.findings[0].access, init.findings[0].space) == ("read", "global")
+    sync = parse(_log(
+        "========= Barrier error detected. Divergent thread(s) in warp",
+        "=========     at diverge()+0x60",
+        "=========     by thread (3,0,0) in block (0,0,0)",
+        "=========",
+        "========= ERROR SUMMARY: 1 error",
+    ))
+    assert sync.tool == "synccheck" and sync.findings[0].access == "barrier"
+    assert sync.findings[0].kernel_name == "diverge"
+    api = parse(_log(
+        '========= Program hit cudaErrorInvalidValue (error 1) due to "invalid argument" on '
+        "CUDA API call to cudaMemcpy.",
+        "=========     Saved host backtrace up to driver entry point at error",
+        "=========     Host Frame: main [0x1234] in app",
+        "=========",
+        "========= Leaked 1,024 bytes at 0x7f00",
+        "=========",
+        "========= LEAK SUMMARY: 1024 bytes leaked in 1 allocations",
+        "========= ERROR SUMMARY: 2 errors",
+    ))
+    kinds = [(f.access, f.severity) for f in api.findings]
+    assert kinds[0] == ("api", "error") and api.findings[0].api_call == "cudaMemcpy"
+    assert api.leaked_bytes == 1024
+
+
+@pytest.mark.parametrize("name", ["add1(const float *, float *, int)", "void add1(float*)",
+                                  "add1"])
+def test_kernel_name_strips_arguments_and_return_type(name):
+    assert kernel_name(name) == "add1"
+
+
+def test_recorded_logs_of_every_tool_parse_without_leftovers():
+    """Every log recorded on the GPU (fixtures/sanitizer/*.log): each record is understood."""
+    logs = sorted(FIXTURES.glob("*.log"))
+    assert logs
+    for log in logs:
+        report = parse_file(log)
+        assert report.summary_seen, log.name
+        for f in report.findings:
+            if f.access not in ("process", "api", "leak", "barrier"):
+                assert f.kernel_name, (log.name, f.error)
