@@ -10,8 +10,12 @@ out=${OUT:-ssim-gpu-logs}
 mkdir -p "$out"
 marks=${1:-not slow}
 start=$(date +%s)
+# setuptools skips build_ext when an existing gpucheck/_C*.so is newer than the sources, even
+# if it was built from another kernel selection: remove it so that this build is real.
+rm -rf build gpucheck/_C*.so
 pip install --no-deps --no-build-isolation -e . > "$out/build.log" 2>&1 || { tail -60 "$out/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
+python -c "import torch, gpucheck._C; print('ops:', torch.ops.gpucheck.ssim_forward.default)" || exit 1
 nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$out/gpu.txt"
 timeout 170 python -m pytest suites/ssim -q -rs -p no:cacheprovider -m "$marks" --maxfail=25 2>&1 \
   | tee "$out/suite.log" | tail -40
