@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from gpucheck.ops.ssim import ssim
+from gpucheck.ops.ssim import load_ops, ssim
 from gpucheck.reference.ssim import ssim as ref_ssim
 
 SIZES = [(5, 3, 1080, 1920), (1, 3, 1080, 1920), (5, 1, 1500, 1500)]
@@ -103,13 +103,20 @@ def bench_case(impl: Callable[..., torch.Tensor], shape: tuple[int, ...], dtype:
         loss = 1 - impl(a, sets[i % len(sets)][1])
         loss.backward()
 
+    def backward_only(i: int) -> None:
+        x, y = sets[i % len(sets)]
+        torch.ops.gpucheck.ssim_backward(one, x, y, "same", "mean", False)
+
+    one = torch.ones((), device=device, dtype=dtype)
+    t_bwd = time_ms(backward_only, reps, warmup) if impl is ssim else float("nan")
     t_inf = time_ms(infer, reps, warmup)
     t_train = time_ms(train, reps, warmup)
     for a in leaves:
         a.grad = None
     mem_inf = peak_mib(lambda: infer(0), device)
     mem_train = peak_mib(lambda: train(0), device)
-    return {"infer_ms": t_inf, "train_ms": t_train, "infer_peak_mib": mem_inf,
+    return {"infer_ms": t_inf, "train_ms": t_train, "bwd_kernel_ms": t_bwd,
+            "infer_peak_mib": mem_inf,
             "train_peak_mib": mem_train}
 
 
@@ -126,7 +133,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     args = parser.parse_args()
     device = torch.device("cuda", torch.cuda.current_device())
-    reps, warmup = (20, 5) if args.quick else (100, 20)
+    load_ops()
+    reps, warmup = (20, 5) if args.quick else (60, 10)
     rate = copy_rate(device)
     props = torch.cuda.get_device_properties(device)
     print(f"device {props.name}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
@@ -138,9 +146,9 @@ def main() -> int:
     for shape, dtype in cases:
         esize = torch.finfo(dtype).bits // 8
         image_bytes = math.prod(shape) * esize
-        ours = bench_case(lambda a, b: ssim(a, b), shape, dtype, device, reps, warmup)
-        ref = (bench_case(lambda a, b: ref_ssim(a, b), shape, dtype, device,
-                          max(20, reps // 5), 3) if dtype == torch.float32 else None)
+        ours = bench_case(ssim, shape, dtype, device, reps, warmup)
+        ref = (bench_case(lambda a, b: ref_ssim(a, b), shape, dtype, device, 20, 3)
+               if dtype == torch.float32 else None)
         floor_inf = 2 * image_bytes / rate * 1e3
         floor_train = 5 * image_bytes / rate * 1e3
         row = {

@@ -43,8 +43,9 @@ def _forward_fake(img1: torch.Tensor, img2: torch.Tensor, padding: str, reductio
 
 def _backward_fake(grad: torch.Tensor, img1: torch.Tensor, img2: torch.Tensor, padding: str,
                    reduction: str, need_grad2: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    grad2 = torch.empty_like(img2) if need_grad2 else img2.new_empty((0,))
-    return torch.empty_like(img1), grad2
+    # The kernel returns contiguous gradients whatever the images' strides.
+    grad2 = img2.new_empty(img2.shape) if need_grad2 else img2.new_empty((0,))
+    return img1.new_empty(img1.shape), grad2
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:

@@ -105,12 +105,15 @@ def test_backward_matches_reference(gpu_device: torch.device, shape: tuple[int, 
             b = y.clone().requires_grad_(True)
             out = ssim(a, b, padding=padding, train=True, reduction=reduction)
             w = _loss_weights(out) if reduction == "none" else None
-            (out if w is None else (out.float() * w).sum()).backward()
+            # float16 gradients of a mean over many pixels (~1/N) underflow in any
+            # implementation; scale the loss as mixed-precision training does.
+            scale = 2.0**14 if dtype == torch.float16 else 1.0
+            (out * scale if w is None else (out.float() * w).sum()).backward()
 
             a64 = x.double().requires_grad_(True)
             b64 = y.double().requires_grad_(True)
             out64 = ref_ssim(a64, b64, padding=padding, reduction=reduction)
-            (out64 if w is None else (out64 * w.double()).sum()).backward()
+            (out64 * scale if w is None else (out64 * w.double()).sum()).backward()
             assert a.grad is not None and b.grad is not None
             assert a.grad.dtype == dtype and a.grad.shape == x.shape
             case = (padding, reduction)
@@ -122,7 +125,7 @@ def test_backward_matches_reference(gpu_device: torch.device, shape: tuple[int, 
             al = x.clone().requires_grad_(True)
             bl = y.clone().requires_grad_(True)
             outl = ref_ssim(al, bl, padding=padding, reduction=reduction)
-            (outl if w is None else (outl.float() * w).sum()).backward()
+            (outl * scale if w is None else (outl.float() * w).sum()).backward()
             for got, lowp, want, name in ((a.grad, al.grad, a64.grad, "img1"),
                                           (b.grad, bl.grad, b64.grad, "img2")):
                 err, ref_err = _rel(got, want), _rel(lowp, want)
@@ -277,8 +280,8 @@ def test_identical_on_every_visible_device(gpu_device: torch.device) -> None:
     x, y = _images((2, 3, 113, 203), torch.float32, gpu_device)
 
     def run(dev: torch.device) -> list[torch.Tensor]:
-        a = x.to(dev).requires_grad_(True)
-        b = y.to(dev).requires_grad_(True)
+        a = x.detach().to(dev, copy=True).requires_grad_(True)
+        b = y.detach().to(dev, copy=True).requires_grad_(True)
         mean = ssim(a, b, padding="valid")
         mean.backward()
         return [t.cpu() for t in (mean.detach(), ssim(a, b, reduction="none").detach(),
