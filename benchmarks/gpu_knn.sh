@@ -19,6 +19,27 @@ echo "build: $(( $(date +%s) - start )) s"
 grep -E "not building|spill|stack frame" "$LOGS/build.log" | sort | uniq -c | head -5
 "$PY" -c "import torch, gpucheck._C; print('extension loaded:', torch.ops.gpucheck.knn_mean_sq_dist)" || {
   tail -40 "$LOGS/build.log"; exit 1; }
+# Raising an error from the op once killed the process on the GPU machine (SIGSEGV): check
+# torch's own error path and ours in a child; on a crash, get the native stack from cuda-gdb.
+cat > /tmp/knn_raise_repro.py <<'PY'
+import torch
+from gpucheck.ops.knn import op
+try:
+    torch.mm(torch.rand(2, 3, device="cuda"), torch.rand(2, 3, device="cuda"))
+except RuntimeError as e:
+    print("torch's own error raised fine:", str(e).splitlines()[0])
+try:
+    op()(torch.rand(10, 2, device="cuda"), 3)
+except ValueError as e:
+    print("knn error raised fine:", e)
+PY
+if ! "$PY" -X faulthandler /tmp/knn_raise_repro.py > "$LOGS/raise_repro.log" 2>&1; then
+  echo "raise repro crashed:"; tail -5 "$LOGS/raise_repro.log"
+  timeout 150 cuda-gdb -batch -ex run -ex bt --args "$PY" /tmp/knn_raise_repro.py > "$LOGS/gdb.log" 2>&1
+  grep -B2 -A30 "SIG" "$LOGS/gdb.log" | head -50
+else
+  cat "$LOGS/raise_repro.log"
+fi
 suite_rc=0
 markers=(); [ -n "${KNN_SUITE_MARKERS:-}" ] && markers=(-m "$KNN_SUITE_MARKERS")
 timeout "${KNN_SUITE_TIMEOUT:-170}" "$PY" -m pytest suites/knn -q -p no:cacheprovider \

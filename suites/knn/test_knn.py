@@ -16,7 +16,10 @@ must come out exactly zero.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 
 import knn_clouds
 import pytest
@@ -167,18 +170,6 @@ def test_opcheck(gpu_device: torch.device) -> None:
     torch.library.opcheck(op(), (points, 5))
 
 
-def _nan_at(device: torch.device, row: int) -> torch.Tensor:
-    p = torch.rand(100, 3, device=device)
-    p[row, 1] = float("nan")
-    return p
-
-
-def _inf_at(device: torch.device, row: int) -> torch.Tensor:
-    p = torch.rand(100, 3, device=device)
-    p[row, 2] = -float("inf")
-    return p
-
-
 BAD_INPUTS = [
     # (id, make(device) -> (points, k), exception, message pattern)
     ("shape_2d", lambda d: (torch.rand(10, 2, device=d), 3), ValueError,
@@ -208,10 +199,6 @@ BAD_INPUTS = [
     ("k_negative", lambda d: (torch.rand(10, 3, device=d), -2), ValueError,
      r"k must be in \[1, 16\], got -2"),
     ("k_float", lambda d: (torch.rand(10, 3, device=d), 3.0), TypeError, r"k must be an int"),
-    ("nan", lambda d: (_nan_at(d, 57), 3), ValueError,
-     r"points must be finite, but row 57 is \(.*nan.*\)"),
-    ("inf", lambda d: (_inf_at(d, 3), 3), ValueError,
-     r"points must be finite, but row 3 is \(.*-inf\)"),
 ]
 
 
@@ -227,3 +214,67 @@ def test_bad_input(gpu_device: torch.device, make, exc: type[Exception], pattern
     # The error left no broken state behind: a valid call on the same device still works.
     ok = knn_mean_sq_dist(torch.rand(50, 3, device=gpu_device) + 1, 3)
     assert bool((ok > 0).all())
+
+
+# The checks of the C++ entry point itself (torch.ops callers skip the Python ones) and the
+# NaN/inf check (found on the device, raised in C++). They run in a child process, poisoned
+# like the fixture does it, so that a crash while raising is reported as a failure of this
+# test instead of killing the suite (a segfault was seen here once on the GPU machine).
+_CPP_CASES = r"""
+import json, sys, torch
+from gpucheck.ops.knn import knn_mean_sq_dist, op
+from gpucheck.runner.poison import make_other_device_current
+dev = torch.device("cuda", int(sys.argv[1]))
+make_other_device_current(dev)
+before = torch.cuda.current_device()
+def bad(row, col, value):
+    p = torch.rand(100, 3, device=dev)
+    p[row, col] = value
+    return p
+cases = {
+    "shape": lambda: op()(torch.rand(10, 2, device=dev), 3),
+    "dtype": lambda: op()(torch.rand(10, 3, device=dev, dtype=torch.float64), 3),
+    "non_contiguous": lambda: op()(torch.rand(3, 10, device=dev).t(), 3),
+    "k_range": lambda: op()(torch.rand(10, 3, device=dev), 17),
+    "n_le_k": lambda: op()(torch.rand(3, 3, device=dev), 3),
+    "nan": lambda: knn_mean_sq_dist(bad(57, 1, float("nan")), 3),
+    "inf": lambda: knn_mean_sq_dist(bad(3, 2, -float("inf")), 3),
+}
+out = {}
+for name, call in cases.items():
+    try:
+        call()
+        out[name] = "no error"
+    except Exception as e:
+        out[name] = f"{type(e).__name__}: {e}"
+    out[name + ".device_unchanged"] = torch.cuda.current_device() == before
+ok = knn_mean_sq_dist(torch.rand(50, 3, device=dev) + 1, 3)
+out["healthy_after"] = bool((ok > 0).all())
+print(json.dumps(out))
+"""
+
+CPP_EXPECTED = {
+    "shape": r"^ValueError: knn_mean_sq_dist: points must be \[N, 3\], got \[10, 2\]",
+    "dtype": r"^TypeError: knn_mean_sq_dist: points must be float32, got Double",
+    "non_contiguous": r"^ValueError: .*points must be contiguous, got strides \[1, 10\]",
+    "k_range": r"^ValueError: .*k must be in \[1, 16\], got 17",
+    "n_le_k": r"^ValueError: .*needs more than k points .* got N = 3 with k = 3",
+    "nan": r"^ValueError: .*points must be finite, but row 57 is \(.*nan.*\)",
+    "inf": r"^ValueError: .*points must be finite, but row 3 is \(.*-inf\)",
+}
+
+
+@pytest.mark.sanitizer
+def test_cpp_checks_and_non_finite(gpu_device: torch.device) -> None:
+    import re
+
+    proc = subprocess.run([sys.executable, "-c", _CPP_CASES, str(gpu_device.index)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (
+        f"child process died (exit code {proc.returncode}) while raising the op's errors:\n"
+        f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name, pattern in CPP_EXPECTED.items():
+        assert re.search(pattern, got[name]), f"{name}: {got[name]!r} !~ {pattern!r}"
+        assert got[name + ".device_unchanged"], name
+    assert got["healthy_after"]
