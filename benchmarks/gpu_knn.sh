@@ -35,7 +35,7 @@ except ValueError as e:
 PY
 if ! "$PY" -X faulthandler /tmp/knn_raise_repro.py > "$LOGS/raise_repro.log" 2>&1; then
   echo "raise repro crashed:"; tail -5 "$LOGS/raise_repro.log"
-  timeout 150 cuda-gdb -batch -ex run -ex bt --args "$PY" /tmp/knn_raise_repro.py > "$LOGS/gdb.log" 2>&1
+  timeout "${KNN_GDB_TIMEOUT:-60}" cuda-gdb -batch -ex run -ex bt --args "$PY" /tmp/knn_raise_repro.py > "$LOGS/gdb.log" 2>&1
   grep -B2 -A30 "SIG" "$LOGS/gdb.log" | head -50
 else
   cat "$LOGS/raise_repro.log"
