@@ -96,6 +96,10 @@ def test_records_statuses_findings_and_junit(project):
     assert recs["test_setup_error"]["findings"][0]["message"].endswith("(in setup)")
     cuda = recs["test_cuda_error"]["findings"][0]
     assert cuda["kind"] == "cuda-error" and "device guard" in cuda["hint"]
+    # an illegal memory access leaves the CUDA context unusable: that worker stopped and a
+    # fresh one ran the remaining cases
+    assert (out / "workers" / "cpu.blocking.1.cmd").exists()
+    assert "test_cuda_error" in (out / "workers" / "cpu.blocking.1.skip.txt").read_text()
     for r in recs.values():
         assert r["device"] == "cpu" and r["suite"] == "demo" and r["mode"] == "blocking"
         assert r["duration_s"] >= 0
@@ -128,8 +132,10 @@ def test_abort_becomes_a_crashed_record_with_signal_and_stderr(project):
     assert crash["signal"] == "SIGABRT"
     assert crash["findings"][0]["kind"] == "crash"
     assert "test_abort" in crash["stderr_tail"]  # pytest's faulthandler names the frame
-    # what finished before the crash is kept
+    # what finished before the crash is kept, and a fresh worker ran the rest
     assert recs["test_ok"]["status"] == "passed"
+    assert recs["test_hang"]["status"] == "passed" and recs["test_last"]["status"] == "passed"
+    assert len(recs) == 9
 
 
 def test_hang_becomes_a_hung_record_with_every_threads_stack(project):
@@ -142,6 +148,7 @@ def test_hang_becomes_a_hung_record_with_every_threads_stack(project):
     assert hung["status"] == "hung"
     assert "no progress for 2 s" in hung["reason"]
     assert "in test_hang" in hung["findings"][0]["evidence"]  # the frame where it hung
+    assert by_case(out / "results.jsonl")["test_last"]["status"] == "passed"
 
 
 def test_ctrl_c_keeps_finished_records_and_writes_junit(project):

@@ -3,8 +3,11 @@
 Each worker appends its own case records to results.jsonl. The parent watches every worker's
 state file: a case that runs past the timeout gets every thread's Python stack dumped
 (SIGUSR1 -> faulthandler) and the worker killed, and becomes a ``hung`` record; a worker that
-dies (signal, abort, CUDA context lost) becomes a ``crashed`` record for the case it was in,
-with the exit code or signal and the tail of its stderr. Other workers are not affected.
+dies (signal, abort) becomes a ``crashed`` record for the case it was in, with the exit code or
+signal and the tail of its stderr. Either way a fresh worker is started for that device and
+continues with the cases not yet recorded. A worker whose CUDA context is lost (a sticky
+error such as an illegal address) records that case as failed and exits with
+EXIT_CONTEXT_LOST so that it, too, is replaced. Other devices' workers are not affected.
 """
 
 from __future__ import annotations
@@ -23,13 +26,15 @@ from typing import Any
 
 from gpucheck.report import results
 from gpucheck.report.results import CaseRecord, Finding
-from gpucheck.runner.worker import now_iso, read_state, stacks_path
+from gpucheck.runner.worker import EXIT_CONTEXT_LOST, now_iso, read_state, stacks_path
 
 STDERR_TAIL = 4000
 STACKS_CHARS = 8000
 POLL_S = 0.2
 #: pytest exit codes that mean the worker ended normally (0 ok, 1 failures, 5 no tests)
 NORMAL_EXITS = (0, 1, 5)
+#: fresh workers started for one device after crashes before the harness gives up on it
+MAX_RESTARTS = 25
 
 
 @dataclass
@@ -51,9 +56,17 @@ class Worker:
     stdout_path: Path
     stderr_path: Path
     started: float
+    generation: int = 0
+    base_done: int = 0  # cases of this spec recorded before this worker started
+    total: int | None = None  # cases of the first generation
     finished: bool = False
+    replaced: bool = False
     hung_case: str | None = None
     state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def done(self) -> int:
+        return self.base_done + int(self.state.get("done", 0))
 
 
 def _plugin_autoloaded() -> bool:
@@ -62,7 +75,7 @@ def _plugin_autoloaded() -> bool:
 
 
 def worker_command(spec: WorkerSpec, results_path: Path, state_path: Path,
-                   run_id: str) -> list[str]:
+                   run_id: str, skip_path: Path | None = None) -> list[str]:
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     if not _plugin_autoloaded():
         cmd += ["-p", "gpucheck.pytest_plugin"]
@@ -74,6 +87,8 @@ def worker_command(spec: WorkerSpec, results_path: Path, state_path: Path,
         cmd += ["--gpucheck-device", str(spec.device_index)]
     if spec.uuid:
         cmd += ["--gpucheck-device-uuid", spec.uuid]
+    if skip_path is not None:
+        cmd += ["--gpucheck-skip", str(skip_path)]
     for name, path in spec.suites.items():
         cmd += ["--gpucheck-suite", f"{name}={path}"]
     cmd += spec.pytest_args
@@ -115,19 +130,44 @@ class Harness:
         self.workers: list[Worker] = []
 
     def start(self) -> None:
+        for spec in self.specs:
+            self.workers.append(self._spawn(spec))
+
+    def _spawn(self, spec: WorkerSpec, generation: int = 0,
+               skip: list[str] | None = None) -> Worker:
         wdir = self.out_dir / "workers"
         wdir.mkdir(parents=True, exist_ok=True)
-        for spec in self.specs:
-            stem = f"{spec.label.replace(':', '')}.{spec.mode}"
-            state = wdir / f"{stem}.state.json"
-            stdout, stderr = wdir / f"{stem}.out.log", wdir / f"{stem}.err.log"
-            env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **spec.env}
-            cmd = worker_command(spec, self.results_path, state, self.run_id)
-            (wdir / f"{stem}.cmd").write_text(" ".join(cmd) + "\n")
-            with open(stdout, "wb") as out, open(stderr, "wb") as err:
-                proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env,
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
-            self.workers.append(Worker(spec, proc, state, stdout, stderr, time.monotonic()))
+        stem = f"{spec.label.replace(':', '')}.{spec.mode}" + (f".{generation}" if generation
+                                                               else "")
+        state = wdir / f"{stem}.state.json"
+        skip_path = None
+        if skip:
+            skip_path = wdir / f"{stem}.skip.txt"
+            skip_path.write_text("\n".join(skip) + "\n")
+        stdout, stderr = wdir / f"{stem}.out.log", wdir / f"{stem}.err.log"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **spec.env}
+        cmd = worker_command(spec, self.results_path, state, self.run_id, skip_path)
+        (wdir / f"{stem}.cmd").write_text(" ".join(cmd) + "\n")
+        with open(stdout, "wb") as out, open(stderr, "wb") as err:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        return Worker(spec, proc, state, stdout, stderr, time.monotonic(), generation,
+                      base_done=len(skip or []))
+
+    def _recorded_cases(self, spec: WorkerSpec) -> list[str]:
+        return [r["case"] for r in results.cases(self.results_path)
+                if r["run_id"] == self.run_id and r["device"] == spec.label
+                and r["mode"] == spec.mode]
+
+    def _restart(self, w: Worker) -> None:
+        """Replace a dead worker by a fresh one that runs the cases not yet recorded."""
+        if w.generation >= MAX_RESTARTS:
+            return
+        done = self._recorded_cases(w.spec)
+        fresh = self._spawn(w.spec, w.generation + 1, done)
+        fresh.total = w.total if w.total is not None else w.state.get("total")
+        w.replaced = True
+        self.workers.append(fresh)
 
     def poll(self) -> bool:
         """One round of watching; True while any worker still runs."""
@@ -165,6 +205,9 @@ class Harness:
             self._record(w, w.hung_case, "hung", f"no progress for {self.timeout:g} s; killed", rc,
                          "hang", "the case did not finish within --timeout; the stderr tail "
                          "holds every thread's Python stack at the moment it was stopped")
+            self._restart(w)
+        elif rc == EXIT_CONTEXT_LOST:
+            self._restart(w)  # the case's own record already says what happened
         elif rc not in NORMAL_EXITS:
             sig = _signal_name(rc)
             how = f"killed by {sig}" if sig else f"exited with code {rc}"
@@ -172,6 +215,7 @@ class Harness:
                 self._record(w, case, "crashed", f"worker {how} while running this case", rc,
                              "crash", "the process died inside the case (abort, segfault or "
                              "lost CUDA context); run it alone under compute-sanitizer")
+                self._restart(w)
             else:
                 self._record(w, f"<worker {w.spec.label}>", "error",
                              f"worker {how} outside any case (collection or start-up)", rc,

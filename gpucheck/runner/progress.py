@@ -36,19 +36,22 @@ class Progress:
         self.bar.__exit__(*exc)
 
     def update(self, w: Worker) -> None:
-        key = id(w)
         label = f"{w.spec.label} {w.spec.mode}"
+        key = hash(label)
         st = w.state
         case = (st.get("case") or "").rsplit("::", 1)[-1][:60]
+        if w.generation:
+            case = f"(worker {w.generation + 1}) {case}"
         if key not in self.tasks:
             self.tasks[key] = self.bar.add_task("", total=None, label=label, findings=0, case="")
-        self.bar.update(self.tasks[key], total=st.get("total") or None,
-                        completed=st.get("done", 0), findings=st.get("findings", 0),
-                        case="done" if w.finished else case)
-        if self.quiet and w.finished and key not in self.reported:
+        done = w.finished and not w.replaced
+        self.bar.update(self.tasks[key], total=w.total, completed=w.done,
+                        findings=st.get("findings", 0), case="done" if done else case)
+        if self.quiet and done and key not in self.reported:
             self.reported.add(key)
-            self.console.print(f"{label}: {st.get('done', 0)}/{st.get('total', '?')} cases, "
-                               f"{st.get('findings', 0)} findings, exit {w.proc.returncode}")
+            restarts = f", {w.generation} restart(s)" if w.generation else ""
+            self.console.print(f"{label}: {w.done}/{w.total or '?'} cases{restarts}, "
+                               f"exit {w.proc.returncode}")
 
 
 def summary_table(records: list[dict[str, Any]]) -> Table:

@@ -19,24 +19,37 @@ def suite_roots() -> list[Path]:
     return seen
 
 
+def _suites_in(root: Path) -> dict[str, Path]:
+    return {d.name: d for d in sorted(root.iterdir())
+            if d.is_dir() and not d.name.startswith((".", "_")) and any(d.rglob("test_*.py"))}
+
+
 def available() -> dict[str, Path]:
     """Every suite folder (one holding test_*.py) under the suite roots, by name."""
     found: dict[str, Path] = {}
     for root in suite_roots():
-        for d in sorted(root.iterdir()):
-            if d.is_dir() and not d.name.startswith((".", "_")) and any(d.rglob("test_*.py")):
-                found.setdefault(d.name, d)
+        for name, path in _suites_in(root).items():
+            found.setdefault(name, path)
     return found
+
+
+def default() -> dict[str, Path]:
+    """The suites of the first root that has any: ./suites/ in a user's project, else ours."""
+    for root in suite_roots():
+        if found := _suites_in(root):
+            return found
+    return {}
 
 
 def resolve(requested: tuple[str, ...] | list[str]) -> dict[str, Path]:
     """Map each requested suite to its path; all available suites when none is requested."""
-    known = available()
     if not requested:
-        if not known:
+        chosen = default()
+        if not chosen:
             raise UsageProblem("no suites found: pass --suite PATH or run from a directory "
                                "that has a suites/ folder")
-        return known
+        return chosen
+    known = available()
     chosen: dict[str, Path] = {}
     for item in requested:
         path = Path(item)

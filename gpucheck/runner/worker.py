@@ -25,6 +25,13 @@ from gpucheck.report.results import CaseRecord, Finding
 EVIDENCE_CHARS = 4000
 CUDA_ERROR_MARKERS = ("CUDA error", "illegal memory access", "CUBLAS_STATUS", "cudaError",
                       "device-side assert")
+#: errors after which the process's CUDA context is unusable: every later call fails too
+STICKY_CUDA_ERRORS = ("illegal memory access", "unspecified launch failure",
+                      "illegal instruction", "misaligned address", "device-side assert",
+                      "hardware stack error", "uncorrectable ECC", "launch timed out",
+                      "an illegal address")
+#: exit code of a worker that stopped because its CUDA context is lost (the harness replaces it)
+EXIT_CONTEXT_LOST = 75
 
 
 def add_options(group: Any) -> None:
@@ -35,6 +42,8 @@ def add_options(group: Any) -> None:
     group.addoption("--gpucheck-device-uuid", default=None)
     group.addoption("--gpucheck-suite", action="append", default=[], metavar="NAME=PATH",
                     help="name of the suite rooted at PATH (for records)")
+    group.addoption("--gpucheck-skip", default=None, metavar="FILE",
+                    help="deselect the node ids listed in FILE (already recorded cases)")
 
 
 def stacks_path(state_path: Path) -> Path:
@@ -85,6 +94,7 @@ class Recorder:
             name, _, path = spec.partition("=")
             self.suites.append((name, Path(path).resolve()))
         self.rootpath = Path(config.rootpath)
+        self.paths: dict[str, Path] = {}  # node id -> test file
         self.reports: dict[str, list[pytest.TestReport]] = {}
         self.started: dict[str, tuple[float, str]] = {}
         self.done = 0
@@ -106,6 +116,8 @@ class Recorder:
         })
 
     def _path_of(self, nodeid: str) -> Path:
+        if nodeid in self.paths:
+            return self.paths[nodeid]
         return (self.rootpath / nodeid.split("::")[0]).resolve()
 
     def suite_of(self, item_path: Path) -> str:
@@ -114,9 +126,20 @@ class Recorder:
                 return name
         return item_path.parent.name
 
+    def pytest_collection_modifyitems(self, config: pytest.Config,
+                                      items: list[pytest.Item]) -> None:
+        skip_file = config.getoption("--gpucheck-skip")
+        if not skip_file:
+            return
+        skip = set(Path(skip_file).read_text().split("\n"))
+        keep = [i for i in items if i.nodeid not in skip]
+        config.hook.pytest_deselected(items=[i for i in items if i.nodeid in skip])
+        items[:] = keep
+
     @pytest.hookimpl(trylast=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.total = len(session.items)
+        self.paths = {item.nodeid: Path(item.path).resolve() for item in session.items}
         self._state(None)
 
     def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
@@ -137,6 +160,13 @@ class Recorder:
         self.done += 1
         self.findings += len(record.findings)
         self._state(None)
+        if any(f.kind == "cuda-error" and f.evidence and
+               any(m in f.evidence for m in STICKY_CUDA_ERRORS) for f in record.findings):
+            # Every later case in this process would fail with the same error: stop here and
+            # let the harness continue in a fresh process.
+            sys.stderr.write(f"gpucheck: CUDA context lost in {nodeid}; worker exits\n")
+            sys.stderr.flush()
+            os._exit(EXIT_CONTEXT_LOST)
 
     def build(self, nodeid: str, reports: list[pytest.TestReport], duration: float,
               started_at: str) -> CaseRecord:
