@@ -42,13 +42,13 @@ def default() -> dict[str, Path]:
 
 
 def resolve(requested: tuple[str, ...] | list[str]) -> dict[str, Path]:
-    """Map each requested suite to its path; all available suites when none is requested."""
+    """Map each requested suite to its path; the default suites when none is requested."""
     if not requested:
-        chosen = default()
-        if not chosen:
+        found = default()
+        if not found:
             raise UsageProblem("no suites found: pass --suite PATH or run from a directory "
                                "that has a suites/ folder")
-        return chosen
+        return found
     known = available()
     chosen: dict[str, Path] = {}
     for item in requested:
