@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from gpucheck.ops import _ext
+from gpucheck.reference.ssim import check_args
 
 PADDINGS = ("same", "valid")
 REDUCTIONS = ("mean", "none")
@@ -100,19 +101,15 @@ def ssim(img1: torch.Tensor, img2: torch.Tensor, padding: str = "same", train: b
         ``train`` is True; results are bitwise reproducible.
 
     Raises:
-        ValueError: unknown ``padding``/``reduction``, or images not on a CUDA device.
-        TypeError: an image is not a tensor.
-        RuntimeError: the kernel's checks (shape, dtype, device, empty images), with the
-            values received.
+        ValueError: unknown ``padding``/``reduction``; wrong rank, mismatched shapes, empty
+            images, images on different devices or not on a CUDA device.
+        TypeError: an image is not a floating-point tensor, or the dtypes differ.
+        RuntimeError: the kernel's own checks (``torch.ops.gpucheck.*`` called directly, or a
+            dtype the kernel does not take), with the values received.
         gpucheck.errors.ExtensionNotBuilt: the compiled extension is not installed.
     """
-    if padding not in PADDINGS:
-        raise ValueError(f"ssim: padding must be one of {PADDINGS}, got {padding!r}")
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"ssim: reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    check_args(img1, img2, padding, reduction)  # the same messages as the reference
     for name, t in (("img1", img1), ("img2", img2)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"ssim: {name} must be a torch.Tensor, got {type(t).__name__}")
         if t.device.type != "cuda":
             raise ValueError(
                 f"ssim: {name} must be a CUDA tensor, got one on {t.device} (use "

@@ -7,7 +7,10 @@ Inputs are fresh random images each run; the seed is printed so a failure can be
 
 from __future__ import annotations
 
+import math
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -105,15 +108,21 @@ def test_backward_matches_reference(gpu_device: torch.device, shape: tuple[int, 
             b = y.clone().requires_grad_(True)
             out = ssim(a, b, padding=padding, train=True, reduction=reduction)
             w = _loss_weights(out) if reduction == "none" else None
-            # float16 gradients of a mean over many pixels (~1/N) underflow in any
-            # implementation; scale the loss as mixed-precision training does.
-            scale = 2.0**14 if dtype == torch.float16 else 1.0
-            (out * scale if w is None else (out.float() * w).sum()).backward()
-
             a64 = x.double().requires_grad_(True)
             b64 = y.double().requires_grad_(True)
             out64 = ref_ssim(a64, b64, padding=padding, reduction=reduction)
-            (out64 * scale if w is None else (out64 * w.double()).sum()).backward()
+            (out64 if w is None else (out64 * w.double()).sum()).backward()
+            assert a64.grad is not None and b64.grad is not None
+            # float16 gradients of a mean over many pixels (~1/N) underflow in any
+            # implementation: scale the loss by a power of two, as mixed-precision training
+            # does, so that the largest gradient is about 1000 (far from overflow too).
+            scale = 1.0
+            if dtype == torch.float16 and w is None:
+                peak = max(float(a64.grad.abs().max()), float(b64.grad.abs().max()), 1e-30)
+                scale = 2.0 ** min(14, max(0, math.floor(math.log2(1000 / peak))))
+                a64.grad *= scale
+                b64.grad *= scale
+            (out * scale if w is None else (out.float() * w).sum()).backward()
             assert a.grad is not None and b.grad is not None
             assert a.grad.dtype == dtype and a.grad.shape == x.shape
             case = (padding, reduction)
@@ -179,69 +188,122 @@ def test_non_contiguous_inputs(gpu_device: torch.device, padding: str) -> None:
 @pytest.mark.sanitizer
 def test_mixed_devices_are_rejected(gpu_device: torch.device,
                                     other_device: torch.device | None) -> None:
-    load_ops()
     x, y = _images((1, 3, 16, 16), torch.float32, gpu_device)
-    with pytest.raises(ValueError, match="img2 must be a CUDA tensor, got one on cpu"):
+    with pytest.raises(ValueError, match=f"img1 is on {gpu_device} but img2 is on cpu"):
         ssim(x, y.cpu())
-    with pytest.raises(RuntimeError, match="img2 must be a CUDA tensor, got one on cpu"):
-        torch.ops.gpucheck.ssim_forward(x, y.cpu(), "same", "mean")
+    with pytest.raises(ValueError, match="img1 must be a CUDA tensor, got one on cpu"):
+        ssim(x.cpu(), y.cpu())
     if other_device is None:
         pytest.skip("mixed CUDA devices need two visible devices")
-    with pytest.raises(RuntimeError,
-                       match=f"img2 is on {other_device} but img1 is on {gpu_device}"):
+    with pytest.raises(ValueError, match=f"img1 is on {gpu_device} but img2 is on {other_device}"):
         ssim(x, y.to(other_device))
-    with pytest.raises(RuntimeError,
-                       match=f"grad is on {other_device} but img1 is on {gpu_device}"):
-        torch.ops.gpucheck.ssim_backward(torch.ones((), device=other_device), x, y, "same",
-                                         "mean", True)
 
 
 @pytest.mark.sanitizer
 @pytest.mark.parametrize(
-    ("shape1", "shape2", "dtype", "kwargs", "match"),
+    ("shape1", "shape2", "dtype", "kwargs", "exc", "match"),
     [
-        ((0, 3, 16, 16), (0, 3, 16, 16), torch.float32, {},
-         r"must not be empty, got \[0, 3, 16, 16\]"),
-        ((1, 3, 0, 16), (1, 3, 0, 16), torch.float32, {},
-         r"must not be empty, got \[1, 3, 0, 16\]"),
-        ((3, 16, 16), (3, 16, 16), torch.float32, {}, r"\[B, C, H, W\], got \[3, 16, 16\]"),
-        ((1, 1, 3, 16, 16), (1, 1, 3, 16, 16), torch.float32, {}, r"got \[1, 1, 3, 16, 16\]"),
-        ((1, 3, 16, 16), (1, 3, 16, 15), torch.float32, {},
-         r"img1's shape \[1, 3, 16, 16\], got \[1, 3, 16, 15\]"),
-        ((1, 3, 16, 16), (1, 3, 16, 16), torch.int32, {}, "float64, got Int"),
-        ((1, 3, 16, 16), (1, 3, 16, 16), torch.uint8, {}, "float64, got Byte"),
-        ((1, 3, 8, 16), (1, 3, 8, 16), torch.float32, {"padding": "valid"},
-         r"H, W >= 11, got \[1, 3, 8, 16\]"),
+        ((0, 3, 16, 16), (0, 3, 16, 16), torch.float32, {}, ValueError,
+         r"must not be empty, got shape \[0, 3, 16, 16\]"),
+        ((1, 3, 0, 16), (1, 3, 0, 16), torch.float32, {}, ValueError,
+         r"must not be empty, got shape \[1, 3, 0, 16\]"),
+        ((3, 16, 16), (3, 16, 16), torch.float32, {}, ValueError,
+         r"\[B, C, H, W\], got shape \[3, 16, 16\]"),
+        ((1, 1, 3, 16, 16), (1, 1, 3, 16, 16), torch.float32, {}, ValueError,
+         r"got shape \[1, 1, 3, 16, 16\]"),
+        ((1, 3, 16, 16), (1, 3, 16, 15), torch.float32, {}, ValueError,
+         r"same shape, got \[1, 3, 16, 16\] and \[1, 3, 16, 15\]"),
+        ((1, 3, 16, 16), (1, 3, 16, 16), torch.int32, {}, TypeError,
+         "floating-point tensor, got torch.int32"),
+        ((1, 3, 16, 16), (1, 3, 16, 16), torch.uint8, {}, TypeError, "got torch.uint8"),
+        ((1, 3, 8, 16), (1, 3, 8, 16), torch.float32, {"padding": "valid"}, ValueError,
+         r"H, W >= 11, got \[8, 16\]"),
+        ((1, 3, 16, 16), (1, 3, 16, 16), torch.float32, {"padding": "reflect"}, ValueError,
+         "got 'reflect'"),
+        ((1, 3, 16, 16), (1, 3, 16, 16), torch.float32, {"reduction": "sum"}, ValueError,
+         "got 'sum'"),
     ],
 )
 def test_bad_inputs_raise_clear_errors(gpu_device: torch.device, shape1: tuple[int, ...],
                                        shape2: tuple[int, ...], dtype: torch.dtype,
-                                       kwargs: dict[str, str], match: str) -> None:
-    load_ops()
+                                       kwargs: dict[str, str], exc: type, match: str) -> None:
     x = (torch.rand(shape1, device=gpu_device) * 100).to(dtype)
     y = (torch.rand(shape2, device=gpu_device) * 100).to(dtype)
-    with pytest.raises(RuntimeError, match=match):
+    with pytest.raises(exc, match=match):
         ssim(x, y, **kwargs)
-    padding = kwargs.get("padding", "same")
-    with pytest.raises(RuntimeError, match=match):
-        torch.ops.gpucheck.ssim_forward(x, y, padding, "none")
+    z = torch.rand(1, 3, 16, 16, device=gpu_device)
+    with pytest.raises(TypeError, match="same dtype"):
+        ssim(z, z.half())
+
+
+# The kernel's own TORCH_CHECKs (torch.ops.gpucheck.* called directly) run in a child process,
+# so that a crash is reported as this test's failure, with its output, instead of ending the
+# whole suite.
+_KERNEL_CHECKS = r"""
+import sys, torch
+import gpucheck.ops.ssim as m
+m.load_ops()
+dev = torch.device("cuda", int(sys.argv[1]))
+other = torch.device("cuda", int(sys.argv[2])) if len(sys.argv) > 2 else None
+torch.cuda.set_device(other if other is not None else dev)
+fwd, bwd = torch.ops.gpucheck.ssim_forward, torch.ops.gpucheck.ssim_backward
+def r(*s, dt=torch.float32):
+    return (torch.rand(s, device=dev) * 100).to(dt)
+x, y = r(1, 3, 16, 16), r(1, 3, 16, 16)
+i32 = torch.int32
+cases = [
+    ("cpu img2", lambda: fwd(x, y.cpu(), "same", "mean"),
+     "img2 must be a CUDA tensor, got one on cpu"),
+    ("rank", lambda: fwd(r(3, 16, 16), r(3, 16, 16), "same", "mean"),
+     "[B, C, H, W], got [3, 16, 16]"),
+    ("shape", lambda: fwd(x, r(1, 3, 16, 15), "same", "mean"),
+     "img1's shape [1, 3, 16, 16], got [1, 3, 16, 15]"),
+    ("int", lambda: fwd(r(1, 3, 4, 4, dt=i32), r(1, 3, 4, 4, dt=i32), "same", "mean"),
+     "float64, got Int"),
+    ("dtype mix", lambda: fwd(x, y.half(), "same", "mean"), "img1's dtype Float, got Half"),
+    ("valid small", lambda: fwd(r(1, 3, 8, 16), r(1, 3, 8, 16), "valid", "none"),
+     "H, W >= 11, got [1, 3, 8, 16]"),
+    ("padding", lambda: fwd(x, y, "reflect", "mean"),
+     'padding must be "same" or "valid", got "reflect"'),
+    ("grad shape", lambda: bwd(r(1, 3, 16), x, y, "same", "none", True),
+     "grad must be [1, 3, 16, 16], got [1, 3, 16]"),
+    ("empty B", lambda: fwd(r(0, 3, 16, 16), r(0, 3, 16, 16), "same", "none"),
+     "must not be empty, got [0, 3, 16, 16]"),
+    ("empty H", lambda: fwd(r(1, 3, 0, 16), r(1, 3, 0, 16), "same", "mean"),
+     "must not be empty, got [1, 3, 0, 16]"),
+]
+if other is not None:
+    cases += [
+        ("other device", lambda: fwd(x, y.to(other), "same", "mean"),
+         f"img2 is on {other} but img1 is on {dev}"),
+        ("grad device", lambda: bwd(torch.ones((), device=other), x, y, "same", "mean", True),
+         f"grad is on {other} but img1 is on {dev}"),
+    ]
+bad = 0
+for name, call, want in cases:
+    print("case", name, flush=True)
+    try:
+        call()
+        torch.cuda.synchronize()
+        print("  NOT RAISED", flush=True)
+        bad += 1
+    except RuntimeError as err:
+        ok = want in str(err)
+        bad += not ok
+        print("  ok" if ok else f"  WRONG MESSAGE: {err}", flush=True)
+print("bad", bad)
+sys.exit(1 if bad else 0)
+"""
 
 
 @pytest.mark.sanitizer
-def test_bad_options_and_dtype_mix(gpu_device: torch.device) -> None:
-    load_ops()
-    x, y = _images((1, 3, 16, 16), torch.float32, gpu_device)
-    with pytest.raises(ValueError, match="got 'reflect'"):
-        ssim(x, y, padding="reflect")
-    with pytest.raises(ValueError, match="got 'sum'"):
-        ssim(x, y, reduction="sum")
-    with pytest.raises(RuntimeError, match='padding must be "same" or "valid", got "reflect"'):
-        torch.ops.gpucheck.ssim_forward(x, y, "reflect", "mean")
-    with pytest.raises(RuntimeError, match="img1's dtype Float, got Half"):
-        ssim(x, y.half())
-    with pytest.raises(RuntimeError, match=r"grad must be \[1, 3, 16, 16\], got \[1, 3, 16\]"):
-        torch.ops.gpucheck.ssim_backward(torch.ones(1, 3, 16, device=gpu_device), x, y,
-                                         "same", "none", True)
+def test_kernel_checks_raise_clear_errors(gpu_device: torch.device,
+                                          other_device: torch.device | None) -> None:
+    argv = [sys.executable, "-c", _KERNEL_CHECKS, str(gpu_device.index)]
+    if other_device is not None:
+        argv.append(str(other_device.index))
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
 
 
 @pytest.mark.sanitizer
