@@ -103,12 +103,14 @@ def _print_inventory(inv: Inventory) -> None:
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=900.0,
               show_default=True, metavar="SECONDS",
               help="A case running longer than this is recorded as hung.")
+@click.option("--nvml-interval", type=click.FloatRange(min=1), default=50.0, show_default=True,
+              metavar="MS", help="NVML sampling period of mode nvml, in milliseconds.")
 @click.option("--quiet", is_flag=True, help="No live progress; one line per worker.")
 @click.option("--cpu-only", is_flag=True, help="Run without a GPU (GPU cases are skipped).")
 @click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
 def run(all_devices: bool, device_indices: tuple[int, ...], suites: tuple[str, ...],
-        modes: tuple[str, ...], out: Path | None, timeout: float, quiet: bool,
-        cpu_only: bool, pytest_args: tuple[str, ...]) -> int:
+        modes: tuple[str, ...], out: Path | None, timeout: float, nvml_interval: float,
+        quiet: bool, cpu_only: bool, pytest_args: tuple[str, ...]) -> int:
     """Run the suites on every target device, each in its own process.
 
     Arguments after `--` go to pytest (e.g. `-- -k forward`).
@@ -117,7 +119,7 @@ def run(all_devices: bool, device_indices: tuple[int, ...], suites: tuple[str, .
     from gpucheck.runner.pipeline import run as run_pipeline
 
     return run_pipeline(RunConfig(all_devices, device_indices, suites, modes, out, timeout,
-                                  quiet, cpu_only, list(pytest_args)))
+                                  quiet, cpu_only, list(pytest_args), nvml_interval / 1000))
 
 
 @cli.command("parse-sanitizer")

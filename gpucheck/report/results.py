@@ -49,7 +49,7 @@ class CaseRecord:
     started_at: str | None = None
     device_uuid: str | None = None
     current_device: str | None = None
-    memory: dict[str, int | None] = field(default_factory=dict)
+    memory: dict[str, Any] = field(default_factory=dict)
     exit_code: int | None = None
     signal: str | None = None
     stderr_tail: str | None = None

@@ -46,6 +46,7 @@ class WorkerSpec:
     mode: str
     env: dict[str, str] = field(default_factory=dict)
     pytest_args: list[str] = field(default_factory=list)
+    nvml_interval: float = 0.0  # seconds; 0 = no per-case NVML peaks
 
 
 @dataclass
@@ -89,6 +90,8 @@ def worker_command(spec: WorkerSpec, results_path: Path, state_path: Path,
         cmd += ["--gpucheck-device-uuid", spec.uuid]
     if skip_path is not None:
         cmd += ["--gpucheck-skip", str(skip_path)]
+    if spec.nvml_interval > 0:
+        cmd += ["--gpucheck-nvml-interval", str(spec.nvml_interval)]
     for name, path in spec.suites.items():
         cmd += ["--gpucheck-suite", f"{name}={path}"]
     cmd += spec.pytest_args

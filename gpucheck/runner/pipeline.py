@@ -16,12 +16,13 @@ from gpucheck.errors import EXIT_CLEAN, EXIT_FINDINGS, EnvironmentProblem, Usage
 from gpucheck.report import junit, results
 from gpucheck.runner import suites as suites_mod
 from gpucheck.runner.harness import Harness, WorkerSpec
+from gpucheck.runner.nvml_sampler import DEFAULT_INTERVAL_S, Sampler, TimelineWriter
 from gpucheck.runner.progress import Progress, summary_table
 
 #: every mode the CLI accepts; the harness issue fills in the ones not yet implemented
 MODES = ("blocking", "nvml", "sanitizer", "sanitizer:memcheck", "sanitizer:racecheck",
          "sanitizer:initcheck", "sanitizer:synccheck")
-IMPLEMENTED_MODES = ("blocking",)
+IMPLEMENTED_MODES = ("blocking", "nvml")
 DEFAULT_MODES = ("blocking", "nvml")
 
 
@@ -36,6 +37,7 @@ class RunConfig:
     quiet: bool = False
     cpu_only: bool = False
     pytest_args: list[str] = field(default_factory=list)
+    nvml_interval: float = DEFAULT_INTERVAL_S
 
 
 def prepare_out(out: Path | None) -> Path:
@@ -85,6 +87,9 @@ def run(cfg: RunConfig) -> int:
                            f"{gpucheck.__version__}; available: {', '.join(IMPLEMENTED_MODES)}")
     active = [m for m in modes if m in IMPLEMENTED_MODES]
     targets, notes = choose_targets(cfg)
+    if cfg.cpu_only and "nvml" in active:
+        active.remove("nvml")
+        notes.append("--cpu-only: mode 'nvml' has no GPU to sample")
     notes += [f"mode {m!r} is not implemented yet and did not run"
               for m in modes if m not in IMPLEMENTED_MODES]
     out = prepare_out(cfg.out)
@@ -107,8 +112,14 @@ def run(cfg: RunConfig) -> int:
         "suites": sorted(suites), "modes": list(active), "notes": notes,
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     })
-    specs = [WorkerSpec(label, index, u, suites, mode_label, env, cfg.pytest_args)
+    interval = cfg.nvml_interval if "nvml" in active else 0.0
+    specs = [WorkerSpec(label, index, u, suites, mode_label, env, cfg.pytest_args, interval)
              for label, index, u in targets]
+    sampler: Sampler | None = None
+    timeline: TimelineWriter | None = None
+    if interval > 0:
+        timeline = TimelineWriter(out / "nvml_timeline.jsonl")
+        sampler = Sampler(interval, timeline).start()
     console = Console(stderr=False, quiet=False)
     progress = Progress(console, quiet=cfg.quiet)
     harness = Harness(specs, out, results_path, run_id, cfg.timeout, on_update=progress.update)
@@ -119,6 +130,13 @@ def run(cfg: RunConfig) -> int:
         except KeyboardInterrupt:
             interrupted = True
             harness.interrupt()
+        finally:
+            if sampler is not None and timeline is not None:
+                sampler.stop()
+                timeline.close()
+                notes.append(f"nvml: {sampler.samples} samples of {len(sampler.devices)} "
+                             f"device(s) every {interval * 1000:g} ms in "
+                             f"{timeline.path.name}")
     junit_path = junit.write(results_path, out / "junit.xml")
     records = results.cases(results_path)
     console.print(summary_table(records))

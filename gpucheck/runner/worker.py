@@ -19,8 +19,10 @@ from typing import Any
 
 import pytest
 
+from gpucheck import nvml
 from gpucheck.report import results
 from gpucheck.report.results import CaseRecord, Finding
+from gpucheck.runner.nvml_sampler import CasePeaks, Sampler
 
 EVIDENCE_CHARS = 4000
 CUDA_ERROR_MARKERS = ("CUDA error", "illegal memory access", "CUBLAS_STATUS", "cudaError",
@@ -42,6 +44,8 @@ def add_options(group: Any) -> None:
     group.addoption("--gpucheck-device-uuid", default=None)
     group.addoption("--gpucheck-suite", action="append", default=[], metavar="NAME=PATH",
                     help="name of the suite rooted at PATH (for records)")
+    group.addoption("--gpucheck-nvml-interval", type=float, default=0.0, metavar="SECONDS",
+                    help="sample this process's GPU memory with NVML (0: off)")
     group.addoption("--gpucheck-skip", default=None, metavar="FILE",
                     help="deselect the node ids listed in FILE (already recorded cases)")
 
@@ -100,6 +104,12 @@ class Recorder:
         self.done = 0
         self.total = 0
         self.findings = 0
+        self.peaks: CasePeaks | None = None
+        self.sampler: Sampler | None = None
+        interval = config.getoption("--gpucheck-nvml-interval")
+        if interval > 0 and nvml.status().ok:
+            self.peaks = CasePeaks()
+            self.sampler = Sampler(interval, self.peaks, pid=os.getpid()).start()
         if hasattr(signal, "SIGUSR1") and self.state_path is not None:
             # On a hang the parent sends SIGUSR1: every thread's stack goes to this file
             # (pytest captures sys.stderr, so it cannot go there).
@@ -147,6 +157,9 @@ class Recorder:
         cuda = _torch_cuda()
         if cuda is not None:
             cuda.reset_peak_memory_stats()
+        if self.peaks is not None and self.sampler is not None:
+            self.peaks.reset()
+            self.peaks(time.time(), self.sampler.sample())
         self._state(nodeid)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -186,8 +199,14 @@ class Recorder:
                 status = "failed" if rep.when == "call" else "error"
                 findings.append(_failure_finding(rep, self.device, suite))
                 reason = reason or findings[-1].message
-        memory: dict[str, int | None] = {"torch_peak_allocated": None,
-                                         "torch_peak_reserved": None, "nvml_peak_used": None}
+        memory: dict[str, Any] = {"torch_peak_allocated": None, "torch_peak_reserved": None,
+                                  "nvml_peak_used": None}
+        if self.peaks is not None and self.sampler is not None:
+            self.peaks(time.time(), self.sampler.sample())  # catch cases shorter than a period
+            peaks = self.peaks.snapshot()
+            memory["nvml_peak_used"] = peaks.get(self.uuid or "", 0)
+            memory["nvml_peak_other_devices"] = {u: b for u, b in peaks.items()
+                                                 if u != self.uuid and b}
         cuda = _torch_cuda()
         if cuda is not None:
             memory["torch_peak_allocated"] = int(cuda.max_memory_allocated())

@@ -1,0 +1,121 @@
+"""NVML memory sampling (mode ``nvml``).
+
+Two users of one sampler class:
+
+* the harness's parent samples every device (total used memory and each process's memory)
+  into a timeline file, ``nvml_timeline.jsonl``, stored with the results;
+* each worker samples its *own* process on every device and keeps the peak per case, which
+  goes into the case record (``memory.nvml_peak_used`` on the target device, and
+  ``memory.nvml_peak_other_devices`` where the process also holds memory elsewhere: a context
+  it created on a device it was not asked to use).
+
+NVML never creates a CUDA context, so sampling does not disturb what it measures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpucheck import nvml
+
+DEFAULT_INTERVAL_S = 0.05
+
+
+class Sampler:
+    """Calls ``sample()`` on a daemon thread every ``interval`` seconds until ``stop()``."""
+
+    def __init__(self, interval: float, on_sample: Callable[[float, list[dict[str, Any]]], None],
+                 pid: int | None = None) -> None:
+        self.interval = interval
+        self.on_sample = on_sample
+        self.pid = pid  # only this process's memory, or every process when None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        handles = [nvml.handle(i) for i in range(nvml.device_count())]
+        self.devices = [(i, h, str(nvml.uuid(h))) for i, h in enumerate(handles)
+                        if h is not nvml.NA]
+        self.samples = 0
+        self.busy_s = 0.0  # time spent sampling (its own overhead)
+
+    @property
+    def available(self) -> bool:
+        return bool(self.devices)
+
+    def sample(self) -> list[dict[str, Any]]:
+        rows = []
+        for index, h, uuid in self.devices:
+            procs = nvml.compute_processes(h)
+            if self.pid is not None:
+                procs = [p for p in procs if p.pid == self.pid]
+            mem = nvml.memory_info(h) if self.pid is None else None
+            rows.append({
+                "nvml_index": index, "uuid": uuid,
+                "used": None if mem is None else nvml.na_to_none(mem.used),
+                "processes": {str(p.pid): nvml.na_to_none(p.used_memory) for p in procs},
+            })
+        return rows
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            t0 = time.perf_counter()
+            self.on_sample(time.time(), self.sample())
+            self.samples += 1
+            took = time.perf_counter() - t0
+            self.busy_s += took
+            self._stop.wait(max(0.0, self.interval - took))
+
+    def start(self) -> Sampler:
+        if self.available:
+            self._thread = threading.Thread(target=self._run, name="gpucheck-nvml", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
+class TimelineWriter:
+    """Parent side: every sample of every device as one JSON line."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._f = open(path, "a", buffering=1)  # noqa: SIM115 - closed in close()
+
+    def __call__(self, t: float, rows: list[dict[str, Any]]) -> None:
+        self._f.write(json.dumps({"t": round(t, 3), "devices": rows}, separators=(",", ":"))
+                      + "\n")
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class CasePeaks:
+    """Worker side: this process's peak memory per device while the current case runs."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._peaks: dict[str, int] = {}
+
+    def __call__(self, t: float, rows: list[dict[str, Any]]) -> None:
+        mine = str(os.getpid())
+        with self._lock:
+            for row in rows:
+                used = row["processes"].get(mine)
+                if used is not None and used > self._peaks.get(row["uuid"], 0):
+                    self._peaks[row["uuid"]] = used
+
+    def reset(self) -> None:
+        with self._lock:
+            self._peaks = {}
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._peaks)
