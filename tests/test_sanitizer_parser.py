@@ -177,3 +177,28 @@ def test_recorded_logs_of_every_tool_parse_without_leftovers():
         for f in report.findings:
             if f.access not in ("process", "api", "leak", "barrier"):
                 assert f.kernel_name, (log.name, f.error)
+
+
+def test_recorded_memcheck_out_of_bounds_with_lineinfo():
+    report = parse_file(FIXTURES / "memcheck_oob_planted_h200.log")
+    assert (report.tool, report.errors_reported, report.errors_printed) == ("memcheck", 27, 20)
+    (f,) = report.findings
+    assert f.count == 20 and f.error == "Invalid __global__ write of size 4 bytes"
+    assert (f.kernel_name, f.offset, f.source) == ("oob_write", "0xa0", "planted.cu:9")
+    assert f.address_relation == ("1 bytes after the nearest allocation at 0x7fbf9a800000 of "
+                                  "size 4,000 bytes")
+    assert f.host_frames == ["main [0x8da5] in planted"]
+
+
+def test_recorded_racecheck_initcheck_api_and_clean():
+    race = parse_file(FIXTURES / "racecheck_race_planted_h200.log")
+    (f,) = race.findings
+    assert race.tool == "racecheck" and race.errors_reported == 1
+    assert (f.access, f.hazards, f.source, f.kernel_name) == ("write/read", 512, "planted.cu:14",
+                                                              "shared_race")
+    init = parse_file(FIXTURES / "initcheck_uninit_planted_h200.log")
+    assert init.tool == "initcheck" and init.errors_reported == 1000
+    assert init.findings[0].source == "planted.cu:20" and init.findings[0].count == 20
+    api = parse_file(FIXTURES / "memcheck_api_planted_h200.log")
+    assert api.findings[0].api_call == "cudaMemcpy" and api.errors_reported == 1
+    assert parse_file(FIXTURES / "memcheck_clean_planted_h200.log").clean
