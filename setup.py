@@ -47,13 +47,29 @@ def extension_kwargs() -> dict:
     sources = [str(p.relative_to(HERE)) for p in csrc.sources()]
     if not sources:
         return _skip("csrc/ has no sources")
+    os.environ.update(csrc.host_compiler_env())
+
+    class Build(BuildExtension):
+        """Always rebuild (a previous build may hold another kernel selection), and in
+        editable installs put gpucheck/_C*.so next to the sources, where `import gpucheck`
+        from the checkout finds it."""
+
+        def finalize_options(self) -> None:
+            super().finalize_options()
+            self.force = True
+
+        def run(self) -> None:
+            super().run()
+            if getattr(self, "editable_mode", False) and not self.inplace:
+                self.copy_extensions_to_source()
+
     ext = CUDAExtension(
         name=csrc.EXTENSION_NAME,
         sources=sources,
         include_dirs=[str(csrc.CSRC)],
         extra_compile_args={"cxx": csrc.CXX_FLAGS, "nvcc": csrc.NVCC_FLAGS},
     )
-    return {"ext_modules": [ext], "cmdclass": {"build_ext": BuildExtension}}
+    return {"ext_modules": [ext], "cmdclass": {"build_ext": Build}}
 
 
 setup(**extension_kwargs())

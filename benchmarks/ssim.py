@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from gpucheck.ops.ssim import load_ops, ssim
-from gpucheck.reference.ssim import ssim as ref_ssim
+from gpucheck.ops.ssim_op import load_ops, ssim
+from gpucheck.reference.ssim_torch import ssim as ref_ssim
 
 SIZES = [(5, 3, 1080, 1920), (1, 3, 1080, 1920), (5, 1, 1500, 1500)]
 # fused-ssim and the PyTorch conv2d SSIM on H200 (shared/PEERS.md): (inference, train) ms.

@@ -52,6 +52,47 @@ def sources() -> list[Path]:
     return files
 
 
+def links_libstdcxx_dynamically(cxx: str) -> bool | None:
+    """Whether shared libraries built by ``cxx`` load the process's libstdc++ (None: unknown).
+
+    A compiler that links libstdc++ statically (we met one: a toolchain under /opt/gcc set as
+    $CXX on the GPU machines) gives the extension a private copy whose stream and locale state
+    is never initialized: the first TORCH_CHECK message that formats a number then segfaults.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        src, lib = Path(tmp) / "probe.cpp", Path(tmp) / "probe.so"
+        src.write_text("#include <string>\nstd::string gpucheck_probe(long n) "
+                       "{ return std::to_string(n); }\n")
+        try:
+            built = subprocess.run([cxx, "-shared", "-fPIC", str(src), "-o", str(lib)],
+                                   capture_output=True, timeout=120)
+            if built.returncode != 0:
+                return None
+            dyn = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True,
+                                 timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if dyn.returncode != 0:
+            return None
+        return "libstdc++.so" in dyn.stdout
+
+
+def host_compiler_env() -> dict[str, str]:
+    """CC/CXX to build the extension with: $CXX unless it links libstdc++ statically."""
+    cxx = os.environ.get("CXX", "c++")
+    if links_libstdcxx_dynamically(cxx) is not False:
+        return {}
+    for cand_cxx, cand_cc in (("/usr/bin/g++", "/usr/bin/gcc"), ("/usr/bin/c++", "/usr/bin/cc")):
+        if Path(cand_cxx).exists() and links_libstdcxx_dynamically(cand_cxx):
+            print(f"gpucheck: $CXX={cxx} links libstdc++ statically, which makes the extension "
+                  f"crash when it raises an error; building with {cand_cxx} instead",
+                  file=sys.stderr)
+            return {"CXX": cand_cxx, "CC": cand_cc}
+    print(f"gpucheck: warning: $CXX={cxx} links libstdc++ statically and no other compiler "
+          "was found; errors raised by the extension may crash the process", file=sys.stderr)
+    return {}
+
+
 def _cuda_home() -> Path | None:
     """The CUDA toolkit root: $CUDA_HOME, /usr/local/cuda, or two levels above nvcc."""
     candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]

@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from gpucheck.reference.ssim import ssim
+from gpucheck.reference.ssim_torch import ssim
 
 
 def _window() -> torch.Tensor:

@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -21,24 +20,6 @@ namespace {
 
 constexpr const char* kOp = "knn_mean_sq_dist";
 
-// Error messages are assembled here and handed to TORCH_CHECK as one std::string, which c10
-// passes through without an ostream. On the GPU image (g++ from /opt/gcc, headers of gcc 13),
-// streaming a number inside this library (std::ostream::_M_insert<long>, as c10::str does
-// for sizes and ints) segfaulted while raising (native stack seen with cuda-gdb, 2026-11-21).
-std::string msg(const std::string& text) { return std::string(kOp) + ": " + text; }
-
-std::string dims(c10::IntArrayRef v) {  // "[10, 2]"
-  std::string out = "[";
-  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
-  return out + "]";
-}
-
-std::string num(float x) {  // printf-style, so NaN/inf print as nan/inf
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.9g", static_cast<double>(x));
-  return buf;
-}
-
 // Reads the bounds words (synchronises the current stream), raises on NaN/inf, and returns
 // the Morton grid: origin = box minimum, scale = cells per unit on a cubic 2^21 grid.
 void morton_grid(const at::Tensor& points,  // [N, 3]
@@ -49,9 +30,8 @@ void morton_grid(const at::Tensor& points,  // [N, 3]
   if (w[6] != 0xFFFFFFFFu) {
     const at::Tensor row = points[static_cast<int64_t>(w[6])].to(at::kCPU);
     const float* r = row.const_data_ptr<float>();
-    TORCH_CHECK_VALUE(false, msg("points must be finite, but row " + std::to_string(w[6]) +
-                                 " is (" + num(r[0]) + ", " + num(r[1]) + ", " + num(r[2]) +
-                                 ")"));
+    TORCH_CHECK_VALUE(false, kOp, ": points must be finite, but row ", w[6], " is (", r[0],
+                      ", ", r[1], ", ", r[2], ")");
   }
   float lo[3];
   double extent = 0.0;
@@ -74,23 +54,18 @@ at::Tensor knn_mean_sq_dist_cuda(const at::Tensor& points,  // [N, 3] float32, C
   // The guard needs a CUDA device, so this one check comes first.
   check_cuda(points, kOp, "points");
   GPUCHECK_DEVICE_GUARD(points);
-  TORCH_CHECK_VALUE(points.dim() == 2 && points.size(1) == 3,
-                    msg("points must be [N, 3], got " + dims(points.sizes())));
-  TORCH_CHECK_TYPE(points.scalar_type() == at::kFloat,
-                   msg(std::string("points must be float32, got ") +
-                       c10::toString(points.scalar_type())));
-  TORCH_CHECK_VALUE(points.is_contiguous(),
-                    msg("points must be contiguous, got strides " + dims(points.strides()) +
-                        " for sizes " + dims(points.sizes()) + " (call .contiguous())"));
-  TORCH_CHECK_VALUE(k >= 1 && k <= kMaxK, msg("k must be in [1, " + std::to_string(kMaxK) +
-                                              "], got " + std::to_string(k)));
+  TORCH_CHECK_VALUE(points.dim() == 2 && points.size(1) == 3, kOp,
+                    ": points must be [N, 3], got ", points.sizes());
+  TORCH_CHECK_TYPE(points.scalar_type() == at::kFloat, kOp, ": points must be float32, got ",
+                   points.scalar_type());
+  TORCH_CHECK_VALUE(points.is_contiguous(), kOp, ": points must be contiguous, got strides ",
+                    points.strides(), " for sizes ", points.sizes(), " (call .contiguous())");
+  TORCH_CHECK_VALUE(k >= 1 && k <= kMaxK, kOp, ": k must be in [1, ", kMaxK, "], got ", k);
   const int64_t n64 = points.size(0);
-  TORCH_CHECK_VALUE(n64 > k, msg("needs more than k points (each point has k neighbours other "
-                                 "than itself), got N = " + std::to_string(n64) +
-                                 " with k = " + std::to_string(k)));
-  TORCH_CHECK_VALUE(n64 < std::numeric_limits<int32_t>::max(),
-                    msg("at most 2^31 - 2 points are supported, got N = " +
-                        std::to_string(n64)));
+  TORCH_CHECK_VALUE(n64 > k, kOp, ": needs more than k points (each point has k neighbours "
+                    "other than itself), got N = ", n64, " with k = ", k);
+  TORCH_CHECK_VALUE(n64 < std::numeric_limits<int32_t>::max(), kOp,
+                    ": at most 2^31 - 2 points are supported, got N = ", n64);
   const int n = static_cast<int>(n64);
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();

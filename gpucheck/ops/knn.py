@@ -21,9 +21,6 @@ __all__ = ["MAX_K", "knn_mean_sq_dist"]
 #: Largest supported ``k`` (the per-point top-k lives in registers).
 MAX_K = 16
 _QUALNAME = "gpucheck::knn_mean_sq_dist"
-# c10's names of the dtypes (what the C++ check prints), for identical messages.
-_DTYPE_NAMES = {torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
-                torch.int64: "Long", torch.int32: "Int", torch.uint8: "Byte", torch.bool: "Bool"}
 
 
 def _fake(points: torch.Tensor, k: int = 3) -> torch.Tensor:
@@ -70,14 +67,14 @@ def knn_mean_sq_dist(points: torch.Tensor, k: int = 3) -> torch.Tensor:
             or inf, or ``N <= k``; ``k`` is out of range.
         gpucheck.errors.ExtensionNotBuilt: the compiled extension is not installed.
     """
-    _check_metadata(points, k)
-    # NaN/inf are found by the C++ entry point (it reads the bounding box back anyway), which
-    # also repeats the checks above for callers of torch.ops.gpucheck.knn_mean_sq_dist.
+    _check_python_side(points, k)
+    # Shape, dtype, contiguity, k, N and NaN/inf are checked by the C++ entry point, so that
+    # callers of torch.ops.gpucheck.knn_mean_sq_dist get the same clear errors.
     return op()(points, k)
 
 
-def _check_metadata(points: torch.Tensor, k: int) -> None:
-    """Checks that need no device work; the messages match the C++ entry point's."""
+def _check_python_side(points: torch.Tensor, k: int) -> None:
+    """What the C++ entry point cannot say as well: wrong types, and a CPU tensor."""
     if not isinstance(points, torch.Tensor):
         raise TypeError(f"knn_mean_sq_dist: points must be a torch.Tensor, got {type(points)}")
     if isinstance(k, bool) or not isinstance(k, int):
@@ -86,22 +83,4 @@ def _check_metadata(points: torch.Tensor, k: int) -> None:
         raise ValueError(
             f"knn_mean_sq_dist: points must be a CUDA tensor, got one on {points.device} "
             "(gpucheck.reference.knn_mean_sq_dist is the CPU implementation)"
-        )
-    if points.dim() != 2 or points.shape[1] != 3:
-        raise ValueError(f"knn_mean_sq_dist: points must be [N, 3], got {list(points.shape)}")
-    if points.dtype != torch.float32:
-        name = _DTYPE_NAMES.get(points.dtype, str(points.dtype))
-        raise TypeError(f"knn_mean_sq_dist: points must be float32, got {name}")
-    if not points.is_contiguous():
-        raise ValueError(
-            f"knn_mean_sq_dist: points must be contiguous, got strides {list(points.stride())} "
-            f"for sizes {list(points.shape)} (call .contiguous())"
-        )
-    if not 1 <= k <= MAX_K:
-        raise ValueError(f"knn_mean_sq_dist: k must be in [1, {MAX_K}], got {k}")
-    n = points.shape[0]
-    if n <= k:
-        raise ValueError(
-            "knn_mean_sq_dist: needs more than k points (each point has k neighbours other "
-            f"than itself), got N = {n} with k = {k}"
         )

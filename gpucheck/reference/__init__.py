@@ -1,22 +1,6 @@
-"""Pure-PyTorch implementations of gpucheck's kernels, used as oracles (CPU and GPU).
+"""Pure-PyTorch implementations of gpucheck's kernels, used as oracles (CPU and GPU)."""
 
-Submodules are imported on first use.
-"""
+from gpucheck.reference.knn import knn_mean_sq_dist
+from gpucheck.reference.ssim_torch import ssim
 
-from __future__ import annotations
-
-import importlib
-from typing import Any
-
-_EXPORTS = {
-    "ssim": "gpucheck.reference.ssim",
-    "knn_mean_sq_dist": "gpucheck.reference.knn",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["knn_mean_sq_dist", "ssim"]

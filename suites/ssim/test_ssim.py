@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from gpucheck.ops import _ext
-from gpucheck.ops.ssim import load_ops, ssim
-from gpucheck.reference.ssim import ssim as ref_ssim
+from gpucheck.ops.ssim_op import load_ops, ssim
+from gpucheck.reference.ssim_torch import ssim as ref_ssim
 
 pytestmark = [
     pytest.mark.gpu,
@@ -241,7 +241,7 @@ def test_bad_inputs_raise_clear_errors(gpu_device: torch.device, shape1: tuple[i
 # whole suite.
 _KERNEL_CHECKS = r"""
 import sys, torch
-import gpucheck.ops.ssim as m
+import gpucheck.ops.ssim_op as m
 m.load_ops()
 dev = torch.device("cuda", int(sys.argv[1]))
 other = torch.device("cuda", int(sys.argv[2])) if len(sys.argv) > 2 else None

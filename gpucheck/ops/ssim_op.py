@@ -1,6 +1,6 @@
 """Fused SSIM on CUDA (``torch.ops.gpucheck.ssim_forward`` / ``ssim_backward``), differentiable.
 
-The kernels (csrc/ssim) compute the same function as :func:`gpucheck.reference.ssim.ssim`:
+The kernels (csrc/ssim) compute the same function as :func:`gpucheck.reference.ssim`:
 an 11×11 Gaussian window (sigma 1.5), C1 = 0.01², C2 = 0.03², zero padding. The forward pass
 saves nothing but references to its inputs; the backward pass recomputes the window moments
 (no extra memory in training).
@@ -11,14 +11,12 @@ This module imports without the compiled extension; it is loaded on first call.
 from __future__ import annotations
 
 import functools
-import sys
-import types
 from typing import Any
 
 import torch
 
 from gpucheck.ops import _ext
-from gpucheck.reference.ssim import check_args
+from gpucheck.reference.ssim_torch import check_args
 
 PADDINGS = ("same", "valid")
 REDUCTIONS = ("mean", "none")
@@ -124,16 +122,3 @@ def ssim(img1: torch.Tensor, img2: torch.Tensor, padding: str = "same", train: b
 
 __all__ = ["load_ops", "ssim"]
 
-
-class _CallableModule(types.ModuleType):
-    """Lets ``gpucheck.ops.ssim(...)`` work after this submodule was imported.
-
-    ``gpucheck.ops`` exports the function ``ssim`` lazily, but importing the submodule of the
-    same name replaces that attribute with the module; calling the module calls the function.
-    """
-
-    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        return ssim(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -8,10 +8,6 @@ C2 = 0.03² (images in [0, 1]). ``padding="same"`` zero-pads the images (the map
 
 from __future__ import annotations
 
-import sys
-import types
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 
@@ -122,17 +118,3 @@ def ssim(img1: torch.Tensor, img2: torch.Tensor, padding: str = "same",
 
 __all__ = ["C1", "C2", "SIGMA", "WINDOW_SIZE", "gaussian_1d", "gaussian_window", "ssim"]
 
-
-class _CallableModule(types.ModuleType):
-    """Lets ``gpucheck.reference.ssim(...)`` work after this submodule was imported.
-
-    ``gpucheck.reference`` exports the function ``ssim`` lazily, but importing the submodule of
-    the same name replaces that attribute with the module; calling the module calls the
-    function.
-    """
-
-    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        return ssim(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
