@@ -62,7 +62,8 @@ def _two_gpus():
     [
         (["run", "--device", "5"], "--device 5 is out of range: 2 CUDA device(s) visible (0, 1)"),
         (["run", "--device", "0", "--all-devices"], "exclude each other"),
-        (["run", "--mode", "sanitizer:memcheck"], "not available yet"),
+        (["run", "--mode", "sanitizer:memcheck"], "compute-sanitizer was not found"),
+        (["run", "--cpu-only", "--mode", "sanitizer"], "the sanitizer modes need a GPU"),
         (["run", "--suite", "no-such-suite"], "unknown suite 'no-such-suite'"),
     ],
 )

@@ -26,7 +26,14 @@ from typing import Any
 
 from gpucheck.report import results
 from gpucheck.report.results import CaseRecord, Finding
-from gpucheck.runner.worker import EXIT_CONTEXT_LOST, now_iso, read_state, stacks_path
+from gpucheck.runner.worker import (
+    EXIT_CONTEXT_LOST,
+    now_iso,
+    read_state,
+    sanitizer_findings,
+    stacks_path,
+)
+from gpucheck.sanitizer import command as sanitizer_cmd
 
 STDERR_TAIL = 4000
 STACKS_CHARS = 8000
@@ -47,6 +54,8 @@ class WorkerSpec:
     env: dict[str, str] = field(default_factory=dict)
     pytest_args: list[str] = field(default_factory=list)
     nvml_interval: float = 0.0  # seconds; 0 = no per-case NVML peaks
+    sanitizer_tool: str | None = None  # run the worker under compute-sanitizer with this tool
+    sanitizer: Path | None = None  # the compute-sanitizer executable
 
 
 @dataclass
@@ -76,8 +85,12 @@ def _plugin_autoloaded() -> bool:
 
 
 def worker_command(spec: WorkerSpec, results_path: Path, state_path: Path,
-                   run_id: str, skip_path: Path | None = None) -> list[str]:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+                   run_id: str, skip_path: Path | None = None,
+                   sanitizer_log: Path | None = None) -> list[str]:
+    cmd: list[str] = []
+    if spec.sanitizer_tool and sanitizer_log is not None:
+        cmd += sanitizer_cmd.prefix(spec.sanitizer_tool, sanitizer_log, spec.sanitizer)
+    cmd += [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     if not _plugin_autoloaded():
         cmd += ["-p", "gpucheck.pytest_plugin"]
     cmd += [
@@ -92,6 +105,11 @@ def worker_command(spec: WorkerSpec, results_path: Path, state_path: Path,
         cmd += ["--gpucheck-skip", str(skip_path)]
     if spec.nvml_interval > 0:
         cmd += ["--gpucheck-nvml-interval", str(spec.nvml_interval)]
+    if spec.sanitizer_tool and sanitizer_log is not None:
+        cmd += ["--gpucheck-sanitizer-log", str(sanitizer_log),
+                "--gpucheck-sanitizer-tool", spec.sanitizer_tool]
+        if "-m" not in spec.pytest_args:
+            cmd += ["-m", "sanitizer"]  # only the cases small enough for the sanitizer
     for name, path in spec.suites.items():
         cmd += ["--gpucheck-suite", f"{name}={path}"]
     cmd += spec.pytest_args
@@ -149,7 +167,10 @@ class Harness:
             skip_path.write_text("\n".join(skip) + "\n")
         stdout, stderr = wdir / f"{stem}.out.log", wdir / f"{stem}.err.log"
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **spec.env}
-        cmd = worker_command(spec, self.results_path, state, self.run_id, skip_path)
+        san_log = sanitizer_cmd.log_template(wdir, stem) if spec.sanitizer_tool else None
+        if spec.sanitizer_tool:
+            env.update(sanitizer_cmd.env())
+        cmd = worker_command(spec, self.results_path, state, self.run_id, skip_path, san_log)
         (wdir / f"{stem}.cmd").write_text(" ".join(cmd) + "\n")
         with open(stdout, "wb") as out, open(stderr, "wb") as err:
             proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env,
@@ -204,6 +225,13 @@ class Harness:
         w.finished = True
         w.state = read_state(w.state_path) or w.state
         case: str | None = w.hung_case or w.state.get("case")
+        if w.spec.sanitizer_tool:
+            self._sweep_sanitizer_logs(w, rc)
+            if rc == sanitizer_cmd.ERROR_EXIT:  # the tool's exit code hides the worker's:
+                if w.state.get("exit_reason") == "context-lost":
+                    rc = EXIT_CONTEXT_LOST
+                elif not case:  # ended normally; its findings are in the case records
+                    rc = 1
         if w.hung_case:
             self._record(w, w.hung_case, "hung", f"no progress for {self.timeout:g} s; killed", rc,
                          "hang", "the case did not finish within --timeout; the stderr tail "
@@ -223,6 +251,30 @@ class Harness:
                 self._record(w, f"<worker {w.spec.label}>", "error",
                              f"worker {how} outside any case (collection or start-up)", rc,
                              "worker-error", "see the worker's stderr tail")
+
+    def _sweep_sanitizer_logs(self, w: Worker, rc: int) -> None:
+        """Records no case claimed: the tail of the worker's log and its children's logs."""
+        own = w.state.get("sanitizer_log")
+        offset = int(w.state.get("sanitizer_offset") or 0)
+        wdir = self.out_dir / "workers"
+        stem = w.state_path.name.replace(".state.json", "")
+        leftovers = []
+        for log in sorted(wdir.glob(f"{stem}.sanitizer.*.log")):
+            text = log.read_text(errors="replace")
+            if own and Path(own) == log:
+                text = text.encode()[offset:].decode(errors="replace")
+            label = f"<{w.spec.label} {w.spec.mode}: {log.name}>"
+            found = sanitizer_findings(text, w.spec.sanitizer_tool, w.spec.label, None, label)
+            leftovers += [(label, f) for f in found if f.severity in ("error", "warning")]
+        for label, f in leftovers:
+            f.suite = str(w.state.get("suite") or ",".join(w.spec.suites))
+            record = CaseRecord(
+                run_id=self.run_id, device=w.spec.label, device_uuid=w.spec.uuid,
+                suite=f.suite, case=label, mode=w.spec.mode, status="error",
+                reason="compute-sanitizer record outside any finished case (in a child "
+                       "process, or after the last case)", started_at=now_iso(),
+                findings=[f])
+            results.append(self.results_path, record.to_json())
 
     def _record(self, w: Worker, case: str, status: str, message: str, rc: int, kind: str,
                 hint: str) -> None:

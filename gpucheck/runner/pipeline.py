@@ -18,11 +18,11 @@ from gpucheck.runner import suites as suites_mod
 from gpucheck.runner.harness import Harness, WorkerSpec
 from gpucheck.runner.nvml_sampler import DEFAULT_INTERVAL_S, Sampler, TimelineWriter
 from gpucheck.runner.progress import Progress, summary_table
+from gpucheck.sanitizer import command as sanitizer_cmd
 
 #: every mode the CLI accepts; the harness issue fills in the ones not yet implemented
 MODES = ("blocking", "nvml", "sanitizer", "sanitizer:memcheck", "sanitizer:racecheck",
          "sanitizer:initcheck", "sanitizer:synccheck")
-IMPLEMENTED_MODES = ("blocking", "nvml")
 DEFAULT_MODES = ("blocking", "nvml")
 
 
@@ -76,32 +76,40 @@ def choose_targets(cfg: RunConfig) -> tuple[list[tuple[str, int | None, str | No
     return [(f"cuda:{i}", i, inv.by_cuda_index(i).uuid) for i in wanted], notes  # type: ignore[union-attr]
 
 
+def plan_passes(modes: tuple[str, ...]) -> list[tuple[str, str | None]]:
+    """(mode label, sanitizer tool) of each pass: blocking/nvml share one worker per device;
+    every sanitizer tool needs its own."""
+    passes: list[tuple[str, str | None]] = []
+    plain = [m for m in ("blocking", "nvml") if m in modes]
+    if plain:
+        passes.append(("+".join(plain), None))
+    for m in modes:
+        if m.startswith("sanitizer"):
+            tool = sanitizer_cmd.tool_of(m)
+            if (f"sanitizer:{tool}", tool) not in passes:
+                passes.append((f"sanitizer:{tool}", tool))
+    return passes
+
+
 def run(cfg: RunConfig) -> int:
     """Run the suites on every target device; returns the exit code of the whole run."""
     if cfg.all_devices and cfg.devices:
         raise UsageProblem("--all-devices and --device exclude each other")
     modes = tuple(dict.fromkeys(cfg.modes)) or DEFAULT_MODES
-    explicit_missing = [m for m in cfg.modes if m not in IMPLEMENTED_MODES]
-    if explicit_missing:
-        raise UsageProblem(f"mode {explicit_missing[0]!r} is not available yet in gpucheck "
-                           f"{gpucheck.__version__}; available: {', '.join(IMPLEMENTED_MODES)}")
-    active = [m for m in modes if m in IMPLEMENTED_MODES]
+    sanitizer = None
+    if any(m.startswith("sanitizer") for m in modes):
+        if cfg.cpu_only:
+            raise UsageProblem("the sanitizer modes need a GPU; drop --cpu-only")
+        sanitizer = sanitizer_cmd.find()
     targets, notes = choose_targets(cfg)
-    if cfg.cpu_only and "nvml" in active:
-        active.remove("nvml")
+    if cfg.cpu_only and "nvml" in modes:
+        modes = tuple(m for m in modes if m != "nvml")
         notes.append("--cpu-only: mode 'nvml' has no GPU to sample")
-    notes += [f"mode {m!r} is not implemented yet and did not run"
-              for m in modes if m not in IMPLEMENTED_MODES]
+    passes = plan_passes(modes) or [("plain", None)]
     out = prepare_out(cfg.out)
     suites = suites_mod.resolve(cfg.suites)
     results_path = out / "results.jsonl"
     run_id = uuid.uuid4().hex[:12]
-    mode_label = "+".join(active) or "plain"
-    env: dict[str, str] = {}
-    if "blocking" in active:
-        env["CUDA_LAUNCH_BLOCKING"] = "1"
-    if cfg.cpu_only:
-        env["CUDA_VISIBLE_DEVICES"] = ""
     results.append(results_path, {
         "schema": results.SCHEMA_ID, "record": "run", "run_id": run_id,
         "started_at": datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -109,34 +117,39 @@ def run(cfg: RunConfig) -> int:
         "torch_version": devices_mod._torch_version(),
         "driver_version": None,
         "devices": [{"device": label, "uuid": u, "name": None} for label, _, u in targets],
-        "suites": sorted(suites), "modes": list(active), "notes": notes,
+        "suites": sorted(suites), "modes": [label for label, _ in passes], "notes": notes,
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     })
-    interval = cfg.nvml_interval if "nvml" in active else 0.0
-    specs = [WorkerSpec(label, index, u, suites, mode_label, env, cfg.pytest_args, interval)
-             for label, index, u in targets]
-    sampler: Sampler | None = None
-    timeline: TimelineWriter | None = None
-    if interval > 0:
-        timeline = TimelineWriter(out / "nvml_timeline.jsonl")
-        sampler = Sampler(interval, timeline).start()
     console = Console(stderr=False, quiet=False)
-    progress = Progress(console, quiet=cfg.quiet)
-    harness = Harness(specs, out, results_path, run_id, cfg.timeout, on_update=progress.update)
     interrupted = False
-    with progress:
-        try:
-            harness.run()
-        except KeyboardInterrupt:
-            interrupted = True
-            harness.interrupt()
-        finally:
-            if sampler is not None and timeline is not None:
-                sampler.stop()
-                timeline.close()
-                notes.append(f"nvml: {sampler.samples} samples of {len(sampler.devices)} "
-                             f"device(s) every {interval * 1000:g} ms in "
-                             f"{timeline.path.name}")
+    with Progress(console, quiet=cfg.quiet) as progress:
+        for label, tool in passes:
+            env: dict[str, str] = {}
+            if "blocking" in label.split("+"):
+                env["CUDA_LAUNCH_BLOCKING"] = "1"
+            if cfg.cpu_only:
+                env["CUDA_VISIBLE_DEVICES"] = ""
+            interval = cfg.nvml_interval if "nvml" in label.split("+") else 0.0
+            specs = [WorkerSpec(t_label, index, u, suites, label, env, cfg.pytest_args, interval,
+                                tool, sanitizer) for t_label, index, u in targets]
+            harness = Harness(specs, out, results_path, run_id, cfg.timeout,
+                              on_update=progress.update)
+            timeline = TimelineWriter(out / "nvml_timeline.jsonl") if interval > 0 else None
+            sampler = Sampler(interval, timeline).start() if timeline is not None else None
+            try:
+                harness.run()
+            except KeyboardInterrupt:
+                interrupted = True
+                harness.interrupt()
+            finally:
+                if sampler is not None and timeline is not None:
+                    sampler.stop()
+                    timeline.close()
+                    notes.append(f"nvml: {sampler.samples} samples of {len(sampler.devices)} "
+                                 f"device(s) every {interval * 1000:g} ms in "
+                                 f"{timeline.path.name}")
+            if interrupted:
+                break
     junit_path = junit.write(results_path, out / "junit.xml")
     records = results.cases(results_path)
     console.print(summary_table(records))

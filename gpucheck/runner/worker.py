@@ -10,6 +10,7 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -25,6 +26,8 @@ from gpucheck.report.results import CaseRecord, Finding
 from gpucheck.runner.nvml_sampler import CasePeaks, Sampler
 
 EVIDENCE_CHARS = 4000
+#: the blank tool line that ends a compute-sanitizer record
+RECORD_END = re.compile(r"^={9} ?\n", re.M)
 CUDA_ERROR_MARKERS = ("CUDA error", "illegal memory access", "CUBLAS_STATUS", "cudaError",
                       "device-side assert")
 #: errors after which the process's CUDA context is unusable: every later call fails too
@@ -46,6 +49,9 @@ def add_options(group: Any) -> None:
                     help="name of the suite rooted at PATH (for records)")
     group.addoption("--gpucheck-nvml-interval", type=float, default=0.0, metavar="SECONDS",
                     help="sample this process's GPU memory with NVML (0: off)")
+    group.addoption("--gpucheck-sanitizer-log", default=None, metavar="TEMPLATE",
+                    help="compute-sanitizer --log-file of this run (%%p = pid)")
+    group.addoption("--gpucheck-sanitizer-tool", default=None)
     group.addoption("--gpucheck-skip", default=None, metavar="FILE",
                     help="deselect the node ids listed in FILE (already recorded cases)")
 
@@ -104,6 +110,10 @@ class Recorder:
         self.done = 0
         self.total = 0
         self.findings = 0
+        template = config.getoption("--gpucheck-sanitizer-log")
+        self.san_log = Path(template.replace("%p", str(os.getpid()))) if template else None
+        self.san_tool = config.getoption("--gpucheck-sanitizer-tool")
+        self.san_offset = 0
         self.peaks: CasePeaks | None = None
         self.sampler: Sampler | None = None
         interval = config.getoption("--gpucheck-nvml-interval")
@@ -116,19 +126,39 @@ class Recorder:
             self._stacks = open(stacks_path(self.state_path), "w")  # noqa: SIM115
             faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True)
 
-    def _state(self, case: str | None) -> None:
+    def _state(self, case: str | None, exit_reason: str | None = None) -> None:
         if self.state_path is None:
             return
         write_state(self.state_path, {
             "case": case, "suite": self.suite_of(self._path_of(case)) if case else None,
             "started": time.time(), "done": self.done, "total": self.total,
-            "findings": self.findings, "pid": os.getpid(),
+            "findings": self.findings, "pid": os.getpid(), "exit_reason": exit_reason,
+            "sanitizer_log": str(self.san_log) if self.san_log else None,
+            "sanitizer_offset": self.san_offset,
         })
 
     def _path_of(self, nodeid: str) -> Path:
         if nodeid in self.paths:
             return self.paths[nodeid]
         return (self.rootpath / nodeid.split("::")[0]).resolve()
+
+    def _sanitizer_findings(self, nodeid: str, suite: str) -> list[Finding]:
+        """Records compute-sanitizer wrote to this process's log while the case ran."""
+        cuda = _torch_cuda()
+        if cuda is not None:
+            cuda.synchronize()
+        if self.san_log is None or not self.san_log.exists():
+            return []
+        with open(self.san_log, "rb") as f:
+            f.seek(self.san_offset)
+            text = f.read().decode(errors="replace")
+        # keep a record the tool is still writing (no blank terminator yet) for later
+        ends = list(RECORD_END.finditer(text))
+        if not ends:
+            return []
+        done = text[: ends[-1].end()]
+        self.san_offset += len(done.encode())
+        return sanitizer_findings(done, self.san_tool, self.device, suite, nodeid)
 
     def suite_of(self, item_path: Path) -> str:
         for name, root in self.suites:
@@ -160,6 +190,8 @@ class Recorder:
         if self.peaks is not None and self.sampler is not None:
             self.peaks.reset()
             self.peaks(time.time(), self.sampler.sample())
+        if self.san_log is not None:
+            self.san_offset = self.san_log.stat().st_size if self.san_log.exists() else 0
         self._state(nodeid)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -179,6 +211,7 @@ class Recorder:
             # let the harness continue in a fresh process.
             sys.stderr.write(f"gpucheck: CUDA context lost in {nodeid}; worker exits\n")
             sys.stderr.flush()
+            self._state(None, exit_reason="context-lost")
             os._exit(EXIT_CONTEXT_LOST)
 
     def build(self, nodeid: str, reports: list[pytest.TestReport], duration: float,
@@ -199,6 +232,11 @@ class Recorder:
                 status = "failed" if rep.when == "call" else "error"
                 findings.append(_failure_finding(rep, self.device, suite))
                 reason = reason or findings[-1].message
+        if self.san_log is not None:
+            found = self._sanitizer_findings(nodeid, suite)
+            findings.extend(found)
+            if any(f.severity == "error" for f in found) and status in ("passed", "skipped"):
+                status, reason = "failed", f"compute-sanitizer: {found[0].message}"
         memory: dict[str, Any] = {"torch_peak_allocated": None, "torch_peak_reserved": None,
                                   "nvml_peak_used": None}
         if self.peaks is not None and self.sampler is not None:
@@ -217,6 +255,35 @@ class Recorder:
             duration_s=round(duration, 6), started_at=started_at, current_device=current,
             memory=memory, findings=[f for f in findings if f is not None],
         )
+
+
+def sanitizer_findings(text: str, tool: str | None, device: str, suite: str | None,
+                       case: str | None) -> list[Finding]:
+    """compute-sanitizer records (a slice of its log) as findings of one case."""
+    from gpucheck.sanitizer import parse
+
+    report = parse(text, tool)
+    out = []
+    for f in report.findings:
+        where = " ".join(x for x in (f.kernel_name and f"in {f.kernel_name}", f.source,
+                                     f.python_frame and f"(from {f.python_frame})") if x)
+        count = f" x{f.count}" if f.count > 1 else ""
+        out.append(Finding(
+            kind="sanitizer", severity=f.severity, message=f"{f.error}{count} {where}".strip(),
+            device=device, suite=suite, case=case, op=None, kernel=f.kernel_name,
+            evidence="\n".join(f.lines[:40])[-EVIDENCE_CHARS:],
+            hint=_SANITIZER_HINTS.get(f.tool),
+        ))
+    return out
+
+
+_SANITIZER_HINTS = {
+    "memcheck": "an access outside any allocation: check the kernel's bounds and that it "
+                "runs on the device of its inputs (device guard)",
+    "racecheck": "threads of a block access the same shared memory without a barrier between",
+    "initcheck": "the kernel reads device memory nothing wrote (e.g. torch.empty never filled)",
+    "synccheck": "a barrier used wrongly (divergent __syncthreads, bad __syncwarp mask)",
+}
 
 
 def _skip_reason(rep: pytest.TestReport) -> str:

@@ -1,0 +1,111 @@
+"""Sanitizer passes on CPU: a stand-in compute-sanitizer execs the worker (same pid, as the
+real tool's child keeps its own) and the cases append *real recorded* log text to the per-pid
+log, as the tool does while a kernel runs. Checks attribution of records to the case that was
+running, and the sweep of records no case claimed (after the last case, child processes)."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gpucheck.report import results
+from gpucheck.runner.harness import Harness, WorkerSpec
+
+FIXTURES = Path(__file__).parent / "fixtures" / "sanitizer"
+
+FAKE_TOOL = textwrap.dedent('''\
+    #!/usr/bin/env bash
+    # stand-in for compute-sanitizer: note the log template, then become the worker
+    while [ $# -gt 0 ]; do
+      case "$1" in
+        --log-file) export FAKE_SAN_LOG="$2"; shift 2 ;;
+        --tool|--error-exitcode|--target-processes|--print-limit) shift 2 ;;
+        *) break ;;
+      esac
+    done
+    exec "$@"
+''')
+
+SUITE = textwrap.dedent('''
+    import os, subprocess, sys, pytest
+    FIX = os.environ["FIXTURES"]
+
+    def write(name, pid=None):
+        log = os.environ["FAKE_SAN_LOG"].replace("%p", str(pid or os.getpid()))
+        with open(log, "a") as f, open(os.path.join(FIX, name)) as src:
+            f.write(src.read())
+
+    @pytest.mark.sanitizer
+    def test_clean():
+        assert True
+
+    @pytest.mark.sanitizer
+    def test_out_of_bounds():
+        write("memcheck_oob_planted_h200.log")
+
+    @pytest.mark.sanitizer
+    def test_child_process():
+        code = "import os,sys; sys.path.insert(0, os.environ['HERE']); import test_san as t; " \\
+               "t.write('memcheck_api_planted_h200.log', os.getpid())"
+        subprocess.run([sys.executable, "-c", code], check=True,
+                       env={**os.environ, "HERE": os.path.dirname(__file__)})
+
+    def test_not_small_enough_for_the_sanitizer():
+        write("memcheck_oob_planted_h200.log")
+''')
+
+
+@pytest.fixture
+def setup(tmp_path, monkeypatch):
+    if not shutil.which("bash"):
+        pytest.skip("needs bash")
+    tool = tmp_path / "compute-sanitizer"
+    tool.write_text(FAKE_TOOL)
+    tool.chmod(0o755)
+    suite = tmp_path / "suites" / "san"
+    suite.mkdir(parents=True)
+    (suite / "test_san.py").write_text(SUITE)
+    monkeypatch.setenv("FIXTURES", str(FIXTURES))
+    return tool, suite
+
+
+def test_sanitizer_records_are_attributed_to_their_case(setup, tmp_path):
+    tool, suite = setup
+    out = tmp_path / "out"
+    out.mkdir()
+    spec = WorkerSpec("cpu", None, None, {"san": suite}, "sanitizer:memcheck",
+                      sanitizer_tool="memcheck", sanitizer=tool)
+    Harness([spec], out, out / "results.jsonl", "r1", timeout=60).run()
+    recs = {r["case"].rsplit("::", 1)[-1]: r for r in results.cases(out / "results.jsonl")}
+    # only the cases marked `sanitizer` ran
+    assert "test_not_small_enough_for_the_sanitizer" not in recs
+    assert recs["test_clean"]["status"] == "passed" and recs["test_clean"]["findings"] == []
+    oob = recs["test_out_of_bounds"]
+    assert oob["status"] == "failed"
+    assert oob["reason"].startswith("compute-sanitizer: Invalid __global__ write of size 4")
+    (f,) = oob["findings"]
+    assert f["kind"] == "sanitizer" and f["kernel"] == "oob_write"
+    assert "x20 in oob_write planted.cu:9" in f["message"]
+    # the child process wrote its own log (%p): swept into an error record after the worker
+    swept = [r for k, r in recs.items() if k.startswith("<cpu sanitizer:memcheck")]
+    assert len(swept) == 1 and swept[0]["status"] == "error"
+    assert "cudaMemcpy" in swept[0]["findings"][0]["message"]
+    assert recs["test_child_process"]["status"] == "passed"
+
+
+def test_worker_command_under_the_sanitizer(setup, tmp_path):
+    from gpucheck.runner.harness import worker_command
+
+    tool, suite = setup
+    spec = WorkerSpec("cuda:1", 1, "GPU-x", {"san": suite}, "sanitizer:racecheck",
+                      sanitizer_tool="racecheck", sanitizer=tool)
+    cmd = worker_command(spec, tmp_path / "r.jsonl", tmp_path / "s.json", "r1", None,
+                         tmp_path / "w.sanitizer.%p.log")
+    assert cmd[:4] == [str(tool), "--tool", "racecheck", "--log-file"]
+    assert cmd[cmd.index("--error-exitcode") + 1] == "86"
+    assert cmd[cmd.index(sys.executable) + 1:][:2] == ["-m", "pytest"]
+    assert cmd[cmd.index("-m", cmd.index("pytest")) + 1] == "sanitizer"
