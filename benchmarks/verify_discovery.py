@@ -33,7 +33,7 @@ def check(name: str, ok: bool, evidence: str) -> None:
 
 
 def devices_json(env: dict[str, str] | None = None, tag: str = "default") -> dict:
-    proc = subprocess.run(["gpucheck", "devices", "--json"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "gpucheck.cli", "devices", "--json"], capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, timeout=120)
     (OUT / f"devices_{tag}.json").write_text(proc.stdout + proc.stderr)
     return json.loads(proc.stdout)
@@ -107,7 +107,8 @@ suite.mkdir(exist_ok=True)
         if other_device is not None:
             assert torch.cuda.current_device() == other_device.index
 """))
-proc = subprocess.run(["gpucheck", "run", "--all-devices", "--quiet", "--suite", str(suite),
+proc = subprocess.run([sys.executable, "-m", "gpucheck.cli", "run", "--all-devices", "--quiet",
+                       "--suite", str(suite),
                        "--out", str(OUT / "run")], capture_output=True, text=True, timeout=300)
 (OUT / "run.log").write_text(proc.stdout + proc.stderr)
 recs = [json.loads(line) for line in (OUT / "run" / "results.jsonl").read_text().splitlines()]

@@ -33,10 +33,14 @@ def available() -> dict[str, Path]:
     return found
 
 
+#: suites that only run when named: they exist to produce findings (the harness's self-test)
+NAMED_ONLY = ("selftest",)
+
+
 def default() -> dict[str, Path]:
     """The suites of the first root that has any: ./suites/ in a user's project, else ours."""
     for root in suite_roots():
-        if found := _suites_in(root):
+        if found := {n: p for n, p in _suites_in(root).items() if n not in NAMED_ONLY}:
             return found
     return {}
 
