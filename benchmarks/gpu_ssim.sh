@@ -10,24 +10,19 @@ out=${OUT:-ssim-gpu-logs}
 mkdir -p "$out"
 marks=${1:-not slow}
 start=$(date +%s)
-# setuptools skips build_ext when an existing gpucheck/_C*.so is newer than the sources, even
-# if it was built from another kernel selection: remove it so that this build is real.
-rm -rf build gpucheck/_C*.so
-# `python -m pip`: a bare `pip` may belong to another interpreter, whose setup.py run then
-# cannot import torch and silently installs the package without the extension.
-python -m pip install -v --no-deps --no-build-isolation -e . > "$out/build.log" 2>&1 \
+py=${PYTHON:-python3}
+# `$py -m pip`: a bare `pip` may belong to another interpreter, whose setup.py run then
+# cannot import torch and silently installs the package without the extension. setup.py
+# always rebuilds and copies gpucheck/_C*.so into the checkout for editable installs.
+$py -m pip install -v --no-deps --no-build-isolation -e . > "$out/build.log" 2>&1 \
   || { tail -60 "$out/build.log"; exit 1; }
 grep -a "gpucheck: not building" "$out/build.log"
-if ! python -c "import gpucheck._C" 2>/dev/null; then
-  echo "editable install built no extension; building in place"
-  python setup.py build_ext --inplace >> "$out/build.log" 2>&1 || { tail -60 "$out/build.log"; exit 1; }
-fi
 echo "build: $(( $(date +%s) - start )) s"
-python -c "import torch, gpucheck._C; print('ops:', torch.ops.gpucheck.ssim_forward.default)" || exit 1
+$py -c "import torch, gpucheck._C; print('ops:', torch.ops.gpucheck.ssim_forward.default)" || exit 1
 nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$out/gpu.txt"
-timeout 130 python -m pytest suites/ssim -q -rs -p no:cacheprovider -m "$marks" --maxfail=25 2>&1 \
+timeout ${SUITE_TIMEOUT:-130} $py -m pytest suites/ssim -q -rs -p no:cacheprovider -m "$marks" --maxfail=25 2>&1 \
   | tee "$out/suite.log" | tail -40
 suite_rc=$?
-timeout 110 python benchmarks/ssim.py --json "$out/bench.json" 2>&1 | tee "$out/bench.log" | tail -12
+timeout ${BENCH_TIMEOUT:-110} $py benchmarks/ssim.py --json "$out/bench.json" 2>&1 | tee "$out/bench.log" | tail -12
 bench_rc=$?
 echo "suite rc=$suite_rc bench rc=$bench_rc total $(( $(date +%s) - start )) s"

@@ -33,8 +33,9 @@ def check(name: str, ok: bool, evidence: str) -> None:
 
 
 def devices_json(env: dict[str, str] | None = None, tag: str = "default") -> dict:
-    proc = subprocess.run([sys.executable, "-m", "gpucheck.cli", "devices", "--json"], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "gpucheck.cli", "devices", "--json"],
+                          capture_output=True, text=True, env={**os.environ, **(env or {})},
+                          timeout=120)
     (OUT / f"devices_{tag}.json").write_text(proc.stdout + proc.stderr)
     return json.loads(proc.stdout)
 

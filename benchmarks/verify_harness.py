@@ -84,7 +84,7 @@ for dev in devices:
               f"{[f['message'][:100] for f in (ung or {}).get('findings', [])]}")
 timeline = OUT / "run" / "nvml_timeline.jsonl"
 check("nvml timeline written", timeline.exists() and timeline.stat().st_size > 0,
-      f"{sum(1 for _ in open(timeline)) if timeline.exists() else 0} samples")
+      f"{len(timeline.read_text().splitlines()) if timeline.exists() else 0} samples")
 print("\nsummary")
 for name, ok, _ in checks:
     print(f"  {'PASS' if ok else 'FAIL'}  {name}")

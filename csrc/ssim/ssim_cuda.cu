@@ -43,9 +43,6 @@ constexpr int kChunk = kWin;                   // rows per shared-memory chunk (
 constexpr int kSmemW = kThreads + 2 * kHalf;   // 138 columns of input per chunk row
 constexpr int kChunkElems = kChunk * kSmemW;   // 1518
 constexpr int kLoads = (kChunkElems + kThreads - 1) / kThreads;  // 12 per thread per image
-// Forward: a strip of kFwdRows map rows needs kFwdRows + 10 input rows = kFwdChunks chunks.
-constexpr int kFwdChunks = 4;
-constexpr int kFwdRows = kFwdChunks * kChunk - 2 * kHalf;  // 34
 // Backward: kBwdRows gradient rows need kBwdRows + 20 input rows; the block's threads hold
 // the partials of kThreads columns, so kThreads - 10 gradient columns come out per block.
 constexpr int kBwdChunks = 6;
@@ -216,17 +213,99 @@ struct TileGrid {
 
 __host__ __device__ inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
-inline TileGrid forward_grid(const Geometry& g) {
-  return {ceil_div(g.out_width(), kThreads), ceil_div(g.out_height(), kFwdRows)};
-}
 inline TileGrid backward_grid(const Geometry& g) {
   return {ceil_div(g.width, kBwdCols), ceil_div(g.height, kBwdRows)};
 }
 
-// Forward. Block = (plane, strip of kFwdRows map rows, kThreads map columns). kMean: write
-// the block's sum of map values to partials[block]; else write the map.
+// 16-byte (float: 4 lanes; double: 2 x 2 lanes) load of 4 consecutive accumulator values
+// from shared memory; `p` is 16-byte aligned.
+__device__ __forceinline__ void load4(const float* p, float* v) {
+  const float4 q = *reinterpret_cast<const float4*>(p);
+  v[0] = q.x;
+  v[1] = q.y;
+  v[2] = q.z;
+  v[3] = q.w;
+}
+__device__ __forceinline__ void load4(const double* p, double* v) {
+  const double2 a = *reinterpret_cast<const double2*>(p);
+  const double2 b = *reinterpret_cast<const double2*>(p + 2);
+  v[0] = a.x;
+  v[1] = a.y;
+  v[2] = b.x;
+  v[3] = b.y;
+}
+
+// Stores 4 consecutive map values; `p` is aligned to 4 elements.
+__device__ __forceinline__ void store4(float* p, const float* v) {
+  *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ __forceinline__ void store4(double* p, const double* v) {
+  reinterpret_cast<double2*>(p)[0] = make_double2(v[0], v[1]);
+  reinterpret_cast<double2*>(p)[1] = make_double2(v[2], v[3]);
+}
+__device__ __forceinline__ void store4(__half* p, const float* v) {
+  __half2 a = __floats2half2_rn(v[0], v[1]);
+  __half2 b = __floats2half2_rn(v[2], v[3]);
+  uint2 u;
+  u.x = *reinterpret_cast<const unsigned*>(&a);
+  u.y = *reinterpret_cast<const unsigned*>(&b);
+  *reinterpret_cast<uint2*>(p) = u;
+}
+__device__ __forceinline__ void store4(__nv_bfloat16* p, const float* v) {
+  __nv_bfloat162 a = __floats2bfloat162_rn(v[0], v[1]);
+  __nv_bfloat162 b = __floats2bfloat162_rn(v[2], v[3]);
+  uint2 u;
+  u.x = *reinterpret_cast<const unsigned*>(&a);
+  u.y = *reinterpret_cast<const unsigned*>(&b);
+  *reinterpret_cast<uint2*>(p) = u;
+}
+
+template <typename A>
+__device__ __forceinline__ A fast_div(A a, A b) { return a / b; }
+template <>
+__device__ __forceinline__ float fast_div<float>(float a, float b) { return __fdividef(a, b); }
+
+// Forward (vertical pass first, then horizontal).
+//
+// Block = (plane, strip of kFStrip map rows, kFCols map columns), kFT threads. The SSIM map
+// needs four windowed moments: mu1 = G*x, mu2 = G*y, G*(x² + y²) and G*(xy) (only the sum
+// sigma1² + sigma2² enters SSIM, so x² and y² are filtered together).
+//   * Vertical: thread t owns input column c0 - 5 + t (kFCols + 10 <= kFT columns), streams
+//     the strip's rows (plus the 5-row halo) straight from global memory (coalesced across
+//     the warp; rows are prefetched kFRing rows ahead into registers), keeps the four
+//     quantities of the last kFRing rows in a register ring (row t in slot t % kFRing; the
+//     row loop is unrolled by kFRing so every slot index is a compile-time constant) and
+//     writes the vertically filtered row to shared memory.
+//   * Horizontal: every kFBatch map rows, thread (b, g) of kFBatch x kFGroups filters map row
+//     b, columns 4g..4g+3, reading 16 values per moment with four 16-byte shared loads, and
+//     writes 4 map values (or adds them to its sum).
+// Double-buffered shared rows: one barrier per kFBatch map rows. No bounds checks inside the
+// filters: out-of-image rows/columns are loaded as zero (zero padding).
+constexpr int kFT = 128;                       // threads per block
+constexpr int kFCols = 116;                    // map columns per block (29 groups of 4)
+constexpr int kFGroups = kFCols / 4;           // 29
+constexpr int kFBatch = 4;                     // map rows per horizontal pass
+constexpr int kFRing = 12;                     // ring slots: >= 11, multiple of kFBatch
+constexpr int kFStrip = 32;                    // map rows per block
+constexpr int kFStream = kFStrip + 2 * kHalf;  // input rows streamed per block (42)
+constexpr int kFPitch = kFT;                   // shared row pitch (columns)
+static_assert(kFCols + 2 * kHalf <= kFT, "one input column per thread");
+static_assert(kFGroups * kFBatch <= kFT, "one horizontal group per thread");
+static_assert(4 * (kFGroups - 1) + 16 <= kFPitch, "16-value reads stay in the row");
+static_assert(kFRing % kFBatch == 0 && kFRing >= kWin && kFStrip % kFBatch == 0, "ring");
+static_assert(kFT == kThreads, "block_sum assumes kThreads threads");
+
+inline TileGrid forward_grid(const Geometry& g) {
+  return {ceil_div(g.out_width(), kFCols), ceil_div(g.out_height(), kFStrip)};
+}
+
+// float/half/bf16: <= 128 registers (4 blocks = 16 warps per SM); float64 needs twice the
+// registers for the same ring.
+template <typename T>
+constexpr int kFMinBlocks = std::is_same_v<T, double> ? 2 : 4;
+
 template <typename T, bool kMean>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kFT, kFMinBlocks<T>)
     ssim_forward_kernel(const T* __restrict__ img1,  // [planes, H, W]
                         const T* __restrict__ img2,  // [planes, H, W]
                         int height, int width, int out_h, int out_w, int offset, int tiles_x,
@@ -234,62 +313,130 @@ __global__ void __launch_bounds__(kThreads)
                         T* __restrict__ map,               // [planes, out_h, out_w] or null
                         acc_t<T>* __restrict__ partials) {  // [blocks] or null
   using A = acc_t<T>;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  A* xs = reinterpret_cast<A*>(smem_raw);  // [kChunk, kSmemW]
-  A* ys = xs + kChunkElems;                // [kChunk, kSmemW]
+  // [buffer][map row in batch][moment][column]
+  __shared__ __align__(16) A vrows[2][kFBatch][4][kFPitch];
 
   const int64_t block = blockIdx.x;
   const int tx = static_cast<int>(block % tiles_x);
   const int64_t rest = block / tiles_x;
   const int ty = static_cast<int>(rest % tiles_y);
   const int64_t plane = rest / tiles_y;
+  const int o_col0 = tx * kFCols;
+  const int o_row0 = ty * kFStrip;
+  const int tid = threadIdx.x;
 
-  const int o_col0 = tx * kThreads;
-  const int o_row0 = ty * kFwdRows;
-  const int rows_out = min(kFwdRows, out_h - o_row0);
-  const int halo_rows = rows_out + 2 * kHalf;  // input rows streamed
-  const int chunks = ceil_div(halo_rows, kChunk);
-  const int img_row0 = o_row0 + offset - kHalf;  // image row of streamed row 0
-  const int img_col0 = o_col0 + offset - kHalf;  // image column of shared column 0
-
+  // Vertical role: input column ci, rows from ri0.
   const int64_t plane_px = static_cast<int64_t>(height) * width;
-  const T* x = img1 + plane * plane_px;
-  const T* y = img2 + plane * plane_px;
-  const int j = threadIdx.x;
-  const int o_col = o_col0 + j;
-  const bool col_ok = o_col < out_w;
+  const int ci = o_col0 + offset - kHalf + tid;
+  const bool col_in = ci >= 0 && ci < width;
+  const T* xcol = img1 + plane * plane_px + (col_in ? ci : 0);
+  const T* ycol = img2 + plane * plane_px + (col_in ? ci : 0);
+  const int ri0 = o_row0 + offset - kHalf;
+
+  // Horizontal role: map row b of each batch, map columns o_col0 + 4g .. + 3.
+  const int hb = tid / kFGroups;
+  const int hg = tid - hb * kFGroups;
+  const bool h_on = tid < kFGroups * kFBatch;
+  const int h_col = o_col0 + 4 * hg;
+  const bool h_vec = !kMean && (out_w % 4 == 0) && h_col + 3 < out_w;
   T* map_plane = kMean ? nullptr : map + plane * (static_cast<int64_t>(out_h) * out_w);
 
-  A ring[kWin][5];
-  A sum = A(0);
-  ChunkLoader<T> loader;
-  loader.fetch(x, y, height, width, img_row0, img_col0);
-  for (int c = 0; c < chunks; ++c) {
-    loader.store(xs, ys);
-    __syncthreads();
-    if (c + 1 < chunks) loader.fetch(x, y, height, width, img_row0 + (c + 1) * kChunk, img_col0);
+  A px[kFRing];
+  A py[kFRing];
+  auto fetch = [&](int t, A& vx, A& vy) {
+    const int r = ri0 + t;
+    vx = A(0);
+    vy = A(0);
+    if (col_in && t < kFStream && static_cast<unsigned>(r) < static_cast<unsigned>(height)) {
+      const int64_t idx = static_cast<int64_t>(r) * width;
+      vx = to_acc(xcol[idx]);
+      vy = to_acc(ycol[idx]);
+    }
+  };
 #pragma unroll
-    for (int u = 0; u < kChunk; ++u) {
-      const int t = c * kChunk + u;  // streamed row; its ring slot is t % 11 == u
-      if (t < halo_rows) {
-        filter_row<A>(xs + u * kSmemW + j, ys + u * kSmemW + j, ring[u]);
-        if (t >= 2 * kHalf) {  // map row t - 10 is complete: rows t-10..t are in the ring
-          A m[5];
-          filter_ring<5>(ring, (u + 1) % kWin, m);
-          const SsimTerms<A> s = ssim_terms(m);
-          const A value = (s.a1 * s.a2) / (s.b1 * s.b2);
-          if (col_ok) {
-            if constexpr (kMean) {
-              sum += value;
-            } else {
-              const int o_row = o_row0 + t - 2 * kHalf;
-              map_plane[static_cast<int64_t>(o_row) * out_w + o_col] = from_acc<T>(value);
+  for (int u = 0; u < kFRing; ++u) fetch(u, px[u], py[u]);
+
+  A ring[kFRing][4];
+  A sum = A(0);
+#pragma unroll 1
+  for (int c = 0; c * kFRing < kFStream; ++c) {
+#pragma unroll
+    for (int u = 0; u < kFRing; ++u) {
+      const int t = c * kFRing + u;  // streamed row; ring slot u
+      if (t < kFStream) {
+        const A xv = px[u];
+        const A yv = py[u];
+        fetch(t + kFRing, px[u], py[u]);
+        ring[u][0] = xv;
+        ring[u][1] = yv;
+        ring[u][2] = fma(xv, xv, yv * yv);
+        ring[u][3] = xv * yv;
+        if (t >= 2 * kHalf) {  // map row o = t - 10 has rows t-10..t in the ring
+          const int o = t - 2 * kHalf;
+          A v[4] = {A(0), A(0), A(0), A(0)};
+#pragma unroll
+          for (int k = 0; k < kWin; ++k) {
+            const int slot = (u + kFRing - 2 * kHalf + k) % kFRing;
+#pragma unroll
+            for (int m = 0; m < 4; ++m) v[m] = fma(gauss<A>(k), ring[slot][m], v[m]);
+          }
+          const int buf = (o / kFBatch) & 1;
+          const int kRowInBatch = (u + kFRing - 2 * kHalf) % kFBatch;  // o % kFBatch
+#pragma unroll
+          for (int m = 0; m < 4; ++m) vrows[buf][kRowInBatch][m][tid] = v[m];
+          if (kRowInBatch == kFBatch - 1) {  // batch complete
+            __syncthreads();
+            const int o_row = o_row0 + o - (kFBatch - 1) + hb;
+            if (h_on && o_row < out_h) {
+              A mom[4][4];  // [moment][pixel]
+#pragma unroll
+              for (int m = 0; m < 4; ++m) {
+                const A* src = &vrows[buf][hb][m][4 * hg];
+                A w[16];
+#pragma unroll
+                for (int q = 0; q < 4; ++q) load4(src + 4 * q, w + 4 * q);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                  A acc = A(0);
+#pragma unroll
+                  for (int k = 0; k < kWin; ++k) acc = fma(gauss<A>(k), w[i + k], acc);
+                  mom[m][i] = acc;
+                }
+              }
+              A val[4];
+#pragma unroll
+              for (int i = 0; i < 4; ++i) {
+                const A c1 = A(0.01 * 0.01);
+                const A c2 = A(0.03 * 0.03);
+                const A mu12 = mom[0][i] * mom[1][i];
+                const A musq = fma(mom[0][i], mom[0][i], mom[1][i] * mom[1][i]);
+                const A a1 = fma(A(2), mu12, c1);
+                const A a2 = fma(A(2), mom[3][i] - mu12, c2);
+                const A b1 = musq + c1;
+                const A b2 = (mom[2][i] - musq) + c2;
+                val[i] = fast_div<A>(a1 * a2, b1 * b2);
+              }
+              if constexpr (kMean) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                  if (h_col + i < out_w) sum += val[i];
+                }
+              } else {
+                T* dst = map_plane + static_cast<int64_t>(o_row) * out_w + h_col;
+                if (h_vec) {
+                  store4(dst, val);
+                } else {
+#pragma unroll
+                  for (int i = 0; i < 4; ++i) {
+                    if (h_col + i < out_w) dst[i] = from_acc<T>(val[i]);
+                  }
+                }
+              }
             }
           }
         }
       }
     }
-    __syncthreads();
   }
   if constexpr (kMean) {
     const A total = block_sum(sum);
@@ -454,20 +601,16 @@ cudaError_t forward_typed(const void* img1, const void* img2, const Geometry& ge
                           void* partials, cudaStream_t stream) {
   using A = acc_t<T>;
   const TileGrid grid = forward_grid(geo);
-  const int64_t blocks = forward_blocks(geo);
-  const size_t smem = 2 * kChunkElems * sizeof(A);
+  const auto blocks = static_cast<unsigned>(forward_blocks(geo));
   const T* x = static_cast<const T*>(img1);
   const T* y = static_cast<const T*>(img2);
+  // Static shared memory only (<= 32 KiB): no attribute needed.
   if (partials != nullptr) {
-    const auto kernel = ssim_forward_kernel<T, true>;
-    if (const cudaError_t err = prepare(kernel, smem); err != cudaSuccess) return err;
-    kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(
+    ssim_forward_kernel<T, true><<<blocks, kFT, 0, stream>>>(
         x, y, geo.height, geo.width, geo.out_height(), geo.out_width(), geo.offset(),
         grid.tiles_x, grid.tiles_y, nullptr, static_cast<A*>(partials));
   } else {
-    const auto kernel = ssim_forward_kernel<T, false>;
-    if (const cudaError_t err = prepare(kernel, smem); err != cudaSuccess) return err;
-    kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(
+    ssim_forward_kernel<T, false><<<blocks, kFT, 0, stream>>>(
         x, y, geo.height, geo.width, geo.out_height(), geo.out_width(), geo.offset(),
         grid.tiles_x, grid.tiles_y, static_cast<T*>(map), nullptr);
   }
