@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything gpucheck verifies on a multi-GPU machine, in one call (run from the repo root):
 # build, device discovery, the harness self-test, the suites on every device (blocking+nvml),
-# and optionally the sanitizer pass. Logs and results go to $OUT (default ./gpu-verify).
+# and optionally the sanitizer pass. Logs go to $VERIFY_DIR (default /tmp/gpu-verify), packed
+# into $OUT/verify.tgz when $OUT is set.
 # Env: GPUCHECK_KERNELS (build subset), SUITES ("knn ssim"), SUITE_ARGS (pytest args after --),
 #      SANITIZER=1 (also run sanitizer:memcheck), STEPS ("build discovery selftest suites").
 set -u -o pipefail
@@ -9,7 +10,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16}
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
-OUTDIR=${OUT:-gpu-verify}
+OUTDIR=${VERIFY_DIR:-/tmp/gpu-verify}
 STEPS=${STEPS:-build discovery selftest suites}
 mkdir -p "$OUTDIR"
 summary=()
@@ -53,5 +54,5 @@ if step suites; then
     summary+=("suites $mode: exit $rc ($(( $(t) - s )) s)")
   done
 fi
-tar -C "$OUTDIR/.." -czf "${OUT:-.}/verify.tgz" --exclude='*.tgz' "$(basename "$OUTDIR")" 2>/dev/null
+[ -n "${OUT:-}" ] && tar -C "$(dirname "$OUTDIR")" -czf "$OUT/verify.tgz" "$(basename "$OUTDIR")"
 printf '%s\n' "== summary" "${summary[@]}"
