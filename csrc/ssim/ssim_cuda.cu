@@ -133,10 +133,11 @@ struct ChunkLoader {
   }
 };
 
-// Horizontal 11-tap filter of the five moments; xr/yr point at the leftmost tap.
+// Horizontal 11-tap filter of the four moments x, y, x² + y², xy (only the sum of the two
+// variances enters SSIM); xr/yr point at the leftmost tap.
 template <typename A>
-__device__ __forceinline__ void filter_row(const A* xr, const A* yr, A (&h)[5]) {
-  A a0 = A(0), a1 = A(0), a2 = A(0), a3 = A(0), a4 = A(0);
+__device__ __forceinline__ void filter_row(const A* xr, const A* yr, A (&h)[4]) {
+  A a0 = A(0), a1 = A(0), a2 = A(0), a3 = A(0);
 #pragma unroll
   for (int k = 0; k < kWin; ++k) {
     const A xv = xr[k];
@@ -145,15 +146,13 @@ __device__ __forceinline__ void filter_row(const A* xr, const A* yr, A (&h)[5]) 
     const A wy = gauss<A>(k) * yv;
     a0 += wx;
     a1 += wy;
-    a2 = fma(wx, xv, a2);
-    a3 = fma(wy, yv, a3);
-    a4 = fma(wx, yv, a4);
+    a2 = fma(wy, yv, fma(wx, xv, a2));
+    a3 = fma(wx, yv, a3);
   }
   h[0] = a0;
   h[1] = a1;
   h[2] = a2;
   h[3] = a3;
-  h[4] = a4;
 }
 
 // Vertical 11-tap filter over a ring whose oldest row sits in slot `first` (compile-time).
@@ -174,19 +173,18 @@ struct SsimTerms {
   A a1, a2, b1, b2;
 };
 
-// m = (mu1, mu2, E[x²], E[y²], E[xy]) under the window.
+// m = (mu1, mu2, E[x² + y²], E[xy]) under the window.
 template <typename A>
-__device__ __forceinline__ SsimTerms<A> ssim_terms(const A (&m)[5]) {
+__device__ __forceinline__ SsimTerms<A> ssim_terms(const A (&m)[4]) {
   const A c1 = A(0.01 * 0.01);
   const A c2 = A(0.03 * 0.03);
-  const A mu11 = m[0] * m[0];
-  const A mu22 = m[1] * m[1];
   const A mu12 = m[0] * m[1];
+  const A musq = fma(m[0], m[0], m[1] * m[1]);
   SsimTerms<A> t;
-  t.a1 = A(2) * mu12 + c1;
-  t.a2 = A(2) * (m[4] - mu12) + c2;
-  t.b1 = mu11 + mu22 + c1;
-  t.b2 = (m[2] - mu11) + (m[3] - mu22) + c2;
+  t.a1 = fma(A(2), mu12, c1);
+  t.a2 = fma(A(2), m[3] - mu12, c2);
+  t.b1 = musq + c1;
+  t.b2 = (m[2] - musq) + c2;
   return t;
 }
 
@@ -286,7 +284,16 @@ constexpr int kFCols = 116;                    // map columns per block (29 grou
 constexpr int kFGroups = kFCols / 4;           // 29
 constexpr int kFBatch = 4;                     // map rows per horizontal pass
 constexpr int kFRing = 12;                     // ring slots: >= 11, multiple of kFBatch
-constexpr int kFStrip = 32;                    // map rows per block
+#ifndef GPUCHECK_SSIM_FSTRIP
+#define GPUCHECK_SSIM_FSTRIP 32
+#endif
+#ifndef GPUCHECK_SSIM_FBLOCKS
+#define GPUCHECK_SSIM_FBLOCKS 4
+#endif
+#ifndef GPUCHECK_SSIM_BBLOCKS
+#define GPUCHECK_SSIM_BBLOCKS 3
+#endif
+constexpr int kFStrip = GPUCHECK_SSIM_FSTRIP;  // map rows per block
 constexpr int kFStream = kFStrip + 2 * kHalf;  // input rows streamed per block (42)
 constexpr int kFPitch = kFT;                   // shared row pitch (columns)
 static_assert(kFCols + 2 * kHalf <= kFT, "one input column per thread");
@@ -302,7 +309,7 @@ inline TileGrid forward_grid(const Geometry& g) {
 // float/half/bf16: <= 128 registers (4 blocks = 16 warps per SM); float64 needs twice the
 // registers for the same ring.
 template <typename T>
-constexpr int kFMinBlocks = std::is_same_v<T, double> ? 2 : 4;
+constexpr int kFMinBlocks = std::is_same_v<T, double> ? 2 : GPUCHECK_SSIM_FBLOCKS;
 
 template <typename T, bool kMean>
 __global__ void __launch_bounds__(kFT, kFMinBlocks<T>)
@@ -447,8 +454,12 @@ __global__ void __launch_bounds__(kFT, kFMinBlocks<T>)
 // Backward. Block = (plane, strip of kBwdRows image rows, kBwdCols image columns). Thread j
 // computes the weighted partials of image column c0 - 5 + j (stage A) and, for 5 <= j < 123,
 // the gradient of image column c0 - 5 + j (stage B).
+// float/half/bf16: <= 168 registers (3 blocks = 12 warps per SM).
+template <typename T>
+constexpr int kBMinBlocks = std::is_same_v<T, double> ? 1 : GPUCHECK_SSIM_BBLOCKS;
+
 template <typename T, bool kScalarGrad>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kBMinBlocks<T>)
     ssim_backward_kernel(const T* __restrict__ grad,  // [1] or [planes, out_h, out_w]
                          acc_t<T> scale,
                          const T* __restrict__ img1,  // [planes, H, W]
@@ -495,7 +506,7 @@ __global__ void __launch_bounds__(kThreads)
       kScalarGrad ? grad : grad + plane * (static_cast<int64_t>(out_h) * out_w);
   const A g_scalar = kScalarGrad ? to_acc(grad[0]) * scale : A(0);
 
-  A ring_a[kWin][5];  // horizontal moments of streamed rows
+  A ring_a[kWin][4];  // horizontal moments of streamed rows
   A ring_b[kWin][4];  // horizontal filtered partials of partial rows
   ChunkLoader<T> loader;
   loader.fetch(x, y, height, width, img_row0, img_col0);
@@ -511,8 +522,8 @@ __global__ void __launch_bounds__(kThreads)
       if (t < in_rows) {
         filter_row<A>(xs + u * kSmemW + j, ys + u * kSmemW + j, ring_a[u]);
         if (t >= 2 * kHalf) {
-          A m[5];
-          filter_ring<5>(ring_a, (u + 1) % kWin, m);
+          A m[4];
+          filter_ring<4>(ring_a, (u + 1) % kWin, m);
           const int p_mrow = r0 - kHalf + (t - 2 * kHalf) - offset;  // map row
           A g = A(0);
           if (p_col_ok && p_mrow >= 0 && p_mrow < out_h) {
@@ -528,7 +539,7 @@ __global__ void __launch_bounds__(kThreads)
           A* p = ps + u * 4 * kThreads + j;
           p[0 * kThreads] = ginv * (A(2) * (m[1] * da - m[0] * db));  // g dS/dmu1
           p[1 * kThreads] = ginv * (A(2) * (m[0] * da - m[1] * db));  // g dS/dmu2
-          p[2 * kThreads] = -ginv * ssim * s.b1;                      // g dS/dE[x²] (= dE[y²])
+          p[2 * kThreads] = -ginv * ssim * s.b1;                      // g dS/dE[x² + y²]
           p[3 * kThreads] = ginv * (A(2) * s.a1);                     // g dS/dE[xy]
         }
       }

@@ -108,8 +108,10 @@ def test_backward_matches_reference(gpu_device: torch.device, shape: tuple[int, 
             b = y.clone().requires_grad_(True)
             out = ssim(a, b, padding=padding, train=True, reduction=reduction)
             w = _loss_weights(out) if reduction == "none" else None
-            a64 = x.double().requires_grad_(True)
-            b64 = y.double().requires_grad_(True)
+            # Fresh float64 leaves: for float64 images x.double() would be x itself, and
+            # requires_grad_ on it made every later x.clone() a non-leaf (grad never set).
+            a64 = x.detach().to(torch.float64, copy=True).requires_grad_(True)
+            b64 = y.detach().to(torch.float64, copy=True).requires_grad_(True)
             out64 = ref_ssim(a64, b64, padding=padding, reduction=reduction)
             (out64 if w is None else (out64 * w.double()).sum()).backward()
             assert a64.grad is not None and b64.grad is not None
@@ -137,8 +139,13 @@ def test_backward_matches_reference(gpu_device: torch.device, shape: tuple[int, 
             (outl * scale if w is None else (outl.float() * w).sum()).backward()
             for got, lowp, want, name in ((a.grad, al.grad, a64.grad, "img1"),
                                           (b.grad, bl.grad, b64.grad, "img2")):
-                err, ref_err = _rel(got, want), _rel(lowp, want)
-                assert err <= 2 * ref_err + LOWP_FLOOR[dtype], (case, name, err, ref_err)
+                err = _rel(got, want)
+                # The reference's own float16 backward can overflow under the loss scale
+                # (its intermediate gradients exceed 65504 at tiny sizes): then only the floor
+                # bounds the kernel's error.
+                ref_err = _rel(lowp, want) if torch.isfinite(lowp).all() else math.inf
+                bound = LOWP_FLOOR[dtype] + (2 * ref_err if math.isfinite(ref_err) else 0.0)
+                assert err <= bound, (case, name, err, ref_err)
 
 
 @pytest.mark.sanitizer
