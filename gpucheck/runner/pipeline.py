@@ -112,7 +112,7 @@ def run(cfg: RunConfig) -> int:
     run_id = uuid.uuid4().hex[:12]
     results.append(results_path, {
         "schema": results.SCHEMA_ID, "record": "run", "run_id": run_id,
-        "started_at": datetime.now().astimezone().isoformat(timespec="seconds"),
+        "started_at": datetime.now().astimezone().isoformat(timespec="milliseconds"),
         "gpucheck_version": gpucheck.__version__,
         "torch_version": devices_mod._torch_version(),
         "driver_version": None,
