@@ -22,7 +22,7 @@ nvidia-smi --query-gpu=index,name,uuid,driver_version --format=csv,noheader | te
 if step build; then
   s=$(t)
   if "$PY" -m pip install -v --no-deps --no-build-isolation -e . > "$OUTDIR/build.log" 2>&1 \
-     && "$PY" -c "import gpucheck._C"; then
+     && "$PY" -c "import torch, gpucheck._C"; then
     summary+=("build: ok ($(( $(t) - s )) s; kernels ${GPUCHECK_KERNELS:-all})")
   else
     tail -40 "$OUTDIR/build.log"; summary+=("build: FAILED"); fi

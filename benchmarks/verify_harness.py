@@ -72,16 +72,24 @@ for dev in devices:
     if SANITIZER:
         s = "sanitizer:memcheck"
         over = get(s, dev, f"test_overrun[{tag}]")
-        msgs = [f["message"] for f in (over or {}).get("findings", [])]
-        check(f"{dev} memcheck finds the overrun", bool(over) and over["status"] == "failed"
-              and any("Invalid __global__ write" in x for x in msgs), str(msgs)[:300])
+        msgs = [f["message"] for f in (over or {}).get("findings", [])
+                if f["kind"] == "sanitizer"]
+        check(f"{dev} memcheck finds the overrun", bool(over)
+              and over["status"] in ("failed", "crashed")
+              and any("Invalid __global__ write" in x and "add_one" in x for x in msgs),
+              f"{over and over['status']} {str(msgs)[:300]}")
         good_s = get(s, dev, f"test_good_guarded[{tag}-0]")
         check(f"{dev} good case clean under memcheck", bool(good_s)
               and good_s["status"] == "passed", str(good_s and good_s["status"]))
         ung = get(s, dev, f"test_unguarded_launch[{tag}]")
+        msgs = [f["message"] for f in (ung or {}).get("findings", []) if f["kind"] == "sanitizer"]
         check(f"{dev} unguarded launch found under memcheck", bool(ung)
-              and ung["status"] == "failed", f"{ung and ung['status']} "
-              f"{[f['message'][:100] for f in (ung or {}).get('findings', [])]}")
+              and ung["status"] in ("failed", "crashed")
+              and any("Invalid __global__" in x for x in msgs),
+              f"{ung and ung['status']} {str(msgs)[:300]}")
+        stray = [r["case"] for r in cases if r["mode"] == s and r["device"] == dev
+                 and r["case"].startswith("<")]
+        check(f"{dev} every sanitizer record attributed to a case", not stray, str(stray))
 timeline = OUT / "run" / "nvml_timeline.jsonl"
 check("nvml timeline written", timeline.exists() and timeline.stat().st_size > 0,
       f"{len(timeline.read_text().splitlines()) if timeline.exists() else 0} samples")

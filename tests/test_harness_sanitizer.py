@@ -54,6 +54,15 @@ SUITE = textwrap.dedent('''
         subprocess.run([sys.executable, "-c", code], check=True,
                        env={**os.environ, "HERE": os.path.dirname(__file__)})
 
+    @pytest.mark.sanitizer
+    def test_killed_by_the_tool():
+        write("racecheck_race_planted_h200.log")  # the tool reports, then ends the process
+        os.abort()
+
+    @pytest.mark.sanitizer
+    def test_last():
+        assert True
+
     def test_not_small_enough_for_the_sanitizer():
         write("memcheck_oob_planted_h200.log")
 ''')
@@ -90,11 +99,19 @@ def test_sanitizer_records_are_attributed_to_their_case(setup, tmp_path):
     (f,) = oob["findings"]
     assert f["kind"] == "sanitizer" and f["kernel"] == "oob_write"
     assert "x20 in oob_write planted.cu:9" in f["message"]
-    # the child process wrote its own log (%p): swept into an error record after the worker
-    swept = [r for k, r in recs.items() if k.startswith("<cpu sanitizer:memcheck")]
-    assert len(swept) == 1 and swept[0]["status"] == "error"
-    assert "cudaMemcpy" in swept[0]["findings"][0]["message"]
-    assert recs["test_child_process"]["status"] == "passed"
+    # a child process of a case writes its own log (%p): its records belong to that case
+    child = recs["test_child_process"]
+    assert child["status"] == "failed"
+    assert "cudaMemcpy" in child["findings"][0]["message"]
+    # a worker the tool ended inside a case: a crashed record that carries the tool's records,
+    # then a fresh worker for the rest
+    killed = recs["test_killed_by_the_tool"]
+    assert killed["status"] == "crashed"
+    kinds = [f["kind"] for f in killed["findings"]]
+    assert kinds == ["sanitizer", "crash"]
+    assert "Race reported between Write access" in killed["findings"][0]["message"]
+    assert recs["test_last"]["status"] == "passed"
+    assert not [k for k in recs if k.startswith("<")]  # nothing left unattributed
 
 
 def test_worker_command_under_the_sanitizer(setup, tmp_path):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from gpucheck.report.results import CaseRecord, Finding
 from gpucheck.runner.worker import (
     EXIT_CONTEXT_LOST,
     now_iso,
+    read_records,
     read_state,
     sanitizer_findings,
     stacks_path,
@@ -128,6 +130,19 @@ def _tail(path: Path, n: int = STDERR_TAIL) -> str:
         return ""
 
 
+#: stderr lines that say why a process died; they go first in a crash record's evidence
+CRASH_MARKERS = ("terminate called", "what():", "Fatal Python error", "Segmentation fault",
+                 "CUDA error", "illegal memory access", "Aborted", "core dumped", "gpucheck:")
+
+
+def crash_digest(stderr: str, limit: int = STDERR_TAIL) -> str:
+    """The lines that explain a crash (wherever they are), then the tail of stderr."""
+    key = [line for line in stderr.splitlines() if any(m in line for m in CRASH_MARKERS)]
+    head = "\n".join(dict.fromkeys(key))[:1500]
+    tail = stderr[-(limit - len(head)):] if len(stderr) > limit - len(head) else stderr
+    return f"{head}\n--- tail ---\n{tail}" if head else tail
+
+
 def _signal_name(returncode: int) -> str | None:
     if returncode >= 0:
         return None
@@ -158,8 +173,8 @@ class Harness:
                skip: list[str] | None = None) -> Worker:
         wdir = self.out_dir / "workers"
         wdir.mkdir(parents=True, exist_ok=True)
-        stem = f"{spec.label.replace(':', '')}.{spec.mode}" + (f".{generation}" if generation
-                                                               else "")
+        stem = re.sub(r"[^A-Za-z0-9_+.-]", "-", f"{spec.label.replace(':', '')}.{spec.mode}")
+        stem += f".{generation}" if generation else ""
         state = wdir / f"{stem}.state.json"
         skip_path = None
         if skip:
@@ -225,62 +240,70 @@ class Harness:
         w.finished = True
         w.state = read_state(w.state_path) or w.state
         case: str | None = w.hung_case or w.state.get("case")
+        unclaimed: list[Finding] = []
         if w.spec.sanitizer_tool:
-            self._sweep_sanitizer_logs(w, rc)
+            unclaimed = self._unclaimed_sanitizer_findings(w)
             if rc == sanitizer_cmd.ERROR_EXIT:  # the tool's exit code hides the worker's:
                 if w.state.get("exit_reason") == "context-lost":
                     rc = EXIT_CONTEXT_LOST
                 elif not case:  # ended normally; its findings are in the case records
                     rc = 1
+            if unclaimed and not (case and rc not in NORMAL_EXITS):
+                self._unclaimed_record(w, unclaimed)
+                unclaimed = []
         if w.hung_case:
             self._record(w, w.hung_case, "hung", f"no progress for {self.timeout:g} s; killed", rc,
                          "hang", "the case did not finish within --timeout; the stderr tail "
-                         "holds every thread's Python stack at the moment it was stopped")
+                         "holds every thread's Python stack at the moment it was stopped",
+                         unclaimed)
             self._restart(w)
         elif rc == EXIT_CONTEXT_LOST:
             self._restart(w)  # the case's own record already says what happened
         elif rc not in NORMAL_EXITS:
             sig = _signal_name(rc)
             how = f"killed by {sig}" if sig else f"exited with code {rc}"
+            if rc == sanitizer_cmd.ERROR_EXIT and w.spec.sanitizer_tool:
+                how = "was ended by compute-sanitizer after a fatal error"
             if case:
                 self._record(w, case, "crashed", f"worker {how} while running this case", rc,
                              "crash", "the process died inside the case (abort, segfault or "
-                             "lost CUDA context); run it alone under compute-sanitizer")
+                             "lost CUDA context); run it alone under compute-sanitizer",
+                             unclaimed)
                 self._restart(w)
             else:
                 self._record(w, f"<worker {w.spec.label}>", "error",
                              f"worker {how} outside any case (collection or start-up)", rc,
-                             "worker-error", "see the worker's stderr tail")
+                             "worker-error", "see the worker's stderr tail", unclaimed)
 
-    def _sweep_sanitizer_logs(self, w: Worker, rc: int) -> None:
-        """Records no case claimed: the tail of the worker's log and its children's logs."""
-        own = w.state.get("sanitizer_log")
-        offset = int(w.state.get("sanitizer_offset") or 0)
-        wdir = self.out_dir / "workers"
+    def _unclaimed_sanitizer_findings(self, w: Worker) -> list[Finding]:
+        """Records of the worker's sanitizer logs that no finished case claimed."""
+        offsets = w.state.get("sanitizer_offsets") or {}
         stem = w.state_path.name.replace(".state.json", "")
-        leftovers = []
-        for log in sorted(wdir.glob(f"{stem}.sanitizer.*.log")):
-            text = log.read_text(errors="replace")
-            if own and Path(own) == log:
-                text = text.encode()[offset:].decode(errors="replace")
-            label = f"<{w.spec.label} {w.spec.mode}: {log.name}>"
-            found = sanitizer_findings(text, w.spec.sanitizer_tool, w.spec.label, None, label)
-            leftovers += [(label, f) for f in found if f.severity in ("error", "warning")]
-        for label, f in leftovers:
-            f.suite = str(w.state.get("suite") or ",".join(w.spec.suites))
-            record = CaseRecord(
-                run_id=self.run_id, device=w.spec.label, device_uuid=w.spec.uuid,
-                suite=f.suite, case=label, mode=w.spec.mode, status="error",
-                reason="compute-sanitizer record outside any finished case (in a child "
-                       "process, or after the last case)", started_at=now_iso(),
-                findings=[f])
-            results.append(self.results_path, record.to_json())
+        found: list[Finding] = []
+        for log in sorted((self.out_dir / "workers").glob(f"{stem}.sanitizer.*.log")):
+            text, _ = read_records(log, int(offsets.get(str(log), 0)), complete_only=False)
+            found += [f for f in sanitizer_findings(text, w.spec.sanitizer_tool, w.spec.label,
+                                                    None, None)
+                      if f.severity in ("error", "warning")]
+        return found
+
+    def _unclaimed_record(self, w: Worker, findings: list[Finding]) -> None:
+        suite = str(w.state.get("suite") or ",".join(w.spec.suites))
+        case = f"<{w.spec.label} {w.spec.mode}: after the last case>"
+        for f in findings:
+            f.suite, f.case = suite, case
+        record = CaseRecord(
+            run_id=self.run_id, device=w.spec.label, device_uuid=w.spec.uuid, suite=suite,
+            case=case, mode=w.spec.mode, status="error",
+            reason="compute-sanitizer records outside any case (start-up, shutdown)",
+            started_at=now_iso(), findings=findings)
+        results.append(self.results_path, record.to_json())
 
     def _record(self, w: Worker, case: str, status: str, message: str, rc: int, kind: str,
-                hint: str) -> None:
+                hint: str, extra: list[Finding] | None = None) -> None:
         started = float(w.state.get("started", time.time()))
         suite = str(w.state.get("suite") or ",".join(w.spec.suites))
-        tail = _tail(w.stderr_path)
+        tail = crash_digest(_tail(w.stderr_path, 64_000))
         if status == "hung":  # stacks first: they say where it hung
             try:  # faulthandler prints the innermost frame first: keep the head
                 stacks = stacks_path(w.state_path).read_text(errors="replace")[:STACKS_CHARS]
@@ -292,7 +315,7 @@ class Harness:
             case=case, mode=w.spec.mode, status=status, reason=message,
             duration_s=round(max(0.0, time.time() - started), 3), started_at=now_iso(),
             exit_code=rc if rc >= 0 else None, signal=_signal_name(rc), stderr_tail=tail,
-            findings=[Finding(kind=kind, severity="error", message=message,
+            findings=[*(extra or []), Finding(kind=kind, severity="error", message=message,
                               device=w.spec.label, suite=suite, case=case,
                               evidence=(tail[:2500] if status == "hung" else tail[-2500:])
                               or None, hint=hint)],

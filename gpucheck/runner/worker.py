@@ -27,7 +27,7 @@ from gpucheck.runner.nvml_sampler import CasePeaks, Sampler
 
 EVIDENCE_CHARS = 4000
 #: the blank tool line that ends a compute-sanitizer record
-RECORD_END = re.compile(r"^={9} ?\n", re.M)
+RECORD_END = re.compile(rb"^={9} ?\n", re.M)
 CUDA_ERROR_MARKERS = ("CUDA error", "illegal memory access", "CUBLAS_STATUS", "cudaError",
                       "device-side assert")
 #: errors after which the process's CUDA context is unusable: every later call fails too
@@ -111,9 +111,11 @@ class Recorder:
         self.total = 0
         self.findings = 0
         template = config.getoption("--gpucheck-sanitizer-log")
-        self.san_log = Path(template.replace("%p", str(os.getpid()))) if template else None
+        # compute-sanitizer names logs after a pid of its own choosing (not always ours), and
+        # a case's child processes get their own: follow every log of this worker.
+        self.san_glob = Path(template.replace("%p", "*")) if template else None
         self.san_tool = config.getoption("--gpucheck-sanitizer-tool")
-        self.san_offset = 0
+        self.san_offsets: dict[str, int] = {}
         self.peaks: CasePeaks | None = None
         self.sampler: Sampler | None = None
         interval = config.getoption("--gpucheck-nvml-interval")
@@ -133,8 +135,7 @@ class Recorder:
             "case": case, "suite": self.suite_of(self._path_of(case)) if case else None,
             "started": time.time(), "done": self.done, "total": self.total,
             "findings": self.findings, "pid": os.getpid(), "exit_reason": exit_reason,
-            "sanitizer_log": str(self.san_log) if self.san_log else None,
-            "sanitizer_offset": self.san_offset,
+            "sanitizer_offsets": self.san_offsets,
         })
 
     def _path_of(self, nodeid: str) -> Path:
@@ -147,18 +148,14 @@ class Recorder:
         cuda = _torch_cuda()
         if cuda is not None:
             cuda.synchronize()
-        if self.san_log is None or not self.san_log.exists():
-            return []
-        with open(self.san_log, "rb") as f:
-            f.seek(self.san_offset)
-            text = f.read().decode(errors="replace")
-        # keep a record the tool is still writing (no blank terminator yet) for later
-        ends = list(RECORD_END.finditer(text))
-        if not ends:
-            return []
-        done = text[: ends[-1].end()]
-        self.san_offset += len(done.encode())
-        return sanitizer_findings(done, self.san_tool, self.device, suite, nodeid)
+        assert self.san_glob is not None
+        found: list[Finding] = []
+        for log in sorted(self.san_glob.parent.glob(self.san_glob.name)):
+            text, end = read_records(log, self.san_offsets.get(str(log), 0))
+            self.san_offsets[str(log)] = end
+            if text:
+                found += sanitizer_findings(text, self.san_tool, self.device, suite, nodeid)
+        return found
 
     def suite_of(self, item_path: Path) -> str:
         for name, root in self.suites:
@@ -190,8 +187,6 @@ class Recorder:
         if self.peaks is not None and self.sampler is not None:
             self.peaks.reset()
             self.peaks(time.time(), self.sampler.sample())
-        if self.san_log is not None:
-            self.san_offset = self.san_log.stat().st_size if self.san_log.exists() else 0
         self._state(nodeid)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -232,7 +227,7 @@ class Recorder:
                 status = "failed" if rep.when == "call" else "error"
                 findings.append(_failure_finding(rep, self.device, suite))
                 reason = reason or findings[-1].message
-        if self.san_log is not None:
+        if self.san_glob is not None:
             found = self._sanitizer_findings(nodeid, suite)
             findings.extend(found)
             if any(f.severity == "error" for f in found) and status in ("passed", "skipped"):
@@ -255,6 +250,24 @@ class Recorder:
             duration_s=round(duration, 6), started_at=started_at, current_device=current,
             memory=memory, findings=[f for f in findings if f is not None],
         )
+
+
+def read_records(log: Path, offset: int, complete_only: bool = True) -> tuple[str, int]:
+    """The records of a sanitizer log after byte ``offset``, and the offset after them.
+
+    With ``complete_only``, a record the tool is still writing (no blank line after it yet)
+    is left for the next read.
+    """
+    with open(log, "rb") as f:
+        f.seek(offset)
+        data = f.read()
+    if not complete_only:
+        return data.decode(errors="replace"), offset + len(data)
+    ends = list(RECORD_END.finditer(data))
+    if not ends:
+        return "", offset
+    cut = ends[-1].end()
+    return data[:cut].decode(errors="replace"), offset + cut
 
 
 def sanitizer_findings(text: str, tool: str | None, device: str, suite: str | None,
