@@ -202,3 +202,12 @@ def test_recorded_racecheck_initcheck_api_and_clean():
     api = parse_file(FIXTURES / "memcheck_api_planted_h200.log")
     assert api.findings[0].api_call == "cudaMemcpy" and api.errors_reported == 1
     assert parse_file(FIXTURES / "memcheck_clean_planted_h200.log").clean
+
+
+def test_recorded_synccheck_names_the_kernel_not_the_inlined_intrinsic():
+    report = parse_file(FIXTURES / "synccheck_syncwarp_planted_h200.log")
+    assert report.tool == "synccheck" and report.errors_reported == 32
+    (f,) = report.findings
+    assert f.error == "Barrier error detected. Invalid arguments." and f.count == 20
+    assert f.kernel_name == "bad_syncwarp" and f.source == "planted.cu:24"
+    assert f.offset == "0x70"  # of the faulting instruction, in the inlined __syncwarp

@@ -93,6 +93,11 @@ def worker_command(spec: WorkerSpec, results_path: Path, state_path: Path,
     if spec.sanitizer_tool and sanitizer_log is not None:
         cmd += sanitizer_cmd.prefix(spec.sanitizer_tool, sanitizer_log, spec.sanitizer)
     cmd += [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    if not any(a == "-s" or a.startswith("--capture") for a in spec.pytest_args):
+        # Capture only Python's sys.stdout/err: what native code writes to the fd (libstdc++'s
+        # "terminate called after throwing ...", CUDA messages) must reach the worker's
+        # stderr file, or it is lost with a process that dies inside a case.
+        cmd += ["--capture=sys"]
     if not _plugin_autoloaded():
         cmd += ["-p", "gpucheck.pytest_plugin"]
     cmd += [

@@ -42,6 +42,8 @@ HOST = re.compile(r"^Host Frame:\s*(?P<frame>.*)$")
 DEVICE = re.compile(r"^Device Frame:\s*(?P<frame>.*)$")
 PY_FRAME = re.compile(r" in (?P<where>\S+\.py:\d+)\s*$")
 SRC_IN_FRAME = re.compile(r" in (?P<src>\S+\.(?:cu|cuh|h|hpp|cpp|cc):\d+)\s*$")
+DEVICE_FN = re.compile(r"^(?P<fn>.+?)\+0x[0-9a-fA-F]+(?: in \S+)?$")
+HEADER = (".h", ".hpp", ".cuh")
 # --- summaries ---------------------------------------------------------------------------------
 ERR_SUMMARY = re.compile(r"^ERROR SUMMARY: (?P<n>[\d,]+) errors?\s*$")
 NOT_PRINTED = re.compile(r"^ERROR SUMMARY: (?P<n>[\d,]+) errors? w(?:ere|as) not printed")
@@ -200,10 +202,16 @@ def _continue(f: SanitizerFinding, line: str) -> None:
         if (p := PY_FRAME.search(frame)) and f.python_frame is None:
             f.python_frame = p["where"]
     elif m := DEVICE.match(body):
+        # the fault was inlined into a kernel: the last device frame is the kernel, and the
+        # first source line outside a header is the user's code
         frame = m["frame"].strip()
         f.device_frames.append(frame)
-        if (s := SRC_IN_FRAME.search(frame)) and f.source is None:
-            f.source = s["src"]
+        if fn := DEVICE_FN.match(frame):
+            f.kernel = fn["fn"].strip()
+            f.kernel_name = kernel_name(f.kernel)
+        if s := SRC_IN_FRAME.search(frame):
+            if f.source is None or f.source.split(":")[0].endswith(HEADER):
+                f.source = s["src"]
 
 
 def detect_tool(text: str) -> str | None:
