@@ -48,7 +48,7 @@ SUITE = textwrap.dedent('''
         if os.environ.get("DEMO_ABORT"):
             # what libstdc++ writes to the fd when an exception escapes a noexcept function
             os.write(2, b"terminate called after throwing an instance of "
-                        b"'thrust::system_error'\n  what():  parallel_for failed\n")
+                        b"'thrust::system_error'\\n  what():  parallel_for failed\\n")
             os.abort()
 
     def test_hang():

@@ -209,9 +209,9 @@ def _continue(f: SanitizerFinding, line: str) -> None:
         if fn := DEVICE_FN.match(frame):
             f.kernel = fn["fn"].strip()
             f.kernel_name = kernel_name(f.kernel)
-        if s := SRC_IN_FRAME.search(frame):
-            if f.source is None or f.source.split(":")[0].endswith(HEADER):
-                f.source = s["src"]
+        if (s := SRC_IN_FRAME.search(frame)) and (
+                f.source is None or f.source.split(":")[0].endswith(HEADER)):
+            f.source = s["src"]
 
 
 def detect_tool(text: str) -> str | None:
