@@ -1,6 +1,6 @@
-"""Sanitizer passes on CPU: a stand-in compute-sanitizer execs the worker (same pid, as the
-real tool's child keeps its own) and the cases append *real recorded* log text to the per-pid
-log, as the tool does while a kernel runs. Checks attribution of records to the case that was
+"""Sanitizer passes on CPU: a stand-in compute-sanitizer runs the worker as its child (as the
+real tool does) and the cases append *real recorded* log text to a per-pid log, as the tool
+does while a kernel runs. Checks attribution of records to the case that was
 running, and the sweep of records no case claimed (after the last case, child processes)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "sanitizer"
 
 FAKE_TOOL = textwrap.dedent('''\
     #!/usr/bin/env bash
-    # stand-in for compute-sanitizer: note the log template, then become the worker
+    # stand-in for compute-sanitizer: note the log template, run the worker as a child
     while [ $# -gt 0 ]; do
       case "$1" in
         --log-file) export FAKE_SAN_LOG="$2"; shift 2 ;;
@@ -27,7 +27,8 @@ FAKE_TOOL = textwrap.dedent('''\
         *) break ;;
       esac
     done
-    exec "$@"
+    "$@"
+    exit $?
 ''')
 
 SUITE = textwrap.dedent('''
@@ -58,6 +59,12 @@ SUITE = textwrap.dedent('''
     def test_killed_by_the_tool():
         write("racecheck_race_planted_h200.log")  # the tool reports, then ends the process
         os.abort()
+
+    @pytest.mark.sanitizer
+    def test_hang():
+        if os.environ.get("DEMO_HANG"):
+            import time
+            time.sleep(600)
 
     @pytest.mark.sanitizer
     def test_last():
@@ -126,3 +133,19 @@ def test_worker_command_under_the_sanitizer(setup, tmp_path):
     assert cmd[cmd.index("--error-exitcode") + 1] == "86"
     assert cmd[cmd.index(sys.executable) + 1:][:2] == ["-m", "pytest"]
     assert cmd[cmd.index("-m", cmd.index("pytest")) + 1] == "sanitizer"
+
+
+def test_hang_under_the_sanitizer_dumps_the_workers_stacks(setup, tmp_path, monkeypatch):
+    """The tool is the worker's parent: the stack request must reach the Python worker."""
+    tool, suite = setup
+    monkeypatch.setenv("DEMO_HANG", "1")
+    out = tmp_path / "out"
+    out.mkdir()
+    spec = WorkerSpec("cpu", None, None, {"san": suite}, "sanitizer:memcheck", pytest_args=[
+        "-k", "test_hang or test_last"], sanitizer_tool="memcheck", sanitizer=tool)
+    Harness([spec], out, out / "results.jsonl", "r1", timeout=3).run()
+    recs = {r["case"].rsplit("::", 1)[-1]: r for r in results.cases(out / "results.jsonl")}
+    hung = recs["test_hang"]
+    assert hung["status"] == "hung"
+    assert "in test_hang" in hung["findings"][-1]["evidence"]
+    assert recs["test_last"]["status"] == "passed"

@@ -205,9 +205,14 @@ class Harness:
 
     def _restart(self, w: Worker) -> None:
         """Replace a dead worker by a fresh one that runs the cases not yet recorded."""
-        if w.generation >= MAX_RESTARTS:
-            return
         done = self._recorded_cases(w.spec)
+        if w.generation >= MAX_RESTARTS:
+            total = w.total if w.total is not None else w.state.get("total")
+            left = "some" if total is None else str(max(0, int(total) - len(done)))
+            self._record(w, f"<worker {w.spec.label}>", "error",
+                         f"gave up after {MAX_RESTARTS} restarts; {left} case(s) did not run", 0,
+                         "worker-error", "every restart crashed again: run the suite alone")
+            return
         fresh = self._spawn(w.spec, w.generation + 1, done)
         fresh.total = w.total if w.total is not None else w.state.get("total")
         w.replaced = True
@@ -234,8 +239,10 @@ class Harness:
     def _kill_hung(self, w: Worker, case: str) -> None:
         w.hung_case = case
         if hasattr(signal, "SIGUSR1"):
-            with contextlib.suppress(ProcessLookupError):
-                w.proc.send_signal(signal.SIGUSR1)  # faulthandler: every thread's stack
+            # the Python worker's own pid: under compute-sanitizer, w.proc is the tool
+            pid = int(w.state.get("pid") or w.proc.pid)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGUSR1)  # faulthandler: every thread's stack
             time.sleep(1.0)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(w.proc.pid, signal.SIGKILL)
