@@ -127,13 +127,39 @@ def check(shape: tuple[int, ...], device: torch.device) -> float:
     return abs(float(ssim(x, y)) - float(ref_ssim(x.double(), y.double())))
 
 
+def profile_train(device: torch.device) -> int:
+    """Print the kernels (and their GPU time) of 5 train steps: where train time goes."""
+    sets = rotation(SIZES[0], torch.float32, device)
+    leaves = [x.clone().requires_grad_(True) for x, _ in sets]
+
+    def step(i: int) -> None:
+        a = leaves[i % len(leaves)]
+        a.grad = None
+        (1 - ssim(a, sets[i % len(sets)][1])).backward()
+
+    for i in range(5):
+        step(i)
+    torch.cuda.synchronize()
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        for i in range(5):
+            step(i)
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", default=None, help="write all numbers to this file")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument("--profile", action="store_true",
+                        help="only print the GPU kernels of 5 train steps (5x3x1080x1920 fp32)")
     args = parser.parse_args()
     device = torch.device("cuda", torch.cuda.current_device())
     load_ops()
+    if args.profile:
+        return profile_train(device)
     reps, warmup = (20, 5) if args.quick else (60, 10)
     rate = copy_rate(device)
     props = torch.cuda.get_device_properties(device)

@@ -280,14 +280,16 @@ __device__ __forceinline__ float fast_div<float>(float a, float b) { return __fd
 // sigma1² + sigma2² enters SSIM, so x² and y² are filtered together).
 //   * Vertical: thread t owns input column c0 - 5 + t (kFCols + 10 <= kFT columns), streams
 //     the strip's rows (plus the 5-row halo) straight from global memory (coalesced across
-//     the warp; rows are prefetched kFRing rows ahead into registers), keeps the four
+//     the warp; rows are prefetched kFPre rows ahead into registers), keeps the four
 //     quantities of the last kFRing rows in a register ring (row t in slot t % kFRing; the
 //     row loop is unrolled by kFRing so every slot index is a compile-time constant) and
 //     writes the vertically filtered row to shared memory.
 //   * Horizontal: every kFBatch map rows, thread (b, g) of kFBatch x kFGroups filters map row
 //     b, columns 4g..4g+3, reading 16 values per moment with four 16-byte shared loads, and
 //     writes 4 map values (or adds them to its sum).
-// Double-buffered shared rows: one barrier per kFBatch map rows. No bounds checks inside the
+// Double-buffered shared rows: one barrier per kFBatch map rows. Blocks away from the top and
+// bottom image edges stream their rows without row bounds checks (forward_rows<kInside>).
+// No bounds checks inside the
 // filters: out-of-image rows/columns are loaded as zero (zero padding).
 constexpr int kFT = 128;                       // threads per block
 constexpr int kFCols = 116;                    // map columns per block (29 groups of 4)
@@ -296,25 +298,33 @@ constexpr int kFBatch = 4;                     // map rows per horizontal pass
 constexpr int kFRing = 12;                     // ring slots: >= 11, multiple of kFBatch
 // Tuning knobs (defaults measured best on H200, 2026-11-21, fp32 5x3x1080x1920: forward
 // strip 32 -> 64 rows 5 % faster, 96 no better (and 16 % slower at 1x3x1080x1920); 4 -> 5
-// forward blocks/SM (96 registers, spills) 10 % slower; backward 2 -> 3 blocks/SM
+// forward blocks/SM (96 registers, spills) 10 % slower; third version: register prefetch
+// 12 -> 6 rows ahead 2 % faster (116 instead of 124 registers, fewer rematerialized
+// addresses), launch bound 4 -> 3 blocks/SM 0.5-2 % faster (same registers); backward 2 -> 3 blocks/SM
 // (255 -> 168 registers) 16 % faster, 4 (128 registers, spills) 45 % slower; backward strip
 // of 6 -> 10 chunks (46 -> 90 gradient rows per block, less halo recomputation) 11 % faster).
 #ifndef GPUCHECK_SSIM_FSTRIP
 #define GPUCHECK_SSIM_FSTRIP 64
 #endif
 #ifndef GPUCHECK_SSIM_FBLOCKS
-#define GPUCHECK_SSIM_FBLOCKS 4
+#define GPUCHECK_SSIM_FBLOCKS 3
 #endif
 #ifndef GPUCHECK_SSIM_BBLOCKS
 #define GPUCHECK_SSIM_BBLOCKS 3
 #endif
-constexpr int kFStrip = GPUCHECK_SSIM_FSTRIP;  // map rows per block
+#ifndef GPUCHECK_SSIM_FPRE
+#define GPUCHECK_SSIM_FPRE 6
+#endif
+constexpr int kFStrip = GPUCHECK_SSIM_FSTRIP;
+// Rows of register prefetch ahead of the row being filtered (divides kFRing).
+constexpr int kFPre = GPUCHECK_SSIM_FPRE;  // map rows per block
 constexpr int kFStream = kFStrip + 2 * kHalf;  // input rows streamed per block (42)
 constexpr int kFPitch = kFT;                   // shared row pitch (columns)
 static_assert(kFCols + 2 * kHalf <= kFT, "one input column per thread");
 static_assert(kFGroups * kFBatch <= kFT, "one horizontal group per thread");
 static_assert(4 * (kFGroups - 1) + 16 <= kFPitch, "16-value reads stay in the row");
 static_assert(kFRing % kFBatch == 0 && kFRing >= kWin && kFStrip % kFBatch == 0, "ring");
+static_assert(kFRing % kFPre == 0, "prefetch slot of a ring slot is a compile-time constant");
 static_assert(kFT == kThreads, "block_sum assumes kThreads threads");
 
 inline TileGrid forward_grid(const Geometry& g) {
@@ -326,69 +336,61 @@ inline TileGrid forward_grid(const Geometry& g) {
 template <typename T>
 constexpr int kFMinBlocks = std::is_same_v<T, double> ? 2 : GPUCHECK_SSIM_FBLOCKS;
 
-template <typename T, bool kMean>
-__global__ void __launch_bounds__(kFT, kFMinBlocks<T>)
-    ssim_forward_kernel(const T* __restrict__ img1,  // [planes, H, W]
-                        const T* __restrict__ img2,  // [planes, H, W]
-                        int height, int width, int out_h, int out_w, int offset, int tiles_x,
-                        int tiles_y,
-                        T* __restrict__ map,               // [planes, out_h, out_w] or null
-                        acc_t<T>* __restrict__ partials) {  // [blocks] or null
+// The streamed-row loop of the forward kernel (see ssim_forward_kernel). kInside: every
+// fetched row (ri0 .. ri0 + kFStream + kFPre - 1) lies inside the image and the plane has
+// < 2^31 pixels, so a fetch is one 32-bit offset add and two loads (predicated on the
+// loop-invariant col_in); otherwise each fetch checks its row.
+template <typename T, bool kMean, bool kInside>
+__device__ __forceinline__ void forward_rows(const T* __restrict__ xcol,
+                                             const T* __restrict__ ycol, bool col_in, int ri0,
+                                             int height, int width, int out_h, int out_w,
+                                             int o_row0, int tid, int hb, int hg, bool h_on,
+                                             int h_col, bool h_vec, T* __restrict__ map_plane,
+                                             acc_t<T> (&vrows)[2][kFBatch][4][kFPitch],
+                                             acc_t<T>& sum) {
   using A = acc_t<T>;
-  // [buffer][map row in batch][moment][column]
-  __shared__ __align__(16) A vrows[2][kFBatch][4][kFPitch];
-
-  const int64_t block = blockIdx.x;
-  const int tx = static_cast<int>(block % tiles_x);
-  const int64_t rest = block / tiles_x;
-  const int ty = static_cast<int>(rest % tiles_y);
-  const int64_t plane = rest / tiles_y;
-  const int o_col0 = tx * kFCols;
-  const int o_row0 = ty * kFStrip;
-  const int tid = threadIdx.x;
-
-  // Vertical role: input column ci, rows from ri0.
-  const int64_t plane_px = static_cast<int64_t>(height) * width;
-  const int ci = o_col0 + offset - kHalf + tid;
-  const bool col_in = ci >= 0 && ci < width;
-  const T* xcol = img1 + plane * plane_px + (col_in ? ci : 0);
-  const T* ycol = img2 + plane * plane_px + (col_in ? ci : 0);
-  const int ri0 = o_row0 + offset - kHalf;
-
-  // Horizontal role: map row b of each batch, map columns o_col0 + 4g .. + 3.
-  const int hb = tid / kFGroups;
-  const int hg = tid - hb * kFGroups;
-  const bool h_on = tid < kFGroups * kFBatch;
-  const int h_col = o_col0 + 4 * hg;
-  const bool h_vec = !kMean && (out_w % 4 == 0) && h_col + 3 < out_w;
-  T* map_plane = kMean ? nullptr : map + plane * (static_cast<int64_t>(out_h) * out_w);
-
-  A px[kFRing];
-  A py[kFRing];
+  A px[kFPre];
+  A py[kFPre];
+  // kInside: element offset of the next row to fetch (row ri0 + t + kFPre after the
+  // prologue), relative to the column pointers.
+  int off = ri0 * width;
   auto fetch = [&](int t, A& vx, A& vy) {
-    const int r = ri0 + t;
     vx = A(0);
     vy = A(0);
-    if (col_in && t < kFStream && static_cast<unsigned>(r) < static_cast<unsigned>(height)) {
-      const int64_t idx = static_cast<int64_t>(r) * width;
-      vx = to_acc(xcol[idx]);
-      vy = to_acc(ycol[idx]);
+    if constexpr (kInside) {
+      if (col_in) {
+        vx = to_acc(xcol[off]);
+        vy = to_acc(ycol[off]);
+      }
+      off += width;
+    } else {
+      const int r = ri0 + t;
+      if (col_in && t < kFStream && static_cast<unsigned>(r) < static_cast<unsigned>(height)) {
+        const int64_t idx = static_cast<int64_t>(r) * width;
+        vx = to_acc(xcol[idx]);
+        vy = to_acc(ycol[idx]);
+      }
     }
   };
 #pragma unroll
-  for (int u = 0; u < kFRing; ++u) fetch(u, px[u], py[u]);
+  for (int u = 0; u < kFPre; ++u) fetch(u, px[u], py[u]);
 
   A ring[kFRing][4];
-  A sum = A(0);
 #pragma unroll 1
   for (int c = 0; c * kFRing < kFStream; ++c) {
+    // Map row o = c * kFRing + u - 10 belongs to batch o / kFBatch, whose shared buffer is
+    // ((c + 1) + (u + 2) / kFBatch) & 1 (kFRing = 3 kFBatch): two base pointers per
+    // iteration instead of index arithmetic per row.
+    const int par = (c + 1) & 1;
+    A* const vbase[2] = {&vrows[par][0][0][tid], &vrows[par ^ 1][0][0][tid]};
+    const A* const hbase[2] = {&vrows[par][hb][0][4 * hg], &vrows[par ^ 1][hb][0][4 * hg]};
 #pragma unroll
     for (int u = 0; u < kFRing; ++u) {
       const int t = c * kFRing + u;  // streamed row; ring slot u
       if (t < kFStream) {
-        const A xv = px[u];
-        const A yv = py[u];
-        fetch(t + kFRing, px[u], py[u]);
+        const A xv = px[u % kFPre];
+        const A yv = py[u % kFPre];
+        fetch(t + kFPre, px[u % kFPre], py[u % kFPre]);
         ring[u][0] = xv;
         ring[u][1] = yv;
         ring[u][2] = fma(xv, xv, yv * yv);
@@ -406,10 +408,11 @@ __global__ void __launch_bounds__(kFT, kFMinBlocks<T>)
 #pragma unroll
             for (int m = 0; m < 4; ++m) v[m] = fma(gauss<A>(k), ring[slot][m], v[m]);
           }
-          const int buf = (o / kFBatch) & 1;
+          static_assert(kFRing == 3 * kFBatch, "buffer parity formula");
+          const int bsel = ((u + 2) / kFBatch) & 1;
           const int kRowInBatch = (u + kFRing - 2 * kHalf) % kFBatch;  // o % kFBatch
 #pragma unroll
-          for (int m = 0; m < 4; ++m) vrows[buf][kRowInBatch][m][tid] = v[m];
+          for (int m = 0; m < 4; ++m) vbase[bsel][(kRowInBatch * 4 + m) * kFPitch] = v[m];
           if (kRowInBatch == kFBatch - 1) {  // batch complete
             __syncthreads();
             const int o_row = o_row0 + o - (kFBatch - 1) + hb;
@@ -417,7 +420,7 @@ __global__ void __launch_bounds__(kFT, kFMinBlocks<T>)
               A mom[4][4];  // [moment][pixel]
 #pragma unroll
               for (int m = 0; m < 4; ++m) {
-                const A* src = &vrows[buf][hb][m][4 * hg];
+                const A* src = hbase[bsel] + m * kFPitch;
                 A w[16];
 #pragma unroll
                 for (int q = 0; q < 4; ++q) load4(src + 4 * q, w + 4 * q);
@@ -463,6 +466,59 @@ __global__ void __launch_bounds__(kFT, kFMinBlocks<T>)
         }
       }
     }
+  }
+}
+
+template <typename T, bool kMean>
+__global__ void __launch_bounds__(kFT, kFMinBlocks<T>)
+    ssim_forward_kernel(const T* __restrict__ img1,  // [planes, H, W]
+                        const T* __restrict__ img2,  // [planes, H, W]
+                        int height, int width, int out_h, int out_w, int offset, int tiles_x,
+                        int tiles_y,
+                        T* __restrict__ map,               // [planes, out_h, out_w] or null
+                        acc_t<T>* __restrict__ partials) {  // [blocks] or null
+  using A = acc_t<T>;
+  // [buffer][map row in batch][moment][column]
+  __shared__ __align__(16) A vrows[2][kFBatch][4][kFPitch];
+
+  const int64_t block = blockIdx.x;
+  const int tx = static_cast<int>(block % tiles_x);
+  const int64_t rest = block / tiles_x;
+  const int ty = static_cast<int>(rest % tiles_y);
+  const int64_t plane = rest / tiles_y;
+  const int o_col0 = tx * kFCols;
+  const int o_row0 = ty * kFStrip;
+  const int tid = threadIdx.x;
+
+  // Vertical role: input column ci, rows from ri0.
+  const int64_t plane_px = static_cast<int64_t>(height) * width;
+  const int ci = o_col0 + offset - kHalf + tid;
+  const bool col_in = ci >= 0 && ci < width;
+  const T* xcol = img1 + plane * plane_px + (col_in ? ci : 0);
+  const T* ycol = img2 + plane * plane_px + (col_in ? ci : 0);
+  const int ri0 = o_row0 + offset - kHalf;
+
+  // Horizontal role: map row b of each batch, map columns o_col0 + 4g .. + 3.
+  const int hb = tid / kFGroups;
+  const int hg = tid - hb * kFGroups;
+  const bool h_on = tid < kFGroups * kFBatch;
+  const int h_col = o_col0 + 4 * hg;
+  const bool h_vec = !kMean && (out_w % 4 == 0) && h_col + 3 < out_w;
+  T* map_plane = kMean ? nullptr : map + plane * (static_cast<int64_t>(out_h) * out_w);
+  A sum = A(0);
+  // Rows ri0 .. ri0 + kFStream - 1 are streamed; the register prefetch runs kFPre rows ahead
+  // of the row being filtered. Blocks whose streamed and prefetched rows all lie inside the
+  // image (all but the top and bottom strips) take the unchecked path: no row bounds checks,
+  // the row address advanced by one add. Out-of-image columns (col_in false: a per-thread,
+  // loop-invariant predicate) read as zero on both paths.
+  const bool rows_inside = ri0 >= 0 && ri0 + kFStream + kFPre <= height &&
+                           plane_px <= static_cast<int64_t>(0x7fffffff);
+  if (rows_inside) {
+    forward_rows<T, kMean, true>(xcol, ycol, col_in, ri0, height, width, out_h, out_w, o_row0,
+                                 tid, hb, hg, h_on, h_col, h_vec, map_plane, vrows, sum);
+  } else {
+    forward_rows<T, kMean, false>(xcol, ycol, col_in, ri0, height, width, out_h, out_w, o_row0,
+                                  tid, hb, hg, h_on, h_col, h_vec, map_plane, vrows, sum);
   }
   if constexpr (kMean) {
     const A total = block_sum(sum);
