@@ -120,7 +120,7 @@ def run_cuda_probe(timeout: float = 60.0) -> dict[str, Any]:
     return answer
 
 
-def _torch_version() -> str | None:
+def torch_version() -> str | None:
     try:
         return importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
@@ -150,7 +150,7 @@ def discover(probe: dict[str, Any] | None = None) -> Inventory:
         driver_version=nvml.na_to_none(nvml.driver_version()),
         cuda_driver_version=nvml.na_to_none(nvml.cuda_driver_version()),
         nvml_version=nvml.na_to_none(nvml.nvml_version()),
-        torch_version=_torch_version(), cuda_visible_devices=visible, mapping="none",
+        torch_version=torch_version(), cuda_visible_devices=visible, mapping="none",
     )
     if not st.ok:
         inv.reason = f"No NVIDIA GPU is usable: {st.reason}."

@@ -108,3 +108,12 @@ def test_devices_table_with_gpus(monkeypatch, capsys):
     assert cli.main(["devices"]) == 0
     out = capsys.readouterr().out
     assert "2 visible CUDA device(s)" in out and "GPU-1" in out and "peer access" in out
+
+
+def test_targets_carry_uuid_name_and_driver(monkeypatch):
+    from gpucheck.runner.pipeline import RunConfig, choose_targets
+
+    monkeypatch.setattr(devices, "discover", _two_gpus)
+    targets, notes, driver = choose_targets(RunConfig(devices=(1,)))
+    assert targets == [("cuda:1", 1, "GPU-1", "NVIDIA H200")]
+    assert driver == "580" and notes == []

@@ -96,10 +96,6 @@ def cases(path: Path) -> list[dict[str, Any]]:
     return [r for r in read(path) if r.get("record") == "case"]
 
 
-def header(path: Path) -> dict[str, Any] | None:
-    return next((r for r in read(path) if r.get("record") == "run"), None)
-
-
 def has_errors(records: list[dict[str, Any]]) -> bool:
     """True when any record carries a finding of severity error."""
     return any(f.get("severity") == "error" for r in records for f in r.get("findings", []))

@@ -20,9 +20,6 @@ from gpucheck.runner.nvml_sampler import DEFAULT_INTERVAL_S, Sampler, TimelineWr
 from gpucheck.runner.progress import Progress, summary_table
 from gpucheck.sanitizer import command as sanitizer_cmd
 
-#: every mode the CLI accepts; the harness issue fills in the ones not yet implemented
-MODES = ("blocking", "nvml", "sanitizer", "sanitizer:memcheck", "sanitizer:racecheck",
-         "sanitizer:initcheck", "sanitizer:synccheck")
 DEFAULT_MODES = ("blocking", "nvml")
 
 
@@ -54,10 +51,14 @@ def prepare_out(out: Path | None) -> Path:
     return path
 
 
-def choose_targets(cfg: RunConfig) -> tuple[list[tuple[str, int | None, str | None]], list[str]]:
-    """(label, CUDA index, UUID) of each target, plus notes for the run header."""
+Target = tuple[str, int | None, str | None, str | None]  # label, CUDA index, UUID, name
+
+
+def choose_targets(cfg: RunConfig) -> tuple[list[Target], list[str], str | None]:
+    """Each target, notes for the run header, and the driver version."""
     if cfg.cpu_only:
-        return [("cpu", None, None)], ["--cpu-only: GPUs hidden; cases that need one are skipped"]
+        return ([("cpu", None, None, None)],
+                ["--cpu-only: GPUs hidden; cases that need one are skipped"], None)
     inv = devices_mod.discover()
     if inv.environment_error:
         raise EnvironmentProblem(inv.environment_error)
@@ -73,7 +74,9 @@ def choose_targets(cfg: RunConfig) -> tuple[list[tuple[str, int | None, str | No
     if len(visible) < 2:
         notes.append("only one CUDA device is visible: wrong-device checks (another device "
                       "current while the target runs) could not run")
-    return [(f"cuda:{i}", i, inv.by_cuda_index(i).uuid) for i in wanted], notes  # type: ignore[union-attr]
+    chosen = [d for d in inv.devices if d.cuda_index in wanted]
+    return ([(f"cuda:{d.cuda_index}", d.cuda_index, d.uuid, d.name) for d in chosen], notes,
+            inv.driver_version)
 
 
 def plan_passes(modes: tuple[str, ...]) -> list[tuple[str, str | None]]:
@@ -101,7 +104,7 @@ def run(cfg: RunConfig) -> int:
         if cfg.cpu_only:
             raise UsageProblem("the sanitizer modes need a GPU; drop --cpu-only")
         sanitizer = sanitizer_cmd.find()
-    targets, notes = choose_targets(cfg)
+    targets, notes, driver = choose_targets(cfg)
     if cfg.cpu_only and "nvml" in modes:
         modes = tuple(m for m in modes if m != "nvml")
         notes.append("--cpu-only: mode 'nvml' has no GPU to sample")
@@ -114,9 +117,9 @@ def run(cfg: RunConfig) -> int:
         "schema": results.SCHEMA_ID, "record": "run", "run_id": run_id,
         "started_at": datetime.now().astimezone().isoformat(timespec="milliseconds"),
         "gpucheck_version": gpucheck.__version__,
-        "torch_version": devices_mod._torch_version(),
-        "driver_version": None,
-        "devices": [{"device": label, "uuid": u, "name": None} for label, _, u in targets],
+        "torch_version": devices_mod.torch_version(),
+        "driver_version": driver,
+        "devices": [{"device": label, "uuid": u, "name": name} for label, _, u, name in targets],
         "suites": sorted(suites), "modes": [label for label, _ in passes], "notes": notes,
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     })
@@ -131,7 +134,7 @@ def run(cfg: RunConfig) -> int:
                 env["CUDA_VISIBLE_DEVICES"] = ""
             interval = cfg.nvml_interval if "nvml" in label.split("+") else 0.0
             specs = [WorkerSpec(t_label, index, u, suites, label, env, cfg.pytest_args, interval,
-                                tool, sanitizer) for t_label, index, u in targets]
+                                tool, sanitizer) for t_label, index, u, _ in targets]
             harness = Harness(specs, out, results_path, run_id, cfg.timeout,
                               on_update=progress.update)
             timeline = TimelineWriter(out / "nvml_timeline.jsonl") if interval > 0 else None
