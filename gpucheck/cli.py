@@ -99,7 +99,15 @@ def _print_inventory(inv: Inventory) -> None:
                                  "sanitizer:synccheck"]),
               help="Instrumentation (repeatable; default: blocking + nvml).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Output folder (default: reports/<timestamp>/).")
+              help="Output folder for a new run; must be empty or absent "
+                   "(default: a new reports/<timestamp>/).")
+@click.option("--resume", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              default=None, metavar="DIR",
+              help="Continue the interrupted run in DIR with its own settings: cases already "
+                   "recorded there are not run again.")
+@click.option("--allow-empty", is_flag=True,
+              help="Exit 0 even when no case ran (by default a run that tested nothing "
+                   "exits 2).")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=900.0,
               show_default=True, metavar="SECONDS",
               help="A case running longer than this is recorded as hung.")
@@ -109,8 +117,9 @@ def _print_inventory(inv: Inventory) -> None:
 @click.option("--cpu-only", is_flag=True, help="Run without a GPU (GPU cases are skipped).")
 @click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
 def run(all_devices: bool, device_indices: tuple[int, ...], suites: tuple[str, ...],
-        modes: tuple[str, ...], out: Path | None, timeout: float, nvml_interval: float,
-        quiet: bool, cpu_only: bool, pytest_args: tuple[str, ...]) -> int:
+        modes: tuple[str, ...], out: Path | None, resume: Path | None, allow_empty: bool,
+        timeout: float, nvml_interval: float, quiet: bool, cpu_only: bool,
+        pytest_args: tuple[str, ...]) -> int:
     """Run the suites on every target device, each in its own process.
 
     Arguments after `--` go to pytest (e.g. `-- -k forward`).
@@ -119,7 +128,8 @@ def run(all_devices: bool, device_indices: tuple[int, ...], suites: tuple[str, .
     from gpucheck.runner.pipeline import run as run_pipeline
 
     return run_pipeline(RunConfig(all_devices, device_indices, suites, modes, out, timeout,
-                                  quiet, cpu_only, list(pytest_args), nvml_interval / 1000))
+                                  quiet, cpu_only, list(pytest_args), nvml_interval / 1000,
+                                  allow_empty=allow_empty, resume=resume))
 
 
 @cli.command("parse-sanitizer")

@@ -28,6 +28,8 @@ MARKERS = {
     "slow": "takes long (soak tests, large sizes)",
 }
 DEVICES_ENV = "GPUCHECK_DEVICES"
+#: marks the tests of gpucheck's own kernels (our suites); not needed in users' suites
+KERNELS_MARKER = "gpucheck_kernels"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -50,12 +52,30 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for name, doc in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {doc}")
+    config.addinivalue_line("markers", f"{KERNELS_MARKER}: tests gpucheck's own CUDA kernels "
+                                       "(the run stops once, with the fix, if they are not built)")
     if config.getoption("--gpucheck-device"):
         target_devices(config)  # a bad index is a usage error before collection starts
     if config.getoption("--gpucheck-results"):
         from gpucheck.runner.worker import Recorder
 
         config.pluginmanager.register(Recorder(config), "gpucheck-recorder")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests of gpucheck's kernels on a GPU without the compiled extension: one usage error
+    with the fix, not one failure (or skip) per case."""
+    if not any(item.get_closest_marker(KERNELS_MARKER) for item in items):
+        return
+    if not target_devices(config):
+        return  # no GPU: those cases are skipped for that reason
+    from gpucheck.errors import ExtensionNotBuilt
+    from gpucheck.ops import _ext
+
+    try:
+        _ext.load()
+    except ExtensionNotBuilt as err:
+        raise pytest.UsageError(f"gpucheck: {err}") from None
 
 
 def _visible_cuda_count() -> int:

@@ -1,9 +1,11 @@
 """The results.jsonl format: one JSON object per line, written and flushed record by record.
 
-The first line is a ``run`` header; every other line is a ``case`` record for one finished
-(device, suite, case, mode). Appends are single ``write`` calls on a file opened with
-O_APPEND, so several worker processes can share one file, and a run that is interrupted keeps
-every record already finished. The JSON Schema is ``results.schema.json`` beside this module.
+The first line is a ``run`` header (with the settings ``--resume`` replays); every other line
+is a ``case`` record for one finished (device, suite, case, mode), or a ``resume`` record where
+``gpucheck run --resume`` continued the run. A folder holds exactly one run. Appends are
+single ``write`` calls on a file opened with O_APPEND, so several worker processes can share
+one file, and a run that is interrupted keeps every record already finished. The JSON Schema
+is ``results.schema.json`` beside this module.
 """
 
 from __future__ import annotations

@@ -71,6 +71,7 @@ class Worker:
     generation: int = 0
     base_done: int = 0  # cases of this spec recorded before this worker started
     total: int | None = None  # cases of the first generation
+    total_offset: int = 0  # cases recorded before the first generation started (--resume)
     finished: bool = False
     replaced: bool = False
     hung_case: str | None = None
@@ -79,6 +80,14 @@ class Worker:
     @property
     def done(self) -> int:
         return self.base_done + int(self.state.get("done", 0))
+
+    @property
+    def planned(self) -> int | None:
+        """Cases this worker's spec runs in all, once the first worker has collected them."""
+        if self.total is not None:
+            return self.total
+        collected = self.state.get("total")
+        return None if collected is None else int(collected) + self.total_offset
 
 
 def _plugin_autoloaded() -> bool:
@@ -171,8 +180,13 @@ class Harness:
         self.workers: list[Worker] = []
 
     def start(self) -> None:
+        """One worker per spec; cases this run already recorded (``--resume``) are skipped."""
         for spec in self.specs:
-            self.workers.append(self._spawn(spec))
+            done = self._recorded_cases(spec) if self.results_path.exists() else []
+            worker = self._spawn(spec, 0, done)
+            if done:
+                worker.total_offset = len(done)
+            self.workers.append(worker)
 
     def _spawn(self, spec: WorkerSpec, generation: int = 0,
                skip: list[str] | None = None) -> Worker:
@@ -201,20 +215,20 @@ class Harness:
     def _recorded_cases(self, spec: WorkerSpec) -> list[str]:
         return [r["case"] for r in results.cases(self.results_path)
                 if r["run_id"] == self.run_id and r["device"] == spec.label
-                and r["mode"] == spec.mode]
+                and r["mode"] == spec.mode and not r["case"].startswith("<")]
 
     def _restart(self, w: Worker) -> None:
         """Replace a dead worker by a fresh one that runs the cases not yet recorded."""
         done = self._recorded_cases(w.spec)
         if w.generation >= MAX_RESTARTS:
-            total = w.total if w.total is not None else w.state.get("total")
-            left = "some" if total is None else str(max(0, int(total) - len(done)))
+            total = w.planned
+            left = "some" if total is None else str(max(0, total - len(done)))
             self._record(w, f"<worker {w.spec.label}>", "error",
                          f"gave up after {MAX_RESTARTS} restarts; {left} case(s) did not run", 0,
                          "worker-error", "every restart crashed again: run the suite alone")
             return
         fresh = self._spawn(w.spec, w.generation + 1, done)
-        fresh.total = w.total if w.total is not None else w.state.get("total")
+        fresh.total = w.planned
         w.replaced = True
         self.workers.append(fresh)
 

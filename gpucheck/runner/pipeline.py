@@ -2,22 +2,33 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+import sys
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
 import gpucheck
 from gpucheck import devices as devices_mod
-from gpucheck.errors import EXIT_CLEAN, EXIT_FINDINGS, EnvironmentProblem, UsageProblem
+from gpucheck.errors import (
+    EXIT_CLEAN,
+    EXIT_FINDINGS,
+    EXIT_USAGE,
+    EnvironmentProblem,
+    GpucheckError,
+    UsageProblem,
+)
 from gpucheck.report import junit, results
 from gpucheck.runner import suites as suites_mod
 from gpucheck.runner.harness import Harness, WorkerSpec
 from gpucheck.runner.nvml_sampler import DEFAULT_INTERVAL_S, Sampler, TimelineWriter
-from gpucheck.runner.progress import Progress, summary_table
+from gpucheck.runner.progress import Progress, summary_line, summary_table
 from gpucheck.sanitizer import command as sanitizer_cmd
 
 DEFAULT_MODES = ("blocking", "nvml")
@@ -35,20 +46,109 @@ class RunConfig:
     cpu_only: bool = False
     pytest_args: list[str] = field(default_factory=list)
     nvml_interval: float = DEFAULT_INTERVAL_S
+    allow_empty: bool = False
+    resume: Path | None = None
+    suite_paths: dict[str, Path] | None = None  # resolved suites (set when resuming)
+
+
+def _unwritable(path: Path, err: OSError) -> UsageProblem:
+    return UsageProblem(f"cannot write to the output folder {str(path)!r}: "
+                        f"{err.strerror or err}")
+
+
+def _new_default_out(base: Path) -> Path:
+    """reports/<timestamp>/, made atomically: a run started in the same second gets -2, -3..."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    for n in range(1, 1000):
+        path = base / (stamp if n == 1 else f"{stamp}-{n}")
+        try:
+            path.mkdir(parents=True)
+        except FileExistsError:
+            continue
+        except OSError as err:
+            raise _unwritable(path, err) from err
+        return path
+    raise UsageProblem(f"cannot find a free output folder for {stamp} under {str(base)!r}")
 
 
 def prepare_out(out: Path | None) -> Path:
-    """Create the output folder (default reports/<timestamp>/) and prove it is writable."""
-    path = out or Path("reports") / datetime.now().strftime("%Y%m%d-%H%M%S")
+    """A fresh output folder for a new run (default reports/<timestamp>/), proven writable.
+
+    A run never writes into a folder that holds anything already: results of two runs in one
+    results.jsonl would be counted together. ``--resume DIR`` is the way to continue a run.
+    """
+    if out is None:
+        path = _new_default_out(Path("reports"))
+    else:
+        path = out
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            used = any(path.iterdir())
+        except OSError as err:
+            raise _unwritable(path, err) from err
+        if used:
+            held = ("a gpucheck run" if (path / "results.jsonl").exists() else "other files")
+            raise UsageProblem(
+                f"the output folder {str(path)!r} already holds {held}; a new run needs an "
+                f"empty folder (omit --out for a new reports/<timestamp>/), and "
+                f"`gpucheck run --resume {path}` continues an interrupted run")
     try:
-        path.mkdir(parents=True, exist_ok=True)
         probe = path / ".gpucheck-write-test"
         probe.write_text("ok")
         probe.unlink()
     except OSError as err:
-        raise UsageProblem(f"cannot write to the output folder {str(path)!r}: "
-                           f"{err.strerror or err}") from err
+        raise _unwritable(path, err) from err
     return path
+
+
+def load_resume(folder: Path, cfg: RunConfig) -> tuple[RunConfig, dict[str, Any]]:
+    """The config and header of the run in ``folder``, for ``--resume``."""
+    given = [flag for flag, value in (
+        ("--all-devices", cfg.all_devices), ("--device", cfg.devices), ("--suite", cfg.suites),
+        ("--mode", cfg.modes), ("--out", cfg.out), ("--cpu-only", cfg.cpu_only),
+        ("--allow-empty", cfg.allow_empty), ("pytest arguments", cfg.pytest_args)) if value]
+    if given:
+        raise UsageProblem(f"--resume continues a run with the settings it was started with; "
+                           f"drop {', '.join(given)}")
+    path = folder / "results.jsonl"
+    header = next((r for r in results.read(path) if r.get("record") == "run"), None) \
+        if path.is_file() else None
+    if header is None:
+        raise UsageProblem(f"{str(folder)!r} holds no gpucheck run to resume "
+                           "(no results.jsonl with a run header)")
+    saved = header.get("config")
+    if not isinstance(saved, dict):
+        raise UsageProblem(f"the run in {str(folder)!r} was written by a gpucheck that did not "
+                           "record its settings; it cannot be resumed")
+    resumed = RunConfig(
+        all_devices=bool(saved.get("all_devices")), devices=tuple(saved.get("devices") or ()),
+        suites=tuple(saved.get("suites") or ()), modes=tuple(saved.get("modes") or ()),
+        out=folder, timeout=float(saved.get("timeout", cfg.timeout)), quiet=cfg.quiet,
+        cpu_only=bool(saved.get("cpu_only")), pytest_args=list(saved.get("pytest_args") or []),
+        nvml_interval=float(saved.get("nvml_interval", cfg.nvml_interval)),
+        allow_empty=bool(saved.get("allow_empty")), resume=folder,
+        suite_paths={n: Path(p) for n, p in dict(saved.get("suite_paths") or {}).items()})
+    return resumed, header
+
+
+def extension_problem() -> str | None:
+    """Why gpucheck's compiled kernels cannot be loaded, or None when they can.
+
+    Checked in a child process: the parent never imports torch, and a broken build must not
+    take the harness down with it.
+    """
+    code = ("from gpucheck.ops import _ext\n"
+            "try:\n    _ext.load()\nexcept Exception as err:\n    print(err)\n"
+            "    raise SystemExit(3)\n")
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=300, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return "loading gpucheck's CUDA extension did not finish within 300 s"
+    if proc.returncode == 0:
+        return None
+    said = proc.stdout.strip() or proc.stderr.strip()[-500:]
+    return said or f"loading gpucheck's CUDA extension failed (exit code {proc.returncode})"
 
 
 Target = tuple[str, int | None, str | None, str | None]  # label, CUDA index, UUID, name
@@ -94,8 +194,62 @@ def plan_passes(modes: tuple[str, ...]) -> list[tuple[str, str | None]]:
     return passes
 
 
+def _check_same_devices(header: dict[str, Any], targets: list[Target]) -> None:
+    """A resumed run must target the same GPUs (by UUID) as the run it continues."""
+    before = {d.get("device"): d.get("uuid") for d in header.get("devices", [])}
+    for label, _, uuid_now, _ in targets:
+        if before.get(label) and uuid_now and before[label] != uuid_now:
+            raise UsageProblem(f"cannot resume: {label} is now {uuid_now}, but the run was "
+                               f"started on {before[label]}")
+
+
+def _select_runnable(cfg: RunConfig, suites: dict[str, Path]
+                     ) -> tuple[dict[str, Path], dict[str, str]]:
+    """The suites that can run, and the reason of each that cannot (gpucheck's own kernels
+    are not built). Raises when none can: one sentence with the fix, before any worker."""
+    if cfg.cpu_only:  # their cases need a GPU and are skipped anyway
+        return suites, {}
+    needing = [n for n, p in suites.items() if suites_mod.needs_kernels(p)]
+    problem = extension_problem() if needing else None
+    if problem is None:
+        return suites, {}
+    names = ", ".join(needing)
+    if len(needing) == len(suites):
+        raise EnvironmentProblem(f"{problem.rstrip('.')}. Nothing was run: the suite(s) "
+                                 f"{names} test gpucheck's own kernels.")
+    reason = f"not runnable: {problem}"
+    return {n: p for n, p in suites.items() if n not in needing}, {n: reason for n in needing}
+
+
+def _header(cfg: RunConfig, run_id: str, targets: list[Target], driver: str | None,
+            suites: dict[str, Path], passes: list[tuple[str, str | None]], notes: list[str],
+            not_runnable: dict[str, str], modes: tuple[str, ...]) -> dict[str, Any]:
+    config = {
+        "all_devices": cfg.all_devices, "devices": [t[1] for t in targets if t[1] is not None],
+        "suites": list(cfg.suites), "suite_paths": {n: str(p) for n, p in suites.items()},
+        "modes": list(modes), "timeout": cfg.timeout, "cpu_only": cfg.cpu_only,
+        "pytest_args": list(cfg.pytest_args), "nvml_interval": cfg.nvml_interval,
+        "allow_empty": cfg.allow_empty,
+    }
+    return {
+        "schema": results.SCHEMA_ID, "record": "run", "run_id": run_id,
+        "started_at": datetime.now().astimezone().isoformat(timespec="milliseconds"),
+        "gpucheck_version": gpucheck.__version__,
+        "torch_version": devices_mod.torch_version(),
+        "driver_version": driver,
+        "devices": [{"device": label, "uuid": u, "name": name} for label, _, u, name in targets],
+        "suites": sorted(suites), "modes": [label for label, _ in passes], "notes": notes,
+        "not_runnable": not_runnable,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "command": [Path(sys.argv[0]).name, *sys.argv[1:]], "config": config,
+    }
+
+
 def run(cfg: RunConfig) -> int:
     """Run the suites on every target device; returns the exit code of the whole run."""
+    previous: dict[str, Any] | None = None
+    if cfg.resume is not None:
+        cfg, previous = load_resume(cfg.resume, cfg)
     if cfg.all_devices and cfg.devices:
         raise UsageProblem("--all-devices and --device exclude each other")
     modes = tuple(dict.fromkeys(cfg.modes)) or DEFAULT_MODES
@@ -105,24 +259,36 @@ def run(cfg: RunConfig) -> int:
             raise UsageProblem("the sanitizer modes need a GPU; drop --cpu-only")
         sanitizer = sanitizer_cmd.find()
     targets, notes, driver = choose_targets(cfg)
+    if previous is not None:
+        _check_same_devices(previous, targets)
+    run_modes = modes
     if cfg.cpu_only and "nvml" in modes:
-        modes = tuple(m for m in modes if m != "nvml")
+        run_modes = tuple(m for m in modes if m != "nvml")
         notes.append("--cpu-only: mode 'nvml' has no GPU to sample")
-    passes = plan_passes(modes) or [("plain", None)]
-    out = prepare_out(cfg.out)
-    suites = suites_mod.resolve(cfg.suites)
+    passes = plan_passes(run_modes) or [("plain", None)]
+    requested = (cfg.suite_paths if cfg.suite_paths is not None
+                 else suites_mod.resolve(cfg.suites))
+    existed = cfg.out is not None and cfg.out.exists()
+    out = cfg.resume if cfg.resume is not None else prepare_out(cfg.out)
+    try:
+        suites, not_runnable = _select_runnable(cfg, requested)
+    except GpucheckError:
+        if cfg.resume is None and not existed:
+            with contextlib.suppress(OSError):
+                out.rmdir()  # nothing ran: leave no empty run folder behind
+        raise
     results_path = out / "results.jsonl"
-    run_id = uuid.uuid4().hex[:12]
-    results.append(results_path, {
-        "schema": results.SCHEMA_ID, "record": "run", "run_id": run_id,
-        "started_at": datetime.now().astimezone().isoformat(timespec="milliseconds"),
-        "gpucheck_version": gpucheck.__version__,
-        "torch_version": devices_mod.torch_version(),
-        "driver_version": driver,
-        "devices": [{"device": label, "uuid": u, "name": name} for label, _, u, name in targets],
-        "suites": sorted(suites), "modes": [label for label, _ in passes], "notes": notes,
-        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-    })
+    if previous is None:
+        run_id = uuid.uuid4().hex[:12]
+        results.append(results_path, _header(cfg, run_id, targets, driver, requested, passes,
+                                             notes, not_runnable, modes))
+    else:
+        run_id = str(previous["run_id"])
+        results.append(results_path, {
+            "schema": results.SCHEMA_ID, "record": "resume", "run_id": run_id,
+            "resumed_at": datetime.now().astimezone().isoformat(timespec="milliseconds"),
+            "notes": notes, "not_runnable": not_runnable,
+        })
     console = Console(stderr=False, quiet=False)
     interrupted = False
     with Progress(console, quiet=cfg.quiet) as progress:
@@ -153,13 +319,34 @@ def run(cfg: RunConfig) -> int:
                                  f"{timeline.path.name}")
             if interrupted:
                 break
+    return _finish(cfg, out, results_path, run_id, notes, not_runnable, interrupted, console)
+
+
+def _finish(cfg: RunConfig, out: Path, results_path: Path, run_id: str, notes: list[str],
+            not_runnable: dict[str, str], interrupted: bool, console: Console) -> int:
+    """Summary, JUnit, and the exit code: 1 for error findings, 2 when nothing was tested or a
+    suite could not run, 130 after Ctrl-C."""
     junit_path = junit.write(results_path, out / "junit.xml")
-    records = results.cases(results_path)
+    records = [r for r in results.cases(results_path) if r.get("run_id") == run_id]
     console.print(summary_table(records))
     for note in notes:
         console.print(f"[yellow]note:[/] {note}")
+    for name, reason in not_runnable.items():
+        console.print(f"[red]suite {name}:[/] {reason}", soft_wrap=True)
     console.print(f"results: {results_path}  junit: {junit_path}")
+    line, ran = summary_line(records)
+    code = EXIT_CLEAN
     if interrupted:
-        console.print("[yellow]interrupted: finished cases were kept[/]")
-        return 130
-    return EXIT_FINDINGS if results.has_errors(records) else EXIT_CLEAN
+        console.print(f"[yellow]interrupted: finished cases were kept; "
+                      f"`gpucheck run --resume {out}` runs the rest[/]", soft_wrap=True)
+        code = 130
+    elif results.has_errors(records):
+        code = EXIT_FINDINGS
+    elif ran == 0 and not cfg.allow_empty:
+        console.print("[red]nothing was tested:[/] no case ran, so this run proves nothing "
+                      "(pass --allow-empty if that is expected)", soft_wrap=True)
+        code = EXIT_USAGE
+    elif not_runnable:
+        code = EXIT_USAGE
+    console.print(line, soft_wrap=True)
+    return code

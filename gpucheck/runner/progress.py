@@ -45,12 +45,12 @@ class Progress:
         if key not in self.tasks:
             self.tasks[key] = self.bar.add_task("", total=None, label=label, findings=0, case="")
         done = w.finished and not w.replaced
-        self.bar.update(self.tasks[key], total=w.total, completed=w.done,
+        self.bar.update(self.tasks[key], total=w.planned, completed=w.done,
                         findings=st.get("findings", 0), case="done" if done else case)
         if self.quiet and done and key not in self.reported:
             self.reported.add(key)
             restarts = f", {w.generation} restart(s)" if w.generation else ""
-            self.console.print(f"{label}: {w.done}/{w.total or '?'} cases{restarts}, "
+            self.console.print(f"{label}: {w.done}/{w.planned or '?'} cases{restarts}, "
                                f"exit {w.proc.returncode}")
 
 
@@ -68,3 +68,25 @@ def summary_table(records: list[dict[str, Any]]) -> Table:
         table.add_row(device, suite, *(str(c[s]) for s in ("passed", "failed", "error",
                       "crashed", "hung", "skipped")), style=style)
     return table
+
+
+#: statuses of a case that ran (a skipped case did not)
+RAN = ("passed", "failed", "error", "crashed", "hung")
+
+
+def summary_line(records: list[dict[str, Any]], reasons: int = 3) -> tuple[str, int]:
+    """The run's last line: how many cases ran, passed, failed..., were skipped and why.
+
+    Returns the line and the number of cases that ran.
+    """
+    counts = Counter(r["status"] for r in records)
+    ran = sum(counts[s] for s in RAN)
+    parts = ", ".join(f"{counts[s]} {s}" for s in RAN if counts[s] or s in ("passed", "failed"))
+    line = f"{len(records)} case(s): {ran} ran ({parts}), {counts['skipped']} skipped"
+    why = Counter(r.get("reason") or "no reason given" for r in records
+                  if r["status"] == "skipped")
+    if why:
+        top = "; ".join(f"{reason} ({n})" for reason, n in why.most_common(reasons))
+        more = f"; {len(why) - reasons} more reason(s)" if len(why) > reasons else ""
+        line += f": {top}{more}"
+    return line, ran

@@ -35,6 +35,17 @@ def available() -> dict[str, Path]:
 
 #: suites that only run when named: they exist to produce findings (the harness's self-test)
 NAMED_ONLY = ("selftest",)
+#: our suites that test gpucheck's own kernels (gpucheck.ops): without the compiled extension
+#: they cannot run at all, which the run says once instead of failing every case
+NEEDS_KERNELS = ("ssim", "knn", "splat")
+
+
+def needs_kernels(path: Path) -> bool:
+    """True for one of gpucheck's own kernel suites, or a file of one (by its place in our
+    suites/ folder)."""
+    p = path.resolve()
+    roots = [(PROJECT_SUITES / n).resolve() for n in NEEDS_KERNELS]
+    return any(p == r or r in p.parents for r in roots)
 
 
 def default() -> dict[str, Path]:

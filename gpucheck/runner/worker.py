@@ -105,6 +105,7 @@ class Recorder:
             self.suites.append((name, Path(path).resolve()))
         self.rootpath = Path(config.rootpath)
         self.paths: dict[str, Path] = {}  # node id -> test file
+        self.ids: dict[str, str] = {}  # node id -> case id (relative to the suite root)
         self.reports: dict[str, list[pytest.TestReport]] = {}
         self.started: dict[str, tuple[float, str]] = {}
         self.done = 0
@@ -132,7 +133,8 @@ class Recorder:
         if self.state_path is None:
             return
         write_state(self.state_path, {
-            "case": case, "suite": self.suite_of(self._path_of(case)) if case else None,
+            "case": self.ids.get(case, case) if case else None,
+            "suite": self.suite_of(self._path_of(case)) if case else None,
             "started": time.time(), "done": self.done, "total": self.total,
             "findings": self.findings, "pid": os.getpid(), "exit_reason": exit_reason,
             "sanitizer_offsets": self.san_offsets,
@@ -143,7 +145,19 @@ class Recorder:
             return self.paths[nodeid]
         return (self.rootpath / nodeid.split("::")[0]).resolve()
 
-    def _sanitizer_findings(self, nodeid: str, suite: str) -> list[Finding]:
+    def case_id(self, item: pytest.Item) -> str:
+        """The item's id relative to its suite's root (``test_knn.py::test_x[cuda0]``): the
+        same wherever pytest put its rootdir, so records, resumes and restarts agree."""
+        path = Path(item.path).resolve()
+        _, _, rest = item.nodeid.partition("::")
+        for _, root in self.suites:
+            base = root if root.is_dir() else root.parent
+            if path == base or base in path.parents:
+                rel = path.relative_to(base).as_posix()
+                return f"{rel}::{rest}" if rest else rel
+        return item.nodeid
+
+    def _sanitizer_findings(self, case: str, suite: str) -> list[Finding]:
         """Records compute-sanitizer wrote to this process's log while the case ran."""
         cuda = _torch_cuda()
         if cuda is not None:
@@ -154,7 +168,7 @@ class Recorder:
             text, end = read_records(log, self.san_offsets.get(str(log), 0))
             self.san_offsets[str(log)] = end
             if text:
-                found += sanitizer_findings(text, self.san_tool, self.device, suite, nodeid)
+                found += sanitizer_findings(text, self.san_tool, self.device, suite, case)
         return found
 
     def suite_of(self, item_path: Path) -> str:
@@ -165,12 +179,14 @@ class Recorder:
 
     def pytest_collection_modifyitems(self, config: pytest.Config,
                                       items: list[pytest.Item]) -> None:
+        self.ids.update({i.nodeid: self.case_id(i) for i in items})
         skip_file = config.getoption("--gpucheck-skip")
         if not skip_file:
             return
         skip = set(Path(skip_file).read_text().split("\n"))
-        keep = [i for i in items if i.nodeid not in skip]
-        config.hook.pytest_deselected(items=[i for i in items if i.nodeid in skip])
+        keep = [i for i in items if self.ids[i.nodeid] not in skip]
+        config.hook.pytest_deselected(items=[i for i in items
+                                             if self.ids[i.nodeid] in skip])
         items[:] = keep
 
     @pytest.hookimpl(trylast=True)
@@ -212,6 +228,7 @@ class Recorder:
     def build(self, nodeid: str, reports: list[pytest.TestReport], duration: float,
               started_at: str) -> CaseRecord:
         suite = self.suite_of(self._path_of(nodeid))
+        case = self.ids.get(nodeid, nodeid)
         status, reason, findings = "passed", None, []
         current = None
         for rep in reports:
@@ -225,10 +242,10 @@ class Recorder:
                     status, reason = "skipped", _skip_reason(rep)
             elif rep.failed:
                 status = "failed" if rep.when == "call" else "error"
-                findings.append(_failure_finding(rep, self.device, suite))
+                findings.append(_failure_finding(rep, self.device, suite, case))
                 reason = reason or findings[-1].message
         if self.san_glob is not None:
-            found = self._sanitizer_findings(nodeid, suite)
+            found = self._sanitizer_findings(case, suite)
             findings.extend(found)
             if any(f.severity == "error" for f in found) and status in ("passed", "skipped"):
                 status, reason = "failed", f"compute-sanitizer: {found[0].message}"
@@ -246,7 +263,7 @@ class Recorder:
             memory["torch_peak_reserved"] = int(cuda.max_memory_reserved())
         return CaseRecord(
             run_id=self.run_id, device=self.device, device_uuid=self.uuid, suite=suite,
-            case=nodeid, mode=self.mode, status=status, reason=reason,
+            case=case, mode=self.mode, status=status, reason=reason,
             duration_s=round(duration, 6), started_at=started_at, current_device=current,
             memory=memory, findings=[f for f in findings if f is not None],
         )
@@ -306,7 +323,7 @@ def _skip_reason(rep: pytest.TestReport) -> str:
     return str(longrepr)
 
 
-def _failure_finding(rep: pytest.TestReport, device: str, suite: str) -> Finding:
+def _failure_finding(rep: pytest.TestReport, device: str, suite: str, case: str) -> Finding:
     text = str(rep.longrepr)
     crash = getattr(rep.longrepr, "reprcrash", None)
     message = crash.message.strip().splitlines()[0] if crash and crash.message else (
@@ -317,7 +334,7 @@ def _failure_finding(rep: pytest.TestReport, device: str, suite: str) -> Finding
         kind="cuda-error" if cuda_error else "test-failure",
         severity="error",
         message=message + where,
-        device=device, suite=suite, case=rep.nodeid,
+        device=device, suite=suite, case=case,
         evidence=text[-EVIDENCE_CHARS:],
         hint=("a CUDA error: under CUDA_LAUNCH_BLOCKING=1 it is raised at the launch that "
               "failed; illegal memory access on a non-zero device is the classic missing "

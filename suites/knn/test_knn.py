@@ -28,7 +28,7 @@ import torch
 from gpucheck.ops import knn_mean_sq_dist
 from gpucheck.reference import knn_mean_sq_dist as reference
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.gpucheck_kernels]
 
 U = 2.0**-24
 KS = (1, 3, 16)

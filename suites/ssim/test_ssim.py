@@ -15,14 +15,10 @@ import sys
 import pytest
 import torch
 
-from gpucheck.ops import _ext
 from gpucheck.ops.ssim_op import load_ops, ssim
 from gpucheck.reference.ssim_torch import ssim as ref_ssim
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not _ext.available(), reason="gpucheck's CUDA extension is not built"),
-]
+pytestmark = [pytest.mark.gpu, pytest.mark.gpucheck_kernels]
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 SIZES = [(1, 1, 1, 1), (1, 1, 11, 11), (2, 3, 113, 203), (5, 3, 1080, 1920)]
