@@ -157,6 +157,34 @@ def crash_digest(stderr: str, limit: int = STDERR_TAIL) -> str:
     return f"{head}\n--- tail ---\n{tail}" if head else tail
 
 
+def crash_hint(rc: int, stderr: str, under_sanitizer: bool = False) -> str:
+    """What a crash of this kind usually means, and what to do next."""
+    if under_sanitizer and rc == sanitizer_cmd.ERROR_EXIT:
+        return ("compute-sanitizer stopped the process at a fatal access: its records on this "
+                "case name the kernel and the access")
+    if "terminate called" in stderr or "what():" in stderr:
+        return ("the process aborted because a C++ exception escaped the extension (e.g. "
+                "thrust::system_error after a kernel ran on the wrong device): check the "
+                "device guard of the op this case calls, then run it under "
+                "--mode sanitizer:memcheck")
+    if any(m in stderr for m in ("illegal memory access", "an illegal address",
+                                 "unspecified launch failure")):
+        return ("the CUDA context was lost (a sticky error such as an illegal memory access) "
+                "and the process died with it: run the case under --mode sanitizer:memcheck "
+                "to see the faulting kernel and access")
+    if rc == -getattr(signal, "SIGSEGV", 11):
+        return ("segmentation fault in native code (host side): an extension dereferenced a "
+                "bad host pointer or a tensor's data on the wrong side; the Python frames in "
+                "the stderr tail show the call")
+    if rc == -getattr(signal, "SIGABRT", 6):
+        return ("the process aborted (abort(), a failed assert or a fatal library error); "
+                "the stderr tail shows the last words")
+    if rc == -getattr(signal, "SIGKILL", 9):
+        return ("killed with SIGKILL, often by the kernel's out-of-memory killer: check host "
+                "memory")
+    return "the process died inside the case; run it alone under compute-sanitizer"
+
+
 def _signal_name(returncode: int) -> str | None:
     if returncode >= 0:
         return None
@@ -292,9 +320,8 @@ class Harness:
                 how = "was ended by compute-sanitizer after a fatal error"
             if case:
                 self._record(w, case, "crashed", f"worker {how} while running this case", rc,
-                             "crash", "the process died inside the case (abort, segfault or "
-                             "lost CUDA context); run it alone under compute-sanitizer",
-                             unclaimed)
+                             "crash", crash_hint(rc, _tail(w.stderr_path, 64_000),
+                                                 bool(w.spec.sanitizer_tool)), unclaimed)
                 self._restart(w)
             else:
                 self._record(w, f"<worker {w.spec.label}>", "error",
@@ -340,6 +367,7 @@ class Harness:
             run_id=self.run_id, device=w.spec.label, device_uuid=w.spec.uuid, suite=suite,
             case=case, mode=w.spec.mode, status=status, reason=message,
             duration_s=round(max(0.0, time.time() - started), 3), started_at=now_iso(),
+            current_device=w.state.get("current_device"),
             exit_code=rc if rc >= 0 else None, signal=_signal_name(rc), stderr_tail=tail,
             findings=[*(extra or []), Finding(kind=kind, severity="error", message=message,
                               device=w.spec.label, suite=suite, case=case,

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from gpucheck import nvml
+from gpucheck.detectors import CaseInfo, worker_detectors
 from gpucheck.report import results
 from gpucheck.report.results import CaseRecord, Finding
 from gpucheck.runner.nvml_sampler import CasePeaks, Sampler
@@ -107,7 +108,9 @@ class Recorder:
         self.paths: dict[str, Path] = {}  # node id -> test file
         self.ids: dict[str, str] = {}  # node id -> case id (relative to the suite root)
         self.reports: dict[str, list[pytest.TestReport]] = {}
-        self.started: dict[str, tuple[float, str]] = {}
+        self.started: dict[str, tuple[float, str, float]] = {}  # monotonic, iso, epoch
+        self.detectors = worker_detectors()
+        self.detector_findings: dict[str, list[Finding]] = {}
         self.done = 0
         self.total = 0
         self.findings = 0
@@ -129,13 +132,16 @@ class Recorder:
             self._stacks = open(stacks_path(self.state_path), "w")  # noqa: SIM115
             faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True)
 
-    def _state(self, case: str | None, exit_reason: str | None = None) -> None:
+    def _state(self, case: str | None, exit_reason: str | None = None,
+               current_device: str | None = None) -> None:
         if self.state_path is None:
             return
         write_state(self.state_path, {
             "case": self.ids.get(case, case) if case else None,
             "suite": self.suite_of(self._path_of(case)) if case else None,
-            "started": time.time(), "done": self.done, "total": self.total,
+            "current_device": current_device,
+            "started": self.started[case][2] if case in self.started else time.time(),
+            "done": self.done, "total": self.total,
             "findings": self.findings, "pid": os.getpid(), "exit_reason": exit_reason,
             "sanitizer_offsets": self.san_offsets,
         })
@@ -196,7 +202,7 @@ class Recorder:
         self._state(None)
 
     def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
-        self.started[nodeid] = (time.monotonic(), now_iso())
+        self.started[nodeid] = (time.monotonic(), now_iso(), time.time())
         cuda = _torch_cuda()
         if cuda is not None:
             cuda.reset_peak_memory_stats()
@@ -205,12 +211,32 @@ class Recorder:
             self.peaks(time.time(), self.sampler.sample())
         self._state(nodeid)
 
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Any:
+        """The detectors watch the body of the case (fixtures have set the stage by then)."""
+        info = CaseInfo(self.device, self.suite_of(Path(item.path).resolve()),
+                        self.ids.get(item.nodeid, item.nodeid))
+        current = dict(item.user_properties).get("gpucheck_current_device")
+        self._state(item.nodeid, current_device=current)
+        for d in self.detectors:
+            d.case_started(info)
+        outcome = yield
+        found = self.detector_findings.setdefault(item.nodeid, [])
+        for d in self.detectors:
+            try:
+                found.extend(d.case_finished(info))
+            except Exception as err:  # a detector must never take a case down with it
+                found.append(Finding(kind="detector-error", severity="warning",
+                                     message=f"detector {d.name} failed: {err!r}",
+                                     device=self.device, suite=info.suite, case=info.case))
+        del outcome
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.reports.setdefault(report.nodeid, []).append(report)
 
     def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> None:
         reports = self.reports.pop(nodeid, [])
-        t0, started_at = self.started.pop(nodeid, (time.monotonic(), now_iso()))
+        t0, started_at, _ = self.started.pop(nodeid, (time.monotonic(), now_iso(), 0.0))
         record = self.build(nodeid, reports, time.monotonic() - t0, started_at)
         results.append(self.results, record.to_json())
         self.done += 1
@@ -244,6 +270,7 @@ class Recorder:
                 status = "failed" if rep.when == "call" else "error"
                 findings.append(_failure_finding(rep, self.device, suite, case))
                 reason = reason or findings[-1].message
+        findings.extend(self.detector_findings.pop(nodeid, []))
         if self.san_glob is not None:
             found = self._sanitizer_findings(case, suite)
             findings.extend(found)
