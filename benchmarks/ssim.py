@@ -28,7 +28,8 @@ from gpucheck.ops.ssim_op import load_ops, ssim
 from gpucheck.reference.ssim_torch import ssim as ref_ssim
 
 SIZES = [(5, 3, 1080, 1920), (1, 3, 1080, 1920), (5, 1, 1500, 1500)]
-# fused-ssim and the PyTorch conv2d SSIM on H200 (shared/PEERS.md): (inference, train) ms.
+# fused-ssim and the PyTorch conv2d SSIM, measured by us on one H200 (Nov 2026; see
+# benchmarks/RESULTS.md, "Peers"): (inference, train) ms.
 PEERS = {
     (5, 3, 1080, 1920): (0.573, 1.584),
     (1, 3, 1080, 1920): (0.133, 0.365),

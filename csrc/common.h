@@ -9,8 +9,8 @@
 #include <c10/util/Exception.h>
 
 // Every entry point starts with GPUCHECK_DEVICE_GUARD(first_tensor_argument);
-// Building with -DGPUCHECK_DEFECT_NO_GUARD removes the guard (story 1/2 of shared/STORIES.md)
-// so that the harness can prove it finds the defect; never define it in a release build.
+// Building with -DGPUCHECK_DEFECT_NO_GUARD removes the guard (failures 1 and 2 of
+// docs/failures.md) so that the harness can prove it finds the defect; never define it in a release build.
 #ifdef GPUCHECK_DEFECT_NO_GUARD
 #define GPUCHECK_DEVICE_GUARD(tensor) ((void)(tensor))
 #else

@@ -1,7 +1,7 @@
 """Exact k-nearest-neighbour mean squared distance (``torch.ops.gpucheck.knn_mean_sq_dist``).
 
 The drop-in for simple-knn's ``distCUDA2`` that 3D Gaussian splatting uses to initialise every
-Gaussian's scale (story 2 of ``shared/STORIES.md``), with a scoped device guard instead of a
+Gaussian's scale (failure 2 of ``docs/failures.md``), with a scoped device guard instead of a
 ``cudaSetDevice`` that leaks: the caller's current device is unchanged afterwards.
 
 This module imports without the compiled extension; the extension is loaded (and the fake

@@ -217,7 +217,7 @@ class Recorder:
         info = CaseInfo(self.device, self.suite_of(Path(item.path).resolve()),
                         self.ids.get(item.nodeid, item.nodeid))
         current = dict(item.user_properties).get("gpucheck_current_device")
-        self._state(item.nodeid, current_device=current)
+        self._state(item.nodeid, current_device=None if current is None else str(current))
         for d in self.detectors:
             d.case_started(info)
         outcome = yield

@@ -1,4 +1,4 @@
-"""GPU suite of ``gpucheck.ops.knn_mean_sq_dist`` (issue 4, story 2 of shared/STORIES.md).
+"""GPU suite of ``gpucheck.ops.knn_mean_sq_dist`` (failure 2 of docs/failures.md).
 
 Every test runs on each target device with *another* device current (``gpu_device``), so a
 missing device guard crashes or computes on the wrong GPU, and a leaked ``cudaSetDevice`` (the

@@ -1,7 +1,7 @@
 """GPU suite of the fused SSIM kernels (gpucheck.ops.ssim) against the reference.
 
 Every test runs on each target device (``gpu_device``) while *another* device is current and
-initialized (story 1 of shared/STORIES.md: an unguarded SSIM extension crashed on cuda:1).
+initialized (failure 1 of docs/failures.md: an unguarded SSIM extension crashed on cuda:1).
 Inputs are fresh random images each run; the seed is printed so a failure can be replayed.
 """
 
