@@ -65,9 +65,9 @@ cat "$D/run1-again.out"
 setsid "$PY" -m gpucheck.cli run --all-devices --quiet --suite knn --out "$D/run2" -- "${ARGS[@]}" \
   > "$D/run2-part1.out" 2>&1 &
 pid=$!
-sleep "${INTERRUPT_AFTER:-15}"; kill -INT -- "-$pid"; wait "$pid"; rc=$?
+sleep "${INTERRUPT_AFTER:-6}"; kill -INT -- "-$pid"; wait "$pid"; rc=$?
 n1=$(grep -c '"record":"case"' "$D/run2/results.jsonl")
-say "run2 interrupted after ${INTERRUPT_AFTER:-15} s: exit $rc, $n1 case records"
+say "run2 interrupted after ${INTERRUPT_AFTER:-6} s: exit $rc, $n1 case records"
 gc run --resume "$D/run2" --quiet > "$D/run2-resume.out" 2>&1; rc=$?
 "$PY" - "$D/run2/results.jsonl" "$D/run1/results.jsonl" <<'PY' > "$D/run2-check.txt"
 import collections, json, sys

@@ -320,3 +320,29 @@ def test_case_ids_are_relative_to_the_suite_root_wherever_it_is(tmp_path):
     skip = (out / "workers" / "cpu.blocking.1.skip.txt").read_text().split()
     assert sorted(skip) == ["sub/test_x.py::test_crash", "sub/test_x.py::test_ok"]
     json.dumps(recs)  # records stay plain JSON
+
+
+@pytest.mark.parametrize("selection", [["--all-devices"], ["--device", "1"], []])
+def test_a_gpu_run_resumes_with_the_devices_it_was_started_with(tmp_path, monkeypatch, capsys,
+                                                                 selection):
+    monkeypatch.setattr(devices, "discover", _two_gpus)
+    seen: list[list[str]] = []
+
+    class FakeHarness:
+        def __init__(self, specs, *args, **kwargs):
+            seen.append([s.label for s in specs])
+
+        def run(self):
+            pass
+
+    monkeypatch.setattr(pipeline, "Harness", FakeHarness)
+    suite = tmp_path / "mine"
+    suite.mkdir()
+    (suite / "test_x.py").write_text("def test_x():\n    pass\n")
+    out = tmp_path / "out"
+    first = cli.main(["run", *selection, "--suite", str(suite), "--out", str(out)])
+    again = cli.main(["run", "--resume", str(out)])
+    err = capsys.readouterr().err
+    assert (first, again) == (2, 2), err  # the fake harness ran nothing: nothing was tested
+    assert "exclude each other" not in err
+    assert seen[0] == seen[1] == (["cuda:1"] if "--device" in selection else ["cuda:0", "cuda:1"])

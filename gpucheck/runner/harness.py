@@ -356,6 +356,8 @@ class Harness:
                 hint: str, extra: list[Finding] | None = None) -> None:
         started = float(w.state.get("started", time.time()))
         suite = str(w.state.get("suite") or ",".join(w.spec.suites))
+        for f in extra or []:  # sanitizer records the tool wrote before it ended the case
+            f.suite, f.case = f.suite or suite, f.case or case
         tail = crash_digest(_tail(w.stderr_path, 64_000))
         if status == "hung":  # stacks first: they say where it hung
             try:  # faulthandler prints the innermost frame first: keep the head

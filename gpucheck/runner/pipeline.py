@@ -225,7 +225,8 @@ def _header(cfg: RunConfig, run_id: str, targets: list[Target], driver: str | No
             suites: dict[str, Path], passes: list[tuple[str, str | None]], notes: list[str],
             not_runnable: dict[str, str], modes: tuple[str, ...]) -> dict[str, Any]:
     config = {
-        "all_devices": cfg.all_devices, "devices": [t[1] for t in targets if t[1] is not None],
+        # as asked (the targets themselves are under "devices" of the header)
+        "all_devices": cfg.all_devices, "devices": list(cfg.devices),
         "suites": list(cfg.suites), "suite_paths": {n: str(p) for n, p in suites.items()},
         "modes": list(modes), "timeout": cfg.timeout, "cpu_only": cfg.cpu_only,
         "pytest_args": list(cfg.pytest_args), "nvml_interval": cfg.nvml_interval,
