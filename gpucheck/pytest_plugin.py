@@ -28,6 +28,9 @@ MARKERS = {
     "slow": "takes long (soak tests, large sizes)",
 }
 DEVICES_ENV = "GPUCHECK_DEVICES"
+#: "other" (default): another device is current and initialized while the target is tested;
+#: "target": the target itself is current and no other device is touched
+CURRENT_ENV = "GPUCHECK_CURRENT"
 #: marks the tests of gpucheck's own kernels (our suites); not needed in users' suites
 KERNELS_MARKER = "gpucheck_kernels"
 
@@ -120,12 +123,17 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.fixture
 def gpu_device(request: pytest.FixtureRequest) -> Any:
-    """The target ``torch.device``; another device is current and initialized meanwhile."""
+    """The target ``torch.device``; another device is current and initialized meanwhile
+    (or, with ``GPUCHECK_CURRENT=target``, the target itself is current)."""
     import torch
 
     from gpucheck.runner.poison import make_other_device_current
 
     target = torch.device("cuda", request.param)
+    if os.environ.get(CURRENT_ENV) == "target":
+        torch.cuda.set_device(target)
+        request.node.user_properties.append(("gpucheck_current_device", str(target)))
+        return target
     other = make_other_device_current(target)
     request.node.user_properties.append(
         ("gpucheck_current_device", None if other is None else str(other))
@@ -135,7 +143,11 @@ def gpu_device(request: pytest.FixtureRequest) -> Any:
 
 @pytest.fixture
 def other_device(gpu_device: Any) -> Any:
-    """The device made current while ``gpu_device`` is tested, or None (one device visible)."""
+    """The device made current while ``gpu_device`` is tested, or None (one device visible,
+    or the target itself made current with ``GPUCHECK_CURRENT=target``)."""
     from gpucheck.runner.poison import other_device as _other
+
+    if os.environ.get(CURRENT_ENV) == "target":
+        return None
 
     return _other(gpu_device)

@@ -118,3 +118,47 @@ def test_findings_flow_into_records_and_crashes_keep_the_current_device(tmp_path
 ])
 def test_crash_hints_tell_abort_lost_context_and_segfault_apart(rc, stderr, words):
     assert words in crash_hint(rc, stderr)
+
+
+def test_sanitizer_passes_run_in_both_arrangements_on_two_gpus():
+    from gpucheck.runner.pipeline import plan_passes
+
+    assert plan_passes(("blocking", "nvml", "sanitizer:memcheck"), devices=2) == [
+        ("blocking+nvml", None), ("sanitizer:memcheck", "memcheck"),
+        ("sanitizer:memcheck|target-current", "memcheck")]
+    # one GPU: there is no other device to make current, so one arrangement is all there is
+    assert plan_passes(("sanitizer:racecheck",), devices=1) == [
+        ("sanitizer:racecheck", "racecheck")]
+
+
+def test_target_current_passes_tell_their_workers(tmp_path, monkeypatch):
+    from gpucheck import cli, devices
+    from gpucheck.devices import Device, Inventory
+    from gpucheck.runner import pipeline
+    from gpucheck.sanitizer import command as sanitizer_cmd
+
+    devs = [Device(i, i, f"GPU-{i}", "NVIDIA H200", "9.0", None, 1, 1, 0, 0, 0, 0)
+            for i in range(2)]
+    monkeypatch.setattr(devices, "discover", lambda: Inventory(
+        devs, None, "580", "13.0", None, "2.11", None, "cuda-driver-uuid"))
+    monkeypatch.setattr(sanitizer_cmd, "find", lambda: tmp_path / "compute-sanitizer")
+    seen = []
+
+    class FakeHarness:
+        def __init__(self, specs, *args, **kwargs):
+            seen.extend(specs)
+
+        def run(self):
+            pass
+
+    monkeypatch.setattr(pipeline, "Harness", FakeHarness)
+    suite = tmp_path / "mine"
+    suite.mkdir()
+    (suite / "test_x.py").write_text("def test_x():\n    pass\n")
+    cli.main(["run", "--suite", str(suite), "--mode", "sanitizer:memcheck",
+              "--out", str(tmp_path / "out")])
+    arrangement = {(s.label, s.mode): s.env["GPUCHECK_CURRENT"] for s in seen}
+    assert arrangement == {
+        ("cuda:0", "sanitizer:memcheck"): "other", ("cuda:1", "sanitizer:memcheck"): "other",
+        ("cuda:0", "sanitizer:memcheck|target-current"): "target",
+        ("cuda:1", "sanitizer:memcheck|target-current"): "target"}

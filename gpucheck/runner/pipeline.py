@@ -24,6 +24,7 @@ from gpucheck.errors import (
     GpucheckError,
     UsageProblem,
 )
+from gpucheck.pytest_plugin import CURRENT_ENV
 from gpucheck.report import junit, results
 from gpucheck.runner import suites as suites_mod
 from gpucheck.runner.harness import Harness, WorkerSpec
@@ -154,11 +155,12 @@ def extension_problem() -> str | None:
 Target = tuple[str, int | None, str | None, str | None]  # label, CUDA index, UUID, name
 
 
-def choose_targets(cfg: RunConfig) -> tuple[list[Target], list[str], str | None]:
-    """Each target, notes for the run header, and the driver version."""
+def choose_targets(cfg: RunConfig) -> tuple[list[Target], list[str], str | None, int]:
+    """Each target, notes for the run header, the driver version, and how many CUDA devices
+    are visible (the targets are some of them)."""
     if cfg.cpu_only:
         return ([("cpu", None, None, None)],
-                ["--cpu-only: GPUs hidden; cases that need one are skipped"], None)
+                ["--cpu-only: GPUs hidden; cases that need one are skipped"], None, 0)
     inv = devices_mod.discover()
     if inv.environment_error:
         raise EnvironmentProblem(inv.environment_error)
@@ -176,12 +178,21 @@ def choose_targets(cfg: RunConfig) -> tuple[list[Target], list[str], str | None]
                       "current while the target runs) could not run")
     chosen = [d for d in inv.devices if d.cuda_index in wanted]
     return ([(f"cuda:{d.cuda_index}", d.cuda_index, d.uuid, d.name) for d in chosen], notes,
-            inv.driver_version)
+            inv.driver_version, len(visible))
 
 
-def plan_passes(modes: tuple[str, ...]) -> list[tuple[str, str | None]]:
+#: the arrangements a case can run in: another device current (how training leaves it), or
+#: its own target current with no other device touched
+OTHER_CURRENT, TARGET_CURRENT = "other", "target"
+#: suffix of the mode label of a pass run with the target current
+TARGET_SUFFIX = "|target-current"
+
+
+def plan_passes(modes: tuple[str, ...], devices: int = 1) -> list[tuple[str, str | None]]:
     """(mode label, sanitizer tool) of each pass: blocking/nvml share one worker per device;
-    every sanitizer tool needs its own."""
+    every sanitizer tool needs its own, and with two or more devices it runs twice: with
+    another device current, and with the target current (``|target-current``), because a
+    wrong-device fault ends the process before memcheck sees a second bug in the kernel."""
     passes: list[tuple[str, str | None]] = []
     plain = [m for m in ("blocking", "nvml") if m in modes]
     if plain:
@@ -189,8 +200,10 @@ def plan_passes(modes: tuple[str, ...]) -> list[tuple[str, str | None]]:
     for m in modes:
         if m.startswith("sanitizer"):
             tool = sanitizer_cmd.tool_of(m)
-            if (f"sanitizer:{tool}", tool) not in passes:
-                passes.append((f"sanitizer:{tool}", tool))
+            for label in (f"sanitizer:{tool}",
+                          *((f"sanitizer:{tool}{TARGET_SUFFIX}",) if devices > 1 else ())):
+                if (label, tool) not in passes:
+                    passes.append((label, tool))
     return passes
 
 
@@ -259,14 +272,14 @@ def run(cfg: RunConfig) -> int:
         if cfg.cpu_only:
             raise UsageProblem("the sanitizer modes need a GPU; drop --cpu-only")
         sanitizer = sanitizer_cmd.find()
-    targets, notes, driver = choose_targets(cfg)
+    targets, notes, driver, visible = choose_targets(cfg)
     if previous is not None:
         _check_same_devices(previous, targets)
     run_modes = modes
     if cfg.cpu_only and "nvml" in modes:
         run_modes = tuple(m for m in modes if m != "nvml")
         notes.append("--cpu-only: mode 'nvml' has no GPU to sample")
-    passes = plan_passes(run_modes) or [("plain", None)]
+    passes = plan_passes(run_modes, visible) or [("plain", None)]
     requested = (cfg.suite_paths if cfg.suite_paths is not None
                  else suites_mod.resolve(cfg.suites))
     existed = cfg.out is not None and cfg.out.exists()
@@ -299,6 +312,7 @@ def run(cfg: RunConfig) -> int:
                 env["CUDA_LAUNCH_BLOCKING"] = "1"
             if cfg.cpu_only:
                 env["CUDA_VISIBLE_DEVICES"] = ""
+            env[CURRENT_ENV] = TARGET_CURRENT if label.endswith(TARGET_SUFFIX) else OTHER_CURRENT
             interval = cfg.nvml_interval if "nvml" in label.split("+") else 0.0
             specs = [WorkerSpec(t_label, index, u, suites, label, env, cfg.pytest_args, interval,
                                 tool, sanitizer) for t_label, index, u, _ in targets]
