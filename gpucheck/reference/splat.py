@@ -264,7 +264,7 @@ def _composite_rows(
     trans = torch.cumprod(1 - alpha, dim=1)                               # T after each
     t_before = torch.cat([torch.ones_like(trans[:, :1]), trans[:, :-1]], dim=1)
     weights = alpha * t_before
-    t_final = trans[:, -1] if trans.shape[1] else torch.ones_like(trans[:, 0])
+    t_final = trans[:, -1] if trans.shape[1] else trans.new_ones(trans.shape[0])
     return weights @ colors, t_final, weights @ depths
 
 
