@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gpucheck.errors import BudgetExceeded
-from gpucheck.reference import rasterize
+from gpucheck.reference import rasterize, splat
 from gpucheck.reference.splat_sh import SH_C0, SH_C1, sh_basis
 
 F64 = torch.float64
@@ -240,6 +240,22 @@ def test_occlusion_order_and_transmittance_stop() -> None:
     torch.testing.assert_close(pix, want, rtol=1e-12, atol=0)
     torch.testing.assert_close(pix, two_only.image[:, centre[0], centre[1]], rtol=0, atol=0)
     assert float(four.alpha[centre]) == pytest.approx(1 - 1e-4, rel=1e-12)
+
+
+def test_threshold_equality_semantics(monkeypatch: pytest.MonkeyPatch) -> None:
+    """alpha == ALPHA_MIN is composited and T == T_MIN afterwards is kept (3DGS skips only
+    alpha < 1/255 and stops only at T < 1e-4); checked with thresholds made exact in binary."""
+    monkeypatch.setattr(splat, "T_MIN", 0.25)
+    monkeypatch.setattr(splat, "ALPHA_MIN", 0.5)
+    kw = dict(viewmat=torch.eye(4, dtype=F64), K=intrinsics(10.0, 10.0, 0.5, 0.5), width=1,
+              height=1, background=torch.zeros(3, dtype=F64))
+    means, scales, quats, op, colors = _stack_scene([2.0, 3.0, 4.0], [0.5, 0.5, 0.5])
+    res = rasterize(means, scales, quats, op, colors=colors, **kw)  # alpha = op at the centre
+    want = 0.5 * colors[0] + 0.25 * colors[1]           # T: 1 -> 0.5 -> 0.25 (kept) -> stop
+    torch.testing.assert_close(res.image[:, 0, 0], want, rtol=0, atol=0)
+    assert float(res.alpha[0, 0]) == 0.75
+    res = rasterize(means, scales, quats, op.nextafter(torch.zeros(())), colors=colors, **kw)
+    assert float(res.alpha[0, 0]) == 0.0                # just below ALPHA_MIN: all skipped
 
 
 def test_matches_sequential_kernel_loop(gen: torch.Generator) -> None:
