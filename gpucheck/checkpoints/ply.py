@@ -63,7 +63,7 @@ def _column(vertex: PlyElement, name: str) -> np.ndarray:
     data = vertex[name]
     if data.dtype.kind not in "fiu":
         raise CheckpointError(f"property {name} is not a numeric scalar ({data.dtype})")
-    return np.asarray(data, dtype=np.float32)
+    return np.ascontiguousarray(data, dtype=np.float32)    # a copy: native, unstrided
 
 
 def read_ply(path: str | Path) -> GaussianParams:

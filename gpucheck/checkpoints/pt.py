@@ -34,6 +34,8 @@ CAPTURE_FIELDS = ("active_sh_degree", "_xyz", "_features_dc", "_features_rest", 
 _3DGS_NAMES = {"means": "_xyz", "features_dc": "_features_dc",
                "features_rest": "_features_rest", "log_scales": "_scaling",
                "opacity_logits": "_opacity", "rotations_raw": "_rotation"}
+_ZIP_MAGIC = b"PK\x03\x04"       # torch.save's default format since PyTorch 1.6
+_PICKLE_PROTO = b"\x80"          # the legacy format starts with a pickle PROTO opcode
 #: capture() items that are training state, not parameters.
 _TRAINING_STATE = CAPTURE_FIELDS[7:]
 
@@ -52,11 +54,17 @@ class PtCheckpoint:
 
 def _load(path: Path) -> Any:
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with open(path, "rb") as f:
+            magic = f.read(4)
     except FileNotFoundError as e:
         raise CheckpointError(f"{path}: no such file") from e
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read: {e.strerror or e}") from e
+    if magic != _ZIP_MAGIC and magic[:1] != _PICKLE_PROTO:
+        raise CheckpointError(f"{path}: not a torch.save file (neither a zip archive nor a "
+                              f"pickle; starts with {magic!r})")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(
