@@ -371,14 +371,14 @@ def test_pt_with_arbitrary_objects_is_refused(tmp_path: Path) -> None:
 
 def test_paths_and_suffixes(tmp_path: Path, gen: torch.Generator) -> None:
     expect_error(tmp_path / "missing.ply", "no such file")
-    with pytest.raises(CheckpointError, match="unknown checkpoint suffix '.npz'"):
+    with pytest.raises(CheckpointError, match=r"unknown checkpoint suffix '\.npz'"):
         load(tmp_path / "x.npz")
     with pytest.raises(CheckpointError, match="unknown checkpoint suffix"):
         save(trained_like(2, 0, gen), tmp_path / "x.txt")
     bad = trained_like(2, 0, gen)
     bad.means = bad.means.clone()
     bad.means[0, 0] = math.nan
-    with pytest.raises(CheckpointError, match="refusing to write.*NaN/inf values in means"):
+    with pytest.raises(CheckpointError, match=r"refusing to write.*NaN/inf values in means"):
         save(bad, tmp_path / "bad.ply")
     assert not (tmp_path / "bad.ply").exists()
     assert issubclass(CheckpointError, GpucheckError)

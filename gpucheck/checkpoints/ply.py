@@ -54,6 +54,9 @@ def _parse(path: Path) -> PlyData:
                 f"{path}: truncated: the header promises {count} '{name}' rows, the file "
                 f"ends after {e.row} complete row(s)") from e
         raise CheckpointError(f"{path}: corrupt PLY data in element '{name}': {e}") from e
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{path}: corrupt PLY: byte {e.object[e.start:e.end]!r} where "
+                              f"ASCII text belongs (header or ASCII data)") from e
     except Exception as e:  # plyfile/numpy fail in many ways on garbage (fuzz-tested)
         raise CheckpointError(
             f"{path}: cannot parse PLY ({type(e).__name__}: {e})") from e
@@ -106,15 +109,15 @@ def read_ply(path: str | Path) -> GaussianParams:
         rest = {f"f_rest_{i}": _column(vertex, f"f_rest_{i}") for i in range(count)}
     except CheckpointError as e:
         raise CheckpointError(f"{path}: {e}") from e
-    check_finite({k: torch.from_numpy(v) for k, v in (cols | rest).items()}, str(path))
+    cols |= rest
+    check_finite({k: torch.from_numpy(v) for k, v in cols.items()}, str(path))
+    n = len(vertex.data)
 
     def stack(fields: list[str]) -> torch.Tensor:
-        n = len(vertex.data)
         if not fields:
             return torch.zeros(n, 0)
-        return torch.from_numpy(np.stack([(cols | rest)[f] for f in fields], axis=1))
+        return torch.from_numpy(np.stack([cols[f] for f in fields], axis=1))
 
-    n = len(vertex.data)
     rest_flat = stack([f"f_rest_{i}" for i in range(count)])          # [N, 3 * K]
     params = GaussianParams(
         means=stack(["x", "y", "z"]),
