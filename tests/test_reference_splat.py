@@ -167,6 +167,28 @@ def test_covariance_matches_numerical_jacobian(gen: torch.Generator) -> None:
         assert float(res.depths[g]) == pytest.approx(float(cam[g, 2]), rel=1e-12)
 
 
+def test_jacobian_is_clamped_outside_the_view() -> None:
+    """Off-screen Gaussians use the Jacobian at x/z, y/z clamped to 1.3x the half field of
+    view from the principal point (here off-centre), as in 3DGS and gsplat."""
+    width, height, fx, fy, cx, cy = 20, 10, 10.0, 12.0, 6.0, 7.0
+    lim_x = ((width - cx) / fx + 0.3 * width / (2 * fx), -(cx / fx + 0.3 * width / (2 * fx)))
+    lim_y = ((height - cy) / fy + 0.3 * height / (2 * fy), -(cy / fy + 0.3 * height / (2 * fy)))
+    z = 2.0
+    cases = [(5.0, 0.1, lim_x[0], 0.1), (-4.0, -3.0, lim_x[1], lim_y[1]),
+             (0.3, 2.5, 0.3, lim_y[0]), (0.2, -0.1, 0.2, -0.1)]   # the last one: no clamp
+    means = torch.tensor([[u * z, v * z, z] for u, v, _, _ in cases], dtype=F64)
+    scales = torch.tensor([[0.3, 0.1, 0.2]], dtype=F64).repeat(len(cases), 1)
+    res = rasterize(means, scales, identity_quats(len(cases)),
+                    torch.full((len(cases),), 0.5, dtype=F64),
+                    colors=torch.ones(len(cases), 3, dtype=F64), viewmat=torch.eye(4, dtype=F64),
+                    K=intrinsics(fx, fy, cx, cy), width=width, height=height)
+    for g, (_, _, uc, vc) in enumerate(cases):
+        jac = np.array([[fx / z, 0.0, -fx * uc / z], [0.0, fy / z, -fy * vc / z]])
+        cov2d = jac @ np.diag(scales[g].numpy() ** 2) @ jac.T + 0.3 * np.eye(2)
+        a, b, c = res.conics[g].tolist()
+        np.testing.assert_allclose(np.array([[a, b], [b, c]]) @ cov2d, np.eye(2), atol=1e-12)
+
+
 def test_sh_basis_is_orthonormal_on_the_sphere() -> None:
     """Gauss–Legendre in cos(theta) × uniform phi integrates these degree <= 6 products
     exactly, so the constants must give the identity Gram matrix."""

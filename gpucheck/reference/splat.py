@@ -43,7 +43,7 @@ import torch
 from gpucheck.errors import BudgetExceeded
 from gpucheck.reference.splat_sh import MAX_SH_DEGREE, sh_to_color
 
-__all__ = ["RasterizeResult", "estimate_binning_bytes", "rasterize"]
+__all__ = ["Projection", "RasterizeResult", "estimate_binning_bytes", "project", "rasterize"]
 
 NEAR_PLANE = 0.2
 TILE_SIZE = 16
@@ -176,7 +176,9 @@ def covariance_3d(scales: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor
     return m @ m.transpose(-1, -2)
 
 
-class _Projected(NamedTuple):
+class Projection(NamedTuple):
+    """Per-Gaussian preprocessing results of :func:`project`."""
+
     means2d: torch.Tensor   # [N, 2]
     depths: torch.Tensor    # [N]
     cov2d: torch.Tensor     # [N, 2, 2] low-pass included
@@ -186,7 +188,7 @@ class _Projected(NamedTuple):
 
 
 def project(means: torch.Tensor, scales: torch.Tensor, rotations: torch.Tensor,
-            viewmat: torch.Tensor, K: torch.Tensor, width: int, height: int) -> _Projected:
+            viewmat: torch.Tensor, K: torch.Tensor, width: int, height: int) -> Projection:
     """Per-Gaussian preprocessing (float64 inputs): screen mean, depth, 2D covariance, radius.
 
     Culled Gaussians get radius 0 and an empty tile rectangle; their other outputs are finite
@@ -229,7 +231,7 @@ def project(means: torch.Tensor, scales: torch.Tensor, rotations: torch.Tensor,
         ok = ok & ((hi - lo).prod(dim=1) > 0) & (radius > 0)
         radii = torch.where(ok, radius, torch.zeros_like(radius)).to(torch.int32)
         tiles = torch.where(ok[:, None], torch.cat([lo, hi], dim=1), 0.0).to(torch.int32)
-    return _Projected(means2d, z, cov2d, conics, radii, tiles)
+    return Projection(means2d, z, cov2d, conics, radii, tiles)
 
 
 def estimate_binning_bytes(n_intersections: int) -> int:
