@@ -23,3 +23,11 @@ class UsageProblem(GpucheckError):
 
 class ExtensionNotBuilt(GpucheckError):
     """gpucheck's CUDA extension is not available in this installation."""
+
+
+class CheckpointError(GpucheckError):
+    """A 3DGS checkpoint (.ply/.pt) cannot be read or written: the message names the problem."""
+
+
+class BudgetExceeded(GpucheckError):
+    """An operation would need more memory than the caller allowed (its ``max_bytes``)."""
