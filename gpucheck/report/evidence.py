@@ -76,11 +76,20 @@ def fmt_value(value: Any) -> str:
     return str(value)
 
 
-def _sanitizer(text: str) -> list[dict[str, Any]]:
-    report = parse_sanitizer("\n".join(f"========= {line}" for line in text.splitlines()))
+def _sanitizer(text: str, finding: dict[str, Any]) -> list[dict[str, Any]]:
+    lines = text.splitlines()
+    cut = bool(lines) and (lines[0][:1] in (" ", "") or "]" in lines[0][:12])
+    if cut:
+        # The head of the record was cut off (the worker keeps the *last* EVIDENCE_CHARS of a
+        # record whose C++ host frames are long): restart it from the finding's message, which
+        # holds the record's first line, and keep the indented lines that survived.
+        lines = [str(finding.get("message") or "record")] + [
+            line for line in lines[1:] if line.startswith(" ")]
+    report = parse_sanitizer("\n".join(f"========= {line}" for line in lines))
     if not report.findings:
         return []
     f = report.findings[0]
+    f.kernel_name = f.kernel_name or finding.get("kernel")
     access = None
     if f.access:
         access = " ".join(x for x in (f.access, f.size and f"of {f.size} bytes",
@@ -91,6 +100,9 @@ def _sanitizer(text: str) -> list[dict[str, Any]]:
         ("thread", f.thread), ("block", f.block), ("address", address), ("source", f.source),
         ("python frame", f.python_frame), ("API call", f.api_call), ("hazards", f.hazards),
         ("tool", f.tool)) if value]
+    if cut:
+        rows.append(("note", "the head of this record was cut off in the results file "
+                     "(thread, block, address may be missing)", True))
     blocks: list[dict[str, Any]] = [{"type": "fields", "title": "sanitizer record",
                                      "rows": rows}]
     frames = [(fr, not any(n in fr for n in HOST_NOISE)) for fr in f.host_frames]
@@ -137,7 +149,7 @@ def blocks(finding: dict[str, Any], record: dict[str, Any],
     text = str(finding.get("evidence") or "")
     out: list[dict[str, Any]] = []
     if kind == "sanitizer" and text:
-        out += _sanitizer(text)
+        out += _sanitizer(text, finding)
     elif kind == "crash":
         out += _crash(text, record)
     extra = [(k, fmt_value(v), False) for k, v in finding.items()
