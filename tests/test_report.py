@@ -14,12 +14,10 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from report_synth import make_run, real_cpu_run
 
 from gpucheck.report import junit, results, timeline, write_all
 from gpucheck.report.results import CaseRecord, Finding
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report_synth import make_run, real_cpu_run  # noqa: E402
 
 GPU_RUN = Path(__file__).resolve().parent / "fixtures" / "run_h100"
 
