@@ -235,3 +235,51 @@ def test_cli_report_exit_codes(cpu_run, tmp_path):
     assert report(str(clean)).returncode == 0
     proc = report(str(tmp_path / "elsewhere"))
     assert proc.returncode == 2 and "not a gpucheck run folder" in proc.stderr
+
+
+def test_report_after_the_harness_itself_was_killed(tmp_path):
+    """SIGKILL of `gpucheck run` mid-case: no junit.xml, no end of run, a worker still inside
+    a case. The report is made from what was recorded and says where the run stopped."""
+    import contextlib
+    import os
+    import signal
+    import time
+
+    suite = tmp_path / "suite" / "demo"
+    suite.mkdir(parents=True)
+    suite.joinpath("test_demo.py").write_text(
+        "import time\n\ndef test_ok():\n    pass\n\ndef test_fail():\n    assert 1 == 2\n\n"
+        "def test_stuck():\n    time.sleep(600)\n\ndef test_never():\n    pass\n")
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet",
+                             "--suite", str(suite), "--timeout", "300", "--out", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    state = out / "workers" / "cpu.blocking.state.json"
+    worker_pid = None
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            st = json.loads(state.read_text()) if state.exists() else {}
+            if str(st.get("case", "")).endswith("test_stuck"):
+                worker_pid = int(st["pid"])
+                break
+            time.sleep(0.2)
+        assert worker_pid, "the worker never reached test_stuck"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if worker_pid:  # the worker runs in its own session: it outlives the harness
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker_pid, signal.SIGKILL)
+    assert not (out / "junit.xml").exists()
+    paths = write_all(out)
+    doc = json.loads(paths["json"].read_text())
+    assert doc["summary"]["by_status"] == {"passed": 1, "failed": 1}
+    assert doc["state"]["complete"] is False
+    assert doc["state"]["interrupted"] == [
+        "worker cpu.blocking stopped inside suite/demo/test_demo.py::test_stuck "
+        "(2 of 4 cases done)"]
+    assert ET.parse(paths["junit"]).getroot().get("tests") == "2"
+    assert "stopped inside suite/demo/test_demo.py::test_stuck" in paths["html"].read_text()

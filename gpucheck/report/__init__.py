@@ -43,7 +43,7 @@ def write_all(run_dir: Path, out: Path | None = None) -> dict[str, Path]:
     doc = document.build(data, tl)
     paths = {
         "json": _write(run_dir / "results.json",
-                       json.dumps(doc, indent=1, default=str) + "\n"),
+                       json.dumps(doc, separators=(",", ":"), default=str) + "\n"),
         "junit": run_dir / "junit.xml",
     }
     tree = junit.to_xml(data.cases)

@@ -154,8 +154,8 @@ def blocks(finding: dict[str, Any], record: dict[str, Any],
         out += _crash(text, record)
     extra = [(k, fmt_value(v), False) for k, v in finding.items()
              if k not in BASE_FIELDS and v not in (None, "", [], {})]
-    if finding.get("op") or finding.get("kernel"):
-        extra = [(k, str(finding[k]), False) for k in ("op", "kernel") if finding.get(k)] + extra
+    named = [k for k in ("op", "kernel") if finding.get(k) and not (k == "kernel" and out)]
+    extra = [(k, str(finding[k]), False) for k in named] + extra  # a sanitizer block has it
     if extra:
         out.append({"type": "fields", "title": "details", "rows": extra})
     mem = _memory(record, labels)

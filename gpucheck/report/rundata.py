@@ -13,6 +13,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +79,7 @@ class RunData:
             return str(self.header.get("run_id"))
         return str(self.cases[0].get("run_id")) if self.cases else None
 
-    @property
+    @cached_property
     def devices(self) -> list[str]:
         """Device labels in header order, then any only the case records name."""
         labels = [str(d.get("device")) for d in (self.header or {}).get("devices", [])]
@@ -87,7 +88,7 @@ class RunData:
                 labels.append(r["device"])
         return labels
 
-    @property
+    @cached_property
     def suites(self) -> list[str]:
         names = list((self.header or {}).get("suites", []))
         for r in self.cases:
@@ -180,7 +181,8 @@ def _worker_progress(workers_dir: Path) -> list[WorkerProgress]:
 
 
 def load(run_dir: Path) -> RunData:
-    """Read a run folder (complete or not) into a RunData."""
+    """Read a run folder (complete or not) into a RunData (read its ``devices`` and
+    ``suites`` only once it is filled: they are cached)."""
     data = RunData(run_dir=run_dir, header=None, cases=[])
     path = run_dir / "results.jsonl"
     if not path.exists():

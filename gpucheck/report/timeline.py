@@ -26,8 +26,9 @@ LEFT, RIGHT, TOP, BOTTOM = 58.0, 8.0, 10.0, 22.0
 #: cases that did not pass (the rest would be a grey smear)
 MAX_BOUNDARIES = 400
 GIB = 1024**3
+#: process colours (no grey: the GPU's total is the grey line)
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf",
-           "#bcbd22", "#7f7f7f", "#d62728")
+           "#bcbd22", "#d62728", "#393b79")
 
 
 @dataclass
@@ -116,19 +117,22 @@ def read(path: Path, labels: dict[str, str], buckets: int = BUCKETS) -> Timeline
                 torn += 1
                 continue
             samples += 1
-            for row in rows:
+            for row in rows:  # the hot loop of an hour-long timeline: kept inline
                 uuid = str(row.get("uuid"))
                 dev = devices.get(uuid)
                 if dev is None:
                     index = int(row.get("nvml_index", len(devices)))
                     label = labels.get(uuid, f"GPU {index} (not targeted)")
                     dev = devices[uuid] = DeviceTimeline(uuid, index, label, Series("used"), {})
-                dev.used.add(b, row.get("used"))
+                used = row.get("used")
+                if used is not None and used > dev.used.values.get(b, -1):
+                    dev.used.values[b] = used
                 for pid, used in (row.get("processes") or {}).items():
                     series = dev.processes.get(pid)
                     if series is None:
                         series = dev.processes[pid] = Series(pid)
-                    series.add(b, used if used is not None else 0)
+                    if (used or 0) > series.values.get(b, -1):
+                        series.values[b] = used or 0
     ordered = sorted(devices.values(), key=lambda d: d.nvml_index)
     interval = (t1 - t0) / (samples - 1) if samples > 1 else None
     return Timeline(t0, t1, samples, interval, ordered, torn)
