@@ -180,57 +180,29 @@ def main() -> None:
         driver.quit()
 
 
-if __name__ == "__main__":
-    main()
-
-
-DEMO_SUITE = '''
-import os, time, pytest
-
-def test_ok():
-    assert sum(range(5)) == 10
-
-def test_fail():
-    assert [1, 2] == [1, 3]
-
-@pytest.mark.skip(reason="not on this machine")
-def test_skip():
-    pass
-
-def test_gpu(gpu_device):
-    assert gpu_device.type == "cuda"
-
-def test_cuda_error():
-    raise RuntimeError("CUDA error: an illegal memory access was encountered")
-
-def test_abort():
-    os.write(2, b"terminate called after throwing an instance of 'thrust::system_error'\\n"
-                b"  what():  parallel_for failed: cudaErrorIllegalAddress\\n")
-    os.abort()
-
-def test_hang():
-    time.sleep(600)
-
-def test_last():
-    assert True
-'''
-
 
 def real_cpu_run(base: Path) -> Path:
-    """A run of the real harness on CPU (passing, failing, skipped, crashing and hanging
-    cases), made once per ``base`` folder and reused."""
+    """A run of the real harness on CPU of test_harness.py's demo suite (passing, failing,
+    skipped, erroring, crashing and hanging cases), made once per ``base`` folder."""
     import os
     import subprocess
     import sys
+
+    from test_harness import SUITE
 
     out = base / "cpu_run"
     if (out / "results.jsonl").exists():
         return out
     suite = base / "cpu_suite" / "demo"
     suite.mkdir(parents=True, exist_ok=True)
-    (suite / "test_demo.py").write_text(DEMO_SUITE)
+    (suite / "test_demo.py").write_text(SUITE)
     subprocess.run([sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet",
                     "--suite", str(suite), "--timeout", "2", "--out", str(out)],
                    cwd=base, capture_output=True, text=True, timeout=300,
-                   env={**os.environ, "PYTHONPATH": str(HERE.parent)})
+                   env={**os.environ, "PYTHONPATH": str(HERE.parent), "DEMO_CUDA_ERROR": "1",
+                        "DEMO_ABORT": "1", "DEMO_HANG": "1"})
     return out
+
+
+if __name__ == "__main__":
+    main()

@@ -71,7 +71,8 @@ def test_cpu_run_reports(run_copy):
     s = doc["summary"]
     assert s["verdict"] == "failed"
     assert s["cases"] == len(recs) == len(doc["cases"])
-    assert s["by_status"] == {"passed": 2, "failed": 2, "skipped": 2, "crashed": 1, "hung": 1}
+    assert s["by_status"] == {"passed": 2, "failed": 2, "skipped": 2, "error": 1, "crashed": 1,
+                              "hung": 1}
     assert set(doc["findings"]) == {"test-failure", "cuda-error", "crash", "hang"}
     crash = doc["findings"]["crash"][0]
     assert doc["cases"][crash["case_index"]]["status"] == "crashed"
@@ -283,3 +284,20 @@ def test_report_after_the_harness_itself_was_killed(tmp_path):
         "(2 of 4 cases done)"]
     assert ET.parse(paths["junit"]).getroot().get("tests") == "2"
     assert "stopped inside suite/demo/test_demo.py::test_stuck" in paths["html"].read_text()
+
+
+def test_lint_and_benchmark_records_become_tables(tmp_path):
+    results.append(tmp_path / "results.jsonl", _case("t.py::t", "passed"))
+    results.append(tmp_path / "results.jsonl", {
+        "schema": results.SCHEMA_ID, "record": "lint", "run_id": "r",
+        "checkpoint": "point_cloud.ply", "field": "scale_0", "verdict": "activated twice",
+        "evidence": "all 120,000 scales positive, median 0.012"})
+    (tmp_path / "benchmarks.jsonl").write_text(json.dumps(
+        {"op": "fused_ssim", "device": "cuda:0", "shape": "5x3x1080x1920",
+         "forward_ms": 0.222}) + "\n")
+    paths = write_all(tmp_path)
+    html = paths["html"].read_text()
+    assert "Checkpoint lint" in html and "activated twice" in html
+    assert "Benchmarks" in html and "5x3x1080x1920" in html
+    extras = json.loads(paths["json"].read_text())["extras"]
+    assert set(extras) == {"lint", "benchmarks"}
