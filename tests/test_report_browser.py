@@ -69,16 +69,27 @@ def shots(tmp_path_factory):
     return folder
 
 
-@pytest.fixture(scope="module")
-def gpu_or_synthetic(tmp_path_factory):
-    """The GPU machine's run where it is committed, else a synthetic 2-GPU run (timeline,
-    sanitizer record, crash, hang, stray context)."""
-    run = tmp_path_factory.mktemp("gpu_run")
-    if GPU_RUN.exists():
+def _render(name: str, base: Path) -> Path:
+    run = base / name
+    if name == "run_h100":
+        if not GPU_RUN.exists():
+            pytest.skip("fixtures/run_h100 not recorded yet")
         shutil.copytree(GPU_RUN, run, dirs_exist_ok=True)
     else:
         make_run(run, devices=2, cases=40, hours=0.02)
     return write_all(run)["html"]
+
+
+@pytest.fixture(scope="module", params=["run_h100", "synthetic"])
+def timeline_page(request, tmp_path_factory):
+    """The run recorded on the GPU machine (fixtures/run_h100: one GPU, the self-test's crash
+    and sanitizer findings), and a synthetic 2-GPU run with a stray context."""
+    return request.param, _render(request.param, tmp_path_factory.mktemp(request.param))
+
+
+@pytest.fixture(scope="module")
+def gpu_page(tmp_path_factory):
+    return _render("run_h100", tmp_path_factory.mktemp("gpu"))
 
 
 @pytest.fixture(scope="module")
@@ -160,11 +171,12 @@ def test_page_matrix_findings_filters(driver, cpu_page, shots):
     assert _errors(driver) == []
 
 
-def test_timelines_and_device_filter(driver, gpu_or_synthetic, shots):
+def test_timelines_and_device_filter(driver, timeline_page, shots):
     from selenium.webdriver.common.by import By
 
-    _open(driver, gpu_or_synthetic)
-    _full_shot(driver, shots / "gpu_run.png")
+    name, page = timeline_page
+    _open(driver, page)
+    _full_shot(driver, shots / f"{name}.png")
     assert _errors(driver) == []
     assert driver.execute_script("return performance.getEntriesByType('resource').length") == 0
     plots = _visible(driver, "figure.plot")
@@ -175,7 +187,10 @@ def test_timelines_and_device_filter(driver, gpu_or_synthetic, shots):
         assert all(len(p.get_attribute("points").split()) >= 2 for p in lines)
         box = plot.find_element(By.CSS_SELECTOR, "svg.timeline").rect
         assert box["width"] > 600 and box["height"] > 100
-    driver.find_element(By.ID, "timelines").screenshot(str(shots / "timelines.png"))
+    driver.find_element(By.ID, "timelines").screenshot(str(shots / f"{name}_timelines.png"))
+    if name == "synthetic":  # a stray context is visible at a glance
+        assert len(_visible(driver, "figure.plot.stray")) == 2
+        assert _visible(driver, "polyline.strayline")
     options = driver.find_elements(By.CSS_SELECTOR, "#f-device option")
     devices = [o.get_attribute("value") for o in options if o.get_attribute("value")]
     if len(devices) > 1:
@@ -186,6 +201,25 @@ def test_timelines_and_device_filter(driver, gpu_or_synthetic, shots):
         assert [r.get_attribute("data-device") for r in rows] == [devices[-1]]
         shown = [p.get_attribute("data-device") for p in _visible(driver, "figure.plot")]
         assert devices[-1] in shown and devices[0] not in shown
-    if _visible(driver, "#kind-sanitizer"):
-        driver.find_element(By.ID, "kind-sanitizer").screenshot(str(shots / "sanitizer.png"))
+    assert _errors(driver) == []
+
+
+def test_gpu_run_findings(driver, gpu_page, shots):
+    """The self-test's real findings: a crash with its abort message, memcheck records with
+    kernel, access, thread/block and the extension's host frames."""
+    from selenium.webdriver.common.by import By
+
+    _open(driver, gpu_page)
+    crash = driver.find_element(By.CSS_SELECTOR, "article.card[data-kind=crash]")
+    assert crash.is_displayed() and "terminate called" in crash.text
+    san = driver.find_element(By.CSS_SELECTOR, "article.card[data-kind=sanitizer]")
+    assert "Invalid __global__ write of size 4 bytes" in san.text
+    for field in ("kernel", "thread", "block", "address"):
+        assert san.find_element(By.XPATH, f".//th[text()='{field}']").is_displayed()
+    assert "gpucheck_selftest_defects.so" in san.text
+    driver.set_window_size(1400, 3000)
+    driver.find_element(By.ID, "kind-sanitizer").screenshot(str(shots / "run_h100_sanitizer.png"))
+    driver.set_window_size(1400, 1000)
+    _select(driver, "f-kind", "crash")
+    assert not san.is_displayed() and crash.is_displayed()
     assert _errors(driver) == []

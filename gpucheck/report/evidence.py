@@ -11,6 +11,7 @@ differential re-run's two outcomes) as a table, so a new kind needs no template 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from gpucheck.sanitizer import parse as parse_sanitizer
@@ -41,6 +42,8 @@ KINDS: dict[str, tuple[str, str, str]] = {
 HOST_NOISE = ("in python3", "in libtorch", "in libc10", "in libpython", "in libc.so",
               "in libcuda", "in libcudart", "_PyEval", "_PyObject", "pybind11::")
 MAX_FRAMES = 12
+#: the end of a host frame line ("... [0x7f8e3] in libc10.so"), never of a record's first line
+FRAME_END = re.compile(r"\[0x[0-9a-fA-F]+\] in \S+$")
 GIB = 1024**3
 
 
@@ -78,7 +81,7 @@ def fmt_value(value: Any) -> str:
 
 def _sanitizer(text: str, finding: dict[str, Any]) -> list[dict[str, Any]]:
     lines = text.splitlines()
-    cut = bool(lines) and (lines[0][:1] in (" ", "") or "]" in lines[0][:12])
+    cut = bool(lines) and (lines[0][:1] in (" ", "") or bool(FRAME_END.search(lines[0])))
     if cut:
         # The head of the record was cut off (the worker keeps the *last* EVIDENCE_CHARS of a
         # record whose C++ host frames are long): restart it from the finding's message, which
@@ -171,4 +174,7 @@ def blocks(finding: dict[str, Any], record: dict[str, Any],
     if tail and tail != text and kind not in ("crash", "hang"):
         out.append({"type": "pre", "title": "worker stderr (tail)", "text": str(tail),
                     "open": False})
+    for b in out:  # values as text, whatever type the record held
+        if b["type"] == "fields":
+            b["rows"] = [(str(name), fmt_value(value), flag) for name, value, flag in b["rows"]]
     return out

@@ -192,11 +192,12 @@ def _cards(data: RunData) -> tuple[list[dict[str, Any]], dict[int, str]]:
                                                                         labels)]}
                             for i, f in occ[:MAX_OCCURRENCES]],
             "more": len(occ) - MAX_OCCURRENCES if len(occ) > MAX_OCCURRENCES else 0,
+            "n": len(occ),
         })
     ordered = sorted(kinds.items(), key=lambda kv: (
         min(rank.get(c["severity"], 3) for c in kv[1]), kv[0]))
     return ([{"kind": k, "title": evidence.kind_title(k), "about": evidence.kind_about(k),
-              "cards": cards, "count": sum(len(c["devices"]) for c in cards)}
+              "cards": cards, "count": sum(c["n"] for c in cards)}
              for k, cards in ordered], card_of_case)
 
 
