@@ -50,13 +50,17 @@ def chrome() -> Any:
                             options=opts)
 
 
-@pytest.fixture(scope="module")
-def driver():
+def _require_browser() -> None:
     why = _missing()
     if why:
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail(f"browser tests cannot run in CI: {why}")
         pytest.skip(f"browser tests need headless Chromium: {why}")
+
+
+@pytest.fixture(scope="module")
+def driver():
+    _require_browser()
     d = chrome()
     yield d
     d.quit()
@@ -223,3 +227,12 @@ def test_gpu_run_findings(driver, gpu_page, shots):
     _select(driver, "f-kind", "crash")
     assert not san.is_displayed() and crash.is_displayed()
     assert _errors(driver) == []
+
+
+@pytest.mark.parametrize(("ci", "outcome"), [("true", pytest.fail.Exception),
+                                             ("", pytest.skip.Exception)])
+def test_missing_browser_fails_in_ci_and_skips_elsewhere(monkeypatch, ci, outcome):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setenv("CI", ci)
+    with pytest.raises(outcome, match=r"chromium|selenium"):
+        _require_browser()
