@@ -23,7 +23,7 @@ import jinja2
 from gpucheck.report import evidence, timeline
 from gpucheck.report.document import SEVERITY_ORDER
 from gpucheck.report.results import BAD_STATUSES
-from gpucheck.report.rundata import RunData
+from gpucheck.report.rundata import EXTRA_TITLES, RunData
 
 #: evidence text kept per block (the full text stays in results.jsonl / results.json)
 MAX_TEXT = 12_000
@@ -234,8 +234,6 @@ def _compare(data: RunData) -> dict[str, Any]:
 
 
 def _extras(data: RunData) -> list[dict[str, Any]]:
-    from gpucheck.report.rundata import EXTRA_TITLES
-
     out = []
     for kind, records in data.extras.items():
         columns = [c for c in dict.fromkeys(k for r in records for k in r)
