@@ -195,7 +195,7 @@ def test_timeline_keeps_peaks_and_flags_the_stray_context(tmp_path):
     labels = {f"GPU-{i:08x}-synthetic-0": f"cuda:{i}" for i in range(3)}
     tl = timeline.read(tmp_path / "nvml_timeline.jsonl", labels)
     assert tl is not None and tl.samples == 7200 and len(tl.devices) == 3
-    raw = [json.loads(line) for line in (tmp_path / "nvml_timeline.jsonl").open()]
+    raw = [json.loads(line) for line in (tmp_path / "nvml_timeline.jsonl").read_text().splitlines()]
     for d, dev in enumerate(tl.devices):
         true_peak = max(s["devices"][d]["used"] for s in raw)
         assert dev.used.peak == true_peak  # downsampled by max: the peak survives

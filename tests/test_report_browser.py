@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +132,7 @@ def _select(driver, control: str, value: str) -> None:
 
 def test_page_matrix_findings_filters(driver, cpu_page, shots):
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
 
     _open(driver, cpu_page)
     _full_shot(driver, shots / "cpu_run.png")
@@ -158,7 +158,8 @@ def test_page_matrix_findings_filters(driver, cpu_page, shots):
     # search
     driver.find_element(By.ID, "f-reset").click()
     driver.find_element(By.ID, "f-search").send_keys("assert [1, 2]")
-    time.sleep(0.4)  # the search is debounced
+    WebDriverWait(driver, 10).until(  # the search is debounced
+        lambda d: len(_visible(d, "article.card")) == 1)
     assert [c.get_attribute("data-kind") for c in _visible(driver, "article.card")] == [
         "test-failure"]
     driver.find_element(By.ID, "f-reset").click()
@@ -168,6 +169,7 @@ def test_page_matrix_findings_filters(driver, cpu_page, shots):
     summary = lazy.find_element(By.TAG_NAME, "summary")
     driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", summary)
     summary.click()
+    WebDriverWait(driver, 10).until(lambda d: lazy.find_elements(By.CSS_SELECTOR, "tr"))
     listed = lazy.find_elements(By.CSS_SELECTOR, "tr[data-status]")
     assert sorted(r.get_attribute("data-status") for r in listed) == [
         "passed", "passed", "skipped", "skipped"]
