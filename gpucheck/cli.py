@@ -18,7 +18,7 @@ from rich.table import Table
 
 import gpucheck
 from gpucheck.devices import Inventory
-from gpucheck.errors import EXIT_CLEAN, EXIT_USAGE, GpucheckError
+from gpucheck.errors import EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE, GpucheckError
 
 GIB = 1024**3
 
@@ -160,6 +160,29 @@ def parse_sanitizer(log: Path, tool: str | None, as_json: bool) -> int:
             console.print(escape(line.rstrip()))
     errors = any(f.severity == "error" for f in report.findings) or bool(report.errors_reported)
     return 1 if errors else EXIT_CLEAN
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("-o", "--output", "output", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="Where the HTML page goes (default: RUN_DIR/report.html).")
+def report(run_dir: Path, output: Path | None) -> int:
+    """Write report.html, results.json and junit.xml of the run in RUN_DIR.
+
+    Works on an interrupted run too. Exit 1 when the run has findings of severity error.
+    """
+    from gpucheck.errors import UsageProblem
+    from gpucheck.report import write_all
+
+    if not (run_dir / "results.jsonl").exists() and not (run_dir / "workers").is_dir():
+        raise UsageProblem(f"{run_dir} is not a gpucheck run folder (no results.jsonl)")
+    try:
+        paths = write_all(run_dir, output)
+    except OSError as err:
+        raise UsageProblem(f"cannot write the report: {err.strerror or err}") from err
+    verdict = json.loads(paths["json"].read_text())["summary"]["verdict"]
+    click.echo(f"{verdict}: {paths['html']}  (also {paths['json'].name}, {paths['junit'].name})")
+    return EXIT_FINDINGS if verdict == "failed" else EXIT_CLEAN
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,137 @@
+"""``results.json``: the whole run as one JSON document (what a script or a dashboard reads).
+
+Shape (``schema: gpucheck.report/1``)::
+
+    {
+      "schema": "gpucheck.report/1",
+      "generated_at": ISO time, "run_dir": str,
+      "run": the run header record of results.jsonl, or null when the run has none,
+      "state": {"complete": bool, "interrupted": [why, ...], "problems": [note, ...]},
+      "summary": {"verdict": "clean" | "warnings" | "failed" | "no-results",
+                  "started_at", "finished_at": ISO or null, "duration_s": float or null,
+                  "devices": [label], "suites": [name], "modes": [label],
+                  "cases": int, "by_status": {status: n}, "findings": int,
+                  "by_kind": {kind: n}, "by_severity": {severity: n}},
+      "matrix": [{"device", "suite", "worst": status, "counts": {status: n}}],
+      "findings": {kind: [finding + {"mode", "status", "case_index"}]},
+      "cases": [every case record of results.jsonl, as written],
+      "timeline": null or {"file", "samples", "interval_s", "start", "end", "devices": [
+                   {"label", "uuid", "nvml_index", "peak_used",
+                    "processes": {pid: {"peak": bytes, "devices": [label]}}}]},
+      "extras": {record type: [records]}   (checkpoint lint, benchmarks, ...)
+    }
+
+``case_index`` is the finding's case in ``cases``. Field order and names of case records and
+findings are those of results.schema.json; detectors may add fields to findings.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from datetime import datetime, timezone
+from typing import Any
+
+from gpucheck.report.results import BAD_STATUSES
+from gpucheck.report.rundata import RunData
+from gpucheck.report.timeline import Timeline
+
+SCHEMA = "gpucheck.report/1"
+#: worst first: the colour of a matrix cell is its worst case
+SEVERITY_ORDER = ("crashed", "hung", "failed", "error", "passed", "skipped")
+
+
+def worst(statuses: Counter[str] | dict[str, int]) -> str:
+    present = [s for s in SEVERITY_ORDER if statuses.get(s)]
+    unknown = [s for s in statuses if s not in SEVERITY_ORDER and statuses[s]]
+    return (unknown or present or ["empty"])[0]
+
+
+def _iso(t: float | None) -> str | None:
+    if t is None:
+        return None
+    return datetime.fromtimestamp(t, timezone.utc).astimezone().isoformat(timespec="seconds")
+
+
+def verdict(data: RunData) -> str:
+    severities = {f.get("severity") for r in data.cases for f in r.get("findings", [])}
+    if not data.cases:
+        return "no-results"
+    if "error" in severities or any(r["status"] in BAD_STATUSES for r in data.cases):
+        return "failed"
+    return "warnings" if "warning" in severities else "clean"
+
+
+def matrix(data: RunData) -> list[dict[str, Any]]:
+    counts: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
+    for r in data.cases:
+        counts[(r["device"], r["suite"])][r["status"]] += 1
+    return [{"device": d, "suite": s, "worst": worst(counts[(d, s)]),
+             "counts": dict(counts[(d, s)])}
+            for d in data.devices for s in data.suites if (d, s) in counts]
+
+
+def findings_by_kind(data: RunData) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for i, r in enumerate(data.cases):
+        for f in r.get("findings", []):
+            out[str(f.get("kind"))].append({**f, "device": f.get("device") or r["device"],
+                                            "suite": f.get("suite") or r["suite"],
+                                            "case": f.get("case") or r["case"],
+                                            "mode": r["mode"], "status": r["status"],
+                                            "case_index": i})
+    return dict(sorted(out.items()))
+
+
+def summary(data: RunData) -> dict[str, Any]:
+    started, finished = data.started(), data.finished()
+    findings = [f for r in data.cases for f in r.get("findings", [])]
+    modes = list((data.header or {}).get("modes", []))
+    modes += [m for m in dict.fromkeys(r["mode"] for r in data.cases) if m not in modes]
+    return {
+        "verdict": verdict(data),
+        "started_at": _iso(started), "finished_at": _iso(finished),
+        "duration_s": None if started is None or finished is None
+        else round(max(0.0, finished - started), 3),
+        "devices": data.devices, "suites": data.suites, "modes": modes,
+        "cases": len(data.cases),
+        "by_status": dict(Counter(r["status"] for r in data.cases)),
+        "findings": len(findings),
+        "by_kind": dict(Counter(str(f.get("kind")) for f in findings)),
+        "by_severity": dict(Counter(str(f.get("severity")) for f in findings)),
+    }
+
+
+def timeline_summary(tl: Timeline | None) -> dict[str, Any] | None:
+    if tl is None:
+        return None
+    pid_devices = tl.pid_devices()
+    return {
+        "file": "nvml_timeline.jsonl", "samples": tl.samples,
+        "interval_s": None if tl.interval_s is None else round(tl.interval_s, 4),
+        "start": _iso(tl.t0), "end": _iso(tl.t1),
+        "devices": [{"label": d.label, "uuid": d.uuid, "nvml_index": d.nvml_index,
+                     "peak_used": d.used.peak,
+                     "processes": {pid: {"peak": s.peak, "devices": pid_devices[pid]}
+                                   for pid, s in d.processes.items()}}
+                    for d in tl.devices],
+    }
+
+
+def build(data: RunData, timeline: Timeline | None) -> dict[str, Any]:
+    """The results.json document of a run."""
+    interrupted = data.interrupted
+    return {
+        "schema": SCHEMA,
+        "generated_at": datetime.now(timezone.utc).astimezone().isoformat(timespec="seconds"),
+        "run_dir": str(data.run_dir),
+        "run": data.header,
+        "state": {"complete": data.header is not None and not interrupted
+                  and not data.torn_lines, "interrupted": interrupted,
+                  "problems": data.problems},
+        "summary": summary(data),
+        "matrix": matrix(data),
+        "findings": findings_by_kind(data),
+        "cases": data.cases,
+        "timeline": timeline_summary(timeline),
+        "extras": data.extras,
+    }

@@ -1,0 +1,283 @@
+"""``report.html``: one self-contained page (inline CSS, JS and SVG; no fetch of any kind).
+
+The page is rendered from the jinja2 templates beside this module. What a maintainer looks at
+first is rendered on the server side: the verdict, the device x suite matrix, every case that
+did not pass, every finding with its evidence and a hint, the NVML timelines. Cases that passed
+or were skipped are only counted in the page and listed on demand from an embedded JSON table
+(a run of 40,000 cases stays a page of a few MB that opens in about a second).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from gpucheck.report import evidence, timeline
+from gpucheck.report.document import SEVERITY_ORDER
+from gpucheck.report.results import BAD_STATUSES
+from gpucheck.report.rundata import EXTRA_TITLES, RunData
+
+#: evidence text kept per block (the full text stays in results.jsonl / results.json)
+MAX_TEXT = 12_000
+#: occurrences of one finding shown with their evidence (the others are listed by device)
+MAX_OCCURRENCES = 6
+#: rows of the cross-device comparison
+MAX_COMPARE = 100
+STATUS_CHAR = {s: s[0] for s in SEVERITY_ORDER}
+
+_ENV = jinja2.Environment(
+    loader=jinja2.PackageLoader("gpucheck.report", "templates"),
+    autoescape=True, trim_blocks=True, lstrip_blocks=True,
+    undefined=jinja2.StrictUndefined,
+)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    minutes, sec = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min {sec:02d} s"
+
+
+def _peak(record: dict[str, Any]) -> int | None:
+    mem = record.get("memory") or {}
+    for key in ("torch_peak_allocated", "nvml_peak_used"):
+        if isinstance(mem.get(key), int):
+            return int(mem[key])
+    return None
+
+
+def _cut(text: str) -> str:
+    if len(text) <= MAX_TEXT:
+        return text
+    return text[:MAX_TEXT // 3] + "\n[... cut: the full text is in results.jsonl ...]\n" + \
+        text[-2 * MAX_TEXT // 3:]
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", text).strip("-") or "x"
+
+
+def _header(data: RunData, doc: dict[str, Any], plots: list[dict[str, Any]]) -> dict[str, Any]:
+    h = data.header or {}
+    s = doc["summary"]
+    peaks = {p["label"]: p["used_peak"] for p in plots}
+    gpus = [{"device": d.get("device"), "name": d.get("name") or "unknown",
+             "uuid": d.get("uuid") or "n/a",
+             "memory": evidence.fmt_bytes(d.get("memory_total") or d.get("total_memory")),
+             "peak": peaks.get(str(d.get("device")), "n/a")} for d in h.get("devices", [])]
+    command = h.get("command") or h.get("argv")
+    if isinstance(command, list):
+        command = " ".join(map(str, command))
+    rows = [
+        ("started", s["started_at"] or "unknown"),
+        ("took", _duration(s["duration_s"])),
+        ("host", h.get("host") or h.get("hostname") or "not recorded"),
+        ("driver", h.get("driver_version") or "not recorded"),
+        ("CUDA", h.get("cuda_version") or h.get("cuda_driver_version") or "not recorded"),
+        ("torch", h.get("torch_version") or "not recorded"),
+        ("gpucheck", h.get("gpucheck_version") or "not recorded"),
+        ("modes", ", ".join(s["modes"]) or "none recorded"),
+        ("suites", ", ".join(s["suites"]) or "none recorded"),
+        ("command", command or "not recorded"),
+        ("run id", data.run_id or "unknown"),
+        ("CUDA_VISIBLE_DEVICES", h.get("cuda_visible_devices")),
+    ]
+    return {"rows": [(k, str(v)) for k, v in rows if v is not None], "gpus": gpus,
+            "notes": list(h.get("notes", []))}
+
+
+def _cells(data: RunData, card_of_case: dict[int, str]) -> tuple[list[dict[str, Any]],
+                                                                 dict[str, Any]]:
+    """Case lists per (device, suite): rows of cases that did not pass, and the JSON table of
+    the others (listed on demand)."""
+    names: dict[str, int] = {}
+    modes: dict[str, int] = {}
+    groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for i, r in enumerate(data.cases):
+        groups[(r["device"], r["suite"])].append(i)
+    cells, lazy = [], {}
+    for n, ((device, suite), indices) in enumerate(
+            sorted(groups.items(), key=lambda kv: (data.devices.index(kv[0][0]),
+                                                   data.suites.index(kv[0][1])))):
+        cell_id = f"cell-{n}-{_slug(device)}-{_slug(suite)}"
+        rows, quiet = [], []
+        counts: dict[str, int] = defaultdict(int)
+        for i in indices:
+            r = data.cases[i]
+            counts[r["status"]] += 1
+            kinds = sorted({str(f.get("kind")) for f in r.get("findings", [])})
+            if r["status"] in ("passed", "skipped") and not kinds:
+                quiet.append([names.setdefault(r["case"], len(names)),
+                              modes.setdefault(r["mode"], len(modes)),
+                              STATUS_CHAR[r["status"]], round(float(r.get("duration_s") or 0), 3),
+                              _peak(r), r.get("reason")])
+                continue
+            rows.append({"status": r["status"], "case": r["case"], "mode": r["mode"],
+                         "duration": f"{float(r.get('duration_s') or 0):.2f}",
+                         "peak": evidence.fmt_bytes(_peak(r)), "reason": r.get("reason") or "",
+                         "kinds": " ".join(kinds), "card": card_of_case.get(i)})
+        if quiet:
+            lazy[cell_id] = quiet
+        cells.append({"id": cell_id, "device": device, "suite": suite, "rows": rows,
+                      "quiet": len(quiet), "counts": dict(counts)})
+    table = {"names": list(names), "modes": list(modes), "cells": lazy,
+             "device_of": {c["id"]: c["device"] for c in cells}}
+    return cells, table
+
+
+def _matrix(data: RunData, doc: dict[str, Any], cells: list[dict[str, Any]]) -> dict[str, Any]:
+    ids = {(c["device"], c["suite"]): c["id"] for c in cells}
+    by = {(m["device"], m["suite"]): m for m in doc["matrix"]}
+    rows = []
+    for device in data.devices:
+        row = []
+        for suite in data.suites:
+            m = by.get((device, suite))
+            if m is None:
+                row.append({"worst": "empty", "text": "no cases", "href": None, "title": ""})
+                continue
+            counts = m["counts"]
+            bad = sum(v for k, v in counts.items() if k in BAD_STATUSES)
+            text = f"{bad} not passed" if bad else f"{counts.get('passed', 0)} passed"
+            title = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+            row.append({"worst": m["worst"], "text": text, "title": title,
+                        "href": "#" + ids[(device, suite)], "counts": title})
+        rows.append({"device": device, "cells": row})
+    return {"suites": data.suites, "rows": rows}
+
+
+def _cards(data: RunData) -> tuple[list[dict[str, Any]], dict[int, str]]:
+    """Findings grouped by kind; identical findings on several devices/modes make one card."""
+    labels = data.uuid_labels()
+    groups: dict[tuple[str, str, str, str, str], list[tuple[int, dict[str, Any]]]] = \
+        defaultdict(list)
+    for i, r in enumerate(data.cases):
+        for f in r.get("findings", []):
+            key = (str(f.get("kind")), str(f.get("severity")), r["suite"], r["case"],
+                   str(f.get("message")))
+            groups[key].append((i, f))
+    kinds: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    card_of_case: dict[int, str] = {}
+    rank = {"error": 0, "warning": 1, "info": 2}
+    for n, (key, occ) in enumerate(sorted(groups.items(), key=lambda kv: (
+            rank.get(kv[0][1], 3), kv[0][0], kv[0][2], kv[0][3]))):
+        kind, severity, suite, case, message = key
+        card_id = f"f-{n}"
+        for i, _ in occ:
+            card_of_case.setdefault(i, card_id)
+        first = occ[0][1]
+        records = [data.cases[i] for i, _ in occ]
+        kinds[kind].append({
+            "id": card_id, "kind": kind, "severity": severity, "suite": suite, "case": case,
+            "message": message, "hint": evidence.hint_for(first),
+            "devices": sorted({r["device"] for r in records}, key=data.devices.index),
+            "modes": sorted({r["mode"] for r in records}),
+            "statuses": sorted({r["status"] for r in records}),
+            "occurrences": [{"device": data.cases[i]["device"], "mode": data.cases[i]["mode"],
+                             "status": data.cases[i]["status"],
+                             "blocks": [{**b, "text": _cut(b["text"])} if b["type"] == "pre"
+                                        else b for b in evidence.blocks(f, data.cases[i],
+                                                                        labels)]}
+                            for i, f in occ[:MAX_OCCURRENCES]],
+            "more": len(occ) - MAX_OCCURRENCES if len(occ) > MAX_OCCURRENCES else 0,
+            "n": len(occ),
+        })
+    ordered = sorted(kinds.items(), key=lambda kv: (
+        min(rank.get(c["severity"], 3) for c in kv[1]), kv[0]))
+    return ([{"kind": k, "title": evidence.kind_title(k), "about": evidence.kind_about(k),
+              "cards": cards, "count": sum(c["n"] for c in cards)}
+             for k, cards in ordered], card_of_case)
+
+
+def _compare(data: RunData) -> dict[str, Any]:
+    """Time and peak memory of each case on each device; the cases that differ most first."""
+    devices = data.devices
+    per: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = defaultdict(dict)
+    for r in data.cases:
+        if r["status"] != "skipped":
+            per[(r["suite"], r["case"], r["mode"])][r["device"]] = r
+    rows: list[dict[str, Any]] = []
+    for (suite, case, mode), by_dev in per.items():
+        times = [float(r.get("duration_s") or 0) for r in by_dev.values()]
+        peaks = [p for p in (_peak(r) for r in by_dev.values()) if p is not None]
+        spread_t = max(times) / max(min(times), 1e-3) if len(times) > 1 else 1.0
+        spread_m = max(peaks) / max(min(peaks), 1) if len(peaks) > 1 else 1.0
+        med_t = statistics.median(times) if times else 0.0
+        cells: list[dict[str, Any] | None] = []
+        for d in devices:
+            found = by_dev.get(d)
+            if found is None:
+                cells.append(None)
+                continue
+            t = float(found.get("duration_s") or 0)
+            cells.append({"time": f"{t:.3f} s", "peak": evidence.fmt_bytes(_peak(found)),
+                          "status": found["status"],
+                          "slow": len(by_dev) > 1 and t > 1.5 * med_t and t - med_t > 0.05})
+        rows.append({"suite": suite, "case": case, "mode": mode, "cells": cells,
+                     "spread": max(spread_t, spread_m), "max_time": max(times),
+                     "spread_text": f"{spread_t:.1f}x time, {spread_m:.1f}x memory"})
+    multi = len(devices) > 1
+    rows.sort(key=lambda r: -float(r["spread"] if multi else r["max_time"]))
+    return {"devices": devices, "rows": rows[:MAX_COMPARE], "total": len(rows), "multi": multi}
+
+
+def _extras(data: RunData) -> list[dict[str, Any]]:
+    out = []
+    for kind, records in data.extras.items():
+        columns = [c for c in dict.fromkeys(k for r in records for k in r)
+                   if c not in ("schema", "record", "run_id")]
+        rows = [[evidence.fmt_value(r.get(c, "")) for c in columns] for r in records]
+        out.append({"title": EXTRA_TITLES.get(kind, kind.replace("_", " ").capitalize()),
+                    "columns": columns, "rows": rows})
+    return out
+
+
+def _logs(data: RunData, out: Path) -> list[dict[str, str]]:
+    base = out.resolve().parent
+    return [{"name": p.name, "href": Path(os.path.relpath(p.resolve(), base)).as_posix()}
+            for p in data.logs]
+
+
+def _json_script(value: Any) -> str:
+    """JSON for a <script type="application/json"> block (no '</script>' can close it)."""
+    text = json.dumps(value, separators=(",", ":"), default=str)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def render(data: RunData, doc: dict[str, Any], tl: timeline.Timeline | None, out: Path) -> str:
+    """The HTML page of a run (``out`` is where it will be written: links are relative)."""
+    t0 = time.perf_counter()
+    plots = timeline.plots(data, tl) if tl is not None else []
+    groups, card_of_case = _cards(data)
+    cells, table = _cells(data, card_of_case)
+    s = doc["summary"]
+    verdict = s["verdict"]
+    interrupted = doc["state"]["interrupted"]
+    ctx = {
+        "doc": doc, "summary": s, "run_id": data.run_id or "(unknown)", "verdict": verdict,
+        "interrupted": interrupted,
+        "problems": doc["state"]["problems"], "header": _header(data, doc, plots),
+        "matrix": _matrix(data, doc, cells), "cells": cells, "groups": groups,
+        "plots": plots, "timeline": doc["timeline"], "buckets": timeline.BUCKETS,
+        "compare": _compare(data),
+        "extras": _extras(data), "logs": _logs(data, out),
+        "statuses": [st for st in SEVERITY_ORDER if s["by_status"].get(st)],
+        "kinds": [g["kind"] for g in groups],
+        "severities": [sv for sv in ("error", "warning", "info") if s["by_severity"].get(sv)],
+        "data_json": _json_script(table),
+        "title": f"gpucheck {verdict}: {data.run_id or data.run_dir.name}",
+    }
+    page = _ENV.get_template("report.html.j2").render(**ctx)
+    return page.replace("@@RENDER_MS@@", f"{(time.perf_counter() - t0) * 1000:.0f}")

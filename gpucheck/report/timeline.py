@@ -1,0 +1,220 @@
+"""NVML memory timelines (``nvml_timeline.jsonl``) as plot geometry for inline SVG.
+
+Each line of the timeline is one sample of every GPU: total used memory and each process's
+memory. An hour at 50 ms is 72,000 samples per GPU; the plot keeps ``BUCKETS`` time buckets and
+the *maximum* of each series in each bucket (a memory peak must never be averaged away). A
+process absent from a bucket breaks its line: the line starts when the process creates its
+context on that GPU and ends when it exits. A process seen on more than one GPU is flagged: a
+worker is started for one device, so a second GPU in its list is a stray context.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpucheck.report.results import BAD_STATUSES
+from gpucheck.report.rundata import RunData, case_span
+
+BUCKETS = 600
+WIDTH, HEIGHT = 1000.0, 200.0
+LEFT, RIGHT, TOP, BOTTOM = 58.0, 8.0, 10.0, 22.0
+#: case boundaries are drawn for every case up to this many per device; above, only the
+#: cases that did not pass (the rest would be a grey smear)
+MAX_BOUNDARIES = 400
+GIB = 1024**3
+#: process colours (no grey: the GPU's total is the grey line)
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+           "#bcbd22", "#d62728", "#393b79")
+
+
+@dataclass
+class Series:
+    """One line of a plot: bucket index -> max value in bytes."""
+
+    name: str
+    values: dict[int, int] = field(default_factory=dict)
+
+    def add(self, bucket: int, value: int | None) -> None:
+        if value is not None and value > self.values.get(bucket, -1):
+            self.values[bucket] = value
+
+    @property
+    def peak(self) -> int:
+        return max(self.values.values(), default=0)
+
+
+@dataclass
+class DeviceTimeline:
+    uuid: str
+    nvml_index: int
+    label: str  # cuda:N of the run, or "GPU <nvml index> (not targeted)"
+    used: Series
+    processes: dict[str, Series]
+
+
+@dataclass
+class Timeline:
+    t0: float
+    t1: float
+    samples: int
+    interval_s: float | None
+    devices: list[DeviceTimeline]
+    torn: int = 0
+
+    def pid_devices(self) -> dict[str, list[str]]:
+        """pid -> labels of every GPU it held memory on."""
+        out: dict[str, list[str]] = defaultdict(list)
+        for d in self.devices:
+            for pid in d.processes:
+                out[pid].append(d.label)
+        return out
+
+
+def _edges(path: Path) -> tuple[float, float] | None:
+    """Time of the first and of the last readable sample, without parsing the rest."""
+    first = last = None
+    with open(path, "rb") as f:
+        for line in f:
+            try:
+                first = float(json.loads(line)["t"])
+                break
+            except (ValueError, KeyError, TypeError):
+                continue
+        f.seek(0, 2)
+        size = f.tell()
+        f.seek(max(0, size - 65536))
+        for line in reversed(f.read().splitlines()):
+            try:
+                last = float(json.loads(line)["t"])
+                break
+            except (ValueError, KeyError, TypeError):
+                continue
+    return None if first is None or last is None else (first, max(last, first + 1e-3))
+
+
+def read(path: Path, labels: dict[str, str], buckets: int = BUCKETS) -> Timeline | None:
+    """Downsample a timeline file; None when it is missing or has no readable sample."""
+    if not path.exists():
+        return None
+    edges = _edges(path)
+    if edges is None:
+        return None
+    t0, t1 = edges
+    scale = (buckets - 1) / (t1 - t0)
+    devices: dict[str, DeviceTimeline] = {}
+    samples = torn = 0
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                sample = json.loads(line)
+                b = min(buckets - 1, max(0, int((float(sample["t"]) - t0) * scale)))
+                rows = sample["devices"]
+            except (ValueError, KeyError, TypeError):
+                torn += 1
+                continue
+            samples += 1
+            for row in rows:  # the hot loop of an hour-long timeline: kept inline
+                uuid = str(row.get("uuid"))
+                dev = devices.get(uuid)
+                if dev is None:
+                    index = int(row.get("nvml_index", len(devices)))
+                    label = labels.get(uuid, f"GPU {index} (not targeted)")
+                    dev = devices[uuid] = DeviceTimeline(uuid, index, label, Series("used"), {})
+                used = row.get("used")
+                if used is not None and used > dev.used.values.get(b, -1):
+                    dev.used.values[b] = used
+                for pid, used in (row.get("processes") or {}).items():
+                    series = dev.processes.get(pid)
+                    if series is None:
+                        series = dev.processes[pid] = Series(pid)
+                    if (used or 0) > series.values.get(b, -1):
+                        series.values[b] = used or 0
+    ordered = sorted(devices.values(), key=lambda d: d.nvml_index)
+    interval = (t1 - t0) / (samples - 1) if samples > 1 else None
+    return Timeline(t0, t1, samples, interval, ordered, torn)
+
+
+def _fmt_gib(value: float) -> str:
+    return f"{value / GIB:.2f} GiB" if value >= GIB / 100 else f"{value / 2**20:.0f} MiB"
+
+
+def _fmt_t(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.1f} min" if seconds >= 120 else f"{seconds:.0f} s"
+
+
+def _polylines(series: Series, x: Any, y: Any) -> list[str]:
+    """SVG ``points`` strings, one per run of consecutive buckets where the series exists."""
+    lines: list[str] = []
+    current: list[str] = []
+    prev = None
+    for b in sorted(series.values):
+        if prev is not None and b != prev + 1:
+            lines.append(" ".join(current))
+            current = []
+        current.append(f"{x(b):.1f},{y(series.values[b]):.1f}")
+        prev = b
+    if current:
+        if len(current) == 1 and prev is not None:  # a single bucket: a visible step
+            current.append(f"{x(prev) + 2:.1f},{current[0].split(',')[1]}")
+        lines.append(" ".join(current))
+    return lines
+
+
+def plots(data: RunData, timeline: Timeline, buckets: int = BUCKETS) -> list[dict[str, Any]]:
+    """Geometry of one plot per GPU, for the template."""
+    span = timeline.t1 - timeline.t0
+    pw, ph = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    pid_devices = timeline.pid_devices()
+    colours = {pid: PALETTE[i % len(PALETTE)] for i, pid in enumerate(sorted(pid_devices))}
+    out = []
+    for dev in timeline.devices:
+        highest = max([dev.used.peak, *(s.peak for s in dev.processes.values())], default=0)
+        top = max(highest * 1.08, GIB / 4)
+
+        def x(b: float) -> float:
+            return LEFT + pw * b / (buckets - 1)
+
+        def y(v: float, top: float = top) -> float:
+            return TOP + ph * (1 - v / top)
+
+        def tx(t: float) -> float:
+            return LEFT + pw * min(1.0, max(0.0, (t - timeline.t0) / span))
+
+        lines = []
+        for pid, series in sorted(dev.processes.items()):
+            others = [lab for lab in pid_devices[pid] if lab != dev.label]
+            lines.append({"pid": pid, "colour": colours[pid], "peak": _fmt_gib(series.peak),
+                          "points": _polylines(series, x, y), "others": others})
+        cases = [r for r in data.cases if r["device"] == dev.label]
+        bad = [r for r in cases if r["status"] in BAD_STATUSES]
+        shown = cases if len(cases) <= MAX_BOUNDARIES else bad
+        marks = []
+        for r in shown:
+            s = case_span(r)
+            if s is None or s[1] < timeline.t0 or s[0] > timeline.t1:
+                continue
+            marks.append({"x": round(tx(s[0]), 1), "w": round(max(0.6, tx(s[1]) - tx(s[0])), 1),
+                          "status": r["status"], "title": f"{r['status']}: {r['case']} "
+                          f"({r['mode']}, {float(r.get('duration_s') or 0):.2f} s)"})
+        yticks = [{"y": round(y(top * f / 1.08), 1), "label": _fmt_gib(top * f / 1.08)}
+                  for f in (0.0, 0.5, 1.0)]
+        xticks = [{"x": round(LEFT + pw * f, 1), "label": _fmt_t(span * f)}
+                  for f in (0.0, 0.25, 0.5, 0.75, 1.0)]
+        out.append({
+            "label": dev.label, "uuid": dev.uuid, "nvml_index": dev.nvml_index,
+            "targeted": dev.label in data.devices,
+            "used_points": _polylines(dev.used, x, y), "used_peak": _fmt_gib(dev.used.peak),
+            "lines": lines, "marks": marks, "yticks": yticks, "xticks": xticks,
+            "marks_note": "" if shown is cases else
+            f"{len(cases)} cases: only the {len(bad)} that did not pass are marked",
+            "stray": any(line["others"] for line in lines),
+            "width": WIDTH, "height": HEIGHT, "left": LEFT, "right": WIDTH - RIGHT,
+            "top": TOP, "bottom": HEIGHT - BOTTOM,
+        })
+    return out
