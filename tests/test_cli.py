@@ -114,6 +114,6 @@ def test_targets_carry_uuid_name_and_driver(monkeypatch):
     from gpucheck.runner.pipeline import RunConfig, choose_targets
 
     monkeypatch.setattr(devices, "discover", _two_gpus)
-    targets, notes, driver, visible = choose_targets(RunConfig(devices=(1,)))
+    targets, notes, driver, inv = choose_targets(RunConfig(devices=(1,)))
     assert targets == [("cuda:1", 1, "GPU-1", "NVIDIA H200")]
-    assert driver == "580" and notes == [] and visible == 2
+    assert driver == "580" and notes == [] and len(inv.devices) == 2

@@ -280,10 +280,10 @@ def test_report_after_the_harness_itself_was_killed(tmp_path):
     assert doc["summary"]["by_status"] == {"passed": 1, "failed": 1}
     assert doc["state"]["complete"] is False
     assert doc["state"]["interrupted"] == [
-        "worker cpu.blocking stopped inside suite/demo/test_demo.py::test_stuck "
+        "worker cpu.blocking stopped inside test_demo.py::test_stuck "
         "(2 of 4 cases done)"]
     assert ET.parse(paths["junit"]).getroot().get("tests") == "2"
-    assert "stopped inside suite/demo/test_demo.py::test_stuck" in paths["html"].read_text()
+    assert "stopped inside test_demo.py::test_stuck" in paths["html"].read_text()
 
 
 def test_lint_and_benchmark_records_become_tables(tmp_path):

@@ -68,6 +68,8 @@ def test_a_second_run_into_the_same_folder_is_refused_and_leaves_the_first_intac
     out = project / "out"
     first = gpucheck_run(project, "--cpu-only", "--out", str(out))
     assert first.returncode == 1, first.stdout + first.stderr  # test_b fails
+    for name in ("report.html", "results.json", "junit.xml"):  # every report, at the end
+        assert (out / name).stat().st_size > 0, name
     before = (out / "results.jsonl").read_bytes()
     second = gpucheck_run(project, "--cpu-only", "--out", str(out))
     assert second.returncode == 2
@@ -111,7 +113,7 @@ def test_two_runs_started_together_get_their_own_folders(project):
     assert len(folders) == 2
     for folder in folders:  # each holds exactly one run with its one case
         recs = records(folder)
-        assert [r["record"] for r in recs] == ["run", "case"]
+        assert [r["record"] for r in recs] == ["run", "case", "end"]
 
 
 def test_resume_runs_only_what_an_interrupted_run_did_not_record(project):
@@ -130,6 +132,7 @@ def test_resume_runs_only_what_an_interrupted_run_did_not_record(project):
     stdout, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130
     assert f"gpucheck run --resume {out}" in stdout
+    assert "stopped with Ctrl-C" in (out / "report.html").read_text()  # reports after Ctrl-C
     done_before = {r["case"] for r in results.cases(out / "results.jsonl")}
     assert done_before == {"test_mix.py::test_a", "test_mix.py::test_b"}
 
@@ -137,7 +140,9 @@ def test_resume_runs_only_what_an_interrupted_run_did_not_record(project):
     assert resumed.returncode == 1, resumed.stdout + resumed.stderr  # test_b's failure counts
     recs = records(out)
     kinds = Counter(r["record"] for r in recs)
-    assert kinds == {"run": 1, "resume": 1, "case": 5}
+    assert kinds == {"run": 1, "resume": 1, "case": 5, "end": 2}
+    ends = [r for r in recs if r["record"] == "end"]
+    assert [e["interrupted"] for e in ends] == [True, False]
     run_ids = {r["run_id"] for r in recs}
     assert len(run_ids) == 1  # the same run, continued
     cases = Counter(r["case"] for r in recs if r["record"] == "case")
@@ -346,3 +351,21 @@ def test_a_gpu_run_resumes_with_the_devices_it_was_started_with(tmp_path, monkey
     assert (first, again) == (2, 2), err  # the fake harness ran nothing: nothing was tested
     assert "exclude each other" not in err
     assert seen[0] == seen[1] == (["cuda:1"] if "--device" in selection else ["cuda:0", "cuda:1"])
+
+
+def test_a_harness_that_fails_still_leaves_its_reports(project, monkeypatch):
+    from gpucheck.runner import harness
+
+    def explode(self):
+        raise RuntimeError("the harness broke")
+
+    monkeypatch.setattr(harness.Harness, "run", explode)
+    monkeypatch.chdir(project)
+    out = project / "out"
+    with pytest.raises(RuntimeError):
+        cli.main(["run", "--cpu-only", "--quiet", "--out", str(out)])
+    end = records(out)[-1]
+    assert end["record"] == "end" and end["interrupted"] is True
+    assert "the harness broke" in end["reason"]
+    assert "the harness broke" in (out / "report.html").read_text()
+    assert (out / "results.json").exists() and (out / "junit.xml").exists()

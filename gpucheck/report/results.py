@@ -2,7 +2,8 @@
 
 The first line is a ``run`` header (with the settings ``--resume`` replays); every other line
 is a ``case`` record for one finished (device, suite, case, mode), or a ``resume`` record where
-``gpucheck run --resume`` continued the run. A folder holds exactly one run. Appends are
+``gpucheck run --resume`` continued the run, and an ``end`` record when it stopped (finished,
+interrupted, or the harness failed). A folder holds exactly one run. Appends are
 single ``write`` calls on a file opened with O_APPEND, so several worker processes can share
 one file, and a run that is interrupted keeps every record already finished. The JSON Schema
 is ``results.schema.json`` beside this module.

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 #: record types of results.jsonl the report knows; others are shown as extra tables
-KNOWN_RECORDS = ("run", "case", "end")
+KNOWN_RECORDS = ("run", "case", "end", "resume")
 #: extra tables: record type -> title (checkpoint lint, benchmarks; later producers add theirs)
 EXTRA_TITLES = {"lint": "Checkpoint lint", "checkpoint-lint": "Checkpoint lint",
                 "benchmark": "Benchmarks"}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
 import sys
 import uuid
@@ -25,7 +26,7 @@ from gpucheck.errors import (
     UsageProblem,
 )
 from gpucheck.pytest_plugin import CURRENT_ENV
-from gpucheck.report import junit, results
+from gpucheck.report import results, write_all
 from gpucheck.runner import suites as suites_mod
 from gpucheck.runner.harness import Harness, WorkerSpec
 from gpucheck.runner.nvml_sampler import DEFAULT_INTERVAL_S, Sampler, TimelineWriter
@@ -155,12 +156,13 @@ def extension_problem() -> str | None:
 Target = tuple[str, int | None, str | None, str | None]  # label, CUDA index, UUID, name
 
 
-def choose_targets(cfg: RunConfig) -> tuple[list[Target], list[str], str | None, int]:
-    """Each target, notes for the run header, the driver version, and how many CUDA devices
-    are visible (the targets are some of them)."""
+def choose_targets(cfg: RunConfig
+                   ) -> tuple[list[Target], list[str], str | None, devices_mod.Inventory | None]:
+    """Each target, notes for the run header, the driver version, and the inventory of the
+    visible devices (the targets are some of them; None with --cpu-only)."""
     if cfg.cpu_only:
         return ([("cpu", None, None, None)],
-                ["--cpu-only: GPUs hidden; cases that need one are skipped"], None, 0)
+                ["--cpu-only: GPUs hidden; cases that need one are skipped"], None, None)
     inv = devices_mod.discover()
     if inv.environment_error:
         raise EnvironmentProblem(inv.environment_error)
@@ -178,7 +180,7 @@ def choose_targets(cfg: RunConfig) -> tuple[list[Target], list[str], str | None,
                       "current while the target runs) could not run")
     chosen = [d for d in inv.devices if d.cuda_index in wanted]
     return ([(f"cuda:{d.cuda_index}", d.cuda_index, d.uuid, d.name) for d in chosen], notes,
-            inv.driver_version, len(visible))
+            inv.driver_version, inv)
 
 
 #: the arrangements a case can run in: another device current (how training leaves it), or
@@ -234,7 +236,7 @@ def _select_runnable(cfg: RunConfig, suites: dict[str, Path]
     return {n: p for n, p in suites.items() if n not in needing}, {n: reason for n in needing}
 
 
-def _header(cfg: RunConfig, run_id: str, targets: list[Target], driver: str | None,
+def _header(cfg: RunConfig, run_id: str, targets: list[Target], inv: devices_mod.Inventory | None,
             suites: dict[str, Path], passes: list[tuple[str, str | None]], notes: list[str],
             not_runnable: dict[str, str], modes: tuple[str, ...]) -> dict[str, Any]:
     config = {
@@ -245,17 +247,21 @@ def _header(cfg: RunConfig, run_id: str, targets: list[Target], driver: str | No
         "pytest_args": list(cfg.pytest_args), "nvml_interval": cfg.nvml_interval,
         "allow_empty": cfg.allow_empty,
     }
+    memory = {d.uuid: d.memory_total for d in inv.devices} if inv else {}
     return {
         "schema": results.SCHEMA_ID, "record": "run", "run_id": run_id,
         "started_at": datetime.now().astimezone().isoformat(timespec="milliseconds"),
         "gpucheck_version": gpucheck.__version__,
         "torch_version": devices_mod.torch_version(),
-        "driver_version": driver,
-        "devices": [{"device": label, "uuid": u, "name": name} for label, _, u, name in targets],
+        "driver_version": inv.driver_version if inv else None,
+        "cuda_driver_version": inv.cuda_driver_version if inv else None,
+        "host": socket.gethostname(),
+        "devices": [{"device": label, "uuid": u, "name": name,
+                     "memory_total": memory.get(u or "")} for label, _, u, name in targets],
         "suites": sorted(suites), "modes": [label for label, _ in passes], "notes": notes,
         "not_runnable": not_runnable,
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        "command": [Path(sys.argv[0]).name, *sys.argv[1:]], "config": config,
+        "command": ["gpucheck", *sys.argv[1:]], "config": config,
     }
 
 
@@ -272,14 +278,14 @@ def run(cfg: RunConfig) -> int:
         if cfg.cpu_only:
             raise UsageProblem("the sanitizer modes need a GPU; drop --cpu-only")
         sanitizer = sanitizer_cmd.find()
-    targets, notes, driver, visible = choose_targets(cfg)
+    targets, notes, _, inv = choose_targets(cfg)
     if previous is not None:
         _check_same_devices(previous, targets)
     run_modes = modes
     if cfg.cpu_only and "nvml" in modes:
         run_modes = tuple(m for m in modes if m != "nvml")
         notes.append("--cpu-only: mode 'nvml' has no GPU to sample")
-    passes = plan_passes(run_modes, visible) or [("plain", None)]
+    passes = plan_passes(run_modes, len(inv.devices) if inv else 0) or [("plain", None)]
     requested = (cfg.suite_paths if cfg.suite_paths is not None
                  else suites_mod.resolve(cfg.suites))
     existed = cfg.out is not None and cfg.out.exists()
@@ -294,7 +300,7 @@ def run(cfg: RunConfig) -> int:
     results_path = out / "results.jsonl"
     if previous is None:
         run_id = uuid.uuid4().hex[:12]
-        results.append(results_path, _header(cfg, run_id, targets, driver, requested, passes,
+        results.append(results_path, _header(cfg, run_id, targets, inv, requested, passes,
                                              notes, not_runnable, modes))
     else:
         run_id = str(previous["run_id"])
@@ -305,6 +311,21 @@ def run(cfg: RunConfig) -> int:
         })
     console = Console(stderr=False, quiet=False)
     interrupted = False
+    try:
+        interrupted = _run_passes(cfg, passes, targets, suites, sanitizer, out, results_path,
+                                  run_id, notes, console)
+    except BaseException as err:  # the harness itself failed: report what was recorded
+        _end_record(results_path, run_id, True, f"the harness stopped: {err!r}")
+        with contextlib.suppress(Exception):
+            write_all(out)
+        raise
+    return _finish(cfg, out, results_path, run_id, notes, not_runnable, interrupted, console)
+
+
+def _run_passes(cfg: RunConfig, passes: list[tuple[str, str | None]], targets: list[Target],
+                suites: dict[str, Path], sanitizer: Path | None, out: Path, results_path: Path,
+                run_id: str, notes: list[str], console: Console) -> bool:
+    """Every pass on every target; True when Ctrl-C stopped it."""
     with Progress(console, quiet=cfg.quiet) as progress:
         for label, tool in passes:
             env: dict[str, str] = {}
@@ -323,8 +344,8 @@ def run(cfg: RunConfig) -> int:
             try:
                 harness.run()
             except KeyboardInterrupt:
-                interrupted = True
                 harness.interrupt()
+                return True
             finally:
                 if sampler is not None and timeline is not None:
                     sampler.stop()
@@ -332,23 +353,33 @@ def run(cfg: RunConfig) -> int:
                     notes.append(f"nvml: {sampler.samples} samples of {len(sampler.devices)} "
                                  f"device(s) every {interval * 1000:g} ms in "
                                  f"{timeline.path.name}")
-            if interrupted:
-                break
-    return _finish(cfg, out, results_path, run_id, notes, not_runnable, interrupted, console)
+    return False
+
+
+def _end_record(results_path: Path, run_id: str, interrupted: bool, reason: str | None) -> None:
+    results.append(results_path, {
+        "schema": results.SCHEMA_ID, "record": "end", "run_id": run_id,
+        "finished_at": datetime.now().astimezone().isoformat(timespec="milliseconds"),
+        "interrupted": interrupted, "reason": reason,
+    })
 
 
 def _finish(cfg: RunConfig, out: Path, results_path: Path, run_id: str, notes: list[str],
             not_runnable: dict[str, str], interrupted: bool, console: Console) -> int:
-    """Summary, JUnit, and the exit code: 1 for error findings, 2 when nothing was tested or a
-    suite could not run, 130 after Ctrl-C."""
-    junit_path = junit.write(results_path, out / "junit.xml")
+    """Summary, reports, and the exit code: 1 for error findings, 2 when nothing was tested or
+    a suite could not run, 130 after Ctrl-C."""
+    _end_record(results_path, run_id, interrupted,
+                "stopped with Ctrl-C: `gpucheck run --resume` runs the rest" if interrupted
+                else None)
+    written = write_all(out)
     records = [r for r in results.cases(results_path) if r.get("run_id") == run_id]
     console.print(summary_table(records))
     for note in notes:
         console.print(f"[yellow]note:[/] {note}")
     for name, reason in not_runnable.items():
         console.print(f"[red]suite {name}:[/] {reason}", soft_wrap=True)
-    console.print(f"results: {results_path}  junit: {junit_path}")
+    console.print(f"report: {written['html']}  results: {results_path}  "
+                  f"junit: {written['junit']}", soft_wrap=True)
     line, ran = summary_line(records)
     code = EXIT_CLEAN
     if interrupted:

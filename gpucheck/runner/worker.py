@@ -328,8 +328,11 @@ def sanitizer_findings(text: str, tool: str | None, device: str, suite: str | No
         out.append(Finding(
             kind="sanitizer", severity=f.severity, message=f"{f.error}{count} {where}".strip(),
             device=device, suite=suite, case=case, op=None, kernel=f.kernel_name,
-            evidence="\n".join(f.lines[:40])[-EVIDENCE_CHARS:],
-            hint=_SANITIZER_HINTS.get(f.tool),
+            # the head: error line, kernel, thread/block and address come first in a record
+            evidence="\n".join(f.lines[:40])[:EVIDENCE_CHARS],
+            hint=_SANITIZER_HINTS.get(f.tool) if f.kernel_name else (
+                f"a CUDA API call failed ({f.api_call}): usually the consequence of an earlier "
+                "fault in the same case; read the first record" if f.api_call else None),
         ))
     return out
 
