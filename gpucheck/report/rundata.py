@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 #: record types of results.jsonl the report knows; others are shown as extra tables
-KNOWN_RECORDS = ("run", "case", "end", "resume")
+KNOWN_RECORDS = ("run", "case", "end", "resume", "diagnosis")
 #: extra tables: record type -> title (checkpoint lint, benchmarks; later producers add theirs)
 EXTRA_TITLES = {"lint": "Checkpoint lint", "checkpoint-lint": "Checkpoint lint",
                 "benchmark": "Benchmarks"}
@@ -180,6 +180,16 @@ def _worker_progress(workers_dir: Path) -> list[WorkerProgress]:
     return out
 
 
+def _attach(cases: list[dict[str, Any]], diagnoses: list[dict[str, Any]]) -> None:
+    """A diagnosis (e.g. wrong-device, from the differential re-run) is shown as a finding of
+    the case it explains."""
+    index = {(c.get("device"), c.get("suite"), c.get("case"), c.get("mode")): c for c in cases}
+    for d in diagnoses:
+        case = index.get((d.get("device"), d.get("suite"), d.get("case"), d.get("mode")))
+        if case is not None:
+            case["findings"] = [*case.get("findings", []), *d.get("findings", [])]
+
+
 def load(run_dir: Path) -> RunData:
     """Read a run folder (complete or not) into a RunData (read its ``devices`` and
     ``suites`` only once it is filled: they are cached)."""
@@ -200,6 +210,7 @@ def load(run_dir: Path) -> RunData:
         data.problems.append("results.jsonl has no run header (the run was cut short before "
                              "it was written, or the file was assembled by hand)")
     run_id = data.header.get("run_id") if data.header else None
+    diagnoses: list[dict[str, Any]] = []
     for r in records:
         kind = r.get("record")
         if run_id is not None and r.get("run_id") not in (None, run_id):
@@ -213,8 +224,11 @@ def load(run_dir: Path) -> RunData:
                 data.torn_lines += 1
         elif kind == "end":
             data.end = r
+        elif kind == "diagnosis":
+            diagnoses.append(r)
         elif kind not in KNOWN_RECORDS and isinstance(kind, str):
             data.extras.setdefault(kind, []).append(r)
+    _attach(data.cases, diagnoses)
     for name in ("checkpoint_lint.jsonl", "benchmarks.jsonl"):
         extra = run_dir / name
         if extra.exists():

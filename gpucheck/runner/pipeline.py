@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ from rich.console import Console
 
 import gpucheck
 from gpucheck import devices as devices_mod
+from gpucheck.detectors.wrong_device import RERUN_SUFFIX, TARGET_SUFFIX, WrongDevice, suspects
 from gpucheck.errors import (
     EXIT_CLEAN,
     EXIT_FINDINGS,
@@ -186,8 +187,8 @@ def choose_targets(cfg: RunConfig
 #: the arrangements a case can run in: another device current (how training leaves it), or
 #: its own target current with no other device touched
 OTHER_CURRENT, TARGET_CURRENT = "other", "target"
-#: suffix of the mode label of a pass run with the target current
-TARGET_SUFFIX = "|target-current"
+#: where the re-runs of the wrong-device check write their case records
+RERUN_FILE = "rerun.jsonl"
 
 
 def plan_passes(modes: tuple[str, ...], devices: int = 1) -> list[tuple[str, str | None]]:
@@ -313,7 +314,7 @@ def run(cfg: RunConfig) -> int:
     interrupted = False
     try:
         interrupted = _run_passes(cfg, passes, targets, suites, sanitizer, out, results_path,
-                                  run_id, notes, console)
+                                  run_id, notes, console, len(inv.devices) if inv else 0)
     except BaseException as err:  # the harness itself failed: report what was recorded
         _end_record(results_path, run_id, True, f"the harness stopped: {err!r}")
         with contextlib.suppress(Exception):
@@ -324,36 +325,95 @@ def run(cfg: RunConfig) -> int:
 
 def _run_passes(cfg: RunConfig, passes: list[tuple[str, str | None]], targets: list[Target],
                 suites: dict[str, Path], sanitizer: Path | None, out: Path, results_path: Path,
-                run_id: str, notes: list[str], console: Console) -> bool:
+                run_id: str, notes: list[str], console: Console, visible: int) -> bool:
     """Every pass on every target; True when Ctrl-C stopped it."""
     with Progress(console, quiet=cfg.quiet) as progress:
         for label, tool in passes:
-            env: dict[str, str] = {}
-            if "blocking" in label.split("+"):
-                env["CUDA_LAUNCH_BLOCKING"] = "1"
-            if cfg.cpu_only:
-                env["CUDA_VISIBLE_DEVICES"] = ""
-            env[CURRENT_ENV] = TARGET_CURRENT if label.endswith(TARGET_SUFFIX) else OTHER_CURRENT
             interval = cfg.nvml_interval if "nvml" in label.split("+") else 0.0
-            specs = [WorkerSpec(t_label, index, u, suites, label, env, cfg.pytest_args, interval,
-                                tool, sanitizer) for t_label, index, u, _ in targets]
-            harness = Harness(specs, out, results_path, run_id, cfg.timeout,
-                              on_update=progress.update)
-            timeline = TimelineWriter(out / "nvml_timeline.jsonl") if interval > 0 else None
-            sampler = Sampler(interval, timeline).start() if timeline is not None else None
-            try:
-                harness.run()
-            except KeyboardInterrupt:
-                harness.interrupt()
+            current = TARGET_CURRENT if label.endswith(TARGET_SUFFIX) else OTHER_CURRENT
+            specs = [WorkerSpec(t_label, index, u, suites, label,
+                                _pass_env(label, cfg, current), cfg.pytest_args, interval, tool,
+                                sanitizer) for t_label, index, u, _ in targets]
+            if _run_harness(specs, out, results_path, run_id, cfg.timeout, progress, notes,
+                            interval):
                 return True
-            finally:
-                if sampler is not None and timeline is not None:
-                    sampler.stop()
-                    timeline.close()
-                    notes.append(f"nvml: {sampler.samples} samples of {len(sampler.devices)} "
-                                 f"device(s) every {interval * 1000:g} ms in "
-                                 f"{timeline.path.name}")
+            if (visible > 1 and tool is None and current == OTHER_CURRENT
+                    and _rerun_suspects(cfg, label, specs, out, results_path, run_id, progress,
+                                        notes)):
+                return True
     return False
+
+
+def _pass_env(label: str, cfg: RunConfig, current: str) -> dict[str, str]:
+    env = {CURRENT_ENV: current}
+    if "blocking" in label.split("+"):
+        env["CUDA_LAUNCH_BLOCKING"] = "1"
+    if cfg.cpu_only:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def _run_harness(specs: list[WorkerSpec], out: Path, results_path: Path, run_id: str,
+                 timeout: float, progress: Progress, notes: list[str], interval: float) -> bool:
+    """One pass of workers (with the NVML timeline when asked); True after Ctrl-C."""
+    harness = Harness(specs, out, results_path, run_id, timeout, on_update=progress.update)
+    timeline = TimelineWriter(out / "nvml_timeline.jsonl") if interval > 0 else None
+    sampler = Sampler(interval, timeline).start() if timeline is not None else None
+    try:
+        harness.run()
+    except KeyboardInterrupt:
+        harness.interrupt()
+        return True
+    finally:
+        if sampler is not None and timeline is not None:
+            sampler.stop()
+            timeline.close()
+            notes.append(f"nvml: {sampler.samples} samples of {len(sampler.devices)} "
+                         f"device(s) every {interval * 1000:g} ms in {timeline.path.name}")
+    return False
+
+
+def _rerun_suspects(cfg: RunConfig, label: str, specs: list[WorkerSpec], out: Path,
+                    results_path: Path, run_id: str, progress: Progress,
+                    notes: list[str]) -> bool:
+    """The wrong-device check: cases of this pass that went wrong with another device current
+    run again with their target current, in fresh workers, records to rerun.jsonl."""
+    bad = suspects([r for r in results.cases(results_path) if r.get("run_id") == run_id],
+                   label)
+    reruns = []
+    for spec in specs:
+        mine = sorted({r["case"] for r in bad if r["device"] == spec.label})
+        if not mine:
+            continue
+        only = out / "workers" / f"{spec.label.replace(':', '')}.rerun.txt"
+        only.write_text("\n".join(mine) + "\n")
+        reruns.append(WorkerSpec(
+            spec.label, spec.device_index, spec.uuid, spec.suites, label + RERUN_SUFFIX,
+            _pass_env(label, cfg, TARGET_CURRENT),
+            [*spec.pytest_args, "--gpucheck-only", str(only)]))
+    if not reruns:
+        return False
+    notes.append(f"wrong-device check: {len(bad)} case(s) that went wrong with another device "
+                 f"current ran again with their target current ({RERUN_FILE})")
+    return _run_harness(reruns, out, out / RERUN_FILE, run_id, cfg.timeout, progress, notes,
+                        0.0)
+
+
+def _diagnose(out: Path, results_path: Path, run_id: str) -> list[dict[str, Any]]:
+    """Run-level detectors over every record; their findings become diagnosis records."""
+    records = [r for r in results.cases(results_path) if r.get("run_id") == run_id]
+    if (out / RERUN_FILE).exists():
+        records += [r for r in results.cases(out / RERUN_FILE) if r.get("run_id") == run_id]
+    made = []
+    for finding in WrongDevice().run_finished(records):
+        original = next(r for r in records if (r["device"], r["suite"], r["case"]) ==
+                        (finding.device, finding.suite, finding.case) and "|" not in r["mode"])
+        record = {"schema": results.SCHEMA_ID, "record": "diagnosis", "run_id": run_id,
+                  "device": finding.device, "suite": finding.suite, "case": finding.case,
+                  "mode": original["mode"], "findings": [asdict(finding)]}
+        results.append(results_path, record)
+        made.append(record)
+    return made
 
 
 def _end_record(results_path: Path, run_id: str, interrupted: bool, reason: str | None) -> None:
@@ -371,11 +431,16 @@ def _finish(cfg: RunConfig, out: Path, results_path: Path, run_id: str, notes: l
     _end_record(results_path, run_id, interrupted,
                 "stopped with Ctrl-C: `gpucheck run --resume` runs the rest" if interrupted
                 else None)
+    diagnoses = _diagnose(out, results_path, run_id)
     written = write_all(out)
     records = [r for r in results.cases(results_path) if r.get("run_id") == run_id]
     console.print(summary_table(records))
     for note in notes:
         console.print(f"[yellow]note:[/] {note}")
+    for d in diagnoses:
+        f = d["findings"][0]
+        console.print(f"[red]{f['kind']}:[/] {d['device']} {d['suite']} {d['case']}: "
+                      f"{f['message']}", soft_wrap=True)
     for name, reason in not_runnable.items():
         console.print(f"[red]suite {name}:[/] {reason}", soft_wrap=True)
     console.print(f"report: {written['html']}  results: {results_path}  "
@@ -386,7 +451,7 @@ def _finish(cfg: RunConfig, out: Path, results_path: Path, run_id: str, notes: l
         console.print(f"[yellow]interrupted: finished cases were kept; "
                       f"`gpucheck run --resume {out}` runs the rest[/]", soft_wrap=True)
         code = 130
-    elif results.has_errors(records):
+    elif results.has_errors(records + diagnoses):
         code = EXIT_FINDINGS
     elif ran == 0 and not cfg.allow_empty:
         console.print("[red]nothing was tested:[/] no case ran, so this run proves nothing "

@@ -55,6 +55,8 @@ def add_options(group: Any) -> None:
     group.addoption("--gpucheck-sanitizer-tool", default=None)
     group.addoption("--gpucheck-skip", default=None, metavar="FILE",
                     help="deselect the node ids listed in FILE (already recorded cases)")
+    group.addoption("--gpucheck-only", default=None, metavar="FILE",
+                    help="run only the case ids listed in FILE (the wrong-device re-run)")
 
 
 def stacks_path(state_path: Path) -> Path:
@@ -186,6 +188,12 @@ class Recorder:
     def pytest_collection_modifyitems(self, config: pytest.Config,
                                       items: list[pytest.Item]) -> None:
         self.ids.update({i.nodeid: self.case_id(i) for i in items})
+        only_file = config.getoption("--gpucheck-only")
+        if only_file:
+            only = set(Path(only_file).read_text().split("\n"))
+            config.hook.pytest_deselected(items=[i for i in items
+                                                 if self.ids[i.nodeid] not in only])
+            items[:] = [i for i in items if self.ids[i.nodeid] in only]
         skip_file = config.getoption("--gpucheck-skip")
         if not skip_file:
             return

@@ -1,0 +1,122 @@
+"""wrong-device, by differential re-run: a case that goes wrong only while *another* device is
+current is a missing device guard.
+
+Every case runs with another device current and initialized (the state real training leaves
+the process in). A case that then fails, errors, crashes or gets compute-sanitizer errors is
+run again, in a fresh worker, with its own target current and no other device touched: in
+the sanitizer passes that is the ``|target-current`` pass every marked case gets anyway, in
+the other passes a re-run of just those cases (``|rerun:target-current``). Passes there: the
+kernel ran on the current device instead of its inputs' device, a ``wrong-device`` finding
+with both outcomes as evidence. Fails there too: the original finding stands, it is not a
+device bug. The comparison itself is plain data in, findings out (``diagnose``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from gpucheck.detectors.base import BaseDetector
+from gpucheck.report.results import Finding
+
+#: suffix of a pass that runs every case with its target current (sanitizer modes)
+TARGET_SUFFIX = "|target-current"
+#: suffix of the re-run of the suspects of a pass, with the target current
+RERUN_SUFFIX = "|rerun:target-current"
+BAD = ("failed", "error", "crashed")
+HINT = ("make the extension run on its inputs' device: "
+        "`const at::cuda::OptionalCUDAGuard guard(device_of(x));` as the first line of {where}, "
+        "so kernels, thrust/cub calls and allocations go to x's device, not the current one")
+#: C++ host frames of a sanitizer record: the first one outside the runtime names the function
+_HOST_FRAME = re.compile(r"Host Frame: ?(?P<fn>[^\[]+?)(?: \[0x[0-9a-f]+\])? in (?P<lib>\S+)")
+_RUNTIME_LIBS = ("libcuda", "libcudart", "libtorch", "libc10", "libpython", "libc.so",
+                 "python3", "ld-linux")
+
+
+def _key(r: dict[str, Any]) -> tuple[str, str, str]:
+    return (str(r.get("device")), str(r.get("suite")), str(r.get("case")))
+
+
+def _went_wrong(r: dict[str, Any]) -> bool:
+    return r.get("status") in BAD or any(
+        f.get("kind") == "sanitizer" and f.get("severity") == "error"
+        for f in r.get("findings", []))
+
+
+def _clean(r: dict[str, Any]) -> bool:
+    return r.get("status") == "passed" and not any(
+        f.get("severity") == "error" for f in r.get("findings", []))
+
+
+def suspects(records: Iterable[dict[str, Any]], mode: str) -> list[dict[str, Any]]:
+    """Cases of ``mode`` that went wrong while another device than their target was current."""
+    return [r for r in records
+            if r.get("record", "case") == "case" and r.get("mode") == mode
+            and r.get("current_device") not in (None, r.get("device")) and _went_wrong(r)]
+
+
+_NOT_ENTRY = ("(anonymous namespace)", "void ", "cudaLaunch", "pybind11::", "c10::", "at::",
+              "torch::", "std::", "__")
+
+
+def extension_function(record: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(function, kernel) named by the record's findings: the extension's entry point from a
+    sanitizer record's host frames (the outermost frame of the extension's own library that
+    takes a tensor, before pybind11 and the dispatcher), and the kernel it reported."""
+    for f in record.get("findings", []):
+        frames = [(m["fn"].strip(), m["lib"]) for m in _HOST_FRAME.finditer(f.get("evidence") or "")
+                  if not any(lib in m["lib"] for lib in _RUNTIME_LIBS)]
+        own = [fn for fn, _ in frames if not fn.startswith(_NOT_ENTRY)]
+        entry = [fn for fn in own if "Tensor" in fn]
+        if entry or own:
+            return (entry or own)[-1 if entry else 0], f.get("kernel")
+    kernel = next((f.get("kernel") for f in record.get("findings", []) if f.get("kernel")), None)
+    return None, kernel
+
+
+def _outcome(r: dict[str, Any]) -> str:
+    first = next((f.get("message") for f in r.get("findings", [])
+                  if f.get("severity") == "error"), None) or r.get("reason") or ""
+    return f"{r.get('status')}{': ' + first if first else ''}"
+
+
+def diagnose(originals: Iterable[dict[str, Any]], target_current: Iterable[dict[str, Any]]
+             ) -> list[Finding]:
+    """wrong-device findings for the suspects that pass with their target current."""
+    again = {_key(r): r for r in target_current}
+    found = []
+    for r in originals:
+        other = again.get(_key(r))
+        if other is None or not _clean(other):
+            continue  # not re-run, or wrong there too: the original finding stands
+        fn, kernel = extension_function(r)
+        where = f"`{fn}`" if fn else "every entry point of the extension this case calls"
+        device, current = r.get("device"), r.get("current_device")
+        found.append(Finding(
+            kind="wrong-device", severity="error",
+            message=(f"goes wrong on {device} only while {current} is current, and passes with "
+                     f"{device} current: {'`' + fn + '`' if fn else 'the op'} launches on the "
+                     "current device instead of its inputs' device (missing device guard)"),
+            device=device, suite=r.get("suite"), case=r.get("case"), op=fn, kernel=kernel,
+            evidence=(f"with {current} current ({r.get('mode')}): {_outcome(r)}\n"
+                      f"with {device} current, fresh process, no other device touched "
+                      f"({other.get('mode')}): {_outcome(other)}"),
+            hint=HINT.format(where=where)))
+    return found
+
+
+class WrongDevice(BaseDetector):
+    """Parent side: pairs every other-device-current mode with its target-current twin."""
+
+    name = "wrong-device"
+
+    def run_finished(self, records: list[dict[str, Any]]) -> list[Finding]:
+        modes = {str(r.get("mode")) for r in records}
+        found: list[Finding] = []
+        for mode in sorted(m for m in modes if "|" not in m):
+            twins = [r for r in records
+                     if r.get("mode") in (mode + TARGET_SUFFIX, mode + RERUN_SUFFIX)]
+            if twins:
+                found += diagnose(suspects(records, mode), twins)
+        return found

@@ -1,0 +1,150 @@
+"""wrong-device by differential re-run: the comparison on real records, and the whole loop
+(a case that fails only with another device current, re-run with its target current) through
+real workers on CPU."""
+
+from __future__ import annotations
+
+import copy
+import json
+import textwrap
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from gpucheck import cli
+from gpucheck.detectors.wrong_device import WrongDevice, diagnose, extension_function, suspects
+from gpucheck.devices import Device, Inventory
+from gpucheck.report import results
+from gpucheck.runner import pipeline
+
+FIXTURE = Path(__file__).parent / "fixtures" / "run_h100" / "results.jsonl"
+
+
+def _recorded_overrun() -> dict:
+    """The real memcheck record of the self-test's out-of-bounds kernel (one H200)."""
+    return next(r for r in results.cases(FIXTURE)
+                if r["case"].endswith("test_overrun[cuda0]") and r["mode"] == "sanitizer:memcheck")
+
+
+def _as_seen_with(record: dict, current: str | None, mode: str, status: str | None = None):
+    r = copy.deepcopy(record)
+    r["current_device"], r["mode"] = current, mode
+    if status is not None:
+        r["status"], r["findings"] = status, []
+    return r
+
+
+def test_a_case_that_passes_with_its_target_current_is_a_wrong_device_finding():
+    wrong = _as_seen_with(_recorded_overrun(), "cuda:1", "sanitizer:memcheck")
+    twin = _as_seen_with(wrong, "cuda:0", "sanitizer:memcheck|target-current", "passed")
+    found = WrongDevice().run_finished([wrong, twin])
+    assert len(found) == 1
+    f = found[0]
+    assert (f.kind, f.severity, f.device, f.suite, f.case) == (
+        "wrong-device", "error", "cuda:0", "selftest", "test_selftest.py::test_overrun[cuda0]")
+    # the extension function from the sanitizer's host frames, the kernel from its record
+    assert f.op == "add_one_overrun(at::Tensor const&)" and f.kernel == "<unnamed>::add_one"
+    assert "with cuda:1 current (sanitizer:memcheck): crashed" in f.evidence
+    assert "with cuda:0 current" in f.evidence and "passed" in f.evidence
+    assert "OptionalCUDAGuard guard(device_of(x))" in f.hint and "add_one_overrun" in f.hint
+
+
+def test_a_case_that_fails_with_its_target_current_too_is_not_a_device_bug():
+    wrong = _as_seen_with(_recorded_overrun(), "cuda:1", "sanitizer:memcheck")
+    twin = _as_seen_with(_recorded_overrun(), "cuda:0", "sanitizer:memcheck|target-current")
+    assert WrongDevice().run_finished([wrong, twin]) == []
+
+
+def test_only_cases_run_with_another_device_current_are_suspects():
+    rec = _recorded_overrun()
+    assert suspects([_as_seen_with(rec, None, "m")], "m") == []          # one GPU
+    assert suspects([_as_seen_with(rec, "cuda:0", "m")], "m") == []      # its own device
+    assert suspects([_as_seen_with(rec, "cuda:1", "m", "passed")], "m") == []
+    assert len(suspects([_as_seen_with(rec, "cuda:1", "m")], "m")) == 1
+    assert diagnose([_as_seen_with(rec, "cuda:1", "m")], []) == []      # never re-run
+
+
+def test_extension_function_skips_runtime_and_anonymous_frames():
+    fn, _ = extension_function(_recorded_overrun())
+    assert fn == "add_one_overrun(at::Tensor const&)"
+    assert extension_function({"findings": [{"evidence": "no frames", "kernel": "k"}]}) == (
+        None, "k")
+
+
+SUITE = textwrap.dedent('''
+    import os, pytest
+
+    @pytest.fixture
+    def arranged(request):
+        """Stands in for gpu_device on a machine without GPUs: cuda:1 is current unless the
+        harness asks for the target (cuda:0) to be current."""
+        target = os.environ.get("GPUCHECK_CURRENT") == "target"
+        request.node.user_properties.append(
+            ("gpucheck_current_device", "cpu" if target else "cuda:1"))
+        return target
+
+    def test_ok(arranged):
+        pass
+
+    def test_no_guard(arranged):
+        # what an unguarded extension does: fine only when its inputs' device is current
+        assert arranged, "illegal memory access"
+
+    def test_real_bug(arranged):
+        assert 1 == 2
+''')
+
+
+def test_the_differential_rerun_runs_only_the_suspects_and_names_the_device_bug(
+        tmp_path, monkeypatch, capsys):
+    suite = tmp_path / "suites" / "arr"
+    suite.mkdir(parents=True)
+    (suite / "test_arr.py").write_text(SUITE)
+    two = Inventory([Device(i, i, f"GPU-{i}", "NVIDIA H200", "9.0", None, 1, 1, 0, 0, 0, 0)
+                     for i in range(2)], None, "580", "13.0", None, "2.11", None, "uuid")
+    real = pipeline.choose_targets
+
+    def targets_with_two_visible(cfg):
+        t, notes, driver, _ = real(cfg)
+        return t, notes, driver, two
+
+    monkeypatch.setattr(pipeline, "choose_targets", targets_with_two_visible)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    code = cli.main(["run", "--cpu-only", "--quiet", "--suite", str(suite), "--out", str(out)])
+    text = capsys.readouterr().out
+    assert code == 1
+    # the re-run ran exactly the two cases that went wrong, with the target current
+    rerun = {r["case"]: r for r in results.cases(out / "rerun.jsonl")}
+    assert set(rerun) == {"test_arr.py::test_no_guard", "test_arr.py::test_real_bug"}
+    assert {r["mode"] for r in rerun.values()} == {"blocking|rerun:target-current"}
+    assert rerun["test_arr.py::test_no_guard"]["status"] == "passed"
+    assert rerun["test_arr.py::test_real_bug"]["status"] == "failed"
+    # one diagnosis, for the case that passed there; the real bug keeps its own finding
+    lines = list(results.read(out / "results.jsonl"))
+    diag = [r for r in lines if r["record"] == "diagnosis"]
+    assert [(d["case"], d["findings"][0]["kind"]) for d in diag] == [
+        ("test_arr.py::test_no_guard", "wrong-device")]
+    schema = results.schema()
+    for line in lines:
+        jsonschema.validate(line, schema)
+    assert "wrong-device: cpu arr test_arr.py::test_no_guard" in text
+    # the report shows the diagnosis on the case it explains
+    doc = json.loads((out / "results.json").read_text())
+    kinds = json.dumps(doc)
+    assert "wrong-device" in kinds
+    assert "wrong-device" in (out / "report.html").read_text()
+
+
+@pytest.mark.parametrize("visible", [0, 1])
+def test_no_rerun_without_a_second_device(tmp_path, monkeypatch, visible):
+    suite = tmp_path / "suites" / "arr"
+    suite.mkdir(parents=True)
+    (suite / "test_arr.py").write_text(SUITE)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    assert cli.main(["run", "--cpu-only", "--quiet", "--suite", str(suite),
+                     "--out", str(out)]) == 1
+    assert not (out / "rerun.jsonl").exists()
+    assert not [r for r in results.read(out / "results.jsonl") if r["record"] == "diagnosis"]
