@@ -215,8 +215,16 @@ at::Tensor knn_mean_sq_dist_cuda(const at::Tensor& points,  // [N, 3] float32, C
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 
-  // 5. queries, written straight to the caller's order.
-  launch_query(sorted_ptr, tree, static_cast<int>(k), budget, out.data_ptr<float>(), stream);
+  // 5. queries, written straight to the caller's order (4 bytes per slot for the deferred
+  // list; `order` is dead by now, so the caching allocator hands its memory back).
+  order.reset();
+  at::Tensor deferred = at::empty({1 + slots}, options.dtype(at::kInt));
+  C10_CUDA_CHECK(cudaMemsetAsync(deferred.data_ptr(), 0, sizeof(int32_t), stream));
+  launch_query(sorted_ptr, tree, static_cast<int>(k), budget, out.data_ptr<float>(),
+               deferred.data_ptr<int32_t>(), stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch_deferred(sorted_ptr, tree, static_cast<int>(k), out.data_ptr<float>(),
+                  deferred.data_ptr<int32_t>(), stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }

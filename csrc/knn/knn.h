@@ -20,9 +20,9 @@ constexpr int kMortonBits = 63; // sort key bits: 3 x 21 (one class) or 3 (class
 constexpr int kClasses = 8;     // nested cubes of the split grid (class 0: the dense core)
 // Largest N: the padded slots (N + 32 * kClasses at most) must fit an int.
 constexpr int64_t kMaxPoints = 2147483647 - 32 * kClasses;
-// Default walk budget of a query warp (loop steps) before it falls back to one query at a
-// time; GPUCHECK_KNN_WALK_BUDGET overrides it (0: every warp falls back, for tests).
-constexpr int kWalkBudget = 2048;
+// Default walk budget of a query warp (loop steps) before it defers its queries to one warp
+// each; GPUCHECK_KNN_WALK_BUDGET overrides it (0: every query is deferred, for tests).
+constexpr int kWalkBudget = 1024;
 
 // Points sampled (strided) for the robust box of the split grid.
 constexpr int kSampleSize = 2048;
@@ -103,9 +103,14 @@ struct Tree {
 };
 
 // out[index] = mean squared distance of each point in `sorted` (tree.count[0] * 32 slots) to
-// its k nearest other points. A warp whose walk takes more than `budget` steps starts again,
-// one query at a time.
+// its k nearest other points. A warp whose walk takes more than `budget` steps (0 <= budget)
+// writes nothing and appends its points' slots to `deferred` ([1 + tree.count[0] * 32] int32:
+// [0] the count, zeroed by the caller, then the slots).
 void launch_query(const float4* sorted, const Tree& tree, int k, int budget, float* out,
-                  cudaStream_t stream);
+                  int32_t* deferred, cudaStream_t stream);
+
+// The deferred queries: one warp per query, its own point as the query box, no budget.
+void launch_deferred(const float4* sorted, const Tree& tree, int k, float* out,
+                     const int32_t* deferred, cudaStream_t stream);
 
 }  // namespace gpucheck::knn

@@ -25,8 +25,9 @@
 //     its own k-th distance and the warp scans the leaf (32 points staged in shared memory)
 //     when any lane needs it. A warp whose queries are far apart (a leaf of scattered
 //     outliers: its query box holds the core, so nothing prunes) would visit the whole tree;
-//     after `budget` steps it starts again with one query at a time (the box of one point).
-//     Warps are launched last leaf first, so such warps (the outer classes) start early.
+//     after `budget` steps it gives up and defers its queries to a second kernel, which runs
+//     them one per warp, each with the box of its own point, all in parallel. Warps are
+//     launched last leaf first, so such warps (the outer classes) give up early.
 //
 // Exactness: every distance is computed from coordinate differences of the input floats with
 // the same fixed sequence of round-to-nearest operations (sub, mul, fma, fma), and every box
@@ -57,6 +58,7 @@ constexpr int kGatherThreads = 256;
 constexpr int kLevelThreads = 256;
 constexpr int kQueryWarps = 4;
 constexpr int kQueryThreads = kQueryWarps * 32;
+constexpr int kDeferredMaxBlocks = 1024;  // grid-stride over the deferred queries
 constexpr float kInf = cuda::std::numeric_limits<float>::infinity();
 
 // Order-preserving map float -> uint32 (for atomicMin/atomicMax on floats).
@@ -340,47 +342,50 @@ __device__ __forceinline__ uint32_t child_key(float d, float r2, int lane) {
   return d < r2 ? ((__float_as_uint(d) & ~31u) | static_cast<uint32_t>(lane)) : kNoKey;
 }
 
+// The queries of one leaf: all its points (single < 0), or only the one in lane `single`
+// (the box of the walk is then that point alone). Returns false, having written nothing, when
+// the walk took more than `budget` steps; *real_lanes: the lanes that hold points.
 template <int K>
-__global__ void __launch_bounds__(kQueryThreads)
-    query_kernel(const float4* __restrict__ pts, const Tree tree, int budget,
-                 float* __restrict__ out) {
-  __shared__ float4 s_pts[kQueryWarps][kLeafSize];
-  __shared__ uint32_t s_keys[kQueryWarps][kMaxLevels][32];
-
+__device__ __forceinline__ bool query_leaf(const float4* __restrict__ pts, const Tree& tree,
+                                           int leaf, int single, int budget,
+                                           float* __restrict__ out, float4* stage,
+                                           uint32_t (*stack)[32], unsigned* real_lanes) {
   const int lane = threadIdx.x & 31;
-  const int wib = threadIdx.x >> 5;
-  // Last leaf first: the outer classes (where warps may fall back) start early.
-  const int leaf = (gridDim.x - 1 - blockIdx.x) * kQueryWarps + wib;
-  if (leaf >= tree.count[0]) return;  // warp-uniform
-  float4* stage = s_pts[wib];
-  const int ws = leaf * kLeafSize;  // the own leaf's slots: [ws, ws + 32)
-  const float4 own = pts[ws + lane];
+  const float4 own = pts[leaf * kLeafSize + lane];
   const bool real = __float_as_int(own.w) >= 0;
-  const unsigned real_lanes = __ballot_sync(kFullMask, real);
-  if (real_lanes == 0) return;  // an empty leaf (padding); warp-uniform
+  *real_lanes = __ballot_sync(kFullMask, real);
+  if (*real_lanes == 0) return true;  // an empty leaf (padding); warp-uniform
   // A class's real points come first in its leaves, so lane 0 is real; padding lanes take its
   // point (they never vote and never widen r2 or the query box).
-  const float4 q = real ? own : shfl4(own, 0);
+  const float4 first = shfl4(own, 0);
+  const float4 q = real ? own : first;
+  const bool active = single < 0 ? real : lane == single;
 
+  // Seed: the top-k of the active lanes from the other points of the own leaf (padding slots
+  // hold +inf coordinates: their distance is +inf and never enters); inactive lanes get zeros,
+  // so they never vote, never widen r2 and never take a point.
+  stage[lane] = own;
+  __syncwarp();
   float best[K];
-  // Seeds the top-k of the `active` lanes with the other points of the own leaf (padding
-  // slots hold +inf coordinates: their distance is +inf and never enters); other lanes get
-  // zeros, so they never vote, never widen r2 and never take a point.
-  auto seed = [&](bool active) {
-    __syncwarp();
-    stage[lane] = own;
-    __syncwarp();
 #pragma unroll
-    for (int j = 0; j < K; ++j) best[j] = kInf;
-    scan<K>(stage, q, lane, best);
-    if (!active) {
+  for (int j = 0; j < K; ++j) best[j] = kInf;
+  scan<K>(stage, q, lane, best);
+  if (!active) {
 #pragma unroll
-      for (int j = 0; j < K; ++j) best[j] = 0.0f;
+    for (int j = 0; j < K; ++j) best[j] = 0.0f;
+  }
+
+  if (tree.top > 0) {
+    // Box of the queries (warp-uniform branch).
+    float4 qlo;
+    float4 qhi;
+    if (single < 0) {
+      qlo = make_float4(warp_min(q.x), warp_min(q.y), warp_min(q.z), 0.0f);
+      qhi = make_float4(warp_max(q.x), warp_max(q.y), warp_max(q.z), 0.0f);
+    } else {
+      qlo = shfl4(q, single);
+      qhi = qlo;
     }
-  };
-  // Walks the tree for the active lanes, whose points lie in [qlo, qhi]. Returns false after
-  // more than `steps_left` steps (best is then partial and must be seeded again).
-  auto walk = [&](bool active, const float4& qlo, const float4& qhi, int steps_left) -> bool {
     float r2 = __uint_as_float(__reduce_max_sync(kFullMask, __float_as_uint(best[K - 1])));
     int level = tree.top;  // level of `node`; its children live at level - 1
     int node = 0;
@@ -394,23 +399,24 @@ __global__ void __launch_bounds__(kQueryThreads)
       return child_key(box_box_dist(qlo, qhi, clo, chi), r2, lane);
     };
     uint32_t key = load_children();
+    int steps = budget;
     while (true) {
-      if (--steps_left < 0) return false;  // warp-uniform
+      if (--steps < 0) return false;  // warp-uniform
       const uint32_t kmin = __reduce_min_sync(kFullMask, key);
       // Keys are lower bounds sorted by the min-reduction: once the nearest remaining child
       // is not closer than r2 (which only shrinks), none of the others at this level is either.
       if (kmin == kNoKey || !(__uint_as_float(kmin & ~31u) < r2)) {
-        if (level == tree.top) return true;
+        if (level == tree.top) break;
         ++level;
         node /= kFanout;
-        key = s_keys[wib][level][lane];
+        key = stack[level][lane];
         continue;
       }
       const int c = static_cast<int>(kmin & 31u);
       if (lane == c) key = kNoKey;
       const int child = node * kFanout + c;
       if (level > 1) {  // descend into an inner node
-        s_keys[wib][level][lane] = key;
+        stack[level][lane] = key;
         --level;
         node = child;
         key = load_children();
@@ -427,49 +433,82 @@ __global__ void __launch_bounds__(kQueryThreads)
       scan<K>(stage, q, -1, best);
       r2 = __uint_as_float(__reduce_max_sync(kFullMask, __float_as_uint(best[K - 1])));
     }
-  };
-  auto write = [&]() {
+  }
+
+  if (active) {
     float sum = 0.0f;
 #pragma unroll
     for (int j = 0; j < K; ++j) sum = __fadd_rn(sum, best[j]);
     out[__float_as_int(q.w)] = __fdiv_rn(sum, static_cast<float>(K));
-  };
+  }
+  return true;
+}
 
-  seed(real);
-  if (tree.top == 0) {  // one leaf: the seed saw every point
-    if (real) write();
+// One warp per leaf. A warp whose walk runs out of budget appends its points' slots to
+// `deferred` ([0]: count, then slots) for deferred_kernel, so that a leaf of scattered outliers
+// costs `budget` steps here instead of a walk over the whole tree.
+template <int K>
+__global__ void __launch_bounds__(kQueryThreads)
+    query_kernel(const float4* __restrict__ pts, const Tree tree, int budget,
+                 float* __restrict__ out, int32_t* __restrict__ deferred) {
+  __shared__ float4 s_pts[kQueryWarps][kLeafSize];
+  __shared__ uint32_t s_keys[kQueryWarps][kMaxLevels][32];
+  const int lane = threadIdx.x & 31;
+  const int wib = threadIdx.x >> 5;
+  // Last leaf first: the outer classes (where warps may run out of budget) start early.
+  const int leaf = (gridDim.x - 1 - blockIdx.x) * kQueryWarps + wib;
+  if (leaf >= tree.count[0]) return;  // warp-uniform
+  unsigned real_lanes = 0;
+  if (query_leaf<K>(pts, tree, leaf, -1, budget, out, s_pts[wib], s_keys[wib], &real_lanes)) {
     return;
   }
-  // Box of the warp's queries (padding lanes hold lane 0's point).
-  const float4 qlo = make_float4(warp_min(q.x), warp_min(q.y), warp_min(q.z), 0.0f);
-  const float4 qhi = make_float4(warp_max(q.x), warp_max(q.y), warp_max(q.z), 0.0f);
-  if (walk(real, qlo, qhi, budget)) {
-    if (real) write();
-    return;
-  }
-  // Fallback: one query at a time, each with the box of its own point.
-  for (unsigned pending = real_lanes; pending != 0; pending &= pending - 1) {
-    const int l = __ffs(pending) - 1;
-    const bool me = lane == l;
-    seed(me);
-    const float4 p = shfl4(q, l);
-    walk(me, p, p, INT_MAX);
-    if (me) write();
+  int base = 0;
+  if (lane == 0) base = atomicAdd(deferred, __popc(real_lanes));
+  base = __shfl_sync(kFullMask, base, 0);
+  if ((real_lanes >> lane) & 1u) {
+    deferred[1 + base + __popc(real_lanes & ((1u << lane) - 1u))] = leaf * kLeafSize + lane;
   }
 }
 
+// The deferred queries, one warp per query (grid-stride), each walking with its own point as
+// the query box and no budget.
+template <int K>
+__global__ void __launch_bounds__(kQueryThreads)
+    deferred_kernel(const float4* __restrict__ pts, const Tree tree, float* __restrict__ out,
+                    const int32_t* __restrict__ deferred) {
+  __shared__ float4 s_pts[kQueryWarps][kLeafSize];
+  __shared__ uint32_t s_keys[kQueryWarps][kMaxLevels][32];
+  const int wib = threadIdx.x >> 5;
+  const int count = deferred[0];
+  for (int e = blockIdx.x * kQueryWarps + wib; e < count; e += gridDim.x * kQueryWarps) {
+    const int slot = deferred[1 + e];
+    unsigned real_lanes = 0;
+    __syncwarp();  // the previous query's last reads of the staged points are done
+    query_leaf<K>(pts, tree, slot / kLeafSize, slot % kLeafSize, INT_MAX, out, s_pts[wib],
+                  s_keys[wib], &real_lanes);
+  }
+}
+
+// budget < 0: the deferred kernel, else the query kernel.
 template <int K>
 void launch_query_k(const float4* sorted, const Tree& tree, int budget, float* out,
-                    cudaStream_t stream) {
+                    int32_t* deferred, cudaStream_t stream) {
   const int blocks = (tree.count[0] + kQueryWarps - 1) / kQueryWarps;
-  query_kernel<K><<<blocks, kQueryThreads, 0, stream>>>(sorted, tree, budget, out);
+  if (budget >= 0) {
+    query_kernel<K><<<blocks, kQueryThreads, 0, stream>>>(sorted, tree, budget, out, deferred);
+  } else {
+    deferred_kernel<K><<<std::min(blocks, kDeferredMaxBlocks), kQueryThreads, 0, stream>>>(
+        sorted, tree, out, deferred);
+  }
 }
 
 template <int... Ks>
 void dispatch_query(int k, const float4* sorted, const Tree& tree, int budget, float* out,
-                    cudaStream_t stream, std::integer_sequence<int, Ks...>) {
+                    int32_t* deferred, cudaStream_t stream, std::integer_sequence<int, Ks...>) {
   // k is validated by the caller (1 <= k <= kMaxK); exactly one branch runs.
-  ((k == Ks + 1 ? launch_query_k<Ks + 1>(sorted, tree, budget, out, stream) : void()), ...);
+  ((k == Ks + 1 ? launch_query_k<Ks + 1>(sorted, tree, budget, out, deferred, stream)
+                : void()),
+   ...);
 }
 
 }  // namespace
@@ -535,8 +574,14 @@ void launch_level(const float4* child_lo, const float4* child_hi, int n_child, f
 }
 
 void launch_query(const float4* sorted, const Tree& tree, int k, int budget, float* out,
-                  cudaStream_t stream) {
-  dispatch_query(k, sorted, tree, budget, out, stream,
+                  int32_t* deferred, cudaStream_t stream) {
+  dispatch_query(k, sorted, tree, budget, out, deferred, stream,
+                 std::make_integer_sequence<int, kMaxK>{});
+}
+
+void launch_deferred(const float4* sorted, const Tree& tree, int k, float* out,
+                     const int32_t* deferred, cudaStream_t stream) {
+  dispatch_query(k, sorted, tree, -1, out, const_cast<int32_t*>(deferred), stream,
                  std::make_integer_sequence<int, kMaxK>{});
 }
 

@@ -120,7 +120,8 @@ def test_matches_reference_rows_2m(gpu_device: torch.device, cloud: str, k: int)
 @pytest.mark.parametrize("cloud", ("uniform", "clusters", "sfm_scatter", "sfm_extreme"))
 def test_one_query_at_a_time(gpu_device: torch.device, monkeypatch: pytest.MonkeyPatch,
                              cloud: str) -> None:
-    """Walk budget 0: every warp takes the fallback (one query at a time); same results."""
+    """Walk budget 0: every query is deferred (one warp per query, own point as the query
+    box); the results are the same, bit for bit."""
     seed = fresh_seed()
     points = knn_clouds.make(cloud, 5000, seed, gpu_device)
     want = knn_mean_sq_dist(points, 3)
