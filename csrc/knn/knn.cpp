@@ -8,13 +8,13 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
 #include <string>
-#include <vector>
 
 #include "common.h"
 
@@ -66,17 +66,18 @@ Grid choose_grid(const at::Tensor& points,  // [N, 3]
 
   // Robust box from the sample.
   const auto* sample = reinterpret_cast<const float*>(w + kBoundsWords);
-  std::vector<float> axis(static_cast<size_t>(n_sample));
-  const auto i_lo = static_cast<size_t>(kQuantile * (n_sample - 1));
-  const size_t i_hi = static_cast<size_t>(n_sample - 1) - i_lo;
+  std::array<float, kSampleSize> axis;
+  const int i_lo = static_cast<int>(kQuantile * (n_sample - 1));
+  const int i_hi = n_sample - 1 - i_lo;
   double centre[3];
   double spread = 0.0;
   for (int a = 0; a < 3; ++a) {
-    for (int i = 0; i < n_sample; ++i) axis[static_cast<size_t>(i)] = sample[3 * i + a];
-    std::nth_element(axis.begin(), axis.begin() + static_cast<std::ptrdiff_t>(i_lo), axis.end());
-    const double q_lo = axis[i_lo];
-    std::nth_element(axis.begin(), axis.begin() + static_cast<std::ptrdiff_t>(i_hi), axis.end());
-    const double q_hi = axis[i_hi];
+    for (int i = 0; i < n_sample; ++i) axis[i] = sample[3 * i + a];
+    float* const v = axis.data();
+    std::nth_element(v, v + i_lo, v + n_sample);
+    const double q_lo = v[i_lo];
+    std::nth_element(v + i_lo, v + i_hi, v + n_sample);  // [i_lo, n) holds the larger ones
+    const double q_hi = v[i_hi];
     centre[a] = 0.5 * (q_lo + q_hi);
     spread = std::max(spread, q_hi - q_lo);
   }

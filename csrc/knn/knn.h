@@ -25,7 +25,7 @@ constexpr int64_t kMaxPoints = 2147483647 - 32 * kClasses;
 constexpr int kWalkBudget = 1024;
 
 // Points sampled (strided) for the robust box of the split grid.
-constexpr int kSampleSize = 2048;
+constexpr int kSampleSize = 1024;
 
 // Layout of the 7 uint32 words written by launch_bounds (all initialised to 0xFFFFFFFF):
 // [0..2] order-preserving key of the min x/y/z, [3..5] complement of the key of the max x/y/z,

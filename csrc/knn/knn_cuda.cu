@@ -2,7 +2,7 @@
 //
 // Algorithm (all on the GPU, O(N log N) work for the build, about O(N) for the queries):
 //  1. bounds: bounding box of the cloud, the first non-finite row (host checks it) and a
-//     strided sample of 2048 points, from which the host takes a robust box (2.5 / 97.5 %
+//     strided sample of 1024 points, from which the host takes a robust box (2.5 / 97.5 %
 //     quantiles per axis) and chooses the grid of the sort keys (knn.h, Grid):
 //     - ordinary clouds: a cubic 2^21 grid over the bounding box, 63-bit Morton codes;
 //     - clouds with far outliers (bounding box > 8x the robust box): the resolution of a grid
