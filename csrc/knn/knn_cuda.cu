@@ -1,11 +1,19 @@
 // Exact k-nearest-neighbour mean squared distance: kernels and launchers (issue 4).
 //
 // Algorithm (all on the GPU, O(N log N) work for the build, about O(N) for the queries):
-//  1. bounds: bounding box of the cloud and the first non-finite row (host checks it).
-//  2. morton: 63-bit Morton code of each point on a cubic 2^21 grid over the box; cub radix
-//     sort of (code, index) pairs. 21 bits per axis keep tight clusters apart in the order.
-//  3. gather: points in Morton order as float4 (x, y, z, original index bits); every 32
-//     consecutive sorted points form a leaf with its bounding box.
+//  1. bounds: bounding box of the cloud, the first non-finite row (host checks it) and a
+//     strided sample of 1024 points, from which the host takes a robust box (2.5 / 97.5 %
+//     quantiles per axis) and chooses the grid of the sort keys (knn.h, Grid):
+//     - ordinary clouds: a cubic 2^21 grid over the bounding box, 63-bit Morton codes;
+//     - clouds with far outliers (bounding box > 8x the robust box): the resolution of a grid
+//       over the bounding box would be spent on empty space and the dense core would fall into
+//       a few cells, in no spatial order. Instead each point gets a class: the smallest of 8
+//       nested cubes around the robust box, growing geometrically up to the bounding box, that
+//       holds it; the key is the class, then the Morton code on a 2^20 grid over that cube.
+//  2. morton: the keys; cub radix sort of (key, index) pairs.
+//  3. gather: points in key order as float4 (x, y, z, original index bits); every class starts
+//     a new leaf (the slots up to the next multiple of 32 are padding), so no leaf mixes the
+//     core with outliers; every 32 consecutive slots form a leaf with its bounding box.
 //  4. levels: an implicit 32-ary tree over the leaves (node j of level l bounds nodes
 //     [32 j, 32 j + 32) of level l - 1) up to a single root.
 //  5. query: one warp per leaf, one lane per query point, so a warp's 32 queries are close in
@@ -15,19 +23,26 @@
 //     stops a level as soon as the nearest remaining child is farther than the largest
 //     current k-th distance in the warp. At the leaves each lane tests the leaf box against
 //     its own k-th distance and the warp scans the leaf (32 points staged in shared memory)
-//     when any lane needs it.
+//     when any lane needs it. A warp whose queries are far apart (a leaf of scattered
+//     outliers: its query box holds the core, so nothing prunes) would visit the whole tree;
+//     after `budget` steps it gives up and defers its queries to a second kernel, which runs
+//     them one per warp, each with the box of its own point, all in parallel. Warps are
+//     launched last leaf first, so such warps (the outer classes) give up early.
 //
 // Exactness: every distance is computed from coordinate differences of the input floats with
 // the same fixed sequence of round-to-nearest operations (sub, mul, fma, fma), and every box
 // bound uses that same sequence on per-axis gaps that are never larger than the point's, so
 // a pruned box cannot hold a point that would enter the top-k (rounding is monotonic). The
-// result is the exact k smallest of the float32 distances, averaged in float32.
+// result is the exact k smallest of the float32 distances, averaged in float32; the order of
+// the points and the walk only change the speed. A squared distance above the float32 range
+// (coordinates ~1e19 apart or more) is +inf, so is the mean of k distances holding one.
 #include "knn/knn.h"
 
 #include <cub/cub.cuh>
 #include <cuda/std/limits>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <cstring>
 #include <utility>
@@ -43,6 +58,7 @@ constexpr int kGatherThreads = 256;
 constexpr int kLevelThreads = 256;
 constexpr int kQueryWarps = 4;
 constexpr int kQueryThreads = kQueryWarps * 32;
+constexpr int kDeferredMaxBlocks = 1024;  // grid-stride over the deferred queries
 constexpr float kInf = cuda::std::numeric_limits<float>::infinity();
 
 // Order-preserving map float -> uint32 (for atomicMin/atomicMax on floats).
@@ -107,7 +123,15 @@ __device__ __forceinline__ float4 shfl4(const float4& v, int src) {
 // 1. bounds
 // ---------------------------------------------------------------------------------------------
 __global__ void __launch_bounds__(kBoundsThreads)
-    bounds_kernel(const float* __restrict__ points, int n, uint32_t* __restrict__ bounds) {
+    bounds_kernel(const float* __restrict__ points, int n, uint32_t* __restrict__ bounds,
+                  float* __restrict__ sample, int n_sample, int stride) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;  // the grid covers n_sample threads
+  if (t < n_sample) {
+    const float* r = points + 3 * static_cast<int64_t>(t) * stride;
+    sample[3 * t] = r[0];
+    sample[3 * t + 1] = r[1];
+    sample[3 * t + 2] = r[2];
+  }
   float lo[3] = {kInf, kInf, kInf};
   float hi[3] = {-kInf, -kInf, -kInf};
   uint32_t bad = kNoKey;
@@ -156,22 +180,75 @@ __device__ __forceinline__ uint64_t spread3(uint32_t v) {
   return x;
 }
 
+template <int kCellBits>
 __device__ __forceinline__ uint32_t quantise(float c, float origin, float scale) {
-  constexpr float kMaxCell = 2097151.0f;  // 2^21 - 1
+  constexpr float kMaxCell = static_cast<float>((1u << kCellBits) - 1u);
   return static_cast<uint32_t>(fminf(fmaxf(__fsub_rn(c, origin) * scale, 0.0f), kMaxCell));
 }
 
-__global__ void morton_kernel(const float* __restrict__ points, int n, float3 origin,
-                              float scale, uint64_t* __restrict__ keys,
-                              int32_t* __restrict__ order) {
+template <int kCellBits>
+__device__ __forceinline__ uint64_t morton(const float* r, float3 origin, float scale) {
+  const uint32_t x = quantise<kCellBits>(r[0], origin.x, scale);
+  const uint32_t y = quantise<kCellBits>(r[1], origin.y, scale);
+  const uint32_t z = quantise<kCellBits>(r[2], origin.z, scale);
+  return (spread3(x) << 2) | (spread3(y) << 1) | spread3(z);
+}
+
+// Class of a point on the split grid: 0 inside the core cube, else the smallest c with
+// |p - center|_inf <= h0 f^c, at most kClasses - 1 (rounding only moves a point by a class,
+// which changes the order, never the result).
+__device__ __forceinline__ int point_class(const float* r, const Grid& g) {
+  const float d = fmaxf(fmaxf(fabsf(__fsub_rn(r[0], g.center.x)),
+                              fabsf(__fsub_rn(r[1], g.center.y))),
+                        fabsf(__fsub_rn(r[2], g.center.z)));
+  if (d <= g.h0) return 0;
+  const float c = ceilf(log2f(d / g.h0) * g.inv_log2_f);  // may be +inf: clamped first
+  return static_cast<int>(fminf(fmaxf(c, 1.0f), static_cast<float>(kClasses - 1)));
+}
+
+__global__ void morton_kernel(const float* __restrict__ points, int n, const Grid grid,
+                              uint64_t* __restrict__ keys, int32_t* __restrict__ order) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const float* r = points + 3 * static_cast<int64_t>(i);
-  const uint32_t x = quantise(r[0], origin.x, scale);
-  const uint32_t y = quantise(r[1], origin.y, scale);
-  const uint32_t z = quantise(r[2], origin.z, scale);
-  keys[i] = (spread3(x) << 2) | (spread3(y) << 1) | spread3(z);
+  if (grid.classes == 1) {
+    keys[i] = morton<21>(r, grid.origin[0], grid.scale[0]);
+  } else {
+    const int c = point_class(r, grid);
+    keys[i] = (static_cast<uint64_t>(c) << 60) | morton<20>(r, grid.origin[c], grid.scale[c]);
+  }
   order[i] = i;
+}
+
+// One warp: lane c <= kClasses finds the first sorted position of class c (binary search);
+// a prefix sum over the lanes then lays the classes out on leaf boundaries.
+__global__ void layout_kernel(const uint64_t* __restrict__ keys, int n,
+                              int32_t* __restrict__ layout) {
+  const int c = threadIdx.x;
+  int start = n;
+  if (c <= kClasses) {
+    const uint64_t want = static_cast<uint64_t>(c) << 60;
+    int lo = 0;
+    int hi = n;
+    while (lo < hi) {
+      const int mid = lo + (hi - lo) / 2;
+      if (keys[mid] < want) lo = mid + 1; else hi = mid;
+    }
+    start = c == kClasses ? n : lo;
+    layout[c] = start;
+  }
+  const int next = __shfl_down_sync(kFullMask, start, 1);
+  const int count = next - start;
+  int padded = (count + kLeafSize - 1) / kLeafSize * kLeafSize;
+  if (c >= kClasses) padded = 0;
+  // exclusive prefix sum of the padded counts over lanes 0..kClasses
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int v = __shfl_up_sync(kFullMask, padded, o);
+    if (c >= o) padded += v;
+  }
+  const int excl = __shfl_up_sync(kFullMask, padded, 1);
+  if (c <= kClasses) layout[kClasses + 1 + c] = c == 0 ? 0 : excl;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -193,21 +270,33 @@ __device__ __forceinline__ void warp_box(float4 lo, float4 hi, float4* out_lo, f
 
 __global__ void __launch_bounds__(kGatherThreads)
     gather_kernel(const float* __restrict__ points, const int32_t* __restrict__ order, int n,
-                  float4* __restrict__ sorted, float4* __restrict__ leaf_lo,
-                  float4* __restrict__ leaf_hi) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;  // blockDim % 32 == 0: warp == leaf
-  if (i - (threadIdx.x & 31) >= n) return;              // whole warp past the end
+                  const int32_t* __restrict__ layout, int slots, float4* __restrict__ sorted,
+                  float4* __restrict__ leaf_lo, float4* __restrict__ leaf_hi) {
+  const int s = blockIdx.x * blockDim.x + threadIdx.x;  // blockDim % 32 == 0: warp == leaf
+  if (s - (threadIdx.x & 31) >= slots) return;          // whole warp past the end
+  int i = -1;                                           // sorted point in slot s, if any
+  if (layout == nullptr) {
+    if (s < n) i = s;
+  } else if (s < slots) {
+    int c = 0;
+#pragma unroll
+    for (int t = 1; t < kClasses; ++t) c = s >= __ldg(layout + kClasses + 1 + t) ? t : c;
+    const int local = s - __ldg(layout + kClasses + 1 + c);
+    if (local < __ldg(layout + c + 1) - __ldg(layout + c)) i = __ldg(layout + c) + local;
+  }
   float4 lo = make_float4(kInf, kInf, kInf, 0.0f);
   float4 hi = make_float4(-kInf, -kInf, -kInf, 0.0f);
-  if (i < n) {
+  if (i >= 0) {
     const int o = order[i];
     const float* r = points + 3 * static_cast<int64_t>(o);
     const float4 p = make_float4(r[0], r[1], r[2], __int_as_float(o));
-    sorted[i] = p;
+    sorted[s] = p;
     lo = p;
     hi = p;
+  } else if (s < slots) {
+    sorted[s] = make_float4(kInf, kInf, kInf, __int_as_float(-1));
   }
-  warp_box(lo, hi, leaf_lo, leaf_hi, i / kLeafSize);
+  warp_box(lo, hi, leaf_lo, leaf_hi, s / kLeafSize);
 }
 
 __global__ void __launch_bounds__(kLevelThreads)
@@ -253,43 +342,51 @@ __device__ __forceinline__ uint32_t child_key(float d, float r2, int lane) {
   return d < r2 ? ((__float_as_uint(d) & ~31u) | static_cast<uint32_t>(lane)) : kNoKey;
 }
 
+// The queries of one leaf: all its points (single < 0), or only the one in lane `single`
+// (the box of the walk is then that point alone). Returns false, having written nothing, when
+// the walk took more than `budget` steps; *real_lanes: the lanes that hold points.
 template <int K>
-__global__ void __launch_bounds__(kQueryThreads)
-    query_kernel(const float4* __restrict__ pts, int n, const Tree tree, float* __restrict__ out) {
-  const float4 kFar = make_float4(kInf, kInf, kInf, 0.0f);
-  __shared__ float4 s_pts[kQueryWarps][kLeafSize];
-  __shared__ uint32_t s_keys[kQueryWarps][kMaxLevels][32];
-
+__device__ __forceinline__ bool query_leaf(const float4* __restrict__ pts, const Tree& tree,
+                                           int leaf, int single, int budget,
+                                           float* __restrict__ out, float4* stage,
+                                           uint32_t (*stack)[32], unsigned* real_lanes) {
   const int lane = threadIdx.x & 31;
-  const int wib = threadIdx.x >> 5;
-  const int leaf = blockIdx.x * kQueryWarps + wib;
-  if (leaf >= tree.count[0]) return;  // warp-uniform
-  float4* stage = s_pts[wib];
-  const int i = leaf * kLeafSize + lane;
-  const bool valid = i < n;
-  const float4 q = pts[valid ? i : n - 1];  // idle lanes copy a point of this leaf
+  const float4 own = pts[leaf * kLeafSize + lane];
+  const bool real = __float_as_int(own.w) >= 0;
+  *real_lanes = __ballot_sync(kFullMask, real);
+  if (*real_lanes == 0) return true;  // an empty leaf (padding); warp-uniform
+  // A class's real points come first in its leaves, so lane 0 is real; padding lanes take its
+  // point (they never vote and never widen r2 or the query box).
+  const float4 first = shfl4(own, 0);
+  const float4 q = real ? own : first;
+  const bool active = single < 0 ? real : lane == single;
 
-  // Seed window: the 32 sorted points around the own leaf (the last 32 points for a partial
-  // last leaf), so that every lane starts with k candidates (N > k guarantees enough).
-  const int ws = max(0, min(leaf * kLeafSize, n - kLeafSize));
-  const int we = min(ws + kLeafSize, n);
-  stage[lane] = (ws + lane < we) ? pts[ws + lane] : kFar;
+  // Seed: the top-k of the active lanes from the other points of the own leaf (padding slots
+  // hold +inf coordinates: their distance is +inf and never enters); inactive lanes get zeros,
+  // so they never vote, never widen r2 and never take a point.
+  stage[lane] = own;
   __syncwarp();
   float best[K];
 #pragma unroll
   for (int j = 0; j < K; ++j) best[j] = kInf;
-  scan<K>(stage, q, i - ws, best);
-  if (!valid) {
+  scan<K>(stage, q, lane, best);
+  if (!active) {
 #pragma unroll
-    for (int j = 0; j < K; ++j) best[j] = 0.0f;  // idle lanes never vote, never widen r2
+    for (int j = 0; j < K; ++j) best[j] = 0.0f;
   }
 
   if (tree.top > 0) {
-    // Box of the warp's queries; r2 = largest current k-th distance in the warp (valid lanes).
-    const float4 qlo = make_float4(warp_min(q.x), warp_min(q.y), warp_min(q.z), 0.0f);
-    const float4 qhi = make_float4(warp_max(q.x), warp_max(q.y), warp_max(q.z), 0.0f);
+    // Box of the queries (warp-uniform branch).
+    float4 qlo;
+    float4 qhi;
+    if (single < 0) {
+      qlo = make_float4(warp_min(q.x), warp_min(q.y), warp_min(q.z), 0.0f);
+      qhi = make_float4(warp_max(q.x), warp_max(q.y), warp_max(q.z), 0.0f);
+    } else {
+      qlo = shfl4(q, single);
+      qhi = qlo;
+    }
     float r2 = __uint_as_float(__reduce_max_sync(kFullMask, __float_as_uint(best[K - 1])));
-
     int level = tree.top;  // level of `node`; its children live at level - 1
     int node = 0;
     float4 clo = qlo;  // this lane's child box (read at level 1, whose children are leaves)
@@ -302,61 +399,116 @@ __global__ void __launch_bounds__(kQueryThreads)
       return child_key(box_box_dist(qlo, qhi, clo, chi), r2, lane);
     };
     uint32_t key = load_children();
+    int steps = budget;
     while (true) {
+      if (--steps < 0) return false;  // warp-uniform
       const uint32_t kmin = __reduce_min_sync(kFullMask, key);
-      // Keys are lower bounds sorted by the min-reduction: once the nearest remaining child is
-      // not closer than r2 (which only shrinks), none of the others at this level is either.
+      // Keys are lower bounds sorted by the min-reduction: once the nearest remaining child
+      // is not closer than r2 (which only shrinks), none of the others at this level is either.
       if (kmin == kNoKey || !(__uint_as_float(kmin & ~31u) < r2)) {
         if (level == tree.top) break;
         ++level;
         node /= kFanout;
-        key = s_keys[wib][level][lane];
+        key = stack[level][lane];
         continue;
       }
       const int c = static_cast<int>(kmin & 31u);
       if (lane == c) key = kNoKey;
       const int child = node * kFanout + c;
       if (level > 1) {  // descend into an inner node
-        s_keys[wib][level][lane] = key;
+        stack[level][lane] = key;
         --level;
         node = child;
         key = load_children();
         continue;
       }
-      if (child == leaf) continue;  // the seed window already holds the own leaf
+      if (child == leaf) continue;  // the seed already holds the own leaf
       const float4 blo = shfl4(clo, c);
       const float4 bhi = shfl4(chi, c);
-      const bool need = valid && box_dist(q, blo, bhi) < best[K - 1];
+      const bool need = active && box_dist(q, blo, bhi) < best[K - 1];
       if (!__any_sync(kFullMask, need)) continue;
-      const int g = child * kLeafSize + lane;
       __syncwarp();
-      stage[lane] = (g < n && (g < ws || g >= we)) ? pts[g] : kFar;  // skip seed-window points
+      stage[lane] = pts[child * kLeafSize + lane];
       __syncwarp();
       scan<K>(stage, q, -1, best);
       r2 = __uint_as_float(__reduce_max_sync(kFullMask, __float_as_uint(best[K - 1])));
     }
   }
 
-  if (valid) {
+  if (active) {
     float sum = 0.0f;
 #pragma unroll
     for (int j = 0; j < K; ++j) sum = __fadd_rn(sum, best[j]);
     out[__float_as_int(q.w)] = __fdiv_rn(sum, static_cast<float>(K));
   }
+  return true;
 }
 
+// One warp per leaf. A warp whose walk runs out of budget appends its points' slots to
+// `deferred` ([0]: count, then slots) for deferred_kernel, so that a leaf of scattered outliers
+// costs `budget` steps here instead of a walk over the whole tree.
 template <int K>
-void launch_query_k(const float4* sorted, int n, const Tree& tree, float* out,
-                    cudaStream_t stream) {
+__global__ void __launch_bounds__(kQueryThreads)
+    query_kernel(const float4* __restrict__ pts, const Tree tree, int budget,
+                 float* __restrict__ out, int32_t* __restrict__ deferred) {
+  __shared__ float4 s_pts[kQueryWarps][kLeafSize];
+  __shared__ uint32_t s_keys[kQueryWarps][kMaxLevels][32];
+  const int lane = threadIdx.x & 31;
+  const int wib = threadIdx.x >> 5;
+  // Last leaf first: the outer classes (where warps may run out of budget) start early.
+  const int leaf = (gridDim.x - 1 - blockIdx.x) * kQueryWarps + wib;
+  if (leaf >= tree.count[0]) return;  // warp-uniform
+  unsigned real_lanes = 0;
+  if (query_leaf<K>(pts, tree, leaf, -1, budget, out, s_pts[wib], s_keys[wib], &real_lanes)) {
+    return;
+  }
+  int base = 0;
+  if (lane == 0) base = atomicAdd(deferred, __popc(real_lanes));
+  base = __shfl_sync(kFullMask, base, 0);
+  if ((real_lanes >> lane) & 1u) {
+    deferred[1 + base + __popc(real_lanes & ((1u << lane) - 1u))] = leaf * kLeafSize + lane;
+  }
+}
+
+// The deferred queries, one warp per query (grid-stride), each walking with its own point as
+// the query box and no budget.
+template <int K>
+__global__ void __launch_bounds__(kQueryThreads)
+    deferred_kernel(const float4* __restrict__ pts, const Tree tree, float* __restrict__ out,
+                    const int32_t* __restrict__ deferred) {
+  __shared__ float4 s_pts[kQueryWarps][kLeafSize];
+  __shared__ uint32_t s_keys[kQueryWarps][kMaxLevels][32];
+  const int wib = threadIdx.x >> 5;
+  const int count = deferred[0];
+  for (int e = blockIdx.x * kQueryWarps + wib; e < count; e += gridDim.x * kQueryWarps) {
+    const int slot = deferred[1 + e];
+    unsigned real_lanes = 0;
+    __syncwarp();  // the previous query's last reads of the staged points are done
+    query_leaf<K>(pts, tree, slot / kLeafSize, slot % kLeafSize, INT_MAX, out, s_pts[wib],
+                  s_keys[wib], &real_lanes);
+  }
+}
+
+// budget < 0: the deferred kernel, else the query kernel.
+template <int K>
+void launch_query_k(const float4* sorted, const Tree& tree, int budget, float* out,
+                    int32_t* deferred, cudaStream_t stream) {
   const int blocks = (tree.count[0] + kQueryWarps - 1) / kQueryWarps;
-  query_kernel<K><<<blocks, kQueryThreads, 0, stream>>>(sorted, n, tree, out);
+  if (budget >= 0) {
+    query_kernel<K><<<blocks, kQueryThreads, 0, stream>>>(sorted, tree, budget, out, deferred);
+  } else {
+    deferred_kernel<K><<<std::min(blocks, kDeferredMaxBlocks), kQueryThreads, 0, stream>>>(
+        sorted, tree, out, deferred);
+  }
 }
 
 template <int... Ks>
-void dispatch_query(int k, const float4* sorted, int n, const Tree& tree, float* out,
-                    cudaStream_t stream, std::integer_sequence<int, Ks...>) {
+void dispatch_query(int k, const float4* sorted, const Tree& tree, int budget, float* out,
+                    int32_t* deferred, cudaStream_t stream, std::integer_sequence<int, Ks...>) {
   // k is validated by the caller (1 <= k <= kMaxK); exactly one branch runs.
-  ((k == Ks + 1 ? launch_query_k<Ks + 1>(sorted, n, tree, out, stream) : void()), ...);
+  ((k == Ks + 1 ? launch_query_k<Ks + 1>(sorted, tree, budget, out, deferred, stream)
+                : void()),
+   ...);
 }
 
 }  // namespace
@@ -364,19 +516,27 @@ void dispatch_query(int k, const float4* sorted, int n, const Tree& tree, float*
 // ---------------------------------------------------------------------------------------------
 // launchers
 // ---------------------------------------------------------------------------------------------
-void launch_bounds(const float* points, int n, uint32_t* bounds, cudaStream_t stream) {
-  const int blocks = std::max(1, std::min((n + kBoundsThreads - 1) / kBoundsThreads,
-                                          kBoundsMaxBlocks));
-  bounds_kernel<<<blocks, kBoundsThreads, 0, stream>>>(points, n, bounds);
+void launch_bounds(const float* points, int n, uint32_t* bounds, float* sample, int n_sample,
+                   int stride, cudaStream_t stream) {
+  const int blocks = std::max({1, (n_sample + kBoundsThreads - 1) / kBoundsThreads,
+                               std::min((n + kBoundsThreads - 1) / kBoundsThreads,
+                                        kBoundsMaxBlocks)});
+  bounds_kernel<<<blocks, kBoundsThreads, 0, stream>>>(points, n, bounds, sample, n_sample,
+                                                       stride);
 }
 
 float decode_bound(uint32_t w, bool is_max) { return key_float(is_max ? ~w : w); }
 
-void launch_morton(const float* points, int n, float3 origin, float scale, uint64_t* keys,
+void launch_morton(const float* points, int n, const Grid& grid, uint64_t* keys,
                    int32_t* order, cudaStream_t stream) {
   constexpr int kThreads = 256;
-  morton_kernel<<<(n + kThreads - 1) / kThreads, kThreads, 0, stream>>>(points, n, origin,
-                                                                          scale, keys, order);
+  morton_kernel<<<(n + kThreads - 1) / kThreads, kThreads, 0, stream>>>(points, n, grid, keys,
+                                                                          order);
+}
+
+void launch_layout(const uint64_t* sorted_keys, int n, int32_t* layout, cudaStream_t stream) {
+  static_assert(kClasses + 1 <= 32, "one lane per class boundary");
+  layout_kernel<<<1, 32, 0, stream>>>(sorted_keys, n, layout);
 }
 
 size_t sort_temp_bytes(int n) {
@@ -388,20 +548,22 @@ size_t sort_temp_bytes(int n) {
 }
 
 cudaError_t sort_by_key(void* temp, size_t temp_bytes, uint64_t* keys, uint64_t* keys_alt,
-                        int32_t* order, int32_t* order_alt, int n, int32_t** order_out,
-                        cudaStream_t stream) {
+                        int32_t* order, int32_t* order_alt, int n, uint64_t** keys_out,
+                        int32_t** order_out, cudaStream_t stream) {
   cub::DoubleBuffer<uint64_t> k(keys, keys_alt);
   cub::DoubleBuffer<int32_t> v(order, order_alt);
   const cudaError_t err =
       cub::DeviceRadixSort::SortPairs(temp, temp_bytes, k, v, n, 0, kMortonBits, stream);
+  *keys_out = k.Current();
   *order_out = v.Current();
   return err;
 }
 
-void launch_gather(const float* points, const int32_t* order, int n, float4* sorted,
-                   float4* leaf_lo, float4* leaf_hi, cudaStream_t stream) {
-  gather_kernel<<<(n + kGatherThreads - 1) / kGatherThreads, kGatherThreads, 0, stream>>>(
-      points, order, n, sorted, leaf_lo, leaf_hi);
+void launch_gather(const float* points, const int32_t* order, int n, const int32_t* layout,
+                   int slots, float4* sorted, float4* leaf_lo, float4* leaf_hi,
+                   cudaStream_t stream) {
+  gather_kernel<<<(slots + kGatherThreads - 1) / kGatherThreads, kGatherThreads, 0, stream>>>(
+      points, order, n, layout, slots, sorted, leaf_lo, leaf_hi);
 }
 
 void launch_level(const float4* child_lo, const float4* child_hi, int n_child, float4* lo,
@@ -411,9 +573,15 @@ void launch_level(const float4* child_lo, const float4* child_hi, int n_child, f
       child_lo, child_hi, n_child, lo, hi);
 }
 
-void launch_query(const float4* sorted, int n, const Tree& tree, int k, float* out,
-                  cudaStream_t stream) {
-  dispatch_query(k, sorted, n, tree, out, stream,
+void launch_query(const float4* sorted, const Tree& tree, int k, int budget, float* out,
+                  int32_t* deferred, cudaStream_t stream) {
+  dispatch_query(k, sorted, tree, budget, out, deferred, stream,
+                 std::make_integer_sequence<int, kMaxK>{});
+}
+
+void launch_deferred(const float4* sorted, const Tree& tree, int k, float* out,
+                     const int32_t* deferred, cudaStream_t stream) {
+  dispatch_query(k, sorted, tree, -1, out, const_cast<int32_t*>(deferred), stream,
                  std::make_integer_sequence<int, kMaxK>{});
 }
 

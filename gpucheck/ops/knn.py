@@ -48,8 +48,14 @@ def knn_mean_sq_dist(points: torch.Tensor, k: int = 3) -> torch.Tensor:
 
     Exact (not approximate): the result is the mean of the ``k`` smallest float32 squared
     distances ``|p_i - p_j|^2`` (``j != i``), computed from coordinate differences, so large
-    coordinate offsets do not cancel precision away. Duplicated points give 0. Built on the GPU
-    from a Morton-ordered box tree; about linear in N. Not differentiable (like ``distCUDA2``):
+    coordinate offsets do not cancel precision away. Duplicated points give 0. A squared
+    distance beyond the float32 range (points about 1.8e19 or more apart, e.g. coordinates of
+    +-3e38) is +inf, and so is a result whose float32 sum of the k smallest overflows. Built on
+    the GPU from a Morton-ordered box tree (clouds with far outliers get a grid per distance
+    class, so the dense core keeps its resolution); about linear in N. The environment variable
+    ``GPUCHECK_KNN_WALK_BUDGET`` (tuning and tests only) sets how many tree-walk steps a warp of
+    32 queries takes before its queries run one per warp; it changes the speed, never the
+    result. Not differentiable (like ``distCUDA2``):
     the result carries no gradient. The call synchronises the current stream once (to check the
     input for NaN/inf), so it cannot be captured in a CUDA graph.
 

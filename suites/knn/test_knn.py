@@ -12,6 +12,11 @@ k-th order statistics by more than that same relative amount, and the float32 su
 division add k more. So |op - ref| <= (k + 6) u |ref| against the float64 oracle; we allow
 twice that (rtol = 2 (k + 6) u, 1.1e-6 for k = 3) and atol = 0, so exact zeros (duplicates)
 must come out exactly zero.
+
+Overflow. Squared distances are float32: points ~1e19 or more apart (the ``sfm_extreme``
+cloud has coordinates of +-3e38) have +inf distances, and a result whose float32 sum of the k
+smallest leaves the float32 range is +inf (``knn_clouds.overflow_rows``): such rows must be
++inf, rows within 1e-5 of that edge are not judged, all others as above.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ KS = (1, 3, 16)
 # k + 1 (smallest legal), 33 (partial last leaf), 1000, 1025 (two tree levels + partial leaf).
 SMALL_SIZES = ("k+1", 33, 1000, 1025)
 ISSUE_CLOUDS = ("uniform", "clusters", "planar", "duplicates", "offset")
+SFM_CLOUDS = knn_clouds.SFM_CLOUDS
 REF_CHUNK = 1 << 26
 
 
@@ -46,13 +52,22 @@ def rtol(k: int) -> float:
     return 2 * (k + 6) * U
 
 
-def check_against_reference(points: torch.Tensor, k: int, what: str) -> None:
+def assert_matches(got: torch.Tensor, want: torch.Tensor, k: int, what: str) -> None:
+    """``got`` (float32 op) against ``want`` (float64 reference), overflow rules included."""
+    over, edge = knn_clouds.overflow_rows(want, k)
+    assert bool(torch.isposinf(got[over]).all()), f"{what}: rows that overflow must be +inf"
+    ok = ~(over | edge)
+    torch.testing.assert_close(got[ok].double(), want[ok], rtol=rtol(k), atol=0.0,
+                               msg=lambda m: f"{what}: {m}")
+
+
+def check_against_reference(points: torch.Tensor, k: int, what: str) -> torch.Tensor:
     got = knn_mean_sq_dist(points, k)
     assert got.shape == (points.shape[0],) and got.dtype == torch.float32
     assert got.device == points.device
     want = reference(points, k, chunk_elements=REF_CHUNK)
-    torch.testing.assert_close(got.double(), want, rtol=rtol(k), atol=0.0,
-                               msg=lambda m: f"{what}: {m}")
+    assert_matches(got, want, k, what)
+    return got
 
 
 def size(n: int | str, k: int) -> int:
@@ -62,7 +77,7 @@ def size(n: int | str, k: int) -> int:
 @pytest.mark.sanitizer
 @pytest.mark.parametrize("k", KS)
 @pytest.mark.parametrize("n", SMALL_SIZES)
-@pytest.mark.parametrize("cloud", (*ISSUE_CLOUDS, "line"))
+@pytest.mark.parametrize("cloud", (*ISSUE_CLOUDS, "line", *SFM_CLOUDS))
 def test_matches_reference_small(gpu_device: torch.device, cloud: str, n: int | str,
                                  k: int) -> None:
     seed = fresh_seed()
@@ -71,7 +86,7 @@ def test_matches_reference_small(gpu_device: torch.device, cloud: str, n: int | 
 
 
 @pytest.mark.parametrize("k", KS)
-@pytest.mark.parametrize("cloud", (*ISSUE_CLOUDS, "line"))
+@pytest.mark.parametrize("cloud", (*ISSUE_CLOUDS, "line", *SFM_CLOUDS))
 def test_matches_reference_100k(gpu_device: torch.device, cloud: str, k: int) -> None:
     seed = fresh_seed()
     points = knn_clouds.make(cloud, 100_000, seed, gpu_device)
@@ -87,7 +102,8 @@ def test_every_k(gpu_device: torch.device, k: int) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("k", (3, 16))
-@pytest.mark.parametrize("cloud", ("uniform", "clusters", "offset"))
+@pytest.mark.parametrize("cloud", ("uniform", "clusters", "offset", "sfm_scatter", "sfm_far",
+                                   "sfm_extreme"))
 def test_matches_reference_rows_2m(gpu_device: torch.device, cloud: str, k: int) -> None:
     """2M points: the reference checks 3000 random rows against all points."""
     seed = fresh_seed()
@@ -95,9 +111,45 @@ def test_matches_reference_rows_2m(gpu_device: torch.device, cloud: str, k: int)
     got = knn_mean_sq_dist(points, k)
     rows = torch.randperm(points.shape[0], device=gpu_device)[:3000]
     want = reference(points, k, rows=rows, chunk_elements=REF_CHUNK)
-    torch.testing.assert_close(got[rows].double(), want, rtol=rtol(k), atol=0.0,
-                               msg=lambda m: f"{cloud} N=2e6 k={k} seed={seed}: {m}")
-    assert torch.isfinite(got).all()
+    assert_matches(got[rows], want, k, f"{cloud} N=2e6 k={k} seed={seed}")
+    if cloud != "sfm_extreme":
+        assert torch.isfinite(got).all()
+
+
+@pytest.mark.sanitizer
+@pytest.mark.parametrize("cloud", ("uniform", "clusters", "sfm_scatter", "sfm_extreme"))
+def test_one_query_at_a_time(gpu_device: torch.device, monkeypatch: pytest.MonkeyPatch,
+                             cloud: str) -> None:
+    """Walk budget 0: every query is deferred (one warp per query, own point as the query
+    box); the results are the same, bit for bit."""
+    seed = fresh_seed()
+    points = knn_clouds.make(cloud, 5000, seed, gpu_device)
+    want = knn_mean_sq_dist(points, 3)
+    monkeypatch.setenv("GPUCHECK_KNN_WALK_BUDGET", "0")
+    got = check_against_reference(points, 3, f"{cloud} N=5000 budget=0 seed={seed}")
+    assert torch.equal(got, want)
+
+
+@pytest.mark.sanitizer
+def test_extreme_coordinates(gpu_device: torch.device) -> None:
+    """Coordinates of +-3e38: distances overflow to +inf, except between equal points."""
+    big = knn_clouds.EXTREME
+    core = knn_clouds.make("uniform", 1000, fresh_seed(), gpu_device)
+    corner = torch.tensor([[big, -big, big]] * 4 + [[-big, -big, -big]], device=gpu_device)
+    points = torch.cat([core, corner])
+    for k in (1, 3):
+        got = check_against_reference(points, k, f"extreme k={k}")
+        assert bool(torch.isfinite(got[:1000]).all())
+        assert torch.equal(got[1000:1004], torch.zeros(4, device=gpu_device))  # 4 copies
+        assert bool(torch.isposinf(got[1004]))
+    # k = 4: the 4th neighbour of each copy is +inf away, so their results are +inf too.
+    assert bool(torch.isposinf(check_against_reference(points, 4, "extreme k=4")[1000:]).all())
+
+
+def test_bad_walk_budget(gpu_device: torch.device, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUCHECK_KNN_WALK_BUDGET", "-3")
+    with pytest.raises(ValueError, match="GPUCHECK_KNN_WALK_BUDGET must be a non-negative int"):
+        knn_mean_sq_dist(torch.rand(50, 3, device=gpu_device), 3)
 
 
 @pytest.mark.sanitizer
