@@ -2,4 +2,44 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
+from gpucheck.devices import Device, Inventory
+
 pytest_plugins = ["pytester"]
+
+
+def two_gpu_inventory() -> Inventory:
+    """What discovery reports on a machine with two H200s."""
+    devs = [Device(i, i, f"GPU-{i}", "NVIDIA H200", "9.0", None, 1, 1, 0, 0, 0, 0)
+            for i in range(2)]
+    return Inventory(devs, None, "580", "13.0", None, "2.11", None, "cuda-driver-uuid")
+
+
+@pytest.fixture
+def two_gpus(monkeypatch: pytest.MonkeyPatch) -> Inventory:
+    """Discovery sees two GPUs (the run's workers are not started by such tests)."""
+    from gpucheck import devices
+
+    monkeypatch.setattr(devices, "discover", two_gpu_inventory)
+    return two_gpu_inventory()
+
+
+@pytest.fixture
+def harness_specs(monkeypatch: pytest.MonkeyPatch) -> list[list[Any]]:
+    """Replaces the harness by one that starts nothing; each pass's WorkerSpecs land here."""
+    from gpucheck.runner import pipeline
+
+    passes: list[list[Any]] = []
+
+    class FakeHarness:
+        def __init__(self, specs: list[Any], *args: Any, **kwargs: Any) -> None:
+            passes.append(list(specs))
+
+        def run(self) -> None:
+            pass
+
+    monkeypatch.setattr(pipeline, "Harness", FakeHarness)
+    return passes

@@ -7,9 +7,10 @@ import subprocess
 import sys
 
 import pytest
+from conftest import two_gpu_inventory as _two_gpus
 
 from gpucheck import cli, devices
-from gpucheck.devices import Device, Inventory
+from gpucheck.devices import Inventory
 
 
 def gpucheck(*args, **kw):
@@ -51,10 +52,6 @@ def test_run_without_gpu_says_so_in_one_line_and_exits_2(tmp_path):
     assert len(lines) == 1 and "No NVIDIA GPU" in lines[0] and "--cpu-only" in lines[0]
 
 
-def _two_gpus():
-    devs = [Device(i, i, f"GPU-{i}", "NVIDIA H200", "9.0", None, 1, 1, 0, 0, 0, 0)
-            for i in range(2)]
-    return Inventory(devs, None, "580", "13.0", None, "2.11", None, "cuda-driver-uuid")
 
 
 @pytest.mark.parametrize(

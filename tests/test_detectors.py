@@ -131,33 +131,19 @@ def test_sanitizer_passes_run_in_both_arrangements_on_two_gpus():
         ("sanitizer:racecheck", "racecheck")]
 
 
-def test_target_current_passes_tell_their_workers(tmp_path, monkeypatch):
-    from gpucheck import cli, devices
-    from gpucheck.devices import Device, Inventory
-    from gpucheck.runner import pipeline
+def test_target_current_passes_tell_their_workers(tmp_path, monkeypatch, two_gpus,
+                                                  harness_specs):
+    from gpucheck import cli
     from gpucheck.sanitizer import command as sanitizer_cmd
 
-    devs = [Device(i, i, f"GPU-{i}", "NVIDIA H200", "9.0", None, 1, 1, 0, 0, 0, 0)
-            for i in range(2)]
-    monkeypatch.setattr(devices, "discover", lambda: Inventory(
-        devs, None, "580", "13.0", None, "2.11", None, "cuda-driver-uuid"))
     monkeypatch.setattr(sanitizer_cmd, "find", lambda: tmp_path / "compute-sanitizer")
-    seen = []
-
-    class FakeHarness:
-        def __init__(self, specs, *args, **kwargs):
-            seen.extend(specs)
-
-        def run(self):
-            pass
-
-    monkeypatch.setattr(pipeline, "Harness", FakeHarness)
     suite = tmp_path / "mine"
     suite.mkdir()
     (suite / "test_x.py").write_text("def test_x():\n    pass\n")
     cli.main(["run", "--suite", str(suite), "--mode", "sanitizer:memcheck",
               "--out", str(tmp_path / "out")])
-    arrangement = {(s.label, s.mode): s.env["GPUCHECK_CURRENT"] for s in seen}
+    arrangement = {(s.label, s.mode): s.env["GPUCHECK_CURRENT"]
+                   for specs in harness_specs for s in specs}
     assert arrangement == {
         ("cuda:0", "sanitizer:memcheck"): "other", ("cuda:1", "sanitizer:memcheck"): "other",
         ("cuda:0", "sanitizer:memcheck|target-current"): "target",

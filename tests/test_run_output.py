@@ -17,9 +17,9 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import torch  # noqa: F401  (before pytester's in-process runs: torch cannot be imported twice)
 
-from gpucheck import cli, devices
-from gpucheck.devices import Device, Inventory
+from gpucheck import cli
 from gpucheck.report import results
 from gpucheck.runner import pipeline
 from gpucheck.runner.suites import PROJECT_SUITES
@@ -195,12 +195,6 @@ def test_the_last_line_counts_every_status_and_the_skip_reasons(project):
 
 # --- the compiled extension is missing -----------------------------------------------------
 
-def _two_gpus():
-    devs = [Device(i, i, f"GPU-{i}", "NVIDIA H200", "9.0", None, 1, 1, 0, 0, 0, 0)
-            for i in range(2)]
-    return Inventory(devs, None, "580", "13.0", None, "2.11", None, "cuda-driver-uuid")
-
-
 def test_extension_problem_names_the_fix_when_the_extension_is_not_built():
     from gpucheck.ops import _ext
 
@@ -212,11 +206,9 @@ def test_extension_problem_names_the_fix_when_the_extension_is_not_built():
     assert "pip install --no-build-isolation -e ." in problem
 
 
-def test_unbuilt_extension_is_one_sentence_before_any_worker(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(devices, "discover", _two_gpus)
+def test_unbuilt_extension_is_one_sentence_before_any_worker(tmp_path, monkeypatch, capsys,
+                                                            two_gpus, harness_specs):
     monkeypatch.setattr(pipeline, "extension_problem", lambda: "EXTENSION MISSING; fix it so.")
-    started = []
-    monkeypatch.setattr(pipeline, "Harness", lambda *a, **k: started.append(a))
     out = tmp_path / "out"
     code = cli.main(["run", "--all-devices", "--suite", "knn", "--suite", "ssim",
                      "--out", str(out)])
@@ -225,27 +217,18 @@ def test_unbuilt_extension_is_one_sentence_before_any_worker(tmp_path, monkeypat
     assert err.strip().splitlines() == [
         "gpucheck: EXTENSION MISSING; fix it so. Nothing was run: the suite(s) knn, ssim "
         "test gpucheck's own kernels."]
-    assert not started and not out.exists()
+    assert not harness_specs and not out.exists()
 
 
-def test_user_suites_still_run_when_only_our_kernel_suites_cannot(project, monkeypatch, capsys):
-    monkeypatch.setattr(devices, "discover", _two_gpus)
+def test_user_suites_still_run_when_only_our_kernel_suites_cannot(project, monkeypatch, capsys,
+                                                                 two_gpus, harness_specs):
     monkeypatch.setattr(pipeline, "extension_problem", lambda: "EXTENSION MISSING")
-    seen = []
-
-    class FakeHarness:
-        def __init__(self, specs, *args, **kwargs):
-            seen.extend(specs)
-
-        def run(self):
-            pass
-
-    monkeypatch.setattr(pipeline, "Harness", FakeHarness)
     out = project / "out"
     code = cli.main(["run", "--all-devices", "--suite", str(project / "suites" / "demo"),
                      "--suite", "knn", "--mode", "blocking", "--out", str(out)])
     text = capsys.readouterr().out
     assert code == 2
+    seen = [s for specs in harness_specs for s in specs]
     assert {tuple(s.suites) for s in seen} == {("demo",)}
     assert [s.label for s in seen] == ["cuda:0", "cuda:1"]
     assert "suite knn: not runnable: EXTENSION MISSING" in text
@@ -328,19 +311,8 @@ def test_case_ids_are_relative_to_the_suite_root_wherever_it_is(tmp_path):
 
 
 @pytest.mark.parametrize("selection", [["--all-devices"], ["--device", "1"], []])
-def test_a_gpu_run_resumes_with_the_devices_it_was_started_with(tmp_path, monkeypatch, capsys,
-                                                                 selection):
-    monkeypatch.setattr(devices, "discover", _two_gpus)
-    seen: list[list[str]] = []
-
-    class FakeHarness:
-        def __init__(self, specs, *args, **kwargs):
-            seen.append([s.label for s in specs])
-
-        def run(self):
-            pass
-
-    monkeypatch.setattr(pipeline, "Harness", FakeHarness)
+def test_a_gpu_run_resumes_with_the_devices_it_was_started_with(tmp_path, capsys, two_gpus,
+                                                                harness_specs, selection):
     suite = tmp_path / "mine"
     suite.mkdir()
     (suite / "test_x.py").write_text("def test_x():\n    pass\n")
@@ -350,6 +322,7 @@ def test_a_gpu_run_resumes_with_the_devices_it_was_started_with(tmp_path, monkey
     err = capsys.readouterr().err
     assert (first, again) == (2, 2), err  # the fake harness ran nothing: nothing was tested
     assert "exclude each other" not in err
+    seen = [[s.label for s in specs] for specs in harness_specs]
     assert seen[0] == seen[1] == (["cuda:1"] if "--device" in selection else ["cuda:0", "cuda:1"])
 
 

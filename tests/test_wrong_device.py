@@ -11,10 +11,10 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from conftest import two_gpu_inventory
 
 from gpucheck import cli
 from gpucheck.detectors.wrong_device import WrongDevice, diagnose, extension_function, suspects
-from gpucheck.devices import Device, Inventory
 from gpucheck.report import results
 from gpucheck.runner import pipeline
 
@@ -101,8 +101,7 @@ def test_the_differential_rerun_runs_only_the_suspects_and_names_the_device_bug(
     suite = tmp_path / "suites" / "arr"
     suite.mkdir(parents=True)
     (suite / "test_arr.py").write_text(SUITE)
-    two = Inventory([Device(i, i, f"GPU-{i}", "NVIDIA H200", "9.0", None, 1, 1, 0, 0, 0, 0)
-                     for i in range(2)], None, "580", "13.0", None, "2.11", None, "uuid")
+    two = two_gpu_inventory()
     real = pipeline.choose_targets
 
     def targets_with_two_visible(cfg):
