@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from gpucheck.detectors.base import BaseDetector, CaseInfo, Detector
 from gpucheck.detectors.device_state import DeviceStateLeak
+from gpucheck.detectors.op_device import OpDevice
 
-__all__ = ["BaseDetector", "CaseInfo", "Detector", "DeviceStateLeak", "worker_detectors"]
+__all__ = ["BaseDetector", "CaseInfo", "Detector", "DeviceStateLeak", "OpDevice",
+           "worker_detectors"]
 
 
 def worker_detectors() -> list[Detector]:
     """The detectors a worker runs around every case."""
-    return [DeviceStateLeak()]
+    return [DeviceStateLeak(), OpDevice()]

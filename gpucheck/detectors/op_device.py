@@ -1,0 +1,113 @@
+"""Per-op checks through a TorchDispatchMode active during each case's body.
+
+Every op that reaches PyTorch's dispatcher and is not one of torch's own (``aten``, ``prim``)
+is watched — extension ops registered with ``TORCH_LIBRARY``, such as ``gpucheck::*``,
+forward and backward (the autograd engine carries the mode to its threads):
+
+- ``wrong-device``: an output (a result, or a gradient in backward) on another device than
+  the op's tensor inputs: the extension allocated with ``torch::kCUDA`` / the current device
+  instead of ``x.options()``;
+- ``device-state-leak``: the current CUDA device after the op differs from before it (a bare
+  ``cudaSetDevice``), naming the op.
+
+Plain pybind11 functions never reach the dispatcher: for them the case-level checks
+(``device_state``, the differential re-run) are what catches these bugs.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from gpucheck.detectors.base import BaseDetector, CaseInfo
+from gpucheck.detectors.device_state import HINT as LEAK_HINT
+from gpucheck.report.results import Finding
+
+TORCH_NAMESPACES = ("aten", "prim", "prims", "_c10d_functional", "c10d", "profiler")
+ALLOC_HINT = ("allocate outputs with the input's options (`at::empty(sizes, x.options())`), "
+              "not `torch::kCUDA` or the current device, and guard the entry point with "
+              "`const at::cuda::OptionalCUDAGuard guard(device_of(x));`")
+
+
+def _tensor_devices(obj: Any) -> list[str]:
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    return [str(t.device) for t in tree_leaves(obj) if isinstance(t, torch.Tensor)]
+
+
+def _current_device() -> int | None:
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    return int(torch.cuda.current_device())
+
+
+def op_events(name: str, inputs: list[str], outputs: list[str], before: int | None,
+              after: int | None) -> list[tuple[str, str]]:
+    """(kind, detail) of what one call of op ``name`` did wrong: plain data in, so the rule is
+    testable without a GPU."""
+    found = []
+    if inputs:
+        wrong = sorted(set(outputs) - set(inputs))
+        if wrong and len(set(inputs)) == 1:
+            found.append(("wrong-device", f"{name}: inputs on {inputs[0]}, output(s) on "
+                                          f"{', '.join(wrong)}"))
+    if before is not None and after is not None and before != after:
+        found.append(("device-state-leak", f"{name}: the current device was cuda:{before} "
+                                           f"before the call and cuda:{after} after it"))
+    return found
+
+
+class OpDevice(BaseDetector):
+    """Watches every non-torch op of the case body; one finding per (kind, op)."""
+
+    name = "op-device"
+
+    def __init__(self) -> None:
+        self.mode: Any = None
+        self.seen: dict[tuple[str, str], list[str]] = {}
+
+    def case_started(self, case: CaseInfo) -> None:
+        if "torch" not in sys.modules:
+            return
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        seen = self.seen = {}
+
+        class Watch(TorchDispatchMode):
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                                   kwargs: Any = None) -> Any:
+                kwargs = kwargs or {}
+                if getattr(func, "namespace", "aten") in TORCH_NAMESPACES:
+                    return func(*args, **kwargs)
+                before = _current_device()
+                out = func(*args, **kwargs)
+                name = str(func.name()) if hasattr(func, "name") else str(func)
+                for kind, detail in op_events(name, _tensor_devices((args, kwargs)),
+                                              _tensor_devices(out), before, _current_device()):
+                    seen.setdefault((kind, name), []).append(detail)
+                return out
+
+        self.mode = Watch()
+        self.mode.__enter__()
+
+    def case_finished(self, case: CaseInfo) -> list[Finding]:
+        if self.mode is None:
+            return []
+        self.mode.__exit__(None, None, None)
+        self.mode = None
+        found = []
+        for (kind, op), details in sorted(self.seen.items()):
+            calls = f" ({len(details)} calls)" if len(details) > 1 else ""
+            found.append(Finding(
+                kind=kind, severity="error" if kind == "wrong-device" else "warning",
+                message=(f"op {op} returned a tensor on another device than its inputs{calls}"
+                         if kind == "wrong-device" else
+                         f"op {op} changed the current CUDA device and did not restore it"
+                         f"{calls}"),
+                device=case.device, suite=case.suite, case=case.case, op=op,
+                evidence="\n".join(dict.fromkeys(details))[:2000],
+                hint=ALLOC_HINT if kind == "wrong-device" else LEAK_HINT))
+        self.seen = {}
+        return found
