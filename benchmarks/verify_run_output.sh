@@ -56,6 +56,22 @@ say "build: $(( $(date +%s) - s )) s"
 s=$(date +%s)
 gc run --all-devices --quiet --suite knn --suite ssim --out "$D/run1" -- "${ARGS[@]}" > "$D/run1.out" 2>&1
 rc=$?; say "run1 knn+ssim (not slow): exit $rc in $(( $(date +%s) - s )) s: $(tail -1 "$D/run1.out")"
+"$PY" - "$D/run1/results.jsonl" <<'PY' | tee "$D/run1-findings.txt"
+import collections, json, sys
+recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+kinds = collections.Counter(f["kind"] for r in recs if r.get("record") == "case" for f in r["findings"])
+print(f"run1 findings by kind: {dict(kinds) or 'none'}")
+PY
+s=$(date +%s)
+GPUCHECK_DETECTORS=off gc run --all-devices --quiet --suite knn --suite ssim --out "$D/run3" -- "${ARGS[@]}" > "$D/run3.out" 2>&1
+rc=$?; say "run3 = run1 without worker detectors: exit $rc in $(( $(date +%s) - s )) s"
+"$PY" - "$D/run1/results.jsonl" "$D/run3/results.jsonl" <<'PY' | tee "$D/overhead.txt"
+import json, sys
+def total(p):
+    return sum(r["duration_s"] for r in map(json.loads, open(p)) if r.get("record") == "case")
+a, b = total(sys.argv[1]), total(sys.argv[2])
+print(f"case time with detectors {a:.1f} s, without {b:.1f} s: {100 * (a - b) / b:+.1f} %")
+PY
 before=$(md5sum < "$D/run1/results.jsonl")
 gc run --all-devices --quiet --suite knn --suite ssim --out "$D/run1" -- "${ARGS[@]}" > "$D/run1-again.out" 2>&1
 rc=$?; after=$(md5sum < "$D/run1/results.jsonl")
@@ -81,6 +97,7 @@ print(f"records {dict(kinds)}; distinct cases {len(cases)}; recorded twice {sum(
       f"same cases as run1's knn: {set(cases) == ref}; run ids {len({r['run_id'] for r in recs})}")
 PY
 say "run2 resumed: exit $rc: $(cat "$D/run2-check.txt"): $(tail -1 "$D/run2-resume.out")"
+say "run1 $(cat "$D/run1-findings.txt"); $(cat "$D/overhead.txt")"
 
 # --- 3. a recorded real run ----------------------------------------------------------------------
 if [ "${FIXTURE:-0}" = 1 ]; then
@@ -88,6 +105,7 @@ if [ "${FIXTURE:-0}" = 1 ]; then
   gc run --all-devices --quiet --suite selftest --mode blocking --mode nvml \
     --mode sanitizer:memcheck --timeout 300 --out "$D/fixture" > "$D/fixture.out" 2>&1
   rc=$?; say "fixture run selftest blocking+nvml+memcheck: exit $rc in $(( $(date +%s) - s )) s: $(tail -1 "$D/fixture.out")"
+  ls "$D/fixture"
 fi
 [ -n "${OUT:-}" ] && tar -C "$(dirname "$D")" -czf "$OUT/run-output.tgz" "$(basename "$D")"
 printf '%s\n' "== summary" "${summary[@]}"

@@ -8,6 +8,8 @@ case (``case_started`` / ``case_finished``) and/or in the parent over the finish
 
 from __future__ import annotations
 
+import os
+
 from gpucheck.detectors.base import BaseDetector, CaseInfo, Detector
 from gpucheck.detectors.device_state import DeviceStateLeak
 from gpucheck.detectors.op_device import OpDevice
@@ -16,6 +18,13 @@ __all__ = ["BaseDetector", "CaseInfo", "Detector", "DeviceStateLeak", "OpDevice"
            "worker_detectors"]
 
 
+#: ``GPUCHECK_DETECTORS=off`` runs the cases without the worker-side detectors (to measure
+#: what they cost, or to rule them out)
+DETECTORS_ENV = "GPUCHECK_DETECTORS"
+
+
 def worker_detectors() -> list[Detector]:
     """The detectors a worker runs around every case."""
+    if os.environ.get(DETECTORS_ENV, "").lower() == "off":
+        return []
     return [DeviceStateLeak(), OpDevice()]
