@@ -54,7 +54,7 @@ void check_input(const at::Tensor& ref, const at::Tensor& t, const char* name,
   d = 0;
   for (const int64_t s : shape) {
     want << (d++ ? ", " : "");
-    if (s < 0) want << "K"; else want << s;
+    if (s < 0) want << (d == 1 ? "N" : "K"); else want << s;  // d: already incremented
   }
   want << "]";
   TORCH_CHECK_VALUE(ok, kOp, ": ", name, " must be ", want.str(), ", got ", t.sizes());
@@ -287,13 +287,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> splat_for
     raise_budget("more than max_bytes " + std::to_string(*max_bytes), n64, total,
                  binning_bytes, radii, counts, tiles, width, height);
   }
-  if (total > std::numeric_limits<int32_t>::max()) {
-    raise_budget("more than 2^31 - 1 Gaussian-tile overlaps, which the int32 sort cannot hold",
-                 n64, total, binning_bytes, radii, counts, tiles, width, height);
-  }
-  const int items = static_cast<int>(total);
+  // The sort's scratch can only be sized for an int32 count; past that the keys alone are
+  // > 48 GiB, which is what the comparison with the free memory below then mostly sees.
+  const bool fits_int32 = total <= std::numeric_limits<int32_t>::max();
   const int end_bit = 32 + bits_for(tiles);
-  const size_t sort_bytes = items > 0 ? sort_temp_bytes(items, end_bit) : 0;
+  const size_t sort_bytes =
+      total > 0 && fits_int32 ? sort_temp_bytes(static_cast<int>(total), end_bit) : 0;
   const int64_t needed = binning_bytes + static_cast<int64_t>(sort_bytes) +
                          tiles * static_cast<int64_t>(sizeof(int2));
   const int64_t available = free_device_bytes(means.device().index());
@@ -303,6 +302,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> splat_for
                  means.device().str(), n64, total, binning_bytes, radii, counts, tiles,
                  width, height);
   }
+  if (!fits_int32) {
+    raise_budget("more than 2^31 - 1 Gaussian-tile overlaps, which the int32 sort cannot hold",
+                 n64, total, binning_bytes, radii, counts, tiles, width, height);
+  }
+  const int items = static_cast<int>(total);
 
   // 4. keys, sort, per-tile ranges.
   at::Tensor ranges = at::zeros({tiles, 2}, options.dtype(at::kInt));

@@ -164,10 +164,6 @@ def _check_python_side(
             continue
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"rasterize: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.device.type != "cuda":
-            raise ValueError(
-                f"rasterize: {name} must be a CUDA tensor, got one on {t.device} "
-                "(gpucheck.reference.rasterize is the CPU implementation)")
     for name, v in (("width", width), ("height", height)):
         if isinstance(v, bool) or not isinstance(v, int):
             raise TypeError(f"rasterize: {name} must be an int, got {v!r}")
@@ -178,6 +174,17 @@ def _check_python_side(
             raise TypeError(f"rasterize: max_bytes must be None or an int, got {max_bytes!r}")
         if max_bytes < 0:
             raise ValueError(f"rasterize: max_bytes must be None or >= 0, got {max_bytes!r}")
+    degree = _check_colours(colors, sh, sh_degree)
+    for name, t in named.items():
+        if t is not None and t.device.type != "cuda":
+            raise ValueError(
+                f"rasterize: {name} must be a CUDA tensor, got one on {t.device} "
+                "(gpucheck.reference.rasterize is the CPU implementation)")
+    return degree
+
+
+def _check_colours(colors: Any, sh: Any, sh_degree: Any) -> int:
+    """The SH degree to pass: -1 for RGB colours, else checked or derived from ``sh``."""
     if (colors is None) == (sh is None):
         raise ValueError("rasterize: give exactly one of colors ([N, 3]) and sh ([N, K, 3])")
     if colors is not None:
