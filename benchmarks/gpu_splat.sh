@@ -18,11 +18,11 @@ fi
 echo "build: $(( $(date +%s) - start )) s"
 grep -E "not building|spill|stack frame|warning" "$LOGS/build.log" | sort | uniq -c | head -8
 start=$(date +%s)
-timeout 300 "$PY" -m pytest suites/splat -q -rfE -p no:cacheprovider ${SPLAT_SUITE_ARGS:-} \
+timeout ${SPLAT_SUITE_TIMEOUT:-150} "$PY" -m pytest suites/splat -q -rfE -p no:cacheprovider ${SPLAT_SUITE_ARGS:-} \
   > "$LOGS/suite.log" 2>&1
 echo "suite rc=$? ($(( $(date +%s) - start )) s)"
 tail -40 "$LOGS/suite.log"
-timeout 120 "$PY" benchmarks/splat.py --json "$LOGS/bench.json" > "$LOGS/bench.log" 2>&1
+timeout ${SPLAT_BENCH_TIMEOUT:-60} "$PY" benchmarks/splat.py --json "$LOGS/bench.json" > "$LOGS/bench.log" 2>&1
 echo "bench rc=$?"; cat "$LOGS/bench.log" | tail -60
 if [ "${SPLAT_SKIP_CLI:-0}" != 1 ]; then
   start=$(date +%s)
