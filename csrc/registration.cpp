@@ -21,4 +21,11 @@ TORCH_LIBRARY(gpucheck, m) {
       "bool need_grad2) -> (Tensor, Tensor)");
   // --- knn (csrc/knn) ---
   m.def("knn_mean_sq_dist(Tensor points, int k=3) -> Tensor");
+  // --- splat (csrc/splat): forward of the tile-based Gaussian rasterizer ---
+  // colors: [N, 3] RGB with sh_degree -1, or SH [N, K, 3] with sh_degree 0..3.
+  m.def(
+      "splat_forward(Tensor means, Tensor scales, Tensor rotations, Tensor opacities, "
+      "Tensor colors, Tensor viewmat, Tensor K, Tensor background, int width, int height, "
+      "int sh_degree, int? max_bytes=None) -> (Tensor image, Tensor alpha, Tensor depth, "
+      "Tensor radii, Tensor n_intersections)");
 }

@@ -1,0 +1,352 @@
+// Entry point of gpucheck::splat_forward (the Gaussian-splatting rasterizer's forward pass):
+// device guard, input checks, the binning-memory preflight (failure 3 of docs/failures.md),
+// buffers from the caching allocator, launches on the current stream. Kernels: splat_cuda.cu.
+#include "splat/splat.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "common.h"
+
+namespace gpucheck::splat {
+namespace {
+
+constexpr const char* kOp = "splat_forward";
+// The message prefix by which gpucheck.ops.splat recognises a failed preflight (raised here
+// as torch.OutOfMemoryError) and turns it into gpucheck.errors.BudgetExceeded.
+constexpr const char* kBudgetPrefix = "splat_forward: binning budget exceeded: ";
+// A Gaussian "covers most of the image" when its tile rectangle holds more than this share of
+// the tiles; when many do, the scales were most likely activated twice (story 3).
+constexpr double kLargeShare = 0.25;
+constexpr double kSuspectShare = 0.1;
+
+void check_input(const at::Tensor& ref, const at::Tensor& t, const char* name,
+                 std::initializer_list<int64_t> shape) {
+  check_cuda(t, kOp, name);
+  check_same_device(ref, "means", t, kOp, name);
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat, kOp, ": ", name,
+                   " must be float32 (the only dtype supported for now), got ",
+                   t.scalar_type());
+  bool ok = t.dim() == static_cast<int64_t>(shape.size());
+  int d = 0;
+  for (const int64_t s : shape) {
+    ok = ok && (s < 0 || t.size(d) == s);  // s < 0: any size
+    ++d;
+  }
+  std::ostringstream want;
+  want << "[";
+  d = 0;
+  for (const int64_t s : shape) {
+    want << (d++ ? ", " : "");
+    if (s < 0) want << (d == 1 ? "N" : "K"); else want << s;  // d: already incremented
+  }
+  want << "]";
+  TORCH_CHECK_VALUE(ok, kOp, ": ", name, " must be ", want.str(), ", got ", t.sizes());
+  TORCH_CHECK_VALUE(t.is_contiguous(), kOp, ": ", name, " must be contiguous, got strides ",
+                    t.strides(), " for sizes ", t.sizes(), " (call .contiguous())");
+}
+
+std::string values_of(const at::Tensor& t) {
+  const at::Tensor host = t.detach().to(at::kCPU).contiguous().view(-1);
+  const float* v = host.const_data_ptr<float>();
+  std::ostringstream out;
+  out << "[";
+  for (int64_t k = 0; k < host.numel(); ++k) out << (k ? ", " : "") << v[k];
+  out << "]";
+  return out.str();
+}
+
+// Raises a ValueError naming the first invalid input found by the preprocess kernel.
+void raise_bad_input(const int32_t* bad, int64_t n, const at::Tensor& means,
+                     const at::Tensor& scales, const at::Tensor& rotations,
+                     const at::Tensor& opacities, const at::Tensor& viewmat, const at::Tensor& K,
+                     const at::Tensor& background) {
+  TORCH_CHECK_VALUE(bad[kBadCamera] == kNone, kOp,
+                    ": viewmat must be a finite world-to-camera matrix with bottom row "
+                    "[0, 0, 0, 1] (3DGS's world_view_transform is stored transposed), K must "
+                    "be [[fx, 0, cx], [0, fy, cy], [0, 0, 1]] with fx, fy > 0, and the "
+                    "background finite; got viewmat ", values_of(viewmat), ", K ",
+                    values_of(K), ", background ", values_of(background));
+  if (bad[kBadNonFinite] < n) {
+    const int64_t r = bad[kBadNonFinite];
+    TORCH_CHECK_VALUE(false, kOp, ": inputs must be finite, but Gaussian ", r,
+                      " holds a NaN/inf: means ", values_of(means[r]), ", scales ",
+                      values_of(scales[r]), ", rotations ", values_of(rotations[r]),
+                      ", opacity ", values_of(opacities[r]), " (or its colours / SH)");
+  }
+  if (bad[kBadScale] < n) {
+    const int64_t r = bad[kBadScale];
+    TORCH_CHECK_VALUE(false, kOp, ": scales must be positive (activated, exp of the "
+                      "log-scales), got ", values_of(scales[r]), " for Gaussian ", r,
+                      ": raw log-scales from a checkpoint need exp first");
+  }
+  if (bad[kBadOpacity] < n) {
+    const int64_t r = bad[kBadOpacity];
+    TORCH_CHECK_VALUE(false, kOp, ": opacities must be in [0, 1] (activated, sigmoid of the "
+                      "logits), got ", values_of(opacities[r]), " for Gaussian ", r);
+  }
+  if (bad[kBadRotation] < n) {
+    TORCH_CHECK_VALUE(false, kOp, ": rotations hold an all-zero quaternion (cannot be "
+                      "normalized) for Gaussian ", bad[kBadRotation]);
+  }
+}
+
+// The evidence of a failed preflight: what was asked for, and why it is probably that large.
+[[noreturn]] void raise_budget(const std::string& reason, int64_t n, int64_t total,
+                               int64_t bytes, const at::Tensor& radii, const at::Tensor& counts,
+                               int64_t tiles, int64_t width, int64_t height) {
+  const at::Tensor r_host = radii.to(at::kCPU);
+  const at::Tensor c_host = counts.to(at::kCPU);
+  const int32_t* r = r_host.const_data_ptr<int32_t>();
+  const int64_t* c = c_host.const_data_ptr<int64_t>();
+  std::vector<int32_t> visible;
+  int64_t large = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (r[i] > 0) visible.push_back(r[i]);
+    if (static_cast<double>(c[i]) > kLargeShare * static_cast<double>(tiles)) ++large;
+  }
+  std::sort(visible.begin(), visible.end());
+  auto pct = [&](double q) {
+    if (visible.empty()) return int32_t{0};
+    return visible[static_cast<size_t>(q * static_cast<double>(visible.size() - 1) + 0.5)];
+  };
+  const double share = n ? static_cast<double>(large) / static_cast<double>(n) : 0.0;
+  const bool suspect = share >= kSuspectShare ||
+                       2 * static_cast<int64_t>(pct(0.5)) > std::max(width, height);
+  std::ostringstream msg;
+  msg << kBudgetPrefix << reason << ". " << n << " Gaussians (" << visible.size()
+      << " visible) touch " << total << " tiles in total (" << tiles << " tiles of "
+      << width << "x" << height << "), binning needs " << bytes << " bytes; radius "
+      << "percentiles (visible, px) p50 " << pct(0.5) << ", p90 " << pct(0.9) << ", p99 "
+      << pct(0.99) << ", max " << (visible.empty() ? 0 : visible.back()) << "; " << large
+      << " Gaussians (" << 100.0 * share << " %) cover more than 25 % of the image. Hint: "
+      << (suspect ? "scales look already exponentiated: activation applied twice? (3DGS "
+                    "checkpoints store log-scales; exp them exactly once)"
+                  : "render fewer Gaussians or a smaller image, or raise the budget");
+  TORCH_CHECK_WITH(OutOfMemoryError, false, msg.str());
+}
+
+// Bytes the caching allocator could hand out on the current device without a new cudaMalloc,
+// plus what the driver reports free.
+int64_t free_device_bytes(c10::DeviceIndex device) {
+  size_t free_bytes = 0;
+  size_t total_bytes = 0;
+  C10_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  int64_t cached = 0;
+  try {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
+    const auto agg = static_cast<size_t>(c10::CachingDeviceAllocator::StatType::AGGREGATE);
+    cached = std::max<int64_t>(
+        0, stats.reserved_bytes[agg].current - stats.allocated_bytes[agg].current);
+  } catch (const c10::Error&) {
+    cached = 0;  // an allocator backend without statistics: count the driver's only
+  }
+  return static_cast<int64_t>(free_bytes) + cached;
+}
+
+int bits_for(int64_t values) {  // bits needed for the numbers 0 .. values - 1
+  int bits = 0;
+  while ((int64_t{1} << bits) < values) ++bits;
+  return bits;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> splat_forward_cuda(
+    const at::Tensor& means,       // [N, 3] float32, world space
+    const at::Tensor& scales,      // [N, 3] float32, > 0 (activated)
+    const at::Tensor& rotations,   // [N, 4] float32, wxyz, unnormalized
+    const at::Tensor& opacities,   // [N] float32, in [0, 1] (activated)
+    const at::Tensor& colors,      // [N, 3] RGB (sh_degree -1) or SH [N, K, 3]
+    const at::Tensor& viewmat,     // [4, 4] float32, world -> camera
+    const at::Tensor& K,           // [3, 3] float32, pinhole intrinsics
+    const at::Tensor& background,  // [3] float32
+    int64_t width, int64_t height, int64_t sh_degree, std::optional<int64_t> max_bytes) {
+  // The guard needs a CUDA device, so this one check comes first.
+  check_cuda(means, kOp, "means");
+  GPUCHECK_DEVICE_GUARD(means);
+  check_input(means, means, "means", {-1, 3});
+  const int64_t n64 = means.size(0);
+  check_input(means, scales, "scales", {n64, 3});
+  check_input(means, rotations, "rotations", {n64, 4});
+  check_input(means, opacities, "opacities", {n64});
+  check_input(means, viewmat, "viewmat", {4, 4});
+  check_input(means, K, "K", {3, 3});
+  check_input(means, background, "background", {3});
+  TORCH_CHECK_VALUE(sh_degree >= -1 && sh_degree <= kMaxShDegree, kOp,
+                    ": sh_degree must be -1 (colors are RGB) or in 0..", kMaxShDegree, ", got ",
+                    sh_degree);
+  int64_t sh_coeffs = 0;
+  if (sh_degree < 0) {
+    check_input(means, colors, "colors", {n64, 3});
+  } else {
+    check_input(means, colors, "sh", {n64, -1, 3});
+    sh_coeffs = colors.size(1);
+    TORCH_CHECK_VALUE(sh_coeffs >= (sh_degree + 1) * (sh_degree + 1), kOp, ": sh_degree ",
+                      sh_degree, " needs ", (sh_degree + 1) * (sh_degree + 1),
+                      " coefficients per channel, got sh of shape ", colors.sizes());
+  }
+  TORCH_CHECK_VALUE(width >= 1 && width <= kMaxImageSide && height >= 1 &&
+                        height <= kMaxImageSide,
+                    kOp, ": width and height must be in [1, ", kMaxImageSide, "], got ", width,
+                    "x", height);
+  TORCH_CHECK_VALUE(!max_bytes.has_value() || *max_bytes >= 0, kOp,
+                    ": max_bytes must be None or >= 0, got ", max_bytes.value_or(0));
+  TORCH_CHECK_VALUE(n64 < kNone, kOp, ": at most ", kNone - 1, " Gaussians are supported, got ",
+                    n64);
+
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const auto options = means.options();
+  const int tiles_x = static_cast<int>((width + kTileSize - 1) / kTileSize);
+  const int tiles_y = static_cast<int>((height + kTileSize - 1) / kTileSize);
+  const int64_t tiles = int64_t{tiles_x} * tiles_y;
+  at::Tensor image = at::empty({3, height, width}, options);
+  at::Tensor alpha = at::empty({height, width}, options);
+  at::Tensor depth = at::empty({height, width}, options);
+  at::Tensor radii = at::empty({n64}, options.dtype(at::kInt));
+  if (n64 == 0) {
+    image.copy_(background.view({3, 1, 1}).expand({3, height, width}));
+    alpha.zero_();
+    depth.zero_();
+    return {image, alpha, depth, radii, at::zeros({}, options.dtype(at::kLong))};
+  }
+  const int n = static_cast<int>(n64);
+
+  // 1. preprocess. `info` holds the inclusive scan of the tile counts ([0, n)) followed by
+  // the first bad row of each kind (int32, in the last 3 int64 slots), so that one small
+  // device-to-host copy of info[n - 1:] brings both the total and the validation.
+  at::Tensor counts = at::empty({n64}, options.dtype(at::kLong));
+  at::Tensor info = at::empty({n64 + 3}, options.dtype(at::kLong));
+  at::Tensor rects = at::empty({n64, 4}, options.dtype(at::kInt));
+  at::Tensor xy = at::empty({n64, 2}, options);
+  at::Tensor conic_opacity = at::empty({n64, 4}, options);
+  at::Tensor color_depth = at::empty({n64, 4}, options);
+  int64_t* offsets = info.data_ptr<int64_t>();
+  auto* bad = reinterpret_cast<int32_t*>(offsets + n64);
+  C10_CUDA_CHECK(cudaMemsetAsync(bad, 0x7F, 3 * sizeof(int64_t), stream));
+  PreprocessArgs args{};
+  args.means = means.const_data_ptr<float>();
+  args.scales = scales.const_data_ptr<float>();
+  args.rotations = rotations.const_data_ptr<float>();
+  args.opacities = opacities.const_data_ptr<float>();
+  args.colors = colors.const_data_ptr<float>();
+  args.viewmat = viewmat.const_data_ptr<float>();
+  args.intrinsics = K.const_data_ptr<float>();
+  args.background = background.const_data_ptr<float>();
+  args.n = n;
+  args.sh_degree = static_cast<int>(sh_degree);
+  args.sh_coeffs = static_cast<int>(sh_coeffs);
+  args.width = static_cast<int>(width);
+  args.height = static_cast<int>(height);
+  args.tiles_x = tiles_x;
+  args.tiles_y = tiles_y;
+  args.radii = radii.data_ptr<int32_t>();
+  args.counts = counts.data_ptr<int64_t>();
+  args.rects = reinterpret_cast<int4*>(rects.data_ptr<int32_t>());
+  args.xy = reinterpret_cast<float2*>(xy.data_ptr<float>());
+  args.conic_opacity = reinterpret_cast<float4*>(conic_opacity.data_ptr<float>());
+  args.color_depth = reinterpret_cast<float4*>(color_depth.data_ptr<float>());
+  args.bad = bad;
+  launch_preprocess(args, stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+
+  // 2. inclusive scan of the counts; one read back (synchronises the current stream).
+  {
+    const size_t temp_bytes = scan_temp_bytes(n);
+    const at::Tensor temp = at::empty({static_cast<int64_t>(std::max<size_t>(temp_bytes, 1))},
+                                      options.dtype(at::kByte));
+    C10_CUDA_CHECK(inclusive_scan(temp.data_ptr(), temp_bytes, args.counts, offsets, n,
+                                  stream));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  const at::Tensor host = info.narrow(0, n64 - 1, 4).to(at::kCPU);
+  const int64_t total = host.const_data_ptr<int64_t>()[0];
+  int32_t bad_host[kBadCount];
+  std::memcpy(bad_host, host.const_data_ptr<int64_t>() + 1, sizeof(bad_host));
+  raise_bad_input(bad_host, n64, means, scales, rotations, opacities, viewmat, K, background);
+
+  // 3. preflight, before any binning buffer exists.
+  const int64_t binning_bytes = total * kBytesPerIntersection;
+  if (max_bytes.has_value() && binning_bytes > *max_bytes) {
+    raise_budget("more than max_bytes " + std::to_string(*max_bytes), n64, total,
+                 binning_bytes, radii, counts, tiles, width, height);
+  }
+  // The sort's scratch can only be sized for an int32 count; past that the keys alone are
+  // > 48 GiB, which is what the comparison with the free memory below then mostly sees.
+  const bool fits_int32 = total <= std::numeric_limits<int32_t>::max();
+  const int end_bit = 32 + bits_for(tiles);
+  const size_t sort_bytes =
+      total > 0 && fits_int32 ? sort_temp_bytes(static_cast<int>(total), end_bit) : 0;
+  const int64_t needed = binning_bytes + static_cast<int64_t>(sort_bytes) +
+                         tiles * static_cast<int64_t>(sizeof(int2));
+  const int64_t available = free_device_bytes(means.device().index());
+  if (needed > available) {
+    raise_budget("needs " + std::to_string(needed) + " bytes with the sort's scratch, more "
+                 "than the " + std::to_string(available) + " bytes free on " +
+                 means.device().str(), n64, total, binning_bytes, radii, counts, tiles,
+                 width, height);
+  }
+  if (!fits_int32) {
+    raise_budget("more than 2^31 - 1 Gaussian-tile overlaps, which the int32 sort cannot hold",
+                 n64, total, binning_bytes, radii, counts, tiles, width, height);
+  }
+  const int items = static_cast<int>(total);
+
+  // 4. keys, sort, per-tile ranges.
+  at::Tensor ranges = at::zeros({tiles, 2}, options.dtype(at::kInt));
+  at::Tensor keys;
+  at::Tensor values;
+  const int32_t* sorted_values = nullptr;
+  if (items > 0) {
+    keys = at::empty({2 * total}, options.dtype(at::kLong));
+    values = at::empty({2 * total}, options.dtype(at::kInt));
+    auto* keys_ptr = reinterpret_cast<uint64_t*>(keys.data_ptr<int64_t>());
+    int32_t* values_ptr = values.data_ptr<int32_t>();
+    launch_emit(args.counts, offsets, args.rects, args.color_depth, n, tiles_x, keys_ptr,
+                values_ptr, stream);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    const at::Tensor temp = at::empty({static_cast<int64_t>(std::max<size_t>(sort_bytes, 1))},
+                                      options.dtype(at::kByte));
+    uint64_t* sorted_keys = nullptr;
+    int32_t* sorted = nullptr;
+    C10_CUDA_CHECK(sort_pairs(temp.data_ptr(), sort_bytes, keys_ptr, keys_ptr + total,
+                              values_ptr, values_ptr + total, items, end_bit, &sorted_keys,
+                              &sorted, stream));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_ranges(sorted_keys, items, reinterpret_cast<int2*>(ranges.data_ptr<int32_t>()),
+                  stream);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    sorted_values = sorted;
+  }
+
+  // 5. compositing, one block per tile (tiles without Gaussians write the background).
+  launch_render(reinterpret_cast<const int2*>(ranges.const_data_ptr<int32_t>()), sorted_values,
+                args.xy, args.conic_opacity, args.color_depth, args.background,
+                static_cast<int>(width), static_cast<int>(height), tiles_x, tiles_y,
+                image.data_ptr<float>(), alpha.data_ptr<float>(), depth.data_ptr<float>(),
+                stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {image, alpha, depth, radii, at::full({}, total, options.dtype(at::kLong))};
+}
+
+TORCH_LIBRARY_IMPL(gpucheck, CUDA, m) {
+  m.impl("splat_forward", &splat_forward_cuda);
+}
+
+}  // namespace gpucheck::splat

@@ -1,0 +1,75 @@
+"""CPU tests of gpucheck.ops.rasterize's Python side: argument checks that need no GPU, the
+fake (meta) implementation's shapes, and the scenes the GPU suite renders."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpucheck.ops import splat
+from gpucheck.reference import rasterize as reference
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "suites" / "splat"))
+import splat_scenes
+
+
+def _scene(**change):
+    args = splat_scenes.scene(4, 20, 10, 3)
+    args.update(change)
+    return args
+
+
+@pytest.mark.parametrize(("change", "error", "match"), [
+    (dict(), ValueError, r"means must be a CUDA tensor, got one on cpu .*reference"),
+    (dict(means=[[0.0, 0.0, 1.0]]), TypeError, r"means must be a torch.Tensor, got list"),
+    (dict(width=10.5), TypeError, r"width must be an int"),
+    (dict(height=True), TypeError, r"height must be an int"),
+    (dict(width=0), ValueError, r"width must be a positive int"),
+    (dict(max_bytes=1.5), TypeError, r"max_bytes must be None or an int"),
+    (dict(max_bytes=-1), ValueError, r"max_bytes must be None or >= 0"),
+    (dict(sh=torch.rand(4, 4, 3)), ValueError, r"exactly one of colors"),
+    (dict(colors=None), ValueError, r"exactly one of colors"),
+    (dict(sh_degree=1), ValueError, r"sh_degree only applies with sh"),
+    (dict(colors=None, sh=torch.rand(4, 5, 3)), ValueError, r"\(d \+ 1\)\^2 coefficients"),
+    (dict(colors=None, sh=torch.rand(4, 25, 3)), ValueError, r"\(d \+ 1\)\^2 coefficients"),
+    (dict(colors=None, sh=torch.rand(4, 16, 3), sh_degree=4), ValueError,
+     r"sh_degree must be an int in 0..3, got 4"),
+    (dict(colors=None, sh=torch.rand(4, 3)), ValueError, r"sh must be \[N, K, 3\]"),
+])
+def test_argument_errors_without_gpu(change, error, match) -> None:
+    """Everything but the device is checked before the CPU tensors are refused."""
+    with pytest.raises(error, match=match):
+        splat.rasterize(**_scene(**change))
+
+
+def test_sh_degree_defaults_to_what_sh_holds() -> None:
+    for degree in range(4):
+        assert splat._check_colours(None, torch.rand(2, (degree + 1) ** 2, 3), None) == degree
+    assert splat._check_colours(None, torch.rand(2, 16, 3), 1) == 1
+    assert splat._check_colours(torch.rand(2, 3), None, None) == -1
+
+
+def test_fake_impl_shapes() -> None:
+    a = splat_scenes.to(splat_scenes.scene(7, 21, 13, 5, sh_degree=2), "meta")
+    out = splat._fake(a["means"], a["scales"], a["rotations"], a["opacities"], a["sh"],
+                      a["viewmat"], a["K"], a["background"], 21, 13, 2, None)
+    assert [tuple(o.shape) for o in out] == [(3, 13, 21), (13, 21), (13, 21), (7,), ()]
+    assert [o.dtype for o in out] == [torch.float32] * 3 + [torch.int32, torch.int64]
+
+
+def test_result_fields_follow_the_reference() -> None:
+    ref_fields = reference(**_scene())._fields
+    assert splat.RasterizeResult._fields == ref_fields
+
+
+def test_scenes_are_what_the_suite_says() -> None:
+    """Random scenes: visible Gaussians with small radii, some off-screen, all finite."""
+    args = splat_scenes.scene(200, 64, 48, 11)
+    res = reference(**args)
+    visible = res.radii > 0
+    assert 0 < int(visible.sum()) < 200
+    behind = reference(**splat_scenes.scene(30, 64, 48, 12, depth_range=(-3.0, 0.2)))
+    assert not bool(behind.radii.any())
