@@ -8,12 +8,22 @@ case (``case_started`` / ``case_finished``) and/or in the parent over the finish
 
 from __future__ import annotations
 
+import os
+
 from gpucheck.detectors.base import BaseDetector, CaseInfo, Detector
 from gpucheck.detectors.device_state import DeviceStateLeak
+from gpucheck.detectors.wrong_stream import WrongStreamDetector
 
-__all__ = ["BaseDetector", "CaseInfo", "Detector", "DeviceStateLeak", "worker_detectors"]
+__all__ = ["BaseDetector", "CaseInfo", "Detector", "DeviceStateLeak", "WrongStreamDetector",
+           "worker_detectors"]
+
+#: comma-separated names of worker detectors to leave out (e.g. to measure their cost)
+DISABLE_ENV = "GPUCHECK_DISABLE_DETECTORS"
 
 
 def worker_detectors() -> list[Detector]:
-    """The detectors a worker runs around every case."""
-    return [DeviceStateLeak()]
+    """The detectors a worker runs around every case (less those named in
+    ``$GPUCHECK_DISABLE_DETECTORS``)."""
+    off = {n.strip() for n in os.environ.get(DISABLE_ENV, "").split(",")}
+    every: list[Detector] = [DeviceStateLeak(), WrongStreamDetector()]
+    return [d for d in every if d.name not in off]
