@@ -22,7 +22,7 @@ import torch
 
 from gpucheck import _csrc
 from gpucheck.detectors.base import CaseInfo
-from gpucheck.detectors.wrong_stream import WrongStreamDetector
+from gpucheck.detectors.wrong_stream import WrongStreamDetector, activity_type
 from gpucheck.ops import _ext
 from gpucheck.runner.poison import stream_made_current
 
@@ -99,12 +99,12 @@ def main(out: Path) -> int:
         torch.cuda.synchronize()
         seen: dict[str, Any] = {}
         for e in _disable_profiler().events():
-            seen.setdefault(e.activity_type(), {
+            seen.setdefault(f"{activity_type(e)}/{e.device_type()}", {
                 "name": e.name(), "device_type": str(e.device_type()),
                 "device_index": e.device_index(), "device_resource_id": e.device_resource_id(),
                 "correlation_id": e.correlation_id(),
                 "linked_correlation_id": e.linked_correlation_id(),
-                "metadata_json": e.metadata_json()})
+                "is_user_annotation": e.is_user_annotation()})
         seen["cuda_streams"] = {"poisoned": stream.cuda_stream,
                                 "default": torch.cuda.default_stream(dev).cuda_stream}
         (out / "activity_types.json").write_text(json.dumps(seen, indent=1))

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import os
 
+from gpucheck.detectors import wrong_stream
 from gpucheck.detectors.base import BaseDetector, CaseInfo, Detector
 from gpucheck.detectors.device_state import DeviceStateLeak
 from gpucheck.detectors.wrong_stream import WrongStreamDetector
 
 __all__ = ["BaseDetector", "CaseInfo", "Detector", "DeviceStateLeak", "WrongStreamDetector",
-           "worker_detectors"]
+           "worker_detectors", "wrong_stream"]
 
 #: comma-separated names of worker detectors to leave out (e.g. to measure their cost)
 DISABLE_ENV = "GPUCHECK_DISABLE_DETECTORS"

@@ -145,12 +145,32 @@ def findings(case: CaseInfo, bad: list[WrongStream],
     return out
 
 
+def activity_type(e: Any) -> str | None:
+    """The kineto activity type of a ``_KinetoEvent`` (``kernel``, ``cpu_op``, ...; None for
+    events the detector ignores). torch 2.11 has no ``activity_type()``: derive it."""
+    if hasattr(e, "activity_type"):
+        return str(e.activity_type())
+    on_gpu = str(e.device_type()).endswith("CUDA")
+    if e.is_user_annotation():
+        return "gpu_user_annotation" if on_gpu else "user_annotation"
+    if on_gpu:
+        name = e.name()
+        return ("gpu_memcpy" if name.startswith("Memcpy") else
+                "gpu_memset" if name.startswith("Memset") else "kernel")
+    # host side: ops have no linked correlation; runtime calls link to their op (and carry
+    # CUPTI's correlation ids, another number space than the ops')
+    name = e.name()
+    if e.linked_correlation_id() != 0 or (name.startswith("cu") and "::" not in name):
+        return None
+    return "cpu_op"
+
+
 def plain_events(result: Any) -> list[dict[str, Any]]:
     """The events of a kineto result (``_ProfilerResult``) the detector needs, as plain
     dicts: host ops and annotations, and GPU work with device and stream."""
     rows = []
     for e in result.events():
-        kind = e.activity_type()
+        kind = activity_type(e)
         if kind not in HOST_OPS and kind not in GPU_WORK:
             continue
         row = {"name": e.name(), "type": kind, "thread": e.start_thread_id(),
