@@ -7,8 +7,8 @@ GPUCHECK_KERNELS including ssim; knn is used when built)::
 
 Writes OUT_DIR/<scenario>.json: {"scenario", "recorded_on", "current_stream", "events"}, the
 events being exactly what the detector gets from :func:`wrong_stream.plain_events`, with
-the poisoned stream of the harness current on cuda:0. Also OUT_DIR/activity_types.json: every
-kineto activity type seen, with an example (what the profiler offers besides).
+the poisoned stream of the harness current on cuda:0. Also OUT_DIR/cost.json: the
+profiler's cost on 5000 small torch ops.
 """
 
 from __future__ import annotations
@@ -16,13 +16,12 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from gpucheck import _csrc
 from gpucheck.detectors.base import CaseInfo
-from gpucheck.detectors.wrong_stream import WrongStreamDetector, activity_type
+from gpucheck.detectors.wrong_stream import WrongStreamDetector
 from gpucheck.ops import _ext
 from gpucheck.runner.poison import stream_made_current
 
@@ -84,30 +83,37 @@ def main(out: Path) -> int:
             det = WrongStreamDetector()
             det.case_started(case)
             fn()
-            events = det.stop()
+            events = det.stop(full=True)
             (out / f"{name}.json").write_text(json.dumps({
                 "scenario": name, "doc": fn.__doc__,
                 "recorded_on": f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}",
                 "current_stream": repr(stream), "events": events}, indent=0))
-        # every activity type the profiler reports, for the record
-        from torch.autograd.profiler import _disable_profiler, _enable_profiler
+        # cost: 5000 small torch ops, unprofiled vs profiled (body, and stop + parse)
+        import time
 
-        det = WrongStreamDetector()
-        config, acts = det._config(torch)
-        _enable_profiler(config, acts)
-        legacy_stream_ssim()
+        def many() -> None:
+            t = x[:1, :1, :8, :8].clone()
+            for _ in range(5000):
+                t.add_(1)
+        many()
         torch.cuda.synchronize()
-        seen: dict[str, Any] = {}
-        for e in _disable_profiler().events():
-            seen.setdefault(f"{activity_type(e)}/{e.device_type()}", {
-                "name": e.name(), "device_type": str(e.device_type()),
-                "device_index": e.device_index(), "device_resource_id": e.device_resource_id(),
-                "correlation_id": e.correlation_id(),
-                "linked_correlation_id": e.linked_correlation_id(),
-                "is_user_annotation": e.is_user_annotation()})
-        seen["cuda_streams"] = {"poisoned": stream.cuda_stream,
-                                "default": torch.cuda.default_stream(dev).cuda_stream}
-        (out / "activity_types.json").write_text(json.dumps(seen, indent=1))
+        t0 = time.perf_counter()
+        many()
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        det = WrongStreamDetector()
+        t2 = time.perf_counter()
+        det.case_started(case)
+        t3 = time.perf_counter()
+        many()
+        torch.cuda.synchronize()
+        t4 = time.perf_counter()
+        det.stop()
+        t5 = time.perf_counter()
+        cost = {"ops": 5000, "body_unprofiled_s": t1 - t0, "start_s": t3 - t2,
+                "body_profiled_s": t4 - t3, "stop_and_parse_s": t5 - t4}
+        (out / "cost.json").write_text(json.dumps(cost, indent=1))
+        print(cost)
     print("recorded", sorted(scenarios))
     return 0
 

@@ -67,21 +67,38 @@ def launches(events: list[dict[str, Any]]) -> list[Launch]:
 
     ``events`` are plain dicts (:func:`plain_events`): ``name``, ``type`` (kineto activity
     type), ``device``, ``stream`` (GPU work), ``thread``, ``start_ns``, ``end_ns``, ``id``
-    (correlation id) and ``linked`` (of GPU work: the ``id`` of the host op active at the
-    launch, 0 when none).
+    (correlation id) and ``linked`` (of GPU work: the ``id`` of the innermost host op active
+    at the launch, 0 when none). An op without a namespace (an autograd wrapper such as
+    ``GeneratedBackwardFor_gpucheck_ssim_forward_default``) is named after the nearest
+    enclosing op that has one (``gpucheck::ssim_forward``).
     """
-    ops = {e["id"]: e for e in events if e["type"] in HOST_OPS and e["id"]}
-    markers = [e for e in events if e["type"] in HOST_OPS and e["name"] == MARKER]
+    hosts = [e for e in events if e["type"] in HOST_OPS]
+    ops: dict[int, dict[str, Any]] = {}
+    for e in hosts:
+        if e["id"] and (e["id"] not in ops or "::" in e["name"]):
+            ops[e["id"]] = e
+    markers = [e for e in hosts if e["name"] == MARKER]
+
+    def inside(outer: dict[str, Any], inner: dict[str, Any]) -> bool:
+        return (outer["thread"] == inner["thread"] and outer["start_ns"] <= inner["start_ns"]
+                and inner["end_ns"] <= outer["end_ns"])
+
+    def named(op: dict[str, Any]) -> str:
+        if "::" in op["name"]:
+            return str(op["name"])
+        around = [h for h in hosts if "::" in h["name"] and h["name"] != MARKER
+                  and inside(h, op)]
+        return str(max(around, key=lambda h: h["start_ns"])["name"]) if around else str(
+            op["name"])
+
     found = []
     for e in events:
         if e["type"] not in GPU_WORK:
             continue
         op = ops.get(e["linked"]) if e["linked"] else None
-        in_marker = op is not None and any(
-            m["thread"] == op["thread"] and m["start_ns"] <= op["start_ns"]
-            and op["end_ns"] <= m["end_ns"] for m in markers)
+        in_marker = op is not None and any(inside(m, op) for m in markers)
         found.append(Launch(e["name"], int(e["device"]), int(e["stream"]),
-                            None if op is None else op["name"], in_marker))
+                            None if op is None else named(op), in_marker))
     return found
 
 
@@ -145,6 +162,12 @@ def findings(case: CaseInfo, bad: list[WrongStream],
     return out
 
 
+#: host-side CUPTI overhead records: they reuse correlation ids of real ops
+OVERHEAD = ("Activity Buffer Request", "Lazy Function Loading", "CUPTI Buffer Flush",
+            "CUPTI Instrumentation", "CUPTI Resource", "Runtime Triggered Module Loading",
+            "Driver", "Unknown")
+
+
 def activity_type(e: Any) -> str | None:
     """The kineto activity type of a ``_KinetoEvent`` (``kernel``, ``cpu_op``, ...; None for
     events the detector ignores). torch 2.11 has no ``activity_type()``: derive it."""
@@ -153,24 +176,38 @@ def activity_type(e: Any) -> str | None:
     on_gpu = str(e.device_type()).endswith("CUDA")
     if e.is_user_annotation():
         return "gpu_user_annotation" if on_gpu else "user_annotation"
+    name = e.name()
     if on_gpu:
-        name = e.name()
         return ("gpu_memcpy" if name.startswith("Memcpy") else
                 "gpu_memset" if name.startswith("Memset") else "kernel")
     # host side: ops have no linked correlation; runtime calls link to their op (and carry
     # CUPTI's correlation ids, another number space than the ops')
-    name = e.name()
-    if e.linked_correlation_id() != 0 or (name.startswith("cu") and "::" not in name):
+    if e.linked_correlation_id() != 0 or name in OVERHEAD or (
+            name.startswith("cu") and "::" not in name):
         return None
     return "cpu_op"
 
 
-def plain_events(result: Any) -> list[dict[str, Any]]:
+def plain_events(result: Any, marked: Iterable[int] = ()) -> list[dict[str, Any]]:
     """The events of a kineto result (``_ProfilerResult``) the detector needs, as plain
-    dicts: host ops and annotations, and GPU work with device and stream."""
+    dicts: host ops and annotations, and GPU work with device and stream.
+
+    Fast path: when the GPU work of every ``marked`` device (those with a marker launch) ran
+    on one stream, that stream is the marker's, the current one, and nothing can be wrong:
+    the host events (most of a trace) are then left out, and with them the markers.
+    """
+    events = result.events()
+    gpu, host = [], []
+    for e in events:
+        (gpu if str(e.device_type()).endswith("CUDA") else host).append(e)
+    work = [(e, activity_type(e)) for e in gpu]
+    streams: dict[int, set[int]] = {}
+    for e, kind in work:
+        if kind in GPU_WORK:
+            streams.setdefault(e.device_index(), set()).add(e.device_resource_id())
+    full = any(len(streams.get(d, ())) > 1 for d in marked) or not marked
     rows = []
-    for e in result.events():
-        kind = activity_type(e)
+    for e, kind in work + ([(e, activity_type(e)) for e in host] if full else []):
         if kind not in HOST_OPS and kind not in GPU_WORK:
             continue
         row = {"name": e.name(), "type": kind, "thread": e.start_thread_id(),
@@ -244,9 +281,9 @@ class WrongStreamDetector(BaseDetector):
             return
         self.active = True
 
-    def stop(self) -> list[dict[str, Any]] | None:
-        """Stop profiling; the window's events (:func:`plain_events`), None when it did not
-        profile or the context is lost."""
+    def stop(self, full: bool = False) -> list[dict[str, Any]] | None:
+        """Stop profiling; the window's events (:func:`plain_events`, every host event with
+        ``full``), None when it did not profile or the context is lost."""
         if not self.active:
             return None
         self.active = False
@@ -259,7 +296,7 @@ class WrongStreamDetector(BaseDetector):
         except Exception:  # a lost context: the case's own record says why
             _disable_profiler()
             return None
-        return plain_events(_disable_profiler())
+        return plain_events(_disable_profiler(), () if full else self.streams)
 
     def case_finished(self, case: CaseInfo) -> list[Finding]:
         events = self.stop()
