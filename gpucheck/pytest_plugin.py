@@ -136,6 +136,7 @@ def gpu_device(request: pytest.FixtureRequest) -> Any:
     from gpucheck.runner.poison import make_other_device_current, stream_made_current
 
     target = torch.device("cuda", request.param)
+    current: str | None
     if os.environ.get(CURRENT_ENV) == "target":
         torch.cuda.set_device(target)
         current = str(target)

@@ -134,3 +134,28 @@ def test_registered_and_can_be_disabled(monkeypatch):
     assert "wrong-stream" in [d.name for d in worker_detectors()]
     monkeypatch.setenv("GPUCHECK_DISABLE_DETECTORS", "wrong-stream")
     assert "wrong-stream" not in [d.name for d in worker_detectors()]
+
+
+def test_plain_events_of_a_real_profile():
+    """plain_events on a real kineto result (CPU activity, so it runs without a GPU): host
+    ops and the marker annotation come through; with a marked device and no GPU work there
+    is nothing to judge, so the fast path returns nothing."""
+    import torch
+    from torch._C._profiler import ProfilerActivity
+
+    det = WrongStreamDetector()
+    config, _ = det._config(torch)
+    activities = {ProfilerActivity.CPU}
+    from torch.autograd.profiler import _disable_profiler, _enable_profiler, _prepare_profiler
+
+    _prepare_profiler(config, activities)
+    _enable_profiler(config, activities)
+    with torch.autograd.profiler.record_function(wrong_stream.MARKER):
+        torch.zeros(4).add_(1)
+    result = _disable_profiler()
+    rows = wrong_stream.plain_events(result)
+    names = {r["name"]: r["type"] for r in rows}
+    assert names[wrong_stream.MARKER] == "user_annotation" and names["aten::add_"] == "cpu_op"
+    assert all({"name", "type", "thread", "start_ns", "end_ns", "id", "linked"} <= set(r)
+               for r in rows)
+    assert launches(rows) == [] and wrong_stream.plain_events(result, marked=[0]) == []
