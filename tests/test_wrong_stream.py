@@ -159,3 +159,32 @@ def test_plain_events_of_a_real_profile():
     assert all({"name", "type", "thread", "start_ns", "end_ns", "id", "linked"} <= set(r)
                for r in rows)
     assert launches(rows) == [] and wrong_stream.plain_events(result, marked=[0]) == []
+
+
+def test_poisoned_stream_keeps_the_poisoned_device(monkeypatch):
+    """torch.cuda.set_stream also makes the stream's device current; the fixture's stream
+    switch must leave the (poisoned) current device alone, on entry and on exit."""
+    import torch
+
+    from gpucheck.runner import poison
+
+    state = {"device": 1, "stream": "default"}
+
+    class FakeStream:
+        def __init__(self, name, device=0):
+            self.name, self.device_index = name, device
+
+        def wait_stream(self, other):
+            pass
+
+    def set_stream(s):
+        state["stream"], state["device"] = s.name, s.device_index
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: state["device"])
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: state.update(device=d))
+    monkeypatch.setattr(torch.cuda, "set_stream", set_stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: FakeStream(state["stream"]))
+    monkeypatch.setattr(poison, "_STREAMS", {0: FakeStream("poisoned")})
+    with poison.stream_made_current(torch.device("cuda", 0)) as s:
+        assert s.name == "poisoned" and state == {"device": 1, "stream": "poisoned"}
+    assert state == {"device": 1, "stream": "default"}
