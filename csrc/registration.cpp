@@ -4,6 +4,8 @@
 #include <Python.h>
 #include <torch/library.h>
 
+#include "library.h"
+
 // `import gpucheck._C` loads this library, which registers the ops below; the module itself
 // is empty (the pattern of pytorch/extension-cpp).
 extern "C" {
@@ -13,7 +15,7 @@ PyObject* PyInit__C(void) {
 }
 }
 
-TORCH_LIBRARY(gpucheck, m) {
+GPUCHECK_TORCH_LIBRARY(m) {
   // --- ssim (csrc/ssim) ---
   m.def("ssim_forward(Tensor img1, Tensor img2, str padding, str reduction) -> Tensor");
   m.def(

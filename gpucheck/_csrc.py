@@ -52,6 +52,43 @@ def sources() -> list[Path]:
     return files
 
 
+#: Deliberate defects compiled from the same sources (csrc/README.md): macro -> kernel folder.
+DEFECTS = {"GPUCHECK_DEFECT_LEGACY_STREAM": "ssim"}
+
+
+def defect_library(macro: str) -> str:
+    """The op namespace of a defect build (``torch.ops.<it>.*``): the real extension keeps
+    ``gpucheck``, so both load in one process."""
+    return "gpucheck_" + macro.removeprefix("GPUCHECK_").lower()
+
+
+def defect_flags(macro: str) -> list[str]:
+    """Compiler flags of the defect build of ``macro`` (C++ and nvcc alike)."""
+    return [f"-D{macro}", f"-DGPUCHECK_LIBRARY={defect_library(macro)}"]
+
+
+def build_defect(macro: str, verbose: bool = False) -> str:
+    """JIT-build (``torch.utils.cpp_extension.load``) and load the defect build of ``macro``:
+    registration.cpp and its kernel folder, compiled with :func:`defect_flags`. Returns the
+    op namespace (``torch.ops.<namespace>.<op>``). Needs a CUDA toolkit and a CUDA torch.
+    """
+    from torch.utils import cpp_extension
+
+    kernel = DEFECTS[macro]
+    files = sorted(CSRC.glob("*.cpp")) + sorted((CSRC / kernel).glob("*.cpp")) + sorted(
+        (CSRC / kernel).glob("*.cu"))
+    os.environ.update(host_compiler_env())  # the same compiler rule as setup.py
+    name = defect_library(macro)
+    # is_python_module=False: a plain library whose static initializers register the ops
+    # (registration.cpp's PyInit__C is never called).
+    cpp_extension.load(name=name, sources=[str(f) for f in files],
+                       extra_include_paths=[str(CSRC)],
+                       extra_cflags=[*CXX_FLAGS, *defect_flags(macro)],
+                       extra_cuda_cflags=[*NVCC_FLAGS, *defect_flags(macro)],
+                       is_python_module=False, verbose=verbose)
+    return name
+
+
 def links_libstdcxx_dynamically(cxx: str) -> bool | None:
     """Whether shared libraries built by ``cxx`` load the process's libstdc++ (None: unknown).
 

@@ -7,7 +7,9 @@ Users' own suites get:
 * ``gpu_device``: a ``torch.device`` for each target CUDA device (the test is parametrized
   over them). Before the test body runs, another visible device is made current *and
   initialized*, so an extension that forgets its device guard launches on the wrong device
-  the way it does in real training;
+  the way it does in real training, and a fresh non-default stream is current on the target
+  device (``GPUCHECK_STREAM=default`` leaves stream 0), so an extension that launches on
+  stream 0 instead of the current stream runs unordered with the caller's work;
 * ``other_device``: that other device, or ``None`` when only one device is visible.
 
 Target devices: ``--gpucheck-device N`` (repeatable) or ``GPUCHECK_DEVICES=0,1``; default: all
@@ -31,6 +33,9 @@ DEVICES_ENV = "GPUCHECK_DEVICES"
 #: "other" (default): another device is current and initialized while the target is tested;
 #: "target": the target itself is current and no other device is touched
 CURRENT_ENV = "GPUCHECK_CURRENT"
+#: "poisoned" (default): a non-default stream is current on the target device during a test;
+#: "default": the default stream stays current
+STREAM_ENV = "GPUCHECK_STREAM"
 #: marks the tests of gpucheck's own kernels (our suites); not needed in users' suites
 KERNELS_MARKER = "gpucheck_kernels"
 
@@ -124,21 +129,27 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.fixture
 def gpu_device(request: pytest.FixtureRequest) -> Any:
     """The target ``torch.device``; another device is current and initialized meanwhile
-    (or, with ``GPUCHECK_CURRENT=target``, the target itself is current)."""
+    (or, with ``GPUCHECK_CURRENT=target``, the target itself is current), and a non-default
+    stream is current on the target (unless ``GPUCHECK_STREAM=default``)."""
     import torch
 
-    from gpucheck.runner.poison import make_other_device_current
+    from gpucheck.runner.poison import make_other_device_current, stream_made_current
 
     target = torch.device("cuda", request.param)
+    current: str | None
     if os.environ.get(CURRENT_ENV) == "target":
         torch.cuda.set_device(target)
-        request.node.user_properties.append(("gpucheck_current_device", str(target)))
-        return target
-    other = make_other_device_current(target)
-    request.node.user_properties.append(
-        ("gpucheck_current_device", None if other is None else str(other))
-    )
-    return target
+        current = str(target)
+    else:
+        other = make_other_device_current(target)
+        current = None if other is None else str(other)
+    request.node.user_properties.append(("gpucheck_current_device", current))
+    if os.environ.get(STREAM_ENV) == "default":
+        yield target
+        return
+    with stream_made_current(target) as stream:
+        request.node.user_properties.append(("gpucheck_current_stream", repr(stream)))
+        yield target
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "common.h"
+#include "library.h"
 
 namespace gpucheck::knn {
 namespace {
@@ -230,7 +231,7 @@ at::Tensor knn_mean_sq_dist_cuda(const at::Tensor& points,  // [N, 3] float32, C
   return out;
 }
 
-TORCH_LIBRARY_IMPL(gpucheck, CUDA, m) {
+GPUCHECK_TORCH_LIBRARY_IMPL(CUDA, m) {
   m.impl("knn_mean_sq_dist", &knn_mean_sq_dist_cuda);
 }
 

@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "common.h"
+#include "library.h"
 
 namespace gpucheck {
 namespace {
@@ -79,6 +80,20 @@ void check_grid(int64_t blocks, const char* op, const at::Tensor& img) {
 
 void check_cuda_call(cudaError_t err) { C10_CUDA_CHECK(err); }
 
+// The stream of every launch: the caller's current stream on the input's device (the guard
+// has made that device current). Building with -DGPUCHECK_DEFECT_LEGACY_STREAM launches on
+// stream 0, the legacy default stream, instead: not ordered after the caller's work on a
+// non-blocking stream (torch's streams are), so the kernel may read inputs not yet written.
+// That defect exists only for the wrong-stream detector's self-test; never define it in a
+// release build.
+cudaStream_t launch_stream() {
+#ifdef GPUCHECK_DEFECT_LEGACY_STREAM
+  return nullptr;
+#else
+  return c10::cuda::getCurrentCUDAStream();
+#endif
+}
+
 // Returns the SSIM map ([B, C, H', W'], the images' dtype) or its mean (0-dim).
 at::Tensor ssim_forward(const at::Tensor& img1,  // [B, C, H, W]
                         const at::Tensor& img2,  // [B, C, H, W]
@@ -93,7 +108,7 @@ at::Tensor ssim_forward(const at::Tensor& img1,  // [B, C, H, W]
   const ssim::Dtype dtype = to_dtype(x.scalar_type());
   const int64_t blocks = ssim::forward_blocks(geo);
   check_grid(blocks, kForward, x);
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const cudaStream_t stream = launch_stream();
 
   if (!opt.mean) {
     at::Tensor map =
@@ -154,7 +169,7 @@ std::tuple<at::Tensor, at::Tensor> ssim_backward(
   check_cuda_call(ssim::launch_backward(dtype, g.data_ptr(), opt.mean, 1.0 / count,
                                         x.data_ptr(), y.data_ptr(), geo, grad1.data_ptr(),
                                         need_grad2 ? grad2.data_ptr() : nullptr,
-                                        c10::cuda::getCurrentCUDAStream()));
+                                        launch_stream()));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {grad1, grad2};
 }
@@ -162,7 +177,7 @@ std::tuple<at::Tensor, at::Tensor> ssim_backward(
 }  // namespace
 }  // namespace gpucheck
 
-TORCH_LIBRARY_IMPL(gpucheck, CUDA, m) {
+GPUCHECK_TORCH_LIBRARY_IMPL(CUDA, m) {
   m.impl("ssim_forward", &gpucheck::ssim_forward);
   m.impl("ssim_backward", &gpucheck::ssim_backward);
 }

@@ -10,21 +10,23 @@ from __future__ import annotations
 
 import os
 
+from gpucheck.detectors import wrong_stream
 from gpucheck.detectors.base import BaseDetector, CaseInfo, Detector
 from gpucheck.detectors.device_state import DeviceStateLeak
 from gpucheck.detectors.op_device import OpDevice
+from gpucheck.detectors.wrong_stream import WrongStreamDetector
 
 __all__ = ["BaseDetector", "CaseInfo", "Detector", "DeviceStateLeak", "OpDevice",
-           "worker_detectors"]
+           "WrongStreamDetector", "worker_detectors", "wrong_stream"]
 
-
-#: ``GPUCHECK_DETECTORS=off`` runs the cases without the worker-side detectors (to measure
-#: what they cost, or to rule them out)
-DETECTORS_ENV = "GPUCHECK_DETECTORS"
+#: comma-separated names of worker detectors to leave out, or ``all`` (e.g. to measure their
+#: cost, or to rule them out)
+DISABLE_ENV = "GPUCHECK_DISABLE_DETECTORS"
 
 
 def worker_detectors() -> list[Detector]:
-    """The detectors a worker runs around every case."""
-    if os.environ.get(DETECTORS_ENV, "").lower() == "off":
-        return []
-    return [DeviceStateLeak(), OpDevice()]
+    """The detectors a worker runs around every case (less those named in
+    ``$GPUCHECK_DISABLE_DETECTORS``)."""
+    off = {n.strip() for n in os.environ.get(DISABLE_ENV, "").split(",")}
+    every: list[Detector] = [DeviceStateLeak(), OpDevice(), WrongStreamDetector()]
+    return [] if "all" in off else [d for d in every if d.name not in off]
