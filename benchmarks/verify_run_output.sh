@@ -62,8 +62,8 @@ recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 kinds = collections.Counter(f["kind"] for r in recs if r.get("record") == "case" for f in r["findings"])
 print(f"run1 findings by kind: {dict(kinds) or 'none'}")
 PY
-# what the worker-side detectors cost: warm runs, off / on / off / on (run1 paid the warm-up)
-for i in 3 4 5 6; do
+# what the worker-side detectors cost: warm runs (run1 paid the warm-up), off then on
+for i in ${COST_RUNS:-3 4}; do
   s=$(date +%s)
   det=on; [ $(( i % 2 )) = 1 ] && det=off
   GPUCHECK_DISABLE_DETECTORS=$([ $det = off ] && echo all) gc run --all-devices --quiet --suite knn --suite ssim --out "$D/run$i" \
@@ -74,8 +74,10 @@ done
 import json, sys
 def total(p):
     return sum(r["duration_s"] for r in map(json.loads, open(p)) if r.get("record") == "case")
-off = [total(f"{sys.argv[1]}/run{i}/results.jsonl") for i in (3, 5)]
-on = [total(f"{sys.argv[1]}/run{i}/results.jsonl") for i in (4, 6)]
+import os
+runs = [i for i in range(3, 9) if os.path.exists(f"{sys.argv[1]}/run{i}/results.jsonl")]
+off = [total(f"{sys.argv[1]}/run{i}/results.jsonl") for i in runs if i % 2 == 1]
+on = [total(f"{sys.argv[1]}/run{i}/results.jsonl") for i in runs if i % 2 == 0]
 print(f"case time with detectors {on} s, without {off} s: "
       f"{100 * (sum(on) - sum(off)) / sum(off):+.1f} %")
 PY
