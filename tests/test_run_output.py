@@ -132,7 +132,7 @@ def test_resume_runs_only_what_an_interrupted_run_did_not_record(project):
     stdout, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130
     assert f"gpucheck run --resume {out}" in stdout
-    assert "stopped with Ctrl-C" in (out / "report.html").read_text()  # reports after Ctrl-C
+    assert "stopped by Ctrl-C" in (out / "report.html").read_text()  # reports after Ctrl-C
     done_before = {r["case"] for r in results.cases(out / "results.jsonl")}
     assert done_before == {"test_mix.py::test_a", "test_mix.py::test_b"}
 
@@ -342,3 +342,31 @@ def test_a_harness_that_fails_still_leaves_its_reports(project, monkeypatch):
     assert "the harness broke" in end["reason"]
     assert "the harness broke" in (out / "report.html").read_text()
     assert (out / "results.json").exists() and (out / "junit.xml").exists()
+
+
+def test_sigterm_stops_the_run_like_ctrl_c_and_leaves_no_worker(project):
+    """A cancelled CI job sends SIGTERM: finished cases kept, workers stopped, reports written,
+    and the run can be resumed."""
+    out = project / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet", "--out",
+         str(out), "--timeout", "300"], cwd=project, env={**os.environ, "DEMO_HANG": "1"},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    state = out / "workers" / "cpu.blocking.state.json"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if state.exists() and "test_hang" in state.read_text():
+            break
+        time.sleep(0.2)
+    worker = json.loads(state.read_text())["pid"]
+    proc.send_signal(signal.SIGTERM)
+    stdout, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 143
+    assert "interrupted (SIGTERM)" in stdout
+    end = records(out)[-1]
+    assert end["record"] == "end" and "stopped by SIGTERM" in end["reason"]
+    assert (out / "report.html").exists()
+    with pytest.raises(ProcessLookupError):  # the stuck worker did not outlive the run
+        for _ in range(50):
+            os.kill(worker, 0)
+            time.sleep(0.2)

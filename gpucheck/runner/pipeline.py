@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -311,16 +313,38 @@ def run(cfg: RunConfig) -> int:
             "notes": notes, "not_runnable": not_runnable,
         })
     console = Console(stderr=False, quiet=False)
-    interrupted = False
+    stopped: list[str] = []
     try:
-        interrupted = _run_passes(cfg, passes, targets, suites, sanitizer, out, results_path,
-                                  run_id, notes, console, len(inv.devices) if inv else 0)
+        with _sigterm_as_interrupt(stopped):
+            interrupted = _run_passes(cfg, passes, targets, suites, sanitizer, out,
+                                      results_path, run_id, notes, console,
+                                      len(inv.devices) if inv else 0)
     except BaseException as err:  # the harness itself failed: report what was recorded
         _end_record(results_path, run_id, True, f"the harness stopped: {err!r}")
         with contextlib.suppress(Exception):
             write_all(out)
         raise
-    return _finish(cfg, out, results_path, run_id, notes, not_runnable, interrupted, console)
+    return _finish(cfg, out, results_path, run_id, notes, not_runnable,
+                   (stopped[0] if stopped else "Ctrl-C") if interrupted else None, console)
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt(stopped: list[str]) -> Iterator[None]:
+    """SIGTERM (a CI job cancelled, a scheduler's time limit) stops the run the way Ctrl-C
+    does: workers stopped, finished cases kept, reports written, ``--resume`` possible."""
+    def handler(signum: int, frame: object) -> None:
+        stopped.append(signal.Signals(signum).name)
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _run_passes(cfg: RunConfig, passes: list[tuple[str, str | None]], targets: list[Target],
@@ -425,11 +449,12 @@ def _end_record(results_path: Path, run_id: str, interrupted: bool, reason: str 
 
 
 def _finish(cfg: RunConfig, out: Path, results_path: Path, run_id: str, notes: list[str],
-            not_runnable: dict[str, str], interrupted: bool, console: Console) -> int:
+            not_runnable: dict[str, str], stopped_by: str | None, console: Console) -> int:
     """Summary, reports, and the exit code: 1 for error findings, 2 when nothing was tested or
-    a suite could not run, 130 after Ctrl-C."""
+    a suite could not run, 130 after Ctrl-C, 143 after SIGTERM."""
+    interrupted = stopped_by is not None
     _end_record(results_path, run_id, interrupted,
-                "stopped with Ctrl-C: `gpucheck run --resume` runs the rest" if interrupted
+                f"stopped by {stopped_by}: `gpucheck run --resume` runs the rest" if interrupted
                 else None)
     diagnoses = _diagnose(out, results_path, run_id)
     written = write_all(out)
@@ -448,9 +473,9 @@ def _finish(cfg: RunConfig, out: Path, results_path: Path, run_id: str, notes: l
     line, ran = summary_line(records)
     code = EXIT_CLEAN
     if interrupted:
-        console.print(f"[yellow]interrupted: finished cases were kept; "
+        console.print(f"[yellow]interrupted ({stopped_by}): finished cases were kept; "
                       f"`gpucheck run --resume {out}` runs the rest[/]", soft_wrap=True)
-        code = 130
+        code = 143 if stopped_by == "SIGTERM" else 130
     elif results.has_errors(records + diagnoses):
         code = EXIT_FINDINGS
     elif ran == 0 and not cfg.allow_empty:
