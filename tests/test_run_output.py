@@ -64,6 +64,21 @@ def records(out: Path) -> list[dict]:
     return list(results.read(out / "results.jsonl"))
 
 
+def start_until_stuck(project: Path, out: Path) -> tuple[subprocess.Popen, Path]:
+    """`gpucheck run` in the background, returned once its worker is inside test_hang."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet", "--out",
+         str(out), "--timeout", "300"], cwd=project, env={**os.environ, "DEMO_HANG": "1"},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    state = out / "workers" / "cpu.blocking.state.json"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if state.exists() and "test_hang" in state.read_text():
+            break
+        time.sleep(0.2)
+    return proc, state
+
+
 def test_a_second_run_into_the_same_folder_is_refused_and_leaves_the_first_intact(project):
     out = project / "out"
     first = gpucheck_run(project, "--cpu-only", "--out", str(out))
@@ -118,16 +133,7 @@ def test_two_runs_started_together_get_their_own_folders(project):
 
 def test_resume_runs_only_what_an_interrupted_run_did_not_record(project):
     out = project / "out"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet", "--out",
-         str(out), "--timeout", "300"], cwd=project, env={**os.environ, "DEMO_HANG": "1"},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    state = out / "workers" / "cpu.blocking.state.json"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if state.exists() and "test_hang" in state.read_text():
-            break
-        time.sleep(0.2)
+    proc, _ = start_until_stuck(project, out)
     proc.send_signal(signal.SIGINT)
     stdout, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130
@@ -348,16 +354,7 @@ def test_sigterm_stops_the_run_like_ctrl_c_and_leaves_no_worker(project):
     """A cancelled CI job sends SIGTERM: finished cases kept, workers stopped, reports written,
     and the run can be resumed."""
     out = project / "out"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet", "--out",
-         str(out), "--timeout", "300"], cwd=project, env={**os.environ, "DEMO_HANG": "1"},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    state = out / "workers" / "cpu.blocking.state.json"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if state.exists() and "test_hang" in state.read_text():
-            break
-        time.sleep(0.2)
+    proc, state = start_until_stuck(project, out)
     worker = json.loads(state.read_text())["pid"]
     proc.send_signal(signal.SIGTERM)
     stdout, _ = proc.communicate(timeout=60)
