@@ -1,6 +1,6 @@
 """The reports of a run (report.html, results.json, junit.xml) from real run folders: a run of
-the real harness on CPU, a run recorded on a GPU machine (fixtures/run_h100), runs cut short,
-and a synthetic run written with the package's own record writers."""
+the real harness on CPU, a run recorded on a GPU machine (fixtures/run_h200_selftest), runs cut
+short, and a synthetic run written with the package's own record writers."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from report_synth import make_run, real_cpu_run
 from gpucheck.report import junit, results, timeline, write_all
 from gpucheck.report.results import CaseRecord, Finding
 
-GPU_RUN = Path(__file__).resolve().parent / "fixtures" / "run_h100"
+GPU_RUN = Path(__file__).resolve().parent / "fixtures" / "run_h200_selftest"
 
 
 @pytest.fixture(scope="session")
@@ -102,7 +102,7 @@ def test_cpu_run_reports(run_copy):
 
 def test_gpu_run_reports(tmp_path):
     if not GPU_RUN.exists():
-        pytest.skip("fixtures/run_h100 not recorded yet")
+        pytest.skip("fixtures/run_h200_selftest not recorded yet")
     run = tmp_path / "run"
     shutil.copytree(GPU_RUN, run)
     paths = write_all(run)

@@ -18,7 +18,7 @@ from report_synth import make_run, real_cpu_run
 
 from gpucheck.report import write_all
 
-GPU_RUN = Path(__file__).resolve().parent / "fixtures" / "run_h100"
+GPU_RUN = Path(__file__).resolve().parent / "fixtures" / "run_h200_selftest"
 CHROMIUM = ("chromium", "chromium-browser", "google-chrome")
 
 
@@ -74,25 +74,25 @@ def shots(tmp_path_factory):
 
 def _render(name: str, base: Path) -> Path:
     run = base / name
-    if name == "run_h100":
+    if name == "run_h200_selftest":
         if not GPU_RUN.exists():
-            pytest.skip("fixtures/run_h100 not recorded yet")
+            pytest.skip("fixtures/run_h200_selftest not recorded yet")
         shutil.copytree(GPU_RUN, run, dirs_exist_ok=True)
     else:
         make_run(run, devices=2, cases=40, hours=0.02)
     return write_all(run)["html"]
 
 
-@pytest.fixture(scope="module", params=["run_h100", "synthetic"])
+@pytest.fixture(scope="module", params=["run_h200_selftest", "synthetic"])
 def timeline_page(request, tmp_path_factory):
-    """The run recorded on the GPU machine (fixtures/run_h100: one GPU, the self-test's crash
-    and sanitizer findings), and a synthetic 2-GPU run with a stray context."""
+    """The run recorded on the GPU machine (fixtures/run_h200_selftest: one GPU, the self-test's
+    crash and sanitizer findings), and a synthetic 2-GPU run with a stray context."""
     return request.param, _render(request.param, tmp_path_factory.mktemp(request.param))
 
 
 @pytest.fixture(scope="module")
 def gpu_page(tmp_path_factory):
-    return _render("run_h100", tmp_path_factory.mktemp("gpu"))
+    return _render("run_h200_selftest", tmp_path_factory.mktemp("gpu"))
 
 
 @pytest.fixture(scope="module")
@@ -224,7 +224,8 @@ def test_gpu_run_findings(driver, gpu_page, shots):
         assert san.find_element(By.XPATH, f".//th[text()='{field}']").is_displayed()
     assert "gpucheck_selftest_defects.so" in san.text
     driver.set_window_size(1400, 3000)
-    driver.find_element(By.ID, "kind-sanitizer").screenshot(str(shots / "run_h100_sanitizer.png"))
+    driver.find_element(By.ID, "kind-sanitizer").screenshot(
+        str(shots / "run_h200_selftest_sanitizer.png"))
     driver.set_window_size(1400, 1000)
     _select(driver, "f-kind", "crash")
     assert not san.is_displayed() and crash.is_displayed()

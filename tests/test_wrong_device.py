@@ -18,7 +18,7 @@ from gpucheck.detectors.wrong_device import WrongDevice, diagnose, extension_fun
 from gpucheck.report import results
 from gpucheck.runner import pipeline
 
-FIXTURE = Path(__file__).parent / "fixtures" / "run_h100" / "results.jsonl"
+FIXTURE = Path(__file__).parent / "fixtures" / "run_h200_selftest" / "results.jsonl"
 
 
 def _recorded_overrun() -> dict:
