@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 from gpucheck.errors import ExtensionNotBuilt
 
@@ -35,3 +37,18 @@ def available() -> bool:
     except ExtensionNotBuilt:
         return False
     return True
+
+
+def registered_op(qualname: str, fake: Callable[..., Any]) -> Any:
+    """The default overload of op ``ns::name`` of the extension, with its fake (meta)
+    implementation registered (callers cache it: registration happens once).
+
+    Raises:
+        gpucheck.errors.ExtensionNotBuilt: the compiled extension is not installed.
+    """
+    import torch
+
+    load()
+    torch.library.register_fake(qualname)(fake)
+    namespace, name = qualname.split("::")
+    return getattr(getattr(torch.ops, namespace), name).default

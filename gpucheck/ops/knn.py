@@ -14,7 +14,7 @@ import functools
 
 import torch
 
-from gpucheck.ops._ext import load
+from gpucheck.ops._ext import registered_op
 
 __all__ = ["MAX_K", "knn_mean_sq_dist"]
 
@@ -38,9 +38,7 @@ def op() -> torch._ops.OpOverload:
     Raises:
         gpucheck.errors.ExtensionNotBuilt: the compiled extension is not installed.
     """
-    load()
-    torch.library.register_fake(_QUALNAME)(_fake)
-    return torch.ops.gpucheck.knn_mean_sq_dist.default
+    return registered_op(_QUALNAME, _fake)
 
 
 def knn_mean_sq_dist(points: torch.Tensor, k: int = 3) -> torch.Tensor:

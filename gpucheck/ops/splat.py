@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import torch
 
 from gpucheck.errors import BudgetExceeded
-from gpucheck.ops._ext import load
+from gpucheck.ops._ext import registered_op
 from gpucheck.reference.splat import BYTES_PER_INTERSECTION
 from gpucheck.reference.splat_sh import MAX_SH_DEGREE
 
@@ -72,9 +72,7 @@ def op() -> torch._ops.OpOverload:
     Raises:
         gpucheck.errors.ExtensionNotBuilt: the compiled extension is not installed.
     """
-    load()
-    torch.library.register_fake(_QUALNAME)(_fake)
-    return torch.ops.gpucheck.splat_forward.default
+    return registered_op(_QUALNAME, _fake)
 
 
 def rasterize(
