@@ -10,6 +10,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -130,6 +131,54 @@ def run(all_devices: bool, device_indices: tuple[int, ...], suites: tuple[str, .
     return run_pipeline(RunConfig(all_devices, device_indices, suites, modes, out, timeout,
                                   quiet, cpu_only, list(pytest_args), nvml_interval / 1000,
                                   allow_empty=allow_empty, resume=resume))
+
+
+@cli.command()
+@click.option("--all-devices", is_flag=True, help="Target every visible CUDA device (default).")
+@click.option("--sanitizer", "with_sanitizer", is_flag=True,
+              help="Also run the compute-sanitizer memcheck pass (the out-of-bounds defect).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Output folder (default: a new reports/<timestamp>/).")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=600.0,
+              show_default=True, metavar="SECONDS", help="Per-case timeout.")
+def selftest(all_devices: bool, with_sanitizer: bool, out: Path | None, timeout: float) -> int:
+    """Run the harness over deliberately broken extensions and print defect x detector.
+
+    Exit 0 when every defect is found by its detector and no clean case has a finding, 1 when
+    one is missed or a clean case has one, 2 when some defects could not run here (they need
+    a second GPU, or --sanitizer).
+    """
+    from gpucheck import selftest as st
+    from gpucheck.runner.pipeline import RunConfig, prepare_out
+    from gpucheck.runner.pipeline import run as run_pipeline
+
+    modes = ("blocking", "nvml", *(("sanitizer:memcheck",) if with_sanitizer else ()))
+    run_dir = prepare_out(out)
+    cfg = RunConfig(all_devices=all_devices, suites=("selftest",), modes=modes, out=run_dir,
+                    timeout=timeout, quiet=True)
+    run_pipeline(cfg)  # its exit code is 1 by design: the defects are findings
+    rows, false = st.matrix(*st.read_run(run_dir))
+    _print_matrix(rows, false)
+    return st.verdict(rows, false)
+
+
+def _print_matrix(rows: list[Any], false: list[dict[str, Any]]) -> None:
+    console = Console(soft_wrap=True)
+    table = Table(title="gpucheck selftest: defect x detector")
+    for col in ("defect", "detector", "result", "detail"):
+        table.add_column(col)
+    colour = {"found": "green", "missed": "red", "not run": "yellow"}
+    for r in rows:
+        table.add_row(r.defect.name, r.defect.kind, f"[{colour[r.status]}]{r.status}[/]",
+                      escape(r.detail))
+    console.print(table)
+    found = sum(r.status == "found" for r in rows)
+    ran = sum(r.status != "not run" for r in rows)
+    console.print(f"detected {found} of {ran} defects that ran ({len(rows) - ran} not run); "
+                  f"false positives on clean cases: {len(false)}")
+    for f in false:
+        console.print(escape(f"false positive: {f['device']} {f['case']} ({f['mode']}): "
+                             f"{f['kind']}: {f['message']}"))
 
 
 @cli.command("parse-sanitizer")
