@@ -207,3 +207,30 @@ def test_op_device_names_the_op_through_a_real_worker(tmp_path):
         "wrong-device", "error", "gpucheck_demo::alloc_elsewhere")
     assert "(3 calls)" in f["message"] and "inputs on cpu, output(s) on meta" in f["evidence"]
     assert "x.options()" in f["hint"]
+
+
+def test_a_failing_detector_is_a_warning_not_a_broken_case(tmp_path):
+    suite = tmp_path / "suites" / "d"
+    suite.mkdir(parents=True)
+    (suite / "conftest.py").write_text(textwrap.dedent('''
+        from gpucheck.detectors import base
+        import gpucheck.runner.worker as worker
+
+        class Broken(base.BaseDetector):
+            name = "broken"
+            def case_started(self, case):
+                raise RuntimeError("cannot start")
+
+        real = worker.worker_detectors
+        worker.worker_detectors = lambda: [*real(), Broken()]
+    '''))
+    (suite / "test_d.py").write_text("def test_ok():\n    assert True\n")
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet",
+                           "--out", str(out)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=180)
+    [rec] = results.cases(out / "results.jsonl")
+    assert rec["status"] == "passed", proc.stdout + proc.stderr
+    assert [(f["kind"], f["severity"]) for f in rec["findings"]] == [
+        ("detector-error", "warning")]
+    assert "cannot start" in rec["findings"][0]["message"]

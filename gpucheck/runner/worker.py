@@ -226,17 +226,20 @@ class Recorder:
                         self.ids.get(item.nodeid, item.nodeid))
         current = dict(item.user_properties).get("gpucheck_current_device")
         self._state(item.nodeid, current_device=None if current is None else str(current))
-        for d in self.detectors:
-            d.case_started(info)
-        outcome = yield
         found = self.detector_findings.setdefault(item.nodeid, [])
+        started = []
         for d in self.detectors:
             try:
-                found.extend(d.case_finished(info))
+                d.case_started(info)
+                started.append(d)
             except Exception as err:  # a detector must never take a case down with it
-                found.append(Finding(kind="detector-error", severity="warning",
-                                     message=f"detector {d.name} failed: {err!r}",
-                                     device=self.device, suite=info.suite, case=info.case))
+                found.append(_detector_error(d.name, err, self.device, info))
+        outcome = yield
+        for d in started:
+            try:
+                found.extend(d.case_finished(info))
+            except Exception as err:
+                found.append(_detector_error(d.name, err, self.device, info))
         del outcome
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -302,6 +305,12 @@ class Recorder:
             duration_s=round(duration, 6), started_at=started_at, current_device=current,
             memory=memory, findings=[f for f in findings if f is not None],
         )
+
+
+def _detector_error(name: str, err: Exception, device: str, info: CaseInfo) -> Finding:
+    return Finding(kind="detector-error", severity="warning",
+                   message=f"detector {name} failed: {err!r}", device=device,
+                   suite=info.suite, case=info.case)
 
 
 def read_records(log: Path, offset: int, complete_only: bool = True) -> tuple[str, int]:
