@@ -47,9 +47,9 @@ def test_argument_errors_without_gpu(change, error, match) -> None:
 
 def test_sh_degree_defaults_to_what_sh_holds() -> None:
     for degree in range(4):
-        assert splat._check_colours(None, torch.rand(2, (degree + 1) ** 2, 3), None) == degree
-    assert splat._check_colours(None, torch.rand(2, 16, 3), 1) == 1
-    assert splat._check_colours(torch.rand(2, 3), None, None) == -1
+        assert splat.sh_degree_of(None, torch.rand(2, (degree + 1) ** 2, 3), None) == degree
+    assert splat.sh_degree_of(None, torch.rand(2, 16, 3), 1) == 1
+    assert splat.sh_degree_of(torch.rand(2, 3), None, None) == -1
 
 
 def test_fake_impl_shapes() -> None:

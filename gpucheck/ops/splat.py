@@ -17,15 +17,13 @@ This module imports without the compiled extension; it is loaded on first call.
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any, NamedTuple
 
 import torch
 
 from gpucheck.errors import BudgetExceeded
 from gpucheck.ops._ext import registered_op
-from gpucheck.reference.splat import BYTES_PER_INTERSECTION
-from gpucheck.reference.splat_sh import MAX_SH_DEGREE
+from gpucheck.reference.splat import BYTES_PER_INTERSECTION, sh_degree_of
 
 __all__ = ["BYTES_PER_INTERSECTION", "RasterizeResult", "op", "rasterize"]
 
@@ -172,34 +170,10 @@ def _check_python_side(
             raise TypeError(f"rasterize: max_bytes must be None or an int, got {max_bytes!r}")
         if max_bytes < 0:
             raise ValueError(f"rasterize: max_bytes must be None or >= 0, got {max_bytes!r}")
-    degree = _check_colours(colors, sh, sh_degree)
+    degree = sh_degree_of(colors, sh, sh_degree)
     for name, t in named.items():
         if t is not None and t.device.type != "cuda":
             raise ValueError(
                 f"rasterize: {name} must be a CUDA tensor, got one on {t.device} "
                 "(gpucheck.reference.rasterize is the CPU implementation)")
     return degree
-
-
-def _check_colours(colors: Any, sh: Any, sh_degree: Any) -> int:
-    """The SH degree to pass: -1 for RGB colours, else checked or derived from ``sh``."""
-    if (colors is None) == (sh is None):
-        raise ValueError("rasterize: give exactly one of colors ([N, 3]) and sh ([N, K, 3])")
-    if colors is not None:
-        if sh_degree is not None:
-            raise ValueError("rasterize: sh_degree only applies with sh, not with colors")
-        return -1
-    if sh.dim() != 3:
-        raise ValueError(f"rasterize: sh must be [N, K, 3], got {list(sh.shape)}")
-    if sh_degree is None:
-        coeffs = sh.shape[1]
-        sh_degree = math.isqrt(coeffs) - 1
-        if (sh_degree + 1) ** 2 != coeffs or sh_degree > MAX_SH_DEGREE:
-            raise ValueError(
-                f"rasterize: sh must hold (d + 1)^2 coefficients per channel for a degree d "
-                f"in 0..{MAX_SH_DEGREE}, got sh of shape {list(sh.shape)}")
-    if isinstance(sh_degree, bool) or not isinstance(sh_degree, int) or not (
-            0 <= sh_degree <= MAX_SH_DEGREE):
-        raise ValueError(f"rasterize: sh_degree must be an int in 0..{MAX_SH_DEGREE}, "
-                         f"got {sh_degree!r}")
-    return sh_degree

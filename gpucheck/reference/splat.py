@@ -135,15 +135,27 @@ def _check_inputs(
             and torch.equal(k[2], k.new_tensor([0.0, 0.0, 1.0]))):
         _fail(f"K must be [[fx, 0, cx], [0, fy, cy], [0, 0, 1]] with fx, fy > 0, got "
               f"{k.tolist()}")
+    if colors is not None and sh is None:
+        _check_tensor("colors", colors, (n, 3))
+    if sh is not None and colors is None:
+        _check_tensor("sh", sh, (n, None, 3))
+    return sh_degree_of(colors, sh, sh_degree)
+
+
+def sh_degree_of(colors: torch.Tensor | None, sh: torch.Tensor | None,
+                 sh_degree: int | None) -> int:
+    """The colour rule shared by the reference and the CUDA op: exactly one of ``colors``
+    ([N, 3]) and ``sh`` ([N, K, 3]); returns -1 for RGB colours, else the SH degree to
+    evaluate (given, or derived from K), checked against what ``sh`` holds."""
     if (colors is None) == (sh is None):
         _fail("give exactly one of colors ([N, 3]) and sh ([N, K, 3])")
     if colors is not None:
-        _check_tensor("colors", colors, (n, 3))
         if sh_degree is not None:
             _fail("sh_degree only applies with sh, not with colors")
         return -1
     assert sh is not None
-    _check_tensor("sh", sh, (n, None, 3))
+    if sh.dim() != 3:
+        _fail(f"sh must be [N, K, 3], got {list(sh.shape)}")
     coeffs = sh.shape[1]
     if sh_degree is None:
         sh_degree = math.isqrt(coeffs) - 1
