@@ -1,164 +1,168 @@
-"""wrong-stream detector: its logic on profiler events recorded on a GPU
-(tests/fixtures/profiler/, see the README there), and its guards without a GPU."""
+"""wrong-stream and kernel-device: the launch trace's judgement on windows recorded on a GPU
+(tests/fixtures/launches/, see the README there) and on windows changed the ways a defect
+would change them; and the trace's guards without a GPU."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-import pytest
+import torch
 
-from gpucheck.detectors import CaseInfo, WrongStreamDetector, worker_detectors, wrong_stream
-from gpucheck.detectors.wrong_stream import findings, launches
+from gpucheck.detectors import CaseInfo, KernelDeviceDetector, WrongStreamDetector, worker_detectors
+from gpucheck.detectors import launch_trace as lt
+from gpucheck.detectors.launch_trace import Window, attribute, judge
+from gpucheck.detectors.wrong_stream import findings, verdicts
 
-FIXTURES = Path(__file__).parent / "fixtures" / "profiler"
+FIXTURES = Path(__file__).parent / "fixtures" / "launches"
 CASE = CaseInfo("cuda:0", "selftest", "test_defect_stream.py::test_legacy_stream_ssim[cuda0]")
 
 
-def events(name: str) -> list[dict]:
-    return json.loads((FIXTURES / f"{name}.json").read_text())["events"]
+def windows(name: str) -> list[Window]:
+    data = json.loads((FIXTURES / f"{name}.json").read_text())
+    return [Window(w["events"], w["log"], {int(k): v for k, v in w["streams"].items()})
+            for w in data["windows"]]
 
 
-def check(evs: list[dict]) -> list:
-    return findings(CASE, wrong_stream.wrong_stream(launches(evs)))
+def launches(name: str) -> list[lt.OpLaunch]:
+    return [lc for w in windows(name) for lc in attribute(w.events, w.log)]
 
 
-def test_marker_gives_the_current_stream():
-    work = launches(events("clean_ssim"))
-    markers = [w for w in work if w.marker]
-    assert markers and {(w.op, w.stream) for w in markers} == {("aten::fill_", markers[0].stream)}
-    ssim = [w for w in work if w.op and w.op.startswith("gpucheck::")]
-    assert {w.op for w in ssim} == {"gpucheck::ssim_forward", "gpucheck::ssim_backward"}
-    assert {w.stream for w in ssim} == {markers[0].stream}  # the poisoned stream
+def wrong_stream(ws: list[Window]) -> list:
+    return findings(CASE, verdicts(ws, "wrong-stream"))
+
+
+def test_markers_give_each_call_its_current_stream():
+    ws = windows("clean_ssim")
+    assert len(ws) == 1 and ws[0].log
+    ops = {lc.op for lc in launches("clean_ssim")}
+    assert ops == {"gpucheck::ssim_forward", "gpucheck::ssim_backward"}
+    for lc in launches("clean_ssim"):
+        assert (lc.work.device, lc.work.stream) == (lc.device, lc.stream)  # the poisoned stream
+        assert lt.MARKER_KERNEL not in lc.work.name
 
 
 def test_clean_ssim_has_no_finding():
-    assert check(events("clean_ssim")) == []
+    assert judge(launches("clean_ssim")) == []
 
 
 def test_legacy_stream_ssim_names_op_and_kernel():
-    found = check(events("legacy_stream_ssim"))
+    found = wrong_stream(windows("legacy_stream_ssim"))
     ops = {f.op for f in found}
     assert ops == {"gpucheck_defect_legacy_stream::ssim_forward",
                    "gpucheck_defect_legacy_stream::ssim_backward"}
-    marker = next(w for w in launches(events("legacy_stream_ssim")) if w.marker)
+    expected = {lc.stream for lc in launches("legacy_stream_ssim")}
+    assert len(expected) == 1
     for f in found:
         assert (f.kind, f.severity, f.device, f.suite, f.case) == (
             "wrong-stream", "error", CASE.device, CASE.suite, CASE.case)
         assert f.kernel and "ssim" in f.kernel and f.kernel in f.message
-        assert f"the current stream is {marker.stream}" in (f.evidence or "")
+        assert f"is {next(iter(expected))}" in (f.evidence or "")
         assert "getCurrentCUDAStream()" in (f.hint or "")
 
 
 def test_torch_ops_on_other_streams_are_fine():
     """aten ops on stream 0 and on a private stream, and an extension op on that private
     stream (made current by the test itself): no finding."""
-    evs = events("torch_streams")
-    work = launches(evs)
-    current = next(w.stream for w in work if w.marker)
-    assert len({w.stream for w in work}) == 3 and current in {w.stream for w in work}
-    assert check(evs) == []
+    assert judge(launches("torch_streams")) == []
+    ssim = [lc for lc in launches("torch_streams") if lc.op == "gpucheck::ssim_forward"]
+    assert ssim and all(lc.work.stream == lc.stream for lc in ssim)
+    data = json.loads((FIXTURES / "torch_streams.json").read_text())
+    # the op ran with the test's private stream current, not the harness's poisoned stream
+    assert windows("torch_streams")[0].streams[0] != data["current_stream"]
 
 
 def test_knn_on_the_tests_own_stream_is_fine():
-    evs = events("knn_side_stream")
-    assert any(w.op == "gpucheck::knn_mean_sq_dist" for w in launches(evs))
-    assert check(evs) == []
+    assert any(lc.op == "gpucheck::knn_mean_sq_dist" for lc in launches("knn_side_stream"))
+    assert judge(launches("knn_side_stream")) == []
 
 
-def test_extension_kernel_on_a_stream_torch_never_used_is_a_finding():
-    """The private stream of torch_streams, minus the torch ops on it: the extension op alone
-    on a stream that was never current."""
-    evs = events("torch_streams")
-    work = launches(evs)
-    current = next(w.stream for w in work if w.marker)
-    private = next(w.stream for w in work if w.op and w.op.startswith("gpucheck::"))
-    assert private != current
-    ops = {e["id"]: e["name"] for e in evs if e["type"] in ("cpu_op", "user_annotation")}
-    kept = [e for e in evs if not (e["type"] in wrong_stream.GPU_WORK and e["stream"] == private
-                                   and ops.get(e["linked"], "").startswith("aten::"))]
-    found = check(kept)
-    assert found and {f.op for f in found} == {"gpucheck::ssim_forward"}
-    assert f"ran on {private};" in (found[0].evidence or "")
+def test_an_ext_kernel_on_another_stream_is_a_finding():
+    """The clean window with the extension's kernels moved to stream 0's id (what the legacy
+    stream defect does): a finding per kernel."""
+    [w] = windows("clean_ssim")
+    legacy = json.loads((FIXTURES / "legacy_stream_ssim.json").read_text())
+    stream0 = next(e["stream"] for e in legacy["windows"][0]["events"]
+                   if "ssim" in e["name"])
+    inside = {lc.work.correlation for lc in attribute(w.events, w.log)}
+    moved = [dict(e, stream=stream0) if e["correlation"] in inside else e for e in w.events]
+    found = wrong_stream([Window(moved, w.log, w.streams)])
+    assert found and {f.op for f in found} == {"gpucheck::ssim_forward", "gpucheck::ssim_backward"}
 
 
-def test_no_marker_no_judgement():
-    """Without the marker (e.g. the marker's device was not profiled), the current stream
-    of that device is unknown: no finding rather than a guess."""
-    evs = [e for e in events("legacy_stream_ssim") if e["name"] != wrong_stream.MARKER]
-    assert check(evs) == []
+def test_kernel_device_on_a_kernel_moved_to_another_gpu():
+    """The clean window with the extension's kernels on cuda:1 while its inputs and markers
+    are on cuda:0 (what a missing guard does with cuda:1 current): kernel-device findings;
+    wrong-stream stays quiet (another device's stream is not judged against cuda:0's)."""
+    [w] = windows("clean_ssim")
+    inside = {lc.work.correlation for lc in attribute(w.events, w.log)}
+    moved = [dict(e, device=1) if e["correlation"] in inside else e for e in w.events]
+    ws = [Window(moved, w.log, w.streams)]
+    kinds = {v.kind for v, _ in verdicts(ws, "kernel-device")}
+    assert kinds == {"kernel-device"} and verdicts(ws, "wrong-stream") == []
+    det = KernelDeviceDetector()
+    det.trace = _Fixed(ws)
+    found = det.case_finished(CASE)
+    assert {f.op for f in found} == {"gpucheck::ssim_forward", "gpucheck::ssim_backward"}
+    assert all(f.kind == "wrong-device" and "cuda:1" in f.message and "cuda:0" in f.message
+               and "OptionalCUDAGuard" in f.hint for f in found)
 
 
-def test_several_devices_each_judged_by_its_own_current_stream():
-    """The same recorded work seen on cuda:1 too: each device is judged by its own marker;
-    a device without one is not judged."""
-    base = events("legacy_stream_ssim")
-    shift = 1 + max(e["id"] for e in base)
-    copy = [dict(e, id=e["id"] + shift if e["id"] else 0,
-                 linked=e["linked"] + shift if e["linked"] else 0,
-                 **({"device": 1} if "device" in e else {})) for e in base]
-    both = check(base + copy)
-    assert {f.evidence.split(":")[1].split(" ")[0] for f in both} == {"0", "1"}
-    assert len(both) == 2 * len(check(base))
-    # cuda:1 clean on its current stream, cuda:0 defect: only cuda:0 is reported
-    clean1 = [dict(e, **({"device": 1} if "device" in e else {})) for e in events("clean_ssim")]
-    found = check(base + clean1)
-    assert found and all("cuda:0" in f.message for f in found)
+def test_calls_across_devices_are_not_judged_for_kernel_device():
+    [w] = windows("clean_ssim")
+    inside = {lc.work.correlation for lc in attribute(w.events, w.log)}
+    moved = [dict(e, device=1) if e["correlation"] in inside else e for e in w.events]
+    log = [dict(e, single_device=False) for e in w.log]
+    assert verdicts([Window(moved, log, w.streams)], "kernel-device") == []
 
 
-def test_no_cuda_context_no_profiling(monkeypatch):
-    import torch
-
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
-    det = WrongStreamDetector()
-    det.case_started(CASE)
-    assert not det.active and det.case_finished(CASE) == []
+def test_a_lost_marker_means_no_judgement():
+    [w] = windows("legacy_stream_ssim")
+    first = next(i for i, e in enumerate(w.events) if lt.MARKER_KERNEL in e["name"])
+    events = w.events[:first] + w.events[first + 1:]
+    assert attribute(events, w.log) == []
 
 
-def test_failing_marker_never_fails_the_case(monkeypatch):
-    """A CUDA context that is claimed but unusable (here: a CPU build of torch): no profiling,
-    no exception, the profiler is off again."""
-    import torch
+@torch.library.custom_op("gpucheck_trace::twice", mutates_args=())
+def twice(x: torch.Tensor) -> torch.Tensor:
+    return 2 * x
 
-    if torch.cuda.is_available():
-        pytest.skip("needs a torch without CUDA")
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    det = WrongStreamDetector()
-    det.case_started(CASE)
-    assert not det.active and not torch._C._autograd._profiler_enabled()
-    assert det.case_finished(CASE) == []
+
+class _Fixed:
+    def __init__(self, ws):
+        self.ws = ws
+
+    def acquire(self):
+        pass
+
+    def finish(self):
+        return self.ws
+
+
+def test_no_cuda_no_window():
+    """On a CPU build (or before CUDA is initialized) extension calls open no window."""
+    trace = lt.LaunchTrace()
+    trace.acquire()
+    torch.ops.gpucheck_trace.twice(torch.rand(3))
+    assert trace.finish() == [] and not trace.open
 
 
 def test_registered_and_can_be_disabled(monkeypatch):
-    assert "wrong-stream" in [d.name for d in worker_detectors()]
-    monkeypatch.setenv("GPUCHECK_DISABLE_DETECTORS", "wrong-stream")
-    assert "wrong-stream" not in [d.name for d in worker_detectors()]
+    names = [d.name for d in worker_detectors()]
+    assert {"wrong-stream", "kernel-device", "numerics", "op-device"} <= set(names)
+    monkeypatch.setenv("GPUCHECK_DISABLE_DETECTORS", "wrong-stream,numerics")
+    names = [d.name for d in worker_detectors()]
+    assert "wrong-stream" not in names and "numerics" not in names
 
 
-def test_plain_events_of_a_real_profile():
-    """plain_events on a real kineto result (CPU activity, so it runs without a GPU): host
-    ops and the marker annotation come through; with a marked device and no GPU work there
-    is nothing to judge, so the fast path returns nothing."""
-    import torch
-    from torch._C._profiler import ProfilerActivity
-
-    det = WrongStreamDetector()
-    config, _ = det._config(torch)
-    activities = {ProfilerActivity.CPU}
-    from torch.autograd.profiler import _disable_profiler, _enable_profiler, _prepare_profiler
-
-    _prepare_profiler(config, activities)
-    _enable_profiler(config, activities)
-    with torch.autograd.profiler.record_function(wrong_stream.MARKER):
-        torch.zeros(4).add_(1)
-    result = _disable_profiler()
-    rows = wrong_stream.plain_events(result)
-    names = {r["name"]: r["type"] for r in rows}
-    assert names[wrong_stream.MARKER] == "user_annotation" and names["aten::add_"] == "cpu_op"
-    assert all({"name", "type", "thread", "start_ns", "end_ns", "id", "linked"} <= set(r)
-               for r in rows)
-    assert launches(rows) == [] and wrong_stream.plain_events(result, marked=[0]) == []
+def test_both_readers_get_the_same_windows():
+    trace = lt.LaunchTrace()
+    a, b = WrongStreamDetector(), KernelDeviceDetector()
+    a.trace = b.trace = trace
+    a.case_started(CASE)
+    b.case_started(CASE)
+    assert a.case_finished(CASE) == [] and b.case_finished(CASE) == []
+    assert not trace.active
 
 
 def test_poisoned_stream_keeps_the_poisoned_device(monkeypatch):

@@ -21,7 +21,8 @@ class Detector(Protocol):
     """Where a detector runs is what it implements; every hook returns findings (or None).
 
     Worker side, around the body of each case (its ``call`` phase): ``case_started`` just
-    before, ``case_finished`` just after. Parent side: ``run_finished`` over every case record
+    before, ``case_finished`` just after, then ``case_data`` (fields the case record keeps,
+    e.g. ``fingerprints``). Parent side: ``run_finished`` over every case record
     of the run (dicts in the results.jsonl format).
     """
 
@@ -32,6 +33,8 @@ class Detector(Protocol):
     def case_finished(self, case: CaseInfo) -> list[Finding]: ...
 
     def run_finished(self, records: list[dict[str, Any]]) -> list[Finding]: ...
+
+    def case_data(self) -> dict[str, Any]: ...
 
 
 class BaseDetector:
@@ -47,3 +50,6 @@ class BaseDetector:
 
     def run_finished(self, records: list[dict[str, Any]]) -> list[Finding]:
         return []
+
+    def case_data(self) -> dict[str, Any]:
+        return {}

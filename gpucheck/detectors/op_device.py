@@ -1,8 +1,8 @@
-"""Per-op checks through a TorchDispatchMode active during each case's body.
+"""Per-op checks on every call of an extension op (:mod:`gpucheck.detectors.op_watch`).
 
-Every op that reaches PyTorch's dispatcher and is not one of torch's own (``aten``, ``prim``)
-is watched — extension ops registered with ``TORCH_LIBRARY``, such as ``gpucheck::*``,
-forward and backward (the autograd engine carries the mode to its threads):
+Every op called from Python that is not one of torch's own (``aten``, ``prim``) is watched —
+extension ops registered with ``TORCH_LIBRARY``, such as ``gpucheck::*``, forward and the
+backward ops that Python autograd formulas call:
 
 - ``wrong-device``: an output (a result, or a gradient in backward) on another device than
   the op's tensor inputs: the extension allocated with ``torch::kCUDA`` / the current device
@@ -19,21 +19,19 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from gpucheck.detectors import op_watch
 from gpucheck.detectors.base import BaseDetector, CaseInfo
 from gpucheck.detectors.device_state import HINT as LEAK_HINT
 from gpucheck.report.results import Finding
 
-TORCH_NAMESPACES = ("aten", "prim", "prims", "_c10d_functional", "c10d", "profiler")
+TORCH_NAMESPACES = op_watch.TORCH_NAMESPACES
 ALLOC_HINT = ("allocate outputs with the input's options (`at::empty(sizes, x.options())`), "
               "not `torch::kCUDA` or the current device, and guard the entry point with "
               "`const at::cuda::OptionalCUDAGuard guard(device_of(x));`")
 
 
 def _tensor_devices(obj: Any) -> list[str]:
-    import torch
-    from torch.utils._pytree import tree_leaves
-
-    return [str(t.device) for t in tree_leaves(obj) if isinstance(t, torch.Tensor)]
+    return [str(t.device) for t in op_watch.tensors(obj)]
 
 
 def _current_device() -> int | None:
@@ -60,43 +58,37 @@ def op_events(name: str, inputs: list[str], outputs: list[str], before: int | No
 
 
 class OpDevice(BaseDetector):
-    """Watches every non-torch op of the case body; one finding per (kind, op)."""
+    """Watches every extension op of the case body; one finding per (kind, op)."""
 
     name = "op-device"
 
     def __init__(self) -> None:
-        self.mode: Any = None
+        self.watching = False
         self.seen: dict[tuple[str, str], list[str]] = {}
 
-    def case_started(self, case: CaseInfo) -> None:
-        if "torch" not in sys.modules:
+    # op_watch listener
+    def before(self, call: op_watch.Call) -> None:
+        call.notes["op-device"] = _current_device()
+
+    def after(self, call: op_watch.Call, out: Any) -> None:
+        if call.error is not None:
             return
-        from torch.utils._python_dispatch import TorchDispatchMode
+        for kind, detail in op_events(call.op, _tensor_devices((call.args, call.kwargs)),
+                                      _tensor_devices(out), call.notes.get("op-device"),
+                                      _current_device()):
+            self.seen.setdefault((kind, call.op), []).append(detail)
 
-        seen = self.seen = {}
-
-        class Watch(TorchDispatchMode):
-            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
-                                   kwargs: Any = None) -> Any:
-                kwargs = kwargs or {}
-                if getattr(func, "namespace", "aten") in TORCH_NAMESPACES:
-                    return func(*args, **kwargs)
-                before = _current_device()
-                out = func(*args, **kwargs)
-                name = str(func.name()) if hasattr(func, "name") else str(func)
-                for kind, detail in op_events(name, _tensor_devices((args, kwargs)),
-                                              _tensor_devices(out), before, _current_device()):
-                    seen.setdefault((kind, name), []).append(detail)
-                return out
-
-        self.mode = Watch()
-        self.mode.__enter__()
+    def case_started(self, case: CaseInfo) -> None:
+        self.seen = {}
+        self.watching = op_watch.add(self)
 
     def case_finished(self, case: CaseInfo) -> list[Finding]:
-        if self.mode is None:
+        if not self.watching:
             return []
-        self.mode.__exit__(None, None, None)
-        self.mode = None
+        self.watching = False
+        err = op_watch.remove(self)
+        if err is not None:
+            raise err
         found = []
         for (kind, op), details in sorted(self.seen.items()):
             calls = f" ({len(details)} calls)" if len(details) > 1 else ""

@@ -57,9 +57,13 @@ class CaseRecord:
     signal: str | None = None
     stderr_tail: str | None = None
     findings: list[Finding] = field(default_factory=list)
+    #: ``op|inputs|outputs|device`` of extension-op calls (detectors/numerics.py)
+    fingerprints: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
+        if not data["fingerprints"]:
+            del data["fingerprints"]
         data = {"schema": SCHEMA_ID, "record": "case", **data}
         return data
 

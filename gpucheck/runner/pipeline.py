@@ -19,6 +19,8 @@ from rich.console import Console
 
 import gpucheck
 from gpucheck import devices as devices_mod
+from gpucheck.detectors.numerics import Numerics
+from gpucheck.detectors.stray_context import StrayContext
 from gpucheck.detectors.wrong_device import RERUN_SUFFIX, TARGET_SUFFIX, WrongDevice, suspects
 from gpucheck.errors import (
     EXIT_CLEAN,
@@ -428,15 +430,20 @@ def _diagnose(out: Path, results_path: Path, run_id: str) -> list[dict[str, Any]
     records = [r for r in results.cases(results_path) if r.get("run_id") == run_id]
     if (out / RERUN_FILE).exists():
         records += [r for r in results.cases(out / RERUN_FILE) if r.get("run_id") == run_id]
+    header = next((r for r in results.read(results_path)
+                   if r.get("record") == "run" and r.get("run_id") == run_id), {})
+    names = {str(d.get("uuid")): str(d.get("device")) for d in header.get("devices", [])}
     made = []
-    for finding in WrongDevice().run_finished(records):
-        original = next(r for r in records if (r["device"], r["suite"], r["case"]) ==
-                        (finding.device, finding.suite, finding.case) and "|" not in r["mode"])
-        record = {"schema": results.SCHEMA_ID, "record": "diagnosis", "run_id": run_id,
-                  "device": finding.device, "suite": finding.suite, "case": finding.case,
-                  "mode": original["mode"], "findings": [asdict(finding)]}
-        results.append(results_path, record)
-        made.append(record)
+    for detector in (WrongDevice(), StrayContext(names), Numerics()):
+        for finding in detector.run_finished(records):
+            mine = [r for r in records if (r["device"], r["suite"], r["case"]) ==
+                    (finding.device, finding.suite, finding.case)]
+            original = next((r for r in mine if "|" not in r["mode"]), mine[0])
+            record = {"schema": results.SCHEMA_ID, "record": "diagnosis", "run_id": run_id,
+                      "device": finding.device, "suite": finding.suite, "case": finding.case,
+                      "mode": original["mode"], "findings": [asdict(finding)]}
+            results.append(results_path, record)
+            made.append(record)
     return made
 
 

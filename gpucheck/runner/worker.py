@@ -113,6 +113,7 @@ class Recorder:
         self.started: dict[str, tuple[float, str, float]] = {}  # monotonic, iso, epoch
         self.detectors = worker_detectors()
         self.detector_findings: dict[str, list[Finding]] = {}
+        self.detector_data: dict[str, dict[str, Any]] = {}  # node id -> fields of its record
         self.done = 0
         self.total = 0
         self.findings = 0
@@ -235,9 +236,11 @@ class Recorder:
             except Exception as err:  # a detector must never take a case down with it
                 found.append(_detector_error(d.name, err, self.device, info))
         outcome = yield
+        data = self.detector_data.setdefault(item.nodeid, {})
         for d in started:
             try:
                 found.extend(d.case_finished(info))
+                data.update(d.case_data())
             except Exception as err:
                 found.append(_detector_error(d.name, err, self.device, info))
         del outcome
@@ -282,6 +285,7 @@ class Recorder:
                 findings.append(_failure_finding(rep, self.device, suite, case))
                 reason = reason or findings[-1].message
         findings.extend(self.detector_findings.pop(nodeid, []))
+        fingerprints = list(self.detector_data.pop(nodeid, {}).get("fingerprints", []))
         if self.san_glob is not None:
             found = self._sanitizer_findings(case, suite)
             findings.extend(found)
@@ -304,6 +308,7 @@ class Recorder:
             case=case, mode=self.mode, status=status, reason=reason,
             duration_s=round(duration, 6), started_at=started_at, current_device=current,
             memory=memory, findings=[f for f in findings if f is not None],
+            fingerprints=fingerprints,
         )
 
 

@@ -1,27 +1,29 @@
-"""Record the profiler events the wrong-stream detector reads, on a GPU, as CPU-test fixtures.
+"""Record the launch-trace windows the wrong-stream and kernel-device detectors read, on a
+GPU, as CPU-test fixtures (tests/fixtures/launches/).
 
 Usage (on a machine with a CUDA GPU, after ``pip install --no-build-isolation -e .`` with
 GPUCHECK_KERNELS including ssim; knn is used when built)::
 
-    python benchmarks/record_stream_traces.py OUT_DIR
+    python benchmarks/record_launch_traces.py OUT_DIR
 
-Writes OUT_DIR/<scenario>.json: {"scenario", "recorded_on", "current_stream", "events"}, the
-events being exactly what the detector gets from :func:`wrong_stream.plain_events`, with
-the poisoned stream of the harness current on cuda:0. Also OUT_DIR/cost.json: the
-profiler's cost on 5000 small torch ops.
+Writes OUT_DIR/<scenario>.json: {"scenario", "doc", "recorded_on", "current_stream",
+"windows"}, the windows being exactly what the detectors get from
+:func:`gpucheck.detectors.launch_trace.LaunchTrace.finish`, with the poisoned stream of the
+harness current on cuda:0. Also OUT_DIR/cost.json: what the trace costs on 5000 small torch
+ops and on 200 calls of an extension op.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from gpucheck import _csrc
-from gpucheck.detectors.base import CaseInfo
-from gpucheck.detectors.wrong_stream import WrongStreamDetector
+from gpucheck.detectors.launch_trace import LaunchTrace
 from gpucheck.ops import _ext
 from gpucheck.runner.poison import stream_made_current
 
@@ -74,44 +76,43 @@ def main(out: Path) -> int:
             side.synchronize()
 
         scenarios["knn_side_stream"] = knn_side_stream
-    case = CaseInfo("cuda:0", "record", "record")
     with stream_made_current(dev) as stream:
         for fn in scenarios.values():  # warm-up: lazy inits outside the recorded window
             fn()
         torch.cuda.synchronize()
         for name, fn in scenarios.items():
-            det = WrongStreamDetector()
-            det.case_started(case)
+            trace = LaunchTrace()
+            trace.acquire()
             fn()
-            events = det.stop(full=True)
+            windows = [asdict(w) for w in trace.finish()]
             (out / f"{name}.json").write_text(json.dumps({
                 "scenario": name, "doc": fn.__doc__,
                 "recorded_on": f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}",
-                "current_stream": repr(stream), "events": events}, indent=0))
-        # cost: 5000 small torch ops, unprofiled vs profiled (body, and stop + parse)
+                "current_stream": repr(stream), "windows": windows}, indent=0))
+        # cost: 5000 small torch ops, and 200 calls of an extension op, without and with it
         import time
 
+        small = x[:1, :1, :8, :8].clone()
+
         def many() -> None:
-            t = x[:1, :1, :8, :8].clone()
+            t = small.clone()
             for _ in range(5000):
                 t.add_(1)
-        many()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        many()
-        torch.cuda.synchronize()
-        t1 = time.perf_counter()
-        det = WrongStreamDetector()
-        t2 = time.perf_counter()
-        det.case_started(case)
-        t3 = time.perf_counter()
-        many()
-        torch.cuda.synchronize()
-        t4 = time.perf_counter()
-        det.stop()
-        t5 = time.perf_counter()
-        cost = {"ops": 5000, "body_unprofiled_s": t1 - t0, "start_s": t3 - t2,
-                "body_profiled_s": t4 - t3, "stop_and_parse_s": t5 - t4}
+            for _ in range(200):
+                ssim(x, y)
+
+        cost = {}
+        for label, traced in (("warm", False), ("plain", False), ("traced", True)):
+            trace = LaunchTrace()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            if traced:
+                trace.acquire()
+            many()
+            if traced:
+                trace.finish()
+            torch.cuda.synchronize()
+            cost[label + "_s"] = time.perf_counter() - t0
         (out / "cost.json").write_text(json.dumps(cost, indent=1))
         print(cost)
     print("recorded", sorted(scenarios))

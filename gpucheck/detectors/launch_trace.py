@@ -1,0 +1,336 @@
+"""Where the GPU work of each extension-op call ran: device and stream, from the profiler.
+
+Shared by two detectors (``wrong-stream`` and ``kernel-device``); not a detector itself.
+
+How it works, and why it is cheap:
+
+- While a window is open the profiler records CUDA activity only (kernels, copies, memsets
+  with device, stream and CUPTI correlation id): no host ops, so torch's own ops cost no more
+  than their CUPTI launch records. The profiler names streams by ids of its own (CUPTI's), not
+  by ``cudaStream_t``.
+- Around each call of an extension op (:mod:`gpucheck.detectors.op_watch`) the trace launches
+  a marker, ``torch.cuda._sleep(0)`` (a kernel named ``spin_kernel`` that nothing else
+  launches), on the current stream of the op's *input* device, before and after the call, and
+  logs the call. Correlation ids grow with every CUDA API call of the process, so the GPU work
+  whose id lies between a call's two markers was launched during that call (the innermost
+  call, for nested ones); the marker's own stream is the stream the caller had made current
+  on that device.
+- A window opens at an extension-op call (on the main thread) and closes as soon as it can:
+  after the call when none of its outputs requires grad, else after the next
+  ``torch.autograd.backward`` / ``grad`` returns (where the op's backward ran), and at the
+  latest at the end of the case. Kernels of torch's own that run between calls (a reference
+  computed on the GPU) are then not traced. Each (op, argument signature) is profiled for its
+  first :data:`CAP` calls per case: a gradcheck that calls an op thousands of times is judged
+  on its first calls, not profiled throughout.
+
+The judgement is pure functions on plain data (:func:`attribute`, :func:`judge`), so CI tests
+it on windows recorded on a GPU (tests/fixtures/launches/).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpucheck.detectors import op_watch
+
+#: the marker kernel (``at::cuda::sleep`` launches ``spin_kernel``)
+MARKER_KERNEL = "spin_kernel"
+#: profiled calls per (op, argument signature) and case
+CAP = 16
+GPU_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+@dataclass(frozen=True)
+class Work:
+    """One piece of GPU work of a window."""
+
+    name: str
+    device: int
+    stream: int  # the profiler's stream id (CUPTI's)
+    correlation: int
+
+
+@dataclass(frozen=True)
+class OpLaunch:
+    """GPU work launched during one extension-op call, with what the call expected."""
+
+    op: str
+    call: int  # index of the call in the window's log
+    work: Work
+    device: int  # the op's input device (where its marker ran)
+    stream: int  # the current stream of that device at the call (its marker's stream)
+    single_device: bool  # all tensor arguments on that one device
+
+
+def _kind(name: str) -> str:
+    return ("gpu_memcpy" if name.startswith("Memcpy") else
+            "gpu_memset" if name.startswith("Memset") else "kernel")
+
+
+def gpu_events(result: Any) -> list[dict[str, Any]]:
+    """The GPU work of a kineto result as plain dicts (``name``, ``type``, ``device``,
+    ``stream``, ``correlation``), in launch order."""
+    from torch.autograd import DeviceType
+
+    rows = []
+    for e in result.events():
+        if e.device_type() != DeviceType.CUDA or e.is_user_annotation():
+            continue
+        rows.append({"name": e.name(), "type": _kind(e.name()), "device": e.device_index(),
+                     "stream": e.device_resource_id(), "correlation": e.correlation_id()})
+    rows.sort(key=lambda r: r["correlation"])
+    return rows
+
+
+def attribute(events: list[dict[str, Any]], log: list[dict[str, Any]]) -> list[OpLaunch]:
+    """The GPU work of each logged call. ``log`` holds, in launch order, one entry per marker:
+    ``{"edge": "begin"|"end", "call": i, "op": name, "device": d, "single_device": bool}``.
+    Returns [] when the markers found do not match the log (a marker was lost: no judgement
+    rather than a guess)."""
+    work = [Work(e["name"], int(e["device"]), int(e["stream"]), int(e["correlation"]))
+            for e in events if e["type"] in GPU_WORK]
+    markers = [w for w in work if MARKER_KERNEL in w.name]
+    if len(markers) != len(log):
+        return []
+    begin: dict[int, tuple[Work, dict[str, Any]]] = {}
+    spans: list[tuple[int, int, int, Work, dict[str, Any]]] = []  # (start, end, call, marker)
+    for m, entry in zip(markers, log, strict=True):
+        if m.device != entry["device"]:
+            return []
+        if entry["edge"] == "begin":
+            begin[entry["call"]] = (m, entry)
+        elif entry["call"] in begin:
+            bm, be = begin.pop(entry["call"])
+            spans.append((bm.correlation, m.correlation, entry["call"], bm, be))
+    out = []
+    for w in work:
+        if MARKER_KERNEL in w.name:
+            continue
+        inside = [s for s in spans if s[0] < w.correlation < s[1]]
+        if not inside:
+            continue  # torch's own work, or a pybind function's: not judged here
+        _, _, call, marker, entry = max(inside, key=lambda s: s[0])  # the innermost
+        out.append(OpLaunch(str(entry["op"]), call, w, marker.device, marker.stream,
+                            bool(entry.get("single_device", True))))
+    return out
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one (op, kernel) did wrong in a window."""
+
+    kind: str  # "wrong-stream" | "kernel-device"
+    op: str
+    kernel: str
+    device: int  # the op's input device
+    ran_on: tuple[int, ...]  # streams (wrong-stream) or devices (kernel-device)
+    expected: int  # the current stream (wrong-stream) or the input device (kernel-device)
+    count: int
+
+
+def judge(launches: Iterable[OpLaunch]) -> list[Verdict]:
+    """Kernels of an op on another device than its inputs' (``kernel-device``), and kernels
+    on its inputs' device on another stream than the caller's current one (``wrong-stream``).
+    """
+    bad: dict[tuple[str, str, str, int, int], list[int]] = {}
+    for lc in launches:
+        w = lc.work
+        if w.device != lc.device:
+            if lc.single_device:
+                bad.setdefault(("kernel-device", lc.op, w.name, lc.device, lc.device),
+                               []).append(w.device)
+        elif w.stream != lc.stream:
+            bad.setdefault(("wrong-stream", lc.op, w.name, lc.device, lc.stream),
+                           []).append(w.stream)
+    return [Verdict(kind, op, kernel, dev, tuple(sorted(set(v))), exp, len(v))
+            for (kind, op, kernel, dev, exp), v in bad.items()]
+
+
+@dataclass
+class Window:
+    """What one profiled window saw: plain data (what the fixtures hold)."""
+
+    events: list[dict[str, Any]] = field(default_factory=list)
+    log: list[dict[str, Any]] = field(default_factory=list)
+    streams: dict[int, str] = field(default_factory=dict)  # device -> repr of a current stream
+
+
+def _signature(call: op_watch.Call) -> tuple[Any, ...]:
+    return (call.op, *((str(t.dtype), tuple(t.shape)) for t in
+                       op_watch.tensors((call.args, call.kwargs))))
+
+
+class LaunchTrace:
+    """The op_watch listener and profiler windows of one worker (see the module text)."""
+
+    def __init__(self, cap: int = CAP) -> None:
+        self.cap = cap
+        self.lock = threading.RLock()
+        self.active = False
+        self.open = False
+        self.failed: BaseException | None = None
+        self.windows: list[Window] = []
+        self.window = Window()
+        self.counts: dict[tuple[Any, ...], int] = {}
+        self.devices: set[int] = set()
+        self.calls = 0
+        self.depth = 0
+        self.backward_pending = False
+
+    # -- the case ---------------------------------------------------------------------------
+    def acquire(self) -> None:
+        """A detector starts reading the case (the first one starts the trace)."""
+        with self.lock:
+            if not self.active:
+                self.windows, self.counts, self.failed = [], {}, None
+                self.active = op_watch.add(self)
+                if self.active:
+                    _watch_backward()
+
+    def finish(self) -> list[Window]:
+        """A detector is done with the case: the first call stops the trace; every call
+        returns the windows of the case."""
+        with self.lock:
+            if self.active:
+                self.active = False
+                op_watch.remove(self)
+                self._close()
+            return self.windows
+
+    # -- op_watch listener ------------------------------------------------------------------
+    def before(self, call: op_watch.Call) -> None:
+        dev = op_watch.input_device(call)
+        if dev is None or op_watch.capturing():
+            return
+        key = _signature(call)
+        main = threading.current_thread() is threading.main_thread()
+        with self.lock:
+            if not self.open:
+                if not main or self.counts.get(key, 0) >= self.cap or self.failed:
+                    return
+                if not self._open():
+                    return
+            self.counts[key] = self.counts.get(key, 0) + 1
+            devices = {str(t.device) for t in op_watch.tensors((call.args, call.kwargs))}
+            entry = {"call": self.calls, "op": call.op, "device": int(dev.index),
+                     "single_device": len(devices) == 1}
+            self.calls += 1
+            call.notes["launch-trace"] = (entry, key)
+            self.depth += 1
+            self._mark(dict(entry, edge="begin"))
+
+    def after(self, call: op_watch.Call, out: Any) -> None:
+        noted = call.notes.get("launch-trace")
+        if noted is None:
+            return
+        entry, _ = noted
+        with self.lock:
+            if not self.open:
+                return
+            self._mark(dict(entry, edge="end"))
+            self.depth -= 1
+            main = threading.current_thread() is threading.main_thread()
+            if not main or self.depth:
+                return
+            grads = any(t.requires_grad for t in op_watch.tensors(out))
+            if not grads or all(n >= self.cap for n in self.counts.values()):
+                self._close()
+            else:
+                self.backward_pending = True
+
+    def backward_done(self) -> None:
+        """``torch.autograd.backward`` / ``grad`` returned (on the main thread)."""
+        with self.lock:
+            if self.open and self.backward_pending and self.depth == 0:
+                self._close()
+
+    # -- internals --------------------------------------------------------------------------
+    def _mark(self, entry: dict[str, Any]) -> None:
+        torch = sys.modules["torch"]
+        d = entry["device"]
+        with torch.cuda.device(d):
+            torch.cuda._sleep(0)  # on d's current stream
+            if d not in self.window.streams:
+                self.window.streams[d] = repr(torch.cuda.current_stream(d))
+        self.window.log.append(entry)
+        self.devices.add(d)
+        self.devices.add(int(torch.cuda.current_device()))
+
+    def _open(self) -> bool:
+        torch = sys.modules["torch"]
+        if torch._C._autograd._profiler_enabled():
+            return False  # someone else profiles (a test's own profiler): leave it alone
+        from torch._C._profiler import (
+            ProfilerActivity,
+            ProfilerConfig,
+            ProfilerState,
+            _ExperimentalConfig,
+        )
+        from torch.autograd.profiler import _enable_profiler, _prepare_profiler
+
+        config = ProfilerConfig(ProfilerState.KINETO, False, False, False, False, False,
+                                _ExperimentalConfig())
+        try:
+            _prepare_profiler(config, {ProfilerActivity.CUDA})
+            _enable_profiler(config, {ProfilerActivity.CUDA})
+        except Exception as err:
+            self.failed = err
+            return False
+        self.open = True
+        self.backward_pending = False
+        self.window = Window()
+        self.devices = set()
+        self.calls = 0
+        self.depth = 0
+        return True
+
+    def _close(self) -> None:
+        if not self.open:
+            return
+        self.open = False
+        torch = sys.modules["torch"]
+        from torch.autograd.profiler import _disable_profiler
+
+        try:
+            for d in sorted(self.devices):  # GPU activity is collected once it has run
+                torch.cuda.synchronize(d)
+        except Exception as err:  # a lost context: the case's own record says why
+            _disable_profiler()
+            self.failed = err
+            return
+        self.window.events = gpu_events(_disable_profiler())
+        self.windows.append(self.window)
+
+
+#: the worker's one trace, shared by the detectors that read it
+TRACE = LaunchTrace()
+_backward_watched = False
+
+
+def _watch_backward() -> None:
+    """Wrap ``torch.autograd.backward`` and ``grad`` (once per process) so that a window kept
+    open for an op's backward closes when the backward pass returns."""
+    global _backward_watched
+    if _backward_watched:
+        return
+    import functools
+
+    import torch.autograd
+
+    for name in ("backward", "grad"):
+        original = getattr(torch.autograd, name)
+
+        @functools.wraps(original)
+        def wrapped(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                if TRACE.open and threading.current_thread() is threading.main_thread():
+                    TRACE.backward_done()
+
+        setattr(torch.autograd, name, wrapped)
+    _backward_watched = True

@@ -1,0 +1,214 @@
+"""numerics: an extension op whose result is not a function of its inputs — it differs between
+runs of the same input (non-determinism) or between devices (cross-device disagreement).
+
+Worker side, around each extension-op call (:mod:`gpucheck.detectors.op_watch`): a
+fingerprint of the inputs' bits (tensors of any device hash alike, with dtypes and shapes,
+and the other arguments) and of the outputs' bits. Two calls of the same op with the same
+input fingerprint and different output fingerprints in one case are a finding: on one device
+``non-deterministic``, on two ``cross-device``. Every case record keeps its fingerprints
+(``fingerprints``: ``op|inputs|outputs|device``), and the parent compares them across the
+records of the whole run (:func:`disagreements`), so a case that runs the same input on every
+device is compared across its per-device records too.
+
+Ops tagged ``torch.Tag.nondeterministic_bitwise`` (float atomics, by design) and
+``nondeterministic_seeded`` (random) are not judged. Fingerprints are taken for the first
+:data:`CAP` calls per (op, argument signature) of a case and, for tensors of more than
+:data:`SAMPLE` elements, over an evenly strided sample of them (the first element included).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import zlib
+from collections.abc import Iterable
+from typing import Any
+
+from gpucheck.detectors import op_watch
+from gpucheck.detectors.base import BaseDetector, CaseInfo
+from gpucheck.report.results import Finding
+
+CAP = 16
+SAMPLE = 1 << 20
+MAX_KEPT = 64  # fingerprints a case record keeps
+HINT = ("make the result a function of the input alone: no float atomics whose order varies "
+        "(accumulate per block and reduce in a fixed order), no uninitialized memory, no "
+        "races; if the op is non-deterministic by design, tag it "
+        "`torch.Tag.nondeterministic_bitwise` in its schema")
+_INT = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+
+
+def _bits(t: Any) -> tuple[Any, ...]:
+    """Device-side sums of a tensor's bits (plain and position-weighted), one sample."""
+    torch = sys.modules["torch"]
+    flat = t.detach().reshape(-1)
+    n = flat.numel()
+    if n > SAMPLE:
+        flat = flat[:: -(-n // SAMPLE)]
+    if flat.dtype.is_complex:
+        flat = torch.view_as_real(flat).reshape(-1)
+    if flat.dtype == torch.bool:
+        flat = flat.to(torch.uint8)
+    ints = flat.contiguous().view(getattr(torch, _INT[flat.element_size()])).to(torch.int64)
+    weights = torch.arange(1, ints.numel() + 1, device=ints.device, dtype=torch.int64) % 8191 + 1
+    return ints.sum(), (ints * weights).sum()
+
+
+def fingerprint(obj: Any) -> str | None:
+    """A hex digest of the tensors and other values in ``obj``; None when a tensor has no
+    memory behind it (fake, meta)."""
+    torch = sys.modules["torch"]
+    from torch.utils._pytree import tree_leaves
+
+    parts: list[Any] = []
+    sums: dict[Any, list[Any]] = {}  # device -> sums, read back with one copy per device
+    for leaf in tree_leaves(obj):
+        if isinstance(leaf, torch.Tensor):
+            if not _real(leaf):
+                return None
+            parts.append((str(leaf.dtype), tuple(leaf.shape)))
+            if leaf.numel():
+                sums.setdefault(leaf.device, []).extend(_bits(leaf))
+        else:
+            parts.append(repr(leaf))
+    values = [torch.stack(v).tolist() for _, v in sorted(sums.items(), key=lambda kv: str(kv[0]))]
+    return f"{zlib.crc32(repr((parts, values)).encode()):08x}"
+
+
+def _real(t: Any) -> bool:
+    torch = sys.modules["torch"]
+    return t.device.type in ("cuda", "cpu") and type(t) in (torch.Tensor, torch.nn.Parameter)
+
+
+def _judged(op: str) -> bool:
+    """False for ops tagged non-deterministic by design."""
+    torch = sys.modules["torch"]
+    ns, _, name = op.partition("::")
+    try:
+        packet = getattr(getattr(torch.ops, ns), name)
+        tags = {t for o in packet.overloads() for t in getattr(packet, o).tags}
+    except Exception:
+        return True
+    return not tags & {torch.Tag.nondeterministic_bitwise, torch.Tag.nondeterministic_seeded}
+
+
+def parse(entry: str) -> tuple[str, str, str, str]:
+    """(op, inputs, outputs, device) of a kept fingerprint ``op|inputs|outputs|device``."""
+    op, inputs, outputs, device = entry.rsplit("|", 3)
+    return op, inputs, outputs, device
+
+
+def conflicts(entries: Iterable[tuple[str, str, str, str]]
+              ) -> list[tuple[str, str, list[tuple[str, str]]]]:
+    """(op, inputs, [(device, outputs) ...]) for every (op, inputs) seen with more than one
+    output fingerprint."""
+    seen: dict[tuple[str, str], dict[tuple[str, str], None]] = {}
+    for op, inputs, outputs, device in entries:
+        seen.setdefault((op, inputs), {})[(device, outputs)] = None
+    return [(op, inputs, list(outs)) for (op, inputs), outs in seen.items()
+            if len({o for _, o in outs}) > 1]
+
+
+def _finding(op: str, inputs: str, outs: list[tuple[str, str]], where: dict[str, Any]
+             ) -> Finding:
+    devices = sorted({d for d, _ in outs})
+    per_device = {d: {o for dd, o in outs if dd == d} for d in devices}
+    nondet = any(len(v) > 1 for v in per_device.values())
+    what = ("non-deterministic: the same input gave different results"
+            if nondet else f"cross-device disagreement: the same input gave different results "
+                           f"on {' and '.join(devices)}")
+    return Finding(
+        kind="numerics", severity="error", message=f"{op}: {what}", op=op,
+        evidence=(f"input fingerprint {inputs}; output fingerprints: "
+                  + "; ".join(f"{d}: {', '.join(sorted(v))}" for d, v in per_device.items())
+                  + " (bitwise hashes of every output element, sampled above "
+                    f"{SAMPLE} elements)"),
+        hint=HINT, **where)
+
+
+class Numerics(BaseDetector):
+    """Fingerprints extension-op calls; judges a case's calls, and keeps them for the run."""
+
+    name = "numerics"
+
+    def __init__(self, cap: int = CAP) -> None:
+        self.cap = cap
+        self.watching = False
+        self.counts: dict[tuple[Any, ...], int] = {}
+        self.entries: list[tuple[str, str, str, str]] = []
+        self.lock = threading.Lock()
+        self.judged: dict[str, bool] = {}
+
+    def before(self, call: op_watch.Call) -> None:
+        found = op_watch.tensors((call.args, call.kwargs))
+        if not found or not all(_real(t) for t in found) or op_watch.capturing():
+            return  # fake / meta tensors (opcheck, torch.compile) have no bits to hash
+        key = (call.op, *((str(t.dtype), tuple(t.shape), str(t.device)) for t in found))
+        with self.lock:
+            if self.counts.get(key, 0) >= self.cap:
+                return
+            self.counts[key] = self.counts.get(key, 0) + 1
+        if call.op not in self.judged:
+            self.judged[call.op] = _judged(call.op)
+        if not self.judged[call.op]:
+            return
+        inputs = fingerprint((call.args, call.kwargs))
+        if inputs is not None:
+            call.notes["numerics"] = (inputs, str(found[0].device))
+
+    def after(self, call: op_watch.Call, out: Any) -> None:
+        noted = call.notes.get("numerics")
+        if noted is None or call.error is not None:
+            return
+        outputs = fingerprint(out)
+        if outputs is not None:
+            with self.lock:
+                self.entries.append((call.op, noted[0], outputs, noted[1]))
+
+    def case_started(self, case: CaseInfo) -> None:
+        self.counts, self.entries = {}, []
+        self.watching = op_watch.add(self)
+
+    def case_finished(self, case: CaseInfo) -> list[Finding]:
+        if not self.watching:
+            return []
+        self.watching = False
+        err = op_watch.remove(self)
+        if err is not None:
+            raise err
+        where = {"device": case.device, "suite": case.suite, "case": case.case}
+        return [_finding(op, inputs, outs, where)
+                for op, inputs, outs in conflicts(self.entries)]
+
+    def run_finished(self, records: list[dict[str, Any]]) -> list[Finding]:
+        return disagreements(records)
+
+    def case_data(self) -> dict[str, Any]:
+        """What the case record keeps: its distinct fingerprints (``fingerprints``)."""
+        kept = list(dict.fromkeys("|".join(e) for e in self.entries))[:MAX_KEPT]
+        return {"fingerprints": kept} if kept else {}
+
+
+def disagreements(records: Iterable[dict[str, Any]]) -> list[Finding]:
+    """Parent side: the same op and input with different outputs in different case records
+    (another device, or another run of the case). Conflicts inside one record were already
+    reported by the worker."""
+    by_key: dict[tuple[str, str], list[tuple[str, str, dict[str, Any]]]] = {}
+    for r in records:
+        for entry in r.get("fingerprints") or []:
+            op, inputs, outputs, device = parse(entry)
+            by_key.setdefault((op, inputs), []).append((device, outputs, r))
+    found = []
+    for (op, inputs), seen in by_key.items():
+        if len({o for _, o, _ in seen}) < 2 or len({id(r) for _, _, r in seen}) < 2:
+            continue
+        if any(len({o for _, o, rr in seen if rr is r}) > 1 for _, _, r in seen):
+            continue  # already a finding of that case
+        first = seen[0][2]
+        cases = sorted({f"{r.get('device')} {r.get('case')}" for _, _, r in seen})
+        f = _finding(op, inputs, [(d, o) for d, o, _ in seen],
+                     {"device": first.get("device"), "suite": first.get("suite"),
+                      "case": first.get("case")})
+        f.evidence = f"{f.evidence}\ncases: {'; '.join(cases)}"
+        found.append(f)
+    return found

@@ -1,0 +1,176 @@
+"""Every call of an extension op, seen from Python at almost no cost to torch's own ops.
+
+Detectors that judge ops one call at a time (output device, device-state leak, launch
+stream and device, fingerprints of results) need to run code around each call of an
+extension op (``torch.ops.<namespace>.<op>`` of any namespace but torch's own). A
+``TorchDispatchMode`` would do that but makes *every* aten op take a detour through Python
+(gradcheck cases run tens of thousands of them: +13 % of suite time measured on an H200).
+Calls from Python go through ``OpOverloadPacket.__call__`` / ``OpOverload.__call__``
+instead, so the watch wraps those two methods once per process: an aten call pays one
+attribute read and a tuple lookup, an extension call runs the listeners.
+
+What the watch does not see: ops called from C++ (an autograd formula registered in C++
+calling the backward op) and plain pybind11 functions, which never reach the dispatcher. The
+case-level checks (``device_state``, the differential re-run, the sanitizer) cover those.
+
+Listeners are objects with ``before(call)`` and ``after(call, out)``; ``after`` also runs
+(with ``out=None`` and ``call.error`` set) when the op raises. A listener must never raise:
+its exceptions are kept in :data:`errors` and reported by the detector that owns it.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+#: namespaces of torch itself: never watched
+TORCH_NAMESPACES = ("aten", "prim", "prims", "_c10d_functional", "c10d", "profiler",
+                    "quantized", "rngprims", "higher_order", "inductor", "_test", "debugprims")
+
+
+@dataclass
+class Call:
+    """One call of an extension op."""
+
+    op: str  # "namespace::name" (overload left out)
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    thread: int
+    error: BaseException | None = None
+    notes: dict[str, Any] = field(default_factory=dict)  # listeners' per-call state
+
+
+class Listener(Protocol):
+    def before(self, call: Call) -> None: ...
+
+    def after(self, call: Call, out: Any) -> None: ...
+
+
+_listeners: list[Listener] = []
+_lock = threading.Lock()
+_installed = False
+#: exceptions raised by listeners (a listener must never fail the op), by listener
+errors: dict[int, BaseException] = {}
+
+
+def _op_name(obj: Any) -> tuple[str, str]:
+    """(namespace, "namespace::name") of an OpOverloadPacket or OpOverload."""
+    packet = getattr(obj, "overloadpacket", obj)
+    qual = str(getattr(packet, "_qualified_op_name", "") or "")
+    ns, _, name = qual.partition("::")
+    return ns, qual if name else str(obj)
+
+
+def _run(obj: Any, original: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    ns, name = _op_name(obj)
+    listeners = _listeners
+    if not listeners or ns in TORCH_NAMESPACES:
+        return original(obj, *args, **kwargs)
+    call = Call(name, args, kwargs, threading.get_ident())
+    active = list(listeners)
+    for li in active:
+        try:
+            li.before(call)
+        except Exception as err:
+            errors.setdefault(id(li), err)
+    try:
+        out = original(obj, *args, **kwargs)
+    except BaseException as err:
+        call.error = err
+        for li in reversed(active):
+            try:
+                li.after(call, None)
+            except Exception as lerr:
+                errors.setdefault(id(li), lerr)
+        raise
+    for li in reversed(active):
+        try:
+            li.after(call, out)
+        except Exception as err:
+            errors.setdefault(id(li), err)
+    return out
+
+
+def install() -> bool:
+    """Wrap the call methods of torch's op objects (once per process). False when torch is
+    not imported (nothing to watch yet)."""
+    global _installed
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    with _lock:
+        if _installed:
+            return True
+        from torch._ops import OpOverload, OpOverloadPacket
+
+        for cls in (OpOverloadPacket, OpOverload):
+            original = cls.__call__
+
+            def wrapped(self: Any, /, *args: Any, _original: Any = original,
+                        **kwargs: Any) -> Any:
+                return _run(self, _original, args, kwargs)
+
+            wrapped.__wrapped__ = original  # type: ignore[attr-defined]
+            cls.__call__ = wrapped  # type: ignore[method-assign]
+        _installed = True
+    return True
+
+
+def add(listener: Listener) -> bool:
+    """Start calling ``listener`` around extension ops; False when torch is not imported."""
+    if not install():
+        return False
+    global _listeners
+    with _lock:
+        if listener not in _listeners:
+            _listeners = [*_listeners, listener]  # copy on write: calls iterate a snapshot
+    return True
+
+
+def remove(listener: Listener) -> BaseException | None:
+    """Stop calling ``listener``; returns the first exception it raised, if any."""
+    global _listeners
+    with _lock:
+        _listeners = [li for li in _listeners if li is not listener]
+    return errors.pop(id(listener), None)
+
+
+def tensors(obj: Any) -> list[Any]:
+    """The tensors in (nested) args, kwargs or outputs."""
+    torch = sys.modules["torch"]
+    from torch.utils._pytree import tree_leaves
+
+    return [t for t in tree_leaves(obj) if isinstance(t, torch.Tensor)]
+
+
+def real_cuda(t: Any) -> bool:
+    """A plain CUDA tensor with memory behind it (not fake, meta or a tensor subclass that
+    traces, as under ``opcheck`` or ``torch.compile``)."""
+    torch = sys.modules["torch"]
+    return t.device.type == "cuda" and type(t) in (torch.Tensor, torch.nn.Parameter)
+
+
+def input_device(call: Call) -> Any:
+    """The device of the call's first real CUDA tensor argument (None: none, or a tensor of
+    the call is fake/meta, e.g. under ``opcheck``)."""
+    found = None
+    for t in tensors((call.args, call.kwargs)):
+        if t.device.type == "cuda" and not real_cuda(t):
+            return None
+        if found is None and t.device.type == "cuda":
+            found = t.device
+    return found
+
+
+def capturing() -> bool:
+    """True while the current stream is being captured into a CUDA graph (no extra launches
+    or synchronizations then)."""
+    torch = sys.modules["torch"]
+    if not torch.cuda.is_initialized():
+        return False
+    try:
+        return bool(torch.cuda.is_current_stream_capturing())
+    except Exception:
+        return True
