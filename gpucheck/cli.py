@@ -136,7 +136,8 @@ def run(all_devices: bool, device_indices: tuple[int, ...], suites: tuple[str, .
 @cli.command()
 @click.option("--all-devices", is_flag=True, help="Target every visible CUDA device (default).")
 @click.option("--sanitizer", "with_sanitizer", is_flag=True,
-              help="Also run the compute-sanitizer memcheck pass (the out-of-bounds defect).")
+              help="Also run the compute-sanitizer passes: memcheck, racecheck, initcheck "
+                   "(each runs only the cases marked for its tool).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Output folder (default: a new reports/<timestamp>/).")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=600.0,
@@ -152,7 +153,7 @@ def selftest(all_devices: bool, with_sanitizer: bool, out: Path | None, timeout:
     from gpucheck.runner.pipeline import RunConfig, prepare_out
     from gpucheck.runner.pipeline import run as run_pipeline
 
-    modes = ("blocking", "nvml", *(("sanitizer:memcheck",) if with_sanitizer else ()))
+    modes = ("blocking", "nvml", *(st.SANITIZER_MODES if with_sanitizer else ()))
     run_dir = prepare_out(out)
     cfg = RunConfig(all_devices=all_devices, suites=("selftest",), modes=modes, out=run_dir,
                     timeout=timeout, quiet=True)
