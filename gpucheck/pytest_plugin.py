@@ -92,7 +92,8 @@ def _deselect_other_tools(config: pytest.Config, items: list[pytest.Item]) -> No
     """In a sanitizer pass (``--gpucheck-sanitizer-tool``), cases marked for other tools only
     are deselected (not skipped: they are not this pass's cases)."""
     tool = config.getoption("--gpucheck-sanitizer-tool", None)
-    keep, drop = [], []
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
     for item in items:
         tools = sanitizer_tools(item)  # validated in every worker, sanitizer pass or not
         (drop if tool and tools is not None and tool not in tools else keep).append(item)

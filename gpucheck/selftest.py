@@ -154,6 +154,40 @@ def matrix(records: Iterable[dict[str, Any]], devices: int
     return rows, false
 
 
+def prebuild(logs: Path, names: Iterable[str] | None = None) -> list[str] | None:
+    """JIT-build the defect builds (``gpucheck._csrc.DEFECTS``), all at once, one process each:
+    torch caches each on disk by name, so the selftest's workers then load them instead of
+    building them one after another inside their cases (a cached build only loads). Each
+    build's output goes to ``logs/<name>.log``. Returns the names whose build failed (their
+    cases error with the compiler's message), or None when this machine cannot build them
+    (no CUDA build of torch, or no nvcc): the cases then skip or fail on their own."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    from gpucheck import _csrc
+
+    names = list(_csrc.DEFECTS if names is None else names)
+    if not names or importlib.util.find_spec("torch") is None or _csrc._cuda_home() is None:
+        return None
+    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.version.cuda)"],
+                           capture_output=True, text=True, timeout=300)
+    if probe.returncode != 0 or probe.stdout.strip() in ("", "None"):
+        return None
+    logs.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env.setdefault("MAX_JOBS", str(max(1, (os.cpu_count() or 1) // len(names))))
+    procs = {}
+    for name in names:
+        with open(logs / f"{name}.log", "wb") as log:
+            procs[name] = subprocess.Popen(
+                [sys.executable, "-c", "import sys; from gpucheck._csrc import build_defect; "
+                 "build_defect(sys.argv[1], verbose=True)", name],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    return [name for name, proc in procs.items() if proc.wait() != 0]
+
+
 def read_run(run_dir: Path) -> tuple[list[dict[str, Any]], int]:
     """Every case and diagnosis record of the run in ``run_dir`` and how many GPUs it
     targeted."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck import cli
+from gpucheck import cli, selftest
 from gpucheck.selftest import DEFECTS, matrix, pass_of, read_run, verdict
 
 RUN = Path(__file__).parent / "fixtures" / "run_h200_selftest"
@@ -98,12 +98,15 @@ def test_selftest_command_prints_the_matrix_of_its_run(tmp_path, monkeypatch, ca
         return 1
 
     monkeypatch.setattr(pipeline, "run", fake_run)
+    built = []
+    monkeypatch.setattr(selftest, "prebuild", lambda logs: built.append(logs) or None)
     code = cli.main(["selftest", "--sanitizer", "--out", str(tmp_path / "st")])
     out = capsys.readouterr().out
     assert code == 2
     assert ran[0].suites == ("selftest",)
     assert ran[0].modes == ("blocking", "nvml", "sanitizer:memcheck", "sanitizer:racecheck",
                             "sanitizer:initcheck")
+    assert len(built) == 1  # the defect builds are made before the harness starts
     assert "defect x detector" in out and "needs 2 GPUs" in out
     assert (f"detected 2 of 2 defects that ran ({len(DEFECTS) - 2} not run); false positives "
             "on clean cases: 0") in out
@@ -235,3 +238,13 @@ def test_a_sanitizer_finding_on_a_clean_twin_is_a_false_positive():
     assert [(f["case"], f["mode"]) for f in false] == [
         ("test_defect_knn.py::test_clean_knn[cuda0]", "sanitizer:initcheck")]
     assert verdict(rows, false) == 1
+
+
+def test_prebuild_needs_a_cuda_build_of_torch(tmp_path, monkeypatch):
+    """On a machine whose torch has no CUDA (CI), nothing is built and nothing fails."""
+    torch = pytest.importorskip("torch")
+    if torch.version.cuda is not None:
+        pytest.skip("this torch is a CUDA build")
+    assert selftest.prebuild(tmp_path / "logs") is None
+    assert not (tmp_path / "logs").exists()
+    assert selftest.prebuild(tmp_path / "logs", names=[]) is None
