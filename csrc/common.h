@@ -13,6 +13,13 @@
 // docs/failures.md) so that the harness can prove it finds the defect; never define it in a release build.
 #ifdef GPUCHECK_DEFECT_NO_GUARD
 #define GPUCHECK_DEVICE_GUARD(tensor) ((void)(tensor))
+#elif defined(GPUCHECK_DEFECT_SET_DEVICE)
+// Defect (selftest): the published "fix" of the wrong-device crash, a bare cudaSetDevice. Every
+// launch lands on the right device and every test passes, but the caller's current device is
+// never restored (device-state-leak).
+#include <c10/cuda/CUDAException.h>
+#include <cuda_runtime_api.h>
+#define GPUCHECK_DEVICE_GUARD(tensor) C10_CUDA_CHECK(cudaSetDevice((tensor).get_device()))
 #else
 #define GPUCHECK_DEVICE_GUARD(tensor) \
   const at::cuda::OptionalCUDAGuard gpucheck_device_guard_(at::device_of(tensor))

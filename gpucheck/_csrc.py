@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
@@ -52,40 +54,103 @@ def sources() -> list[Path]:
     return files
 
 
-#: Deliberate defects compiled from the same sources (csrc/README.md): macro -> kernel folder.
-DEFECTS = {"GPUCHECK_DEFECT_LEGACY_STREAM": "ssim"}
+@dataclass(frozen=True)
+class DefectBuild:
+    """A deliberate defect: the macro that plants it and the kernel folder built with it."""
+
+    macro: str
+    kernel: str
 
 
-def defect_library(macro: str) -> str:
-    """The op namespace of a defect build (``torch.ops.<it>.*``): the real extension keeps
-    ``gpucheck``, so both load in one process."""
-    return "gpucheck_" + macro.removeprefix("GPUCHECK_").lower()
+#: Deliberate defects compiled from the same sources (csrc/README.md), by name. One macro may
+#: plant its defect in several kernels (one build each). A build's ops register as
+#: ``torch.ops.gpucheck_defect_<name>.*`` (:func:`defect_library`).
+DEFECTS: dict[str, DefectBuild] = {
+    "legacy_stream": DefectBuild("GPUCHECK_DEFECT_LEGACY_STREAM", "ssim"),
+    "no_guard_ssim": DefectBuild("GPUCHECK_DEFECT_NO_GUARD", "ssim"),
+    "shared_oob": DefectBuild("GPUCHECK_DEFECT_SHARED_OOB", "ssim"),
+    "no_sync": DefectBuild("GPUCHECK_DEFECT_NO_SYNC", "ssim"),
+    "no_guard_knn": DefectBuild("GPUCHECK_DEFECT_NO_GUARD", "knn"),
+    "set_device": DefectBuild("GPUCHECK_DEFECT_SET_DEVICE", "knn"),
+    "output_current_device": DefectBuild("GPUCHECK_DEFECT_OUTPUT_CURRENT_DEVICE", "knn"),
+    "uninit_read": DefectBuild("GPUCHECK_DEFECT_UNINIT_READ", "knn"),
+    "nondeterminism": DefectBuild("GPUCHECK_DEFECT_NONDETERMINISM", "knn"),
+}
 
 
-def defect_flags(macro: str) -> list[str]:
-    """Compiler flags of the defect build of ``macro`` (C++ and nvcc alike)."""
-    return [f"-D{macro}", f"-DGPUCHECK_LIBRARY={defect_library(macro)}"]
+def defect_name(defect: str) -> str:
+    """The name in :data:`DEFECTS` of ``defect``: a name, or a macro that plants one defect
+    only (``GPUCHECK_DEFECT_LEGACY_STREAM`` -> ``legacy_stream``)."""
+    if defect in DEFECTS:
+        return defect
+    named = [n for n, d in DEFECTS.items() if d.macro == defect]
+    if len(named) == 1:
+        return named[0]
+    if named:
+        raise KeyError(f"{defect} builds against several kernels; name one of {named}")
+    raise KeyError(f"unknown defect {defect!r}; known: {sorted(DEFECTS)}")
 
 
-def build_defect(macro: str, verbose: bool = False) -> str:
-    """JIT-build (``torch.utils.cpp_extension.load``) and load the defect build of ``macro``:
+def defect_library(defect: str) -> str:
+    """The op namespace of a defect build (``torch.ops.<it>.*``), unique per build: the real
+    extension keeps ``gpucheck``, so every build loads next to it in one process."""
+    return "gpucheck_defect_" + defect_name(defect)
+
+
+def defect_flags(defect: str) -> list[str]:
+    """Compiler flags of the defect build of ``defect`` (C++ and nvcc alike)."""
+    return [f"-D{DEFECTS[defect_name(defect)].macro}",
+            f"-DGPUCHECK_LIBRARY={defect_library(defect)}"]
+
+
+def defect_sources(defect: str) -> list[Path]:
+    """Translation units of a defect build: csrc/*.cpp (the schemas) and its kernel folder."""
+    kernel = CSRC / DEFECTS[defect_name(defect)].kernel
+    return sorted(CSRC.glob("*.cpp")) + sorted(kernel.glob("*.cpp")) + sorted(kernel.glob("*.cu"))
+
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+
+
+def _mentions(path: Path, word: str, seen: set[Path] | None = None) -> bool:
+    """Whether ``path`` or a header it includes with quotes (found in csrc/ or next to it)
+    names ``word``."""
+    seen = set() if seen is None else seen
+    if path in seen or not path.is_file():
+        return False
+    seen.add(path)
+    text = path.read_text(errors="replace")
+    if word in text:
+        return True
+    return any(_mentions(base / inc, word, seen) for inc in _INCLUDE.findall(text)
+               for base in (CSRC, path.parent))
+
+
+def defect_units(defect: str) -> list[Path]:
+    """The sources of a defect build that its macro changes (what the compile check compiles
+    again under the macro); empty when no source names the macro."""
+    macro = DEFECTS[defect_name(defect)].macro
+    kernel = CSRC / DEFECTS[defect_name(defect)].kernel
+    return [f for f in defect_sources(defect) if f.parent == kernel and _mentions(f, macro)]
+
+
+def build_defect(defect: str, verbose: bool = False) -> str:
+    """JIT-build (``torch.utils.cpp_extension.load``, cached by name) and load the defect
+    build ``defect`` (a name of :data:`DEFECTS`, or a macro that plants one defect only):
     registration.cpp and its kernel folder, compiled with :func:`defect_flags`. Returns the
     op namespace (``torch.ops.<namespace>.<op>``). Needs a CUDA toolkit and a CUDA torch.
     """
     from torch.utils import cpp_extension
 
-    kernel = DEFECTS[macro]
-    files = sorted(CSRC.glob("*.cpp")) + sorted((CSRC / kernel).glob("*.cpp")) + sorted(
-        (CSRC / kernel).glob("*.cu"))
     os.environ.update(host_compiler_env())  # the same compiler rule as setup.py
-    name = defect_library(macro)
+    name = defect_library(defect)
+    flags = defect_flags(defect)
     # is_python_module=False: a plain library whose static initializers register the ops
     # (registration.cpp's PyInit__C is never called).
-    cpp_extension.load(name=name, sources=[str(f) for f in files],
-                       extra_include_paths=[str(CSRC)],
-                       extra_cflags=[*CXX_FLAGS, *defect_flags(macro)],
-                       extra_cuda_cflags=[*NVCC_FLAGS, *defect_flags(macro)],
-                       is_python_module=False, verbose=verbose)
+    cpp_extension.load(name=name, sources=[str(f) for f in defect_sources(defect)],
+                       extra_include_paths=[str(CSRC)], extra_cflags=[*CXX_FLAGS, *flags],
+                       extra_cuda_cflags=[*NVCC_FLAGS, *flags], is_python_module=False,
+                       verbose=verbose)
     return name
 
 
@@ -174,8 +239,29 @@ def _torch_compile_env(cuda_home: Path) -> tuple[list[str], list[str]]:
     return includes + common, list(cpp_extension.COMMON_NVCC_FLAGS)
 
 
-def compile_check(jobs: int = 2) -> int:
-    """Compile (not link) every source for sm_90 against torch's headers. Returns an exit code.
+def check_units(defects: str = "with") -> tuple[list[tuple[Path, list[str], str]], list[str]]:
+    """What the compile check compiles: (source, extra flags, label) of every source
+    (``defects="skip"``: those only), then of every source a defect's macro changes, compiled
+    again under that defect's flags (``"only"``: those only); and the defects whose macro no
+    source of their kernel names (their build would be the clean one)."""
+    units: list[tuple[Path, list[str], str]] = []
+    if defects != "only":
+        units += [(f, [], "") for f in sources() + check_only_sources()]
+    missing = []
+    if defects != "skip":
+        for name, build in DEFECTS.items():
+            touched = defect_units(name)
+            if not touched:
+                missing.append(f"{name}: no source of csrc/{build.kernel}/ (or a header it "
+                               f"includes) names {build.macro}")
+            units += [(f, defect_flags(name), f" [{name}]") for f in touched]
+    return units, missing
+
+
+def compile_check(jobs: int = 2, defects: str = "with") -> int:
+    """Compile (not link) every source for sm_90 against torch's headers, and again every
+    source a defect macro changes under that macro (see :func:`check_units`). Returns an exit
+    code.
 
     Works on machines without a GPU: the CPU wheel of torch ships the CUDA headers, and nvcc
     compiles .cu files without a device.
@@ -185,48 +271,57 @@ def compile_check(jobs: int = 2) -> int:
         print("compile check: nvcc not found (set CUDA_HOME or put nvcc on PATH)", file=sys.stderr)
         return 2
     nvcc = str(cuda_home / "bin" / "nvcc")
-    files = sources() + check_only_sources()
-    if not files:
+    units, missing = check_units(defects)
+    for m in missing:
+        print(f"MISSING  defect {m}")
+    if not units:
         print("compile check: csrc/ has no sources yet; nothing to compile")
-        return 0
+        return 1 if missing else 0
     includes, torch_nvcc = _torch_compile_env(cuda_home)
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
-        procs: list[tuple[Path, list[str], subprocess.Popen[bytes], float]] = []
-        pending = list(files)
+        procs: list[tuple[Path, str, list[str], subprocess.Popen[bytes], float]] = []
+        pending = list(enumerate(units))
         while pending or procs:
             while pending and len(procs) < jobs:
-                src = pending.pop(0)
-                obj = Path(tmp) / (src.stem + src.suffix.replace(".", "_") + ".o")
+                i, (src, flags, label) = pending.pop(0)
+                obj = Path(tmp) / f"{i}_{src.stem}{src.suffix.replace('.', '_')}.o"
                 if src.suffix == ".cu":
                     cmd = [nvcc, "-c", str(src), "-o", str(obj), *CHECK_ARCH, *NVCC_FLAGS,
-                           *torch_nvcc, *includes, "-Xcompiler", "-fPIC"]
+                           *torch_nvcc, *includes, *flags, "-Xcompiler", "-fPIC"]
                 else:
                     cmd = [nvcc, "-x", "c++", "-c", str(src), "-o", str(obj), *CXX_FLAGS,
-                           *includes, "-Xcompiler", "-fPIC"]
-                procs.append((src, cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE,
-                                                         stderr=subprocess.STDOUT),
+                           *includes, *flags, "-Xcompiler", "-fPIC"]
+                procs.append((src, label, cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                                                                stderr=subprocess.STDOUT),
                               time.monotonic()))
-            src, cmd, proc, start = procs.pop(0)
+            src, label, cmd, proc, start = procs.pop(0)
             out, _ = proc.communicate()
             rel = src.relative_to(CSRC.parent) if CSRC.parent in src.parents else src
             took = time.monotonic() - start
             if proc.returncode == 0:
-                print(f"compiled {rel} ({took:.1f} s)")
+                print(f"compiled {rel}{label} ({took:.1f} s)")
                 if out.strip():
                     print(out.decode(errors="replace"))
             else:
                 failures += 1
-                print(f"FAILED   {rel}\n  {' '.join(cmd)}\n{out.decode(errors='replace')}")
-    print(f"compile check: {len(files) - failures} of {len(files)} sources compiled for sm_90")
-    return 1 if failures else 0
+                print(f"FAILED   {rel}{label}\n  {' '.join(cmd)}\n"
+                      f"{out.decode(errors='replace')}")
+    variants = sum(bool(label) for _, _, label in units)
+    print(f"compile check: {len(units) - failures} of {len(units)} sources compiled for sm_90 "
+          f"({variants} of them defect variants)"
+          + (f"; {len(missing)} defect(s) missing from the sources" if missing else ""))
+    return 1 if failures or missing else 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Compile-only check of gpucheck's CUDA sources")
     parser.add_argument("--jobs", type=int, default=max(1, os.cpu_count() or 1))
+    parser.add_argument("--defects", choices=("with", "skip", "only"), default="with",
+                        help="the defect variants (csrc/README.md): compile them too (default), "
+                             "skip them, or compile only them")
     args = parser.parse_args(argv)
-    return compile_check(args.jobs)
+    return compile_check(args.jobs, args.defects)
 
 
 if __name__ == "__main__":

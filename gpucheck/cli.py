@@ -136,7 +136,8 @@ def run(all_devices: bool, device_indices: tuple[int, ...], suites: tuple[str, .
 @cli.command()
 @click.option("--all-devices", is_flag=True, help="Target every visible CUDA device (default).")
 @click.option("--sanitizer", "with_sanitizer", is_flag=True,
-              help="Also run the compute-sanitizer memcheck pass (the out-of-bounds defect).")
+              help="Also run the compute-sanitizer passes: memcheck, racecheck, initcheck "
+                   "(each runs only the cases marked for its tool).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Output folder (default: a new reports/<timestamp>/).")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=600.0,
@@ -148,15 +149,26 @@ def selftest(all_devices: bool, with_sanitizer: bool, out: Path | None, timeout:
     one is missed or a clean case has one, 2 when some defects could not run here (they need
     a second GPU, or --sanitizer).
     """
+    import shutil
+    import tempfile
+
     from gpucheck import selftest as st
     from gpucheck.runner.pipeline import RunConfig, prepare_out
     from gpucheck.runner.pipeline import run as run_pipeline
 
-    modes = ("blocking", "nvml", *(("sanitizer:memcheck",) if with_sanitizer else ()))
+    modes = ("blocking", "nvml", *(st.SANITIZER_MODES if with_sanitizer else ()))
     run_dir = prepare_out(out)
-    cfg = RunConfig(all_devices=all_devices, suites=("selftest",), modes=modes, out=run_dir,
-                    timeout=timeout, quiet=True)
-    run_pipeline(cfg)  # its exit code is 1 by design: the defects are findings
+    with tempfile.TemporaryDirectory(prefix="gpucheck-builds-") as tmp:
+        click.echo("gpucheck selftest: building the defect builds (cached after the first run)")
+        failed = st.prebuild(Path(tmp))
+        cfg = RunConfig(all_devices=all_devices, suites=("selftest",), modes=modes,
+                        out=run_dir, timeout=timeout, quiet=True)
+        run_pipeline(cfg)  # its exit code is 1 by design: the defects are findings
+        if failed is not None:
+            shutil.copytree(tmp, run_dir / "defect_builds")
+    if failed:
+        click.echo(f"gpucheck selftest: defect builds that failed: {', '.join(failed)} "
+                   f"(compiler output in {run_dir / 'defect_builds'})", err=True)
     rows, false = st.matrix(*st.read_run(run_dir))
     _print_matrix(rows, false)
     return st.verdict(rows, false)

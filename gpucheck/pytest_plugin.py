@@ -2,8 +2,8 @@
 
 Users' own suites get:
 
-* markers ``gpu``, ``multigpu``, ``sanitizer`` (small enough to run under compute-sanitizer)
-  and ``slow``;
+* markers ``gpu``, ``multigpu``, ``sanitizer`` (small enough to run under compute-sanitizer;
+  ``sanitizer(tools=("racecheck",))``: only in the passes of the tools named) and ``slow``;
 * ``gpu_device``: a ``torch.device`` for each target CUDA device (the test is parametrized
   over them). Before the test body runs, another visible device is made current *and
   initialized*, so an extension that forgets its device guard launches on the wrong device
@@ -26,7 +26,8 @@ import pytest
 MARKERS = {
     "gpu": "needs a CUDA device",
     "multigpu": "needs two or more CUDA devices",
-    "sanitizer": "small enough to run under compute-sanitizer (memcheck slows launches ~37x)",
+    "sanitizer": "small enough to run under compute-sanitizer (memcheck slows launches ~37x); "
+                 "sanitizer(tools=('racecheck', ...)): only in the passes of those tools",
     "slow": "takes long (soak tests, large sizes)",
 }
 DEVICES_ENV = "GPUCHECK_DEVICES"
@@ -70,9 +71,42 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(Recorder(config), "gpucheck-recorder")
 
 
+def sanitizer_tools(item: pytest.Item) -> tuple[str, ...] | None:
+    """The compute-sanitizer tools a case's ``sanitizer(tools=...)`` marker names (None: no
+    marker, or a bare one, which means every tool)."""
+    from gpucheck.sanitizer.command import TOOLS
+
+    marker = item.get_closest_marker("sanitizer")
+    if marker is None or "tools" not in marker.kwargs:
+        return None
+    tools = marker.kwargs["tools"]
+    tools = (tools,) if isinstance(tools, str) else tuple(tools)
+    unknown = sorted(set(tools) - set(TOOLS))
+    if unknown or not tools:
+        raise pytest.UsageError(f"gpucheck: {item.nodeid}: sanitizer(tools=...) names unknown "
+                                f"tool(s) {unknown or '(none)'}; known: {', '.join(TOOLS)}")
+    return tools
+
+
+def _deselect_other_tools(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In a sanitizer pass (``--gpucheck-sanitizer-tool``), cases marked for other tools only
+    are deselected (not skipped: they are not this pass's cases)."""
+    tool = config.getoption("--gpucheck-sanitizer-tool", None)
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
+    for item in items:
+        tools = sanitizer_tools(item)  # validated in every worker, sanitizer pass or not
+        (drop if tool and tools is not None and tool not in tools else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests of gpucheck's kernels on a GPU without the compiled extension: one usage error
-    with the fix, not one failure (or skip) per case."""
+    """Cases for other sanitizer tools leave a sanitizer pass. Tests of gpucheck's kernels on
+    a GPU without the compiled extension: one usage error with the fix, not one failure (or
+    skip) per case."""
+    _deselect_other_tools(config, items)
     if not any(item.get_closest_marker(KERNELS_MARKER) for item in items):
         return
     if not target_devices(config):

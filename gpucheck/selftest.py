@@ -1,11 +1,11 @@
 """``gpucheck selftest``: the harness over deliberately broken extensions, and a matrix of
 defect × detector that says whether each defect was found by the detector meant for it
-(right kind, device and op) and whether any clean case drew a finding.
+(right kind, severity, device and op) and whether any clean case drew a finding.
 
 The defects live in ``suites/selftest/``: a small pybind extension (no device guard, an
-out-of-bounds write, an abort) and gpucheck's own SSIM built with
-``-DGPUCHECK_DEFECT_LEGACY_STREAM`` (every launch on the legacy default stream). Rows that need
-more GPUs or a mode that was not run are reported as not run, never as found.
+out-of-bounds write, an abort) and gpucheck's own SSIM and KNN built with a
+``GPUCHECK_DEFECT_*`` macro each (``gpucheck._csrc.DEFECTS``). Rows that need more GPUs or a
+pass that was not run (``sanitizer:<tool>``) are reported as not run, never as found.
 """
 
 from __future__ import annotations
@@ -15,7 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpucheck.detectors.wrong_device import TARGET_SUFFIX
 from gpucheck.report import results
+
+#: severities in increasing order; a finding at or above a row's severity names its defect
+SEVERITIES = ("info", "warning", "error")
+SANITIZER = "sanitizer:"
 
 
 @dataclass(frozen=True)
@@ -25,32 +30,67 @@ class Defect:
     name: str
     case: str  # case id (relative to the selftest suite) without its device parameter
     kind: str  # the finding kind that must name it
-    mode: str  # "plain" (blocking/nvml passes) or "sanitizer"
+    mode: str  # "plain" (the blocking/nvml pass) or "sanitizer:<tool>" (that tool's passes)
     min_devices: int = 1
     op: str | None = None  # a substring the finding's op or kernel must contain
+    severity: str = "error"  # the severity its detector emits that kind with (or higher)
 
 
+_SSIM = "test_defect_ssim.py::"
+_KNN = "test_defect_knn.py::"
 DEFECTS = (
     Defect("no device guard (pybind extension)", "test_selftest.py::test_unguarded_launch",
            "wrong-device", "plain", min_devices=2),
     Defect("abort inside the extension", "test_selftest.py::test_abort", "crash", "plain"),
     Defect("out-of-bounds global write", "test_selftest.py::test_overrun", "sanitizer",
-           "sanitizer", op="add_one"),
+           "sanitizer:memcheck", op="add_one"),
     Defect("launch on the legacy default stream (SSIM)",
            "test_defect_stream.py::test_legacy_stream_ssim", "wrong-stream", "plain",
            op="ssim_forward"),
+    Defect("no device guard (SSIM)", _SSIM + "test_no_guard_ssim", "wrong-device", "plain",
+           min_devices=2, op="ssim_forward"),
+    Defect("out-of-range shared-memory write (SSIM forward)", _SSIM + "test_shared_oob_ssim",
+           "sanitizer", "sanitizer:memcheck", op="ssim"),
+    Defect("missing __syncthreads (SSIM backward)", _SSIM + "test_no_sync_ssim", "sanitizer",
+           "sanitizer:racecheck", op="ssim"),
+    Defect("no device guard (KNN)", _KNN + "test_no_guard_knn", "wrong-device", "plain",
+           min_devices=2, op="knn_mean_sq_dist"),
+    Defect("bare cudaSetDevice (KNN)", _KNN + "test_set_device_knn", "device-state-leak",
+           "plain", min_devices=2, op="knn_mean_sq_dist", severity="warning"),
+    Defect("output on the current device (KNN)", _KNN + "test_output_current_device_knn",
+           "wrong-device", "plain", min_devices=2, op="knn_mean_sq_dist"),
+    Defect("read of uninitialized memory (KNN)", _KNN + "test_uninit_read_knn", "sanitizer",
+           "sanitizer:initcheck", op="query"),
+    Defect("result differs between runs (KNN)", _KNN + "test_nondeterminism_knn", "numerics",
+           "plain", op="knn_mean_sq_dist"),
 )
+#: the sanitizer passes of ``gpucheck selftest --sanitizer``: every tool a row needs
+SANITIZER_MODES = tuple(dict.fromkeys(d.mode for d in DEFECTS if d.mode.startswith(SANITIZER)))
 #: cases of correct code: any finding of severity error or warning on them is a false positive
 CLEAN = ("test_selftest.py::test_good_guarded", "test_selftest.py::test_good_after_the_defects",
-         "test_defect_stream.py::test_clean_ssim")
+         "test_defect_stream.py::test_clean_ssim", _SSIM + "test_clean_ssim",
+         _KNN + "test_clean_knn")
 
 
 def _base(case: str) -> str:
     return case.split("[", 1)[0]
 
 
-def _mode_kind(mode: str) -> str:
-    return "sanitizer" if mode.startswith("sanitizer") else "plain"
+def pass_of(mode: str) -> str | None:
+    """The row mode a record's mode belongs to: ``blocking+nvml`` -> ``plain``;
+    ``sanitizer:racecheck`` and ``sanitizer:racecheck|target-current`` ->
+    ``sanitizer:racecheck`` (a bare ``sanitizer`` is memcheck); None for the re-runs of the
+    wrong-device check (``|rerun:target-current``), which are evidence, not passes."""
+    base, _, variant = mode.partition("|")
+    if variant and "|" + variant != TARGET_SUFFIX:
+        return None
+    if base == "sanitizer":
+        return SANITIZER + "memcheck"
+    return base if base.startswith(SANITIZER) else "plain"
+
+
+def _rank(severity: Any) -> int:
+    return SEVERITIES.index(severity) if severity in SEVERITIES else -1
 
 
 @dataclass
@@ -60,41 +100,92 @@ class Row:
     detail: str
 
 
+def _names(d: Defect, r: dict[str, Any], f: dict[str, Any]) -> bool:
+    """Whether finding ``f`` of record ``r`` is the one meant for defect ``d``."""
+    return (f.get("kind") == d.kind and _rank(f.get("severity")) >= _rank(d.severity)
+            and f.get("device") in (None, r.get("device"))
+            and (d.op is None or d.op in f"{f.get('op') or ''} {f.get('kernel') or ''}"))
+
+
+def _row(d: Defect, recs: list[dict[str, Any]], devices: int, passes: set[str]) -> Row:
+    if devices < d.min_devices:
+        return Row(d, "not run", f"needs {d.min_devices} GPUs")
+    if d.mode not in passes:
+        return Row(d, "not run", f"no {d.mode} pass in this run" + (
+            " (gpucheck selftest --sanitizer)" if d.mode.startswith(SANITIZER) else ""))
+    mine = [r for r in recs if _base(str(r.get("case"))) == d.case
+            and pass_of(str(r.get("mode"))) == d.mode]
+    ran = sorted({(str(r["device"]), str(r.get("mode"))) for r in mine
+                  if r.get("record", "case") == "case" and r.get("status") != "skipped"})
+    if not ran:
+        return Row(d, "not run", "its case did not run in this mode")
+    hits = [(r, f) for r in mine for f in r.get("findings", []) if _names(d, r, f)]
+    hit = {(str(r["device"]), str(r.get("mode"))) for r, _ in hits}
+    devices_hit = sorted({dev for dev, _ in hit})
+    if all(key in hit for key in ran):
+        f = hits[0][1]
+        what = f.get("op") or f.get("kernel") or ""
+        return Row(d, "found", f"{d.kind} on {', '.join(devices_hit)}"
+                               f"{' · ' + what if what else ''}")
+    missed = [f"{dev} ({mode})" for dev, mode in ran if (dev, mode) not in hit]
+    seen = sorted({f"{f.get('kind')}/{f.get('severity')}" + (
+        f" op={f.get('op') or f.get('kernel')}" if f.get("kind") == d.kind else "")
+        for r in mine for f in r.get("findings", [])})
+    return Row(d, "missed", f"not found on {', '.join(missed)}; findings seen: "
+                            f"{', '.join(seen) or 'none'}")
+
+
 def matrix(records: Iterable[dict[str, Any]], devices: int
            ) -> tuple[list[Row], list[dict[str, Any]]]:
     """The matrix rows and the false positives, from the case and diagnosis records of a
-    selftest run (``devices``: how many GPUs the run had)."""
+    selftest run (``devices``: how many GPUs the run had).
+
+    A row is found when, on every (device, pass) where its case ran — for a sanitizer tool
+    both ``sanitizer:<tool>`` and ``sanitizer:<tool>|target-current`` —, a record of the case
+    carries a finding of the row's kind, at least its severity, on that device, whose op or
+    kernel contains the row's ``op``."""
     recs = [r for r in records if r.get("record", "case") in ("case", "diagnosis")]
-    rows = []
-    for d in DEFECTS:
-        mine = [r for r in recs if _base(str(r.get("case"))) == d.case
-                and _mode_kind(str(r.get("mode"))) == d.mode and "|" not in str(r.get("mode"))]
-        ran = [r for r in mine if r.get("record", "case") == "case" and r["status"] != "skipped"]
-        if devices < d.min_devices or not ran:
-            why = (f"needs {d.min_devices} GPUs" if devices < d.min_devices
-                   else "its case did not run in this mode")
-            rows.append(Row(d, "not run", why))
-            continue
-        hits = [(r, f) for r in mine for f in r.get("findings", [])
-                if f.get("kind") == d.kind and f.get("severity") == "error"
-                and f.get("device") in (None, r.get("device"))
-                and (d.op is None or d.op in f"{f.get('op') or ''} {f.get('kernel') or ''}")]
-        devices_ran = sorted({str(r["device"]) for r in ran})
-        devices_hit = sorted({str(r["device"]) for r, _ in hits})
-        if hits and devices_hit == devices_ran:
-            f = hits[0][1]
-            what = f.get("op") or f.get("kernel") or ""
-            rows.append(Row(d, "found", f"{d.kind} on {', '.join(devices_hit)}"
-                                        f"{' · ' + what if what else ''}"))
-        else:
-            seen = sorted({f.get("kind") for r in mine for f in r.get("findings", [])})
-            rows.append(Row(d, "missed", f"found on {devices_hit or 'no device'} of "
-                                         f"{devices_ran}; kinds seen: {seen or 'none'}"))
+    passes = {m for r in recs if (m := pass_of(str(r.get("mode")))) is not None}
+    rows = [_row(d, recs, devices, passes) for d in DEFECTS]
     false = [{"device": r.get("device"), "case": r.get("case"), "mode": r.get("mode"),
               "kind": f.get("kind"), "message": f.get("message")}
              for r in recs if _base(str(r.get("case"))) in CLEAN
              for f in r.get("findings", []) if f.get("severity") in ("error", "warning")]
     return rows, false
+
+
+def prebuild(logs: Path, names: Iterable[str] | None = None) -> list[str] | None:
+    """JIT-build the defect builds (``gpucheck._csrc.DEFECTS``), all at once, one process each:
+    torch caches each on disk by name, so the selftest's workers then load them instead of
+    building them one after another inside their cases (a cached build only loads). Each
+    build's output goes to ``logs/<name>.log``. Returns the names whose build failed (their
+    cases error with the compiler's message), or None when this machine cannot build them
+    (no CUDA build of torch, or no nvcc): the cases then skip or fail on their own."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    from gpucheck import _csrc
+
+    names = list(_csrc.DEFECTS if names is None else names)
+    if not names or importlib.util.find_spec("torch") is None or _csrc._cuda_home() is None:
+        return None
+    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.version.cuda)"],
+                           capture_output=True, text=True, timeout=300)
+    if probe.returncode != 0 or probe.stdout.strip() in ("", "None"):
+        return None
+    logs.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env.setdefault("MAX_JOBS", str(max(1, (os.cpu_count() or 1) // len(names))))
+    procs = {}
+    for name in names:
+        with open(logs / f"{name}.log", "wb") as log:
+            procs[name] = subprocess.Popen(
+                [sys.executable, "-c", "import sys; from gpucheck._csrc import build_defect; "
+                 "build_defect(sys.argv[1], verbose=True)", name],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    return [name for name, proc in procs.items() if proc.wait() != 0]
 
 
 def read_run(run_dir: Path) -> tuple[list[dict[str, Any]], int]:

@@ -37,3 +37,52 @@ def test_static_libstdcxx_compiler_is_detected(tmp_path):
     assert _csrc.links_libstdcxx_dynamically("g++") is True
     assert _csrc.links_libstdcxx_dynamically(str(static)) is False
     assert _csrc.links_libstdcxx_dynamically(str(tmp_path / "missing")) is None
+
+
+def test_every_defect_build_has_its_own_op_namespace():
+    libs = [_csrc.defect_library(name) for name in _csrc.DEFECTS]
+    assert len(set(libs)) == len(libs)
+    assert all(lib.startswith("gpucheck_defect_") for lib in libs)
+    assert _csrc.defect_library("no_guard_knn") == "gpucheck_defect_no_guard_knn"
+    # one macro, two kernels: two builds
+    guard = {n: d.kernel for n, d in _csrc.DEFECTS.items()
+             if d.macro == "GPUCHECK_DEFECT_NO_GUARD"}
+    assert guard == {"no_guard_ssim": "ssim", "no_guard_knn": "knn"}
+
+
+def test_a_defect_is_named_by_its_name_or_by_a_macro_of_one_build():
+    # what suites/selftest/test_defect_stream.py and the recorded profiler traces use
+    assert _csrc.defect_library("GPUCHECK_DEFECT_LEGACY_STREAM") == (
+        "gpucheck_defect_legacy_stream")
+    assert _csrc.defect_flags("legacy_stream") == [
+        "-DGPUCHECK_DEFECT_LEGACY_STREAM", "-DGPUCHECK_LIBRARY=gpucheck_defect_legacy_stream"]
+    with pytest.raises(KeyError, match="several kernels"):
+        _csrc.defect_name("GPUCHECK_DEFECT_NO_GUARD")
+    with pytest.raises(KeyError, match="unknown defect"):
+        _csrc.defect_name("GPUCHECK_DEFECT_NOTHING")
+
+
+def test_a_defect_build_takes_the_schemas_and_its_kernel_folder():
+    files = _csrc.defect_sources("uninit_read")
+    assert _csrc.CSRC / "registration.cpp" in files
+    assert {f.parent.name for f in files} == {"csrc", "knn"}
+
+
+@pytest.mark.parametrize(("name", "changed"), [
+    ("no_guard_knn", ["knn/knn.cpp"]),           # through common.h
+    ("set_device", ["knn/knn.cpp"]),             # through common.h
+    ("output_current_device", ["knn/knn.cpp"]),
+    ("nondeterminism", ["knn/knn.cpp"]),
+    ("uninit_read", ["knn/knn_cuda.cu"]),
+    ("no_guard_ssim", ["ssim/ssim.cpp"]),
+    ("legacy_stream", ["ssim/ssim.cpp"]),
+])
+def test_the_compile_check_compiles_again_what_a_defect_macro_changes(name, changed):
+    assert [f.relative_to(_csrc.CSRC).as_posix() for f in _csrc.defect_units(name)] == changed
+    units, _ = _csrc.check_units("only")
+    mine = [(f.relative_to(_csrc.CSRC).as_posix(), flags) for f, flags, label in units
+            if label == f" [{name}]"]
+    assert mine == [(c, _csrc.defect_flags(name)) for c in changed]
+    every, _ = _csrc.check_units("skip")
+    assert all(not flags for _, flags, _ in every) and len(every) == len(
+        _csrc.sources() + _csrc.check_only_sources())

@@ -66,6 +66,10 @@ SUITE = textwrap.dedent('''
             import time
             time.sleep(600)
 
+    @pytest.mark.sanitizer(tools=("racecheck",))
+    def test_racecheck_only():
+        write("racecheck_race_planted_h200.log")
+
     @pytest.mark.sanitizer
     def test_last():
         assert True
@@ -99,6 +103,7 @@ def test_sanitizer_records_are_attributed_to_their_case(setup, tmp_path):
     recs = {r["case"].rsplit("::", 1)[-1]: r for r in results.cases(out / "results.jsonl")}
     # only the cases marked `sanitizer` ran
     assert "test_not_small_enough_for_the_sanitizer" not in recs
+    assert "test_racecheck_only" not in recs  # marked for another tool's pass
     assert recs["test_clean"]["status"] == "passed" and recs["test_clean"]["findings"] == []
     oob = recs["test_out_of_bounds"]
     assert oob["status"] == "failed"

@@ -38,3 +38,45 @@ def test_target_device_out_of_range_is_a_usage_error(pytester, monkeypatch):
                                            "--gpucheck-device", "3")
     assert result.ret == 4
     result.stderr.fnmatch_lines(["*target device(s) ?3? not visible*"])
+
+
+def test_sanitizer_tools_marker_keeps_a_case_in_its_tools_passes_only(pytester):
+    pytester.makepyfile('''
+        import pytest
+        @pytest.mark.sanitizer
+        def test_every_tool():
+            pass
+        @pytest.mark.sanitizer(tools=("racecheck",))
+        def test_race():
+            pass
+        @pytest.mark.sanitizer(tools=["memcheck", "initcheck"])
+        def test_memory():
+            pass
+        def test_too_big_for_the_sanitizer():
+            pass
+    ''')
+    by_tool = {}
+    for tool in ("memcheck", "racecheck", "initcheck", "synccheck"):
+        result = pytester.runpytest("--strict-markers", "-m", "sanitizer", "-v",
+                                    "--gpucheck-sanitizer-tool", tool)
+        by_tool[tool] = sorted(line.split("::")[1].split()[0] for line in result.outlines
+                               if "PASSED" in line)
+        assert "skipped" not in result.parseoutcomes()  # deselected, never skipped
+    assert by_tool == {"memcheck": ["test_every_tool", "test_memory"],
+                       "racecheck": ["test_every_tool", "test_race"],
+                       "initcheck": ["test_every_tool", "test_memory"],
+                       "synccheck": ["test_every_tool"]}
+    # outside a sanitizer pass the marker selects nothing away
+    pytester.runpytest("--strict-markers").assert_outcomes(passed=4)
+
+
+def test_sanitizer_tools_marker_with_an_unknown_tool_is_a_usage_error(pytester):
+    pytester.makepyfile('''
+        import pytest
+        @pytest.mark.sanitizer(tools=("racechek",))
+        def test_typo():
+            pass
+    ''')
+    result = pytester.runpytest()
+    assert result.ret == 4
+    result.stderr.fnmatch_lines(["*unknown tool(s)*racechek*known: memcheck*"])

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck import cli
-from gpucheck.selftest import matrix, read_run, verdict
+from gpucheck import cli, selftest
+from gpucheck.selftest import DEFECTS, matrix, pass_of, read_run, verdict
 
 RUN = Path(__file__).parent / "fixtures" / "run_h200_selftest"
 
@@ -23,12 +23,16 @@ def test_the_recorded_run_finds_what_one_gpu_can_show():
     assert gpus == 1
     rows, false = matrix(records, gpus)
     got = {name: r.status for name, r in rows_by_name(rows).items()}
-    assert got == {
-        "no device guard (pybind extension)": "not run",      # needs a second GPU
-        "abort inside the extension": "found",
-        "out-of-bounds global write": "found",
-        "launch on the legacy default stream (SSIM)": "not run",  # recorded before it existed
-    }
+    assert got["abort inside the extension"] == "found"
+    assert got["out-of-bounds global write"] == "found"
+    # needs a second GPU; the others were recorded before their cases existed
+    assert {name for name, status in got.items() if status == "not run"} == {
+        d.name for d in DEFECTS} - {"abort inside the extension", "out-of-bounds global write"}
+    why = {name: r.detail for name, r in rows_by_name(rows).items()}
+    assert why["no device guard (pybind extension)"] == "needs 2 GPUs"
+    assert why["launch on the legacy default stream (SSIM)"] == (
+        "its case did not run in this mode")
+    assert why["read of uninitialized memory (KNN)"].startswith("no sanitizer:initcheck pass")
     assert rows_by_name(rows)["out-of-bounds global write"].detail == (
         "sanitizer on cuda:0 · <unnamed>::add_one")
     assert false == []
@@ -43,7 +47,7 @@ def test_a_missing_finding_is_a_miss():
             r["findings"] = [f for f in r["findings"] if f["kind"] != "crash"]
     rows, false = matrix(records, gpus)
     row = rows_by_name(rows)["abort inside the extension"]
-    assert row.status == "missed" and "no device" in row.detail
+    assert row.status == "missed" and "not found on cuda:0 (blocking+nvml)" in row.detail
     assert verdict(rows, false) == 1
 
 
@@ -94,10 +98,153 @@ def test_selftest_command_prints_the_matrix_of_its_run(tmp_path, monkeypatch, ca
         return 1
 
     monkeypatch.setattr(pipeline, "run", fake_run)
+    built = []
+    monkeypatch.setattr(selftest, "prebuild", lambda logs: built.append(logs) or None)
     code = cli.main(["selftest", "--sanitizer", "--out", str(tmp_path / "st")])
     out = capsys.readouterr().out
     assert code == 2
-    assert ran[0].suites == ("selftest",) and "sanitizer:memcheck" in ran[0].modes
+    assert ran[0].suites == ("selftest",)
+    assert ran[0].modes == ("blocking", "nvml", "sanitizer:memcheck", "sanitizer:racecheck",
+                            "sanitizer:initcheck")
+    assert len(built) == 1  # the defect builds are made before the harness starts
     assert "defect x detector" in out and "needs 2 GPUs" in out
-    assert "detected 2 of 2 defects that ran (2 not run); false positives on clean cases: 0" \
-        in out
+    assert (f"detected 2 of 2 defects that ran ({len(DEFECTS) - 2} not run); false positives "
+            "on clean cases: 0") in out
+
+
+# --- records built by hand, in the results.jsonl format -------------------------------------
+
+def _rec(case: str, device: str, mode: str, *findings: dict, status: str = "passed",
+         record: str = "case") -> dict:
+    return {"schema": "gpucheck.results/1", "record": record, "run_id": "r", "device": device,
+            "suite": "selftest", "mode": mode, "status": status,
+            "case": f"{case}[{device.replace(':', '')}]", "findings": list(findings)}
+
+
+def _finding(kind: str, device: str, severity: str = "error", op: str | None = None,
+             kernel: str | None = None) -> dict:
+    return {"kind": kind, "severity": severity, "device": device, "op": op, "kernel": kernel,
+            "message": f"{kind} planted"}
+
+
+NO_SYNC = "test_defect_ssim.py::test_no_sync_ssim"
+RACE = "missing __syncthreads (SSIM backward)"
+RACE_KERNEL = "gpucheck::ssim::ssim_backward_kernel<float, false>"
+
+
+def _race(device: str, mode: str, found: bool = True) -> dict:
+    hit = [_finding("sanitizer", device, kernel=RACE_KERNEL)] if found else []
+    return _rec(NO_SYNC, device, mode, *hit, status="failed" if found else "passed")
+
+
+def test_modes_of_records_map_to_the_pass_of_a_row():
+    assert pass_of("blocking+nvml") == "plain" and pass_of("nvml") == "plain"
+    assert pass_of("sanitizer") == "sanitizer:memcheck"
+    assert pass_of("sanitizer:racecheck") == "sanitizer:racecheck"
+    assert pass_of("sanitizer:racecheck|target-current") == "sanitizer:racecheck"
+    assert pass_of("blocking+nvml|rerun:target-current") is None  # evidence, not a pass
+
+
+def test_a_sanitizer_row_needs_its_own_tools_pass():
+    # a memcheck pass ran the no-sync case and found something: not the racecheck row's finding
+    records = [_race("cuda:0", "sanitizer:memcheck")]
+    row = rows_by_name(matrix(records, 1)[0])[RACE]
+    assert row.status == "not run"
+    assert row.detail == "no sanitizer:racecheck pass in this run (gpucheck selftest --sanitizer)"
+    row = rows_by_name(matrix([*records, _race("cuda:0", "sanitizer:racecheck")], 1)[0])[RACE]
+    assert row.status == "found" and row.detail == f"sanitizer on cuda:0 · {RACE_KERNEL}"
+
+
+def test_a_case_deselected_from_its_tools_pass_did_not_run():
+    other = _rec("test_defect_knn.py::test_uninit_read_knn", "cuda:0", "sanitizer:racecheck")
+    records = [_race("cuda:0", "sanitizer:racecheck"), other]
+    row = rows_by_name(matrix(records, 1)[0])["read of uninitialized memory (KNN)"]
+    assert row.status == "not run"
+
+
+@pytest.mark.parametrize(("missing", "status"), [
+    (None, "found"), (("cuda:1", "sanitizer:racecheck|target-current"), "missed"),
+    (("cuda:0", "sanitizer:racecheck"), "missed")])
+def test_a_sanitizer_row_must_be_found_in_every_pass_of_its_tool_on_every_device(missing,
+                                                                                  status):
+    records = [_race(dev, mode, found=(dev, mode) != missing)
+               for dev in ("cuda:0", "cuda:1")
+               for mode in ("sanitizer:racecheck", "sanitizer:racecheck|target-current")]
+    row = rows_by_name(matrix(records, 2)[0])[RACE]
+    assert row.status == status
+    if missing:
+        assert row.detail.startswith(f"not found on {missing[0]} ({missing[1]})")
+
+
+SET_DEVICE = "test_defect_knn.py::test_set_device_knn"
+LEAK = "bare cudaSetDevice (KNN)"
+LEAK_OP = "gpucheck_defect_set_device::knn_mean_sq_dist"
+
+
+@pytest.mark.parametrize(("severity", "op", "status"), [
+    ("warning", LEAK_OP, "found"),   # what the device-state-leak detectors emit
+    ("error", LEAK_OP, "found"),     # a higher severity names it as well
+    ("info", LEAK_OP, "missed"),
+    ("warning", None, "missed"),     # the case-level detector alone does not name the op
+])
+def test_a_row_accepts_its_kinds_severity_and_needs_its_op(severity, op, status):
+    records = [_rec(SET_DEVICE, dev, "blocking+nvml",
+                    _finding("device-state-leak", dev, severity, op=op))
+               for dev in ("cuda:0", "cuda:1")]
+    rows = rows_by_name(matrix(records, 2)[0])
+    assert rows[LEAK].status == status
+    assert rows_by_name(matrix(records, 1)[0])[LEAK].status == "not run"  # one GPU
+
+
+def test_the_new_plain_rows_on_two_gpus():
+    knn = "test_defect_knn.py::"
+    records = []
+    for dev in ("cuda:0", "cuda:1"):
+        records += [
+            _rec(knn + "test_output_current_device_knn", dev, "blocking+nvml", _finding(
+                "wrong-device", dev, op="gpucheck_defect_output_current_device::knn_mean_sq_dist")),
+            _rec(knn + "test_nondeterminism_knn", dev, "blocking+nvml", _finding(
+                "numerics", dev, op="gpucheck_defect_nondeterminism::knn_mean_sq_dist")),
+            # no guard: the case fails with another device current, the diagnosis names the op
+            _rec(knn + "test_no_guard_knn", dev, "blocking+nvml",
+                 _finding("cuda-error", dev), status="failed"),
+            _rec(knn + "test_no_guard_knn", dev, "blocking+nvml", _finding(
+                "wrong-device", dev, op="gpucheck::knn::knn_mean_sq_dist_cuda(at::Tensor const&, "
+                "long)"), record="diagnosis"),
+            # the clean twin, and its re-run (not a pass of its own)
+            _rec(knn + "test_clean_knn", dev, "blocking+nvml"),
+            _rec(knn + "test_no_guard_knn", dev, "blocking+nvml|rerun:target-current"),
+        ]
+    rows, false = matrix(records, 2)
+    got = {name: r.status for name, r in rows_by_name(rows).items()}
+    assert got["output on the current device (KNN)"] == "found"
+    assert got["result differs between runs (KNN)"] == "found"
+    assert got["no device guard (KNN)"] == "found"
+    assert got["no device guard (SSIM)"] == "not run"
+    assert false == []
+    # the nondeterminism found under another kind is a miss that says what was seen
+    for r in records:
+        for f in r["findings"]:
+            if f["kind"] == "numerics":
+                f["kind"] = "test-failure"
+    row = rows_by_name(matrix(records, 2)[0])["result differs between runs (KNN)"]
+    assert row.status == "missed" and "test-failure/error" in row.detail
+
+
+def test_a_sanitizer_finding_on_a_clean_twin_is_a_false_positive():
+    records = [_rec("test_defect_knn.py::test_clean_knn", "cuda:0", "sanitizer:initcheck",
+                    _finding("sanitizer", "cuda:0", kernel="query_kernel<3>"))]
+    rows, false = matrix(records, 1)
+    assert [(f["case"], f["mode"]) for f in false] == [
+        ("test_defect_knn.py::test_clean_knn[cuda0]", "sanitizer:initcheck")]
+    assert verdict(rows, false) == 1
+
+
+def test_prebuild_needs_a_cuda_build_of_torch(tmp_path, monkeypatch):
+    """On a machine whose torch has no CUDA (CI), nothing is built and nothing fails."""
+    torch = pytest.importorskip("torch")
+    if torch.version.cuda is not None:
+        pytest.skip("this torch is a CUDA build")
+    assert selftest.prebuild(tmp_path / "logs") is None
+    assert not (tmp_path / "logs").exists()
+    assert selftest.prebuild(tmp_path / "logs", names=[]) is None

@@ -3,6 +3,12 @@
 #include "knn/knn.h"
 
 #include <ATen/ops/empty.h>
+#ifdef GPUCHECK_DEFECT_NONDETERMINISM
+#include <ATen/ops/full_like.h>
+#include <ATen/ops/nextafter.h>
+
+#include <atomic>
+#endif
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -122,6 +128,12 @@ at::Tensor knn_mean_sq_dist_cuda(const at::Tensor& points,  // [N, 3] float32, C
                                  int64_t k) {
   // The guard needs a CUDA device, so this one check comes first.
   check_cuda(points, kOp, "points");
+#ifdef GPUCHECK_DEFECT_OUTPUT_CURRENT_DEVICE
+  // Defect (selftest): the result is allocated with `kCUDA` before the guard, i.e. on the
+  // caller's current device, not on the input's; the numbers are right, the device is wrong.
+  at::Tensor result = at::empty({points.dim() > 0 ? points.size(0) : 0},
+                                at::device(at::kCUDA).dtype(at::kFloat));
+#endif
   GPUCHECK_DEVICE_GUARD(points);
   TORCH_CHECK_VALUE(points.dim() == 2 && points.size(1) == 3, kOp,
                     ": points must be [N, 3], got ", points.sizes());
@@ -228,7 +240,22 @@ at::Tensor knn_mean_sq_dist_cuda(const at::Tensor& points,  // [N, 3] float32, C
   launch_deferred(sorted_ptr, tree, static_cast<int>(k), out.data_ptr<float>(),
                   deferred.data_ptr<int32_t>(), stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+#ifdef GPUCHECK_DEFECT_NONDETERMINISM
+  // Defect (selftest): every other call moves one element of the result by one ulp, a result
+  // that differs between runs of the same input (as float atomics would make it).
+  static std::atomic<int64_t> calls{0};
+  if (calls.fetch_add(1) % 2 == 1) {
+    at::Tensor first = out.narrow(0, 0, 1);
+    const at::Tensor up = at::full_like(first, std::numeric_limits<float>::infinity());
+    first.copy_(at::nextafter(first, up));  // aten ops: on the current stream
+  }
+#endif
+#ifdef GPUCHECK_DEFECT_OUTPUT_CURRENT_DEVICE
+  result.copy_(out);  // a copy to the caller's current device
+  return result;
+#else
   return out;
+#endif
 }
 
 GPUCHECK_TORCH_LIBRARY_IMPL(CUDA, m) {

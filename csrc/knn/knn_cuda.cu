@@ -439,6 +439,12 @@ __device__ __forceinline__ bool query_leaf(const float4* __restrict__ pts, const
     float sum = 0.0f;
 #pragma unroll
     for (int j = 0; j < K; ++j) sum = __fadd_rn(sum, best[j]);
+#ifdef GPUCHECK_DEFECT_UNINIT_READ
+    // Defect (selftest): reads the output element (never written yet: at::empty) before
+    // writing it. The value is loaded (volatile) and kept alive, but changes nothing.
+    const float stale = *static_cast<volatile float*>(out + __float_as_int(q.w));
+    asm volatile("" ::"f"(stale));
+#endif
     out[__float_as_int(q.w)] = __fdiv_rn(sum, static_cast<float>(K));
   }
   return true;

@@ -1,0 +1,59 @@
+"""Fixtures of the self-test's defect cases: the defect builds of gpucheck's own kernels
+(``gpucheck._csrc.DEFECTS``), the real extension for their clean twins, and the sanitizer tool
+of the pass a case runs in."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def defect_ops() -> Callable[[str], Any]:
+    """``defect_ops(name)``: the ops (``torch.ops.gpucheck_defect_<name>``) of the defect build
+    ``name``, JIT-built on first use (torch caches the build on disk by name)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device visible")
+    from gpucheck._csrc import build_defect
+
+    loaded: dict[str, Any] = {}
+
+    def get(name: str) -> Any:
+        if name not in loaded:
+            loaded[name] = getattr(torch.ops, build_defect(name))
+        return loaded[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def clean_ops() -> Any:
+    """``torch.ops.gpucheck``: the real extension (clean twins of the defect cases)."""
+    torch = pytest.importorskip("torch")
+    from gpucheck.ops import _ext
+
+    if not _ext.available():
+        pytest.skip("gpucheck's extension is not built")
+    return torch.ops.gpucheck
+
+
+@pytest.fixture
+def sanitizer_defect_ops(defect_ops: Callable[[str], Any], request: pytest.FixtureRequest
+                         ) -> Callable[[str], Any]:
+    """``defect_ops`` for defects only compute-sanitizer can see: the build is made (in the
+    plain pass, so the sanitizer passes find it cached), then the case is skipped outside the
+    sanitizer passes (the harness deselects it from the passes of tools it is not marked
+    for)."""
+    tool = request.config.getoption("--gpucheck-sanitizer-tool", None)
+
+    def get(name: str) -> Any:
+        ops = defect_ops(name)
+        if tool is None:
+            pytest.skip("its defect is only visible to compute-sanitizer: it runs in the "
+                        "sanitizer pass of its tool")
+        return ops
+
+    return get
