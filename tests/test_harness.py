@@ -178,3 +178,40 @@ def test_ctrl_c_keeps_finished_records_and_writes_junit(project):
     assert recs["test_ok"]["status"] == "passed"
     assert (out / "junit.xml").exists()
     assert "interrupted" in stdout
+
+
+OP_CRASH_SUITE = textwrap.dedent('''
+    import os
+    import torch
+
+    @torch.library.custom_op("gpucheck_demo::fine", mutates_args=())
+    def fine(x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+    @torch.library.custom_op("gpucheck_demo::dies", mutates_args=())
+    def dies(x: torch.Tensor) -> torch.Tensor:
+        os.abort()  # what a CUDA extension's uncaught C++ exception does
+
+    def test_dies_inside_an_op():
+        x = torch.ops.gpucheck_demo.fine(torch.rand(4))
+        torch.ops.gpucheck_demo.dies(x)
+
+    def test_after():
+        assert torch.ops.gpucheck_demo.fine(torch.zeros(1)).item() == 1
+''')
+
+
+def test_a_crash_inside_an_extension_op_names_the_op(tmp_path):
+    suite = tmp_path / "suites" / "ops"
+    suite.mkdir(parents=True)
+    (suite / "test_ops.py").write_text(OP_CRASH_SUITE)
+    out = tmp_path / "out"
+    proc = run(tmp_path, "--out", str(out))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    recs = by_case(out / "results.jsonl")
+    crash = recs["test_dies_inside_an_op"]
+    assert crash["status"] == "crashed" and crash["signal"] == "SIGABRT"
+    f = crash["findings"][0]
+    assert (f["kind"], f["op"]) == ("crash", "gpucheck_demo::dies")
+    assert "last extension op called: gpucheck_demo::dies" in f["message"]
+    assert recs["test_after"]["status"] == "passed"

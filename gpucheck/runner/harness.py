@@ -359,6 +359,9 @@ class Harness:
         for f in extra or []:  # sanitizer records the tool wrote before it ended the case
             f.suite, f.case = f.suite or suite, f.case or case
         tail = crash_digest(_tail(w.stderr_path, 64_000))
+        op = w.state.get("op") if w.state.get("case") == case else None
+        if op:  # the last extension op the case called (the worker's op tracker)
+            message = f"{message} (last extension op called: {op})"
         if status == "hung":  # stacks first: they say where it hung
             try:  # faulthandler prints the innermost frame first: keep the head
                 stacks = stacks_path(w.state_path).read_text(errors="replace")[:STACKS_CHARS]
@@ -372,7 +375,7 @@ class Harness:
             current_device=w.state.get("current_device"),
             exit_code=rc if rc >= 0 else None, signal=_signal_name(rc), stderr_tail=tail,
             findings=[*(extra or []), Finding(kind=kind, severity="error", message=message,
-                              device=w.spec.label, suite=suite, case=case,
+                              device=w.spec.label, suite=suite, case=case, op=op,
                               evidence=(tail[:2500] if status == "hung" else tail[-2500:])
                               or None, hint=hint)],
         )

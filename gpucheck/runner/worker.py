@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from gpucheck import nvml
-from gpucheck.detectors import CaseInfo, worker_detectors
+from gpucheck.detectors import CaseInfo, op_watch, worker_detectors
 from gpucheck.report import results
 from gpucheck.report.results import CaseRecord, Finding
 from gpucheck.runner.nvml_sampler import CasePeaks, Sampler
@@ -136,13 +136,13 @@ class Recorder:
             faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True)
 
     def _state(self, case: str | None, exit_reason: str | None = None,
-               current_device: str | None = None) -> None:
+               current_device: str | None = None, op: str | None = None) -> None:
         if self.state_path is None:
             return
         write_state(self.state_path, {
             "case": self.ids.get(case, case) if case else None,
             "suite": self.suite_of(self._path_of(case)) if case else None,
-            "current_device": current_device,
+            "current_device": current_device, "op": op,
             "started": self.started[case][2] if case in self.started else time.time(),
             "done": self.done, "total": self.total,
             "findings": self.findings, "pid": os.getpid(), "exit_reason": exit_reason,
@@ -226,7 +226,10 @@ class Recorder:
         info = CaseInfo(self.device, self.suite_of(Path(item.path).resolve()),
                         self.ids.get(item.nodeid, item.nodeid))
         current = dict(item.user_properties).get("gpucheck_current_device")
-        self._state(item.nodeid, current_device=None if current is None else str(current))
+        current = None if current is None else str(current)
+        self._state(item.nodeid, current_device=current)
+        tracker = _OpTracker(lambda op: self._state(item.nodeid, current_device=current, op=op))
+        op_watch.add(tracker)
         found = self.detector_findings.setdefault(item.nodeid, [])
         started = []
         for d in self.detectors:
@@ -236,6 +239,7 @@ class Recorder:
             except Exception as err:  # a detector must never take a case down with it
                 found.append(_detector_error(d.name, err, self.device, info))
         outcome = yield
+        op_watch.remove(tracker)
         data = self.detector_data.setdefault(item.nodeid, {})
         for d in started:
             try:
@@ -310,6 +314,23 @@ class Recorder:
             memory=memory, findings=[f for f in findings if f is not None],
             fingerprints=fingerprints,
         )
+
+
+class _OpTracker:
+    """Keeps the extension op being called in the state file, so that a crash or a hang
+    inside it names the op (written when the op changes, not on every call)."""
+
+    def __init__(self, write: Any) -> None:
+        self.write = write
+        self.last: str | None = None
+
+    def before(self, call: op_watch.Call) -> None:
+        if call.op != self.last:
+            self.last = call.op
+            self.write(call.op)
+
+    def after(self, call: op_watch.Call, out: Any) -> None:
+        return None
 
 
 def _detector_error(name: str, err: Exception, device: str, info: CaseInfo) -> Finding:
