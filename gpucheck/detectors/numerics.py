@@ -10,6 +10,11 @@ input fingerprint and different output fingerprints in one case are a finding: o
 records of the whole run (:func:`disagreements`), so a case that runs the same input on every
 device is compared across its per-device records too.
 
+Comparisons a suite makes with :func:`gpucheck.testing.assert_close` report here too: a
+failed one is a ``numerics`` finding that carries the measured errors (largest absolute and
+relative error, where, how many elements), and every one is kept in the case record
+(``numerics``).
+
 Ops tagged ``torch.Tag.nondeterministic_bitwise`` (float atomics, by design) and
 ``nondeterministic_seeded`` (random) are not judged. Fingerprints are taken for the first
 :data:`CAP` calls per (op, argument signature) of a case and, for tensors of more than
@@ -18,6 +23,7 @@ Ops tagged ``torch.Tag.nondeterministic_bitwise`` (float atomics, by design) and
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import zlib
@@ -166,19 +172,34 @@ class Numerics(BaseDetector):
                 self.entries.append((call.op, noted[0], outputs, noted[1]))
 
     def case_started(self, case: CaseInfo) -> None:
+        from gpucheck import testing
+
         self.counts, self.entries = {}, []
+        testing.MEASURED.clear()
+        self.measured: list[Any] = []
         self.watching = op_watch.add(self)
 
     def case_finished(self, case: CaseInfo) -> list[Finding]:
+        from gpucheck import testing
+
+        self.measured = list(testing.MEASURED)
+        testing.MEASURED.clear()
+        where = {"device": case.device, "suite": case.suite, "case": case.case}
+        found = [Finding(kind="numerics", severity="error",
+                         message=f"mismatch against the reference: {m.message()}",
+                         evidence=json.dumps(m.to_json()),
+                         hint="the kernel's result is off by more than the suite's tolerance "
+                              "for this check; the evidence has the worst element",
+                         **where)
+                 for m in self.measured if not m.ok]
         if not self.watching:
-            return []
+            return found
         self.watching = False
         err = op_watch.remove(self)
         if err is not None:
             raise err
-        where = {"device": case.device, "suite": case.suite, "case": case.case}
-        return [_finding(op, inputs, outs, where)
-                for op, inputs, outs in conflicts(self.entries)]
+        return found + [_finding(op, inputs, outs, where)
+                        for op, inputs, outs in conflicts(self.entries)]
 
     def run_finished(self, records: list[dict[str, Any]]) -> list[Finding]:
         return disagreements(records)
@@ -186,7 +207,10 @@ class Numerics(BaseDetector):
     def case_data(self) -> dict[str, Any]:
         """What the case record keeps: its distinct fingerprints (``fingerprints``)."""
         kept = list(dict.fromkeys("|".join(e) for e in self.entries))[:MAX_KEPT]
-        return {"fingerprints": kept} if kept else {}
+        data: dict[str, Any] = {"fingerprints": kept} if kept else {}
+        if getattr(self, "measured", None):
+            data["numerics"] = [m.to_json() for m in self.measured]
+        return data
 
 
 def disagreements(records: Iterable[dict[str, Any]]) -> list[Finding]:

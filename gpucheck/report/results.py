@@ -59,11 +59,14 @@ class CaseRecord:
     findings: list[Finding] = field(default_factory=list)
     #: ``op|inputs|outputs|device`` of extension-op calls (detectors/numerics.py)
     fingerprints: list[str] = field(default_factory=list)
+    #: comparisons against a reference (gpucheck.testing.assert_close): measured errors
+    numerics: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        if not data["fingerprints"]:
-            del data["fingerprints"]
+        for optional in ("fingerprints", "numerics"):
+            if not data[optional]:
+                del data[optional]
         data = {"schema": SCHEMA_ID, "record": "case", **data}
         return data
 

@@ -289,7 +289,8 @@ class Recorder:
                 findings.append(_failure_finding(rep, self.device, suite, case))
                 reason = reason or findings[-1].message
         findings.extend(self.detector_findings.pop(nodeid, []))
-        fingerprints = list(self.detector_data.pop(nodeid, {}).get("fingerprints", []))
+        data = self.detector_data.pop(nodeid, {})
+        fingerprints = list(data.get("fingerprints", []))
         if self.san_glob is not None:
             found = self._sanitizer_findings(case, suite)
             findings.extend(found)
@@ -312,7 +313,7 @@ class Recorder:
             case=case, mode=self.mode, status=status, reason=reason,
             duration_s=round(duration, 6), started_at=started_at, current_device=current,
             memory=memory, findings=[f for f in findings if f is not None],
-            fingerprints=fingerprints,
+            fingerprints=fingerprints, numerics=list(data.get("numerics", [])),
         )
 
 

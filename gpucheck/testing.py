@@ -1,0 +1,105 @@
+"""Comparisons for suites whose failures should say *how far off* a kernel is.
+
+``gpucheck.testing.assert_close(got, want, rtol=..., atol=..., what=...)`` checks like
+``torch.testing.assert_close`` (``|got - want| <= atol + rtol * |want|`` elementwise, NaN
+only where the reference has NaN, same shape) and measures the errors in float64: the
+largest absolute and relative error, where it is, how many elements are out of tolerance.
+Under the harness the measurement goes to the ``numerics`` detector: a failed comparison is
+a ``numerics`` finding carrying those numbers, and every comparison (passed or not) is kept
+in the case record (``numerics``), so a report shows how close each check came to its
+tolerance. Without the harness it is a plain assertion with a measured message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+#: comparisons of the case under way, drained by the numerics detector
+MEASURED: list[Measured] = []
+MAX_KEPT = 32
+
+
+@dataclass
+class Measured:
+    """One comparison against a reference."""
+
+    what: str
+    ok: bool
+    shape: list[int]
+    dtype: str
+    rtol: float
+    atol: float
+    max_abs: float
+    max_rel: float
+    worst_index: list[int] | None
+    got_at_worst: float | None
+    want_at_worst: float | None
+    mismatched: int
+    total: int
+    nan_mismatch: int
+
+    def message(self) -> str:
+        if self.ok:
+            return f"{self.what}: within tolerance (max abs error {self.max_abs:.3g})"
+        where = (f" at {tuple(self.worst_index)} (got {self.got_at_worst!r}, reference "
+                 f"{self.want_at_worst!r})" if self.worst_index is not None else "")
+        nans = (f"; {self.nan_mismatch} NaN where the reference has none (or the reverse)"
+                if self.nan_mismatch else "")
+        return (f"{self.what}: {self.mismatched} of {self.total} elements out of tolerance "
+                f"(rtol {self.rtol:g}, atol {self.atol:g}); max abs error {self.max_abs:.3g}"
+                f"{where}, max rel error {self.max_rel:.3g}{nans}")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def measure(got: Any, want: Any, *, rtol: float, atol: float, what: str = "result"
+            ) -> Measured:
+    """Compare ``got`` with the reference ``want`` (tensors of one shape, any devices and
+    floating dtypes) in float64 on ``want``'s device."""
+    import torch
+
+    if tuple(got.shape) != tuple(want.shape):
+        raise AssertionError(f"{what}: shape {tuple(got.shape)} differs from the reference's "
+                             f"{tuple(want.shape)}")
+    g = got.detach().to(device=want.device, dtype=torch.float64)
+    w = want.detach().to(torch.float64)
+    nan_g, nan_w = torch.isnan(g), torch.isnan(w)
+    nan_bad = nan_g != nan_w
+    both_nan = nan_g & nan_w
+    diff = (g - w).abs()
+    same_inf = torch.isinf(w) & (g == w)
+    diff = torch.where(both_nan | same_inf, torch.zeros_like(diff), diff)
+    diff = torch.where(nan_bad, torch.full_like(diff, float("inf")), diff)
+    allowed = atol + rtol * w.abs()
+    bad = (diff > allowed) | nan_bad
+    rel = diff / w.abs().clamp_min(torch.finfo(torch.float64).tiny)
+    rel = torch.where(diff == 0, torch.zeros_like(rel), rel)
+    n_bad = int(bad.sum())
+    worst = None
+    if g.numel():
+        score = torch.where(bad, diff - allowed, torch.full_like(diff, -float("inf")))
+        flat = int(torch.argmax(score if n_bad else diff))
+        worst = [int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(g.shape))]
+    at = tuple(worst) if worst is not None else None
+    return Measured(
+        what=what, ok=n_bad == 0, shape=list(g.shape), dtype=str(got.dtype).removeprefix("torch."),
+        rtol=float(rtol), atol=float(atol),
+        max_abs=float(diff.max()) if g.numel() else 0.0,
+        max_rel=float(rel.max()) if g.numel() else 0.0,
+        worst_index=worst, got_at_worst=float(g[at]) if at is not None else None,
+        want_at_worst=float(w[at]) if at is not None else None,
+        mismatched=n_bad, total=int(g.numel()), nan_mismatch=int(nan_bad.sum()))
+
+
+def assert_close(got: Any, want: Any, *, rtol: float, atol: float, what: str = "result"
+                 ) -> Measured:
+    """Assert ``got`` matches the reference ``want`` within ``atol + rtol * |want|``; the
+    measured errors go to the numerics detector (see the module text). Returns them."""
+    m = measure(got, want, rtol=rtol, atol=atol, what=what)
+    if len(MEASURED) < MAX_KEPT or not m.ok:
+        MEASURED.append(m)
+    if not m.ok:
+        raise AssertionError(m.message())
+    return m
