@@ -40,6 +40,8 @@ class Measured:
     nan_mismatch: int
 
     def message(self) -> str:
+        if not self.shape and not self.dtype:  # a dtype-coverage check
+            return self.what
         if self.ok:
             return f"{self.what}: within tolerance (max abs error {self.max_abs:.3g})"
         where = (f" at {tuple(self.worst_index)} (got {self.got_at_worst!r}, reference "
@@ -103,3 +105,68 @@ def assert_close(got: Any, want: Any, *, rtol: float, atol: float, what: str = "
     if not m.ok:
         raise AssertionError(m.message())
     return m
+
+
+#: the floating dtypes a dtype-coverage check tries by default
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+@dataclass
+class DtypeOutcome:
+    dtype: str
+    claimed: bool  # the op claims to support it
+    outcome: str  # "ran" | "rejected" | "wrong-error" | "accepted" | "bad-result"
+    detail: str
+
+
+def check_dtypes(run: Any, make_inputs: Any, supported: tuple[str, ...], *,
+                 dtypes: tuple[str, ...] = FLOAT_DTYPES, what: str = "op"
+                 ) -> list[DtypeOutcome]:
+    """Dtype coverage of an op: ``run(*make_inputs(dtype))`` must work and give finite
+    results for every dtype in ``supported``, and raise an error that names the dtype for
+    every other one (a ``TypeError``/``ValueError``/``RuntimeError`` whose message contains
+    it, not a crash or a silent cast). Raises AssertionError listing every dtype that broke
+    the rule (and reports it as a ``numerics`` finding under the harness); returns the
+    outcome per dtype."""
+    import torch
+
+    outcomes = []
+    for name in dtypes:
+        dtype = getattr(torch, name)
+        claimed = name in supported
+        try:
+            out = run(*make_inputs(dtype))
+        except (TypeError, ValueError, RuntimeError, NotImplementedError) as err:
+            msg = str(err).split("\n", 1)[0]
+            named = name in str(err) or str(dtype) in str(err) or name.replace(
+                "float", "Float") in str(err) or {"float16": "Half", "bfloat16": "BFloat16",
+                                                   "float64": "Double"}.get(name, "?") in str(err)
+            if claimed:
+                outcomes.append(DtypeOutcome(name, True, "wrong-error", f"raised: {msg}"))
+            else:
+                outcomes.append(DtypeOutcome(name, False, "rejected" if named else "wrong-error",
+                                             msg if named else f"error does not name {name}: "
+                                                               f"{msg}"))
+            continue
+        tensors = [t for t in (out if isinstance(out, (tuple, list)) else (out,))
+                   if isinstance(t, torch.Tensor)]
+        finite = all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point())
+        if not claimed:
+            outcomes.append(DtypeOutcome(name, False, "accepted",
+                                         f"accepted {name} although it claims "
+                                         f"{', '.join(supported)} only"))
+        else:
+            outcomes.append(DtypeOutcome(name, True, "ran" if finite else "bad-result",
+                                         "" if finite else "non-finite output"))
+    broken = [o for o in outcomes if o.outcome not in ("ran", "rejected")]
+    m = Measured(what=f"{what}: dtype coverage", ok=not broken, shape=[], dtype="",
+                 rtol=0.0, atol=0.0, max_abs=0.0, max_rel=0.0, worst_index=None,
+                 got_at_worst=None, want_at_worst=None, mismatched=len(broken),
+                 total=len(outcomes), nan_mismatch=0)
+    if len(MEASURED) < MAX_KEPT or broken:
+        MEASURED.append(m)
+    if broken:
+        text = "; ".join(f"{o.dtype}: {o.outcome} ({o.detail})" for o in broken)
+        m.what = f"{what}: dtype coverage broken for {text}"
+        raise AssertionError(m.what)
+    return outcomes

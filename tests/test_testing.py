@@ -77,3 +77,34 @@ def test_a_worker_reports_the_measurement(tmp_path):
     assert "1 of 100 elements out of tolerance" in num[0]["message"]
     ev = json.loads(num[0]["evidence"])
     assert ev["worst_index"] == [7] and ev["max_rel"] == pytest.approx(0.5)
+
+
+def test_dtype_coverage():
+    from gpucheck.testing import check_dtypes
+
+    def make(dtype):
+        return (torch.rand(8).to(dtype),)
+
+    def strict(x):
+        if x.dtype != torch.float32:
+            raise TypeError(f"op: x must be float32, got {x.dtype}")
+        return x * 2
+
+    got = check_dtypes(strict, make, ("float32",), what="strict")
+    assert [(o.dtype, o.outcome) for o in got] == [
+        ("float16", "rejected"), ("bfloat16", "rejected"), ("float32", "ran"),
+        ("float64", "rejected")]
+
+    def lax(x):  # silently computes any dtype
+        return x * 2
+
+    with pytest.raises(AssertionError, match="float64: accepted"):
+        check_dtypes(lax, make, ("float32",), what="lax")
+
+    def vague(x):
+        if x.dtype != torch.float32:
+            raise RuntimeError("unsupported input")
+        return x
+
+    with pytest.raises(AssertionError, match="error does not name float16"):
+        check_dtypes(vague, make, ("float32",), what="vague")

@@ -32,7 +32,7 @@ import torch
 
 from gpucheck.ops import knn_mean_sq_dist
 from gpucheck.reference import knn_mean_sq_dist as reference
-from gpucheck.testing import assert_close
+from gpucheck.testing import assert_close, check_dtypes
 
 pytestmark = [pytest.mark.gpu, pytest.mark.gpucheck_kernels]
 
@@ -253,6 +253,14 @@ BAD_INPUTS = [
      r"k must be in \[1, 16\], got -2"),
     ("k_float", lambda d: (torch.rand(10, 3, device=d), 3.0), TypeError, r"k must be an int"),
 ]
+
+
+def test_dtype_coverage(gpu_device: torch.device) -> None:
+    """float32 works; every other floating dtype is refused with an error naming it."""
+    check_dtypes(lambda p: knn_mean_sq_dist(p, 3),
+                 lambda dtype: (knn_clouds.make("uniform", 1000, fresh_seed(), gpu_device)
+                                .to(dtype),),
+                 supported=("float32",), what="knn_mean_sq_dist")
 
 
 @pytest.mark.sanitizer
