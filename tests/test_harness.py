@@ -196,6 +196,13 @@ OP_CRASH_SUITE = textwrap.dedent('''
         x = torch.ops.gpucheck_demo.fine(torch.rand(4))
         torch.ops.gpucheck_demo.dies(x)
 
+    @torch.library.custom_op("gpucheck_demo::faults", mutates_args=())
+    def faults(x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    def test_cuda_error_in_an_op():
+        torch.ops.gpucheck_demo.faults(torch.rand(2))
+
     def test_after():
         assert torch.ops.gpucheck_demo.fine(torch.zeros(1)).item() == 1
 ''')
@@ -214,4 +221,6 @@ def test_a_crash_inside_an_extension_op_names_the_op(tmp_path):
     f = crash["findings"][0]
     assert (f["kind"], f["op"]) == ("crash", "gpucheck_demo::dies")
     assert "last extension op called: gpucheck_demo::dies" in f["message"]
+    err = recs["test_cuda_error_in_an_op"]["findings"][0]
+    assert (err["kind"], err["op"]) == ("cuda-error", "gpucheck_demo::faults")
     assert recs["test_after"]["status"] == "passed"

@@ -70,6 +70,10 @@ def test_extension_function_skips_runtime_and_anonymous_frames():
     assert fn == "add_one_overrun(at::Tensor const&)"
     assert extension_function({"findings": [{"evidence": "no frames", "kernel": "k"}]}) == (
         None, "k")
+    # without host frames (a plain pass), the op the worker saw the case call last
+    assert extension_function({"findings": [{"kind": "cuda-error", "evidence": "Traceback",
+                                             "op": "gpucheck::ssim_forward"}]}) == (
+        "gpucheck::ssim_forward", None)
 
 
 SUITE = textwrap.dedent('''

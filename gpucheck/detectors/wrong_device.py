@@ -72,7 +72,9 @@ def extension_function(record: dict[str, Any]) -> tuple[str | None, str | None]:
         if entry or own:
             return (entry or own)[-1 if entry else 0], f.get("kernel")
     kernel = next((f.get("kernel") for f in record.get("findings", []) if f.get("kernel")), None)
-    return None, kernel
+    # the op the worker saw the case call last (crash, hang and CUDA-error findings keep it)
+    op = next((f.get("op") for f in record.get("findings", []) if f.get("op")), None)
+    return op, kernel
 
 
 def _outcome(r: dict[str, Any]) -> str:

@@ -114,6 +114,7 @@ class Recorder:
         self.detectors = worker_detectors()
         self.detector_findings: dict[str, list[Finding]] = {}
         self.detector_data: dict[str, dict[str, Any]] = {}  # node id -> fields of its record
+        self.case_ops: dict[str, str] = {}  # node id -> the last extension op it called
         self.done = 0
         self.total = 0
         self.findings = 0
@@ -228,7 +229,11 @@ class Recorder:
         current = dict(item.user_properties).get("gpucheck_current_device")
         current = None if current is None else str(current)
         self._state(item.nodeid, current_device=current)
-        tracker = _OpTracker(lambda op: self._state(item.nodeid, current_device=current, op=op))
+        def track(op: str) -> None:
+            self.case_ops[item.nodeid] = op
+            self._state(item.nodeid, current_device=current, op=op)
+
+        tracker = _OpTracker(track)
         op_watch.add(tracker)
         found = self.detector_findings.setdefault(item.nodeid, [])
         started = []
@@ -287,9 +292,12 @@ class Recorder:
             elif rep.failed:
                 status = "failed" if rep.when == "call" else "error"
                 findings.append(_failure_finding(rep, self.device, suite, case))
+                if findings[-1].kind == "cuda-error" and rep.when == "call":
+                    findings[-1].op = self.case_ops.get(nodeid)  # raised in or after that op
                 reason = reason or findings[-1].message
         findings.extend(self.detector_findings.pop(nodeid, []))
         data = self.detector_data.pop(nodeid, {})
+        self.case_ops.pop(nodeid, None)
         fingerprints = list(data.get("fingerprints", []))
         if self.san_glob is not None:
             found = self._sanitizer_findings(case, suite)
