@@ -3,8 +3,10 @@
 #include "ssim/ssim.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include <limits>
@@ -174,10 +176,88 @@ std::tuple<at::Tensor, at::Tensor> ssim_backward(
   return {grad1, grad2};
 }
 
+// --- Autograd (C++: no Python runs per training step) ---
+//
+// The op namespace as a string ("gpucheck", or a defect build's own: see library.h).
+#define GPUCHECK_STR_(x) #x
+#define GPUCHECK_STR(x) GPUCHECK_STR_(x)
+constexpr const char* kForwardName = GPUCHECK_STR(GPUCHECK_LIBRARY) "::ssim_forward";
+constexpr const char* kBackwardName = GPUCHECK_STR(GPUCHECK_LIBRARY) "::ssim_backward";
+
+using ForwardSig = at::Tensor(const at::Tensor&, const at::Tensor&, std::string_view,
+                              std::string_view);
+using BackwardSig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                       const at::Tensor&, std::string_view,
+                                                       std::string_view, bool);
+
+// The ops' typed handles, looked up once. Both are called through the dispatcher (not as
+// the C++ functions above) so that fake tensors, torch.compile and the wrong-stream detector
+// see them as ops.
+const c10::TypedOperatorHandle<ForwardSig>& forward_op() {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow(kForwardName, "").typed<ForwardSig>();
+  return op;
+}
+const c10::TypedOperatorHandle<BackwardSig>& backward_op() {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow(kBackwardName, "").typed<BackwardSig>();
+  return op;
+}
+
+// Forward saves references to the two images (no memory: they are inputs) and the two
+// options; backward recomputes the window moments (ssim_backward).
+class SsimFunction : public torch::autograd::Function<SsimFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx,
+                            const at::Tensor& img1,  // [B, C, H, W]
+                            const at::Tensor& img2,  // [B, C, H, W]
+                            std::string_view padding, std::string_view reduction) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    at::Tensor out = forward_op().call(img1, img2, padding, reduction);
+    ctx->save_for_backward({img1, img2});
+    ctx->saved_data["valid"] = padding == "valid";
+    ctx->saved_data["mean"] = reduction == "mean";
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const bool need1 = ctx->needs_input_grad(0);
+    const bool need2 = ctx->needs_input_grad(1);
+    torch::autograd::variable_list out(4);
+    if (!need1 && !need2) return out;
+    const auto saved = ctx->get_saved_variables();
+    const bool valid = ctx->saved_data["valid"].toBool();
+    const bool mean = ctx->saved_data["mean"].toBool();
+    auto [grad1, grad2] = backward_op().call(grads[0], saved[0], saved[1],
+                                             valid ? "valid" : "same", mean ? "mean" : "none",
+                                             need2);
+    if (need1) out[0] = std::move(grad1);
+    if (need2) out[1] = std::move(grad2);
+    return out;
+  }
+};
+
+// The Autograd kernel of ssim_forward. Without a graph to record (grad mode off, or no input
+// requiring grad) it goes straight to the CUDA kernel.
+at::Tensor ssim_forward_autograd(const at::Tensor& img1,  // [B, C, H, W]
+                                 const at::Tensor& img2,  // [B, C, H, W]
+                                 std::string_view padding, std::string_view reduction) {
+  if (!at::GradMode::is_enabled() || !(img1.requires_grad() || img2.requires_grad())) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    return forward_op().call(img1, img2, padding, reduction);
+  }
+  return SsimFunction::apply(img1, img2, padding, reduction);
+}
+
 }  // namespace
 }  // namespace gpucheck
 
 GPUCHECK_TORCH_LIBRARY_IMPL(CUDA, m) {
   m.impl("ssim_forward", &gpucheck::ssim_forward);
   m.impl("ssim_backward", &gpucheck::ssim_backward);
+}
+
+GPUCHECK_TORCH_LIBRARY_IMPL(Autograd, m) {
+  m.impl("ssim_forward", &gpucheck::ssim_forward_autograd);
 }
