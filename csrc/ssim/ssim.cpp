@@ -10,6 +10,7 @@
 #include <torch/library.h>
 
 #include <limits>
+#include <optional>
 #include <string_view>
 #include <tuple>
 
@@ -204,8 +205,25 @@ const c10::TypedOperatorHandle<BackwardSig>& backward_op() {
   return op;
 }
 
+// Per-pixel weight of the gradient the forward computes ahead (see SsimFunction): 1 / N for
+// float32/bfloat16/float64, i.e. the gradient of the mean itself. float16 cannot hold that
+// (~1e-7 per pixel: subnormal, most bits lost), so it gets about 2^-12 instead (normal range
+// for per-pixel gradients above ~0.25, no overflow below ~2.7e8): the forward passes
+// grad = N * 2^-12 (a float16, hence N <= 65504 * 2^12) and the backward divides by it.
+constexpr double kHalfWeight = 1.0 / 4096.0;
+constexpr double kHalfMaxPixels = 65504.0 / kHalfWeight;
+
 // Forward saves references to the two images (no memory: they are inputs) and the two
-// options; backward recomputes the window moments (ssim_backward).
+// options. With reduction = mean (the training loss), the upstream gradient is a scalar, so
+// the forward launches the backward kernel right after the forward kernel, for an upstream
+// gradient of one: the backward pass then only scales that gradient by the actual upstream
+// gradient (one elementwise kernel). The GPU runs the backward kernel while the host goes
+// through the autograd engine (about 0.15-0.2 ms of host time per step on the H200 machine,
+// most of it the hand-over to the engine's device thread), instead of waiting for it. The
+// buffer is the gradient that the backward returns, so peak memory is unchanged; it is held
+// from the forward to the backward. A second backward through the same graph
+// (retain_graph) recomputes with ssim_backward. reduction = none: ssim_backward in the
+// backward pass (the upstream gradient is a map, known only then).
 class SsimFunction : public torch::autograd::Function<SsimFunction> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx,
@@ -217,6 +235,23 @@ class SsimFunction : public torch::autograd::Function<SsimFunction> {
     ctx->save_for_backward({img1, img2});
     ctx->saved_data["valid"] = padding == "valid";
     ctx->saved_data["mean"] = reduction == "mean";
+    const bool half = img1.scalar_type() == at::kHalf;
+    // float16 needs the pixel count on the host (unknown while tracing with symbolic shapes:
+    // then the backward recomputes).
+    const std::optional<int64_t> count =
+        half ? img1.sym_numel().maybe_as_int() : std::optional<int64_t>(1);
+    if (reduction == "mean" && count && static_cast<double>(*count) <= kHalfMaxPixels) {
+      // The kernel's per-pixel weight is grad / (map pixels): 1 / N, or about 2^-12 for
+      // float16 (the map has at most img1.numel() pixels).
+      at::Tensor weight =
+          half ? at::full({}, static_cast<double>(*count) * kHalfWeight, img1.options())
+               : at::ones({}, img1.options());
+      auto [grad1, grad2] =
+          backward_op().call(weight, img1, img2, padding, reduction, img2.requires_grad());
+      ctx->saved_data["grad1"] = std::move(grad1);
+      ctx->saved_data["grad2"] = std::move(grad2);
+      ctx->saved_data["weight"] = std::move(weight);
+    }
     return out;
   }
 
@@ -225,6 +260,25 @@ class SsimFunction : public torch::autograd::Function<SsimFunction> {
     const bool need1 = ctx->needs_input_grad(0);
     const bool need2 = ctx->needs_input_grad(1);
     torch::autograd::variable_list out(4);
+    auto ahead = ctx->saved_data.find("grad1");
+    if (ahead != ctx->saved_data.end()) {  // first backward after a mean forward
+      at::Tensor grad1 = ahead->second.toTensor();
+      at::Tensor grad2 = ctx->saved_data["grad2"].toTensor();
+      const at::Tensor weight = ctx->saved_data["weight"].toTensor();
+      ctx->saved_data.erase("grad1");
+      ctx->saved_data.erase("grad2");
+      ctx->saved_data.erase("weight");
+      // grad1/2 hold d(mean)/d(img) * weight * N; scale them in place to grads[0] * d(mean).
+      at::Tensor factor = grads[0];
+      if (weight.scalar_type() == at::kHalf) {
+        factor = grads[0].to(at::kFloat).div_(weight.to(at::kFloat));
+      }
+      if (need1) out[0] = grad1.mul_(factor);
+      const bool have2 = grad2.dim() == 4;  // else the empty [0] placeholder
+      if (need2 && have2) out[1] = grad2.mul_(factor);
+      if (!need2 || have2) return out;
+      // img2 needs a gradient the forward did not compute (it did not require grad then).
+    }
     if (!need1 && !need2) return out;
     const auto saved = ctx->get_saved_variables();
     const bool valid = ctx->saved_data["valid"].toBool();
@@ -232,7 +286,7 @@ class SsimFunction : public torch::autograd::Function<SsimFunction> {
     auto [grad1, grad2] = backward_op().call(grads[0], saved[0], saved[1],
                                              valid ? "valid" : "same", mean ? "mean" : "none",
                                              need2);
-    if (need1) out[0] = std::move(grad1);
+    if (need1 && !out[0].defined()) out[0] = std::move(grad1);
     if (need2) out[1] = std::move(grad2);
     return out;
   }
