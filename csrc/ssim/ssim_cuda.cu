@@ -339,6 +339,13 @@ __device__ __forceinline__ A fast_div(A a, A b) { return a / b; }
 template <>
 __device__ __forceinline__ float fast_div<float>(float a, float b) { return __fdividef(a, b); }
 
+// 1 / b: float uses the approximate hardware reciprocal (MUFU.RCP, <= 2 ulp; b >= C1 * C2 > 0)
+// instead of the IEEE division's subroutine.
+template <typename A>
+__device__ __forceinline__ A fast_rcp(A b) { return A(1) / b; }
+template <>
+__device__ __forceinline__ float fast_rcp<float>(float b) { return __fdividef(1.0f, b); }
+
 // Forward (vertical pass first, then horizontal).
 //
 // Block = (plane, strip of kFStrip map rows, kFCols map columns), kFT threads. The SSIM map
@@ -684,7 +691,7 @@ __global__ void __launch_bounds__(kThreads, kBMinBlocks<T>)
                             : to_acc(grad_plane[static_cast<int64_t>(p_mrow) * out_w + p_mcol]);
           }
           const SsimTerms<A> s = ssim_terms(m);
-          const A inv = A(1) / (s.b1 * s.b2);
+          const A inv = fast_rcp<A>(s.b1 * s.b2);
           const A ssim = s.a1 * s.a2 * inv;
           const A da = s.a2 - s.a1;
           const A db = ssim * (s.b2 - s.b1);
