@@ -10,7 +10,6 @@
 #include <torch/library.h>
 
 #include <limits>
-#include <optional>
 #include <string_view>
 #include <tuple>
 
@@ -205,14 +204,6 @@ const c10::TypedOperatorHandle<BackwardSig>& backward_op() {
   return op;
 }
 
-// Per-pixel weight of the gradient the forward computes ahead (see SsimFunction): 1 / N for
-// float32/bfloat16/float64, i.e. the gradient of the mean itself. float16 cannot hold that
-// (~1e-7 per pixel: subnormal, most bits lost), so it gets about 2^-12 instead (normal range
-// for per-pixel gradients above ~0.25, no overflow below ~2.7e8): the forward passes
-// grad = N * 2^-12 (a float16, hence N <= 65504 * 2^12) and the backward divides by it.
-constexpr double kHalfWeight = 1.0 / 4096.0;
-constexpr double kHalfMaxPixels = 65504.0 / kHalfWeight;
-
 // Forward saves references to the two images (no memory: they are inputs) and the two
 // options. With reduction = mean (the training loss), the upstream gradient is a scalar, so
 // the forward launches the backward kernel right after the forward kernel, for an upstream
@@ -235,22 +226,15 @@ class SsimFunction : public torch::autograd::Function<SsimFunction> {
     ctx->save_for_backward({img1, img2});
     ctx->saved_data["valid"] = padding == "valid";
     ctx->saved_data["mean"] = reduction == "mean";
-    const bool half = img1.scalar_type() == at::kHalf;
-    // float16 needs the pixel count on the host (unknown while tracing with symbolic shapes:
-    // then the backward recomputes).
-    const std::optional<int64_t> count =
-        half ? img1.sym_numel().maybe_as_int() : std::optional<int64_t>(1);
-    if (reduction == "mean" && count && static_cast<double>(*count) <= kHalfMaxPixels) {
-      // The kernel's per-pixel weight is grad / (map pixels): 1 / N, or about 2^-12 for
-      // float16 (the map has at most img1.numel() pixels).
-      at::Tensor weight =
-          half ? at::full({}, static_cast<double>(*count) * kHalfWeight, img1.options())
-               : at::ones({}, img1.options());
+    // float16 is left out: its gradient of the mean (~1e-7 per pixel) is subnormal, and a
+    // rescaled one would need the in-place scale done in float32 (at::mul_ rounds the factor
+    // to float16, which overflows for small images under a loss scale). It recomputes.
+    if (reduction == "mean" && img1.scalar_type() != at::kHalf) {
+      at::Tensor weight = at::ones({}, img1.options());
       auto [grad1, grad2] =
           backward_op().call(weight, img1, img2, padding, reduction, img2.requires_grad());
       ctx->saved_data["grad1"] = std::move(grad1);
       ctx->saved_data["grad2"] = std::move(grad2);
-      ctx->saved_data["weight"] = std::move(weight);
     }
     return out;
   }
@@ -264,15 +248,11 @@ class SsimFunction : public torch::autograd::Function<SsimFunction> {
     if (ahead != ctx->saved_data.end()) {  // first backward after a mean forward
       at::Tensor grad1 = ahead->second.toTensor();
       at::Tensor grad2 = ctx->saved_data["grad2"].toTensor();
-      const at::Tensor weight = ctx->saved_data["weight"].toTensor();
       ctx->saved_data.erase("grad1");
       ctx->saved_data.erase("grad2");
-      ctx->saved_data.erase("weight");
-      // grad1/2 hold d(mean)/d(img) * weight * N; scale them in place to grads[0] * d(mean).
-      at::Tensor factor = grads[0];
-      if (weight.scalar_type() == at::kHalf) {
-        factor = grads[0].to(at::kFloat).div_(weight.to(at::kFloat));
-      }
+      // grad1/2 hold d(mean)/d(img) (upstream gradient one): scale them in place (exact for
+      // the usual upstream gradient of 1 - ssim, -1).
+      const at::Tensor& factor = grads[0];
       if (need1) out[0] = grad1.mul_(factor);
       const bool have2 = grad2.dim() == 4;  // else the empty [0] placeholder
       if (need2 && have2) out[1] = grad2.mul_(factor);
