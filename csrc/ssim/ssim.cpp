@@ -12,6 +12,7 @@
 #include <limits>
 #include <string_view>
 #include <tuple>
+#include <vector>
 
 #include "common.h"
 #include "library.h"
@@ -251,11 +252,16 @@ class SsimFunction : public torch::autograd::Function<SsimFunction> {
       ctx->saved_data.erase("grad1");
       ctx->saved_data.erase("grad2");
       // grad1/2 hold d(mean)/d(img) (upstream gradient one): scale them in place (exact for
-      // the usual upstream gradient of 1 - ssim, -1).
-      const at::Tensor& factor = grads[0];
-      if (need1) out[0] = grad1.mul_(factor);
+      // the usual upstream gradient of 1 - ssim, -1). One vectorized multi-tensor launch:
+      // Tensor.mul_ by a 0-dim CUDA tensor takes TensorIterator's broadcasting path (0.087
+      // instead of ~0.03 ms at 5x3x1080x1920 float32).
       const bool have2 = grad2.dim() == 4;  // else the empty [0] placeholder
-      if (need2 && have2) out[1] = grad2.mul_(factor);
+      std::vector<at::Tensor> scaled;
+      if (need1) scaled.push_back(grad1);
+      if (need2 && have2) scaled.push_back(grad2);
+      if (!scaled.empty()) at::_foreach_mul_(scaled, grads[0]);
+      if (need1) out[0] = std::move(grad1);
+      if (need2 && have2) out[1] = std::move(grad2);
       if (!need2 || have2) return out;
       // img2 needs a gradient the forward did not compute (it did not require grad then).
     }
