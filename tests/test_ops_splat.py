@@ -52,12 +52,47 @@ def test_sh_degree_defaults_to_what_sh_holds() -> None:
     assert splat.sh_degree_of(torch.rand(2, 3), None, None) == -1
 
 
-def test_fake_impl_shapes() -> None:
+def test_fake_impl_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The four ops' fake implementations: shapes and dtypes (the overlap count is a dynamic
+    size under FakeTensor; here a stand-in)."""
+    monkeypatch.setattr(splat, "_overlaps", lambda: 11)
     a = splat_scenes.to(splat_scenes.scene(7, 21, 13, 5, sh_degree=2), "meta")
-    out = splat._fake(a["means"], a["scales"], a["rotations"], a["opacities"], a["sh"],
-                      a["viewmat"], a["K"], a["background"], 21, 13, 2, None)
-    assert [tuple(o.shape) for o in out] == [(3, 13, 21), (13, 21), (13, 21), (7,), ()]
-    assert [o.dtype for o in out] == [torch.float32] * 3 + [torch.int32, torch.int64]
+    out = splat._fake_project(a["means"], a["scales"], a["rotations"], a["opacities"], a["sh"],
+                              a["viewmat"], a["K"], a["background"], 21, 13, 2, None)
+    assert [tuple(o.shape) for o in out] == [(7, 2), (7, 3), (7, 3), (7,), (7,), (7, 4),
+                                             (2 * 1, 2), (11,)]
+    assert [o.dtype for o in out] == [torch.float32] * 4 + [torch.int32] * 4
+    means2d, conics, rgb, depths, radii, _, ranges, ids = out
+    img = splat._fake_render(means2d, conics, a["opacities"], rgb, depths, a["background"],
+                             ranges, ids, 21, 13)
+    assert [tuple(o.shape) for o in img] == [(3, 13, 21)] + [(13, 21)] * 4
+    assert [o.dtype for o in img] == [torch.float32] * 4 + [torch.int32]
+    grads = splat._fake_render_backward(means2d, conics, a["opacities"], rgb, depths,
+                                        a["background"], ranges, ids, *img[2:], *img[:3],
+                                        21, 13)
+    assert [tuple(g.shape) for g in grads] == [(7, 2), (7, 3), (7,), (7, 3), (7,)]
+    grads = splat._fake_project_backward(a["means"], a["scales"], a["rotations"], a["sh"],
+                                         a["viewmat"], a["K"], radii, means2d, conics, rgb,
+                                         depths, 21, 13, 2)
+    assert [tuple(g.shape) for g in grads] == [(7, 3), (7, 3), (7, 4), (7, 9, 3)]
+    assert splat._tiles(33, 17) == 3 * 2 and splat._tiles(1, 1) == 1
+
+
+def test_reference_gradients_match_finite_differences() -> None:
+    """The oracle's autograd against central differences (float64 gradcheck) on a small scene
+    with SH degree 2, a background and every differentiable input."""
+    args = splat_scenes.scene(6, 12, 10, 3, sh_degree=2, log_scale=(-2.0, -1.0), spread=0.8)
+    names = ("means", "scales", "rotations", "opacities", "sh", "background")
+    leaves = tuple(args[k].double().requires_grad_() for k in names)
+    fixed = {k: v.double() if isinstance(v, torch.Tensor) else v for k, v in args.items()
+             if k not in names}
+
+    def render(*values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out = reference(**fixed, **dict(zip(names, values, strict=True)))
+        return out.image, out.alpha, out.depth, out.means2d
+
+    assert reference(**fixed, **dict(zip(names, leaves, strict=True))).radii.gt(0).sum() >= 4
+    assert torch.autograd.gradcheck(render, leaves, eps=1e-6, atol=1e-5, rtol=1e-4)
 
 
 def test_result_fields_follow_the_reference() -> None:

@@ -1,4 +1,5 @@
-"""GPU suite of ``gpucheck.ops.rasterize`` (forward), the CUDA Gaussian-splatting rasterizer.
+"""GPU suite of ``gpucheck.ops.rasterize`` (forward), the CUDA Gaussian-splatting rasterizer;
+its gradients are tested in test_splat_backward.py.
 
 Every test runs on each target device with *another* device current (``gpu_device``), so a
 missing device guard crashes or renders on the wrong GPU. The oracle is
@@ -33,7 +34,7 @@ import torch
 
 from gpucheck.errors import BudgetExceeded
 from gpucheck.ops import rasterize
-from gpucheck.ops.splat import op
+from gpucheck.ops.splat import ops
 from gpucheck.reference import rasterize as reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.gpucheck_kernels]
@@ -293,9 +294,10 @@ def test_opcheck(gpu_device: torch.device) -> None:
     for degree in (None, 2):
         a = splat_scenes.scene(60, 37, 21, fresh_seed(), gpu_device, sh_degree=degree)
         values = a["colors"] if degree is None else a["sh"]
-        torch.library.opcheck(op(), (a["means"], a["scales"], a["rotations"], a["opacities"],
-                                     values, a["viewmat"], a["K"], a["background"], a["width"],
-                                     a["height"], -1 if degree is None else degree, None))
+        torch.library.opcheck(ops().project, (
+            a["means"], a["scales"], a["rotations"], a["opacities"], values, a["viewmat"],
+            a["K"], a["background"], a["width"], a["height"], -1 if degree is None else degree,
+            None))
 
 
 def _good(d: torch.device, n: int = 5, **change: Any) -> dict[str, Any]:
@@ -384,7 +386,7 @@ def test_bad_input(gpu_device: torch.device, make: Any, exc: type[Exception],
 
 @pytest.mark.sanitizer
 def test_cpp_checks_for_torch_ops_callers(gpu_device: torch.device) -> None:
-    """torch.ops.gpucheck.splat_forward callers skip the Python checks; the entry point's
+    """torch.ops.gpucheck.splat_project callers skip the Python checks; the entry point's
     own ones still give clear errors."""
     a = _good(gpu_device)
     args = [a["means"], a["scales"], a["rotations"], a["opacities"], a["colors"], a["viewmat"],
@@ -392,16 +394,16 @@ def test_cpp_checks_for_torch_ops_callers(gpu_device: torch.device) -> None:
     bad_degree = list(args)
     bad_degree[10] = 4
     with pytest.raises(ValueError, match=r"sh_degree must be -1 .* or in 0..3, got 4"):
-        op()(*bad_degree)
+        ops().project(*bad_degree)
     big = list(args)
     big[8] = 70_000
     with pytest.raises(ValueError, match=r"width and height must be in \[1, 65536\]"):
-        op()(*big)
+        ops().project(*big)
     cpu_bg = list(args)
     cpu_bg[7] = a["background"].cpu()
     # common.h's check_cuda raises a plain RuntimeError (TORCH_CHECK)
     with pytest.raises(RuntimeError, match=r"background must be a CUDA tensor, got one on cpu"):
-        op()(*cpu_bg)
+        ops().project(*cpu_bg)
 
 
 @pytest.mark.multigpu
