@@ -113,9 +113,12 @@ void raise_bad_input(const int32_t* bad, int64_t n, const at::Tensor& means,
 }
 
 // The evidence of a failed preflight: what was asked for, and why it is probably that large.
+// gpucheck.errors.MemoryAnomalyError parses this message back into its fields: keep the two
+// in step (tests/test_ops_splat.py holds a recorded one).
 [[noreturn]] void raise_budget(const std::string& reason, int64_t n, int64_t total,
-                               int64_t bytes, const at::Tensor& radii, const at::Tensor& counts,
-                               int64_t tiles, int64_t width, int64_t height) {
+                               int64_t bytes, int64_t free_bytes, const at::Tensor& radii,
+                               const at::Tensor& counts, int64_t tiles, int64_t width,
+                               int64_t height) {
   const at::Tensor r_host = radii.to(at::kCPU);
   const at::Tensor c_host = counts.to(at::kCPU);
   const int32_t* r = r_host.const_data_ptr<int32_t>();
@@ -137,7 +140,8 @@ void raise_bad_input(const int32_t* bad, int64_t n, const at::Tensor& means,
   std::ostringstream msg;
   msg << kBudgetPrefix << reason << ". " << n << " Gaussians (" << visible.size()
       << " visible) touch " << total << " tiles in total (" << tiles << " tiles of "
-      << width << "x" << height << "), binning needs " << bytes << " bytes; radius "
+      << width << "x" << height << "), binning needs " << bytes << " bytes, " << free_bytes
+      << " bytes free; radius "
       << "percentiles (visible, px) p50 " << pct(0.5) << ", p90 " << pct(0.9) << ", p99 "
       << pct(0.99) << ", max " << (visible.empty() ? 0 : visible.back()) << "; " << large
       << " Gaussians (" << 100.0 * share << " %) cover more than 25 % of the image. Hint: "
@@ -288,9 +292,10 @@ splat_project_cuda(
 
   // 3. preflight, before any binning buffer exists.
   const int64_t binning_bytes = total * kBytesPerIntersection;
+  const int64_t available = free_device_bytes(means.device().index());
   if (max_bytes.has_value() && binning_bytes > *max_bytes) {
     raise_budget("more than max_bytes " + std::to_string(*max_bytes), n64, total,
-                 binning_bytes, radii, counts, tiles, width, height);
+                 binning_bytes, available, radii, counts, tiles, width, height);
   }
   // The sort's scratch can only be sized for an int32 count; past that the keys alone are
   // > 48 GiB, which is what the comparison with the free memory below then mostly sees.
@@ -299,16 +304,15 @@ splat_project_cuda(
   const size_t sort_bytes =
       total > 0 && fits_int32 ? sort_temp_bytes(static_cast<int>(total), end_bit) : 0;
   const int64_t needed = binning_bytes + static_cast<int64_t>(sort_bytes);
-  const int64_t available = free_device_bytes(means.device().index());
   if (needed > available) {
     raise_budget("needs " + std::to_string(needed) + " bytes with the sort's scratch, more "
                  "than the " + std::to_string(available) + " bytes free on " +
-                 means.device().str(), n64, total, binning_bytes, radii, counts, tiles,
+                 means.device().str(), n64, total, needed, available, radii, counts, tiles,
                  width, height);
   }
   if (!fits_int32) {
     raise_budget("more than 2^31 - 1 Gaussian-tile overlaps, which the int32 sort cannot hold",
-                 n64, total, binning_bytes, radii, counts, tiles, width, height);
+                 n64, total, needed, available, radii, counts, tiles, width, height);
   }
   const int items = static_cast<int>(total);
 

@@ -8,8 +8,9 @@ gradients. Two ops, each with a backward op and a fake implementation, as in gsp
 * ``torch.ops.gpucheck.splat_project``: per Gaussian screen mean, conic, colour, depth, radius,
   tile rectangle, then the tile binning (sorted Gaussian ids and per-tile ranges). Before it
   allocates its binning buffers it counts the Gaussian-tile overlaps and raises
-  :class:`gpucheck.errors.BudgetExceeded` when they would not fit ``max_bytes`` or the free
-  device memory (failure 3 of ``docs/failures.md``: scales activated twice).
+  :class:`gpucheck.MemoryAnomalyError` (a :class:`gpucheck.errors.BudgetExceeded`) when they
+  would not fit ``max_bytes`` or the free device memory (failure 3 of ``docs/failures.md``:
+  scales activated twice), with the evidence as attributes.
 * ``torch.ops.gpucheck.splat_render``: per tile compositing; it also returns each pixel's final
   transmittance and the position of its last contribution, which its backward walks back from.
 
@@ -38,14 +39,14 @@ from typing import Any, NamedTuple
 
 import torch
 
-from gpucheck.errors import BudgetExceeded
+from gpucheck.errors import MemoryAnomalyError
 from gpucheck.ops._ext import registered_op
 from gpucheck.reference.splat import BYTES_PER_INTERSECTION, TILE_SIZE, sh_degree_of
 
 __all__ = ["BYTES_PER_INTERSECTION", "RasterizeResult", "ops", "rasterize"]
 
 #: How the C++ entry point starts the message of a failed preflight (a torch.OutOfMemoryError,
-#: which :func:`rasterize` turns into BudgetExceeded).
+#: which :func:`rasterize` turns into MemoryAnomalyError).
 BUDGET_PREFIX = "splat_project: binning budget exceeded: "
 
 
@@ -229,8 +230,8 @@ def rasterize(
         width: image width in pixels (1 to 65536).
         height: image height in pixels (1 to 65536).
         background: ``[3]`` colour behind everything; default black.
-        max_bytes: if given, raise :class:`BudgetExceeded` when the binning buffers
-            (``BYTES_PER_INTERSECTION`` per Gaussian-tile overlap) would exceed it.
+        max_bytes: if given, raise :class:`gpucheck.MemoryAnomalyError` when the binning
+            buffers (``BYTES_PER_INTERSECTION`` per Gaussian-tile overlap) would exceed it.
 
     Returns:
         :class:`RasterizeResult` on ``means.device``; ``means2d`` retains its gradient when it
@@ -239,9 +240,10 @@ def rasterize(
     Raises:
         TypeError: an input is not a tensor, not float32, or an int argument is not an int.
         ValueError: wrong shapes or devices, NaN/inf, non-activated values, a bad camera.
-        BudgetExceeded: the binning buffers exceed ``max_bytes`` or the free device memory;
-            the message lists N, the visible count, the overlaps, the bytes, the radius
-            percentiles, the share of huge Gaussians and a hint.
+        gpucheck.MemoryAnomalyError: (a BudgetExceeded) the binning buffers exceed
+            ``max_bytes`` or the free device memory; its attributes (and message) hold N, the
+            visible count, the overlaps, the bytes needed and free, the radius percentiles,
+            the share of Gaussians covering > 25 % of the image and a hint.
         gpucheck.errors.ExtensionNotBuilt: the compiled extension is not installed.
     """
     degree = _check_python_side(means, scales, rotations, opacities, colors, sh, sh_degree,
@@ -257,7 +259,7 @@ def rasterize(
     except torch.OutOfMemoryError as err:
         msg = str(err).split("\nException raised from")[0]
         if BUDGET_PREFIX in msg:
-            raise BudgetExceeded(msg[msg.index(BUDGET_PREFIX):]) from None
+            raise MemoryAnomalyError(msg[msg.index(BUDGET_PREFIX):]) from None
         raise
     if means2d.requires_grad:
         means2d.retain_grad()

@@ -32,7 +32,7 @@ import pytest
 import splat_scenes
 import torch
 
-from gpucheck.errors import BudgetExceeded
+from gpucheck.errors import BudgetExceeded, MemoryAnomalyError
 from gpucheck.ops import rasterize
 from gpucheck.ops.splat import ops
 from gpucheck.reference import rasterize as reference
@@ -266,11 +266,19 @@ def test_max_bytes_catches_double_activation(gpu_device: torch.device) -> None:
     assert got.n_intersections * 24 <= 40_000
     bad = _double_activated(200, 64, 64, 100.0, gpu_device, twice=True)
     pattern = (r"binning budget exceeded: more than max_bytes 40000\. 200 Gaussians "
-               r"\(\d+ visible\) touch \d+ tiles in total .*binning needs \d+ bytes; radius "
-               r"percentiles .*p50 \d+, p90 \d+, p99 \d+, max \d+; \d+ Gaussians .* cover more "
-               r"than 25 % of the image\. Hint: .*activation applied twice")
-    with pytest.raises(BudgetExceeded, match=pattern):
+               r"\(\d+ visible\) touch \d+ tiles in total .*binning needs \d+ bytes, \d+ bytes "
+               r"free; radius percentiles .*p50 \d+, p90 \d+, p99 \d+, max \d+; \d+ Gaussians .* "
+               r"cover more than 25 % of the image\. Hint: .*activation applied twice")
+    with pytest.raises(MemoryAnomalyError, match=pattern) as info:
         rasterize(**bad, max_bytes=40_000)
+    err = info.value
+    assert isinstance(err, BudgetExceeded)
+    assert err.n == 200 and err.visible is not None and 0 < err.visible <= 200
+    assert err.overlaps is not None and err.bytes_needed == 24 * err.overlaps > 40_000
+    assert err.bytes_free is not None and err.bytes_free > 0
+    assert err.radius_percentiles is not None and err.radius_percentiles["p50"] > 32
+    assert err.large_share is not None and err.large_share > 0.5
+    assert err.hint is not None and "activation applied twice" in err.hint
     with pytest.raises(BudgetExceeded):    # the oracle agrees
         reference(**splat_scenes.to(bad, "cpu"), max_bytes=40_000)
     # nothing broken afterwards
@@ -283,8 +291,12 @@ def test_free_memory_catches_double_activation(gpu_device: torch.device) -> None
     bad = _double_activated(2_000_000, 1920, 1080, 1000.0, gpu_device, twice=True)
     torch.cuda.reset_peak_memory_stats(gpu_device)
     base = torch.cuda.memory_allocated(gpu_device)
-    with pytest.raises(BudgetExceeded, match=r"bytes free on cuda:\d.*activation applied twice"):
+    with pytest.raises(MemoryAnomalyError,
+                       match=r"bytes free on cuda:\d.*activation applied twice") as info:
         rasterize(**bad)
+    assert info.value.n == 2_000_000 and (info.value.overlaps or 0) > 1e10  # ~6600 each
+    assert info.value.bytes_needed is not None and info.value.bytes_free is not None
+    assert info.value.bytes_needed > info.value.bytes_free
     # per-Gaussian buffers only (~100 bytes each), never the binning buffers
     assert torch.cuda.max_memory_allocated(gpu_device) - base < 400 * 2_000_000
 
