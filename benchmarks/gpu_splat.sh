@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build the splat kernel only, run its GPU suites (forward and gradients) and its benchmark. Run from the repo root on a
-# GPU machine. Logs go to $OUT (or ./splat-logs), tarred into splat-logs.tar.gz.
+# Build the splat kernel only, run its GPU suites (forward and gradients) and its benchmark.
+# Run from the repo root on a GPU machine. Logs go to $OUT (or ./splat-logs), tarred into splat-logs.tar.gz.
 # Env: PYTHON (default python3), SPLAT_SUITE_ARGS (extra pytest args), SPLAT_SKIP_CLI=1.
 set -u -o pipefail
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16}

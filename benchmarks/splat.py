@@ -149,13 +149,40 @@ def gradient_accuracy(device: torch.device, seeds: int = 3) -> dict[str, Any]:
     return {"worst": worst, "repeat_bitwise": bitwise, "repeat_max_rel_diff": spread}
 
 
+def profile(n: int, device: torch.device, steps: int = 10) -> str:
+    """Per-kernel device time of ``steps`` training steps at ``n`` Gaussians (torch.profiler),
+    as a table: where the forward and the backward spend their time."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    args = splat_scenes.scene(n, 1920, 1080, 1234, device, sh_degree=3,
+                              depth_range=(2.0, 30.0), log_scale=(-5.0, -3.0))
+    leaves = {k: args[k].clone().requires_grad_() for k in DIFFERENTIABLE}
+    grad_image = torch.rand(3, 1080, 1920, device=device)
+    for _ in range(3):
+        rasterize(**{**args, **leaves}).image.backward(grad_image)
+    torch.cuda.synchronize(device)
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            rasterize(**{**args, **leaves}).image.backward(grad_image)
+        torch.cuda.synchronize(device)
+    table: str = prof.key_averages().table(sort_by="cuda_time_total", row_limit=14,
+                                           max_name_column_width=48)
+    return table
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--n", type=int, nargs="+", default=[100_000, 1_000_000, 3_000_000])
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--profile", type=int, metavar="N",
+                        help="only print a per-kernel profile of 10 training steps at N")
     args = parser.parse_args()
     device = torch.device("cuda", torch.cuda.current_device())
+    if args.profile:
+        print(profile(args.profile, device))
+        return 0
     result = {"device": torch.cuda.get_device_name(device), "torch": torch.__version__,
               "timing": [timing(n, args.repeats, device) for n in args.n],
               "accuracy": accuracy(device), "gradients": gradient_accuracy(device)}

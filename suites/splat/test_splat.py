@@ -76,6 +76,21 @@ def check_against_reference(args: dict[str, Any], what: str) -> Any:
     ref = reference(**splat_scenes.to(args, "cpu"))
     assert torch.equal(got.radii.cpu(), ref.radii), f"{what}: radii differ"
     assert got.n_intersections == ref.n_intersections, f"{what}: n_intersections differ"
+    # per-Gaussian outputs: float64 preprocessing rounded once to float32
+    assert torch.equal(got.tiles.cpu(), ref.tiles), f"{what}: tile rectangles differ"
+    torch.testing.assert_close(got.means2d.detach().cpu().double(), ref.means2d.detach(),
+                               rtol=1e-6, atol=1e-4, msg=lambda m: f"{what}: means2d: {m}")
+    torch.testing.assert_close(got.depths.cpu().double(), ref.depths, rtol=1e-6, atol=1e-6,
+                               msg=lambda m: f"{what}: depths: {m}")
+    torch.testing.assert_close(got.colors.cpu().double(), ref.colors, rtol=1e-6, atol=1e-6,
+                               msg=lambda m: f"{what}: colors: {m}")
+    vis = ref.radii > 0
+    if bool(vis.any()):
+        want = ref.conics[vis].detach()
+        torch.testing.assert_close(got.conics.cpu().double()[vis], want, rtol=1e-5,
+                                   atol=1e-6 * float(want.abs().max()),
+                                   msg=lambda m: f"{what}: conics: {m}")
+    assert not bool(got.conics[~vis.to(got.conics.device)].any()), f"{what}: culled conics"
     flip = _flip_bound(args, ref)
     _close(got.image, ref.image, ATOL, flip, f"{what}: image")
     _close(got.alpha, ref.alpha, ATOL, flip, f"{what}: alpha")
