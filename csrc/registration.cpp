@@ -39,8 +39,8 @@ GPUCHECK_TORCH_LIBRARY(m) {
       "Tensor n_contrib)");
   m.def(
       "splat_render_backward(Tensor means2d, Tensor conics, Tensor opacities, Tensor rgb, "
-      "Tensor depths, Tensor background, Tensor tile_ranges, Tensor ids, Tensor depth, "
-      "Tensor final_T, Tensor n_contrib, Tensor grad_image, Tensor grad_alpha, "
+      "Tensor depths, Tensor background, Tensor tile_ranges, Tensor ids, Tensor alpha, "
+      "Tensor depth, Tensor final_T, Tensor n_contrib, Tensor grad_image, Tensor grad_alpha, "
       "Tensor grad_depth, int width, int height) -> (Tensor grad_means2d, Tensor grad_conics, "
       "Tensor grad_opacities, Tensor grad_rgb, Tensor grad_depths)");
   m.def(

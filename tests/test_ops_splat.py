@@ -70,7 +70,7 @@ def test_fake_impl_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
     assert [tuple(o.shape) for o in img] == [(3, 13, 21)] + [(13, 21)] * 4
     assert [o.dtype for o in img] == [torch.float32] * 4 + [torch.int32]
     grads = splat._fake_render_backward(means2d, conics, a["opacities"], rgb, depths,
-                                        a["background"], ranges, ids, *img[2:], *img[:3],
+                                        a["background"], ranges, ids, *img[1:], *img[:3],
                                         21, 13)
     assert [tuple(g.shape) for g in grads] == [(7, 2), (7, 3), (7,), (7, 3), (7,)]
     grads = splat._fake_project_backward(a["means"], a["scales"], a["rotations"], a["sh"],

@@ -420,6 +420,7 @@ splat_render_backward_cuda(
     const at::Tensor& means2d, const at::Tensor& conics, const at::Tensor& opacities,
     const at::Tensor& rgb, const at::Tensor& depths, const at::Tensor& background,
     const at::Tensor& tile_ranges, const at::Tensor& ids,  // as splat_render's inputs
+    const at::Tensor& alpha,       // [H, W] float32, splat_render's output
     const at::Tensor& depth,       // [H, W] float32, splat_render's output
     const at::Tensor& final_T,     // [H, W] float32, splat_render's output
     const at::Tensor& n_contrib,   // [H, W] int32, splat_render's output
@@ -432,6 +433,7 @@ splat_render_backward_cuda(
   GPUCHECK_DEVICE_GUARD(means2d);
   const SplatInputs in = splat_inputs(op, means2d, conics, opacities, rgb, depths, background,
                                       tile_ranges, ids, width, height);
+  check_input(means2d, alpha, "alpha", {height, width}, op, at::kFloat, "means2d");
   check_input(means2d, depth, "depth", {height, width}, op, at::kFloat, "means2d");
   check_input(means2d, final_T, "final_T", {height, width}, op, at::kFloat, "means2d");
   check_input(means2d, n_contrib, "n_contrib", {height, width}, op, at::kInt, "means2d");
@@ -447,6 +449,7 @@ splat_render_backward_cuda(
   at::Tensor g_depths = at::zeros({n}, options);
   if (n == 0 || ids.numel() == 0) return {g_means2d, g_conics, g_opacities, g_rgb, g_depths};
   RenderGrads g{};
+  g.alpha = alpha.const_data_ptr<float>();
   g.depth = depth.const_data_ptr<float>();
   g.final_T = final_T.const_data_ptr<float>();
   g.n_contrib = n_contrib.const_data_ptr<int32_t>();

@@ -124,6 +124,7 @@ void launch_render(const SplatInputs& in, float* image, float* alpha, float* dep
 // depths) accumulated with one warp-reduced atomicAdd per Gaussian, warp and value (the
 // outputs must be zeroed first). grad_* are d loss / d (image, alpha, depth) of the forward.
 struct RenderGrads {
+  const float* alpha;       // [h, w] forward output (the sum of the weights)
   const float* depth;       // [h, w] forward output
   const float* final_T;     // [h, w]
   const int32_t* n_contrib; // [h, w]

@@ -5,7 +5,10 @@
 //    pixel of the tile composited. Each pixel starts from its final transmittance T_N and
 //    undoes one Gaussian at a time (T_i = T_{i+1} / (1 - alpha_i)), carrying
 //      R = sum_{j > i} (g . c_j) alpha_j T_j + T_N dL/dT_N
-//    (g: the pixel's gradient of the colour and depth channels), so that
+//    (g: the pixel's gradient of the colour and depth channels; the depth output is
+//    sum z_i w_i / sum w_i, so its channel value is (z_i - depth) / alpha, which has no
+//    cancellation where alpha is small; the background and alpha outputs enter through
+//    dL/dT_N), so that
 //      dL/dalpha_i = (g . c_i) T_i - R / (1 - alpha_i).
 //    From dL/dalpha_i follow the gradients of the opacity, of the exponent and through it of
 //    the conic and the screen mean; the colour and depth gradients are g alpha_i T_i. Every
@@ -53,7 +56,8 @@ __global__ void __launch_bounds__(kBlockPixels)
   float T = 1.0f;  // transmittance after the Gaussian being undone
   float R = 0.0f;
   float g[3] = {0.0f, 0.0f, 0.0f};
-  float g_depth = 0.0f;  // gradient of the accumulated depth sum_i z_i alpha_i T_i
+  float g_depth = 0.0f;  // d loss / d (sum_i z_i w_i): d loss / d depth over alpha
+  float depth = 0.0f;
   int last = 0;
   if (inside) {
     const int64_t plane = static_cast<int64_t>(in.width) * in.height;
@@ -65,11 +69,10 @@ __global__ void __launch_bounds__(kBlockPixels)
       g[ch] = gr.grad_image[ch * plane + pix];
       g_T += g[ch] * in.background[ch];
     }
-    const float acc = 1.0f - T;  // the forward's alpha, to the same bits
-    if (acc > 0.0f) {            // depth = acc_depth / alpha (0 where alpha is 0)
-      const float gd = gr.grad_depth[pix];
-      g_depth = gd / acc;
-      g_T += gd * gr.depth[pix] / acc;
+    const float acc = gr.alpha[pix];  // sum_i w_i, the forward's alpha
+    if (acc > 0.0f) {                 // depth = sum_i z_i w_i / acc (0 where alpha is 0)
+      g_depth = gr.grad_depth[pix] / acc;
+      depth = gr.depth[pix];
     }
     R = T * g_T;
   }
@@ -110,7 +113,8 @@ __global__ void __launch_bounds__(kBlockPixels)
           T = T / one_minus;  // transmittance in front of this Gaussian
           const float w = a * T;
           const float4 cd = s_color[j];
-          const float gc = g[0] * cd.x + g[1] * cd.y + g[2] * cd.z + g_depth * cd.w;
+          const float gc =
+              g[0] * cd.x + g[1] * cd.y + g[2] * cd.z + g_depth * (cd.w - depth);
           const float g_alpha = gc * T - R / one_minus;
           R += gc * w;
           v[5] = g[0] * w;

@@ -227,6 +227,7 @@ __global__ void __launch_bounds__(kBlockPixels)
   float T = 1.0f;
   float rgb[3] = {0.0f, 0.0f, 0.0f};
   float depth = 0.0f;
+  float weight = 0.0f;  // sum of a T: alpha, accurate also where it is small (unlike 1 - T)
   int last = 0;
   bool done = !inside;
   for (int start = range.x; start < range.y; start += kBlockPixels) {
@@ -261,6 +262,7 @@ __global__ void __launch_bounds__(kBlockPixels)
       rgb[1] += cd.y * w;
       rgb[2] += cd.z * w;
       depth += cd.w * w;
+      weight += w;
       T = next_T;
       last = start - range.x + j + 1;
     }
@@ -269,9 +271,10 @@ __global__ void __launch_bounds__(kBlockPixels)
   const int64_t plane = static_cast<int64_t>(in.width) * in.height;
   const int64_t pix = static_cast<int64_t>(py) * in.width + px;
   for (int ch = 0; ch < 3; ++ch) image[ch * plane + pix] = rgb[ch] + T * in.background[ch];
-  const float acc = 1.0f - T;
-  alpha_out[pix] = acc;
-  depth_out[pix] = acc > 0.0f ? depth / acc : 0.0f;
+  // alpha = 1 - T in exact arithmetic; the sum of the weights keeps depth = sum z w / sum w
+  // exact for a single Gaussian, which the backward pass relies on (no cancellation)
+  alpha_out[pix] = weight;
+  depth_out[pix] = weight > 0.0f ? depth / weight : 0.0f;
   final_T[pix] = T;
   n_contrib[pix] = last;
 }

@@ -146,15 +146,15 @@ def _project_backward(ctx: Any, g_means2d: torch.Tensor | None, g_conics: torch.
 
 def _render_setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any, ...]) -> None:
     *tensors, width, height = inputs
-    _, _, depth, final_T, n_contrib = output
-    ctx.save_for_backward(*tensors, depth, final_T, n_contrib)
+    _, alpha, depth, final_T, n_contrib = output
+    ctx.save_for_backward(*tensors, alpha, depth, final_T, n_contrib)
     ctx.dims = (width, height)
 
 
 def _render_backward(ctx: Any, g_image: torch.Tensor | None, g_alpha: torch.Tensor | None,
                      g_depth: torch.Tensor | None, *_: Any) -> tuple[torch.Tensor | None, ...]:
     saved = ctx.saved_tensors
-    depth, final_T = saved[8], saved[9]
+    depth, final_T = saved[9], saved[10]
     g_image = _zeros_if_none(g_image, final_T.new_empty((3, *final_T.shape)))
     grads = ops().render_backward(*saved, g_image, _zeros_if_none(g_alpha, final_T),
                                   _zeros_if_none(g_depth, depth), *ctx.dims)
