@@ -308,21 +308,33 @@ __global__ void __launch_bounds__(kThreads) project_backward_kernel(const Projec
     for (int c = 0; c < 3; ++c) d[c] = m[c] + (W[0][c] * t[0] + W[1][c] * t[1] + W[2][c] * t[2]);
     const double dn = fmax(sqrt(d[0] * d[0] + d[1] * d[1] + d[2] * d[2]), 1e-12);
     const double dir[3] = {d[0] / dn, d[1] / dn, d[2] / dn};
-    double basis[16];
+    // Loops over the 16 basis functions with compile-time bounds (guarded by the run-time
+    // count), so that basis and g_basis stay in registers rather than local memory.
+    double basis[16] = {};
     const int count = sh_basis(a.sh_degree, dir[0], dir[1], dir[2], basis);
     double g_s[3];
+#pragma unroll
     for (int ch = 0; ch < 3; ++ch) {
       double s = 0.0;
-      for (int k = 0; k < count; ++k) s += basis[k] * static_cast<double>(cp[3 * k + ch]);
+#pragma unroll
+      for (int k = 0; k < 16; ++k) {
+        if (k < count) s += basis[k] * static_cast<double>(cp[3 * k + ch]);
+      }
       g_s[ch] = s + 0.5 >= 0.0 ? static_cast<double>(grgb[ch]) : 0.0;  // clamp_min(0)
     }
-    double g_basis[16];
-    for (int k = 0; k < 16; ++k) g_basis[k] = 0.0;
-    for (int k = 0; k < a.sh_coeffs; ++k) {
-      for (int ch = 0; ch < 3; ++ch) {
-        gcp[3 * k + ch] = k < count ? static_cast<float>(basis[k] * g_s[ch]) : 0.0f;
-        if (k < count) g_basis[k] += static_cast<double>(cp[3 * k + ch]) * g_s[ch];
+    double g_basis[16] = {};
+#pragma unroll
+    for (int k = 0; k < 16; ++k) {
+      if (k < a.sh_coeffs) {
+#pragma unroll
+        for (int ch = 0; ch < 3; ++ch) {
+          gcp[3 * k + ch] = k < count ? static_cast<float>(basis[k] * g_s[ch]) : 0.0f;
+          if (k < count) g_basis[k] += static_cast<double>(cp[3 * k + ch]) * g_s[ch];
+        }
       }
+    }
+    for (int k = 16; k < a.sh_coeffs; ++k) {  // coefficients beyond degree 3: no gradient
+      for (int ch = 0; ch < 3; ++ch) gcp[3 * k + ch] = 0.0f;
     }
     double g_dir[3] = {0.0, 0.0, 0.0};
     sh_basis_backward(a.sh_degree, dir[0], dir[1], dir[2], g_basis, g_dir);
