@@ -1,5 +1,7 @@
 """CPU tests of gpucheck.ops.rasterize's Python side: argument checks that need no GPU, the
-fake (meta) implementation's shapes, and the scenes the GPU suite renders."""
+fake (meta) implementations' shapes, the scenes the GPU suite renders, a float64 gradcheck of
+the reference (the oracle of the kernel's gradients) and gpucheck.MemoryAnomalyError's fields
+from recorded preflight messages."""
 
 from __future__ import annotations
 
