@@ -2,3 +2,7 @@
 inside backward, under mixed precision or after a checkpoint resume."""
 
 __version__ = "0.1.0"
+
+from gpucheck.errors import MemoryAnomalyError
+
+__all__ = ["MemoryAnomalyError", "__version__"]
