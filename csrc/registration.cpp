@@ -37,12 +37,16 @@ GPUCHECK_TORCH_LIBRARY(m) {
       "Tensor depths, Tensor background, Tensor tile_ranges, Tensor ids, int width, "
       "int height) -> (Tensor image, Tensor alpha, Tensor depth, Tensor final_T, "
       "Tensor n_contrib)");
+  // Float atomics sum the per-Gaussian gradients in an order that varies between runs: the
+  // tag tells gpucheck's numerics detector (and torch) that its bits may differ.
   m.def(
+      static_cast<const char*>(
       "splat_render_backward(Tensor means2d, Tensor conics, Tensor opacities, Tensor rgb, "
       "Tensor depths, Tensor background, Tensor tile_ranges, Tensor ids, Tensor alpha, "
       "Tensor depth, Tensor final_T, Tensor n_contrib, Tensor grad_image, Tensor grad_alpha, "
       "Tensor grad_depth, int width, int height) -> (Tensor grad_means2d, Tensor grad_conics, "
-      "Tensor grad_opacities, Tensor grad_rgb, Tensor grad_depths)");
+      "Tensor grad_opacities, Tensor grad_rgb, Tensor grad_depths)"),
+      {at::Tag::nondeterministic_bitwise});
   m.def(
       "splat_project_backward(Tensor means, Tensor scales, Tensor rotations, Tensor colors, "
       "Tensor viewmat, Tensor K, Tensor radii, Tensor grad_means2d, Tensor grad_conics, "
