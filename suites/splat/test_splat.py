@@ -439,5 +439,6 @@ def test_inputs_on_two_devices(gpu_device: torch.device, other_device: torch.dev
     if other_device is None:
         pytest.skip("needs a second visible CUDA device")
     args = _edit(gpu_device, "opacities", lambda t: t.to(other_device))
-    with pytest.raises(ValueError, match=r"opacities is on cuda:\d but means is on cuda:\d"):
+    # common.h's check_same_device raises a plain RuntimeError (TORCH_CHECK), as check_cuda
+    with pytest.raises(RuntimeError, match=r"opacities is on cuda:\d but means is on cuda:\d"):
         rasterize(**args)
