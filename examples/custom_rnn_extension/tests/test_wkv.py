@@ -2,9 +2,9 @@
 pybind11 function, and the backward op called on its own (inside autograd the engine makes
 the gradient's device current, which would hide a gradient allocated on the current device).
 Run: ``gpucheck run --all-devices --suite tests/test_wkv.py`` or ``pytest -n 2 tests``."""
+import custom_rnn as rnn
 import torch
 
-import custom_rnn as rnn
 import gpucheck
 
 DTYPES = ("float32", "bfloat16", "float64")
