@@ -83,6 +83,10 @@ _ENGINE_DEVICE = re.compile(r"invalid gradient at index (\d+) - expected device 
                             r"(\S+)")
 
 
+_NO_GRAD = ("{name}: backward was asked for, but no output requires grad (no autograd "
+            "registered?); pass backward=False to check_op if the op has none")
+
+
 @dataclass(frozen=True)
 class OpSpec:
     """What :func:`check_op` was asked to check (also the test function's ``gpucheck_op``)."""
@@ -382,9 +386,7 @@ class _Runner:
             return Step([o.detach() for o in outputs], {})
         diff = [o for o in outputs if o.requires_grad]
         if not diff:
-            raise AssertionError(f"{self.spec.name}: backward was asked for, but no output "
-                                 "requires grad (no autograd registered?); pass "
-                                 "backward=False to check_op if the op has none")
+            raise AssertionError(_NO_GRAD.format(name=self.spec.name))
         gen = torch.Generator().manual_seed(self.seed if grad_seed is None else grad_seed)
         gouts = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.device, o.dtype)
                  for o in diff]
@@ -426,6 +428,8 @@ class _Runner:
                              LEAK_HINT))
             torch.cuda.set_device(before)
         diff = [o for o in outputs if o.requires_grad]
+        if positions and not diff:
+            raise AssertionError(_NO_GRAD.format(name=self.spec.name))
         if positions and diff:
             gouts = [torch.ones_like(o) for o in diff]
             try:
@@ -614,6 +618,7 @@ class _Runner:
 
     def gradcheck(self, device: Any) -> None:
         import torch
+        from torch.autograd.gradcheck import GradcheckError
 
         args = list(self.inputs(device, torch.float64))
         positions = self.diff_positions(args)
@@ -626,7 +631,14 @@ class _Runner:
                 full[i] = d
             return tuple(flat_tensors(call_op(self.spec, full)))
 
-        torch.autograd.gradcheck(fn, tuple(args[i] for i in positions), fast_mode=True)
+        try:
+            torch.autograd.gradcheck(fn, tuple(args[i] for i in positions), fast_mode=True)
+        except GradcheckError as err:
+            head = " ".join(str(err).split("\n")[:3])
+            msg = f"{self.spec.name}: float64 gradcheck failed: {head}"
+            attach("numerics", msg, op=self.spec.name, evidence=str(err)[:4000],
+                   hint="the backward does not match finite differences of the forward")
+            raise AssertionError(msg) from None
 
 
 def _current_device() -> int | None:

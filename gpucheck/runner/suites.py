@@ -77,8 +77,8 @@ def resolve(requested: tuple[str, ...] | list[str]) -> dict[str, Path]:
             chosen[name] = path.resolve()
         elif item in known:
             chosen[item] = known[item]
-        elif (found := module_path(item)) is not None:
-            chosen[item] = found
+        elif (module := module_path(item)) is not None:
+            chosen[item] = module
         else:
             names = ", ".join(sorted(known)) or "none"
             raise UsageProblem(f"unknown suite {item!r}: not a path, not one of the known "
