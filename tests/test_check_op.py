@@ -260,3 +260,19 @@ def test_inputs_are_the_same_for_one_seed_and_fresh_for_another():
     b = _Runner(t.gpucheck_op, 3).inputs(CPU, torch.float32)
     c = _Runner(t.gpucheck_op, 4).inputs(CPU, torch.float32)
     assert torch.equal(a[0], b[0]) and not torch.equal(a[0], c[0])
+
+
+def test_the_example_extension_is_compile_checked_clean_and_with_each_defect():
+    from gpucheck import _csrc
+
+    names = {f.name for f in _csrc.check_only_sources() if "custom_rnn" in str(f)}
+    assert names == {"bindings.cpp", "wkv.cpp", "wkv_cuda.cu"}
+    units, _ = _csrc.check_units("only")
+    variants = {(f.name, tuple(flags)) for f, flags, label in units if "example" in label}
+    assert variants == {("wkv.cpp", ("-DCUSTOM_RNN_DEFECT_NO_GUARD",)),
+                        ("wkv.cpp", ("-DCUSTOM_RNN_DEFECT_BF16_ACCUM",)),
+                        ("wkv_cuda.cu", ("-DCUSTOM_RNN_DEFECT_BF16_ACCUM",)),
+                        ("wkv.cpp", ("-DCUSTOM_RNN_DEFECT_GRAD_CURRENT_DEVICE",))}
+    code = "".join((_csrc.EXAMPLE_CSRC / n).read_text() for n in ("wkv.h", "wkv.cpp"))
+    for _, flags in variants:  # every macro is one the sources test
+        assert f"#ifdef {flags[0].removeprefix('-D')}" in code
