@@ -299,16 +299,6 @@ def case_seed(config: pytest.Config) -> int:
     return int(config._gpucheck_seed)  # type: ignore[attr-defined]
 
 
-class _Named:
-    """What the op watch needs to name a plain function's calls."""
-
-    def __init__(self, name: str) -> None:
-        self._qualified_op_name = name
-
-    def __str__(self) -> str:
-        return self._qualified_op_name
-
-
 def call_op(spec: OpSpec, args: Sequence[Any]) -> Any:
     """``spec.op(*args)``; a plain function's call is shown to the op watch's listeners
     (the worker-side detectors) like a torch op's."""
@@ -316,9 +306,7 @@ def call_op(spec: OpSpec, args: Sequence[Any]) -> Any:
         return spec.op(*args)
     from gpucheck.detectors import op_watch
 
-    if not op_watch._listeners:
-        return spec.op(*args)
-    return op_watch._run(_Named(spec.name), lambda _named, *a: spec.op(*a), tuple(args), {})
+    return op_watch.watch_call(spec.name, spec.op, *args)
 
 
 def flat_tensors(out: Any) -> list[Any]:

@@ -10,7 +10,8 @@ re-run with another device current again (``|rerun:other-current``). Passes with
 current and goes wrong again in the control: the kernel ran on the current device instead of
 its inputs' device, a ``wrong-device`` finding with the outcomes as evidence. Fails with the
 target current too: the original finding stands, it is not a device bug. Passes both ways: a
-``not-reproducible`` warning (a random input or a race made it fail once). The comparison itself is plain data in, findings out (``diagnose``).
+``not-reproducible`` warning (a random input or a race made it fail once). The comparison
+itself is plain data in, findings out (``diagnose``).
 """
 
 from __future__ import annotations
