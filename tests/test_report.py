@@ -301,3 +301,24 @@ def test_lint_and_benchmark_records_become_tables(tmp_path):
     assert "Benchmarks" in html and "5x3x1080x1920" in html
     extras = json.loads(paths["json"].read_text())["extras"]
     assert set(extras) == {"lint", "benchmarks"}
+
+
+def test_the_poisoned_device_is_not_a_stray_context(tmp_path):
+    """The 2-GPU example run: every worker of the other-device-current passes holds a context
+    on the device the harness made current (by design); none is flagged. Without the state
+    files that say which worker a pid is, every process on two GPUs is flagged."""
+    from gpucheck.report import rundata
+
+    example = Path(__file__).parent.parent / "reports" / "example"
+    run = tmp_path / "example"
+    shutil.copytree(example, run)
+    data = rundata.load(run)
+    labels = {d["uuid"]: d["device"] for d in data.header["devices"]}
+    tl = timeline.read(run / "nvml_timeline.jsonl", labels)
+    both = [pid for pid, devs in tl.pid_devices().items() if len(devs) > 1]
+    meant = timeline.expected_devices(data)
+    assert both and all(meant[int(pid)] == {"cuda:0", "cuda:1"} for pid in both)
+    assert not any(p["stray"] for p in timeline.plots(data, tl))
+    for state in (run / "workers").glob("*.state.json"):
+        state.unlink()
+    assert all(p["stray"] for p in timeline.plots(rundata.load(run), tl))

@@ -5,7 +5,10 @@ memory. An hour at 50 ms is 72,000 samples per GPU; the plot keeps ``BUCKETS`` t
 the *maximum* of each series in each bucket (a memory peak must never be averaged away). A
 process absent from a bucket breaks its line: the line starts when the process creates its
 context on that GPU and ends when it exits. A process seen on more than one GPU is flagged: a
-worker is started for one device, so a second GPU in its list is a stray context.
+worker is started for one device, so a second GPU in its list is a stray context — unless the
+harness put it there: a worker of a pass with another device current holds a context on that
+device by design (the poisoned device). Workers are known by the pid in their state files
+(``workers/*.state.json``); an unknown process on two GPUs is always flagged.
 """
 
 from __future__ import annotations
@@ -166,9 +169,33 @@ def _polylines(series: Series, x: Any, y: Any) -> list[str]:
     return lines
 
 
+def expected_devices(data: RunData) -> dict[int, set[str]]:
+    """pid -> the GPUs the harness meant that worker to touch: its target and, in a pass with
+    another device current, that device (from the state files and the case records)."""
+    current: dict[tuple[str, str], set[str]] = {}
+    for r in data.cases:
+        if r.get("current_device"):
+            key = (str(r["device"]).replace(":", ""),
+                   str(r.get("mode")).replace("|", "-").replace(":", "-"))
+            current.setdefault(key, set()).add(str(r["current_device"]))
+    out: dict[int, set[str]] = {}
+    for path in sorted((data.run_dir / "workers").glob("*.state.json")):
+        try:
+            pid = int(json.loads(path.read_text()).get("pid"))
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue
+        stem = path.name.removesuffix(".state.json")
+        device, _, rest = stem.partition(".")
+        mode = rest.rsplit(".", 1)[0] if rest.rsplit(".", 1)[-1].isdigit() else rest
+        label = f"cuda:{device.removeprefix('cuda')}" if device.startswith("cuda") else device
+        out[pid] = {label, *current.get((device, mode), set())}
+    return out
+
+
 def plots(data: RunData, timeline: Timeline, buckets: int = BUCKETS) -> list[dict[str, Any]]:
     """Geometry of one plot per GPU, for the template."""
     span = timeline.t1 - timeline.t0
+    meant = expected_devices(data)
     pw, ph = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     pid_devices = timeline.pid_devices()
     colours = {pid: PALETTE[i % len(PALETTE)] for i, pid in enumerate(sorted(pid_devices))}
@@ -189,8 +216,10 @@ def plots(data: RunData, timeline: Timeline, buckets: int = BUCKETS) -> list[dic
         lines = []
         for pid, series in sorted(dev.processes.items()):
             others = [lab for lab in pid_devices[pid] if lab != dev.label]
+            stray = [lab for lab in others if lab not in meant.get(int(pid), set())]
             lines.append({"pid": pid, "colour": colours[pid], "peak": _fmt_gib(series.peak),
-                          "points": _polylines(series, x, y), "others": others})
+                          "points": _polylines(series, x, y), "others": others,
+                          "stray": stray})
         cases = [r for r in data.cases if r["device"] == dev.label]
         bad = [r for r in cases if r["status"] in BAD_STATUSES]
         shown = cases if len(cases) <= MAX_BOUNDARIES else bad
@@ -213,7 +242,7 @@ def plots(data: RunData, timeline: Timeline, buckets: int = BUCKETS) -> list[dic
             "lines": lines, "marks": marks, "yticks": yticks, "xticks": xticks,
             "marks_note": "" if shown is cases else
             f"{len(cases)} cases: only the {len(bad)} that did not pass are marked",
-            "stray": any(line["others"] for line in lines),
+            "stray": any(line["stray"] for line in lines),
             "width": WIDTH, "height": HEIGHT, "left": LEFT, "right": WIDTH - RIGHT,
             "top": TOP, "bottom": HEIGHT - BOTTOM,
         })
