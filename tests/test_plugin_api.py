@@ -62,7 +62,7 @@ def test_pytest_n_pins_each_worker_to_one_device_with_the_same_ids(pytester, mon
         @pytest.mark.parametrize("i", range(12))
         def test_where(gpu_device, i):
             with open(os.environ["PINS"], "a") as f:
-                f.write(f"{os.environ['PYTEST_XDIST_WORKER']} {gpu_device}\\n")
+                f.write(f"{os.environ.get('PYTEST_XDIST_WORKER', '-')} {gpu_device}\\n")
     ''')
     result = pytester.runpytest_subprocess("-n", "2", "-v")
     result.assert_outcomes(passed=12)
