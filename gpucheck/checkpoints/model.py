@@ -86,8 +86,9 @@ class GaussianParams:
                 "features_rest": self.features_rest, "log_scales": self.log_scales,
                 "opacity_logits": self.opacity_logits, "rotations_raw": self.rotations_raw}
 
-    def validate(self, source: str = "GaussianParams") -> GaussianParams:
-        """Check types, shapes, the SH degree and finiteness; return self.
+    def validate(self, source: str = "GaussianParams", *, finite: bool = True
+                 ) -> GaussianParams:
+        """Check types, shapes, the SH degree and (``finite``) finiteness; return self.
 
         Raises:
             CheckpointError: the message starts with ``source`` (e.g. a file path) and names
@@ -117,7 +118,8 @@ class GaussianParams:
                 0 <= self.sh_degree <= self.max_sh_degree):
             raise CheckpointError(f"{source}: sh_degree must be an int in "
                                   f"0..{self.max_sh_degree}, got {self.sh_degree!r}")
-        check_finite(named, source)
+        if finite:
+            check_finite(named, source)
         return self
 
     def activated(self) -> ActivatedGaussians:

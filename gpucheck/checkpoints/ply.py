@@ -26,14 +26,14 @@ from plyfile import PlyData, PlyElement, PlyElementParseError, PlyHeaderParseErr
 from gpucheck.checkpoints.model import GaussianParams, check_finite, sh_degree_of
 from gpucheck.errors import CheckpointError
 
-__all__ = ["read_ply", "write_ply"]
+__all__ = ["parse", "read_ply", "vertex_layout", "write_ply"]
 
 _SCALAR_FIELDS = ["x", "y", "z", "f_dc_0", "f_dc_1", "f_dc_2", "opacity",
                   "scale_0", "scale_1", "scale_2", "rot_0", "rot_1", "rot_2", "rot_3"]
 _F_REST = re.compile(r"f_rest_(\d+)")
 
 
-def _parse(path: Path) -> PlyData:
+def parse(path: Path) -> PlyData:
     try:
         with open(path, "rb") as f:
             if f.read(4)[:3] != b"ply":
@@ -69,6 +69,34 @@ def _column(vertex: PlyElement, name: str) -> np.ndarray:
     return np.ascontiguousarray(data, dtype=np.float32)    # a copy: native, unstrided
 
 
+def vertex_layout(ply: PlyData, path: Path) -> tuple[PlyElement, int]:
+    """The ``vertex`` element of a parsed 3DGS PLY and its ``f_rest`` count.
+
+    Raises:
+        CheckpointError: no ``vertex`` element, missing properties (all listed), ``f_rest``
+            numbered with gaps or a count that is not ``3 * ((d + 1)^2 - 1)`` for ``d <= 3``.
+    """
+    names = [e.name for e in ply.elements]
+    if "vertex" not in names:
+        raise CheckpointError(f"{path}: no 'vertex' element (elements: {names or 'none'})")
+    vertex = ply["vertex"]
+    props = [p.name for p in vertex.properties]
+    missing = [f for f in _SCALAR_FIELDS if f not in props]
+    if missing:
+        raise CheckpointError(f"{path}: missing vertex properties: {' '.join(missing)}")
+    rest_ids = sorted(int(m.group(1)) for p in props if (m := _F_REST.fullmatch(p)))
+    count = len(rest_ids)
+    if rest_ids != list(range(count)):
+        gaps = sorted(set(range(max(rest_ids, default=-1) + 1)) - set(rest_ids))
+        raise CheckpointError(f"{path}: f_rest properties are not numbered 0..{count - 1} "
+                              f"(missing: {' '.join(f'f_rest_{i}' for i in gaps)})")
+    if count % 3 or sh_degree_of(count // 3) is None:
+        raise CheckpointError(
+            f"{path}: {count} f_rest properties; expected 3 * ((d + 1)^2 - 1) for an SH "
+            f"degree d in 0..3 (0, 9, 24 or 45)")
+    return vertex, count
+
+
 def read_ply(path: str | Path) -> GaussianParams:
     """Read a 3DGS PLY checkpoint.
 
@@ -84,26 +112,9 @@ def read_ply(path: str | Path) -> GaussianParams:
             ``3 * ((d + 1)^2 - 1)`` for ``d <= 3``, or NaN/inf values (fields and counts).
     """
     path = Path(path)
-    ply = _parse(path)
-    names = [e.name for e in ply.elements]
-    if "vertex" not in names:
-        raise CheckpointError(f"{path}: no 'vertex' element (elements: {names or 'none'})")
-    vertex = ply["vertex"]
-    props = [p.name for p in vertex.properties]
-    missing = [f for f in _SCALAR_FIELDS if f not in props]
-    if missing:
-        raise CheckpointError(f"{path}: missing vertex properties: {' '.join(missing)}")
-    rest_ids = sorted(int(m.group(1)) for p in props if (m := _F_REST.fullmatch(p)))
-    count = len(rest_ids)
-    if rest_ids != list(range(count)):
-        gaps = sorted(set(range(max(rest_ids, default=-1) + 1)) - set(rest_ids))
-        raise CheckpointError(f"{path}: f_rest properties are not numbered 0..{count - 1} "
-                              f"(missing: {' '.join(f'f_rest_{i}' for i in gaps)})")
+    ply = parse(path)
+    vertex, count = vertex_layout(ply, path)
     rest_per_channel = count // 3
-    if count % 3 or sh_degree_of(rest_per_channel) is None:
-        raise CheckpointError(
-            f"{path}: {count} f_rest properties; expected 3 * ((d + 1)^2 - 1) for an SH "
-            f"degree d in 0..3 (0, 9, 24 or 45)")
     try:
         cols = {f: _column(vertex, f) for f in _SCALAR_FIELDS}
         rest = {f"f_rest_{i}": _column(vertex, f"f_rest_{i}") for i in range(count)}
