@@ -13,10 +13,12 @@ from pathlib import Path
 from gpucheck.checkpoints.model import ActivatedGaussians, GaussianParams
 from gpucheck.checkpoints.ply import read_ply, write_ply
 from gpucheck.checkpoints.pt import PtCheckpoint, read_pt, write_pt
+from gpucheck.checkpoints.roundtrip import RoundtripError, RoundtripReport, check_roundtrip
 from gpucheck.errors import CheckpointError
 
-__all__ = ["ActivatedGaussians", "CheckpointError", "GaussianParams", "PtCheckpoint", "load",
-           "read_ply", "read_pt", "save", "write_ply", "write_pt"]
+__all__ = ["ActivatedGaussians", "CheckpointError", "GaussianParams", "PtCheckpoint",
+           "RoundtripError", "RoundtripReport", "check_roundtrip", "load", "read_ply", "read_pt",
+           "save", "write_ply", "write_pt"]
 
 _PT_SUFFIXES = (".pt", ".pth")
 
