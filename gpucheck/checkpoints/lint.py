@@ -201,8 +201,17 @@ def lint_arrays(a: _Arrays) -> tuple[list[ParamLint], str, str | None]:
     features = ParamLint("features", "suspicious" if feats else "ok",
                          f"{feats} NaN/inf values in f_dc/f_rest" if feats else
                          "no NaN/inf in f_dc/f_rest", {"nonfinite": feats})
-    params = [_scales(a.scales, extent, a.bad.get("scales", 0)),
-              _opacities(a.opacities, a.bad.get("opacities", 0)),
+    scales, opacities = (_scales(a.scales, extent, a.bad.get("scales", 0)),
+                         _opacities(a.opacities, a.bad.get("opacities", 0)))
+    if (scales.verdict == "suspicious" and opacities.verdict == "activated"
+            and scales.evidence["share_positive"] >= 0.99 and not scales.evidence["nonfinite"]
+            and not scales.evidence["exp_overflow"]):
+        # all positive in a large scene: alone that could be a scene in small units, but
+        # with the opacities activated too the file was written after the activations
+        scales.verdict = "activated"
+        scales.says = ("already exponentiated: all positive, and the opacities are activated "
+                       "too; " + scales.says.split("; ", 1)[1])
+    params = [scales, opacities,
               _rotations(a.rotations, a.bad.get("rotations", 0)), means, features]
     by = {p.name: p.verdict for p in params}
     activated = [n for n in ("scales", "opacities") if by[n] == "activated"]

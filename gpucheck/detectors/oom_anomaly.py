@@ -110,12 +110,12 @@ class OomMessage:
 
 
 def _oom_line(text: str) -> str | None:
-    """The line of ``text`` holding the out-of-memory message (the last one: a traceback
-    prints the exception at its end)."""
-    for line in reversed(text.splitlines()):
-        if _OOM.search(line):
-            return line.strip().removeprefix("E").strip()
-    return None
+    """The line of ``text`` holding the out-of-memory message (the longest such line: the
+    exception's own, not a traceback's short summary)."""
+    lines = [ln for ln in text.splitlines() if _OOM.search(ln)]
+    if not lines:
+        return None
+    return max(lines, key=len).strip().removeprefix("E").strip()
 
 
 def parse_oom(text: str) -> OomMessage | None:
@@ -157,9 +157,9 @@ def parse_memory_anomaly(text: str) -> MemoryAnomaly | None:
     ``MemoryAnomalyError``, or by the preflight's "binning budget exceeded"), or None."""
     if _ANOMALY_TYPE not in text and "binning budget exceeded" not in text:
         return None
-    lines = [ln for ln in text.splitlines()
-             if _ANOMALY_TYPE in ln or "binning budget exceeded" in ln]
-    line = lines[-1].strip().removeprefix("E").strip()
+    lines = [ln for ln in text.splitlines() if "binning budget exceeded" in ln] or [
+        ln for ln in text.splitlines() if _ANOMALY_TYPE in ln]
+    line = max(lines, key=len).strip().removeprefix("E").strip()
     out = MemoryAnomaly(text=line)
     found = _BUDGET.search(line)
     if found:
@@ -278,7 +278,7 @@ def oom_findings(records: Iterable[dict[str, Any]], totals: dict[str, int] | Non
 # --- growth over sizes ----------------------------------------------------------------------
 
 _PARAMS = re.compile(r"^(?P<base>[^\[]+)\[(?P<params>.*)\]$")
-_DIMS = re.compile(r"^(?:[A-Za-z_]+=?)?(\d+(?:x\d+)*)$")
+_DIMS = re.compile(r"^(?:[A-Za-z_]\w*=|[A-Za-z])?(\d+(?:x\d+)*)$")
 _DEVICE = re.compile(r"^cuda:?\d+$|^cpu$")
 
 
