@@ -174,7 +174,8 @@ def test_unreadable_files_say_why(tmp_path, gen):
     assert "no such file" in str(reasons["absent.ply"].error)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cut=st.integers(min_value=0, max_value=4000), flips=st.lists(
     st.tuples(st.integers(min_value=0, max_value=4000), st.integers(0, 255)), max_size=8))
 def test_fuzzed_ply_never_raises(tmp_path, cut, flips):

@@ -81,6 +81,51 @@ def test_torch21_wording():
     assert m.allocated == round(15.31 * GiB) and m.reserved_unallocated == round(88.22 * MiB)
 
 
+def test_recorded_torch211_wordings():
+    huge = parse_oom(recorded("huge_request"))
+    assert huge is not None and huge.gpu == 0
+    assert (huge.requested, huge.total, huge.free) == (
+        round(279.60 * GiB), round(139.80 * GiB), round(138.95 * GiB))
+    assert (huge.process_in_use, huge.allocated, huge.reserved_unallocated) == (
+        866 * MiB, 256 * MiB, 0)
+    frag = parse_oom(recorded("fragmentation"))
+    assert frag is not None and frag.allowed == 24 * GiB
+    assert frag.allocated == round(7.60 * GiB) and frag.unallocated == round(8.40 * GiB)
+    assert frag.reserved == round(7.60 * GiB) + round(8.40 * GiB)
+    cap = parse_oom(recorded("process_fraction"))
+    assert cap is not None and (cap.requested, cap.allowed) == (3 * GiB, 4 * GiB)
+    exp = parse_oom(recorded("huge_request_expandable"))
+    assert exp is not None and exp.reserved_unallocated == 4 * MiB
+
+
+def test_recorded_traceback_and_raw_cuda_oom():
+    tb = parse_oom((OOM / "huge_request.traceback.txt").read_text())
+    assert tb is not None and tb.requested == round(279.60 * GiB)
+    raw = parse_oom((OOM / "huge_request_no_caching.stderr_tail.txt").read_text())
+    assert raw is not None and raw.requested is None and "CUDA error: out of memory" in raw.text
+
+
+@pytest.mark.parametrize(("kind", "want"), [
+    ("huge_request", ("oom-anomaly", "error", "279.60 GiB on a device of 139.80 GiB")),
+    ("huge_request_expandable", ("oom-anomaly", "error", "2.0x the whole device")),
+    ("fragmentation", ("oom", "warning", "8.40 GiB reserved by PyTorch but unallocated")),
+    ("process_fraction", ("oom", "info", "the process limited to 4.00 GiB")),
+    ("many_small_until_full", ("oom", "info", "0.06 GiB requested")),
+])
+def test_recorded_messages_as_case_failures(kind, want):
+    tb = (OOM / f"{kind}.traceback.txt").read_text()
+    [f] = oom_findings([failed(f"torch.OutOfMemoryError: {recorded(kind)}", traceback=tb)])
+    assert (f.kind, f.severity) == want[:2] and want[2] in f.message, f.message
+
+
+def test_recorded_raw_cuda_oom_as_cuda_error():
+    text = (OOM / "huge_request_no_caching.stderr_tail.txt").read_text()
+    rec = failed("torch.AcceleratorError: CUDA error: out of memory", traceback=text)
+    rec["findings"][0]["kind"] = "cuda-error"
+    [f] = oom_findings([rec])
+    assert (f.kind, f.severity) == ("oom", "info") and "no sizes" in f.message
+
+
 def test_not_an_oom():
     assert parse_oom("AssertionError: Tensor-likes are not close!") is None
     assert parse_memory_anomaly("RuntimeError: CUDA error: an illegal memory access") is None
@@ -107,10 +152,9 @@ def test_request_far_beyond_the_footprint():
     assert f.kind == "oom-anomaly" and "the case's measured footprint" in f.message
 
 
-def test_plain_oom_is_not_an_anomaly():
-    [f] = oom_findings([failed(TORCH21)])
-    assert (f.kind, f.severity) == ("oom", "info") and "20.00" not in f.message or True
-    assert f.kind == "oom"
+def test_small_oom_with_larger_holes_is_fragmentation():
+    [f] = oom_findings([failed(TORCH21)])  # 88.22 MiB in holes, 20 MiB requested
+    assert (f.kind, f.severity) == ("oom", "warning") and "fragmentation" in f.message
 
 
 @pytest.mark.parametrize("kind", ["memory_anomaly_max_bytes", "memory_anomaly_free_memory"])

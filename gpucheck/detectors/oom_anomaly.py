@@ -210,22 +210,30 @@ def _oom_finding(r: dict[str, Any], m: OomMessage, totals: dict[str, int]) -> Fi
             evidence=f"{numbers}\ncase footprint (PyTorch peak allocated): {footprint} "
                      f"bytes\n{m.text}", hint=_HINT_HUGE, **_where(r))
     holes = m.unallocated
-    if req is not None and holes is not None and holes >= req:
+    headroom = m.free
+    if m.allowed is not None and m.reserved is not None:  # set_per_process_memory_fraction
+        headroom = min(headroom if headroom is not None else m.allowed, m.allowed - m.reserved)
+    if (req is not None and holes is not None and holes >= req / 4
+            and holes + max(headroom or 0, 0) >= req):
         return Finding(
             kind="oom", severity="warning",
             message=f"out of memory from fragmentation: {gib(holes)} reserved by PyTorch but "
-                    f"unallocated, more than the {gib(req)} requested",
+                    f"unallocated (holes in its cached segments), which with the "
+                    f"{gib(max(headroom or 0, 0))} still available would have held the "
+                    f"{gib(req)} requested",
             evidence=f"{numbers}\n{m.text}",
             hint="the cached segments have holes that no single request fits: set "
                  "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, or allocate long-lived "
                  "buffers first and reuse them", **_where(r))
+    cap = f", the process limited to {gib(m.allowed)}" if m.allowed is not None else ""
     return Finding(
         kind="oom", severity="info",
-        message=f"out of memory: {gib(req)} requested, {gib(m.free)} free of {gib(total)} "
-                f"({gib(m.allocated)} allocated by PyTorch)",
+        message=(f"out of memory: {gib(req)} requested, {gib(m.free)} free of {gib(total)}"
+                 f"{cap} ({gib(m.allocated)} allocated by PyTorch)") if req is not None
+        else "out of memory (the message gives no sizes: a raw CUDA allocation failed)",
         evidence=f"{numbers}\n{m.text}",
-        hint="the device was full: a smaller batch or resolution, or another process's "
-             "memory (see 'Process ... has ... in use')", **_where(r))
+        hint="the device (or the process's share of it) was full: a smaller batch or "
+             "resolution, or another process's memory", **_where(r))
 
 
 _HINT_HUGE = ("a size computed wrongly rather than a full GPU: look for values activated twice "

@@ -15,13 +15,6 @@ torch = pytest.importorskip("torch")
 
 from test_selftest import _x, ext  # noqa: E402,F401  (the pybind extension fixture)
 
-from gpucheck.checkpoints import GaussianParams, check_roundtrip, read_ply, write_ply  # noqa: E402
-from gpucheck.checkpoints.activations import (  # noqa: E402
-    opacity_activation,
-    rotation_activation,
-    scale_activation,
-)
-
 LEAK_BYTES = 16 << 20
 _KEPT: list = []
 
@@ -63,16 +56,27 @@ def test_growth_linear_clean(gpu_device, n):
     torch.testing.assert_close(x + scratch[:n] + 1, x + 1)
 
 
-def _save_activated(p: GaussianParams, path) -> None:
-    """Defect (story 3): writes the values the renderer takes, in the raw fields' place."""
-    write_ply(GaussianParams(p.means, p.features_dc, p.features_rest,
-                             scale_activation(p.log_scales), opacity_activation(p.opacity_logits),
-                             rotation_activation(p.rotations_raw), p.sh_degree), path)
+def _checkpoints():
+    pytest.importorskip("plyfile")  # gpucheck.checkpoints reads PLY with it
+    import gpucheck.checkpoints as ck
+
+    return ck
 
 
 def test_double_activation_loader():
-    check_roundtrip(_save_activated, read_ply)
+    ck = _checkpoints()
+    from gpucheck.checkpoints import activations as act
+
+    def save_activated(p, path):
+        """Defect (story 3): writes the values the renderer takes, in the raw fields' place."""
+        ck.write_ply(ck.GaussianParams(
+            p.means, p.features_dc, p.features_rest, act.scale_activation(p.log_scales),
+            act.opacity_activation(p.opacity_logits), act.rotation_activation(p.rotations_raw),
+            p.sh_degree), path)
+
+    ck.check_roundtrip(save_activated, ck.read_ply)
 
 
 def test_clean_roundtrip():
-    check_roundtrip(write_ply, read_ply)
+    ck = _checkpoints()
+    ck.check_roundtrip(ck.write_ply, ck.read_ply)
