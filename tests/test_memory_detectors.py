@@ -306,3 +306,19 @@ def test_diagnose_adds_memory_findings(tmp_path):
     assert kinds == ["memory-growth", "oom-anomaly"]
     assert all(d["record"] == "diagnosis" and d["mode"] == "blocking+nvml" for d in made)
     assert json.loads(path.read_text().splitlines()[-1])["record"] == "diagnosis"
+
+
+def test_selftest_double_activation_row_on_cpu(tmp_path):
+    """The self-test's checkpoint rows run without a GPU: the activated writer is found, its
+    clean twin draws no finding."""
+    from gpucheck.selftest import matrix, read_run
+
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet",
+                           "--suite", "selftest", "--out", str(out), "--", "-k", "roundtrip or "
+                           "double_activation"], cwd=Path(__file__).parents[1],
+                          capture_output=True, text=True, timeout=300)
+    rows, false = matrix(*read_run(out))
+    row = next(r for r in rows if r.defect.kind == "double-activation")
+    assert row.status == "found", proc.stdout + proc.stderr
+    assert false == [] and {r.status for r in rows if r is not row} == {"not run"}
