@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from gpucheck.checkpoints.model import sh_degree_of
+from gpucheck.checkpoints.layout import sh_degree_of
 from gpucheck.errors import EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE, CheckpointError
 
 __all__ = ["VERDICTS", "LintReport", "ParamLint", "lint", "lint_arrays"]
@@ -265,7 +265,7 @@ def _blocks(data: np.ndarray) -> Iterator[np.ndarray]:
 
 
 def _read_ply(path: Path) -> tuple[_Arrays, str, int, int]:
-    from gpucheck.checkpoints.ply import parse, vertex_layout
+    from gpucheck.checkpoints.layout import parse, vertex_layout
 
     ply = parse(path)          # binary files are memory-mapped: nothing is read yet
     vertex, rest = vertex_layout(ply, path)
