@@ -22,6 +22,7 @@ def _csrc():
     spec = importlib.util.spec_from_file_location("_gpucheck_csrc", HERE / "gpucheck" / "_csrc.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while it executes
     spec.loader.exec_module(module)
     return module
 

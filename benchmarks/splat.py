@@ -1,10 +1,14 @@
-"""Benchmark of gpucheck.ops.rasterize (forward) on one GPU, plus its error against the oracle.
+"""Benchmark of gpucheck.ops.rasterize (forward and backward) on one GPU, plus its error
+against the oracle.
 
-Timing: 1M random Gaussians (SH degree 3, screen radii of a few pixels, as in a trained scene)
-rendered at 1920x1080: median of CUDA-event-timed calls after warm-up, peak extra device
-memory, overlaps. Accuracy: the largest image / alpha / depth*alpha error against the float64
-reference for a few small random scenes, and whether the radii agree. Usage:
-``python benchmarks/splat.py [--n 1000000] [--repeats 30] [--json F]``.
+Timing: 100k / 1M / 3M random Gaussians (SH degree 3, depths 2-30, log-scales -5...-3: screen
+radii of a few pixels, as in a trained scene) rendered at 1920x1080: medians of
+CUDA-event-timed forward calls (no grad), backward calls (``image.backward(random grad)``
+with means, scales, rotations, opacities and SH requiring grad) and whole training steps
+(forward + backward), after warm-up; peak extra device memory of one training step; overlaps.
+Accuracy: the largest image / alpha / depth*alpha error against the float64 reference for a
+few small random scenes, and whether the radii agree. Usage:
+``python benchmarks/splat.py [--n 100000 1000000] [--repeats 30] [--json F]``.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import json
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -21,35 +26,83 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "suites" / "splat"))
 
 import splat_scenes  # noqa: E402
+from splat_grads import errors, gradients  # noqa: E402
 
 from gpucheck.ops import rasterize  # noqa: E402
 from gpucheck.reference import rasterize as reference  # noqa: E402
 
 TARGET_MS = 4.0  # issue: 1M Gaussians at 1920x1080, forward
+TARGET_STEP_MS = 12.0  # forward + backward
+TARGET_PEAK_MIB = 1.5 * 1000**3 / 2**20
+DIFFERENTIABLE = ("means", "scales", "rotations", "opacities", "sh")
 
 
-def timing(n: int, repeats: int, device: torch.device) -> dict[str, float]:
-    args = splat_scenes.scene(n, 1920, 1080, 1234, device, sh_degree=3,
-                              depth_range=(2.0, 30.0), log_scale=(-5.0, -3.0))
-    for _ in range(3):
-        out = rasterize(**args)
-    torch.cuda.synchronize(device)
-    base = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
+def _median_ms(fn: Any, repeats: int) -> tuple[float, float]:
     times = []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        out = rasterize(**args)
+        fn()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
+    return statistics.median(times), min(times)
+
+
+def timing(n: int, repeats: int, device: torch.device, width: int = 1920,
+           height: int = 1080) -> dict[str, Any]:
+    """Forward, backward and forward + backward medians, and peak memory of one training step
+    (inputs that require grad, a loss on the image)."""
+    args = splat_scenes.scene(n, width, height, 1234, device, sh_degree=3,
+                              depth_range=(2.0, 30.0), log_scale=(-5.0, -3.0))
+    leaves = {k: args[k].clone().requires_grad_() for k in DIFFERENTIABLE}
+    grad_image = torch.rand(3, height, width, device=device)
+    state: dict[str, Any] = {}
+
+    def forward() -> None:
+        state["out"] = rasterize(**{**args, **leaves})
+
+    def backward() -> None:
+        state["out"].image.backward(grad_image)
+
+    def step() -> None:
+        for leaf in leaves.values():
+            leaf.grad = None
+        forward()
+        backward()
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize(device)
+    for leaf in leaves.values():
+        leaf.grad = None
+    state.clear()
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    step()
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - base
+    with torch.no_grad():
+        fwd_ms, fwd_min = _median_ms(lambda: rasterize(**args), repeats)
+    bwd = []
+    for _ in range(repeats):
+        for leaf in leaves.values():
+            leaf.grad = None
+        forward()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        backward()
+        end.record()
+        end.synchronize()
+        bwd.append(start.elapsed_time(end))
+    step_ms, _ = _median_ms(step, repeats)
+    out = rasterize(**args)
     visible = out.radii[out.radii > 0].float()
-    return {"n": n, "median_ms": statistics.median(times), "min_ms": min(times),
-            "target_ms": TARGET_MS, "n_intersections": out.n_intersections,
+    return {"n": n, "forward_ms": fwd_ms, "forward_min_ms": fwd_min,
+            "backward_ms": statistics.median(bwd), "fwd_bwd_ms": step_ms,
+            "peak_train_mib": peak / 2**20, "n_intersections": out.n_intersections,
             "visible": int(visible.numel()),
             "radius_p50": float(visible.median()) if visible.numel() else 0.0,
-            "peak_extra_mib": (torch.cuda.max_memory_allocated(device) - base) / 2**20,
             "alpha_mean": float(out.alpha.mean())}
 
 
@@ -69,18 +122,83 @@ def accuracy(device: torch.device) -> list[dict[str, object]]:
     return rows
 
 
+def gradient_accuracy(device: torch.device, seeds: int = 3) -> dict[str, Any]:
+    """Worst gradient errors against the float64 reference over a few random scenes and
+    losses, and whether repeated backward passes agree bitwise."""
+    scenes = [(300, 203, 113, None, {}), (300, 203, 113, 3, {}), (1500, 64, 48, None,
+              {"log_scale": (-2.5, -1.0)}), (200, 64, 48, 2, {"depth_range": (-0.5, 4.0)})]
+    worst: dict[str, dict[str, float]] = {}
+    for s, (n, w, h, deg, kw) in enumerate(scenes):
+        for seed in range(seeds):
+            args = splat_scenes.scene(n, w, h, 100 * s + seed, device, sh_degree=deg, **kw)
+            kernel, oracle = gradients(args, seed, extra=s == 3)
+            for name, e in errors(kernel, oracle).items():
+                into = worst.setdefault(name, dict.fromkeys(e, 0.0))
+                for key, value in e.items():
+                    into[key] = max(into[key], value)
+    args = splat_scenes.scene(3000, 128, 96, 7, device, sh_degree=3, log_scale=(-3.5, -1.5))
+    weights = torch.randn(3, 96, 128, device=device)
+    runs = []
+    for _ in range(5):
+        leaves = {k: args[k].clone().requires_grad_() for k in DIFFERENTIABLE}
+        (rasterize(**{**args, **leaves}).image * weights).sum().backward()
+        runs.append({k: v.grad for k, v in leaves.items()})
+    bitwise = all(torch.equal(r[k], runs[0][k]) for r in runs for k in DIFFERENTIABLE)
+    spread = max(float((r[k] - runs[0][k]).abs().max() / runs[0][k].abs().max())
+                 for r in runs for k in DIFFERENTIABLE)
+    return {"worst": worst, "repeat_bitwise": bitwise, "repeat_max_rel_diff": spread}
+
+
+def profile(n: int, device: torch.device, steps: int = 10) -> str:
+    """Per-kernel device time of ``steps`` training steps at ``n`` Gaussians (torch.profiler),
+    as a table: where the forward and the backward spend their time."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    args = splat_scenes.scene(n, 1920, 1080, 1234, device, sh_degree=3,
+                              depth_range=(2.0, 30.0), log_scale=(-5.0, -3.0))
+    leaves = {k: args[k].clone().requires_grad_() for k in DIFFERENTIABLE}
+    grad_image = torch.rand(3, 1080, 1920, device=device)
+    for _ in range(3):
+        rasterize(**{**args, **leaves}).image.backward(grad_image)
+    torch.cuda.synchronize(device)
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            rasterize(**{**args, **leaves}).image.backward(grad_image)
+        torch.cuda.synchronize(device)
+    table: str = prof.key_averages().table(sort_by="cuda_time_total", row_limit=14,
+                                           max_name_column_width=48)
+    return table
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--n", type=int, default=1_000_000)
+    parser.add_argument("--n", type=int, nargs="+", default=[100_000, 1_000_000, 3_000_000])
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--profile", type=int, metavar="N",
+                        help="only print a per-kernel profile of 10 training steps at N")
     args = parser.parse_args()
     device = torch.device("cuda", torch.cuda.current_device())
+    if args.profile:
+        print(profile(args.profile, device))
+        return 0
     result = {"device": torch.cuda.get_device_name(device), "torch": torch.__version__,
-              "timing": timing(args.n, args.repeats, device), "accuracy": accuracy(device)}
+              "timing": [timing(n, args.repeats, device) for n in args.n],
+              "accuracy": accuracy(device), "gradients": gradient_accuracy(device)}
     print(json.dumps(result, indent=1))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
+    grads = result["gradients"]
+    print(f"gradients vs float64 reference (worst of 12 scenes): repeat bitwise "
+          f"{grads['repeat_bitwise']}, repeat spread {grads['repeat_max_rel_diff']:.2g}")
+    for name, e in grads["worst"].items():
+        print(f"  {name:>10}: rel_l2 {e['rel_l2']:.2e} max_rel {e['max_rel']:.2e} "
+              f"share_over {e['share_over']:.3f}")
+    print(f"{'N':>9} {'fwd ms':>8} {'bwd ms':>8} {'f+b ms':>8} {'peak MiB':>9} {'overlaps':>10}")
+    for t in result["timing"]:
+        print(f"{t['n']:>9} {t['forward_ms']:8.3f} {t['backward_ms']:8.3f} "
+              f"{t['fwd_bwd_ms']:8.3f} {t['peak_train_mib']:9.1f} {t['n_intersections']:>10}")
     return 0
 
 

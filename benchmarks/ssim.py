@@ -1,16 +1,19 @@
-"""Benchmark of the fused SSIM kernels on one GPU (issue 3; results in RESULTS.md).
+"""Benchmark of the fused SSIM kernels on one GPU (issues 3 and 15; results in RESULTS.md).
 
 For each size and dtype: inference (``train=False``, reduction mean) and train (forward +
-backward of ``1 - ssim(img1, img2)`` with img1 requiring grad, as in 3DGS): median time over
->= 50 CUDA-event-timed runs after warm-up, inputs rotated so the working set exceeds the L2,
-peak memory above the inputs, the fraction of the bandwidth floor, and the speed-up over the
-PyTorch reference (gpucheck.reference.ssim) on the same GPU.
+backward of ``1 - ssim(img1, img2)`` with img1 requiring grad, as in 3DGS):
 
-Bandwidth floor: bytes that must move (inference: read both images; train: forward reads
-both, backward reads both and writes grad1) over the device-to-device copy rate measured in
-the same run (bytes read + written per second).
+* time: median of >= 50 CUDA-event-timed calls after warm-up, inputs rotated so that the
+  working set exceeds the L2 (fresh random data);
+* % floor: bytes that must move over the device-to-device copy rate measured in the same run
+  (bytes read + written per second); inference reads both images, train reads both images
+  twice (forward, backward) and writes grad1: 5 image-sizes;
+* kernel: GPU time of the call's kernels from torch.profiler (sum of kernel durations per
+  call), and host = time - kernel: how long the GPU waits for the host in a call;
+* enqueue: host (CPU) time to issue one call, with no synchronisation;
+* peak: ``max_memory_allocated`` above the inputs (train: includes the gradient of img1).
 
-Usage: ``python benchmarks/ssim.py [--json FILE] [--quick]``
+Usage: ``python benchmarks/ssim.py [--json FILE] [--quick] [--ref] [--profile]``
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import argparse
 import json
 import math
 import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,14 +32,13 @@ from gpucheck.ops.ssim_op import load_ops, ssim
 from gpucheck.reference.ssim_torch import ssim as ref_ssim
 
 SIZES = [(5, 3, 1080, 1920), (1, 3, 1080, 1920), (5, 1, 1500, 1500)]
-# fused-ssim and the PyTorch conv2d SSIM, measured by us on one H200 (Nov 2026; see
-# benchmarks/RESULTS.md, "Peers"): (inference, train) ms.
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+# fused-ssim, measured by us on one H200 (Nov 2026; RESULTS.md, "Peers"): (inference, train).
 PEERS = {
     (5, 3, 1080, 1920): (0.573, 1.584),
     (1, 3, 1080, 1920): (0.133, 0.365),
     (5, 1, 1500, 1500): (0.227, 0.618),
 }
-TARGETS = {(5, 3, 1080, 1920): (0.15, 1.0), (1, 3, 1080, 1920): (0.04, 0.25)}
 
 
 def time_ms(fn: Callable[[int], Any], reps: int, warmup: int) -> float:
@@ -55,6 +58,37 @@ def time_ms(fn: Callable[[int], Any], reps: int, warmup: int) -> float:
     return statistics.median(times)
 
 
+def enqueue_us(fn: Callable[[int], Any], reps: int) -> float:
+    """Median host time (µs) to issue fn(i), the GPU idle before each call."""
+    times = []
+    for i in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn(i)
+        times.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    return 1e6 * statistics.median(times)
+
+
+def kernel_ms(fn: Callable[[int], Any], calls: int) -> tuple[float, dict[str, float]]:
+    """GPU time per call of fn's kernels (torch.profiler), and per kernel name (ms/call)."""
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    for i in range(3):
+        fn(i)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=acts) as prof:
+        for i in range(calls):
+            fn(i)
+        torch.cuda.synchronize()
+    per_name: dict[str, float] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            name = e.name.replace("(anonymous namespace)::", "").split("<")[0]
+            name = name.removeprefix("void ").split("::")[-1][:40]
+            per_name[name] = per_name.get(name, 0.0) + e.time_range.elapsed_us() / 1e3 / calls
+    return sum(per_name.values()), per_name
+
+
 def copy_rate(device: torch.device) -> float:
     """Device-to-device copy rate in bytes (read + write) per second, 2 GiB buffers."""
     n = 2**29
@@ -69,7 +103,7 @@ def rotation(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
     """Enough input pairs that one pass over all of them is >= 4x the L2 (fresh random)."""
     l2 = torch.cuda.get_device_properties(device).L2_cache_size
     pair = 2 * math.prod(shape) * torch.finfo(dtype).bits // 8
-    count = max(1, math.ceil(4 * l2 / pair))
+    count = max(2, math.ceil(4 * l2 / pair))
     out = []
     for _ in range(count):
         x = torch.rand(shape, device=device)
@@ -89,14 +123,15 @@ def peak_mib(fn: Callable[[], Any], device: torch.device) -> float:
 
 
 def bench_case(impl: Callable[..., torch.Tensor], shape: tuple[int, ...], dtype: torch.dtype,
-               device: torch.device, reps: int, warmup: int) -> dict[str, float]:
+               device: torch.device, reps: int, warmup: int, detail: bool = True
+               ) -> dict[str, Any]:
+    """Time, kernel time, host enqueue time and peak memory of inference and train."""
     sets = rotation(shape, dtype, device)
     leaves = [x.clone().requires_grad_(True) for x, _ in sets]
 
     def infer(i: int) -> torch.Tensor:
         x, y = sets[i % len(sets)]
-        with torch.no_grad():
-            return impl(x, y)
+        return impl(x, y, train=False)
 
     def train(i: int) -> None:
         a = leaves[i % len(leaves)]
@@ -104,21 +139,33 @@ def bench_case(impl: Callable[..., torch.Tensor], shape: tuple[int, ...], dtype:
         loss = 1 - impl(a, sets[i % len(sets)][1])
         loss.backward()
 
-    def backward_only(i: int) -> None:
-        x, y = sets[i % len(sets)]
-        torch.ops.gpucheck.ssim_backward(one, x, y, "same", "mean", False)
-
-    one = torch.ones((), device=device, dtype=dtype)
-    t_bwd = time_ms(backward_only, reps, warmup) if impl is ssim else float("nan")
-    t_inf = time_ms(infer, reps, warmup)
-    t_train = time_ms(train, reps, warmup)
+    out: dict[str, Any] = {"infer_ms": time_ms(infer, reps, warmup),
+                           "train_ms": time_ms(train, reps, warmup)}
+    if detail:
+        out["infer_kernel_ms"], out["infer_kernels"] = kernel_ms(infer, 20)
+        out["train_kernel_ms"], out["train_kernels"] = kernel_ms(train, 20)
+        out["infer_enqueue_us"] = enqueue_us(infer, 30)
+        out["train_enqueue_us"] = enqueue_us(train, 30)
     for a in leaves:
         a.grad = None
-    mem_inf = peak_mib(lambda: infer(0), device)
-    mem_train = peak_mib(lambda: train(0), device)
-    return {"infer_ms": t_inf, "train_ms": t_train, "bwd_kernel_ms": t_bwd,
-            "infer_peak_mib": mem_inf,
-            "train_peak_mib": mem_train}
+    out["infer_peak_mib"] = peak_mib(lambda: infer(0), device)
+    out["train_peak_mib"] = peak_mib(lambda: train(0), device)
+    return out
+
+
+def autograd_floor_us(device: torch.device) -> float:
+    """Host time (µs) to issue ``(1 - a.sum()).backward()`` on a CUDA leaf: the autograd
+    engine's own cost per step on this machine (hand-over to its device thread and back),
+    which no SSIM implementation can avoid."""
+    a = torch.rand(1024, device=device, requires_grad=True)
+
+    def step(i: int) -> None:
+        a.grad = None
+        (1 - a.sum()).backward()
+
+    for i in range(10):
+        step(i)
+    return enqueue_us(step, 50)
 
 
 def check(shape: tuple[int, ...], device: torch.device) -> float:
@@ -128,9 +175,9 @@ def check(shape: tuple[int, ...], device: torch.device) -> float:
     return abs(float(ssim(x, y)) - float(ref_ssim(x.double(), y.double())))
 
 
-def profile_train(device: torch.device) -> int:
-    """Print the kernels (and their GPU time) of 5 train steps: where train time goes."""
-    sets = rotation(SIZES[0], torch.float32, device)
+def profile_train(device: torch.device, shape: tuple[int, ...]) -> int:
+    """Print the profiler table of 5 train steps: where train time goes."""
+    sets = rotation(shape, torch.float32, device)
     leaves = [x.clone().requires_grad_(True) for x, _ in sets]
 
     def step(i: int) -> None:
@@ -154,41 +201,39 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", default=None, help="write all numbers to this file")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument("--ref", action="store_true",
+                        help="also time the PyTorch reference (fp32 rows)")
     parser.add_argument("--profile", action="store_true",
-                        help="only print the GPU kernels of 5 train steps (5x3x1080x1920 fp32)")
+                        help="only print the profiler table of 5 train steps (fp32)")
+    parser.add_argument("--shape", default=None, help="only this shape, e.g. 1x3x1080x1920")
     args = parser.parse_args()
     device = torch.device("cuda", torch.cuda.current_device())
     load_ops()
+    sizes = SIZES if args.shape is None else [tuple(int(v) for v in args.shape.split("x"))]
     if args.profile:
-        return profile_train(device)
+        return profile_train(device, sizes[0])
     reps, warmup = (20, 5) if args.quick else (60, 10)
     rate = copy_rate(device)
     props = torch.cuda.get_device_properties(device)
     print(f"device {props.name}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
           f"copy rate {rate / 1e12:.2f} TB/s (read+write), "
-          f"L2 {props.L2_cache_size / 2**20:.0f} MiB")
+          f"L2 {props.L2_cache_size / 2**20:.0f} MiB, "
+          f"autograd floor {autograd_floor_us(device):.0f} µs per backward() call")
     rows = []
-    cases = [(s, torch.float32) for s in SIZES]
-    cases += [(s, d) for s in SIZES[:2] for d in (torch.bfloat16, torch.float16)]
+    cases = [(s, d) for s in sizes for d in DTYPES if s[1] == 3 or d == torch.float32]
     for shape, dtype in cases:
-        esize = torch.finfo(dtype).bits // 8
-        image_bytes = math.prod(shape) * esize
+        image_bytes = math.prod(shape) * torch.finfo(dtype).bits // 8
         ours = bench_case(ssim, shape, dtype, device, reps, warmup)
-        ref = (bench_case(lambda a, b: ref_ssim(a, b), shape, dtype, device, 20, 3)
-               if dtype == torch.float32 else None)
-        floor_inf = 2 * image_bytes / rate * 1e3
-        floor_train = 5 * image_bytes / rate * 1e3
+        ref = (bench_case(lambda a, b, train=True: ref_ssim(a, b), shape, dtype, device, 20, 3,
+                          detail=False)
+               if args.ref and dtype == torch.float32 else None)
         row = {
-            "shape": list(shape), "dtype": str(dtype).replace("torch.", ""),
-            **ours,
-            "infer_floor_frac": floor_inf / ours["infer_ms"],
-            "train_floor_frac": floor_train / ours["train_ms"],
+            "shape": list(shape), "dtype": str(dtype).replace("torch.", ""), **ours,
+            "infer_floor_frac": 2 * image_bytes / rate * 1e3 / ours["infer_ms"],
+            "train_floor_frac": 5 * image_bytes / rate * 1e3 / ours["train_ms"],
             "ref": ref,
             "abs_err_mean_vs_f64": check(shape, device) if dtype == torch.float32 else None,
         }
-        if ref is not None:
-            row["infer_speedup"] = ref["infer_ms"] / ours["infer_ms"]
-            row["train_speedup"] = ref["train_ms"] / ours["train_ms"]
         rows.append(row)
         print(json.dumps(row))
     if args.json:
@@ -196,22 +241,25 @@ def main() -> int:
             json.dump({"device": props.name, "torch": torch.__version__,
                        "cuda": torch.version.cuda, "copy_rate_Bps": rate, "rows": rows}, f,
                       indent=1)
-    print("\n| size | dtype | infer ms | % floor | train ms | % floor | peak MiB inf/train |"
-          " ref infer/train ms | speed-up inf/train | peer inf/train ms |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| size | dtype | infer ms | % floor | kernel ms | host ms | enqueue µs | train ms |"
+          " % floor | kernel ms | host ms | enqueue µs | peak MiB inf / train |"
+          " fused-ssim inf / train ms |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         shape = tuple(r["shape"])
-        ref = r["ref"]
         peer = PEERS.get(shape) if r["dtype"] == "float32" else None
-        print(
-            f"| {'x'.join(map(str, shape))} | {r['dtype']} | {r['infer_ms']:.4f} | "
-            f"{100 * r['infer_floor_frac']:.0f} % | {r['train_ms']:.4f} | "
-            f"{100 * r['train_floor_frac']:.0f} % | "
-            f"{r['infer_peak_mib']:.1f} / {r['train_peak_mib']:.1f} | "
-            + (f"{ref['infer_ms']:.2f} / {ref['train_ms']:.2f} | "
-               f"{r['infer_speedup']:.0f}x / {r['train_speedup']:.0f}x | " if ref else "- | - | ")
-            + (f"{peer[0]} / {peer[1]} |" if peer else "- |")
-        )
+        cells = [
+            "x".join(map(str, shape)), r["dtype"],
+            f"{r['infer_ms']:.3f}", f"{100 * r['infer_floor_frac']:.0f} %",
+            f"{r['infer_kernel_ms']:.3f}", f"{r['infer_ms'] - r['infer_kernel_ms']:.3f}",
+            f"{r['infer_enqueue_us']:.0f}",
+            f"{r['train_ms']:.3f}", f"{100 * r['train_floor_frac']:.0f} %",
+            f"{r['train_kernel_ms']:.3f}", f"{r['train_ms'] - r['train_kernel_ms']:.3f}",
+            f"{r['train_enqueue_us']:.0f}",
+            f"{r['infer_peak_mib']:.1f} / {r['train_peak_mib']:.1f}",
+            f"{peer[0]} / {peer[1]}" if peer else "-",
+        ]
+        print("| " + " | ".join(cells) + " |")
     return 0
 
 

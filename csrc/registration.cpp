@@ -23,11 +23,33 @@ GPUCHECK_TORCH_LIBRARY(m) {
       "bool need_grad2) -> (Tensor, Tensor)");
   // --- knn (csrc/knn) ---
   m.def("knn_mean_sq_dist(Tensor points, int k=3) -> Tensor");
-  // --- splat (csrc/splat): forward of the tile-based Gaussian rasterizer ---
-  // colors: [N, 3] RGB with sh_degree -1, or SH [N, K, 3] with sh_degree 0..3.
+  // --- splat (csrc/splat): the tile-based Gaussian rasterizer, in two differentiable ops ---
+  // splat_project: per Gaussian projection, colour (colors: [N, 3] RGB with sh_degree -1, or
+  // SH [N, K, 3] with sh_degree 0..3), validation, memory preflight and tile binning.
   m.def(
-      "splat_forward(Tensor means, Tensor scales, Tensor rotations, Tensor opacities, "
+      "splat_project(Tensor means, Tensor scales, Tensor rotations, Tensor opacities, "
       "Tensor colors, Tensor viewmat, Tensor K, Tensor background, int width, int height, "
-      "int sh_degree, int? max_bytes=None) -> (Tensor image, Tensor alpha, Tensor depth, "
-      "Tensor radii, Tensor n_intersections)");
+      "int sh_degree, int? max_bytes=None) -> (Tensor means2d, Tensor conics, Tensor rgb, "
+      "Tensor depths, Tensor radii, Tensor tiles, Tensor tile_ranges, Tensor ids)");
+  // splat_render: per tile compositing of what splat_project returned.
+  m.def(
+      "splat_render(Tensor means2d, Tensor conics, Tensor opacities, Tensor rgb, "
+      "Tensor depths, Tensor background, Tensor tile_ranges, Tensor ids, int width, "
+      "int height) -> (Tensor image, Tensor alpha, Tensor depth, Tensor final_T, "
+      "Tensor n_contrib)");
+  // Float atomics sum the per-Gaussian gradients in an order that varies between runs: the
+  // tag tells gpucheck's numerics detector (and torch) that its bits may differ.
+  m.def(
+      static_cast<const char*>(
+      "splat_render_backward(Tensor means2d, Tensor conics, Tensor opacities, Tensor rgb, "
+      "Tensor depths, Tensor background, Tensor tile_ranges, Tensor ids, Tensor alpha, "
+      "Tensor depth, Tensor final_T, Tensor n_contrib, Tensor grad_image, Tensor grad_alpha, "
+      "Tensor grad_depth, int width, int height) -> (Tensor grad_means2d, Tensor grad_conics, "
+      "Tensor grad_opacities, Tensor grad_rgb, Tensor grad_depths)"),
+      {at::Tag::nondeterministic_bitwise});
+  m.def(
+      "splat_project_backward(Tensor means, Tensor scales, Tensor rotations, Tensor colors, "
+      "Tensor viewmat, Tensor K, Tensor radii, Tensor grad_means2d, Tensor grad_conics, "
+      "Tensor grad_rgb, Tensor grad_depths, int width, int height, int sh_degree) -> "
+      "(Tensor grad_means, Tensor grad_scales, Tensor grad_rotations, Tensor grad_colors)");
 }

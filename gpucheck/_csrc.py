@@ -206,11 +206,27 @@ def _cuda_home() -> Path | None:
 
 
 def check_only_sources() -> list[Path]:
-    """CUDA sources built elsewhere (JIT, by the harness's self-test) but compile-checked too."""
-    selftest = CSRC.parent / "suites" / "selftest"
-    if not selftest.is_dir():
+    """CUDA sources built elsewhere (JIT, by the harness's self-test; the example extension of
+    examples/custom_rnn_extension/, its own build) but compile-checked too."""
+    found: list[Path] = []
+    for folder in (CSRC.parent / "suites" / "selftest", EXAMPLE_CSRC):
+        if folder.is_dir():
+            found += sorted(folder.glob("*.cpp")) + sorted(folder.glob("*.cu"))
+    return found
+
+
+#: the example extension's sources and the sources each of its defect macros changes
+EXAMPLE_CSRC = CSRC.parent / "examples" / "custom_rnn_extension" / "csrc"
+EXAMPLE_DEFECTS = {"no_guard": ("wkv.cpp",), "bf16_accum": ("wkv.cpp", "wkv_cuda.cu"),
+                   "grad_current_device": ("wkv.cpp",)}
+
+
+def example_defect_units() -> list[tuple[Path, list[str], str]]:
+    """(source, flags, label) of the example's defect builds (compile-checked like ours)."""
+    if not EXAMPLE_CSRC.is_dir():
         return []
-    return sorted(selftest.glob("*.cpp")) + sorted(selftest.glob("*.cu"))
+    return [(EXAMPLE_CSRC / f, [f"-DCUSTOM_RNN_DEFECT_{name.upper()}"], f" [example {name}]")
+            for name, files in EXAMPLE_DEFECTS.items() for f in files]
 
 
 def _torch_compile_env(cuda_home: Path) -> tuple[list[str], list[str]]:
@@ -255,6 +271,7 @@ def check_units(defects: str = "with") -> tuple[list[tuple[Path, list[str], str]
                 missing.append(f"{name}: no source of csrc/{build.kernel}/ (or a header it "
                                f"includes) names {build.macro}")
             units += [(f, defect_flags(name), f" [{name}]") for f in touched]
+        units += example_defect_units()
     return units, missing
 
 

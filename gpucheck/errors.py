@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 EXIT_CLEAN = 0
 EXIT_FINDINGS = 1
 EXIT_USAGE = 2
@@ -31,3 +33,48 @@ class CheckpointError(GpucheckError):
 
 class BudgetExceeded(GpucheckError):
     """An operation would need more memory than the caller allowed (its ``max_bytes``)."""
+
+
+class MemoryAnomalyError(BudgetExceeded):
+    """The splat rasterizer's memory preflight failed: binning the Gaussian-tile overlaps
+    would exceed ``max_bytes`` or the free device memory (story 3: scales activated twice make
+    every Gaussian cover every tile). Raised before any binning buffer is allocated.
+
+    Attributes (None where the message did not carry them):
+        n: number of Gaussians.
+        visible: Gaussians with a non-zero radius.
+        overlaps: Gaussian-tile overlaps in total.
+        bytes_needed: bytes the binning would need (with the sort's scratch when compared
+            with the free memory).
+        bytes_free: bytes free on the device (driver plus the caching allocator's reserve).
+        radius_percentiles: ``{"p50", "p90", "p99", "max"}`` of the visible radii, pixels.
+        large_share: share of the Gaussians covering more than 25 % of the image's tiles.
+        hint: the likely cause, e.g. "scales look already exponentiated: activation applied
+            twice? ...".
+    """
+
+    _FIELDS = re.compile(
+        r"(?P<n>\d+) Gaussians \((?P<visible>\d+) visible\) touch (?P<overlaps>\d+) tiles in "
+        r"total .*?binning needs (?P<needed>\d+) bytes, (?P<free>\d+) bytes free; radius "
+        r"percentiles \(visible, px\) p50 (?P<p50>\d+), p90 (?P<p90>\d+), p99 (?P<p99>\d+), "
+        r"max (?P<max>\d+); \d+ Gaussians \((?P<share>[0-9.e+-]+) %\) cover more than 25 % of "
+        r"the image\. Hint: (?P<hint>.*)$", re.DOTALL)
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        found = self._FIELDS.search(message)
+        self.n: int | None = None
+        self.visible: int | None = None
+        self.overlaps: int | None = None
+        self.bytes_needed: int | None = None
+        self.bytes_free: int | None = None
+        self.radius_percentiles: dict[str, int] | None = None
+        self.large_share: float | None = None
+        self.hint: str | None = None
+        if found:
+            self.n, self.visible, self.overlaps = (int(found[k]) for k in (
+                "n", "visible", "overlaps"))
+            self.bytes_needed, self.bytes_free = int(found["needed"]), int(found["free"])
+            self.radius_percentiles = {k: int(found[k]) for k in ("p50", "p90", "p99", "max")}
+            self.large_share = float(found["share"]) / 100.0
+            self.hint = found["hint"].strip()

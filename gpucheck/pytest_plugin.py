@@ -12,13 +12,30 @@ Users' own suites get:
   stream 0 instead of the current stream runs unordered with the caller's work;
 * ``other_device``: that other device, or ``None`` when only one device is visible.
 
+* ``nvml_tracker``: this process's GPU memory over the test, sampled with NVML (timeline and
+  peak per device); ``available`` is False (and every value N/A) where NVML is not;
+* ``gpucheck_findings``: ``gpucheck_findings.attach(kind, message, severity=..., op=...)``
+  adds a finding to the test's case record under ``gpucheck run`` (next to the detectors'),
+  and to the terminal summary, the JUnit properties and the exit status under plain pytest.
+
 Target devices: ``--gpucheck-device N`` (repeatable) or ``GPUCHECK_DEVICES=0,1``; default: all
 visible devices. Without a CUDA device, tests using ``gpu_device`` are skipped with a reason.
+
+Under ``pytest -n N`` (pytest-xdist) each worker is pinned to one target device: ``gwK`` tests
+on target ``K mod (number of targets)``, so ``-n auto`` spreads a suite over every GPU; the
+test ids say ``[gpu]`` instead of ``[cudaK]`` (every worker must collect the same ids). Outside
+``gpucheck run`` the worker-side detectors (:mod:`gpucheck.detectors`) still watch every test
+that uses ``gpu_device``; their findings go where attached ones go.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import threading
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -69,6 +86,8 @@ def pytest_configure(config: pytest.Config) -> None:
         from gpucheck.runner.worker import Recorder
 
         config.pluginmanager.register(Recorder(config), "gpucheck-recorder")
+    _ATTACHED.clear()
+    _REPORTED.clear()
 
 
 def sanitizer_tools(item: pytest.Item) -> tuple[str, ...] | None:
@@ -144,11 +163,34 @@ def target_devices(config: pytest.Config) -> list[int]:
     return chosen
 
 
+def xdist_worker(config: pytest.Config) -> str | None:
+    """The xdist worker id (``gw0``...) of this process, or None outside an xdist worker
+    (an inherited ``$PYTEST_XDIST_WORKER`` alone does not count)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    return worker if worker and hasattr(config, "workerinput") else None
+
+
+def pinned_device(worker: str, devices: list[int]) -> int:
+    """The target device of xdist worker ``worker``: ``gwK`` -> ``devices[K % len]``."""
+    if not devices:
+        raise ValueError("no target device to pin an xdist worker to")
+    m = re.fullmatch(r"gw(\d+)", worker)
+    if m is None:
+        raise pytest.UsageError(f"gpucheck: cannot pin xdist worker {worker!r} to a GPU "
+                                "(expected an id like gw0)")
+    return devices[int(m.group(1)) % len(devices)]
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "gpu_device" not in metafunc.fixturenames:
         return
     devices = target_devices(metafunc.config)
-    if devices:
+    worker = xdist_worker(metafunc.config)
+    if devices and worker is not None:
+        # every worker must collect the same ids: the device is the worker's, not the id's
+        metafunc.parametrize("gpu_device", [pinned_device(worker, devices)], ids=["gpu"],
+                             indirect=True)
+    elif devices:
         metafunc.parametrize("gpu_device", devices, ids=[f"cuda{i}" for i in devices],
                              indirect=True)
     else:
@@ -196,3 +238,296 @@ def other_device(gpu_device: Any) -> Any:
         return None
 
     return _other(gpu_device)
+
+
+# --- findings a case attaches (gpucheck_findings, check_op) ----------------------------------
+
+RECORDER = "gpucheck-recorder"
+#: findings attached by the case under way: drained into its record after its teardown
+_ATTACHED: list[Any] = []
+#: the op the case under way checks (check_op): named on its findings that name none
+_CASE_OP: list[str | None] = [None]
+#: findings of finished cases, outside ``gpucheck run`` (terminal summary, exit status)
+_REPORTED: list[dict[str, Any]] = []
+#: findings of the detectors outside ``gpucheck run``, by node id
+_PLAIN_FINDINGS: dict[str, list[Any]] = {}
+FINDING_PROPERTY = "gpucheck_finding"
+
+
+def attach(kind: str, message: str, *, severity: str = "error", op: str | None = None,
+           kernel: str | None = None, evidence: str | None = None,
+           hint: str | None = None) -> Any:
+    """Attach a finding to the case under way (device, suite and case are filled in when it
+    ends). Returns the :class:`~gpucheck.report.results.Finding`."""
+    from gpucheck.report.results import Finding
+
+    if severity not in ("error", "warning", "info"):
+        raise ValueError(f"severity must be error, warning or info, got {severity!r}")
+    if not kind or not message:
+        raise ValueError("a finding needs a kind and a message")
+    f = Finding(kind=kind, severity=severity, message=message, op=op, kernel=kernel,
+                evidence=evidence, hint=hint)
+    _ATTACHED.append(f)
+    return f
+
+
+def set_case_op(name: str | None) -> None:
+    """Name the op the case under way checks: its findings that name no op get this one."""
+    _CASE_OP[0] = name
+
+
+def merge(existing: list[Any], attached: list[Any], op: str | None) -> list[Any]:
+    """The attached findings to add to a case that already has ``existing`` (its detectors'):
+    ``op`` is named on every finding that names none; an attached finding the detectors
+    already made (same kind, op and message, or any device-state leak once one is there) is
+    left out."""
+    for f in (*existing, *attached):
+        if f.op is None and op is not None:
+            f.op = op
+    keep = []
+    for f in attached:
+        if any(e.kind == f.kind and e.op == f.op and
+               (e.message == f.message or f.kind == "device-state-leak") for e in existing):
+            continue
+        keep.append(f)
+    return keep
+
+
+class Findings:
+    """The ``gpucheck_findings`` fixture: attach findings to this test's case record."""
+
+    def __init__(self) -> None:
+        self.attached: list[Any] = []
+
+    def attach(self, kind: str, message: str, *, severity: str = "error",
+               op: str | None = None, kernel: str | None = None, evidence: str | None = None,
+               hint: str | None = None) -> Any:
+        """A finding (``kind`` e.g. ``"numerics"``, ``severity`` error / warning / info)."""
+        f = attach(kind, message, severity=severity, op=op, kernel=kernel, evidence=evidence,
+                   hint=hint)
+        self.attached.append(f)
+        return f
+
+    __call__ = attach
+
+
+@pytest.fixture
+def gpucheck_findings() -> Findings:
+    """Attach findings to this test's record: ``gpucheck_findings.attach(kind, message,
+    severity="error", op=..., evidence=..., hint=...)``."""
+    return Findings()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Any:
+    _ATTACHED.clear()
+    _CASE_OP[0] = None
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    """Outside ``gpucheck run``: the worker-side detectors watch the body of every test that
+    uses ``gpu_device`` (under the harness its recorder runs them)."""
+    detectors = _plain_detectors(item)
+    if not detectors:
+        yield
+        return
+    from gpucheck.detectors import CaseInfo
+
+    info = CaseInfo(str(getattr(item, "funcargs", {}).get("gpu_device")),
+                    Path(item.path).parent.name,
+                    item.nodeid)
+    started = []
+    for d in detectors:
+        try:
+            d.case_started(info)
+            started.append(d)
+        except Exception:  # a detector must never take a case down with it
+            continue
+    yield
+    found = _PLAIN_FINDINGS.setdefault(item.nodeid, [])
+    for d in started:
+        try:
+            found.extend(d.case_finished(info))
+        except Exception as err:
+            from gpucheck.report.results import Finding
+
+            found.append(Finding(kind="detector-error", severity="warning",
+                                 message=f"detector {d.name} failed: {err!r}"))
+
+
+def _plain_detectors(item: pytest.Item) -> list[Any]:
+    config = item.config
+    if config.pluginmanager.get_plugin(RECORDER) is not None:
+        return []
+    if getattr(item, "funcargs", {}).get("gpu_device") is None:
+        return []
+    if not hasattr(config, "_gpucheck_detectors"):
+        from gpucheck.detectors import worker_detectors
+
+        config._gpucheck_detectors = worker_detectors()  # type: ignore[attr-defined]
+    return list(config._gpucheck_detectors)  # type: ignore[attr-defined]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    yield  # fixtures (nvml_tracker) attach in their teardown too
+    drain(item)
+
+
+def drain(item: pytest.Item) -> None:
+    """Hand the case's attached findings to its record (``gpucheck run``) or to the
+    test's report (plain pytest: ``user_properties``, summed up at the end)."""
+    attached, op = list(_ATTACHED), _CASE_OP[0]
+    _ATTACHED.clear()
+    _CASE_OP[0] = None
+    rec = item.config.pluginmanager.get_plugin(RECORDER)
+    if rec is not None:
+        existing = rec.detector_findings.setdefault(item.nodeid, [])
+        where = {"device": rec.device, "suite": rec.suite_of(Path(item.path).resolve()),
+                 "case": rec.ids.get(item.nodeid, item.nodeid)}
+        new = merge(existing, attached, op)
+        for f in new:
+            f.device, f.suite, f.case = where["device"], where["suite"], where["case"]
+        existing.extend(new)
+        return
+    existing = _PLAIN_FINDINGS.pop(item.nodeid, [])
+    device = getattr(item, "funcargs", {}).get("gpu_device")
+    for f in [*existing, *merge(existing, attached, op)]:
+        f.device = f.device or (None if device is None else str(device))
+        f.suite, f.case = f.suite or Path(item.path).parent.name, item.nodeid
+        item.user_properties.append((FINDING_PROPERTY, json.dumps(
+            {k: v for k, v in f.__dict__.items() if v is not None})))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    for key, value in report.user_properties:
+        if key == FINDING_PROPERTY:
+            _REPORTED.append(json.loads(value) if isinstance(value, str) else dict(value))  # type: ignore[call-overload]
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config
+                            ) -> None:
+    if not _REPORTED:
+        return
+    tr = terminalreporter
+    tr.section("gpucheck findings")
+    for f in _REPORTED:
+        where = " ".join(x for x in (f.get("device"), f.get("op") and f"op {f['op']}") if x)
+        tr.line(f"{f.get('severity', 'error').upper()} {f.get('kind')} [{where}] "
+                f"{f.get('case')}: {f.get('message')}")
+        if f.get("hint"):
+            tr.line(f"    hint: {f['hint']}")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Outside ``gpucheck run``, findings of severity error fail the session (exit 1) even
+    when every test passed (a kernel on the wrong GPU that peer access let read right)."""
+    if xdist_worker(session.config) is not None:
+        return  # the controller sums up what its workers reported
+    if exitstatus == 0 and any(f.get("severity") == "error" for f in _REPORTED):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# --- NVML memory of the test --------------------------------------------------------------
+
+NVML_INTERVAL_ENV = "GPUCHECK_NVML_INTERVAL"
+
+
+class NvmlTracker:
+    """This process's GPU memory (NVML, every device) while a test runs.
+
+    ``timeline``: ``(time, {device uuid: bytes})`` samples; :meth:`peak` the largest one on a
+    device (or any); :meth:`sample` takes one now. Where NVML is unavailable ``available``
+    is False, ``reason`` says why, and every value is :data:`gpucheck.nvml.NA`.
+    """
+
+    def __init__(self, interval: float = 0.01) -> None:
+        from gpucheck import nvml
+
+        self.interval = interval
+        self.timeline: list[tuple[float, dict[str, int]]] = []
+        self._lock = threading.Lock()
+        st = nvml.status()
+        self.available = st.ok
+        self.reason = st.reason
+        self._sampler: Any = None
+        if st.ok:
+            from gpucheck.runner.nvml_sampler import Sampler
+
+            self._sampler = Sampler(interval, self._on_sample, pid=os.getpid())
+            if not self._sampler.available:
+                self.available, self.reason = False, "NVML lists no device"
+
+    def _on_sample(self, t: float, rows: list[dict[str, Any]]) -> None:
+        mine = str(os.getpid())
+        used = {r["uuid"]: int(r["processes"][mine]) for r in rows
+                if r["processes"].get(mine) is not None}
+        with self._lock:
+            self.timeline.append((t, used))
+
+    def start(self) -> NvmlTracker:
+        if self.available:
+            self._sampler.start()
+        return self
+
+    def stop(self) -> None:
+        if self.available:
+            self._sampler.stop()
+            self.sample()
+
+    def sample(self) -> None:
+        """Take one sample now (a test shorter than the interval still gets one)."""
+        if self.available:
+            self._on_sample(time.time(), self._sampler.sample())
+
+    def peak(self, device: Any = None) -> Any:
+        """The largest memory this process held on ``device`` (a ``torch.device``, CUDA
+        index or NVML UUID; None: any device), in bytes; NA without NVML."""
+        from gpucheck import nvml
+
+        if not self.available:
+            return nvml.NA
+        uuid = None if device is None else _uuid_of(device)
+        if device is not None and uuid is None:
+            return nvml.NA
+        with self._lock:
+            values = [b for _, used in self.timeline for u, b in used.items()
+                      if uuid is None or u == uuid]
+        return max(values, default=0)
+
+    def peaks(self) -> dict[str, int]:
+        """The peak per device UUID."""
+        out: dict[str, int] = {}
+        with self._lock:
+            for _, used in self.timeline:
+                for u, b in used.items():
+                    out[u] = max(out.get(u, 0), b)
+        return out
+
+
+def _uuid_of(device: Any) -> str | None:
+    """NVML's UUID (``GPU-...``) of a CUDA device given as torch.device, index or UUID."""
+    if isinstance(device, str) and device.startswith(("GPU-", "MIG-")):
+        return device
+    try:
+        import torch
+
+        index = device.index if isinstance(device, torch.device) else int(device)
+        return f"GPU-{torch.cuda.get_device_properties(index).uuid}"
+    except Exception:
+        return None
+
+
+@pytest.fixture
+def nvml_tracker(request: pytest.FixtureRequest) -> Any:
+    """This process's GPU memory over the test (NVML): ``nvml_tracker.timeline``,
+    ``nvml_tracker.peak(device)``; ``available`` False (values N/A) without NVML. The
+    peaks go into the test's ``user_properties`` (``gpucheck_nvml_peak``)."""
+    tracker = NvmlTracker(float(os.environ.get(NVML_INTERVAL_ENV, "0.01"))).start()
+    yield tracker
+    tracker.stop()
+    request.node.user_properties.append(
+        ("gpucheck_nvml_peak", tracker.peaks() if tracker.available else None))

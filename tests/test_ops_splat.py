@@ -1,5 +1,7 @@
 """CPU tests of gpucheck.ops.rasterize's Python side: argument checks that need no GPU, the
-fake (meta) implementation's shapes, and the scenes the GPU suite renders."""
+fake (meta) implementations' shapes, the scenes the GPU suite renders, a float64 gradcheck of
+the reference (the oracle of the kernel's gradients) and gpucheck.MemoryAnomalyError's fields
+from recorded preflight messages."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import gpucheck
+from gpucheck.errors import BudgetExceeded
 from gpucheck.ops import splat
 from gpucheck.reference import rasterize as reference
 
@@ -52,12 +56,48 @@ def test_sh_degree_defaults_to_what_sh_holds() -> None:
     assert splat.sh_degree_of(torch.rand(2, 3), None, None) == -1
 
 
-def test_fake_impl_shapes() -> None:
+def test_fake_impl_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The four ops' fake implementations: shapes and dtypes (the overlap count is a dynamic
+    size under FakeTensor; here a stand-in)."""
+    monkeypatch.setattr(splat, "_overlaps", lambda: 11)
     a = splat_scenes.to(splat_scenes.scene(7, 21, 13, 5, sh_degree=2), "meta")
-    out = splat._fake(a["means"], a["scales"], a["rotations"], a["opacities"], a["sh"],
-                      a["viewmat"], a["K"], a["background"], 21, 13, 2, None)
-    assert [tuple(o.shape) for o in out] == [(3, 13, 21), (13, 21), (13, 21), (7,), ()]
-    assert [o.dtype for o in out] == [torch.float32] * 3 + [torch.int32, torch.int64]
+    out = splat._fake_project(a["means"], a["scales"], a["rotations"], a["opacities"], a["sh"],
+                              a["viewmat"], a["K"], a["background"], 21, 13, 2, None)
+    assert [tuple(o.shape) for o in out] == [(7, 2), (7, 3), (7, 3), (7,), (7,), (7, 4),
+                                             (2 * 1, 2), (11,)]
+    assert [o.dtype for o in out] == [torch.float32] * 4 + [torch.int32] * 4
+    means2d, conics, rgb, depths, radii, _, ranges, ids = out
+    img = splat._fake_render(means2d, conics, a["opacities"], rgb, depths, a["background"],
+                             ranges, ids, 21, 13)
+    assert [tuple(o.shape) for o in img] == [(3, 13, 21)] + [(13, 21)] * 4
+    assert [o.dtype for o in img] == [torch.float32] * 4 + [torch.int32]
+    grads = splat._fake_render_backward(means2d, conics, a["opacities"], rgb, depths,
+                                        a["background"], ranges, ids, *img[1:], *img[:3],
+                                        21, 13)
+    assert [tuple(g.shape) for g in grads] == [(7, 2), (7, 3), (7,), (7, 3), (7,)]
+    grads = splat._fake_project_backward(a["means"], a["scales"], a["rotations"], a["sh"],
+                                         a["viewmat"], a["K"], radii, means2d, conics, rgb,
+                                         depths, 21, 13, 2)
+    assert [tuple(g.shape) for g in grads] == [(7, 3), (7, 3), (7, 4), (7, 9, 3)]
+    assert splat._tiles(33, 17) == 3 * 2 and splat._tiles(1, 1) == 1
+
+
+def test_reference_gradients_match_finite_differences() -> None:
+    """The oracle's autograd against central differences (float64 gradcheck) on a small scene
+    with SH degree 2, a background and every differentiable input."""
+    args = splat_scenes.scene(6, 12, 10, 3, sh_degree=2, log_scale=(-2.0, -1.0), spread=0.8)
+    names = ("means", "scales", "rotations", "opacities", "sh", "background")
+    leaves = tuple(args[k].double().requires_grad_() for k in names)
+    fixed = {k: v.double() if isinstance(v, torch.Tensor) else v for k, v in args.items()
+             if k not in names}
+
+    def render(*values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out = reference(**fixed, **dict(zip(names, values, strict=True)))
+        return out.image, out.alpha, out.depth, out.means2d
+
+    assert reference(**fixed, **dict(zip(names, leaves, strict=True))).radii.gt(0).sum() >= 4
+    assert torch.autograd.gradcheck(render, leaves, eps=1e-6, atol=1e-5, rtol=1e-4,
+                                    fast_mode=True)
 
 
 def test_result_fields_follow_the_reference() -> None:
@@ -73,3 +113,47 @@ def test_scenes_are_what_the_suite_says() -> None:
     assert 0 < int(visible.sum()) < 200
     behind = reference(**splat_scenes.scene(30, 64, 48, 12, depth_range=(-3.0, 0.2)))
     assert not bool(behind.radii.any())
+
+
+# Messages of the CUDA op's failed preflight, recorded on an H200 (2026-11-24) from the splat
+# suite's twice-activated scenes: a max_bytes budget, and the free device memory.
+RECORDED_BUDGET = (
+    "splat_project: binning budget exceeded: more than max_bytes 40000. 200 Gaussians (200 "
+    "visible) touch 3200 tiles in total (16 tiles of 64x64), binning needs 76800 bytes, "
+    "149460977152 bytes free; radius percentiles (visible, px) p50 77, p90 79, p99 80, max 80; "
+    "200 Gaussians (100 %) cover more than 25 % of the image. Hint: scales look already "
+    "exponentiated: activation applied twice? (3DGS checkpoints store log-scales; exp them "
+    "exactly once)")
+RECORDED_FREE = (
+    "splat_project: binning budget exceeded: needs 315466115112 bytes with the sort's scratch, "
+    "more than the 149202609664 bytes free on cuda:0. 2000000 Gaussians (2000000 visible) touch "
+    "13144421463 tiles in total (8160 tiles of 1920x1080), binning needs 315466115112 bytes, "
+    "149202609664 bytes free; radius percentiles (visible, px) p50 771, p90 785, p99 796, max "
+    "809; 2000000 Gaussians (100 %) cover more than 25 % of the image. Hint: scales look already "
+    "exponentiated: activation applied twice? (3DGS checkpoints store log-scales; exp them "
+    "exactly once)")
+
+
+@pytest.mark.parametrize(("message", "fields"), [
+    (RECORDED_BUDGET, dict(n=200, visible=200, overlaps=3200, bytes_needed=76800,
+                           bytes_free=149460977152, large_share=1.0,
+                           radius_percentiles={"p50": 77, "p90": 79, "p99": 80, "max": 80})),
+    (RECORDED_FREE, dict(n=2_000_000, visible=2_000_000, overlaps=13144421463,
+                         bytes_needed=315466115112, bytes_free=149202609664, large_share=1.0,
+                         radius_percentiles={"p50": 771, "p90": 785, "p99": 796, "max": 809})),
+], ids=["max_bytes", "free_memory"])
+def test_memory_anomaly_error_fields(message: str, fields: dict) -> None:
+    err = gpucheck.MemoryAnomalyError(message)
+    assert isinstance(err, BudgetExceeded) and str(err) == message
+    assert err.exit_code == BudgetExceeded.exit_code
+    for name, want in fields.items():
+        assert getattr(err, name) == want, name
+    assert err.hint is not None and err.hint.startswith(
+        "scales look already exponentiated: activation applied twice?")
+
+
+def test_memory_anomaly_error_without_fields() -> None:
+    """A message in another shape still makes a usable error (fields None, message kept)."""
+    err = gpucheck.MemoryAnomalyError("splat_project: binning budget exceeded: something else")
+    assert err.n is None and err.radius_percentiles is None and err.hint is None
+    assert "something else" in str(err)

@@ -211,3 +211,29 @@ def test_recorded_synccheck_names_the_kernel_not_the_inlined_intrinsic():
     assert f.error == "Barrier error detected. Invalid arguments." and f.count == 20
     assert f.kernel_name == "bad_syncwarp" and f.source == "planted.cu:24"
     assert f.offset == "0x70"  # of the faulting instruction, in the inlined __syncwarp
+
+
+def test_one_missing_barrier_is_one_finding():
+    """68 racecheck records of one removed __syncthreads (recorded on 2x H200) fold into one
+    finding per kernel and kind, which lists where the others were."""
+    import gzip
+
+    from gpucheck.runner.worker import sanitizer_findings
+
+    log = (Path(__file__).parent / "fixtures" / "sanitizer"
+           / "racecheck_no_sync_ssim_h200x2.log.gz")
+    text = gzip.decompress(log.read_bytes()).decode()
+    report = parse(text, "racecheck")
+    assert len(report.findings) == 68
+    found = sanitizer_findings(text, "racecheck", "cuda:0", "selftest", "t")
+    # racecheck names the function of the racing write: the kernel, and a device function
+    # inlined into it (ChunkLoader::store, no longer "const" by a trailing qualifier)
+    assert [f.kernel for f in found] == ["gpucheck::ssim::<unnamed>::ssim_backward_kernel<float, "
+                                         "(bool)1>", "gpucheck::ssim::<unnamed>::ChunkLoader<"
+                                         "float>::store"]
+    more = [int(f.evidence.split("(and ")[1].split(" ")[0]) for f in found]
+    assert sum(more) + len(found) == 68
+    for f in found:
+        assert f.kind == "sanitizer" and f.severity == "error"
+        assert "Race reported between Write access" in f.message
+        assert "more record(s) of this kind in this kernel, at ssim_cuda.cu:" in f.evidence

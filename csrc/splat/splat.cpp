@@ -1,10 +1,14 @@
-// Entry point of gpucheck::splat_forward (the Gaussian-splatting rasterizer's forward pass):
-// device guard, input checks, the binning-memory preflight (failure 3 of docs/failures.md),
-// buffers from the caching allocator, launches on the current stream. Kernels: splat_cuda.cu.
+// Entry points of the Gaussian-splatting rasterizer's ops (schemas in registration.cpp):
+//   splat_project           per Gaussian projection + validation + the binning-memory preflight
+//                           (failure 3 of docs/failures.md) + tile binning (sort, ranges)
+//   splat_render            per tile compositing
+//   splat_render_backward   and splat_project_backward: their gradients
+// Each: device guard, input checks, buffers from the caching allocator, launches on the
+// current stream. Kernels: splat_cuda.cu (forward), splat_backward.cu (backward).
 #include "splat/splat.h"
 
 #include <ATen/ops/empty.h>
-#include <ATen/ops/full.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
@@ -27,22 +31,23 @@
 namespace gpucheck::splat {
 namespace {
 
-constexpr const char* kOp = "splat_forward";
+constexpr const char* kOp = "splat_project";
 // The message prefix by which gpucheck.ops.splat recognises a failed preflight (raised here
 // as torch.OutOfMemoryError) and turns it into gpucheck.errors.BudgetExceeded.
-constexpr const char* kBudgetPrefix = "splat_forward: binning budget exceeded: ";
+constexpr const char* kBudgetPrefix = "splat_project: binning budget exceeded: ";
 // A Gaussian "covers most of the image" when its tile rectangle holds more than this share of
 // the tiles; when many do, the scales were most likely activated twice (story 3).
 constexpr double kLargeShare = 0.25;
 constexpr double kSuspectShare = 0.1;
 
 void check_input(const at::Tensor& ref, const at::Tensor& t, const char* name,
-                 std::initializer_list<int64_t> shape) {
-  check_cuda(t, kOp, name);
-  check_same_device(ref, "means", t, kOp, name);
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat, kOp, ": ", name,
-                   " must be float32 (the only dtype supported for now), got ",
-                   t.scalar_type());
+                 std::initializer_list<int64_t> shape, const char* op = kOp,
+                 at::ScalarType dtype = at::kFloat, const char* ref_name = "means") {
+  check_cuda(t, op, name);
+  check_same_device(ref, ref_name, t, op, name);
+  TORCH_CHECK_TYPE(t.scalar_type() == dtype, op, ": ", name, " must be ",
+                   dtype == at::kFloat ? "float32 (the only dtype supported for now)" : "int32",
+                   ", got ", t.scalar_type());
   bool ok = t.dim() == static_cast<int64_t>(shape.size());
   int d = 0;
   for (const int64_t s : shape) {
@@ -57,8 +62,8 @@ void check_input(const at::Tensor& ref, const at::Tensor& t, const char* name,
     if (s < 0) want << (d == 1 ? "N" : "K"); else want << s;  // d: already incremented
   }
   want << "]";
-  TORCH_CHECK_VALUE(ok, kOp, ": ", name, " must be ", want.str(), ", got ", t.sizes());
-  TORCH_CHECK_VALUE(t.is_contiguous(), kOp, ": ", name, " must be contiguous, got strides ",
+  TORCH_CHECK_VALUE(ok, op, ": ", name, " must be ", want.str(), ", got ", t.sizes());
+  TORCH_CHECK_VALUE(t.is_contiguous(), op, ": ", name, " must be contiguous, got strides ",
                     t.strides(), " for sizes ", t.sizes(), " (call .contiguous())");
 }
 
@@ -108,9 +113,12 @@ void raise_bad_input(const int32_t* bad, int64_t n, const at::Tensor& means,
 }
 
 // The evidence of a failed preflight: what was asked for, and why it is probably that large.
+// gpucheck.errors.MemoryAnomalyError parses this message back into its fields: keep the two
+// in step (tests/test_ops_splat.py holds a recorded one).
 [[noreturn]] void raise_budget(const std::string& reason, int64_t n, int64_t total,
-                               int64_t bytes, const at::Tensor& radii, const at::Tensor& counts,
-                               int64_t tiles, int64_t width, int64_t height) {
+                               int64_t bytes, int64_t free_bytes, const at::Tensor& radii,
+                               const at::Tensor& counts, int64_t tiles, int64_t width,
+                               int64_t height) {
   const at::Tensor r_host = radii.to(at::kCPU);
   const at::Tensor c_host = counts.to(at::kCPU);
   const int32_t* r = r_host.const_data_ptr<int32_t>();
@@ -132,7 +140,8 @@ void raise_bad_input(const int32_t* bad, int64_t n, const at::Tensor& means,
   std::ostringstream msg;
   msg << kBudgetPrefix << reason << ". " << n << " Gaussians (" << visible.size()
       << " visible) touch " << total << " tiles in total (" << tiles << " tiles of "
-      << width << "x" << height << "), binning needs " << bytes << " bytes; radius "
+      << width << "x" << height << "), binning needs " << bytes << " bytes, " << free_bytes
+      << " bytes free; radius "
       << "percentiles (visible, px) p50 " << pct(0.5) << ", p90 " << pct(0.9) << ", p99 "
       << pct(0.99) << ", max " << (visible.empty() ? 0 : visible.back()) << "; " << large
       << " Gaussians (" << 100.0 * share << " %) cover more than 25 % of the image. Hint: "
@@ -168,7 +177,9 @@ int bits_for(int64_t values) {  // bits needed for the numbers 0 .. values - 1
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> splat_forward_cuda(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+           at::Tensor>
+splat_project_cuda(
     const at::Tensor& means,       // [N, 3] float32, world space
     const at::Tensor& scales,      // [N, 3] float32, > 0 (activated)
     const at::Tensor& rotations,   // [N, 4] float32, wxyz, unnormalized
@@ -216,15 +227,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> splat_for
   const int tiles_x = static_cast<int>((width + kTileSize - 1) / kTileSize);
   const int tiles_y = static_cast<int>((height + kTileSize - 1) / kTileSize);
   const int64_t tiles = int64_t{tiles_x} * tiles_y;
-  at::Tensor image = at::empty({3, height, width}, options);
-  at::Tensor alpha = at::empty({height, width}, options);
-  at::Tensor depth = at::empty({height, width}, options);
+  at::Tensor means2d = at::empty({n64, 2}, options);
+  at::Tensor conics = at::empty({n64, 3}, options);
+  at::Tensor rgb = at::empty({n64, 3}, options);
+  at::Tensor depths = at::empty({n64}, options);
   at::Tensor radii = at::empty({n64}, options.dtype(at::kInt));
+  at::Tensor rects = at::empty({n64, 4}, options.dtype(at::kInt));
+  at::Tensor ranges = at::zeros({tiles, 2}, options.dtype(at::kInt));
   if (n64 == 0) {
-    image.copy_(background.view({3, 1, 1}).expand({3, height, width}));
-    alpha.zero_();
-    depth.zero_();
-    return {image, alpha, depth, radii, at::zeros({}, options.dtype(at::kLong))};
+    return {means2d, conics, rgb, depths, radii, rects, ranges,
+            at::empty({0}, options.dtype(at::kInt))};
   }
   const int n = static_cast<int>(n64);
 
@@ -233,10 +245,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> splat_for
   // device-to-host copy of info[n - 1:] brings both the total and the validation.
   at::Tensor counts = at::empty({n64}, options.dtype(at::kLong));
   at::Tensor info = at::empty({n64 + 3}, options.dtype(at::kLong));
-  at::Tensor rects = at::empty({n64, 4}, options.dtype(at::kInt));
-  at::Tensor xy = at::empty({n64, 2}, options);
-  at::Tensor conic_opacity = at::empty({n64, 4}, options);
-  at::Tensor color_depth = at::empty({n64, 4}, options);
   int64_t* offsets = info.data_ptr<int64_t>();
   auto* bad = reinterpret_cast<int32_t*>(offsets + n64);
   C10_CUDA_CHECK(cudaMemsetAsync(bad, 0x7F, 3 * sizeof(int64_t), stream));
@@ -259,9 +267,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> splat_for
   args.radii = radii.data_ptr<int32_t>();
   args.counts = counts.data_ptr<int64_t>();
   args.rects = reinterpret_cast<int4*>(rects.data_ptr<int32_t>());
-  args.xy = reinterpret_cast<float2*>(xy.data_ptr<float>());
-  args.conic_opacity = reinterpret_cast<float4*>(conic_opacity.data_ptr<float>());
-  args.color_depth = reinterpret_cast<float4*>(color_depth.data_ptr<float>());
+  args.means2d = reinterpret_cast<float2*>(means2d.data_ptr<float>());
+  args.conics = conics.data_ptr<float>();
+  args.rgb = rgb.data_ptr<float>();
+  args.depths = depths.data_ptr<float>();
   args.bad = bad;
   launch_preprocess(args, stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -283,9 +292,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> splat_for
 
   // 3. preflight, before any binning buffer exists.
   const int64_t binning_bytes = total * kBytesPerIntersection;
+  const int64_t available = free_device_bytes(means.device().index());
   if (max_bytes.has_value() && binning_bytes > *max_bytes) {
     raise_budget("more than max_bytes " + std::to_string(*max_bytes), n64, total,
-                 binning_bytes, radii, counts, tiles, width, height);
+                 binning_bytes, available, radii, counts, tiles, width, height);
   }
   // The sort's scratch can only be sized for an int32 count; past that the keys alone are
   // > 48 GiB, which is what the comparison with the free memory below then mostly sees.
@@ -293,60 +303,246 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> splat_for
   const int end_bit = 32 + bits_for(tiles);
   const size_t sort_bytes =
       total > 0 && fits_int32 ? sort_temp_bytes(static_cast<int>(total), end_bit) : 0;
-  const int64_t needed = binning_bytes + static_cast<int64_t>(sort_bytes) +
-                         tiles * static_cast<int64_t>(sizeof(int2));
-  const int64_t available = free_device_bytes(means.device().index());
+  const int64_t needed = binning_bytes + static_cast<int64_t>(sort_bytes);
   if (needed > available) {
     raise_budget("needs " + std::to_string(needed) + " bytes with the sort's scratch, more "
                  "than the " + std::to_string(available) + " bytes free on " +
-                 means.device().str(), n64, total, binning_bytes, radii, counts, tiles,
+                 means.device().str(), n64, total, needed, available, radii, counts, tiles,
                  width, height);
   }
   if (!fits_int32) {
     raise_budget("more than 2^31 - 1 Gaussian-tile overlaps, which the int32 sort cannot hold",
-                 n64, total, binning_bytes, radii, counts, tiles, width, height);
+                 n64, total, needed, available, radii, counts, tiles, width, height);
   }
   const int items = static_cast<int>(total);
 
-  // 4. keys, sort, per-tile ranges.
-  at::Tensor ranges = at::zeros({tiles, 2}, options.dtype(at::kInt));
-  at::Tensor keys;
-  at::Tensor values;
-  const int32_t* sorted_values = nullptr;
-  if (items > 0) {
-    keys = at::empty({2 * total}, options.dtype(at::kLong));
-    values = at::empty({2 * total}, options.dtype(at::kInt));
-    auto* keys_ptr = reinterpret_cast<uint64_t*>(keys.data_ptr<int64_t>());
-    int32_t* values_ptr = values.data_ptr<int32_t>();
-    launch_emit(args.counts, offsets, args.rects, args.color_depth, n, tiles_x, keys_ptr,
-                values_ptr, stream);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    const at::Tensor temp = at::empty({static_cast<int64_t>(std::max<size_t>(sort_bytes, 1))},
-                                      options.dtype(at::kByte));
-    uint64_t* sorted_keys = nullptr;
-    int32_t* sorted = nullptr;
-    C10_CUDA_CHECK(sort_pairs(temp.data_ptr(), sort_bytes, keys_ptr, keys_ptr + total,
-                              values_ptr, values_ptr + total, items, end_bit, &sorted_keys,
-                              &sorted, stream));
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    launch_ranges(sorted_keys, items, reinterpret_cast<int2*>(ranges.data_ptr<int32_t>()),
-                  stream);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    sorted_values = sorted;
+  // 4. keys, sort, per-tile ranges. The sorted Gaussian ids are returned for render and its
+  // backward.
+  if (items == 0) {
+    return {means2d, conics, rgb, depths, radii, rects, ranges,
+            at::empty({0}, options.dtype(at::kInt))};
   }
-
-  // 5. compositing, one block per tile (tiles without Gaussians write the background).
-  launch_render(reinterpret_cast<const int2*>(ranges.const_data_ptr<int32_t>()), sorted_values,
-                args.xy, args.conic_opacity, args.color_depth, args.background,
-                static_cast<int>(width), static_cast<int>(height), tiles_x, tiles_y,
-                image.data_ptr<float>(), alpha.data_ptr<float>(), depth.data_ptr<float>(),
+  at::Tensor keys = at::empty({2 * total}, options.dtype(at::kLong));
+  // two tensors (not one of 2 * total): the one the sort ends in is returned as is
+  at::Tensor values = at::empty({total}, options.dtype(at::kInt));
+  at::Tensor values_alt = at::empty({total}, options.dtype(at::kInt));
+  auto* keys_ptr = reinterpret_cast<uint64_t*>(keys.data_ptr<int64_t>());
+  int32_t* values_ptr = values.data_ptr<int32_t>();
+  launch_emit(args.counts, offsets, args.rects, args.depths, n, tiles_x, keys_ptr, values_ptr,
+              stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const at::Tensor temp = at::empty({static_cast<int64_t>(std::max<size_t>(sort_bytes, 1))},
+                                    options.dtype(at::kByte));
+  uint64_t* sorted_keys = nullptr;
+  int32_t* sorted = nullptr;
+  C10_CUDA_CHECK(sort_pairs(temp.data_ptr(), sort_bytes, keys_ptr, keys_ptr + total,
+                            values_ptr, values_alt.data_ptr<int32_t>(), items, end_bit,
+                            &sorted_keys, &sorted, stream));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch_ranges(sorted_keys, items, reinterpret_cast<int2*>(ranges.data_ptr<int32_t>()),
                 stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return {image, alpha, depth, radii, at::full({}, total, options.dtype(at::kLong))};
+  return {means2d, conics, rgb, depths, radii, rects, ranges,
+          sorted == values_ptr ? values : values_alt};
+}
+
+namespace {
+
+// The compositing inputs of render and render_backward, checked.
+SplatInputs splat_inputs(const char* op, const at::Tensor& means2d, const at::Tensor& conics,
+                         const at::Tensor& opacities, const at::Tensor& rgb,
+                         const at::Tensor& depths, const at::Tensor& background,
+                         const at::Tensor& tile_ranges, const at::Tensor& ids, int64_t width,
+                         int64_t height) {
+  check_input(means2d, means2d, "means2d", {-1, 2}, op, at::kFloat, "means2d");
+  const int64_t n = means2d.size(0);
+  check_input(means2d, conics, "conics", {n, 3}, op, at::kFloat, "means2d");
+  check_input(means2d, opacities, "opacities", {n}, op, at::kFloat, "means2d");
+  check_input(means2d, rgb, "rgb", {n, 3}, op, at::kFloat, "means2d");
+  check_input(means2d, depths, "depths", {n}, op, at::kFloat, "means2d");
+  check_input(means2d, background, "background", {3}, op, at::kFloat, "means2d");
+  TORCH_CHECK_VALUE(width >= 1 && width <= kMaxImageSide && height >= 1 &&
+                        height <= kMaxImageSide,
+                    op, ": width and height must be in [1, ", kMaxImageSide, "], got ", width,
+                    "x", height);
+  SplatInputs in{};
+  in.width = static_cast<int>(width);
+  in.height = static_cast<int>(height);
+  in.tiles_x = static_cast<int>((width + kTileSize - 1) / kTileSize);
+  in.tiles_y = static_cast<int>((height + kTileSize - 1) / kTileSize);
+  check_input(means2d, tile_ranges, "tile_ranges", {int64_t{in.tiles_x} * in.tiles_y, 2}, op,
+              at::kInt, "means2d");
+  check_input(means2d, ids, "ids", {-1}, op, at::kInt, "means2d");
+  in.ranges = reinterpret_cast<const int2*>(tile_ranges.const_data_ptr<int32_t>());
+  in.ids = ids.const_data_ptr<int32_t>();
+  in.means2d = reinterpret_cast<const float2*>(means2d.const_data_ptr<float>());
+  in.conics = conics.const_data_ptr<float>();
+  in.opacities = opacities.const_data_ptr<float>();
+  in.rgb = rgb.const_data_ptr<float>();
+  in.depths = depths.const_data_ptr<float>();
+  in.background = background.const_data_ptr<float>();
+  return in;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> splat_render_cuda(
+    const at::Tensor& means2d,      // [N, 2] float32, pixel-space means (from splat_project)
+    const at::Tensor& conics,       // [N, 3] float32
+    const at::Tensor& opacities,    // [N] float32, in [0, 1]
+    const at::Tensor& rgb,          // [N, 3] float32
+    const at::Tensor& depths,       // [N] float32
+    const at::Tensor& background,   // [3] float32
+    const at::Tensor& tile_ranges,  // [tiles, 2] int32 (from splat_project)
+    const at::Tensor& ids,          // [overlaps] int32 (from splat_project)
+    int64_t width, int64_t height) {
+  constexpr const char* op = "splat_render";
+  check_cuda(means2d, op, "means2d");
+  GPUCHECK_DEVICE_GUARD(means2d);
+  const SplatInputs in = splat_inputs(op, means2d, conics, opacities, rgb, depths, background,
+                                      tile_ranges, ids, width, height);
+  const auto options = means2d.options();
+  at::Tensor image = at::empty({3, height, width}, options);
+  at::Tensor alpha = at::empty({height, width}, options);
+  at::Tensor depth = at::empty({height, width}, options);
+  at::Tensor final_T = at::empty({height, width}, options);
+  at::Tensor n_contrib = at::empty({height, width}, options.dtype(at::kInt));
+  // tiles without Gaussians write the background (an empty range, whatever the ids)
+  launch_render(in, image.data_ptr<float>(), alpha.data_ptr<float>(), depth.data_ptr<float>(),
+                final_T.data_ptr<float>(), n_contrib.data_ptr<int32_t>(),
+                c10::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {image, alpha, depth, final_T, n_contrib};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+splat_render_backward_cuda(
+    const at::Tensor& means2d, const at::Tensor& conics, const at::Tensor& opacities,
+    const at::Tensor& rgb, const at::Tensor& depths, const at::Tensor& background,
+    const at::Tensor& tile_ranges, const at::Tensor& ids,  // as splat_render's inputs
+    const at::Tensor& alpha,       // [H, W] float32, splat_render's output
+    const at::Tensor& depth,       // [H, W] float32, splat_render's output
+    const at::Tensor& final_T,     // [H, W] float32, splat_render's output
+    const at::Tensor& n_contrib,   // [H, W] int32, splat_render's output
+    const at::Tensor& grad_image,  // [3, H, W] float32
+    const at::Tensor& grad_alpha,  // [H, W] float32
+    const at::Tensor& grad_depth,  // [H, W] float32
+    int64_t width, int64_t height) {
+  constexpr const char* op = "splat_render_backward";
+  check_cuda(means2d, op, "means2d");
+  GPUCHECK_DEVICE_GUARD(means2d);
+  const SplatInputs in = splat_inputs(op, means2d, conics, opacities, rgb, depths, background,
+                                      tile_ranges, ids, width, height);
+  check_input(means2d, alpha, "alpha", {height, width}, op, at::kFloat, "means2d");
+  check_input(means2d, depth, "depth", {height, width}, op, at::kFloat, "means2d");
+  check_input(means2d, final_T, "final_T", {height, width}, op, at::kFloat, "means2d");
+  check_input(means2d, n_contrib, "n_contrib", {height, width}, op, at::kInt, "means2d");
+  check_input(means2d, grad_image, "grad_image", {3, height, width}, op, at::kFloat, "means2d");
+  check_input(means2d, grad_alpha, "grad_alpha", {height, width}, op, at::kFloat, "means2d");
+  check_input(means2d, grad_depth, "grad_depth", {height, width}, op, at::kFloat, "means2d");
+  const int64_t n = means2d.size(0);
+  const auto options = means2d.options();
+  at::Tensor g_means2d = at::zeros({n, 2}, options);
+  at::Tensor g_conics = at::zeros({n, 3}, options);
+  at::Tensor g_opacities = at::zeros({n}, options);
+  at::Tensor g_rgb = at::zeros({n, 3}, options);
+  at::Tensor g_depths = at::zeros({n}, options);
+  if (n == 0 || ids.numel() == 0) return {g_means2d, g_conics, g_opacities, g_rgb, g_depths};
+  RenderGrads g{};
+  g.alpha = alpha.const_data_ptr<float>();
+  g.depth = depth.const_data_ptr<float>();
+  g.final_T = final_T.const_data_ptr<float>();
+  g.n_contrib = n_contrib.const_data_ptr<int32_t>();
+  g.grad_image = grad_image.const_data_ptr<float>();
+  g.grad_alpha = grad_alpha.const_data_ptr<float>();
+  g.grad_depth = grad_depth.const_data_ptr<float>();
+  g.g_means2d = reinterpret_cast<float2*>(g_means2d.data_ptr<float>());
+  g.g_conics = g_conics.data_ptr<float>();
+  g.g_opacities = g_opacities.data_ptr<float>();
+  g.g_rgb = g_rgb.data_ptr<float>();
+  g.g_depths = g_depths.data_ptr<float>();
+  launch_render_backward(in, g, c10::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {g_means2d, g_conics, g_opacities, g_rgb, g_depths};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> splat_project_backward_cuda(
+    const at::Tensor& means, const at::Tensor& scales, const at::Tensor& rotations,
+    const at::Tensor& colors, const at::Tensor& viewmat,
+    const at::Tensor& K,              // as splat_project's inputs
+    const at::Tensor& radii,          // [N] int32, splat_project's output
+    const at::Tensor& grad_means2d,   // [N, 2] float32
+    const at::Tensor& grad_conics,    // [N, 3] float32
+    const at::Tensor& grad_rgb,       // [N, 3] float32
+    const at::Tensor& grad_depths,    // [N] float32
+    int64_t width, int64_t height, int64_t sh_degree) {
+  constexpr const char* op = "splat_project_backward";
+  check_cuda(means, op, "means");
+  GPUCHECK_DEVICE_GUARD(means);
+  check_input(means, means, "means", {-1, 3}, op);
+  const int64_t n = means.size(0);
+  check_input(means, scales, "scales", {n, 3}, op);
+  check_input(means, rotations, "rotations", {n, 4}, op);
+  check_input(means, viewmat, "viewmat", {4, 4}, op);
+  check_input(means, K, "K", {3, 3}, op);
+  check_input(means, radii, "radii", {n}, op, at::kInt);
+  check_input(means, grad_means2d, "grad_means2d", {n, 2}, op);
+  check_input(means, grad_conics, "grad_conics", {n, 3}, op);
+  check_input(means, grad_rgb, "grad_rgb", {n, 3}, op);
+  check_input(means, grad_depths, "grad_depths", {n}, op);
+  TORCH_CHECK_VALUE(sh_degree >= -1 && sh_degree <= kMaxShDegree, op,
+                    ": sh_degree must be -1 (colors are RGB) or in 0..", kMaxShDegree, ", got ",
+                    sh_degree);
+  TORCH_CHECK_VALUE(width >= 1 && width <= kMaxImageSide && height >= 1 &&
+                        height <= kMaxImageSide,
+                    op, ": width and height must be in [1, ", kMaxImageSide, "], got ", width,
+                    "x", height);
+  int64_t sh_coeffs = 0;
+  if (sh_degree < 0) {
+    check_input(means, colors, "colors", {n, 3}, op);
+  } else {
+    check_input(means, colors, "sh", {n, -1, 3}, op);
+    sh_coeffs = colors.size(1);
+    TORCH_CHECK_VALUE(sh_coeffs >= (sh_degree + 1) * (sh_degree + 1), op, ": sh_degree ",
+                      sh_degree, " needs ", (sh_degree + 1) * (sh_degree + 1),
+                      " coefficients per channel, got sh of shape ", colors.sizes());
+  }
+  at::Tensor g_means = at::empty_like(means);
+  at::Tensor g_scales = at::empty_like(scales);
+  at::Tensor g_rotations = at::empty_like(rotations);
+  at::Tensor g_colors = at::empty_like(colors);
+  if (n == 0) return {g_means, g_scales, g_rotations, g_colors};
+  ProjectGrads g{};
+  g.means = means.const_data_ptr<float>();
+  g.scales = scales.const_data_ptr<float>();
+  g.rotations = rotations.const_data_ptr<float>();
+  g.colors = colors.const_data_ptr<float>();
+  g.viewmat = viewmat.const_data_ptr<float>();
+  g.intrinsics = K.const_data_ptr<float>();
+  g.radii = radii.const_data_ptr<int32_t>();
+  g.g_means2d = grad_means2d.const_data_ptr<float>();
+  g.g_conics = grad_conics.const_data_ptr<float>();
+  g.g_rgb = grad_rgb.const_data_ptr<float>();
+  g.g_depths = grad_depths.const_data_ptr<float>();
+  g.n = static_cast<int>(n);
+  g.sh_degree = static_cast<int>(sh_degree);
+  g.sh_coeffs = static_cast<int>(sh_coeffs);
+  g.width = static_cast<int>(width);
+  g.height = static_cast<int>(height);
+  g.g_means = g_means.data_ptr<float>();
+  g.g_scales = g_scales.data_ptr<float>();
+  g.g_rotations = g_rotations.data_ptr<float>();
+  g.g_colors = g_colors.data_ptr<float>();
+  launch_project_backward(g, c10::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {g_means, g_scales, g_rotations, g_colors};
 }
 
 TORCH_LIBRARY_IMPL(gpucheck, CUDA, m) {
-  m.impl("splat_forward", &splat_forward_cuda);
+  m.impl("splat_project", &splat_project_cuda);
+  m.impl("splat_render", &splat_render_cuda);
+  m.impl("splat_render_backward", &splat_render_backward_cuda);
+  m.impl("splat_project_backward", &splat_project_backward_cuda);
 }
 
 }  // namespace gpucheck::splat

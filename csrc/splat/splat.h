@@ -1,7 +1,10 @@
-// Tile-based 3D Gaussian splatting rasterizer, forward pass: launcher declarations.
-// No torch headers here: splat.cpp (entry point) checks the inputs, allocates everything with
+// Tile-based 3D Gaussian splatting rasterizer, forward and backward: launcher declarations.
+// No torch headers here: splat.cpp (entry points) checks the inputs, allocates everything with
 // the caching allocator and calls these launchers on the current stream; each launcher
 // launches exactly one kernel (or one cub algorithm), so the caller checks right after it.
+// Two differentiable stages (as in gsplat): `project` (per Gaussian: screen mean, conic,
+// colour, depth, radius, plus the tile binning) and `render` (per tile compositing); each has
+// its backward (splat_backward.cu).
 // Conventions (camera, pixel centres, culling, radius, tile rectangle, compositing) are those
 // of gpucheck/reference/splat.py, which is the oracle of this kernel.
 #pragma once
@@ -59,9 +62,10 @@ struct PreprocessArgs {
   int32_t* radii;           // pixel radius, 0 when culled
   int64_t* counts;          // tiles touched
   int4* rects;              // tile rectangle x0, y0, x1, y1 (exclusive)
-  float2* xy;               // pixel-space mean
-  float4* conic_opacity;    // inverse 2D covariance (a, b, c) and opacity
-  float4* color_depth;      // RGB and camera depth
+  float2* means2d;          // pixel-space mean (z replaced by 1 behind the near plane)
+  float* conics;            // [n, 3] inverse 2D covariance (a, b, c); 0 when culled
+  float* rgb;               // [n, 3] colour (SH evaluated, or as given)
+  float* depths;            // camera depth z
   int32_t* bad;             // [kBadCount] first invalid row per BadInput (atomicMin)
 };
 
@@ -78,7 +82,7 @@ cudaError_t inclusive_scan(void* temp, size_t temp_bytes, const int64_t* counts,
 // One (tile << 32 | depth bits, Gaussian index) pair per Gaussian-tile overlap, Gaussian by
 // Gaussian in index order (so that the stable sort keeps index order for equal depths).
 void launch_emit(const int64_t* counts, const int64_t* offsets, const int4* rects,
-                 const float4* color_depth, int n, int tiles_x, uint64_t* keys,
+                 const float* depths, int n, int tiles_x, uint64_t* keys,
                  int32_t* values, cudaStream_t stream);
 
 // Scratch bytes for sort_pairs with `items` pairs.
@@ -93,11 +97,72 @@ cudaError_t sort_pairs(void* temp, size_t temp_bytes, uint64_t* keys, uint64_t* 
 // ranges[t] = [first, last) sorted positions of tile t; zeroed by the caller.
 void launch_ranges(const uint64_t* sorted_keys, int items, int2* ranges, cudaStream_t stream);
 
+// Per-Gaussian compositing inputs (what `project` returned), shared by render and backward.
+struct SplatInputs {
+  const int2* ranges;       // [tiles] sorted positions [first, last) of each tile
+  const int32_t* ids;       // [overlaps] Gaussian of each sorted position
+  const float2* means2d;    // [n]
+  const float* conics;      // [n, 3]
+  const float* opacities;   // [n]
+  const float* rgb;         // [n, 3]
+  const float* depths;      // [n]
+  const float* background;  // [3]
+  int width;
+  int height;
+  int tiles_x;
+  int tiles_y;
+};
+
 // One 16x16 block per tile: front-to-back compositing of the tile's Gaussians.
-// image [3, height, width], alpha [height, width], depth [height, width].
-void launch_render(const int2* ranges, const int32_t* sorted_values, const float2* xy,
-                   const float4* conic_opacity, const float4* color_depth,
-                   const float* background, int width, int height, int tiles_x, int tiles_y,
-                   float* image, float* alpha, float* depth, cudaStream_t stream);
+// image [3, height, width], alpha, depth, final_T [height, width] float; n_contrib
+// [height, width] int32: 1 + the position (within its tile's list) of the last Gaussian the
+// pixel composited, 0 if none (what the backward pass walks back from).
+void launch_render(const SplatInputs& in, float* image, float* alpha, float* depth,
+                   float* final_T, int32_t* n_contrib, cudaStream_t stream);
+
+// Backward of render: per tile, back to front, d loss / d (means2d, conics, opacities, rgb,
+// depths) accumulated with one warp-reduced atomicAdd per Gaussian, warp and value (the
+// outputs must be zeroed first). grad_* are d loss / d (image, alpha, depth) of the forward.
+struct RenderGrads {
+  const float* alpha;       // [h, w] forward output (the sum of the weights)
+  const float* depth;       // [h, w] forward output
+  const float* final_T;     // [h, w]
+  const int32_t* n_contrib; // [h, w]
+  const float* grad_image;  // [3, h, w]
+  const float* grad_alpha;  // [h, w]
+  const float* grad_depth;  // [h, w]
+  float2* g_means2d;        // [n] outputs from here on
+  float* g_conics;          // [n, 3]
+  float* g_opacities;       // [n]
+  float* g_rgb;             // [n, 3]
+  float* g_depths;          // [n]
+};
+void launch_render_backward(const SplatInputs& in, const RenderGrads& g, cudaStream_t stream);
+
+// Backward of project (per Gaussian, float64 like the forward): from d loss / d (means2d,
+// conics, rgb, depths) to d loss / d (means, scales, rotations, colours or SH).
+struct ProjectGrads {
+  const float* means;       // [n, 3]
+  const float* scales;      // [n, 3]
+  const float* rotations;   // [n, 4]
+  const float* colors;      // [n, 3] or SH [n, sh_coeffs, 3]
+  const float* viewmat;     // [4, 4]
+  const float* intrinsics;  // [3, 3]
+  const int32_t* radii;     // [n]
+  const float* g_means2d;   // [n, 2]
+  const float* g_conics;    // [n, 3]
+  const float* g_rgb;       // [n, 3]
+  const float* g_depths;    // [n]
+  int n;
+  int sh_degree;
+  int sh_coeffs;
+  int width;
+  int height;
+  float* g_means;           // [n, 3] outputs
+  float* g_scales;          // [n, 3]
+  float* g_rotations;       // [n, 4]
+  float* g_colors;          // like colors (every element written)
+};
+void launch_project_backward(const ProjectGrads& g, cudaStream_t stream);
 
 }  // namespace gpucheck::splat

@@ -18,10 +18,14 @@
 //  6. render: one 16x16 block per tile; the tile's Gaussians are staged through shared memory
 //     256 at a time and each thread composites its pixel front to back, stopping when its
 //     transmittance would fall below 1e-4; the block leaves when all its pixels are done.
+//     Each pixel keeps its final transmittance and the list position of its last
+//     contribution for the backward pass (splat_backward.cu).
+// Steps 1-5 are the `project` op, step 6 the `render` op (splat.cpp).
 //
 // Determinism: every step is a fixed sequence of operations per element (no floating-point
 // atomics), so a scene renders to the same bits on every run.
 #include "splat/splat.h"
+#include "splat/splat_device.cuh"
 
 #include <cub/cub.cuh>
 
@@ -32,19 +36,6 @@ namespace gpucheck::splat {
 namespace {
 
 constexpr int kThreads = 256;
-
-// Real SH constants (gpucheck/reference/splat_sh.py).
-constexpr double kC0 = 0.28209479177387814;
-constexpr double kC1 = 0.4886025119029199;
-// (scalars, not arrays: constexpr arrays are not visible in device code)
-constexpr double kC2a = 1.0925484305920792;   // sqrt(15) / (2 sqrt(pi))
-constexpr double kC2b = 0.31539156525252005;  // sqrt(5) / (4 sqrt(pi))
-constexpr double kC2c = 0.5462742152960396;   // sqrt(15) / (4 sqrt(pi))
-constexpr double kC3a = 0.5900435899266435;   // sqrt(70) / (8 sqrt(pi))
-constexpr double kC3b = 2.890611442640554;    // sqrt(105) / (2 sqrt(pi))
-constexpr double kC3c = 0.4570457994644658;   // sqrt(42) / (8 sqrt(pi))
-constexpr double kC3d = 0.3731763325901154;   // sqrt(7) / (4 sqrt(pi))
-constexpr double kC3e = 1.445305721320277;    // sqrt(105) / (4 sqrt(pi))
 
 __device__ __forceinline__ bool finite(float v) { return isfinite(v); }
 
@@ -63,44 +54,6 @@ __device__ bool camera_ok(const PreprocessArgs& a) {
          K[8] == 1.0f;
 }
 
-// RGB of the SH coefficients `c` ([coeffs, 3]) seen along unit direction (x, y, z).
-__device__ void sh_color(const float* c, int degree, double x, double y, double z,
-                         double rgb[3]) {
-  double basis[16];
-  basis[0] = kC0;
-  int count = 1;
-  if (degree >= 1) {
-    basis[1] = -kC1 * y;
-    basis[2] = kC1 * z;
-    basis[3] = -kC1 * x;
-    count = 4;
-  }
-  if (degree >= 2) {
-    const double xx = x * x, yy = y * y, zz = z * z;
-    basis[4] = kC2a * x * y;
-    basis[5] = -kC2a * y * z;
-    basis[6] = kC2b * (2.0 * zz - xx - yy);
-    basis[7] = -kC2a * x * z;
-    basis[8] = kC2c * (xx - yy);
-    count = 9;
-    if (degree >= 3) {
-      basis[9] = -kC3a * y * (3.0 * xx - yy);
-      basis[10] = kC3b * x * y * z;
-      basis[11] = -kC3c * y * (4.0 * zz - xx - yy);
-      basis[12] = kC3d * z * (2.0 * zz - 3.0 * xx - 3.0 * yy);
-      basis[13] = -kC3c * x * (4.0 * zz - xx - yy);
-      basis[14] = kC3e * z * (xx - yy);
-      basis[15] = -kC3a * x * (xx - 3.0 * yy);
-      count = 16;
-    }
-  }
-  for (int ch = 0; ch < 3; ++ch) {
-    double s = 0.0;
-    for (int k = 0; k < count; ++k) s += basis[k] * static_cast<double>(c[3 * k + ch]);
-    rgb[ch] = fmax(s + 0.5, 0.0);
-  }
-}
-
 __global__ void __launch_bounds__(kThreads) preprocess_kernel(const PreprocessArgs a) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i == 0 && !camera_ok(a)) atomicMin(&a.bad[kBadCamera], 0);
@@ -108,6 +61,7 @@ __global__ void __launch_bounds__(kThreads) preprocess_kernel(const PreprocessAr
   a.radii[i] = 0;
   a.counts[i] = 0;
   a.rects[i] = make_int4(0, 0, 0, 0);
+  for (int k = 0; k < 3; ++k) a.conics[3 * static_cast<int64_t>(i) + k] = 0.0f;
 
   // --- validation (the reference's checks, without a host round trip) ---
   const float* mp = a.means + 3 * static_cast<int64_t>(i);
@@ -140,13 +94,35 @@ __global__ void __launch_bounds__(kThreads) preprocess_kernel(const PreprocessAr
   double p[3];
   for (int r = 0; r < 3; ++r) p[r] = W[r][0] * m[0] + W[r][1] * m[1] + W[r][2] * m[2] + t[r];
   const double z = p[2];
-  if (!(z > kNearPlane)) return;
+  const bool in_front = z > kNearPlane;
+  const double zs = in_front ? z : 1.0;  // as the reference: culled rows stay finite
 
-  // --- projection and the EWA Jacobian (x/z, y/z clamped to 1.3x the half field of view) ---
+  // --- screen mean, depth, colour (for every Gaussian, culled or not) ---
   const double fx = a.intrinsics[0], cx = a.intrinsics[2];
   const double fy = a.intrinsics[4], cy = a.intrinsics[5];
-  const double u = p[0] / z, v = p[1] / z;
+  const double u = p[0] / zs, v = p[1] / zs;
   const double mx = fx * u + cx, my = fy * v + cy;
+  a.means2d[i] = make_float2(static_cast<float>(mx), static_cast<float>(my));
+  a.depths[i] = static_cast<float>(z);
+  float* rgb_out = a.rgb + 3 * static_cast<int64_t>(i);
+  if (a.sh_degree < 0) {
+    for (int ch = 0; ch < 3; ++ch) rgb_out[ch] = cp[ch];
+  } else {
+    // camera centre -W^T t; direction from it to the mean, normalized as F.normalize does
+    double d[3];
+    for (int c = 0; c < 3; ++c) d[c] = m[c] + (W[0][c] * t[0] + W[1][c] * t[1] + W[2][c] * t[2]);
+    const double dn = fmax(sqrt(d[0] * d[0] + d[1] * d[1] + d[2] * d[2]), 1e-12);
+    double basis[16];
+    const int count = sh_basis(a.sh_degree, d[0] / dn, d[1] / dn, d[2] / dn, basis);
+    for (int ch = 0; ch < 3; ++ch) {
+      double s = 0.0;
+      for (int k = 0; k < count; ++k) s += basis[k] * static_cast<double>(cp[3 * k + ch]);
+      rgb_out[ch] = static_cast<float>(fmax(s + 0.5, 0.0));
+    }
+  }
+  if (!in_front) return;
+
+  // --- the EWA Jacobian (x/z, y/z clamped to 1.3x the half field of view) ---
   const double margin_x = 0.3 * 0.5 * a.width / fx, margin_y = 0.3 * 0.5 * a.height / fy;
   const double uc = fmin(fmax(u, -cx / fx - margin_x), (a.width - cx) / fx + margin_x);
   const double vc = fmin(fmax(v, -cy / fy - margin_y), (a.height - cy) / fy + margin_y);
@@ -158,14 +134,9 @@ __global__ void __launch_bounds__(kThreads) preprocess_kernel(const PreprocessAr
   }
 
   // --- 3D covariance R S S^T R^T from the normalized quaternion; 2D covariance (T R S)(.)^T ---
-  const double qn = fmax(sqrt(static_cast<double>(qp[0]) * qp[0] + static_cast<double>(qp[1]) *
-                              qp[1] + static_cast<double>(qp[2]) * qp[2] +
-                              static_cast<double>(qp[3]) * qp[3]), 1e-12);
-  const double qw = qp[0] / qn, qx = qp[1] / qn, qy = qp[2] / qn, qz = qp[3] / qn;
-  const double R[3][3] = {
-      {1 - 2 * (qy * qy + qz * qz), 2 * (qx * qy - qw * qz), 2 * (qx * qz + qw * qy)},
-      {2 * (qx * qy + qw * qz), 1 - 2 * (qx * qx + qz * qz), 2 * (qy * qz - qw * qx)},
-      {2 * (qx * qz - qw * qy), 2 * (qy * qz + qw * qx), 1 - 2 * (qx * qx + qy * qy)}};
+  double q[4];
+  double R[3][3];
+  quat_rotmat(qp, q, R);
   double A[2][3];  // T R diag(s)
   for (int r = 0; r < 2; ++r) {
     for (int c = 0; c < 3; ++c) {
@@ -193,29 +164,15 @@ __global__ void __launch_bounds__(kThreads) preprocess_kernel(const PreprocessAr
   a.radii[i] = static_cast<int32_t>(fmin(radius, 2147483647.0));
   a.counts[i] = static_cast<int64_t>(rect.z - rect.x) * (rect.w - rect.y);
   a.rects[i] = rect;
-
-  // --- colour ---
-  double rgb[3];
-  if (a.sh_degree < 0) {
-    for (int ch = 0; ch < 3; ++ch) rgb[ch] = cp[ch];
-  } else {
-    // camera centre -W^T t; direction from it to the mean, normalized as F.normalize does
-    double d[3];
-    for (int c = 0; c < 3; ++c) d[c] = m[c] + (W[0][c] * t[0] + W[1][c] * t[1] + W[2][c] * t[2]);
-    const double dn = fmax(sqrt(d[0] * d[0] + d[1] * d[1] + d[2] * d[2]), 1e-12);
-    sh_color(cp, a.sh_degree, d[0] / dn, d[1] / dn, d[2] / dn, rgb);
-  }
-
-  a.xy[i] = make_float2(static_cast<float>(mx), static_cast<float>(my));
-  a.conic_opacity[i] = make_float4(static_cast<float>(cc / det), static_cast<float>(-cb / det),
-                                   static_cast<float>(ca / det), opacity);
-  a.color_depth[i] = make_float4(static_cast<float>(rgb[0]), static_cast<float>(rgb[1]),
-                                 static_cast<float>(rgb[2]), static_cast<float>(z));
+  float* conic = a.conics + 3 * static_cast<int64_t>(i);
+  conic[0] = static_cast<float>(cc / det);
+  conic[1] = static_cast<float>(-cb / det);
+  conic[2] = static_cast<float>(ca / det);
 }
 
 __global__ void __launch_bounds__(kThreads)
     emit_kernel(const int64_t* __restrict__ counts, const int64_t* __restrict__ offsets,
-                const int4* __restrict__ rects, const float4* __restrict__ color_depth, int n,
+                const int4* __restrict__ rects, const float* __restrict__ depths, int n,
                 int tiles_x, uint64_t* __restrict__ keys, int32_t* __restrict__ values) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
@@ -223,7 +180,7 @@ __global__ void __launch_bounds__(kThreads)
   if (count == 0) return;
   int64_t out = offsets[i] - count;
   const int4 r = rects[i];
-  const uint64_t depth_bits = __float_as_uint(color_depth[i].w);
+  const uint64_t depth_bits = __float_as_uint(depths[i]);
   for (int y = r.y; y < r.w; ++y) {
     for (int x = r.x; x < r.z; ++x) {
       const uint64_t tile = static_cast<uint64_t>(y) * tiles_x + x;
@@ -252,11 +209,9 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 __global__ void __launch_bounds__(kBlockPixels)
-    render_kernel(const int2* __restrict__ ranges, const int32_t* __restrict__ values,
-                  const float2* __restrict__ xy, const float4* __restrict__ conic_opacity,
-                  const float4* __restrict__ color_depth, const float* __restrict__ background,
-                  int width, int height, int tiles_x, float* __restrict__ image,
-                  float* __restrict__ alpha_out, float* __restrict__ depth_out) {
+    render_kernel(const SplatInputs in, float* __restrict__ image, float* __restrict__ alpha_out,
+                  float* __restrict__ depth_out, float* __restrict__ final_T,
+                  int32_t* __restrict__ n_contrib) {
   __shared__ float2 s_xy[kBlockPixels];
   __shared__ float4 s_conic[kBlockPixels];
   __shared__ float4 s_color[kBlockPixels];
@@ -264,35 +219,37 @@ __global__ void __launch_bounds__(kBlockPixels)
   const int tid = threadIdx.x;
   const int px = blockIdx.x * kTileSize + tid % kTileSize;
   const int py = blockIdx.y * kTileSize + tid / kTileSize;
-  const bool inside = px < width && py < height;
+  const bool inside = px < in.width && py < in.height;
   const float cx = static_cast<float>(px) + 0.5f;
   const float cy = static_cast<float>(py) + 0.5f;
-  const int2 range = ranges[blockIdx.y * tiles_x + blockIdx.x];
+  const int2 range = in.ranges[blockIdx.y * in.tiles_x + blockIdx.x];
 
   float T = 1.0f;
   float rgb[3] = {0.0f, 0.0f, 0.0f};
   float depth = 0.0f;
+  float weight = 0.0f;  // sum of a T: alpha, accurate also where it is small (unlike 1 - T)
+  int last = 0;
   bool done = !inside;
   for (int start = range.x; start < range.y; start += kBlockPixels) {
     // Also the barrier that protects the previous batch in shared memory.
     if (__syncthreads_count(done) == kBlockPixels) break;
     const int k = start + tid;
     if (k < range.y) {
-      const int g = values[k];
-      s_xy[tid] = xy[g];
-      s_conic[tid] = conic_opacity[g];
-      s_color[tid] = color_depth[g];
+      const int g = in.ids[k];
+      const float* co = in.conics + 3 * static_cast<int64_t>(g);
+      const float* c = in.rgb + 3 * static_cast<int64_t>(g);
+      s_xy[tid] = in.means2d[g];
+      s_conic[tid] = make_float4(co[0], co[1], co[2], in.opacities[g]);
+      s_color[tid] = make_float4(c[0], c[1], c[2], in.depths[g]);
     }
     __syncthreads();
     const int batch = min(kBlockPixels, range.y - start);
     for (int j = 0; !done && j < batch; ++j) {
-      const float2 m = s_xy[j];
       const float4 co = s_conic[j];
-      const float dx = m.x - cx;
-      const float dy = m.y - cy;
-      const float power = -0.5f * (co.x * dx * dx + co.z * dy * dy) - co.y * dx * dy;
+      float dx, dy;
+      const float power = gaussian_power(s_xy[j], co.x, co.y, co.z, cx, cy, dx, dy);
       if (!(power <= 0.0f)) continue;
-      const float a = fminf(kAlphaMax, co.w * expf(power));
+      const float a = fminf(kAlphaMax, __fmul_rn(co.w, expf(power)));
       if (a < kAlphaMin) continue;
       const float next_T = T * (1.0f - a);
       if (next_T < kTransmittanceMin) {
@@ -305,16 +262,21 @@ __global__ void __launch_bounds__(kBlockPixels)
       rgb[1] += cd.y * w;
       rgb[2] += cd.z * w;
       depth += cd.w * w;
+      weight += w;
       T = next_T;
+      last = start - range.x + j + 1;
     }
   }
   if (!inside) return;
-  const int64_t plane = static_cast<int64_t>(width) * height;
-  const int64_t pix = static_cast<int64_t>(py) * width + px;
-  for (int ch = 0; ch < 3; ++ch) image[ch * plane + pix] = rgb[ch] + T * background[ch];
-  const float acc = 1.0f - T;
-  alpha_out[pix] = acc;
-  depth_out[pix] = acc > 0.0f ? depth / acc : 0.0f;
+  const int64_t plane = static_cast<int64_t>(in.width) * in.height;
+  const int64_t pix = static_cast<int64_t>(py) * in.width + px;
+  for (int ch = 0; ch < 3; ++ch) image[ch * plane + pix] = rgb[ch] + T * in.background[ch];
+  // alpha = 1 - T in exact arithmetic; the sum of the weights keeps depth = sum z w / sum w
+  // exact for a single Gaussian, which the backward pass relies on (no cancellation)
+  alpha_out[pix] = weight;
+  depth_out[pix] = weight > 0.0f ? depth / weight : 0.0f;
+  final_T[pix] = T;
+  n_contrib[pix] = last;
 }
 
 int blocks(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); }
@@ -338,10 +300,10 @@ cudaError_t inclusive_scan(void* temp, size_t temp_bytes, const int64_t* counts,
 }
 
 void launch_emit(const int64_t* counts, const int64_t* offsets, const int4* rects,
-                 const float4* color_depth, int n, int tiles_x, uint64_t* keys,
-                 int32_t* values, cudaStream_t stream) {
-  emit_kernel<<<blocks(n), kThreads, 0, stream>>>(counts, offsets, rects, color_depth, n,
-                                                    tiles_x, keys, values);
+                 const float* depths, int n, int tiles_x, uint64_t* keys, int32_t* values,
+                 cudaStream_t stream) {
+  emit_kernel<<<blocks(n), kThreads, 0, stream>>>(counts, offsets, rects, depths, n, tiles_x,
+                                                    keys, values);
 }
 
 size_t sort_temp_bytes(int items, int end_bit) {
@@ -368,14 +330,10 @@ void launch_ranges(const uint64_t* sorted_keys, int items, int2* ranges, cudaStr
   ranges_kernel<<<blocks(items), kThreads, 0, stream>>>(sorted_keys, items, ranges);
 }
 
-void launch_render(const int2* ranges, const int32_t* sorted_values, const float2* xy,
-                   const float4* conic_opacity, const float4* color_depth,
-                   const float* background, int width, int height, int tiles_x, int tiles_y,
-                   float* image, float* alpha, float* depth, cudaStream_t stream) {
-  const dim3 grid(tiles_x, tiles_y);
-  render_kernel<<<grid, kBlockPixels, 0, stream>>>(ranges, sorted_values, xy, conic_opacity,
-                                                   color_depth, background, width, height,
-                                                   tiles_x, image, alpha, depth);
+void launch_render(const SplatInputs& in, float* image, float* alpha, float* depth,
+                   float* final_T, int32_t* n_contrib, cudaStream_t stream) {
+  const dim3 grid(in.tiles_x, in.tiles_y);
+  render_kernel<<<grid, kBlockPixels, 0, stream>>>(in, image, alpha, depth, final_T, n_contrib);
 }
 
 }  // namespace gpucheck::splat

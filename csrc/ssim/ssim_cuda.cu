@@ -50,13 +50,13 @@ constexpr int kChunk = kWin;                   // rows per shared-memory chunk (
 constexpr int kSmemW = kThreads + 2 * kHalf;   // 138 columns of input per chunk row
 constexpr int kChunkElems = kChunk * kSmemW;   // 1518
 constexpr int kLoads = (kChunkElems + kThreads - 1) / kThreads;  // 12 per thread per image
-// Backward: kBwdRows gradient rows need kBwdRows + 20 input rows; the block's threads hold
-// the partials of kThreads columns, so kThreads - 10 gradient columns come out per block.
-#ifndef GPUCHECK_SSIM_BCHUNKS
-#define GPUCHECK_SSIM_BCHUNKS 10
-#endif
-constexpr int kBwdChunks = GPUCHECK_SSIM_BCHUNKS;
-constexpr int kBwdRows = kBwdChunks * kChunk - 4 * kHalf;  // 90
+// Backward: a strip of R gradient rows needs R + 20 input rows, streamed in chunks of 11:
+// R = 11 * chunks - 20, with chunks chosen per call by backward_strip() (fewer, longer strips
+// halve the halo recomputation; more, shorter ones fill the last wave of blocks). Defining
+// GPUCHECK_SSIM_BCHUNKS fixes the number of chunks instead. The block's threads hold the
+// partials of kThreads columns, so kThreads - 10 gradient columns come out per block.
+constexpr int kBwdMinChunks = 3;
+constexpr int kBwdMaxChunks = 12;
 constexpr int kBwdCols = kThreads - 2 * kHalf;             // 118
 constexpr int kMeanThreads = 256;
 
@@ -101,14 +101,27 @@ __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
+// Zero of the element type (torch builds with __CUDA_NO_HALF_CONVERSIONS__: no T(0) for the
+// 16-bit types).
+template <typename T>
+__device__ __forceinline__ T zero() { return T(0); }
+template <>
+__device__ __forceinline__ __half zero<__half>() { return __ushort_as_half(0); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 zero<__nv_bfloat16>() {
+  return __ushort_as_bfloat16(0);
+}
+
 // One chunk (kChunk rows x kSmemW columns) of both images, held in registers between the
 // global loads and the shared-memory stores so that the loads of chunk k+1 overlap the
-// filtering of chunk k.
+// filtering of chunk k. The registers hold the raw elements: converting to the accumulator
+// type at the load would make the thread wait for the load there (float16/bfloat16 ran 1.5x
+// slower than float32 for that reason); the conversion happens in store().
 template <typename T>
 struct ChunkLoader {
   using A = acc_t<T>;
-  A rx[kLoads];
-  A ry[kLoads];
+  T rx[kLoads];
+  T ry[kLoads];
 
   // Rows row0.., columns col0.. of the plane; zero outside the image.
   __device__ __forceinline__ void fetch(const T* __restrict__ x, const T* __restrict__ y,
@@ -119,12 +132,12 @@ struct ChunkLoader {
       const int rr = e / kSmemW;
       const int r = row0 + rr;
       const int c = col0 + (e - rr * kSmemW);
-      A vx = A(0);
-      A vy = A(0);
+      T vx = zero<T>();
+      T vy = zero<T>();
       if (e < kChunkElems && r >= 0 && r < height && c >= 0 && c < width) {
         const int64_t idx = static_cast<int64_t>(r) * width + c;
-        vx = to_acc(x[idx]);
-        vy = to_acc(y[idx]);
+        vx = x[idx];
+        vy = y[idx];
       }
       rx[i] = vx;
       ry[i] = vy;
@@ -136,8 +149,8 @@ struct ChunkLoader {
     for (int i = 0; i < kLoads; ++i) {
       const int e = static_cast<int>(threadIdx.x) + i * kThreads;
       if (e < kChunkElems) {
-        xs[e] = rx[i];
-        ys[e] = ry[i];
+        xs[e] = to_acc(rx[i]);
+        ys[e] = to_acc(ry[i]);
       }
     }
   }
@@ -221,8 +234,61 @@ struct TileGrid {
 
 __host__ __device__ inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
-inline TileGrid backward_grid(const Geometry& g) {
-  return {ceil_div(g.width, kBwdCols), ceil_div(g.height, kBwdRows)};
+// Resident backward blocks per multiprocessor (float32/16-bit: the launch bound below).
+constexpr int kBwdResident = 3;
+
+// Multiprocessors of the current device (cached per device; 132 on an H200).
+int multiprocessors() {
+  constexpr int kMaxDevices = 64;
+  static int cache[kMaxDevices] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 132;
+  if (cache[dev] == 0) {
+    int sms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        sms <= 0) {
+      sms = 132;
+    }
+    cache[dev] = sms;
+  }
+  return cache[dev];
+}
+
+// Gradient rows per backward block. Model: a block's time is proportional to the rows it
+// streams (11 * chunks) and blocks run in waves of kBwdResident per multiprocessor, so the
+// call costs ceil(blocks / slots) * 11 * chunks; the cheapest number of chunks wins (ties:
+// the longer strip). E.g. on 132 multiprocessors: 10 chunks (90 rows, 7.7 waves) at
+// 5x3x1080x1920, 9 chunks (79 rows, 1.8 waves instead of 1.5 -> 2) at 1x3x1080x1920.
+int backward_strip(const Geometry& g) {
+#ifdef GPUCHECK_SSIM_BCHUNKS
+  return GPUCHECK_SSIM_BCHUNKS * kChunk - 4 * kHalf;
+#else
+  const int64_t slots = static_cast<int64_t>(multiprocessors()) * kBwdResident;
+  const int64_t columns = g.planes * ceil_div(g.width, kBwdCols);
+  int best_rows = kBwdMaxChunks * kChunk - 4 * kHalf;
+  int64_t best_cost = -1;
+  for (int chunks = kBwdMaxChunks; chunks >= kBwdMinChunks; --chunks) {
+    const int rows = chunks * kChunk - 4 * kHalf;
+    const int64_t blocks = columns * ceil_div(g.height, rows);
+    const int64_t cost = (blocks + slots - 1) / slots * chunks;
+    if (best_cost < 0 || cost < best_cost) {
+      best_cost = cost;
+      best_rows = rows;
+    }
+  }
+  return best_rows;
+#endif
+}
+
+struct BackwardGrid {
+  int tiles_x;
+  int tiles_y;
+  int rows;  // gradient rows per block
+};
+
+inline BackwardGrid backward_grid(const Geometry& g) {
+  const int rows = backward_strip(g);
+  return {ceil_div(g.width, kBwdCols), ceil_div(g.height, rows), rows};
 }
 
 // 16-byte (float: 4 lanes; double: 2 x 2 lanes) load of 4 consecutive accumulator values
@@ -272,6 +338,13 @@ template <typename A>
 __device__ __forceinline__ A fast_div(A a, A b) { return a / b; }
 template <>
 __device__ __forceinline__ float fast_div<float>(float a, float b) { return __fdividef(a, b); }
+
+// 1 / b: float uses the approximate hardware reciprocal (MUFU.RCP, <= 2 ulp; b >= C1 * C2 > 0)
+// instead of the IEEE division's subroutine.
+template <typename A>
+__device__ __forceinline__ A fast_rcp(A b) { return A(1) / b; }
+template <>
+__device__ __forceinline__ float fast_rcp<float>(float b) { return __fdividef(1.0f, b); }
 
 // Forward (vertical pass first, then horizontal).
 //
@@ -349,26 +422,27 @@ __device__ __forceinline__ void forward_rows(const T* __restrict__ xcol,
                                              acc_t<T> (&vrows)[2][kFBatch][4][kFPitch],
                                              acc_t<T>& sum) {
   using A = acc_t<T>;
-  A px[kFPre];
-  A py[kFPre];
+  // Prefetched rows as raw elements, converted when used (see ChunkLoader).
+  T px[kFPre];
+  T py[kFPre];
   // kInside: element offset of the next row to fetch (row ri0 + t + kFPre after the
   // prologue), relative to the column pointers.
   int off = ri0 * width;
-  auto fetch = [&](int t, A& vx, A& vy) {
-    vx = A(0);
-    vy = A(0);
+  auto fetch = [&](int t, T& vx, T& vy) {
+    vx = zero<T>();
+    vy = zero<T>();
     if constexpr (kInside) {
       if (col_in) {
-        vx = to_acc(xcol[off]);
-        vy = to_acc(ycol[off]);
+        vx = xcol[off];
+        vy = ycol[off];
       }
       off += width;
     } else {
       const int r = ri0 + t;
       if (col_in && t < kFStream && static_cast<unsigned>(r) < static_cast<unsigned>(height)) {
         const int64_t idx = static_cast<int64_t>(r) * width;
-        vx = to_acc(xcol[idx]);
-        vy = to_acc(ycol[idx]);
+        vx = xcol[idx];
+        vy = ycol[idx];
       }
     }
   };
@@ -388,8 +462,8 @@ __device__ __forceinline__ void forward_rows(const T* __restrict__ xcol,
     for (int u = 0; u < kFRing; ++u) {
       const int t = c * kFRing + u;  // streamed row; ring slot u
       if (t < kFStream) {
-        const A xv = px[u % kFPre];
-        const A yv = py[u % kFPre];
+        const A xv = to_acc(px[u % kFPre]);
+        const A yv = to_acc(py[u % kFPre]);
         fetch(t + kFPre, px[u % kFPre], py[u % kFPre]);
         ring[u][0] = xv;
         ring[u][1] = yv;
@@ -480,6 +554,17 @@ __global__ void __launch_bounds__(kFT, kFMinBlocks<T>)
   using A = acc_t<T>;
   // [buffer][map row in batch][moment][column]
   __shared__ __align__(16) A vrows[2][kFBatch][4][kFPitch];
+#ifdef GPUCHECK_DEFECT_SHARED_OOB
+  // Deliberate defect for the sanitizer self-test (issue 9): thread 0 of every block writes
+  // an element 64 elements past the end of vrows, i.e. past the end of the block's shared
+  // memory whatever the order of its static arrays (block_sum's warp_sums is 4 elements), so
+  // compute-sanitizer memcheck reports an invalid __shared__ write. Never define it in a
+  // release build.
+  if (threadIdx.x == 0) {
+    volatile A* past_end = &vrows[0][0][0][0] + 2 * kFBatch * 4 * kFPitch + 64;
+    *past_end = A(0);
+  }
+#endif
 
   const int64_t block = blockIdx.x;
   const int tx = static_cast<int>(block % tiles_x);
@@ -526,7 +611,7 @@ __global__ void __launch_bounds__(kFT, kFMinBlocks<T>)
   }
 }
 
-// Backward. Block = (plane, strip of kBwdRows image rows, kBwdCols image columns). Thread j
+// Backward. Block = (plane, strip of `strip_rows` image rows, kBwdCols image columns). Thread j
 // computes the weighted partials of image column c0 - 5 + j (stage A) and, for 5 <= j < 123,
 // the gradient of image column c0 - 5 + j (stage B).
 // float/half/bf16: <= 168 registers (3 blocks = 12 warps per SM).
@@ -540,7 +625,7 @@ __global__ void __launch_bounds__(kThreads, kBMinBlocks<T>)
                          const T* __restrict__ img1,  // [planes, H, W]
                          const T* __restrict__ img2,  // [planes, H, W]
                          int height, int width, int out_h, int out_w, int offset, int tiles_x,
-                         int tiles_y,
+                         int tiles_y, int strip_rows,
                          T* __restrict__ grad1,   // [planes, H, W]
                          T* __restrict__ grad2) {  // [planes, H, W] or null
   using A = acc_t<T>;
@@ -556,8 +641,8 @@ __global__ void __launch_bounds__(kThreads, kBMinBlocks<T>)
   const int64_t plane = rest / tiles_y;
 
   const int c0 = tx * kBwdCols;
-  const int r0 = ty * kBwdRows;
-  const int rows_out = min(kBwdRows, height - r0);
+  const int r0 = ty * strip_rows;
+  const int rows_out = min(strip_rows, height - r0);
   const int in_rows = rows_out + 4 * kHalf;
   const int chunks = ceil_div(in_rows, kChunk);
   const int img_row0 = r0 - 2 * kHalf;  // image row of streamed row 0
@@ -606,7 +691,7 @@ __global__ void __launch_bounds__(kThreads, kBMinBlocks<T>)
                             : to_acc(grad_plane[static_cast<int64_t>(p_mrow) * out_w + p_mcol]);
           }
           const SsimTerms<A> s = ssim_terms(m);
-          const A inv = A(1) / (s.b1 * s.b2);
+          const A inv = fast_rcp<A>(s.b1 * s.b2);
           const A ssim = s.a1 * s.a2 * inv;
           const A da = s.a2 - s.a1;
           const A db = ssim * (s.b2 - s.b1);
@@ -619,7 +704,13 @@ __global__ void __launch_bounds__(kThreads, kBMinBlocks<T>)
         }
       }
     }
+#ifndef GPUCHECK_DEFECT_NO_SYNC
+    // Stage B reads the partials of neighbouring columns, which other threads wrote. Building
+    // with -DGPUCHECK_DEFECT_NO_SYNC drops this barrier: a deliberate read-after-write race on
+    // shared memory for the sanitizer self-test (issue 9; compute-sanitizer racecheck reports
+    // it). Never define it in a release build.
     __syncthreads();
+#endif
     // Stage B: filter partial row m = t - 10 horizontally (ring slot m % 11 == (u + 1) % 11);
     // at m >= 10 gradient row q = m - 10 (image row r0 + q) is complete.
 #pragma unroll
@@ -708,15 +799,16 @@ cudaError_t backward_typed(const void* grad, bool grad_is_scalar, double scale, 
                            const void* img2, const Geometry& geo, void* grad1, void* grad2,
                            cudaStream_t stream) {
   using A = acc_t<T>;
-  const TileGrid grid = backward_grid(geo);
-  const int64_t blocks = backward_blocks(geo);
+  const BackwardGrid grid = backward_grid(geo);
+  const int64_t blocks = geo.planes * grid.tiles_x * grid.tiles_y;
   const size_t smem = (2 * kChunkElems + kChunk * 4 * kThreads) * sizeof(A);
   const auto kernel = grad_is_scalar ? ssim_backward_kernel<T, true> : ssim_backward_kernel<T, false>;
   if (const cudaError_t err = prepare(kernel, smem); err != cudaSuccess) return err;
   kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(
       static_cast<const T*>(grad), static_cast<A>(scale), static_cast<const T*>(img1),
       static_cast<const T*>(img2), geo.height, geo.width, geo.out_height(), geo.out_width(),
-      geo.offset(), grid.tiles_x, grid.tiles_y, static_cast<T*>(grad1), static_cast<T*>(grad2));
+      geo.offset(), grid.tiles_x, grid.tiles_y, grid.rows, static_cast<T*>(grad1),
+      static_cast<T*>(grad2));
   return cudaSuccess;
 }
 
@@ -736,7 +828,7 @@ int64_t forward_blocks(const Geometry& geo) {
 }
 
 int64_t backward_blocks(const Geometry& geo) {
-  const TileGrid g = backward_grid(geo);
+  const BackwardGrid g = backward_grid(geo);
   return geo.planes * g.tiles_x * g.tiles_y;
 }
 

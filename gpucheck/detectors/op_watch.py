@@ -65,9 +65,21 @@ def _op_name(obj: Any) -> tuple[str, str]:
 
 def _run(obj: Any, original: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     ns, name = _op_name(obj)
-    listeners = _listeners
-    if not listeners or ns in TORCH_NAMESPACES:
+    if not _listeners or ns in TORCH_NAMESPACES:
         return original(obj, *args, **kwargs)
+    return _watched(name, lambda: original(obj, *args, **kwargs), args, kwargs)
+
+
+def watch_call(name: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Call ``fn(*args, **kwargs)`` as a watched extension op named ``name`` (for functions
+    the watch cannot see by itself: plain pybind11 functions, Python wrappers)."""
+    if not _listeners:
+        return fn(*args, **kwargs)
+    return _watched(name, lambda: fn(*args, **kwargs), args, kwargs)
+
+
+def _watched(name: str, invoke: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    listeners = _listeners
     call = Call(name, args, kwargs, threading.get_ident())
     active = list(listeners)
     for li in active:
@@ -76,7 +88,7 @@ def _run(obj: Any, original: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
         except Exception as err:
             errors.setdefault(id(li), err)
     try:
-        out = original(obj, *args, **kwargs)
+        out = invoke()
     except BaseException as err:
         call.error = err
         for li in reversed(active):

@@ -5,10 +5,13 @@ Every case runs with another device current and initialized (the state real trai
 the process in). A case that then fails, errors, crashes or gets compute-sanitizer errors is
 run again, in a fresh worker, with its own target current and no other device touched: in
 the sanitizer passes that is the ``|target-current`` pass every marked case gets anyway, in
-the other passes a re-run of just those cases (``|rerun:target-current``). Passes there: the
-kernel ran on the current device instead of its inputs' device, a ``wrong-device`` finding
-with both outcomes as evidence. Fails there too: the original finding stands, it is not a
-device bug. The comparison itself is plain data in, findings out (``diagnose``).
+the other passes a re-run of just those cases (``|rerun:target-current``), and a control
+re-run with another device current again (``|rerun:other-current``). Passes with the target
+current and goes wrong again in the control: the kernel ran on the current device instead of
+its inputs' device, a ``wrong-device`` finding with the outcomes as evidence. Fails with the
+target current too: the original finding stands, it is not a device bug. Passes both ways: a
+``not-reproducible`` warning (a random input or a race made it fail once). The comparison
+itself is plain data in, findings out (``diagnose``).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from gpucheck.report.results import Finding
 TARGET_SUFFIX = "|target-current"
 #: suffix of the re-run of the suspects of a pass, with the target current
 RERUN_SUFFIX = "|rerun:target-current"
+#: suffix of the control re-run: the suspects again with another device current, fresh worker
+CONTROL_SUFFIX = "|rerun:other-current"
 BAD = ("failed", "error", "crashed")
 HINT = ("make the extension run on its inputs' device: "
         "`const at::cuda::OptionalCUDAGuard guard(device_of(x));` as the first line of {where}, "
@@ -83,18 +88,40 @@ def _outcome(r: dict[str, Any]) -> str:
     return f"{r.get('status')}{': ' + first if first else ''}"
 
 
-def diagnose(originals: Iterable[dict[str, Any]], target_current: Iterable[dict[str, Any]]
-             ) -> list[Finding]:
-    """wrong-device findings for the suspects that pass with their target current."""
+def diagnose(originals: Iterable[dict[str, Any]], target_current: Iterable[dict[str, Any]],
+             control: Iterable[dict[str, Any]] | None = None) -> list[Finding]:
+    """wrong-device findings for the suspects that pass with their target current — and,
+    when a control re-run (another device current again) was made, go wrong again there.
+    A suspect whose control passes did not reproduce: a ``not-reproducible`` warning instead
+    (the original finding stands)."""
     again = {_key(r): r for r in target_current}
+    checked = None if control is None else {_key(r): r for r in control}
     found = []
     for r in originals:
         other = again.get(_key(r))
         if other is None or not _clean(other):
             continue  # not re-run, or wrong there too: the original finding stands
+        device, current = r.get("device"), r.get("current_device")
+        ctrl = None if checked is None else checked.get(_key(r))
+        if ctrl is not None and not _went_wrong(ctrl):
+            found.append(Finding(
+                kind="not-reproducible", severity="warning",
+                message=(f"went wrong once on {device} with {current} current, but passed when "
+                         f"run again both ways (fresh processes): not a device bug as far as "
+                         "the re-runs show; a random input or a race?"),
+                device=device, suite=r.get("suite"), case=r.get("case"),
+                evidence=(f"first, with {current} current ({r.get('mode')}): {_outcome(r)}\n"
+                          f"again with {device} current ({other.get('mode')}): "
+                          f"{_outcome(other)}\nagain with {current} current "
+                          f"({ctrl.get('mode')}): {_outcome(ctrl)}"),
+                hint="run the case repeatedly (pytest --count / a loop over seeds) to find "
+                     "what makes it fail; print the seed of random inputs"))
+            continue
         fn, kernel = extension_function(r)
         where = f"`{fn}`" if fn else "every entry point of the extension this case calls"
-        device, current = r.get("device"), r.get("current_device")
+        control_line = ("" if ctrl is None else
+                        f"\nagain with {current} current, fresh process ({ctrl.get('mode')}): "
+                        f"{_outcome(ctrl)}")
         found.append(Finding(
             kind="wrong-device", severity="error",
             message=(f"goes wrong on {device} only while {current} is current, and passes with "
@@ -103,7 +130,7 @@ def diagnose(originals: Iterable[dict[str, Any]], target_current: Iterable[dict[
             device=device, suite=r.get("suite"), case=r.get("case"), op=fn, kernel=kernel,
             evidence=(f"with {current} current ({r.get('mode')}): {_outcome(r)}\n"
                       f"with {device} current, fresh process, no other device touched "
-                      f"({other.get('mode')}): {_outcome(other)}"),
+                      f"({other.get('mode')}): {_outcome(other)}{control_line}"),
             hint=HINT.format(where=where)))
     return found
 
@@ -119,6 +146,7 @@ class WrongDevice(BaseDetector):
         for mode in sorted(m for m in modes if "|" not in m):
             twins = [r for r in records
                      if r.get("mode") in (mode + TARGET_SUFFIX, mode + RERUN_SUFFIX)]
+            control = [r for r in records if r.get("mode") == mode + CONTROL_SUFFIX]
             if twins:
-                found += diagnose(suspects(records, mode), twins)
+                found += diagnose(suspects(records, mode), twins, control or None)
         return found

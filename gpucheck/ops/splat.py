@@ -1,15 +1,33 @@
-"""Tile-based 3D Gaussian splatting rasterizer on CUDA (``torch.ops.gpucheck.splat_forward``).
+"""Tile-based 3D Gaussian splatting rasterizer on CUDA, differentiable.
 
-The kernel (csrc/splat) renders the same image as :func:`gpucheck.reference.rasterize`, the
+The kernels (csrc/splat) render the same image as :func:`gpucheck.reference.rasterize`, the
 float64 oracle whose module docstring fixes every convention (camera, pixel centres, near
-plane, Jacobian clamp, low-pass, radius, tiles, compositing, SH). Before it allocates its
-binning buffers it counts the Gaussian-tile overlaps and raises
-:class:`gpucheck.errors.BudgetExceeded` when they would not fit ``max_bytes`` or the free
-device memory (failure 3 of ``docs/failures.md``: scales activated twice).
+plane, Jacobian clamp, low-pass, radius, tiles, compositing, SH), and compute the same
+gradients. Two ops, each with a backward op and a fake implementation, as in gsplat:
 
-This is the forward pass only: the result carries no gradient yet, and the per-Gaussian
-fields of the reference's result that the kernel does not return yet (``means2d``, ``depths``,
-``conics``, ``colors``, ``tiles``) are ``None``.
+* ``torch.ops.gpucheck.splat_project``: per Gaussian screen mean, conic, colour, depth, radius,
+  tile rectangle, then the tile binning (sorted Gaussian ids and per-tile ranges). Before it
+  allocates its binning buffers it counts the Gaussian-tile overlaps and raises
+  :class:`gpucheck.MemoryAnomalyError` (a :class:`gpucheck.errors.BudgetExceeded`) when they
+  would not fit ``max_bytes`` or the free device memory (failure 3 of ``docs/failures.md``:
+  scales activated twice), with the evidence as attributes.
+* ``torch.ops.gpucheck.splat_render``: per tile compositing; it also returns each pixel's final
+  transmittance and the position of its last contribution, which its backward walks back from.
+
+**Screen-space mean gradient (densification).** ``rasterize`` returns the projected means as
+``result.means2d``, an intermediate of the graph whose gradient it retains (like the
+reference): after ``loss.backward()``, ``result.means2d.grad`` is ``d loss / d means2d`` in
+pixels, ``[N, 2]``, zero for Gaussians that touched no pixel. This is what 3DGS reads from its
+``viewspace_points.grad[:, :2]`` (3DGS's is in NDC units, i.e. scaled by ``2 / W`` and
+``2 / H``) and accumulates per Gaussian to decide where to densify.
+
+**Gradients.** ``means``, ``scales``, ``rotations``, ``opacities``, ``colors`` / ``sh`` and
+``background`` get gradients; ``viewmat`` and ``K`` do not (camera optimisation is out of
+scope). Losses may use ``image``, ``alpha`` and ``depth``, and also ``means2d``, ``depths`` and
+``colors`` of the result; a gradient on ``conics`` of a Gaussian with radius 0 is dropped (the
+kernel returns zeros there, the reference the conic it computed anyway). Gradients are
+accumulated with float atomics, so they are reproducible to rounding, not bitwise; the forward
+is bitwise deterministic.
 
 This module imports without the compiled extension; it is loaded on first call.
 """
@@ -21,56 +39,156 @@ from typing import Any, NamedTuple
 
 import torch
 
-from gpucheck.errors import BudgetExceeded
+from gpucheck.errors import MemoryAnomalyError
 from gpucheck.ops._ext import registered_op
-from gpucheck.reference.splat import BYTES_PER_INTERSECTION, sh_degree_of
+from gpucheck.reference.splat import BYTES_PER_INTERSECTION, TILE_SIZE, sh_degree_of
 
-__all__ = ["BYTES_PER_INTERSECTION", "RasterizeResult", "op", "rasterize"]
+__all__ = ["BYTES_PER_INTERSECTION", "RasterizeResult", "ops", "rasterize"]
 
-_QUALNAME = "gpucheck::splat_forward"
 #: How the C++ entry point starts the message of a failed preflight (a torch.OutOfMemoryError,
-#: which :func:`rasterize` turns into BudgetExceeded).
-BUDGET_PREFIX = "splat_forward: binning budget exceeded: "
+#: which :func:`rasterize` turns into MemoryAnomalyError).
+BUDGET_PREFIX = "splat_project: binning budget exceeded: "
 
 
 class RasterizeResult(NamedTuple):
     """What :func:`rasterize` returns: the fields of the reference's result, in its order."""
 
-    image: torch.Tensor                  #: [3, H, W] float32, background included
-    alpha: torch.Tensor                  #: [H, W] float32, 1 - final transmittance
-    depth: torch.Tensor                  #: [H, W] float32 expected depth (0 where alpha is 0)
-    radii: torch.Tensor                  #: [N] int32 pixel radius, 0 for culled Gaussians
-    means2d: torch.Tensor | None = None  #: not returned by the forward kernel yet
-    depths: torch.Tensor | None = None   #: not returned yet
-    conics: torch.Tensor | None = None   #: not returned yet
-    colors: torch.Tensor | None = None   #: not returned yet
-    tiles: torch.Tensor | None = None    #: not returned yet
-    n_intersections: int = 0             #: sum over Gaussians of the tiles they touch
+    image: torch.Tensor       #: [3, H, W] float32, background included
+    alpha: torch.Tensor       #: [H, W] float32, 1 - final transmittance
+    depth: torch.Tensor       #: [H, W] float32 expected depth (0 where alpha is 0)
+    radii: torch.Tensor       #: [N] int32 pixel radius, 0 for culled Gaussians
+    means2d: torch.Tensor     #: [N, 2] float32 pixels; .grad after backward (densification)
+    depths: torch.Tensor      #: [N] float32 camera-space z
+    conics: torch.Tensor      #: [N, 3] float32 inverse 2D covariance, 0 where radius is 0
+    colors: torch.Tensor      #: [N, 3] float32 per-Gaussian colour (evaluated SH or as given)
+    tiles: torch.Tensor       #: [N, 4] int32 tile rectangle x_min, y_min, x_max, y_max (excl.)
+    n_intersections: int = 0  #: sum over Gaussians of the tiles they touch
 
 
-def _fake(means: torch.Tensor, scales: torch.Tensor, rotations: torch.Tensor,
-          opacities: torch.Tensor, colors: torch.Tensor, viewmat: torch.Tensor, K: torch.Tensor,
-          background: torch.Tensor, width: int, height: int, sh_degree: int,
-          max_bytes: int | None = None) -> tuple[torch.Tensor, ...]:
-    """Shape-only implementation for torch.compile / FakeTensor."""
+def _tiles(width: int, height: int) -> int:
+    return -(-width // TILE_SIZE) * -(-height // TILE_SIZE)
+
+
+def _overlaps() -> Any:
+    """The data-dependent length of ``ids`` (an unbacked size under FakeTensor)."""
+    return torch.library.get_ctx().new_dynamic_size()
+
+
+def _fake_project(means: torch.Tensor, scales: torch.Tensor, rotations: torch.Tensor,
+                  opacities: torch.Tensor, colors: torch.Tensor, viewmat: torch.Tensor,
+                  K: torch.Tensor, background: torch.Tensor, width: int, height: int,
+                  sh_degree: int, max_bytes: int | None = None) -> tuple[torch.Tensor, ...]:
+    """Shape-only implementation of ``splat_project`` for torch.compile / FakeTensor."""
     torch._check(means.dim() == 2 and means.shape[1] == 3,
-                 lambda: f"splat_forward: means must be [N, 3], got {list(means.shape)}")
+                 lambda: f"splat_project: means must be [N, 3], got {list(means.shape)}")
     torch._check(width >= 1 and height >= 1,
-                 lambda: f"splat_forward: width and height must be >= 1, got {width}x{height}")
+                 lambda: f"splat_project: width and height must be >= 1, got {width}x{height}")
     n = means.shape[0]
-    return (means.new_empty((3, height, width)), means.new_empty((height, width)),
-            means.new_empty((height, width)), means.new_empty((n,), dtype=torch.int32),
-            means.new_empty((), dtype=torch.int64))
+    i32 = torch.int32
+    return (means.new_empty((n, 2)), means.new_empty((n, 3)), means.new_empty((n, 3)),
+            means.new_empty((n,)), means.new_empty((n,), dtype=i32),
+            means.new_empty((n, 4), dtype=i32),
+            means.new_empty((_tiles(width, height), 2), dtype=i32),
+            means.new_empty((_overlaps(),), dtype=i32))
+
+
+def _fake_render(means2d: torch.Tensor, conics: torch.Tensor, opacities: torch.Tensor,
+                 rgb: torch.Tensor, depths: torch.Tensor, background: torch.Tensor,
+                 tile_ranges: torch.Tensor, ids: torch.Tensor, width: int,
+                 height: int) -> tuple[torch.Tensor, ...]:
+    """Shape-only implementation of ``splat_render``."""
+    torch._check(width >= 1 and height >= 1,
+                 lambda: f"splat_render: width and height must be >= 1, got {width}x{height}")
+    e = means2d.new_empty
+    return (e((3, height, width)), e((height, width)), e((height, width)), e((height, width)),
+            e((height, width), dtype=torch.int32))
+
+
+def _fake_render_backward(means2d: torch.Tensor, conics: torch.Tensor,
+                          opacities: torch.Tensor, rgb: torch.Tensor, depths: torch.Tensor,
+                          *rest: Any) -> tuple[torch.Tensor, ...]:
+    """Shape-only implementation of ``splat_render_backward``: one gradient per input."""
+    return (torch.empty_like(means2d), torch.empty_like(conics), torch.empty_like(opacities),
+            torch.empty_like(rgb), torch.empty_like(depths))
+
+
+def _fake_project_backward(means: torch.Tensor, scales: torch.Tensor, rotations: torch.Tensor,
+                           colors: torch.Tensor, *rest: Any) -> tuple[torch.Tensor, ...]:
+    """Shape-only implementation of ``splat_project_backward``: one gradient per input."""
+    return (torch.empty_like(means), torch.empty_like(scales), torch.empty_like(rotations),
+            torch.empty_like(colors))
+
+
+def _zeros_if_none(grad: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(like) if grad is None else grad.contiguous()
+
+
+def _project_setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any, ...]) -> None:
+    means, scales, rotations, _, colors, viewmat, K, _, width, height, sh_degree, _ = inputs
+    ctx.save_for_backward(means, scales, rotations, colors, viewmat, K, output[4])
+    ctx.dims = (width, height, sh_degree)
+
+
+def _project_backward(ctx: Any, g_means2d: torch.Tensor | None, g_conics: torch.Tensor | None,
+                      g_rgb: torch.Tensor | None, g_depths: torch.Tensor | None,
+                      *_: Any) -> tuple[torch.Tensor | None, ...]:
+    means, scales, rotations, colors, viewmat, K, radii = ctx.saved_tensors
+    n = means.shape[0]
+    grads = ops().project_backward(
+        means, scales, rotations, colors, viewmat, K, radii,
+        _zeros_if_none(g_means2d, means.new_empty((n, 2))),
+        _zeros_if_none(g_conics, means.new_empty((n, 3))),
+        _zeros_if_none(g_rgb, means.new_empty((n, 3))),
+        _zeros_if_none(g_depths, means.new_empty((n,))), *ctx.dims)
+    g_means, g_scales, g_rotations, g_colors = grads
+    return (g_means, g_scales, g_rotations, None, g_colors) + (None,) * 7
+
+
+def _render_setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any, ...]) -> None:
+    *tensors, width, height = inputs
+    _, alpha, depth, final_T, n_contrib = output
+    ctx.save_for_backward(*tensors, alpha, depth, final_T, n_contrib)
+    ctx.dims = (width, height)
+
+
+def _render_backward(ctx: Any, g_image: torch.Tensor | None, g_alpha: torch.Tensor | None,
+                     g_depth: torch.Tensor | None, *_: Any) -> tuple[torch.Tensor | None, ...]:
+    saved = ctx.saved_tensors
+    depth, final_T = saved[9], saved[10]
+    g_image = _zeros_if_none(g_image, final_T.new_empty((3, *final_T.shape)))
+    grads = ops().render_backward(*saved, g_image, _zeros_if_none(g_alpha, final_T),
+                                  _zeros_if_none(g_depth, depth), *ctx.dims)
+    g_background = (g_image * final_T).sum((1, 2))  # image = ... + T_final * background
+    return (*grads, g_background, None, None, None, None)
+
+
+class _Ops(NamedTuple):
+    project: Any
+    render: Any
+    render_backward: Any
+    project_backward: Any
 
 
 @functools.cache
-def op() -> torch._ops.OpOverload:
-    """The registered op (loads the extension and registers its fake implementation once).
+def ops() -> _Ops:
+    """The registered ops (loads the extension, registers fake implementations and autograd
+    once).
 
     Raises:
         gpucheck.errors.ExtensionNotBuilt: the compiled extension is not installed.
     """
-    return registered_op(_QUALNAME, _fake)
+    found = _Ops(
+        project=registered_op("gpucheck::splat_project", _fake_project),
+        render=registered_op("gpucheck::splat_render", _fake_render),
+        render_backward=registered_op("gpucheck::splat_render_backward",
+                                      _fake_render_backward),
+        project_backward=registered_op("gpucheck::splat_project_backward",
+                                       _fake_project_backward))
+    torch.library.register_autograd("gpucheck::splat_project", _project_backward,
+                                    setup_context=_project_setup_context)
+    torch.library.register_autograd("gpucheck::splat_render", _render_backward,
+                                    setup_context=_render_setup_context)
+    return found
 
 
 def rasterize(
@@ -89,14 +207,14 @@ def rasterize(
     background: torch.Tensor | None = None,
     max_bytes: int | None = None,
 ) -> RasterizeResult:
-    """Render Gaussians into one image on their CUDA device (forward only, float32).
+    """Render Gaussians into one image on their CUDA device (float32, differentiable).
 
     Same arguments and conventions as :func:`gpucheck.reference.rasterize`. Inputs are
     *activated* values (positive scales, opacities in ``[0, 1]``); all tensors float32,
     contiguous, on one CUDA device. Runs on ``means.device`` whatever device is current, on the
     current stream, and synchronises that stream once (to read the number of tile overlaps
-    before the binning buffers are allocated). Deterministic: the same inputs give the same
-    bits on every run.
+    before the binning buffers are allocated). The forward is deterministic (the same inputs
+    give the same bits on every run); gradients agree to rounding (float atomics).
 
     Args:
         means: ``[N, 3]`` world-space centres.
@@ -112,19 +230,20 @@ def rasterize(
         width: image width in pixels (1 to 65536).
         height: image height in pixels (1 to 65536).
         background: ``[3]`` colour behind everything; default black.
-        max_bytes: if given, raise :class:`BudgetExceeded` when the binning buffers
-            (``BYTES_PER_INTERSECTION`` per Gaussian-tile overlap) would exceed it.
+        max_bytes: if given, raise :class:`gpucheck.MemoryAnomalyError` when the binning
+            buffers (``BYTES_PER_INTERSECTION`` per Gaussian-tile overlap) would exceed it.
 
     Returns:
-        :class:`RasterizeResult` with ``image``, ``alpha``, ``depth`` (float32), ``radii``
-        (int32) on ``means.device`` and ``n_intersections``; the other fields are ``None``.
+        :class:`RasterizeResult` on ``means.device``; ``means2d`` retains its gradient when it
+        requires one (the screen-space gradient of densification, see the module docstring).
 
     Raises:
         TypeError: an input is not a tensor, not float32, or an int argument is not an int.
         ValueError: wrong shapes or devices, NaN/inf, non-activated values, a bad camera.
-        BudgetExceeded: the binning buffers exceed ``max_bytes`` or the free device memory;
-            the message lists N, the visible count, the overlaps, the bytes, the radius
-            percentiles, the share of huge Gaussians and a hint.
+        gpucheck.MemoryAnomalyError: (a BudgetExceeded) the binning buffers exceed
+            ``max_bytes`` or the free device memory; its attributes (and message) hold N, the
+            visible count, the overlaps, the bytes needed and free, the radius percentiles,
+            the share of Gaussians covering > 25 % of the image and a hint.
         gpucheck.errors.ExtensionNotBuilt: the compiled extension is not installed.
     """
     degree = _check_python_side(means, scales, rotations, opacities, colors, sh, sh_degree,
@@ -132,17 +251,23 @@ def rasterize(
     if background is None:
         background = torch.zeros(3, dtype=torch.float32, device=means.device)
     values = colors if degree < 0 else sh
+    found = ops()
     try:
-        image, alpha, depth, radii, n_isect = op()(
+        means2d, conics, rgb, depths, radii, tiles, ranges, ids = found.project(
             means, scales, rotations, opacities, values, viewmat, K, background, width, height,
             degree, max_bytes)
     except torch.OutOfMemoryError as err:
         msg = str(err).split("\nException raised from")[0]
         if BUDGET_PREFIX in msg:
-            raise BudgetExceeded(msg[msg.index(BUDGET_PREFIX):]) from None
+            raise MemoryAnomalyError(msg[msg.index(BUDGET_PREFIX):]) from None
         raise
-    return RasterizeResult(image=image, alpha=alpha, depth=depth, radii=radii,
-                           n_intersections=int(n_isect))
+    if means2d.requires_grad:
+        means2d.retain_grad()
+    image, alpha, depth, _, _ = found.render(means2d, conics, opacities, rgb, depths,
+                                             background, ranges, ids, width, height)
+    return RasterizeResult(image=image, alpha=alpha, depth=depth, radii=radii, means2d=means2d,
+                           depths=depths, conics=conics, colors=rgb, tiles=tiles,
+                           n_intersections=int(ids.shape[0]))
 
 
 def _check_python_side(

@@ -3,7 +3,7 @@
 The kernels (csrc/ssim) compute the same function as :func:`gpucheck.reference.ssim`:
 an 11×11 Gaussian window (sigma 1.5), C1 = 0.01², C2 = 0.03², zero padding. The forward pass
 saves nothing but references to its inputs; the backward pass recomputes the window moments
-(no extra memory in training).
+(no extra memory in training). Autograd is registered in C++ (csrc/ssim/ssim.cpp).
 
 This module imports without the compiled extension; it is loaded on first call.
 """
@@ -47,27 +47,12 @@ def _backward_fake(grad: torch.Tensor, img1: torch.Tensor, img2: torch.Tensor, p
     return img1.new_empty(img1.shape), grad2
 
 
-def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-    img1, img2, padding, reduction = inputs
-    ctx.save_for_backward(img1, img2)
-    ctx.padding = padding
-    ctx.reduction = reduction
-
-
-def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-    img1, img2 = ctx.saved_tensors
-    need1, need2 = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    if not (need1 or need2):
-        return None, None, None, None
-    grad1, grad2 = torch.ops.gpucheck.ssim_backward(
-        grad.contiguous(), img1, img2, ctx.padding, ctx.reduction, bool(need2)
-    )
-    return (grad1 if need1 else None), (grad2 if need2 else None), None, None
-
-
 @functools.cache
 def load_ops() -> Any:
-    """Load the extension and register the fake (meta) and autograd rules of the SSIM ops.
+    """Load the extension and register the fake (meta) rules of the SSIM ops.
+
+    The autograd rule is C++ (csrc/ssim/ssim.cpp, registered for the Autograd key): a
+    training step runs no Python beyond :func:`ssim` itself.
 
     Returns:
         The forward op's overload (``torch.ops.gpucheck.ssim_forward.default``), which
@@ -79,9 +64,6 @@ def load_ops() -> Any:
     _ext.load()
     torch.library.register_fake("gpucheck::ssim_forward")(_forward_fake)
     torch.library.register_fake("gpucheck::ssim_backward")(_backward_fake)
-    torch.library.register_autograd(
-        "gpucheck::ssim_forward", _backward, setup_context=_setup_context
-    )
     return torch.ops.gpucheck.ssim_forward.default
 
 

@@ -23,7 +23,13 @@ from gpucheck.detectors.imbalance import Imbalance
 from gpucheck.detectors.numerics import Numerics
 from gpucheck.detectors.oom_anomaly import OomAnomaly
 from gpucheck.detectors.stray_context import StrayContext
-from gpucheck.detectors.wrong_device import RERUN_SUFFIX, TARGET_SUFFIX, WrongDevice, suspects
+from gpucheck.detectors.wrong_device import (
+    CONTROL_SUFFIX,
+    RERUN_SUFFIX,
+    TARGET_SUFFIX,
+    WrongDevice,
+    suspects,
+)
 from gpucheck.errors import (
     EXIT_CLEAN,
     EXIT_FINDINGS,
@@ -408,23 +414,32 @@ def _rerun_suspects(cfg: RunConfig, label: str, specs: list[WorkerSpec], out: Pa
     run again with their target current, in fresh workers, records to rerun.jsonl."""
     bad = suspects([r for r in results.cases(results_path) if r.get("run_id") == run_id],
                    label)
-    reruns = []
+    reruns, controls = [], []
     for spec in specs:
         mine = sorted({r["case"] for r in bad if r["device"] == spec.label})
         if not mine:
             continue
         only = out / "workers" / f"{spec.label.replace(':', '')}.rerun.txt"
         only.write_text("\n".join(mine) + "\n")
-        reruns.append(WorkerSpec(
-            spec.label, spec.device_index, spec.uuid, spec.suites, label + RERUN_SUFFIX,
-            _pass_env(label, cfg, TARGET_CURRENT),
-            [*spec.pytest_args, "--gpucheck-only", str(only)]))
+        args = [*spec.pytest_args, "--gpucheck-only", str(only)]
+        reruns.append(WorkerSpec(spec.label, spec.device_index, spec.uuid, spec.suites,
+                                 label + RERUN_SUFFIX, _pass_env(label, cfg, TARGET_CURRENT),
+                                 args))
+        # the control: the same arrangement as the first time, in a fresh worker; a failure
+        # that does not come back (a random input, a race) is no evidence of a device bug
+        controls.append(WorkerSpec(spec.label, spec.device_index, spec.uuid, spec.suites,
+                                   label + CONTROL_SUFFIX, _pass_env(label, cfg, OTHER_CURRENT),
+                                   args))
     if not reruns:
         return False
     notes.append(f"wrong-device check: {len(bad)} case(s) that went wrong with another device "
-                 f"current ran again with their target current ({RERUN_FILE})")
-    return _run_harness(reruns, out, out / RERUN_FILE, run_id, cfg.timeout, progress, notes,
-                        0.0)
+                 f"current ran again, with their target current and (control) with the other "
+                 f"device current again ({RERUN_FILE})")
+    for specs_ in (reruns, controls):
+        if _run_harness(specs_, out, out / RERUN_FILE, run_id, cfg.timeout, progress, notes,
+                        0.0):
+            return True
+    return False
 
 
 def _diagnose(out: Path, results_path: Path, run_id: str) -> list[dict[str, Any]]:

@@ -1,7 +1,11 @@
-"""Finding suites: ``--suite NAME`` (a folder of suites/) or ``--suite PATH``."""
+"""Finding suites: ``--suite NAME`` (a folder of suites/), ``--suite PATH`` (a folder or one
+test file) or ``--suite package.module`` (an importable module or package, e.g. the tests an
+installed extension ships)."""
 
 from __future__ import annotations
 
+import importlib.util
+import re
 from pathlib import Path
 
 from gpucheck.errors import UsageProblem
@@ -73,8 +77,31 @@ def resolve(requested: tuple[str, ...] | list[str]) -> dict[str, Path]:
             chosen[name] = path.resolve()
         elif item in known:
             chosen[item] = known[item]
+        elif (module := module_path(item)) is not None:
+            chosen[item] = module
         else:
             names = ", ".join(sorted(known)) or "none"
-            raise UsageProblem(f"unknown suite {item!r}: not a path, and not one of the known "
-                               f"suites ({names})")
+            raise UsageProblem(f"unknown suite {item!r}: not a path, not one of the known "
+                               f"suites ({names}), and not an importable module")
     return chosen
+
+
+_DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+def module_path(name: str) -> Path | None:
+    """The file of module ``name`` (``pkg.tests.test_x``) or the folder of package ``name``,
+    found without importing it (its parent packages are imported); None if there is none."""
+    if not _DOTTED.fullmatch(name):
+        return None
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations))).resolve()
+    if spec.origin and spec.origin.endswith(".py"):
+        return Path(spec.origin).resolve()
+    return None

@@ -392,16 +392,29 @@ def sanitizer_findings(text: str, tool: str | None, device: str, suite: str | No
     from gpucheck.sanitizer import parse
 
     report = parse(text, tool)
-    out = []
+    # One finding per (tool, kernel, kind of error): a missing barrier gives racecheck records
+    # for every pair of instructions it leaves unordered (68 for one __syncthreads in SSIM's
+    # backward), which are one bug; the evidence keeps the first record and lists the others.
+    groups: dict[tuple[Any, ...], list[Any]] = {}
     for f in report.findings:
+        what = re.sub(r"\s+(at|in)\s.*", "", f.error) if f.tool == "racecheck" else f.error
+        groups.setdefault((f.tool, f.kernel_name, f.api_call, f.severity, what), []).append(f)
+    out = []
+    for group in groups.values():
+        f = group[0]
         where = " ".join(x for x in (f.kernel_name and f"in {f.kernel_name}", f.source,
                                      f.python_frame and f"(from {f.python_frame})") if x)
-        count = f" x{f.count}" if f.count > 1 else ""
+        total = sum(g.count for g in group)
+        count = f" x{total}" if total > 1 else ""
+        others = sorted({g.source for g in group[1:] if g.source and g.source != f.source})
+        also = (f"\n(and {len(group) - 1} more record(s) of this kind in this kernel"
+                f"{', at ' + ', '.join(others[:20]) if others else ''})" if len(group) > 1
+                else "")
         out.append(Finding(
             kind="sanitizer", severity=f.severity, message=f"{f.error}{count} {where}".strip(),
             device=device, suite=suite, case=case, op=None, kernel=f.kernel_name,
             # the head: error line, kernel, thread/block and address come first in a record
-            evidence="\n".join(f.lines[:40])[:EVIDENCE_CHARS],
+            evidence=("\n".join(f.lines[:40])[:EVIDENCE_CHARS - len(also)] + also),
             hint=_SANITIZER_HINTS.get(f.tool) if f.kernel_name else (
                 f"a CUDA API call failed ({f.api_call}): usually the consequence of an earlier "
                 "fault in the same case; read the first record" if f.api_call else None),

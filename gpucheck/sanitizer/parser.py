@@ -117,8 +117,10 @@ class SanitizerReport:
 
 
 def kernel_name(signature: str) -> str:
-    """``void ns::k<float, 2>(const float *, int)`` -> ``ns::k<float, 2>``."""
+    """``void ns::k<float, 2>(const float *, int)`` -> ``ns::k<float, 2>`` (a member function's
+    trailing ``const`` goes too)."""
     sig = signature.strip()
+    sig = re.sub(r"\)\s*(const|volatile|&&?|\s)+$", ")", sig)
     if sig.endswith(")"):
         depth = 0
         for i in range(len(sig) - 1, -1, -1):

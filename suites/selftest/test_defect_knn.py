@@ -42,7 +42,9 @@ def _check(got, points, rtol=RTOL):
 
 
 def _needs_other(other_device, why):
-    if other_device is None:
+    # Skip on one GPU only: in the differential re-run (its target current, other_device
+    # None) the case must run, and pass, for the wrong-device diagnosis.
+    if torch.cuda.device_count() < 2:
         pytest.skip(f"needs another device current ({why}); one GPU is visible")
 
 

@@ -1,4 +1,5 @@
-"""GPU suite of ``gpucheck.ops.rasterize`` (forward), the CUDA Gaussian-splatting rasterizer.
+"""GPU suite of ``gpucheck.ops.rasterize`` (forward), the CUDA Gaussian-splatting rasterizer;
+its gradients are tested in test_splat_backward.py.
 
 Every test runs on each target device with *another* device current (``gpu_device``), so a
 missing device guard crashes or renders on the wrong GPU. The oracle is
@@ -31,9 +32,9 @@ import pytest
 import splat_scenes
 import torch
 
-from gpucheck.errors import BudgetExceeded
+from gpucheck.errors import BudgetExceeded, MemoryAnomalyError
 from gpucheck.ops import rasterize
-from gpucheck.ops.splat import op
+from gpucheck.ops.splat import ops
 from gpucheck.reference import rasterize as reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.gpucheck_kernels]
@@ -75,6 +76,21 @@ def check_against_reference(args: dict[str, Any], what: str) -> Any:
     ref = reference(**splat_scenes.to(args, "cpu"))
     assert torch.equal(got.radii.cpu(), ref.radii), f"{what}: radii differ"
     assert got.n_intersections == ref.n_intersections, f"{what}: n_intersections differ"
+    # per-Gaussian outputs: float64 preprocessing rounded once to float32
+    assert torch.equal(got.tiles.cpu(), ref.tiles), f"{what}: tile rectangles differ"
+    torch.testing.assert_close(got.means2d.detach().cpu().double(), ref.means2d.detach(),
+                               rtol=1e-6, atol=1e-4, msg=lambda m: f"{what}: means2d: {m}")
+    torch.testing.assert_close(got.depths.cpu().double(), ref.depths, rtol=1e-6, atol=1e-6,
+                               msg=lambda m: f"{what}: depths: {m}")
+    torch.testing.assert_close(got.colors.cpu().double(), ref.colors, rtol=1e-6, atol=1e-6,
+                               msg=lambda m: f"{what}: colors: {m}")
+    vis = ref.radii > 0
+    if bool(vis.any()):
+        want = ref.conics[vis].detach()
+        torch.testing.assert_close(got.conics.cpu().double()[vis], want, rtol=1e-5,
+                                   atol=1e-6 * float(want.abs().max()),
+                                   msg=lambda m: f"{what}: conics: {m}")
+    assert not bool(got.conics[~vis.to(got.conics.device)].any()), f"{what}: culled conics"
     flip = _flip_bound(args, ref)
     _close(got.image, ref.image, ATOL, flip, f"{what}: image")
     _close(got.alpha, ref.alpha, ATOL, flip, f"{what}: alpha")
@@ -265,11 +281,19 @@ def test_max_bytes_catches_double_activation(gpu_device: torch.device) -> None:
     assert got.n_intersections * 24 <= 40_000
     bad = _double_activated(200, 64, 64, 100.0, gpu_device, twice=True)
     pattern = (r"binning budget exceeded: more than max_bytes 40000\. 200 Gaussians "
-               r"\(\d+ visible\) touch \d+ tiles in total .*binning needs \d+ bytes; radius "
-               r"percentiles .*p50 \d+, p90 \d+, p99 \d+, max \d+; \d+ Gaussians .* cover more "
-               r"than 25 % of the image\. Hint: .*activation applied twice")
-    with pytest.raises(BudgetExceeded, match=pattern):
+               r"\(\d+ visible\) touch \d+ tiles in total .*binning needs \d+ bytes, \d+ bytes "
+               r"free; radius percentiles .*p50 \d+, p90 \d+, p99 \d+, max \d+; \d+ Gaussians .* "
+               r"cover more than 25 % of the image\. Hint: .*activation applied twice")
+    with pytest.raises(MemoryAnomalyError, match=pattern) as info:
         rasterize(**bad, max_bytes=40_000)
+    err = info.value
+    assert isinstance(err, BudgetExceeded)
+    assert err.n == 200 and err.visible is not None and 0 < err.visible <= 200
+    assert err.overlaps is not None and err.bytes_needed == 24 * err.overlaps > 40_000
+    assert err.bytes_free is not None and err.bytes_free > 0
+    assert err.radius_percentiles is not None and err.radius_percentiles["p50"] > 32
+    assert err.large_share is not None and err.large_share > 0.5
+    assert err.hint is not None and "activation applied twice" in err.hint
     with pytest.raises(BudgetExceeded):    # the oracle agrees
         reference(**splat_scenes.to(bad, "cpu"), max_bytes=40_000)
     # nothing broken afterwards
@@ -282,8 +306,12 @@ def test_free_memory_catches_double_activation(gpu_device: torch.device) -> None
     bad = _double_activated(2_000_000, 1920, 1080, 1000.0, gpu_device, twice=True)
     torch.cuda.reset_peak_memory_stats(gpu_device)
     base = torch.cuda.memory_allocated(gpu_device)
-    with pytest.raises(BudgetExceeded, match=r"bytes free on cuda:\d.*activation applied twice"):
+    with pytest.raises(MemoryAnomalyError,
+                       match=r"bytes free on cuda:\d.*activation applied twice") as info:
         rasterize(**bad)
+    assert info.value.n == 2_000_000 and (info.value.overlaps or 0) > 1e10  # ~6600 each
+    assert info.value.bytes_needed is not None and info.value.bytes_free is not None
+    assert info.value.bytes_needed > info.value.bytes_free
     # per-Gaussian buffers only (~100 bytes each), never the binning buffers
     assert torch.cuda.max_memory_allocated(gpu_device) - base < 400 * 2_000_000
 
@@ -293,9 +321,10 @@ def test_opcheck(gpu_device: torch.device) -> None:
     for degree in (None, 2):
         a = splat_scenes.scene(60, 37, 21, fresh_seed(), gpu_device, sh_degree=degree)
         values = a["colors"] if degree is None else a["sh"]
-        torch.library.opcheck(op(), (a["means"], a["scales"], a["rotations"], a["opacities"],
-                                     values, a["viewmat"], a["K"], a["background"], a["width"],
-                                     a["height"], -1 if degree is None else degree, None))
+        torch.library.opcheck(ops().project, (
+            a["means"], a["scales"], a["rotations"], a["opacities"], values, a["viewmat"],
+            a["K"], a["background"], a["width"], a["height"], -1 if degree is None else degree,
+            None))
 
 
 def _good(d: torch.device, n: int = 5, **change: Any) -> dict[str, Any]:
@@ -384,7 +413,7 @@ def test_bad_input(gpu_device: torch.device, make: Any, exc: type[Exception],
 
 @pytest.mark.sanitizer
 def test_cpp_checks_for_torch_ops_callers(gpu_device: torch.device) -> None:
-    """torch.ops.gpucheck.splat_forward callers skip the Python checks; the entry point's
+    """torch.ops.gpucheck.splat_project callers skip the Python checks; the entry point's
     own ones still give clear errors."""
     a = _good(gpu_device)
     args = [a["means"], a["scales"], a["rotations"], a["opacities"], a["colors"], a["viewmat"],
@@ -392,16 +421,16 @@ def test_cpp_checks_for_torch_ops_callers(gpu_device: torch.device) -> None:
     bad_degree = list(args)
     bad_degree[10] = 4
     with pytest.raises(ValueError, match=r"sh_degree must be -1 .* or in 0..3, got 4"):
-        op()(*bad_degree)
+        ops().project(*bad_degree)
     big = list(args)
     big[8] = 70_000
     with pytest.raises(ValueError, match=r"width and height must be in \[1, 65536\]"):
-        op()(*big)
+        ops().project(*big)
     cpu_bg = list(args)
     cpu_bg[7] = a["background"].cpu()
     # common.h's check_cuda raises a plain RuntimeError (TORCH_CHECK)
     with pytest.raises(RuntimeError, match=r"background must be a CUDA tensor, got one on cpu"):
-        op()(*cpu_bg)
+        ops().project(*cpu_bg)
 
 
 @pytest.mark.multigpu
@@ -410,5 +439,6 @@ def test_inputs_on_two_devices(gpu_device: torch.device, other_device: torch.dev
     if other_device is None:
         pytest.skip("needs a second visible CUDA device")
     args = _edit(gpu_device, "opacities", lambda t: t.to(other_device))
-    with pytest.raises(ValueError, match=r"opacities is on cuda:\d but means is on cuda:\d"):
+    # common.h's check_same_device raises a plain RuntimeError (TORCH_CHECK), as check_cuda
+    with pytest.raises(RuntimeError, match=r"opacities is on cuda:\d but means is on cuda:\d"):
         rasterize(**args)

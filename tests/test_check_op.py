@@ -1,0 +1,278 @@
+"""check_op on CPU: its cases, its error messages, and every check's logic run on CPU tensors
+(torch.library ops and plain functions), the findings each broken op gives."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpucheck import check_op, pytest_plugin
+from gpucheck.check import run_check
+from gpucheck.detectors import op_watch
+
+CPU = torch.device("cpu")
+
+
+def make(device, dtype):
+    return (torch.randn(5, 33, device=device, dtype=dtype),
+            torch.rand(33, device=device, dtype=dtype) + 0.5)
+
+
+def reference(x, w):
+    return (x.double() * w.double()).cumsum(-1).to(x.dtype)  # exact, rounded once
+
+
+def scan(x, w):
+    """float32 accumulation, as a good kernel does it; refuses float16."""
+    if x.dtype == torch.float16:
+        raise TypeError("scan: x must be float32, float64 or bfloat16, got Half")
+    acc = torch.promote_types(x.dtype, torch.float32)
+    return (x.to(acc) * w.to(acc)).cumsum(-1).to(x.dtype)
+
+
+def scan_low_precision(x, w):
+    """Accumulates in the input dtype: bfloat16 loses bits at every step."""
+    if x.dtype == torch.float16:
+        raise TypeError("got Half")
+    out, acc = torch.empty_like(x), torch.zeros_like(x[..., 0])
+    for t in range(x.shape[-1]):
+        acc = acc + x[..., t] * w[t]
+        out[..., t] = acc
+    return out
+
+
+@torch.library.custom_op("gpucheck_cpu_test::scan", mutates_args=())
+def scan_op(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return scan(x, w)
+
+
+@scan_op.register_fake
+def _(x, w):
+    return torch.empty_like(x)
+
+
+def _scan_backward(ctx, g):
+    x, w = ctx.saved_tensors
+    gs = g.flip(-1).cumsum(-1).flip(-1)
+    return gs * w, (gs * x).sum(0)
+
+
+scan_op.register_autograd(_scan_backward,
+                          setup_context=lambda ctx, inputs, output: ctx.save_for_backward(*inputs))
+
+DTYPES = ("float32", "bfloat16", "float64")
+
+
+def run_all(test, *, seed=7):
+    """{case: (outcome, [(kind, op, message)])} of every case of a check_op test on CPU."""
+    out = {}
+    for case in test.gpucheck_op.checks:
+        pytest_plugin._ATTACHED.clear()
+        try:
+            run_check(test.gpucheck_op, case, CPU, None, seed)
+            outcome = "passed"
+        except pytest.skip.Exception as err:
+            outcome = f"skipped: {err}"
+        except AssertionError as err:
+            outcome = f"failed: {err}"
+        out[case] = (outcome, [(f.kind, f.op, f.message) for f in pytest_plugin._ATTACHED])
+    pytest_plugin._ATTACHED.clear()
+    return out
+
+
+# --- the cases -----------------------------------------------------------------------------
+
+def test_cases_per_dtype_and_per_op():
+    t = check_op(torch.ops.gpucheck_cpu_test.scan, make, reference, dtypes=DTYPES)
+    per_dtype = ["devices", "numerics", "determinism", "cross_device", "memory"]
+    assert t.gpucheck_op.checks == (*(f"{c}-{d}" for d in DTYPES for c in per_dtype),
+                                    "dtypes", "opcheck", "gradcheck")
+    assert t.gpucheck_op.name == "gpucheck_cpu_test::scan" and t.gpucheck_op.torch_op
+    # a plain function: no opcheck; no reference: no numerics; no float64: no gradcheck
+    t = check_op(scan, make, dtypes=("float32",))
+    assert t.gpucheck_op.checks == ("devices-float32", "determinism-float32",
+                                    "cross_device-float32", "memory-float32", "dtypes")
+    assert t.gpucheck_op.name == f"{__name__}.scan" and not t.gpucheck_op.torch_op
+    t = check_op(scan, make, reference, dtypes=DTYPES, backward=False,
+                 checks=("numerics", "gradcheck"))
+    assert t.gpucheck_op.checks == ("numerics-float32", "numerics-bfloat16", "numerics-float64")
+
+
+def test_a_users_file_collects_one_case_per_device_and_check(pytester, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    pytester.makepyfile(test_mine='''
+        import torch, gpucheck
+        def make(device, dtype):
+            return (torch.randn(8, device=device, dtype=dtype),)
+        test_neg = gpucheck.check_op(torch.neg, make, lambda x: -x, dtypes=("float32", "float64"))
+    ''')
+    result = pytester.runpytest_subprocess("--strict-markers", "-rs", "-m", "gpu")
+    result.assert_outcomes(skipped=12)
+    result.stdout.fnmatch_lines(["*no CUDA device visible*"])
+    ids = pytester.runpytest_subprocess("--collect-only", "-q", "-m", "multigpu").outlines
+    assert [i for i in ids if "::" in i] == [
+        "test_mine.py::test_neg[nocuda-cross_device-float32]",
+        "test_mine.py::test_neg[nocuda-cross_device-float64]"]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"dtypes": ("float32", "int32")}, "dtypes must name floating dtypes"),
+    ({"dtypes": ()}, "dtypes must name floating dtypes"),
+    ({"checks": ("numerics", "speed")}, r"unknown check\(s\) \['speed'\]"),
+    ({"repeats": 1}, "repeats must be at least 2, got 1"),
+    ({"atol": {"float8": 1.0}}, r"tolerances for unknown dtype\(s\) \['float8'\]"),
+    ({"devices": "cuda:0"}, "devices must be 'all' or CUDA indices"),
+])
+def test_bad_arguments_say_what_is_wrong(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        check_op(scan, make, reference, **kwargs)
+
+
+def test_op_and_make_inputs_must_be_callable():
+    with pytest.raises(TypeError, match="op must be callable"):
+        check_op(42, make)
+    with pytest.raises(TypeError, match="make_inputs must be callable"):
+        check_op(scan, None)
+
+
+# --- the checks, on CPU ---------------------------------------------------------------------
+
+def test_a_correct_torch_op_passes_every_check_that_runs_on_cpu():
+    got = run_all(check_op(torch.ops.gpucheck_cpu_test.scan, make, reference, dtypes=DTYPES))
+    for case, (outcome, found) in got.items():
+        if case.startswith(("cross_device", "memory")):
+            assert outcome.startswith("skipped"), (case, outcome)
+        else:
+            assert outcome == "passed" and not found, (case, outcome, found)
+
+
+def test_a_correct_plain_function_passes_and_refuses_float16_cleanly():
+    got = run_all(check_op(scan, make, reference, dtypes=DTYPES))
+    assert got["dtypes"] == ("passed", [])
+    assert all(o == "passed" for c, (o, _) in got.items()
+               if not c.startswith(("cross_device", "memory")))
+
+
+def test_low_precision_accumulation_fails_numerics_in_bfloat16_only():
+    got = run_all(check_op(scan_low_precision, make, reference, dtypes=DTYPES))
+    outcome, found = got["numerics-bfloat16"]
+    assert outcome.startswith("failed:") and "2 x the reference's own bfloat16 error" in outcome
+    assert "GPUCHECK_SEED=7" in outcome
+    assert found and {(k, op) for k, op, _ in found} == {
+        ("numerics", f"{__name__}.scan_low_precision")}
+    assert got["numerics-float32"][0] == "passed"  # float32 accumulates in float32 anyway
+    assert got["numerics-float64"][0] == "passed"
+
+
+def test_a_wrong_gradient_fails_numerics_and_gradcheck():
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        return g * w, (g * x).sum(0)  # forgets that y[t] depends on every x[s <= t]
+
+    @torch.library.custom_op("gpucheck_cpu_test::bad_scan", mutates_args=())
+    def bad(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return scan(x, w)
+
+    def setup(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    bad.register_autograd(backward, setup_context=setup)
+    bad.register_fake(lambda x, w: torch.empty_like(x))
+    got = run_all(check_op(torch.ops.gpucheck_cpu_test.bad_scan, make, reference,
+                           dtypes=("float64",), checks=("numerics", "gradcheck")))
+    assert "gradient of argument 0" in got["numerics-float64"][0]
+    assert got["gradcheck"][0].startswith("failed:")
+
+
+def test_outputs_and_gradients_on_another_device_are_wrong_device_findings():
+    class ToMeta(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return torch.empty(g.shape, device="meta")  # a gradient on another device
+
+    def meta_out(x):
+        return torch.empty(x.shape, device="meta")
+
+    def one(device, dtype):
+        return (torch.randn(7, device=device, dtype=dtype),)
+
+    got = run_all(check_op(ToMeta.apply, one, dtypes=("float32",), checks=("devices",)))
+    outcome, found = got["devices-float32"]
+    assert "backward returned the gradient 0 on meta, its input is on cpu" in outcome
+    assert [k for k, _, _ in found] == ["wrong-device"]
+    got = run_all(check_op(meta_out, one, dtypes=("float32",), backward=False,
+                           checks=("devices",), name="meta_out"))
+    assert got["devices-float32"][1] == [
+        ("wrong-device", "meta_out", "meta_out: output 0 is on meta, its inputs on cpu")]
+
+
+def test_non_determinism_is_a_numerics_finding():
+    calls = []
+
+    def drifting(x):
+        calls.append(1)
+        return x + len(calls) * 1e-3
+
+    got = run_all(check_op(drifting, lambda d, t: (torch.ones(4, dtype=t, device=d),),
+                           dtypes=("float32",), backward=False, checks=("determinism",)))
+    outcome, found = got["determinism-float32"]
+    assert "non-deterministic: call 2 differs from call 1" in outcome
+    assert [k for k, _, _ in found] == ["numerics"]
+    got = run_all(check_op(drifting, lambda d, t: (torch.ones(4, dtype=t, device=d),),
+                           dtypes=("float32",), deterministic=False, checks=("determinism",)))
+    assert got["determinism-float32"][0].startswith("skipped")
+
+
+def test_backward_without_autograd_says_so():
+    got = run_all(check_op(lambda x: x.detach() * 2, lambda d, t: (torch.ones(3, dtype=t),),
+                           dtypes=("float32",), checks=("devices",)))
+    assert "no output requires grad" in got["devices-float32"][0]
+
+
+def test_plain_functions_are_shown_to_the_op_watch_under_their_name():
+    seen = []
+
+    class Listener:
+        def before(self, call):
+            seen.append(call.op)
+
+        def after(self, call, out):
+            pass
+
+    listener = Listener()
+    op_watch.add(listener)
+    try:
+        run_all(check_op(scan, make, reference, dtypes=("float32",), checks=("numerics",)))
+    finally:
+        op_watch.remove(listener)
+    assert seen == [f"{__name__}.scan"]
+
+
+def test_inputs_are_the_same_for_one_seed_and_fresh_for_another():
+    t = check_op(scan, make, dtypes=("float32",))
+    from gpucheck.check import _Runner
+
+    a = _Runner(t.gpucheck_op, 3).inputs(CPU, torch.float32)
+    b = _Runner(t.gpucheck_op, 3).inputs(CPU, torch.float32)
+    c = _Runner(t.gpucheck_op, 4).inputs(CPU, torch.float32)
+    assert torch.equal(a[0], b[0]) and not torch.equal(a[0], c[0])
+
+
+def test_the_example_extension_is_compile_checked_clean_and_with_each_defect():
+    from gpucheck import _csrc
+
+    names = {f.name for f in _csrc.check_only_sources() if "custom_rnn" in str(f)}
+    assert names == {"bindings.cpp", "wkv.cpp", "wkv_cuda.cu"}
+    units, _ = _csrc.check_units("only")
+    variants = {(f.name, tuple(flags)) for f, flags, label in units if "example" in label}
+    assert variants == {("wkv.cpp", ("-DCUSTOM_RNN_DEFECT_NO_GUARD",)),
+                        ("wkv.cpp", ("-DCUSTOM_RNN_DEFECT_BF16_ACCUM",)),
+                        ("wkv_cuda.cu", ("-DCUSTOM_RNN_DEFECT_BF16_ACCUM",)),
+                        ("wkv.cpp", ("-DCUSTOM_RNN_DEFECT_GRAD_CURRENT_DEVICE",))}
+    code = "".join((_csrc.EXAMPLE_CSRC / n).read_text() for n in ("wkv.h", "wkv.cpp"))
+    for _, flags in variants:  # every macro is one the sources test
+        assert f"#ifdef {flags[0].removeprefix('-D')}" in code
