@@ -145,6 +145,11 @@ def test_story3_request_beyond_the_device_is_an_anomaly():
     assert "activated twice" in (f.hint or "") and "requested=" in (f.evidence or "")
 
 
+def test_reruns_of_the_wrong_device_check_are_not_counted_twice():
+    rerun = {**failed(STORY3_TORCH20), "mode": "blocking+nvml|rerun:target-current"}
+    assert len(oom_findings([failed(STORY3_TORCH20), rerun])) == 1
+
+
 def test_request_far_beyond_the_footprint():
     msg = TORCH21.replace("Tried to allocate 20.00 MiB", "Tried to allocate 9.00 GiB").replace(
         "15.77 GiB", "79.11 GiB").replace("15.31 GiB is allocated", "0.25 GiB is allocated")

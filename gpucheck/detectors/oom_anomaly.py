@@ -268,8 +268,8 @@ def oom_findings(records: Iterable[dict[str, Any]], totals: dict[str, int] | Non
     totals = totals or {}
     found = []
     for r in records:
-        if r.get("record", "case") != "case":
-            continue
+        if r.get("record", "case") != "case" or "|rerun" in str(r.get("mode")):
+            continue  # the wrong-device check's re-runs repeat the same failure
         text = _failure_text(r)
         if not text:
             continue
