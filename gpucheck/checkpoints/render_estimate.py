@@ -7,9 +7,11 @@ the Gaussian-tile overlaps a tiled rasterizer bins, and the bytes its binning bu
 stored values: *3DGS load* (``exp`` of the stored scales) and *as stored* (the scales taken as
 already activated). The lint's verdict says which one is the correct load.
 
-The count comes from the pure-PyTorch projection of :mod:`gpucheck.reference.splat` on the
-CPU (the same radius and tile rules as the CUDA kernel), a block of Gaussians at a time. The
-report names the method it used.
+Where a CUDA device and gpucheck's compiled rasterizer are available, the count comes from the
+rasterizer's own memory preflight (``gpucheck.ops.rasterize`` with a 0-byte budget: it counts
+the overlaps on the GPU and raises ``MemoryAnomalyError`` before allocating anything);
+otherwise from the pure-PyTorch projection of :mod:`gpucheck.reference.splat` on the CPU (the
+same radius and tile rules), a block of Gaussians at a time. The report names the method used.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ BLOCK = 1 << 18
 HUGE_SHARE = 0.25
 METHOD = ("CPU estimate: gpucheck.reference.splat.project (pure PyTorch, same radius and tile "
           "rules as the CUDA kernel's preflight)")
+PREFLIGHT = "the splat rasterizer's memory preflight on {device} (gpucheck.ops.rasterize)"
 
 
 def camera_for(means: np.ndarray, width: int, height: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,6 +90,54 @@ def overlaps(means: np.ndarray, scales: np.ndarray, rotations: np.ndarray,
             "tiles": tiles_total}
 
 
+def _preflight(means: np.ndarray, scales: np.ndarray, rotations: np.ndarray,
+               viewmat: torch.Tensor, K: torch.Tensor, width: int, height: int
+               ) -> dict[str, Any] | None:
+    """The CUDA rasterizer's own count (None when there is no GPU or no built extension, or
+    it could not run: the CPU estimate is used then)."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        from gpucheck.errors import MemoryAnomalyError
+        from gpucheck.ops import _ext
+        from gpucheck.ops.splat import rasterize
+
+        if not _ext.available():
+            return None
+        dev = torch.device("cuda", torch.cuda.current_device())
+        ok = np.isfinite(means).all(1) & np.isfinite(scales).all(1) & np.isfinite(
+            rotations).all(1) & (np.abs(rotations).sum(1) > 0)
+        m, s, q = (torch.from_numpy(np.ascontiguousarray(a[ok], np.float32)).to(dev)
+                   for a in (means, scales, rotations))
+        n = int(m.shape[0])
+        try:
+            rasterize(m, s.clamp(1e-30, 1e30), q / q.norm(dim=1, keepdim=True),
+                      torch.full((n,), 0.5, device=dev), colors=torch.zeros(n, 3, device=dev),
+                      viewmat=viewmat.float().to(dev), K=K.float().to(dev), width=width,
+                      height=height, max_bytes=0)
+        except MemoryAnomalyError as err:
+            if err.overlaps is None:
+                return None
+            tiles = math.ceil(width / TILE_SIZE) * math.ceil(height / TILE_SIZE)
+            return {"overlaps": err.overlaps, "bytes": estimate_binning_bytes(err.overlaps),
+                    "visible": err.visible, "radius_percentiles_px": err.radius_percentiles,
+                    "share_huge": err.large_share, "tiles": tiles, "method": PREFLIGHT.format(
+                        device=dev)}
+        return None  # no overlap at all: nothing to bin, the CPU count says the same
+    except Exception:  # an extension that does not load, a refused input: the CPU count
+        return None
+
+
+def _count(means: np.ndarray, scales: np.ndarray, rotations: np.ndarray,
+           viewmat: torch.Tensor, K: torch.Tensor, width: int, height: int
+           ) -> dict[str, Any]:
+    found = _preflight(means, scales, rotations, viewmat, K, width, height)
+    if found is None:
+        found = {**overlaps(means, scales, rotations, viewmat, K, width, height),
+                 "method": METHOD}
+    return found
+
+
 def estimate(means: np.ndarray, stored_scales: np.ndarray, rotations: np.ndarray,
              size: tuple[int, int], scales_activated: bool) -> dict[str, Any]:
     """The ``render`` part of a lint report: both loads of the stored scales, which one is
@@ -95,11 +146,11 @@ def estimate(means: np.ndarray, stored_scales: np.ndarray, rotations: np.ndarray
     width, height = size
     viewmat, K = camera_for(means, width, height)
     as_3dgs = np.exp(np.minimum(stored_scales.astype(np.float64), 700.0))
-    loads = {"3dgs_load": overlaps(means, as_3dgs, rotations, viewmat, K, width, height)}
+    loads = {"3dgs_load": _count(means, as_3dgs, rotations, viewmat, K, width, height)}
     if scales_activated:  # the correct load takes the stored scales as they are
-        loads["as_stored"] = overlaps(means, stored_scales, rotations, viewmat, K, width,
-                                      height)
-    return {"method": METHOD, "width": width, "height": height,
+        loads["as_stored"] = _count(means, stored_scales, rotations, viewmat, K, width, height)
+    methods = list(dict.fromkeys(str(v.pop("method")) for v in loads.values()))
+    return {"method": "; ".join(methods), "width": width, "height": height,
             "bytes_per_overlap": BYTES_PER_INTERSECTION,
             "camera": {"fov_x_deg": FOV_X_DEG, "viewmat": viewmat.tolist(), "K": K.tolist()},
             "correct_load": "as_stored" if scales_activated else "3dgs_load", **loads}
