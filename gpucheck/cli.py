@@ -246,6 +246,43 @@ def report(run_dir: Path, output: Path | None) -> int:
     return EXIT_FINDINGS if verdict == "failed" else EXIT_CLEAN
 
 
+def _size(ctx: click.Context, param: click.Parameter, value: str | None
+          ) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    w, sep, h = value.lower().partition("x")
+    if not sep or not w.isdigit() or not h.isdigit() or not (0 < int(w) <= 65536) or not (
+            0 < int(h) <= 65536):
+        raise click.BadParameter(f"expected WIDTHxHEIGHT such as 1920x1080, got {value!r}")
+    return int(w), int(h)
+
+
+@cli.command("lint-checkpoint")
+@click.argument("paths", nargs=-1, required=True,
+                type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@click.option("--render", "render", callback=_size, default=None, metavar="WxH",
+              help="Also estimate the Gaussian-tile overlaps and binning bytes of a WxH render "
+                   "of the scene, loaded with 3DGS conventions and loaded correctly.")
+def lint_checkpoint(paths: tuple[Path, ...], as_json: bool, render: tuple[int, int] | None
+                    ) -> int:
+    """Tell whether 3DGS checkpoints (.ply, .pt) hold raw or already activated parameters.
+
+    Exit 0 every file ok, 1 a file is suspicious or activated, 2 a file is unreadable (the
+    reason is printed).
+    """
+    from gpucheck.checkpoints.lint import lint
+    from gpucheck.checkpoints.lint_text import render_text
+
+    reports = [lint(p, render) for p in paths]
+    if as_json:
+        click.echo(json.dumps([r.to_json() for r in reports], indent=2))
+    else:
+        for r in reports:
+            click.echo(render_text(r))
+    return max(r.exit_code for r in reports)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``gpucheck`` script; returns the exit code."""
     try:

@@ -3,9 +3,10 @@ defect × detector that says whether each defect was found by the detector meant
 (right kind, severity, device and op) and whether any clean case drew a finding.
 
 The defects live in ``suites/selftest/``: a small pybind extension (no device guard, an
-out-of-bounds write, an abort) and gpucheck's own SSIM and KNN built with a
-``GPUCHECK_DEFECT_*`` macro each (``gpucheck._csrc.DEFECTS``). Rows that need more GPUs or a
-pass that was not run (``sanitizer:<tool>``) are reported as not run, never as found.
+out-of-bounds write, an abort, a raw ``cudaMalloc`` never freed, a quadratic scratch
+buffer), a checkpoint writer that stores activated values, and gpucheck's own SSIM and KNN
+built with a ``GPUCHECK_DEFECT_*`` macro each (``gpucheck._csrc.DEFECTS``). Rows that need
+more GPUs or a pass that was not run (``sanitizer:<tool>``) are reported as not run, never as found.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class Defect:
 
 _SSIM = "test_defect_ssim.py::"
 _KNN = "test_defect_knn.py::"
+_MEM = "test_defect_memory.py::"
 DEFECTS = (
     Defect("no device guard (pybind extension)", "test_selftest.py::test_unguarded_launch",
            "wrong-device", "plain", min_devices=2),
@@ -63,13 +65,21 @@ DEFECTS = (
            "sanitizer:initcheck", op="query"),
     Defect("result differs between runs (KNN)", _KNN + "test_nondeterminism_knn", "numerics",
            "plain", op="knn_mean_sq_dist"),
+    Defect("raw cudaMalloc per call, never freed", _MEM + "test_leak_raw_cudamalloc", "leak",
+           "plain"),
+    Defect("tensors kept across calls", _MEM + "test_leak_kept_tensors", "leak", "plain"),
+    Defect("scratch buffer quadratic in the size", _MEM + "test_growth_quadratic",
+           "memory-growth", "plain", severity="warning"),
+    Defect("checkpoint saved activated, loaded as raw", _MEM + "test_double_activation_loader",
+           "double-activation", "plain", min_devices=0),  # CPU only: runs without a GPU
 )
 #: the sanitizer passes of ``gpucheck selftest --sanitizer``: every tool a row needs
 SANITIZER_MODES = tuple(dict.fromkeys(d.mode for d in DEFECTS if d.mode.startswith(SANITIZER)))
 #: cases of correct code: any finding of severity error or warning on them is a false positive
 CLEAN = ("test_selftest.py::test_good_guarded", "test_selftest.py::test_good_after_the_defects",
          "test_defect_stream.py::test_clean_ssim", _SSIM + "test_clean_ssim",
-         _KNN + "test_clean_knn")
+         _KNN + "test_clean_knn", _MEM + "test_clean_repeat", _MEM + "test_growth_linear_clean",
+         _MEM + "test_clean_roundtrip")
 
 
 def _base(case: str) -> str:

@@ -4,19 +4,41 @@
 ``.pth``). Raw → activated conversions live in :mod:`gpucheck.checkpoints.activations` only.
 Every problem with a file is a :class:`gpucheck.errors.CheckpointError` whose message names
 the file and the problem.
+
+The names are imported on first use: ``gpucheck lint-checkpoint`` reads PLYs with numpy only
+and never pays for importing torch.
 """
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from gpucheck.checkpoints.model import ActivatedGaussians, GaussianParams
-from gpucheck.checkpoints.ply import read_ply, write_ply
-from gpucheck.checkpoints.pt import PtCheckpoint, read_pt, write_pt
 from gpucheck.errors import CheckpointError
 
-__all__ = ["ActivatedGaussians", "CheckpointError", "GaussianParams", "PtCheckpoint", "load",
-           "read_ply", "read_pt", "save", "write_ply", "write_pt"]
+if TYPE_CHECKING:
+    from gpucheck.checkpoints.model import ActivatedGaussians, GaussianParams
+    from gpucheck.checkpoints.ply import read_ply, write_ply
+    from gpucheck.checkpoints.pt import PtCheckpoint, read_pt, write_pt
+    from gpucheck.checkpoints.roundtrip import RoundtripError, RoundtripReport, check_roundtrip
+
+_LAZY = {"ActivatedGaussians": "model", "GaussianParams": "model", "read_ply": "ply",
+         "write_ply": "ply", "PtCheckpoint": "pt", "read_pt": "pt", "write_pt": "pt",
+         "RoundtripError": "roundtrip", "RoundtripReport": "roundtrip",
+         "check_roundtrip": "roundtrip"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+__all__ = ["ActivatedGaussians", "CheckpointError", "GaussianParams", "PtCheckpoint",
+           "RoundtripError", "RoundtripReport", "check_roundtrip", "load", "read_ply", "read_pt",
+           "save", "write_ply", "write_pt"]
 
 _PT_SUFFIXES = (".pt", ".pth")
 
@@ -39,6 +61,9 @@ def load(path: str | Path) -> GaussianParams:
     suffix = _suffix(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such file")
+    from gpucheck.checkpoints.ply import read_ply
+    from gpucheck.checkpoints.pt import read_pt
+
     return read_ply(path) if suffix == ".ply" else read_pt(path).params
 
 
@@ -48,6 +73,9 @@ def save(params: GaussianParams, path: str | Path) -> None:
     Raises:
         CheckpointError: unknown suffix, invalid ``params`` or an unwritable path.
     """
+    from gpucheck.checkpoints.ply import write_ply
+    from gpucheck.checkpoints.pt import write_pt
+
     path = Path(path)
     if _suffix(path) == ".ply":
         write_ply(params, path)

@@ -7,7 +7,6 @@ Shapes follow 3DGS's ``GaussianModel``: ``features_dc`` ``[N, 1, 3]`` and ``feat
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -19,12 +18,12 @@ from gpucheck.checkpoints.activations import (
     rotation_activation,
     scale_activation,
 )
+from gpucheck.checkpoints.layout import MAX_SH_DEGREE, sh_degree_of
 from gpucheck.errors import CheckpointError
 
 __all__ = ["MAX_SH_DEGREE", "ActivatedGaussians", "GaussianParams", "check_finite",
            "sh_degree_of"]
 
-MAX_SH_DEGREE = 3
 
 
 class ActivatedGaussians(NamedTuple):
@@ -36,12 +35,6 @@ class ActivatedGaussians(NamedTuple):
     opacities: torch.Tensor   #: [N] in [0, 1]
     sh: torch.Tensor          #: [N, (d + 1)^2, 3], dc first
     sh_degree: int
-
-
-def sh_degree_of(rest_coeffs: int) -> int | None:
-    """The SH degree ``d`` with ``(d + 1)^2 - 1 == rest_coeffs`` (``d <= 3``), else None."""
-    d = math.isqrt(rest_coeffs + 1) - 1
-    return d if (d + 1) ** 2 - 1 == rest_coeffs and d <= MAX_SH_DEGREE else None
 
 
 def check_finite(named: Mapping[str, torch.Tensor], source: str) -> None:
@@ -86,8 +79,9 @@ class GaussianParams:
                 "features_rest": self.features_rest, "log_scales": self.log_scales,
                 "opacity_logits": self.opacity_logits, "rotations_raw": self.rotations_raw}
 
-    def validate(self, source: str = "GaussianParams") -> GaussianParams:
-        """Check types, shapes, the SH degree and finiteness; return self.
+    def validate(self, source: str = "GaussianParams", *, finite: bool = True
+                 ) -> GaussianParams:
+        """Check types, shapes, the SH degree and (``finite``) finiteness; return self.
 
         Raises:
             CheckpointError: the message starts with ``source`` (e.g. a file path) and names
@@ -117,7 +111,8 @@ class GaussianParams:
                 0 <= self.sh_degree <= self.max_sh_degree):
             raise CheckpointError(f"{source}: sh_degree must be an int in "
                                   f"0..{self.max_sh_degree}, got {self.sh_degree!r}")
-        check_finite(named, source)
+        if finite:
+            check_finite(named, source)
         return self
 
     def activated(self) -> ActivatedGaussians:

@@ -16,50 +16,19 @@ Every problem is reported as :class:`gpucheck.errors.CheckpointError` naming it.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import numpy as np
 import torch
-from plyfile import PlyData, PlyElement, PlyElementParseError, PlyHeaderParseError
+from plyfile import PlyData, PlyElement
 
-from gpucheck.checkpoints.model import GaussianParams, check_finite, sh_degree_of
+from gpucheck.checkpoints.layout import SCALAR_FIELDS as _SCALAR_FIELDS
+from gpucheck.checkpoints.layout import parse, sh_degree_of, vertex_layout
+from gpucheck.checkpoints.model import GaussianParams, check_finite
 from gpucheck.errors import CheckpointError
 
-__all__ = ["read_ply", "write_ply"]
+__all__ = ["parse", "read_ply", "vertex_layout", "write_ply"]
 
-_SCALAR_FIELDS = ["x", "y", "z", "f_dc_0", "f_dc_1", "f_dc_2", "opacity",
-                  "scale_0", "scale_1", "scale_2", "rot_0", "rot_1", "rot_2", "rot_3"]
-_F_REST = re.compile(r"f_rest_(\d+)")
-
-
-def _parse(path: Path) -> PlyData:
-    try:
-        with open(path, "rb") as f:
-            if f.read(4)[:3] != b"ply":
-                raise CheckpointError(f"{path}: not a PLY file (it does not start with 'ply')")
-            f.seek(0)
-            return PlyData.read(f)
-    except CheckpointError:
-        raise
-    except OSError as e:
-        raise CheckpointError(f"{path}: cannot read: {e.strerror or e}") from e
-    except PlyHeaderParseError as e:
-        raise CheckpointError(f"{path}: malformed PLY header: {e}") from e
-    except PlyElementParseError as e:
-        name = e.element.name if e.element is not None else "?"
-        count = e.element.count if e.element is not None else "?"
-        if e.message == "early end-of-file":
-            raise CheckpointError(
-                f"{path}: truncated: the header promises {count} '{name}' rows, the file "
-                f"ends after {e.row} complete row(s)") from e
-        raise CheckpointError(f"{path}: corrupt PLY data in element '{name}': {e}") from e
-    except UnicodeDecodeError as e:
-        raise CheckpointError(f"{path}: corrupt PLY: byte {e.object[e.start:e.end]!r} where "
-                              f"ASCII text belongs (header or ASCII data)") from e
-    except Exception as e:  # plyfile/numpy fail in many ways on garbage (fuzz-tested)
-        raise CheckpointError(
-            f"{path}: cannot parse PLY ({type(e).__name__}: {e})") from e
 
 
 def _column(vertex: PlyElement, name: str) -> np.ndarray:
@@ -84,26 +53,9 @@ def read_ply(path: str | Path) -> GaussianParams:
             ``3 * ((d + 1)^2 - 1)`` for ``d <= 3``, or NaN/inf values (fields and counts).
     """
     path = Path(path)
-    ply = _parse(path)
-    names = [e.name for e in ply.elements]
-    if "vertex" not in names:
-        raise CheckpointError(f"{path}: no 'vertex' element (elements: {names or 'none'})")
-    vertex = ply["vertex"]
-    props = [p.name for p in vertex.properties]
-    missing = [f for f in _SCALAR_FIELDS if f not in props]
-    if missing:
-        raise CheckpointError(f"{path}: missing vertex properties: {' '.join(missing)}")
-    rest_ids = sorted(int(m.group(1)) for p in props if (m := _F_REST.fullmatch(p)))
-    count = len(rest_ids)
-    if rest_ids != list(range(count)):
-        gaps = sorted(set(range(max(rest_ids, default=-1) + 1)) - set(rest_ids))
-        raise CheckpointError(f"{path}: f_rest properties are not numbered 0..{count - 1} "
-                              f"(missing: {' '.join(f'f_rest_{i}' for i in gaps)})")
+    ply = parse(path)
+    vertex, count = vertex_layout(ply, path)
     rest_per_channel = count // 3
-    if count % 3 or sh_degree_of(rest_per_channel) is None:
-        raise CheckpointError(
-            f"{path}: {count} f_rest properties; expected 3 * ((d + 1)^2 - 1) for an SH "
-            f"degree d in 0..3 (0, 9, 24 or 45)")
     try:
         cols = {f: _column(vertex, f) for f in _SCALAR_FIELDS}
         rest = {f"f_rest_{i}": _column(vertex, f"f_rest_{i}") for i in range(count)}

@@ -75,7 +75,8 @@ def _load(path: Path) -> Any:
                               f"truncated?): {type(e).__name__}: {e}") from e
 
 
-def _params(tensors: dict[str, Any], degree: Any, source: str) -> GaussianParams:
+def _params(tensors: dict[str, Any], degree: Any, source: str, finite: bool = True
+            ) -> GaussianParams:
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise CheckpointError(f"{source}: {name} must be a tensor, got {type(t).__name__}")
@@ -93,10 +94,10 @@ def _params(tensors: dict[str, Any], degree: Any, source: str) -> GaussianParams
         opacity_logits=opacity.detach(),
         rotations_raw=tensors["rotations_raw"].detach(),
         sh_degree=degree,
-    ).validate(source)
+    ).validate(source, finite=finite)
 
 
-def _from_dict(obj: dict[Any, Any], source: str) -> GaussianParams:
+def _from_dict(obj: dict[Any, Any], source: str, finite: bool = True) -> GaussianParams:
     ours = [k for k in _3DGS_NAMES if k in obj]
     theirs = [v for v in _3DGS_NAMES.values() if v in obj]
     if len(theirs) > len(ours):
@@ -110,11 +111,13 @@ def _from_dict(obj: dict[Any, Any], source: str) -> GaussianParams:
     if missing:
         keys = ", ".join(map(str, list(obj)[:20]))
         raise CheckpointError(f"{source}: missing keys {', '.join(missing)} (has: {keys})")
-    return _params(tensors, degree, source)
+    return _params(tensors, degree, source, finite)
 
 
-def read_pt(path: str | Path) -> PtCheckpoint:
+def read_pt(path: str | Path, *, finite: bool = True) -> PtCheckpoint:
     """Read a ``.pt`` checkpoint in either form (detected from its content).
+
+    ``finite=False`` keeps NaN/inf values (the lint counts them) instead of refusing them.
 
     Raises:
         CheckpointError: unreadable/corrupt file, a file that needs arbitrary pickled objects,
@@ -124,7 +127,7 @@ def read_pt(path: str | Path) -> PtCheckpoint:
     obj = _load(path)
     source = str(path)
     if isinstance(obj, dict):
-        return PtCheckpoint(_from_dict(obj, source), "dict")
+        return PtCheckpoint(_from_dict(obj, source, finite), "dict")
     if isinstance(obj, tuple | list) and len(obj) == 2 and isinstance(obj[0], tuple | list):
         capture, iteration = obj
         if len(capture) != len(CAPTURE_FIELDS):
@@ -138,7 +141,7 @@ def read_pt(path: str | Path) -> PtCheckpoint:
         if isinstance(degree, bool) or not isinstance(degree, int):
             raise CheckpointError(f"{source}: active_sh_degree must be an int, got {degree!r}")
         tensors = {k: items[v] for k, v in _3DGS_NAMES.items()}
-        return PtCheckpoint(_params(tensors, degree, source), "capture", iteration,
+        return PtCheckpoint(_params(tensors, degree, source, finite), "capture", iteration,
                             {k: items[k] for k in _TRAINING_STATE})
     raise CheckpointError(
         f"{source}: unknown .pt layout: expected a dict of tensors or 3DGS's "

@@ -13,15 +13,19 @@ import os
 from gpucheck.detectors import wrong_stream
 from gpucheck.detectors.base import BaseDetector, CaseInfo, Detector
 from gpucheck.detectors.device_state import DeviceStateLeak
+from gpucheck.detectors.double_activation import DoubleActivation
+from gpucheck.detectors.imbalance import Imbalance
 from gpucheck.detectors.kernel_device import KernelDeviceDetector
+from gpucheck.detectors.leak import Leak
 from gpucheck.detectors.numerics import Numerics
+from gpucheck.detectors.oom_anomaly import OomAnomaly
 from gpucheck.detectors.op_device import OpDevice
 from gpucheck.detectors.stray_context import StrayContext
 from gpucheck.detectors.wrong_stream import WrongStreamDetector
 
-__all__ = ["BaseDetector", "CaseInfo", "Detector", "DeviceStateLeak", "KernelDeviceDetector",
-           "Numerics", "OpDevice", "StrayContext", "WrongStreamDetector", "worker_detectors",
-           "wrong_stream"]
+__all__ = ["BaseDetector", "CaseInfo", "Detector", "DeviceStateLeak", "DoubleActivation",
+           "Imbalance", "KernelDeviceDetector", "Leak", "Numerics", "OomAnomaly", "OpDevice",
+           "StrayContext", "WrongStreamDetector", "worker_detectors", "wrong_stream"]
 
 #: comma-separated names of worker detectors to leave out, or ``all`` (e.g. to measure their
 #: cost, or to rule them out)
@@ -33,5 +37,6 @@ def worker_detectors() -> list[Detector]:
     ``$GPUCHECK_DISABLE_DETECTORS``)."""
     off = {n.strip() for n in os.environ.get(DISABLE_ENV, "").split(",")}
     every: list[Detector] = [DeviceStateLeak(), OpDevice(), WrongStreamDetector(),
-                             KernelDeviceDetector(), Numerics()]
+                             KernelDeviceDetector(), Numerics(), DoubleActivation(),
+                             Leak()]
     return [] if "all" in off else [d for d in every if d.name not in off]

@@ -19,7 +19,9 @@ from rich.console import Console
 
 import gpucheck
 from gpucheck import devices as devices_mod
+from gpucheck.detectors.imbalance import Imbalance
 from gpucheck.detectors.numerics import Numerics
+from gpucheck.detectors.oom_anomaly import OomAnomaly
 from gpucheck.detectors.stray_context import StrayContext
 from gpucheck.detectors.wrong_device import (
     CONTROL_SUFFIX,
@@ -448,8 +450,11 @@ def _diagnose(out: Path, results_path: Path, run_id: str) -> list[dict[str, Any]
     header = next((r for r in results.read(results_path)
                    if r.get("record") == "run" and r.get("run_id") == run_id), {})
     names = {str(d.get("uuid")): str(d.get("device")) for d in header.get("devices", [])}
+    totals = {str(d.get("device")): int(d["memory_total"]) for d in header.get("devices", [])
+              if d.get("memory_total")}
     made = []
-    for detector in (WrongDevice(), StrayContext(names), Numerics()):
+    for detector in (WrongDevice(), StrayContext(names), Numerics(), OomAnomaly(totals),
+                     Imbalance()):
         for finding in detector.run_finished(records):
             mine = [r for r in records if (r["device"], r["suite"], r["case"]) ==
                     (finding.device, finding.suite, finding.case)]

@@ -22,6 +22,7 @@ import pytest
 
 from gpucheck import nvml
 from gpucheck.detectors import CaseInfo, op_watch, worker_detectors
+from gpucheck.detectors import leak as leak_mod
 from gpucheck.report import results
 from gpucheck.report.results import CaseRecord, Finding
 from gpucheck.runner.nvml_sampler import CasePeaks, Sampler
@@ -102,6 +103,7 @@ class Recorder:
         self.uuid = config.getoption("--gpucheck-device-uuid")
         devices = config.getoption("--gpucheck-device") or []
         self.device = f"cuda:{devices[0]}" if devices else "cpu"
+        self.device_index: int | None = devices[0] if devices else None
         self.suites = []
         for spec in config.getoption("--gpucheck-suite"):
             name, _, path = spec.partition("=")
@@ -112,6 +114,10 @@ class Recorder:
         self.reports: dict[str, list[pytest.TestReport]] = {}
         self.started: dict[str, tuple[float, str, float]] = {}  # monotonic, iso, epoch
         self.detectors = worker_detectors()
+        for d in self.detectors:
+            if isinstance(d, leak_mod.Leak):
+                d.device_index, d.uuid = self.device_index, self.uuid
+        config.addinivalue_line("markers", leak_mod.MARKER_DOC)
         self.detector_findings: dict[str, list[Finding]] = {}
         self.detector_data: dict[str, dict[str, Any]] = {}  # node id -> fields of its record
         self.case_ops: dict[str, str] = {}  # node id -> the last extension op it called
@@ -214,8 +220,8 @@ class Recorder:
     def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
         self.started[nodeid] = (time.monotonic(), now_iso(), time.time())
         cuda = _torch_cuda()
-        if cuda is not None:
-            cuda.reset_peak_memory_stats()
+        if cuda is not None and self.device_index is not None:
+            cuda.reset_peak_memory_stats(self.device_index)  # the target's, whatever is current
         if self.peaks is not None and self.sampler is not None:
             self.peaks.reset()
             self.peaks(time.time(), self.sampler.sample())
@@ -244,6 +250,11 @@ class Recorder:
             except Exception as err:  # a detector must never take a case down with it
                 found.append(_detector_error(d.name, err, self.device, info))
         outcome = yield
+        times = _repeats(item, found, self.device, info)
+        if times > 1 and outcome.excinfo is None:
+            for d in started:
+                if isinstance(d, leak_mod.Leak):
+                    d.repeat(item.runtest, times)
         op_watch.remove(tracker)
         data = self.detector_data.setdefault(item.nodeid, {})
         for d in started:
@@ -313,9 +324,9 @@ class Recorder:
             memory["nvml_peak_other_devices"] = {u: b for u, b in peaks.items()
                                                  if u != self.uuid and b}
         cuda = _torch_cuda()
-        if cuda is not None:
-            memory["torch_peak_allocated"] = int(cuda.max_memory_allocated())
-            memory["torch_peak_reserved"] = int(cuda.max_memory_reserved())
+        if cuda is not None and self.device_index is not None:
+            memory["torch_peak_allocated"] = int(cuda.max_memory_allocated(self.device_index))
+            memory["torch_peak_reserved"] = int(cuda.max_memory_reserved(self.device_index))
         return CaseRecord(
             run_id=self.run_id, device=self.device, device_uuid=self.uuid, suite=suite,
             case=case, mode=self.mode, status=status, reason=reason,
@@ -340,6 +351,15 @@ class _OpTracker:
 
     def after(self, call: op_watch.Call, out: Any) -> None:
         return None
+
+
+def _repeats(item: pytest.Item, found: list[Finding], device: str, info: CaseInfo) -> int:
+    """How often a case runs (``gpucheck_repeat``); a bad marker is a finding, run once."""
+    try:
+        return leak_mod.repeats(item)
+    except ValueError as err:
+        found.append(_detector_error("leak", err, device, info))
+        return 1
 
 
 def _detector_error(name: str, err: Exception, device: str, info: CaseInfo) -> Finding:

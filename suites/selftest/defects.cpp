@@ -54,9 +54,30 @@ at::Tensor abort_process(const at::Tensor& x) {
   return x;
 }
 
+// Defect (leak): a raw cudaMalloc per call, never freed. The caching allocator never sees it;
+// only the process's memory in NVML grows.
+at::Tensor add_one_leaking(const at::Tensor& x,  // [N] float32
+                           int64_t leak_bytes) {
+  const at::cuda::OptionalCUDAGuard guard(at::device_of(x));
+  void* lost = nullptr;
+  C10_CUDA_CHECK(cudaMalloc(&lost, static_cast<size_t>(leak_bytes)));
+  C10_CUDA_CHECK(cudaMemsetAsync(lost, 0, static_cast<size_t>(leak_bytes),
+                                 c10::cuda::getCurrentCUDAStream()));
+  return launch(x, 0);
+}
+
+// Defect (growth): a scratch buffer of N x N floats where N would do.
+at::Tensor add_one_quadratic_scratch(const at::Tensor& x) {  // [N] float32
+  const at::cuda::OptionalCUDAGuard guard(at::device_of(x));
+  at::Tensor scratch = at::zeros({x.numel(), x.numel()}, x.options());  // [N, N]
+  return launch(x, 0) + scratch.select(0, 0);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_one_guarded", &add_one_guarded);
   m.def("add_one_unguarded", &add_one_unguarded);
   m.def("add_one_overrun", &add_one_overrun);
   m.def("abort_process", &abort_process);
+  m.def("add_one_leaking", &add_one_leaking);
+  m.def("add_one_quadratic_scratch", &add_one_quadratic_scratch);
 }

@@ -1,0 +1,101 @@
+"""imbalance: the same case needs clearly more memory on one device than on another.
+
+The harness runs every case on every target device, with the same inputs. Its peak memory
+should then be the same everywhere; a device whose peak is well above the others holds
+something the others do not: another device's buffers (a scratch allocated on the current
+device instead of the input's), a second CUDA context, a cache keyed by the wrong device.
+
+Parent side, over the case records of the plain passes: records of one (suite, case, mode)
+are compared across devices, the device token of the case id (``cuda0``, ``cuda:1``) set
+aside. Two measures, each with its own tolerance: PyTorch's peak allocated on the target
+device (exact; :data:`TORCH_TOL`) and the worker's NVML peak on the target device, which also
+sees memory outside PyTorch's allocator (sampled, and with the CUDA context included;
+:data:`NVML_TOL`). A difference counts when the larger peak is more than ``ratio`` times the
+smaller *and* more than ``bytes`` above it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from gpucheck.detectors.base import BaseDetector
+from gpucheck.report.results import Finding
+
+__all__ = ["Imbalance", "imbalances"]
+
+#: (ratio, bytes) for PyTorch's peak allocated
+TORCH_TOL = (1.5, 32 << 20)
+#: (ratio, bytes) for the NVML peak (context and sampling included)
+NVML_TOL = (1.25, 256 << 20)
+_DEVICE_TOKEN = re.compile(r"(?<=[\[-])cuda:?\d+(?=[\]-])")
+HINT = ("allocate every buffer with the input's options (`x.options()`, `device=x.device`) "
+        "under a device guard; a cache or workspace must be keyed by device")
+
+
+def _key(r: dict[str, Any]) -> tuple[str, str, str]:
+    return (str(r.get("suite")), _DEVICE_TOKEN.sub("cuda*", str(r.get("case"))),
+            str(r.get("mode")))
+
+
+def _compare(tol: tuple[float, int], peaks: dict[str, int]) -> tuple[str, str, int, int] | None:
+    """(high device, low device, high, low) when they differ beyond ``tol``."""
+    if len(peaks) < 2:
+        return None
+    high = max(peaks, key=lambda d: peaks[d])
+    low = min(peaks, key=lambda d: peaks[d])
+    ratio, margin = tol
+    if peaks[high] > ratio * peaks[low] and peaks[high] - peaks[low] > margin:
+        return high, low, peaks[high], peaks[low]
+    return None
+
+
+def imbalances(records: Iterable[dict[str, Any]]) -> list[Finding]:
+    """One finding per (suite, case, mode) whose peaks differ across devices."""
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for r in records:
+        mode = str(r.get("mode"))
+        if (r.get("record", "case") != "case" or mode.startswith("sanitizer") or "|" in mode
+                or r.get("status") not in ("passed", "failed") or not r.get("memory")):
+            continue
+        groups.setdefault(_key(r), []).append(r)
+    found = []
+    for members in groups.values():
+        by_device = {str(r.get("device")): r for r in members}
+        if len(by_device) < 2:
+            continue
+        lines, where = [], None
+        for label, field, tol in (("PyTorch peak allocated", "torch_peak_allocated", TORCH_TOL),
+                                  ("NVML peak of the worker", "nvml_peak_used", NVML_TOL)):
+            peaks = {d: int(r["memory"][field]) for d, r in by_device.items()
+                     if (r.get("memory") or {}).get(field) is not None}
+            hit = _compare(tol, peaks)
+            if hit is None:
+                continue
+            high, low, hi, lo = hit
+            where = where or by_device[high]
+            lines.append(f"{label}: " + ", ".join(f"{d} {b / (1 << 20):.1f} MiB"
+                                                  for d, b in sorted(peaks.items()))
+                         + f" ({high} holds {(hi - lo) / (1 << 20):.1f} MiB more than {low})")
+        if where is None:
+            continue
+        found.append(Finding(
+            kind="imbalance", severity="warning",
+            message=f"the same case needs more memory on {where.get('device')} than on the "
+                    f"other device(s): {lines[0].split(': ', 1)[1]}",
+            device=where.get("device"), suite=where.get("suite"), case=where.get("case"),
+            evidence="\n".join(lines) + f"\n(tolerances: PyTorch x{TORCH_TOL[0]} and "
+                     f"+{TORCH_TOL[1] >> 20} MiB; NVML x{NVML_TOL[0]} and "
+                     f"+{NVML_TOL[1] >> 20} MiB)",
+            hint=HINT))
+    return found
+
+
+class Imbalance(BaseDetector):
+    """Parent side, over the case records of the plain passes."""
+
+    name = "imbalance"
+
+    def run_finished(self, records: list[dict[str, Any]]) -> list[Finding]:
+        return imbalances(records)
