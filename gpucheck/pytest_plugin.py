@@ -46,10 +46,9 @@ MARKERS = {
     "sanitizer": "small enough to run under compute-sanitizer (memcheck slows launches ~37x); "
                  "sanitizer(tools=('racecheck', ...)): only in the passes of those tools",
     "slow": "takes long (soak tests, large sizes)",
-    # the leak detector's marker (gpucheck/detectors/leak.py), registered here too so that a
-    # user's suite under plain `pytest --strict-markers` accepts it
-    "gpucheck_repeat": "gpucheck_repeat(n=5): under gpucheck run the body runs n times "
-                       "(fixtures once) and memory growth between the runs is a leak finding",
+    # the leak detector's marker (gpucheck/detectors/leak.py)
+    "gpucheck_repeat": "(n=5) under gpucheck run the body runs n times (fixtures once) and "
+                       "memory that grows from run to run is a leak finding",
 }
 DEVICES_ENV = "GPUCHECK_DEVICES"
 #: "other" (default): another device is current and initialized while the target is tested;

@@ -159,11 +159,6 @@ class Window:
     streams: dict[int, str] = field(default_factory=dict)  # device -> repr of a current stream
 
 
-def _signature(call: op_watch.Call) -> tuple[Any, ...]:
-    return (call.op, *((str(t.dtype), tuple(t.shape)) for t in
-                       op_watch.tensors((call.args, call.kwargs))))
-
-
 class LaunchTrace:
     """The op_watch listener and profiler windows of one worker (see the module text)."""
 
@@ -206,7 +201,8 @@ class LaunchTrace:
         dev = op_watch.input_device(call)
         if dev is None or op_watch.capturing():
             return
-        key = _signature(call)
+        tensors = op_watch.tensors((call.args, call.kwargs))
+        key = (call.op, *((str(t.dtype), tuple(t.shape)) for t in tensors))
         main = threading.current_thread() is threading.main_thread()
         with self.lock:
             if not self.open:
@@ -215,19 +211,17 @@ class LaunchTrace:
                 if not self._open():
                     return
             self.counts[key] = self.counts.get(key, 0) + 1
-            devices = {str(t.device) for t in op_watch.tensors((call.args, call.kwargs))}
             entry = {"call": self.calls, "op": call.op, "device": int(dev.index),
-                     "single_device": len(devices) == 1}
+                     "single_device": len({t.device for t in tensors}) == 1}
             self.calls += 1
-            call.notes["launch-trace"] = (entry, key)
+            call.notes["launch-trace"] = entry
             self.depth += 1
             self._mark(dict(entry, edge="begin"))
 
     def after(self, call: op_watch.Call, out: Any) -> None:
-        noted = call.notes.get("launch-trace")
-        if noted is None:
+        entry = call.notes.get("launch-trace")
+        if entry is None:
             return
-        entry, _ = noted
         with self.lock:
             if not self.open:
                 return

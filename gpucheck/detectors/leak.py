@@ -35,8 +35,6 @@ from gpucheck.report.results import Finding
 __all__ = ["DEFAULT_REPEATS", "MARKER", "Leak", "judge", "repeats"]
 
 MARKER = "gpucheck_repeat"
-MARKER_DOC = (f"{MARKER}(n=5): the harness runs the body n times and reports memory that grows "
-              "from run to run (leak detector)")
 DEFAULT_REPEATS = 5
 #: PyTorch allocated bytes of growth that count (with growth in the second half)
 TORCH_TOL = 1 << 20

@@ -144,6 +144,7 @@ class Numerics(BaseDetector):
         self.entries: list[tuple[str, str, str, str]] = []
         self.lock = threading.Lock()
         self.judged: dict[str, bool] = {}
+        self.measured: list[Any] = []  # gpucheck.testing comparisons of the case
 
     def before(self, call: op_watch.Call) -> None:
         found = op_watch.tensors((call.args, call.kwargs))
@@ -176,7 +177,7 @@ class Numerics(BaseDetector):
 
         self.counts, self.entries = {}, []
         testing.MEASURED.clear()
-        self.measured: list[Any] = []
+        self.measured = []
         self.watching = op_watch.add(self)
 
     def case_finished(self, case: CaseInfo) -> list[Finding]:
@@ -208,7 +209,7 @@ class Numerics(BaseDetector):
         """What the case record keeps: its distinct fingerprints (``fingerprints``)."""
         kept = list(dict.fromkeys("|".join(e) for e in self.entries))[:MAX_KEPT]
         data: dict[str, Any] = {"fingerprints": kept} if kept else {}
-        if getattr(self, "measured", None):
+        if self.measured:
             data["numerics"] = [m.to_json() for m in self.measured]
         return data
 

@@ -39,11 +39,9 @@ def verdicts(windows: list[Window], kind: str) -> list[tuple[Verdict, Window]]:
 def findings(case: CaseInfo, bad: list[tuple[Verdict, Window]]) -> list[Finding]:
     """One error finding per (op, kernel)."""
     merged: dict[tuple[str, str, int], tuple[Verdict, Window, int]] = {}
-    for v, w in bad:
-        key = (v.op, v.kernel, v.device)
-        n = merged[key][2] if key in merged else 0
-        merged.setdefault(key, (v, w, 0))
-        merged[key] = (merged[key][0], merged[key][1], n + v.count)
+    for v, w in bad:  # the first window's verdict, the launches of every window
+        first, win, n = merged.get((v.op, v.kernel, v.device), (v, w, 0))
+        merged[(v.op, v.kernel, v.device)] = (first, win, n + v.count)
     out = []
     items = list(merged.values())
     for v, w, count in items[:MAX_FINDINGS]:

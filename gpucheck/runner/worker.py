@@ -117,7 +117,6 @@ class Recorder:
         for d in self.detectors:
             if isinstance(d, leak_mod.Leak):
                 d.device_index, d.uuid = self.device_index, self.uuid
-        config.addinivalue_line("markers", leak_mod.MARKER_DOC)
         self.detector_findings: dict[str, list[Finding]] = {}
         self.detector_data: dict[str, dict[str, Any]] = {}  # node id -> fields of its record
         self.case_ops: dict[str, str] = {}  # node id -> the last extension op it called
@@ -235,11 +234,7 @@ class Recorder:
         current = dict(item.user_properties).get("gpucheck_current_device")
         current = None if current is None else str(current)
         self._state(item.nodeid, current_device=current)
-        def track(op: str) -> None:
-            self.case_ops[item.nodeid] = op
-            self._state(item.nodeid, current_device=current, op=op)
-
-        tracker = _OpTracker(track)
+        tracker = _OpTracker(lambda op: self._state(item.nodeid, current_device=current, op=op))
         op_watch.add(tracker)
         found = self.detector_findings.setdefault(item.nodeid, [])
         started = []
@@ -256,6 +251,8 @@ class Recorder:
                 if isinstance(d, leak_mod.Leak):
                     d.repeat(item.runtest, times)
         op_watch.remove(tracker)
+        if tracker.last is not None:
+            self.case_ops[item.nodeid] = tracker.last
         data = self.detector_data.setdefault(item.nodeid, {})
         for d in started:
             try:

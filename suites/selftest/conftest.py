@@ -57,11 +57,3 @@ def sanitizer_defect_ops(defect_ops: Callable[[str], Any], request: pytest.Fixtu
         return ops
 
     return get
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    """The leak detector's marker, for runs of this suite outside the harness too (the
-    harness's worker registers it itself)."""
-    from gpucheck.detectors.leak import MARKER_DOC
-
-    config.addinivalue_line("markers", MARKER_DOC)
