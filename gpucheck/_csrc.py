@@ -75,6 +75,7 @@ DEFECTS: dict[str, DefectBuild] = {
     "output_current_device": DefectBuild("GPUCHECK_DEFECT_OUTPUT_CURRENT_DEVICE", "knn"),
     "uninit_read": DefectBuild("GPUCHECK_DEFECT_UNINIT_READ", "knn"),
     "nondeterminism": DefectBuild("GPUCHECK_DEFECT_NONDETERMINISM", "knn"),
+    "buffers_current_device": DefectBuild("GPUCHECK_DEFECT_BUFFERS_CURRENT_DEVICE", "splat"),
 }
 
 

@@ -40,6 +40,7 @@ class Defect:
 _SSIM = "test_defect_ssim.py::"
 _KNN = "test_defect_knn.py::"
 _MEM = "test_defect_memory.py::"
+_SPLAT = "test_defect_splat.py::"
 DEFECTS = (
     Defect("no device guard (pybind extension)", "test_selftest.py::test_unguarded_launch",
            "wrong-device", "plain", min_devices=2),
@@ -72,6 +73,11 @@ DEFECTS = (
            "memory-growth", "plain", severity="warning"),
     Defect("checkpoint saved activated, loaded as raw", _MEM + "test_double_activation_loader",
            "double-activation", "plain", min_devices=0),  # CPU only: runs without a GPU
+    Defect("checkpoint saved activated, rendered after a 3DGS load",
+           _MEM + "test_double_activation_render", "oom-anomaly", "plain"),
+    Defect("binning buffers on the current device (splat)",
+           _SPLAT + "test_buffers_current_device_splat", "wrong-device", "plain", min_devices=2,
+           op="splat_project"),
 )
 #: the sanitizer passes of ``gpucheck selftest --sanitizer``: every tool a row needs
 SANITIZER_MODES = tuple(dict.fromkeys(d.mode for d in DEFECTS if d.mode.startswith(SANITIZER)))
@@ -79,7 +85,7 @@ SANITIZER_MODES = tuple(dict.fromkeys(d.mode for d in DEFECTS if d.mode.startswi
 CLEAN = ("test_selftest.py::test_good_guarded", "test_selftest.py::test_good_after_the_defects",
          "test_defect_stream.py::test_clean_ssim", _SSIM + "test_clean_ssim",
          _KNN + "test_clean_knn", _MEM + "test_clean_repeat", _MEM + "test_growth_linear_clean",
-         _MEM + "test_clean_roundtrip")
+         _MEM + "test_clean_roundtrip", _MEM + "test_clean_render", _SPLAT + "test_clean_splat")
 
 
 def _base(case: str) -> str:

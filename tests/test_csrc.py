@@ -76,6 +76,7 @@ def test_a_defect_build_takes_the_schemas_and_its_kernel_folder():
     ("uninit_read", ["knn/knn_cuda.cu"]),
     ("no_guard_ssim", ["ssim/ssim.cpp"]),
     ("legacy_stream", ["ssim/ssim.cpp"]),
+    ("buffers_current_device", ["splat/splat.cpp"]),
 ])
 def test_the_compile_check_compiles_again_what_a_defect_macro_changes(name, changed):
     assert [f.relative_to(_csrc.CSRC).as_posix() for f in _csrc.defect_units(name)] == changed

@@ -192,6 +192,21 @@ def test_quadratic_growth_is_flagged_linear_is_not():
     assert f.case == "test_g.py::test_g[cuda0-4096]" and "size^2.00" in f.message
 
 
+def test_growth_is_fitted_on_the_cases_own_peak():
+    """The peaks the self-test's quadratic scratch recorded on an H200 (2026-11-24) with
+    84 MiB left allocated by earlier cases: absolute peaks grow as size^1.17 only, the
+    case's own (peak - allocated at its start) as size^2."""
+    at_start = 84 * (1 << 20)
+    recs = [sized(n, at_start + 4 * n * n) for n in (1024, 2048, 4096)]
+    for r in recs:
+        r["memory"]["torch_allocated_at_start"] = at_start
+    [f] = growth(recs)
+    assert "size^2.00" in f.message and "4,096: 64.0 MiB" in f.message
+    for r in recs:
+        del r["memory"]["torch_allocated_at_start"]
+    assert growth(recs) == []  # what the detector saw before it subtracted the start
+
+
 def test_growth_beyond_the_device_is_an_error():
     recs = [sized(n, 4 * n * n) for n in (16384, 32768, 65536)]  # 16 GiB at 65536
     [f] = growth(recs, {"cuda:0": 48 * GiB})  # 64 GiB predicted at 131072

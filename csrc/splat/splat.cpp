@@ -12,6 +12,7 @@
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
@@ -191,6 +192,11 @@ splat_project_cuda(
     int64_t width, int64_t height, int64_t sh_degree, std::optional<int64_t> max_bytes) {
   // The guard needs a CUDA device, so this one check comes first.
   check_cuda(means, kOp, "means");
+#ifdef GPUCHECK_DEFECT_BUFFERS_CURRENT_DEVICE
+  // Defect (selftest; the original 3DGS rasterizer's): the binning buffers are allocated for
+  // the caller's current device, read before the guard, not for the input's.
+  const at::Device caller(at::kCUDA, c10::cuda::current_device());
+#endif
   GPUCHECK_DEVICE_GUARD(means);
   check_input(means, means, "means", {-1, 3});
   const int64_t n64 = means.size(0);
@@ -322,17 +328,22 @@ splat_project_cuda(
     return {means2d, conics, rgb, depths, radii, rects, ranges,
             at::empty({0}, options.dtype(at::kInt))};
   }
-  at::Tensor keys = at::empty({2 * total}, options.dtype(at::kLong));
+#ifdef GPUCHECK_DEFECT_BUFFERS_CURRENT_DEVICE
+  const auto binning = options.device(caller);
+#else
+  const auto binning = options;
+#endif
+  at::Tensor keys = at::empty({2 * total}, binning.dtype(at::kLong));
   // two tensors (not one of 2 * total): the one the sort ends in is returned as is
-  at::Tensor values = at::empty({total}, options.dtype(at::kInt));
-  at::Tensor values_alt = at::empty({total}, options.dtype(at::kInt));
+  at::Tensor values = at::empty({total}, binning.dtype(at::kInt));
+  at::Tensor values_alt = at::empty({total}, binning.dtype(at::kInt));
   auto* keys_ptr = reinterpret_cast<uint64_t*>(keys.data_ptr<int64_t>());
   int32_t* values_ptr = values.data_ptr<int32_t>();
   launch_emit(args.counts, offsets, args.rects, args.depths, n, tiles_x, keys_ptr, values_ptr,
               stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   const at::Tensor temp = at::empty({static_cast<int64_t>(std::max<size_t>(sort_bytes, 1))},
-                                    options.dtype(at::kByte));
+                                    binning.dtype(at::kByte));
   uint64_t* sorted_keys = nullptr;
   int32_t* sorted = nullptr;
   C10_CUDA_CHECK(sort_pairs(temp.data_ptr(), sort_bytes, keys_ptr, keys_ptr + total,

@@ -326,8 +326,14 @@ def _sized(records: Iterable[dict[str, Any]]
 
 
 def _peak(r: dict[str, Any]) -> int | None:
-    value = (r.get("memory") or {}).get("torch_peak_allocated")
-    return int(value) if value else None
+    """The case's own PyTorch peak: the peak allocated minus what was allocated when the case
+    started (tensors earlier cases left behind would flatten the fit)."""
+    memory = r.get("memory") or {}
+    value = memory.get("torch_peak_allocated")
+    if not value:
+        return None
+    own = int(value) - int(memory.get("torch_allocated_at_start") or 0)
+    return own if own > 0 else None
 
 
 def growth(records: Iterable[dict[str, Any]], totals: dict[str, int] | None = None

@@ -113,6 +113,7 @@ class Recorder:
         self.ids: dict[str, str] = {}  # node id -> case id (relative to the suite root)
         self.reports: dict[str, list[pytest.TestReport]] = {}
         self.started: dict[str, tuple[float, str, float]] = {}  # monotonic, iso, epoch
+        self.allocated_at_start: dict[str, int] = {}  # PyTorch allocated on the target
         self.detectors = worker_detectors()
         for d in self.detectors:
             if isinstance(d, leak_mod.Leak):
@@ -221,6 +222,8 @@ class Recorder:
         cuda = _torch_cuda()
         if cuda is not None and self.device_index is not None:
             cuda.reset_peak_memory_stats(self.device_index)  # the target's, whatever is current
+            # what earlier cases left allocated: the case's own peak is the peak above it
+            self.allocated_at_start[nodeid] = int(cuda.memory_allocated(self.device_index))
         if self.peaks is not None and self.sampler is not None:
             self.peaks.reset()
             self.peaks(time.time(), self.sampler.sample())
@@ -324,6 +327,7 @@ class Recorder:
         if cuda is not None and self.device_index is not None:
             memory["torch_peak_allocated"] = int(cuda.max_memory_allocated(self.device_index))
             memory["torch_peak_reserved"] = int(cuda.max_memory_reserved(self.device_index))
+            memory["torch_allocated_at_start"] = self.allocated_at_start.pop(nodeid, None)
         return CaseRecord(
             run_id=self.run_id, device=self.device, device_uuid=self.uuid, suite=suite,
             case=case, mode=self.mode, status=status, reason=reason,
