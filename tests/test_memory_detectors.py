@@ -207,6 +207,15 @@ def test_growth_is_fitted_on_the_cases_own_peak():
     assert growth(recs) == []  # what the detector saw before it subtracted the start
 
 
+def test_linear_shapes_far_apart_are_not_extrapolated():
+    """The SSIM suite's image sizes on an H200 (2026-11-24): linear, but from 137,634 to
+    31,104,000 elements; the same step again would be 1.6 TiB: not a prediction to make."""
+    mib = 1 << 20
+    recs = [sized(n, int(p * mib)) for n, p in ((121, 0.01), (137_634, 17.3),
+                                                (31_104_000, 3924.2))]
+    assert growth(recs, {"cuda:0": 140 * GiB}) == []
+
+
 def test_growth_beyond_the_device_is_an_error():
     recs = [sized(n, 4 * n * n) for n in (16384, 32768, 65536)]  # 16 GiB at 65536
     [f] = growth(recs, {"cuda:0": 48 * GiB})  # 64 GiB predicted at 131072

@@ -17,8 +17,9 @@ Parent side, over the case records of a run:
 * **Before the failure: growth.** Cases parametrized by a size (the one integer parameter that
   varies among the cases of one test function on one device) have their peak memory fitted
   over the sizes (:func:`growth`): a log-log slope above :data:`SUPERLINEAR` between the two
-  largest sizes is a ``memory-growth`` warning; when the next size (the same step again)
-  would need more than the device holds, an error.
+  largest sizes is a ``memory-growth`` warning; when the next size (the same step again, for
+  steps of at most :data:`MAX_STEP`: a sweep, not a list of unrelated shapes) would need more
+  than the device holds, an error.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ MIN_ANOMALY = 1 << 30
 SUPERLINEAR = 1.5
 #: growth is judged only when the largest size's peak is at least this
 MIN_GROWTH_PEAK = 8 << 20
+#: the next size is predicted only when the two largest sizes are at most this far apart (a
+#: suite's 1x1, 11x11, 1080x1920 images are shapes, not a sweep to extrapolate 226x further)
+MAX_STEP = 4.0
 
 _UNITS = {"bytes": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 _SIZE = r"(\d+(?:\.\d+)?) ?(bytes|B|KiB|MiB|GiB|TiB)"
@@ -353,7 +357,7 @@ def growth(records: Iterable[dict[str, Any]], totals: dict[str, int] | None = No
         total = totals.get(str(key[0]))
         next_size = s2 * s2 / s1
         predicted = p2 * (next_size / s2) ** slope
-        beyond = total is not None and predicted > total
+        beyond = total is not None and s2 <= MAX_STEP * s1 and predicted > total
         if slope < SUPERLINEAR and not beyond:
             continue
         largest = next(r for s, r in members if s == s2)
