@@ -10,6 +10,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros.h>
+#include <ATen/record_function.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
@@ -290,29 +291,33 @@ splat_project_cuda(
   std::memcpy(bad_host, host.const_data_ptr<int64_t>() + 1, sizeof(bad_host));
   raise_bad_input(bad_host, n64, means, scales, rotations, opacities, viewmat, K, background);
 
-  // 3. preflight, before any binning buffer exists.
-  const int64_t binning_bytes = total * kBytesPerIntersection;
-  const int64_t available = free_device_bytes(means.device().index());
-  if (max_bytes.has_value() && binning_bytes > *max_bytes) {
-    raise_budget("more than max_bytes " + std::to_string(*max_bytes), n64, total,
-                 binning_bytes, available, radii, counts, tiles, width, height);
-  }
-  // The sort's scratch can only be sized for an int32 count; past that the keys alone are
-  // > 48 GiB, which is what the comparison with the free memory below then mostly sees.
+  // 3. preflight, before any binning buffer exists. Its host time shows in torch.profiler as
+  // "gpucheck::splat_preflight" (benchmarks/splat.py --preflight measures its share).
   const bool fits_int32 = total <= std::numeric_limits<int32_t>::max();
   const int end_bit = 32 + bits_for(tiles);
-  const size_t sort_bytes =
-      total > 0 && fits_int32 ? sort_temp_bytes(static_cast<int>(total), end_bit) : 0;
-  const int64_t needed = binning_bytes + static_cast<int64_t>(sort_bytes);
-  if (needed > available) {
-    raise_budget("needs " + std::to_string(needed) + " bytes with the sort's scratch, more "
-                 "than the " + std::to_string(available) + " bytes free on " +
-                 means.device().str(), n64, total, needed, available, radii, counts, tiles,
-                 width, height);
-  }
-  if (!fits_int32) {
-    raise_budget("more than 2^31 - 1 Gaussian-tile overlaps, which the int32 sort cannot hold",
-                 n64, total, needed, available, radii, counts, tiles, width, height);
+  size_t sort_bytes = 0;
+  {
+    RECORD_FUNCTION("gpucheck::splat_preflight", std::vector<c10::IValue>());
+    const int64_t binning_bytes = total * kBytesPerIntersection;
+    const int64_t available = free_device_bytes(means.device().index());
+    if (max_bytes.has_value() && binning_bytes > *max_bytes) {
+      raise_budget("more than max_bytes " + std::to_string(*max_bytes), n64, total,
+                   binning_bytes, available, radii, counts, tiles, width, height);
+    }
+    // The sort's scratch can only be sized for an int32 count; past that the keys alone are
+    // > 48 GiB, which is what the comparison with the free memory below then mostly sees.
+    sort_bytes = total > 0 && fits_int32 ? sort_temp_bytes(static_cast<int>(total), end_bit) : 0;
+    const int64_t needed = binning_bytes + static_cast<int64_t>(sort_bytes);
+    if (needed > available) {
+      raise_budget("needs " + std::to_string(needed) + " bytes with the sort's scratch, more "
+                   "than the " + std::to_string(available) + " bytes free on " +
+                   means.device().str(), n64, total, needed, available, radii, counts, tiles,
+                   width, height);
+    }
+    if (!fits_int32) {
+      raise_budget("more than 2^31 - 1 Gaussian-tile overlaps, which the int32 sort cannot "
+                   "hold", n64, total, needed, available, radii, counts, tiles, width, height);
+    }
   }
   const int items = static_cast<int>(total);
 
