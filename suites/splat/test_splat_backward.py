@@ -14,6 +14,12 @@ Tolerances, per gradient ``g`` against the reference's ``r`` (both [N, ...]):
   by division, Gaussian by Gaussian (relative error growing ~1e-7 per step over lists of up to
   a few hundred), and sums per-Gaussian gradients over up to 256 pixels a tile in float32.
   Measured on an H200: at most 4.3e-6 (REL_L2 below); the bounds leave over 20x headroom.
+  The sum leaves out the Gaussians that ``near_decision`` finds at a compositing decision
+  (alpha within float32 rounding of 1/255 or of the 0.99 clamp at some pixel): there the
+  gradient itself is discontinuous, and float32 may take the other branch than float64 (one
+  such Gaussian put 3.3e-4 into the means gradient of a 200-Gaussian scene, which the float64
+  reference reproduces when its inputs move by float32 rounding; see
+  ``test_gradients_at_alpha_threshold``). Those Gaussians are held by the next bound.
 * At most ``max(2, 1 %)`` of the Gaussians may differ by more than ``1e-3 * max|r|``: a
   Gaussian whose alpha at some pixel lies within float32 rounding of 1/255, or a pixel whose
   transmittance lies within rounding of 1e-4, is composited by one side and not the other
@@ -29,7 +35,7 @@ from typing import Any
 import pytest
 import splat_scenes
 import torch
-from splat_grads import errors, gradients
+from splat_grads import errors, gradients, near_decision
 
 from gpucheck.ops import rasterize
 from gpucheck.ops.splat import ops
@@ -56,7 +62,7 @@ def check_gradients(args: dict[str, Any], what: str, extra: bool = False,
         assert g is not None, f"{what}: no gradient for {name}"
         assert g.device == args["means"].device and g.dtype == torch.float32, name
         assert bool(torch.isfinite(g).all()), f"{what}: non-finite gradient of {name}"
-    found = errors(kernel, oracle)
+    found = errors(kernel, oracle, exempt=near_decision(args))
     for name, e in found.items():
         label = f"{what} seed={seed} grad {name}: {e}"
         assert e["rel_l2"] <= REL_L2[name], label
@@ -132,6 +138,21 @@ def test_depth_gradient_without_cancellation(gpu_device: torch.device) -> None:
                               log_scale=(-2.0, -1.0))
     found = check_gradients(args, "one faint Gaussian", seed=490837865)
     assert found["rotations"]["rel_l2"] < 2e-5, found
+
+
+def test_gradients_at_alpha_threshold(gpu_device: torch.device) -> None:
+    """A regression scene (failed once on an H200: means gradient relative L2 3.3e-4). Gaussian
+    128 (depth 0.85, radius 19 px) has alpha 1/255 * (1 + 8.6e-7) at pixel (10, 18), and
+    Gaussian 15 alpha 1/255 * (1 + 4.8e-7) at pixel (49, 23): float32 may skip them there.
+    Moving the inputs by 6e-8 (relative) moves the float64 reference's means gradient by
+    2.7e-4 (relative L2): a discontinuity of the gradient, not a kernel error; such Gaussians
+    are left out of the relative L2 and held by the per-element bound."""
+    args = splat_scenes.scene(200, 64, 48, 2103909774, gpu_device, sh_degree=2,
+                              depth_range=(-0.5, 4.0))
+    flagged = near_decision(args)
+    assert bool(flagged[128]) and bool(flagged[15]), flagged.nonzero().flatten().tolist()
+    assert int(flagged.sum()) <= 4, flagged.nonzero().flatten().tolist()
+    check_gradients(args, "alpha-threshold scene=2103909774", extra=True, seed=1716718910)
 
 
 def test_no_gaussians(gpu_device: torch.device) -> None:
