@@ -99,7 +99,9 @@ def theirs(gsplat: ModuleType, args: dict[str, Any], packed: bool
            ) -> tuple[Render, Callable[[], int]]:
     """gsplat's renderer over the same scene (image [H, W, 3], its layout)."""
     viewmats, Ks = args["viewmat"][None], args["K"][None]
-    backgrounds = args["background"][None]
+    # [C, 3]; but gsplat 1.5.3's packed path checks the background against the leading dims
+    # of the packed [nnz, 2] means (none), so there it takes our one camera's [3] (same memory)
+    backgrounds = args["background"] if packed else args["background"][None]
     last: dict[str, Any] = {}
 
     def render(p: dict[str, torch.Tensor]) -> torch.Tensor:
