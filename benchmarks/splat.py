@@ -8,7 +8,9 @@ with means, scales, rotations, opacities and SH requiring grad) and whole traini
 (forward + backward), after warm-up; peak extra device memory of one training step; overlaps.
 Accuracy: the largest image / alpha / depth*alpha error against the float64 reference for a
 few small random scenes, and whether the radii agree. Usage:
-``python benchmarks/splat.py [--n 100000 1000000] [--repeats 30] [--json F]``.
+``python benchmarks/splat.py [--n 100000 1000000] [--repeats 30] [--json F]``;
+``--profile N``: a per-kernel profile; ``--preflight``: the memory preflight's share of the
+forward time.
 """
 
 from __future__ import annotations
@@ -171,6 +173,53 @@ def profile(n: int, device: torch.device, steps: int = 10) -> str:
     return table
 
 
+def preflight(n: int, device: torch.device, calls: int = 20) -> dict[str, Any]:
+    """The memory preflight's cost at ``n`` Gaussians (no-grad forwards, torch.profiler).
+
+    ``preflight_us``: host time of the preflight itself (free device memory, the sort's
+    scratch size, the comparisons; the ``gpucheck::splat_preflight`` scope of splat.cpp),
+    during which the GPU has nothing queued. ``turnaround_us``: the whole idle gap of the GPU
+    between the end of the overlap scan and the start of the binning (the device-to-host read
+    of the overlap count, which sizing the binning buffers needs in any case, the input
+    validation, the preflight, the allocations and the launch); an upper bound. Shares are of
+    the median forward time (measured without the profiler).
+    """
+    import tempfile
+
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    args = splat_scenes.scene(n, 1920, 1080, 1234, device, sh_degree=3,
+                              depth_range=(2.0, 30.0), log_scale=(-5.0, -3.0))
+    with torch.no_grad():
+        for _ in range(3):
+            rasterize(**args)
+        fwd_ms, _ = _median_ms(lambda: rasterize(**args), 30)
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                rasterize(**args)
+            torch.cuda.synchronize(device)
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.loads(Path(f.name).read_text())["traceEvents"]
+    scopes = [e["dur"] for e in events if e.get("name") == "gpucheck::splat_preflight"]
+    kernels = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
+                     if e.get("cat") == "kernel")
+    gaps = []
+    scan_end = None
+    for start, end, name in kernels:
+        if "DeviceScanKernel" in name:
+            scan_end = end
+        elif "emit_kernel" in name and scan_end is not None:
+            gaps.append(start - scan_end)
+            scan_end = None
+    pre_us = statistics.median(scopes) if scopes else float("nan")
+    gap_us = statistics.median(gaps) if gaps else float("nan")
+    return {"n": n, "forward_ms": fwd_ms, "preflight_us": pre_us, "preflight_calls": len(scopes),
+            "preflight_share": pre_us / 1000 / fwd_ms, "turnaround_us": gap_us,
+            "turnaround_share": gap_us / 1000 / fwd_ms}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--n", type=int, nargs="+", default=[100_000, 1_000_000, 3_000_000])
@@ -178,10 +227,23 @@ def main() -> int:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--profile", type=int, metavar="N",
                         help="only print a per-kernel profile of 10 training steps at N")
+    parser.add_argument("--preflight", action="store_true",
+                        help="only measure the memory preflight's share of the forward")
     args = parser.parse_args()
     device = torch.device("cuda", torch.cuda.current_device())
     if args.profile:
         print(profile(args.profile, device))
+        return 0
+    if args.preflight:
+        rows = [preflight(n, device) for n in args.n]
+        print(json.dumps(rows, indent=1))
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=1) + "\n")
+        for r in rows:
+            print(f"N={r['n']}: forward {r['forward_ms']:.3f} ms, preflight "
+                  f"{r['preflight_us']:.1f} us ({100 * r['preflight_share']:.2f} %), "
+                  f"scan-to-binning turnaround {r['turnaround_us']:.1f} us "
+                  f"({100 * r['turnaround_share']:.2f} %)")
         return 0
     result = {"device": torch.cuda.get_device_name(device), "torch": torch.__version__,
               "timing": [timing(n, args.repeats, device) for n in args.n],

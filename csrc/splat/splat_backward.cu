@@ -193,21 +193,10 @@ __global__ void __launch_bounds__(kThreads) project_backward_kernel(const Projec
   const float* mp = a.means + 3 * i64;
   const float* sp = a.scales + 3 * i64;
   const float* qp = a.rotations + 4 * i64;
-  double W[3][3];
-  double t[3];
-  for (int r = 0; r < 3; ++r) {
-    for (int c = 0; c < 3; ++c) W[r][c] = a.viewmat[4 * r + c];
-    t[r] = a.viewmat[4 * r + 3];
-  }
-  const double m[3] = {mp[0], mp[1], mp[2]};
-  double p[3];
-  for (int r = 0; r < 3; ++r) p[r] = W[r][0] * m[0] + W[r][1] * m[1] + W[r][2] * m[2] + t[r];
-  const double z = p[2];
-  const bool in_front = z > kNearPlane;
-  const double zs = in_front ? z : 1.0;
-  const double fx = a.intrinsics[0], cx = a.intrinsics[2];
-  const double fy = a.intrinsics[4], cy = a.intrinsics[5];
-  const double u = p[0] / zs, v = p[1] / zs;
+  const CameraPoint cam = world_to_camera(a.viewmat, a.intrinsics, mp);
+  const double(&W)[3][3] = cam.W;
+  const double z = cam.z, zs = cam.zs;
+  const double fx = cam.fx, fy = cam.fy;
 
   double g_u = a.g_means2d[2 * i64] * fx;  // means2d = (fx u + cx, fy v + cy)
   double g_v = a.g_means2d[2 * i64 + 1] * fy;
@@ -216,15 +205,9 @@ __global__ void __launch_bounds__(kThreads) project_backward_kernel(const Projec
   double g_quat[4] = {0.0, 0.0, 0.0, 0.0};
 
   if (a.radii[i] > 0) {  // the conic exists (and carries a gradient) only for visible ones
-    const double margin_x = 0.3 * 0.5 * a.width / fx, margin_y = 0.3 * 0.5 * a.height / fy;
-    const double lo_x = -cx / fx - margin_x, hi_x = (a.width - cx) / fx + margin_x;
-    const double lo_y = -cy / fy - margin_y, hi_y = (a.height - cy) / fy + margin_y;
-    const double uc = fmin(fmax(u, lo_x), hi_x), vc = fmin(fmax(v, lo_y), hi_y);
-    double T[2][3];
-    for (int c = 0; c < 3; ++c) {
-      T[0][c] = fx / z * W[0][c] + (-fx * uc / z) * W[2][c];
-      T[1][c] = fy / z * W[1][c] + (-fy * vc / z) * W[2][c];
-    }
+    const EwaJacobian jac = ewa_jacobian(cam, a.width, a.height);
+    const double(&T)[2][3] = jac.T;
+    const double uc = jac.uc, vc = jac.vc;
     double q[4];
     double R[3][3];
     const double qn = quat_rotmat(qp, q, R);
@@ -284,16 +267,16 @@ __global__ void __launch_bounds__(kThreads) project_backward_kernel(const Projec
     const double iz = 1.0 / z, iz2 = iz * iz;
     g_zs += -fx * iz2 * gJ[0][0] + fx * uc * iz2 * gJ[0][2] - fy * iz2 * gJ[1][1] +
             fy * vc * iz2 * gJ[1][2];
-    if (u > lo_x && u < hi_x) g_u += -fx * iz * gJ[0][2];
-    if (v > lo_y && v < hi_y) g_v += -fy * iz * gJ[1][2];
+    if (jac.u_free) g_u += -fx * iz * gJ[0][2];
+    if (jac.v_free) g_v += -fy * iz * gJ[1][2];
   }
 
   // u = p0 / zs, v = p1 / zs, depth = z
   double g_p[3];
   g_p[0] = g_u / zs;
   g_p[1] = g_v / zs;
-  g_zs += -(g_u * p[0] + g_v * p[1]) / (zs * zs);
-  g_p[2] = a.g_depths[i] + (in_front ? g_zs : 0.0);
+  g_zs += -(g_u * cam.p[0] + g_v * cam.p[1]) / (zs * zs);
+  g_p[2] = a.g_depths[i] + (cam.in_front ? g_zs : 0.0);
   double g_m[3];
   for (int c = 0; c < 3; ++c) g_m[c] = W[0][c] * g_p[0] + W[1][c] * g_p[1] + W[2][c] * g_p[2];
 
@@ -304,10 +287,8 @@ __global__ void __launch_bounds__(kThreads) project_backward_kernel(const Projec
   } else {
     const float* cp = a.colors + 3 * static_cast<int64_t>(a.sh_coeffs) * i64;
     float* gcp = a.g_colors + 3 * static_cast<int64_t>(a.sh_coeffs) * i64;
-    double d[3];
-    for (int c = 0; c < 3; ++c) d[c] = m[c] + (W[0][c] * t[0] + W[1][c] * t[1] + W[2][c] * t[2]);
-    const double dn = fmax(sqrt(d[0] * d[0] + d[1] * d[1] + d[2] * d[2]), 1e-12);
-    const double dir[3] = {d[0] / dn, d[1] / dn, d[2] / dn};
+    double dir[3];
+    const double dn = view_direction(cam, dir);
     // Loops over the 16 basis functions with compile-time bounds (guarded by the run-time
     // count), so that basis and g_basis stay in registers rather than local memory.
     double basis[16] = {};

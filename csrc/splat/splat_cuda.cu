@@ -84,54 +84,32 @@ __global__ void __launch_bounds__(kThreads) preprocess_kernel(const PreprocessAr
   if (!(all_finite && scale_ok && opacity_ok && rotation_ok)) return;
 
   // --- world -> camera ---
-  double W[3][3];
-  double t[3];
-  for (int r = 0; r < 3; ++r) {
-    for (int c = 0; c < 3; ++c) W[r][c] = a.viewmat[4 * r + c];
-    t[r] = a.viewmat[4 * r + 3];
-  }
-  const double m[3] = {mp[0], mp[1], mp[2]};
-  double p[3];
-  for (int r = 0; r < 3; ++r) p[r] = W[r][0] * m[0] + W[r][1] * m[1] + W[r][2] * m[2] + t[r];
-  const double z = p[2];
-  const bool in_front = z > kNearPlane;
-  const double zs = in_front ? z : 1.0;  // as the reference: culled rows stay finite
+  const CameraPoint cam = world_to_camera(a.viewmat, a.intrinsics, mp);
+  const double z = cam.z;
 
   // --- screen mean, depth, colour (for every Gaussian, culled or not) ---
-  const double fx = a.intrinsics[0], cx = a.intrinsics[2];
-  const double fy = a.intrinsics[4], cy = a.intrinsics[5];
-  const double u = p[0] / zs, v = p[1] / zs;
-  const double mx = fx * u + cx, my = fy * v + cy;
+  const double mx = cam.fx * cam.u + cam.cx, my = cam.fy * cam.v + cam.cy;
   a.means2d[i] = make_float2(static_cast<float>(mx), static_cast<float>(my));
   a.depths[i] = static_cast<float>(z);
   float* rgb_out = a.rgb + 3 * static_cast<int64_t>(i);
   if (a.sh_degree < 0) {
     for (int ch = 0; ch < 3; ++ch) rgb_out[ch] = cp[ch];
   } else {
-    // camera centre -W^T t; direction from it to the mean, normalized as F.normalize does
-    double d[3];
-    for (int c = 0; c < 3; ++c) d[c] = m[c] + (W[0][c] * t[0] + W[1][c] * t[1] + W[2][c] * t[2]);
-    const double dn = fmax(sqrt(d[0] * d[0] + d[1] * d[1] + d[2] * d[2]), 1e-12);
+    double dir[3];
+    view_direction(cam, dir);
     double basis[16];
-    const int count = sh_basis(a.sh_degree, d[0] / dn, d[1] / dn, d[2] / dn, basis);
+    const int count = sh_basis(a.sh_degree, dir[0], dir[1], dir[2], basis);
     for (int ch = 0; ch < 3; ++ch) {
       double s = 0.0;
       for (int k = 0; k < count; ++k) s += basis[k] * static_cast<double>(cp[3 * k + ch]);
       rgb_out[ch] = static_cast<float>(fmax(s + 0.5, 0.0));
     }
   }
-  if (!in_front) return;
+  if (!cam.in_front) return;
 
-  // --- the EWA Jacobian (x/z, y/z clamped to 1.3x the half field of view) ---
-  const double margin_x = 0.3 * 0.5 * a.width / fx, margin_y = 0.3 * 0.5 * a.height / fy;
-  const double uc = fmin(fmax(u, -cx / fx - margin_x), (a.width - cx) / fx + margin_x);
-  const double vc = fmin(fmax(v, -cy / fy - margin_y), (a.height - cy) / fy + margin_y);
-  // T = J W, J = [[fx / z, 0, -fx uc / z], [0, fy / z, -fy vc / z]]
-  double T[2][3];
-  for (int c = 0; c < 3; ++c) {
-    T[0][c] = fx / z * W[0][c] + (-fx * uc / z) * W[2][c];
-    T[1][c] = fy / z * W[1][c] + (-fy * vc / z) * W[2][c];
-  }
+  // --- the EWA Jacobian T = J W (x/z, y/z clamped to 1.3x the half field of view) ---
+  const EwaJacobian jac = ewa_jacobian(cam, a.width, a.height);
+  const double(&T)[2][3] = jac.T;
 
   // --- 3D covariance R S S^T R^T from the normalized quaternion; 2D covariance (T R S)(.)^T ---
   double q[4];

@@ -1,6 +1,7 @@
 // Device functions shared by the forward (splat_cuda.cu) and backward (splat_backward.cu)
-// kernels of the Gaussian-splatting rasterizer: SH basis, quaternion rotation, and the one
-// alpha formula that both compositing passes must evaluate to the same bits.
+// kernels of the Gaussian-splatting rasterizer: world -> camera with the pinhole quantities and
+// the EWA Jacobian, the SH view direction and basis, quaternion rotation, and the one alpha
+// formula that both compositing passes must evaluate to the same bits.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,6 +11,81 @@
 #include "splat/splat.h"
 
 namespace gpucheck::splat {
+
+// One Gaussian's mean in camera space, in float64 from the float32 inputs: what preprocess and
+// project_backward both start from (the reference's `project`).
+struct CameraPoint {
+  double W[3][3];  // rotation of viewmat [4, 4] (world -> camera, row-major)
+  double t[3];     // its translation
+  double m[3];     // the world-space mean
+  double p[3];     // W m + t
+  double z;        // camera depth p[2]
+  bool in_front;   // z > kNearPlane
+  double zs;       // z, or 1 behind the near plane (culled rows stay finite, as the reference)
+  double fx, fy, cx, cy;  // intrinsics K [3, 3]
+  double u, v;     // p[0] / zs, p[1] / zs; the screen mean is (fx u + cx, fy v + cy)
+};
+
+__device__ __forceinline__ CameraPoint world_to_camera(const float* viewmat, const float* K,
+                                                       const float* mean) {
+  CameraPoint c;
+  for (int r = 0; r < 3; ++r) {
+    for (int k = 0; k < 3; ++k) c.W[r][k] = viewmat[4 * r + k];
+    c.t[r] = viewmat[4 * r + 3];
+    c.m[r] = mean[r];
+  }
+  for (int r = 0; r < 3; ++r) {
+    c.p[r] = c.W[r][0] * c.m[0] + c.W[r][1] * c.m[1] + c.W[r][2] * c.m[2] + c.t[r];
+  }
+  c.z = c.p[2];
+  c.in_front = c.z > kNearPlane;
+  c.zs = c.in_front ? c.z : 1.0;
+  c.fx = K[0];
+  c.cx = K[2];
+  c.fy = K[4];
+  c.cy = K[5];
+  c.u = c.p[0] / c.zs;
+  c.v = c.p[1] / c.zs;
+  return c;
+}
+
+// T = J W, J the pinhole Jacobian at the mean with x/z and y/z clamped to 1.3x the half field
+// of view measured from the principal point: J = [[fx / z, 0, -fx uc / z], [0, fy / z,
+// -fy vc / z]]. Only for Gaussians in front of the near plane.
+struct EwaJacobian {
+  double T[2][3];
+  double uc, vc;        // u, v after the clamp
+  bool u_free, v_free;  // strictly inside the clamp limits (so d uc / d u = 1, else 0)
+};
+
+__device__ __forceinline__ EwaJacobian ewa_jacobian(const CameraPoint& c, int width,
+                                                    int height) {
+  const double margin_x = 0.3 * 0.5 * width / c.fx, margin_y = 0.3 * 0.5 * height / c.fy;
+  const double lo_x = -c.cx / c.fx - margin_x, hi_x = (width - c.cx) / c.fx + margin_x;
+  const double lo_y = -c.cy / c.fy - margin_y, hi_y = (height - c.cy) / c.fy + margin_y;
+  EwaJacobian j;
+  j.uc = fmin(fmax(c.u, lo_x), hi_x);
+  j.vc = fmin(fmax(c.v, lo_y), hi_y);
+  j.u_free = c.u > lo_x && c.u < hi_x;
+  j.v_free = c.v > lo_y && c.v < hi_y;
+  for (int k = 0; k < 3; ++k) {
+    j.T[0][k] = c.fx / c.z * c.W[0][k] + (-c.fx * j.uc / c.z) * c.W[2][k];
+    j.T[1][k] = c.fy / c.z * c.W[1][k] + (-c.fy * j.vc / c.z) * c.W[2][k];
+  }
+  return j;
+}
+
+// The SH view direction: from the camera centre -W^T t to the mean, normalized as
+// F.normalize does (dir receives it); returns the norm used, max(|d|, 1e-12).
+__device__ __forceinline__ double view_direction(const CameraPoint& c, double dir[3]) {
+  double d[3];
+  for (int k = 0; k < 3; ++k) {
+    d[k] = c.m[k] + (c.W[0][k] * c.t[0] + c.W[1][k] * c.t[1] + c.W[2][k] * c.t[2]);
+  }
+  const double dn = fmax(sqrt(d[0] * d[0] + d[1] * d[1] + d[2] * d[2]), 1e-12);
+  for (int k = 0; k < 3; ++k) dir[k] = d[k] / dn;
+  return dn;
+}
 
 // Real SH constants (gpucheck/reference/splat_sh.py); scalars, since constexpr arrays are not
 // visible in device code.

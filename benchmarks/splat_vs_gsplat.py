@@ -1,0 +1,280 @@
+"""Side by side on one GPU: gpucheck.ops.rasterize and gsplat.rasterization (gsplat 1.5.3).
+
+The same scenes and camera as ``benchmarks/splat.py`` (100k / 1M / 3M random Gaussians, SH
+degree 3, depths 2-30, log-scales -5...-3, so a median screen radius of ~10 px; 1920x1080),
+rendered in one process by both. gsplat gets the same tensors: ``quats`` = our wxyz
+``rotations``, ``colors`` = our SH ``[N, 16, 3]`` with ``sh_degree=3``, ``viewmats`` /
+``Ks`` = our ``viewmat`` / ``K`` with a camera axis, ``backgrounds`` = our background, and our
+near plane (0.2; its default is 0.01, which culls nothing more here); its other defaults are
+our conventions too (``eps2d=0.3`` low-pass, ``rasterize_mode="classic"``, tile size 16, no
+``radius_clip``, the same Jacobian clamp and pixel centres). Both render RGB with alpha; ours
+also renders the expected depth.
+
+What differs by design (so the images agree closely, not bitwise):
+
+* gsplat clamps alpha at 0.999, we at 0.99 (3DGS): ``psnr`` is over the scene as it is,
+  ``psnr_clamped`` over the same scene with opacities <= 0.99, where both clamps are inactive.
+* gsplat bins each Gaussian into the tiles of an opacity-aware, axis-aligned box
+  (``sqrt(2 ln(255 opacity))`` sigmas per axis, at most 3.33); we use the 3-sigma square of the
+  larger eigenvalue (3DGS, and the issue's spec), so we sort and visit more (Gaussian, tile)
+  pairs (``overlaps``). Pairs that only one side visits have alpha < 1/255 everywhere in
+  the tile, so they do not change the image.
+* gsplat projects in float32 and is compiled with ``-use_fast_math``; we project in float64.
+
+Timing as in benchmarks/splat.py: medians of CUDA-event-timed forward calls (no grad), backward
+calls (``image.backward(grad)`` with means, scales, rotations, opacities and SH requiring grad),
+and training steps (forward + backward); peak: the most device memory allocated during one
+step beyond the resident inputs. gsplat runs both its modes (``packed=True`` is its default).
+
+gsplat is optional and imported only here. It JIT-compiles its CUDA sources on first use
+(minutes; TORCH_CUDA_ARCH_LIST, MAX_JOBS). ``--gsplat-so PATH`` loads an extension built that
+way before (``$TORCH_EXTENSIONS_DIR/gsplat_cuda/gsplat_cuda.so``) instead of compiling again.
+Usage: ``python benchmarks/splat_vs_gsplat.py [--n 100000 1000000] [--repeats 30] [--json F]
+[--profile N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "suites" / "splat"))
+
+import splat_scenes  # noqa: E402
+
+from gpucheck.ops import rasterize  # noqa: E402
+
+PARAMS = ("means", "scales", "rotations", "opacities", "sh")
+Render = Callable[[dict[str, torch.Tensor]], torch.Tensor]
+
+
+def load_gsplat(prebuilt: Path | None) -> tuple[ModuleType, float]:
+    """gsplat with its CUDA extension loaded; the seconds that took (the JIT build, if any)."""
+    if prebuilt is not None:  # what `from gsplat import csrc` (gsplat's first try) then finds
+        spec = importlib.util.spec_from_file_location("gsplat_cuda", prebuilt)
+        assert spec is not None and spec.loader is not None, prebuilt
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules["gsplat.csrc"] = module
+    start = time.perf_counter()
+    import gsplat
+    from gsplat.cuda._backend import _C
+
+    if _C is None:
+        raise RuntimeError("gsplat: no CUDA extension (no CUDA toolkit found?)")
+    return gsplat, time.perf_counter() - start
+
+
+def scene(n: int, device: torch.device, width: int = 1920,
+          height: int = 1080) -> dict[str, Any]:
+    return splat_scenes.scene(n, width, height, 1234, device, sh_degree=3,
+                              depth_range=(2.0, 30.0), log_scale=(-5.0, -3.0))
+
+
+def ours(args: dict[str, Any]) -> tuple[Render, Callable[[], int]]:
+    """Our renderer over ``args`` (image [3, H, W]) and the overlap count of the last call."""
+    last: dict[str, int] = {}
+
+    def render(p: dict[str, torch.Tensor]) -> torch.Tensor:
+        out = rasterize(**{**args, **p})
+        last["overlaps"] = out.n_intersections
+        return out.image
+
+    return render, lambda: last["overlaps"]
+
+
+def theirs(gsplat: ModuleType, args: dict[str, Any], packed: bool
+           ) -> tuple[Render, Callable[[], int]]:
+    """gsplat's renderer over the same scene (image [H, W, 3], its layout)."""
+    viewmats, Ks = args["viewmat"][None], args["K"][None]
+    # [C, 3]; but gsplat 1.5.3's packed path checks the background against the leading dims
+    # of the packed [nnz, 2] means (none), so there it takes our one camera's [3] (same memory)
+    backgrounds = args["background"] if packed else args["background"][None]
+    last: dict[str, Any] = {}
+
+    def render(p: dict[str, torch.Tensor]) -> torch.Tensor:
+        colors, _, meta = gsplat.rasterization(
+            p["means"], p["rotations"], p["scales"], p["opacities"], p["sh"], viewmats, Ks,
+            args["width"], args["height"], near_plane=0.2, eps2d=0.3, sh_degree=3,
+            packed=packed, tile_size=16, backgrounds=backgrounds, render_mode="RGB",
+            rasterize_mode="classic", radius_clip=0.0)
+        last["meta"] = meta
+        return colors[0]
+
+    return render, lambda: int(last["meta"]["isect_ids"].numel())
+
+
+def _elapsed_ms(fn: Callable[[], Any]) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def timing(render: Render, params: dict[str, torch.Tensor], grad: torch.Tensor,
+           repeats: int, device: torch.device) -> dict[str, float]:
+    """Forward / backward / step medians (ms) and the peak extra memory of one step (MiB)."""
+    leaves = {k: v.clone().requires_grad_() for k, v in params.items()}
+    state: dict[str, torch.Tensor] = {}
+
+    def forward() -> None:
+        state["image"] = render(leaves)
+
+    def backward() -> None:
+        state["image"].backward(grad)
+
+    def step() -> None:
+        for leaf in leaves.values():
+            leaf.grad = None
+        forward()
+        backward()
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize(device)
+    for leaf in leaves.values():
+        leaf.grad = None
+    state.clear()
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    step()
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - base
+    with torch.no_grad():
+        fwd = [_elapsed_ms(lambda: render(params)) for _ in range(repeats)]
+    bwd = []
+    for _ in range(repeats):
+        for leaf in leaves.values():
+            leaf.grad = None
+        forward()
+        bwd.append(_elapsed_ms(backward))
+    steps = [_elapsed_ms(step) for _ in range(repeats)]
+    state.clear()
+    return {"forward_ms": statistics.median(fwd), "forward_min_ms": min(fwd),
+            "backward_ms": statistics.median(bwd), "fwd_bwd_ms": statistics.median(steps),
+            "peak_train_mib": peak / 2**20}
+
+
+def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
+    """PSNR (peak 1) between two [3, H, W] images."""
+    mse = float(((a.double() - b.double()) ** 2).mean())
+    return math.inf if mse == 0 else 10 * math.log10(1.0 / mse)
+
+
+def agreement(gsplat: ModuleType, args: dict[str, Any], grad: torch.Tensor) -> dict[str, Any]:
+    """Image PSNR between ours and gsplat's (as is, and with opacities <= 0.99), the largest
+    pixel difference, and the relative L2 difference of each gradient (opacities <= 0.99)."""
+    params = {k: args[k] for k in PARAMS}
+    render, _ = ours(args)
+    gs, _ = theirs(gsplat, args, packed=True)
+    with torch.no_grad():
+        mine, other = render(params), gs(params).permute(2, 0, 1)
+        out: dict[str, Any] = {"psnr": psnr(mine, other),
+                               "max_abs": float((mine - other).abs().max())}
+    clamped = {**params, "opacities": params["opacities"].clamp(max=0.99)}
+    grads, images = [], []
+    for fn, g in ((render, grad), (gs, grad.permute(1, 2, 0).contiguous())):
+        leaves = {k: v.clone().requires_grad_() for k, v in clamped.items()}
+        image = fn(leaves)
+        image.backward(g)
+        grads.append({k: v.grad for k, v in leaves.items()})
+        images.append(image.detach())
+    out["psnr_clamped"] = psnr(images[0], images[1].permute(2, 0, 1))
+    out["grad_rel_diff"] = {k: float((grads[0][k] - grads[1][k]).norm() / grads[1][k].norm())
+                            for k in PARAMS}
+    return out
+
+
+def compare(gsplat: ModuleType, n: int, repeats: int, device: torch.device) -> dict[str, Any]:
+    args = scene(n, device)
+    params = {k: args[k] for k in PARAMS}
+    grad = torch.rand(3, args["height"], args["width"], device=device)
+    grad_hwc = grad.permute(1, 2, 0).contiguous()
+    row: dict[str, Any] = {"n": n}
+    render, overlaps = ours(args)
+    row["ours"] = {**timing(render, params, grad, repeats, device), "overlaps": overlaps()}
+    for packed in (True, False):
+        render, overlaps = theirs(gsplat, args, packed)
+        row[f"gsplat_{'packed' if packed else 'unpacked'}"] = {
+            **timing(render, params, grad_hwc, repeats, device), "overlaps": overlaps()}
+    row["agreement"] = agreement(gsplat, args, grad)
+    del args, params
+    torch.cuda.empty_cache()
+    return row
+
+
+def profile(gsplat: ModuleType, n: int, device: torch.device, steps: int = 10) -> str:
+    """Per-kernel device time of ``steps`` training steps of each (torch.profiler)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    args = scene(n, device)
+    grad = torch.rand(3, args["height"], args["width"], device=device)
+    tables = []
+    for name, (render, _), g in (("ours", ours(args), grad),
+                                 ("gsplat packed", theirs(gsplat, args, True),
+                                  grad.permute(1, 2, 0).contiguous())):
+        leaves = {k: args[k].clone().requires_grad_() for k in PARAMS}
+        for _ in range(3):
+            render(leaves).backward(g)
+        torch.cuda.synchronize(device)
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                render(leaves).backward(g)
+            torch.cuda.synchronize(device)
+        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=16,
+                                          max_name_column_width=60)
+        tables.append(f"== {name}, N={n}, {steps} training steps\n{table}")
+    return "\n".join(tables)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--n", type=int, nargs="+", default=[100_000, 1_000_000, 3_000_000])
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--gsplat-so", type=Path, help="a gsplat_cuda.so built before")
+    parser.add_argument("--profile", type=int, metavar="N",
+                        help="also print per-kernel profiles of both at N Gaussians")
+    args = parser.parse_args()
+    device = torch.device("cuda", torch.cuda.current_device())
+    gsplat, load_s = load_gsplat(args.gsplat_so)
+    print(f"gsplat {gsplat.__version__} loaded in {load_s:.1f} s", flush=True)
+    rows = [compare(gsplat, n, args.repeats, device) for n in args.n]
+    result = {"device": torch.cuda.get_device_name(device), "torch": torch.__version__,
+              "cuda": torch.version.cuda, "gsplat": gsplat.__version__, "rows": rows}
+    print(json.dumps(result, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    if args.profile:
+        print(profile(gsplat, args.profile, device))
+    print(f"{'N':>8} {'who':>16} {'fwd ms':>7} {'bwd ms':>7} {'f+b ms':>7} {'peak MiB':>9} "
+          f"{'overlaps':>9}")
+    for row in rows:
+        for who in ("ours", "gsplat_packed", "gsplat_unpacked"):
+            t = row[who]
+            print(f"{row['n']:>8} {who:>16} {t['forward_ms']:7.3f} {t['backward_ms']:7.3f} "
+                  f"{t['fwd_bwd_ms']:7.3f} {t['peak_train_mib']:9.1f} {t['overlaps']:>9}")
+        a = row["agreement"]
+        print(f"{'':>8} PSNR ours vs gsplat {a['psnr']:.1f} dB (opacities <= 0.99: "
+              f"{a['psnr_clamped']:.1f} dB), max |diff| {a['max_abs']:.2e}, gradient rel diff "
+              + ", ".join(f"{k} {v:.1e}" for k, v in a["grad_rel_diff"].items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
