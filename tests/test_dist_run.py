@@ -48,7 +48,8 @@ def test_every_defect_is_one_finding_naming_the_culprit(tmp_path: Path) -> None:
     found = group_findings(records)
     expected = {"test_skip_collective": "hang", "test_wrong_device": "collective-device",
                 "test_shape_mismatch": "collective-mismatch",
-                "test_crash_one_rank": "rank-crash", "test_stuck_rank": "hang"}
+                "test_crash_one_rank": "rank-crash", "test_stuck_rank": "hang",
+                "test_distributed_render_independent_scenes": "hang"}
     assert {c: r["distributed"]["kind"] for c, r in found.items()} == expected
     for case, record in found.items():
         d = record["distributed"]
@@ -70,12 +71,39 @@ def test_every_defect_is_one_finding_naming_the_culprit(tmp_path: Path) -> None:
     assert "in test_stuck_rank" in stuck["evidence"]  # rank 1's own frame, from its stack
     assert ("py-spy is not installed" in stuck["evidence"]
             or "py-spy dump --native" in stuck["evidence"])
+    render = found["test_distributed_render_independent_scenes"]["findings"][0]
+    assert "render_sharded(distributed=True)" in render["message"]
+    assert "wrong mode for this use" in render["message"]
+    # defects every rank sees alike are the ranks' own failures, on every rank
+    for case, words in (("test_distributed_render_replicated_scene", "DistributedModeError"),
+                        ("test_ddp_step_without_sync", "gradients differ from one process")):
+        failed = [r for r in records if r.get("record") == "case" and r["case"].endswith(case)]
+        assert sorted(r["device"] for r in failed) == ["rank0/cpu", "rank1/cpu"], case
+        assert all(r["status"] == "failed" and words in r["findings"][0]["message"]
+                   for r in failed), case
     # the run went on: the clean case passed on both ranks in a fresh group
     clean = [r for r in records if r.get("record") == "case"
              and r["case"].endswith("test_clean_after_defects")]
     assert sorted(r["device"] for r in clean) == ["rank0/cpu", "rank1/cpu"]
     assert all(r["status"] == "passed" for r in clean)
     assert took < RUN_LIMIT_S
+
+
+def test_dist_suite_passes_on_gloo(tmp_path: Path) -> None:
+    """The DDP step and distributed rendering checks, CPU references, 3 ranks (uneven
+    shards); autocast cases are skipped with their reason (they need CUDA)."""
+    code, records, _ = gpucheck_run(tmp_path / "run", "--world-size", "3", "--timeout", "60")
+    cases = [r for r in records if r.get("record") == "case"]
+    assert code == 0, [(r["device"], r["case"], r["reason"]) for r in cases
+                       if r["status"] != "passed"]
+    ran = {(r["device"], r["case"].split("::")[-1]) for r in cases if r["status"] == "passed"}
+    for rank in range(3):
+        for case in ("test_ddp_step_matches_one_process[None]",
+                     "test_sharded_render_equals_single_render",
+                     "test_independent_mode_issues_no_collective"):
+            assert (f"rank{rank}/cpu", case) in ran
+    skipped = [r for r in cases if r["status"] == "skipped"]
+    assert len(skipped) == 6 and all("CUDA" in r["reason"] for r in skipped)
 
 
 def test_three_ranks_name_rank_two(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,7 @@ POLL_S = 0.2
 #: generations (fresh groups after a finding) before the harness gives up on the group
 MAX_GENERATIONS = 25
 #: seconds to let the ranks write their stacks after SIGUSR1
-STACK_WAIT_S = 1.0
+STACK_WAIT_S = 0.5
 LABEL_ENV = "GPUCHECK_DEVICE_LABEL"
 STATUS_OF = {"hang": "hung", "rank-crash": "crashed"}
 
@@ -138,7 +139,9 @@ class DistHarness:
                    rank_env.ENV_DEVICE: "cpu" if r.device_index is None else str(r.device_index),
                    LABEL_ENV: r.label}
             env.pop("TORCHELASTIC_USE_AGENT_STORE", None)  # our own store, per generation
-            env.setdefault("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
+            # TORCH_DISTRIBUTED_DEBUG=DETAIL (the user's choice, passed on) adds torch's own
+            # fingerprint check of every collective; not set by default: with it, torch 2.13
+            # (CPU, gloo) segfaults in DistributedDataParallel's constructor
             if g.backend == "nccl":
                 env.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
                 env[rank_env.ENV_TRACE] = str(trace)
@@ -198,8 +201,9 @@ class DistHarness:
             if found is None:
                 return self.diagnoses
             diagnosis, age = found
+            seen = time.time()
             self._handle(diagnosis, age)
-            skip = self._recorded(diagnosis.case)
+            skip = self._recorded(diagnosis.case, seen)
             if diagnosis.case is None:  # outside any case: a fresh group would fail again
                 return self.diagnoses
         self.notes.append(f"gave up after {MAX_GENERATIONS} groups")
@@ -214,6 +218,10 @@ class DistHarness:
                 return found, age
             if all(not v.alive for v in views):
                 bad = [v for v in views if v.exit_code not in NORMAL_EXITS]
+                if bad and len(bad) < len(views):
+                    found = analysis.diagnose(views, timed_out=True)
+                    if found is not None:
+                        return found, age
                 if bad:  # every rank died (e.g. all at start-up)
                     v = bad[0]
                     return analysis.Diagnosis(
@@ -225,31 +233,39 @@ class DistHarness:
                 self.on_update(f"{len(views)} ranks, case {views[0].current_case() or '-'}")
             time.sleep(POLL_S)
 
-    def _recorded(self, also: str | None = None) -> list[str]:
-        """Cases of this group already recorded (by any rank), and ``also``."""
+    def _recorded(self, also: str | None = None, before: float | None = None) -> list[str]:
+        """Cases of this group already recorded (by any rank), and ``also``. With ``before``,
+        only cases started before then: a rank whose peers were killed fails the cases after
+        the finding in no time, and those records must not stop them from running again."""
         done = {r["case"] for r in results.cases(self.results_path)
                 if r["run_id"] == self.run_id and r["mode"] == self.group.mode
-                and str(r["device"]).startswith("rank") and not r["case"].startswith("<")}
+                and str(r["device"]).startswith("rank") and not r["case"].startswith("<")
+                and (before is None or _epoch(r.get("started_at")) < before)}
         return sorted(done | ({also} if also else set()))
 
     # ---- a finding -----------------------------------------------------------------------
     def _handle(self, d: analysis.Diagnosis, age: float) -> None:
+        """Stacks, flight recorder, native frames, then every rank killed (frozen first, so
+        that none races on into the next cases once its peers are gone)."""
         alive = [p for p in self.procs if p.proc.poll() is None]
+        pids = [int(p.state.get("pid") or p.proc.pid) for p in self.procs]
         for p in alive:
-            pid = int(p.state.get("pid") or p.proc.pid)
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGUSR1)  # faulthandler: every thread's stack
+                os.kill(int(p.state.get("pid") or p.proc.pid), signal.SIGUSR1)
             if self.group.backend == "nccl":
                 rank_env.request_path(p.trace_path).touch()
-        native = _py_spy_dumps(alive)
-        time.sleep(STACK_WAIT_S)
+        time.sleep(STACK_WAIT_S)  # faulthandler writes at once; the NCCL dump takes a moment
         if d.kind == "rank-crash":  # the others have reached their next collective by now
             again = analysis.diagnose(self._views())
             d = again if again is not None and again.kind == d.kind else d
-        pids = [int(p.state.get("pid") or p.proc.pid) for p in self.procs]
+        for p in alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.proc.pid, signal.SIGSTOP)
+        native = _py_spy_dumps(alive)  # py-spy reads a stopped process
         for p in self.procs:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.proc.pid, signal.SIGKILL)
+        for p in self.procs:
             p.proc.wait()
         orphans = _gpu_orphans(pids) if any(r.device_index is not None
                                            for r in self.group.ranks) else None
@@ -268,7 +284,7 @@ class DistHarness:
         parts = [f"--- where each rank is ---\n{d.positions}"]
         for p in self.procs:
             r = p.spec.rank
-            if r in d.cause_ranks and p.proc.returncode not in (None, -signal.SIGKILL):
+            if p.proc.returncode not in (None, -signal.SIGKILL, *NORMAL_EXITS):
                 parts.append(f"--- rank {r} stderr (why it ended) ---\n"
                              f"{crash_digest(_tail(p.stderr_path, 64_000))[:2500]}")
         errors = [f"rank {v_rank}: #{e.get('seq')} {e.get('op')}: {e.get('error')}"
@@ -332,6 +348,13 @@ def _trim(stack: str) -> str:
             break
         keep.append(line)
     return "\n".join(keep)
+
+
+def _epoch(iso: Any) -> float:
+    try:
+        return datetime.fromisoformat(str(iso)).timestamp()
+    except ValueError:
+        return 0.0
 
 
 def _read_exit(path: Path) -> int | None:

@@ -64,3 +64,39 @@ def test_clean_after_defects(dist_rank) -> None:  # type: ignore[no-untyped-def]
     dist.all_reduce(t)
     n = dist_rank.world_size
     assert torch.equal(t.cpu(), torch.full((4,), n * (n + 1) / 2))
+
+
+def test_distributed_render_independent_scenes(dist_rank) -> None:  # type: ignore[no-untyped-def]
+    """Story 4: every rank trains its own scene on its own views but renders with
+    distributed=True; the culprit has one view fewer, so the others wait in the gather of
+    their last render call for ever."""
+    from gpucheck.dist.checks import render_sharded
+    from gpucheck.dist.splat_model import SplatModel, cameras
+
+    with torch.no_grad():
+        scene = SplatModel(20, seed=100 + dist_rank.rank).to(dist_rank.device).activated()
+    views = cameras(3 - int(_culprit(dist_rank)), 16, seed=dist_rank.rank)
+    for view in views:
+        render_sharded(scene, [view], 16, distributed=True)
+
+
+def test_distributed_render_replicated_scene(dist_rank) -> None:  # type: ignore[no-untyped-def]
+    """Every rank holds the same whole scene and renders with distributed=True: each Gaussian
+    would be rendered once per rank; the renderer must refuse on every rank."""
+    from gpucheck.dist.checks import render_sharded
+    from gpucheck.dist.splat_model import SplatModel, cameras
+
+    with torch.no_grad():
+        scene = SplatModel(20, seed=100).to(dist_rank.device).activated()
+    render_sharded(scene, cameras(1, 16, seed=0), 16, distributed=True)
+
+
+def test_ddp_step_without_sync(dist_rank) -> None:  # type: ignore[no-untyped-def]
+    """The DDP step with its backward under ``no_sync()`` (gradient accumulation left on):
+    each rank keeps its own gradients; the DDP check must fail on every rank."""
+    from gpucheck.dist.checks import ddp_step
+
+    result = ddp_step(dist_rank, sync=False)
+    worst = max(result.grad_error.values())
+    assert worst <= 1e-4, (f"rank {dist_rank.rank}: gradients differ from one process over "
+                           f"the union of the views by {worst:.3g} (relative)")
