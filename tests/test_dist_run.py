@@ -160,3 +160,31 @@ def test_collective_log_entries(tmp_path: Path) -> None:
     assert first["devices"] == ["cpu"] and first["case"] == "c"
     assert first["where"].startswith("log.py:")
     assert entries[6]["kind"] == "device"
+
+
+def test_under_torchrun_each_process_owns_its_rank(tmp_path: Path) -> None:
+    """torchrun starts the gpucheck processes; each runs the rank torchrun gave it, the
+    ranks meet through the shared --out folder, and global rank 0 writes the report."""
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
+         "2", "--master-port", str(_port()), "-m", "gpucheck.cli", "run", "--distributed",
+         "--cpu-only", "--out", str(out), "--suite", str(DEFECTS), "--timeout", "6", "--quiet",
+         "--", "-k", "skip_collective or clean"],
+        capture_output=True, text=True, env=env, timeout=RUN_LIMIT_S, cwd=tmp_path)
+    assert proc.returncode != 0  # torchrun passes on rank 0's exit code 1: findings
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    found = group_findings(records)
+    assert list(found) == ["test_skip_collective"]  # one finding, not one per owner
+    assert found["test_skip_collective"]["distributed"]["cause_ranks"] == [1]
+    clean = [r["device"] for r in records if r.get("record") == "case"
+             and r["case"].endswith("test_clean_after_defects") and r["status"] == "passed"]
+    assert sorted(clean) == ["rank0/cpu", "rank1/cpu"]
+    assert (out / "report.html").exists() and records[-1]["record"] == "end"
+
+
+def _port() -> int:
+    from gpucheck.runner.dist_harness import free_port
+
+    return free_port()

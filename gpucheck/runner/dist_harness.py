@@ -19,6 +19,7 @@ recorded.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -27,7 +28,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ from gpucheck.runner.harness import (
     crash_digest,
     worker_command,
 )
-from gpucheck.runner.worker import now_iso, read_state, stacks_path
+from gpucheck.runner.worker import now_iso, read_state
 
 POLL_S = 0.2
 #: generations (fresh groups after a finding) before the harness gives up on the group
@@ -200,34 +201,61 @@ class DistHarness:
             found = self._watch()
             if found is None:
                 return self.diagnoses
-            diagnosis, age = found
+            diagnosis, age, mine = found
             seen = time.time()
-            self._handle(diagnosis, age)
+            self._handle(diagnosis, age, mine)
             skip = self._recorded(diagnosis.case, seen)
             if diagnosis.case is None:  # outside any case: a fresh group would fail again
                 return self.diagnoses
         self.notes.append(f"gave up after {MAX_GENERATIONS} groups")
         return self.diagnoses
 
-    def _watch(self) -> tuple[analysis.Diagnosis, float] | None:
+    def _claim_path(self) -> Path:
+        return self.wdir / f"group.{self.group.mode}.{self.generation}.finding.json"
+
+    def _claim(self, d: analysis.Diagnosis, age: float) -> tuple[analysis.Diagnosis, float,
+                                                                   bool]:
+        """The group's one diagnosis of this generation: ours if we write the claim file
+        first, else the one another owner (torchrun, another node) wrote."""
+        path = self._claim_path()
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            theirs = self._claimed()
+            return (theirs[0], theirs[1], False) if theirs else (d, age, False)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"diagnosis": asdict(d), "age": age}, f)
+        return d, age, True
+
+    def _claimed(self) -> tuple[analysis.Diagnosis, float] | None:
+        try:
+            data = json.loads(self._claim_path().read_text())
+            return analysis.Diagnosis(**data["diagnosis"]), float(data["age"])
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+
+    def _watch(self) -> tuple[analysis.Diagnosis, float, bool] | None:
         while True:
+            theirs = self._claimed()  # another owner's finding: stop our ranks too
+            if theirs is not None:
+                return theirs[0], theirs[1], False
             views = self._views()
             age = self._case_age()
             found = analysis.diagnose(views, timed_out=age > self.timeout)
             if found is not None:
-                return found, age
+                return self._claim(found, age)
             if all(not v.alive for v in views):
                 bad = [v for v in views if v.exit_code not in NORMAL_EXITS]
                 if bad and len(bad) < len(views):
                     found = analysis.diagnose(views, timed_out=True)
                     if found is not None:
-                        return found, age
+                        return self._claim(found, age)
                 if bad:  # every rank died (e.g. all at start-up)
                     v = bad[0]
-                    return analysis.Diagnosis(
+                    return self._claim(analysis.Diagnosis(
                         "rank-crash", f"rank {v.rank}'s process died ({analysis.exit_text(v)})",
                         v.current_case(), [v.rank], hint=analysis.CRASH_HINT,
-                        positions=analysis.positions(views)), age
+                        positions=analysis.positions(views)), age)
                 return None
             if self.on_update:
                 self.on_update(f"{len(views)} ranks, case {views[0].current_case() or '-'}")
@@ -244,7 +272,7 @@ class DistHarness:
         return sorted(done | ({also} if also else set()))
 
     # ---- a finding -----------------------------------------------------------------------
-    def _handle(self, d: analysis.Diagnosis, age: float) -> None:
+    def _handle(self, d: analysis.Diagnosis, age: float, mine: bool = True) -> None:
         """Stacks, flight recorder, native frames, then every rank killed (frozen first, so
         that none races on into the next cases once its peers are gone)."""
         alive = [p for p in self.procs if p.proc.poll() is None]
@@ -254,7 +282,9 @@ class DistHarness:
                 os.kill(int(p.state.get("pid") or p.proc.pid), signal.SIGUSR1)
             if self.group.backend == "nccl":
                 rank_env.request_path(p.trace_path).touch()
-        time.sleep(STACK_WAIT_S)  # faulthandler writes at once; the NCCL dump takes a moment
+        # faulthandler writes at once; the NCCL dump takes a moment; other owners (torchrun)
+        # see the claim within a poll and dump their ranks' stacks to the shared folder
+        time.sleep(STACK_WAIT_S * (1 if len(self.procs) == self.group.world_size else 3))
         if d.kind == "rank-crash":  # the others have reached their next collective by now
             again = analysis.diagnose(self._views())
             d = again if again is not None and again.kind == d.kind else d
@@ -269,10 +299,8 @@ class DistHarness:
             p.proc.wait()
         orphans = _gpu_orphans(pids) if any(r.device_index is not None
                                            for r in self.group.ranks) else None
-        self.diagnoses.append((d, age))
-        owned = {p.spec.rank for p in self.procs}
-        cause = d.cause_ranks[0] if d.cause_ranks else min(owned)
-        if cause in owned or (cause not in range(self.group.world_size) and 0 in owned):
+        if mine:  # one record per finding, by the owner that claimed it
+            self.diagnoses.append((d, age))
             self._record(d, age, native, orphans)
 
     def _errors(self) -> list[tuple[int, dict[str, Any]]]:
@@ -292,23 +320,22 @@ class DistHarness:
         if errors:
             parts.append("--- collectives that raised (TORCH_DISTRIBUTED_DEBUG=DETAIL checks "
                          "shapes and ops across ranks) ---\n" + "\n".join(errors[:8]))
-        for p in self.procs:
+        for r in range(self.group.world_size):  # every rank's files, whoever owns it
+            stem = self._stem(r)
             try:
-                stacks = stacks_path(p.state_path).read_text(errors="replace")
+                stacks = (self.wdir / f"{stem}.stacks.txt").read_text(errors="replace")
             except OSError:
                 stacks = ""
             stacks = _trim(_main_thread(stacks)) or "(no stack dump: the rank was not alive)"
-            parts.append(f"--- rank {p.spec.rank} Python stack (innermost first) ---\n"
-                         f"{stacks[:1500]}")
-            if p.spec.rank in native:
-                parts.append(f"--- rank {p.spec.rank} py-spy dump --native ---\n"
-                             f"{native[p.spec.rank][:1500]}")
-            trace = rank_env.read_trace(p.trace_path)
+            parts.append(f"--- rank {r} Python stack (innermost first) ---\n{stacks[:1500]}")
+            if r in native:
+                parts.append(f"--- rank {r} py-spy dump --native ---\n{native[r][:1500]}")
+            trace = rank_env.read_trace(self.wdir / f"{stem}.nccl_trace.pkl")
             if trace:
                 tail = "\n".join(f"  #{e['seq']} {e['op']} {e['state']} {e['input_sizes']}"
                                  for e in trace[-5:])
-                parts.append(f"--- rank {p.spec.rank} NCCL flight recorder (last 5) ---\n{tail}")
-        if not native:
+                parts.append(f"--- rank {r} NCCL flight recorder (last 5) ---\n{tail}")
+        if shutil.which("py-spy") is None:
             parts.append("note: py-spy is not installed: no native frames (pip install py-spy "
                          "to see where a rank is stuck inside C++/CUDA)")
         if orphans is not None:

@@ -10,7 +10,6 @@ every node sees, where global rank 0 writes the header, the end record and the r
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 import uuid
@@ -140,10 +139,14 @@ def _run_torchrun(cfg: pipeline.RunConfig) -> int:
                       master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"),
                       master_port=master_port,
                       local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    code = _watch_and_finish(cfg, group, out, results_path, run_key, notes,
-                             write_reports=False)
-    if rank != 0:
-        return code
-    with contextlib.suppress(Exception):  # the other ranks' owners may still be finishing
-        time.sleep(2.0)
+    _watch_and_finish(cfg, group, out, results_path, run_key, notes, write_reports=False)
+    done = out / "workers" / f"owner{rank}.done"
+    done.parent.mkdir(parents=True, exist_ok=True)
+    done.write_text("done\n")
+    if rank != 0:  # its findings are in the shared results; global rank 0 gives the verdict
+        return 0
+    deadline = time.monotonic() + cfg.timeout + 120
+    while time.monotonic() < deadline and not all(
+            (out / "workers" / f"owner{r}.done").exists() for r in range(world)):
+        time.sleep(0.5)
     return pipeline._finish(cfg, out, results_path, run_key, notes, {}, None, Console())
