@@ -114,3 +114,12 @@ def test_distributed_render_hang_says_the_mode_is_wrong() -> None:
     d = diagnose(views)
     assert d is not None and d.kind == "hang" and d.cause_ranks == [1]
     assert "distributed=False" in (d.hint or "") and "independent scene" in (d.hint or "")
+
+
+def test_nccl_style_skip_is_found_although_nothing_blocks_in_python() -> None:
+    # an NCCL collective returns once queued: rank 0 "finished" all_reduce #2 and the case,
+    # rank 1 never issued #2; both wait at the case boundary
+    views = [RankView(0, [start(), enter(1), done(1), enter(2), done(2), end(2)]),
+             RankView(1, [start(), enter(1), done(1), end(1)])]
+    d = diagnose(views)
+    assert d is not None and d.kind == "hang" and d.cause_ranks == [1] and d.seq == 2
