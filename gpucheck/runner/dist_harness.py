@@ -72,8 +72,7 @@ class GroupSpec:
     mode: str
     env: dict[str, str] = field(default_factory=dict)
     pytest_args: list[str] = field(default_factory=list)
-    master_addr: str = "127.0.0.1"
-    master_port: int | None = None  # None: a free local port per generation
+    master_addr: str = "127.0.0.1"  # where the group meets when we own every rank
     local_world_size: int | None = None
 
 
@@ -116,9 +115,9 @@ class DistHarness:
     def _spawn(self, generation: int, skip: list[str]) -> None:
         self.wdir.mkdir(parents=True, exist_ok=True)
         g = self.group
-        port = g.master_port + generation if g.master_port else free_port()
         self.procs = []
         self.generation = generation
+        addr, port = self._rendezvous()
         for r in g.ranks:
             stem = self._stem(r.rank)
             state = self.wdir / f"{stem}.state.json"
@@ -133,7 +132,7 @@ class DistHarness:
                    "LOCAL_RANK": str(os.environ.get("LOCAL_RANK", r.rank)
                                      if len(g.ranks) == 1 else r.rank),
                    "LOCAL_WORLD_SIZE": str(g.local_world_size or len(g.ranks)),
-                   "MASTER_ADDR": g.master_addr, "MASTER_PORT": str(port),
+                   "MASTER_ADDR": addr, "MASTER_PORT": str(port),
                    rank_env.ENV_BACKEND: g.backend, rank_env.ENV_LOG: str(log),
                    rank_env.ENV_TIMEOUT: str(self.timeout),
                    rank_env.ENV_GENERATION: str(generation),
@@ -155,6 +154,27 @@ class DistHarness:
                 proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env,
                                         stdin=subprocess.DEVNULL, start_new_session=True)
             self.procs.append(RankProc(r, proc, stem, state, log, err_path, trace))
+
+    def _rendezvous(self) -> tuple[str, int]:
+        """Where this generation's group meets: a free port here when we own every rank;
+        otherwise (torchrun) the owner of rank 0 publishes its host and a free port of its
+        own in the shared folder, and the other owners read them."""
+        g = self.group
+        if len(g.ranks) == g.world_size:
+            return g.master_addr, free_port()
+        path = self.wdir / f"group.{g.mode}.{self.generation}.master"
+        if any(r.rank == 0 for r in g.ranks):
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(f"{socket.getfqdn()} {free_port()}")
+            os.replace(tmp, path)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError):
+                host, port = path.read_text().split()
+                return host, int(port)
+            time.sleep(0.2)
+        raise RuntimeError(f"{path} did not appear within 120 s: --out must be a folder "
+                           "every node sees")
 
     def _stem(self, rank: int) -> str:
         stem = f"rank{rank}.{self.group.mode}" + (

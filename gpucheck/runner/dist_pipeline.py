@@ -133,11 +133,8 @@ def _run_torchrun(cfg: pipeline.RunConfig) -> int:
             raise UsageProblem(f"rank {rank}: {results_path} did not appear within 120 s: "
                                "--out must be a folder every node sees")
         time.sleep(0.5)
-    master_port = int(os.environ.get("MASTER_PORT", "29500")) + 1
     group = GroupSpec([RankSpec(rank, label, local if gpu else None)], world, backend,
                       requested, MODE, _env(cfg), cfg.pytest_args,
-                      master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"),
-                      master_port=master_port,
                       local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     _watch_and_finish(cfg, group, out, results_path, run_key, notes, write_reports=False)
     done = out / "workers" / f"owner{rank}.done"
