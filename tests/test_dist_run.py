@@ -46,7 +46,8 @@ def test_every_defect_is_one_finding_naming_the_culprit(tmp_path: Path) -> None:
                                        "--timeout", "6", "--world-size", "2")
     assert code == 1
     found = group_findings(records)
-    expected = {"test_skip_collective": "hang", "test_wrong_device": "collective-device",
+    expected = {"test_skip_collective": "hang", "test_skip_async_collective": "hang",
+                "test_wrong_device": "collective-device",
                 "test_shape_mismatch": "collective-mismatch",
                 "test_crash_one_rank": "rank-crash", "test_stuck_rank": "hang",
                 "test_distributed_render_independent_scenes": "hang"}

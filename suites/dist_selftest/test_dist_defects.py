@@ -100,3 +100,13 @@ def test_ddp_step_without_sync(dist_rank) -> None:  # type: ignore[no-untyped-de
     worst = max(result.grad_error.values())
     assert worst <= 1e-4, (f"rank {dist_rank.rank}: gradients differ from one process over "
                            f"the union of the views by {worst:.3g} (relative)")
+
+
+def test_skip_async_collective(dist_rank) -> None:  # type: ignore[no-untyped-def]
+    """As test_skip_collective, but the collective the culprit skips is asynchronous and
+    nobody waits for it: the others' case "passes" (the way an NCCL all_reduce returns once
+    queued), and only the count at the case boundary shows the skip."""
+    t = torch.ones(4, device=dist_rank.device)
+    dist.all_reduce(t)
+    if not _culprit(dist_rank):
+        dist.all_reduce(t, async_op=True)
