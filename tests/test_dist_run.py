@@ -160,7 +160,7 @@ def test_collective_log_entries(tmp_path: Path) -> None:
     assert first["shapes"] == [[3]] and first["dtypes"] == ["float64"]
     assert first["devices"] == ["cpu"] and first["case"] == "c"
     assert first["where"].startswith("log.py:")
-    assert entries[6]["kind"] == "device"
+    assert entries[6]["kind"] == "device" and entries[6]["case"] == "c"
 
 
 def test_under_torchrun_each_process_owns_its_rank(tmp_path: Path) -> None:

@@ -108,15 +108,15 @@ class CollectiveLog:
                 msg = (f"rank {self.rank}: {op} #{seq} got a tensor on {wrong}, but this rank "
                        f"runs on {self.expected_device}: every rank must pass tensors on its "
                        f"own device, or the other ranks wait in this collective for ever")
-                self.write(ev="error", seq=seq, op=op, error=msg, kind="device")
+                self.write(ev="error", seq=seq, op=op, error=msg, kind="device", case=self.case)
                 raise CollectiveDeviceError(msg)
             self._local.depth = 1
             try:
                 out = fn(*args, **kwargs)
             except Exception as err:
                 first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-                self.write(ev="error", seq=seq, op=op, error=f"{type(err).__name__}: {first}"[
-                    :2000])
+                self.write(ev="error", seq=seq, op=op, case=self.case,
+                           error=f"{type(err).__name__}: {first}"[:2000])
                 raise
             finally:
                 self._local.depth = 0

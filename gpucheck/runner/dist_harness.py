@@ -143,7 +143,10 @@ class DistHarness:
             # fingerprint check of every collective; not set by default: with it, torch 2.13
             # (CPU, gloo) segfaults in DistributedDataParallel's constructor
             if g.backend == "nccl":
-                env.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
+                # the flight recorder (TORCH_FR_BUFFER_SIZE since torch 2.11; the old name
+                # for older versions)
+                env.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
+                env.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", env["TORCH_FR_BUFFER_SIZE"])
                 env[rank_env.ENV_TRACE] = str(trace)
             spec = WorkerSpec(r.label, r.device_index, r.uuid, g.suites, g.mode, {},
                               g.pytest_args)
