@@ -37,6 +37,8 @@ class StepResult:
     grad_error: dict[str, float] = field(default_factory=dict)
     param_error: dict[str, float] = field(default_factory=dict)
     collectives: int = 0  # gradient all-reduces DDP issued (its comm hook logged them)
+    #: parameter name -> (DDP's averaged gradient, one process's), detached
+    grads: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
 
 def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -91,6 +93,7 @@ def ddp_step(rank: Any, *, n: int = 48, size: int = 24, views_per_rank: int = 1,
     for (name, p), q in zip(base.named_parameters(), single.parameters(), strict=True):
         assert p.grad is not None and q.grad is not None, name
         result.grad_error[name] = _rel(p.grad, q.grad)
+        result.grads[name] = (p.grad.detach().clone(), q.grad.detach().clone())
     opt.step()
     opt_single.step()
     for (name, p), q in zip(base.named_parameters(), single.parameters(), strict=True):
