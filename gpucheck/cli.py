@@ -116,21 +116,35 @@ def _print_inventory(inv: Inventory) -> None:
               metavar="MS", help="NVML sampling period of mode nvml, in milliseconds.")
 @click.option("--quiet", is_flag=True, help="No live progress; one line per worker.")
 @click.option("--cpu-only", is_flag=True, help="Run without a GPU (GPU cases are skipped).")
+@click.option("--distributed", is_flag=True,
+              help="Run the suites (default: dist) as ONE torch.distributed group: one rank per "
+                   "target device (NCCL), or --world-size CPU ranks (gloo) with --cpu-only; "
+                   "under torchrun, the rank torchrun gives this process.")
+@click.option("--world-size", type=click.IntRange(min=1, max=64), default=None, metavar="N",
+              help="Ranks of a --distributed --cpu-only run (default 2).")
+@click.option("--backend", type=click.Choice(["nccl", "gloo"]), default=None,
+              help="torch.distributed backend of --distributed (default: nccl on GPUs, "
+                   "gloo on CPU).")
 @click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
 def run(all_devices: bool, device_indices: tuple[int, ...], suites: tuple[str, ...],
         modes: tuple[str, ...], out: Path | None, resume: Path | None, allow_empty: bool,
-        timeout: float, nvml_interval: float, quiet: bool, cpu_only: bool,
-        pytest_args: tuple[str, ...]) -> int:
+        timeout: float, nvml_interval: float, quiet: bool, cpu_only: bool, distributed: bool,
+        world_size: int | None, backend: str | None, pytest_args: tuple[str, ...]) -> int:
     """Run the suites on every target device, each in its own process.
 
     Arguments after `--` go to pytest (e.g. `-- -k forward`).
     """
+    from gpucheck.errors import UsageProblem
     from gpucheck.runner.pipeline import RunConfig
     from gpucheck.runner.pipeline import run as run_pipeline
 
+    if not distributed and (world_size is not None or backend is not None):
+        raise UsageProblem("--world-size and --backend go with --distributed")
     return run_pipeline(RunConfig(all_devices, device_indices, suites, modes, out, timeout,
                                   quiet, cpu_only, list(pytest_args), nvml_interval / 1000,
-                                  allow_empty=allow_empty, resume=resume))
+                                  allow_empty=allow_empty, resume=resume,
+                                  distributed=distributed, world_size=world_size,
+                                  backend=backend))
 
 
 @cli.command()

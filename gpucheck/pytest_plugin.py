@@ -59,6 +59,8 @@ CURRENT_ENV = "GPUCHECK_CURRENT"
 STREAM_ENV = "GPUCHECK_STREAM"
 #: marks the tests of gpucheck's own kernels (our suites); not needed in users' suites
 KERNELS_MARKER = "gpucheck_kernels"
+#: the ``dist_rank`` fixture of distributed cases (gpucheck run --distributed, torchrun)
+pytest_plugins = ("gpucheck.dist.fixtures",)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -64,6 +64,9 @@ class RunConfig:
     allow_empty: bool = False
     resume: Path | None = None
     suite_paths: dict[str, Path] | None = None  # resolved suites (set when resuming)
+    distributed: bool = False  # one rank per device through torch.distributed
+    world_size: int | None = None  # ranks of a --distributed --cpu-only run (default 2)
+    backend: str | None = None  # torch.distributed backend (default nccl on GPUs, else gloo)
 
 
 def _unwritable(path: Path, err: OSError) -> UsageProblem:
@@ -142,6 +145,8 @@ def load_resume(folder: Path, cfg: RunConfig) -> tuple[RunConfig, dict[str, Any]
         cpu_only=bool(saved.get("cpu_only")), pytest_args=list(saved.get("pytest_args") or []),
         nvml_interval=float(saved.get("nvml_interval", cfg.nvml_interval)),
         allow_empty=bool(saved.get("allow_empty")), resume=folder,
+        distributed=bool(saved.get("distributed")), world_size=saved.get("world_size"),
+        backend=saved.get("backend"),
         suite_paths={n: Path(p) for n, p in dict(saved.get("suite_paths") or {}).items()})
     return resumed, header
 
@@ -258,7 +263,8 @@ def _header(cfg: RunConfig, run_id: str, targets: list[Target], inv: devices_mod
         "suites": list(cfg.suites), "suite_paths": {n: str(p) for n, p in suites.items()},
         "modes": list(modes), "timeout": cfg.timeout, "cpu_only": cfg.cpu_only,
         "pytest_args": list(cfg.pytest_args), "nvml_interval": cfg.nvml_interval,
-        "allow_empty": cfg.allow_empty,
+        "allow_empty": cfg.allow_empty, "distributed": cfg.distributed,
+        "world_size": cfg.world_size, "backend": cfg.backend,
     }
     memory = {d.uuid: d.memory_total for d in inv.devices} if inv else {}
     return {
@@ -286,6 +292,10 @@ def run(cfg: RunConfig) -> int:
     if cfg.all_devices and cfg.devices:
         raise UsageProblem("--all-devices and --device exclude each other")
     modes = tuple(dict.fromkeys(cfg.modes)) or DEFAULT_MODES
+    if cfg.distributed:
+        from gpucheck.runner import dist_pipeline
+
+        return dist_pipeline.run(cfg, previous)
     sanitizer = None
     if any(m.startswith("sanitizer") for m in modes):
         if cfg.cpu_only:

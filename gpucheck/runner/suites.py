@@ -38,10 +38,13 @@ def available() -> dict[str, Path]:
 
 
 #: suites that only run when named: they exist to produce findings (the harness's self-test)
-NAMED_ONLY = ("selftest",)
+NAMED_ONLY = ("selftest", "dist", "dist_selftest")
+#: the suites of ``gpucheck run --distributed`` when none is named
+DISTRIBUTED = ("dist",)
 #: our suites that test gpucheck's own kernels (gpucheck.ops): without the compiled extension
 #: they cannot run at all, which the run says once instead of failing every case
 NEEDS_KERNELS = ("ssim", "knn", "splat")
+#: suites run only under --distributed: their cases need every rank at once
 
 
 def needs_kernels(path: Path) -> bool:

@@ -102,7 +102,8 @@ class Recorder:
         self.mode = config.getoption("--gpucheck-mode")
         self.uuid = config.getoption("--gpucheck-device-uuid")
         devices = config.getoption("--gpucheck-device") or []
-        self.device = f"cuda:{devices[0]}" if devices else "cpu"
+        self.device = os.environ.get("GPUCHECK_DEVICE_LABEL") or (
+            f"cuda:{devices[0]}" if devices else "cpu")  # distributed runs: "rank1/cuda:1"
         self.device_index: int | None = devices[0] if devices else None
         self.suites = []
         for spec in config.getoption("--gpucheck-suite"):

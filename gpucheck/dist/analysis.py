@@ -1,0 +1,332 @@
+"""Parent side: from every rank's collective log and process state to one diagnosis.
+
+Pure functions over what the workers left on disk (:mod:`gpucheck.dist.collectives` logs,
+state files, exit codes), so that the same logic runs in the watchdog while the ranks are
+alive and in tests on recorded logs. :func:`diagnose` answers, at one moment, whether the
+group is stuck or broken and why:
+
+* ``collective-mismatch``: ranks entered collective ``#seq`` with different ops, shapes or
+  dtypes (they would deadlock, or exchange garbage);
+* ``collective-device``: a rank passed a tensor on another device than its own (the wrapper
+  refused it), or ranks entered one collective with tensors on different kinds of device;
+* ``rank-crash``: a rank's process died while the others were still running: the cause;
+* ``rank-failure``: a rank's case raised and ended while other ranks wait in a collective it
+  will never enter;
+* ``hang``: ranks wait in collective ``#seq`` that others did not arrive at: they finished the
+  case without it (a rank-dependent branch skipped it: found at once), or are still running
+  elsewhere when the per-case timeout expires.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+#: ops whose tensors must have the same shapes and dtypes on every rank
+SHAPE_STRICT = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "reduce",
+                "reduce_scatter", "reduce_scatter_tensor")
+#: exit codes of a worker that ended normally (pytest: 0 ok, 1 failures, 5 no tests)
+NORMAL_EXITS = (0, 1, 5)
+#: exit code of a rank that stopped because its peers were gone (never the cause)
+GROUP_LOST_EXIT = 76
+
+
+@dataclass
+class RankView:
+    """What the parent knows about one rank at one moment."""
+
+    rank: int
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    exit_code: int | None = None  # None while the process runs
+    case: str | None = None  # the case its state file says it runs
+    stderr: str = ""
+
+    @property
+    def alive(self) -> bool:
+        return self.exit_code is None
+
+    def opened(self) -> dict[int, dict[str, Any]]:
+        """Collectives entered and not (yet) left, by seq."""
+        open_: dict[int, dict[str, Any]] = {}
+        for e in self.entries:
+            if e.get("ev") == "enter":
+                open_[int(e["seq"])] = e
+            elif e.get("ev") in ("done", "error"):
+                open_.pop(int(e.get("seq", -1)), None)
+        return open_
+
+    def entered(self) -> dict[int, dict[str, Any]]:
+        return {int(e["seq"]): e for e in self.entries if e.get("ev") == "enter"}
+
+    def last_seq(self) -> int:
+        return max(self.entered(), default=0)
+
+    def case_end(self, case: str | None) -> dict[str, Any] | None:
+        """The case-end line of ``case`` (the rank finished it), if written."""
+        return next((e for e in reversed(self.entries) if e.get("ev") == "case-end"
+                     and (case is None or e.get("case") == case)), None)
+
+    def current_case(self) -> str | None:
+        for e in reversed(self.entries):
+            if e.get("ev") in ("case", "enter"):
+                return str(e.get("case")) if e.get("case") else None
+        return self.case
+
+
+@dataclass
+class Diagnosis:
+    kind: str  # hang | collective-mismatch | collective-device | rank-crash | rank-failure
+    message: str
+    case: str | None
+    cause_ranks: list[int]  # the ranks at fault (did not arrive, crashed, mismatched)
+    waiting_ranks: list[int] = field(default_factory=list)
+    seq: int | None = None
+    op: str | None = None
+    hint: str | None = None
+    positions: str = ""  # one line per rank: where it is
+
+
+def signature(e: dict[str, Any]) -> tuple[Any, ...]:
+    """What must agree between the ranks' entries of one collective."""
+    op = e.get("op")
+    if op in SHAPE_STRICT:
+        return (op, tuple(map(tuple, e.get("shapes", []))), tuple(e.get("dtypes", [])))
+    return (op,)
+
+
+def describe(e: dict[str, Any]) -> str:
+    shapes = " ".join(f"[{', '.join(map(str, s))}]" for s in e.get("shapes", []))
+    dtypes = ",".join(sorted(set(e.get("dtypes", []))))
+    bits = [f"{e.get('op')} #{e.get('seq')}"]
+    if shapes:
+        bits.append(f"{shapes} {dtypes}")
+    if e.get("where"):
+        bits.append(f"at {e['where']}")
+    if e.get("tag"):
+        bits.append(f"issued by {e['tag']}")
+    return " ".join(bits)
+
+
+def position(v: RankView) -> str:
+    """One line: where rank ``v`` is."""
+    opened = v.opened()
+    last = v.entered().get(v.last_seq())
+    failed = next((e for e in reversed(v.entries) if e.get("ev") == "error"
+                   and last is not None and e.get("seq") == last.get("seq")), None)
+    last_text = "none" if last is None else describe(last) + (
+        f" (failed: {failed.get('error')})" if failed else "")
+    if opened:
+        where = f"waits in {describe(opened[min(opened)])}"
+    elif v.entries and v.entries[-1].get("ev") == "case-end":
+        end = v.entries[-1]
+        where = (f"finished the case ({end.get('outcome')}) and waits for the others at the "
+                 f"case boundary; last collective: {last_text}")
+    else:
+        where = f"runs outside any collective; last collective: {last_text}"
+    if not v.alive:
+        where = f"exited ({_exit(v.exit_code)}); {where}"
+    return f"rank {v.rank}: {where}"
+
+
+def positions(views: list[RankView]) -> str:
+    return "\n".join(position(v) for v in views)
+
+
+def _ranks(rs: list[int]) -> str:
+    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
+
+
+def mismatch(views: list[RankView]) -> Diagnosis | None:
+    """Ranks that entered one collective (same seq) with different ops/shapes/devices, or a
+    rank whose wrapper refused a tensor on another device."""
+    for v in views:
+        for e in v.entries:
+            if e.get("ev") == "error" and e.get("kind") == "device":
+                return Diagnosis("collective-device", str(e["error"]), _case_of(v, e),
+                                 [v.rank], [u.rank for u in views if u is not v],
+                                 int(e["seq"]), e.get("op"), DEVICE_HINT, positions(views))
+    by_seq: dict[int, dict[int, dict[str, Any]]] = {}
+    for v in views:
+        for seq, e in v.entered().items():
+            by_seq.setdefault(seq, {})[v.rank] = e
+    for seq in sorted(by_seq):
+        got = by_seq[seq]
+        kinds = {r: tuple(sorted({d.split(":")[0] for d in e.get("devices", [])}))
+                 for r, e in got.items()}
+        if len(set(kinds.values())) > 1:
+            groups = _group(kinds)
+            odd = min(groups, key=len)
+            return Diagnosis(
+                "collective-device",
+                f"collective #{seq} was entered with tensors on different kinds of device: "
+                + "; ".join(f"{_ranks(rs)}: {describe(got[rs[0]])} on "
+                            f"{', '.join(got[rs[0]].get('devices', []))}" for rs in groups),
+                got[odd[0]].get("case"), odd, [r for r in got if r not in odd], seq,
+                got[odd[0]].get("op"), DEVICE_HINT, positions(views))
+        sigs = {r: signature(e) for r, e in got.items()}
+        if len(set(sigs.values())) > 1:
+            groups = _group(sigs)
+            odd = min(groups, key=len) if len(groups[0]) != len(groups[-1]) else groups[-1]
+            ops = {e.get("op") for e in got.values()}
+            what = "different collectives" if len(ops) > 1 else "different shapes or dtypes"
+            hint = (SKIP_HINT if len(ops) > 1 else
+                    "every rank must pass tensors of the same shape and dtype to this "
+                    "collective (pad variable-sized data, or all_gather the sizes first)")
+            return Diagnosis(
+                "collective-mismatch",
+                f"ranks entered collective #{seq} with {what}: "
+                + "; ".join(f"{_ranks(rs)}: {describe(got[rs[0]])}" for rs in groups),
+                got[odd[0]].get("case"), odd, [r for r in got if r not in odd], seq,
+                got[odd[0]].get("op"), hint, positions(views))
+    return None
+
+
+def _verb(ranks: Any, one: str = "waits", many: str = "wait") -> str:
+    return one if len(ranks) == 1 else many
+
+
+def _group(values: dict[int, Any]) -> list[list[int]]:
+    groups: dict[Any, list[int]] = {}
+    for r in sorted(values):
+        groups.setdefault(values[r], []).append(r)
+    return sorted(groups.values(), key=lambda rs: (-len(rs), rs))
+
+
+def _case_of(v: RankView, e: dict[str, Any]) -> str | None:
+    return e.get("case") or v.current_case()
+
+
+def _blocked(views: list[RankView]) -> tuple[int, dict[str, Any], list[int]] | None:
+    """The first collective some rank entered and another did not: (seq, its entry, the
+    ranks that entered it). Entered, not necessarily still inside: an NCCL collective returns
+    to Python once it is queued, and its rank runs on until something waits for the GPU."""
+    top = max((v.last_seq() for v in views), default=0)
+    behind = [v for v in views if v.last_seq() < top]
+    if not behind:
+        return None
+    seq = min(v.last_seq() for v in behind) + 1
+    waiting = sorted(v.rank for v in views if v.last_seq() >= seq)
+    entry = next(v.entered()[seq] for v in views if v.rank == waiting[0])
+    return seq, entry, waiting
+
+
+def diagnose(views: list[RankView], *, timed_out: bool = False) -> Diagnosis | None:
+    """Why the group cannot go on, or None while it may still be fine.
+
+    ``timed_out``: the current case ran past the per-case timeout (the watchdog asks).
+    """
+    found = mismatch(views)
+    if found is not None:
+        return found
+    dead = [v for v in views if not v.alive
+            and v.exit_code not in (*NORMAL_EXITS, GROUP_LOST_EXIT)]
+    blocked = _blocked(views)
+    if dead and len(dead) < len(views):
+        v = dead[0]
+        cause = f"rank {v.rank}'s process died ({_exit(v.exit_code)}) after collective " \
+                f"#{v.last_seq()}"
+        later = {u.rank: u.entered()[u.last_seq()] for u in views
+                 if u is not v and u.last_seq() > v.last_seq()}
+        if later:
+            entry = later[min(later)]
+            msg = (f"{cause}; {_ranks(sorted(later))} {_verb(later, 'went', 'went')} on to "
+                   f"{describe(entry)}, which rank {v.rank} never entered: the crash on rank "
+                   f"{v.rank} is the cause, the others are stuck (or fail) because of it")
+        else:
+            entry = {}
+            msg = f"{cause}; the other ranks can no longer finish their collectives"
+        return Diagnosis("rank-crash", msg, v.current_case(), [v.rank], sorted(later),
+                         entry.get("seq"), entry.get("op"), CRASH_HINT, positions(views))
+    if blocked is None:
+        if timed_out:
+            stuck = [v.rank for v in views if v.alive and not _at_boundary(v)]
+            return Diagnosis(
+                "hang", f"no collective is pending, but {_ranks(stuck or [v.rank for v in views])}"
+                f" did not finish the case within the timeout", _first_case(views),
+                stuck, [], None, None, "the stacks show where each rank is", positions(views))
+        return None
+    seq, entry, waiting = blocked
+    missing = [v for v in views if v.rank not in waiting and v.last_seq() < seq]
+    if not missing:
+        return None
+    case = entry.get("case")
+    gone = [v for v in missing if not v.alive or _at_boundary(v) or
+            (v.current_case() not in (None, case))]
+    failed = [v for v in gone if (v.case_end(case) or {}).get("outcome") not in (None, "passed")]
+    names = [v.rank for v in missing]
+    if failed:
+        v = failed[0]
+        end = v.case_end(case) or {}
+        return Diagnosis(
+            "rank-failure",
+            f"rank {v.rank} failed the case before {describe(entry)} "
+            f"({end.get('error') or end.get('outcome')}); {_ranks(waiting)} {_verb(waiting)} "
+            "in it for ever",
+            case, [v.rank], waiting, seq, entry.get("op"),
+            "an exception on one rank leaves the others in the next collective: fix the error "
+            "of that rank (it is in its record), and make failures collective "
+            "(e.g. all_reduce an error flag) in training code", positions(views))
+    if gone:
+        left = [v.rank for v in gone]
+        others = [r for r in names if r not in left]
+        return Diagnosis(
+            "hang",
+            f"{_ranks(left)} did not arrive at {describe(entry)}: "
+            f"{'it' if len(left) == 1 else 'they'} left the case after collective "
+            f"#{max(v.last_seq() for v in gone)}; {_ranks(waiting)} {_verb(waiting)} in it for "
+            "ever" + (f" ({_ranks(others)} not there yet)" if others else "")
+            + (RENDER_MODE if _skip_hint(entry) == RENDER_HINT else ""),
+            case, left, waiting, seq, entry.get("op"), _skip_hint(entry), positions(views))
+    if timed_out:
+        return Diagnosis(
+            "hang",
+            f"{_ranks(names)} did not arrive at {describe(entry)} within the timeout; "
+            f"{_ranks(waiting)} {_verb(waiting)} in it", case, names, waiting, seq, entry.get("op"),
+            _skip_hint(entry), positions(views))
+    return None
+
+
+def _skip_hint(entry: dict[str, Any]) -> str:
+    if entry.get("tag") and "distributed=True" in str(entry.get("tag")):
+        return RENDER_HINT
+    return SKIP_HINT
+
+
+def _at_boundary(v: RankView) -> bool:
+    return bool(v.entries) and v.entries[-1].get("ev") == "case-end"
+
+
+def _first_case(views: list[RankView]) -> str | None:
+    return next((c for v in views if (c := v.current_case())), None)
+
+
+def exit_text(v: RankView) -> str:
+    return _exit(v.exit_code)
+
+
+def _exit(code: int | None) -> str:
+    if code is not None and code < 0:
+        import signal
+
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+SKIP_HINT = ("every rank must issue the same collectives in the same order: a branch on the "
+             "rank (or on rank-local data such as a batch size or an early exit) skipped one "
+             "on the ranks named; move the collective out of the branch")
+DEVICE_HINT = ("move the tensor to this rank's device before the collective (NCCL needs every "
+               "tensor on the rank's own GPU; a CPU tensor there raises on that rank only and "
+               "leaves the others waiting)")
+CRASH_HINT = ("the crashed rank's stderr tail holds its last words; the other ranks only wait "
+              "for it, their stacks are evidence, not causes")
+RENDER_MODE = (". The ranks called distributed rendering a different number of times, so each "
+               "renders its own data: distributed=True is the wrong mode for this use "
+               "(independent per-rank scenes need distributed=False)")
+RENDER_HINT = ("distributed rendering (distributed=True) gathers the Gaussians of every rank on "
+               "each call: every rank must call it as often as the others, with shards of ONE "
+               "scene. With an independent scene per GPU the mode is wrong for this use: render "
+               "with distributed=False (no collective at all)")

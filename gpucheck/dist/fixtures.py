@@ -1,0 +1,85 @@
+"""The ``dist_rank`` fixture (registered by gpucheck's pytest plugin).
+
+A test that takes ``dist_rank`` runs on every rank of the group at once: the fixture joins the
+process group once per worker (env://, see :mod:`gpucheck.dist.rank`), meets the other ranks
+at the start of the case, logs the case's collectives, and at the end writes the case's
+outcome to the collective log and meets the others again. Outside a distributed run (no
+``RANK``/``WORLD_SIZE``) such tests are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gpucheck.dist.analysis import GROUP_LOST_EXIT
+
+_CALL_REPORT = pytest.StashKey[pytest.TestReport]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Iterator[Any]:
+    outcome: Any = yield
+    report = outcome.get_result()
+    if report.when == "call":
+        item.stash[_CALL_REPORT] = report
+
+
+@pytest.fixture(scope="session")
+def _dist_group() -> Iterator[Any]:
+    from gpucheck.dist import rank as rank_mod
+
+    if rank_mod.env_ranks() is None:
+        pytest.skip("not a rank of a distributed run: run it with `gpucheck run --distributed` "
+                    "or under torchrun")
+    yield rank_mod.init()
+    rank_mod.shutdown()
+
+
+def _case_id(request: pytest.FixtureRequest) -> str:
+    recorder = request.config.pluginmanager.get_plugin("gpucheck-recorder")
+    nodeid = request.node.nodeid
+    return str(recorder.ids.get(nodeid, nodeid)) if recorder is not None else nodeid
+
+
+@pytest.fixture
+def dist_rank(_dist_group: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """This process's :class:`gpucheck.dist.rank.Rank` for one distributed case."""
+    rank = _dist_group
+    case = _case_id(request)
+    _meet(rank, case, "start")
+    if rank.log is not None:
+        rank.log.case_started(case)
+    yield rank
+    report = request.node.stash.get(_CALL_REPORT, None)
+    outcome = "error" if report is None else report.outcome
+    error = None
+    if report is not None and report.failed:
+        crash = getattr(report.longrepr, "reprcrash", None)
+        error = (crash.message.strip().splitlines() or [""])[0][:500] if crash else None
+    if rank.log is not None:
+        rank.log.case_finished(case, outcome, error)
+    _meet(rank, case, "end")
+
+
+def _meet(rank: Any, case: str, phase: str) -> None:
+    """The case boundary; when the rendezvous store is gone (a peer, maybe the store's host,
+    died) this rank stops at once: racing on through the next cases would fail each of them
+    for a reason that is not theirs."""
+    from gpucheck.dist.rank import DistSetupError
+
+    try:
+        rank.boundary(case, phase)
+    except DistSetupError:
+        raise
+    except Exception as err:
+        if rank.log is not None:
+            rank.log.write(ev="group-lost", case=case, phase=phase, error=str(err)[:300])
+        sys.stderr.write(f"gpucheck: rank {rank.rank}: the other ranks are gone at the "
+                         f"{phase} of {case} ({err}); this rank stops\n")
+        sys.stderr.flush()
+        os._exit(GROUP_LOST_EXIT)

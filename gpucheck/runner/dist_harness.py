@@ -1,0 +1,468 @@
+"""Parent side of ``gpucheck run --distributed``: the ranks of one group and their watchdog.
+
+Each rank is a pytest worker (the same worker as ``gpucheck run``) started with the env://
+rendezvous variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
+``MASTER_PORT``) and the ``GPUCHECK_DIST_*`` ones (:mod:`gpucheck.dist.rank`). Under torchrun,
+each gpucheck process owns the one rank torchrun gave it and starts it the same way; the
+ranks' files live in one shared ``--out`` folder, so every owner sees every rank's log.
+
+Every poll, :func:`gpucheck.dist.analysis.diagnose` reads all ranks' collective logs and
+exit codes. When it names a problem (a mismatch, a crash, a rank that left a case without a
+collective the others wait in, or the per-case timeout), the watchdog dumps every rank's
+Python stacks (SIGUSR1 -> faulthandler; ``py-spy dump --native`` as well when installed),
+asks NCCL ranks for their flight recorder, kills every rank's process group, checks with
+NVML that none of the pids still holds a GPU context, writes ONE case record with one
+finding, and starts a fresh group (a new generation, a new port) for the cases not yet
+recorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from gpucheck.dist import analysis, collectives
+from gpucheck.dist import rank as rank_env
+from gpucheck.report import results
+from gpucheck.report.results import CaseRecord, Finding
+from gpucheck.runner.harness import (
+    NORMAL_EXITS,
+    WorkerSpec,
+    _tail,
+    crash_digest,
+    worker_command,
+)
+from gpucheck.runner.worker import now_iso, read_state
+
+POLL_S = 0.2
+#: generations (fresh groups after a finding) before the harness gives up on the group
+MAX_GENERATIONS = 25
+#: seconds to let the ranks write their stacks after SIGUSR1
+STACK_WAIT_S = 0.5
+LABEL_ENV = "GPUCHECK_DEVICE_LABEL"
+STATUS_OF = {"hang": "hung", "rank-crash": "crashed"}
+
+
+@dataclass
+class RankSpec:
+    rank: int
+    label: str  # "rank0/cuda:0", "rank1/cpu"
+    device_index: int | None  # CUDA index, None on CPU
+    uuid: str | None = None
+
+
+@dataclass
+class GroupSpec:
+    ranks: list[RankSpec]  # the ranks this process starts (all of them unless torchrun)
+    world_size: int
+    backend: str
+    suites: dict[str, Path]
+    mode: str
+    env: dict[str, str] = field(default_factory=dict)
+    pytest_args: list[str] = field(default_factory=list)
+    master_addr: str = "127.0.0.1"  # where the group meets when we own every rank
+    local_world_size: int | None = None
+
+
+@dataclass
+class RankProc:
+    spec: RankSpec
+    proc: subprocess.Popen[bytes]
+    stem: str
+    state_path: Path
+    log_path: Path
+    stderr_path: Path
+    trace_path: Path
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class DistHarness:
+    """Runs the group's cases generation by generation; returns the diagnoses it made."""
+
+    def __init__(self, group: GroupSpec, out_dir: Path, results_path: Path, run_id: str,
+                 timeout: float, on_update: Callable[[str], None] | None = None) -> None:
+        self.group = group
+        self.out_dir = out_dir
+        self.wdir = out_dir / "workers"
+        self.results_path = results_path
+        self.run_id = run_id
+        self.timeout = timeout
+        self.on_update = on_update
+        self.procs: list[RankProc] = []
+        self.generation = 0
+        self.diagnoses: list[tuple[analysis.Diagnosis, float]] = []
+        self.notes: list[str] = []
+
+    # ---- processes -----------------------------------------------------------------------
+    def _spawn(self, generation: int, skip: list[str]) -> None:
+        self.wdir.mkdir(parents=True, exist_ok=True)
+        g = self.group
+        self.procs = []
+        self.generation = generation
+        addr, port = self._rendezvous()
+        for r in g.ranks:
+            stem = self._stem(r.rank)
+            state = self.wdir / f"{stem}.state.json"
+            log = self.wdir / f"{stem}.collectives.jsonl"
+            trace = self.wdir / f"{stem}.nccl_trace.pkl"
+            skip_path = None
+            if skip:
+                skip_path = self.wdir / f"{stem}.skip.txt"
+                skip_path.write_text("\n".join(skip) + "\n")
+            env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **g.env,
+                   "RANK": str(r.rank), "WORLD_SIZE": str(g.world_size),
+                   "LOCAL_RANK": str(os.environ.get("LOCAL_RANK", r.rank)
+                                     if len(g.ranks) == 1 else r.rank),
+                   "LOCAL_WORLD_SIZE": str(g.local_world_size or len(g.ranks)),
+                   "MASTER_ADDR": addr, "MASTER_PORT": str(port),
+                   rank_env.ENV_BACKEND: g.backend, rank_env.ENV_LOG: str(log),
+                   rank_env.ENV_TIMEOUT: str(self.timeout),
+                   rank_env.ENV_GENERATION: str(generation),
+                   rank_env.ENV_DEVICE: "cpu" if r.device_index is None else str(r.device_index),
+                   LABEL_ENV: r.label}
+            env.pop("TORCHELASTIC_USE_AGENT_STORE", None)  # our own store, per generation
+            # TORCH_DISTRIBUTED_DEBUG=DETAIL (the user's choice, passed on) adds torch's own
+            # fingerprint check of every collective; not set by default: with it, torch 2.13
+            # (CPU, gloo) segfaults in DistributedDataParallel's constructor
+            if g.backend == "nccl":
+                # the flight recorder (TORCH_FR_BUFFER_SIZE since torch 2.11; the old name
+                # for older versions)
+                env.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
+                env.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", env["TORCH_FR_BUFFER_SIZE"])
+                env[rank_env.ENV_TRACE] = str(trace)
+            spec = WorkerSpec(r.label, r.device_index, r.uuid, g.suites, g.mode, {},
+                              g.pytest_args)
+            cmd = worker_command(spec, self.results_path, state, self.run_id, skip_path)
+            (self.wdir / f"{stem}.cmd").write_text(" ".join(cmd) + "\n")
+            out_path, err_path = self.wdir / f"{stem}.out.log", self.wdir / f"{stem}.err.log"
+            with open(out_path, "wb") as out, open(err_path, "wb") as err:
+                proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
+            self.procs.append(RankProc(r, proc, stem, state, log, err_path, trace))
+
+    def _rendezvous(self) -> tuple[str, int]:
+        """Where this generation's group meets: a free port here when we own every rank;
+        otherwise (torchrun) the owner of rank 0 publishes its host and a free port of its
+        own in the shared folder, and the other owners read them."""
+        g = self.group
+        if len(g.ranks) == g.world_size:
+            return g.master_addr, free_port()
+        path = self.wdir / f"group.{g.mode}.{self.generation}.master"
+        if any(r.rank == 0 for r in g.ranks):
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(f"{socket.getfqdn()} {free_port()}")
+            os.replace(tmp, path)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError):
+                host, port = path.read_text().split()
+                return host, int(port)
+            time.sleep(0.2)
+        raise RuntimeError(f"{path} did not appear within 120 s: --out must be a folder "
+                           "every node sees")
+
+    def _stem(self, rank: int) -> str:
+        stem = f"rank{rank}.{self.group.mode}" + (
+            f".{self.generation}" if self.generation else "")
+        return stem.replace(":", "-").replace("/", "-")
+
+    def _views(self) -> list[analysis.RankView]:
+        views = []
+        for p in self.procs:
+            p.state = read_state(p.state_path) or p.state
+            rc = p.proc.poll()
+            exit_file = self.wdir / f"{p.stem}.exit"
+            if rc is not None and not exit_file.exists():
+                exit_file.write_text(str(rc))  # for the owners of the other ranks (torchrun)
+            views.append(analysis.RankView(p.spec.rank, collectives.read(p.log_path), rc,
+                                           p.state.get("case")))
+        owned = {p.spec.rank for p in self.procs}
+        for r in range(self.group.world_size):  # ranks other gpucheck processes own
+            if r not in owned:
+                stem = self._stem(r)
+                views.append(analysis.RankView(
+                    r, collectives.read(self.wdir / f"{stem}.collectives.jsonl"),
+                    _read_exit(self.wdir / f"{stem}.exit")))
+        return sorted(views, key=lambda v: v.rank)
+
+    def interrupt(self) -> None:
+        """Ctrl-C: stop every rank this process started."""
+        for p in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.proc.pid, signal.SIGKILL)
+            p.proc.wait()
+
+    def _case_age(self) -> float:
+        """Seconds since the earliest rank started its current case (0 outside cases)."""
+        starts = [float(p.state["started"]) for p in self.procs
+                  if p.state.get("case") and p.state.get("started")]
+        return time.time() - min(starts) if starts else 0.0
+
+    # ---- the loop ------------------------------------------------------------------------
+    def run(self) -> list[tuple[analysis.Diagnosis, float]]:
+        skip = self._recorded() if self.results_path.exists() else []
+        for generation in range(MAX_GENERATIONS):
+            self._spawn(generation, skip)
+            found = self._watch()
+            if found is None:
+                return self.diagnoses
+            diagnosis, age, mine = found
+            seen = time.time()
+            self._handle(diagnosis, age, mine)
+            skip = self._recorded(diagnosis.case, seen)
+            if diagnosis.case is None:  # outside any case: a fresh group would fail again
+                return self.diagnoses
+        self.notes.append(f"gave up after {MAX_GENERATIONS} groups")
+        return self.diagnoses
+
+    def _claim_path(self) -> Path:
+        return self.wdir / f"group.{self.group.mode}.{self.generation}.finding.json"
+
+    def _claim(self, d: analysis.Diagnosis, age: float) -> tuple[analysis.Diagnosis, float,
+                                                                   bool]:
+        """The group's one diagnosis of this generation: ours if we write the claim file
+        first, else the one another owner (torchrun, another node) wrote."""
+        path = self._claim_path()
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            theirs = self._claimed()
+            return (theirs[0], theirs[1], False) if theirs else (d, age, False)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"diagnosis": asdict(d), "age": age}, f)
+        return d, age, True
+
+    def _claimed(self) -> tuple[analysis.Diagnosis, float] | None:
+        try:
+            data = json.loads(self._claim_path().read_text())
+            return analysis.Diagnosis(**data["diagnosis"]), float(data["age"])
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+
+    def _watch(self) -> tuple[analysis.Diagnosis, float, bool] | None:
+        while True:
+            theirs = self._claimed()  # another owner's finding: stop our ranks too
+            if theirs is not None:
+                return theirs[0], theirs[1], False
+            views = self._views()
+            age = self._case_age()
+            found = analysis.diagnose(views, timed_out=age > self.timeout)
+            if found is not None:
+                return self._claim(found, age)
+            if all(not v.alive for v in views):
+                bad = [v for v in views if v.exit_code not in NORMAL_EXITS]
+                if bad and len(bad) < len(views):
+                    found = analysis.diagnose(views, timed_out=True)
+                    if found is not None:
+                        return self._claim(found, age)
+                if bad:  # every rank died (e.g. all at start-up)
+                    v = bad[0]
+                    return self._claim(analysis.Diagnosis(
+                        "rank-crash", f"rank {v.rank}'s process died ({analysis.exit_text(v)})",
+                        v.current_case(), [v.rank], hint=analysis.CRASH_HINT,
+                        positions=analysis.positions(views)), age)
+                return None
+            if self.on_update:
+                self.on_update(f"{len(views)} ranks, case {views[0].current_case() or '-'}")
+            time.sleep(POLL_S)
+
+    def _recorded(self, also: str | None = None, before: float | None = None) -> list[str]:
+        """Cases of this group already recorded (by any rank), and ``also``. With ``before``,
+        only cases started before then: a rank whose peers were killed fails the cases after
+        the finding in no time, and those records must not stop them from running again."""
+        done = {r["case"] for r in results.cases(self.results_path)
+                if r["run_id"] == self.run_id and r["mode"] == self.group.mode
+                and str(r["device"]).startswith("rank") and not r["case"].startswith("<")
+                and (before is None or _epoch(r.get("started_at")) < before)}
+        return sorted(done | ({also} if also else set()))
+
+    # ---- a finding -----------------------------------------------------------------------
+    def _handle(self, d: analysis.Diagnosis, age: float, mine: bool = True) -> None:
+        """Stacks, flight recorder, native frames, then every rank killed (frozen first, so
+        that none races on into the next cases once its peers are gone)."""
+        alive = [p for p in self.procs if p.proc.poll() is None]
+        pids = [int(p.state.get("pid") or p.proc.pid) for p in self.procs]
+        for p in alive:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(p.state.get("pid") or p.proc.pid), signal.SIGUSR1)
+            if self.group.backend == "nccl":
+                rank_env.request_path(p.trace_path).touch()
+        # faulthandler writes at once; the NCCL dump takes a moment; other owners (torchrun)
+        # see the claim within a poll and dump their ranks' stacks to the shared folder
+        time.sleep(STACK_WAIT_S * (1 if len(self.procs) == self.group.world_size else 3))
+        if d.kind == "rank-crash":  # the others have reached their next collective by now
+            again = analysis.diagnose(self._views())
+            d = again if again is not None and again.kind == d.kind else d
+        for p in alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.proc.pid, signal.SIGSTOP)
+        native = _py_spy_dumps(alive)  # py-spy reads a stopped process
+        for p in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.proc.pid, signal.SIGKILL)
+        for p in self.procs:
+            p.proc.wait()
+        orphans = _gpu_orphans(pids) if any(r.device_index is not None
+                                           for r in self.group.ranks) else None
+        if mine:  # one record per finding, by the owner that claimed it
+            self.diagnoses.append((d, age))
+            self._record(d, age, native, orphans)
+
+    def _errors(self) -> list[tuple[int, dict[str, Any]]]:
+        return [(p.spec.rank, e) for p in self.procs for e in collectives.read(p.log_path)
+                if e.get("ev") == "error"]
+
+    def _evidence(self, d: analysis.Diagnosis, native: dict[int, str],
+                  orphans: str | None) -> str:
+        parts = [f"--- where each rank is ---\n{d.positions}"]
+        for p in self.procs:
+            r = p.spec.rank
+            if p.proc.returncode not in (None, -signal.SIGKILL, *NORMAL_EXITS):
+                parts.append(f"--- rank {r} stderr (why it ended) ---\n"
+                             f"{crash_digest(_tail(p.stderr_path, 64_000))[:2500]}")
+        errors = [f"rank {v_rank}: #{e.get('seq')} {e.get('op')}: {e.get('error')}"
+                  for v_rank, e in self._errors()]
+        if errors:
+            parts.append("--- collectives that raised (TORCH_DISTRIBUTED_DEBUG=DETAIL checks "
+                         "shapes and ops across ranks) ---\n" + "\n".join(errors[:8]))
+        for r in range(self.group.world_size):  # every rank's files, whoever owns it
+            stem = self._stem(r)
+            try:
+                stacks = (self.wdir / f"{stem}.stacks.txt").read_text(errors="replace")
+            except OSError:
+                stacks = ""
+            stacks = _trim(_main_thread(stacks)) or "(no stack dump: the rank was not alive)"
+            parts.append(f"--- rank {r} Python stack (innermost first) ---\n{stacks[:1500]}")
+            if r in native:
+                parts.append(f"--- rank {r} py-spy dump --native ---\n{native[r][:1500]}")
+            trace = rank_env.read_trace(self.wdir / f"{stem}.nccl_trace.pkl")
+            if trace:
+                tail = "\n".join(f"  #{e['seq']} {e['op']} {e['state']} {e['input_sizes']}"
+                                 for e in trace[-5:])
+                parts.append(f"--- rank {r} NCCL flight recorder (last 5) ---\n{tail}")
+        if shutil.which("py-spy") is None:
+            parts.append("note: py-spy is not installed: no native frames (pip install py-spy "
+                         "to see where a rank is stuck inside C++/CUDA)")
+        if orphans is not None:
+            parts.append(orphans)
+        return "\n".join(parts)
+
+    def _record(self, d: analysis.Diagnosis, age: float, native: dict[int, str],
+                orphans: str | None) -> None:
+        cause = d.cause_ranks[0] if d.cause_ranks else self.group.ranks[0].rank
+        owner = next((p for p in self.procs if p.spec.rank == cause), self.procs[0])
+        suite = str(owner.state.get("suite") or ",".join(self.group.suites))
+        case = d.case or f"<rank {cause} start-up>"
+        evidence = self._evidence(d, native, orphans)
+        message = f"{d.message} (found after {age:.1f} s)"
+        finding = Finding(kind=d.kind, severity="error", message=message, device=owner.spec.label,
+                          suite=suite, case=case, op=d.op, evidence=evidence[:12000], hint=d.hint)
+        rc = owner.proc.returncode
+        record = CaseRecord(
+            run_id=self.run_id, device=owner.spec.label, device_uuid=owner.spec.uuid, suite=suite,
+            case=case, mode=self.group.mode, status=STATUS_OF.get(d.kind, "failed"),
+            reason=d.message, duration_s=round(age, 3), started_at=now_iso(),
+            exit_code=rc if rc is not None and rc >= 0 else None, stderr_tail=evidence[-4000:],
+            findings=[finding])
+        data = record.to_json()
+        data["distributed"] = {"kind": d.kind, "cause_ranks": d.cause_ranks,
+                               "waiting_ranks": d.waiting_ranks, "seq": d.seq, "op": d.op,
+                               "time_to_finding_s": round(age, 3),
+                               "world_size": self.group.world_size}
+        results.append(self.results_path, data)
+
+
+def _trim(stack: str) -> str:
+    """A faulthandler stack (innermost first) without the frames of pytest and pluggy."""
+    keep = []
+    for line in stack.splitlines():
+        if "/_pytest/" in line or "/pluggy/" in line:
+            break
+        keep.append(line)
+    return "\n".join(keep)
+
+
+def _epoch(iso: Any) -> float:
+    try:
+        return datetime.fromisoformat(str(iso)).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def _read_exit(path: Path) -> int | None:
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _main_thread(stacks: str) -> str:
+    """The faulthandler block of the main thread ('Current thread' first), else all."""
+    blocks = stacks.strip().split("\n\n")
+    main = [b for b in blocks if b.startswith(("Current thread", "Thread")) and
+            "(most recent call first)" in b]
+    return (main[-1] if main else stacks).strip()
+
+
+def _py_spy_dumps(procs: list[RankProc]) -> dict[int, str]:
+    """``py-spy dump --native`` of each rank, in parallel (empty when py-spy is missing)."""
+    exe = shutil.which("py-spy")
+    if exe is None:
+        return {}
+    out: dict[int, str] = {}
+
+    def one(p: RankProc) -> None:
+        pid = int(p.state.get("pid") or p.proc.pid)
+        try:
+            run = subprocess.run([exe, "dump", "--native", "--pid", str(pid)],
+                                 capture_output=True, text=True, timeout=20)
+            out[p.spec.rank] = run.stdout or run.stderr
+        except (OSError, subprocess.TimeoutExpired) as err:
+            out[p.spec.rank] = f"py-spy failed: {err}"
+
+    threads = [threading.Thread(target=one, args=(p,)) for p in procs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(25)
+    return out
+
+
+def _gpu_orphans(pids: list[int], wait_s: float = 10.0) -> str:
+    """Whether NVML still lists any of ``pids`` with a context on a GPU after the kill."""
+    from gpucheck import nvml
+
+    if not nvml.status().ok:
+        return "NVML orphan check: NVML not available"
+    deadline = time.monotonic() + wait_s
+    while True:
+        held = {}
+        for i in range(nvml.device_count()):
+            for proc in nvml.compute_processes(nvml.handle(i)):
+                if proc.pid in pids:
+                    held[proc.pid] = i
+        if not held or time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
+    if held:
+        return ("NVML orphan check: FAILED, still holding a GPU context after the kill: "
+                + ", ".join(f"pid {p} on NVML device {i}" for p, i in held.items()))
+    return f"NVML orphan check: none of the {len(pids)} rank pids holds a GPU context"

@@ -1,0 +1,149 @@
+"""``gpucheck run --distributed``: the ranks of one torch.distributed group, one per device.
+
+Started by hand, gpucheck spawns ``world_size`` ranks on this machine (one per target GPU with
+NCCL, or ``--world-size`` CPU ranks with gloo under ``--cpu-only``) and watches them as one
+group (:class:`gpucheck.runner.dist_harness.DistHarness`). Started by torchrun (``torchrun
+--nnodes N --nproc-per-node G -m gpucheck run --distributed --out SHARED``), each gpucheck
+process owns the rank torchrun gave it, on GPU ``LOCAL_RANK``; the run folder must be one
+every node sees, where global rank 0 writes the header, the end record and the reports.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from gpucheck.dist import rank as rank_env
+from gpucheck.errors import UsageProblem
+from gpucheck.report import results
+from gpucheck.runner import pipeline
+from gpucheck.runner import suites as suites_mod
+from gpucheck.runner.dist_harness import DistHarness, GroupSpec, RankSpec
+
+MODE = "dist"
+BACKENDS = ("nccl", "gloo")
+
+
+def _ranks(cfg: pipeline.RunConfig) -> tuple[list[RankSpec], int, str, list[pipeline.Target],
+                                              list[str], Any]:
+    """The ranks to start here, the world size, the backend, targets/notes/inventory."""
+    backend = cfg.backend
+    if backend is not None and backend not in BACKENDS:
+        raise UsageProblem(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    targets, notes, _, inv = pipeline.choose_targets(cfg)
+    if cfg.cpu_only:
+        if backend == "nccl":
+            raise UsageProblem("--backend nccl needs GPUs; drop --cpu-only")
+        world = cfg.world_size or 2
+        ranks = [RankSpec(r, f"rank{r}/cpu", None) for r in range(world)]
+        return ranks, world, "gloo", targets, notes, inv
+    if cfg.world_size is not None and cfg.world_size != len(targets):
+        raise UsageProblem(f"--world-size {cfg.world_size} but {len(targets)} target device(s): "
+                           "a GPU run has one rank per device (choose them with --device)")
+    ranks = [RankSpec(r, f"rank{r}/cuda:{index}", index, u)
+             for r, (_, index, u, _) in enumerate(targets)]
+    return ranks, len(ranks), backend or "nccl", targets, notes, inv
+
+
+def run(cfg: pipeline.RunConfig, previous: dict[str, Any] | None) -> int:
+    if any(m.startswith("sanitizer") for m in cfg.modes):
+        raise UsageProblem("--distributed does not combine with the sanitizer modes")
+    if rank_env.under_torchrun():
+        return _run_torchrun(cfg)
+    ranks, world, backend, _, notes, inv = _ranks(cfg)
+    requested = (cfg.suite_paths if cfg.suite_paths is not None
+                 else suites_mod.resolve(cfg.suites or suites_mod.DISTRIBUTED))
+    out = cfg.resume if cfg.resume is not None else pipeline.prepare_out(cfg.out)
+    results_path = out / "results.jsonl"
+    targets: list[pipeline.Target] = [(r.label, r.device_index, r.uuid, None) for r in ranks]
+    notes.append(f"distributed: {world} rank(s), backend {backend}, env:// rendezvous on this "
+                 "machine")
+    if previous is None:
+        run_id = uuid.uuid4().hex[:12]
+        results.append(results_path, pipeline._header(cfg, run_id, targets, inv, requested,
+                                                      [(MODE, None)], notes, {}, (MODE,)))
+    else:
+        run_id = str(previous["run_id"])
+    group = GroupSpec(ranks, world, backend, requested, MODE, _env(cfg), cfg.pytest_args)
+    return _watch_and_finish(cfg, group, out, results_path, run_id, notes)
+
+
+def _env(cfg: pipeline.RunConfig) -> dict[str, str]:
+    env = {"GPUCHECK_CURRENT": "target"}
+    if cfg.cpu_only:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def _watch_and_finish(cfg: pipeline.RunConfig, group: GroupSpec, out: Path, results_path: Path,
+                      run_id: str, notes: list[str], write_reports: bool = True) -> int:
+    console = Console()
+    harness = DistHarness(group, out, results_path, run_id, cfg.timeout)
+    stopped: str | None = None
+    stops: list[str] = []
+    try:
+        with pipeline._sigterm_as_interrupt(stops):
+            found = harness.run()
+    except KeyboardInterrupt:
+        harness.interrupt()
+        stopped = stops[0] if stops else "Ctrl-C"
+        found = harness.diagnoses
+    notes.extend(harness.notes)
+    for d, age in found:
+        console.print(f"[red]{d.kind}[/] after {age:.1f} s in {d.case}: {d.message}",
+                      soft_wrap=True, markup=False)
+    if not write_reports:
+        return 1 if found else 0
+    return pipeline._finish(cfg, out, results_path, run_id, notes, {}, stopped, console)
+
+
+def _run_torchrun(cfg: pipeline.RunConfig) -> int:
+    """One rank per gpucheck process, ranks and rendezvous from torchrun's variables."""
+    found = rank_env.env_ranks()
+    assert found is not None
+    rank, world, local = found
+    if cfg.world_size is not None and cfg.world_size != world:
+        raise UsageProblem(f"--world-size {cfg.world_size} but torchrun started {world} ranks")
+    run_key = os.environ.get("TORCHELASTIC_RUN_ID", "torchrun")
+    out = cfg.out or Path("reports") / f"torchrun-{run_key}"
+    results_path = out / "results.jsonl"
+    import torch
+
+    gpu = torch.cuda.is_available() and not cfg.cpu_only
+    backend = cfg.backend or ("nccl" if gpu else "gloo")
+    label = f"rank{rank}/cuda:{local}" if gpu else f"rank{rank}/cpu"
+    requested = suites_mod.resolve(cfg.suites or suites_mod.DISTRIBUTED)
+    notes = [f"distributed under torchrun: {world} rank(s), backend {backend}, "
+             f"{os.environ.get('LOCAL_WORLD_SIZE', '?')} per node"]
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        if not results_path.exists():
+            targets: list[pipeline.Target] = [(f"rank{r}", None, None, None)
+                                              for r in range(world)]
+            results.append(results_path, pipeline._header(
+                cfg, run_key, targets, None, requested, [(MODE, None)], notes, {}, (MODE,)))
+    deadline = time.monotonic() + 120
+    while not results_path.exists():  # rank 0 (maybe on another node) writes the header
+        if time.monotonic() > deadline:
+            raise UsageProblem(f"rank {rank}: {results_path} did not appear within 120 s: "
+                               "--out must be a folder every node sees")
+        time.sleep(0.5)
+    group = GroupSpec([RankSpec(rank, label, local if gpu else None)], world, backend,
+                      requested, MODE, _env(cfg), cfg.pytest_args,
+                      local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    _watch_and_finish(cfg, group, out, results_path, run_key, notes, write_reports=False)
+    done = out / "workers" / f"owner{rank}.done"
+    done.parent.mkdir(parents=True, exist_ok=True)
+    done.write_text("done\n")
+    if rank != 0:  # its findings are in the shared results; global rank 0 gives the verdict
+        return 0
+    deadline = time.monotonic() + cfg.timeout + 120
+    while time.monotonic() < deadline and not all(
+            (out / "workers" / f"owner{r}.done").exists() for r in range(world)):
+        time.sleep(0.5)
+    return pipeline._finish(cfg, out, results_path, run_key, notes, {}, None, Console())

@@ -1,0 +1,125 @@
+"""gpucheck.dist.analysis on collective logs as the ranks write them: which rank did not
+arrive at which collective, mismatches, crashes, failures, timeouts, and a healthy group."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpucheck.dist.analysis import RankView, diagnose
+
+
+def enter(seq: int, op: str = "all_reduce", shape: tuple[int, ...] = (4,), dev: str = "cpu",
+          case: str = "t.py::c", where: str = "t.py:10", tag: str | None = None
+          ) -> dict[str, Any]:
+    return {"ev": "enter", "seq": seq, "op": op, "shapes": [list(shape)],
+            "dtypes": ["float32"], "devices": [dev], "case": case, "where": where, "tag": tag}
+
+
+def done(seq: int) -> dict[str, Any]:
+    return {"ev": "done", "seq": seq}
+
+
+def start(seq: int = 0, case: str = "t.py::c") -> dict[str, Any]:
+    return {"ev": "case", "case": case, "seq": seq}
+
+
+def end(seq: int, outcome: str = "passed", error: str | None = None,
+        case: str = "t.py::c") -> dict[str, Any]:
+    return {"ev": "case-end", "case": case, "seq": seq, "outcome": outcome, "error": error}
+
+
+def test_healthy_group_in_flight_is_not_a_problem() -> None:
+    # rank 0 already waits in #2, rank 1 has not reached it yet: normal, until the timeout
+    views = [RankView(0, [start(), enter(1), done(1), enter(2)]),
+             RankView(1, [start(), enter(1), done(1)])]
+    assert diagnose(views) is None
+    late = diagnose(views, timed_out=True)
+    assert late is not None and late.kind == "hang"
+    assert late.cause_ranks == [1] and late.waiting_ranks == [0] and late.seq == 2
+
+
+def test_rank_that_left_the_case_without_a_collective_is_named_at_once() -> None:
+    views = [RankView(0, [start(), enter(1), done(1), enter(2, where="t.py:12")]),
+             RankView(1, [start(), enter(1), done(1)]),
+             RankView(2, [start(), enter(1), done(1), end(1)])]
+    d = diagnose(views)
+    assert d is not None and d.kind == "hang"
+    assert d.cause_ranks == [2] and d.seq == 2 and d.op == "all_reduce"
+    assert "rank 2 did not arrive at all_reduce #2" in d.message and "t.py:12" in d.message
+    assert "branch on the rank" in (d.hint or "")
+
+
+def test_shape_mismatch_names_the_odd_rank() -> None:
+    views = [RankView(r, [start(), enter(1, shape=(5,) if r == 2 else (4,))]) for r in range(4)]
+    d = diagnose(views)
+    assert d is not None and d.kind == "collective-mismatch" and d.cause_ranks == [2]
+    assert d.waiting_ranks == [0, 1, 3] and "[5]" in d.message and "[4]" in d.message
+
+
+def test_different_ops_at_one_seq_is_a_skipped_collective() -> None:
+    views = [RankView(0, [start(), enter(1), done(1), enter(2, "all_reduce")]),
+             RankView(1, [start(), enter(1), done(1), enter(2, "barrier", shape=())])]
+    d = diagnose(views)
+    assert d is not None and d.kind == "collective-mismatch"
+    assert "different collectives" in d.message and "barrier #2" in d.message
+
+
+def test_tensor_on_another_kind_of_device() -> None:
+    views = [RankView(0, [start(), enter(1, dev="cuda:0")]),
+             RankView(1, [start(), enter(1, dev="cpu")])]
+    d = diagnose(views)
+    assert d is not None and d.kind == "collective-device"
+    # with two ranks either could be odd; the message shows both devices
+    assert "cuda:0" in d.message and "cpu" in d.message
+
+
+def test_refused_tensor_names_the_rank() -> None:
+    err = {"ev": "error", "seq": 1, "op": "all_reduce", "kind": "device",
+           "error": "rank 1: all_reduce #1 got a tensor on cpu, but this rank runs on cuda:1"}
+    views = [RankView(0, [start(), enter(1, dev="cuda:0")]),
+             RankView(1, [start(), enter(1, dev="cpu"), err])]
+    d = diagnose(views)
+    assert d is not None and d.kind == "collective-device" and d.cause_ranks == [1]
+
+
+def test_crash_names_the_dead_rank_not_the_waiting_ones() -> None:
+    views = [RankView(0, [start(), enter(1), done(1), enter(2)]),
+             RankView(1, [start(), enter(1), done(1)], exit_code=-6)]
+    d = diagnose(views)
+    assert d is not None and d.kind == "rank-crash" and d.cause_ranks == [1]
+    assert "SIGABRT" in d.message and "all_reduce #2" in d.message
+    assert "cause" in d.message
+
+
+def test_exception_on_one_rank_is_a_rank_failure() -> None:
+    views = [RankView(0, [start(), enter(1), done(1), enter(2)]),
+             RankView(1, [start(), enter(1), done(1), end(1, "failed", "ValueError: bad batch")])]
+    d = diagnose(views)
+    assert d is not None and d.kind == "rank-failure" and d.cause_ranks == [1]
+    assert "ValueError: bad batch" in d.message
+
+
+def test_timeout_without_any_collective_pending() -> None:
+    views = [RankView(0, [start(), enter(1), done(1), end(1)]),
+             RankView(1, [start(), enter(1), done(1)])]
+    assert diagnose(views) is None
+    d = diagnose(views, timed_out=True)
+    assert d is not None and d.kind == "hang" and d.cause_ranks == [1]
+
+
+def test_distributed_render_hang_says_the_mode_is_wrong() -> None:
+    tag = "gpucheck.dist.render(distributed=True) call 4"
+    views = [RankView(0, [start(), enter(4, "all_gather", tag=tag)]),
+             RankView(1, [start(), enter(3, "all_gather", tag=tag), done(3), end(3)])]
+    d = diagnose(views)
+    assert d is not None and d.kind == "hang" and d.cause_ranks == [1]
+    assert "distributed=False" in (d.hint or "") and "independent scene" in (d.hint or "")
+
+
+def test_nccl_style_skip_is_found_although_nothing_blocks_in_python() -> None:
+    # an NCCL collective returns once queued: rank 0 "finished" all_reduce #2 and the case,
+    # rank 1 never issued #2; both wait at the case boundary
+    views = [RankView(0, [start(), enter(1), done(1), enter(2), done(2), end(2)]),
+             RankView(1, [start(), enter(1), done(1), end(1)])]
+    d = diagnose(views)
+    assert d is not None and d.kind == "hang" and d.cause_ranks == [1] and d.seq == 2
