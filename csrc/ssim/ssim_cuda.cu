@@ -38,6 +38,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <type_traits>
 
 namespace gpucheck::ssim {
@@ -46,18 +47,6 @@ namespace {
 constexpr int kThreads = 128;                  // columns per block (one per thread)
 constexpr int kHalf = 5;                       // window radius
 constexpr int kWin = 2 * kHalf + 1;            // 11
-constexpr int kChunk = kWin;                   // rows per shared-memory chunk (= ring size)
-constexpr int kSmemW = kThreads + 2 * kHalf;   // 138 columns of input per chunk row
-constexpr int kChunkElems = kChunk * kSmemW;   // 1518
-constexpr int kLoads = (kChunkElems + kThreads - 1) / kThreads;  // 12 per thread per image
-// Backward: a strip of R gradient rows needs R + 20 input rows, streamed in chunks of 11:
-// R = 11 * chunks - 20, with chunks chosen per call by backward_strip() (fewer, longer strips
-// halve the halo recomputation; more, shorter ones fill the last wave of blocks). Defining
-// GPUCHECK_SSIM_BCHUNKS fixes the number of chunks instead. The block's threads hold the
-// partials of kThreads columns, so kThreads - 10 gradient columns come out per block.
-constexpr int kBwdMinChunks = 3;
-constexpr int kBwdMaxChunks = 12;
-constexpr int kBwdCols = kThreads - 2 * kHalf;             // 118
 constexpr int kMeanThreads = 256;
 
 static_assert(kThreads % 32 == 0, "whole warps");
@@ -112,85 +101,6 @@ __device__ __forceinline__ __nv_bfloat16 zero<__nv_bfloat16>() {
   return __ushort_as_bfloat16(0);
 }
 
-// One chunk (kChunk rows x kSmemW columns) of both images, held in registers between the
-// global loads and the shared-memory stores so that the loads of chunk k+1 overlap the
-// filtering of chunk k. The registers hold the raw elements: converting to the accumulator
-// type at the load would make the thread wait for the load there (float16/bfloat16 ran 1.5x
-// slower than float32 for that reason); the conversion happens in store().
-template <typename T>
-struct ChunkLoader {
-  using A = acc_t<T>;
-  T rx[kLoads];
-  T ry[kLoads];
-
-  // Rows row0.., columns col0.. of the plane; zero outside the image.
-  __device__ __forceinline__ void fetch(const T* __restrict__ x, const T* __restrict__ y,
-                                        int height, int width, int row0, int col0) {
-#pragma unroll
-    for (int i = 0; i < kLoads; ++i) {
-      const int e = static_cast<int>(threadIdx.x) + i * kThreads;
-      const int rr = e / kSmemW;
-      const int r = row0 + rr;
-      const int c = col0 + (e - rr * kSmemW);
-      T vx = zero<T>();
-      T vy = zero<T>();
-      if (e < kChunkElems && r >= 0 && r < height && c >= 0 && c < width) {
-        const int64_t idx = static_cast<int64_t>(r) * width + c;
-        vx = x[idx];
-        vy = y[idx];
-      }
-      rx[i] = vx;
-      ry[i] = vy;
-    }
-  }
-
-  __device__ __forceinline__ void store(A* xs, A* ys) const {
-#pragma unroll
-    for (int i = 0; i < kLoads; ++i) {
-      const int e = static_cast<int>(threadIdx.x) + i * kThreads;
-      if (e < kChunkElems) {
-        xs[e] = to_acc(rx[i]);
-        ys[e] = to_acc(ry[i]);
-      }
-    }
-  }
-};
-
-// Horizontal 11-tap filter of the four moments x, y, x² + y², xy (only the sum of the two
-// variances enters SSIM); xr/yr point at the leftmost tap.
-template <typename A>
-__device__ __forceinline__ void filter_row(const A* xr, const A* yr, A (&h)[4]) {
-  A a0 = A(0), a1 = A(0), a2 = A(0), a3 = A(0);
-#pragma unroll
-  for (int k = 0; k < kWin; ++k) {
-    const A xv = xr[k];
-    const A yv = yr[k];
-    const A wx = gauss<A>(k) * xv;
-    const A wy = gauss<A>(k) * yv;
-    a0 += wx;
-    a1 += wy;
-    a2 = fma(wy, yv, fma(wx, xv, a2));
-    a3 = fma(wx, yv, a3);
-  }
-  h[0] = a0;
-  h[1] = a1;
-  h[2] = a2;
-  h[3] = a3;
-}
-
-// Vertical 11-tap filter over a ring whose oldest row sits in slot `first` (compile-time).
-template <int N, typename A>
-__device__ __forceinline__ void filter_ring(const A (&ring)[kWin][N], int first, A (&out)[N]) {
-#pragma unroll
-  for (int q = 0; q < N; ++q) out[q] = A(0);
-#pragma unroll
-  for (int k = 0; k < kWin; ++k) {
-    const int slot = (first + k) % kWin;
-#pragma unroll
-    for (int q = 0; q < N; ++q) out[q] = fma(gauss<A>(k), ring[slot][q], out[q]);
-  }
-}
-
 template <typename A>
 struct SsimTerms {
   A a1, a2, b1, b2;
@@ -234,9 +144,6 @@ struct TileGrid {
 
 __host__ __device__ inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
-// Resident backward blocks per multiprocessor (float32/16-bit: the launch bound below).
-constexpr int kBwdResident = 3;
-
 // Multiprocessors of the current device (cached per device; 132 on an H200).
 int multiprocessors() {
   constexpr int kMaxDevices = 64;
@@ -252,43 +159,6 @@ int multiprocessors() {
     cache[dev] = sms;
   }
   return cache[dev];
-}
-
-// Gradient rows per backward block. Model: a block's time is proportional to the rows it
-// streams (11 * chunks) and blocks run in waves of kBwdResident per multiprocessor, so the
-// call costs ceil(blocks / slots) * 11 * chunks; the cheapest number of chunks wins (ties:
-// the longer strip). E.g. on 132 multiprocessors: 10 chunks (90 rows, 7.7 waves) at
-// 5x3x1080x1920, 9 chunks (79 rows, 1.8 waves instead of 1.5 -> 2) at 1x3x1080x1920.
-int backward_strip(const Geometry& g) {
-#ifdef GPUCHECK_SSIM_BCHUNKS
-  return GPUCHECK_SSIM_BCHUNKS * kChunk - 4 * kHalf;
-#else
-  const int64_t slots = static_cast<int64_t>(multiprocessors()) * kBwdResident;
-  const int64_t columns = g.planes * ceil_div(g.width, kBwdCols);
-  int best_rows = kBwdMaxChunks * kChunk - 4 * kHalf;
-  int64_t best_cost = -1;
-  for (int chunks = kBwdMaxChunks; chunks >= kBwdMinChunks; --chunks) {
-    const int rows = chunks * kChunk - 4 * kHalf;
-    const int64_t blocks = columns * ceil_div(g.height, rows);
-    const int64_t cost = (blocks + slots - 1) / slots * chunks;
-    if (best_cost < 0 || cost < best_cost) {
-      best_cost = cost;
-      best_rows = rows;
-    }
-  }
-  return best_rows;
-#endif
-}
-
-struct BackwardGrid {
-  int tiles_x;
-  int tiles_y;
-  int rows;  // gradient rows per block
-};
-
-inline BackwardGrid backward_grid(const Geometry& g) {
-  const int rows = backward_strip(g);
-  return {ceil_div(g.width, kBwdCols), ceil_div(g.height, rows), rows};
 }
 
 // 16-byte (float: 4 lanes; double: 2 x 2 lanes) load of 4 consecutive accumulator values
@@ -383,7 +253,7 @@ constexpr int kFRing = 12;                     // ring slots: >= 11, multiple of
 #define GPUCHECK_SSIM_FBLOCKS 3
 #endif
 #ifndef GPUCHECK_SSIM_BBLOCKS
-#define GPUCHECK_SSIM_BBLOCKS 3
+#define GPUCHECK_SSIM_BBLOCKS 4
 #endif
 #ifndef GPUCHECK_SSIM_FPRE
 #define GPUCHECK_SSIM_FPRE 6
@@ -611,16 +481,56 @@ __global__ void __launch_bounds__(kFT, kFMinBlocks<T>)
   }
 }
 
-// Backward. Block = (plane, strip of `strip_rows` image rows, kBwdCols image columns). Thread j
-// computes the weighted partials of image column c0 - 5 + j (stage A) and, for 5 <= j < 123,
-// the gradient of image column c0 - 5 + j (stage B).
-// float/half/bf16: <= 168 registers (3 blocks = 12 warps per SM).
+// Backward, in the forward's layout. Block = (plane, strip of `strip_rows` gradient rows,
+// kBCols gradient columns), kBT threads; everything moves in batches of kBBatch rows, with
+// two barriers per batch:
+//   1. moments, vertical pass (thread t owns input column c0 - 10 + t): rows streamed from
+//      global memory (prefetched kBPre rows ahead), the last 11 rows' x, y, x² + y², xy in a
+//      register ring, the vertically filtered batch written to `vbuf`;
+//   2. moments, horizontal pass (thread (b, g): row b of the batch, partial columns
+//      4g .. 4g + 3, 16-byte shared loads), then the four weighted partials g dS/dmoment of
+//      those 4 pixels (zero outside the map), written to `pring`, a ring of kBPRows rows;
+//   3. partials, vertical pass (thread t owns partial column t), 4 gradient rows at once from
+//      the 14 partial rows they need, written to `v2`;
+//   4. partials, horizontal pass (thread (b, g): gradient row b of the batch, columns
+//      4g .. 4g + 3), then the gradient from the images at those pixels.
+// Iteration k runs 1 on batch k, barrier, 2 on batch k and 4 on gradient batch k - 4,
+// barrier, 3 on gradient batch k - 3. Streamed row s is image row r0 - 10 + s, partial row p
+// image row r0 - 5 + p, gradient row q image row r0 + q.
+constexpr int kBT = 128;                        // threads per block
+constexpr int kBCols = 104;                     // gradient columns per block (26 groups of 4)
+constexpr int kBGroups = kBCols / 4;            // 26
+constexpr int kBPCols = 116;                    // partial columns (>= kBCols + 10; 29 groups)
+constexpr int kBPGroups = kBPCols / 4;          // 29
+constexpr int kBInCols = kBPCols + 2 * kHalf;   // 126 input columns
+constexpr int kBBatch = 4;                      // rows per batch
+constexpr int kBRing = 12;                      // register ring slots (3 batches)
+constexpr int kBPre = 4;                        // rows of register prefetch
+constexpr int kBPRows = 16;                     // shared ring of partial rows
+constexpr int kBPitch = 128;                    // shared row pitch (columns)
+constexpr int kBBufElems = kBBatch * 4 * kBPitch;               // vbuf and v2
+constexpr int kBSmemElems = 2 * kBBufElems + kBPRows * 4 * kBPitch;
+static_assert(kBInCols <= kBT, "one input column per thread");
+static_assert(kBPCols >= kBCols + 2 * kHalf && kBPCols <= kBT, "partials of the gradient tile");
+static_assert(kBPGroups * kBBatch <= kBT && kBGroups * kBBatch <= kBT, "one group per thread");
+static_assert(4 * (kBPGroups - 1) + 16 <= kBPitch, "16-value reads stay in the row");
+static_assert(4 * (kBGroups - 1) + 16 <= kBPCols, "16-value reads stay in the partials");
+static_assert(kBRing == 3 * kBBatch && kBBatch % kBPre == 0, "ring slots");
+static_assert(kBPRows >= 4 * kBBatch && (kBPRows & (kBPRows - 1)) == 0, "partial ring");
+
+// float/half/bf16: <= 128 registers (4 blocks = 16 warps per SM); float64: twice the ring.
 template <typename T>
 constexpr int kBMinBlocks = std::is_same_v<T, double> ? 1 : GPUCHECK_SSIM_BBLOCKS;
 
+// 4 consecutive elements, loaded at once (16 bytes for float32); `p` aligned to 4 elements.
+template <typename T>
+struct alignas(4 * sizeof(T)) Vec4 {
+  T v[4];
+};
+
 template <typename T, bool kScalarGrad>
-__global__ void __launch_bounds__(kThreads, kBMinBlocks<T>)
-    ssim_backward_kernel(const T* __restrict__ grad,  // [1] or [planes, out_h, out_w]
+__global__ void __launch_bounds__(kBT, kBMinBlocks<T>)
+    ssim_backward_kernel(const T* __restrict__ grad,  // [1], [planes, out_h, out_w] or null
                          acc_t<T> scale,
                          const T* __restrict__ img1,  // [planes, H, W]
                          const T* __restrict__ img2,  // [planes, H, W]
@@ -630,121 +540,299 @@ __global__ void __launch_bounds__(kThreads, kBMinBlocks<T>)
                          T* __restrict__ grad2) {  // [planes, H, W] or null
   using A = acc_t<T>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  A* xs = reinterpret_cast<A*>(smem_raw);  // [kChunk, kSmemW]
-  A* ys = xs + kChunkElems;                // [kChunk, kSmemW]
-  A* ps = ys + kChunkElems;                // [kChunk, 4, kThreads] weighted partials
+  A* const vbuf = reinterpret_cast<A*>(smem_raw);  // [kBBatch][4 moments][kBPitch]
+  A* const v2 = vbuf + kBBufElems;                 // [kBBatch][4 partials][kBPitch]
+  A* const pring = v2 + kBBufElems;                // [kBPRows][4 partials][kBPitch]
 
   const int64_t block = blockIdx.x;
   const int tx = static_cast<int>(block % tiles_x);
   const int64_t rest = block / tiles_x;
   const int ty = static_cast<int>(rest % tiles_y);
   const int64_t plane = rest / tiles_y;
-
-  const int c0 = tx * kBwdCols;
+  const int c0 = tx * kBCols;
   const int r0 = ty * strip_rows;
-  const int rows_out = min(strip_rows, height - r0);
-  const int in_rows = rows_out + 4 * kHalf;
-  const int chunks = ceil_div(in_rows, kChunk);
-  const int img_row0 = r0 - 2 * kHalf;  // image row of streamed row 0
-  const int img_col0 = c0 - 2 * kHalf;  // image column of shared column 0
-
+  const int tid = threadIdx.x;
   const int64_t plane_px = static_cast<int64_t>(height) * width;
-  const T* x = img1 + plane * plane_px;
-  const T* y = img2 + plane * plane_px;
-  const int j = threadIdx.x;
-  // Stage A: this thread's partials column, and whether it is a map column.
-  const int p_col = c0 - kHalf + j;
-  const int p_mcol = p_col - offset;  // map column
-  const bool p_col_ok = p_mcol >= 0 && p_mcol < out_w;
-  // Stage B: this thread's gradient column; reads centre on jc (in range for every thread).
-  const int g_col = c0 - kHalf + j;
-  const bool g_ok = j >= kHalf && j < kThreads - kHalf && g_col < width;
-  const int jc = min(max(j, kHalf), kThreads - kHalf - 1);
+  const T* const x = img1 + plane * plane_px;
+  const T* const y = img2 + plane * plane_px;
+
+  // Role 1: input column ci.
+  const int ci = c0 - 2 * kHalf + tid;
+  const bool col_in = tid < kBInCols && ci >= 0 && ci < width;
+  const T* const xcol = x + (col_in ? ci : 0);
+  const T* const ycol = y + (col_in ? ci : 0);
+  // Role 2: row hb of a batch, partial columns 4 hg .. (map column of the first: pmc0).
+  const int hb = tid / kBPGroups;
+  const int hg = tid - hb * kBPGroups;
+  const bool on2 = tid < kBPGroups * kBBatch;
+  const int pmc0 = c0 - kHalf + 4 * hg - offset;
+  // Role 3: partial column tid. Role 4: gradient row gb of a batch, columns gcol ...
+  const bool on3 = tid < kBPCols;
+  const int gb = tid / kBGroups;
+  const int gg = tid - gb * kBGroups;
+  const bool on4 = tid < kBGroups * kBBatch;
+  const int gcol = c0 + 4 * gg;
+  // 4-element accesses: rows of whole groups and 4-element aligned tensors (an input may be
+  // a view with any storage offset).
+  constexpr uintptr_t kMisaligned = 4 * sizeof(T) - 1;
+  const bool aligned = ((reinterpret_cast<uintptr_t>(img1) | reinterpret_cast<uintptr_t>(img2) |
+                         reinterpret_cast<uintptr_t>(grad1) | reinterpret_cast<uintptr_t>(grad2)) &
+                        kMisaligned) == 0;
+  const bool g_vec = aligned && width % 4 == 0 && gcol + 3 < width;
   const bool need2 = grad2 != nullptr;
 
-  const T* grad_plane =
+  const T* const grad_plane =
       kScalarGrad ? grad : grad + plane * (static_cast<int64_t>(out_h) * out_w);
-  const A g_scalar = kScalarGrad ? to_acc(grad[0]) * scale : A(0);
+  A g_scalar = scale;
+  if (kScalarGrad && grad != nullptr) g_scalar = to_acc(grad[0]) * scale;
 
-  A ring_a[kWin][4];  // horizontal moments of streamed rows
-  A ring_b[kWin][4];  // horizontal filtered partials of partial rows
-  ChunkLoader<T> loader;
-  loader.fetch(x, y, height, width, img_row0, img_col0);
-  for (int c = 0; c < chunks; ++c) {
-    loader.store(xs, ys);
-    __syncthreads();
-    if (c + 1 < chunks) loader.fetch(x, y, height, width, img_row0 + (c + 1) * kChunk, img_col0);
-    // Stage A: moments of streamed row t; at t >= 10 the partials of partial row m = t - 10
-    // (image row r0 - 5 + m) go to ps[u].
+  // Rows are fetched in order: fr = image row of the next fetch, foff its offset.
+  int fr = r0 - 2 * kHalf;
+  int64_t foff = static_cast<int64_t>(fr) * width;
+  auto fetch = [&](T& vx, T& vy) {
+    vx = zero<T>();
+    vy = zero<T>();
+    if (col_in && static_cast<unsigned>(fr) < static_cast<unsigned>(height)) {
+      vx = xcol[foff];
+      vy = ycol[foff];
+    }
+    ++fr;
+    foff += width;
+  };
+  T px[kBPre];  // raw elements, converted when used (see the forward)
+  T py[kBPre];
 #pragma unroll
-    for (int u = 0; u < kChunk; ++u) {
-      const int t = c * kChunk + u;
-      if (t < in_rows) {
-        filter_row<A>(xs + u * kSmemW + j, ys + u * kSmemW + j, ring_a[u]);
-        if (t >= 2 * kHalf) {
-          A m[4];
-          filter_ring<4>(ring_a, (u + 1) % kWin, m);
-          const int p_mrow = r0 - kHalf + (t - 2 * kHalf) - offset;  // map row
-          A g = A(0);
-          if (p_col_ok && p_mrow >= 0 && p_mrow < out_h) {
-            g = kScalarGrad ? g_scalar
-                            : to_acc(grad_plane[static_cast<int64_t>(p_mrow) * out_w + p_mcol]);
+  for (int u = 0; u < kBPre; ++u) fetch(px[u], py[u]);
+  A ring[kBRing][4];
+  // Streamed row s into ring slot s % kBRing; prefetch slot s % kBPre.
+  auto push = [&](int slot, int pre) {
+    const A xv = to_acc(px[pre]);
+    const A yv = to_acc(py[pre]);
+    fetch(px[pre], py[pre]);
+    ring[slot][0] = xv;
+    ring[slot][1] = yv;
+    ring[slot][2] = fma(xv, xv, yv * yv);
+    ring[slot][3] = xv * yv;
+  };
+#pragma unroll
+  for (int s = 0; s < 2 * kHalf; ++s) push(s, s % kBPre);
+  // Stage 1 of batch k (rows 10 + 4k + i): ring slots (10 + 4k + i) % 12, a compile-time
+  // constant for each value of k % 3.
+  auto stage1 = [&](auto kc) {
+    constexpr int kC = decltype(kc)::value;
+#pragma unroll
+    for (int i = 0; i < kBBatch; ++i) {
+      constexpr int kS0 = 2 * kHalf + kBBatch * kC;  // (10 + 4k) mod 12
+      const int slot = (kS0 + i) % kBRing;
+      push(slot, (2 * kHalf + i) % kBPre);
+      A v[4];
+#pragma unroll
+      for (int m = 0; m < 4; ++m) v[m] = gauss<A>(0) * ring[(slot + 2) % kBRing][m];
+#pragma unroll
+      for (int k = 1; k < kWin; ++k) {
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          v[m] = fma(gauss<A>(k), ring[(slot + 2 + k) % kBRing][m], v[m]);
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < 4; ++m) vbuf[(i * 4 + m) * kBPitch + tid] = v[m];
+    }
+  };
+
+  const int batches = strip_rows / kBBatch;  // gradient batches
+  const int last1 = batches + 3;             // stages 1, 2 run for k < last1
+  int kc = 0;                                // k % 3
+#pragma unroll 1
+  for (int k = 0; k < batches + 4; ++k) {
+    if (k < last1) {
+      if (kc == 0) {
+        stage1(std::integral_constant<int, 0>{});
+      } else if (kc == 1) {
+        stage1(std::integral_constant<int, 1>{});
+      } else {
+        stage1(std::integral_constant<int, 2>{});
+      }
+    }
+    kc = kc == 2 ? 0 : kc + 1;
+    __syncthreads();
+    if (on2 && k < last1) {  // stage 2: partial row p
+      const int p = kBBatch * k + hb;
+      A mom[4][4];  // [moment][pixel]
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const A* src = vbuf + (hb * 4 + m) * kBPitch + 4 * hg;
+        A w[16];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) load4(src + 4 * q, w + 4 * q);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          A acc = gauss<A>(0) * w[i];
+#pragma unroll
+          for (int t = 1; t < kWin; ++t) acc = fma(gauss<A>(t), w[i + t], acc);
+          mom[m][i] = acc;
+        }
+      }
+      const int mr = r0 - kHalf + p - offset;  // map row
+      const bool row_ok = static_cast<unsigned>(mr) < static_cast<unsigned>(out_h);
+      A part[4][4];  // [partial][pixel]
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        A g = A(0);
+        const int mc = pmc0 + i;
+        if (row_ok && static_cast<unsigned>(mc) < static_cast<unsigned>(out_w)) {
+          g = kScalarGrad ? g_scalar
+                          : to_acc(grad_plane[static_cast<int64_t>(mr) * out_w + mc]);
+        }
+        const A m4[4] = {mom[0][i], mom[1][i], mom[2][i], mom[3][i]};
+        const SsimTerms<A> s = ssim_terms(m4);
+        const A inv = fast_rcp<A>(s.b1 * s.b2);
+        const A ssim = s.a1 * s.a2 * inv;
+        const A da = s.a2 - s.a1;
+        const A db = ssim * (s.b2 - s.b1);
+        const A ginv = g * inv;
+        part[0][i] = ginv * (A(2) * (m4[1] * da - m4[0] * db));  // g dS/dmu1
+        part[1][i] = ginv * (A(2) * (m4[0] * da - m4[1] * db));  // g dS/dmu2
+        part[2][i] = -ginv * ssim * s.b1;                        // g dS/dE[x² + y²]
+        part[3][i] = ginv * (A(2) * s.a1);                       // g dS/dE[xy]
+      }
+      A* dst = pring + (p & (kBPRows - 1)) * 4 * kBPitch + 4 * hg;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) store4(dst + q * kBPitch, part[q]);
+    }
+    if (on4 && k >= 4) {  // stage 4: gradient row q of batch k - 4
+      const int row = r0 + kBBatch * (k - 4) + gb;
+      if (row < height) {
+        const int64_t idx = static_cast<int64_t>(row) * width + gcol;
+        T xr[4];
+        T yr[4];
+        if (g_vec) {
+          const Vec4<T> vx = *reinterpret_cast<const Vec4<T>*>(x + idx);
+          const Vec4<T> vy = *reinterpret_cast<const Vec4<T>*>(y + idx);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            xr[i] = vx.v[i];
+            yr[i] = vy.v[i];
           }
-          const SsimTerms<A> s = ssim_terms(m);
-          const A inv = fast_rcp<A>(s.b1 * s.b2);
-          const A ssim = s.a1 * s.a2 * inv;
-          const A da = s.a2 - s.a1;
-          const A db = ssim * (s.b2 - s.b1);
-          const A ginv = g * inv;
-          A* p = ps + u * 4 * kThreads + j;
-          p[0 * kThreads] = ginv * (A(2) * (m[1] * da - m[0] * db));  // g dS/dmu1
-          p[1 * kThreads] = ginv * (A(2) * (m[0] * da - m[1] * db));  // g dS/dmu2
-          p[2 * kThreads] = -ginv * ssim * s.b1;                      // g dS/dE[x² + y²]
-          p[3 * kThreads] = ginv * (A(2) * s.a1);                     // g dS/dE[xy]
+        } else {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const bool in = gcol + i < width;
+            xr[i] = in ? x[idx + i] : zero<T>();
+            yr[i] = in ? y[idx + i] : zero<T>();
+          }
+        }
+        A f[4][4];  // [partial][pixel]
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const A* src = v2 + (gb * 4 + q) * kBPitch + 4 * gg;
+          A w[16];
+#pragma unroll
+          for (int u = 0; u < 4; ++u) load4(src + 4 * u, w + 4 * u);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            A acc = gauss<A>(0) * w[i];
+#pragma unroll
+            for (int t = 1; t < kWin; ++t) acc = fma(gauss<A>(t), w[i + t], acc);
+            f[q][i] = acc;
+          }
+        }
+        A d1[4];
+        A d2[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const A xv = to_acc(xr[i]);
+          const A yv = to_acc(yr[i]);
+          d1[i] = f[0][i] + A(2) * xv * f[2][i] + yv * f[3][i];
+          d2[i] = f[1][i] + A(2) * yv * f[2][i] + xv * f[3][i];
+        }
+        T* out1 = grad1 + plane * plane_px + idx;
+        T* out2 = need2 ? grad2 + plane * plane_px + idx : nullptr;
+        if (g_vec) {
+          store4(out1, d1);
+          if (need2) store4(out2, d2);
+        } else {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            if (gcol + i < width) {
+              out1[i] = from_acc<T>(d1[i]);
+              if (need2) out2[i] = from_acc<T>(d2[i]);
+            }
+          }
         }
       }
     }
 #ifndef GPUCHECK_DEFECT_NO_SYNC
-    // Stage B reads the partials of neighbouring columns, which other threads wrote. Building
-    // with -DGPUCHECK_DEFECT_NO_SYNC drops this barrier: a deliberate read-after-write race on
-    // shared memory for the sanitizer self-test (issue 9; compute-sanitizer racecheck reports
-    // it). Never define it in a release build.
+    // Stage 3 reads partials of neighbouring rows and columns, which other threads wrote in
+    // stage 2. Building with -DGPUCHECK_DEFECT_NO_SYNC drops this barrier: a deliberate
+    // read-after-write race on shared memory for the sanitizer self-test (issue 9;
+    // compute-sanitizer racecheck reports it). Never define it in a release build.
     __syncthreads();
 #endif
-    // Stage B: filter partial row m = t - 10 horizontally (ring slot m % 11 == (u + 1) % 11);
-    // at m >= 10 gradient row q = m - 10 (image row r0 + q) is complete.
+    const int jb = k - 3;  // stage 3: gradient batch jb from partial rows 4 jb .. 4 jb + 13
+    if (on3 && jb >= 0 && jb < batches) {
+      const A* col = pring + tid;
 #pragma unroll
-    for (int u = 0; u < kChunk; ++u) {
-      const int t = c * kChunk + u;
-      if (t < in_rows && t >= 2 * kHalf) {
-        const int slot = (u + 1) % kWin;
-        const A* p = ps + u * 4 * kThreads + (jc - kHalf);
+      for (int q = 0; q < 4; ++q) {
+        A acc[kBBatch];
 #pragma unroll
-        for (int q = 0; q < 4; ++q) ring_b[slot][q] = A(0);
+        for (int i = 0; i < kBBatch + 2 * kHalf; ++i) {
+          const int slot = (kBBatch * jb + i) & (kBPRows - 1);
+          const A v = col[(slot * 4 + q) * kBPitch];
 #pragma unroll
-        for (int k = 0; k < kWin; ++k) {
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            ring_b[slot][q] = fma(gauss<A>(k), p[q * kThreads + k], ring_b[slot][q]);
+          for (int r = 0; r < kBBatch; ++r) {
+            const int t = i - r;
+            if (t == 0) acc[r] = gauss<A>(0) * v;
+            if (t > 0 && t < kWin) acc[r] = fma(gauss<A>(t), v, acc[r]);
           }
         }
-        if (t >= 4 * kHalf && g_ok) {
-          A f[4];
-          filter_ring<4>(ring_b, (u + 2) % kWin, f);
-          const int row = r0 + t - 4 * kHalf;
-          const int64_t idx = static_cast<int64_t>(row) * width + g_col;
-          const A xv = to_acc(x[idx]);
-          const A yv = to_acc(y[idx]);
-          const A d1 = f[0] + A(2) * xv * f[2] + yv * f[3];
-          grad1[plane * plane_px + idx] = from_acc<T>(d1);
-          if (need2) {
-            const A d2 = f[1] + A(2) * yv * f[2] + xv * f[3];
-            grad2[plane * plane_px + idx] = from_acc<T>(d2);
-          }
-        }
+#pragma unroll
+        for (int r = 0; r < kBBatch; ++r) v2[(r * 4 + q) * kBPitch + tid] = acc[r];
       }
     }
   }
+}
+
+// Resident backward blocks per multiprocessor (float32/16-bit: the launch bound above).
+constexpr int kBResident = 4;
+constexpr int kBMaxRows = 128;
+
+// Gradient rows per backward block (a multiple of kBBatch). Model: a block's time is
+// proportional to the rows it streams (rows + 16: the 20-row halo less the last partial
+// batch, which only finishes the pipeline) and blocks run in waves of kBResident per
+// multiprocessor, so a call costs ceil(blocks / slots) * (rows + 16); the cheapest wins
+// (ties: the longer strip). E.g. on 132 multiprocessors: 120 rows at 5x3x1080x1920 (4.9
+// waves) and at 1x3x1080x1920 (513 blocks, one wave). Defining GPUCHECK_SSIM_BROWS fixes it.
+int backward_strip(const Geometry& g) {
+#ifdef GPUCHECK_SSIM_BROWS
+  static_assert(GPUCHECK_SSIM_BROWS % kBBatch == 0, "whole batches");
+  return GPUCHECK_SSIM_BROWS;
+#else
+  const int64_t slots = static_cast<int64_t>(multiprocessors()) * kBResident;
+  const int64_t columns = g.planes * ceil_div(g.width, kBCols);
+  int best_rows = kBMaxRows;
+  int64_t best_cost = -1;
+  for (int rows = kBMaxRows; rows >= kBBatch; rows -= kBBatch) {
+    const int64_t blocks = columns * ceil_div(g.height, rows);
+    const int64_t cost = (blocks + slots - 1) / slots * (rows + 16);
+    if (best_cost < 0 || cost < best_cost) {
+      best_cost = cost;
+      best_rows = rows;
+    }
+  }
+  return best_rows;
+#endif
+}
+
+struct BackwardGrid {
+  int tiles_x;
+  int tiles_y;
+  int rows;  // gradient rows per block
+};
+
+inline BackwardGrid backward_grid(const Geometry& g) {
+  const int rows = backward_strip(g);
+  return {ceil_div(g.width, kBCols), ceil_div(g.height, rows), rows};
 }
 
 template <typename T>
@@ -801,10 +889,10 @@ cudaError_t backward_typed(const void* grad, bool grad_is_scalar, double scale, 
   using A = acc_t<T>;
   const BackwardGrid grid = backward_grid(geo);
   const int64_t blocks = geo.planes * grid.tiles_x * grid.tiles_y;
-  const size_t smem = (2 * kChunkElems + kChunk * 4 * kThreads) * sizeof(A);
+  const size_t smem = kBSmemElems * sizeof(A);
   const auto kernel = grad_is_scalar ? ssim_backward_kernel<T, true> : ssim_backward_kernel<T, false>;
   if (const cudaError_t err = prepare(kernel, smem); err != cudaSuccess) return err;
-  kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(
+  kernel<<<static_cast<unsigned>(blocks), kBT, smem, stream>>>(
       static_cast<const T*>(grad), static_cast<A>(scale), static_cast<const T*>(img1),
       static_cast<const T*>(img2), geo.height, geo.width, geo.out_height(), geo.out_width(),
       geo.offset(), grid.tiles_x, grid.tiles_y, grid.rows, static_cast<T*>(grad1),
