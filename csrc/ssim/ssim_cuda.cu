@@ -853,6 +853,37 @@ __global__ void __launch_bounds__(kMeanThreads)
   if (threadIdx.x == 0) out[0] = from_acc<T>(static_cast<acc_t<T>>(sums[0] * scale));
 }
 
+// In-place scale of a gradient computed ahead (reduction = mean): grad *= upstream[0] * factor,
+// in the accumulator type (float32 for 16-bit: `factor` is a power of two and the product of
+// two 16-bit values is exact in float32, so the result is rounded once). Thread i scales pack
+// i of kVec elements (16 bytes); the threads after the last pack scale the tail, one each.
+template <typename T, int kVec>
+struct alignas(kVec * sizeof(T)) Pack {
+  T v[kVec];
+};
+
+constexpr int kScaleThreads = 256;
+
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kScaleThreads)
+    ssim_scale_kernel(T* __restrict__ grad,  // [n]
+                      int64_t n,
+                      const T* __restrict__ upstream,  // [1]
+                      acc_t<T> factor) {
+  using A = acc_t<T>;
+  const A s = to_acc(upstream[0]) * factor;
+  const int64_t packs = n / kVec;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kScaleThreads + threadIdx.x;
+  if (i < packs) {
+    Pack<T, kVec> p = reinterpret_cast<const Pack<T, kVec>*>(grad)[i];
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) p.v[e] = from_acc<T>(to_acc(p.v[e]) * s);
+    reinterpret_cast<Pack<T, kVec>*>(grad)[i] = p;
+  } else if (const int64_t e = packs * kVec + (i - packs); e < n) {
+    grad[e] = from_acc<T>(to_acc(grad[e]) * s);
+  }
+}
+
 // Blocks with more than 48 KiB of dynamic shared memory need the attribute raised first.
 template <typename Kernel>
 cudaError_t prepare(Kernel kernel, size_t smem) {
@@ -908,6 +939,26 @@ cudaError_t mean_typed(const void* partials, int64_t count, double scale, void* 
   return cudaSuccess;
 }
 
+template <typename T>
+cudaError_t scale_typed(void* grad, int64_t n, const void* upstream, double factor,
+                        cudaStream_t stream) {
+  constexpr int kVec = 16 / sizeof(T);
+  T* g = static_cast<T*>(grad);
+  const bool aligned = reinterpret_cast<uintptr_t>(grad) % 16 == 0;
+  const int64_t units = aligned ? n / kVec + n % kVec : n;
+  const int64_t blocks = (units + kScaleThreads - 1) / kScaleThreads;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  const auto grid = static_cast<unsigned>(blocks);
+  const auto up = static_cast<const T*>(upstream);
+  const auto f = static_cast<acc_t<T>>(factor);
+  if (aligned) {
+    ssim_scale_kernel<T, kVec><<<grid, kScaleThreads, 0, stream>>>(g, n, up, f);
+  } else {
+    ssim_scale_kernel<T, 1><<<grid, kScaleThreads, 0, stream>>>(g, n, up, f);
+  }
+  return cudaSuccess;
+}
+
 }  // namespace
 
 int64_t forward_blocks(const Geometry& geo) {
@@ -959,6 +1010,18 @@ cudaError_t launch_backward(Dtype dtype, const void* grad, bool grad_is_scalar, 
     case Dtype::kFloat64:
       return backward_typed<double>(grad, grad_is_scalar, scale, img1, img2, geo, grad1, grad2,
                                     stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t launch_scale(Dtype dtype, void* grad, int64_t n, const void* upstream, double factor,
+                         cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  switch (dtype) {
+    case Dtype::kFloat32: return scale_typed<float>(grad, n, upstream, factor, stream);
+    case Dtype::kFloat16: return scale_typed<__half>(grad, n, upstream, factor, stream);
+    case Dtype::kBFloat16: return scale_typed<__nv_bfloat16>(grad, n, upstream, factor, stream);
+    case Dtype::kFloat64: return scale_typed<double>(grad, n, upstream, factor, stream);
   }
   return cudaErrorInvalidValue;
 }
