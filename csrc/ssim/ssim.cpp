@@ -297,10 +297,13 @@ const c10::TypedOperatorHandle<ScaleSig>& scale_op() {
 // exact. Other dtypes have float32's (or float64's) range: 1.
 double ahead_grad_scale(const at::Tensor& img,  // [B, C, H, W]
                         bool valid) {
-  if (img.scalar_type() != at::kHalf) return 1.0;
-  const int64_t h = valid ? img.size(2) - 10 : img.size(2);
-  const int64_t w = valid ? img.size(3) - 10 : img.size(3);
-  const int64_t count = img.size(0) * img.size(1) * h * w;
+  if (img.scalar_type() != at::kHalf || img.dim() != 4) return 1.0;  // a bad shape: the op raises
+  // Symbolic sizes (torch.compile with dynamic shapes): the factor specializes on them.
+  const auto sizes = img.sym_sizes();
+  auto size = [&](int i) { return sizes[i].guard_int(__FILE__, __LINE__); };
+  const int64_t h = valid ? size(2) - 10 : size(2);
+  const int64_t w = valid ? size(3) - 10 : size(3);
+  const int64_t count = size(0) * size(1) * h * w;
   int exponent = 0;
   while (exponent < 62 && (int64_t{2} << exponent) <= count) ++exponent;  // floor(log2)
   return std::ldexp(1.0, std::max(0, exponent - 4));
@@ -308,9 +311,10 @@ double ahead_grad_scale(const at::Tensor& img,  // [B, C, H, W]
 
 // Forward saves references to the two images (no memory: they are inputs) and the two
 // options. With reduction = mean (the training loss), the upstream gradient is a scalar, so
-// the forward launches the backward kernel right after the forward kernel, for an upstream
-// gradient of one: the backward pass then only scales that gradient by the actual upstream
-// gradient (one elementwise kernel). The GPU runs the backward kernel while the host goes
+// the forward (one op, ssim_train) launches the backward kernel right after the forward
+// kernel, for an upstream gradient of grad_scale (ahead_grad_scale: 1, or a power of two for
+// float16): the backward pass then only scales that gradient by the actual upstream gradient
+// / grad_scale (one elementwise kernel, ssim_scale_). The GPU runs the backward kernel while the host goes
 // through the autograd engine (about 0.15-0.2 ms of host time per step on the H200 machine,
 // most of it the hand-over to the engine's device thread), instead of waiting for it. The
 // buffer is the gradient that the backward returns, so peak memory is unchanged; it is held
@@ -328,9 +332,7 @@ class SsimFunction : public torch::autograd::Function<SsimFunction> {
     ctx->saved_data["valid"] = padding == "valid";
     ctx->saved_data["mean"] = reduction == "mean";
     if (reduction != "mean") return forward_op().call(img1, img2, padding, reduction);
-    // Shapes are checked by the op; a bad shape raises there before this is used.
-    const double grad_scale =
-        img1.dim() == 4 && img1.numel() > 0 ? ahead_grad_scale(img1, padding == "valid") : 1.0;
+    const double grad_scale = ahead_grad_scale(img1, padding == "valid");
     auto [out, grad1, grad2] =
         train_op().call(img1, img2, padding, grad_scale, img2.requires_grad());
     ctx->saved_data["grad1"] = std::move(grad1);

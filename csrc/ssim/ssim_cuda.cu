@@ -516,7 +516,7 @@ static_assert(kBPGroups * kBBatch <= kBT && kBGroups * kBBatch <= kBT, "one grou
 static_assert(4 * (kBPGroups - 1) + 16 <= kBPitch, "16-value reads stay in the row");
 static_assert(4 * (kBGroups - 1) + 16 <= kBPCols, "16-value reads stay in the partials");
 static_assert(kBRing == 3 * kBBatch && kBBatch % kBPre == 0, "ring slots");
-static_assert(kBPRows >= 4 * kBBatch && (kBPRows & (kBPRows - 1)) == 0, "partial ring");
+static_assert(kBPRows == 4 * kBBatch, "partial ring: 4 batches, slot of stage 3 per jb % 4");
 
 // float/half/bf16: <= 128 registers (4 blocks = 16 warps per SM); float64: twice the ring.
 template <typename T>
@@ -637,6 +637,29 @@ __global__ void __launch_bounds__(kBT, kBMinBlocks<T>)
       }
 #pragma unroll
       for (int m = 0; m < 4; ++m) vbuf[(i * 4 + m) * kBPitch + tid] = v[m];
+    }
+  };
+
+  // Stage 3 of gradient batch jb, whose first partial row sits in ring slot 4 (jb % 4): every
+  // slot a compile-time constant.
+  auto stage3 = [&](auto jc) {
+    constexpr int kBase = kBBatch * decltype(jc)::value;
+    const A* col = pring + tid;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      A acc[kBBatch];
+#pragma unroll
+      for (int i = 0; i < kBBatch + 2 * kHalf; ++i) {
+        const A v = col[(((kBase + i) & (kBPRows - 1)) * 4 + q) * kBPitch];
+#pragma unroll
+        for (int r = 0; r < kBBatch; ++r) {
+          const int t = i - r;
+          if (t == 0) acc[r] = gauss<A>(0) * v;
+          if (t > 0 && t < kWin) acc[r] = fma(gauss<A>(t), v, acc[r]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kBBatch; ++r) v2[(r * 4 + q) * kBPitch + tid] = acc[r];
     }
   };
 
@@ -771,23 +794,11 @@ __global__ void __launch_bounds__(kBT, kBMinBlocks<T>)
 #endif
     const int jb = k - 3;  // stage 3: gradient batch jb from partial rows 4 jb .. 4 jb + 13
     if (on3 && jb >= 0 && jb < batches) {
-      const A* col = pring + tid;
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        A acc[kBBatch];
-#pragma unroll
-        for (int i = 0; i < kBBatch + 2 * kHalf; ++i) {
-          const int slot = (kBBatch * jb + i) & (kBPRows - 1);
-          const A v = col[(slot * 4 + q) * kBPitch];
-#pragma unroll
-          for (int r = 0; r < kBBatch; ++r) {
-            const int t = i - r;
-            if (t == 0) acc[r] = gauss<A>(0) * v;
-            if (t > 0 && t < kWin) acc[r] = fma(gauss<A>(t), v, acc[r]);
-          }
-        }
-#pragma unroll
-        for (int r = 0; r < kBBatch; ++r) v2[(r * 4 + q) * kBPitch + tid] = acc[r];
+      switch (jb & (kBPRows / kBBatch - 1)) {
+        case 0: stage3(std::integral_constant<int, 0>{}); break;
+        case 1: stage3(std::integral_constant<int, 1>{}); break;
+        case 2: stage3(std::integral_constant<int, 2>{}); break;
+        default: stage3(std::integral_constant<int, 3>{}); break;
       }
     }
   }
