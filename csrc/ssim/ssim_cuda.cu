@@ -9,14 +9,10 @@
 // straight from global memory; horizontal pass from shared memory, 4 map columns per thread
 // with 16-byte shared loads. See ssim_forward_kernel.
 //
-// Backward (first version's layout): a block of kThreads threads owns kThreads consecutive
-// columns of one image plane and a strip of rows. It streams the strip's rows (plus the halo)
-// through shared memory, kChunk = 11 rows at a time; the next chunk is prefetched into
-// registers while the current one is filtered. Each thread filters its own column:
-//   * horizontally, 11 taps read from shared memory, for the four moments;
-//   * vertically, in registers: the last 11 horizontal results live in a ring of 11 slots.
-//     The ring index of a row is (row mod 11); the row loop is unrolled by 11 so that every
-//     ring index is a compile-time constant and the ring stays in registers.
+// Backward: the forward's layout twice over, in batches of 4 rows: moments vertically in a
+// register ring, horizontally from shared memory (16-byte loads), the four weighted partials
+// into a shared ring of rows, then the partials vertically (4 rows per thread from that ring)
+// and horizontally (16-byte loads), and the gradient. See ssim_backward_kernel.
 //
 // Backward math. With zero padding the window is symmetric, so the adjoint of the filter is
 // the filter itself. For a loss L = sum_p g(p) S(p), with the moments mu1 = G*x, mu2 = G*y,
@@ -32,6 +28,8 @@
 //
 // Determinism: no atomics. With reduction = mean each block writes its sum (fixed shuffle
 // tree) and one block adds the partials in a fixed order in float64.
+//
+// Also here: the in-place scale of a gradient computed ahead (ssim_scale_kernel).
 #include "ssim/ssim.h"
 
 #include <cuda_bf16.h>
@@ -44,7 +42,7 @@
 namespace gpucheck::ssim {
 namespace {
 
-constexpr int kThreads = 128;                  // columns per block (one per thread)
+constexpr int kThreads = 128;                  // threads of a forward block (block_sum)
 constexpr int kHalf = 5;                       // window radius
 constexpr int kWin = 2 * kHalf + 1;            // 11
 constexpr int kMeanThreads = 256;
@@ -243,9 +241,8 @@ constexpr int kFRing = 12;                     // ring slots: >= 11, multiple of
 // strip 32 -> 64 rows 5 % faster, 96 no better (and 16 % slower at 1x3x1080x1920); 4 -> 5
 // forward blocks/SM (96 registers, spills) 10 % slower; third version: register prefetch
 // 12 -> 6 rows ahead 2 % faster (116 instead of 124 registers, fewer rematerialized
-// addresses), launch bound 4 -> 3 blocks/SM 0.5-2 % faster (same registers); backward 2 -> 3 blocks/SM
-// (255 -> 168 registers) 16 % faster, 4 (128 registers, spills) 45 % slower; backward strip
-// of 6 -> 10 chunks (46 -> 90 gradient rows per block, less halo recomputation) 11 % faster).
+// addresses), launch bound 4 -> 3 blocks/SM 0.5-2 % faster (same registers). Backward (its
+// second layout, 2026-11-24): 4 blocks/SM at 128 registers without spills.
 #ifndef GPUCHECK_SSIM_FSTRIP
 #define GPUCHECK_SSIM_FSTRIP 64
 #endif
