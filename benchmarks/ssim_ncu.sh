@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Hardware counters of the SSIM kernels in one training step (forward, backward, scale) and
-# one inference call, fp32, on the lent GPU machine (after the extension is built, e.g. by
+# one inference call (float32, or $DTYPE), on the lent GPU machine (after the extension is built, e.g. by
 # benchmarks/gpu_ssim.sh). Usage: bash benchmarks/ssim_ncu.sh [BxCxHxW] (default 5x3x1080x1920).
-# Writes $OUT/ncu.txt (or ./ssim-gpu-logs/ncu.txt).
+# Writes $OUT/ncu-<dtype>.txt (or under ./ssim-gpu-logs).
 set -o pipefail
 out=${OUT:-ssim-gpu-logs}
 mkdir -p "$out"
@@ -16,7 +16,8 @@ for r in wait selected no_instruction long_scoreboard not_selected short_scorebo
   metrics+=,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio
 done
 ncu --clock-control none --kernel-name regex:ssim_ --metrics "$metrics" \
-  ${PYTHON:-python3} - "$shape" <<'PY' 2>&1 | tee "$out/ncu.txt" | grep -v "^==PROF==" | tail -120
+  ${PYTHON:-python3} - "$shape" <<'PY' 2>&1 | tee "$out/ncu-${DTYPE:-float32}.txt" | grep -v "^==PROF==" | tail -120
+import os
 import sys
 
 import torch
@@ -24,8 +25,10 @@ import torch
 from gpucheck.ops.ssim_op import ssim
 
 shape = tuple(int(v) for v in sys.argv[1].split("x"))
+dtype = getattr(torch, os.environ.get("DTYPE", "float32"))
 x = torch.rand(shape, device="cuda")
-y = (0.7 * x + 0.3 * torch.rand(shape, device="cuda")).clamp(0, 1)
+y = (0.7 * x + 0.3 * torch.rand(shape, device="cuda")).clamp(0, 1).to(dtype)
+x = x.to(dtype)
 a = x.clone().requires_grad_(True)
 (1 - ssim(a, y)).backward()
 ssim(x, y, train=False)
