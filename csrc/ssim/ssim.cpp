@@ -113,7 +113,7 @@ at::Tensor ssim_forward(const at::Tensor& img1,  // [B, C, H, W]
   const at::Tensor y = img2.contiguous();
   const ssim::Geometry geo = geometry(x, opt.valid);
   const ssim::Dtype dtype = to_dtype(x.scalar_type());
-  const int64_t blocks = ssim::forward_blocks(geo);
+  const int64_t blocks = ssim::forward_blocks(dtype, geo);
   check_grid(blocks, kForward, x);
   const cudaStream_t stream = launch_stream();
 
@@ -200,7 +200,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ssim_train(
   const at::Tensor y = img2.contiguous();
   const ssim::Geometry geo = geometry(x, opt.valid);
   const ssim::Dtype dtype = to_dtype(x.scalar_type());
-  const int64_t blocks = ssim::forward_blocks(geo);
+  const int64_t blocks = ssim::forward_blocks(dtype, geo);
   check_grid(blocks, kTrain, x);
   check_grid(ssim::backward_blocks(geo), kTrain, x);
   const cudaStream_t stream = launch_stream();
@@ -309,18 +309,17 @@ double ahead_grad_scale(const at::Tensor& img,  // [B, C, H, W]
   return std::ldexp(1.0, std::max(0, exponent - 4));
 }
 
-// Forward saves references to the two images (no memory: they are inputs) and the two
-// options. With reduction = mean (the training loss), the upstream gradient is a scalar, so
-// the forward (one op, ssim_train) launches the backward kernel right after the forward
-// kernel, for an upstream gradient of grad_scale (ahead_grad_scale: 1, or a power of two for
-// float16): the backward pass then only scales that gradient by the actual upstream gradient
-// / grad_scale (one elementwise kernel, ssim_scale_). The GPU runs the backward kernel while the host goes
-// through the autograd engine (about 0.15-0.2 ms of host time per step on the H200 machine,
-// most of it the hand-over to the engine's device thread), instead of waiting for it. The
-// buffer is the gradient that the backward returns, so peak memory is unchanged; it is held
-// from the forward to the backward. A second backward through the same graph
-// (retain_graph) recomputes with ssim_backward. reduction = none: ssim_backward in the
-// backward pass (the upstream gradient is a map, known only then).
+// Forward saves references to the two images (no memory: they are inputs) and the two options. With
+// reduction = mean (the training loss), the upstream gradient is a scalar, so the forward (one op,
+// ssim_train) launches the backward kernel right after the forward kernel, for an upstream gradient
+// of grad_scale (ahead_grad_scale: 1, or a power of two for float16): the backward pass then only
+// scales that gradient by the actual upstream gradient / grad_scale (one elementwise kernel,
+// ssim_scale_). The GPU runs the backward kernel while the host goes through the autograd engine
+// (about 0.15-0.2 ms of host time per step on the H200 machine, most of it the hand-over to the
+// engine's device thread), instead of waiting for it. The buffer is the gradient that the backward
+// returns, so peak memory is unchanged; it is held from the forward to the backward. A second
+// backward through the same graph (retain_graph) recomputes with ssim_backward. reduction = none:
+// ssim_backward in the backward pass (the upstream gradient is a map, known only then).
 class SsimFunction : public torch::autograd::Function<SsimFunction> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx,

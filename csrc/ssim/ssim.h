@@ -29,7 +29,7 @@ struct Geometry {
 };
 
 // Thread blocks of the forward kernel (= number of per-block partial sums with mean).
-int64_t forward_blocks(const Geometry& geo);
+int64_t forward_blocks(Dtype dtype, const Geometry& geo);
 // Thread blocks of the backward kernel.
 int64_t backward_blocks(const Geometry& geo);
 

@@ -42,12 +42,10 @@
 namespace gpucheck::ssim {
 namespace {
 
-constexpr int kThreads = 128;                  // threads of a forward block (block_sum)
 constexpr int kHalf = 5;                       // window radius
 constexpr int kWin = 2 * kHalf + 1;            // 11
 constexpr int kMeanThreads = 256;
 
-static_assert(kThreads % 32 == 0, "whole warps");
 
 // The normalized 1-D Gaussian, sigma 1.5 (the 2-D window is its outer product).
 __constant__ float kGaussF[kWin] = {
@@ -119,10 +117,12 @@ __device__ __forceinline__ SsimTerms<A> ssim_terms(const A (&m)[4]) {
   return t;
 }
 
-// Deterministic block sum (fixed shuffle tree, then warps in order); valid in thread 0.
-template <typename A>
+// Deterministic block sum of kN threads (fixed shuffle tree, then warps in order); valid in
+// thread 0.
+template <int kN, typename A>
 __device__ __forceinline__ A block_sum(A v) {
-  __shared__ A warp_sums[kThreads / 32];
+  static_assert(kN % 32 == 0, "whole warps");
+  __shared__ A warp_sums[kN / 32];
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
   if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = v;
@@ -130,7 +130,7 @@ __device__ __forceinline__ A block_sum(A v) {
   A total = A(0);
   if (threadIdx.x == 0) {
 #pragma unroll
-    for (int w = 0; w < kThreads / 32; ++w) total += warp_sums[w];
+    for (int w = 0; w < kN / 32; ++w) total += warp_sums[w];
   }
   return total;
 }
@@ -230,11 +230,20 @@ __device__ __forceinline__ float fast_rcp<float>(float b) { return __fdividef(1.
 //     writes 4 map values (or adds them to its sum).
 // Double-buffered shared rows: one barrier per kFBatch map rows. Blocks away from the top and
 // bottom image edges stream their rows without row bounds checks (forward_rows<kInside>).
-// No bounds checks inside the
-// filters: out-of-image rows/columns are loaded as zero (zero padding).
-constexpr int kFT = 128;                       // threads per block
-constexpr int kFCols = 116;                    // map columns per block (29 groups of 4)
-constexpr int kFGroups = kFCols / 4;           // 29
+// No bounds checks inside the filters: out-of-image rows/columns are loaded as zero (zero
+// padding).
+// Wide blocks (float32 and 16-bit; GPUCHECK_SSIM_FWIDE=0 turns them off): 256 threads, 244
+// map columns (61 groups of 4), 2 blocks per SM; else (and float64, whose double-buffered
+// rows would pass the 48 KiB of static shared memory) 128 threads, 116 columns, 29 groups.
+#ifndef GPUCHECK_SSIM_FWIDE
+#define GPUCHECK_SSIM_FWIDE 1
+#endif
+template <typename T>
+constexpr int kFT = GPUCHECK_SSIM_FWIDE && !std::is_same_v<T, double> ? 256 : 128;
+template <typename T>
+constexpr int kFCols = kFT<T> - 12;            // map columns per block (244 or 116)
+template <typename T>
+constexpr int kFGroups = kFCols<T> / 4;        // 61 or 29
 constexpr int kFBatch = 4;                     // map rows per horizontal pass
 constexpr int kFRing = 12;                     // ring slots: >= 11, multiple of kFBatch
 // Tuning knobs (defaults measured best on H200, 2026-11-21, fp32 5x3x1080x1920: forward
@@ -259,22 +268,29 @@ constexpr int kFStrip = GPUCHECK_SSIM_FSTRIP;
 // Rows of register prefetch ahead of the row being filtered (divides kFRing).
 constexpr int kFPre = GPUCHECK_SSIM_FPRE;  // map rows per block
 constexpr int kFStream = kFStrip + 2 * kHalf;  // input rows streamed per block (42)
-constexpr int kFPitch = kFT;                   // shared row pitch (columns)
-static_assert(kFCols + 2 * kHalf <= kFT, "one input column per thread");
-static_assert(kFGroups * kFBatch <= kFT, "one horizontal group per thread");
-static_assert(4 * (kFGroups - 1) + 16 <= kFPitch, "16-value reads stay in the row");
+template <typename T>
+constexpr int kFPitch = kFT<T>;                // shared row pitch (columns)
+template <typename T>
+constexpr bool fwd_shape_ok() {
+  return kFCols<T> + 2 * kHalf <= kFT<T> &&          // one input column per thread
+         kFGroups<T> * kFBatch <= kFT<T> &&          // one horizontal group per thread
+         4 * (kFGroups<T> - 1) + 16 <= kFPitch<T>;  // 16-value reads stay in the row
+}
+static_assert(fwd_shape_ok<float>() && fwd_shape_ok<double>(), "forward block shape");
 static_assert(kFRing % kFBatch == 0 && kFRing >= kWin && kFStrip % kFBatch == 0, "ring");
 static_assert(kFRing % kFPre == 0, "prefetch slot of a ring slot is a compile-time constant");
-static_assert(kFT == kThreads, "block_sum assumes kThreads threads");
 
-inline TileGrid forward_grid(const Geometry& g) {
-  return {ceil_div(g.out_width(), kFCols), ceil_div(g.out_height(), kFStrip)};
+template <typename T>
+TileGrid forward_grid(const Geometry& g) {
+  return {ceil_div(g.out_width(), kFCols<T>), ceil_div(g.out_height(), kFStrip)};
 }
 
-// float/half/bf16: <= 128 registers (4 blocks = 16 warps per SM); float64 needs twice the
-// registers for the same ring.
+// float/half/bf16: <= 128 registers (2 wide or 4 narrow blocks = 16 warps per SM); float64
+// needs twice the registers for the same ring.
 template <typename T>
-constexpr int kFMinBlocks = std::is_same_v<T, double> ? 2 : GPUCHECK_SSIM_FBLOCKS;
+constexpr int kFMinBlocks = std::is_same_v<T, double> ? 2
+                            : kFT<T> == 256            ? 2
+                                                       : GPUCHECK_SSIM_FBLOCKS;
 
 // The streamed-row loop of the forward kernel (see ssim_forward_kernel). kInside: every
 // fetched row (ri0 .. ri0 + kFStream + kFPre - 1) lies inside the image and the plane has
@@ -286,7 +302,7 @@ __device__ __forceinline__ void forward_rows(const T* __restrict__ xcol,
                                              int height, int width, int out_h, int out_w,
                                              int o_row0, int tid, int hb, int hg, bool h_on,
                                              int h_col, bool h_vec, T* __restrict__ map_plane,
-                                             acc_t<T> (&vrows)[2][kFBatch][4][kFPitch],
+                                             acc_t<T> (&vrows)[2][kFBatch][4][kFPitch<T>],
                                              acc_t<T>& sum) {
   using A = acc_t<T>;
   // Prefetched rows as raw elements, converted when used (see ChunkLoader).
@@ -353,7 +369,7 @@ __device__ __forceinline__ void forward_rows(const T* __restrict__ xcol,
           const int bsel = ((u + 2) / kFBatch) & 1;
           const int kRowInBatch = (u + kFRing - 2 * kHalf) % kFBatch;  // o % kFBatch
 #pragma unroll
-          for (int m = 0; m < 4; ++m) vbase[bsel][(kRowInBatch * 4 + m) * kFPitch] = v[m];
+          for (int m = 0; m < 4; ++m) vbase[bsel][(kRowInBatch * 4 + m) * kFPitch<T>] = v[m];
           if (kRowInBatch == kFBatch - 1) {  // batch complete
             __syncthreads();
             const int o_row = o_row0 + o - (kFBatch - 1) + hb;
@@ -361,7 +377,7 @@ __device__ __forceinline__ void forward_rows(const T* __restrict__ xcol,
               A mom[4][4];  // [moment][pixel]
 #pragma unroll
               for (int m = 0; m < 4; ++m) {
-                const A* src = hbase[bsel] + m * kFPitch;
+                const A* src = hbase[bsel] + m * kFPitch<T>;
                 A w[16];
 #pragma unroll
                 for (int q = 0; q < 4; ++q) load4(src + 4 * q, w + 4 * q);
@@ -411,7 +427,7 @@ __device__ __forceinline__ void forward_rows(const T* __restrict__ xcol,
 }
 
 template <typename T, bool kMean>
-__global__ void __launch_bounds__(kFT, kFMinBlocks<T>)
+__global__ void __launch_bounds__(kFT<T>, kFMinBlocks<T>)
     ssim_forward_kernel(const T* __restrict__ img1,  // [planes, H, W]
                         const T* __restrict__ img2,  // [planes, H, W]
                         int height, int width, int out_h, int out_w, int offset, int tiles_x,
@@ -420,15 +436,15 @@ __global__ void __launch_bounds__(kFT, kFMinBlocks<T>)
                         acc_t<T>* __restrict__ partials) {  // [blocks] or null
   using A = acc_t<T>;
   // [buffer][map row in batch][moment][column]
-  __shared__ __align__(16) A vrows[2][kFBatch][4][kFPitch];
+  __shared__ __align__(16) A vrows[2][kFBatch][4][kFPitch<T>];
 #ifdef GPUCHECK_DEFECT_SHARED_OOB
   // Deliberate defect for the sanitizer self-test (issue 9): thread 0 of every block writes
   // an element 64 elements past the end of vrows, i.e. past the end of the block's shared
-  // memory whatever the order of its static arrays (block_sum's warp_sums is 4 elements), so
-  // compute-sanitizer memcheck reports an invalid __shared__ write. Never define it in a
-  // release build.
+  // memory whatever the order of its static arrays (block_sum's warp_sums is 4 or 8
+  // elements), so compute-sanitizer memcheck reports an invalid __shared__ write. Never define
+  // it in a release build.
   if (threadIdx.x == 0) {
-    volatile A* past_end = &vrows[0][0][0][0] + 2 * kFBatch * 4 * kFPitch + 64;
+    volatile A* past_end = &vrows[0][0][0][0] + 2 * kFBatch * 4 * kFPitch<T> + 64;
     *past_end = A(0);
   }
 #endif
@@ -438,7 +454,7 @@ __global__ void __launch_bounds__(kFT, kFMinBlocks<T>)
   const int64_t rest = block / tiles_x;
   const int ty = static_cast<int>(rest % tiles_y);
   const int64_t plane = rest / tiles_y;
-  const int o_col0 = tx * kFCols;
+  const int o_col0 = tx * kFCols<T>;
   const int o_row0 = ty * kFStrip;
   const int tid = threadIdx.x;
 
@@ -451,9 +467,9 @@ __global__ void __launch_bounds__(kFT, kFMinBlocks<T>)
   const int ri0 = o_row0 + offset - kHalf;
 
   // Horizontal role: map row b of each batch, map columns o_col0 + 4g .. + 3.
-  const int hb = tid / kFGroups;
-  const int hg = tid - hb * kFGroups;
-  const bool h_on = tid < kFGroups * kFBatch;
+  const int hb = tid / kFGroups<T>;
+  const int hg = tid - hb * kFGroups<T>;
+  const bool h_on = tid < kFGroups<T> * kFBatch;
   const int h_col = o_col0 + 4 * hg;
   const bool h_vec = !kMean && (out_w % 4 == 0) && h_col + 3 < out_w;
   T* map_plane = kMean ? nullptr : map + plane * (static_cast<int64_t>(out_h) * out_w);
@@ -473,7 +489,7 @@ __global__ void __launch_bounds__(kFT, kFMinBlocks<T>)
                                   tid, hb, hg, h_on, h_col, h_vec, map_plane, vrows, sum);
   }
   if constexpr (kMean) {
-    const A total = block_sum(sum);
+    const A total = block_sum<kFT<T>>(sum);
     if (threadIdx.x == 0) partials[block] = total;
   }
 }
@@ -904,17 +920,17 @@ template <typename T>
 cudaError_t forward_typed(const void* img1, const void* img2, const Geometry& geo, void* map,
                           void* partials, cudaStream_t stream) {
   using A = acc_t<T>;
-  const TileGrid grid = forward_grid(geo);
-  const auto blocks = static_cast<unsigned>(forward_blocks(geo));
+  const TileGrid grid = forward_grid<T>(geo);
+  const auto blocks = static_cast<unsigned>(geo.planes * grid.tiles_x * grid.tiles_y);
   const T* x = static_cast<const T*>(img1);
   const T* y = static_cast<const T*>(img2);
   // Static shared memory only (<= 32 KiB): no attribute needed.
   if (partials != nullptr) {
-    ssim_forward_kernel<T, true><<<blocks, kFT, 0, stream>>>(
+    ssim_forward_kernel<T, true><<<blocks, kFT<T>, 0, stream>>>(
         x, y, geo.height, geo.width, geo.out_height(), geo.out_width(), geo.offset(),
         grid.tiles_x, grid.tiles_y, nullptr, static_cast<A*>(partials));
   } else {
-    ssim_forward_kernel<T, false><<<blocks, kFT, 0, stream>>>(
+    ssim_forward_kernel<T, false><<<blocks, kFT<T>, 0, stream>>>(
         x, y, geo.height, geo.width, geo.out_height(), geo.out_width(), geo.offset(),
         grid.tiles_x, grid.tiles_y, static_cast<T*>(map), nullptr);
   }
@@ -969,8 +985,10 @@ cudaError_t scale_typed(void* grad, int64_t n, const void* upstream, double fact
 
 }  // namespace
 
-int64_t forward_blocks(const Geometry& geo) {
-  const TileGrid g = forward_grid(geo);
+int64_t forward_blocks(Dtype dtype, const Geometry& geo) {
+  const TileGrid g =
+      dtype == Dtype::kFloat64 ? forward_grid<double>(geo) : forward_grid<float>(geo);
+  static_assert(kFCols<__half> == kFCols<float> && kFCols<__nv_bfloat16> == kFCols<float>);
   return geo.planes * g.tiles_x * g.tiles_y;
 }
 
