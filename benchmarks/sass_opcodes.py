@@ -20,8 +20,9 @@ def main() -> int:
     for line in sys.stdin:
         if "Function :" in line:
             name = line.split("Function :", 1)[1].strip()
-            current = kernels.setdefault(name, collections.Counter()) if pattern.search(
-                name) else None
+            current = (
+                kernels.setdefault(name, collections.Counter()) if pattern.search(name) else None
+            )
             continue
         m = re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
         if current is not None and m:
