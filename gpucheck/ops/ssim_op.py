@@ -1,9 +1,12 @@
 """Fused SSIM on CUDA (``torch.ops.gpucheck.ssim_forward`` / ``ssim_backward``), differentiable.
 
 The kernels (csrc/ssim) compute the same function as :func:`gpucheck.reference.ssim`:
-an 11×11 Gaussian window (sigma 1.5), C1 = 0.01², C2 = 0.03², zero padding. The forward pass
-saves nothing but references to its inputs; the backward pass recomputes the window moments
-(no extra memory in training). Autograd is registered in C++ (csrc/ssim/ssim.cpp).
+an 11×11 Gaussian window (sigma 1.5), C1 = 0.01², C2 = 0.03², zero padding. With
+``reduction="mean"`` (a training loss) the forward also computes the gradient at once
+(``ssim_train``; it is the buffer the backward returns, so no extra memory) and the backward
+only scales it (``ssim_scale_``); otherwise the backward recomputes the window moments from the
+inputs (nothing saved but references to them). Autograd is registered in C++
+(csrc/ssim/ssim.cpp).
 
 This module imports without the compiled extension; it is loaded on first call.
 """
