@@ -24,10 +24,12 @@ import math
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
+import gpucheck
 from gpucheck.ops.ssim_op import load_ops, ssim
 from gpucheck.reference.ssim_torch import ssim as ref_ssim
 
@@ -218,7 +220,8 @@ def main() -> int:
     print(f"device {props.name}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
           f"copy rate {rate / 1e12:.2f} TB/s (read+write), "
           f"L2 {props.L2_cache_size / 2**20:.0f} MiB, "
-          f"autograd floor {autograd_floor_us(device):.0f} µs per backward() call")
+          f"autograd floor {autograd_floor_us(device):.0f} µs per backward() call, "
+          f"gpucheck from {Path(gpucheck.__file__).parent}")
     rows = []
     cases = [(s, d) for s in sizes for d in DTYPES if s[1] == 3 or d == torch.float32]
     for shape, dtype in cases:

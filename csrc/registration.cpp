@@ -21,6 +21,12 @@ GPUCHECK_TORCH_LIBRARY(m) {
   m.def(
       "ssim_backward(Tensor grad, Tensor img1, Tensor img2, str padding, str reduction, "
       "bool need_grad2) -> (Tensor, Tensor)");
+  // The training step with reduction = mean: (mean, grad_scale * d mean / d img1, the same
+  // for img2 or an empty [0] tensor), and the in-place scale of such a gradient.
+  m.def(
+      "ssim_train(Tensor img1, Tensor img2, str padding, float grad_scale, bool need_grad2) "
+      "-> (Tensor, Tensor, Tensor)");
+  m.def("ssim_scale_(Tensor(a!) grad, Tensor upstream, float factor) -> ()");
   // --- knn (csrc/knn) ---
   m.def("knn_mean_sq_dist(Tensor points, int k=3) -> Tensor");
   // --- splat (csrc/splat): the tile-based Gaussian rasterizer, in two differentiable ops ---

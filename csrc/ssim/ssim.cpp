@@ -9,6 +9,8 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <cmath>
 #include <limits>
 #include <string_view>
 #include <tuple>
@@ -22,6 +24,8 @@ namespace {
 
 constexpr const char* kForward = "gpucheck::ssim_forward";
 constexpr const char* kBackward = "gpucheck::ssim_backward";
+constexpr const char* kTrain = "gpucheck::ssim_train";
+constexpr const char* kScale = "gpucheck::ssim_scale_";
 
 struct Options {
   bool valid;
@@ -109,7 +113,7 @@ at::Tensor ssim_forward(const at::Tensor& img1,  // [B, C, H, W]
   const at::Tensor y = img2.contiguous();
   const ssim::Geometry geo = geometry(x, opt.valid);
   const ssim::Dtype dtype = to_dtype(x.scalar_type());
-  const int64_t blocks = ssim::forward_blocks(geo);
+  const int64_t blocks = ssim::forward_blocks(dtype, geo);
   check_grid(blocks, kForward, x);
   const cudaStream_t stream = launch_stream();
 
@@ -177,6 +181,71 @@ std::tuple<at::Tensor, at::Tensor> ssim_backward(
   return {grad1, grad2};
 }
 
+// The training step's forward with reduction = mean: returns (mean SSIM, grad_scale *
+// d mean / d img1, grad_scale * d mean / d img2); the last is an empty [0] tensor unless
+// need_grad2. Three kernels (forward, mean, backward with an upstream gradient of grad_scale)
+// from one op call: the autograd Function below runs the backward kernel ahead, while the host
+// is still in the autograd engine, and its backward pass only scales the result (ssim_scale_).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> ssim_train(
+    const at::Tensor& img1,  // [B, C, H, W]
+    const at::Tensor& img2,  // [B, C, H, W]
+    std::string_view padding, double grad_scale, bool need_grad2) {
+  check_cuda(img1, kTrain, "img1");
+  GPUCHECK_DEVICE_GUARD(img1);
+  const Options opt = parse_options(padding, "mean", kTrain);
+  check_images(img1, img2, opt.valid, kTrain);
+  TORCH_CHECK(grad_scale > 0 && grad_scale < std::numeric_limits<double>::infinity(), kTrain,
+              ": grad_scale must be positive and finite, got ", grad_scale);
+  const at::Tensor x = img1.contiguous();
+  const at::Tensor y = img2.contiguous();
+  const ssim::Geometry geo = geometry(x, opt.valid);
+  const ssim::Dtype dtype = to_dtype(x.scalar_type());
+  const int64_t blocks = ssim::forward_blocks(dtype, geo);
+  check_grid(blocks, kTrain, x);
+  check_grid(ssim::backward_blocks(geo), kTrain, x);
+  const cudaStream_t stream = launch_stream();
+  const auto acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor partials = at::empty({blocks}, x.options().dtype(acc));  // [blocks] scratch
+  at::Tensor out = at::empty({}, x.options());
+  at::Tensor grad1 = at::empty_like(x);
+  at::Tensor grad2 = need_grad2 ? at::empty_like(y) : at::empty({0}, y.options());
+  check_cuda_call(ssim::launch_forward(dtype, x.data_ptr(), y.data_ptr(), geo, nullptr,
+                                       partials.data_ptr(), stream));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const double count = static_cast<double>(geo.planes) * geo.out_height() * geo.out_width();
+  check_cuda_call(ssim::launch_mean(dtype, partials.data_ptr(), blocks, 1.0 / count,
+                                    out.data_ptr(), stream));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  check_cuda_call(ssim::launch_backward(dtype, nullptr, true, grad_scale / count, x.data_ptr(),
+                                        y.data_ptr(), geo, grad1.data_ptr(),
+                                        need_grad2 ? grad2.data_ptr() : nullptr, stream));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {out, grad1, grad2};
+}
+
+// In place: grad *= upstream * factor (computed in float32 for 16-bit grad, float64 for
+// float64). Returns nothing (the schema marks grad as mutated).
+void ssim_scale_(const at::Tensor& grad,      // any shape, contiguous
+                 const at::Tensor& upstream,  // one element, grad's dtype
+                 double factor) {
+  check_cuda(grad, kScale, "grad");
+  GPUCHECK_DEVICE_GUARD(grad);
+  check_cuda(upstream, kScale, "upstream");
+  check_same_device(grad, "grad", upstream, kScale, "upstream");
+  TORCH_CHECK(grad.scalar_type() == upstream.scalar_type(), kScale,
+              ": upstream must have grad's dtype ", grad.scalar_type(), ", got ",
+              upstream.scalar_type());
+  TORCH_CHECK(upstream.numel() == 1, kScale, ": upstream must have one element, got ",
+              upstream.sizes());
+  TORCH_CHECK(grad.is_contiguous(), kScale, ": grad must be contiguous, got strides ",
+              grad.strides());
+  const ssim::Dtype dtype = to_dtype(grad.scalar_type());
+  const at::Tensor u = upstream.contiguous();
+  check_cuda_call(ssim::launch_scale(dtype, grad.data_ptr(), grad.numel(), u.data_ptr(), factor,
+                                     launch_stream()));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 // --- Autograd (C++: no Python runs per training step) ---
 //
 // The op namespace as a string ("gpucheck", or a defect build's own: see library.h).
@@ -184,14 +253,20 @@ std::tuple<at::Tensor, at::Tensor> ssim_backward(
 #define GPUCHECK_STR(x) GPUCHECK_STR_(x)
 constexpr const char* kForwardName = GPUCHECK_STR(GPUCHECK_LIBRARY) "::ssim_forward";
 constexpr const char* kBackwardName = GPUCHECK_STR(GPUCHECK_LIBRARY) "::ssim_backward";
+constexpr const char* kTrainName = GPUCHECK_STR(GPUCHECK_LIBRARY) "::ssim_train";
+constexpr const char* kScaleName = GPUCHECK_STR(GPUCHECK_LIBRARY) "::ssim_scale_";
 
 using ForwardSig = at::Tensor(const at::Tensor&, const at::Tensor&, std::string_view,
                               std::string_view);
 using BackwardSig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
                                                        const at::Tensor&, std::string_view,
                                                        std::string_view, bool);
+using TrainSig = std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&,
+                                                                const at::Tensor&,
+                                                                std::string_view, double, bool);
+using ScaleSig = void(const at::Tensor&, const at::Tensor&, double);
 
-// The ops' typed handles, looked up once. Both are called through the dispatcher (not as
+// The ops' typed handles, looked up once. All are called through the dispatcher (not as
 // the C++ functions above) so that fake tensors, torch.compile and the wrong-stream detector
 // see them as ops.
 const c10::TypedOperatorHandle<ForwardSig>& forward_op() {
@@ -204,18 +279,47 @@ const c10::TypedOperatorHandle<BackwardSig>& backward_op() {
       c10::Dispatcher::singleton().findSchemaOrThrow(kBackwardName, "").typed<BackwardSig>();
   return op;
 }
+const c10::TypedOperatorHandle<TrainSig>& train_op() {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow(kTrainName, "").typed<TrainSig>();
+  return op;
+}
+const c10::TypedOperatorHandle<ScaleSig>& scale_op() {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow(kScaleName, "").typed<ScaleSig>();
+  return op;
+}
 
-// Forward saves references to the two images (no memory: they are inputs) and the two
-// options. With reduction = mean (the training loss), the upstream gradient is a scalar, so
-// the forward launches the backward kernel right after the forward kernel, for an upstream
-// gradient of one: the backward pass then only scales that gradient by the actual upstream
-// gradient (one elementwise kernel). The GPU runs the backward kernel while the host goes
-// through the autograd engine (about 0.15-0.2 ms of host time per step on the H200 machine,
-// most of it the hand-over to the engine's device thread), instead of waiting for it. The
-// buffer is the gradient that the backward returns, so peak memory is unchanged; it is held
-// from the forward to the backward. A second backward through the same graph
-// (retain_graph) recomputes with ssim_backward. reduction = none: ssim_backward in the
-// backward pass (the upstream gradient is a map, known only then).
+// The factor of the gradient computed ahead (a power of two). float16: d mean / d img is about
+// 1 / (B C H W) per pixel, subnormal or zero in float16, so it is computed and stored times
+// 2^(floor(log2 of the map's pixel count) - 4), i.e. about d sum / d img / 16 (far from
+// float16's overflow at 65504); the in-place scale divides it out in float32, where it is
+// exact. Other dtypes have float32's (or float64's) range: 1.
+double ahead_grad_scale(const at::Tensor& img,  // [B, C, H, W]
+                        bool valid) {
+  if (img.scalar_type() != at::kHalf || img.dim() != 4) return 1.0;  // a bad shape: the op raises
+  // Symbolic sizes (torch.compile with dynamic shapes): the factor specializes on them.
+  const auto sizes = img.sym_sizes();
+  auto size = [&](int i) { return sizes[i].guard_int(__FILE__, __LINE__); };
+  const int64_t h = valid ? size(2) - 10 : size(2);
+  const int64_t w = valid ? size(3) - 10 : size(3);
+  const int64_t count = size(0) * size(1) * h * w;
+  int exponent = 0;
+  while (exponent < 62 && (int64_t{2} << exponent) <= count) ++exponent;  // floor(log2)
+  return std::ldexp(1.0, std::max(0, exponent - 4));
+}
+
+// Forward saves references to the two images (no memory: they are inputs) and the two options. With
+// reduction = mean (the training loss), the upstream gradient is a scalar, so the forward (one op,
+// ssim_train) launches the backward kernel right after the forward kernel, for an upstream gradient
+// of grad_scale (ahead_grad_scale: 1, or a power of two for float16): the backward pass then only
+// scales that gradient by the actual upstream gradient / grad_scale (one elementwise kernel,
+// ssim_scale_). The GPU runs the backward kernel while the host goes through the autograd engine
+// (about 0.15-0.2 ms of host time per step on the H200 machine, most of it the hand-over to the
+// engine's device thread), instead of waiting for it. The buffer is the gradient that the backward
+// returns, so peak memory is unchanged; it is held from the forward to the backward. A second
+// backward through the same graph (retain_graph) recomputes with ssim_backward. reduction = none:
+// ssim_backward in the backward pass (the upstream gradient is a map, known only then).
 class SsimFunction : public torch::autograd::Function<SsimFunction> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx,
@@ -223,20 +327,16 @@ class SsimFunction : public torch::autograd::Function<SsimFunction> {
                             const at::Tensor& img2,  // [B, C, H, W]
                             std::string_view padding, std::string_view reduction) {
     at::AutoDispatchBelowADInplaceOrView below;
-    at::Tensor out = forward_op().call(img1, img2, padding, reduction);
     ctx->save_for_backward({img1, img2});
     ctx->saved_data["valid"] = padding == "valid";
     ctx->saved_data["mean"] = reduction == "mean";
-    // float16 is left out: its gradient of the mean (~1e-7 per pixel) is subnormal, and a
-    // rescaled one would need the in-place scale done in float32 (at::mul_ rounds the factor
-    // to float16, which overflows for small images under a loss scale). It recomputes.
-    if (reduction == "mean" && img1.scalar_type() != at::kHalf) {
-      at::Tensor weight = at::ones({}, img1.options());
-      auto [grad1, grad2] =
-          backward_op().call(weight, img1, img2, padding, reduction, img2.requires_grad());
-      ctx->saved_data["grad1"] = std::move(grad1);
-      ctx->saved_data["grad2"] = std::move(grad2);
-    }
+    if (reduction != "mean") return forward_op().call(img1, img2, padding, reduction);
+    const double grad_scale = ahead_grad_scale(img1, padding == "valid");
+    auto [out, grad1, grad2] =
+        train_op().call(img1, img2, padding, grad_scale, img2.requires_grad());
+    ctx->saved_data["grad1"] = std::move(grad1);
+    ctx->saved_data["grad2"] = std::move(grad2);
+    ctx->saved_data["factor"] = 1.0 / grad_scale;
     return out;
   }
 
@@ -251,15 +351,13 @@ class SsimFunction : public torch::autograd::Function<SsimFunction> {
       at::Tensor grad2 = ctx->saved_data["grad2"].toTensor();
       ctx->saved_data.erase("grad1");
       ctx->saved_data.erase("grad2");
-      // grad1/2 hold d(mean)/d(img) (upstream gradient one): scale them in place (exact for
-      // the usual upstream gradient of 1 - ssim, -1). One vectorized multi-tensor launch:
-      // Tensor.mul_ by a 0-dim CUDA tensor takes TensorIterator's broadcasting path (0.087
-      // instead of ~0.03 ms at 5x3x1080x1920 float32).
+      // grad1/2 hold grad_scale * d(mean)/d(img): scale them in place by the upstream
+      // gradient / grad_scale (exact for the usual upstream gradient of 1 - ssim, -1, and
+      // grad_scale 1: bitwise the recomputed gradient).
       const bool have2 = grad2.dim() == 4;  // else the empty [0] placeholder
-      std::vector<at::Tensor> scaled;
-      if (need1) scaled.push_back(grad1);
-      if (need2 && have2) scaled.push_back(grad2);
-      if (!scaled.empty()) at::_foreach_mul_(scaled, grads[0]);
+      const double factor = ctx->saved_data["factor"].toDouble();
+      if (need1) scale_op().call(grad1, grads[0], factor);
+      if (need2 && have2) scale_op().call(grad2, grads[0], factor);
       if (need1) out[0] = std::move(grad1);
       if (need2 && have2) out[1] = std::move(grad2);
       if (!need2 || have2) return out;
@@ -296,6 +394,8 @@ at::Tensor ssim_forward_autograd(const at::Tensor& img1,  // [B, C, H, W]
 GPUCHECK_TORCH_LIBRARY_IMPL(CUDA, m) {
   m.impl("ssim_forward", &gpucheck::ssim_forward);
   m.impl("ssim_backward", &gpucheck::ssim_backward);
+  m.impl("ssim_train", &gpucheck::ssim_train);
+  m.impl("ssim_scale_", &gpucheck::ssim_scale_);
 }
 
 GPUCHECK_TORCH_LIBRARY_IMPL(Autograd, m) {

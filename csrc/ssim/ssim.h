@@ -29,7 +29,7 @@ struct Geometry {
 };
 
 // Thread blocks of the forward kernel (= number of per-block partial sums with mean).
-int64_t forward_blocks(const Geometry& geo);
+int64_t forward_blocks(Dtype dtype, const Geometry& geo);
 // Thread blocks of the backward kernel.
 int64_t backward_blocks(const Geometry& geo);
 
@@ -47,10 +47,17 @@ cudaError_t launch_mean(Dtype dtype, const void* partials, int64_t count, double
 
 // Backward pass in one kernel, recomputing the moments from the images (nothing is saved by
 // the forward). `grad` has `dtype`: one element when `grad_is_scalar` (reduction = mean; the
-// per-pixel gradient is grad[0] * scale), else [planes, out_h, out_w]. Writes grad1
+// per-pixel gradient is grad[0] * scale, or `scale` when grad is null), else
+// [planes, out_h, out_w]. Writes grad1
 // ([planes, height, width], dtype) and, when non-null, grad2.
 cudaError_t launch_backward(Dtype dtype, const void* grad, bool grad_is_scalar, double scale,
                             const void* img1, const void* img2, const Geometry& geo, void* grad1,
                             void* grad2, cudaStream_t stream);
+
+// In place: grad[0..n) *= upstream[0] * factor (`grad` and the one-element `upstream` have
+// `dtype`), computed in the accumulator type with one rounding for 16-bit types when `factor`
+// is a power of two.
+cudaError_t launch_scale(Dtype dtype, void* grad, int64_t n, const void* upstream, double factor,
+                         cudaStream_t stream);
 
 }  // namespace gpucheck::ssim

@@ -9,14 +9,10 @@
 // straight from global memory; horizontal pass from shared memory, 4 map columns per thread
 // with 16-byte shared loads. See ssim_forward_kernel.
 //
-// Backward (first version's layout): a block of kThreads threads owns kThreads consecutive
-// columns of one image plane and a strip of rows. It streams the strip's rows (plus the halo)
-// through shared memory, kChunk = 11 rows at a time; the next chunk is prefetched into
-// registers while the current one is filtered. Each thread filters its own column:
-//   * horizontally, 11 taps read from shared memory, for the four moments;
-//   * vertically, in registers: the last 11 horizontal results live in a ring of 11 slots.
-//     The ring index of a row is (row mod 11); the row loop is unrolled by 11 so that every
-//     ring index is a compile-time constant and the ring stays in registers.
+// Backward: the forward's layout twice over, in batches of 4 rows: moments vertically in a
+// register ring, horizontally from shared memory (16-byte loads), the four weighted partials
+// into a shared ring of rows, then the partials vertically (4 rows per thread from that ring)
+// and horizontally (16-byte loads), and the gradient. See ssim_backward_kernel.
 //
 // Backward math. With zero padding the window is symmetric, so the adjoint of the filter is
 // the filter itself. For a loss L = sum_p g(p) S(p), with the moments mu1 = G*x, mu2 = G*y,
@@ -32,35 +28,24 @@
 //
 // Determinism: no atomics. With reduction = mean each block writes its sum (fixed shuffle
 // tree) and one block adds the partials in a fixed order in float64.
+//
+// Also here: the in-place scale of a gradient computed ahead (ssim_scale_kernel).
 #include "ssim/ssim.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <type_traits>
 
 namespace gpucheck::ssim {
 namespace {
 
-constexpr int kThreads = 128;                  // columns per block (one per thread)
 constexpr int kHalf = 5;                       // window radius
 constexpr int kWin = 2 * kHalf + 1;            // 11
-constexpr int kChunk = kWin;                   // rows per shared-memory chunk (= ring size)
-constexpr int kSmemW = kThreads + 2 * kHalf;   // 138 columns of input per chunk row
-constexpr int kChunkElems = kChunk * kSmemW;   // 1518
-constexpr int kLoads = (kChunkElems + kThreads - 1) / kThreads;  // 12 per thread per image
-// Backward: a strip of R gradient rows needs R + 20 input rows, streamed in chunks of 11:
-// R = 11 * chunks - 20, with chunks chosen per call by backward_strip() (fewer, longer strips
-// halve the halo recomputation; more, shorter ones fill the last wave of blocks). Defining
-// GPUCHECK_SSIM_BCHUNKS fixes the number of chunks instead. The block's threads hold the
-// partials of kThreads columns, so kThreads - 10 gradient columns come out per block.
-constexpr int kBwdMinChunks = 3;
-constexpr int kBwdMaxChunks = 12;
-constexpr int kBwdCols = kThreads - 2 * kHalf;             // 118
 constexpr int kMeanThreads = 256;
 
-static_assert(kThreads % 32 == 0, "whole warps");
 
 // The normalized 1-D Gaussian, sigma 1.5 (the 2-D window is its outer product).
 __constant__ float kGaussF[kWin] = {
@@ -112,85 +97,6 @@ __device__ __forceinline__ __nv_bfloat16 zero<__nv_bfloat16>() {
   return __ushort_as_bfloat16(0);
 }
 
-// One chunk (kChunk rows x kSmemW columns) of both images, held in registers between the
-// global loads and the shared-memory stores so that the loads of chunk k+1 overlap the
-// filtering of chunk k. The registers hold the raw elements: converting to the accumulator
-// type at the load would make the thread wait for the load there (float16/bfloat16 ran 1.5x
-// slower than float32 for that reason); the conversion happens in store().
-template <typename T>
-struct ChunkLoader {
-  using A = acc_t<T>;
-  T rx[kLoads];
-  T ry[kLoads];
-
-  // Rows row0.., columns col0.. of the plane; zero outside the image.
-  __device__ __forceinline__ void fetch(const T* __restrict__ x, const T* __restrict__ y,
-                                        int height, int width, int row0, int col0) {
-#pragma unroll
-    for (int i = 0; i < kLoads; ++i) {
-      const int e = static_cast<int>(threadIdx.x) + i * kThreads;
-      const int rr = e / kSmemW;
-      const int r = row0 + rr;
-      const int c = col0 + (e - rr * kSmemW);
-      T vx = zero<T>();
-      T vy = zero<T>();
-      if (e < kChunkElems && r >= 0 && r < height && c >= 0 && c < width) {
-        const int64_t idx = static_cast<int64_t>(r) * width + c;
-        vx = x[idx];
-        vy = y[idx];
-      }
-      rx[i] = vx;
-      ry[i] = vy;
-    }
-  }
-
-  __device__ __forceinline__ void store(A* xs, A* ys) const {
-#pragma unroll
-    for (int i = 0; i < kLoads; ++i) {
-      const int e = static_cast<int>(threadIdx.x) + i * kThreads;
-      if (e < kChunkElems) {
-        xs[e] = to_acc(rx[i]);
-        ys[e] = to_acc(ry[i]);
-      }
-    }
-  }
-};
-
-// Horizontal 11-tap filter of the four moments x, y, x² + y², xy (only the sum of the two
-// variances enters SSIM); xr/yr point at the leftmost tap.
-template <typename A>
-__device__ __forceinline__ void filter_row(const A* xr, const A* yr, A (&h)[4]) {
-  A a0 = A(0), a1 = A(0), a2 = A(0), a3 = A(0);
-#pragma unroll
-  for (int k = 0; k < kWin; ++k) {
-    const A xv = xr[k];
-    const A yv = yr[k];
-    const A wx = gauss<A>(k) * xv;
-    const A wy = gauss<A>(k) * yv;
-    a0 += wx;
-    a1 += wy;
-    a2 = fma(wy, yv, fma(wx, xv, a2));
-    a3 = fma(wx, yv, a3);
-  }
-  h[0] = a0;
-  h[1] = a1;
-  h[2] = a2;
-  h[3] = a3;
-}
-
-// Vertical 11-tap filter over a ring whose oldest row sits in slot `first` (compile-time).
-template <int N, typename A>
-__device__ __forceinline__ void filter_ring(const A (&ring)[kWin][N], int first, A (&out)[N]) {
-#pragma unroll
-  for (int q = 0; q < N; ++q) out[q] = A(0);
-#pragma unroll
-  for (int k = 0; k < kWin; ++k) {
-    const int slot = (first + k) % kWin;
-#pragma unroll
-    for (int q = 0; q < N; ++q) out[q] = fma(gauss<A>(k), ring[slot][q], out[q]);
-  }
-}
-
 template <typename A>
 struct SsimTerms {
   A a1, a2, b1, b2;
@@ -211,10 +117,12 @@ __device__ __forceinline__ SsimTerms<A> ssim_terms(const A (&m)[4]) {
   return t;
 }
 
-// Deterministic block sum (fixed shuffle tree, then warps in order); valid in thread 0.
-template <typename A>
+// Deterministic block sum of kN threads (fixed shuffle tree, then warps in order); valid in
+// thread 0.
+template <int kN, typename A>
 __device__ __forceinline__ A block_sum(A v) {
-  __shared__ A warp_sums[kThreads / 32];
+  static_assert(kN % 32 == 0, "whole warps");
+  __shared__ A warp_sums[kN / 32];
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
   if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = v;
@@ -222,7 +130,7 @@ __device__ __forceinline__ A block_sum(A v) {
   A total = A(0);
   if (threadIdx.x == 0) {
 #pragma unroll
-    for (int w = 0; w < kThreads / 32; ++w) total += warp_sums[w];
+    for (int w = 0; w < kN / 32; ++w) total += warp_sums[w];
   }
   return total;
 }
@@ -233,9 +141,6 @@ struct TileGrid {
 };
 
 __host__ __device__ inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
-
-// Resident backward blocks per multiprocessor (float32/16-bit: the launch bound below).
-constexpr int kBwdResident = 3;
 
 // Multiprocessors of the current device (cached per device; 132 on an H200).
 int multiprocessors() {
@@ -252,43 +157,6 @@ int multiprocessors() {
     cache[dev] = sms;
   }
   return cache[dev];
-}
-
-// Gradient rows per backward block. Model: a block's time is proportional to the rows it
-// streams (11 * chunks) and blocks run in waves of kBwdResident per multiprocessor, so the
-// call costs ceil(blocks / slots) * 11 * chunks; the cheapest number of chunks wins (ties:
-// the longer strip). E.g. on 132 multiprocessors: 10 chunks (90 rows, 7.7 waves) at
-// 5x3x1080x1920, 9 chunks (79 rows, 1.8 waves instead of 1.5 -> 2) at 1x3x1080x1920.
-int backward_strip(const Geometry& g) {
-#ifdef GPUCHECK_SSIM_BCHUNKS
-  return GPUCHECK_SSIM_BCHUNKS * kChunk - 4 * kHalf;
-#else
-  const int64_t slots = static_cast<int64_t>(multiprocessors()) * kBwdResident;
-  const int64_t columns = g.planes * ceil_div(g.width, kBwdCols);
-  int best_rows = kBwdMaxChunks * kChunk - 4 * kHalf;
-  int64_t best_cost = -1;
-  for (int chunks = kBwdMaxChunks; chunks >= kBwdMinChunks; --chunks) {
-    const int rows = chunks * kChunk - 4 * kHalf;
-    const int64_t blocks = columns * ceil_div(g.height, rows);
-    const int64_t cost = (blocks + slots - 1) / slots * chunks;
-    if (best_cost < 0 || cost < best_cost) {
-      best_cost = cost;
-      best_rows = rows;
-    }
-  }
-  return best_rows;
-#endif
-}
-
-struct BackwardGrid {
-  int tiles_x;
-  int tiles_y;
-  int rows;  // gradient rows per block
-};
-
-inline BackwardGrid backward_grid(const Geometry& g) {
-  const int rows = backward_strip(g);
-  return {ceil_div(g.width, kBwdCols), ceil_div(g.height, rows), rows};
 }
 
 // 16-byte (float: 4 lanes; double: 2 x 2 lanes) load of 4 consecutive accumulator values
@@ -362,20 +230,31 @@ __device__ __forceinline__ float fast_rcp<float>(float b) { return __fdividef(1.
 //     writes 4 map values (or adds them to its sum).
 // Double-buffered shared rows: one barrier per kFBatch map rows. Blocks away from the top and
 // bottom image edges stream their rows without row bounds checks (forward_rows<kInside>).
-// No bounds checks inside the
-// filters: out-of-image rows/columns are loaded as zero (zero padding).
-constexpr int kFT = 128;                       // threads per block
-constexpr int kFCols = 116;                    // map columns per block (29 groups of 4)
-constexpr int kFGroups = kFCols / 4;           // 29
+// No bounds checks inside the filters: out-of-image rows/columns are loaded as zero (zero
+// padding).
+// Blocks of 128 threads, 116 map columns (29 groups of 4). GPUCHECK_SSIM_FWIDE=1 builds wide
+// blocks for float32 and 16-bit instead (float64's double-buffered rows would pass the 48 KiB
+// of static shared memory): 256 threads, 244 columns (61 groups), 2 blocks per SM. Measured
+// on H200 (2026-11-24, fp32): 5x3x1080x1920 forward 0.217 -> 0.211 ms (4.8 % fewer
+// instructions: fewer idle lanes and halo columns), but 5x1x1500x1500 0.083 -> 0.096 ms (7
+// tiles of 244 columns waste 14 % of 1708, and 840 blocks fill 3.2 waves of 264): off.
+#ifndef GPUCHECK_SSIM_FWIDE
+#define GPUCHECK_SSIM_FWIDE 0
+#endif
+template <typename T>
+constexpr int kFT = GPUCHECK_SSIM_FWIDE && !std::is_same_v<T, double> ? 256 : 128;
+template <typename T>
+constexpr int kFCols = kFT<T> - 12;            // map columns per block (244 or 116)
+template <typename T>
+constexpr int kFGroups = kFCols<T> / 4;        // 61 or 29
 constexpr int kFBatch = 4;                     // map rows per horizontal pass
 constexpr int kFRing = 12;                     // ring slots: >= 11, multiple of kFBatch
 // Tuning knobs (defaults measured best on H200, 2026-11-21, fp32 5x3x1080x1920: forward
 // strip 32 -> 64 rows 5 % faster, 96 no better (and 16 % slower at 1x3x1080x1920); 4 -> 5
 // forward blocks/SM (96 registers, spills) 10 % slower; third version: register prefetch
 // 12 -> 6 rows ahead 2 % faster (116 instead of 124 registers, fewer rematerialized
-// addresses), launch bound 4 -> 3 blocks/SM 0.5-2 % faster (same registers); backward 2 -> 3 blocks/SM
-// (255 -> 168 registers) 16 % faster, 4 (128 registers, spills) 45 % slower; backward strip
-// of 6 -> 10 chunks (46 -> 90 gradient rows per block, less halo recomputation) 11 % faster).
+// addresses), launch bound 4 -> 3 blocks/SM 0.5-2 % faster (same registers). Backward (its
+// second layout, 2026-11-24): 4 blocks/SM at 128 registers without spills.
 #ifndef GPUCHECK_SSIM_FSTRIP
 #define GPUCHECK_SSIM_FSTRIP 64
 #endif
@@ -383,7 +262,7 @@ constexpr int kFRing = 12;                     // ring slots: >= 11, multiple of
 #define GPUCHECK_SSIM_FBLOCKS 3
 #endif
 #ifndef GPUCHECK_SSIM_BBLOCKS
-#define GPUCHECK_SSIM_BBLOCKS 3
+#define GPUCHECK_SSIM_BBLOCKS 4
 #endif
 #ifndef GPUCHECK_SSIM_FPRE
 #define GPUCHECK_SSIM_FPRE 6
@@ -392,22 +271,29 @@ constexpr int kFStrip = GPUCHECK_SSIM_FSTRIP;
 // Rows of register prefetch ahead of the row being filtered (divides kFRing).
 constexpr int kFPre = GPUCHECK_SSIM_FPRE;  // map rows per block
 constexpr int kFStream = kFStrip + 2 * kHalf;  // input rows streamed per block (42)
-constexpr int kFPitch = kFT;                   // shared row pitch (columns)
-static_assert(kFCols + 2 * kHalf <= kFT, "one input column per thread");
-static_assert(kFGroups * kFBatch <= kFT, "one horizontal group per thread");
-static_assert(4 * (kFGroups - 1) + 16 <= kFPitch, "16-value reads stay in the row");
+template <typename T>
+constexpr int kFPitch = kFT<T>;                // shared row pitch (columns)
+template <typename T>
+constexpr bool fwd_shape_ok() {
+  return kFCols<T> + 2 * kHalf <= kFT<T> &&          // one input column per thread
+         kFGroups<T> * kFBatch <= kFT<T> &&          // one horizontal group per thread
+         4 * (kFGroups<T> - 1) + 16 <= kFPitch<T>;  // 16-value reads stay in the row
+}
+static_assert(fwd_shape_ok<float>() && fwd_shape_ok<double>(), "forward block shape");
 static_assert(kFRing % kFBatch == 0 && kFRing >= kWin && kFStrip % kFBatch == 0, "ring");
 static_assert(kFRing % kFPre == 0, "prefetch slot of a ring slot is a compile-time constant");
-static_assert(kFT == kThreads, "block_sum assumes kThreads threads");
 
-inline TileGrid forward_grid(const Geometry& g) {
-  return {ceil_div(g.out_width(), kFCols), ceil_div(g.out_height(), kFStrip)};
+template <typename T>
+TileGrid forward_grid(const Geometry& g) {
+  return {ceil_div(g.out_width(), kFCols<T>), ceil_div(g.out_height(), kFStrip)};
 }
 
-// float/half/bf16: <= 128 registers (4 blocks = 16 warps per SM); float64 needs twice the
-// registers for the same ring.
+// float/half/bf16: <= 128 registers (2 wide or 4 narrow blocks = 16 warps per SM); float64
+// needs twice the registers for the same ring.
 template <typename T>
-constexpr int kFMinBlocks = std::is_same_v<T, double> ? 2 : GPUCHECK_SSIM_FBLOCKS;
+constexpr int kFMinBlocks = std::is_same_v<T, double> ? 2
+                            : kFT<T> == 256            ? 2
+                                                       : GPUCHECK_SSIM_FBLOCKS;
 
 // The streamed-row loop of the forward kernel (see ssim_forward_kernel). kInside: every
 // fetched row (ri0 .. ri0 + kFStream + kFPre - 1) lies inside the image and the plane has
@@ -419,7 +305,7 @@ __device__ __forceinline__ void forward_rows(const T* __restrict__ xcol,
                                              int height, int width, int out_h, int out_w,
                                              int o_row0, int tid, int hb, int hg, bool h_on,
                                              int h_col, bool h_vec, T* __restrict__ map_plane,
-                                             acc_t<T> (&vrows)[2][kFBatch][4][kFPitch],
+                                             acc_t<T> (&vrows)[2][kFBatch][4][kFPitch<T>],
                                              acc_t<T>& sum) {
   using A = acc_t<T>;
   // Prefetched rows as raw elements, converted when used (see ChunkLoader).
@@ -486,7 +372,7 @@ __device__ __forceinline__ void forward_rows(const T* __restrict__ xcol,
           const int bsel = ((u + 2) / kFBatch) & 1;
           const int kRowInBatch = (u + kFRing - 2 * kHalf) % kFBatch;  // o % kFBatch
 #pragma unroll
-          for (int m = 0; m < 4; ++m) vbase[bsel][(kRowInBatch * 4 + m) * kFPitch] = v[m];
+          for (int m = 0; m < 4; ++m) vbase[bsel][(kRowInBatch * 4 + m) * kFPitch<T>] = v[m];
           if (kRowInBatch == kFBatch - 1) {  // batch complete
             __syncthreads();
             const int o_row = o_row0 + o - (kFBatch - 1) + hb;
@@ -494,7 +380,7 @@ __device__ __forceinline__ void forward_rows(const T* __restrict__ xcol,
               A mom[4][4];  // [moment][pixel]
 #pragma unroll
               for (int m = 0; m < 4; ++m) {
-                const A* src = hbase[bsel] + m * kFPitch;
+                const A* src = hbase[bsel] + m * kFPitch<T>;
                 A w[16];
 #pragma unroll
                 for (int q = 0; q < 4; ++q) load4(src + 4 * q, w + 4 * q);
@@ -544,7 +430,7 @@ __device__ __forceinline__ void forward_rows(const T* __restrict__ xcol,
 }
 
 template <typename T, bool kMean>
-__global__ void __launch_bounds__(kFT, kFMinBlocks<T>)
+__global__ void __launch_bounds__(kFT<T>, kFMinBlocks<T>)
     ssim_forward_kernel(const T* __restrict__ img1,  // [planes, H, W]
                         const T* __restrict__ img2,  // [planes, H, W]
                         int height, int width, int out_h, int out_w, int offset, int tiles_x,
@@ -553,15 +439,15 @@ __global__ void __launch_bounds__(kFT, kFMinBlocks<T>)
                         acc_t<T>* __restrict__ partials) {  // [blocks] or null
   using A = acc_t<T>;
   // [buffer][map row in batch][moment][column]
-  __shared__ __align__(16) A vrows[2][kFBatch][4][kFPitch];
+  __shared__ __align__(16) A vrows[2][kFBatch][4][kFPitch<T>];
 #ifdef GPUCHECK_DEFECT_SHARED_OOB
   // Deliberate defect for the sanitizer self-test (issue 9): thread 0 of every block writes
   // an element 64 elements past the end of vrows, i.e. past the end of the block's shared
-  // memory whatever the order of its static arrays (block_sum's warp_sums is 4 elements), so
-  // compute-sanitizer memcheck reports an invalid __shared__ write. Never define it in a
-  // release build.
+  // memory whatever the order of its static arrays (block_sum's warp_sums is 4 or 8
+  // elements), so compute-sanitizer memcheck reports an invalid __shared__ write. Never define
+  // it in a release build.
   if (threadIdx.x == 0) {
-    volatile A* past_end = &vrows[0][0][0][0] + 2 * kFBatch * 4 * kFPitch + 64;
+    volatile A* past_end = &vrows[0][0][0][0] + 2 * kFBatch * 4 * kFPitch<T> + 64;
     *past_end = A(0);
   }
 #endif
@@ -571,7 +457,7 @@ __global__ void __launch_bounds__(kFT, kFMinBlocks<T>)
   const int64_t rest = block / tiles_x;
   const int ty = static_cast<int>(rest % tiles_y);
   const int64_t plane = rest / tiles_y;
-  const int o_col0 = tx * kFCols;
+  const int o_col0 = tx * kFCols<T>;
   const int o_row0 = ty * kFStrip;
   const int tid = threadIdx.x;
 
@@ -584,9 +470,9 @@ __global__ void __launch_bounds__(kFT, kFMinBlocks<T>)
   const int ri0 = o_row0 + offset - kHalf;
 
   // Horizontal role: map row b of each batch, map columns o_col0 + 4g .. + 3.
-  const int hb = tid / kFGroups;
-  const int hg = tid - hb * kFGroups;
-  const bool h_on = tid < kFGroups * kFBatch;
+  const int hb = tid / kFGroups<T>;
+  const int hg = tid - hb * kFGroups<T>;
+  const bool h_on = tid < kFGroups<T> * kFBatch;
   const int h_col = o_col0 + 4 * hg;
   const bool h_vec = !kMean && (out_w % 4 == 0) && h_col + 3 < out_w;
   T* map_plane = kMean ? nullptr : map + plane * (static_cast<int64_t>(out_h) * out_w);
@@ -606,21 +492,61 @@ __global__ void __launch_bounds__(kFT, kFMinBlocks<T>)
                                   tid, hb, hg, h_on, h_col, h_vec, map_plane, vrows, sum);
   }
   if constexpr (kMean) {
-    const A total = block_sum(sum);
+    const A total = block_sum<kFT<T>>(sum);
     if (threadIdx.x == 0) partials[block] = total;
   }
 }
 
-// Backward. Block = (plane, strip of `strip_rows` image rows, kBwdCols image columns). Thread j
-// computes the weighted partials of image column c0 - 5 + j (stage A) and, for 5 <= j < 123,
-// the gradient of image column c0 - 5 + j (stage B).
-// float/half/bf16: <= 168 registers (3 blocks = 12 warps per SM).
+// Backward, in the forward's layout. Block = (plane, strip of `strip_rows` gradient rows,
+// kBCols gradient columns), kBT threads; everything moves in batches of kBBatch rows, with
+// two barriers per batch:
+//   1. moments, vertical pass (thread t owns input column c0 - 10 + t): rows streamed from
+//      global memory (prefetched kBPre rows ahead), the last 11 rows' x, y, x² + y², xy in a
+//      register ring, the vertically filtered batch written to `vbuf`;
+//   2. moments, horizontal pass (thread (b, g): row b of the batch, partial columns
+//      4g .. 4g + 3, 16-byte shared loads), then the four weighted partials g dS/dmoment of
+//      those 4 pixels (zero outside the map), written to `pring`, a ring of kBPRows rows;
+//   3. partials, vertical pass (thread t owns partial column t), 4 gradient rows at once from
+//      the 14 partial rows they need, written to `v2`;
+//   4. partials, horizontal pass (thread (b, g): gradient row b of the batch, columns
+//      4g .. 4g + 3), then the gradient from the images at those pixels.
+// Iteration k runs 1 on batch k, barrier, 2 on batch k and 4 on gradient batch k - 4,
+// barrier, 3 on gradient batch k - 3. Streamed row s is image row r0 - 10 + s, partial row p
+// image row r0 - 5 + p, gradient row q image row r0 + q.
+constexpr int kBT = 128;                        // threads per block
+constexpr int kBCols = 104;                     // gradient columns per block (26 groups of 4)
+constexpr int kBGroups = kBCols / 4;            // 26
+constexpr int kBPCols = 116;                    // partial columns (>= kBCols + 10; 29 groups)
+constexpr int kBPGroups = kBPCols / 4;          // 29
+constexpr int kBInCols = kBPCols + 2 * kHalf;   // 126 input columns
+constexpr int kBBatch = 4;                      // rows per batch
+constexpr int kBRing = 12;                      // register ring slots (3 batches)
+constexpr int kBPre = 4;                        // rows of register prefetch
+constexpr int kBPRows = 16;                     // shared ring of partial rows
+constexpr int kBPitch = 128;                    // shared row pitch (columns)
+constexpr int kBBufElems = kBBatch * 4 * kBPitch;               // vbuf and v2
+constexpr int kBSmemElems = 2 * kBBufElems + kBPRows * 4 * kBPitch;
+static_assert(kBInCols <= kBT, "one input column per thread");
+static_assert(kBPCols >= kBCols + 2 * kHalf && kBPCols <= kBT, "partials of the gradient tile");
+static_assert(kBPGroups * kBBatch <= kBT && kBGroups * kBBatch <= kBT, "one group per thread");
+static_assert(4 * (kBPGroups - 1) + 16 <= kBPitch, "16-value reads stay in the row");
+static_assert(4 * (kBGroups - 1) + 16 <= kBPCols, "16-value reads stay in the partials");
+static_assert(kBRing == 3 * kBBatch && kBBatch % kBPre == 0, "ring slots");
+static_assert(kBPRows == 4 * kBBatch, "partial ring: 4 batches, slot of stage 3 per jb % 4");
+
+// float/half/bf16: <= 128 registers (4 blocks = 16 warps per SM); float64: twice the ring.
 template <typename T>
 constexpr int kBMinBlocks = std::is_same_v<T, double> ? 1 : GPUCHECK_SSIM_BBLOCKS;
 
+// 4 consecutive elements, loaded at once (16 bytes for float32); `p` aligned to 4 elements.
+template <typename T>
+struct alignas(4 * sizeof(T)) Vec4 {
+  T v[4];
+};
+
 template <typename T, bool kScalarGrad>
-__global__ void __launch_bounds__(kThreads, kBMinBlocks<T>)
-    ssim_backward_kernel(const T* __restrict__ grad,  // [1] or [planes, out_h, out_w]
+__global__ void __launch_bounds__(kBT, kBMinBlocks<T>)
+    ssim_backward_kernel(const T* __restrict__ grad,  // [1], [planes, out_h, out_w] or null
                          acc_t<T> scale,
                          const T* __restrict__ img1,  // [planes, H, W]
                          const T* __restrict__ img2,  // [planes, H, W]
@@ -630,121 +556,310 @@ __global__ void __launch_bounds__(kThreads, kBMinBlocks<T>)
                          T* __restrict__ grad2) {  // [planes, H, W] or null
   using A = acc_t<T>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  A* xs = reinterpret_cast<A*>(smem_raw);  // [kChunk, kSmemW]
-  A* ys = xs + kChunkElems;                // [kChunk, kSmemW]
-  A* ps = ys + kChunkElems;                // [kChunk, 4, kThreads] weighted partials
+  A* const vbuf = reinterpret_cast<A*>(smem_raw);  // [kBBatch][4 moments][kBPitch]
+  A* const v2 = vbuf + kBBufElems;                 // [kBBatch][4 partials][kBPitch]
+  A* const pring = v2 + kBBufElems;                // [kBPRows][4 partials][kBPitch]
 
   const int64_t block = blockIdx.x;
   const int tx = static_cast<int>(block % tiles_x);
   const int64_t rest = block / tiles_x;
   const int ty = static_cast<int>(rest % tiles_y);
   const int64_t plane = rest / tiles_y;
-
-  const int c0 = tx * kBwdCols;
+  const int c0 = tx * kBCols;
   const int r0 = ty * strip_rows;
-  const int rows_out = min(strip_rows, height - r0);
-  const int in_rows = rows_out + 4 * kHalf;
-  const int chunks = ceil_div(in_rows, kChunk);
-  const int img_row0 = r0 - 2 * kHalf;  // image row of streamed row 0
-  const int img_col0 = c0 - 2 * kHalf;  // image column of shared column 0
-
+  const int tid = threadIdx.x;
   const int64_t plane_px = static_cast<int64_t>(height) * width;
-  const T* x = img1 + plane * plane_px;
-  const T* y = img2 + plane * plane_px;
-  const int j = threadIdx.x;
-  // Stage A: this thread's partials column, and whether it is a map column.
-  const int p_col = c0 - kHalf + j;
-  const int p_mcol = p_col - offset;  // map column
-  const bool p_col_ok = p_mcol >= 0 && p_mcol < out_w;
-  // Stage B: this thread's gradient column; reads centre on jc (in range for every thread).
-  const int g_col = c0 - kHalf + j;
-  const bool g_ok = j >= kHalf && j < kThreads - kHalf && g_col < width;
-  const int jc = min(max(j, kHalf), kThreads - kHalf - 1);
+  const T* const x = img1 + plane * plane_px;
+  const T* const y = img2 + plane * plane_px;
+
+  // Role 1: input column ci.
+  const int ci = c0 - 2 * kHalf + tid;
+  const bool col_in = tid < kBInCols && ci >= 0 && ci < width;
+  const T* const xcol = x + (col_in ? ci : 0);
+  const T* const ycol = y + (col_in ? ci : 0);
+  // Role 2: row hb of a batch, partial columns 4 hg .. (map column of the first: pmc0).
+  const int hb = tid / kBPGroups;
+  const int hg = tid - hb * kBPGroups;
+  const bool on2 = tid < kBPGroups * kBBatch;
+  const int pmc0 = c0 - kHalf + 4 * hg - offset;
+  // Role 3: partial column tid. Role 4: gradient row gb of a batch, columns gcol ...
+  const bool on3 = tid < kBPCols;
+  const int gb = tid / kBGroups;
+  const int gg = tid - gb * kBGroups;
+  const bool on4 = tid < kBGroups * kBBatch;
+  const int gcol = c0 + 4 * gg;
+  // 4-element accesses: rows of whole groups and 4-element aligned tensors (an input may be
+  // a view with any storage offset).
+  constexpr uintptr_t kMisaligned = 4 * sizeof(T) - 1;
+  const bool aligned = ((reinterpret_cast<uintptr_t>(img1) | reinterpret_cast<uintptr_t>(img2) |
+                         reinterpret_cast<uintptr_t>(grad1) | reinterpret_cast<uintptr_t>(grad2)) &
+                        kMisaligned) == 0;
+  const bool g_vec = aligned && width % 4 == 0 && gcol + 3 < width;
   const bool need2 = grad2 != nullptr;
 
-  const T* grad_plane =
+  const T* const grad_plane =
       kScalarGrad ? grad : grad + plane * (static_cast<int64_t>(out_h) * out_w);
-  const A g_scalar = kScalarGrad ? to_acc(grad[0]) * scale : A(0);
+  A g_scalar = scale;
+  if (kScalarGrad && grad != nullptr) g_scalar = to_acc(grad[0]) * scale;
 
-  A ring_a[kWin][4];  // horizontal moments of streamed rows
-  A ring_b[kWin][4];  // horizontal filtered partials of partial rows
-  ChunkLoader<T> loader;
-  loader.fetch(x, y, height, width, img_row0, img_col0);
-  for (int c = 0; c < chunks; ++c) {
-    loader.store(xs, ys);
-    __syncthreads();
-    if (c + 1 < chunks) loader.fetch(x, y, height, width, img_row0 + (c + 1) * kChunk, img_col0);
-    // Stage A: moments of streamed row t; at t >= 10 the partials of partial row m = t - 10
-    // (image row r0 - 5 + m) go to ps[u].
+  // Rows are fetched in order: fr = image row of the next fetch, foff its offset.
+  int fr = r0 - 2 * kHalf;
+  int64_t foff = static_cast<int64_t>(fr) * width;
+  auto fetch = [&](T& vx, T& vy) {
+    vx = zero<T>();
+    vy = zero<T>();
+    if (col_in && static_cast<unsigned>(fr) < static_cast<unsigned>(height)) {
+      vx = xcol[foff];
+      vy = ycol[foff];
+    }
+    ++fr;
+    foff += width;
+  };
+  T px[kBPre];  // raw elements, converted when used (see the forward)
+  T py[kBPre];
 #pragma unroll
-    for (int u = 0; u < kChunk; ++u) {
-      const int t = c * kChunk + u;
-      if (t < in_rows) {
-        filter_row<A>(xs + u * kSmemW + j, ys + u * kSmemW + j, ring_a[u]);
-        if (t >= 2 * kHalf) {
-          A m[4];
-          filter_ring<4>(ring_a, (u + 1) % kWin, m);
-          const int p_mrow = r0 - kHalf + (t - 2 * kHalf) - offset;  // map row
-          A g = A(0);
-          if (p_col_ok && p_mrow >= 0 && p_mrow < out_h) {
-            g = kScalarGrad ? g_scalar
-                            : to_acc(grad_plane[static_cast<int64_t>(p_mrow) * out_w + p_mcol]);
+  for (int u = 0; u < kBPre; ++u) fetch(px[u], py[u]);
+  A ring[kBRing][4];
+  // Streamed row s into ring slot s % kBRing; prefetch slot s % kBPre.
+  auto push = [&](int slot, int pre) {
+    const A xv = to_acc(px[pre]);
+    const A yv = to_acc(py[pre]);
+    fetch(px[pre], py[pre]);
+    ring[slot][0] = xv;
+    ring[slot][1] = yv;
+    ring[slot][2] = fma(xv, xv, yv * yv);
+    ring[slot][3] = xv * yv;
+  };
+#pragma unroll
+  for (int s = 0; s < 2 * kHalf; ++s) push(s, s % kBPre);
+  // Stage 1 of batch k (rows 10 + 4k + i): ring slots (10 + 4k + i) % 12, a compile-time
+  // constant for each value of k % 3.
+  auto stage1 = [&](auto kc) {
+    constexpr int kC = decltype(kc)::value;
+#pragma unroll
+    for (int i = 0; i < kBBatch; ++i) {
+      constexpr int kS0 = 2 * kHalf + kBBatch * kC;  // (10 + 4k) mod 12
+      const int slot = (kS0 + i) % kBRing;
+      push(slot, (2 * kHalf + i) % kBPre);
+      A v[4];
+#pragma unroll
+      for (int m = 0; m < 4; ++m) v[m] = gauss<A>(0) * ring[(slot + 2) % kBRing][m];
+#pragma unroll
+      for (int k = 1; k < kWin; ++k) {
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          v[m] = fma(gauss<A>(k), ring[(slot + 2 + k) % kBRing][m], v[m]);
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < 4; ++m) vbuf[(i * 4 + m) * kBPitch + tid] = v[m];
+    }
+  };
+
+  // Stage 3 of gradient batch jb, whose first partial row sits in ring slot 4 (jb % 4): every
+  // slot a compile-time constant.
+  auto stage3 = [&](auto jc) {
+    constexpr int kBase = kBBatch * decltype(jc)::value;
+    const A* col = pring + tid;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      A acc[kBBatch];
+#pragma unroll
+      for (int i = 0; i < kBBatch + 2 * kHalf; ++i) {
+        const A v = col[(((kBase + i) & (kBPRows - 1)) * 4 + q) * kBPitch];
+#pragma unroll
+        for (int r = 0; r < kBBatch; ++r) {
+          const int t = i - r;
+          if (t == 0) acc[r] = gauss<A>(0) * v;
+          if (t > 0 && t < kWin) acc[r] = fma(gauss<A>(t), v, acc[r]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kBBatch; ++r) v2[(r * 4 + q) * kBPitch + tid] = acc[r];
+    }
+  };
+
+  const int batches = strip_rows / kBBatch;  // gradient batches
+  const int last1 = batches + 3;             // stages 1, 2 run for k < last1
+  int kc = 0;                                // k % 3
+#pragma unroll 1
+  for (int k = 0; k < batches + 4; ++k) {
+    if (k < last1) {
+      if (kc == 0) {
+        stage1(std::integral_constant<int, 0>{});
+      } else if (kc == 1) {
+        stage1(std::integral_constant<int, 1>{});
+      } else {
+        stage1(std::integral_constant<int, 2>{});
+      }
+    }
+    kc = kc == 2 ? 0 : kc + 1;
+    __syncthreads();
+    if (on2 && k < last1) {  // stage 2: partial row p
+      const int p = kBBatch * k + hb;
+      A mom[4][4];  // [moment][pixel]
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const A* src = vbuf + (hb * 4 + m) * kBPitch + 4 * hg;
+        A w[16];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) load4(src + 4 * q, w + 4 * q);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          A acc = gauss<A>(0) * w[i];
+#pragma unroll
+          for (int t = 1; t < kWin; ++t) acc = fma(gauss<A>(t), w[i + t], acc);
+          mom[m][i] = acc;
+        }
+      }
+      const int mr = r0 - kHalf + p - offset;  // map row
+      const bool row_ok = static_cast<unsigned>(mr) < static_cast<unsigned>(out_h);
+      A part[4][4];  // [partial][pixel]
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        A g = A(0);
+        const int mc = pmc0 + i;
+        if (row_ok && static_cast<unsigned>(mc) < static_cast<unsigned>(out_w)) {
+          g = kScalarGrad ? g_scalar
+                          : to_acc(grad_plane[static_cast<int64_t>(mr) * out_w + mc]);
+        }
+        const A m4[4] = {mom[0][i], mom[1][i], mom[2][i], mom[3][i]};
+        const SsimTerms<A> s = ssim_terms(m4);
+        const A inv = fast_rcp<A>(s.b1 * s.b2);
+        const A ssim = s.a1 * s.a2 * inv;
+        const A da = s.a2 - s.a1;
+        const A db = ssim * (s.b2 - s.b1);
+        const A ginv = g * inv;
+        part[0][i] = ginv * (A(2) * (m4[1] * da - m4[0] * db));  // g dS/dmu1
+        part[1][i] = ginv * (A(2) * (m4[0] * da - m4[1] * db));  // g dS/dmu2
+        part[2][i] = -ginv * ssim * s.b1;                        // g dS/dE[x² + y²]
+        part[3][i] = ginv * (A(2) * s.a1);                       // g dS/dE[xy]
+      }
+      A* dst = pring + (p & (kBPRows - 1)) * 4 * kBPitch + 4 * hg;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) store4(dst + q * kBPitch, part[q]);
+    }
+    if (on4 && k >= 4) {  // stage 4: gradient row q of batch k - 4
+      const int row = r0 + kBBatch * (k - 4) + gb;
+      if (row < height) {
+        const int64_t idx = static_cast<int64_t>(row) * width + gcol;
+        T xr[4];
+        T yr[4];
+        if (g_vec) {
+          const Vec4<T> vx = *reinterpret_cast<const Vec4<T>*>(x + idx);
+          const Vec4<T> vy = *reinterpret_cast<const Vec4<T>*>(y + idx);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            xr[i] = vx.v[i];
+            yr[i] = vy.v[i];
           }
-          const SsimTerms<A> s = ssim_terms(m);
-          const A inv = fast_rcp<A>(s.b1 * s.b2);
-          const A ssim = s.a1 * s.a2 * inv;
-          const A da = s.a2 - s.a1;
-          const A db = ssim * (s.b2 - s.b1);
-          const A ginv = g * inv;
-          A* p = ps + u * 4 * kThreads + j;
-          p[0 * kThreads] = ginv * (A(2) * (m[1] * da - m[0] * db));  // g dS/dmu1
-          p[1 * kThreads] = ginv * (A(2) * (m[0] * da - m[1] * db));  // g dS/dmu2
-          p[2 * kThreads] = -ginv * ssim * s.b1;                      // g dS/dE[x² + y²]
-          p[3 * kThreads] = ginv * (A(2) * s.a1);                     // g dS/dE[xy]
+        } else {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const bool in = gcol + i < width;
+            xr[i] = in ? x[idx + i] : zero<T>();
+            yr[i] = in ? y[idx + i] : zero<T>();
+          }
+        }
+        A f[4][4];  // [partial][pixel]
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const A* src = v2 + (gb * 4 + q) * kBPitch + 4 * gg;
+          A w[16];
+#pragma unroll
+          for (int u = 0; u < 4; ++u) load4(src + 4 * u, w + 4 * u);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            A acc = gauss<A>(0) * w[i];
+#pragma unroll
+            for (int t = 1; t < kWin; ++t) acc = fma(gauss<A>(t), w[i + t], acc);
+            f[q][i] = acc;
+          }
+        }
+        A d1[4];
+        A d2[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const A xv = to_acc(xr[i]);
+          const A yv = to_acc(yr[i]);
+          d1[i] = f[0][i] + A(2) * xv * f[2][i] + yv * f[3][i];
+          d2[i] = f[1][i] + A(2) * yv * f[2][i] + xv * f[3][i];
+        }
+        T* out1 = grad1 + plane * plane_px + idx;
+        T* out2 = need2 ? grad2 + plane * plane_px + idx : nullptr;
+        if (g_vec) {
+          store4(out1, d1);
+          if (need2) store4(out2, d2);
+        } else {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            if (gcol + i < width) {
+              out1[i] = from_acc<T>(d1[i]);
+              if (need2) out2[i] = from_acc<T>(d2[i]);
+            }
+          }
         }
       }
     }
 #ifndef GPUCHECK_DEFECT_NO_SYNC
-    // Stage B reads the partials of neighbouring columns, which other threads wrote. Building
-    // with -DGPUCHECK_DEFECT_NO_SYNC drops this barrier: a deliberate read-after-write race on
-    // shared memory for the sanitizer self-test (issue 9; compute-sanitizer racecheck reports
-    // it). Never define it in a release build.
+    // Stage 3 reads partials of neighbouring rows and columns, which other threads wrote in
+    // stage 2. Building with -DGPUCHECK_DEFECT_NO_SYNC drops this barrier: a deliberate
+    // read-after-write race on shared memory for the sanitizer self-test (issue 9;
+    // compute-sanitizer racecheck reports it). Never define it in a release build.
     __syncthreads();
 #endif
-    // Stage B: filter partial row m = t - 10 horizontally (ring slot m % 11 == (u + 1) % 11);
-    // at m >= 10 gradient row q = m - 10 (image row r0 + q) is complete.
-#pragma unroll
-    for (int u = 0; u < kChunk; ++u) {
-      const int t = c * kChunk + u;
-      if (t < in_rows && t >= 2 * kHalf) {
-        const int slot = (u + 1) % kWin;
-        const A* p = ps + u * 4 * kThreads + (jc - kHalf);
-#pragma unroll
-        for (int q = 0; q < 4; ++q) ring_b[slot][q] = A(0);
-#pragma unroll
-        for (int k = 0; k < kWin; ++k) {
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            ring_b[slot][q] = fma(gauss<A>(k), p[q * kThreads + k], ring_b[slot][q]);
-          }
-        }
-        if (t >= 4 * kHalf && g_ok) {
-          A f[4];
-          filter_ring<4>(ring_b, (u + 2) % kWin, f);
-          const int row = r0 + t - 4 * kHalf;
-          const int64_t idx = static_cast<int64_t>(row) * width + g_col;
-          const A xv = to_acc(x[idx]);
-          const A yv = to_acc(y[idx]);
-          const A d1 = f[0] + A(2) * xv * f[2] + yv * f[3];
-          grad1[plane * plane_px + idx] = from_acc<T>(d1);
-          if (need2) {
-            const A d2 = f[1] + A(2) * yv * f[2] + xv * f[3];
-            grad2[plane * plane_px + idx] = from_acc<T>(d2);
-          }
-        }
+    const int jb = k - 3;  // stage 3: gradient batch jb from partial rows 4 jb .. 4 jb + 13
+    if (on3 && jb >= 0 && jb < batches) {
+      switch (jb & (kBPRows / kBBatch - 1)) {
+        case 0: stage3(std::integral_constant<int, 0>{}); break;
+        case 1: stage3(std::integral_constant<int, 1>{}); break;
+        case 2: stage3(std::integral_constant<int, 2>{}); break;
+        default: stage3(std::integral_constant<int, 3>{}); break;
       }
     }
   }
+}
+
+// Resident backward blocks per multiprocessor (float32/16-bit: the launch bound above).
+constexpr int kBResident = 4;
+constexpr int kBMaxRows = 128;
+
+// Gradient rows per backward block (a multiple of kBBatch). Model: a block's time is
+// proportional to the rows it streams (rows + 16: the 20-row halo less the last partial
+// batch, which only finishes the pipeline) and blocks run in waves of kBResident per
+// multiprocessor, so a call costs ceil(blocks / slots) * (rows + 16); the cheapest wins
+// (ties: the longer strip). E.g. on 132 multiprocessors: 120 rows at 5x3x1080x1920 (4.9
+// waves) and at 1x3x1080x1920 (513 blocks, one wave). Defining GPUCHECK_SSIM_BROWS fixes it.
+int backward_strip(const Geometry& g) {
+#ifdef GPUCHECK_SSIM_BROWS
+  static_assert(GPUCHECK_SSIM_BROWS % kBBatch == 0, "whole batches");
+  return GPUCHECK_SSIM_BROWS;
+#else
+  const int64_t slots = static_cast<int64_t>(multiprocessors()) * kBResident;
+  const int64_t columns = g.planes * ceil_div(g.width, kBCols);
+  int best_rows = kBMaxRows;
+  int64_t best_cost = -1;
+  for (int rows = kBMaxRows; rows >= kBBatch; rows -= kBBatch) {
+    const int64_t blocks = columns * ceil_div(g.height, rows);
+    const int64_t cost = (blocks + slots - 1) / slots * (rows + 16);
+    if (best_cost < 0 || cost < best_cost) {
+      best_cost = cost;
+      best_rows = rows;
+    }
+  }
+  return best_rows;
+#endif
+}
+
+struct BackwardGrid {
+  int tiles_x;
+  int tiles_y;
+  int rows;  // gradient rows per block
+};
+
+inline BackwardGrid backward_grid(const Geometry& g) {
+  const int rows = backward_strip(g);
+  return {ceil_div(g.width, kBCols), ceil_div(g.height, rows), rows};
 }
 
 template <typename T>
@@ -765,6 +880,37 @@ __global__ void __launch_bounds__(kMeanThreads)
   if (threadIdx.x == 0) out[0] = from_acc<T>(static_cast<acc_t<T>>(sums[0] * scale));
 }
 
+// In-place scale of a gradient computed ahead (reduction = mean): grad *= upstream[0] * factor,
+// in the accumulator type (float32 for 16-bit: `factor` is a power of two and the product of
+// two 16-bit values is exact in float32, so the result is rounded once). Thread i scales pack
+// i of kVec elements (16 bytes); the threads after the last pack scale the tail, one each.
+template <typename T, int kVec>
+struct alignas(kVec * sizeof(T)) Pack {
+  T v[kVec];
+};
+
+constexpr int kScaleThreads = 256;
+
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kScaleThreads)
+    ssim_scale_kernel(T* __restrict__ grad,  // [n]
+                      int64_t n,
+                      const T* __restrict__ upstream,  // [1]
+                      acc_t<T> factor) {
+  using A = acc_t<T>;
+  const A s = to_acc(upstream[0]) * factor;
+  const int64_t packs = n / kVec;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kScaleThreads + threadIdx.x;
+  if (i < packs) {
+    Pack<T, kVec> p = reinterpret_cast<const Pack<T, kVec>*>(grad)[i];
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) p.v[e] = from_acc<T>(to_acc(p.v[e]) * s);
+    reinterpret_cast<Pack<T, kVec>*>(grad)[i] = p;
+  } else if (const int64_t e = packs * kVec + (i - packs); e < n) {
+    grad[e] = from_acc<T>(to_acc(grad[e]) * s);
+  }
+}
+
 // Blocks with more than 48 KiB of dynamic shared memory need the attribute raised first.
 template <typename Kernel>
 cudaError_t prepare(Kernel kernel, size_t smem) {
@@ -777,17 +923,17 @@ template <typename T>
 cudaError_t forward_typed(const void* img1, const void* img2, const Geometry& geo, void* map,
                           void* partials, cudaStream_t stream) {
   using A = acc_t<T>;
-  const TileGrid grid = forward_grid(geo);
-  const auto blocks = static_cast<unsigned>(forward_blocks(geo));
+  const TileGrid grid = forward_grid<T>(geo);
+  const auto blocks = static_cast<unsigned>(geo.planes * grid.tiles_x * grid.tiles_y);
   const T* x = static_cast<const T*>(img1);
   const T* y = static_cast<const T*>(img2);
   // Static shared memory only (<= 32 KiB): no attribute needed.
   if (partials != nullptr) {
-    ssim_forward_kernel<T, true><<<blocks, kFT, 0, stream>>>(
+    ssim_forward_kernel<T, true><<<blocks, kFT<T>, 0, stream>>>(
         x, y, geo.height, geo.width, geo.out_height(), geo.out_width(), geo.offset(),
         grid.tiles_x, grid.tiles_y, nullptr, static_cast<A*>(partials));
   } else {
-    ssim_forward_kernel<T, false><<<blocks, kFT, 0, stream>>>(
+    ssim_forward_kernel<T, false><<<blocks, kFT<T>, 0, stream>>>(
         x, y, geo.height, geo.width, geo.out_height(), geo.out_width(), geo.offset(),
         grid.tiles_x, grid.tiles_y, static_cast<T*>(map), nullptr);
   }
@@ -801,10 +947,10 @@ cudaError_t backward_typed(const void* grad, bool grad_is_scalar, double scale, 
   using A = acc_t<T>;
   const BackwardGrid grid = backward_grid(geo);
   const int64_t blocks = geo.planes * grid.tiles_x * grid.tiles_y;
-  const size_t smem = (2 * kChunkElems + kChunk * 4 * kThreads) * sizeof(A);
+  const size_t smem = kBSmemElems * sizeof(A);
   const auto kernel = grad_is_scalar ? ssim_backward_kernel<T, true> : ssim_backward_kernel<T, false>;
   if (const cudaError_t err = prepare(kernel, smem); err != cudaSuccess) return err;
-  kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(
+  kernel<<<static_cast<unsigned>(blocks), kBT, smem, stream>>>(
       static_cast<const T*>(grad), static_cast<A>(scale), static_cast<const T*>(img1),
       static_cast<const T*>(img2), geo.height, geo.width, geo.out_height(), geo.out_width(),
       geo.offset(), grid.tiles_x, grid.tiles_y, grid.rows, static_cast<T*>(grad1),
@@ -820,10 +966,32 @@ cudaError_t mean_typed(const void* partials, int64_t count, double scale, void* 
   return cudaSuccess;
 }
 
+template <typename T>
+cudaError_t scale_typed(void* grad, int64_t n, const void* upstream, double factor,
+                        cudaStream_t stream) {
+  constexpr int kVec = 16 / sizeof(T);
+  T* g = static_cast<T*>(grad);
+  const bool aligned = reinterpret_cast<uintptr_t>(grad) % 16 == 0;
+  const int64_t units = aligned ? n / kVec + n % kVec : n;
+  const int64_t blocks = (units + kScaleThreads - 1) / kScaleThreads;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  const auto grid = static_cast<unsigned>(blocks);
+  const auto up = static_cast<const T*>(upstream);
+  const auto f = static_cast<acc_t<T>>(factor);
+  if (aligned) {
+    ssim_scale_kernel<T, kVec><<<grid, kScaleThreads, 0, stream>>>(g, n, up, f);
+  } else {
+    ssim_scale_kernel<T, 1><<<grid, kScaleThreads, 0, stream>>>(g, n, up, f);
+  }
+  return cudaSuccess;
+}
+
 }  // namespace
 
-int64_t forward_blocks(const Geometry& geo) {
-  const TileGrid g = forward_grid(geo);
+int64_t forward_blocks(Dtype dtype, const Geometry& geo) {
+  const TileGrid g =
+      dtype == Dtype::kFloat64 ? forward_grid<double>(geo) : forward_grid<float>(geo);
+  static_assert(kFCols<__half> == kFCols<float> && kFCols<__nv_bfloat16> == kFCols<float>);
   return geo.planes * g.tiles_x * g.tiles_y;
 }
 
@@ -871,6 +1039,18 @@ cudaError_t launch_backward(Dtype dtype, const void* grad, bool grad_is_scalar, 
     case Dtype::kFloat64:
       return backward_typed<double>(grad, grad_is_scalar, scale, img1, img2, geo, grad1, grad2,
                                     stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t launch_scale(Dtype dtype, void* grad, int64_t n, const void* upstream, double factor,
+                         cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  switch (dtype) {
+    case Dtype::kFloat32: return scale_typed<float>(grad, n, upstream, factor, stream);
+    case Dtype::kFloat16: return scale_typed<__half>(grad, n, upstream, factor, stream);
+    case Dtype::kBFloat16: return scale_typed<__nv_bfloat16>(grad, n, upstream, factor, stream);
+    case Dtype::kFloat64: return scale_typed<double>(grad, n, upstream, factor, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -1,9 +1,12 @@
 """Fused SSIM on CUDA (``torch.ops.gpucheck.ssim_forward`` / ``ssim_backward``), differentiable.
 
 The kernels (csrc/ssim) compute the same function as :func:`gpucheck.reference.ssim`:
-an 11×11 Gaussian window (sigma 1.5), C1 = 0.01², C2 = 0.03², zero padding. The forward pass
-saves nothing but references to its inputs; the backward pass recomputes the window moments
-(no extra memory in training). Autograd is registered in C++ (csrc/ssim/ssim.cpp).
+an 11×11 Gaussian window (sigma 1.5), C1 = 0.01², C2 = 0.03², zero padding. With
+``reduction="mean"`` (a training loss) the forward also computes the gradient at once
+(``ssim_train``; it is the buffer the backward returns, so no extra memory) and the backward
+only scales it (``ssim_scale_``); otherwise the backward recomputes the window moments from the
+inputs (nothing saved but references to them). Autograd is registered in C++
+(csrc/ssim/ssim.cpp).
 
 This module imports without the compiled extension; it is loaded on first call.
 """
@@ -47,9 +50,22 @@ def _backward_fake(grad: torch.Tensor, img1: torch.Tensor, img2: torch.Tensor, p
     return img1.new_empty(img1.shape), grad2
 
 
+def _train_fake(img1: torch.Tensor, img2: torch.Tensor, padding: str, grad_scale: float,
+                need_grad2: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    torch._check(img1.dim() == 4, lambda: f"img1 must be [B, C, H, W], got {list(img1.shape)}")
+    grad2 = img2.new_empty(img2.shape) if need_grad2 else img2.new_empty((0,))
+    return img1.new_empty(()), img1.new_empty(img1.shape), grad2
+
+
+def _scale_fake(grad: torch.Tensor, upstream: torch.Tensor, factor: float) -> None:
+    return None
+
+
 @functools.cache
 def load_ops() -> Any:
-    """Load the extension and register the fake (meta) rules of the SSIM ops.
+    """Load the extension and register the fake (meta) rules of the SSIM ops (``ssim_forward``,
+    ``ssim_backward``; ``ssim_train`` and ``ssim_scale_``, the training step's forward with
+    reduction mean and its in-place gradient scale, both used by the autograd rule).
 
     The autograd rule is C++ (csrc/ssim/ssim.cpp, registered for the Autograd key): a
     training step runs no Python beyond :func:`ssim` itself.
@@ -64,6 +80,8 @@ def load_ops() -> Any:
     _ext.load()
     torch.library.register_fake("gpucheck::ssim_forward")(_forward_fake)
     torch.library.register_fake("gpucheck::ssim_backward")(_backward_fake)
+    torch.library.register_fake("gpucheck::ssim_train")(_train_fake)
+    torch.library.register_fake("gpucheck::ssim_scale_")(_scale_fake)
     return torch.ops.gpucheck.ssim_forward.default
 
 

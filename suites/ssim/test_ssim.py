@@ -374,6 +374,12 @@ def test_opcheck(gpu_device: torch.device, padding: str, reduction: str) -> None
     for need2 in (True, False):
         torch.library.opcheck(torch.ops.gpucheck.ssim_backward.default,
                               (grad, x, y, padding, reduction, need2))
+    if reduction == "mean":  # the training step's ops (reduction mean only)
+        for need2 in (True, False):
+            torch.library.opcheck(torch.ops.gpucheck.ssim_train.default,
+                                  (x, y, padding, 1024.0, need2))
+        torch.library.opcheck(torch.ops.gpucheck.ssim_scale_.default,
+                              (torch.rand(x.shape, device=gpu_device), grad, 0.25))
 
 
 @pytest.mark.sanitizer
