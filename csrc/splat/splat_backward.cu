@@ -15,9 +15,16 @@
 //    lane of a warp walks the same Gaussian at the same time, so the 10 per-Gaussian values
 //    are summed over the warp with shuffles and one lane adds them to global memory with
 //    atomicAdd (skipped when no lane of the warp touched the Gaussian).
-// 2. project_backward: one thread per Gaussian, float64 like the forward's preprocessing:
-//    conic -> 2D covariance -> (Jacobian, 3D covariance) -> (mean, scale, quaternion); screen
-//    mean and depth -> mean; colour -> SH coefficients and (through the view direction) mean.
+// 2. project_backward: one thread per Gaussian: conic -> 2D covariance -> (Jacobian, 3D
+//    covariance) -> (mean, scale, quaternion); screen mean and depth -> mean; colour -> SH
+//    coefficients and (through the view direction) mean. The decisions that must match the
+//    forward (the Jacobian clamp, the colour clamp) are taken in float64 from the same
+//    formulas as preprocess; the gradients themselves in float32 (the 2D covariance's
+//    determinant as a sum of non-negative terms, see covariance_backward). Each warp stages
+//    the SH rows of its 32 Gaussians through shared memory, so that SH coefficients are read
+//    and their gradients written as coalesced chunks (not 48 accesses of stride 192 bytes a
+//    thread). float64 throughout took 164 registers (12.5 % occupancy) and 0.83 ms at 1M
+//    Gaussians on an H200; this is 83 registers and 0.44 ms.
 //
 // Determinism: the float atomicAdds of step 1 make the order of the per-Gaussian sums depend
 // on the scheduling of blocks, so gradients are reproducible to rounding, not bitwise.

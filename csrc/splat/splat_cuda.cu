@@ -36,8 +36,6 @@ namespace gpucheck::splat {
 namespace {
 
 constexpr int kThreads = 256;
-// Smaller blocks for preprocess: its shared SH staging takes kShRowStride floats a thread.
-constexpr int kPreprocessThreads = 128;
 
 __device__ __forceinline__ bool finite(float v) { return isfinite(v); }
 
@@ -56,10 +54,10 @@ __device__ bool camera_ok(const PreprocessArgs& a) {
          K[8] == 1.0f;
 }
 
-// One Gaussian of preprocess_kernel; sh_row: its SH coefficients staged in shared memory, or
-// nullptr (RGB colours, or more coefficients than are staged: read from global memory).
-__device__ __forceinline__ void preprocess_one(const PreprocessArgs& a, int i,
-                                               const float* sh_row) {
+__global__ void __launch_bounds__(kThreads) preprocess_kernel(const PreprocessArgs a) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i == 0 && !camera_ok(a)) atomicMin(&a.bad[kBadCamera], 0);
+  if (i >= a.n) return;
   a.radii[i] = 0;
   a.counts[i] = 0;
   a.rects[i] = make_int4(0, 0, 0, 0);
@@ -75,8 +73,7 @@ __device__ __forceinline__ void preprocess_one(const PreprocessArgs& a, int i,
   bool all_finite = finite(opacity);
   for (int k = 0; k < 3; ++k) all_finite = all_finite && finite(mp[k]) && finite(sp[k]);
   for (int k = 0; k < 4; ++k) all_finite = all_finite && finite(qp[k]);
-  const float* values = sh_row != nullptr ? sh_row : cp;
-  for (int k = 0; k < color_values; ++k) all_finite = all_finite && finite(values[k]);
+  for (int k = 0; k < color_values; ++k) all_finite = all_finite && finite(cp[k]);
   const bool scale_ok = sp[0] > 0.0f && sp[1] > 0.0f && sp[2] > 0.0f;
   const bool opacity_ok = opacity >= 0.0f && opacity <= 1.0f;
   const bool rotation_ok = qp[0] != 0.0f || qp[1] != 0.0f || qp[2] != 0.0f || qp[3] != 0.0f;
@@ -100,9 +97,13 @@ __device__ __forceinline__ void preprocess_one(const PreprocessArgs& a, int i,
   } else {
     double dir[3];
     view_direction(cam, dir);
-    double s[3];
-    sh_sums(a.sh_degree, dir, sh_row != nullptr ? sh_row : cp, s);
-    for (int ch = 0; ch < 3; ++ch) rgb_out[ch] = static_cast<float>(fmax(s[ch] + 0.5, 0.0));
+    double basis[16];
+    const int count = sh_basis(a.sh_degree, dir[0], dir[1], dir[2], basis);
+    for (int ch = 0; ch < 3; ++ch) {
+      double s = 0.0;
+      for (int k = 0; k < count; ++k) s += basis[k] * static_cast<double>(cp[3 * k + ch]);
+      rgb_out[ch] = static_cast<float>(fmax(s + 0.5, 0.0));
+    }
   }
   if (!cam.in_front) return;
 
@@ -145,24 +146,6 @@ __device__ __forceinline__ void preprocess_one(const PreprocessArgs& a, int i,
   conic[0] = static_cast<float>(cc / det);
   conic[1] = static_cast<float>(-cb / det);
   conic[2] = static_cast<float>(ca / det);
-}
-
-// One thread per Gaussian; each warp first stages the SH rows of its 32 Gaussians in shared
-// memory with coalesced loads (when there are at most kShStagedCoeffs coefficients).
-__global__ void __launch_bounds__(kPreprocessThreads) preprocess_kernel(const PreprocessArgs a) {
-  __shared__ float s_sh[kPreprocessThreads * kShRowStride];
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i == 0 && !camera_ok(a)) atomicMin(&a.bad[kBadCamera], 0);
-  const int lane = threadIdx.x % 32;
-  const int64_t warp_first = static_cast<int64_t>(i) - lane;
-  const int rows = static_cast<int>(min(static_cast<int64_t>(32), a.n - warp_first));
-  const bool staged = a.sh_degree >= 0 && a.sh_coeffs <= kShStagedCoeffs;
-  if (staged && rows > 0) {
-    warp_load_rows(a.colors, warp_first, rows, 3 * a.sh_coeffs,
-                   s_sh + (threadIdx.x - lane) * kShRowStride, lane);
-  }
-  __syncwarp();
-  if (i < a.n) preprocess_one(a, i, staged ? s_sh + threadIdx.x * kShRowStride : nullptr);
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -279,9 +262,7 @@ int blocks(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); 
 }  // namespace
 
 void launch_preprocess(const PreprocessArgs& args, cudaStream_t stream) {
-  const int grid = static_cast<int>((static_cast<int64_t>(args.n) + kPreprocessThreads - 1) /
-                                    kPreprocessThreads);
-  preprocess_kernel<<<grid, kPreprocessThreads, 0, stream>>>(args);
+  preprocess_kernel<<<blocks(args.n), kThreads, 0, stream>>>(args);
 }
 
 size_t scan_temp_bytes(int n) {

@@ -167,8 +167,8 @@ __device__ __forceinline__ double quat_rotmat(const float* qp, double q[4], doub
 }
 
 // The colour sums s[ch] = sum_k basis_k(dir) row[3 k + ch] (k < the basis size of `degree`)
-// in float64: the one formula of the forward's colour (rgb = max(s + 0.5, 0)) and of the
-// backward's clamp decision. `row` holds one Gaussian's SH coefficients [K, 3] (K >= the
+// in float64, in the order of the forward's colour (preprocess_kernel: rgb = max(s + 0.5, 0)),
+// for the backward's clamp decision. `row` holds one Gaussian's SH coefficients [K, 3] (K >= the
 // basis size). Compile-time loop bounds keep the basis in registers. Returns the basis size.
 __device__ __forceinline__ int sh_sums(int degree, const double dir[3], const float* row,
                                        double s[3]) {
