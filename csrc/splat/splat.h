@@ -139,7 +139,7 @@ struct RenderGrads {
 };
 void launch_render_backward(const SplatInputs& in, const RenderGrads& g, cudaStream_t stream);
 
-// Backward of project (per Gaussian, float64 like the forward): from d loss / d (means2d,
+// Backward of project (per Gaussian; float32, decisions in float64): from d loss / d (means2d,
 // conics, rgb, depths) to d loss / d (means, scales, rotations, colours or SH).
 struct ProjectGrads {
   const float* means;       // [n, 3]

@@ -49,25 +49,41 @@ __device__ __forceinline__ CameraPoint world_to_camera(const float* viewmat, con
   return c;
 }
 
-// T = J W, J the pinhole Jacobian at the mean with x/z and y/z clamped to 1.3x the half field
-// of view measured from the principal point: J = [[fx / z, 0, -fx uc / z], [0, fy / z,
-// -fy vc / z]]. Only for Gaussians in front of the near plane.
-struct EwaJacobian {
-  double T[2][3];
+// The clamp of the EWA Jacobian: x/z and y/z clamped to 1.3x the half field of view measured
+// from the principal point. Only for Gaussians in front of the near plane.
+struct EwaClamp {
   double uc, vc;        // u, v after the clamp
   bool u_free, v_free;  // strictly inside the clamp limits (so d uc / d u = 1, else 0)
 };
 
-__device__ __forceinline__ EwaJacobian ewa_jacobian(const CameraPoint& c, int width,
-                                                    int height) {
+__device__ __forceinline__ EwaClamp ewa_clamp(const CameraPoint& c, int width, int height) {
   const double margin_x = 0.3 * 0.5 * width / c.fx, margin_y = 0.3 * 0.5 * height / c.fy;
   const double lo_x = -c.cx / c.fx - margin_x, hi_x = (width - c.cx) / c.fx + margin_x;
   const double lo_y = -c.cy / c.fy - margin_y, hi_y = (height - c.cy) / c.fy + margin_y;
-  EwaJacobian j;
+  EwaClamp j;
   j.uc = fmin(fmax(c.u, lo_x), hi_x);
   j.vc = fmin(fmax(c.v, lo_y), hi_y);
   j.u_free = c.u > lo_x && c.u < hi_x;
   j.v_free = c.v > lo_y && c.v < hi_y;
+  return j;
+}
+
+// T = J W, J the pinhole Jacobian at the mean with the clamp above: J = [[fx / z, 0,
+// -fx uc / z], [0, fy / z, -fy vc / z]].
+struct EwaJacobian {
+  double T[2][3];
+  double uc, vc;
+  bool u_free, v_free;
+};
+
+__device__ __forceinline__ EwaJacobian ewa_jacobian(const CameraPoint& c, int width,
+                                                    int height) {
+  const EwaClamp cl = ewa_clamp(c, width, height);
+  EwaJacobian j;
+  j.uc = cl.uc;
+  j.vc = cl.vc;
+  j.u_free = cl.u_free;
+  j.v_free = cl.v_free;
   for (int k = 0; k < 3; ++k) {
     j.T[0][k] = c.fx / c.z * c.W[0][k] + (-c.fx * j.uc / c.z) * c.W[2][k];
     j.T[1][k] = c.fy / c.z * c.W[1][k] + (-c.fy * j.vc / c.z) * c.W[2][k];
@@ -101,28 +117,32 @@ constexpr double kC3d = 0.3731763325901154;   // sqrt(7) / (4 sqrt(pi))
 constexpr double kC3e = 1.445305721320277;    // sqrt(105) / (4 sqrt(pi))
 
 // The SH basis at unit direction (x, y, z) up to `degree`; returns the number of functions.
-__device__ __forceinline__ int sh_basis(int degree, double x, double y, double z,
-                                        double basis[16]) {
-  basis[0] = kC0;
+// Real: double (colours) or float (gradients).
+template <typename Real>
+__device__ __forceinline__ int sh_basis(int degree, Real x, Real y, Real z, Real basis[16]) {
+  constexpr Real c0 = kC0, c1 = kC1, c2a = kC2a, c2b = kC2b, c2c = kC2c, c3a = kC3a, c3b = kC3b,
+                 c3c = kC3c, c3d = kC3d, c3e = kC3e;
+  constexpr Real two = 2, three = 3, four = 4;
+  basis[0] = c0;
   if (degree < 1) return 1;
-  basis[1] = -kC1 * y;
-  basis[2] = kC1 * z;
-  basis[3] = -kC1 * x;
+  basis[1] = -c1 * y;
+  basis[2] = c1 * z;
+  basis[3] = -c1 * x;
   if (degree < 2) return 4;
-  const double xx = x * x, yy = y * y, zz = z * z;
-  basis[4] = kC2a * x * y;
-  basis[5] = -kC2a * y * z;
-  basis[6] = kC2b * (2.0 * zz - xx - yy);
-  basis[7] = -kC2a * x * z;
-  basis[8] = kC2c * (xx - yy);
+  const Real xx = x * x, yy = y * y, zz = z * z;
+  basis[4] = c2a * x * y;
+  basis[5] = -c2a * y * z;
+  basis[6] = c2b * (two * zz - xx - yy);
+  basis[7] = -c2a * x * z;
+  basis[8] = c2c * (xx - yy);
   if (degree < 3) return 9;
-  basis[9] = -kC3a * y * (3.0 * xx - yy);
-  basis[10] = kC3b * x * y * z;
-  basis[11] = -kC3c * y * (4.0 * zz - xx - yy);
-  basis[12] = kC3d * z * (2.0 * zz - 3.0 * xx - 3.0 * yy);
-  basis[13] = -kC3c * x * (4.0 * zz - xx - yy);
-  basis[14] = kC3e * z * (xx - yy);
-  basis[15] = -kC3a * x * (xx - 3.0 * yy);
+  basis[9] = -c3a * y * (three * xx - yy);
+  basis[10] = c3b * x * y * z;
+  basis[11] = -c3c * y * (four * zz - xx - yy);
+  basis[12] = c3d * z * (two * zz - three * xx - three * yy);
+  basis[13] = -c3c * x * (four * zz - xx - yy);
+  basis[14] = c3e * z * (xx - yy);
+  basis[15] = -c3a * x * (xx - three * yy);
   return 16;
 }
 
@@ -144,6 +164,74 @@ __device__ __forceinline__ double quat_rotmat(const float* qp, double q[4], doub
   R[2][1] = 2 * (y * z + w * x);
   R[2][2] = 1 - 2 * (x * x + y * y);
   return n;
+}
+
+// The colour sums s[ch] = sum_k basis_k(dir) row[3 k + ch] (k < the basis size of `degree`)
+// in float64, in the order of the forward's colour (preprocess_kernel: rgb = max(s + 0.5, 0)),
+// for the backward's clamp decision. `row` holds one Gaussian's SH coefficients [K, 3] (K >= the
+// basis size). Compile-time loop bounds keep the basis in registers. Returns the basis size.
+__device__ __forceinline__ int sh_sums(int degree, const double dir[3], const float* row,
+                                       double s[3]) {
+  double basis[16] = {};
+  const int count = sh_basis(degree, dir[0], dir[1], dir[2], basis);
+  s[0] = s[1] = s[2] = 0.0;
+#pragma unroll
+  for (int k = 0; k < 16; ++k) {
+    if (k < count) {
+#pragma unroll
+      for (int ch = 0; ch < 3; ++ch) s[ch] += basis[k] * static_cast<double>(row[3 * k + ch]);
+    }
+  }
+  return count;
+}
+
+// SH rows staged through shared memory, so that a warp reads (and writes) the SH arrays of
+// its 32 consecutive Gaussians as one contiguous, coalesced chunk instead of 48 accesses of
+// stride 192 bytes per thread. A staged row holds up to kShStagedCoeffs coefficients x 3
+// channels; its stride is odd, so the 32 threads of a warp reading their own rows hit 32
+// different banks.
+constexpr int kShStagedCoeffs = 16;
+constexpr int kShRowStride = 3 * kShStagedCoeffs + 1;
+
+// buf[r * kShRowStride + j] = src[(base + r) * len + j] for r < rows, j < len (one warp; lane
+// = the caller's lane; len = 3 * coefficients <= 3 * kShStagedCoeffs).
+__device__ __forceinline__ void warp_load_rows(const float* __restrict__ src, int64_t base,
+                                               int rows, int len, float* buf, int lane) {
+  const float* chunk = src + base * len;
+  const int total = rows * len;
+  int r = 0, j = lane;
+  while (j >= len) {
+    j -= len;
+    ++r;
+  }
+  for (int e = lane; e < total; e += 32) {
+    buf[r * kShRowStride + j] = chunk[e];
+    j += 32;
+    while (j >= len) {
+      j -= len;
+      ++r;
+    }
+  }
+}
+
+// The inverse of warp_load_rows: dst[(base + r) * len + j] = buf[r * kShRowStride + j].
+__device__ __forceinline__ void warp_store_rows(const float* buf, int64_t base, int rows,
+                                                int len, float* __restrict__ dst, int lane) {
+  float* chunk = dst + base * len;
+  const int total = rows * len;
+  int r = 0, j = lane;
+  while (j >= len) {
+    j -= len;
+    ++r;
+  }
+  for (int e = lane; e < total; e += 32) {
+    chunk[e] = buf[r * kShRowStride + j];
+    j += 32;
+    while (j >= len) {
+      j -= len;
+      ++r;
+    }
+  }
 }
 
 // Exponent -0.5 d^T conic d at pixel centre (px, py), d = mean - centre. Explicitly rounded
