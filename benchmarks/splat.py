@@ -19,6 +19,7 @@ import argparse
 import json
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,35 +38,36 @@ TARGET_MS = 4.0  # issue: 1M Gaussians at 1920x1080, forward
 TARGET_STEP_MS = 12.0  # forward + backward
 TARGET_PEAK_MIB = 1.5 * 1000**3 / 2**20
 DIFFERENTIABLE = ("means", "scales", "rotations", "opacities", "sh")
+Render = Callable[[dict[str, torch.Tensor]], torch.Tensor]
 
 
-def _median_ms(fn: Any, repeats: int) -> tuple[float, float]:
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
+def _elapsed_ms(fn: Callable[[], Any]) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def _median_ms(fn: Callable[[], Any], repeats: int) -> tuple[float, float]:
+    times = [_elapsed_ms(fn) for _ in range(repeats)]
     return statistics.median(times), min(times)
 
 
-def timing(n: int, repeats: int, device: torch.device, width: int = 1920,
-           height: int = 1080) -> dict[str, Any]:
-    """Forward, backward and forward + backward medians, and peak memory of one training step
-    (inputs that require grad, a loss on the image)."""
-    args = splat_scenes.scene(n, width, height, 1234, device, sh_degree=3,
-                              depth_range=(2.0, 30.0), log_scale=(-5.0, -3.0))
-    leaves = {k: args[k].clone().requires_grad_() for k in DIFFERENTIABLE}
-    grad_image = torch.rand(3, height, width, device=device)
-    state: dict[str, Any] = {}
+def time_training(render: Render, params: dict[str, torch.Tensor], grad: torch.Tensor,
+           repeats: int, device: torch.device) -> dict[str, float]:
+    """Forward / backward / step medians (ms) and the peak extra memory of one step (MiB) of
+    ``render`` (params -> image; gpucheck's or a peer's) with ``params`` requiring grad and
+    ``image.backward(grad)`` as the loss."""
+    leaves = {k: v.clone().requires_grad_() for k, v in params.items()}
+    state: dict[str, torch.Tensor] = {}
 
     def forward() -> None:
-        state["out"] = rasterize(**{**args, **leaves})
+        state["image"] = render(leaves)
 
     def backward() -> None:
-        state["out"].image.backward(grad_image)
+        state["image"].backward(grad)
 
     def step() -> None:
         for leaf in leaves.values():
@@ -85,24 +87,36 @@ def timing(n: int, repeats: int, device: torch.device, width: int = 1920,
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - base
     with torch.no_grad():
-        fwd_ms, fwd_min = _median_ms(lambda: rasterize(**args), repeats)
+        fwd = [_elapsed_ms(lambda: render(params)) for _ in range(repeats)]
     bwd = []
     for _ in range(repeats):
         for leaf in leaves.values():
             leaf.grad = None
         forward()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        backward()
-        end.record()
-        end.synchronize()
-        bwd.append(start.elapsed_time(end))
-    step_ms, _ = _median_ms(step, repeats)
+        bwd.append(_elapsed_ms(backward))
+    steps = [_elapsed_ms(step) for _ in range(repeats)]
+    state.clear()
+    return {"forward_ms": statistics.median(fwd), "forward_min_ms": min(fwd),
+            "backward_ms": statistics.median(bwd), "fwd_bwd_ms": statistics.median(steps),
+            "peak_train_mib": peak / 2**20}
+
+
+def timing(n: int, repeats: int, device: torch.device, width: int = 1920,
+           height: int = 1080) -> dict[str, Any]:
+    """Forward, backward and forward + backward medians, and peak memory of one training step
+    (inputs that require grad, a loss on the image)."""
+    args = splat_scenes.scene(n, width, height, 1234, device, sh_degree=3,
+                              depth_range=(2.0, 30.0), log_scale=(-5.0, -3.0))
+
+    def render(p: dict[str, torch.Tensor]) -> torch.Tensor:
+        return rasterize(**{**args, **p}).image
+
+    params = {k: args[k] for k in DIFFERENTIABLE}
+    times = time_training(render, params, torch.rand(3, height, width, device=device), repeats,
+                          device)
     out = rasterize(**args)
     visible = out.radii[out.radii > 0].float()
-    return {"n": n, "forward_ms": fwd_ms, "forward_min_ms": fwd_min,
-            "backward_ms": statistics.median(bwd), "fwd_bwd_ms": step_ms,
-            "peak_train_mib": peak / 2**20, "n_intersections": out.n_intersections,
+    return {"n": n, **times, "n_intersections": out.n_intersections,
             "visible": int(visible.numel()),
             "radius_p50": float(visible.median()) if visible.numel() else 0.0,
             "alpha_mean": float(out.alpha.mean())}

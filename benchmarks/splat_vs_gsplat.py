@@ -39,7 +39,6 @@ import argparse
 import importlib.util
 import json
 import math
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -53,6 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "suites" / "splat"))
 
 import splat_scenes  # noqa: E402
+from splat import time_training  # noqa: E402
 
 from gpucheck.ops import rasterize  # noqa: E402
 
@@ -116,59 +116,6 @@ def theirs(gsplat: ModuleType, args: dict[str, Any], packed: bool
     return render, lambda: int(last["meta"]["isect_ids"].numel())
 
 
-def _elapsed_ms(fn: Callable[[], Any]) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end)
-
-
-def timing(render: Render, params: dict[str, torch.Tensor], grad: torch.Tensor,
-           repeats: int, device: torch.device) -> dict[str, float]:
-    """Forward / backward / step medians (ms) and the peak extra memory of one step (MiB)."""
-    leaves = {k: v.clone().requires_grad_() for k, v in params.items()}
-    state: dict[str, torch.Tensor] = {}
-
-    def forward() -> None:
-        state["image"] = render(leaves)
-
-    def backward() -> None:
-        state["image"].backward(grad)
-
-    def step() -> None:
-        for leaf in leaves.values():
-            leaf.grad = None
-        forward()
-        backward()
-
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize(device)
-    for leaf in leaves.values():
-        leaf.grad = None
-    state.clear()
-    base = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    step()
-    torch.cuda.synchronize(device)
-    peak = torch.cuda.max_memory_allocated(device) - base
-    with torch.no_grad():
-        fwd = [_elapsed_ms(lambda: render(params)) for _ in range(repeats)]
-    bwd = []
-    for _ in range(repeats):
-        for leaf in leaves.values():
-            leaf.grad = None
-        forward()
-        bwd.append(_elapsed_ms(backward))
-    steps = [_elapsed_ms(step) for _ in range(repeats)]
-    state.clear()
-    return {"forward_ms": statistics.median(fwd), "forward_min_ms": min(fwd),
-            "backward_ms": statistics.median(bwd), "fwd_bwd_ms": statistics.median(steps),
-            "peak_train_mib": peak / 2**20}
-
-
 def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
     """PSNR (peak 1) between two [3, H, W] images."""
     mse = float(((a.double() - b.double()) ** 2).mean())
@@ -206,11 +153,11 @@ def compare(gsplat: ModuleType, n: int, repeats: int, device: torch.device) -> d
     grad_hwc = grad.permute(1, 2, 0).contiguous()
     row: dict[str, Any] = {"n": n}
     render, overlaps = ours(args)
-    row["ours"] = {**timing(render, params, grad, repeats, device), "overlaps": overlaps()}
+    row["ours"] = {**time_training(render, params, grad, repeats, device), "overlaps": overlaps()}
     for packed in (True, False):
         render, overlaps = theirs(gsplat, args, packed)
         row[f"gsplat_{'packed' if packed else 'unpacked'}"] = {
-            **timing(render, params, grad_hwc, repeats, device), "overlaps": overlaps()}
+            **time_training(render, params, grad_hwc, repeats, device), "overlaps": overlaps()}
     row["agreement"] = agreement(gsplat, args, grad)
     del args, params
     torch.cuda.empty_cache()
