@@ -378,11 +378,13 @@ __global__ void __launch_bounds__(kProjectThreads) project_backward_kernel(const
   const bool staged = a.sh_degree >= 0 && a.sh_coeffs <= kShStagedCoeffs;
   float* warp_rows = s_sh + (threadIdx.x - lane) * kShRowStride;
   const int len = 3 * a.sh_coeffs;
-  if (staged && rows > 0) warp_load_rows(a.colors, warp_first, rows, len, warp_rows, lane);
+  if (staged && rows > 0) warp_copy_rows<true>(a.colors, warp_rows, warp_first, rows, len, lane);
   __syncwarp();
   if (i < a.n) project_backward_one(a, i, staged ? s_sh + threadIdx.x * kShRowStride : nullptr);
   __syncwarp();
-  if (staged && rows > 0) warp_store_rows(warp_rows, warp_first, rows, len, a.g_colors, lane);
+  if (staged && rows > 0) {
+    warp_copy_rows<false>(warp_rows, a.g_colors, warp_first, rows, len, lane);
+  }
 }
 
 

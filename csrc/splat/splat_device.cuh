@@ -193,11 +193,15 @@ __device__ __forceinline__ int sh_sums(int degree, const double dir[3], const fl
 constexpr int kShStagedCoeffs = 16;
 constexpr int kShRowStride = 3 * kShStagedCoeffs + 1;
 
-// buf[r * kShRowStride + j] = src[(base + r) * len + j] for r < rows, j < len (one warp; lane
-// = the caller's lane; len = 3 * coefficients <= 3 * kShStagedCoeffs).
-__device__ __forceinline__ void warp_load_rows(const float* __restrict__ src, int64_t base,
-                                               int rows, int len, float* buf, int lane) {
-  const float* chunk = src + base * len;
+// Copies `rows` rows of `len` floats between global memory, row-major from row `base`
+// (coalesced), and the warp's shared buffer (row stride kShRowStride). kLoad: from = global,
+// to = buffer: to[r * kShRowStride + j] = from[(base + r) * len + j]; else the reverse. One
+// warp; lane = the caller's lane; len = 3 * coefficients <= 3 * kShStagedCoeffs.
+template <bool kLoad>
+__device__ __forceinline__ void warp_copy_rows(const float* __restrict__ from,
+                                               float* __restrict__ to, int64_t base, int rows,
+                                               int len, int lane) {
+  const int64_t offset = base * len;
   const int total = rows * len;
   int r = 0, j = lane;
   while (j >= len) {
@@ -205,27 +209,11 @@ __device__ __forceinline__ void warp_load_rows(const float* __restrict__ src, in
     ++r;
   }
   for (int e = lane; e < total; e += 32) {
-    buf[r * kShRowStride + j] = chunk[e];
-    j += 32;
-    while (j >= len) {
-      j -= len;
-      ++r;
+    if constexpr (kLoad) {
+      to[r * kShRowStride + j] = from[offset + e];
+    } else {
+      to[offset + e] = from[r * kShRowStride + j];
     }
-  }
-}
-
-// The inverse of warp_load_rows: dst[(base + r) * len + j] = buf[r * kShRowStride + j].
-__device__ __forceinline__ void warp_store_rows(const float* buf, int64_t base, int rows,
-                                                int len, float* __restrict__ dst, int lane) {
-  float* chunk = dst + base * len;
-  const int total = rows * len;
-  int r = 0, j = lane;
-  while (j >= len) {
-    j -= len;
-    ++r;
-  }
-  for (int e = lane; e < total; e += 32) {
-    chunk[e] = buf[r * kShRowStride + j];
     j += 32;
     while (j >= len) {
       j -= len;

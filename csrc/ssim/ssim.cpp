@@ -269,24 +269,24 @@ using ScaleSig = void(const at::Tensor&, const at::Tensor&, double);
 // The ops' typed handles, looked up once. All are called through the dispatcher (not as
 // the C++ functions above) so that fake tensors, torch.compile and the wrong-stream detector
 // see them as ops.
+template <class Sig>
+c10::TypedOperatorHandle<Sig> find_op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
+}
 const c10::TypedOperatorHandle<ForwardSig>& forward_op() {
-  static const auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow(kForwardName, "").typed<ForwardSig>();
+  static const auto op = find_op<ForwardSig>(kForwardName);
   return op;
 }
 const c10::TypedOperatorHandle<BackwardSig>& backward_op() {
-  static const auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow(kBackwardName, "").typed<BackwardSig>();
+  static const auto op = find_op<BackwardSig>(kBackwardName);
   return op;
 }
 const c10::TypedOperatorHandle<TrainSig>& train_op() {
-  static const auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow(kTrainName, "").typed<TrainSig>();
+  static const auto op = find_op<TrainSig>(kTrainName);
   return op;
 }
 const c10::TypedOperatorHandle<ScaleSig>& scale_op() {
-  static const auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow(kScaleName, "").typed<ScaleSig>();
+  static const auto op = find_op<ScaleSig>(kScaleName);
   return op;
 }
 
