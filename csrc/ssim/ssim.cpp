@@ -101,6 +101,23 @@ cudaStream_t launch_stream() {
 #endif
 }
 
+// The mean of the SSIM map (0-dim, x's dtype): the forward kernel's per-block partial sums,
+// then one reduction kernel.
+at::Tensor forward_mean(const at::Tensor& x, const at::Tensor& y, const ssim::Geometry& geo,
+                        ssim::Dtype dtype, int64_t blocks, cudaStream_t stream) {
+  const auto acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor partials = at::empty({blocks}, x.options().dtype(acc));  // [blocks] scratch
+  at::Tensor out = at::empty({}, x.options());
+  check_cuda_call(ssim::launch_forward(dtype, x.data_ptr(), y.data_ptr(), geo, nullptr,
+                                       partials.data_ptr(), stream));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const double count = static_cast<double>(geo.planes) * geo.out_height() * geo.out_width();
+  check_cuda_call(ssim::launch_mean(dtype, partials.data_ptr(), blocks, 1.0 / count,
+                                    out.data_ptr(), stream));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
 // Returns the SSIM map ([B, C, H', W'], the images' dtype) or its mean (0-dim).
 at::Tensor ssim_forward(const at::Tensor& img1,  // [B, C, H, W]
                         const at::Tensor& img2,  // [B, C, H, W]
@@ -126,17 +143,7 @@ at::Tensor ssim_forward(const at::Tensor& img1,  // [B, C, H, W]
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return map;
   }
-  const auto acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  at::Tensor partials = at::empty({blocks}, x.options().dtype(acc));  // [blocks] scratch
-  at::Tensor out = at::empty({}, x.options());
-  check_cuda_call(ssim::launch_forward(dtype, x.data_ptr(), y.data_ptr(), geo, nullptr,
-                                       partials.data_ptr(), stream));
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  const double count = static_cast<double>(geo.planes) * geo.out_height() * geo.out_width();
-  check_cuda_call(ssim::launch_mean(dtype, partials.data_ptr(), blocks, 1.0 / count,
-                                    out.data_ptr(), stream));
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return out;
+  return forward_mean(x, y, geo, dtype, blocks, stream);
 }
 
 // Returns (d loss / d img1, d loss / d img2); the second is an empty [0] tensor unless
@@ -204,18 +211,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ssim_train(
   check_grid(blocks, kTrain, x);
   check_grid(ssim::backward_blocks(geo), kTrain, x);
   const cudaStream_t stream = launch_stream();
-  const auto acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  at::Tensor partials = at::empty({blocks}, x.options().dtype(acc));  // [blocks] scratch
-  at::Tensor out = at::empty({}, x.options());
+  at::Tensor out = forward_mean(x, y, geo, dtype, blocks, stream);
   at::Tensor grad1 = at::empty_like(x);
   at::Tensor grad2 = need_grad2 ? at::empty_like(y) : at::empty({0}, y.options());
-  check_cuda_call(ssim::launch_forward(dtype, x.data_ptr(), y.data_ptr(), geo, nullptr,
-                                       partials.data_ptr(), stream));
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
   const double count = static_cast<double>(geo.planes) * geo.out_height() * geo.out_width();
-  check_cuda_call(ssim::launch_mean(dtype, partials.data_ptr(), blocks, 1.0 / count,
-                                    out.data_ptr(), stream));
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
   check_cuda_call(ssim::launch_backward(dtype, nullptr, true, grad_scale / count, x.data_ptr(),
                                         y.data_ptr(), geo, grad1.data_ptr(),
                                         need_grad2 ? grad2.data_ptr() : nullptr, stream));

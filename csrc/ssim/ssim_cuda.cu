@@ -177,6 +177,22 @@ __device__ __forceinline__ void load4(const double* p, double* v) {
   v[3] = b.y;
 }
 
+// The 11-tap Gaussian filter at 4 consecutive outputs: out[i] = sum_t g[t] src[i + t], from 16
+// values of shared memory read as four 16-byte loads (`src` is 16-byte aligned).
+template <typename A>
+__device__ __forceinline__ void filter4(const A* src, A* out) {
+  A w[16];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) load4(src + 4 * q, w + 4 * q);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    A acc = gauss<A>(0) * w[i];
+#pragma unroll
+    for (int t = 1; t < kWin; ++t) acc = fma(gauss<A>(t), w[i + t], acc);
+    out[i] = acc;
+  }
+}
+
 // Stores 4 consecutive map values; `p` is aligned to 4 elements.
 __device__ __forceinline__ void store4(float* p, const float* v) {
   *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
@@ -379,19 +395,7 @@ __device__ __forceinline__ void forward_rows(const T* __restrict__ xcol,
             if (h_on && o_row < out_h) {
               A mom[4][4];  // [moment][pixel]
 #pragma unroll
-              for (int m = 0; m < 4; ++m) {
-                const A* src = hbase[bsel] + m * kFPitch<T>;
-                A w[16];
-#pragma unroll
-                for (int q = 0; q < 4; ++q) load4(src + 4 * q, w + 4 * q);
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                  A acc = gauss<A>(0) * w[i];
-#pragma unroll
-                  for (int k = 1; k < kWin; ++k) acc = fma(gauss<A>(k), w[i + k], acc);
-                  mom[m][i] = acc;
-                }
-              }
+              for (int m = 0; m < 4; ++m) filter4(hbase[bsel] + m * kFPitch<T>, mom[m]);
               A val[4];
 #pragma unroll
               for (int i = 0; i < 4; ++i) {
@@ -699,19 +703,7 @@ __global__ void __launch_bounds__(kBT, kBMinBlocks<T>)
       const int p = kBBatch * k + hb;
       A mom[4][4];  // [moment][pixel]
 #pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        const A* src = vbuf + (hb * 4 + m) * kBPitch + 4 * hg;
-        A w[16];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) load4(src + 4 * q, w + 4 * q);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          A acc = gauss<A>(0) * w[i];
-#pragma unroll
-          for (int t = 1; t < kWin; ++t) acc = fma(gauss<A>(t), w[i + t], acc);
-          mom[m][i] = acc;
-        }
-      }
+      for (int m = 0; m < 4; ++m) filter4(vbuf + (hb * 4 + m) * kBPitch + 4 * hg, mom[m]);
       const int mr = r0 - kHalf + p - offset;  // map row
       const bool row_ok = static_cast<unsigned>(mr) < static_cast<unsigned>(out_h);
       A part[4][4];  // [partial][pixel]
@@ -763,19 +755,7 @@ __global__ void __launch_bounds__(kBT, kBMinBlocks<T>)
         }
         A f[4][4];  // [partial][pixel]
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const A* src = v2 + (gb * 4 + q) * kBPitch + 4 * gg;
-          A w[16];
-#pragma unroll
-          for (int u = 0; u < 4; ++u) load4(src + 4 * u, w + 4 * u);
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            A acc = gauss<A>(0) * w[i];
-#pragma unroll
-            for (int t = 1; t < kWin; ++t) acc = fma(gauss<A>(t), w[i + t], acc);
-            f[q][i] = acc;
-          }
-        }
+        for (int q = 0; q < 4; ++q) filter4(v2 + (gb * 4 + q) * kBPitch + 4 * gg, f[q]);
         A d1[4];
         A d2[4];
 #pragma unroll

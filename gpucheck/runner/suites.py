@@ -44,7 +44,6 @@ DISTRIBUTED = ("dist",)
 #: our suites that test gpucheck's own kernels (gpucheck.ops): without the compiled extension
 #: they cannot run at all, which the run says once instead of failing every case
 NEEDS_KERNELS = ("ssim", "knn", "splat")
-#: suites run only under --distributed: their cases need every rank at once
 
 
 def needs_kernels(path: Path) -> bool:
