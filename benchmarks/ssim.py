@@ -13,7 +13,8 @@ backward of ``1 - ssim(img1, img2)`` with img1 requiring grad, as in 3DGS):
 * enqueue: host (CPU) time to issue one call, with no synchronisation;
 * peak: ``max_memory_allocated`` above the inputs (train: includes the gradient of img1).
 
-Usage: ``python benchmarks/ssim.py [--json FILE] [--quick] [--ref] [--profile]``
+Usage: ``python benchmarks/ssim.py [--json FILE] [--quick] [--ref] [--profile | --host]
+[--shape BxCxHxW]``
 """
 
 from __future__ import annotations
@@ -155,10 +156,11 @@ def bench_case(impl: Callable[..., torch.Tensor], shape: tuple[int, ...], dtype:
     return out
 
 
-def autograd_floor_us(device: torch.device) -> float:
-    """Host time (µs) to issue ``(1 - a.sum()).backward()`` on a CUDA leaf: the autograd
-    engine's own cost per step on this machine (hand-over to its device thread and back),
-    which no SSIM implementation can avoid."""
+def autograd_floor(device: torch.device) -> tuple[float, float]:
+    """Host time (µs) to issue ``(1 - a.sum()).backward()`` on a small CUDA leaf, and the
+    step's CUDA-event time (ms, as the train column is timed): the autograd engine's own cost
+    per step on this machine (hand-over to its device thread and back), which no SSIM
+    implementation can avoid; a train step is never faster than it."""
     a = torch.rand(1024, device=device, requires_grad=True)
 
     def step(i: int) -> None:
@@ -167,7 +169,7 @@ def autograd_floor_us(device: torch.device) -> float:
 
     for i in range(10):
         step(i)
-    return enqueue_us(step, 50)
+    return enqueue_us(step, 50), time_ms(step, reps=50, warmup=5)
 
 
 def check(shape: tuple[int, ...], device: torch.device) -> float:
@@ -199,6 +201,63 @@ def profile_train(device: torch.device, shape: tuple[int, ...]) -> int:
     return 0
 
 
+def host_breakdown(device: torch.device, shape: tuple[int, ...], rounds: int = 200) -> int:
+    """Print the host time (µs: median, 10th and 90th percentile of `rounds`, the GPU idle
+    before each call) of the pieces of one fp32 training step, measured interleaved so that
+    the machine's drift hits all alike: where the step's host time goes."""
+    x, y = rotation(shape, torch.float32, device)[0]
+    a = x.clone().requires_grad_(True)
+    small = torch.rand(1024, device=device, requires_grad=True)
+    fwd = load_ops()
+    train_op = torch.ops.gpucheck.ssim_train.default
+
+    def step(f: Callable[[], torch.Tensor]) -> Callable[[], None]:
+        def run() -> None:
+            a.grad = None
+            small.grad = None
+            (1 - f()).backward()
+        return run
+
+    def single_thread(f: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            with torch.autograd.set_multithreading_enabled(False):
+                f()
+        return run
+
+    pieces: dict[str, Callable[[], Any]] = {
+        "engine floor: (1 - s.sum()).backward(), s 1024 floats": step(lambda: small.sum()),
+        "engine floor on the image: (1 - a.sum()).backward()": step(lambda: a.sum()),
+        "ssim(x, y, train=False) (inference)": lambda: ssim(x, y, train=False),
+        "op, no graph: ssim_train(x, y)": lambda: train_op(x, y, "same", 1.0, False),
+        "op with graph: ssim_forward(a, y)": lambda: fwd(a, y, "same", "mean"),
+        "ssim(a, y) (forward, graph recorded)": lambda: ssim(a, y),
+        "step through the op: (1 - ssim_forward(a, y)).backward()":
+            step(lambda: fwd(a, y, "same", "mean")),
+        "step: (1 - ssim(a, y)).backward()": step(lambda: ssim(a, y)),
+        # Diagnostics, not a way to run: the engine on the calling thread (no hand-over to its
+        # device thread and back), which shows what that hand-over costs on this machine.
+        "engine floor, autograd multithreading off": single_thread(step(lambda: small.sum())),
+        "step, autograd multithreading off": single_thread(step(lambda: ssim(a, y))),
+    }
+    times: dict[str, list[float]] = {k: [] for k in pieces}
+    for r in range(rounds + 10):
+        for name, fn in pieces.items():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            t1 = time.perf_counter()
+            if r >= 10:
+                times[name].append(1e6 * (t1 - t0))
+    torch.cuda.synchronize()
+    print(f"host time per call, µs, {rounds} interleaved rounds, {'x'.join(map(str, shape))}"
+          " float32:")
+    print("| piece | median | p10 | p90 |\n|---|---|---|---|")
+    for name, ts in times.items():
+        q = statistics.quantiles(ts, n=10)
+        print(f"| {name} | {statistics.median(ts):.1f} | {q[0]:.1f} | {q[-1]:.1f} |")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", default=None, help="write all numbers to this file")
@@ -207,6 +266,8 @@ def main() -> int:
                         help="also time the PyTorch reference (fp32 rows)")
     parser.add_argument("--profile", action="store_true",
                         help="only print the profiler table of 5 train steps (fp32)")
+    parser.add_argument("--host", action="store_true",
+                        help="only print the host-time breakdown of a train step (fp32)")
     parser.add_argument("--shape", default=None, help="only this shape, e.g. 1x3x1080x1920")
     args = parser.parse_args()
     device = torch.device("cuda", torch.cuda.current_device())
@@ -214,14 +275,17 @@ def main() -> int:
     sizes = SIZES if args.shape is None else [tuple(int(v) for v in args.shape.split("x"))]
     if args.profile:
         return profile_train(device, sizes[0])
+    if args.host:
+        return host_breakdown(device, sizes[0])
     reps, warmup = (20, 5) if args.quick else (60, 10)
     rate = copy_rate(device)
     props = torch.cuda.get_device_properties(device)
+    floor_us, floor_ms = autograd_floor(device)
     print(f"device {props.name}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
           f"copy rate {rate / 1e12:.2f} TB/s (read+write), "
           f"L2 {props.L2_cache_size / 2**20:.0f} MiB, "
-          f"autograd floor {autograd_floor_us(device):.0f} µs per backward() call, "
-          f"gpucheck from {Path(gpucheck.__file__).parent}")
+          f"autograd floor {floor_us:.0f} µs per backward() call ({floor_ms:.3f} ms "
+          f"event-timed), gpucheck from {Path(gpucheck.__file__).parent}")
     rows = []
     cases = [(s, d) for s in sizes for d in DTYPES if s[1] == 3 or d == torch.float32]
     for shape, dtype in cases:
@@ -242,7 +306,9 @@ def main() -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": props.name, "torch": torch.__version__,
-                       "cuda": torch.version.cuda, "copy_rate_Bps": rate, "rows": rows}, f,
+                       "cuda": torch.version.cuda, "copy_rate_Bps": rate,
+                       "autograd_floor_us": floor_us, "autograd_floor_ms": floor_ms,
+                       "rows": rows}, f,
                       indent=1)
     print("\n| size | dtype | infer ms | % floor | kernel ms | host ms | enqueue µs | train ms |"
           " % floor | kernel ms | host ms | enqueue µs | peak MiB inf / train |"

@@ -201,8 +201,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ssim_train(
   GPUCHECK_DEVICE_GUARD(img1);
   const Options opt = parse_options(padding, "mean", kTrain);
   check_images(img1, img2, opt.valid, kTrain);
-  TORCH_CHECK(grad_scale > 0 && grad_scale < std::numeric_limits<double>::infinity(), kTrain,
-              ": grad_scale must be positive and finite, got ", grad_scale);
+  TORCH_CHECK(grad_scale != 0 && std::isfinite(grad_scale), kTrain,
+              ": grad_scale must be nonzero and finite, got ", grad_scale);
   const at::Tensor x = img1.contiguous();
   const at::Tensor y = img2.contiguous();
   const ssim::Geometry geo = geometry(x, opt.valid);
@@ -311,9 +311,10 @@ double ahead_grad_scale(const at::Tensor& img,  // [B, C, H, W]
 // Forward saves references to the two images (no memory: they are inputs) and the two options. With
 // reduction = mean (the training loss), the upstream gradient is a scalar, so the forward (one op,
 // ssim_train) launches the backward kernel right after the forward kernel, for an upstream gradient
-// of grad_scale (ahead_grad_scale: 1, or a power of two for float16): the backward pass then only
-// scales that gradient by the actual upstream gradient / grad_scale (one elementwise kernel,
-// ssim_scale_). The GPU runs the backward kernel while the host goes through the autograd engine
+// of grad_scale = -ahead_grad_scale (-1, or minus a power of two for float16): the upstream gradient
+// of the usual loss, 1 - ssim, is -1. The backward pass then only scales that gradient by the actual
+// upstream gradient / grad_scale (ssim_scale_: an elementwise kernel whose threads return at once
+// when that factor is 1, i.e. for 1 - ssim in float32, bfloat16 and float64). The GPU runs the backward kernel while the host goes through the autograd engine
 // (about 0.15-0.2 ms of host time per step on the H200 machine, most of it the hand-over to the
 // engine's device thread), instead of waiting for it. The buffer is the gradient that the backward
 // returns, so peak memory is unchanged; it is held from the forward to the backward. A second
@@ -330,7 +331,7 @@ class SsimFunction : public torch::autograd::Function<SsimFunction> {
     ctx->saved_data["valid"] = padding == "valid";
     ctx->saved_data["mean"] = reduction == "mean";
     if (reduction != "mean") return forward_op().call(img1, img2, padding, reduction);
-    const double grad_scale = ahead_grad_scale(img1, padding == "valid");
+    const double grad_scale = -ahead_grad_scale(img1, padding == "valid");
     auto [out, grad1, grad2] =
         train_op().call(img1, img2, padding, grad_scale, img2.requires_grad());
     ctx->saved_data["grad1"] = std::move(grad1);
@@ -351,8 +352,8 @@ class SsimFunction : public torch::autograd::Function<SsimFunction> {
       ctx->saved_data.erase("grad1");
       ctx->saved_data.erase("grad2");
       // grad1/2 hold grad_scale * d(mean)/d(img): scale them in place by the upstream
-      // gradient / grad_scale (exact for the usual upstream gradient of 1 - ssim, -1, and
-      // grad_scale 1: bitwise the recomputed gradient).
+      // gradient / grad_scale (the identity for the usual upstream gradient of 1 - ssim, -1,
+      // and grad_scale -1; exact for +-1: bitwise the recomputed gradient).
       const bool have2 = grad2.dim() == 4;  // else the empty [0] placeholder
       const double factor = ctx->saved_data["factor"].toDouble();
       if (need1) scale_op().call(grad1, grads[0], factor);

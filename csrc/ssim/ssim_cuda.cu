@@ -36,6 +36,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -862,8 +863,11 @@ __global__ void __launch_bounds__(kMeanThreads)
 
 // In-place scale of a gradient computed ahead (reduction = mean): grad *= upstream[0] * factor,
 // in the accumulator type (float32 for 16-bit: `factor` is a power of two and the product of
-// two 16-bit values is exact in float32, so the result is rounded once). Thread i scales pack
-// i of kVec elements (16 bytes); the threads after the last pack scale the tail, one each.
+// two 16-bit values is exact in float32, so the result is rounded once). When that product is
+// exactly 1 (the usual case: the gradient was computed ahead for the upstream gradient of
+// 1 - ssim, -1) the scale is the identity and every thread returns without touching memory.
+// Grid-stride: thread i scales packs i, i + stride, ... of kVec elements (16 bytes); the
+// units after the last pack are the tail elements, one each.
 template <typename T, int kVec>
 struct alignas(kVec * sizeof(T)) Pack {
   T v[kVec];
@@ -879,15 +883,21 @@ __global__ void __launch_bounds__(kScaleThreads)
                       acc_t<T> factor) {
   using A = acc_t<T>;
   const A s = to_acc(upstream[0]) * factor;
+  if (s == A(1)) return;
   const int64_t packs = n / kVec;
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * kScaleThreads + threadIdx.x;
-  if (i < packs) {
-    Pack<T, kVec> p = reinterpret_cast<const Pack<T, kVec>*>(grad)[i];
+  const int64_t units = packs + n % kVec;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kScaleThreads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kScaleThreads + threadIdx.x; i < units;
+       i += stride) {
+    if (i < packs) {
+      Pack<T, kVec> p = reinterpret_cast<const Pack<T, kVec>*>(grad)[i];
 #pragma unroll
-    for (int e = 0; e < kVec; ++e) p.v[e] = from_acc<T>(to_acc(p.v[e]) * s);
-    reinterpret_cast<Pack<T, kVec>*>(grad)[i] = p;
-  } else if (const int64_t e = packs * kVec + (i - packs); e < n) {
-    grad[e] = from_acc<T>(to_acc(grad[e]) * s);
+      for (int e = 0; e < kVec; ++e) p.v[e] = from_acc<T>(to_acc(p.v[e]) * s);
+      reinterpret_cast<Pack<T, kVec>*>(grad)[i] = p;
+    } else {
+      const int64_t e = packs * kVec + (i - packs);
+      grad[e] = from_acc<T>(to_acc(grad[e]) * s);
+    }
   }
 }
 
@@ -953,8 +963,10 @@ cudaError_t scale_typed(void* grad, int64_t n, const void* upstream, double fact
   T* g = static_cast<T*>(grad);
   const bool aligned = reinterpret_cast<uintptr_t>(grad) % 16 == 0;
   const int64_t units = aligned ? n / kVec + n % kVec : n;
-  const int64_t blocks = (units + kScaleThreads - 1) / kScaleThreads;
-  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  // One resident wave at most (8 blocks of 256 threads per SM): enough to stream at full
+  // rate, and few blocks to retire when the scale is the identity.
+  const int64_t blocks = std::min<int64_t>((units + kScaleThreads - 1) / kScaleThreads,
+                                           int64_t{8} * multiprocessors());
   const auto grid = static_cast<unsigned>(blocks);
   const auto up = static_cast<const T*>(upstream);
   const auto f = static_cast<acc_t<T>>(factor);

@@ -321,6 +321,54 @@ def test_does_not_change_the_current_device(gpu_device: torch.device,
         assert current == other_device.index
 
 
+@pytest.mark.sanitizer
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gradient_computed_ahead_equals_the_recomputed_one(gpu_device: torch.device,
+                                                            dtype: torch.dtype) -> None:
+    """reduction='mean' with grad: the forward computes the gradient ahead (for the upstream
+    gradient of 1 - ssim, -1) and the backward only scales it, in place, or skips that when
+    the factor is 1. Against the backward that recomputes everything (ssim_backward, the path
+    of a second backward through the graph): bitwise for upstream -1 and +1 (but float16),
+    within rounding otherwise; and img2's gradient when only the second backward asks for it."""
+    x, y = _images((2, 3, 67, 91), dtype, gpu_device)
+    scale = 2.0**10 if dtype == torch.float16 else 1.0  # keeps float16 gradients normal
+    for upstream in (-1.0, 1.0, -2.5, 0.375):
+        a = x.clone().requires_grad_(True)
+        b = y.clone().requires_grad_(True)
+        out = ssim(a, b)
+        up = torch.full((), upstream * scale, device=gpu_device, dtype=dtype)
+        out.backward(up, retain_graph=True)
+        assert a.grad is not None and b.grad is not None
+        ahead = (a.grad.clone(), b.grad.clone())
+        a.grad = None
+        b.grad = None
+        out.backward(up)  # the saved gradient is used once: this one recomputes
+        assert a.grad is not None and b.grad is not None
+        want1, want2 = torch.ops.gpucheck.ssim_backward.default(up, x, y, "same", "mean", True)
+        assert torch.equal(a.grad, want1) and torch.equal(b.grad, want2), upstream
+        for got, want in zip(ahead, (want1, want2), strict=True):
+            # float16 stores the gradient ahead at another power-of-two scale than the
+            # recomputed one: values in its subnormal range round differently.
+            if upstream in (-1.0, 1.0) and dtype != torch.float16:
+                assert torch.equal(got, want), (upstream, float((got - want).abs().max()))
+            else:
+                assert _rel(got, want) <= {torch.float64: 1e-14, torch.float32: 1e-6}.get(
+                    dtype, 4e-3), (upstream, _rel(got, want))
+    # img2 did not require grad in the forward: no gradient for it was computed ahead.
+    a = x.clone().requires_grad_(True)
+    b = y.clone()
+    out = ssim(a, b)
+    b.requires_grad_(True)
+    up = torch.full((), -scale, device=gpu_device, dtype=dtype)
+    out.backward(up)
+    assert b.grad is None and a.grad is not None
+    want1, _ = torch.ops.gpucheck.ssim_backward.default(up, x, y, "same", "mean", False)
+    if dtype == torch.float16:
+        assert _rel(a.grad, want1) <= 4e-3, _rel(a.grad, want1)
+    else:
+        assert torch.equal(a.grad, want1)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_bitwise_reproducible_over_10_repeats(gpu_device: torch.device,
                                               dtype: torch.dtype) -> None:
