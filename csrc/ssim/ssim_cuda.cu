@@ -284,9 +284,19 @@ constexpr int kFRing = 12;                     // ring slots: >= 11, multiple of
 #ifndef GPUCHECK_SSIM_FPRE
 #define GPUCHECK_SSIM_FPRE 6
 #endif
+// 16-bit images: measured on H200 (2026-11-24, forward + mean, 6 -> 12 rows): bfloat16 5x3x1080x1920
+// 0.249-0.254 -> 0.242-0.244 ms, 1x3x1080x1920 0.069-0.072 -> 0.068-0.070, 5x1x1500x1500 0.097-0.098
+// -> 0.095 (134 registers: 3 blocks per SM instead of 4, but twice the loads in flight: ncu
+// measured 3.5x float32's long-scoreboard stalls per instruction in the 16-bit forward with 6
+// rows); float32 with 12 rows is 7-9 % slower (136 registers), so it keeps 6. Converting 16-bit rows when loaded instead of when used
+// puts the wait right after the load: 0.338 ms.
+#ifndef GPUCHECK_SSIM_FPRE16
+#define GPUCHECK_SSIM_FPRE16 12
+#endif
 constexpr int kFStrip = GPUCHECK_SSIM_FSTRIP;
 // Rows of register prefetch ahead of the row being filtered (divides kFRing).
-constexpr int kFPre = GPUCHECK_SSIM_FPRE;  // map rows per block
+template <typename T>
+constexpr int kFPre = sizeof(T) == 2 ? GPUCHECK_SSIM_FPRE16 : GPUCHECK_SSIM_FPRE;
 constexpr int kFStream = kFStrip + 2 * kHalf;  // input rows streamed per block (42)
 template <typename T>
 constexpr int kFPitch = kFT<T>;                // shared row pitch (columns)
@@ -298,7 +308,7 @@ constexpr bool fwd_shape_ok() {
 }
 static_assert(fwd_shape_ok<float>() && fwd_shape_ok<double>(), "forward block shape");
 static_assert(kFRing % kFBatch == 0 && kFRing >= kWin && kFStrip % kFBatch == 0, "ring");
-static_assert(kFRing % kFPre == 0, "prefetch slot of a ring slot is a compile-time constant");
+static_assert(kFRing % kFPre<float> == 0 && kFRing % kFPre<__half> == 0, "prefetch slot of a ring slot is a compile-time constant");
 
 template <typename T>
 TileGrid forward_grid(const Geometry& g) {
@@ -326,8 +336,8 @@ __device__ __forceinline__ void forward_rows(const T* __restrict__ xcol,
                                              acc_t<T>& sum) {
   using A = acc_t<T>;
   // Prefetched rows as raw elements, converted when used (see ChunkLoader).
-  T px[kFPre];
-  T py[kFPre];
+  T px[kFPre<T>];
+  T py[kFPre<T>];
   // kInside: element offset of the next row to fetch (row ri0 + t + kFPre after the
   // prologue), relative to the column pointers.
   int off = ri0 * width;
@@ -350,7 +360,7 @@ __device__ __forceinline__ void forward_rows(const T* __restrict__ xcol,
     }
   };
 #pragma unroll
-  for (int u = 0; u < kFPre; ++u) fetch(u, px[u], py[u]);
+  for (int u = 0; u < kFPre<T>; ++u) fetch(u, px[u], py[u]);
 
   A ring[kFRing][4];
 #pragma unroll 1
@@ -365,9 +375,9 @@ __device__ __forceinline__ void forward_rows(const T* __restrict__ xcol,
     for (int u = 0; u < kFRing; ++u) {
       const int t = c * kFRing + u;  // streamed row; ring slot u
       if (t < kFStream) {
-        const A xv = to_acc(px[u % kFPre]);
-        const A yv = to_acc(py[u % kFPre]);
-        fetch(t + kFPre, px[u % kFPre], py[u % kFPre]);
+        const A xv = to_acc(px[u % kFPre<T>]);
+        const A yv = to_acc(py[u % kFPre<T>]);
+        fetch(t + kFPre<T>, px[u % kFPre<T>], py[u % kFPre<T>]);
         ring[u][0] = xv;
         ring[u][1] = yv;
         ring[u][2] = fma(xv, xv, yv * yv);
@@ -487,7 +497,7 @@ __global__ void __launch_bounds__(kFT<T>, kFMinBlocks<T>)
   // image (all but the top and bottom strips) take the unchecked path: no row bounds checks,
   // the row address advanced by one add. Out-of-image columns (col_in false: a per-thread,
   // loop-invariant predicate) read as zero on both paths.
-  const bool rows_inside = ri0 >= 0 && ri0 + kFStream + kFPre <= height &&
+  const bool rows_inside = ri0 >= 0 && ri0 + kFStream + kFPre<T> <= height &&
                            plane_px <= static_cast<int64_t>(0x7fffffff);
   if (rows_inside) {
     forward_rows<T, kMean, true>(xcol, ycol, col_in, ri0, height, width, out_h, out_w, o_row0,
