@@ -4,10 +4,11 @@
 //  1. preprocess: one thread per Gaussian validates its inputs (first bad row per kind, with
 //     atomicMin), projects it with the view matrix and pinhole intrinsics, builds the 2D
 //     covariance (EWA with the 0.3 px low-pass), the 3-sigma radius and the 16x16 tile
-//     rectangle, and evaluates its colour (SH degree 0-3 or RGB). All of this in float64 from
-//     the float32 inputs, like the float64 reference, so that radii and tile rectangles agree
-//     with it exactly (but for values within rounding of an integer); the compositing data are
-//     stored as float32.
+//     rectangle (the radius's square intersected with the opacity-aware box where alpha can
+//     still reach 1/255: tile_box), and evaluates its colour (SH degree 0-3 or RGB). All of
+//     this in float64 from the float32 inputs, like the float64 reference, so that radii and
+//     tile rectangles agree with it exactly (but for values within rounding of an integer);
+//     the compositing data are stored as float32.
 //  2. scan: inclusive sum of the tiles each Gaussian touches (int64: a scene whose Gaussians
 //     were activated twice can touch more than 2^31 tiles, and the entry point must be able to
 //     say so before it allocates anything for them).
@@ -52,6 +53,47 @@ __device__ bool camera_ok(const PreprocessArgs& a) {
   return v[12] == 0.0f && v[13] == 0.0f && v[14] == 0.0f && v[15] == 1.0f && K[0] > 0.0f &&
          K[1] == 0.0f && K[3] == 0.0f && K[4] > 0.0f && K[6] == 0.0f && K[7] == 0.0f &&
          K[8] == 1.0f;
+}
+
+// Half extents (ex, ey), in pixels around the float64 screen mean (mx, my), of the box outside
+// which render_kernel never composites the Gaussian; false when it composites it nowhere.
+// Sxx = ca, Syy = cc, det: the 2D covariance S (low-pass included) whose inverse is the conic.
+//
+// In exact arithmetic render_kernel composites at pixel centre c only if opacity *
+// exp(-q / 2) >= 1/255, q = d^T S^-1 d, d = mean - c; i.e. q <= t = 2 ln(255 opacity) (at most
+// 2 ln 255 = 11.1). Nowhere when opacity < 1/255 (q >= 0); else only inside the bounding box
+// of the ellipse q <= t: |dx| <= sqrt(t Sxx), |dy| <= sqrt(t Syy).
+// The margins make that hold for the float32 render too, so the tiles the box drops held no
+// pixel the Gaussian reached, and image, alpha, depth and gradients do not change. With
+// u = 2^-24 and d now taken about the float32 mean:
+//  * alpha = fl(opacity * expf(power)) >= fl(1/255) > 1/255, expf within 2 ulp: -2 power
+//    <= t + 2^-20;
+//  * gaussian_power rounds the conic, dx, dy and every product and sum (<= 6 roundings on the
+//    diagonal terms, 5 on the cross term, 1 on the result), so with [a b; b c] = S^-1 and
+//    |2 b dx dy| <= a dx^2 + c dy^2: -2 power >= (1 - u) (q - 11 u (a dx^2 + c dy^2)). That
+//    quadratic form <= (t + 2^-20) / (1 - u) < t + 2^-19 has its box at sqrt(Sxx /
+//    (1 - 22 u k)) per unit of t along x (Syy along y), k = Sxx Syy / det >= 1 (large for
+//    thin, tilted ellipses). kBoxSlackT = 2^-17 on t (4x) and kBoxSlackQuad = 2^-18 on k
+//    (2.9x 22 u) cover both, with room for the float64 rounding of S, its inverse and this
+//    function (far smaller). Above k = kBoxMaxSkew = 2^17 (an ellipse ~700 times longer
+//    than wide at 45 degrees) the denominator could reach 0: the square alone is used;
+//  * the render's mean is the float32 rounding of (mx, my), at most u |mx| away:
+//    kBoxSlackMean = 2^-22 times |mx| on the extent covers it (4x) and the float64 rounding
+//    of mx -+ ex.
+// The reference (gpucheck/reference/splat.py) computes the same box in float64.
+__device__ __forceinline__ bool tile_box(double ca, double cc, double det, double opacity,
+                                         double mx, double my, double& ex, double& ey) {
+  if (opacity < kOpacityMin) return false;
+  const double skew = ca * cc / det;
+  if (!(skew <= kBoxMaxSkew)) {
+    ex = ey = INFINITY;
+    return true;
+  }
+  const double t = 2.0 * log(255.0 * opacity);
+  const double s = (t + kBoxSlackT) / (1.0 - kBoxSlackQuad * skew);
+  ex = sqrt(s * ca) + kBoxSlackMean * fabs(mx);
+  ey = sqrt(s * cc) + kBoxSlackMean * fabs(my);
+  return true;
 }
 
 __global__ void __launch_bounds__(kThreads) preprocess_kernel(const PreprocessArgs a) {
@@ -127,7 +169,7 @@ __global__ void __launch_bounds__(kThreads) preprocess_kernel(const PreprocessAr
   const double det = ca * cc - cb * cb;
   if (!(det > 0.0)) return;
 
-  // --- radius (3 sigma of the larger eigenvalue) and tile rectangle ---
+  // --- radius (3 sigma of the larger eigenvalue) and its square's tiles ---
   const double mid = 0.5 * (ca + cc);
   const double lam = mid + sqrt(fmax(mid * mid - det, 0.1));
   const double radius = ceil(3.0 * sqrt(fmax(lam, 0.0)));
@@ -137,15 +179,25 @@ __global__ void __launch_bounds__(kThreads) preprocess_kernel(const PreprocessAr
   const double x1 = fmin(fmax(ceil((mx + radius) / kTileSize), 0.0), gx);
   const double y1 = fmin(fmax(ceil((my + radius) / kTileSize), 0.0), gy);
   if (!(radius > 0.0) || !(x1 > x0) || !(y1 > y0)) return;
-  const int4 rect = make_int4(static_cast<int>(x0), static_cast<int>(y0), static_cast<int>(x1),
-                              static_cast<int>(y1));
   a.radii[i] = static_cast<int32_t>(fmin(radius, 2147483647.0));
-  a.counts[i] = static_cast<int64_t>(rect.z - rect.x) * (rect.w - rect.y);
-  a.rects[i] = rect;
   float* conic = a.conics + 3 * static_cast<int64_t>(i);
   conic[0] = static_cast<float>(cc / det);
   conic[1] = static_cast<float>(-cb / det);
   conic[2] = static_cast<float>(ca / det);
+
+  // --- tile rectangle: the square's tiles that the box where alpha can reach 1/255 touches;
+  // a visible Gaussian (radius > 0, as the spec keeps it) may touch none ---
+  double ex, ey;
+  if (!tile_box(ca, cc, det, opacity, mx, my, ex, ey)) return;
+  const double bx0 = fmax(x0, fmin(fmax(floor((mx - ex) / kTileSize), 0.0), gx));
+  const double by0 = fmax(y0, fmin(fmax(floor((my - ey) / kTileSize), 0.0), gy));
+  const double bx1 = fmin(x1, fmin(fmax(ceil((mx + ex) / kTileSize), 0.0), gx));
+  const double by1 = fmin(y1, fmin(fmax(ceil((my + ey) / kTileSize), 0.0), gy));
+  if (!(bx1 > bx0) || !(by1 > by0)) return;
+  const int4 rect = make_int4(static_cast<int>(bx0), static_cast<int>(by0),
+                              static_cast<int>(bx1), static_cast<int>(by1));
+  a.counts[i] = static_cast<int64_t>(rect.z - rect.x) * (rect.w - rect.y);
+  a.rects[i] = rect;
 }
 
 __global__ void __launch_bounds__(kThreads)
