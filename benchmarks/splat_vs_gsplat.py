@@ -15,10 +15,11 @@ What differs by design (so the images agree closely, not bitwise):
 * gsplat clamps alpha at 0.999, we at 0.99 (3DGS): ``psnr`` is over the scene as it is,
   ``psnr_clamped`` over the same scene with opacities <= 0.99, where both clamps are inactive.
 * gsplat bins each Gaussian into the tiles of an opacity-aware, axis-aligned box
-  (``sqrt(2 ln(255 opacity))`` sigmas per axis, at most 3.33); we use the 3-sigma square of the
-  larger eigenvalue (3DGS, and the issue's spec), so we sort and visit more (Gaussian, tile)
-  pairs (``overlaps``). Pairs that only one side visits have alpha < 1/255 everywhere in
-  the tile, so they do not change the image.
+  (``sqrt(2 ln(255 opacity))`` sigmas per axis, at most 3.33); we use the same kind of box
+  (with float32 margins) intersected with the 3-sigma square of the larger eigenvalue (3DGS's
+  radius), so we sort and visit slightly fewer (Gaussian, tile) pairs (``overlaps``). Pairs
+  that only one side visits have alpha < 1/255 everywhere in the tile, so they do not change
+  the image.
 * gsplat projects in float32 and is compiled with ``-use_fast_math``; we project in float64.
 
 Timing as in benchmarks/splat.py: medians of CUDA-event-timed forward calls (no grad), backward

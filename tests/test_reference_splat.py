@@ -321,6 +321,194 @@ def test_tile_rectangle_limits_the_footprint() -> None:
                                               if col < 16 else 0.0)
 
 
+def test_tile_box_is_opacity_aware_per_axis() -> None:
+    """Closed form: an axis-aligned Gaussian with 2D variances 100 and 4 (low-pass included)
+    at screen (40.3, 30.2) has radius 30, so its square spans tiles x 0..4, y 0..3; its box
+    for opacity 0.5 is sqrt(2 ln 127.5) = 3.11 sigma per axis: +-31.1 px in x (wider than the
+    square, which limits it) and +-6.2 px in y (tiles 1..2). Below opacity 1/255 it keeps its
+    radius but touches no tile and changes no pixel."""
+    fx, z, cx, cy, width, height = 20.0, 2.0, 40.3, 30.2, 128, 96
+    scales = torch.tensor([[math.sqrt(100 - 0.3) * z / fx, math.sqrt(4 - 0.3) * z / fx,
+                            0.01]], dtype=F64)
+    kw = dict(colors=torch.ones(1, 3, dtype=F64), viewmat=torch.eye(4, dtype=F64),
+              K=intrinsics(fx, fx, cx, cy), width=width, height=height)
+    means = torch.tensor([[0.0, 0.0, z]], dtype=F64)
+    res = rasterize(means, scales, identity_quats(1), torch.tensor([0.5], dtype=F64), **kw)
+    ey = math.sqrt(2 * math.log(255 * 0.5) * 4)
+    assert math.floor((cy - ey) / 16) == 1 and math.ceil((cy + ey) / 16) == 3
+    assert res.radii.tolist() == [30] and res.tiles.tolist() == [[0, 1, 5, 3]]
+    assert res.n_intersections == 10                          # the square: 5 x 4 = 20
+    assert float(res.alpha[16:48].min()) == 0 and float(res.alpha[30].max()) > 0.4
+    faint = rasterize(means, scales, identity_quats(1),
+                      torch.tensor([0.999 / 255], dtype=F64), **kw)
+    assert faint.radii.tolist() == [30] and faint.tiles.tolist() == [[0, 0, 0, 0]]
+    assert faint.n_intersections == 0 and not bool(faint.alpha.any())
+
+
+def _opacity_scene(gen: torch.Generator, n: int, width: int, height: int, f: float
+                   ) -> dict:
+    """Gaussians of every opacity regime (below 1/255, within rounding above it, faint,
+    opaque), round, thin and tilted (skews Sxx Syy / det up to ~1e4), some off-screen."""
+    z = 1.5 + 4 * torch.rand(n, generator=gen, dtype=F64)
+    cam = torch.stack([(torch.rand(n, generator=gen, dtype=F64) - 0.5) * 1.4 * width / f * z,
+                       (torch.rand(n, generator=gen, dtype=F64) - 0.5) * 1.4 * height / f * z,
+                       z], dim=1)
+    view = random_viewmat(gen)
+    inv = torch.linalg.inv(view)
+    scales = torch.exp(-4 + 3 * torch.rand(n, 3, generator=gen, dtype=F64))
+    thin = torch.rand(n, generator=gen) < 0.4
+    scales[thin, 1:] *= 1e-3                       # needles, projected at every angle
+    choices = torch.tensor([0.002, 1 / 255, float(np.float32(1 / 255)), 0.0045, 0.02, 0.3, 1.0],
+                           dtype=F64)
+    op = choices[torch.randint(len(choices), (n,), generator=gen)]
+    mixed = torch.rand(n, generator=gen) < 0.3
+    op[mixed] = torch.rand(int(mixed.sum()), generator=gen, dtype=F64)
+    return dict(means=cam @ inv[:3, :3].T + inv[:3, 3], scales=scales,
+                rotations=torch.randn(n, 4, generator=gen, dtype=F64), opacities=op,
+                colors=torch.rand(n, 3, generator=gen, dtype=F64), viewmat=view,
+                K=intrinsics(f, f * 1.1, width / 2 + 0.3, height / 2 - 0.2), width=width,
+                height=height, background=torch.rand(3, generator=gen, dtype=F64))
+
+
+def _square_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reference as it was: every Gaussian binned into its whole 3-sigma square."""
+    monkeypatch.setattr(splat, "_tile_box", lambda sxx, syy, det, m, o: (
+        torch.full_like(m, math.inf), torch.ones_like(o, dtype=torch.bool)))
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["sparse", "dense"])
+def test_tile_box_changes_no_output(gen: torch.Generator, monkeypatch: pytest.MonkeyPatch,
+                                    dense: bool) -> None:
+    """Binning into the opacity-aware box instead of the whole square drops tiles but changes
+    no output and no gradient: the dropped (Gaussian, tile) pairs have alpha < 1/255 at
+    every pixel. Also the box's rectangle never leaves the square."""
+    n, width, height = (400, 64, 48) if dense else (150, 45, 37)
+    args = _opacity_scene(gen, n, width, height, 40.0 if dense else 25.0)
+    leaves = ("means", "scales", "rotations", "opacities", "colors", "background")
+    w = [torch.randn(3, height, width, generator=gen, dtype=F64),
+         torch.randn(height, width, generator=gen, dtype=F64),
+         torch.randn(height, width, generator=gen, dtype=F64),
+         torch.randn(n, 2, generator=gen, dtype=F64)]
+
+    def run() -> tuple:
+        inputs = {k: args[k].clone().requires_grad_() for k in leaves}
+        res = rasterize(**{**args, **inputs})
+        loss = ((res.image * w[0]).sum() + (res.alpha * w[1]).sum()
+                + (res.depth * w[2]).sum() + (res.means2d * w[3]).sum())
+        loss.backward()
+        grads = [inputs[k].grad for k in leaves] + [res.means2d.grad]
+        return res, grads
+
+    tight, tight_grads = run()
+    with monkeypatch.context() as m:
+        _square_only(m)
+        square, square_grads = run()
+    assert torch.equal(tight.radii, square.radii)
+    vis = square.radii > 0
+    some = tight.tiles[:, 2] > tight.tiles[:, 0]
+    assert bool((vis | ~some).all())                       # only visible ones touch tiles
+    t, q = tight.tiles[some], square.tiles[some]
+    assert bool(((t[:, :2] >= q[:, :2]) & (t[:, 2:] <= q[:, 2:])).all())
+    assert bool((tight.tiles[~some] == 0).all())
+    assert bool((vis & ~some).any())                       # faint ones: visible, no tile
+    assert tight.n_intersections < 0.9 * square.n_intersections
+    for a, b in zip(tight[:3], square[:3], strict=True):
+        torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-12, atol=1e-13)
+    assert float(tight.alpha.detach().max()) > 0.5
+    for a, b in zip(tight_grads, square_grads, strict=True):
+        assert a is not None and b is not None
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12 * max(1.0, float(b.abs().max())))
+
+
+def _float32_hits(m: np.ndarray, con: np.ndarray, op: np.float32, px: np.ndarray,
+                  py: np.ndarray) -> np.ndarray:
+    """Where the kernel composites one Gaussian, emulated in float32 operation by operation
+    (gaussian_power of csrc/splat/splat_device.cuh, no FMA; expf; the clamp and the 1/255
+    skip): ``m`` [2] its float32 screen mean, ``con`` [3] its float32 conic, ``px``, ``py``
+    float32 pixel centres."""
+    f32 = np.float32
+    dx, dy = m[0] - px, m[1] - py
+    quad = (con[0] * dx) * dx + (con[2] * dy) * dy
+    power = f32(-0.5) * quad - (con[1] * dx) * dy
+    with np.errstate(over="ignore", under="ignore"):
+        alpha = np.minimum(f32(0.99), op * np.exp(power))
+    return (power <= 0) & (alpha >= f32(1 / 255))
+
+
+def _square_tiles(res, g: int, grid: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    m, r = res.means2d[g].detach().numpy(), int(res.radii[g])
+    return (np.clip(np.floor((m - r) / 16), 0, grid).astype(int),
+            np.clip(np.ceil((m + r) / 16), 0, grid).astype(int))
+
+
+def test_float32_alpha_stays_inside_the_tile_box(gen: torch.Generator) -> None:
+    """The kernel's float32 alpha reaches 1/255 only at pixels inside the reference's tile
+    rectangle (of those of its square: the kernel composites nowhere else), on a scene of
+    every opacity regime, round and thin Gaussians, every pixel of the image checked."""
+    n, width, height = 300, 96, 80
+    args = _opacity_scene(gen, n, width, height, 60.0)
+    res = rasterize(**args)
+    f32 = np.float32
+    m = res.means2d.detach().numpy().astype(f32)
+    con = res.conics.detach().numpy().astype(f32)
+    op = args["opacities"].numpy().astype(f32)
+    py, px = np.meshgrid(np.arange(height, dtype=f32) + f32(0.5),
+                         np.arange(width, dtype=f32) + f32(0.5), indexing="ij")
+    tx, ty = px // 16, py // 16
+    reached = 0
+    for g in np.nonzero(res.radii.numpy() > 0)[0]:
+        hit = _float32_hits(m[g], con[g], op[g], px, py)
+        x0, y0, x1, y1 = res.tiles[g].tolist()
+        lo, hi = _square_tiles(res, g, (-(-width // 16), -(-height // 16)))
+        square = (tx >= lo[0]) & (tx < hi[0]) & (ty >= lo[1]) & (ty < hi[1])
+        inside = (tx >= x0) & (tx < x1) & (ty >= y0) & (ty < y1)
+        assert not bool((hit & square & ~inside).any()), f"Gaussian {g}: alpha >= 1/255 off"
+        reached += int(hit.any())
+    assert reached > n // 4
+
+
+def test_float32_alpha_of_needles_stays_inside_the_tile_box(gen: torch.Generator) -> None:
+    """Opaque needles at every angle, 100-700 px long and as thin as the low-pass, in a
+    4096x4096 image: skews Sxx Syy / det ~1e4-4e5, where float32 rounding moves the exponent
+    most (the reason for the TILE_BOX_* margins: without them the float32 alpha reaches 1/255
+    beyond the box on such scenes; above TILE_BOX_MAX_SKEW the square is used). Checked: the
+    pixels of the tiles just outside the rectangle, within the square."""
+    n, size, f, z = 200, 4096, 500.0, 2.0
+    angle = torch.rand(n, generator=gen, dtype=F64) * math.pi
+    zeros = torch.zeros(n, dtype=F64)
+    quats = torch.stack([torch.cos(angle / 2), zeros, zeros, torch.sin(angle / 2)], dim=1)
+    length = 100 * torch.exp(math.log(7) * torch.rand(n, generator=gen, dtype=F64)) * z / f
+    scales = torch.stack([length, zeros + 1e-6, zeros + 1e-6], dim=1)
+    means = torch.cat([(torch.rand(n, 2, generator=gen, dtype=F64) - 0.5) * 0.2 * size / f * z,
+                       zeros[:, None] + z], dim=1)
+    op = 0.9 + 0.1 * torch.rand(n, generator=gen, dtype=F64)
+    res = splat.project(means, scales, quats, torch.eye(4, dtype=F64),   # no compositing
+                        intrinsics(f, f, size / 2 + 0.3, size / 2 - 0.2), size, size, op)
+    cov = torch.linalg.inv(torch.stack([res.conics[:, [0, 1]], res.conics[:, [1, 2]]], dim=1))
+    skew = cov[:, 0, 0] * cov[:, 1, 1] / torch.linalg.det(cov)
+    assert float(skew.max()) > 1e5 and bool((res.radii > 0).all())
+    f32 = np.float32
+    m = res.means2d.detach().numpy().astype(f32)
+    con = res.conics.detach().numpy().astype(f32)
+    strips = 0
+    for g in range(n):
+        x0, y0, x1, y1 = res.tiles[g].tolist()
+        assert x1 > x0 and y1 > y0, f"needle {g} touches no tile"
+        lo, hi = _square_tiles(res, g, (size // 16, size // 16))
+        ring = [(x1, x1 + 1, lo[1], hi[1]), (x0 - 1, x0, lo[1], hi[1]),
+                (lo[0], hi[0], y1, y1 + 1), (lo[0], hi[0], y0 - 1, y0)]
+        for tx0, tx1, ty0, ty1 in ring:
+            if tx0 < lo[0] or tx1 > hi[0] or ty0 < lo[1] or ty1 > hi[1]:
+                continue                                          # beyond the square
+            py, px = np.meshgrid(np.arange(16 * ty0, 16 * ty1, dtype=f32) + f32(0.5),
+                                 np.arange(16 * tx0, 16 * tx1, dtype=f32) + f32(0.5),
+                                 indexing="ij")
+            hit = _float32_hits(m[g], con[g], f32(op[g]), px, py)
+            assert not bool(hit.any()), f"needle {g} (skew {float(skew[g]):.3g}): off its tiles"
+            strips += 1
+    assert strips > n
+
+
 def test_background_and_culling() -> None:
     bg = torch.tensor([0.25, 0.5, 0.75], dtype=F64)
     means = torch.tensor([[0.0, 0.0, 0.2], [0.0, 0.0, -3.0], [0.0, 0.0, 0.1], [0.0, 0.0, 3.0]],

@@ -25,6 +25,14 @@ constexpr float kAlphaMin = 1.0f / 255.0f; // Gaussians with a smaller alpha are
 constexpr float kAlphaMax = 0.99f;         // alpha is clamped to this
 constexpr float kTransmittanceMin = 1e-4f; // a pixel stops before T would fall below this
 constexpr int kMaxShDegree = 3;
+// The tile rectangle is the 3-sigma square of the radius intersected with the box where the
+// Gaussian can still reach alpha >= 1/255 (derivation and margins: tile_box in splat_cuda.cu;
+// the reference's TILE_BOX_* constants are the same numbers).
+constexpr double kOpacityMin = 1.0 / 255.0;   // a smaller opacity reaches 1/255 nowhere
+constexpr double kBoxSlackT = 0x1p-17;        // added to t = 2 ln(255 opacity)
+constexpr double kBoxSlackQuad = 0x1p-18;     // times Sxx Syy / det, off the denominator
+constexpr double kBoxSlackMean = 0x1p-22;     // times |screen mean|, added to the extents
+constexpr double kBoxMaxSkew = 0x1p17;        // Sxx Syy / det above this: the square only
 // Bytes per (Gaussian, tile) pair of the binning buffers: a 64-bit key and a 32-bit value,
 // each double-buffered for the radix sort (BYTES_PER_INTERSECTION of the reference).
 constexpr int64_t kBytesPerIntersection = 24;
@@ -60,8 +68,8 @@ struct PreprocessArgs {
   int tiles_y;
   // outputs, [n] each
   int32_t* radii;           // pixel radius, 0 when culled
-  int64_t* counts;          // tiles touched
-  int4* rects;              // tile rectangle x0, y0, x1, y1 (exclusive)
+  int64_t* counts;          // tiles touched (0 for a visible Gaussian that reaches no tile)
+  int4* rects;              // tile rectangle x0, y0, x1, y1 (exclusive); 0 0 0 0 when empty
   float2* means2d;          // pixel-space mean (z replaced by 1 behind the near plane)
   float* conics;            // [n, 3] inverse 2D covariance (a, b, c); 0 when culled
   float* rgb;               // [n, 3] colour (SH evaluated, or as given)

@@ -4,10 +4,13 @@
 //  1. preprocess: one thread per Gaussian validates its inputs (first bad row per kind, with
 //     atomicMin), projects it with the view matrix and pinhole intrinsics, builds the 2D
 //     covariance (EWA with the 0.3 px low-pass), the 3-sigma radius and the 16x16 tile
-//     rectangle, and evaluates its colour (SH degree 0-3 or RGB). All of this in float64 from
-//     the float32 inputs, like the float64 reference, so that radii and tile rectangles agree
-//     with it exactly (but for values within rounding of an integer); the compositing data are
-//     stored as float32.
+//     rectangle (the radius's square intersected with the opacity-aware box where alpha can
+//     still reach 1/255: tile_box), and evaluates its colour (SH degree 0-3 or RGB). All of
+//     this in float64 from the float32 inputs, like the float64 reference, so that radii and
+//     tile rectangles agree with it exactly (but for values within rounding of an integer);
+//     the compositing data are stored as float32. Each input is read once (the colour row as
+//     float4s where it can be: colour_row) and each output written once; 120 registers,
+//     no spills (capping them at 80 for a third block per SM spills and was not kept).
 //  2. scan: inclusive sum of the tiles each Gaussian touches (int64: a scene whose Gaussians
 //     were activated twice can touch more than 2^31 tiles, and the entry point must be able to
 //     say so before it allocates anything for them).
@@ -54,58 +57,61 @@ __device__ bool camera_ok(const PreprocessArgs& a) {
          K[8] == 1.0f;
 }
 
-__global__ void __launch_bounds__(kThreads) preprocess_kernel(const PreprocessArgs a) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i == 0 && !camera_ok(a)) atomicMin(&a.bad[kBadCamera], 0);
-  if (i >= a.n) return;
-  a.radii[i] = 0;
-  a.counts[i] = 0;
-  a.rects[i] = make_int4(0, 0, 0, 0);
-  for (int k = 0; k < 3; ++k) a.conics[3 * static_cast<int64_t>(i) + k] = 0.0f;
-
-  // --- validation (the reference's checks, without a host round trip) ---
-  const float* mp = a.means + 3 * static_cast<int64_t>(i);
-  const float* sp = a.scales + 3 * static_cast<int64_t>(i);
-  const float* qp = a.rotations + 4 * static_cast<int64_t>(i);
-  const float opacity = a.opacities[i];
-  const int color_values = a.sh_degree < 0 ? 3 : 3 * a.sh_coeffs;
-  const float* cp = a.colors + static_cast<int64_t>(color_values) * i;
-  bool all_finite = finite(opacity);
-  for (int k = 0; k < 3; ++k) all_finite = all_finite && finite(mp[k]) && finite(sp[k]);
-  for (int k = 0; k < 4; ++k) all_finite = all_finite && finite(qp[k]);
-  for (int k = 0; k < color_values; ++k) all_finite = all_finite && finite(cp[k]);
-  const bool scale_ok = sp[0] > 0.0f && sp[1] > 0.0f && sp[2] > 0.0f;
-  const bool opacity_ok = opacity >= 0.0f && opacity <= 1.0f;
-  const bool rotation_ok = qp[0] != 0.0f || qp[1] != 0.0f || qp[2] != 0.0f || qp[3] != 0.0f;
-  if (!all_finite) atomicMin(&a.bad[kBadNonFinite], i);
-  if (!scale_ok) atomicMin(&a.bad[kBadScale], i);
-  if (!opacity_ok) atomicMin(&a.bad[kBadOpacity], i);
-  if (!rotation_ok) atomicMin(&a.bad[kBadRotation], i);
-  if (!(all_finite && scale_ok && opacity_ok && rotation_ok)) return;
-
-  // --- world -> camera ---
-  const CameraPoint cam = world_to_camera(a.viewmat, a.intrinsics, mp);
-  const double z = cam.z;
-
-  // --- screen mean, depth, colour (for every Gaussian, culled or not) ---
-  const double mx = cam.fx * cam.u + cam.cx, my = cam.fy * cam.v + cam.cy;
-  a.means2d[i] = make_float2(static_cast<float>(mx), static_cast<float>(my));
-  a.depths[i] = static_cast<float>(z);
-  float* rgb_out = a.rgb + 3 * static_cast<int64_t>(i);
-  if (a.sh_degree < 0) {
-    for (int ch = 0; ch < 3; ++ch) rgb_out[ch] = cp[ch];
-  } else {
-    double dir[3];
-    view_direction(cam, dir);
-    double basis[16];
-    const int count = sh_basis(a.sh_degree, dir[0], dir[1], dir[2], basis);
-    for (int ch = 0; ch < 3; ++ch) {
-      double s = 0.0;
-      for (int k = 0; k < count; ++k) s += basis[k] * static_cast<double>(cp[3 * k + ch]);
-      rgb_out[ch] = static_cast<float>(fmax(s + 0.5, 0.0));
-    }
+// Half extents (ex, ey), in pixels around the float64 screen mean (mx, my), of the box outside
+// which render_kernel never composites the Gaussian; false when it composites it nowhere.
+// Sxx = ca, Syy = cc, det: the 2D covariance S (low-pass included) whose inverse is the conic.
+//
+// In exact arithmetic render_kernel composites at pixel centre c only if opacity *
+// exp(-q / 2) >= 1/255, q = d^T S^-1 d, d = mean - c; i.e. q <= t = 2 ln(255 opacity) (at most
+// 2 ln 255 = 11.1). Nowhere when opacity < 1/255 (q >= 0); else only inside the bounding box
+// of the ellipse q <= t: |dx| <= sqrt(t Sxx), |dy| <= sqrt(t Syy).
+// The margins make that hold for the float32 render too, so the tiles the box drops held no
+// pixel the Gaussian reached, and image, alpha, depth and gradients do not change. With
+// u = 2^-24 and d now taken about the float32 mean:
+//  * alpha = fl(opacity * expf(power)) >= fl(1/255) > 1/255, expf within 2 ulp: -2 power
+//    <= t + 2^-20;
+//  * gaussian_power rounds the conic, dx, dy and every product and sum (<= 6 roundings on the
+//    diagonal terms, 5 on the cross term, 1 on the result), so with [a b; b c] = S^-1 and
+//    |2 b dx dy| <= a dx^2 + c dy^2: -2 power >= (1 - u) (q - 11 u (a dx^2 + c dy^2)). That
+//    quadratic form <= (t + 2^-20) / (1 - u) < t + 2^-19 has its box at sqrt(Sxx /
+//    (1 - 22 u k)) per unit of t along x (Syy along y), k = Sxx Syy / det >= 1 (large for
+//    thin, tilted ellipses). kBoxSlackT = 2^-17 on t (4x) and kBoxSlackQuad = 2^-18 on k
+//    (2.9x 22 u) cover both, with room for the float64 rounding of S, its inverse and this
+//    function (far smaller). Above k = kBoxMaxSkew = 2^17 (an ellipse ~700 times longer
+//    than wide at 45 degrees) the denominator could reach 0: the square alone is used;
+//  * the render's mean is the float32 rounding of (mx, my), at most u |mx| away:
+//    kBoxSlackMean = 2^-22 times |mx| on the extent covers it (4x) and the float64 rounding
+//    of mx -+ ex.
+// The reference (gpucheck/reference/splat.py) computes the same box in float64.
+__device__ __forceinline__ bool tile_box(double ca, double cc, double det, double opacity,
+                                         double mx, double my, double& ex, double& ey) {
+  if (opacity < kOpacityMin) return false;
+  const double skew = ca * cc / det;
+  if (!(skew <= kBoxMaxSkew)) {
+    ex = ey = INFINITY;
+    return true;
   }
-  if (!cam.in_front) return;
+  const double t = 2.0 * log(255.0 * opacity);
+  const double s = (t + kBoxSlackT) / (1.0 - kBoxSlackQuad * skew);
+  ex = sqrt(s * ca) + kBoxSlackMean * fabs(mx);
+  ey = sqrt(s * cc) + kBoxSlackMean * fabs(my);
+  return true;
+}
+
+// What preprocess writes for one Gaussian besides its screen mean, depth and colour: radius,
+// tiles touched, tile rectangle and conic, all 0 when it is culled.
+struct Footprint {
+  int32_t radius = 0;
+  int64_t count = 0;
+  int4 rect = make_int4(0, 0, 0, 0);
+  float conic[3] = {0.0f, 0.0f, 0.0f};
+};
+
+__device__ __forceinline__ Footprint footprint(const PreprocessArgs& a, const CameraPoint& cam,
+                                               const float* sp, const float* qp,
+                                               float opacity, double mx, double my) {
+  Footprint f;
+  if (!cam.in_front) return f;
 
   // --- the EWA Jacobian T = J W (x/z, y/z clamped to 1.3x the half field of view) ---
   const EwaJacobian jac = ewa_jacobian(cam, a.width, a.height);
@@ -125,9 +131,9 @@ __global__ void __launch_bounds__(kThreads) preprocess_kernel(const PreprocessAr
   const double cb = A[0][0] * A[1][0] + A[0][1] * A[1][1] + A[0][2] * A[1][2];
   const double cc = A[1][0] * A[1][0] + A[1][1] * A[1][1] + A[1][2] * A[1][2] + kLowPass;
   const double det = ca * cc - cb * cb;
-  if (!(det > 0.0)) return;
+  if (!(det > 0.0)) return f;
 
-  // --- radius (3 sigma of the larger eigenvalue) and tile rectangle ---
+  // --- radius (3 sigma of the larger eigenvalue) and its square's tiles ---
   const double mid = 0.5 * (ca + cc);
   const double lam = mid + sqrt(fmax(mid * mid - det, 0.1));
   const double radius = ceil(3.0 * sqrt(fmax(lam, 0.0)));
@@ -136,16 +142,125 @@ __global__ void __launch_bounds__(kThreads) preprocess_kernel(const PreprocessAr
   const double y0 = fmin(fmax(floor((my - radius) / kTileSize), 0.0), gy);
   const double x1 = fmin(fmax(ceil((mx + radius) / kTileSize), 0.0), gx);
   const double y1 = fmin(fmax(ceil((my + radius) / kTileSize), 0.0), gy);
-  if (!(radius > 0.0) || !(x1 > x0) || !(y1 > y0)) return;
-  const int4 rect = make_int4(static_cast<int>(x0), static_cast<int>(y0), static_cast<int>(x1),
-                              static_cast<int>(y1));
-  a.radii[i] = static_cast<int32_t>(fmin(radius, 2147483647.0));
-  a.counts[i] = static_cast<int64_t>(rect.z - rect.x) * (rect.w - rect.y);
-  a.rects[i] = rect;
-  float* conic = a.conics + 3 * static_cast<int64_t>(i);
-  conic[0] = static_cast<float>(cc / det);
-  conic[1] = static_cast<float>(-cb / det);
-  conic[2] = static_cast<float>(ca / det);
+  if (!(radius > 0.0) || !(x1 > x0) || !(y1 > y0)) return f;
+  f.radius = static_cast<int32_t>(fmin(radius, 2147483647.0));
+  f.conic[0] = static_cast<float>(cc / det);
+  f.conic[1] = static_cast<float>(-cb / det);
+  f.conic[2] = static_cast<float>(ca / det);
+
+  // --- tile rectangle: the square's tiles that the box where alpha can reach 1/255 touches;
+  // a visible Gaussian (radius > 0, as the spec keeps it) may touch none ---
+  double ex, ey;
+  if (!tile_box(ca, cc, det, opacity, mx, my, ex, ey)) return f;
+  const double bx0 = fmax(x0, fmin(fmax(floor((mx - ex) / kTileSize), 0.0), gx));
+  const double by0 = fmax(y0, fmin(fmax(floor((my - ey) / kTileSize), 0.0), gy));
+  const double bx1 = fmin(x1, fmin(fmax(ceil((mx + ex) / kTileSize), 0.0), gx));
+  const double by1 = fmin(y1, fmin(fmax(ceil((my + ey) / kTileSize), 0.0), gy));
+  if (!(bx1 > bx0) || !(by1 > by0)) return f;
+  f.rect = make_int4(static_cast<int>(bx0), static_cast<int>(by0), static_cast<int>(bx1),
+                     static_cast<int>(by1));
+  f.count = static_cast<int64_t>(f.rect.z - f.rect.x) * (f.rect.w - f.rect.y);
+  return f;
+}
+
+// One pass over a Gaussian's colour values `row` [len] (RGB, or SH [K, 3] with K <= 16 basis
+// functions used): whether all are finite, and with SH (count > 0) the colour sums s[ch] =
+// sum_{k < count} basis[k] row[3 k + ch] in float64, accumulated exactly as sh_sums does (the
+// backward's clamp decision takes the same bits). Rows of whole float4s that are 16-byte
+// aligned (SH degree 1 or 3 stored) are read as float4: a quarter of the load instructions of
+// the scalar path, and each value is read once (the validation used to read it again).
+__device__ __forceinline__ bool colour_row(const float* row, int len, int count,
+                                           const double basis[16], double s[3]) {
+  constexpr int kVec = 3 * kShStagedCoeffs / 4;  // float4s of 16 coefficients x 3
+  bool ok = true;
+  s[0] = s[1] = s[2] = 0.0;
+  auto take = [&](int e, float v) {  // e: compile-time after unrolling
+    ok &= finite(v);
+    const int k = e / 3;
+    if (k < count) s[e % 3] = fma(basis[k], static_cast<double>(v), s[e % 3]);
+  };
+  if ((len & 3) == 0 && (reinterpret_cast<uintptr_t>(row) & 15) == 0) {
+    const float4* row4 = reinterpret_cast<const float4*>(row);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      if (4 * j < len) {
+        const float4 v = __ldg(row4 + j);
+        take(4 * j, v.x);
+        take(4 * j + 1, v.y);
+        take(4 * j + 2, v.z);
+        take(4 * j + 3, v.w);
+      }
+    }
+    for (int j = kVec; j < len / 4; ++j) {  // beyond 16 coefficients: validated only
+      const float4 v = __ldg(row4 + j);
+      ok &= finite(v.x) & finite(v.y) & finite(v.z) & finite(v.w);
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4 * kVec; ++e) {
+      if (e < len) take(e, __ldg(row + e));
+    }
+    for (int e = 4 * kVec; e < len; ++e) ok &= finite(__ldg(row + e));
+  }
+  return ok;
+}
+
+__global__ void __launch_bounds__(kThreads) preprocess_kernel(const PreprocessArgs a) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i == 0 && !camera_ok(a)) atomicMin(&a.bad[kBadCamera], 0);
+  if (i >= a.n) return;
+  const int64_t i64 = i;
+
+  // --- inputs; the camera point first, which the SH colour needs (from unvalidated means it
+  // is garbage, used only once they are valid) ---
+  const float* mp = a.means + 3 * i64;
+  const float* sp = a.scales + 3 * i64;
+  const float* qp = a.rotations + 4 * i64;
+  const float opacity = a.opacities[i];
+  const int color_values = a.sh_degree < 0 ? 3 : 3 * a.sh_coeffs;
+  const float* cp = a.colors + color_values * i64;
+  const CameraPoint cam = world_to_camera(a.viewmat, a.intrinsics, mp);
+  double basis[16] = {};
+  int count = 0;
+  if (a.sh_degree >= 0) {
+    double dir[3];
+    view_direction(cam, dir);
+    count = sh_basis(a.sh_degree, dir[0], dir[1], dir[2], basis);
+  }
+  double s[3];
+  const bool colours_finite = colour_row(cp, color_values, count, basis, s);
+
+  // --- validation (the reference's checks, without a host round trip); `&`, not `&&`, so
+  // that no load waits for another ---
+  bool all_finite = finite(opacity) & colours_finite;
+  for (int k = 0; k < 3; ++k) all_finite &= finite(mp[k]) & finite(sp[k]);
+  for (int k = 0; k < 4; ++k) all_finite &= finite(qp[k]);
+  const bool scale_ok = (sp[0] > 0.0f) & (sp[1] > 0.0f) & (sp[2] > 0.0f);
+  const bool opacity_ok = (opacity >= 0.0f) & (opacity <= 1.0f);
+  const bool rotation_ok = (qp[0] != 0.0f) | (qp[1] != 0.0f) | (qp[2] != 0.0f) | (qp[3] != 0.0f);
+  if (!all_finite) atomicMin(&a.bad[kBadNonFinite], i);
+  if (!scale_ok) atomicMin(&a.bad[kBadScale], i);
+  if (!opacity_ok) atomicMin(&a.bad[kBadOpacity], i);
+  if (!rotation_ok) atomicMin(&a.bad[kBadRotation], i);
+  const bool valid = all_finite & scale_ok & opacity_ok & rotation_ok;
+
+  // --- screen mean, depth, colour (for every valid Gaussian, culled or not) ---
+  const double mx = cam.fx * cam.u + cam.cx, my = cam.fy * cam.v + cam.cy;
+  if (valid) {
+    a.means2d[i] = make_float2(static_cast<float>(mx), static_cast<float>(my));
+    a.depths[i] = static_cast<float>(cam.z);
+    float* rgb_out = a.rgb + 3 * i64;
+    for (int ch = 0; ch < 3; ++ch) {
+      rgb_out[ch] = a.sh_degree < 0 ? cp[ch] : static_cast<float>(fmax(s[ch] + 0.5, 0.0));
+    }
+  }
+
+  // --- radius, tiles and conic (zeros when culled, or for an invalid row) ---
+  const Footprint f = valid ? footprint(a, cam, sp, qp, opacity, mx, my) : Footprint{};
+  a.radii[i] = f.radius;
+  a.counts[i] = f.count;
+  a.rects[i] = f.rect;
+  for (int k = 0; k < 3; ++k) a.conics[3 * i64 + k] = f.conic[k];
 }
 
 __global__ void __launch_bounds__(kThreads)

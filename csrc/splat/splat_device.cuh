@@ -167,9 +167,10 @@ __device__ __forceinline__ double quat_rotmat(const float* qp, double q[4], doub
 }
 
 // The colour sums s[ch] = sum_k basis_k(dir) row[3 k + ch] (k < the basis size of `degree`)
-// in float64, in the order of the forward's colour (preprocess_kernel: rgb = max(s + 0.5, 0)),
-// for the backward's clamp decision. `row` holds one Gaussian's SH coefficients [K, 3] (K >= the
-// basis size). Compile-time loop bounds keep the basis in registers. Returns the basis size.
+// in float64, with explicit fmas in the order of the forward's colour (colour_row in
+// splat_cuda.cu: rgb = max(s + 0.5, 0)), for the backward's clamp decision. `row` holds one
+// Gaussian's SH coefficients [K, 3] (K >= the basis size). Compile-time loop bounds keep the
+// basis in registers. Returns the basis size.
 __device__ __forceinline__ int sh_sums(int degree, const double dir[3], const float* row,
                                        double s[3]) {
   double basis[16] = {};
@@ -179,7 +180,9 @@ __device__ __forceinline__ int sh_sums(int degree, const double dir[3], const fl
   for (int k = 0; k < 16; ++k) {
     if (k < count) {
 #pragma unroll
-      for (int ch = 0; ch < 3; ++ch) s[ch] += basis[k] * static_cast<double>(row[3 * k + ch]);
+      for (int ch = 0; ch < 3; ++ch) {
+        s[ch] = fma(basis[k], static_cast<double>(row[3 * k + ch]), s[ch]);
+      }
     }
   }
   return count;

@@ -12,6 +12,7 @@ rasterizer's own memory preflight (``gpucheck.ops.rasterize`` with a 0-byte budg
 the overlaps on the GPU and raises ``MemoryAnomalyError`` before allocating anything);
 otherwise from the pure-PyTorch projection of :mod:`gpucheck.reference.splat` on the CPU (the
 same radius and tile rules), a block of Gaussians at a time. The report names the method used.
+Both count every Gaussian as opaque (``OPACITY``): the largest binning any opacities give.
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ FOV_X_DEG = 60.0
 BLOCK = 1 << 18
 #: a Gaussian covering more than this share of the image's tiles counts as huge
 HUGE_SHARE = 0.25
+#: The opacity both counts give every Gaussian: the rasterizer bins a Gaussian into the tiles
+#: where it can reach alpha >= 1/255, which grow with its opacity, so opaque ones give the
+#: largest count (an upper bound over the file's real opacities, which neither load changes).
+OPACITY = 1.0
 METHOD = ("CPU estimate: gpucheck.reference.splat.project (pure PyTorch, same radius and tile "
           "rules as the CUDA kernel's preflight)")
 PREFLIGHT = "the splat rasterizer's memory preflight on {device} (gpucheck.ops.rasterize)"
@@ -74,7 +79,8 @@ def overlaps(means: np.ndarray, scales: np.ndarray, rotations: np.ndarray,
         fin = torch.isfinite(m).all(1) & torch.isfinite(s).all(1) & torch.isfinite(q).all(1)
         if not bool(fin.all()):
             m, s, q = m[fin], s[fin], q[fin]
-        p = project(m, s.clamp_max(1e30), q, viewmat, K, width, height)
+        p = project(m, s.clamp_max(1e30), q, viewmat, K, width, height,
+                    torch.full((m.shape[0],), OPACITY, dtype=m.dtype))
         count = ((p.tiles[:, 2] - p.tiles[:, 0]).clamp_min(0).long()
                  * (p.tiles[:, 3] - p.tiles[:, 1]).clamp_min(0).long())
         total += int(count.sum())
@@ -112,7 +118,8 @@ def _preflight(means: np.ndarray, scales: np.ndarray, rotations: np.ndarray,
         n = int(m.shape[0])
         try:
             rasterize(m, s.clamp(1e-30, 1e30), q / q.norm(dim=1, keepdim=True),
-                      torch.full((n,), 0.5, device=dev), colors=torch.zeros(n, 3, device=dev),
+                      torch.full((n,), OPACITY, device=dev),
+                      colors=torch.zeros(n, 3, device=dev),
                       viewmat=viewmat.float().to(dev), K=K.float().to(dev), width=width,
                       height=height, max_bytes=0)
         except MemoryAnomalyError as err:

@@ -15,15 +15,26 @@ Conventions (the CUDA kernel must follow them):
   column ``j``) covers ``[j, j + 1) × [i, i + 1)`` and is evaluated at its centre
   ``(j + 0.5, i + 0.5)``.
 * Culling: a Gaussian with camera depth ``z <= 0.2`` (the near plane), or whose 3-sigma
-  square misses the image's tiles, gets radius 0 and contributes nothing.
+  square (see Radius) misses the image's tiles, gets radius 0 and contributes nothing.
 * Projection: 3D covariance ``R S S^T R^T`` from the scales and the normalized wxyz quaternion;
   2D covariance ``J W Σ W^T J^T + 0.3 I`` (EWA with the usual low-pass), ``J`` the Jacobian of
   the pinhole projection at the camera-space mean, whose ``x / z`` and ``y / z`` are first
   clamped to 1.3× the half field of view (measured from the principal point), as 3DGS and
   gsplat do so that Gaussians far outside the view do not blow up.
-* Radius: ``ceil(3 * sqrt(lambda_max))`` with ``lambda_max = mid + sqrt(max(0.1, mid² - det))``.
-  Tiles are 16×16; a Gaussian covers tiles ``floor((m - r) / 16) .. ceil((m + r) / 16) - 1``
-  per axis (clamped to the image) and is evaluated only at pixels of those tiles.
+* Radius: ``ceil(3 * sqrt(lambda_max))`` with ``lambda_max = mid + sqrt(max(0.1, mid² - det))``
+  (``radii``; 0 only for the culled Gaussians above).
+* Tiles are 16×16. A Gaussian's tile rectangle is the tiles its radius's square spans,
+  ``floor((m - r) / 16) .. ceil((m + r) / 16) - 1`` per axis (clamped to the image),
+  intersected with the tiles its opacity-aware box spans (the same formula with the box's
+  half extent per axis for ``r``). The box bounds the region where the Gaussian can still
+  reach ``alpha >= 1/255``, ``d^T Σ2D^-1 d <= t = 2 ln(255 opacity)``: half extents
+  ``sqrt(t Σxx)`` and ``sqrt(t Σyy)`` (no box when ``opacity < 1/255``), widened by tiny
+  margins so that the float32 kernel cannot reach 1/255 outside it either (``_tile_box``).
+  A Gaussian is evaluated only at pixels of its tiles. The tiles the box drops
+  hold no pixel with ``alpha >= 1/255``, so they change no output, only the work and the
+  binning memory (``n_intersections``). A visible Gaussian (radius > 0) may touch no tile at
+  all (rectangle ``[0, 0, 0, 0]``): radii keep the 3DGS meaning, ``radii > 0`` = in the view,
+  which densification's visibility filter reads, whatever the opacity.
 * Compositing, per pixel, front to back by camera depth (stable order for ties):
   ``alpha = min(0.99, opacity * exp(-0.5 d^T Σ2D^-1 d))``; Gaussians with ``alpha < 1/255``
   are skipped; if compositing a Gaussian would make the transmittance drop below ``1e-4`` it
@@ -51,6 +62,13 @@ LOW_PASS = 0.3
 ALPHA_MIN = 1.0 / 255.0
 ALPHA_MAX = 0.99
 T_MIN = 1e-4
+#: Margins of the opacity-aware tile box (see ``_tile_box``; csrc/splat/splat_cuda.cu's
+#: ``tile_box`` derives them): on ``t = 2 ln(255 opacity)``, on the skew ``Sxx Syy / det``,
+#: times ``|screen mean|`` on the extents, and the skew above which only the square is used.
+TILE_BOX_SLACK_T = 2.0 ** -17
+TILE_BOX_SLACK_QUAD = 2.0 ** -18
+TILE_BOX_SLACK_MEAN = 2.0 ** -22
+TILE_BOX_MAX_SKEW = 2.0 ** 17
 #: Bytes per (Gaussian, tile) pair of a tiled kernel's binning buffers: a 64-bit key and a
 #: 32-bit value, each double-buffered for the radix sort.
 BYTES_PER_INTERSECTION = 24
@@ -70,7 +88,7 @@ class RasterizeResult(NamedTuple):
     conics: torch.Tensor       #: [N, 3] inverse 2D covariance (a, b, c) of [[a, b], [b, c]]
     colors: torch.Tensor       #: [N, 3] per-Gaussian colour (evaluated SH or as given)
     tiles: torch.Tensor        #: [N, 4] int32 tile rectangle x_min, y_min, x_max, y_max (excl.)
-    n_intersections: int       #: sum over Gaussians of the tiles they touch
+    n_intersections: int       #: sum over Gaussians of the tiles they touch (overlaps)
 
 
 def _fail(msg: str) -> NoReturn:
@@ -199,12 +217,39 @@ class Projection(NamedTuple):
     tiles: torch.Tensor     # [N, 4] int32
 
 
+def _tile_box(sxx: torch.Tensor, syy: torch.Tensor, det: torch.Tensor, means2d: torch.Tensor,
+              opacities: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Half extents ``[N, 2]`` (pixels, about ``means2d``) of the box outside which a Gaussian
+    never reaches ``alpha >= 1/255``, and ``[N]`` whether it reaches it anywhere; ``sxx``,
+    ``syy``, ``det``: its 2D covariance's diagonal (low-pass included) and determinant.
+
+    ``opacity * exp(-q / 2) >= 1/255`` needs ``q = d^T cov2d^-1 d <= t = 2 ln(255 opacity)``:
+    nowhere when ``opacity < 1/255``, else inside the ellipse's bounding box ``sqrt(t Sxx)``,
+    ``sqrt(t Syy)``. The ``TILE_BOX_*`` margins widen it so that the float32 kernel's alpha
+    (screen mean and conic rounded to float32, ``expf``) cannot reach 1/255 outside it either
+    (csrc/splat/splat_cuda.cu, ``tile_box``, has the derivation); ellipses too thin and tilted
+    for that bound (skew ``Sxx Syy / det`` above ``TILE_BOX_MAX_SKEW``) get an infinite box,
+    i.e. the square alone.
+    """
+    reaches = opacities >= ALPHA_MIN
+    skew = sxx * syy / torch.where(det > 0, det, torch.ones_like(det))
+    bounded = (det > 0) & (skew <= TILE_BOX_MAX_SKEW)
+    t = 2.0 * torch.log(torch.where(reaches, 255.0 * opacities, torch.ones_like(opacities)))
+    s = (t + TILE_BOX_SLACK_T) / (1.0 - TILE_BOX_SLACK_QUAD * torch.where(bounded, skew, 0.0))
+    ext = (torch.sqrt(s[:, None] * torch.stack([sxx, syy], dim=1))
+           + TILE_BOX_SLACK_MEAN * means2d.abs())
+    return torch.where(bounded[:, None], ext, math.inf), reaches
+
+
 def project(means: torch.Tensor, scales: torch.Tensor, rotations: torch.Tensor,
-            viewmat: torch.Tensor, K: torch.Tensor, width: int, height: int) -> Projection:
-    """Per-Gaussian preprocessing (float64 inputs): screen mean, depth, 2D covariance, radius.
+            viewmat: torch.Tensor, K: torch.Tensor, width: int, height: int,
+            opacities: torch.Tensor) -> Projection:
+    """Per-Gaussian preprocessing (float64 inputs): screen mean, depth, 2D covariance, radius,
+    tile rectangle (``opacities`` [N] set its opacity-aware box).
 
     Culled Gaussians get radius 0 and an empty tile rectangle; their other outputs are finite
-    but meaningless.
+    but meaningless. A visible Gaussian (radius > 0) may still touch no tile (rectangle
+    ``[0, 0, 0, 0]``): when it reaches ``alpha >= 1/255`` nowhere in the image.
     """
     rot, trans = viewmat[:3, :3], viewmat[:3, 3]
     p = means @ rot.T + trans                                             # [N, 3]
@@ -242,7 +287,15 @@ def project(means: torch.Tensor, scales: torch.Tensor, rotations: torch.Tensor,
         hi = torch.minimum(torch.ceil((m + radius[:, None]) / TILE_SIZE).clamp_min(0), grid)
         ok = ok & ((hi - lo).prod(dim=1) > 0) & (radius > 0)
         radii = torch.where(ok, radius, torch.zeros_like(radius)).to(torch.int32)
-        tiles = torch.where(ok[:, None], torch.cat([lo, hi], dim=1), 0.0).to(torch.int32)
+        # the tile rectangle: the square's tiles that the opacity-aware box touches
+        ext, reaches = _tile_box(a.detach(), c.detach(), det.detach(), m,
+                                 opacities.detach().to(m.dtype))
+        lo = torch.maximum(lo, torch.minimum(torch.floor((m - ext) / TILE_SIZE).clamp_min(0),
+                                             grid))
+        hi = torch.minimum(hi, torch.minimum(torch.ceil((m + ext) / TILE_SIZE).clamp_min(0),
+                                             grid))
+        touches = ok & reaches & ((hi - lo).clamp_min(0).prod(dim=1) > 0)
+        tiles = torch.where(touches[:, None], torch.cat([lo, hi], dim=1), 0.0).to(torch.int32)
     return Projection(means2d, z, cov2d, conics, radii, tiles)
 
 
@@ -337,7 +390,7 @@ def rasterize(
     f64 = torch.float64
     means, scales, rotations = means.to(f64), scales.to(f64), rotations.to(f64)
     opacities, viewmat, K = opacities.to(f64), viewmat.to(f64), K.to(f64)
-    proj = project(means, scales, rotations, viewmat, K, width, height)
+    proj = project(means, scales, rotations, viewmat, K, width, height, opacities)
     means2d = proj.means2d
     if means2d.requires_grad:
         means2d.retain_grad()

@@ -49,7 +49,8 @@ def decision_pixels(args: dict[str, Any]) -> torch.Tensor:
     d = {k: (v.detach().cpu().double() if isinstance(v, torch.Tensor) else v)
          for k, v in args.items()}
     h, w = args["height"], args["width"]
-    proj = project(d["means"], d["scales"], d["rotations"], d["viewmat"], d["K"], w, h)
+    proj = project(d["means"], d["scales"], d["rotations"], d["viewmat"], d["K"], w, h,
+                   d["opacities"])
     out = torch.zeros(h * w, dtype=torch.bool)
     vis = (proj.radii > 0).nonzero().flatten()
     vis = vis[torch.sort(proj.depths[vis], stable=True).indices]  # front to back

@@ -7,7 +7,8 @@ missing device guard crashes or renders on the wrong GPU. The oracle is
 fresh random ones each run; the seed is in every failure message.
 
 Tolerances. The kernel preprocesses every Gaussian in float64 like the reference, so radii
-(and the tile rectangles behind ``n_intersections``) must be *equal*. Compositing is float32:
+(and the tile rectangles behind ``n_intersections``: the 3-sigma square intersected with the
+opacity-aware box) must be *equal*. Compositing is float32:
 each Gaussian's pixel mean and conic are rounded to float32 (relative 6e-8: at pixel
 coordinates up to ~200 that moves dx by up to ~1e-5 px, which moves the exponent by
 |a dx + b dy| * 1e-5 <= ~6e-5 for the sharpest Gaussian that still reaches alpha >= 1/255,
@@ -32,6 +33,7 @@ import pytest
 import splat_scenes
 import torch
 
+import gpucheck.reference.splat as reference_splat
 from gpucheck.errors import BudgetExceeded, MemoryAnomalyError
 from gpucheck.ops import rasterize
 from gpucheck.ops.splat import ops
@@ -194,6 +196,31 @@ def test_tiny_gaussians(gpu_device: torch.device) -> None:
     assert visible.numel() > 0 and int(visible.max()) <= 3
 
 
+def test_opacity_aware_tiles(gpu_device: torch.device, monkeypatch: pytest.MonkeyPatch
+                             ) -> None:
+    """Opacities from 0 to 1 (about a sixth below 1/255) and a third of the Gaussians thin:
+    the kernel bins each one into the tiles of its opacity-aware box, as the reference does
+    (equal rectangles, some visible Gaussians touching none), and renders what the reference
+    renders when it bins whole 3-sigma squares (the rule before the box): the dropped tiles
+    held no pixel with alpha >= 1/255."""
+    seed = fresh_seed()
+    args = splat_scenes.scene(400, 203, 113, seed, gpu_device, log_scale=(-4.5, -1.0))
+    gen = torch.Generator().manual_seed(seed)
+    args["opacities"] = (torch.rand(400, generator=gen) ** 3).to(gpu_device)
+    args["scales"][::3, 1:] *= 1e-2
+    what = f"opacity-aware seed={seed}"
+    got = check_against_reference(args, what)
+    empty = (got.radii > 0) & (got.tiles[:, 2] == got.tiles[:, 0])
+    assert bool(empty.any()), f"{what}: no visible Gaussian without tiles"
+    monkeypatch.setattr(reference_splat, "_tile_box", lambda sxx, syy, det, m, o: (
+        torch.full_like(m, math.inf), torch.ones_like(o, dtype=torch.bool)))
+    square = reference(**splat_scenes.to(args, "cpu"))
+    assert got.n_intersections < square.n_intersections, what
+    flip = _flip_bound(args, square)
+    _close(got.image, square.image, ATOL, flip, f"{what}: image vs squares")
+    _close(got.alpha, square.alpha, ATOL, flip, f"{what}: alpha vs squares")
+
+
 @pytest.mark.sanitizer
 def test_off_screen(gpu_device: torch.device) -> None:
     """Means up to 4x the half field of view to the sides: most culled, the Jacobian clamp
@@ -301,15 +328,16 @@ def test_max_bytes_catches_double_activation(gpu_device: torch.device) -> None:
 
 
 def test_free_memory_catches_double_activation(gpu_device: torch.device) -> None:
-    """2M Gaussians activated twice at 1920x1080 each cover all 8160 tiles: ~390 GB of
-    binning buffers, more than any GPU has; the error comes before any of it is allocated."""
+    """2M Gaussians activated twice at 1920x1080 each cover most of the 8160 tiles (~6200 in
+    their opacity-aware boxes): ~300 GB of binning buffers, more than any GPU has; the error
+    comes before any of it is allocated."""
     bad = _double_activated(2_000_000, 1920, 1080, 1000.0, gpu_device, twice=True)
     torch.cuda.reset_peak_memory_stats(gpu_device)
     base = torch.cuda.memory_allocated(gpu_device)
     with pytest.raises(MemoryAnomalyError,
                        match=r"bytes free on cuda:\d.*activation applied twice") as info:
         rasterize(**bad)
-    assert info.value.n == 2_000_000 and (info.value.overlaps or 0) > 1e10  # ~6600 each
+    assert info.value.n == 2_000_000 and (info.value.overlaps or 0) > 1e10  # ~6200 each
     assert info.value.bytes_needed is not None and info.value.bytes_free is not None
     assert info.value.bytes_needed > info.value.bytes_free
     # per-Gaussian buffers only (~100 bytes each), never the binning buffers
