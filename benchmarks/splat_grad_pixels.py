@@ -49,22 +49,45 @@ def kernel_pixels(args: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     if degree is None:
         degree = -1 if colors is not None else math.isqrt(args["sh"].shape[1]) - 1
     means2d, conics, rgb, depths, _, _, ranges, ids = ops().project(
-        args["means"], args["scales"], args["rotations"], args["opacities"], values,
-        args["viewmat"], args["K"], args["background"], args["width"], args["height"],
-        degree, None)
-    out = ops().render(means2d, conics, args["opacities"], rgb, depths, args["background"],
-                       ranges, ids, args["width"], args["height"])
+        args["means"],
+        args["scales"],
+        args["rotations"],
+        args["opacities"],
+        values,
+        args["viewmat"],
+        args["K"],
+        args["background"],
+        args["width"],
+        args["height"],
+        degree,
+        None,
+    )
+    out = ops().render(
+        means2d,
+        conics,
+        args["opacities"],
+        rgb,
+        depths,
+        args["background"],
+        ranges,
+        ids,
+        args["width"],
+        args["height"],
+    )
     return out[3].double().cpu(), out[4].cpu()
 
 
 def reference_pixels(args: dict[str, Any]) -> tuple[torch.Tensor, ...]:
     """[H, W] final transmittance, number of Gaussians composited and list position (in the
     pixel's tile list) of the last one, float64, in the reference's order."""
-    d = {k: (v.detach().cpu().double() if isinstance(v, torch.Tensor) else v)
-         for k, v in args.items()}
+    d = {
+        k: (v.detach().cpu().double() if isinstance(v, torch.Tensor) else v)
+        for k, v in args.items()
+    }
     h, w = args["height"], args["width"]
-    proj = splat.project(d["means"], d["scales"], d["rotations"], d["viewmat"], d["K"], w, h,
-                         d["opacities"])
+    proj = splat.project(
+        d["means"], d["scales"], d["rotations"], d["viewmat"], d["K"], w, h, d["opacities"]
+    )
     vis = splat.compositing_order(proj.depths, (proj.radii > 0).nonzero().flatten())
     m, c = proj.means2d[vis].detach(), proj.conics[vis].detach()
     op, tiles = d["opacities"][vis], proj.tiles[vis]
@@ -78,7 +101,7 @@ def reference_pixels(args: dict[str, Any]) -> tuple[torch.Tensor, ...]:
     keep = listed & (power <= 0) & (alpha >= splat.ALPHA_MIN)
     keep &= torch.cumprod(1 - torch.where(keep, alpha, 0.0), dim=1) >= splat.T_MIN
     t_final = torch.prod(1 - torch.where(keep, alpha, 0.0), dim=1)
-    position = torch.cumsum(listed.int(), dim=1)                  # 1-based in the tile list
+    position = torch.cumsum(listed.int(), dim=1)  # 1-based in the tile list
     last = torch.where(keep, position, 0).amax(1)
     return (t_final.reshape(h, w), keep.sum(1).reshape(h, w), last.reshape(h, w))
 
@@ -88,8 +111,12 @@ def main() -> int:
     p.add_argument("--case", choices=sorted(EDGE_CASES), default="dense")
     p.add_argument("--scene", type=int, required=True, help="the scene seed (scene=...)")
     p.add_argument("--seed", type=int, required=True, help="the loss seed (seed=...)")
-    p.add_argument("--order", choices=("float32", "float64"), default="float32",
-                   help="the reference's depth order: float32 keys (now) or float64 (before)")
+    p.add_argument(
+        "--order",
+        choices=("float32", "float64"),
+        default="float32",
+        help="the reference's depth order: float32 keys (now) or float64 (before)",
+    )
     p.add_argument("--top", type=int, default=12)
     opt = p.parse_args()
     if opt.order == "float64":
@@ -98,35 +125,39 @@ def main() -> int:
 
     kw = dict(EDGE_CASES[opt.case])
     dev = torch.device("cuda", torch.cuda.current_device())
-    args = splat_scenes.scene(kw.pop("n"), kw.pop("width"), kw.pop("height"), opt.scene, dev,
-                              **kw)
+    args = splat_scenes.scene(kw.pop("n"), kw.pop("width"), kw.pop("height"), opt.scene, dev, **kw)
     h, w = args["height"], args["width"]
     skip = splat_grads.decision_pixels(args)
-    gen = torch.Generator().manual_seed(opt.seed)             # gradients()' first draw
+    gen = torch.Generator().manual_seed(opt.seed)  # gradients()' first draw
     weights = torch.where(skip, 0.0, torch.randn(3, h, w, generator=gen, dtype=torch.float64))
 
     t_kernel, last_kernel = kernel_pixels(args)
     t_ref, count_ref, last_ref = reference_pixels(args)
-    share = weights * (t_kernel - t_ref)                      # [3, H, W]
+    share = weights * (t_kernel - t_ref)  # [3, H, W]
     bg_ref = (weights * t_ref).sum((1, 2))
-    print(f"{opt.case} scene={opt.scene} seed={opt.seed} order={opt.order}: "
-          f"{int(skip.sum())} of {h * w} pixels left out; background gradient "
-          f"{[round(v, 6) for v in bg_ref.tolist()]}, kernel - reference "
-          f"{[f'{v:.3e}' for v in share.sum((1, 2)).tolist()]}, relative "
-          f"{float(share.sum((1, 2)).norm() / bg_ref.norm()):.3e}")
+    print(
+        f"{opt.case} scene={opt.scene} seed={opt.seed} order={opt.order}: "
+        f"{int(skip.sum())} of {h * w} pixels left out; background gradient "
+        f"{[round(v, 6) for v in bg_ref.tolist()]}, kernel - reference "
+        f"{[f'{v:.3e}' for v in share.sum((1, 2)).tolist()]}, relative "
+        f"{float(share.sum((1, 2)).norm() / bg_ref.norm()):.3e}"
+    )
     per = share.abs().sum(0).flatten()
-    print("  row  col  skip  T kernel     T reference  rel diff   n ref  last ker/ref  "
-          "|share|")
-    for i in torch.argsort(per, descending=True)[:opt.top].tolist():
+    print("  row  col  skip  T kernel     T reference  rel diff   n ref  last ker/ref  |share|")
+    for i in torch.argsort(per, descending=True)[: opt.top].tolist():
         y, x = divmod(i, w)
         tk, tr = float(t_kernel[y, x]), float(t_ref[y, x])
-        print(f"  {y:3d}  {x:3d}  {int(skip[y, x]):4d}  {tk:.5e}  {tr:.5e}  "
-              f"{(tk - tr) / tr:+.2e}  {int(count_ref[y, x]):5d}  "
-              f"{int(last_kernel[y, x]):5d}/{int(last_ref[y, x]):<5d}  {float(per[i]):.3e}")
+        print(
+            f"  {y:3d}  {x:3d}  {int(skip[y, x]):4d}  {tk:.5e}  {tr:.5e}  "
+            f"{(tk - tr) / tr:+.2e}  {int(count_ref[y, x]):5d}  "
+            f"{int(last_kernel[y, x]):5d}/{int(last_ref[y, x]):<5d}  {float(per[i]):.3e}"
+        )
     kernel, oracle = splat_grads.gradients(args, opt.seed, skip=skip)
     for name, e in splat_grads.errors(kernel, oracle).items():
-        print(f"  grad {name:10s} rel_l2 {e['rel_l2']:.2e}  max_rel {e['max_rel']:.2e}  "
-              f"share_over {e['share_over']:.4f}")
+        print(
+            f"  grad {name:10s} rel_l2 {e['rel_l2']:.2e}  max_rel {e['max_rel']:.2e}  "
+            f"share_over {e['share_over']:.4f}"
+        )
     return 0
 
 
