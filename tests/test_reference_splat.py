@@ -64,7 +64,9 @@ def sequential_composite(res, width: int, height: int, opacities: torch.Tensor,
     m2d, con = res.means2d.detach().numpy(), res.conics.detach().numpy()
     col, dep = res.colors.detach().numpy(), res.depths.detach().numpy()
     tiles, op = res.tiles.numpy(), opacities.detach().numpy()
-    order = sorted((i for i in range(len(op)) if res.radii[i] > 0), key=lambda i: dep[i])
+    # front to back by the float32 depth (the kernel's sort key), ties in index order
+    order = sorted((i for i in range(len(op)) if res.radii[i] > 0),
+                   key=lambda i: (np.float32(dep[i]), i))
     image = np.zeros((3, height, width))
     alpha = np.zeros((height, width))
     for py in range(height):
@@ -262,6 +264,31 @@ def test_occlusion_order_and_transmittance_stop() -> None:
     torch.testing.assert_close(pix, want, rtol=1e-12, atol=0)
     torch.testing.assert_close(pix, two_only.image[:, centre[0], centre[1]], rtol=0, atol=0)
     assert float(four.alpha[centre]) == pytest.approx(1 - 1e-4, rel=1e-12)
+
+
+def test_depth_ties_at_float32_resolution_composite_in_index_order() -> None:
+    """Depths that round to one float32 (here 2 - 2e-8 and 2, one float32 ulp is 2.4e-7)
+    composite in index order, as the float32 kernel's stable sort on float32 depths does,
+    not in float64 depth order; a gap of a few float32 ulps is ordered by depth. Decides
+    here which of the two the 1e-4 stop drops (the regression case of issue 10)."""
+    kw = dict(viewmat=torch.eye(4, dtype=F64), K=intrinsics(10.0, 10.0, 0.5, 0.5), width=1,
+              height=1, background=torch.zeros(3, dtype=F64))
+    # T = 0.01 * 0.0125 = 1.25e-4 after the first two. In index order the 0.1 one takes it to
+    # 1.125e-4 and the 0.5 one stops the pixel; in depth order the 0.5 one stops it at once.
+    for gap, third in ((2e-8, True), (1e-6, False)):
+        means, scales, quats, op, colors = _stack_scene([1.0, 1.5, 2.0, 2.0 - gap],
+                                                        [0.99, 0.9875, 0.1, 0.5])
+        z = means[:, 2]
+        assert (z[2].float() == z[3].float()) == third and bool(z[3] < z[2])
+        res = rasterize(means, scales, quats, op, colors=colors, **kw)
+        t = 0.01 * 0.0125
+        want = 0.99 * colors[0] + 0.01 * 0.9875 * colors[1] + third * t * 0.1 * colors[2]
+        torch.testing.assert_close(res.image[:, 0, 0], want, rtol=1e-12, atol=0)
+        t_final = t * 0.9 if third else t
+        assert float(res.alpha[0, 0]) == pytest.approx(1 - t_final, rel=1e-12)
+    order = splat.compositing_order(torch.tensor([3.0, 2.0 + 1e-8, 2.0, 1.0], dtype=F64),
+                                    torch.tensor([0, 1, 2, 3]))
+    assert order.tolist() == [3, 1, 2, 0]
 
 
 def test_threshold_equality_semantics(monkeypatch: pytest.MonkeyPatch) -> None:

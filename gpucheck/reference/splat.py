@@ -35,7 +35,10 @@ Conventions (the CUDA kernel must follow them):
   binning memory (``n_intersections``). A visible Gaussian (radius > 0) may touch no tile at
   all (rectangle ``[0, 0, 0, 0]``): radii keep the 3DGS meaning, ``radii > 0`` = in the view,
   which densification's visibility filter reads, whatever the opacity.
-* Compositing, per pixel, front to back by camera depth (stable order for ties):
+* Compositing, per pixel, front to back by camera depth rounded to float32, ties in index
+  order (``compositing_order``: the CUDA kernel's stable sort on float32 depths, the key
+  3DGS and gsplat sort on too; Gaussians closer in depth than that resolution composite in
+  index order):
   ``alpha = min(0.99, opacity * exp(-0.5 d^T Σ2D^-1 d))``; Gaussians with ``alpha < 1/255``
   are skipped; if compositing a Gaussian would make the transmittance drop below ``1e-4`` it
   is *not* composited and the pixel stops there (3DGS semantics: ``test_T < 0.0001 → done``).
@@ -54,7 +57,8 @@ import torch
 from gpucheck.errors import BudgetExceeded
 from gpucheck.reference.splat_sh import MAX_SH_DEGREE, sh_to_color
 
-__all__ = ["Projection", "RasterizeResult", "estimate_binning_bytes", "project", "rasterize"]
+__all__ = ["Projection", "RasterizeResult", "compositing_order", "estimate_binning_bytes",
+           "project", "rasterize"]
 
 NEAR_PLANE = 0.2
 TILE_SIZE = 16
@@ -299,6 +303,22 @@ def project(means: torch.Tensor, scales: torch.Tensor, rotations: torch.Tensor,
     return Projection(means2d, z, cov2d, conics, radii, tiles)
 
 
+def compositing_order(depths: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """The Gaussians ``visible`` ([V] ascending indices) front to back: by camera depth
+    (``depths`` [N]) rounded to float32, ties in index order.
+
+    The CUDA kernel sorts on its float32 depths (rounded from the same float64 depth as
+    here), stably, so ties keep index order. Ordering by the float64 depths instead would
+    composite two Gaussians less than one float32 ulp (<= 1.2e-7 relative) apart in the
+    opposite order wherever index and depth disagree: the pixel's colour moves by
+    ``a_1 a_2 T (c_1 - c_2)`` and, where the pair meets the 1e-4 stop, the stop drops the
+    other one (``test_gradients_at_depth_tie`` in suites/splat). Either order is as right;
+    this one the kernel can follow exactly.
+    """
+    key = depths.detach()[visible].to(torch.float32)
+    return visible[torch.argsort(key, stable=True)]
+
+
 def estimate_binning_bytes(n_intersections: int) -> int:
     """Bytes a tiled kernel needs to bin ``n_intersections`` (Gaussian, tile) pairs."""
     return n_intersections * BYTES_PER_INTERSECTION
@@ -415,7 +435,7 @@ def rasterize(
           else background.to(f64))
 
     visible = (proj.radii > 0).nonzero().squeeze(1)
-    order = visible[torch.argsort(proj.depths.detach()[visible], stable=True)]
+    order = compositing_order(proj.depths, visible)
     image, trans, depth_acc = [], [], []
     for y0 in range(0, height, TILE_SIZE):           # one tile row at a time ...
         band = range(y0, min(y0 + TILE_SIZE, height))

@@ -9,7 +9,14 @@ import torch
 
 from gpucheck.ops import rasterize
 from gpucheck.reference import rasterize as reference
-from gpucheck.reference.splat import ALPHA_MAX, ALPHA_MIN, T_MIN, TILE_SIZE, project
+from gpucheck.reference.splat import (
+    ALPHA_MAX,
+    ALPHA_MIN,
+    T_MIN,
+    TILE_SIZE,
+    compositing_order,
+    project,
+)
 
 #: Inputs that take a gradient (those of them that a scene has).
 LEAVES = ("means", "scales", "rotations", "opacities", "colors", "sh", "background")
@@ -52,8 +59,7 @@ def decision_pixels(args: dict[str, Any]) -> torch.Tensor:
     proj = project(d["means"], d["scales"], d["rotations"], d["viewmat"], d["K"], w, h,
                    d["opacities"])
     out = torch.zeros(h * w, dtype=torch.bool)
-    vis = (proj.radii > 0).nonzero().flatten()
-    vis = vis[torch.sort(proj.depths[vis], stable=True).indices]  # front to back
+    vis = compositing_order(proj.depths, (proj.radii > 0).nonzero().flatten())
     if vis.numel() == 0:
         return out.reshape(h, w)
     means2d, conics = proj.means2d[vis].detach(), proj.conics[vis].detach()
