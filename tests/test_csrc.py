@@ -87,3 +87,24 @@ def test_the_compile_check_compiles_again_what_a_defect_macro_changes(name, chan
     every, _ = _csrc.check_units("skip")
     assert all(not flags for _, flags, _ in every) and len(every) == len(
         _csrc.sources() + _csrc.check_only_sources())
+
+
+def test_every_registration_goes_through_the_namespace_macros():
+    """A defect build loads next to the real extension in one process (the self-test's clean
+    twins): a source registering with a literal ``gpucheck`` namespace would, in the defect
+    build, put the defect's kernels over the real ones (and leave the defect's namespace
+    without any). Every TORCH_LIBRARY / TORCH_LIBRARY_IMPL in csrc/ goes through library.h's
+    GPUCHECK_ macros."""
+    import re
+
+    raw = re.compile(r"^\s*TORCH_LIBRARY(_IMPL|_FRAGMENT)?\s*\(", re.M)
+    offenders = []
+    for path in sorted(_csrc.CSRC.rglob("*")):
+        if path.suffix in (".cpp", ".cu", ".h", ".cuh") and path.name != "library.h":
+            text = path.read_text()
+            offenders += [f"{path.relative_to(_csrc.CSRC)}:{text[:m.start()].count(chr(10)) + 1}"
+                          for m in raw.finditer(text)]
+    assert offenders == [], f"register through GPUCHECK_TORCH_LIBRARY(_IMPL): {offenders}"
+    impls = [p.name for p in _csrc.CSRC.rglob("*.cpp")
+             if "GPUCHECK_TORCH_LIBRARY_IMPL(" in p.read_text()]
+    assert {"ssim.cpp", "knn.cpp", "splat.cpp"} <= set(impls), impls

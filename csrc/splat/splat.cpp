@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "common.h"
+#include "library.h"
 
 namespace gpucheck::splat {
 namespace {
@@ -563,7 +564,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> splat_project_backwar
   return {g_means, g_scales, g_rotations, g_colors};
 }
 
-TORCH_LIBRARY_IMPL(gpucheck, CUDA, m) {
+// Through the macro (library.h): a defect build registers under its own namespace, never over
+// the real extension's kernels in the same process.
+GPUCHECK_TORCH_LIBRARY_IMPL(CUDA, m) {
   m.impl("splat_project", &splat_project_cuda);
   m.impl("splat_render", &splat_render_cuda);
   m.impl("splat_render_backward", &splat_render_backward_cuda);
