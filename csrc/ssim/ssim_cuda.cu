@@ -284,12 +284,13 @@ constexpr int kFRing = 12;                     // ring slots: >= 11, multiple of
 #ifndef GPUCHECK_SSIM_FPRE
 #define GPUCHECK_SSIM_FPRE 6
 #endif
-// 16-bit images: measured on H200 (2026-11-24, forward + mean, 6 -> 12 rows): bfloat16 5x3x1080x1920
-// 0.249-0.254 -> 0.242-0.244 ms, 1x3x1080x1920 0.069-0.072 -> 0.068-0.070, 5x1x1500x1500 0.097-0.098
-// -> 0.095 (134 registers: 3 blocks per SM instead of 4, but twice the loads in flight: ncu
-// measured 3.5x float32's long-scoreboard stalls per instruction in the 16-bit forward with 6
-// rows); float32 with 12 rows is 7-9 % slower (136 registers), so it keeps 6. Converting 16-bit rows when loaded instead of when used
-// puts the wait right after the load: 0.338 ms.
+// 16-bit images: measured on H200 (2026-11-24, forward + mean, 6 -> 12 rows): bfloat16
+// 5x3x1080x1920 0.249-0.254 -> 0.242-0.244 ms, 1x3x1080x1920 0.069-0.072 -> 0.068-0.070,
+// 5x1x1500x1500 0.097-0.098 -> 0.095 (134 registers: 3 blocks per SM instead of 4, but twice
+// the loads in flight: ncu measured 3.5x float32's long-scoreboard stalls per instruction in
+// the 16-bit forward with 6 rows); float32 with 12 rows is 7-9 % slower (136 registers), so it
+// keeps 6. Converting 16-bit rows when loaded instead of when used puts the wait right after
+// the load: 0.338 ms.
 #ifndef GPUCHECK_SSIM_FPRE16
 #define GPUCHECK_SSIM_FPRE16 12
 #endif
@@ -308,7 +309,8 @@ constexpr bool fwd_shape_ok() {
 }
 static_assert(fwd_shape_ok<float>() && fwd_shape_ok<double>(), "forward block shape");
 static_assert(kFRing % kFBatch == 0 && kFRing >= kWin && kFStrip % kFBatch == 0, "ring");
-static_assert(kFRing % kFPre<float> == 0 && kFRing % kFPre<__half> == 0, "prefetch slot of a ring slot is a compile-time constant");
+static_assert(kFRing % kFPre<float> == 0 && kFRing % kFPre<__half> == 0,
+              "prefetch slot of a ring slot is a compile-time constant");
 
 template <typename T>
 TileGrid forward_grid(const Geometry& g) {
