@@ -56,6 +56,27 @@ def test_shape_mismatch_names_the_odd_rank() -> None:
     assert d.waiting_ranks == [0, 1, 3] and "[5]" in d.message and "[4]" in d.message
 
 
+def test_mismatch_waits_for_the_rank_that_decides_who_is_odd() -> None:
+    """Ranks 0 and 2 differ; rank 1 is still on its way: the odd rank is not known yet (the
+    3-rank gloo test once named rank 2 with only rank 0 waiting)."""
+    first = [RankView(0, [start(), enter(1)]), RankView(1, [start()]),
+             RankView(2, [start(), enter(1, shape=(5,))])]
+    assert diagnose(first) is None
+    late = diagnose(first, timed_out=True)
+    assert late is not None and late.kind == "collective-mismatch" and late.waiting_ranks == [0]
+    first[1].entries.append(enter(1))
+    d = diagnose(first)
+    assert d is not None and d.kind == "collective-mismatch"
+    assert d.cause_ranks == [2] and d.waiting_ranks == [0, 1]
+    first[1].entries[-1] = enter(1, shape=(5,))  # rank 1 sides with rank 2: rank 0 is odd
+    d = diagnose(first)
+    assert d is not None and d.cause_ranks == [0] and d.waiting_ranks == [1, 2]
+    gone = [RankView(0, [start(), enter(1)]), RankView(1, [start()], exit_code=-9),
+            RankView(2, [start(), enter(1, shape=(5,))])]
+    d = diagnose(gone)  # a dead rank will not come: judged on the ranks that entered
+    assert d is not None and d.kind == "collective-mismatch"
+
+
 def test_different_ops_at_one_seq_is_a_skipped_collective() -> None:
     views = [RankView(0, [start(), enter(1), done(1), enter(2, "all_reduce")]),
              RankView(1, [start(), enter(1), done(1), enter(2, "barrier", shape=())])]

@@ -136,9 +136,20 @@ def _ranks(rs: list[int]) -> str:
     return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
 
 
-def mismatch(views: list[RankView]) -> Diagnosis | None:
+def _still_coming(views: list[RankView], seq: int, case: str | None) -> bool:
+    """Whether a rank that has not entered collective ``seq`` yet may still enter it: alive,
+    inside ``case`` (or not started), not finished with it."""
+    return any(v.alive and v.last_seq() < seq and not _at_boundary(v)
+               and v.current_case() in (None, case) for v in views)
+
+
+def mismatch(views: list[RankView], *, timed_out: bool = False) -> Diagnosis | None:
     """Ranks that entered one collective (same seq) with different ops/shapes/devices, or a
-    rank whose wrapper refused a tensor on another device."""
+    rank whose wrapper refused a tensor on another device.
+
+    Which rank is the odd one is judged on every rank that will enter the collective: while
+    one may still arrive (and ``timed_out`` is false) there is no answer yet, because with
+    three ranks, ranks 0 and 2 differing says nothing until rank 1 sides with one of them."""
     for v in views:
         for e in v.entries:
             if e.get("ev") == "error" and e.get("kind") == "device":
@@ -151,6 +162,9 @@ def mismatch(views: list[RankView]) -> Diagnosis | None:
             by_seq.setdefault(seq, {})[v.rank] = e
     for seq in sorted(by_seq):
         got = by_seq[seq]
+        case = next(iter(got.values())).get("case")
+        if not timed_out and _still_coming(views, seq, case):
+            return None
         kinds = {r: tuple(sorted({d.split(":")[0] for d in e.get("devices", [])}))
                  for r, e in got.items()}
         if len(set(kinds.values())) > 1:
@@ -215,7 +229,7 @@ def diagnose(views: list[RankView], *, timed_out: bool = False) -> Diagnosis | N
 
     ``timed_out``: the current case ran past the per-case timeout (the watchdog asks).
     """
-    found = mismatch(views)
+    found = mismatch(views, timed_out=timed_out)
     if found is not None:
         return found
     dead = [v for v in views if not v.alive

@@ -311,10 +311,12 @@ class DistHarness:
         if d.kind == "rank-crash":  # the others have reached their next collective by now
             again = analysis.diagnose(self._views())
             d = again if again is not None and again.kind == d.kind else d
+        # py-spy before the freeze: it stops each process itself while it reads it, and
+        # cannot attach to one already stopped by SIGSTOP ("Failed to suspend process")
+        native = _py_spy_dumps(alive)
         for p in alive:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.proc.pid, signal.SIGSTOP)
-        native = _py_spy_dumps(alive)  # py-spy reads a stopped process
         for p in self.procs:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.proc.pid, signal.SIGKILL)
@@ -434,7 +436,14 @@ def _py_spy_dumps(procs: list[RankProc]) -> dict[int, str]:
         try:
             run = subprocess.run([exe, "dump", "--native", "--pid", str(pid)],
                                  capture_output=True, text=True, timeout=20)
-            out[p.spec.rank] = run.stdout or run.stderr
+            text = run.stdout
+            lines = text.splitlines()  # the frames, without the header (pid, command line)
+            first = next((i for i, line in enumerate(lines) if line.startswith("Thread ")), 0)
+            text = "\n".join(lines[first:])
+            if run.returncode != 0:  # the reason is on stderr, before py-spy's own backtrace
+                why = run.stderr.split("Stack backtrace:")[0].strip()
+                text = f"{text.rstrip()}\npy-spy dump failed (exit {run.returncode}): {why}"
+            out[p.spec.rank] = text
         except (OSError, subprocess.TimeoutExpired) as err:
             out[p.spec.rank] = f"py-spy failed: {err}"
 
