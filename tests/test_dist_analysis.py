@@ -3,9 +3,15 @@ arrive at which collective, mismatches, crashes, failures, timeouts, and a healt
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
-from gpucheck.dist.analysis import RankView, diagnose
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpucheck.dist.analysis import RankView, diagnose, positions
+from gpucheck.dist.collectives import read
 
 
 def enter(seq: int, op: str = "all_reduce", shape: tuple[int, ...] = (4,), dev: str = "cpu",
@@ -144,3 +150,78 @@ def test_nccl_style_skip_is_found_although_nothing_blocks_in_python() -> None:
              RankView(1, [start(), enter(1), done(1), end(1)])]
     d = diagnose(views)
     assert d is not None and d.kind == "hang" and d.cause_ranks == [1] and d.seq == 2
+
+
+# ---- the watchdog on bad logs: whatever a rank's log holds, reading and judging it never raises
+
+_OPS = st.sampled_from(["all_reduce", "all_gather", "barrier", "broadcast", "send"])
+_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-3, 5), st.text(max_size=6),
+                     st.floats(allow_nan=True))
+_FIELD_VALUES = st.one_of(_SCALARS, st.lists(_SCALARS, max_size=3),
+                          st.lists(st.lists(st.integers(0, 9), max_size=2), max_size=2))
+_ENTRIES = st.one_of(
+    st.builds(enter, st.integers(1, 4), _OPS, st.tuples(st.integers(1, 5)),
+              st.sampled_from(["cpu", "cuda:0", "cuda:1"]),
+              st.sampled_from(["t.py::c", "t.py::d"])),
+    st.builds(done, st.integers(1, 4)),
+    st.builds(start, st.integers(0, 3), st.sampled_from(["t.py::c", "t.py::d"])),
+    st.builds(end, st.integers(0, 4), st.sampled_from(["passed", "failed"])),
+    st.fixed_dictionaries({"ev": st.sampled_from(["enter", "done", "error", "case", "case-end",
+                                                   "x"])},
+                          optional={k: _FIELD_VALUES for k in
+                                    ("seq", "op", "shapes", "dtypes", "devices", "case", "kind",
+                                     "error", "where", "tag", "outcome")}))
+
+
+@st.composite
+def _log_lines(draw: Any) -> list[str]:
+    lines = []
+    for entry in draw(st.lists(_ENTRIES, max_size=8)):
+        line = json.dumps(entry)
+        how = draw(st.sampled_from(["whole", "whole", "whole", "torn", "junk", "json"]))
+        if how == "torn":
+            line = line[:draw(st.integers(0, len(line)))]
+        elif how == "junk":
+            line = draw(st.text(max_size=30))
+        elif how == "json":
+            line = json.dumps(draw(_FIELD_VALUES))
+        lines.append(line.replace("\n", " ").replace("\r", " "))
+    return lines
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(logs=st.lists(_log_lines(), min_size=1, max_size=4),
+       exits=st.lists(st.sampled_from([None, 0, 1, 5, 76, -9, -6, 134]), min_size=4, max_size=4),
+       timed_out=st.booleans())
+def test_any_log_is_read_and_judged_without_raising(
+        tmp_path_factory: Any, logs: list[list[str]], exits: list[int | None],
+        timed_out: bool) -> None:
+    folder = tmp_path_factory.mktemp("logs")
+    views = []
+    for rank, lines in enumerate(logs):
+        path = folder / f"rank{rank}.jsonl"
+        path.write_text("\n".join(lines) + "\n")
+        entries = read(path)
+        assert all(isinstance(e, dict) and isinstance(e["ev"], str) for e in entries)
+        views.append(RankView(rank, entries, exits[rank]))
+    d = diagnose(views, timed_out=timed_out)
+    assert d is None or (d.kind in {"hang", "collective-mismatch", "collective-device",
+                                    "rank-crash", "rank-failure"}
+                         and set(d.cause_ranks) <= set(range(len(views))) and d.message)
+    assert positions(views).count("\n") == len(views) - 1
+
+
+def test_read_keeps_the_entries_and_drops_what_is_not_one(tmp_path: Path) -> None:
+    good = [start(), enter(1), done(1), enter(2)]
+    bad = ['7', '["ev"]', '{"ev": 3}', '{"ev": "enter", "op": "all_reduce"}',
+           '{"ev": "done", "seq": "2"}', '{"ev": "enter", "seq": true}',
+           '{"ev": "enter", "seq": 3, "devices": [0]}', json.dumps(enter(3))[:40]]
+    path = tmp_path / "rank0.jsonl"
+    path.write_text("\n".join([json.dumps(e) for e in good[:2]] + bad[:4]
+                              + [json.dumps(e) for e in good[2:]] + bad[4:]) + "\n")
+    assert read(path) == good
+    gap = [RankView(0, [start(), enter(1), done(1)]), RankView(1, [start(), enter(3)])]
+    assert diagnose(gap) is None  # rank 1's log lost #2: judged on what it holds
+    d = diagnose(gap, timed_out=True)
+    assert d is not None and d.kind == "hang" and d.seq == 3
+    assert d.cause_ranks == [0] and d.waiting_ranks == [1]

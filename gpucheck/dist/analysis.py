@@ -218,9 +218,11 @@ def _blocked(views: list[RankView]) -> tuple[int, dict[str, Any], list[int]] | N
     behind = [v for v in views if v.last_seq() < top]
     if not behind:
         return None
-    seq = min(v.last_seq() for v in behind) + 1
+    # the next collective after the one the slowest rank reached that some rank's log holds
+    # (a log with a gap, e.g. a line lost to a full disk, must not stop the watchdog)
+    seq = min(s for v in views for s in v.entered() if s > min(u.last_seq() for u in behind))
     waiting = sorted(v.rank for v in views if v.last_seq() >= seq)
-    entry = next(v.entered()[seq] for v in views if v.rank == waiting[0])
+    entry = next(v.entered()[seq] for v in views if seq in v.entered())
     return seq, entry, waiting
 
 

@@ -218,8 +218,31 @@ def ddp_comm_hook() -> Callable[[Any, Any], Any]:
     return hook
 
 
+#: what each field of an entry must be, when present (the watchdog reads nothing else)
+_FIELDS: dict[str, tuple[type, ...]] = {
+    "ev": (str,), "seq": (int,), "op": (str,), "case": (str, type(None)),
+    "where": (str, type(None)), "tag": (str, type(None)), "error": (str, type(None)),
+    "kind": (str, type(None)), "outcome": (str, type(None)), "shapes": (list,),
+    "dtypes": (list,), "devices": (list,)}
+
+
+def _valid(entry: Any) -> bool:
+    if not isinstance(entry, dict) or not isinstance(entry.get("ev"), str):
+        return False
+    for key, types in _FIELDS.items():
+        if key in entry and (not isinstance(entry[key], types) or isinstance(entry[key], bool)):
+            return False
+    if entry["ev"] in ("enter", "done", "error") and "seq" not in entry:
+        return False
+    return (all(isinstance(d, str) for d in entry.get("devices", []))
+            and all(isinstance(d, str) for d in entry.get("dtypes", []))
+            and all(isinstance(s, list) and all(isinstance(n, int) for n in s)
+                    for s in entry.get("shapes", [])))
+
+
 def read(path: Path) -> list[dict[str, Any]]:
-    """The entries of one rank's log; a torn last line is skipped."""
+    """The entries of one rank's log. A torn last line (a rank killed in the middle of a
+    write), or any line that is not an entry as :class:`CollectiveLog` writes it, is skipped."""
     out = []
     try:
         text = path.read_text(errors="replace")
@@ -227,7 +250,9 @@ def read(path: Path) -> list[dict[str, Any]]:
         return []
     for line in text.splitlines():
         try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
+            entry = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
             continue
+        if _valid(entry):
+            out.append(entry)
     return out
