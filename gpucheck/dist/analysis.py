@@ -214,13 +214,13 @@ def _blocked(views: list[RankView]) -> tuple[int, dict[str, Any], list[int]] | N
     """The first collective some rank entered and another did not: (seq, its entry, the
     ranks that entered it). Entered, not necessarily still inside: an NCCL collective returns
     to Python once it is queued, and its rank runs on until something waits for the GPU."""
-    top = max((v.last_seq() for v in views), default=0)
-    behind = [v for v in views if v.last_seq() < top]
-    if not behind:
+    last = [v.last_seq() for v in views]
+    low = min(last, default=0)
+    if low == max(last, default=0):
         return None
     # the next collective after the one the slowest rank reached that some rank's log holds
     # (a log with a gap, e.g. a line lost to a full disk, must not stop the watchdog)
-    seq = min(s for v in views for s in v.entered() if s > min(u.last_seq() for u in behind))
+    seq = min(s for v in views for s in v.entered() if s > low)
     waiting = sorted(v.rank for v in views if v.last_seq() >= seq)
     entry = next(v.entered()[seq] for v in views if seq in v.entered())
     return seq, entry, waiting

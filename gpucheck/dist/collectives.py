@@ -227,7 +227,7 @@ _FIELDS: dict[str, tuple[type, ...]] = {
 
 
 def _valid(entry: Any) -> bool:
-    if not isinstance(entry, dict) or not isinstance(entry.get("ev"), str):
+    if not isinstance(entry, dict) or "ev" not in entry:
         return False
     for key, types in _FIELDS.items():
         if key in entry and (not isinstance(entry[key], types) or isinstance(entry[key], bool)):
