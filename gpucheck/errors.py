@@ -8,6 +8,12 @@ EXIT_CLEAN = 0
 EXIT_FINDINGS = 1
 EXIT_USAGE = 2
 
+#: CUDA errors after which the process's CUDA context is unusable: every later call fails too
+STICKY_CUDA_ERRORS = ("illegal memory access", "unspecified launch failure",
+                      "illegal instruction", "misaligned address", "device-side assert",
+                      "hardware stack error", "uncorrectable ECC", "launch timed out",
+                      "an illegal address")
+
 
 class GpucheckError(Exception):
     """An error with a one-sentence message meant for the user, and the exit code to use."""

@@ -25,7 +25,9 @@ Under ``pytest -n N`` (pytest-xdist) each worker is pinned to one target device:
 on target ``K mod (number of targets)``, so ``-n auto`` spreads a suite over every GPU; the
 test ids say ``[gpu]`` instead of ``[cudaK]`` (every worker must collect the same ids). Outside
 ``gpucheck run`` the worker-side detectors (:mod:`gpucheck.detectors`) still watch every test
-that uses ``gpu_device``; their findings go where attached ones go.
+that uses ``gpu_device``; their findings go where attached ones go. After a CUDA error that
+loses the process's context, its later CUDA tests error in setup as "not run" (``gpucheck
+run`` instead ends the worker and goes on in a fresh one).
 """
 
 from __future__ import annotations
@@ -93,6 +95,8 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(Recorder(config), "gpucheck-recorder")
     _ATTACHED.clear()
     _REPORTED.clear()
+    _CONTEXT_LOST.clear()
+    _NOT_RUN.clear()
 
 
 def sanitizer_tools(item: pytest.Item) -> tuple[str, ...] | None:
@@ -327,7 +331,58 @@ def gpucheck_findings() -> Findings:
 def pytest_runtest_setup(item: pytest.Item) -> Any:
     _ATTACHED.clear()
     _CASE_OP[0] = None
+    if _CONTEXT_LOST and _uses_cuda(item):
+        case, error = _CONTEXT_LOST[0]
+        item.user_properties.append((CONTEXT_LOST_PROPERTY, case))
+        pytest.fail(f"not run: this process's CUDA context was lost in {case} ({error}); "
+                    "every later CUDA call in the process fails the same way (gpucheck run "
+                    "goes on in a fresh process)", pytrace=False)
     yield
+
+
+# --- a CUDA context lost outside ``gpucheck run`` -----------------------------------------
+
+#: outside ``gpucheck run``: (case, first line of the error) that lost this process's CUDA
+#: context; the later tests that use CUDA fail in setup, "not run", instead of each failing
+#: with the same error (and blaming whatever op it checks)
+_CONTEXT_LOST: list[tuple[str, str]] = []
+#: the not-run tests, by the case that lost the context (the controller's count under xdist)
+_NOT_RUN: dict[str, int] = {}
+CONTEXT_LOST_PROPERTY = "gpucheck_context_lost_in"
+
+
+def _uses_cuda(item: pytest.Item) -> bool:
+    return ("gpu_device" in getattr(item, "fixturenames", ()) or
+            any(item.get_closest_marker(name) is not None for name in ("gpu", "multigpu")))
+
+
+def sticky_cuda_error(err: BaseException) -> str | None:
+    """The first line of a CUDA error that leaves the process's context unusable, in ``err``
+    or the exceptions it was raised from, or None."""
+    from gpucheck.errors import STICKY_CUDA_ERRORS
+
+    seen: set[int] = set()
+    e: BaseException | None = err
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        text = str(e)
+        if any(m in text for m in STICKY_CUDA_ERRORS):
+            lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+            return next((ln for ln in lines if any(m in ln for m in STICKY_CUDA_ERRORS)),
+                        lines[0])
+        e = e.__cause__ or e.__context__
+    return None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    yield
+    if (call.excinfo is None or _CONTEXT_LOST or
+            item.config.pluginmanager.get_plugin(RECORDER) is not None):
+        return  # under gpucheck run the recorder ends the worker and the harness goes on
+    error = sticky_cuda_error(call.excinfo.value)
+    if error is not None:
+        _CONTEXT_LOST.append((item.nodeid, error))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -350,12 +405,17 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
             started.append(d)
         except Exception:  # a detector must never take a case down with it
             continue
-    yield
+    outcome = yield
+    raised = outcome.excinfo
+    # after a lost context every detector fails too: their errors would only repeat it
+    lost = raised is not None and sticky_cuda_error(raised[1]) is not None
     found = _PLAIN_FINDINGS.setdefault(item.nodeid, [])
     for d in started:
         try:
             found.extend(d.case_finished(info))
         except Exception as err:
+            if lost:
+                continue
             from gpucheck.report.results import Finding
 
             found.append(Finding(kind="detector-error", severity="warning",
@@ -410,13 +470,19 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     for key, value in report.user_properties:
         if key == FINDING_PROPERTY:
             _REPORTED.append(json.loads(value) if isinstance(value, str) else dict(value))  # type: ignore[call-overload]
+        elif key == CONTEXT_LOST_PROPERTY and report.when == "setup":
+            _NOT_RUN[str(value)] = _NOT_RUN.get(str(value), 0) + 1
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config
                             ) -> None:
+    tr = terminalreporter
+    for case, n in _NOT_RUN.items():
+        tr.section("gpucheck: CUDA context lost")
+        tr.line(f"{case} lost its process's CUDA context: {n} later test(s) of that process "
+                "were not run (errors in setup). `gpucheck run` runs them in a fresh process.")
     if not _REPORTED:
         return
-    tr = terminalreporter
     tr.section("gpucheck findings")
     for f in _REPORTED:
         where = " ".join(x for x in (f.get("device"), f.get("op") and f"op {f['op']}") if x)

@@ -39,8 +39,13 @@ class Measured:
     total: int
     nan_mismatch: int
 
+    @property
+    def coverage(self) -> bool:
+        """A dtype-coverage check (:func:`check_dtypes`), not a comparison of values."""
+        return not self.shape and not self.dtype
+
     def message(self) -> str:
-        if not self.shape and not self.dtype:  # a dtype-coverage check
+        if self.coverage:
             return self.what
         if self.ok:
             return f"{self.what}: within tolerance (max abs error {self.max_abs:.3g})"

@@ -40,7 +40,13 @@ SUITE = textwrap.dedent('''
     def test_setup_error(broken):
         pass
 
-    def test_cuda_error():
+    @pytest.fixture
+    def stream():  # its teardown meets the lost context too (a CUDA call there fails)
+        yield
+        if os.environ.get("DEMO_CUDA_ERROR"):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    def test_cuda_error(stream):
         if os.environ.get("DEMO_CUDA_ERROR"):
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
@@ -97,7 +103,7 @@ def test_records_statuses_findings_and_junit(project):
     assert fail["kind"] == "test-failure" and fail["severity"] == "error"
     assert "assert [1, 2] == [1, 3]" in fail["message"]
     assert recs["test_setup_error"]["findings"][0]["message"].endswith("(in setup)")
-    cuda = recs["test_cuda_error"]["findings"][0]
+    (cuda,) = recs["test_cuda_error"]["findings"]  # not again for the teardown's error
     assert cuda["kind"] == "cuda-error" and "device guard" in cuda["hint"]
     # an illegal memory access leaves the CUDA context unusable: that worker stopped and a
     # fresh one ran the remaining cases

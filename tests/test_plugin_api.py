@@ -73,6 +73,79 @@ def test_pytest_n_pins_each_worker_to_one_device_with_the_same_ids(pytester, mon
     pytester.runpytest_subprocess("-k", "where and 3").assert_outcomes(passed=3)
 
 
+# --- a CUDA context lost under plain pytest --------------------------------------------------
+
+LOST_CONFTEST = '''
+    import pytest
+    from gpucheck import pytest_plugin
+    pytest_plugin._visible_cuda_count = lambda: 1
+    @pytest.fixture
+    def gpu_device(request):
+        return request.param
+'''
+LOST_SUITE = '''
+    import pytest
+    def test_a_faults(gpu_device):
+        try:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered\\n"
+                               "Compile with TORCH_USE_CUDA_DSA to enable device-side assertions.")
+        except RuntimeError as err:
+            raise AssertionError("the op failed") from err
+    def test_b_later(gpu_device):
+        pass
+    @pytest.mark.gpu
+    def test_c_marked():
+        pass
+    def test_d_cpu_only():
+        pass
+'''
+
+
+@pytest.mark.parametrize("xdist", [False, True], ids=["plain", "xdist"])
+def test_after_a_sticky_cuda_error_later_cuda_tests_say_not_run(pytester, xdist):
+    pytester.makeconftest(LOST_CONFTEST)
+    pytester.makepyfile(test_lost=LOST_SUITE)
+    result = pytester.runpytest_subprocess(*(("-n", "1") if xdist else ()), "-p", "no:randomly")
+    # the faulting test fails; the later CUDA tests error in setup, naming it; CPU ones run
+    result.assert_outcomes(failed=1, errors=2, passed=1)
+    case = "test_lost.py::test_a_faults?" + ("gpu?" if xdist else "cuda0?")  # fnmatch: [ ]
+    result.stdout.fnmatch_lines([
+        "*ERROR at setup of test_b_later*",
+        f"not run: this process's CUDA context was lost in {case} (CUDA error: an illegal "
+        "memory access was encountered); every later CUDA call in the process fails the same "
+        "way*",
+        "*ERROR at setup of test_c_marked*",
+        "*gpucheck: CUDA context lost*",
+        f"{case} lost its process's CUDA context: 2 later test(s) of that process were not "
+        "run*"])
+
+
+def test_a_non_sticky_cuda_error_does_not_stop_later_tests(pytester):
+    pytester.makeconftest(LOST_CONFTEST)
+    pytester.makepyfile(test_oom='''
+        def test_a_oom(gpu_device):
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        def test_b_later(gpu_device):
+            pass
+    ''')
+    result = pytester.runpytest_subprocess()
+    result.assert_outcomes(failed=1, passed=1)
+    assert "context lost" not in result.stdout.str()
+
+
+def test_sticky_cuda_error_reads_the_chain_and_names_the_line():
+    try:
+        try:
+            raise RuntimeError("CUDA kernel errors might be asynchronously reported\n"
+                               "CUDA error: device-side assert triggered")
+        except RuntimeError:
+            raise AssertionError("wrapped") from None  # suppressed, still the context
+    except AssertionError as err:
+        assert pytest_plugin.sticky_cuda_error(err) == "CUDA error: device-side assert triggered"
+    assert pytest_plugin.sticky_cuda_error(RuntimeError("CUDA out of memory")) is None
+    assert pytest_plugin.sticky_cuda_error(ValueError("bad shape")) is None
+
+
 # --- attached findings ----------------------------------------------------------------------
 
 def test_merge_names_the_op_and_leaves_out_what_the_detectors_found():
@@ -130,6 +203,47 @@ def test_attached_findings_go_into_the_case_record_under_gpucheck_run(tmp_path):
     assert recs["test_f.py::test_attaches"]["status"] == "passed"
     assert [f["severity"] for f in recs["test_f.py::test_warns"]["findings"]] == ["warning"]
     assert recs["test_f.py::test_clean"]["findings"] == []
+
+
+def test_a_failure_that_repeats_an_attached_finding_is_one_finding_under_gpucheck_run(tmp_path):
+    # check_op attaches its finding, then raises with the same text: one finding, which keeps
+    # the failure's evidence; a failure that says something else stays a finding of its own
+    suite = tmp_path / "mine"
+    suite.mkdir()
+    (suite / "test_f.py").write_text(textwrap.dedent('''
+        def test_twice(gpucheck_findings):
+            gpucheck_findings.attach("numerics", "mismatch against the reference: ext.f "
+                                     "output 0: 3 of 8 elements out of tolerance", op="ext.f")
+            raise AssertionError("ext.f output 0: 3 of 8 elements out of tolerance")
+        def test_other(gpucheck_findings):
+            gpucheck_findings.attach("numerics", "ext.f: 1 ulp off", severity="warning")
+            assert 1 == 2
+        def test_quoted_cuda_error(gpucheck_findings):
+            msg = ("ext.f: dtype coverage broken for float16: wrong-error (error does not "
+                   "name float16: CUDA error: device-side assert triggered)")
+            gpucheck_findings.attach("numerics", msg, op="ext.f")
+            raise AssertionError(msg)
+        def test_z_after():
+            pass
+    '''))
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet",
+                           "--suite", str(suite), "--out", str(out)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=180, env=ENV)
+    assert proc.returncode == 1, proc.stderr
+    recs = {r["case"]: r for r in results.cases(out / "results.jsonl")}
+    twice = recs["test_f.py::test_twice"]
+    assert twice["status"] == "failed"
+    (f,) = twice["findings"]
+    assert (f["kind"], f["op"]) == ("numerics", "ext.f")
+    assert "raise AssertionError" in f["evidence"]  # the failure's traceback
+    assert sorted(f["kind"] for f in recs["test_f.py::test_other"]["findings"]) == [
+        "numerics", "test-failure"]
+    # a CUDA error stays a cuda-error finding, and the lost context still ends the worker
+    assert sorted(f["kind"] for f in recs["test_f.py::test_quoted_cuda_error"]["findings"]) \
+        == ["cuda-error", "numerics"]
+    assert (out / "workers" / "cpu.blocking.1.cmd").exists()
+    assert recs["test_f.py::test_z_after"]["status"] == "passed"
 
 
 # --- nvml_tracker ---------------------------------------------------------------------------

@@ -108,3 +108,21 @@ def test_dtype_coverage():
 
     with pytest.raises(AssertionError, match="error does not name float16"):
         check_dtypes(vague, make, ("float32",), what="vague")
+
+
+def test_a_broken_dtype_coverage_is_its_own_finding_not_a_reference_mismatch():
+    from gpucheck.detectors import CaseInfo
+    from gpucheck.detectors.numerics import Numerics
+    from gpucheck.testing import check_dtypes
+
+    d = Numerics()
+    case = CaseInfo("cpu", "mine", "test_f.py::test_dtypes")
+    d.case_started(case)
+    with pytest.raises(AssertionError):
+        check_dtypes(lambda x: x * 2, lambda dt: (torch.rand(8).to(dt),), ("float32",),
+                     what="ext.f")
+    (f,) = d.case_finished(case)
+    assert f.kind == "numerics" and f.message.startswith(
+        "ext.f: dtype coverage broken for float16: accepted (accepted float16 although")
+    assert "reject every other one" in f.hint
+

@@ -132,6 +132,11 @@ def _finding(op: str, inputs: str, outs: list[tuple[str, str]], where: dict[str,
         hint=HINT, **where)
 
 
+COVERAGE_HINT = ("an op must run every dtype it claims and reject every other one with an "
+                 "error that names the dtype (not compute it silently, not fail with an "
+                 "unrelated error)")
+
+
 class Numerics(BaseDetector):
     """Fingerprints extension-op calls; judges a case's calls, and keeps them for the run."""
 
@@ -187,10 +192,12 @@ class Numerics(BaseDetector):
         testing.MEASURED.clear()
         where = {"device": case.device, "suite": case.suite, "case": case.case}
         found = [Finding(kind="numerics", severity="error",
-                         message=f"mismatch against the reference: {m.message()}",
+                         message=m.message() if m.coverage else
+                         f"mismatch against the reference: {m.message()}",
                          evidence=json.dumps(m.to_json()),
-                         hint="the kernel's result is off by more than the suite's tolerance "
-                              "for this check; the evidence has the worst element",
+                         hint=COVERAGE_HINT if m.coverage else
+                         "the kernel's result is off by more than the suite's tolerance "
+                         "for this check; the evidence has the worst element",
                          **where)
                  for m in self.measured if not m.ok]
         if not self.watching:

@@ -23,6 +23,7 @@ import pytest
 from gpucheck import nvml
 from gpucheck.detectors import CaseInfo, op_watch, worker_detectors
 from gpucheck.detectors import leak as leak_mod
+from gpucheck.errors import STICKY_CUDA_ERRORS
 from gpucheck.report import results
 from gpucheck.report.results import CaseRecord, Finding
 from gpucheck.runner.nvml_sampler import CasePeaks, Sampler
@@ -32,11 +33,6 @@ EVIDENCE_CHARS = 4000
 RECORD_END = re.compile(rb"^={9} ?\n", re.M)
 CUDA_ERROR_MARKERS = ("CUDA error", "illegal memory access", "CUBLAS_STATUS", "cudaError",
                       "device-side assert")
-#: errors after which the process's CUDA context is unusable: every later call fails too
-STICKY_CUDA_ERRORS = ("illegal memory access", "unspecified launch failure",
-                      "illegal instruction", "misaligned address", "device-side assert",
-                      "hardware stack error", "uncorrectable ECC", "launch timed out",
-                      "an illegal address")
 #: exit code of a worker that stopped because its CUDA context is lost (the harness replaces it)
 EXIT_CONTEXT_LOST = 75
 
@@ -277,8 +273,7 @@ class Recorder:
         self.done += 1
         self.findings += len(record.findings)
         self._state(None)
-        if any(f.kind == "cuda-error" and f.evidence and
-               any(m in f.evidence for m in STICKY_CUDA_ERRORS) for f in record.findings):
+        if _lost_context(reports):
             # Every later case in this process would fail with the same error: stop here and
             # let the harness continue in a fresh process.
             sys.stderr.write(f"gpucheck: CUDA context lost in {nodeid}; worker exits\n")
@@ -290,9 +285,11 @@ class Recorder:
               started_at: str) -> CaseRecord:
         suite = self.suite_of(self._path_of(nodeid))
         case = self.ids.get(nodeid, nodeid)
-        status, reason, findings = "passed", None, []
+        status, reason = "passed", None
+        findings: list[Finding] = []
+        call_failure: Finding | None = None
         current = None
-        for rep in reports:
+        for i, rep in enumerate(reports):
             for key, value in rep.user_properties:
                 if key == "gpucheck_current_device":
                     current = None if value is None else str(value)
@@ -302,12 +299,19 @@ class Recorder:
                 elif status == "passed":
                     status, reason = "skipped", _skip_reason(rep)
             elif rep.failed:
+                if rep.when == "teardown" and _lost_context(reports[:i]):
+                    continue  # the teardown only met the context the case already lost
                 status = "failed" if rep.when == "call" else "error"
                 findings.append(_failure_finding(rep, self.device, suite, case))
-                if findings[-1].kind == "cuda-error" and rep.when == "call":
-                    findings[-1].op = self.case_ops.get(nodeid)  # raised in or after that op
+                if rep.when == "call":
+                    call_failure = findings[-1]
+                    if call_failure.kind == "cuda-error":  # raised in or after that op
+                        call_failure.op = self.case_ops.get(nodeid)
                 reason = reason or findings[-1].message
-        findings.extend(self.detector_findings.pop(nodeid, []))
+        attached = self.detector_findings.pop(nodeid, [])
+        if call_failure is not None and _said_by(call_failure, attached):
+            findings.remove(call_failure)
+        findings.extend(attached)
         data = self.detector_data.pop(nodeid, {})
         self.case_ops.pop(nodeid, None)
         fingerprints = list(data.get("fingerprints", []))
@@ -431,6 +435,32 @@ _SANITIZER_HINTS = {
     "initcheck": "the kernel reads device memory nothing wrote (e.g. torch.empty never filled)",
     "synccheck": "a barrier used wrongly (divergent __syncthreads, bad __syncwarp mask)",
 }
+
+
+def _said_by(failure: Finding, others: list[Finding]) -> bool:
+    """Whether a detector's or an attached finding already says what the test's failure says
+    (a ``check_op`` case attaches its finding, then raises with the same text): it then
+    stands for the failure, and takes the failure's evidence and hint where it has none. A
+    CUDA error stays a ``cuda-error`` finding unless the other one is of that kind too."""
+    text = failure.message.split(": ", 1)[-1]  # without the exception's type
+    for other in others:
+        if (failure.kind in ("test-failure", other.kind) and len(text) >= 12 and
+                text in other.message):
+            other.evidence = other.evidence or failure.evidence
+            other.hint = other.hint or failure.hint
+            return True
+    return False
+
+
+def _lost_context(reports: list[pytest.TestReport]) -> bool:
+    """Whether a phase of the case failed with a CUDA error that lost the process's context
+    (however the test wrapped it: ``check_dtypes`` quotes it in an AssertionError)."""
+    for rep in reports:
+        text = str(rep.longrepr) if rep.failed else ""
+        if any(m in text for m in CUDA_ERROR_MARKERS) and any(
+                m in text for m in STICKY_CUDA_ERRORS):
+            return True
+    return False
 
 
 def _skip_reason(rep: pytest.TestReport) -> str:
