@@ -8,7 +8,8 @@ import torch
 import gpucheck
 
 DTYPES = ("float32", "bfloat16", "float64")
-TOL = {"rtol": {"float32": 1e-4}, "atol": {"float32": 1e-4}}  # 97 steps of float32 rounding
+# measured (measure_float32_tolerance.py): dw sums B*T terms of ~1e4, float32 leaves ~3e-4
+TOL = {"rtol": {"float32": 1e-4}, "atol": {"float32": 2e-3}}
 
 test_wkv_op = gpucheck.check_op(torch.ops.custom_rnn.wkv, rnn.make_inputs, rnn.reference,
                                 dtypes=DTYPES, **TOL)
