@@ -24,6 +24,8 @@ def boom(x):
 
 
 def fine(x):
+    if x.dtype != torch.float32:
+        raise TypeError(f"fine: x must be float32, got {x.dtype}")
     return torch.sin(x) * 2
 
 

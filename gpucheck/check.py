@@ -58,6 +58,7 @@ from typing import Any
 import pytest
 
 from gpucheck import testing
+from gpucheck.errors import CUDA_ERROR_MARKERS
 from gpucheck.pytest_plugin import attach, set_case_op
 
 FLOAT_DTYPES = testing.FLOAT_DTYPES
@@ -684,9 +685,6 @@ def _close_all(a: Step, b: Step, rtol: float, atol: float) -> list[AssertionErro
         except AssertionError as err:
             errors.append(err)
     return errors
-
-
-CUDA_ERROR_MARKERS = ("illegal memory access", "an illegal address", "CUDA error")
 
 
 def _cuda_error(spec: OpSpec, err: BaseException, other: Any) -> None:

@@ -8,11 +8,23 @@ EXIT_CLEAN = 0
 EXIT_FINDINGS = 1
 EXIT_USAGE = 2
 
+#: text that marks a CUDA error (torch's messages, cuBLAS statuses, device-side asserts)
+CUDA_ERROR_MARKERS = ("CUDA error", "illegal memory access", "CUBLAS_STATUS", "cudaError",
+                      "device-side assert")
 #: CUDA errors after which the process's CUDA context is unusable: every later call fails too
 STICKY_CUDA_ERRORS = ("illegal memory access", "unspecified launch failure",
                       "illegal instruction", "misaligned address", "device-side assert",
                       "hardware stack error", "uncorrectable ECC", "launch timed out",
                       "an illegal address")
+
+
+def sticky_cuda_error_line(text: str) -> str | None:
+    """The first line of ``text`` (an error's message, a test's failure report) that names a
+    CUDA error after which the process's context is unusable, or None."""
+    if not any(m in text for m in CUDA_ERROR_MARKERS):
+        return None
+    return next((line.strip() for line in text.splitlines()
+                 if any(m in line for m in STICKY_CUDA_ERRORS)), None)
 
 
 class GpucheckError(Exception):

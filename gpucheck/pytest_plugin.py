@@ -359,19 +359,14 @@ def _uses_cuda(item: pytest.Item) -> bool:
 def sticky_cuda_error(err: BaseException) -> str | None:
     """The first line of a CUDA error that leaves the process's context unusable, in ``err``
     or the exceptions it was raised from, or None."""
-    from gpucheck.errors import STICKY_CUDA_ERRORS
+    from gpucheck.errors import sticky_cuda_error_line
 
-    seen: set[int] = set()
+    messages: list[str] = []
     e: BaseException | None = err
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        text = str(e)
-        if any(m in text for m in STICKY_CUDA_ERRORS):
-            lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-            return next((ln for ln in lines if any(m in ln for m in STICKY_CUDA_ERRORS)),
-                        lines[0])
+    while e is not None and len(messages) < 32:  # a chain can loop
+        messages.append(str(e))
         e = e.__cause__ or e.__context__
-    return None
+    return sticky_cuda_error_line("\n".join(messages))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -477,8 +472,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config
                             ) -> None:
     tr = terminalreporter
-    for case, n in _NOT_RUN.items():
+    if _NOT_RUN:
         tr.section("gpucheck: CUDA context lost")
+    for case, n in _NOT_RUN.items():
         tr.line(f"{case} lost its process's CUDA context: {n} later test(s) of that process "
                 "were not run (errors in setup). `gpucheck run` runs them in a fresh process.")
     if not _REPORTED:

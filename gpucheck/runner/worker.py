@@ -23,7 +23,7 @@ import pytest
 from gpucheck import nvml
 from gpucheck.detectors import CaseInfo, op_watch, worker_detectors
 from gpucheck.detectors import leak as leak_mod
-from gpucheck.errors import STICKY_CUDA_ERRORS
+from gpucheck.errors import CUDA_ERROR_MARKERS, sticky_cuda_error_line
 from gpucheck.report import results
 from gpucheck.report.results import CaseRecord, Finding
 from gpucheck.runner.nvml_sampler import CasePeaks, Sampler
@@ -31,8 +31,6 @@ from gpucheck.runner.nvml_sampler import CasePeaks, Sampler
 EVIDENCE_CHARS = 4000
 #: the blank tool line that ends a compute-sanitizer record
 RECORD_END = re.compile(rb"^={9} ?\n", re.M)
-CUDA_ERROR_MARKERS = ("CUDA error", "illegal memory access", "CUBLAS_STATUS", "cudaError",
-                      "device-side assert")
 #: exit code of a worker that stopped because its CUDA context is lost (the harness replaces it)
 EXIT_CONTEXT_LOST = 75
 
@@ -455,12 +453,8 @@ def _said_by(failure: Finding, others: list[Finding]) -> bool:
 def _lost_context(reports: list[pytest.TestReport]) -> bool:
     """Whether a phase of the case failed with a CUDA error that lost the process's context
     (however the test wrapped it: ``check_dtypes`` quotes it in an AssertionError)."""
-    for rep in reports:
-        text = str(rep.longrepr) if rep.failed else ""
-        if any(m in text for m in CUDA_ERROR_MARKERS) and any(
-                m in text for m in STICKY_CUDA_ERRORS):
-            return True
-    return False
+    return any(rep.failed and sticky_cuda_error_line(str(rep.longrepr)) is not None
+               for rep in reports)
 
 
 def _skip_reason(rep: pytest.TestReport) -> str:
