@@ -1,16 +1,26 @@
-"""Sessions for gpucheck's CI and maintainers: `nox -s tests lint typecheck compile` (CPU),
-`nox -s gpu sanitize` (need GPUs; not run by default).
+"""Sessions for gpucheck's CI and maintainers: `nox -s tests lint typecheck compile` (CPU,
+the default), `nox -s package` (CPU: the wheel and sdist, tested installed), `nox -s gpu
+sanitize` (need GPUs).
 
-Sessions see the interpreter's site-packages, so an installed torch (a CUDA build on GPU
-machines) is used as it is and never reinstalled; where no torch is installed at all,
-$GPUCHECK_TORCH (default torch==2.13.0, a CPU build on our CI machines) is installed.
+Sessions see the packages of the Python that runs nox, so an installed torch (a CUDA build on
+GPU machines) is used as it is and never reinstalled: the base interpreter's through
+--system-site-packages, and, where nox runs inside a virtual environment (a user's venv
+with torch), that environment's through a .pth file in the session's venv (after the
+session's own packages). Where no torch is found at all, $GPUCHECK_TORCH (default
+torch==2.13.0, a CPU build on our CI machines) is installed.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
 
 import nox
+from nox.virtualenv import VirtualEnv
 
 nox.options.sessions = ["tests", "lint", "typecheck", "compile"]
 nox.options.reuse_existing_virtualenvs = True
@@ -18,9 +28,57 @@ nox.options.error_on_missing_interpreters = True
 
 TORCH_SPEC = os.environ.get("GPUCHECK_TORCH", "torch==2.13.0")
 VENV = {"venv_params": ["--system-site-packages"]}
+ROOT = Path(__file__).resolve().parent
+#: the file that shows a session's venv the packages of the venv nox runs in
+OUTER_PTH = "gpucheck-outer-venv.pth"
+#: what the session's interpreter reports: its version and where its packages go
+_PROBE = ("import json, sys, sysconfig; print(json.dumps([list(sys.version_info[:2]), "
+          "sysconfig.get_paths()['purelib'], [p for p in sys.path if 'site-packages' in p]]))")
+
+
+def outer_site_packages() -> list[str]:
+    """The site-packages of the virtual environment this Python runs in; none outside one
+    (then --system-site-packages already shows its packages)."""
+    if sys.prefix == sys.base_prefix:
+        return []
+    paths = sysconfig.get_paths()
+    return list(dict.fromkeys([paths["purelib"], paths["platlib"]]))
+
+
+def write_outer_pth(site_packages: Path, outer: list[str]) -> Path | None:
+    """Make a venv whose site-packages is ``site_packages`` see the folders ``outer`` after
+    its own, through a .pth file (removed when there is nothing to show). Not where one of
+    them holds gpucheck itself: it would shadow the session's editable install in processes
+    started outside the checkout. Returns the .pth file written, if any."""
+    pth = site_packages / OUTER_PTH
+    if not outer or any((Path(p) / "gpucheck" / "__init__.py").exists() for p in outer):
+        pth.unlink(missing_ok=True)
+        return None
+    pth.write_text("".join(f"{p}\n" for p in outer))
+    return pth
+
+
+def _probe(session: nox.Session, python: str = "python") -> tuple[tuple[int, int], Path,
+                                                                    list[str]]:
+    out = str(session.run(python, "-c", _PROBE, silent=True, external=True)).strip()
+    version, purelib, sites = json.loads(out.splitlines()[-1])
+    return (version[0], version[1]), Path(purelib), sites
+
+
+def _share_outer_venv(session: nox.Session) -> None:
+    """Show the session the packages of the venv nox runs in (the user's torch)."""
+    if not isinstance(session.virtualenv, VirtualEnv):
+        return  # --no-venv: the session runs in this environment itself
+    version, purelib, _ = _probe(session)
+    outer = outer_site_packages() if version == sys.version_info[:2] else []
+    if write_outer_pth(purelib, outer) is not None:
+        session.log(f"sharing the packages of {sys.prefix} (after the session's own)")
+    elif outer:
+        session.log(f"not sharing the packages of {sys.prefix}: it has gpucheck installed")
 
 
 def _ensure_torch(session: nox.Session) -> None:
+    _share_outer_venv(session)
     found = session.run(
         "python", "-c", "import importlib.util as u; print(u.find_spec('torch') is not None)",
         silent=True,
@@ -65,8 +123,57 @@ def typecheck(session: nox.Session) -> None:
 @nox.session(**VENV)
 def compile(session: nox.Session) -> None:
     """Compile (not link) every csrc/ source for sm_90 against torch's headers; no GPU needed."""
-    _ensure_torch(session)
+    _ensure_torch(session)  # the sources are found through the installed package
+    session.install("--no-deps", "-e", ".", env={"GPUCHECK_NO_EXTENSION": "1"})
     session.run("python", "-m", "gpucheck._csrc", *session.posargs)
+
+
+@nox.session(**VENV, default=False)
+def package(session: nox.Session) -> None:
+    """Build the sdist and wheel, install the wheel outside the checkout, test it there."""
+    _ensure_torch(session)  # the installed wheel's venv shares it
+    session.install("build>=1")
+    with tempfile.TemporaryDirectory(prefix="gpucheck-package-") as tmp:
+        work = Path(tmp)
+        # with build isolation (which must not pull torch): the sdist, then the wheel from it
+        session.run("python", "-m", "build", "--outdir", str(work / "dist"), ".")
+        wheel = next((work / "dist").glob("gpucheck-*.whl"))
+        if not wheel.name.endswith("-py3-none-any.whl"):  # the isolated build saw a torch
+            session.error(f"expected a wheel without kernels, built {wheel.name}")
+        venv = work / "venv"
+        session.run("python", "-m", "venv", str(venv))
+        python = str(venv / "bin" / "python")
+        _, purelib, _ = _probe(session, python)
+        _, _, sites = _probe(session)  # torch and the rest of what the session sees
+        (purelib / OUTER_PTH).write_text("".join(f"{p}\n" for p in sites))
+        # the wheel itself first: a gpucheck of the same version elsewhere on the shared paths
+        # (an editable install) must not count as installed
+        session.run(python, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall",
+                    str(wheel), external=True)
+        session.run(python, "-m", "pip", "install", "-q", f"{wheel}[test]", external=True)
+        # the CPU tests against the installed wheel, not the checkout: run from elsewhere (no
+        # ./suites/ shadowing the bundled ones), with no cwd on sys.path (PYTHONSAFEPATH,
+        # inherited by every subprocess), and where gpucheck is imported from checked in the
+        # pytest process (found, not imported: pytest's plugin loading imports it)
+        check = ("import importlib.util, pathlib, sys, pytest; "
+                 "where = pathlib.Path(importlib.util.find_spec('gpucheck').origin).resolve(); "
+                 f"assert pathlib.Path({str(ROOT)!r}) not in where.parents, where; "
+                 "print('gpucheck under test:', where); "
+                 "sys.exit(pytest.main(['-p', 'no:cacheprovider', *sys.argv[1:]]))")
+        with session.chdir(work):
+            session.run(python, "-c", check, str(ROOT / "tests"), *session.posargs,
+                        external=True, env={"PYTHONSAFEPATH": "1"})
+        runs = work / "cwd"
+        runs.mkdir()
+        gpucheck = str(venv / "bin" / "gpucheck")
+        with session.chdir(runs):
+            # the first run without a GPU: the bundled CPU suites and the distributed suite
+            # over gloo, from the installed package; it must test something and pass
+            session.run(gpucheck, "run", "--cpu-only", external=True)
+            session.run(gpucheck, "selftest", external=True, success_codes=[2])
+        empty = [d for d in (runs / "reports").glob("*") if d.is_dir() and not any(d.iterdir())]
+        if empty:
+            session.error(f"gpucheck selftest left empty run folders: {empty}")
 
 
 @nox.session(**VENV, default=False)

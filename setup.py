@@ -1,9 +1,12 @@
-"""Build gpucheck's CUDA extension (gpucheck._C) when a CUDA build of torch is importable.
+"""Build gpucheck: the package, with the folders it ships mapped into it (csrc/, suites/ and
+examples/ of this repository become gpucheck.csrc, gpucheck.suites, gpucheck.examples), and
+its CUDA kernels (gpucheck._C) when a CUDA build of torch and a CUDA toolkit are found here.
 
-Metadata lives in pyproject.toml. Install with ``pip install --no-build-isolation -e .`` on a
-machine with CUDA so that this file can see your torch; set TORCH_CUDA_ARCH_LIST (e.g. 9.0)
-and MAX_JOBS to control the build, GPUCHECK_KERNELS=ssim,knn to build a subset, and
-GPUCHECK_NO_EXTENSION=1 to skip it.
+Metadata lives in pyproject.toml. The kernels are built at install only where this file can
+import your torch (``pip install --no-build-isolation .``); anywhere else, and where their
+build fails, gpucheck installs without them and builds them on first use instead. The knobs
+(GPUCHECK_NO_EXTENSION, GPUCHECK_KERNELS, TORCH_CUDA_ARCH_LIST, MAX_JOBS, CUDA_HOME) are in
+docs/install.md.
 """
 
 from __future__ import annotations
@@ -12,14 +15,18 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
-from setuptools import setup
+from setuptools import find_namespace_packages, setup
 
 HERE = Path(__file__).resolve().parent
 
 
-def _csrc():
-    spec = importlib.util.spec_from_file_location("_gpucheck_csrc", HERE / "gpucheck" / "_csrc.py")
+def _load(name: str) -> ModuleType:
+    """gpucheck/<name>.py, loaded by path: gpucheck itself is not importable while it builds."""
+    spec = importlib.util.spec_from_file_location(f"_gpucheck_{name}", HERE / "gpucheck" /
+                                                  f"{name}.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while it executes
@@ -27,50 +34,92 @@ def _csrc():
     return module
 
 
-def _skip(reason: str) -> dict:
-    print(f"gpucheck: not building the CUDA extension: {reason}", file=sys.stderr)
+def package_kwargs() -> dict[str, Any]:
+    """The packages, with the bundled folders mapped in, and the files they carry."""
+    resources = _load("_resources")
+    bundled = {f"gpucheck.{name}": folder for name, folder in resources.BUNDLED.items()}
+    found = find_namespace_packages(include=["gpucheck", "gpucheck.*"],
+                                    exclude=["*.__pycache__"])
+    return {
+        "packages": [*found, *bundled],
+        "package_dir": bundled,
+        "package_data": {"gpucheck": ["report/*.json", "report/templates/*"],
+                         **{package: resources.BUNDLED_FILES for package in bundled}},
+        "include_package_data": False,
+    }
+
+
+def _say(message: str) -> None:
+    print(f"gpucheck: {message}", file=sys.stderr)
+
+
+def _skip(reason: str) -> dict[str, Any]:
+    _say(f"not building the CUDA kernels at install ({reason}); they are built on first use")
     return {}
 
 
-def extension_kwargs() -> dict:
-    if os.environ.get("GPUCHECK_NO_EXTENSION") == "1":
-        return _skip("GPUCHECK_NO_EXTENSION=1")
-    try:
-        import torch
-        from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CUDAExtension
-    except ImportError:
-        return _skip("torch is not importable here (install with --no-build-isolation)")
-    if torch.version.cuda is None:
-        return _skip(f"torch {torch.__version__} is a CPU-only build")
-    if CUDA_HOME is None:
-        return _skip("no CUDA toolkit found (set CUDA_HOME)")
-    csrc = _csrc()
-    sources = [str(p.relative_to(HERE)) for p in csrc.sources()]
-    if not sources:
-        return _skip("csrc/ has no sources")
-    os.environ.update(csrc.host_compiler_env())
+def build_command(base: type) -> type:
+    """torch's BuildExtension (``base``), made to always rebuild (a previous build may hold
+    another kernel selection), to put gpucheck/_C*.so next to the sources in editable
+    installs, and to install without the kernels, saying so in one line, where their build
+    fails."""
 
-    class Build(BuildExtension):
-        """Always rebuild (a previous build may hold another kernel selection), and in
-        editable installs put gpucheck/_C*.so next to the sources, where `import gpucheck`
-        from the checkout finds it."""
-
+    class Build(base):
         def finalize_options(self) -> None:
             super().finalize_options()
             self.force = True
 
         def run(self) -> None:
-            super().run()
+            try:
+                super().run()
+            except Exception as err:  # a compiler's, torch's or the toolkit's error alike
+                first = str(err).strip().splitlines()
+                self.extensions = []  # nothing to install, nothing to copy
+                _say(f"building the CUDA kernels failed ({first[0] if first else repr(err)}); "
+                     "installing without them: they are built on first use (pip install -v "
+                     "shows the compiler's output)")
+                return
             if getattr(self, "editable_mode", False) and not self.inplace:
                 self.copy_extensions_to_source()
+
+    return Build
+
+
+def extension_kwargs() -> dict[str, Any]:
+    """The CUDA extension and its build command, or nothing (with the reason said once)."""
+    if os.environ.get("GPUCHECK_NO_EXTENSION") == "1":
+        return _skip("GPUCHECK_NO_EXTENSION=1")
+    try:
+        import torch
+    except ImportError:
+        return _skip("torch is not importable here: install with --no-build-isolation")
+    if torch.version.cuda is None:
+        return _skip(f"torch {torch.__version__} is a CPU-only build")
+    csrc = _load("_csrc")
+    if csrc.torch_build_env() is None:
+        return _skip("no CUDA toolkit found: set CUDA_HOME or put nvcc on PATH")
+    from torch.utils.cpp_extension import BuildExtension, CUDAExtension
+
+    root = HERE / "csrc"
+    sources = [str(p.relative_to(HERE)) for p in csrc.sources(root)]
+    if not sources:
+        return _skip("csrc/ has no sources")
+    nvcc_flags = list(csrc.NVCC_FLAGS)
+    if not os.environ.get("TORCH_CUDA_ARCH_LIST"):  # else torch's build reads it
+        visible = [torch.cuda.get_device_capability(i)
+                   for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+        archs = csrc.arch_list(visible, csrc.nvcc_archs(csrc._cuda_home()))
+        _say(f"building the CUDA kernels for {csrc.arch_label(archs)}")
+        nvcc_flags += csrc.gencode_flags(archs)
 
     ext = CUDAExtension(
         name=csrc.EXTENSION_NAME,
         sources=sources,
-        include_dirs=[str(csrc.CSRC)],
-        extra_compile_args={"cxx": csrc.CXX_FLAGS, "nvcc": csrc.NVCC_FLAGS},
+        include_dirs=[str(root)],
+        extra_compile_args={"cxx": csrc.CXX_FLAGS, "nvcc": nvcc_flags},
     )
-    return {"ext_modules": [ext], "cmdclass": {"build_ext": Build}}
+    return {"ext_modules": [ext], "cmdclass": {"build_ext": build_command(BuildExtension)}}
 
 
-setup(**extension_kwargs())
+if __name__ == "__main__":  # setuptools runs this file as __main__; tests import it
+    setup(**package_kwargs(), **extension_kwargs())

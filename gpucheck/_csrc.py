@@ -1,7 +1,9 @@
-"""Where the CUDA sources are and how they are compiled: the one place setup.py and the
-compile-only check (``nox -s compile`` / ``python -m gpucheck._csrc``) both read.
+"""Where the CUDA sources are and how they are compiled: the one place setup.py, the JIT
+build of the kernels (gpucheck.ops._ext) and the compile-only check (``nox -s compile`` /
+``python -m gpucheck._csrc``) read.
 
-This module must not import torch at import time (setup.py loads it by path).
+The sources are the bundled ``gpucheck.csrc`` (gpucheck._resources). This module must not
+import torch or gpucheck at import time: setup.py loads it by path and passes its own csrc/.
 """
 
 from __future__ import annotations
@@ -14,27 +16,51 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-CSRC = Path(__file__).resolve().parent.parent / "csrc"
 EXTENSION_NAME = "gpucheck._C"
 #: Environment variable selecting a subset of kernels (comma separated folder names of csrc/).
 KERNELS_ENV = "GPUCHECK_KERNELS"
+#: Environment variable naming gpucheck's build cache (default: $XDG_CACHE_HOME/gpucheck, or
+#: ~/.cache/gpucheck).
+CACHE_ENV = "GPUCHECK_CACHE_DIR"
 
 CXX_FLAGS = ["-O3"]
 NVCC_FLAGS = ["-O3", "-lineinfo", "--expt-relaxed-constexpr", "-Xptxas=-warn-spills"]
-#: Architecture for the compile-only check (setup.py uses TORCH_CUDA_ARCH_LIST instead).
+#: Architecture for the compile-only check (builds use TORCH_CUDA_ARCH_LIST or arch_list()).
 CHECK_ARCH = ["-gencode=arch=compute_90,code=sm_90"]
+#: What a build for no GPU in particular (TORCH_CUDA_ARCH_LIST unset, no GPU visible, e.g. an
+#: install on a build machine) compiles for: the current data-centre generations (A100,
+#: H100/H200, B200) and consumer ones (RTX 30, RTX 40 / L4 / L40, RTX 50), the newest also as
+#: PTX, which the driver compiles for later GPUs; only those the toolkit's nvcc supports.
+DEFAULT_ARCHS = ("8.0", "8.6", "8.9", "9.0", "10.0", "12.0")
 
 
-def kernels() -> list[str]:
-    """Names of the kernel folders in csrc/ that hold sources, honouring GPUCHECK_KERNELS."""
+def csrc_dir() -> Path:
+    """The CUDA sources of the installed package (``gpucheck.csrc``)."""
+    from gpucheck import _resources
+
+    return _resources.csrc()
+
+
+def example_csrc_dir() -> Path:
+    """The sources of the worked example's extension (``examples/custom_rnn_extension/csrc``)."""
+    from gpucheck import _resources
+
+    return _resources.example() / "csrc"
+
+
+def kernels(csrc: Path | None = None) -> list[str]:
+    """Names of the kernel folders of ``csrc`` (default: the bundled one) that hold sources,
+    honouring GPUCHECK_KERNELS."""
+    csrc = csrc_dir() if csrc is None else csrc
     found = sorted(
         p.name
-        for p in CSRC.iterdir()
+        for p in csrc.iterdir()
         if p.is_dir() and (any(p.glob("*.cu")) or any(p.glob("*.cpp")))
-    ) if CSRC.is_dir() else []
+    ) if csrc.is_dir() else []
     wanted = [k.strip() for k in os.environ.get(KERNELS_ENV, "").split(",") if k.strip()]
     if wanted:
         unknown = sorted(set(wanted) - set(found))
@@ -44,13 +70,15 @@ def kernels() -> list[str]:
     return found
 
 
-def sources() -> list[Path]:
-    """All translation units of the extension: csrc/*.cpp plus csrc/<kernel>/*.{cpp,cu}."""
-    if not CSRC.is_dir():
+def sources(csrc: Path | None = None) -> list[Path]:
+    """All translation units of the extension: csrc/*.cpp plus csrc/<kernel>/*.{cpp,cu} (of
+    ``csrc``, default: the bundled one)."""
+    csrc = csrc_dir() if csrc is None else csrc
+    if not csrc.is_dir():
         return []
-    files = sorted(CSRC.glob("*.cpp"))
-    for k in kernels():
-        files += sorted((CSRC / k).glob("*.cpp")) + sorted((CSRC / k).glob("*.cu"))
+    files = sorted(csrc.glob("*.cpp"))
+    for k in kernels(csrc):
+        files += sorted((csrc / k).glob("*.cpp")) + sorted((csrc / k).glob("*.cu"))
     return files
 
 
@@ -106,8 +134,9 @@ def defect_flags(defect: str) -> list[str]:
 
 def defect_sources(defect: str) -> list[Path]:
     """Translation units of a defect build: csrc/*.cpp (the schemas) and its kernel folder."""
-    kernel = CSRC / DEFECTS[defect_name(defect)].kernel
-    return sorted(CSRC.glob("*.cpp")) + sorted(kernel.glob("*.cpp")) + sorted(kernel.glob("*.cu"))
+    csrc = csrc_dir()
+    kernel = csrc / DEFECTS[defect_name(defect)].kernel
+    return sorted(csrc.glob("*.cpp")) + sorted(kernel.glob("*.cpp")) + sorted(kernel.glob("*.cu"))
 
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
@@ -124,34 +153,34 @@ def _mentions(path: Path, word: str, seen: set[Path] | None = None) -> bool:
     if word in text:
         return True
     return any(_mentions(base / inc, word, seen) for inc in _INCLUDE.findall(text)
-               for base in (CSRC, path.parent))
+               for base in (csrc_dir(), path.parent))
 
 
 def defect_units(defect: str) -> list[Path]:
     """The sources of a defect build that its macro changes (what the compile check compiles
     again under the macro); empty when no source names the macro."""
     macro = DEFECTS[defect_name(defect)].macro
-    kernel = CSRC / DEFECTS[defect_name(defect)].kernel
+    kernel = csrc_dir() / DEFECTS[defect_name(defect)].kernel
     return [f for f in defect_sources(defect) if f.parent == kernel and _mentions(f, macro)]
 
 
 def build_defect(defect: str, verbose: bool = False) -> str:
-    """JIT-build (``torch.utils.cpp_extension.load``, cached by name) and load the defect
-    build ``defect`` (a name of :data:`DEFECTS`, or a macro that plants one defect only):
-    registration.cpp and its kernel folder, compiled with :func:`defect_flags`. Returns the
-    op namespace (``torch.ops.<namespace>.<op>``). Needs a CUDA toolkit and a CUDA torch.
+    """JIT-build (``torch.utils.cpp_extension.load``, into :func:`build_dir`) and load the
+    defect build ``defect`` (a name of :data:`DEFECTS`, or a macro that plants one defect
+    only): registration.cpp and its kernel folder, compiled with :func:`defect_flags`. Returns
+    the op namespace (``torch.ops.<namespace>.<op>``). Needs a CUDA toolkit and a CUDA torch.
     """
     from torch.utils import cpp_extension
 
-    os.environ.update(host_compiler_env())  # the same compiler rule as setup.py
+    torch_build_env()  # the same compiler and toolkit rule as setup.py
     name = defect_library(defect)
     flags = defect_flags(defect)
     # is_python_module=False: a plain library whose static initializers register the ops
     # (registration.cpp's PyInit__C is never called).
     cpp_extension.load(name=name, sources=[str(f) for f in defect_sources(defect)],
-                       extra_include_paths=[str(CSRC)], extra_cflags=[*CXX_FLAGS, *flags],
+                       extra_include_paths=[str(csrc_dir())], extra_cflags=[*CXX_FLAGS, *flags],
                        extra_cuda_cflags=[*NVCC_FLAGS, *flags], is_python_module=False,
-                       verbose=verbose)
+                       build_directory=str(build_dir(name)), verbose=verbose)
     return name
 
 
@@ -196,37 +225,180 @@ def host_compiler_env() -> dict[str, str]:
     return {}
 
 
+def _is_toolkit(root: Path) -> bool:
+    return (root / "bin" / "nvcc").exists() and (root / "include" / "cuda_runtime_api.h").exists()
+
+
+def _nvcc_top(nvcc: str) -> Path | None:
+    """The toolkit an nvcc belongs to, as nvcc itself reports it (``--dryrun`` prints the
+    folder of the real nvcc binary): the way through a wrapper script on PATH."""
+    try:
+        out = subprocess.run([nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = re.search(r"^#\$ _HERE_=(.+)$", out.stdout + out.stderr, re.M)
+    return Path(found.group(1).strip()).parent if found else None
+
+
+def find_cuda_home(env: Mapping[str, str], nvcc_on_path: str | None,
+                   ask_nvcc: Callable[[str], Path | None] = _nvcc_top,
+                   default: Path = Path("/usr/local/cuda")) -> Path | None:
+    """The CUDA toolkit root: $CUDA_HOME or $CUDA_PATH (when it holds bin/nvcc), else the
+    toolkit of the nvcc on PATH, else ``default``; None without any.
+
+    The toolkit of the nvcc on PATH is two levels above it (after symlinks) when that folder
+    holds the toolkit's headers; otherwise nvcc is a wrapper script (``/usr/local/bin/nvcc``
+    that execs the real one) and ``ask_nvcc`` says where the real one lives. torch guesses
+    the two levels above in every case, which is how it ends up with CUDA_HOME=/usr/local.
+    """
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        value = env.get(var)
+        if value and (Path(value) / "bin" / "nvcc").exists():
+            return Path(value)
+    if nvcc_on_path:
+        root = Path(nvcc_on_path).resolve().parent.parent
+        if _is_toolkit(root):
+            return root
+        asked = ask_nvcc(nvcc_on_path)
+        if asked is not None and _is_toolkit(asked):
+            return asked
+    return default if _is_toolkit(default) else None
+
+
+#: where a CUDA toolkit is looked for last
+DEFAULT_CUDA_HOME = Path("/usr/local/cuda")
+
+
 def _cuda_home() -> Path | None:
-    """The CUDA toolkit root: $CUDA_HOME, /usr/local/cuda, or two levels above nvcc."""
-    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
-    for c in candidates:
-        if c and (Path(c) / "bin" / "nvcc").exists():
-            return Path(c)
-    found = shutil.which("nvcc")
-    return Path(found).resolve().parent.parent if found else None
+    """The CUDA toolkit root of this machine (:func:`find_cuda_home`)."""
+    return find_cuda_home(os.environ, shutil.which("nvcc"), default=DEFAULT_CUDA_HOME)
+
+
+def torch_build_env() -> Path | None:
+    """Prepare this process for a ``torch.utils.cpp_extension`` build of our sources: the
+    host compiler of :func:`host_compiler_env`, and the toolkit of :func:`_cuda_home` as
+    torch's CUDA_HOME (torch's own guess fails for an nvcc wrapper script). Returns the
+    toolkit's root (None: none found)."""
+    os.environ.update(host_compiler_env())
+    home = _cuda_home()
+    if home is not None:
+        from torch.utils import cpp_extension
+
+        os.environ["CUDA_HOME"] = str(home)
+        cpp_extension.CUDA_HOME = str(home)  # read by every build step; set once at import
+    return home
+
+
+def _arch_key(arch: str) -> tuple[int, int]:
+    major, _, minor = arch.removesuffix("+PTX").partition(".")
+    return int(major), int(minor[:1] or 0)
+
+
+def parse_gpu_archs(text: str) -> list[str]:
+    """The architectures in the output of ``nvcc --list-gpu-arch`` (``compute_90`` ->
+    ``9.0``), oldest first."""
+    found = {f"{m[:-1]}.{m[-1]}" for m in re.findall(r"^\s*compute_(\d{2,3})\s*$", text, re.M)}
+    return sorted(found, key=_arch_key)
+
+
+def nvcc_archs(cuda_home: Path) -> list[str] | None:
+    """The architectures the toolkit's nvcc compiles for; None when it cannot say (an nvcc
+    older than CUDA 11 has no ``--list-gpu-arch``)."""
+    try:
+        out = subprocess.run([str(cuda_home / "bin" / "nvcc"), "--list-gpu-arch"],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return (parse_gpu_archs(out.stdout) if out.returncode == 0 else []) or None
+
+
+def arch_list(visible: list[tuple[int, int]], supported: list[str] | None) -> list[str]:
+    """What to compile for when TORCH_CUDA_ARCH_LIST is not set: the architectures of the
+    visible GPUs (``visible``: their compute capabilities), else :data:`DEFAULT_ARCHS`, the
+    newest with ``+PTX``. Only what nvcc supports (``supported``; None: unknown, all): a GPU
+    newer than nvcc gets nvcc's newest architecture as PTX, which its driver compiles."""
+    newest = max(supported, key=_arch_key) if supported else None
+    if visible:
+        wanted = {f"{major}.{minor}" for major, minor in visible}
+        chosen = sorted({a if supported is None or a in supported else f"{newest}+PTX"
+                         for a in wanted}, key=_arch_key)
+        return chosen
+    chosen = [a for a in DEFAULT_ARCHS if supported is None or a in supported] or [str(newest)]
+    return [*chosen[:-1], chosen[-1] + "+PTX"]
+
+
+def parse_arch_env(value: str) -> list[str] | None:
+    """The architectures of a TORCH_CUDA_ARCH_LIST (``"8.0;9.0+PTX"``, or space separated);
+    None when it uses torch's names (``Hopper``), which only torch's build reads."""
+    archs = [a for a in re.split(r"[;\s]+", value.strip()) if a]
+    ok = all(re.fullmatch(r"\d+\.\d(\+PTX)?", a) for a in archs)
+    return archs if archs and ok else None
+
+
+def gencode_flags(archs: list[str]) -> list[str]:
+    """nvcc's flags for ``archs`` (``9.0``: sm_90 code; ``12.0+PTX``: sm_120 code and
+    compute_120 PTX). Given to torch's build, they replace its own choice."""
+    flags = []
+    for arch in archs:
+        num = arch.removesuffix("+PTX").replace(".", "")
+        flags.append(f"-gencode=arch=compute_{num},code=sm_{num}")
+        if arch.endswith("+PTX"):
+            flags.append(f"-gencode=arch=compute_{num},code=compute_{num}")
+    return flags
+
+
+def arch_label(archs: list[str]) -> str:
+    """``["8.0", "9.0+PTX"]`` -> ``sm_80, sm_90 (+PTX)``."""
+    names = [f"sm_{a.removesuffix('+PTX').replace('.', '')}" for a in archs]
+    return ", ".join(names) + (" (+PTX)" if any(a.endswith("+PTX") for a in archs) else "")
+
+
+def cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    """gpucheck's build cache: $GPUCHECK_CACHE_DIR, else $XDG_CACHE_HOME/gpucheck, else
+    ~/.cache/gpucheck. Nothing is ever built inside the installed package."""
+    env = os.environ if env is None else env
+    if env.get(CACHE_ENV):
+        return Path(env[CACHE_ENV]).expanduser()
+    base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "gpucheck"
+
+
+def build_dir(name: str) -> Path:
+    """The cache folder of the build ``name`` for this torch, CUDA and Python (a build made
+    for one does not load in another), made if missing (OSError when it cannot be)."""
+    import torch
+
+    key = (f"torch{torch.__version__}-cuda{torch.version.cuda}"
+           f"-py{sys.version_info[0]}{sys.version_info[1]}")
+    folder = cache_dir() / re.sub(r"[^\w.+-]", "_", key) / re.sub(r"[^\w.+-]", "_", name)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def check_only_sources() -> list[Path]:
     """CUDA sources built elsewhere (JIT, by the harness's self-test; the example extension of
     examples/custom_rnn_extension/, its own build) but compile-checked too."""
+    from gpucheck import _resources
+
     found: list[Path] = []
-    for folder in (CSRC.parent / "suites" / "selftest", EXAMPLE_CSRC):
+    for folder in (_resources.suites() / "selftest", example_csrc_dir()):
         if folder.is_dir():
             found += sorted(folder.glob("*.cpp")) + sorted(folder.glob("*.cu"))
     return found
 
 
-#: the example extension's sources and the sources each of its defect macros changes
-EXAMPLE_CSRC = CSRC.parent / "examples" / "custom_rnn_extension" / "csrc"
+#: the example extension's defect macros and the sources each changes
 EXAMPLE_DEFECTS = {"no_guard": ("wkv.cpp",), "bf16_accum": ("wkv.cpp", "wkv_cuda.cu"),
                    "grad_current_device": ("wkv.cpp",)}
 
 
 def example_defect_units() -> list[tuple[Path, list[str], str]]:
     """(source, flags, label) of the example's defect builds (compile-checked like ours)."""
-    if not EXAMPLE_CSRC.is_dir():
+    example = example_csrc_dir()
+    if not example.is_dir():
         return []
-    return [(EXAMPLE_CSRC / f, [f"-DCUSTOM_RNN_DEFECT_{name.upper()}"], f" [example {name}]")
+    return [(example / f, [f"-DCUSTOM_RNN_DEFECT_{name.upper()}"], f" [example {name}]")
             for name, files in EXAMPLE_DEFECTS.items() for f in files]
 
 
@@ -239,7 +411,7 @@ def _torch_compile_env(cuda_home: Path) -> tuple[list[str], list[str]]:
 
     # include_paths("cpu"): a CPU build of torch knows no toolkit, so add its include dir here.
     includes = [f"-I{p}" for p in cpp_extension.include_paths()]
-    includes += [f"-I{cuda_home / 'include'}", f"-I{CSRC}",
+    includes += [f"-I{cuda_home / 'include'}", f"-I{csrc_dir()}",
                  f"-I{sysconfig.get_paths()['include']}"]
     torch_include = Path(cpp_extension.include_paths()[0])
     if not (torch_include / "c10/cuda/impl/cuda_cmake_macros.h").exists():
@@ -290,6 +462,7 @@ def compile_check(jobs: int = 2, defects: str = "with") -> int:
         return 2
     nvcc = str(cuda_home / "bin" / "nvcc")
     units, missing = check_units(defects)
+    root = csrc_dir().parent  # sources are printed relative to it (csrc/..., suites/...)
     for m in missing:
         print(f"MISSING  defect {m}")
     if not units:
@@ -315,7 +488,7 @@ def compile_check(jobs: int = 2, defects: str = "with") -> int:
                               time.monotonic()))
             src, label, cmd, proc, start = procs.pop(0)
             out, _ = proc.communicate()
-            rel = src.relative_to(CSRC.parent) if CSRC.parent in src.parents else src
+            rel = src.relative_to(root) if root in src.parents else src
             took = time.monotonic() - start
             if proc.returncode == 0:
                 print(f"compiled {rel}{label} ({took:.1f} s)")

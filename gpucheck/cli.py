@@ -1,7 +1,9 @@
 """gpucheck's command line. Thin: parse, build a config, call one pipeline function.
 
 Exit codes for every command: 0 clean, 1 findings of severity error, 2 usage or environment
-error (one sentence, no traceback).
+error (one sentence, no traceback). ``gpucheck run`` and ``gpucheck report`` exit with their
+run's verdict (gpucheck.report.verdict): 2 also when nothing was tested, the run was
+interrupted, or its results could not all be read.
 """
 
 from __future__ import annotations
@@ -19,9 +21,14 @@ from rich.table import Table
 
 import gpucheck
 from gpucheck.devices import Inventory
-from gpucheck.errors import EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE, GpucheckError
+from gpucheck.errors import EXIT_CLEAN, EXIT_USAGE, GpucheckError
 
 GIB = 1024**3
+#: report formats (gpucheck.report.FORMATS; kept here so that --help imports nothing heavy)
+FORMATS = ("html", "json", "junit", "sarif")
+FORMAT_HELP = ("Report to write (repeatable): html (report.html), json (results.json), junit "
+               "(junit.xml), sarif (results.sarif, SARIF 2.1.0 for code scanning). Default: "
+               "html, json and junit; given, only the formats named.")
 
 
 def _gib(value: int | None) -> str:
@@ -125,26 +132,38 @@ def _print_inventory(inv: Inventory) -> None:
 @click.option("--backend", type=click.Choice(["nccl", "gloo"]), default=None,
               help="torch.distributed backend of --distributed (default: nccl on GPUs, "
                    "gloo on CPU).")
+@click.option("--format", "formats", multiple=True, type=click.Choice(FORMATS),
+              help=FORMAT_HELP)
 @click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
-def run(all_devices: bool, device_indices: tuple[int, ...], suites: tuple[str, ...],
-        modes: tuple[str, ...], out: Path | None, resume: Path | None, allow_empty: bool,
-        timeout: float, nvml_interval: float, quiet: bool, cpu_only: bool, distributed: bool,
-        world_size: int | None, backend: str | None, pytest_args: tuple[str, ...]) -> int:
+@click.pass_context
+def run(ctx: click.Context, all_devices: bool, device_indices: tuple[int, ...],
+        suites: tuple[str, ...], modes: tuple[str, ...], out: Path | None, resume: Path | None,
+        allow_empty: bool, timeout: float, nvml_interval: float, quiet: bool, cpu_only: bool,
+        distributed: bool, world_size: int | None, backend: str | None,
+        formats: tuple[str, ...], pytest_args: tuple[str, ...]) -> int:
     """Run the suites on every target device, each in its own process.
 
-    Arguments after `--` go to pytest (e.g. `-- -k forward`).
+    Arguments after `--` go to pytest (e.g. `-- -k forward`). An option that cannot apply
+    to the run asked for (--device with --cpu-only, --nvml-interval without mode nvml, ...)
+    is refused.
     """
-    from gpucheck.errors import UsageProblem
     from gpucheck.runner.pipeline import RunConfig
     from gpucheck.runner.pipeline import run as run_pipeline
 
-    if not distributed and (world_size is not None or backend is not None):
-        raise UsageProblem("--world-size and --backend go with --distributed")
     return run_pipeline(RunConfig(all_devices, device_indices, suites, modes, out, timeout,
                                   quiet, cpu_only, list(pytest_args), nvml_interval / 1000,
                                   allow_empty=allow_empty, resume=resume,
                                   distributed=distributed, world_size=world_size,
-                                  backend=backend))
+                                  backend=backend, formats=tuple(dict.fromkeys(formats)),
+                                  given=_given(ctx)))
+
+
+def _given(ctx: click.Context) -> frozenset[str]:
+    """The parameters of this command that the user set (command line or environment)."""
+    from click.core import ParameterSource
+
+    return frozenset(name for name in ctx.params if ctx.get_parameter_source(name) in (
+        ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT))
 
 
 @cli.command()
@@ -166,16 +185,21 @@ def selftest(all_devices: bool, with_sanitizer: bool, out: Path | None, timeout:
     import shutil
     import tempfile
 
+    from gpucheck import _resources
     from gpucheck import selftest as st
     from gpucheck.runner.pipeline import RunConfig, prepare_out
     from gpucheck.runner.pipeline import run as run_pipeline
 
+    _need_gpu()
     modes = ("blocking", "nvml", *(st.SANITIZER_MODES if with_sanitizer else ()))
     run_dir = prepare_out(out)
     with tempfile.TemporaryDirectory(prefix="gpucheck-builds-") as tmp:
         click.echo("gpucheck selftest: building the defect builds (cached after the first run)")
         failed = st.prebuild(Path(tmp))
-        cfg = RunConfig(all_devices=all_devices, suites=("selftest",), modes=modes,
+        # the bundled suite by its path: a folder named selftest here (the run folder itself,
+        # with --out selftest) must not stand in for it
+        suite = str(_resources.suites() / "selftest")
+        cfg = RunConfig(all_devices=all_devices, suites=(suite,), modes=modes,
                         out=run_dir, timeout=timeout, quiet=True)
         run_pipeline(cfg)  # its exit code is 1 by design: the defects are findings
         if failed is not None:
@@ -188,8 +212,24 @@ def selftest(all_devices: bool, with_sanitizer: bool, out: Path | None, timeout:
     return st.verdict(rows, false)
 
 
+def _need_gpu() -> None:
+    """The self-test runs deliberately broken CUDA kernels: without a usable GPU, say so in
+    one sentence before anything is built or written."""
+    from gpucheck.devices import discover
+    from gpucheck.errors import EnvironmentProblem
+
+    inv = discover()
+    if inv.environment_error or not inv.devices:
+        reason = (inv.environment_error or inv.reason or "no CUDA device is visible").rstrip(".")
+        raise EnvironmentProblem(f"gpucheck selftest needs a CUDA GPU, and {reason[:1].lower()}"
+                                 f"{reason[1:]}; `gpucheck run --cpu-only` is what runs "
+                                 "without one")
+
+
 def _print_matrix(rows: list[Any], false: list[dict[str, Any]]) -> None:
-    console = Console(soft_wrap=True)
+    from gpucheck.runner.pipeline import make_console
+
+    console = make_console()  # a log gets the table unfolded, without markup
     table = Table(title="gpucheck selftest: defect x detector")
     for col in ("defect", "detector", "result", "detail"):
         table.add_column(col)
@@ -241,23 +281,40 @@ def parse_sanitizer(log: Path, tool: str | None, as_json: bool) -> int:
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("-o", "--output", "output", type=click.Path(dir_okay=False, path_type=Path),
               default=None, help="Where the HTML page goes (default: RUN_DIR/report.html).")
-def report(run_dir: Path, output: Path | None) -> int:
-    """Write report.html, results.json and junit.xml of the run in RUN_DIR.
+@click.option("--format", "formats", multiple=True, type=click.Choice(FORMATS),
+              help=FORMAT_HELP)
+def report(run_dir: Path, output: Path | None, formats: tuple[str, ...]) -> int:
+    """Write the reports (report.html, results.json, junit.xml; --format) of the run in RUN_DIR.
 
-    Works on an interrupted run too. Exit 1 when the run has findings of severity error.
+    Works on an interrupted run too. Prints the run's verdict, its findings (diagnoses
+    first, one line per kind and op), and exits with the verdict: 0 passed
+    (or warnings), 1 findings of severity error, 2 nothing tested, interrupted, or lines of
+    results.jsonl that could not be read (each named).
     """
+    from rich.text import Text
+
     from gpucheck.errors import UsageProblem
-    from gpucheck.report import write_all
+    from gpucheck.report import DEFAULT_FORMATS, publish
+    from gpucheck.runner.progress import print_findings, print_verdict
 
     if not (run_dir / "results.jsonl").exists() and not (run_dir / "workers").is_dir():
         raise UsageProblem(f"{run_dir} is not a gpucheck run folder (no results.jsonl)")
+    if output is not None and formats and "html" not in formats:
+        raise UsageProblem("-o sets where the HTML page goes, and --format does not ask for "
+                           "html: drop -o or add --format html")
     try:
-        paths = write_all(run_dir, output)
+        done = publish(run_dir, output, tuple(dict.fromkeys(formats)) or DEFAULT_FORMATS)
     except OSError as err:
         raise UsageProblem(f"cannot write the report: {err.strerror or err}") from err
-    verdict = json.loads(paths["json"].read_text())["summary"]["verdict"]
-    click.echo(f"{verdict}: {paths['html']}  (also {paths['json'].name}, {paths['junit'].name})")
-    return EXIT_FINDINGS if verdict == "failed" else EXIT_CLEAN
+    console = Console(soft_wrap=True)
+    paths = list(done.paths.values())
+    first = done.paths.get("html", paths[0] if paths else run_dir)
+    others = [p for p in paths if p != first]
+    also = f"  (also {', '.join(p.name for p in others)})" if others else ""
+    console.print(Text(f"{done.verdict.name}: {first}{also}"))
+    print_findings(console, done.grouped)
+    print_verdict(console, done.verdict)
+    return done.verdict.exit_code
 
 
 def _size(ctx: click.Context, param: click.Parameter, value: str | None

@@ -170,13 +170,20 @@ def matrix(records: Iterable[dict[str, Any]], devices: int
     return rows, false
 
 
+#: the name of the real kernels among :func:`prebuild`'s builds (their clean twins use them)
+KERNELS = "kernels"
+
+
 def prebuild(logs: Path, names: Iterable[str] | None = None) -> list[str] | None:
-    """JIT-build the defect builds (``gpucheck._csrc.DEFECTS``), all at once, one process each:
-    torch caches each on disk by name, so the selftest's workers then load them instead of
-    building them one after another inside their cases (a cached build only loads). Each
-    build's output goes to ``logs/<name>.log``. Returns the names whose build failed (their
-    cases error with the compiler's message), or None when this machine cannot build them
-    (no CUDA build of torch, or no nvcc): the cases then skip or fail on their own."""
+    """JIT-build the defect builds (``gpucheck._csrc.DEFECTS``) and, where they were not built
+    at install, gpucheck's kernels (the clean twins' ops), all at once, one process each, from
+    the package's csrc/ into gpucheck's build cache (``gpucheck._csrc.build_dir``): the
+    selftest's workers then load them instead of building them one after another inside
+    their cases (a cached build only loads). Each build's output goes to
+    ``logs/<name>.log`` (the kernels': ``logs/kernels.log``). Returns the names whose build
+    failed (their cases error with the compiler's message), or None when this machine cannot
+    build them (no CUDA build of torch, or no nvcc): the cases then skip or fail on their own.
+    """
     import importlib.util
     import os
     import subprocess
@@ -192,14 +199,16 @@ def prebuild(logs: Path, names: Iterable[str] | None = None) -> list[str] | None
     if probe.returncode != 0 or probe.stdout.strip() in ("", "None"):
         return None
     logs.mkdir(parents=True, exist_ok=True)
+    builds = {name: ["from gpucheck._csrc import build_defect; "
+                     "build_defect(sys.argv[1], verbose=True)", name] for name in names}
+    builds[KERNELS] = ["from gpucheck.ops import _ext; sys.exit(_ext.child_main())"]
     env = dict(os.environ)
-    env.setdefault("MAX_JOBS", str(max(1, (os.cpu_count() or 1) // len(names))))
+    env.setdefault("MAX_JOBS", str(max(1, (os.cpu_count() or 1) // len(builds))))
     procs = {}
-    for name in names:
+    for name, (code, *args) in builds.items():
         with open(logs / f"{name}.log", "wb") as log:
             procs[name] = subprocess.Popen(
-                [sys.executable, "-c", "import sys; from gpucheck._csrc import build_defect; "
-                 "build_defect(sys.argv[1], verbose=True)", name],
+                [sys.executable, "-c", f"import sys; {code}", *args],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
     return [name for name, proc in procs.items() if proc.wait() != 0]
 

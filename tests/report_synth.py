@@ -199,7 +199,7 @@ def real_cpu_run(base: Path) -> Path:
     subprocess.run([sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet",
                     "--suite", str(suite), "--timeout", "2", "--out", str(out)],
                    cwd=base, capture_output=True, text=True, timeout=300,
-                   env={**os.environ, "PYTHONPATH": str(HERE.parent), "DEMO_CUDA_ERROR": "1",
+                   env={**os.environ, "DEMO_CUDA_ERROR": "1",
                         "DEMO_ABORT": "1", "DEMO_HANG": "1"})
     return out
 

@@ -273,6 +273,6 @@ def test_the_example_extension_is_compile_checked_clean_and_with_each_defect():
                         ("wkv.cpp", ("-DCUSTOM_RNN_DEFECT_BF16_ACCUM",)),
                         ("wkv_cuda.cu", ("-DCUSTOM_RNN_DEFECT_BF16_ACCUM",)),
                         ("wkv.cpp", ("-DCUSTOM_RNN_DEFECT_GRAD_CURRENT_DEVICE",))}
-    code = "".join((_csrc.EXAMPLE_CSRC / n).read_text() for n in ("wkv.h", "wkv.cpp"))
+    code = "".join((_csrc.example_csrc_dir() / n).read_text() for n in ("wkv.h", "wkv.cpp"))
     for _, flags in variants:  # every macro is one the sources test
         assert f"#ifdef {flags[0].removeprefix('-D')}" in code

@@ -114,3 +114,68 @@ def test_targets_carry_uuid_name_and_driver(monkeypatch):
     targets, notes, driver, inv = choose_targets(RunConfig(devices=(1,)))
     assert targets == [("cuda:1", 1, "GPU-1", "NVIDIA H200")]
     assert driver == "580" and notes == [] and len(inv.devices) == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["run", "--cpu-only", "--device", "99"],
+         "--device picks GPUs, and --cpu-only runs without any: drop one of them"),
+        (["run", "--cpu-only", "--all-devices"], "--all-devices picks GPUs"),
+        (["run", "--cpu-only", "--mode", "nvml"], "drop --mode nvml"),
+        (["run", "--cpu-only", "--nvml-interval", "10"],
+         "--nvml-interval sets the sampling of mode nvml, and --cpu-only has no GPU to sample"),
+        (["run", "--mode", "blocking", "--nvml-interval", "10"],
+         "mode nvml is not among the --mode given: drop --nvml-interval"),
+        (["run", "--distributed", "--cpu-only", "--mode", "blocking"],
+         "--distributed runs its ranks in its own mode (dist): drop --mode"),
+        (["run", "--distributed", "--nvml-interval", "20"],
+         "--distributed does not sample NVML"),
+    ],
+)
+def test_an_option_that_cannot_apply_is_refused(tmp_path, args, words):
+    """`--device 99` under --cpu-only was silently ignored; so were --nvml-interval without
+    mode nvml and --mode under --distributed. Each is one sentence and exit 2, before any
+    folder is made or any device is looked at."""
+    proc = gpucheck(*args, "--out", str(tmp_path / "out"), cwd=tmp_path)
+    _no_traceback(proc)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_resume_refuses_a_timeout_it_would_ignore(tmp_path, capsys):
+    folder = tmp_path / "old"
+    folder.mkdir()
+    assert cli.main(["run", "--resume", str(folder), "--timeout", "5"]) == 2
+    assert "drop --timeout" in capsys.readouterr().err
+
+
+def test_report_refuses_an_html_path_without_html(tmp_path, capsys):
+    (tmp_path / "results.jsonl").write_text("")
+    assert cli.main(["report", str(tmp_path), "-o", str(tmp_path / "p.html"),
+                     "--format", "sarif"]) == 2
+    assert "drop -o or add --format html" in capsys.readouterr().err
+    assert not (tmp_path / "results.sarif").exists()
+
+
+def test_selftest_without_gpu_is_one_sentence_before_any_build(monkeypatch, capsys, tmp_path):
+    """It built for 16 s, then suggested --cpu-only (which it does not have) and left an
+    empty reports/<timestamp>/."""
+    from gpucheck import selftest
+
+    nothing = Inventory([], "No NVIDIA GPU is usable: the NVIDIA driver's NVML library "
+                        "(libnvidia-ml.so.1) was not found.", None, None, None, "2.13", None,
+                        "none")
+    monkeypatch.setattr(devices, "discover", lambda: nothing)
+    monkeypatch.setattr(selftest, "prebuild", lambda *a: pytest.fail("built without a GPU"))
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["selftest"]) == 2
+    captured = capsys.readouterr()
+    (line,) = captured.err.strip().splitlines()
+    assert line == ("gpucheck: gpucheck selftest needs a CUDA GPU, and no NVIDIA GPU is usable: "
+                    "the NVIDIA driver's NVML library (libnvidia-ml.so.1) was not found; "
+                    "`gpucheck run --cpu-only` is what runs without one")
+    assert "building" not in captured.out
+    assert list(tmp_path.iterdir()) == []  # no reports/<timestamp>/

@@ -9,7 +9,7 @@ from gpucheck import _csrc
 
 def test_sources_include_registration_and_every_kernel_folder():
     files = _csrc.sources()
-    assert _csrc.CSRC / "registration.cpp" in files
+    assert _csrc.csrc_dir() / "registration.cpp" in files
     for kernel in _csrc.kernels():
         assert any(f.parent.name == kernel for f in files)
 
@@ -64,7 +64,7 @@ def test_a_defect_is_named_by_its_name_or_by_a_macro_of_one_build():
 
 def test_a_defect_build_takes_the_schemas_and_its_kernel_folder():
     files = _csrc.defect_sources("uninit_read")
-    assert _csrc.CSRC / "registration.cpp" in files
+    assert _csrc.csrc_dir() / "registration.cpp" in files
     assert {f.parent.name for f in files} == {"csrc", "knn"}
 
 
@@ -79,9 +79,9 @@ def test_a_defect_build_takes_the_schemas_and_its_kernel_folder():
     ("buffers_current_device", ["splat/splat.cpp"]),
 ])
 def test_the_compile_check_compiles_again_what_a_defect_macro_changes(name, changed):
-    assert [f.relative_to(_csrc.CSRC).as_posix() for f in _csrc.defect_units(name)] == changed
+    assert [f.relative_to(_csrc.csrc_dir()).as_posix() for f in _csrc.defect_units(name)] == changed
     units, _ = _csrc.check_units("only")
-    mine = [(f.relative_to(_csrc.CSRC).as_posix(), flags) for f, flags, label in units
+    mine = [(f.relative_to(_csrc.csrc_dir()).as_posix(), flags) for f, flags, label in units
             if label == f" [{name}]"]
     assert mine == [(c, _csrc.defect_flags(name)) for c in changed]
     every, _ = _csrc.check_units("skip")
@@ -99,12 +99,13 @@ def test_every_registration_goes_through_the_namespace_macros():
 
     raw = re.compile(r"^\s*TORCH_LIBRARY(_IMPL|_FRAGMENT)?\s*\(", re.M)
     offenders = []
-    for path in sorted(_csrc.CSRC.rglob("*")):
+    csrc = _csrc.csrc_dir()
+    for path in sorted(csrc.rglob("*")):
         if path.suffix in (".cpp", ".cu", ".h", ".cuh") and path.name != "library.h":
             text = path.read_text()
-            offenders += [f"{path.relative_to(_csrc.CSRC)}:{text[:m.start()].count(chr(10)) + 1}"
+            offenders += [f"{path.relative_to(csrc)}:{text[:m.start()].count(chr(10)) + 1}"
                           for m in raw.finditer(text)]
     assert offenders == [], f"register through GPUCHECK_TORCH_LIBRARY(_IMPL): {offenders}"
-    impls = [p.name for p in _csrc.CSRC.rglob("*.cpp")
+    impls = [p.name for p in csrc.rglob("*.cpp")
              if "GPUCHECK_TORCH_LIBRARY_IMPL(" in p.read_text()]
     assert {"ssim.cpp", "knn.cpp", "splat.cpp"} <= set(impls), impls

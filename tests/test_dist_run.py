@@ -24,7 +24,7 @@ RUN_LIMIT_S = 150
 
 
 def gpucheck_run(out: Path, *args: str) -> tuple[int, list[dict[str, Any]], float]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "gpucheck.cli", "run", "--distributed",
                            "--cpu-only", "--out", str(out), "--quiet", *args],
@@ -129,6 +129,33 @@ def test_three_ranks_name_rank_two(tmp_path: Path) -> None:
             native.split("\n---")[0], native[:600]
 
 
+def test_stuck_rank_is_found_within_its_own_limit_not_the_default_timeout(tmp_path: Path
+                                                                         ) -> None:
+    """The culprit sleeps in its own code: alive, inside the case, outside any collective, it
+    looks like a slow rank, so only a time limit can name it. With the default --timeout
+    (900 s) the run waited that long; the case declares dist_timeout(10). Piped, the live line
+    is plain text (it printed raw '[red]hang[/]')."""
+    out = tmp_path / "run"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "gpucheck.cli", "run", "--distributed",
+                           "--cpu-only", "--out", str(out), "--suite", str(DEFECTS), "--",
+                           "-k", "stuck_rank"], capture_output=True, text=True, env=env,
+                          timeout=RUN_LIMIT_S, cwd=tmp_path)
+    took = time.monotonic() - t0
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert records[0]["config"]["timeout"] == 900.0
+    stuck = group_findings(records)["test_stuck_rank"]["distributed"]
+    assert (stuck["kind"], stuck["cause_ranks"]) == ("hang", [1])
+    assert 10.0 <= stuck["time_to_finding_s"] < 15.0
+    assert took < 60
+    assert "[red]" not in proc.stdout and "\x1b[" not in proc.stdout
+    live = [line for line in proc.stdout.splitlines() if line.startswith("hang after ")]
+    assert len(live) == 1 and "in test_dist_defects.py::test_stuck_rank: rank 1 did not " \
+        "arrive at all_reduce #1" in live[0]
+
+
 LOG_SCRIPT = textwrap.dedent('''
     import json, os, sys, torch, torch.distributed as dist
     from pathlib import Path
@@ -159,7 +186,7 @@ def test_collective_log_entries(tmp_path: Path) -> None:
     path = tmp_path / "rank0.jsonl"
     proc = subprocess.run([sys.executable, str(script), str(path), str(free_port())],
                           capture_output=True, text=True, timeout=50,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "refused: rank 0: all_reduce #3 got a tensor on meta" in proc.stdout
     entries = collectives.read(path)
@@ -178,7 +205,7 @@ def test_under_torchrun_each_process_owns_its_rank(tmp_path: Path) -> None:
     """torchrun starts the gpucheck processes; each runs the rank torchrun gave it, the
     ranks meet through the shared --out folder, and global rank 0 writes the report."""
     out = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
          "2", "--master-port", str(_port()), "-m", "gpucheck.cli", "run", "--distributed",

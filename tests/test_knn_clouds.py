@@ -6,14 +6,14 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from gpucheck import _resources
 from gpucheck.reference import knn_mean_sq_dist as reference
 
-_PATH = Path(__file__).resolve().parent.parent / "suites" / "knn" / "knn_clouds.py"
+_PATH = _resources.suites() / "knn" / "knn_clouds.py"  # the installed suite's
 _SPEC = importlib.util.spec_from_file_location("knn_clouds", _PATH)
 assert _SPEC is not None and _SPEC.loader is not None
 knn_clouds = importlib.util.module_from_spec(_SPEC)

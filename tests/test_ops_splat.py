@@ -6,17 +6,17 @@ from recorded preflight messages."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 import gpucheck
+from gpucheck import _resources
 from gpucheck.errors import BudgetExceeded
 from gpucheck.ops import splat
 from gpucheck.reference import rasterize as reference
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "suites" / "splat"))
+sys.path.insert(0, str(_resources.suites() / "splat"))  # the installed suite's
 import splat_scenes
 
 

@@ -17,9 +17,9 @@ from gpucheck.report import results
 from gpucheck.report.results import Finding
 from gpucheck.runner import suites
 
-ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(
-    [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+#: the environment of the gpucheck processes these tests start: gpucheck as installed, never
+#: the checkout on PYTHONPATH (`nox -s package` runs these tests against an installed wheel)
+ENV = dict(os.environ)
 
 
 # --- pytest -n: one GPU per worker ----------------------------------------------------------
@@ -311,7 +311,8 @@ def test_gpucheck_run_takes_a_module_or_a_test_file(tmp_path, how):
     target = ("myext.tests.test_ops" if how == "module"
               else str(site / "myext" / "tests" / "test_ops.py"))
     out = tmp_path / "out"
-    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(site), ENV["PYTHONPATH"]])}
+    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(site), *filter(None, [ENV.get(
+        "PYTHONPATH")])])}
     proc = subprocess.run([sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet",
                            "--suite", target, "--out", str(out)], cwd=tmp_path,
                           capture_output=True, text=True, timeout=180, env=env)

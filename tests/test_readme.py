@@ -44,8 +44,8 @@ def test_the_main_job_command_sets_up_and_runs_every_device():
     assert main and "pip install --no-build-isolation -e ." in main[0]
 
 
-def test_the_readme_shows_a_real_finding():
-    text = (ROOT / "README.md").read_text()
+def test_the_usage_page_shows_a_real_finding():
+    text = (ROOT / "docs" / "usage.md").read_text()
     section = text.split("### What a finding looks like", 1)[1].split("###", 1)[0]
     block = re.search(r"```json\n(.*?)```", section, re.S)
     assert block, "no record shown"
@@ -54,3 +54,25 @@ def test_the_readme_shows_a_real_finding():
     record = json.loads(block.group(1))
     assert record["record"] == "case" and record["findings"]
     assert record["device"].startswith("cuda:")
+
+
+def test_the_example_report_is_what_a_reader_opens_and_small():
+    example = ROOT / "reports" / "example"
+    assert sorted(p.name for p in example.iterdir()) == ["README.md", "report.html",
+                                                         "report.png"]
+    assert sum(p.stat().st_size for p in example.iterdir()) <= 1_000_000
+    page = (example / "report.html").read_text()
+    assert "<script src=" not in page and "http://" not in page.split("<body", 1)[1][:2000]
+    assert "![" in (ROOT / "README.md").read_text() and "reports/example/report.png" in (
+        ROOT / "README.md").read_text()
+
+
+def test_the_readme_says_what_runs_without_a_gpu():
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Without a GPU", 1)[1].split("\n## ", 1)[0]
+    assert "gpucheck run --cpu-only" in section
+    from gpucheck.runner import suites
+
+    for name in (*suites.CPU_ONLY, *suites.DISTRIBUTED, *suites.NEEDS_KERNELS):
+        assert f"`{name}`" in section, name
+    assert "[test]" in text or '".[test]"' in text

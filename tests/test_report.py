@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from report_synth import make_run, real_cpu_run
 
-from gpucheck.report import junit, results, timeline, write_all
+from gpucheck.report import junit, publish, results, timeline, write_all
 from gpucheck.report.results import CaseRecord, Finding
 
 GPU_RUN = Path(__file__).resolve().parent / "fixtures" / "run_h200_selftest"
@@ -62,7 +62,8 @@ def _page(path: Path) -> _Page:
 
 
 def test_cpu_run_reports(run_copy):
-    paths = write_all(run_copy)
+    done = publish(run_copy)
+    paths = done.paths
     assert set(paths) == {"html", "json", "junit"}
     recs = results.cases(run_copy / "results.jsonl")
     doc = json.loads(paths["json"].read_text())
@@ -78,9 +79,9 @@ def test_cpu_run_reports(run_copy):
     assert doc["cases"][crash["case_index"]]["status"] == "crashed"
     assert doc["matrix"] == [{"device": "cpu", "suite": "demo", "worst": "crashed",
                               "counts": s["by_status"]}]
-    # junit.xml is the JUnit writer's view of the same records
+    # junit.xml is the JUnit writer's view of the same records, with the same verdict
     root = ET.parse(paths["junit"]).getroot()
-    assert ET.tostring(root) == ET.tostring(junit.to_xml(recs).getroot())
+    assert ET.tostring(root) == ET.tostring(junit.to_xml(recs, done.verdict).getroot())
     page = _page(paths["html"])
     text = " ".join(page.text)
     for r in recs:
@@ -144,9 +145,10 @@ def test_interrupted_run_torn_line_no_header_no_timeline(run_copy):
 def test_empty_run_folder(tmp_path):
     paths = write_all(tmp_path)
     doc = json.loads(paths["json"].read_text())
-    assert doc["summary"]["verdict"] == "no-results"
-    assert "NO-RESULTS" in paths["html"].read_text()
-    assert ET.parse(paths["junit"]).getroot().get("tests") == "0"
+    assert doc["summary"]["verdict"] == "nothing-tested"
+    assert "NOTHING-TESTED" in paths["html"].read_text()
+    root = ET.parse(paths["junit"]).getroot()  # only the verdict's own test case, failing
+    assert (root.get("tests"), root.get("errors")) == ("1", "1")
 
 
 def _case(case, status, findings=(), **kw):
@@ -283,6 +285,7 @@ def test_report_after_the_harness_itself_was_killed(tmp_path):
         "worker cpu.blocking stopped inside test_demo.py::test_stuck "
         "(2 of 4 cases done)"]
     assert ET.parse(paths["junit"]).getroot().get("tests") == "2"
+    assert doc["summary"]["verdict"] == "failed"  # test_fail: a finding outranks the stop
     assert "stopped inside test_demo.py::test_stuck" in paths["html"].read_text()
 
 
@@ -309,7 +312,7 @@ def test_the_poisoned_device_is_not_a_stray_context(tmp_path):
     files that say which worker a pid is, every process on two GPUs is flagged."""
     from gpucheck.report import rundata
 
-    example = Path(__file__).parent.parent / "reports" / "example"
+    example = Path(__file__).parent / "fixtures" / "run_h200x2_selftest"
     run = tmp_path / "example"
     shutil.copytree(example, run)
     data = rundata.load(run)

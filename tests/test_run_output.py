@@ -185,7 +185,8 @@ def test_a_run_that_tested_nothing_exits_2_and_says_why(project):
     assert proc.returncode == 2
     assert "nothing was tested" in proc.stdout
     last = proc.stdout.strip().splitlines()[-1]
-    assert last == "1 case(s): 0 ran (0 passed, 0 failed), 1 skipped: no CUDA device visible (1)"
+    assert last == ("nothing-tested (exit 2): 1 case(s): 0 ran (0 passed, 0 failed), 1 "
+                    "skipped: no CUDA device visible (1)")
     allowed = gpucheck_run(project, "--cpu-only", "--allow-empty", "--out",
                            str(project / "out2"), "--", "-k", "test_d")
     assert allowed.returncode == 0
@@ -195,7 +196,7 @@ def test_a_run_that_tested_nothing_exits_2_and_says_why(project):
 def test_the_last_line_counts_every_status_and_the_skip_reasons(project):
     proc = gpucheck_run(project, "--cpu-only", "--out", str(project / "out"))
     last = proc.stdout.strip().splitlines()[-1]
-    assert last == ("5 case(s): 4 ran (3 passed, 1 failed), 1 skipped: "
+    assert last == ("failed (exit 1): 5 case(s): 4 ran (3 passed, 1 failed), 1 skipped: "
                     "no CUDA device visible (1)")
 
 
@@ -359,7 +360,7 @@ def test_sigterm_stops_the_run_like_ctrl_c_and_leaves_no_worker(project):
     proc.send_signal(signal.SIGTERM)
     stdout, _ = proc.communicate(timeout=60)
     assert proc.returncode == 143
-    assert "interrupted (SIGTERM)" in stdout
+    assert "interrupted: stopped by SIGTERM: finished cases were kept" in stdout
     end = records(out)[-1]
     assert end["record"] == "end" and "stopped by SIGTERM" in end["reason"]
     assert (out / "report.html").exists()
@@ -367,3 +368,59 @@ def test_sigterm_stops_the_run_like_ctrl_c_and_leaves_no_worker(project):
         for _ in range(50):
             os.kill(worker, 0)
             time.sleep(0.2)
+
+
+# --- output for logs ------------------------------------------------------------------------
+
+LOG_SUITE = textwrap.dedent('''
+    import os, pytest
+
+    @pytest.mark.parametrize("where", ["cuda0", "cuda1"])
+    def test_ok(where):
+        pass
+
+    @pytest.mark.parametrize("where", ["cuda1"])
+    def test_fails(where):
+        assert [1] == [2]
+
+    def test_dies():
+        os.abort()
+
+    def test_after_the_crash():
+        pass
+''')
+
+
+def test_without_a_terminal_every_line_is_plain_and_printed_once(tmp_path):
+    """Piped into a CI log: no rich markup ([red]...[/]), no ANSI escapes, no progress bar
+    redrawn or rendered at the end; one line per finding as it is recorded and one per worker
+    when it finishes; case ids with brackets printed as they are."""
+    suite = tmp_path / "suites" / "logs"
+    suite.mkdir(parents=True)
+    (suite / "test_logs.py").write_text(LOG_SUITE)
+    proc = subprocess.run([sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--out",
+                           str(tmp_path / "out")], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=180, env={k: v for k, v in os.environ.items()
+                                            if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "[red]" not in out and "[/" not in out and "[yellow]" not in out
+    assert "\x1b[" not in out + proc.stderr
+    # no progress bar, not even its last frame ("cpu blocking ━━━━ 5/5 findings 2 done")
+    assert not [line for line in out.splitlines() if "━" in line and "findings" in line]
+    lines = [line for line in out.splitlines() if line.strip()]
+    text = [line for line in lines if not set(line) <= set("┏┓┗┛┡┩└┘━─┃│╇┳┻┴┬├┤ ")]
+    repeated = [line for line, n in Counter(text).items() if n > 1]
+    assert repeated == []
+    # live: the findings as recorded, then the worker (restarted after the abort) once
+    finding = "test-failure: cpu blocking test_logs.py::test_fails[cuda1]: assert [1] == [2]"
+    crash = "crash: cpu blocking test_logs.py::test_dies: worker killed by SIGABRT"
+    worker = "cpu blocking: 5/5 cases, 1 restart(s), exit 0"
+    assert lines.index(finding) < lines.index(worker)
+    assert any(line.startswith(crash) for line in lines[:lines.index(worker)])
+    # the summary: the findings grouped, then the verdict with the counts, last
+    assert "symptoms no diagnosis explains: 2 group(s), 2 finding(s)" in lines
+    assert lines[-1] == "failed (exit 1): 5 case(s): 5 ran (3 passed, 1 failed, 1 crashed), " \
+                        "0 skipped"
+    table = out[out.index("gpucheck summary"):]
+    assert "logs" in table and "…" not in table  # a log is not folded to 80 columns

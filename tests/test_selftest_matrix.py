@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck import cli, selftest
+from gpucheck import _resources, cli, selftest
 from gpucheck.selftest import DEFECTS, matrix, pass_of, read_run, verdict
 
 RUN = Path(__file__).parent / "fixtures" / "run_h200_selftest"
@@ -85,7 +85,8 @@ def test_wrong_device_must_be_diagnosed_on_every_device(diagnosed, status):
     assert row.status == status
 
 
-def test_selftest_command_prints_the_matrix_of_its_run(tmp_path, monkeypatch, capsys):
+def test_selftest_command_prints_the_matrix_of_its_run(tmp_path, monkeypatch, capsys,
+                                                        two_gpus):
     from gpucheck.runner import pipeline
 
     ran = []
@@ -100,10 +101,13 @@ def test_selftest_command_prints_the_matrix_of_its_run(tmp_path, monkeypatch, ca
     monkeypatch.setattr(pipeline, "run", fake_run)
     built = []
     monkeypatch.setattr(selftest, "prebuild", lambda logs: built.append(logs) or None)
-    code = cli.main(["selftest", "--sanitizer", "--out", str(tmp_path / "st")])
+    monkeypatch.chdir(tmp_path)  # the run folder is ./selftest: not a suite of that name
+    code = cli.main(["selftest", "--sanitizer", "--out", "selftest"])
     out = capsys.readouterr().out
     assert code == 2
-    assert ran[0].suites == ("selftest",)
+    assert ran[0].suites == (str(_resources.suites() / "selftest"),)
+    assert pipeline.suites_mod.resolve(ran[0].suites) == {
+        "selftest": (_resources.suites() / "selftest").resolve()}
     assert ran[0].modes == ("blocking", "nvml", "sanitizer:memcheck", "sanitizer:racecheck",
                             "sanitizer:initcheck")
     assert len(built) == 1  # the defect builds are made before the harness starts

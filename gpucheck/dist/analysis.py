@@ -66,6 +66,14 @@ class RankView:
         return next((e for e in reversed(self.entries) if e.get("ev") == "case-end"
                      and (case is None or e.get("case") == case)), None)
 
+    def case_timeout(self) -> float | None:
+        """The time limit the current case declared (``dist_timeout``), if any."""
+        for e in reversed(self.entries):
+            if e.get("ev") == "case":
+                value = e.get("timeout")
+                return float(value) if isinstance(value, (int, float)) else None
+        return None
+
     def current_case(self) -> str | None:
         for e in reversed(self.entries):
             if e.get("ev") in ("case", "enter"):

@@ -73,9 +73,14 @@ class CollectiveLog:
         with self._lock:
             os.write(self._fd, line)
 
-    def case_started(self, case: str) -> None:
+    def case_started(self, case: str, timeout: float | None = None) -> None:
+        """A case begins; ``timeout``: its own time limit in seconds (``dist_timeout``
+        marker), which the watchdog applies when shorter than ``--timeout``."""
         self.case = case
-        self.write(ev="case", case=case, seq=self.seq)
+        if timeout is None:
+            self.write(ev="case", case=case, seq=self.seq)
+        else:
+            self.write(ev="case", case=case, seq=self.seq, timeout=float(timeout))
 
     def case_finished(self, case: str, outcome: str, error: str | None = None) -> None:
         self.write(ev="case-end", case=case, seq=self.seq, outcome=outcome, error=error)
@@ -223,7 +228,7 @@ _FIELDS: dict[str, tuple[type, ...]] = {
     "ev": (str,), "seq": (int,), "op": (str,), "case": (str, type(None)),
     "where": (str, type(None)), "tag": (str, type(None)), "error": (str, type(None)),
     "kind": (str, type(None)), "outcome": (str, type(None)), "shapes": (list,),
-    "dtypes": (list,), "devices": (list,)}
+    "dtypes": (list,), "devices": (list,), "timeout": (int, float)}
 
 
 def _valid(entry: Any) -> bool:

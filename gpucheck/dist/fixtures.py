@@ -5,6 +5,11 @@ process group once per worker (env://, see :mod:`gpucheck.dist.rank`), meets the
 at the start of the case, logs the case's collectives, and at the end writes the case's
 outcome to the collective log and meets the others again. Outside a distributed run (no
 ``RANK``/``WORLD_SIZE``) such tests are skipped with the reason.
+
+``@pytest.mark.dist_timeout(SECONDS)`` gives a distributed case its own time limit: the
+watchdog declares a hang once the case runs longer than that (or than ``--timeout``, whichever
+is shorter). A rank stuck in its own code while the others wait in a collective looks like a
+slow rank until then, so a case that must finish quickly should say so.
 """
 
 from __future__ import annotations
@@ -19,6 +24,25 @@ import pytest
 from gpucheck.dist.analysis import GROUP_LOST_EXIT
 
 _CALL_REPORT = pytest.StashKey[pytest.TestReport]()
+MARKER = "dist_timeout"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", f"{MARKER}(seconds): the distributed watchdog's time limit for this case, "
+        "when shorter than --timeout (gpucheck run --distributed)")
+
+
+def case_timeout(item: pytest.Item) -> float | None:
+    """The ``dist_timeout`` of a case, in seconds, or None."""
+    marker = item.get_closest_marker(MARKER)
+    if marker is None:
+        return None
+    seconds = marker.args[0] if marker.args else marker.kwargs.get("seconds")
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds <= 0:
+        raise pytest.UsageError(f"{item.nodeid}: {MARKER} takes a positive number of "
+                                f"seconds, got {seconds!r}")
+    return float(seconds)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -53,7 +77,7 @@ def dist_rank(_dist_group: Any, request: pytest.FixtureRequest) -> Iterator[Any]
     case = _case_id(request)
     _meet(rank, case, "start")
     if rank.log is not None:
-        rank.log.case_started(case)
+        rank.log.case_started(case, case_timeout(request.node))
     yield rank
     report = request.node.stash.get(_CALL_REPORT, None)
     outcome = "error" if report is None else report.outcome

@@ -1,37 +1,87 @@
-"""Loading gpucheck's compiled extension (which registers ``torch.ops.gpucheck.*``)."""
+"""Loading gpucheck's CUDA kernels, which register ``torch.ops.gpucheck.*``.
+
+Where the kernels were built at install (``gpucheck._C``) that build is used; otherwise the
+package's own sources (``gpucheck.csrc``) are built once, on first use, with ninja into
+gpucheck's cache (``torch.utils.cpp_extension.load``), the way gsplat ships its kernels. One
+line on stderr says so while it builds, and every way this can fail (no torch, a CPU-only
+torch, no CUDA toolkit, a compile error) ends in one :class:`ExtensionNotBuilt` sentence.
+Several processes may load at once (pytest -n, one worker per GPU): a file lock lets one
+build while the others wait, and a lock the OS releases dies with a killed build.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
-from collections.abc import Callable
+import hashlib
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from importlib.machinery import ExtensionFileLoader
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import gpucheck
+from gpucheck import _csrc
 from gpucheck.errors import ExtensionNotBuilt
 
-BUILD_HINT = (
-    "on a machine with a CUDA toolkit and a CUDA build of torch, run "
-    "`pip install --no-build-isolation -e .` in the gpucheck checkout "
-    "(TORCH_CUDA_ARCH_LIST=9.0 for H100/H200)"
-)
+NOT_AVAILABLE = "gpucheck's CUDA extension is not available"
+BUILD_HINT = ("see docs/install.md (in a checkout, `pip install --no-build-isolation -e .` "
+              "builds them at install)")
+#: the library of a build: registration.cpp defines ``PyInit__C``
+LIBRARY = "_C"
+#: the sources whose change makes a cached build stale
+_INPUTS = (".h", ".cuh", ".cpp", ".cu")
+#: how long :func:`problem_in_child` lets a first-use build take
+CHILD_TIMEOUT_S = 3600.0
+
+
+def _unavailable(why: str, hint: bool = True) -> ExtensionNotBuilt:
+    return ExtensionNotBuilt(f"{NOT_AVAILABLE}: {why}" + (f"; {BUILD_HINT}" if hint else ""))
 
 
 @functools.cache
-def load() -> ModuleType:
-    """Import ``gpucheck._C`` once; raise ExtensionNotBuilt with the fix if it is missing."""
+def _attempt() -> ModuleType | ExtensionNotBuilt:
+    """Load (or build) once per process; a failure is remembered too (a failed build is not
+    tried again by every later call)."""
     try:
-        import torch  # noqa: F401  (the extension links against torch's libraries)
-
-        from gpucheck import _C  # type: ignore[attr-defined]
+        import torch
     except ImportError as err:
-        raise ExtensionNotBuilt(
-            f"gpucheck's CUDA extension is not available ({err}); {BUILD_HINT}"
-        ) from err
-    return _C
+        return _unavailable(f"torch is not importable ({err})")
+    try:
+        from gpucheck import _C  # type: ignore[attr-defined]
+    except ImportError:  # not built at install, or built against another torch
+        pass
+    else:
+        return _C
+    try:
+        return _jit(torch)
+    except ExtensionNotBuilt as err:
+        return err
+
+
+def load() -> ModuleType:
+    """The kernels' module: ``gpucheck._C`` when it was built at install, else the build of
+    the package's sources in gpucheck's cache, made first where there is none yet or the
+    sources changed since.
+
+    Raises:
+        gpucheck.errors.ExtensionNotBuilt: why the kernels cannot be had, in one sentence
+            (where a compile failed: where its output is).
+    """
+    got = _attempt()
+    if isinstance(got, ExtensionNotBuilt):
+        raise ExtensionNotBuilt(str(got))
+    return got
 
 
 def available() -> bool:
-    """True when the compiled extension can be imported."""
+    """True when the kernels can be loaded (building them first where needed)."""
     try:
         load()
     except ExtensionNotBuilt:
@@ -39,12 +89,173 @@ def available() -> bool:
     return True
 
 
+def _jit(torch: Any) -> ModuleType:
+    """The cached build of the package's sources for this torch, made first if needed."""
+    if torch.version.cuda is None:
+        raise _unavailable(f"torch {torch.__version__} is a CPU-only build, and the kernels "
+                           "need a CUDA build of torch")
+    cuda_home = _csrc._cuda_home()
+    if cuda_home is None:
+        raise _unavailable(
+            "they are built on first use, but no CUDA toolkit was found (no nvcc in "
+            f"$CUDA_HOME, on PATH or in /usr/local/cuda): install the toolkit of torch's CUDA "
+            f"{torch.version.cuda}, or set CUDA_HOME to it")
+    archs, label = _archs(torch, cuda_home)
+    try:
+        sources = _csrc.sources()
+    except SystemExit as err:  # GPUCHECK_KERNELS names a kernel that does not exist
+        raise _unavailable(str(err), hint=False) from None
+    if not sources:
+        raise _unavailable(f"the package's CUDA sources are missing ({_csrc.csrc_dir()})",
+                           hint=False)
+    csrc = _csrc.csrc_dir()
+    key = repr((gpucheck.__version__, _csrc.CXX_FLAGS, _csrc.NVCC_FLAGS, archs,
+                os.environ.get("TORCH_CUDA_ARCH_LIST"),
+                [s.relative_to(csrc).as_posix() for s in sources]))
+    tag = "-".join(label.replace(" (+PTX)", "+PTX").split(", "))
+    name = f"kernels-{tag}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
+    try:
+        folder = _csrc.build_dir(name)
+    except OSError as err:
+        raise _unavailable(f"its build folder cannot be made in {_csrc.cache_dir()} "
+                           f"({err.strerror or err}); set {_csrc.CACHE_ENV} to a writable "
+                           "folder", hint=False) from err
+    library = folder / f"{LIBRARY}.so"
+    inputs = [p for p in csrc.rglob("*") if p.suffix in _INPUTS]
+    with _locked(folder / "gpucheck.lock", exclusive=False):
+        if _up_to_date(library, inputs):
+            return _import(library, folder)
+    with _locked(folder / "gpucheck.lock", exclusive=True):  # one process builds, others wait
+        if not _up_to_date(library, inputs):
+            print(f"gpucheck: building the CUDA kernels for {label} (first use; about a "
+                  f"minute) in {folder}", file=sys.stderr, flush=True)
+            _build(sources, archs, folder, cuda_home, label)
+        return _import(library, folder)
+
+
+def _archs(torch: Any, cuda_home: Path) -> tuple[list[str] | None, str]:
+    """The architectures to build for (None: TORCH_CUDA_ARCH_LIST's names, e.g. ``Hopper``,
+    which torch reads) and how to name them."""
+    wanted = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if wanted:
+        archs = _csrc.parse_arch_env(wanted)
+        return archs, _csrc.arch_label(archs) if archs else f"TORCH_CUDA_ARCH_LIST={wanted}"
+    visible = ([torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())]
+               if torch.cuda.is_available() else [])
+    archs = _csrc.arch_list(visible, _csrc.nvcc_archs(cuda_home))
+    return archs, _csrc.arch_label(archs)
+
+
+@contextlib.contextmanager
+def _locked(path: Path, exclusive: bool) -> Iterator[None]:
+    """flock on ``path``: the OS releases it when its process ends, even a killed one, so a
+    build interrupted half-way leaves no lock that would make every later run wait."""
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _up_to_date(library: Path, inputs: list[Path]) -> bool:
+    if not library.is_file():
+        return False
+    built = library.stat().st_mtime
+    return all(p.stat().st_mtime <= built for p in inputs)
+
+
+def _build(sources: list[Path], archs: list[str] | None, folder: Path, cuda_home: Path,
+           label: str) -> None:
+    """Compile and link the kernels into ``folder`` (our lock held); a failure leaves its
+    output in ``folder/build.log`` and raises the sentence that points there."""
+    import warnings
+
+    from torch.utils import cpp_extension
+
+    (folder / "lock").unlink(missing_ok=True)  # torch's own lock: one here is a killed build's
+    log = folder / "build.log"
+    try:
+        _csrc.torch_build_env()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. torch's notes on compiler versions
+            cpp_extension.load(
+                name=LIBRARY, sources=[str(s) for s in sources],
+                extra_include_paths=[str(_csrc.csrc_dir())], extra_cflags=_csrc.CXX_FLAGS,
+                extra_cuda_cflags=[*_csrc.NVCC_FLAGS, *_csrc.gencode_flags(archs or [])],
+                build_directory=str(folder), is_python_module=False, verbose=False)
+    except Exception as err:  # the compiler's, ninja's or torch's checks alike
+        text = str(err)
+        log.write_text(text + "\n")
+        raise _unavailable(f"building it for {label} with {cuda_home / 'bin' / 'nvcc'} failed "
+                           f"({first_error(text) or repr(err)}); the compiler's output is in "
+                           f"{log}", hint=False) from err
+    log.write_text("built\n")
+
+
+def first_error(output: str) -> str:
+    """The first compiler diagnostic of a build's output (``error: ...``), else its first
+    line; at most 200 characters."""
+    found = re.search(r"\b(?:fatal )?error\b\s*:.*", output, re.IGNORECASE)
+    line = found.group(0) if found else next(iter(output.strip().splitlines()), "")
+    return line.strip()[:200]
+
+
+def _import(library: Path, folder: Path) -> ModuleType:
+    """Import a build as ``gpucheck._C`` (loading it registers the ops)."""
+    name = "gpucheck._C"
+    try:
+        spec = importlib.util.spec_from_file_location(
+            name, library, loader=ExtensionFileLoader(name, str(library)))
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except (ImportError, OSError) as err:
+        raise _unavailable(f"loading the kernels built in {folder} failed ({err}); delete that "
+                           "folder to build them again", hint=False) from err
+    return module
+
+
+def child_main() -> int:
+    """The child of :func:`problem_in_child`: load the kernels (building them if needed);
+    print why not on one line and return 3 when they cannot be loaded."""
+    import warnings
+
+    warnings.simplefilter("ignore")  # the parent shows this process's stderr: our lines only
+    try:
+        load()
+    except Exception as err:  # ExtensionNotBuilt, and anything unforeseen, as one line
+        lines = str(err).strip().splitlines()
+        print(lines[0] if lines else repr(err))
+        return 3
+    return 0
+
+
+def problem_in_child(timeout: float = CHILD_TIMEOUT_S) -> str | None:
+    """Why the kernels cannot be loaded, or None when they can: checked in a child process,
+    which builds them first where this is their first use (its progress line goes to this
+    process's stderr). The caller never imports torch, and a broken build cannot take it
+    down."""
+    code = "import sys; from gpucheck.ops import _ext; sys.exit(_ext.child_main())"
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return (f"building gpucheck's CUDA kernels did not finish within {timeout:.0f} s "
+                f"(a build's files are in {_csrc.cache_dir()})")
+    if proc.returncode == 0:
+        return None
+    said = proc.stdout.strip().splitlines()
+    return said[-1] if said else (f"loading gpucheck's CUDA extension failed (exit code "
+                                  f"{proc.returncode})")
+
+
 def registered_op(qualname: str, fake: Callable[..., Any]) -> Any:
     """The default overload of op ``ns::name`` of the extension, with its fake (meta)
     implementation registered (callers cache it: registration happens once).
 
     Raises:
-        gpucheck.errors.ExtensionNotBuilt: the compiled extension is not installed.
+        gpucheck.errors.ExtensionNotBuilt: the kernels cannot be loaded.
     """
     import torch
 

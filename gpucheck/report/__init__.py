@@ -1,18 +1,39 @@
 """Results of a run: the results.jsonl format, its JSON Schema, and the reports made from it.
 
-``write_all(run_dir)`` (re)writes every report of a run folder from what it holds:
-``report.html`` (one self-contained page), ``results.json`` (one JSON document, see
-``document``) and ``junit.xml``. It works on an interrupted run too (torn last line, no header,
-no timeline) and never raises on the folder's content.
+``publish(run_dir)`` (re)writes the reports of a run folder from what it holds and returns
+them with the run's verdict (:mod:`gpucheck.report.verdict`, the one rule every output
+states): ``report.html`` (one self-contained page), ``results.json`` (one JSON document, see
+``document``), ``junit.xml`` and, when asked, ``results.sarif`` (SARIF 2.1.0, see ``sarif``).
+It works on an interrupted run too (torn last line, no header, no timeline) and never raises
+on the folder's content. ``write_all`` is the same, returning only the paths.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
-from gpucheck.report import document, html, junit, rundata, timeline
+from gpucheck.report import document, groups, html, junit, rundata, sarif, timeline
+from gpucheck.report.rundata import RunData
+from gpucheck.report.verdict import Verdict, decide
+
+#: every report format: name -> file in the run folder
+FORMATS = {"html": "report.html", "json": "results.json", "junit": "junit.xml",
+           "sarif": "results.sarif"}
+#: what a run writes when no --format is given
+DEFAULT_FORMATS = ("html", "json", "junit")
+
+
+@dataclass
+class Published:
+    """The reports written, and what they say."""
+
+    paths: dict[str, Path]  # format -> file
+    verdict: Verdict
+    data: RunData
+    grouped: groups.Grouped
 
 
 def _write(path: Path, text: str) -> Path:
@@ -23,33 +44,59 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
-def write_all(run_dir: Path, out: Path | None = None) -> dict[str, Path]:
-    """Write report.html, results.json and junit.xml of the run in ``run_dir``.
+def publish(run_dir: Path, out: Path | None = None,
+            formats: tuple[str, ...] | list[str] = DEFAULT_FORMATS, *,
+            allow_empty: bool | None = None, stopped_by: str | None = None) -> Published:
+    """Write the reports of the run in ``run_dir`` and decide its verdict.
 
     Args:
         run_dir: a run folder (results.jsonl, nvml_timeline.jsonl, workers/), complete or not.
-        out: where the HTML page goes (default ``run_dir/report.html``); results.json and
-            junit.xml always go into ``run_dir``.
+        out: where the HTML page goes (default ``run_dir/report.html``); the other formats
+            always go into ``run_dir``.
+        formats: which of :data:`FORMATS` to write (default :data:`DEFAULT_FORMATS`).
+        allow_empty: see :func:`gpucheck.report.verdict.decide`.
+        stopped_by: see :func:`gpucheck.report.verdict.decide`.
 
     Returns:
-        ``{"html": path, "json": path, "junit": path}``.
+        The paths written, the verdict, the run's data and its grouped findings.
     """
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown:
+        raise ValueError(f"unknown report format(s) {unknown}; known: {', '.join(FORMATS)}")
     run_dir = Path(run_dir)
-    html_path = Path(out) if out is not None else run_dir / "report.html"
     data = rundata.load(run_dir)
     tl = timeline.read(run_dir / "nvml_timeline.jsonl", data.uuid_labels())
     if tl is not None and tl.torn:
         data.problems.append(f"{tl.torn} line(s) of nvml_timeline.jsonl could not be read")
-    doc = document.build(data, tl)
-    paths = {
-        "json": _write(run_dir / "results.json",
-                       json.dumps(doc, separators=(",", ":"), default=str) + "\n"),
-        "junit": run_dir / "junit.xml",
-    }
-    tree = junit.to_xml(data.cases)
-    tmp = run_dir / ".junit.xml.tmp"
-    tree.write(tmp, encoding="utf-8", xml_declaration=True)
-    os.replace(tmp, paths["junit"])
-    html_path.parent.mkdir(parents=True, exist_ok=True)
-    paths["html"] = _write(html_path, html.render(data, doc, tl, html_path))
-    return paths
+    verdict = decide(data, allow_empty=allow_empty, stopped_by=stopped_by)
+    grouped = groups.build(data.cases)
+    doc = document.build(data, tl, verdict, grouped)
+    paths: dict[str, Path] = {}
+    if "json" in formats:
+        paths["json"] = _write(run_dir / FORMATS["json"],
+                               json.dumps(doc, separators=(",", ":"), default=str) + "\n")
+    if "junit" in formats:
+        paths["junit"] = run_dir / FORMATS["junit"]
+        tmp = run_dir / ".junit.xml.tmp"
+        junit.to_xml(data.cases, verdict).write(tmp, encoding="utf-8", xml_declaration=True)
+        os.replace(tmp, paths["junit"])
+    if "sarif" in formats:
+        paths["sarif"] = _write(run_dir / FORMATS["sarif"], json.dumps(
+            sarif.build(data, grouped, verdict), indent=1, default=str) + "\n")
+    if "html" in formats:
+        html_path = Path(out) if out is not None else run_dir / FORMATS["html"]
+        html_path.parent.mkdir(parents=True, exist_ok=True)
+        paths["html"] = _write(html_path, html.render(data, doc, tl, html_path, grouped,
+                                                      verdict))
+    ordered = {fmt: paths[fmt] for fmt in FORMATS if fmt in paths}
+    return Published(ordered, verdict, data, grouped)
+
+
+def write_all(run_dir: Path, out: Path | None = None,
+              formats: tuple[str, ...] | list[str] = DEFAULT_FORMATS) -> dict[str, Path]:
+    """Write the reports of the run in ``run_dir`` (see :func:`publish`).
+
+    Returns:
+        ``{format: path}``, e.g. ``{"html": ..., "json": ..., "junit": ...}``.
+    """
+    return publish(run_dir, out, formats).paths

@@ -7,12 +7,17 @@ Shape (``schema: gpucheck.report/1``)::
       "generated_at": ISO time, "run_dir": str,
       "run": the run header record of results.jsonl, or null when the run has none,
       "state": {"complete": bool, "interrupted": [why, ...], "problems": [note, ...]},
-      "summary": {"verdict": "clean" | "warnings" | "failed" | "no-results",
+      "summary": {"verdict": "passed" | "warnings" | "failed" | "interrupted" |
+                             "incomplete" | "nothing-tested"   (see ``verdict``),
+                  "exit_code": int, "why": [sentence, ...],
                   "started_at", "finished_at": ISO or null, "duration_s": float or null,
                   "devices": [label], "suites": [name], "modes": [label],
                   "cases": int, "by_status": {status: n}, "findings": int,
                   "by_kind": {kind: n}, "by_severity": {severity: n}},
       "matrix": [{"device", "suite", "worst": status, "counts": {status: n}}],
+      "diagnoses": [group], "symptoms": [group]   (see ``groups``: one group per
+                   (kind, op or kernel); a diagnosis lists the symptoms it explains; the
+                   symptoms are those no diagnosis explains),
       "findings": {kind: [finding + {"mode", "status", "case_index"}]},
       "cases": [every case record of results.jsonl, as written],
       "timeline": null or {"file", "samples", "interval_s", "start", "end", "devices": [
@@ -31,9 +36,10 @@ from collections import Counter, defaultdict
 from datetime import datetime, timezone
 from typing import Any
 
-from gpucheck.report.results import BAD_STATUSES
+from gpucheck.report.groups import Grouped
 from gpucheck.report.rundata import RunData
 from gpucheck.report.timeline import Timeline
+from gpucheck.report.verdict import Verdict
 
 SCHEMA = "gpucheck.report/1"
 #: worst first: the colour of a matrix cell is its worst case
@@ -50,15 +56,6 @@ def _iso(t: float | None) -> str | None:
     if t is None:
         return None
     return datetime.fromtimestamp(t, timezone.utc).astimezone().isoformat(timespec="seconds")
-
-
-def verdict(data: RunData) -> str:
-    severities = {f.get("severity") for r in data.cases for f in r.get("findings", [])}
-    if not data.cases:
-        return "no-results"
-    if "error" in severities or any(r["status"] in BAD_STATUSES for r in data.cases):
-        return "failed"
-    return "warnings" if "warning" in severities else "clean"
 
 
 def matrix(data: RunData) -> list[dict[str, Any]]:
@@ -82,13 +79,13 @@ def findings_by_kind(data: RunData) -> dict[str, list[dict[str, Any]]]:
     return dict(sorted(out.items()))
 
 
-def summary(data: RunData) -> dict[str, Any]:
+def summary(data: RunData, verdict: Verdict) -> dict[str, Any]:
     started, finished = data.started(), data.finished()
     findings = [f for r in data.cases for f in r.get("findings", [])]
     modes = list((data.header or {}).get("modes", []))
     modes += [m for m in dict.fromkeys(r["mode"] for r in data.cases) if m not in modes]
     return {
-        "verdict": verdict(data),
+        "verdict": verdict.name, "exit_code": verdict.exit_code, "why": verdict.why,
         "started_at": _iso(started), "finished_at": _iso(finished),
         "duration_s": None if started is None or finished is None
         else round(max(0.0, finished - started), 3),
@@ -117,7 +114,8 @@ def timeline_summary(tl: Timeline | None) -> dict[str, Any] | None:
     }
 
 
-def build(data: RunData, timeline: Timeline | None) -> dict[str, Any]:
+def build(data: RunData, timeline: Timeline | None, verdict: Verdict, grouped: Grouped
+          ) -> dict[str, Any]:
     """The results.json document of a run."""
     interrupted = data.interrupted
     return {
@@ -128,8 +126,9 @@ def build(data: RunData, timeline: Timeline | None) -> dict[str, Any]:
         "state": {"complete": data.header is not None and not interrupted
                   and not data.torn_lines, "interrupted": interrupted,
                   "problems": data.problems},
-        "summary": summary(data),
+        "summary": summary(data, verdict),
         "matrix": matrix(data),
+        **grouped.to_json(),
         "findings": findings_by_kind(data),
         "cases": data.cases,
         "timeline": timeline_summary(timeline),

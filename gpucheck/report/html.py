@@ -20,15 +20,13 @@ from typing import Any
 
 import jinja2
 
-from gpucheck.report import evidence, timeline
+from gpucheck.report import cards, evidence, timeline
 from gpucheck.report.document import SEVERITY_ORDER
+from gpucheck.report.groups import Grouped
 from gpucheck.report.results import BAD_STATUSES
 from gpucheck.report.rundata import EXTRA_TITLES, RunData
+from gpucheck.report.verdict import Verdict
 
-#: evidence text kept per block (the full text stays in results.jsonl / results.json)
-MAX_TEXT = 12_000
-#: occurrences of one finding shown with their evidence (the others are listed by device)
-MAX_OCCURRENCES = 6
 #: rows of the cross-device comparison
 MAX_COMPARE = 100
 STATUS_CHAR = {s: s[0] for s in SEVERITY_ORDER}
@@ -56,13 +54,6 @@ def _peak(record: dict[str, Any]) -> int | None:
         if isinstance(mem.get(key), int):
             return int(mem[key])
     return None
-
-
-def _cut(text: str) -> str:
-    if len(text) <= MAX_TEXT:
-        return text
-    return text[:MAX_TEXT // 3] + "\n[... cut: the full text is in results.jsonl ...]\n" + \
-        text[-2 * MAX_TEXT // 3:]
 
 
 def _slug(text: str) -> str:
@@ -98,20 +89,26 @@ def _header(data: RunData, doc: dict[str, Any], plots: list[dict[str, Any]]) -> 
             "notes": list(h.get("notes", []))}
 
 
-def _cells(data: RunData, card_of_case: dict[int, str]) -> tuple[list[dict[str, Any]],
-                                                                 dict[str, Any]]:
+def _cell_groups(data: RunData) -> list[tuple[str, str, str, list[int]]]:
+    """(cell id, device, suite, case indices) of every (device, suite) with cases."""
+    groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for i, r in enumerate(data.cases):
+        groups[(r["device"], r["suite"])].append(i)
+    ordered = sorted(groups.items(), key=lambda kv: (data.devices.index(kv[0][0]),
+                                                     data.suites.index(kv[0][1])))
+    return [(f"cell-{n}-{_slug(device)}-{_slug(suite)}", device, suite, indices)
+            for n, ((device, suite), indices) in enumerate(ordered)]
+
+
+def _cells(data: RunData, card_of_case: dict[int, str],
+           groups: list[tuple[str, str, str, list[int]]]
+           ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Case lists per (device, suite): rows of cases that did not pass, and the JSON table of
     the others (listed on demand)."""
     names: dict[str, int] = {}
     modes: dict[str, int] = {}
-    groups: dict[tuple[str, str], list[int]] = defaultdict(list)
-    for i, r in enumerate(data.cases):
-        groups[(r["device"], r["suite"])].append(i)
     cells, lazy = [], {}
-    for n, ((device, suite), indices) in enumerate(
-            sorted(groups.items(), key=lambda kv: (data.devices.index(kv[0][0]),
-                                                   data.suites.index(kv[0][1])))):
-        cell_id = f"cell-{n}-{_slug(device)}-{_slug(suite)}"
+    for cell_id, device, suite, indices in groups:
         rows, quiet = [], []
         counts: dict[str, int] = defaultdict(int)
         for i in indices:
@@ -156,49 +153,6 @@ def _matrix(data: RunData, doc: dict[str, Any], cells: list[dict[str, Any]]) -> 
                         "href": "#" + ids[(device, suite)], "counts": title})
         rows.append({"device": device, "cells": row})
     return {"suites": data.suites, "rows": rows}
-
-
-def _cards(data: RunData) -> tuple[list[dict[str, Any]], dict[int, str]]:
-    """Findings grouped by kind; identical findings on several devices/modes make one card."""
-    labels = data.uuid_labels()
-    groups: dict[tuple[str, str, str, str, str], list[tuple[int, dict[str, Any]]]] = \
-        defaultdict(list)
-    for i, r in enumerate(data.cases):
-        for f in r.get("findings", []):
-            key = (str(f.get("kind")), str(f.get("severity")), r["suite"], r["case"],
-                   str(f.get("message")))
-            groups[key].append((i, f))
-    kinds: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    card_of_case: dict[int, str] = {}
-    rank = {"error": 0, "warning": 1, "info": 2}
-    for n, (key, occ) in enumerate(sorted(groups.items(), key=lambda kv: (
-            rank.get(kv[0][1], 3), kv[0][0], kv[0][2], kv[0][3]))):
-        kind, severity, suite, case, message = key
-        card_id = f"f-{n}"
-        for i, _ in occ:
-            card_of_case.setdefault(i, card_id)
-        first = occ[0][1]
-        records = [data.cases[i] for i, _ in occ]
-        kinds[kind].append({
-            "id": card_id, "kind": kind, "severity": severity, "suite": suite, "case": case,
-            "message": message, "hint": evidence.hint_for(first),
-            "devices": sorted({r["device"] for r in records}, key=data.devices.index),
-            "modes": sorted({r["mode"] for r in records}),
-            "statuses": sorted({r["status"] for r in records}),
-            "occurrences": [{"device": data.cases[i]["device"], "mode": data.cases[i]["mode"],
-                             "status": data.cases[i]["status"],
-                             "blocks": [{**b, "text": _cut(b["text"])} if b["type"] == "pre"
-                                        else b for b in evidence.blocks(f, data.cases[i],
-                                                                        labels)]}
-                            for i, f in occ[:MAX_OCCURRENCES]],
-            "more": len(occ) - MAX_OCCURRENCES if len(occ) > MAX_OCCURRENCES else 0,
-            "n": len(occ),
-        })
-    ordered = sorted(kinds.items(), key=lambda kv: (
-        min(rank.get(c["severity"], 3) for c in kv[1]), kv[0]))
-    return ([{"kind": k, "title": evidence.kind_title(k), "about": evidence.kind_about(k),
-              "cards": cards, "count": sum(c["n"] for c in cards)}
-             for k, cards in ordered], card_of_case)
 
 
 def _compare(data: RunData) -> dict[str, Any]:
@@ -256,28 +210,30 @@ def _json_script(value: Any) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def render(data: RunData, doc: dict[str, Any], tl: timeline.Timeline | None, out: Path) -> str:
+def render(data: RunData, doc: dict[str, Any], tl: timeline.Timeline | None, out: Path,
+           grouped: Grouped, verdict: Verdict) -> str:
     """The HTML page of a run (``out`` is where it will be written: links are relative)."""
     t0 = time.perf_counter()
     plots = timeline.plots(data, tl) if tl is not None else []
-    groups, card_of_case = _cards(data)
-    cells, table = _cells(data, card_of_case)
+    cell_groups = _cell_groups(data)
+    cell_of = {i: cell_id for cell_id, _, _, indices in cell_groups for i in indices}
+    findings, card_of_case = cards.sections(data, grouped, cell_of)
+    cells, table = _cells(data, card_of_case, cell_groups)
     s = doc["summary"]
-    verdict = s["verdict"]
     interrupted = doc["state"]["interrupted"]
     ctx = {
-        "doc": doc, "summary": s, "run_id": data.run_id or "(unknown)", "verdict": verdict,
-        "interrupted": interrupted,
+        "doc": doc, "summary": s, "run_id": data.run_id or "(unknown)", "verdict": verdict.name,
+        "why": verdict.why, "interrupted": interrupted,
         "problems": doc["state"]["problems"], "header": _header(data, doc, plots),
-        "matrix": _matrix(data, doc, cells), "cells": cells, "groups": groups,
+        "matrix": _matrix(data, doc, cells), "cells": cells, "findings": findings,
         "plots": plots, "timeline": doc["timeline"], "buckets": timeline.BUCKETS,
         "compare": _compare(data),
         "extras": _extras(data), "logs": _logs(data, out),
         "statuses": [st for st in SEVERITY_ORDER if s["by_status"].get(st)],
-        "kinds": [g["kind"] for g in groups],
+        "kinds": list(dict.fromkeys(b["kind"] for sec in findings for b in sec["kinds"])),
         "severities": [sv for sv in ("error", "warning", "info") if s["by_severity"].get(sv)],
         "data_json": _json_script(table),
-        "title": f"gpucheck {verdict}: {data.run_id or data.run_dir.name}",
+        "title": f"gpucheck {verdict.name}: {data.run_id or data.run_dir.name}",
     }
     page = _ENV.get_template("report.html.j2").render(**ctx)
     return page.replace("@@RENDER_MS@@", f"{(time.perf_counter() - t0) * 1000:.0f}")

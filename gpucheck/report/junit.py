@@ -1,7 +1,13 @@
 """JUnit XML from results.jsonl (what CI systems display).
 
 One <testsuite> per (device, suite, mode); one <testcase> per record; failed -> <failure>,
-error/crashed/hung -> <error> (with the kind in ``type``), skipped -> <skipped>.
+error/crashed/hung -> <error> (with the kind in ``type``), skipped -> <skipped>; a case that
+passed but carries a finding of severity error (a diagnosis such as wrong-device on a case
+whose own assertions held) -> <failure type="finding">. When the run's verdict does not
+pass but no case says so (nothing tested, interrupted, incomplete), a last
+<testsuite name="gpucheck"> holds one failing <testcase name="verdict"> with the reasons and
+the properties ``gpucheck.verdict`` and ``gpucheck.exit_code``: a CI that reads only
+junit.xml agrees with the command's exit code.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucheck.report import results
+from gpucheck.report.verdict import Verdict
 
 
 def _describe(record: dict[str, Any]) -> tuple[str, str]:
@@ -29,7 +36,21 @@ def _describe(record: dict[str, Any]) -> tuple[str, str]:
     return str(message), "\n".join(parts)
 
 
-def to_xml(records: list[dict[str, Any]]) -> ET.ElementTree:
+def _verdict_suite(root: ET.Element, verdict: Verdict) -> dict[str, int]:
+    ts = ET.SubElement(root, "testsuite", name="gpucheck", tests="1", time="0.000")
+    props = ET.SubElement(ts, "properties")
+    ET.SubElement(props, "property", name="gpucheck.verdict", value=verdict.name)
+    ET.SubElement(props, "property", name="gpucheck.exit_code", value=str(verdict.exit_code))
+    tc = ET.SubElement(ts, "testcase", classname="gpucheck", name="verdict", time="0.000")
+    counts = {"tests": 1, "failures": 0, "errors": 1, "skipped": 0}
+    ET.SubElement(tc, "error", message=f"verdict {verdict.name}", type=verdict.name).text = \
+        "\n".join([*verdict.why, *verdict.problems])
+    for key, value in counts.items():
+        ts.set(key, str(value))
+    return counts
+
+
+def to_xml(records: list[dict[str, Any]], verdict: Verdict | None = None) -> ET.ElementTree:
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         groups[(r["device"], r["suite"], r["mode"])].append(r)
@@ -56,10 +77,16 @@ def to_xml(records: list[dict[str, Any]]) -> ET.ElementTree:
             elif status == "skipped":
                 counts["skipped"] += 1
                 ET.SubElement(tc, "skipped", message=message)
+            elif any(f.get("severity") == "error" for f in r.get("findings") or []):
+                counts["failures"] += 1
+                ET.SubElement(tc, "failure", message=message, type="finding").text = text
         for key, value in counts.items():
             ts.set(key, str(value))
             totals[key] += value
         ts.set("time", f"{time_total:.3f}")
+    if verdict is not None and not verdict.ok and not totals["failures"] + totals["errors"]:
+        for key, value in _verdict_suite(root, verdict).items():
+            totals[key] += value
     for key in ("tests", "failures", "errors", "skipped"):
         root.set(key, str(totals[key]))
     ET.indent(root)

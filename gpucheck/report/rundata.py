@@ -67,6 +67,7 @@ class RunData:
     header: dict[str, Any] | None
     cases: list[dict[str, Any]]
     end: dict[str, Any] | None = None  # an end-of-run record, where the runner writes one
+    resumes: list[dict[str, Any]] = field(default_factory=list)  # ``--resume`` records
     extras: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     workers: list[WorkerProgress] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
@@ -224,6 +225,8 @@ def load(run_dir: Path) -> RunData:
                 data.torn_lines += 1
         elif kind == "end":
             data.end = r
+        elif kind == "resume":
+            data.resumes.append(r)
         elif kind == "diagnosis":
             diagnoses.append(r)
         elif kind not in KNOWN_RECORDS and isinstance(kind, str):

@@ -210,6 +210,13 @@ class DistHarness:
                 os.killpg(p.proc.pid, signal.SIGKILL)
             p.proc.wait()
 
+    def _limit(self, views: list[analysis.RankView]) -> float:
+        """The current case's time limit: --timeout, or the shorter one the case declared
+        (``dist_timeout``: a rank stuck outside any collective looks like a slow one until
+        the limit passes)."""
+        declared = [t for v in views if v.alive and (t := v.case_timeout()) is not None]
+        return min([self.timeout, *declared])
+
     def _case_age(self) -> float:
         """Seconds since the earliest rank started its current case (0 outside cases)."""
         starts = [float(p.state["started"]) for p in self.procs
@@ -264,7 +271,7 @@ class DistHarness:
                 return theirs[0], theirs[1], False
             views = self._views()
             age = self._case_age()
-            found = analysis.diagnose(views, timed_out=age > self.timeout)
+            found = analysis.diagnose(views, timed_out=age > self._limit(views))
             if found is not None:
                 return self._claim(found, age)
             if all(not v.alive for v in views):

@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+from rich.text import Text
 
 from gpucheck.dist import rank as rank_env
 from gpucheck.errors import UsageProblem
@@ -25,7 +25,7 @@ from gpucheck.runner import pipeline
 from gpucheck.runner import suites as suites_mod
 from gpucheck.runner.dist_harness import DistHarness, GroupSpec, RankSpec
 
-MODE = "dist"
+MODE = pipeline.DIST_MODE
 BACKENDS = ("nccl", "gloo")
 
 
@@ -51,8 +51,7 @@ def _ranks(cfg: pipeline.RunConfig) -> tuple[list[RankSpec], int, str, list[pipe
 
 
 def run(cfg: pipeline.RunConfig, previous: dict[str, Any] | None) -> int:
-    if any(m.startswith("sanitizer") for m in cfg.modes):
-        raise UsageProblem("--distributed does not combine with the sanitizer modes")
+    """Run the group (see the module docstring); returns the exit code of the run."""
     if rank_env.under_torchrun():
         return _run_torchrun(cfg)
     ranks, world, backend, _, notes, inv = _ranks(cfg)
@@ -73,6 +72,32 @@ def run(cfg: pipeline.RunConfig, previous: dict[str, Any] | None) -> int:
     return _watch_and_finish(cfg, group, out, results_path, run_id, notes)
 
 
+#: ranks of the distributed pass that ``gpucheck run --cpu-only`` adds to its default suites
+CPU_PASS_WORLD = 2
+
+
+def cpu_pass(cfg: pipeline.RunConfig, out: Path, results_path: Path, run_id: str,
+             notes: list[str]) -> bool:
+    """The distributed suites (``dist``) as one gloo group of CPU ranks, in a run that is
+    already under way (the default suites of ``gpucheck run --cpu-only``): its records go
+    into that run's results; the caller diagnoses and reports. True after Ctrl-C/SIGTERM."""
+    requested = suites_mod.resolve(suites_mod.DISTRIBUTED)
+    ranks = [RankSpec(r, f"rank{r}/cpu", None) for r in range(CPU_PASS_WORLD)]
+    group = GroupSpec(ranks, CPU_PASS_WORLD, "gloo", requested, MODE, _env(cfg),
+                      cfg.pytest_args)
+    notes.append(f"--cpu-only: the distributed suite ({', '.join(requested)}) ran as one gloo "
+                 f"group of {CPU_PASS_WORLD} CPU ranks (mode {MODE})")
+    harness = DistHarness(group, out, results_path, run_id, cfg.timeout)
+    try:
+        harness.run()
+    except KeyboardInterrupt:
+        harness.interrupt()
+        return True
+    finally:
+        notes.extend(harness.notes)
+    return False
+
+
 def _env(cfg: pipeline.RunConfig) -> dict[str, str]:
     env = {"GPUCHECK_CURRENT": "target"}
     if cfg.cpu_only:
@@ -82,7 +107,7 @@ def _env(cfg: pipeline.RunConfig) -> dict[str, str]:
 
 def _watch_and_finish(cfg: pipeline.RunConfig, group: GroupSpec, out: Path, results_path: Path,
                       run_id: str, notes: list[str], write_reports: bool = True) -> int:
-    console = Console()
+    console = pipeline.make_console()
     harness = DistHarness(group, out, results_path, run_id, cfg.timeout)
     stopped: str | None = None
     stops: list[str] = []
@@ -95,8 +120,8 @@ def _watch_and_finish(cfg: pipeline.RunConfig, group: GroupSpec, out: Path, resu
         found = harness.diagnoses
     notes.extend(harness.notes)
     for d, age in found:
-        console.print(f"[red]{d.kind}[/] after {age:.1f} s in {d.case}: {d.message}",
-                      soft_wrap=True, markup=False)
+        console.print(Text.assemble((d.kind, "red"), f" after {age:.1f} s in {d.case}: "
+                                    f"{d.message}"))
     if not write_reports:
         return 1 if found else 0
     return pipeline._finish(cfg, out, results_path, run_id, notes, {}, stopped, console)
@@ -146,4 +171,5 @@ def _run_torchrun(cfg: pipeline.RunConfig) -> int:
     while time.monotonic() < deadline and not all(
             (out / "workers" / f"owner{r}.done").exists() for r in range(world)):
         time.sleep(0.5)
-    return pipeline._finish(cfg, out, results_path, run_key, notes, {}, None, Console())
+    return pipeline._finish(cfg, out, results_path, run_key, notes, {}, None,
+                            pipeline.make_console())

@@ -6,7 +6,6 @@ import contextlib
 import os
 import signal
 import socket
-import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.text import Text
 
 import gpucheck
 from gpucheck import devices as devices_mod
@@ -30,23 +30,24 @@ from gpucheck.detectors.wrong_device import (
     WrongDevice,
     suspects,
 )
-from gpucheck.errors import (
-    EXIT_CLEAN,
-    EXIT_FINDINGS,
-    EXIT_USAGE,
-    EnvironmentProblem,
-    GpucheckError,
-    UsageProblem,
-)
+from gpucheck.errors import EnvironmentProblem, GpucheckError, UsageProblem
 from gpucheck.pytest_plugin import CURRENT_ENV
-from gpucheck.report import results, write_all
+from gpucheck.report import DEFAULT_FORMATS, Published, publish, results
 from gpucheck.runner import suites as suites_mod
 from gpucheck.runner.harness import Harness, WorkerSpec
 from gpucheck.runner.nvml_sampler import DEFAULT_INTERVAL_S, Sampler, TimelineWriter
-from gpucheck.runner.progress import Progress, summary_line, summary_table
+from gpucheck.runner.progress import (
+    Progress,
+    print_findings,
+    print_verdict,
+    summary_line,
+    summary_table,
+)
 from gpucheck.sanitizer import command as sanitizer_cmd
 
 DEFAULT_MODES = ("blocking", "nvml")
+#: the mode label of a distributed pass (records of gpucheck.runner.dist_pipeline)
+DIST_MODE = "dist"
 
 
 @dataclass
@@ -67,6 +68,14 @@ class RunConfig:
     distributed: bool = False  # one rank per device through torch.distributed
     world_size: int | None = None  # ranks of a --distributed --cpu-only run (default 2)
     backend: str | None = None  # torch.distributed backend (default nccl on GPUs, else gloo)
+    formats: tuple[str, ...] = ()  # reports to write (default: report.DEFAULT_FORMATS)
+    #: the options the user gave on the command line (``--nvml-interval``, ...): a default
+    #: cannot be told apart from the same value given, and a given option must apply
+    given: frozenset[str] = frozenset()
+
+    @property
+    def report_formats(self) -> tuple[str, ...]:
+        return self.formats or DEFAULT_FORMATS
 
 
 def _unwritable(path: Path, err: OSError) -> UsageProblem:
@@ -124,7 +133,10 @@ def load_resume(folder: Path, cfg: RunConfig) -> tuple[RunConfig, dict[str, Any]
     given = [flag for flag, value in (
         ("--all-devices", cfg.all_devices), ("--device", cfg.devices), ("--suite", cfg.suites),
         ("--mode", cfg.modes), ("--out", cfg.out), ("--cpu-only", cfg.cpu_only),
-        ("--allow-empty", cfg.allow_empty), ("pytest arguments", cfg.pytest_args)) if value]
+        ("--allow-empty", cfg.allow_empty), ("pytest arguments", cfg.pytest_args),
+        ("--timeout", "timeout" in cfg.given), ("--nvml-interval", "nvml_interval" in cfg.given),
+        ("--distributed", cfg.distributed), ("--world-size", cfg.world_size is not None),
+        ("--backend", cfg.backend is not None)) if value]
     if given:
         raise UsageProblem(f"--resume continues a run with the settings it was started with; "
                            f"drop {', '.join(given)}")
@@ -146,7 +158,7 @@ def load_resume(folder: Path, cfg: RunConfig) -> tuple[RunConfig, dict[str, Any]
         nvml_interval=float(saved.get("nvml_interval", cfg.nvml_interval)),
         allow_empty=bool(saved.get("allow_empty")), resume=folder,
         distributed=bool(saved.get("distributed")), world_size=saved.get("world_size"),
-        backend=saved.get("backend"),
+        backend=saved.get("backend"), formats=cfg.formats,
         suite_paths={n: Path(p) for n, p in dict(saved.get("suite_paths") or {}).items()})
     return resumed, header
 
@@ -154,21 +166,13 @@ def load_resume(folder: Path, cfg: RunConfig) -> tuple[RunConfig, dict[str, Any]
 def extension_problem() -> str | None:
     """Why gpucheck's compiled kernels cannot be loaded, or None when they can.
 
-    Checked in a child process: the parent never imports torch, and a broken build must not
-    take the harness down with it.
+    Checked in a child process (the parent never imports torch, and a broken build must not
+    take the harness down with it). Where the kernels were not built at install, the child
+    builds them first, once, with one progress line (gpucheck.ops._ext).
     """
-    code = ("from gpucheck.ops import _ext\n"
-            "try:\n    _ext.load()\nexcept Exception as err:\n    print(err)\n"
-            "    raise SystemExit(3)\n")
-    try:
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              timeout=300, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return "loading gpucheck's CUDA extension did not finish within 300 s"
-    if proc.returncode == 0:
-        return None
-    said = proc.stdout.strip() or proc.stderr.strip()[-500:]
-    return said or f"loading gpucheck's CUDA extension failed (exit code {proc.returncode})"
+    from gpucheck.ops import _ext
+
+    return _ext.problem_in_child()
 
 
 Target = tuple[str, int | None, str | None, str | None]  # label, CUDA index, UUID, name
@@ -284,13 +288,44 @@ def _header(cfg: RunConfig, run_id: str, targets: list[Target], inv: devices_mod
     }
 
 
+def refuse_inapplicable(cfg: RunConfig) -> None:
+    """An option that cannot apply to the run asked for is an error, not silently ignored:
+    one sentence naming the option to drop."""
+    if cfg.all_devices and cfg.devices:
+        raise UsageProblem("--all-devices and --device exclude each other")
+    sanitizer = any(m.startswith("sanitizer") for m in cfg.modes)
+    if cfg.cpu_only:
+        for flag, given in (("--device", bool(cfg.devices)), ("--all-devices", cfg.all_devices)):
+            if given:
+                raise UsageProblem(f"{flag} picks GPUs, and --cpu-only runs without any: drop "
+                                   f"one of them")
+        if sanitizer:
+            raise UsageProblem("the sanitizer modes need a GPU; drop --cpu-only")
+        if "nvml" in cfg.modes:
+            raise UsageProblem("mode nvml samples GPU memory, and --cpu-only has no GPU: drop "
+                               "--mode nvml")
+    if cfg.distributed and cfg.modes:
+        raise UsageProblem("--distributed does not combine with the sanitizer modes"
+                           if sanitizer else "--distributed runs its ranks in its own mode "
+                           "(dist): drop --mode")
+    if not cfg.distributed and (cfg.world_size is not None or cfg.backend is not None):
+        raise UsageProblem("--world-size and --backend go with --distributed")
+    if "nvml_interval" in cfg.given:
+        modes = cfg.modes or DEFAULT_MODES
+        why = ("--cpu-only has no GPU to sample" if cfg.cpu_only else
+               "--distributed does not sample NVML" if cfg.distributed else
+               "mode nvml is not among the --mode given" if "nvml" not in modes else None)
+        if why:
+            raise UsageProblem(f"--nvml-interval sets the sampling of mode nvml, and {why}: "
+                               "drop --nvml-interval")
+
+
 def run(cfg: RunConfig) -> int:
     """Run the suites on every target device; returns the exit code of the whole run."""
+    refuse_inapplicable(cfg)
     previous: dict[str, Any] | None = None
     if cfg.resume is not None:
         cfg, previous = load_resume(cfg.resume, cfg)
-    if cfg.all_devices and cfg.devices:
-        raise UsageProblem("--all-devices and --device exclude each other")
     modes = tuple(dict.fromkeys(cfg.modes)) or DEFAULT_MODES
     if cfg.distributed:
         from gpucheck.runner import dist_pipeline
@@ -298,8 +333,6 @@ def run(cfg: RunConfig) -> int:
         return dist_pipeline.run(cfg, previous)
     sanitizer = None
     if any(m.startswith("sanitizer") for m in modes):
-        if cfg.cpu_only:
-            raise UsageProblem("the sanitizer modes need a GPU; drop --cpu-only")
         sanitizer = sanitizer_cmd.find()
     targets, notes, _, inv = choose_targets(cfg)
     if previous is not None:
@@ -310,7 +343,14 @@ def run(cfg: RunConfig) -> int:
         notes.append("--cpu-only: mode 'nvml' has no GPU to sample")
     passes = plan_passes(run_modes, len(inv.devices) if inv else 0) or [("plain", None)]
     requested = (cfg.suite_paths if cfg.suite_paths is not None
-                 else suites_mod.resolve(cfg.suites))
+                 else suites_mod.resolve(cfg.suites, cpu_only=cfg.cpu_only))
+    # the default first run without a GPU: the suites that need none, then the distributed
+    # suite as a gloo group of CPU ranks (gpucheck.runner.dist_pipeline.cpu_pass)
+    cpu_defaults = (DIST_MODE in previous.get("modes", []) if previous is not None else
+                    cfg.cpu_only and not cfg.suites and suites_mod.defaults_are_ours())
+    if cpu_defaults and (gpu_only := suites_mod.left_out_without_gpu()):
+        notes.append(f"--cpu-only: the suites {', '.join(gpu_only)} test CUDA kernels and need "
+                     "a GPU; they were not run (`gpucheck run` on a machine with one)")
     existed = cfg.out is not None and cfg.out.exists()
     out = cfg.resume if cfg.resume is not None else prepare_out(cfg.out)
     try:
@@ -323,8 +363,9 @@ def run(cfg: RunConfig) -> int:
     results_path = out / "results.jsonl"
     if previous is None:
         run_id = uuid.uuid4().hex[:12]
-        results.append(results_path, _header(cfg, run_id, targets, inv, requested, passes,
-                                             notes, not_runnable, modes))
+        header_passes = passes + ([(DIST_MODE, None)] if cpu_defaults else [])
+        results.append(results_path, _header(cfg, run_id, targets, inv, requested,
+                                             header_passes, notes, not_runnable, modes))
     else:
         run_id = str(previous["run_id"])
         results.append(results_path, {
@@ -332,20 +373,31 @@ def run(cfg: RunConfig) -> int:
             "resumed_at": datetime.now().astimezone().isoformat(timespec="milliseconds"),
             "notes": notes, "not_runnable": not_runnable,
         })
-    console = Console(stderr=False, quiet=False)
+    console = make_console()
     stopped: list[str] = []
     try:
         with _sigterm_as_interrupt(stopped):
             interrupted = _run_passes(cfg, passes, targets, suites, sanitizer, out,
                                       results_path, run_id, notes, console,
                                       len(inv.devices) if inv else 0)
+            if cpu_defaults and not interrupted and not _has_mode(results_path, run_id,
+                                                                  DIST_MODE):
+                from gpucheck.runner import dist_pipeline  # lazy: it imports this module
+
+                interrupted = dist_pipeline.cpu_pass(cfg, out, results_path, run_id, notes)
     except BaseException as err:  # the harness itself failed: report what was recorded
         _end_record(results_path, run_id, True, f"the harness stopped: {err!r}")
         with contextlib.suppress(Exception):
-            write_all(out)
+            publish(out, formats=cfg.report_formats)
         raise
     return _finish(cfg, out, results_path, run_id, notes, not_runnable,
                    (stopped[0] if stopped else "Ctrl-C") if interrupted else None, console)
+
+
+def _has_mode(results_path: Path, run_id: str, mode: str) -> bool:
+    """Whether the run already recorded cases of ``mode`` (a resumed run skips that pass)."""
+    return any(r.get("run_id") == run_id and r.get("mode") == mode
+               for r in results.cases(results_path))
 
 
 @contextlib.contextmanager
@@ -400,6 +452,7 @@ def _pass_env(label: str, cfg: RunConfig, current: str) -> dict[str, str]:
 def _run_harness(specs: list[WorkerSpec], out: Path, results_path: Path, run_id: str,
                  timeout: float, progress: Progress, notes: list[str], interval: float) -> bool:
     """One pass of workers (with the NVML timeline when asked); True after Ctrl-C."""
+    progress.follow(results_path)
     harness = Harness(specs, out, results_path, run_id, timeout, on_update=progress.update)
     timeline = TimelineWriter(out / "nvml_timeline.jsonl") if interval > 0 else None
     sampler = Sampler(interval, timeline).start() if timeline is not None else None
@@ -477,49 +530,60 @@ def _diagnose(out: Path, results_path: Path, run_id: str) -> list[dict[str, Any]
     return made
 
 
-def _end_record(results_path: Path, run_id: str, interrupted: bool, reason: str | None) -> None:
+def _end_record(results_path: Path, run_id: str, interrupted: bool, reason: str | None,
+                stopped_by: str | None = None) -> None:
     results.append(results_path, {
         "schema": results.SCHEMA_ID, "record": "end", "run_id": run_id,
         "finished_at": datetime.now().astimezone().isoformat(timespec="milliseconds"),
-        "interrupted": interrupted, "reason": reason,
+        "interrupted": interrupted, "reason": reason, "stopped_by": stopped_by,
     })
+
+
+#: width of the tables in a log (no terminal, no COLUMNS): wide enough not to fold a name
+LOG_WIDTH = 160
+
+
+def make_console() -> Console:
+    """The console of a run: rich decides from the stream whether it is a terminal (colour,
+    live progress) or a log (plain text, no redraws); long lines are never wrapped."""
+    console = Console(soft_wrap=True)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = LOG_WIDTH
+    return console
 
 
 def _finish(cfg: RunConfig, out: Path, results_path: Path, run_id: str, notes: list[str],
             not_runnable: dict[str, str], stopped_by: str | None, console: Console) -> int:
-    """Summary, reports, and the exit code: 1 for error findings, 2 when nothing was tested or
-    a suite could not run, 130 after Ctrl-C, 143 after SIGTERM."""
-    interrupted = stopped_by is not None
-    _end_record(results_path, run_id, interrupted,
-                f"stopped by {stopped_by}: `gpucheck run --resume` runs the rest" if interrupted
-                else None)
-    diagnoses = _diagnose(out, results_path, run_id)
-    written = write_all(out)
-    records = [r for r in results.cases(results_path) if r.get("run_id") == run_id]
+    """End record, run-level diagnoses, reports, the summary, and the exit code: the run's
+    verdict (gpucheck.report.verdict) decides it, as it decides every report's."""
+    stopped = (f"stopped by {stopped_by}: finished cases were kept; `gpucheck run --resume "
+               f"{out}` runs the rest") if stopped_by is not None else None
+    _end_record(results_path, run_id, stopped is not None, stopped, stopped_by)
+    _diagnose(out, results_path, run_id)
+    done = publish(out, formats=cfg.report_formats, allow_empty=cfg.allow_empty,
+                   stopped_by=stopped_by)
+    summarize(console, done, notes, not_runnable, results_path, stopped)
+    return done.verdict.exit_code
+
+
+def summarize(console: Console, done: Published, notes: list[str],
+              not_runnable: dict[str, str], results_path: Path, stopped: str | None) -> None:
+    """The end of a run on the console: counts per device and suite, notes, the findings
+    (diagnoses first), the files written, why the verdict is not a pass, and last the
+    verdict with the case counts."""
+    records = done.data.cases
     console.print(summary_table(records))
     for note in notes:
-        console.print(f"[yellow]note:[/] {note}")
-    for d in diagnoses:
-        f = d["findings"][0]
-        console.print(f"[red]{f['kind']}:[/] {d['device']} {d['suite']} {d['case']}: "
-                      f"{f['message']}", soft_wrap=True)
+        console.print(Text.assemble(("note:", "yellow"), f" {note}"))
+    print_findings(console, done.grouped)
     for name, reason in not_runnable.items():
-        console.print(f"[red]suite {name}:[/] {reason}", soft_wrap=True)
-    console.print(f"report: {written['html']}  results: {results_path}  "
-                  f"junit: {written['junit']}", soft_wrap=True)
-    line, ran = summary_line(records)
-    code = EXIT_CLEAN
-    if interrupted:
-        console.print(f"[yellow]interrupted ({stopped_by}): finished cases were kept; "
-                      f"`gpucheck run --resume {out}` runs the rest[/]", soft_wrap=True)
-        code = 143 if stopped_by == "SIGTERM" else 130
-    elif results.has_errors(records + diagnoses):
-        code = EXIT_FINDINGS
-    elif ran == 0 and not cfg.allow_empty:
-        console.print("[red]nothing was tested:[/] no case ran, so this run proves nothing "
-                      "(pass --allow-empty if that is expected)", soft_wrap=True)
-        code = EXIT_USAGE
-    elif not_runnable:
-        code = EXIT_USAGE
-    console.print(line, soft_wrap=True)
-    return code
+        console.print(Text.assemble((f"suite {name}:", "red"), f" {reason}"))
+    written = "  ".join(f"{fmt}: {path}" for fmt, path in done.paths.items())
+    console.print(Text(f"results: {results_path}  {written}"))
+    if stopped is not None and stopped not in done.verdict.why:
+        console.print(Text.assemble(("interrupted:", "yellow"), f" {stopped}"))
+    print_verdict(console, done.verdict)
+    line, _ = summary_line(records)
+    style = "green" if done.verdict.ok else "red"
+    console.print(Text.assemble((f"{done.verdict.name} (exit {done.verdict.exit_code})", style),
+                                f": {line}"))

@@ -1,32 +1,96 @@
-"""Live progress per worker (rich) and the end-of-run summary table."""
+"""What `gpucheck run` prints: live progress per worker, and the end-of-run summary.
+
+On a terminal, one rich progress bar per worker (cases done / total, current case, findings
+so far). Without one (a CI log, ``| cat``) nothing is redrawn: rich's Console knows it is not
+writing to a terminal and prints plain text, and each line is printed once: one line per
+finding as its case record is written, one line per worker when it finishes. ``--quiet``
+prints only the worker lines. Every line is a :class:`rich.text.Text` with styles, never
+markup, so a case id such as ``test_x[cuda0]`` is printed as it is.
+"""
 
 from __future__ import annotations
 
+import json
 from collections import Counter, defaultdict
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich import progress as rp
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
+
+from gpucheck.report.groups import Group, Grouped
+from gpucheck.report.verdict import RAN, Verdict
 
 if TYPE_CHECKING:
     from gpucheck.runner.harness import Worker
 
+#: finding lines of one case record before "... and N more"
+MAX_LINES_PER_RECORD = 5
+#: groups listed in the summary before "... and N more in the report"
+MAX_GROUPS = 15
+SEVERITY_STYLE = {"error": "red", "warning": "yellow", "info": "cyan"}
+
+
+def finding_text(kind: str, severity: str, where: str, message: str, count: int = 1) -> Text:
+    """``kind: where: message`` with the kind coloured by severity (plain without a TTY)."""
+    first = (message.splitlines() or [""])[0]
+    text = Text.assemble((kind, SEVERITY_STYLE.get(severity, "")), f": {where}: {first}")
+    if count > 1:
+        text.append(f" (x{count})")
+    return text
+
+
+class _Follower:
+    """Reads the case records appended to a results file since the last look."""
+
+    def __init__(self) -> None:
+        self.path: Path | None = None
+        self.offset = 0
+
+    def follow(self, path: Path) -> None:
+        if path != self.path:
+            self.path = path
+            self.offset = path.stat().st_size if path.exists() else 0
+
+    def new(self) -> list[dict[str, Any]]:
+        if self.path is None or not self.path.exists():
+            return []
+        if self.path.stat().st_size <= self.offset:
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        end = chunk.rfind(b"\n") + 1  # a line still being written waits for the next look
+        self.offset += end
+        out = []
+        for line in chunk[:end].splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("record") == "case":
+                out.append(record)
+        return out
+
 
 class Progress:
-    """One progress bar per worker: cases done / total, current case, findings so far."""
+    """Progress of the workers of every pass (see the module docstring)."""
 
     def __init__(self, console: Console, quiet: bool) -> None:
         self.quiet = quiet
         self.console = console
+        self.live = console.is_terminal and not quiet
         self.bar = rp.Progress(
             rp.TextColumn("[bold]{task.fields[label]}"), rp.BarColumn(),
             rp.MofNCompleteColumn(), rp.TextColumn("findings {task.fields[findings]}"),
-            rp.TextColumn("{task.fields[case]}"), console=console, disable=quiet,
-            transient=False,
+            rp.TextColumn("{task.fields[case]}", markup=False), console=console,
+            disable=not self.live, transient=False,
         )
-        self.tasks: dict[int, rp.TaskID] = {}
-        self.reported: set[int] = set()
+        self.tasks: dict[str, rp.TaskID] = {}
+        self.reported: set[str] = set()
+        self.results = _Follower()
 
     def __enter__(self) -> Progress:
         self.bar.__enter__()
@@ -34,24 +98,49 @@ class Progress:
 
     def __exit__(self, *exc: Any) -> None:
         self.bar.__exit__(*exc)
+        self._findings()
+
+    def follow(self, results_path: Path) -> None:
+        """The results file the workers of the next pass append to."""
+        self._findings()
+        self.results.follow(results_path)
+
+    def _findings(self) -> None:
+        """One line per finding recorded since the last look (no terminal, not quiet)."""
+        if self.live or self.quiet:
+            return
+        for r in self.results.new():
+            where = f"{r.get('device')} {r.get('mode')} {r.get('case')}"
+            same = Counter((str(f.get("kind")), str(f.get("severity")), str(f.get("message")))
+                           for f in r.get("findings", []))
+            for n, ((kind, severity, message), count) in enumerate(same.items()):
+                if n == MAX_LINES_PER_RECORD:
+                    self.console.print(f"  ... and {len(same) - n} more distinct finding(s) "
+                                       f"of {where}", soft_wrap=True, markup=False)
+                    break
+                self.console.print(finding_text(kind, severity, where, message, count),
+                                   soft_wrap=True)
 
     def update(self, w: Worker) -> None:
         label = f"{w.spec.label} {w.spec.mode}"
-        key = hash(label)
-        st = w.state
-        case = (st.get("case") or "").rsplit("::", 1)[-1][:60]
-        if w.generation:
-            case = f"(worker {w.generation + 1}) {case}"
-        if key not in self.tasks:
-            self.tasks[key] = self.bar.add_task("", total=None, label=label, findings=0, case="")
         done = w.finished and not w.replaced
-        self.bar.update(self.tasks[key], total=w.planned, completed=w.done,
-                        findings=st.get("findings", 0), case="done" if done else case)
-        if self.quiet and done and key not in self.reported:
-            self.reported.add(key)
+        if self.live:
+            st = w.state
+            case = (st.get("case") or "").rsplit("::", 1)[-1][:60]
+            if w.generation:
+                case = f"(worker {w.generation + 1}) {case}"
+            if label not in self.tasks:
+                self.tasks[label] = self.bar.add_task("", total=None, label=label, findings=0,
+                                                      case="")
+            self.bar.update(self.tasks[label], total=w.planned, completed=w.done,
+                            findings=st.get("findings", 0), case="done" if done else case)
+            return
+        self._findings()
+        if done and label not in self.reported:
+            self.reported.add(label)
             restarts = f", {w.generation} restart(s)" if w.generation else ""
             self.console.print(f"{label}: {w.done}/{w.planned or '?'} cases{restarts}, "
-                               f"exit {w.proc.returncode}")
+                               f"exit {w.proc.returncode}", soft_wrap=True, markup=False)
 
 
 def summary_table(records: list[dict[str, Any]]) -> Table:
@@ -61,21 +150,57 @@ def summary_table(records: list[dict[str, Any]]) -> Table:
         counts[(r["device"], r["suite"])][r["status"]] += 1
     table = Table(title="gpucheck summary")
     for col in ("device", "suite", "passed", "failed", "error", "crashed", "hung", "skipped"):
-        table.add_column(col, justify="left" if col in ("device", "suite") else "right")
+        table.add_column(col, justify="left" if col in ("device", "suite") else "right",
+                         overflow="fold")
     for (device, suite), c in sorted(counts.items()):
         bad = c["failed"] + c["error"] + c["crashed"] + c["hung"]
         style = "red" if bad else "green"
-        table.add_row(device, suite, *(str(c[s]) for s in ("passed", "failed", "error",
-                      "crashed", "hung", "skipped")), style=style)
+        table.add_row(Text(device), Text(suite), *(str(c[s]) for s in (
+            "passed", "failed", "error", "crashed", "hung", "skipped")), style=style)
     return table
 
 
-#: statuses of a case that ran (a skipped case did not)
-RAN = ("passed", "failed", "error", "crashed", "hung")
+def _group_text(g: Group, indent: str = "") -> Text:
+    return Text.assemble(indent, (g.kind, SEVERITY_STYLE.get(g.severity, "")),
+                         g.line()[len(g.kind):])
+
+
+def print_findings(console: Console, grouped: Grouped, limit: int = MAX_GROUPS) -> None:
+    """The run's findings, diagnoses first (each with what it explains), then the symptoms
+    no diagnosis explains; one line per (kind, op or kernel) group."""
+    for title, groups in (("diagnoses", grouped.diagnoses),
+                          ("symptoms no diagnosis explains", grouped.symptoms)):
+        if not groups:
+            continue
+        console.print(Text.assemble((f"{title}:", "bold"),
+                                    f" {len(groups)} group(s), "
+                                    f"{sum(g.count for g in groups)} finding(s)"))
+        for g in groups[:limit]:
+            console.print(_group_text(g, "  "), soft_wrap=True)
+        if len(groups) > limit:
+            console.print(f"  ... and {len(groups) - limit} more group(s) in the report",
+                          markup=False)
+
+
+#: how a verdict's reasons are introduced on the console
+SAYS = {"nothing-tested": "nothing was tested"}
+
+
+def print_verdict(console: Console, verdict: Verdict) -> None:
+    """Why the verdict is not a pass (or has warnings), and what could not be read: one line
+    each."""
+    style = "green" if verdict.ok else "red"
+    if not verdict.ok or verdict.name == "warnings":
+        for why in verdict.why:
+            console.print(Text.assemble((f"{SAYS.get(verdict.name, verdict.name)}:", style),
+                                        f" {why}"), soft_wrap=True)
+    for problem in verdict.problems:
+        if problem not in verdict.why:
+            console.print(Text.assemble(("unreadable:", "red"), f" {problem}"), soft_wrap=True)
 
 
 def summary_line(records: list[dict[str, Any]], reasons: int = 3) -> tuple[str, int]:
-    """The run's last line: how many cases ran, passed, failed..., were skipped and why.
+    """How many cases ran, passed, failed..., were skipped and why.
 
     Returns the line and the number of cases that ran.
     """

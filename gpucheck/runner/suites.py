@@ -8,13 +8,16 @@ import importlib.util
 import re
 from pathlib import Path
 
+from gpucheck import _resources
 from gpucheck.errors import UsageProblem
 
-#: suites/ of the gpucheck checkout (editable installs); the current directory's comes first.
-PROJECT_SUITES = Path(__file__).resolve().parents[2] / "suites"
+#: gpucheck's own suites, as installed with it (gpucheck.suites: wheel, sdist or editable
+#: install alike); a suites/ folder in the current directory comes first.
+PROJECT_SUITES = _resources.suites()
 
 
 def suite_roots() -> list[Path]:
+    """Where suites are looked for by name: ./suites/, then gpucheck's own."""
     roots = [Path.cwd() / "suites", PROJECT_SUITES]
     seen: list[Path] = []
     for r in roots:
@@ -44,6 +47,9 @@ DISTRIBUTED = ("dist",)
 #: our suites that test gpucheck's own kernels (gpucheck.ops): without the compiled extension
 #: they cannot run at all, which the run says once instead of failing every case
 NEEDS_KERNELS = ("ssim", "knn", "splat")
+#: our suites that need no GPU (the oracles, checkpoint I/O): the default of ``--cpu-only``,
+#: never of a GPU run (they hold no GPU case to run on each device)
+CPU_ONLY = ("reference", "checkpoints")
 
 
 def needs_kernels(path: Path) -> bool:
@@ -54,18 +60,36 @@ def needs_kernels(path: Path) -> bool:
     return any(p == r or r in p.parents for r in roots)
 
 
-def default() -> dict[str, Path]:
-    """The suites of the first root that has any: ./suites/ in a user's project, else ours."""
+def default(cpu_only: bool = False) -> dict[str, Path]:
+    """The suites of the first root that has any: ./suites/ in a user's project, else ours:
+    the GPU suites, or with ``cpu_only`` those of ours that need no GPU (:data:`CPU_ONLY`)."""
     for root in suite_roots():
-        if found := {n: p for n, p in _suites_in(root).items() if n not in NAMED_ONLY}:
+        found = {n: p for n, p in _suites_in(root).items() if n not in NAMED_ONLY}
+        if found and root == PROJECT_SUITES.resolve():
+            found = {n: p for n, p in found.items() if (n in CPU_ONLY) == cpu_only}
+        if found:
             return found
     return {}
 
 
-def resolve(requested: tuple[str, ...] | list[str]) -> dict[str, Path]:
-    """Map each requested suite to its path; the default suites when none is requested."""
+def defaults_are_ours() -> bool:
+    """Whether the default suites are gpucheck's own (no ./suites/ of the user's here)."""
+    roots = suite_roots()
+    return bool(roots) and roots[0] == PROJECT_SUITES.resolve()
+
+
+def left_out_without_gpu() -> list[str]:
+    """Our default suites that ``--cpu-only`` leaves out because every case needs a GPU
+    (empty when ./suites/ holds the user's own, which run with their GPU cases skipped)."""
+    return sorted(set(default()) - set(CPU_ONLY)) if defaults_are_ours() else []
+
+
+def resolve(requested: tuple[str, ...] | list[str], cpu_only: bool = False
+            ) -> dict[str, Path]:
+    """Map each requested suite to its path; the default suites (:func:`default`) when none
+    is requested."""
     if not requested:
-        found = default()
+        found = default(cpu_only)
         if not found:
             raise UsageProblem("no suites found: pass --suite PATH or run from a directory "
                                "that has a suites/ folder")

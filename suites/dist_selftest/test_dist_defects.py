@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -50,8 +51,11 @@ def test_crash_one_rank(dist_rank) -> None:  # type: ignore[no-untyped-def]
     dist.all_reduce(t)
 
 
+@pytest.mark.dist_timeout(10)
 def test_stuck_rank(dist_rank) -> None:  # type: ignore[no-untyped-def]
-    """The culprit is stuck in its own code; only the per-case timeout can tell."""
+    """The culprit is stuck in its own code; only the case's time limit can tell: alive,
+    inside the case and outside any collective, it looks like a slow rank while the others
+    wait in the all_reduce. Its limit is 10 s, not --timeout (900 s by default)."""
     t = torch.ones(4, device=dist_rank.device)
     if _culprit(dist_rank):
         time.sleep(3600)

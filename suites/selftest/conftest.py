@@ -13,7 +13,7 @@ import pytest
 @pytest.fixture(scope="session")
 def defect_ops() -> Callable[[str], Any]:
     """``defect_ops(name)``: the ops (``torch.ops.gpucheck_defect_<name>``) of the defect build
-    ``name``, JIT-built on first use (torch caches the build on disk by name)."""
+    ``name``, JIT-built on first use from the package's csrc/ into gpucheck's build cache."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device visible")

@@ -12,7 +12,6 @@ are in test_defect_*.py.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -28,12 +27,14 @@ def ext():
         pytest.skip("no CUDA device visible")
     from torch.utils import cpp_extension
 
-    from gpucheck._csrc import host_compiler_env
+    from gpucheck._csrc import build_dir, torch_build_env
 
-    os.environ.update(host_compiler_env())  # same compiler rule as the real extension
-    return cpp_extension.load(name="gpucheck_selftest_defects",
+    torch_build_env()  # same compiler and toolkit rule as the real extension
+    name = "gpucheck_selftest_defects"  # built into gpucheck's cache, never beside this file
+    return cpp_extension.load(name=name,
                               sources=[str(HERE / "defects.cpp"), str(HERE / "defects.cu")],
-                              extra_cuda_cflags=["-lineinfo"], verbose=False)
+                              extra_cuda_cflags=["-lineinfo"], build_directory=str(build_dir(name)),
+                              verbose=False)
 
 
 def _x(device):

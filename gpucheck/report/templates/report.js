@@ -32,7 +32,7 @@
       el.hidden = !ok;
       if (el.classList.contains("card")) { total++; if (ok) shown++; }
     });
-    document.querySelectorAll("[data-group]").forEach(function (g) {
+    document.querySelectorAll("[data-group], [data-role]").forEach(function (g) {
       g.hidden = active && !g.querySelector(".card:not([hidden])");
     });
     count.textContent = active ? shown + " of " + total + " finding card(s) shown" : "";

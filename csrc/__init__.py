@@ -1,0 +1,1 @@
+"""gpucheck's CUDA sources, installed as ``gpucheck.csrc`` (gpucheck/_resources.py)."""

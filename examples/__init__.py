@@ -1,0 +1,1 @@
+"""gpucheck's worked examples, installed as ``gpucheck.examples`` (gpucheck/_resources.py)."""

@@ -1,0 +1,56 @@
+"""Where the files gpucheck ships live: its CUDA sources, its suites and the worked example.
+
+The repository keeps them in top-level folders (``csrc/``, ``suites/``, ``examples/``); the
+build maps each into the package as ``gpucheck.<name>`` (setup.py reads :data:`BUNDLED`), so a
+wheel, an sdist install and an editable install (setuptools' import hook) all find them the
+same way: through the package, with :mod:`importlib.resources`, wherever it is installed.
+
+This module must not import torch, and setup.py loads it by path (before gpucheck exists).
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+from pathlib import Path
+
+#: bundled folders: the subpackage of gpucheck -> the folder of the repository it is built from
+BUNDLED: dict[str, str] = {"csrc": "csrc", "suites": "suites", "examples": "examples"}
+#: the files of the bundled folders that the package carries (setuptools package_data globs)
+BUNDLED_FILES = ["**/*.py", "**/*.h", "**/*.cuh", "**/*.cpp", "**/*.cu", "**/*.md", "**/*.sh"]
+#: the worked example's folder in ``examples/``
+EXAMPLE = "custom_rnn_extension"
+
+
+def path(name: str) -> Path:
+    """The folder of the bundled ``name`` (a key of :data:`BUNDLED`) in the installed package.
+
+    Raises:
+        gpucheck.errors.EnvironmentProblem: gpucheck is imported from a checkout that is not
+            installed (the folders are only mapped into the package by an install).
+    """
+    package = f"gpucheck.{name}"
+    try:
+        root = importlib.resources.files(package)
+    except ModuleNotFoundError as err:
+        from gpucheck.errors import EnvironmentProblem
+
+        raise EnvironmentProblem(
+            f"gpucheck's bundled {BUNDLED[name]}/ folder is not installed ({package} cannot "
+            "be imported): install gpucheck with pip (`pip install -e .` in a checkout)"
+        ) from err
+    return Path(str(root))
+
+
+def csrc() -> Path:
+    """gpucheck's CUDA sources (one folder per kernel; the defects are macros in them)."""
+    return path("csrc")
+
+
+def suites() -> Path:
+    """gpucheck's own suites, one folder each (``ssim``, ``knn``, ``selftest``, ...)."""
+    return path("suites")
+
+
+def example() -> Path:
+    """The worked example, a custom RNN extension: its csrc/, Python package, suite, README."""
+    return path("examples") / EXAMPLE

@@ -1,0 +1,237 @@
+"""Findings as a maintainer reads them: diagnoses first, each with the symptoms it explains.
+
+A *diagnosis* names a cause: a detector that knows what went wrong made it (``wrong-device``,
+``wrong-stream``, ``device-state-leak``, ``double-activation``, ``oom-anomaly``, ``leak``,
+``memory-growth``, ``stray-context``, ``numerics`` that found a non-deterministic or
+cross-device result, the distributed watchdog's ``collective-mismatch``, ``rank-crash``...,
+and any kind a user's detector attaches). A *symptom* is what a failure looks like from
+outside: a ``crash``, a ``hang``, a ``cuda-error``, a raw ``sanitizer`` record, a
+``test-failure``, an ``oom``, a ``numerics`` mismatch against the reference.
+
+Findings are grouped by (kind, subject): the subject is the op the finding names, or the
+kernel (a sanitizer record's kernel first: its op is the Python call, its kernel the bug).
+One group holds every case, device and mode it occurred on. A symptom on a case (device,
+suite, case; any mode) that has a diagnosis of severity error is folded under that diagnosis:
+the wrong-device diagnosis of ``test_x[cuda1]`` explains its crash, its CUDA error and the
+memcheck records of the same case. The symptoms no diagnosis explains are grouped the same way.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from gpucheck.sanitizer import parse as parse_sanitizer
+
+#: kinds that only say how a failure looked (every other kind is a diagnosis)
+SYMPTOM_KINDS = ("crash", "hang", "cuda-error", "sanitizer", "test-failure", "worker-error",
+                 "oom", "detector-error")
+#: a numerics finding with this in its message says the result is off, not why: a symptom
+REFERENCE_MISMATCH = "mismatch against the reference"
+#: warning-severity diagnoses that still explain the symptoms of their case
+EXPLAINING_WARNINGS = ("not-reproducible",)
+SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
+_HEX = re.compile(r"0x[0-9a-fA-F]+")
+_DIGITS = re.compile(r"(\d+)")
+
+
+def natural(label: str) -> list[Any]:
+    """Sort key: cuda:2 before cuda:10, rank2/cpu before rank10/cpu."""
+    return [int(part) if part.isdigit() else part for part in _DIGITS.split(label)]
+
+
+def role(finding: dict[str, Any], record: dict[str, Any]) -> str:
+    """``"diagnosis"`` or ``"symptom"`` for one finding of one case record."""
+    kind = str(finding.get("kind"))
+    if kind == "numerics":
+        return "symptom" if REFERENCE_MISMATCH in str(finding.get("message")) else "diagnosis"
+    if kind == "hang" and record.get("distributed"):  # the watchdog named the rank at fault
+        return "diagnosis"
+    return "symptom" if kind in SYMPTOM_KINDS else "diagnosis"
+
+
+def sanitizer_record(finding: dict[str, Any]) -> Any:
+    """The compute-sanitizer record of a ``sanitizer`` finding, parsed again from its evidence
+    (the current parser: older runs recorded a few kernel names wrongly), or None."""
+    text = str(finding.get("evidence") or "")
+    if not text:
+        return None
+    report = parse_sanitizer("\n".join(f"========= {line}" for line in text.splitlines()))
+    return report.findings[0] if report.findings else None
+
+
+def subject(finding: dict[str, Any]) -> str | None:
+    """What the finding is about: its op, else its kernel (a sanitizer record: its kernel,
+    else the CUDA API call it names)."""
+    if finding.get("kind") == "sanitizer":
+        parsed = sanitizer_record(finding)
+        if parsed is not None and (parsed.kernel_name or parsed.api_call):
+            return str(parsed.kernel_name or parsed.api_call)
+        return finding.get("kernel") or finding.get("op") or None
+    return finding.get("op") or finding.get("kernel") or None
+
+
+def signature(text: Any) -> str:
+    """``text`` with addresses blanked: two records that differ only there are one."""
+    return _HEX.sub("0x…", str(text or ""))
+
+
+@dataclass
+class Occurrence:
+    """One finding of one case record."""
+
+    index: int  # the record's index in RunData.cases
+    finding: dict[str, Any]
+    record: dict[str, Any]
+
+    @property
+    def case_key(self) -> tuple[str, str, str]:
+        return (str(self.record["device"]), str(self.record["suite"]),
+                str(self.record["case"]))
+
+
+@dataclass
+class Group:
+    """Every occurrence of one (kind, subject), and for a diagnosis the symptoms it explains."""
+
+    role: str
+    kind: str
+    subject: str | None
+    occurrences: list[Occurrence]
+    explains: list[Group] = field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        return len(self.occurrences)
+
+    @cached_property
+    def severity(self) -> str:
+        return min((str(o.finding.get("severity")) for o in self.occurrences),
+                   key=lambda s: SEVERITY_RANK.get(s, 3))
+
+    @cached_property
+    def devices(self) -> list[str]:
+        return sorted({str(o.record["device"]) for o in self.occurrences}, key=natural)
+
+    @cached_property
+    def modes(self) -> list[str]:
+        return list(dict.fromkeys(str(o.record["mode"]) for o in self.occurrences))
+
+    @cached_property
+    def statuses(self) -> list[str]:
+        return sorted({str(o.record["status"]) for o in self.occurrences})
+
+    @cached_property
+    def cases(self) -> list[tuple[str, str]]:
+        """(suite, case) of every case it occurred in, in order of first occurrence."""
+        return list(dict.fromkeys((str(o.record["suite"]), str(o.record["case"]))
+                                  for o in self.occurrences))
+
+    @cached_property
+    def messages(self) -> list[tuple[str, int]]:
+        """Distinct messages (addresses blanked), most frequent first."""
+        counts = Counter(signature(o.finding.get("message")) for o in self.occurrences)
+        return counts.most_common()
+
+    @property
+    def explained(self) -> int:
+        """Symptom findings folded under this diagnosis."""
+        return sum(g.count for g in self.explains)
+
+    def title(self) -> str:
+        return f"{self.kind} {self.subject}" if self.subject else self.kind
+
+    def line(self, max_message: int = 160) -> str:
+        """One line of plain text: kind and subject, where (the case itself when there is one;
+        else how many findings in how many cases on which devices), the first message, and
+        what it explains."""
+        message = self.messages[0][0].splitlines()[0] if self.messages else ""
+        if len(message) > max_message:
+            message = message[:max_message - 1] + "…"
+        if len(self.cases) == 1 and len(self.devices) == 1:
+            suite, case = self.cases[0]
+            where = f"{self.devices[0]} {suite} {case}"
+            if self.count > 1:
+                where += f" ({self.count} findings)"
+        else:
+            where = (f"{self.count} finding(s) in {len(self.cases)} case(s) on "
+                     f"{', '.join(self.devices)}")
+        text = f"{self.title()}: {where}: {message}"
+        if len(self.messages) > 1:
+            text += f" (+{len(self.messages) - 1} other message(s))"
+        if self.explains:
+            text += "; explains " + ", ".join(f"{g.count} {g.title()}" for g in self.explains)
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        per_case = Counter(o.index for o in self.occurrences)
+        return {
+            "role": self.role, "kind": self.kind, "subject": self.subject,
+            "severity": self.severity, "count": self.count, "devices": self.devices,
+            "modes": self.modes, "statuses": self.statuses,
+            "cases": [{"case_index": i, "findings": n} for i, n in per_case.items()],
+            "messages": [{"message": m, "count": n} for m, n in self.messages[:20]],
+            "more_messages": max(0, len(self.messages) - 20),
+            "explains": [g.to_json() for g in self.explains],
+        }
+
+
+@dataclass
+class Grouped:
+    """The findings of a run: diagnoses (each with what it explains), then the symptoms no
+    diagnosis explains."""
+
+    diagnoses: list[Group]
+    symptoms: list[Group]
+
+    def all(self) -> list[Group]:
+        """Diagnoses, then unexplained symptoms (the order of the report)."""
+        return [*self.diagnoses, *self.symptoms]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"diagnoses": [g.to_json() for g in self.diagnoses],
+                "symptoms": [g.to_json() for g in self.symptoms]}
+
+
+def _explains(o: Occurrence) -> bool:
+    f = o.finding
+    return f.get("severity") == "error" or str(f.get("kind")) in EXPLAINING_WARNINGS
+
+
+def _group(occurrences: list[Occurrence], role_: str) -> list[Group]:
+    by: dict[tuple[str, str | None], list[Occurrence]] = {}
+    for o in occurrences:
+        by.setdefault((str(o.finding.get("kind")), subject(o.finding)), []).append(o)
+    groups = [Group(role_, kind, subj, occ) for (kind, subj), occ in by.items()]
+    return sorted(groups, key=lambda g: (SEVERITY_RANK.get(g.severity, 3), -g.count, g.kind,
+                                         g.subject or ""))
+
+
+def build(cases: list[dict[str, Any]]) -> Grouped:
+    """Group every finding of ``cases`` (the case records of a run, diagnoses attached)."""
+    diagnosed: list[Occurrence] = []
+    seen: list[Occurrence] = []
+    for i, r in enumerate(cases):
+        for f in r.get("findings", []):
+            o = Occurrence(i, f, r)
+            (diagnosed if role(f, r) == "diagnosis" else seen).append(o)
+    diagnoses = _group(diagnosed, "diagnosis")
+    owner: dict[tuple[str, str, str], Group] = {}
+    for g in diagnoses:  # worst first: a case's symptoms go to its worst diagnosis
+        for o in g.occurrences:
+            if _explains(o):
+                owner.setdefault(o.case_key, g)
+    folded: dict[int, list[Occurrence]] = {}
+    rest: list[Occurrence] = []
+    for o in seen:
+        explained_by = owner.get(o.case_key)
+        if explained_by is None:
+            rest.append(o)
+        else:
+            folded.setdefault(id(explained_by), []).append(o)
+    for g in diagnoses:
+        g.explains = _group(folded.get(id(g), []), "symptom")
+    return Grouped(diagnoses, _group(rest, "symptom"))

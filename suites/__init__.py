@@ -1,0 +1,1 @@
+"""gpucheck's suites, installed as ``gpucheck.suites`` (gpucheck/_resources.py)."""

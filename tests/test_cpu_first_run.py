@@ -1,0 +1,53 @@
+"""The first run without a GPU: ``gpucheck run --cpu-only`` with the default suites tests
+something real (the bundled CPU suites, then the distributed suite over gloo), says which of
+its suites need a GPU, and its exit code and reports agree."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from gpucheck.runner import suites
+
+
+def test_cpu_only_first_run_tests_something_and_names_the_gpu_suites(tmp_path: Path) -> None:
+    cwd = tmp_path / "elsewhere"  # no suites/ here: the bundled ones are the defaults
+    cwd.mkdir()
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only",
+                           "--out", str(out)], cwd=cwd, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0, said
+    assert "Traceback" not in said
+    assert "knn, splat, ssim test CUDA kernels and need a GPU" in said
+    recs = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    cases = [r for r in recs if r.get("record") == "case"]
+    ran = {(r["suite"], r["mode"]) for r in cases if r["status"] == "passed"}
+    assert {("reference", "blocking"), ("checkpoints", "blocking"), ("dist", "dist")} <= ran
+    assert not [r for r in cases if r["status"] not in ("passed", "skipped")]
+    assert {r["device"] for r in cases if r["mode"] == "dist"} == {"rank0/cpu", "rank1/cpu"}
+    summary = json.loads((out / "results.json").read_text())["summary"]
+    assert summary["verdict"] == "passed"
+    assert "gpucheck passed" in (out / "report.html").read_text()
+    assert said.strip().splitlines()[-1].startswith("passed (exit 0)")
+
+
+def test_cpu_only_defaults_are_the_suites_that_need_no_gpu(tmp_path: Path,
+                                                           monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    gpu, cpu = suites.default(), suites.default(cpu_only=True)
+    assert set(cpu) == set(suites.CPU_ONLY)
+    assert {"knn", "ssim", "splat"} <= set(gpu) and not set(gpu) & set(cpu)
+    assert suites.left_out_without_gpu() == sorted(gpu)
+
+
+def test_a_users_own_suites_stay_the_default_without_gpu(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "suites" / "mine").mkdir(parents=True)
+    (tmp_path / "suites" / "mine" / "test_mine.py").write_text("def test_x():\n    pass\n")
+    monkeypatch.chdir(tmp_path)
+    assert set(suites.default(cpu_only=True)) == {"mine"} == set(suites.default())
+    assert suites.left_out_without_gpu() == []
