@@ -119,3 +119,14 @@ def test_run_and_report_write_only_the_formats_asked(tmp_path):
                           "sarif"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert rep.returncode == 1 and rep.stdout.startswith(f"failed: {out / 'results.sarif'}")
     assert validate(json.loads((out / "results.sarif").read_text())) == []
+
+
+def test_a_path_recorded_on_another_machine_is_found_under_the_base() -> None:
+    """A run recorded in a GPU runner's checkout, reported from another checkout: the file is
+    placed where the same tail of its path exists under the base."""
+    from gpucheck.report.sarif import SRCROOT, _uri
+
+    recorded = "/some/runner/checkout/suites/selftest/test_selftest.py"
+    assert _uri(recorded, ROOT) == ("suites/selftest/test_selftest.py", SRCROOT)
+    assert _uri("/some/runner/checkout/nowhere/x.py", ROOT) == (
+        "file:///some/runner/checkout/nowhere/x.py", None)

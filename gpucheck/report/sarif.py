@@ -138,7 +138,14 @@ def _uri(path: str, base: Path) -> tuple[str, str | None]:
         try:
             return quote(p.resolve().relative_to(base.resolve()).as_posix()), SRCROOT
         except ValueError:
-            return p.resolve().as_uri(), None
+            pass
+        # recorded on another machine (a GPU runner's checkout): the same file under base,
+        # found by the longest tail of its path that exists there
+        for i in range(1, len(p.parts) - 1):
+            tail = Path(*p.parts[i:])
+            if (base / tail).is_file():
+                return quote(tail.as_posix()), SRCROOT
+        return p.resolve().as_uri(), None
     return quote(PurePosixPath(path.replace("\\", "/")).as_posix()), SRCROOT if "/" in path \
         else None
 
