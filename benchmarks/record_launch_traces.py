@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -26,6 +28,24 @@ from gpucheck import _csrc
 from gpucheck.detectors.launch_trace import LaunchTrace
 from gpucheck.ops import _ext
 from gpucheck.runner.poison import stream_made_current
+
+
+def record(scenarios: dict[str, Callable[[], None]], dev: torch.device, stream: Any,
+           out: Path) -> None:
+    """Run each scenario once to warm up (lazy inits outside the recorded window), then again
+    inside a launch trace; write OUT/<scenario>.json with the windows the detectors get."""
+    for fn in scenarios.values():
+        fn()
+    torch.cuda.synchronize()
+    for name, fn in scenarios.items():
+        trace = LaunchTrace()
+        trace.acquire()
+        fn()
+        windows = [asdict(w) for w in trace.finish()]
+        (out / f"{name}.json").write_text(json.dumps({
+            "scenario": name, "doc": fn.__doc__,
+            "recorded_on": f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}",
+            "current_stream": repr(stream), "windows": windows}, indent=0) + "\n")
 
 
 def main(out: Path) -> int:
@@ -77,18 +97,7 @@ def main(out: Path) -> int:
 
         scenarios["knn_side_stream"] = knn_side_stream
     with stream_made_current(dev) as stream:
-        for fn in scenarios.values():  # warm-up: lazy inits outside the recorded window
-            fn()
-        torch.cuda.synchronize()
-        for name, fn in scenarios.items():
-            trace = LaunchTrace()
-            trace.acquire()
-            fn()
-            windows = [asdict(w) for w in trace.finish()]
-            (out / f"{name}.json").write_text(json.dumps({
-                "scenario": name, "doc": fn.__doc__,
-                "recorded_on": f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}",
-                "current_stream": repr(stream), "windows": windows}, indent=0))
+        record(scenarios, dev, stream, out)
         # cost: 5000 small torch ops, and 200 calls of an extension op, without and with it
         import time
 

@@ -16,7 +16,10 @@ Users' own suites get:
   peak per device); ``available`` is False (and every value N/A) where NVML is not;
 * ``gpucheck_findings``: ``gpucheck_findings.attach(kind, message, severity=..., op=...)``
   adds a finding to the test's case record under ``gpucheck run`` (next to the detectors'),
-  and to the terminal summary, the JUnit properties and the exit status under plain pytest.
+  and to the terminal summary, the JUnit properties and the exit status under plain pytest;
+* the functions of compiled torch extensions (pybind11 modules) are watched per call like
+  ``torch.ops`` (:mod:`gpucheck.detectors.ext_watch`, installed before the first conftest);
+  marker ``gpucheck_unwatched("pkg._C", "pkg._C.fn")`` or ``GPUCHECK_UNWATCHED`` opts out.
 
 Target devices: ``--gpucheck-device N`` (repeatable) or ``GPUCHECK_DEVICES=0,1``; default: all
 visible devices. Without a CUDA device, tests using ``gpu_device`` are skipped with a reason.
@@ -35,12 +38,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from gpucheck.runner.nvml_sampler import NvmlTracker  # the nvml_tracker fixture's
 
 MARKERS = {
     "gpu": "needs a CUDA device",
@@ -51,6 +54,10 @@ MARKERS = {
     # the leak detector's marker (gpucheck/detectors/leak.py)
     "gpucheck_repeat": "(n=5) under gpucheck run the body runs n times (fixtures once) and "
                        "memory that grows from run to run is a leak finding",
+    # the compiled-extension watch's opt-out (gpucheck/detectors/ext_watch.py)
+    "gpucheck_unwatched": "('pkg._C', 'pkg._C.fn', ...) calls of these compiled extension "
+                          "modules or functions get no per-call checks in this test "
+                          "(GPUCHECK_UNWATCHED does it for every test)",
 }
 DEVICES_ENV = "GPUCHECK_DEVICES"
 #: "other" (default): another device is current and initialized while the target is tested;
@@ -82,7 +89,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(group)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    """Watch compiled extensions before the first conftest imports one."""
+    from gpucheck.detectors import ext_watch
+
+    ext_watch.install_unless_disabled()
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    from gpucheck.detectors import ext_watch
+
+    ext_watch.install_unless_disabled()  # no-op when pytest_load_initial_conftests did it
     for name, doc in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {doc}")
     config.addinivalue_line("markers", f"{KERNELS_MARKER}: tests gpucheck's own CUDA kernels "
@@ -130,11 +148,24 @@ def _deselect_other_tools(config: pytest.Config, items: list[pytest.Item]) -> No
         items[:] = keep
 
 
+def unwatched(item: pytest.Item) -> list[str]:
+    """The compiled extension modules and functions the test's ``gpucheck_unwatched``
+    markers name (a bad marker is a usage error)."""
+    from gpucheck.detectors import ext_watch
+
+    try:
+        return ext_watch.marker_names([m.args for m in item.iter_markers(ext_watch.MARKER)])
+    except ValueError as err:
+        raise pytest.UsageError(f"gpucheck: {item.nodeid}: {err}") from None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Cases for other sanitizer tools leave a sanitizer pass. Tests of gpucheck's kernels on
     a GPU without the compiled extension: one usage error with the fix, not one failure (or
-    skip) per case."""
+    skip) per case. A bad ``gpucheck_unwatched`` marker: a usage error before any test."""
     _deselect_other_tools(config, items)
+    for item in items:
+        unwatched(item)
     if not any(item.get_closest_marker(KERNELS_MARKER) for item in items):
         return
     if not target_devices(config):
@@ -331,6 +362,9 @@ def gpucheck_findings() -> Findings:
 def pytest_runtest_setup(item: pytest.Item) -> Any:
     _ATTACHED.clear()
     _CASE_OP[0] = None
+    from gpucheck.detectors import ext_watch
+
+    ext_watch.begin_test(unwatched(item))  # and wraps extensions imported before the watch
     if _CONTEXT_LOST and _uses_cuda(item):
         case, error = _CONTEXT_LOST[0]
         item.user_properties.append((CONTEXT_LOST_PROPERTY, case))
@@ -434,6 +468,9 @@ def _plain_detectors(item: pytest.Item) -> list[Any]:
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
     yield  # fixtures (nvml_tracker) attach in their teardown too
     drain(item)
+    from gpucheck.detectors import ext_watch
+
+    ext_watch.set_unwatched()  # the test's marker ends with it
 
 
 def drain(item: pytest.Item) -> None:
@@ -501,91 +538,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 # --- NVML memory of the test --------------------------------------------------------------
 
 NVML_INTERVAL_ENV = "GPUCHECK_NVML_INTERVAL"
-
-
-class NvmlTracker:
-    """This process's GPU memory (NVML, every device) while a test runs.
-
-    ``timeline``: ``(time, {device uuid: bytes})`` samples; :meth:`peak` the largest one on a
-    device (or any); :meth:`sample` takes one now. Where NVML is unavailable ``available``
-    is False, ``reason`` says why, and every value is :data:`gpucheck.nvml.NA`.
-    """
-
-    def __init__(self, interval: float = 0.01) -> None:
-        from gpucheck import nvml
-
-        self.interval = interval
-        self.timeline: list[tuple[float, dict[str, int]]] = []
-        self._lock = threading.Lock()
-        st = nvml.status()
-        self.available = st.ok
-        self.reason = st.reason
-        self._sampler: Any = None
-        if st.ok:
-            from gpucheck.runner.nvml_sampler import Sampler
-
-            self._sampler = Sampler(interval, self._on_sample, pid=os.getpid())
-            if not self._sampler.available:
-                self.available, self.reason = False, "NVML lists no device"
-
-    def _on_sample(self, t: float, rows: list[dict[str, Any]]) -> None:
-        mine = str(os.getpid())
-        used = {r["uuid"]: int(r["processes"][mine]) for r in rows
-                if r["processes"].get(mine) is not None}
-        with self._lock:
-            self.timeline.append((t, used))
-
-    def start(self) -> NvmlTracker:
-        if self.available:
-            self._sampler.start()
-        return self
-
-    def stop(self) -> None:
-        if self.available:
-            self._sampler.stop()
-            self.sample()
-
-    def sample(self) -> None:
-        """Take one sample now (a test shorter than the interval still gets one)."""
-        if self.available:
-            self._on_sample(time.time(), self._sampler.sample())
-
-    def peak(self, device: Any = None) -> Any:
-        """The largest memory this process held on ``device`` (a ``torch.device``, CUDA
-        index or NVML UUID; None: any device), in bytes; NA without NVML."""
-        from gpucheck import nvml
-
-        if not self.available:
-            return nvml.NA
-        uuid = None if device is None else _uuid_of(device)
-        if device is not None and uuid is None:
-            return nvml.NA
-        with self._lock:
-            values = [b for _, used in self.timeline for u, b in used.items()
-                      if uuid is None or u == uuid]
-        return max(values, default=0)
-
-    def peaks(self) -> dict[str, int]:
-        """The peak per device UUID."""
-        out: dict[str, int] = {}
-        with self._lock:
-            for _, used in self.timeline:
-                for u, b in used.items():
-                    out[u] = max(out.get(u, 0), b)
-        return out
-
-
-def _uuid_of(device: Any) -> str | None:
-    """NVML's UUID (``GPU-...``) of a CUDA device given as torch.device, index or UUID."""
-    if isinstance(device, str) and device.startswith(("GPU-", "MIG-")):
-        return device
-    try:
-        import torch
-
-        index = device.index if isinstance(device, torch.device) else int(device)
-        return f"GPU-{torch.cuda.get_device_properties(index).uuid}"
-    except Exception:
-        return None
 
 
 @pytest.fixture

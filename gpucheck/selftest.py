@@ -4,8 +4,12 @@ defect × detector that says whether each defect was found by the detector meant
 
 The defects live in ``suites/selftest/``: a small pybind extension (no device guard, an
 out-of-bounds write, an abort, a raw ``cudaMalloc`` never freed, a quadratic scratch
-buffer), a checkpoint writer that stores activated values, and gpucheck's own SSIM and KNN
-built with a ``GPUCHECK_DEFECT_*`` macro each (``gpucheck._csrc.DEFECTS``). Rows that need
+buffer), a pybind extension called from an ``autograd.Function`` built once per
+``GPUCHECK_PYBIND_DEFECT_*`` macro (``gpucheck._csrc.PYBIND_DEFECTS``: stream 0 in forward,
+cub on stream 0 in backward, output on the current device, a bare ``cudaSetDevice``; and
+its clean build called through ``ctypes`` on stream 0 and given a CPU tensor), a checkpoint
+writer that stores activated values, and gpucheck's own SSIM and KNN built with a
+``GPUCHECK_DEFECT_*`` macro each (``gpucheck._csrc.DEFECTS``). Rows that need
 more GPUs or a pass that was not run (``sanitizer:<tool>``) are reported as not run, never as found.
 """
 
@@ -41,6 +45,8 @@ _SSIM = "test_defect_ssim.py::"
 _KNN = "test_defect_knn.py::"
 _MEM = "test_defect_memory.py::"
 _SPLAT = "test_defect_splat.py::"
+_PYB = "test_defect_pybind.py::"
+_CKR = "test_defect_checkpoint_read.py::"
 DEFECTS = (
     Defect("no device guard (pybind extension)", "test_selftest.py::test_unguarded_launch",
            "wrong-device", "plain", min_devices=2),
@@ -75,9 +81,27 @@ DEFECTS = (
            "double-activation", "plain", min_devices=0),  # CPU only: runs without a GPU
     Defect("checkpoint saved activated, rendered after a 3DGS load",
            _MEM + "test_double_activation_render", "oom-anomaly", "plain"),
+    Defect("checkpoint saved activated, read the 3DGS way and rendered (fits in memory)",
+           _CKR + "test_activated_checkpoint_rendered", "double-activation", "plain"),
+    Defect("checkpoint saved activated, read the 3DGS way", _CKR +
+           "test_activated_checkpoint_read", "double-activation", "plain", min_devices=0),
     Defect("binning buffers on the current device (splat)",
            _SPLAT + "test_buffers_current_device_splat", "wrong-device", "plain", min_devices=2,
            op="splat_project"),
+    Defect("forward on the legacy default stream (pybind)", _PYB + "test_legacy_stream_pybind",
+           "wrong-stream", "plain", op="gpucheck_pybind_legacy_stream.scale_forward"),
+    Defect("cub on stream 0 in backward (pybind)", _PYB + "test_cub_stream0_pybind",
+           "wrong-stream", "plain", op="gpucheck_pybind_cub_stream0.scale_backward"),
+    Defect("output on the current device (pybind)", _PYB + "test_output_current_device_pybind",
+           "wrong-device", "plain", min_devices=2,
+           op="gpucheck_pybind_output_current_device.scale_forward"),
+    Defect("bare cudaSetDevice (pybind)", _PYB + "test_set_device_pybind", "device-state-leak",
+           "plain", min_devices=2, op="gpucheck_pybind_set_device.scale_forward",
+           severity="warning"),
+    Defect("kernel on stream 0 from an unwatched caller (ctypes)",
+           _PYB + "test_unwatched_caller_pybind", "wrong-stream", "plain", op="scale_kernel"),
+    Defect("CPU tensor among CUDA arguments (pybind)", _PYB + "test_cpu_argument_pybind",
+           "mixed-devices", "plain", op="gpucheck_pybind_clean.shade"),
 )
 #: the sanitizer passes of ``gpucheck selftest --sanitizer``: every tool a row needs
 SANITIZER_MODES = tuple(dict.fromkeys(d.mode for d in DEFECTS if d.mode.startswith(SANITIZER)))
@@ -85,7 +109,9 @@ SANITIZER_MODES = tuple(dict.fromkeys(d.mode for d in DEFECTS if d.mode.startswi
 CLEAN = ("test_selftest.py::test_good_guarded", "test_selftest.py::test_good_after_the_defects",
          "test_defect_stream.py::test_clean_ssim", _SSIM + "test_clean_ssim",
          _KNN + "test_clean_knn", _MEM + "test_clean_repeat", _MEM + "test_growth_linear_clean",
-         _MEM + "test_clean_roundtrip", _MEM + "test_clean_render", _SPLAT + "test_clean_splat")
+         _MEM + "test_clean_roundtrip", _MEM + "test_clean_render", _SPLAT + "test_clean_splat",
+         _CKR + "test_raw_checkpoint_rendered", _CKR + "test_raw_checkpoint_read",
+         _PYB + "test_clean_pybind", _PYB + "test_clean_unwatched_caller_pybind")
 
 
 def _base(case: str) -> str:
@@ -174,15 +200,19 @@ def matrix(records: Iterable[dict[str, Any]], devices: int
 KERNELS = "kernels"
 
 
-def prebuild(logs: Path, names: Iterable[str] | None = None) -> list[str] | None:
-    """JIT-build the defect builds (``gpucheck._csrc.DEFECTS``) and, where they were not built
-    at install, gpucheck's kernels (the clean twins' ops), all at once, one process each, from
-    the package's csrc/ into gpucheck's build cache (``gpucheck._csrc.build_dir``): the
-    selftest's workers then load them instead of building them one after another inside
-    their cases (a cached build only loads). Each build's output goes to
-    ``logs/<name>.log`` (the kernels': ``logs/kernels.log``). Returns the names whose build
-    failed (their cases error with the compiler's message), or None when this machine cannot
-    build them (no CUDA build of torch, or no nvcc): the cases then skip or fail on their own.
+def prebuild(logs: Path, names: Iterable[str] | None = None,
+             pybind: Iterable[str] | None = None) -> list[str] | None:
+    """JIT-build the defect builds (``gpucheck._csrc.DEFECTS``), the builds of the pybind
+    extension (``pybind``: ``clean`` and names of ``gpucheck._csrc.PYBIND_DEFECTS``, default
+    all; logged as ``pybind_<build>``) and, where they were not built at install, gpucheck's
+    kernels (the clean twins' ops), all at once, one process each, from the package's
+    sources into gpucheck's build cache
+    (``gpucheck._csrc.build_dir``): the selftest's workers then load them instead of building
+    them one after another inside their cases (a cached build only loads). Each build's
+    output goes to ``logs/<name>.log`` (the kernels': ``logs/kernels.log``). Returns the names
+    whose build failed (their cases error with the compiler's message), or None when this
+    machine cannot build them (no CUDA build of torch, or no nvcc): the cases then skip or
+    fail on their own.
     """
     import importlib.util
     import os
@@ -202,6 +232,10 @@ def prebuild(logs: Path, names: Iterable[str] | None = None) -> list[str] | None
     builds = {name: ["from gpucheck._csrc import build_defect; "
                      "build_defect(sys.argv[1], verbose=True)", name] for name in names}
     builds[KERNELS] = ["from gpucheck.ops import _ext; sys.exit(_ext.child_main())"]
+    every = (_csrc.PYBIND_CLEAN, *_csrc.PYBIND_DEFECTS)
+    for build in every if pybind is None else pybind:
+        builds[f"pybind_{build}"] = ["from gpucheck._csrc import build_pybind; "
+                                     "build_pybind(sys.argv[1], verbose=True)", build]
     env = dict(os.environ)
     env.setdefault("MAX_JOBS", str(max(1, (os.cpu_count() or 1) // len(builds))))
     procs = {}

@@ -109,3 +109,23 @@ def test_every_registration_goes_through_the_namespace_macros():
     impls = [p.name for p in csrc.rglob("*.cpp")
              if "GPUCHECK_TORCH_LIBRARY_IMPL(" in p.read_text()]
     assert {"ssim.cpp", "knn.cpp", "splat.cpp"} <= set(impls), impls
+
+
+def test_the_pybind_extension_is_compile_checked_clean_and_with_each_defect():
+    names = {f.name for f in _csrc.check_only_sources()}
+    assert {"pybind_defects.cpp", "pybind_defects.cu"} <= names
+    units, missing = _csrc.check_units("only")
+    variants = {(f.name, tuple(flags)) for f, flags, label in units if "pybind" in label}
+    assert variants == {
+        ("pybind_defects.cu", ("-DGPUCHECK_PYBIND_DEFECT_LEGACY_STREAM",)),
+        ("pybind_defects.cu", ("-DGPUCHECK_PYBIND_DEFECT_CUB_STREAM0",)),
+        ("pybind_defects.cpp", ("-DGPUCHECK_PYBIND_DEFECT_OUTPUT_CURRENT_DEVICE",)),
+        ("pybind_defects.cpp", ("-DGPUCHECK_PYBIND_DEFECT_SET_DEVICE",))}
+    assert not [m for m in missing if "pybind" in m]
+    sources = {f.name: f.read_text() for f in _csrc.pybind_sources()}
+    for name, flags in variants:  # every macro is one the source tests
+        assert f"#ifdef {flags[0].removeprefix('-D')}" in sources[name]
+    assert _csrc.pybind_module_name("clean") == "gpucheck_pybind_clean"
+    assert _csrc.pybind_flags("clean") == []
+    with pytest.raises(KeyError, match="unknown pybind build"):
+        _csrc.pybind_module_name("nothing")

@@ -4,6 +4,7 @@ that listen (op-device, numerics) on real custom ops, on CPU."""
 from __future__ import annotations
 
 import itertools
+import sys
 
 import pytest
 import torch
@@ -158,3 +159,21 @@ def test_cross_device_disagreement_across_records():
     assert f.kind == "numerics" and "cross-device disagreement" in f.message
     assert "cuda:0 and cuda:1" in f.message and "t[cuda1]" in f.evidence
     assert conflicts([("op", "i", "a", "cuda:0"), ("op", "i", "a", "cuda:0")]) == []
+
+
+def test_a_call_carries_the_line_that_made_it():
+    """The nearest frame outside gpucheck and torch: the caller's line, not torch's _ops.py."""
+    log = Log()
+    calls = []
+    log.before = calls.append
+    op_watch.add(log)
+    try:
+        here = sys._getframe().f_lineno
+        torch.ops.gpucheck_watch.double(torch.rand(2))
+        torch.ops.gpucheck_watch.double.default(torch.rand(2))
+    finally:
+        op_watch.remove(log)
+    name = "test_a_call_carries_the_line_that_made_it"
+    assert [c.frame.rsplit("test_op_watch.py:", 1)[1] for c in calls] == [
+        f"{here + 1} in {name}", f"{here + 2} in {name}"]
+    assert calls[0].autograd is None and calls[0].fn is not None

@@ -252,3 +252,71 @@ def test_prebuild_needs_a_cuda_build_of_torch(tmp_path, monkeypatch):
     assert selftest.prebuild(tmp_path / "logs") is None
     assert not (tmp_path / "logs").exists()
     assert selftest.prebuild(tmp_path / "logs", names=[]) is None
+
+
+PYB = "test_defect_pybind.py::"
+
+
+def test_the_pybind_rows_on_one_gpu_and_their_cases_exist():
+    """The rows of the pybind extension (suites/selftest/test_defect_pybind.py): found from
+    the findings its detectors make on one GPU; the two-GPU rows not run there; every row's
+    case and clean twin is a test of that file."""
+    import ast
+
+    dev = "cuda:0"
+    records = [
+        _rec(PYB + "test_legacy_stream_pybind", dev, "blocking+nvml", _finding(
+            "wrong-stream", dev, op="gpucheck_pybind_legacy_stream.scale_forward")),
+        _rec(PYB + "test_cub_stream0_pybind", dev, "blocking+nvml", _finding(
+            "wrong-stream", dev, op="gpucheck_pybind_cub_stream0.scale_backward")),
+        _rec(PYB + "test_unwatched_caller_pybind", dev, "blocking+nvml", _finding(
+            "wrong-stream", dev, kernel="gpucheck_pybind_clean::(anonymous namespace)::"
+                                        "scale_kernel(float const*, float const*, float*, long)")),
+        _rec(PYB + "test_cpu_argument_pybind", dev, "blocking+nvml",
+             _finding("mixed-devices", dev, op="gpucheck_pybind_clean.shade"),
+             _finding("cuda-error", dev), status="failed"),
+        _rec(PYB + "test_clean_pybind", dev, "blocking+nvml"),
+        _rec(PYB + "test_clean_unwatched_caller_pybind", dev, "blocking+nvml"),
+    ]
+    rows, false = matrix(records, 1)
+    got = {name: r.status for name, r in rows_by_name(rows).items() if "pybind" in r.defect.case}
+    assert got == {"forward on the legacy default stream (pybind)": "found",
+                   "cub on stream 0 in backward (pybind)": "found",
+                   "kernel on stream 0 from an unwatched caller (ctypes)": "found",
+                   "CPU tensor among CUDA arguments (pybind)": "found",
+                   "output on the current device (pybind)": "not run",
+                   "bare cudaSetDevice (pybind)": "not run"}
+    assert false == []
+    records[-1]["findings"].append(_finding("wrong-stream", dev, op="x"))
+    assert matrix(records, 1)[1] != []  # a finding on a clean twin is a false positive
+    tests = {n.name for n in ast.parse(
+        (_resources.suites() / "selftest" / "test_defect_pybind.py").read_text()).body
+        if isinstance(n, ast.FunctionDef)}
+    cases = [d.case for d in DEFECTS if d.case.startswith(PYB)]
+    cases += [c for c in selftest.CLEAN if c.startswith(PYB)]
+    assert len(cases) == 8 and {c.removeprefix(PYB) for c in cases} <= tests
+
+
+def test_prebuild_builds_the_pybind_extension_too(tmp_path, monkeypatch):
+    import subprocess
+    import types
+
+    from gpucheck import _csrc
+
+    monkeypatch.setattr(_csrc, "_cuda_home", lambda: tmp_path)
+    monkeypatch.setattr(subprocess, "run",
+                        lambda *a, **k: types.SimpleNamespace(returncode=0, stdout="13.0\n"))
+    started = []
+
+    class Proc:
+        def __init__(self, cmd, **kwargs):
+            started.append(cmd)
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", Proc)
+    assert selftest.prebuild(tmp_path / "logs") == []
+    pybind = sorted(cmd[-1] for cmd in started if "build_pybind" in cmd[2])
+    assert pybind == sorted(["clean", *_csrc.PYBIND_DEFECTS])
+    assert (tmp_path / "logs" / "pybind_clean.log").exists()

@@ -330,21 +330,30 @@ def _read_pt(path: Path) -> tuple[_Arrays, str, int, int]:
                     arr(p.rotations_raw), bad), layout, p.num_gaussians, p.max_sh_degree)
 
 
-def read_arrays(path: str | Path) -> tuple[_Arrays, str, int, int]:
-    """The stored values of a checkpoint, its layout, N and SH degree (NaN/inf kept)."""
+#: checkpoint format by file suffix (``fmt`` of :func:`lint` overrides it)
+FORMATS = {".ply": "ply", ".pt": "pt", ".pth": "pt"}
+
+
+def read_arrays(path: str | Path, fmt: str | None = None) -> tuple[_Arrays, str, int, int]:
+    """The stored values of a checkpoint, its layout, N and SH degree (NaN/inf kept).
+
+    ``fmt`` (``"ply"`` or ``"pt"``) reads the file in that format whatever its suffix.
+    """
     path = Path(path)
     suffix = path.suffix.lower()
     if not path.is_file():
         raise CheckpointError(f"{path}: no such file")
-    if suffix == ".ply":
+    fmt = fmt or FORMATS.get(suffix)
+    if fmt == "ply":
         return _read_ply(path)
-    if suffix in (".pt", ".pth"):
+    if fmt == "pt":
         return _read_pt(path)
     raise CheckpointError(f"{path}: unknown checkpoint suffix {suffix!r} (expected .ply, .pt "
                           f"or .pth)")
 
 
-def lint(path: str | Path, render: tuple[int, int] | None = None) -> LintReport:
+def lint(path: str | Path, render: tuple[int, int] | None = None, *,
+         fmt: str | None = None) -> LintReport:
     """Lint one checkpoint file.
 
     Args:
@@ -352,13 +361,15 @@ def lint(path: str | Path, render: tuple[int, int] | None = None) -> LintReport:
         render: ``(width, height)``: also estimate, for a camera that frames the scene, the
             Gaussian-tile overlaps and binning bytes of a render of the file loaded with 3DGS
             conventions and loaded correctly (:mod:`gpucheck.checkpoints.render_estimate`).
+        fmt: ``"ply"`` or ``"pt"``: read the file in that format whatever its suffix (a file
+            a case read with plyfile or ``torch.load``); default: the suffix tells.
 
     Returns:
         The report; an unreadable file gives verdict ``unreadable`` with the reason in
         ``error`` (never an exception).
     """
     try:
-        arrays, layout, n, degree = read_arrays(path)
+        arrays, layout, n, degree = read_arrays(path, fmt)
     except CheckpointError as err:
         return LintReport(str(path), "unreadable", error=str(err))
     params, verdict, fix = lint_arrays(arrays)

@@ -53,3 +53,31 @@ class BaseDetector:
 
     def case_data(self) -> dict[str, Any]:
         return {}
+
+
+class CallWatcher(BaseDetector):
+    """A worker detector that listens to every watched call of a case body
+    (:mod:`gpucheck.detectors.op_watch`, its ``before``/``after``): it calls
+    :meth:`start_watching` in ``case_started`` and :meth:`stop_watching` in
+    ``case_finished``."""
+
+    watching = False
+
+    def start_watching(self) -> None:
+        from gpucheck.detectors import op_watch
+
+        self.watching = op_watch.add(self)  # type: ignore[arg-type]
+
+    def stop_watching(self) -> bool:
+        """Stop listening; False when it never listened (torch not imported: nothing to
+        judge). Re-raises the first exception the listener raised during the case (the
+        worker reports it as a detector error)."""
+        from gpucheck.detectors import op_watch
+
+        if not self.watching:
+            return False
+        self.watching = False
+        err = op_watch.remove(self)  # type: ignore[arg-type]
+        if err is not None:
+            raise err
+        return True

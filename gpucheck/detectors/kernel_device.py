@@ -5,8 +5,10 @@ that kernel faults (an illegal address, which the differential re-run of
 :mod:`gpucheck.detectors.wrong_device` diagnoses); with peer access enabled, as multi-GPU
 training often has it, the kernel reads the other GPU's memory over NVLink: the result is
 right, only slow, and no test fails. The profiler's device of every kernel of every
-extension-op call (:mod:`gpucheck.detectors.launch_trace`) shows it either way: a kernel of a
-call whose tensors all live on cuda:N that ran on cuda:M is a ``wrong-device`` finding.
+extension-op call (:mod:`gpucheck.detectors.launch_trace`; the functions of compiled
+extension modules too, :mod:`gpucheck.detectors.ext_watch`) shows it either way: a kernel of
+a call whose tensors all live on cuda:N that ran on cuda:M is a ``wrong-device`` finding,
+with the Python line of the call.
 """
 
 from __future__ import annotations
@@ -32,19 +34,20 @@ class KernelDeviceDetector(BaseDetector):
         self.trace.acquire()
 
     def case_finished(self, case: CaseInfo) -> list[Finding]:
-        merged: dict[tuple[str, str], tuple[int, set[int], int]] = {}
+        merged: dict[tuple[str, str], tuple[int, set[int], int, str | None]] = {}
         for v, _ in verdicts(self.trace.finish(), "kernel-device"):
-            dev, ran, n = merged.get((v.op, v.kernel), (v.device, set(), 0))
-            merged[(v.op, v.kernel)] = (dev, ran | set(v.ran_on), n + v.count)
+            dev, ran, n, frame = merged.get((v.op, v.kernel), (v.device, set(), 0, v.frame))
+            merged[(v.op, v.kernel)] = (dev, ran | set(v.ran_on), n + v.count, frame)
         out = []
-        for (op, kernel), (dev, ran, n) in list(merged.items())[:MAX_FINDINGS]:
+        for (op, kernel), (dev, ran, n, frame) in list(merged.items())[:MAX_FINDINGS]:
             times = f" ({n} launches)" if n > 1 else ""
             on = ", ".join(f"cuda:{d}" for d in sorted(ran))
+            where = f"; called from {frame}" if frame else ""
             out.append(Finding(
                 kind="wrong-device", severity="error",
                 message=f"{op} launched {kernel}{times} on {on}, but all its tensor arguments "
                         f"are on cuda:{dev} (missing device guard: the kernel ran on the "
-                        "current device)",
+                        f"current device{where})",
                 device=case.device, suite=case.suite, case=case.case, op=op, kernel=kernel,
                 evidence=(f"profiler: {kernel} of {op} ran on {on}; its inputs are on "
                           f"cuda:{dev} (with peer access enabled such a kernel reads the other "

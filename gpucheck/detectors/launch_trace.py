@@ -16,15 +16,29 @@ How it works, and why it is cheap:
   call, for nested ones); the marker's own stream is the stream the caller had made current
   on that device.
 - A window opens at an extension-op call (on the main thread) and closes as soon as it can:
-  after the call when none of its outputs requires grad, else after the next
-  ``torch.autograd.backward`` / ``grad`` returns (where the op's backward ran), and at the
-  latest at the end of the case. Kernels of torch's own that run between calls (a reference
-  computed on the GPU) are then not traced. Each (op, argument signature) is profiled for its
-  first :data:`CAP` calls per case: a gradcheck that calls an op thousands of times is judged
-  on its first calls, not profiled throughout.
+  after the call when none of its outputs requires grad (and it was not made from an
+  ``autograd.Function``'s forward with inputs that require grad: a pybind function's outputs
+  get their grad_fn only when ``apply`` returns), else after the next
+  ``torch.autograd.backward`` / ``grad`` returns (where the op's backward ran: calls from the
+  autograd engine's threads are logged while the window is open), and at the latest at the
+  end of the case. Kernels of torch's own that run between calls (a reference computed on
+  the GPU) are then not traced. Each (op, argument signature) is profiled for its first
+  :data:`CAP` calls per case: a gradcheck that calls an op thousands of times is judged on its
+  first calls, not profiled throughout.
+- **Kernels without a caller** (:func:`unclaimed`): the first marker of a window on a device
+  is preceded by one on that device's legacy default stream (stream 0), which tells its
+  profiler id. A kernel of the window that no logged call's markers enclose, on a stream
+  that no marker of its device ran on (no caller had it current), is looked up in the symbol
+  tables of the compiled torch extensions of the process (:func:`gpucheck.detectors.
+  ext_watch.locate`, when the window closes; the profiler does not say which library
+  launched a kernel): found there, or not found but on the legacy default stream, it is a
+  case-level ``wrong-stream`` finding naming the kernel and its library. Kernels of torch
+  itself and of the vendor libraries it calls (:data:`TORCH_NAMESPACES`,
+  :data:`TORCH_KERNELS`) are never judged so, and neither are copies and memsets. A launch
+  made while no window is open is not seen.
 
-The judgement is pure functions on plain data (:func:`attribute`, :func:`judge`), so CI tests
-it on windows recorded on a GPU (tests/fixtures/launches/).
+The judgement is pure functions on plain data (:func:`attribute`, :func:`judge`,
+:func:`unclaimed`), so CI tests it on windows recorded on a GPU (tests/fixtures/launches/).
 """
 
 from __future__ import annotations
@@ -35,10 +49,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpucheck.detectors import op_watch
+from gpucheck.detectors import ext_watch, op_watch
+from gpucheck.detectors.elf import name_path
 
 #: the marker kernel (``at::cuda::sleep`` launches ``spin_kernel``)
 MARKER_KERNEL = "spin_kernel"
+#: kernels of torch (the outermost namespace of their qualified name) and of the vendor
+#: libraries it calls (a part of the qualified name, lower case): never judged as unclaimed
+TORCH_NAMESPACES = ("at", "at_cuda_detail", "c10", "torch", "caffe2", "pytorch_flash")
+TORCH_KERNELS = ("cublas", "cudnn", "nccl", "cufft", "cusparse", "cusolver", "curand",
+                 "cutlass", "xmma", "gemm", "gemv", "nvjet", "triton", "fmha", "flash_",
+                 "magma", "cunn_", "softmax_warp")
 #: profiled calls per (op, argument signature) and case
 CAP = 16
 GPU_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -64,6 +85,7 @@ class OpLaunch:
     device: int  # the op's input device (where its marker ran)
     stream: int  # the current stream of that device at the call (its marker's stream)
     single_device: bool  # all tensor arguments on that one device
+    frame: str | None = None  # the Python line of the call
 
 
 def _kind(name: str) -> str:
@@ -86,37 +108,82 @@ def gpu_events(result: Any) -> list[dict[str, Any]]:
     return rows
 
 
-def attribute(events: list[dict[str, Any]], log: list[dict[str, Any]]) -> list[OpLaunch]:
-    """The GPU work of each logged call. ``log`` holds, in launch order, one entry per marker:
-    ``{"edge": "begin"|"end", "call": i, "op": name, "device": d, "single_device": bool}``.
-    Returns [] when the markers found do not match the log (a marker was lost: no judgement
-    rather than a guess)."""
+@dataclass
+class _Split:
+    """A window's GPU work split by the markers: each call's, and the rest."""
+
+    claimed: list[OpLaunch]
+    rest: list[Work]  # work no logged call encloses (markers left out)
+    current: dict[int, set[int]]  # device -> streams its calls' markers ran on
+    legacy: dict[int, int]  # device -> the profiler id of its legacy default stream
+
+
+def _split(events: list[dict[str, Any]], log: list[dict[str, Any]]) -> _Split | None:
+    """None when the markers found do not match the log (a marker was lost)."""
     work = [Work(e["name"], int(e["device"]), int(e["stream"]), int(e["correlation"]))
             for e in events if e["type"] in GPU_WORK]
     markers = [w for w in work if MARKER_KERNEL in w.name]
     if len(markers) != len(log):
-        return []
+        return None
     begin: dict[int, tuple[Work, dict[str, Any]]] = {}
     spans: list[tuple[int, int, int, Work, dict[str, Any]]] = []  # (start, end, call, marker)
+    current: dict[int, set[int]] = {}
+    legacy: dict[int, int] = {}
     for m, entry in zip(markers, log, strict=True):
         if m.device != entry["device"]:
-            return []
+            return None
+        if entry["edge"] == "legacy":
+            legacy[m.device] = m.stream
+            continue
+        current.setdefault(m.device, set()).add(m.stream)
         if entry["edge"] == "begin":
             begin[entry["call"]] = (m, entry)
         elif entry["call"] in begin:
             bm, be = begin.pop(entry["call"])
             spans.append((bm.correlation, m.correlation, entry["call"], bm, be))
-    out = []
+    claimed, rest = [], []
     for w in work:
         if MARKER_KERNEL in w.name:
             continue
         inside = [s for s in spans if s[0] < w.correlation < s[1]]
         if not inside:
-            continue  # torch's own work, or a pybind function's: not judged here
+            rest.append(w)  # torch's own work, or an unwatched caller's
+            continue
         _, _, call, marker, entry = max(inside, key=lambda s: s[0])  # the innermost
-        out.append(OpLaunch(str(entry["op"]), call, w, marker.device, marker.stream,
-                            bool(entry.get("single_device", True))))
-    return out
+        claimed.append(OpLaunch(str(entry["op"]), call, w, marker.device, marker.stream,
+                                bool(entry.get("single_device", True)), entry.get("frame")))
+    return _Split(claimed, rest, current, legacy)
+
+
+def attribute(events: list[dict[str, Any]], log: list[dict[str, Any]]) -> list[OpLaunch]:
+    """The GPU work of each logged call. ``log`` holds, in launch order, one entry per marker:
+    ``{"edge": "begin"|"end", "call": i, "op": name, "device": d, "single_device": bool,
+    "frame": "file:line in fn"}`` (and ``{"edge": "legacy", "device": d}`` for a marker on
+    the legacy default stream). Returns [] when the markers found do not match the log (a
+    marker was lost: no judgement rather than a guess)."""
+    split = _split(events, log)
+    return [] if split is None else split.claimed
+
+
+def torch_kernel(name: str) -> bool:
+    """Whether a kernel is torch's or a vendor library's that torch calls, by its qualified
+    name (template and call arguments left out: ``my::k<at::Half>`` is not torch's)."""
+    path = name_path(name)
+    if isinstance(path, str):  # a mangled name
+        return any(p in path.lower() for p in TORCH_KERNELS)
+    return bool(path) and (path[0] in TORCH_NAMESPACES or
+                           any(p in "::".join(path).lower() for p in TORCH_KERNELS))
+
+
+def candidates(events: list[dict[str, Any]], log: list[dict[str, Any]]) -> list[Work]:
+    """Kernels of a window that no logged call encloses, that ran on a device where calls
+    were logged but on a stream none of them had current, and that are not torch's own: the
+    kernels whose library is looked up when the window closes."""
+    split = _split(events, log)
+    if split is None:
+        return []
+    return [w for w in split.rest if w.device in split.current and _kind(w.name) == "kernel"
+            and w.stream not in split.current[w.device] and not torch_kernel(w.name)]
 
 
 @dataclass(frozen=True)
@@ -130,6 +197,7 @@ class Verdict:
     ran_on: tuple[int, ...]  # streams (wrong-stream) or devices (kernel-device)
     expected: int  # the current stream (wrong-stream) or the input device (kernel-device)
     count: int
+    frame: str | None = None  # the Python line of the (first) call
 
 
 def judge(launches: Iterable[OpLaunch]) -> list[Verdict]:
@@ -137,17 +205,57 @@ def judge(launches: Iterable[OpLaunch]) -> list[Verdict]:
     on its inputs' device on another stream than the caller's current one (``wrong-stream``).
     """
     bad: dict[tuple[str, str, str, int, int], list[int]] = {}
+    frames: dict[tuple[str, str, str, int, int], str | None] = {}
     for lc in launches:
         w = lc.work
+        key: tuple[str, str, str, int, int] | None = None
         if w.device != lc.device:
             if lc.single_device:
-                bad.setdefault(("kernel-device", lc.op, w.name, lc.device, lc.device),
-                               []).append(w.device)
+                key = ("kernel-device", lc.op, w.name, lc.device, lc.device)
+                bad.setdefault(key, []).append(w.device)
         elif w.stream != lc.stream:
-            bad.setdefault(("wrong-stream", lc.op, w.name, lc.device, lc.stream),
-                           []).append(w.stream)
-    return [Verdict(kind, op, kernel, dev, tuple(sorted(set(v))), exp, len(v))
+            key = ("wrong-stream", lc.op, w.name, lc.device, lc.stream)
+            bad.setdefault(key, []).append(w.stream)
+        if key is not None:
+            frames.setdefault(key, lc.frame)
+    return [Verdict(kind, op, kernel, dev, tuple(sorted(set(v))), exp, len(v),
+                    frames.get((kind, op, kernel, dev, exp)))
             for (kind, op, kernel, dev, exp), v in bad.items()]
+
+
+@dataclass(frozen=True)
+class Unclaimed:
+    """A kernel no watched call launched, on a stream no caller had current."""
+
+    kernel: str
+    library: str | None  # the compiled extension that defines it (None: not found)
+    device: int
+    ran_on: tuple[int, ...]  # the profiler's stream ids it ran on
+    current: tuple[int, ...]  # the streams the window's calls had current on that device
+    legacy: bool  # it ran on the legacy default stream
+    count: int
+
+
+def unclaimed(window: Window) -> list[Unclaimed]:
+    """The kernels of a window that no watched call claims and that ran on a stream no
+    caller had current (see the module text): those found in a watched extension's library,
+    and those found nowhere that ran on the legacy default stream."""
+    split = _split(window.events, window.log)
+    if split is None:
+        return []
+    found: dict[tuple[str, int], list[Work]] = {}
+    for w in candidates(window.events, window.log):
+        lib = window.libraries.get(w.name)
+        if lib is not None and set(lib.split(ext_watch.LIBRARY_SEP)) <= set(window.unwatched):
+            continue  # its module is opted out
+        if lib is None and split.legacy.get(w.device) != w.stream:
+            continue  # not an extension's that we know, nor on stream 0: torch's, likely
+        found.setdefault((w.name, w.device), []).append(w)
+    return [Unclaimed(name, window.libraries.get(name), dev,
+                      tuple(sorted({w.stream for w in ws})),
+                      tuple(sorted(split.current[dev])),
+                      any(w.stream == split.legacy.get(dev) for w in ws), len(ws))
+            for (name, dev), ws in found.items()]
 
 
 @dataclass
@@ -157,6 +265,9 @@ class Window:
     events: list[dict[str, Any]] = field(default_factory=list)
     log: list[dict[str, Any]] = field(default_factory=list)
     streams: dict[int, str] = field(default_factory=dict)  # device -> repr of a current stream
+    #: kernel -> the compiled extension library that defines it (:func:`candidates` only)
+    libraries: dict[str, str | None] = field(default_factory=dict)
+    unwatched: list[str] = field(default_factory=list)  # libraries of opted-out modules
 
 
 class LaunchTrace:
@@ -212,7 +323,8 @@ class LaunchTrace:
                     return
             self.counts[key] = self.counts.get(key, 0) + 1
             entry = {"call": self.calls, "op": call.op, "device": int(dev.index),
-                     "single_device": len({t.device for t in tensors}) == 1}
+                     "single_device": len({t.device for t in tensors}) == 1,
+                     "frame": call.frame}
             self.calls += 1
             call.notes["launch-trace"] = entry
             self.depth += 1
@@ -230,7 +342,9 @@ class LaunchTrace:
             main = threading.current_thread() is threading.main_thread()
             if not main or self.depth:
                 return
-            grads = any(t.requires_grad for t in op_watch.tensors(out))
+            grads = any(t.requires_grad for t in op_watch.tensors(out)) or (
+                call.autograd == "forward" and  # its grad_fn comes when apply returns
+                any(t.requires_grad for t in op_watch.tensors((call.args, call.kwargs))))
             if not grads or all(n >= self.cap for n in self.counts.values()):
                 self._close()
             else:
@@ -247,9 +361,12 @@ class LaunchTrace:
         torch = sys.modules["torch"]
         d = entry["device"]
         with torch.cuda.device(d):
-            torch.cuda._sleep(0)  # on d's current stream
-            if d not in self.window.streams:
+            if d not in self.window.streams:  # the first marker on d: name its stream 0 too
+                with torch.cuda.stream(torch.cuda.default_stream(d)):
+                    torch.cuda._sleep(0)
+                self.window.log.append({"edge": "legacy", "call": -1, "op": "", "device": d})
                 self.window.streams[d] = repr(torch.cuda.current_stream(d))
+            torch.cuda._sleep(0)  # on d's current stream
         self.window.log.append(entry)
         self.devices.add(d)
         self.devices.add(int(torch.cuda.current_device()))
@@ -298,6 +415,9 @@ class LaunchTrace:
             return
         self.window.events = gpu_events(_disable_profiler())
         self.windows.append(self.window)
+        names = sorted({w.name for w in candidates(self.window.events, self.window.log)})
+        if names:  # while the libraries are mapped: the judgement is on plain data
+            self.window.libraries, self.window.unwatched = ext_watch.locate(names)
 
 
 #: the worker's one trace, shared by the detectors that read it

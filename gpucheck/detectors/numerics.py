@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from gpucheck.detectors import op_watch
-from gpucheck.detectors.base import BaseDetector, CaseInfo
+from gpucheck.detectors.base import CallWatcher, CaseInfo
 from gpucheck.report.results import Finding
 
 CAP = 16
@@ -89,7 +89,9 @@ def _real(t: Any) -> bool:
 def _judged(op: str) -> bool:
     """False for ops tagged non-deterministic by design."""
     torch = sys.modules["torch"]
-    ns, _, name = op.partition("::")
+    ns, sep, name = op.partition("::")
+    if not sep:
+        return True  # a compiled extension's function (``package._C.function``): no tags
     try:
         packet = getattr(getattr(torch.ops, ns), name)
         tags = {t for o in packet.overloads() for t in getattr(packet, o).tags}
@@ -115,8 +117,8 @@ def conflicts(entries: Iterable[tuple[str, str, str, str]]
             if len({o for _, o in outs}) > 1]
 
 
-def _finding(op: str, inputs: str, outs: list[tuple[str, str]], where: dict[str, Any]
-             ) -> Finding:
+def _finding(op: str, inputs: str, outs: list[tuple[str, str]], where: dict[str, Any],
+             frame: str | None = None) -> Finding:
     devices = sorted({d for d, _ in outs})
     per_device = {d: {o for dd, o in outs if dd == d} for d in devices}
     nondet = any(len(v) > 1 for v in per_device.values())
@@ -128,7 +130,7 @@ def _finding(op: str, inputs: str, outs: list[tuple[str, str]], where: dict[str,
         evidence=(f"input fingerprint {inputs}; output fingerprints: "
                   + "; ".join(f"{d}: {', '.join(sorted(v))}" for d, v in per_device.items())
                   + " (bitwise hashes of every output element, sampled above "
-                    f"{SAMPLE} elements)"),
+                    f"{SAMPLE} elements)" + (f"; called from {frame}" if frame else "")),
         hint=HINT, **where)
 
 
@@ -137,7 +139,7 @@ COVERAGE_HINT = ("an op must run every dtype it claims and reject every other on
                  "unrelated error)")
 
 
-class Numerics(BaseDetector):
+class Numerics(CallWatcher):
     """Fingerprints extension-op calls; judges a case's calls, and keeps them for the run."""
 
     name = "numerics"
@@ -150,6 +152,7 @@ class Numerics(BaseDetector):
         self.lock = threading.Lock()
         self.judged: dict[str, bool] = {}
         self.measured: list[Any] = []  # gpucheck.testing comparisons of the case
+        self.frames: dict[str, str | None] = {}  # op -> the Python line of its first call
 
     def before(self, call: op_watch.Call) -> None:
         found = op_watch.tensors((call.args, call.kwargs))
@@ -167,6 +170,7 @@ class Numerics(BaseDetector):
         inputs = fingerprint((call.args, call.kwargs))
         if inputs is not None:
             call.notes["numerics"] = (inputs, str(found[0].device))
+            self.frames.setdefault(call.op, call.frame)
 
     def after(self, call: op_watch.Call, out: Any) -> None:
         noted = call.notes.get("numerics")
@@ -180,10 +184,10 @@ class Numerics(BaseDetector):
     def case_started(self, case: CaseInfo) -> None:
         from gpucheck import testing
 
-        self.counts, self.entries = {}, []
+        self.counts, self.entries, self.frames = {}, [], {}
         testing.MEASURED.clear()
         self.measured = []
-        self.watching = op_watch.add(self)
+        self.start_watching()
 
     def case_finished(self, case: CaseInfo) -> list[Finding]:
         from gpucheck import testing
@@ -200,13 +204,9 @@ class Numerics(BaseDetector):
                          "for this check; the evidence has the worst element",
                          **where)
                  for m in self.measured if not m.ok]
-        if not self.watching:
+        if not self.stop_watching():
             return found
-        self.watching = False
-        err = op_watch.remove(self)
-        if err is not None:
-            raise err
-        return found + [_finding(op, inputs, outs, where)
+        return found + [_finding(op, inputs, outs, where, self.frames.get(op))
                         for op, inputs, outs in conflicts(self.entries)]
 
     def run_finished(self, records: list[dict[str, Any]]) -> list[Finding]:

@@ -2,7 +2,9 @@
 
 Every op called from Python that is not one of torch's own (``aten``, ``prim``) is watched —
 extension ops registered with ``TORCH_LIBRARY``, such as ``gpucheck::*``, forward and the
-backward ops that Python autograd formulas call:
+backward ops that Python autograd formulas call — and every function of a compiled extension
+module (pybind11, :mod:`gpucheck.detectors.ext_watch`, named ``package._C.function``), also
+when the autograd engine calls it from an ``autograd.Function``'s backward:
 
 - ``wrong-device``: an output (a result, or a gradient in backward) on another device than
   the op's tensor inputs: the extension allocated with ``torch::kCUDA`` / the current device
@@ -10,8 +12,8 @@ backward ops that Python autograd formulas call:
 - ``device-state-leak``: the current CUDA device after the op differs from before it (a bare
   ``cudaSetDevice``), naming the op.
 
-Plain pybind11 functions never reach the dispatcher: for them the case-level checks
-(``device_state``, the differential re-run) are what catches these bugs.
+Each detail names the Python line that made the call (``called from file.py:12 in
+Fn.forward``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import sys
 from typing import Any
 
 from gpucheck.detectors import op_watch
-from gpucheck.detectors.base import BaseDetector, CaseInfo
+from gpucheck.detectors.base import CallWatcher, CaseInfo
 from gpucheck.detectors.device_state import HINT as LEAK_HINT
 from gpucheck.report.results import Finding
 
@@ -57,7 +59,7 @@ def op_events(name: str, inputs: list[str], outputs: list[str], before: int | No
     return found
 
 
-class OpDevice(BaseDetector):
+class OpDevice(CallWatcher):
     """Watches every extension op of the case body; one finding per (kind, op)."""
 
     name = "op-device"
@@ -73,22 +75,19 @@ class OpDevice(BaseDetector):
     def after(self, call: op_watch.Call, out: Any) -> None:
         if call.error is not None:
             return
+        where = f" (called from {call.frame})" if call.frame else ""
         for kind, detail in op_events(call.op, _tensor_devices((call.args, call.kwargs)),
                                       _tensor_devices(out), call.notes.get("op-device"),
                                       _current_device()):
-            self.seen.setdefault((kind, call.op), []).append(detail)
+            self.seen.setdefault((kind, call.op), []).append(detail + where)
 
     def case_started(self, case: CaseInfo) -> None:
         self.seen = {}
-        self.watching = op_watch.add(self)
+        self.start_watching()
 
     def case_finished(self, case: CaseInfo) -> list[Finding]:
-        if not self.watching:
+        if not self.stop_watching():
             return []
-        self.watching = False
-        err = op_watch.remove(self)
-        if err is not None:
-            raise err
         found = []
         for (kind, op), details in sorted(self.seen.items()):
             calls = f" ({len(details)} calls)" if len(details) > 1 else ""

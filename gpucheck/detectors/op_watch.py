@@ -9,9 +9,17 @@ Calls from Python go through ``OpOverloadPacket.__call__`` / ``OpOverload.__call
 instead, so the watch wraps those two methods once per process: an aten call pays one
 attribute read and a tuple lookup, an extension call runs the listeners.
 
-What the watch does not see: ops called from C++ (an autograd formula registered in C++
-calling the backward op) and plain pybind11 functions, which never reach the dispatcher. The
-case-level checks (``device_state``, the differential re-run, the sanitizer) cover those.
+The functions of compiled extension modules (pybind11 ``PYBIND11_MODULE``s, which never reach
+the dispatcher) come through the same path: :mod:`gpucheck.detectors.ext_watch` wraps them
+and calls :func:`watched` with the name ``package._C.function``, so every listener sees them
+like ops. What the watch does not see: ops and functions called from C++ (an autograd formula
+registered in C++ calling the backward op). The case-level checks (``device_state``, the
+differential re-run, the sanitizer, the launch trace's unclaimed kernels) cover those.
+
+Each :class:`Call` carries the Python frame that made it (``frame``: the nearest frame
+outside gpucheck's own code and torch's, e.g. the ``autograd.Function.forward`` line that
+called the extension) and whether it was made from an ``autograd.Function``'s ``forward`` or
+``backward`` (``autograd``), so findings can point at the line to look at.
 
 Listeners are objects with ``before(call)`` and ``after(call, out)``; ``after`` also runs
 (with ``out=None`` and ``call.error`` set) when the op raises. A listener must never raise:
@@ -20,9 +28,11 @@ its exceptions are kept in :data:`errors` and reported by the detector that owns
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from dataclasses import dataclass, field
+from types import CodeType, FrameType
 from typing import Any, Protocol
 
 #: namespaces of torch itself: never watched
@@ -32,14 +42,17 @@ TORCH_NAMESPACES = ("aten", "prim", "prims", "_c10d_functional", "c10d", "profil
 
 @dataclass
 class Call:
-    """One call of an extension op."""
+    """One call of an extension op (or of a compiled extension module's function)."""
 
-    op: str  # "namespace::name" (overload left out)
+    op: str  # "namespace::name" (overload left out), or "package._C.function"
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     thread: int
     error: BaseException | None = None
     notes: dict[str, Any] = field(default_factory=dict)  # listeners' per-call state
+    frame: str | None = None  # "file.py:12 in Rasterize.forward", the caller's line
+    autograd: str | None = None  # "forward" | "backward" of an autograd.Function made the call
+    fn: Any = None  # the op object or function called (its argument names)
 
 
 class Listener(Protocol):
@@ -67,20 +80,39 @@ def _run(obj: Any, original: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
     ns, name = _op_name(obj)
     if not _listeners or ns in TORCH_NAMESPACES:
         return original(obj, *args, **kwargs)
-    return _watched(name, lambda: original(obj, *args, **kwargs), args, kwargs)
+    return _watched(name, lambda: original(obj, *args, **kwargs), args, kwargs, obj)
+
+
+#: the attribute of an ext_watch wrapper that holds the function it wraps
+ORIGINAL = "__gpucheck_original__"
+
+
+def watching() -> bool:
+    """Whether any listener is active (a wrapper's fast path when not)."""
+    return bool(_listeners)
 
 
 def watch_call(name: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
     """Call ``fn(*args, **kwargs)`` as a watched extension op named ``name`` (for functions
-    the watch cannot see by itself: plain pybind11 functions, Python wrappers)."""
+    the watch cannot see by itself: Python wrappers; a compiled extension's function that
+    :mod:`~gpucheck.detectors.ext_watch` wraps is called unwrapped here, watched once)."""
+    fn = getattr(fn, ORIGINAL, fn)
     if not _listeners:
         return fn(*args, **kwargs)
-    return _watched(name, lambda: fn(*args, **kwargs), args, kwargs)
+    return _watched(name, lambda: fn(*args, **kwargs), args, kwargs, fn)
 
 
-def _watched(name: str, invoke: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def watched(name: str, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``fn(*args, **kwargs)`` as a watched call named ``name`` (ext_watch's wrappers)."""
+    return _watched(name, lambda: fn(*args, **kwargs), args, kwargs, fn)
+
+
+def _watched(name: str, invoke: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+             fn: Any = None) -> Any:
     listeners = _listeners
-    call = Call(name, args, kwargs, threading.get_ident())
+    frame, autograd = caller()
+    call = Call(name, args, kwargs, threading.get_ident(), frame=frame, autograd=autograd,
+                fn=fn)
     active = list(listeners)
     for li in active:
         try:
@@ -103,6 +135,83 @@ def _watched(name: str, invoke: Any, args: tuple[Any, ...], kwargs: dict[str, An
         except Exception as err:
             errors.setdefault(id(li), err)
     return out
+
+
+# -- the caller's frame --------------------------------------------------------------------
+
+#: gpucheck's package folder
+_OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: gpucheck's bundled folders hold users' code as far as frames go (suites, the example)
+_BUNDLED = tuple(os.path.join(_OWN, name) + os.sep for name in ("suites", "examples"))
+_kinds: dict[CodeType, int] = {}
+_USER, _INTERNAL, _AUTOGRAD_APPLY = 0, 1, 2
+
+
+def torch_dir() -> str | None:
+    """torch's package folder (with a trailing separator), None before torch is imported."""
+    torch = sys.modules.get("torch")
+    path = getattr(torch, "__file__", None)
+    return os.path.dirname(path) + os.sep if path else None
+
+
+def _kind(code: CodeType) -> int:
+    """Whether a frame's code is the caller's (0), gpucheck's or torch's (1), or torch's
+    ``autograd.Function.apply``, which calls ``forward`` / ``backward`` (2)."""
+    kind = _kinds.get(code)
+    if kind is None:
+        path = code.co_filename
+        torch_path = torch_dir()
+        if torch_path and path.startswith(torch_path):
+            kind = (_AUTOGRAD_APPLY if code.co_name == "apply" and
+                    path.endswith(os.path.join("autograd", "function.py")) else _INTERNAL)
+        elif path.startswith(_OWN + os.sep) and not path.startswith(_BUNDLED):
+            kind = _INTERNAL
+        else:
+            kind = _USER
+        _kinds[code] = kind
+    return kind
+
+
+_shown: dict[CodeType, str] = {}
+
+
+def _label(f: FrameType) -> str:
+    code = f.f_code
+    shown = _shown.get(code)
+    if shown is None:  # once per code object: relpath is not free
+        path = code.co_filename
+        try:
+            rel = os.path.relpath(path)
+            path = path if rel.startswith("..") else rel
+        except ValueError:  # another drive
+            pass
+        shown = _shown[code] = f"{path}:{{}} in {getattr(code, 'co_qualname', code.co_name)}"
+    return shown.format(f.f_lineno)
+
+
+def caller(depth: int = 2) -> tuple[str | None, str | None]:
+    """(frame, autograd) of the call being watched: the nearest frame outside gpucheck's own
+    code and torch's as ``file:line in qualname`` (the nearest frame at all when every frame
+    is theirs), and ``"forward"`` / ``"backward"`` when that frame runs inside an
+    ``autograd.Function``'s forward or backward (called by its ``apply``)."""
+    try:
+        f: FrameType | None = sys._getframe(depth)
+    except ValueError:
+        return None, None
+    first = f
+    while f is not None and _kind(f.f_code) != _USER:
+        f = f.f_back
+    if f is None:
+        return (_label(first) if first is not None else None), None
+    outer, autograd = f.f_back, None
+    for _ in range(4):  # decorators (custom_fwd) may sit between forward and apply
+        if outer is None or _kind(outer.f_code) == _USER:
+            break
+        if _kind(outer.f_code) == _AUTOGRAD_APPLY:
+            autograd = "backward" if "backward" in f.f_code.co_name else "forward"
+            break
+        outer = outer.f_back
+    return _label(f), autograd
 
 
 def install() -> bool:

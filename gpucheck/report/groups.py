@@ -1,8 +1,9 @@
 """Findings as a maintainer reads them: diagnoses first, each with the symptoms it explains.
 
 A *diagnosis* names a cause: a detector that knows what went wrong made it (``wrong-device``,
-``wrong-stream``, ``device-state-leak``, ``double-activation``, ``oom-anomaly``, ``leak``,
-``memory-growth``, ``stray-context``, ``numerics`` that found a non-deterministic or
+``wrong-stream``, ``device-state-leak``, ``mixed-devices`` (a call's tensor arguments on two
+devices: it explains the CUDA error of its case), ``double-activation``, ``oom-anomaly``,
+``leak``, ``memory-growth``, ``stray-context``, ``numerics`` that found a non-deterministic or
 cross-device result, the distributed watchdog's ``collective-mismatch``, ``rank-crash``...,
 and any kind a user's detector attaches). A *symptom* is what a failure looks like from
 outside: a ``crash``, a ``hang``, a ``cuda-error``, a raw ``sanitizer`` record, a

@@ -359,9 +359,19 @@ class Harness:
         for f in extra or []:  # sanitizer records the tool wrote before it ended the case
             f.suite, f.case = f.suite or suite, f.case or case
         tail = crash_digest(_tail(w.stderr_path, 64_000))
-        op = w.state.get("op") if w.state.get("case") == case else None
+        mine = w.state.get("case") == case
+        op = w.state.get("op") if mine else None
         if op:  # the last extension op the case called (the worker's op tracker)
             message = f"{message} (last extension op called: {op})"
+        # findings the worker saved before a call that may crash (mixed-device arguments):
+        # the crash loses the case's own record, not them; the crash's hint then names them
+        pending = [Finding(**{**f, "device": w.spec.label, "suite": suite, "case": case})
+                   for f in (w.state.get("pending_findings") or []) if mine]
+        mixed = next((f for f in pending if f.kind == "mixed-devices"), None)
+        if mixed is not None and kind == "crash":
+            from gpucheck.detectors.mixed_devices import cuda_error_hint
+
+            hint = cuda_error_hint(mixed, "crash")
         if status == "hung":  # stacks first: they say where it hung
             try:  # faulthandler prints the innermost frame first: keep the head
                 stacks = stacks_path(w.state_path).read_text(errors="replace")[:STACKS_CHARS]
@@ -374,7 +384,8 @@ class Harness:
             duration_s=round(max(0.0, time.time() - started), 3), started_at=now_iso(),
             current_device=w.state.get("current_device"),
             exit_code=rc if rc >= 0 else None, signal=_signal_name(rc), stderr_tail=tail,
-            findings=[*(extra or []), Finding(kind=kind, severity="error", message=message,
+            findings=[*(extra or []), *pending,
+                      Finding(kind=kind, severity="error", message=message,
                               device=w.spec.label, suite=suite, case=case, op=op,
                               evidence=(tail[:2500] if status == "hung" else tail[-2500:])
                               or None, hint=hint)],

@@ -7,7 +7,9 @@ Two users of one sampler class:
 * each worker samples its *own* process on every device and keeps the peak per case, which
   goes into the case record (``memory.nvml_peak_used`` on the target device, and
   ``memory.nvml_peak_other_devices`` where the process also holds memory elsewhere: a context
-  it created on a device it was not asked to use).
+  it created on a device it was not asked to use);
+* a test samples its own process with :class:`NvmlTracker` (the plugin's ``nvml_tracker``
+  fixture).
 
 NVML never creates a CUDA context, so sampling does not disturb what it measures.
 """
@@ -119,3 +121,82 @@ class CasePeaks:
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             return dict(self._peaks)
+
+
+class NvmlTracker:
+    """This process's GPU memory (NVML, every device) while a test runs.
+
+    ``timeline``: ``(time, {device uuid: bytes})`` samples; :meth:`peak` the largest one on a
+    device (or any); :meth:`sample` takes one now. Where NVML is unavailable ``available``
+    is False, ``reason`` says why, and every value is :data:`gpucheck.nvml.NA`.
+    """
+
+    def __init__(self, interval: float = 0.01) -> None:
+        self.interval = interval
+        self.timeline: list[tuple[float, dict[str, int]]] = []
+        self._lock = threading.Lock()
+        st = nvml.status()
+        self.available = st.ok
+        self.reason = st.reason
+        self._sampler: Any = None
+        if st.ok:
+            self._sampler = Sampler(interval, self._on_sample, pid=os.getpid())
+            if not self._sampler.available:
+                self.available, self.reason = False, "NVML lists no device"
+
+    def _on_sample(self, t: float, rows: list[dict[str, Any]]) -> None:
+        mine = str(os.getpid())
+        used = {r["uuid"]: int(r["processes"][mine]) for r in rows
+                if r["processes"].get(mine) is not None}
+        with self._lock:
+            self.timeline.append((t, used))
+
+    def start(self) -> NvmlTracker:
+        if self.available:
+            self._sampler.start()
+        return self
+
+    def stop(self) -> None:
+        if self.available:
+            self._sampler.stop()
+            self.sample()
+
+    def sample(self) -> None:
+        """Take one sample now (a test shorter than the interval still gets one)."""
+        if self.available:
+            self._on_sample(time.time(), self._sampler.sample())
+
+    def peak(self, device: Any = None) -> Any:
+        """The largest memory this process held on ``device`` (a ``torch.device``, CUDA
+        index or NVML UUID; None: any device), in bytes; NA without NVML."""
+        if not self.available:
+            return nvml.NA
+        uuid = None if device is None else _uuid_of(device)
+        if device is not None and uuid is None:
+            return nvml.NA
+        with self._lock:
+            values = [b for _, used in self.timeline for u, b in used.items()
+                      if uuid is None or u == uuid]
+        return max(values, default=0)
+
+    def peaks(self) -> dict[str, int]:
+        """The peak per device UUID."""
+        out: dict[str, int] = {}
+        with self._lock:
+            for _, used in self.timeline:
+                for u, b in used.items():
+                    out[u] = max(out.get(u, 0), b)
+        return out
+
+
+def _uuid_of(device: Any) -> str | None:
+    """NVML's UUID (``GPU-...``) of a CUDA device given as torch.device, index or UUID."""
+    if isinstance(device, str) and device.startswith(("GPU-", "MIG-")):
+        return device
+    try:
+        import torch
+
+        index = device.index if isinstance(device, torch.device) else int(device)
+        return f"GPU-{torch.cuda.get_device_properties(index).uuid}"
+    except Exception:
+        return None

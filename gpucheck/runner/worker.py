@@ -2,7 +2,8 @@
 
 Active only when pytest gets ``--gpucheck-results FILE`` (the harness passes it). The worker
 also keeps a small state file (current case, its start time, progress) that the parent reads
-to attribute a crash or a hang to the case that was running.
+to attribute a crash or a hang to the case that was running, and the findings a detector made
+before a call that may crash (``pending_findings``: mixed-device arguments).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 import pytest
 
 from gpucheck import nvml
-from gpucheck.detectors import CaseInfo, op_watch, worker_detectors
+from gpucheck.detectors import CaseInfo, mixed_devices, op_watch, worker_detectors
 from gpucheck.detectors import leak as leak_mod
 from gpucheck.errors import CUDA_ERROR_MARKERS, sticky_cuda_error_line
 from gpucheck.report import results
@@ -110,9 +111,13 @@ class Recorder:
         self.started: dict[str, tuple[float, str, float]] = {}  # monotonic, iso, epoch
         self.allocated_at_start: dict[str, int] = {}  # PyTorch allocated on the target
         self.detectors = worker_detectors()
+        self.pending: list[dict[str, Any]] = []  # findings made before a call that may crash
+        self.last_state: dict[str, Any] = {}
         for d in self.detectors:
             if isinstance(d, leak_mod.Leak):
                 d.device_index, d.uuid = self.device_index, self.uuid
+            if isinstance(d, mixed_devices.MixedDevices):
+                d.persist = self._persist
         self.detector_findings: dict[str, list[Finding]] = {}
         self.detector_data: dict[str, dict[str, Any]] = {}  # node id -> fields of its record
         self.case_ops: dict[str, str] = {}  # node id -> the last extension op it called
@@ -137,8 +142,17 @@ class Recorder:
             self._stacks = open(stacks_path(self.state_path), "w")  # noqa: SIM115
             faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True)
 
+    def _persist(self, findings: list[Finding]) -> None:
+        """A detector's findings of the case under way, into the state file now."""
+        self.pending = [dict(f.__dict__) for f in findings]
+        self._state(**self.last_state)
+
     def _state(self, case: str | None, exit_reason: str | None = None,
                current_device: str | None = None, op: str | None = None) -> None:
+        self.last_state = {"case": case, "exit_reason": exit_reason,
+                           "current_device": current_device, "op": op}
+        if case is None:
+            self.pending = []
         if self.state_path is None:
             return
         write_state(self.state_path, {
@@ -148,7 +162,7 @@ class Recorder:
             "started": self.started[case][2] if case in self.started else time.time(),
             "done": self.done, "total": self.total,
             "findings": self.findings, "pid": os.getpid(), "exit_reason": exit_reason,
-            "sanitizer_offsets": self.san_offsets,
+            "sanitizer_offsets": self.san_offsets, "pending_findings": self.pending,
         })
 
     def _path_of(self, nodeid: str) -> Path:
@@ -309,6 +323,9 @@ class Recorder:
         attached = self.detector_findings.pop(nodeid, [])
         if call_failure is not None and _said_by(call_failure, attached):
             findings.remove(call_failure)
+        mixed = next((f for f in attached if f.kind == mixed_devices.MixedDevices.name), None)
+        if call_failure is not None and call_failure.kind == "cuda-error" and mixed:
+            call_failure.hint = mixed_devices.cuda_error_hint(mixed)  # not a device guard
         findings.extend(attached)
         data = self.detector_data.pop(nodeid, {})
         self.case_ops.pop(nodeid, None)
