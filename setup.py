@@ -43,7 +43,7 @@ def package_kwargs() -> dict[str, Any]:
     return {
         "packages": [*found, *bundled],
         "package_dir": bundled,
-        "package_data": {"gpucheck": ["report/*.json", "report/templates/*"],
+        "package_data": {"gpucheck": ["model/*.json", "report/templates/*"],
                          **{package: resources.BUNDLED_FILES for package in bundled}},
         "include_package_data": False,
     }

@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     from gpucheck.check import check_op
 else:
     def __getattr__(name: str) -> Any:
-        # imported on first use: `import gpucheck` stays cheap (no pytest, no torch)
         if name == "check_op":
+            # lazy: the API's top names it; on first use, so `import gpucheck` stays cheap
             from gpucheck.check import check_op
 
             return check_op

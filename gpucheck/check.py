@@ -59,7 +59,7 @@ import pytest
 
 from gpucheck import testing
 from gpucheck.errors import CUDA_ERROR_MARKERS
-from gpucheck.pytest_plugin import attach, set_case_op
+from gpucheck.worker.case import attach, set_case_op
 
 FLOAT_DTYPES = testing.FLOAT_DTYPES
 LOW_PRECISION = ("float16", "bfloat16")

@@ -147,8 +147,8 @@ def run(ctx: click.Context, all_devices: bool, device_indices: tuple[int, ...],
     to the run asked for (--device with --cpu-only, --nvml-interval without mode nvml, ...)
     is refused.
     """
-    from gpucheck.runner.pipeline import RunConfig
-    from gpucheck.runner.pipeline import run as run_pipeline
+    from gpucheck.controller.config import RunConfig
+    from gpucheck.controller.entry import run as run_pipeline
 
     return run_pipeline(RunConfig(all_devices, device_indices, suites, modes, out, timeout,
                                   quiet, cpu_only, list(pytest_args), nvml_interval / 1000,
@@ -187,8 +187,8 @@ def selftest(all_devices: bool, with_sanitizer: bool, out: Path | None, timeout:
 
     from gpucheck import _resources
     from gpucheck import selftest as st
-    from gpucheck.runner.pipeline import RunConfig, prepare_out
-    from gpucheck.runner.pipeline import run as run_pipeline
+    from gpucheck.controller.config import RunConfig, prepare_out
+    from gpucheck.controller.entry import run as run_pipeline
 
     _need_gpu()
     modes = ("blocking", "nvml", *(st.SANITIZER_MODES if with_sanitizer else ()))
@@ -227,7 +227,7 @@ def _need_gpu() -> None:
 
 
 def _print_matrix(rows: list[Any], false: list[dict[str, Any]]) -> None:
-    from gpucheck.runner.pipeline import make_console
+    from gpucheck.controller.config import make_console
 
     console = make_console()  # a log gets the table unfolded, without markup
     table = Table(title="gpucheck selftest: defect x detector")
@@ -293,11 +293,12 @@ def report(run_dir: Path, output: Path | None, formats: tuple[str, ...]) -> int:
     """
     from rich.text import Text
 
+    from gpucheck.controller.progress import print_findings, print_verdict
     from gpucheck.errors import UsageProblem
+    from gpucheck.model.layout import RunFolder
     from gpucheck.report import DEFAULT_FORMATS, publish
-    from gpucheck.runner.progress import print_findings, print_verdict
 
-    if not (run_dir / "results.jsonl").exists() and not (run_dir / "workers").is_dir():
+    if not RunFolder(run_dir).results.exists() and not RunFolder(run_dir).workers.is_dir():
         raise UsageProblem(f"{run_dir} is not a gpucheck run folder (no results.jsonl)")
     if output is not None and formats and "html" not in formats:
         raise UsageProblem("-o sets where the HTML page goes, and --format does not ask for "

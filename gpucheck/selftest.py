@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpucheck.detectors.wrong_device import TARGET_SUFFIX
-from gpucheck.report import results
+from gpucheck.model import results
+from gpucheck.model.layout import RunFolder
+from gpucheck.model.modes import try_parse
 
 #: severities in increasing order; a finding at or above a row's severity names its defect
 SEVERITIES = ("info", "warning", "error")
@@ -123,12 +124,11 @@ def pass_of(mode: str) -> str | None:
     ``sanitizer:racecheck`` and ``sanitizer:racecheck|target-current`` ->
     ``sanitizer:racecheck`` (a bare ``sanitizer`` is memcheck); None for the re-runs of the
     wrong-device check (``|rerun:target-current``), which are evidence, not passes."""
-    base, _, variant = mode.partition("|")
-    if variant and "|" + variant != TARGET_SUFFIX:
+    parsed = try_parse(mode)
+    if parsed is None or parsed.rerun:
         return None
-    if base == "sanitizer":
-        return SANITIZER + "memcheck"
-    return base if base.startswith(SANITIZER) else "plain"
+    tool = parsed.sanitizer_tool
+    return SANITIZER + tool if tool else "plain"
 
 
 def _rank(severity: Any) -> int:
@@ -250,7 +250,7 @@ def prebuild(logs: Path, names: Iterable[str] | None = None,
 def read_run(run_dir: Path) -> tuple[list[dict[str, Any]], int]:
     """Every case and diagnosis record of the run in ``run_dir`` and how many GPUs it
     targeted."""
-    recs = list(results.read(run_dir / "results.jsonl"))
+    recs = list(results.read(RunFolder(run_dir).results))
     header = next((r for r in recs if r.get("record") == "run"), {})
     gpus = [d for d in header.get("devices", []) if str(d.get("device")).startswith("cuda")]
     return [r for r in recs if r.get("record") in ("case", "diagnosis")], len(gpus)

@@ -30,7 +30,7 @@ def two_gpus(monkeypatch: pytest.MonkeyPatch) -> Inventory:
 @pytest.fixture
 def harness_specs(monkeypatch: pytest.MonkeyPatch) -> list[list[Any]]:
     """Replaces the harness by one that starts nothing; each pass's WorkerSpecs land here."""
-    from gpucheck.runner import pipeline
+    from gpucheck.controller import pipeline
 
     passes: list[list[Any]] = []
 

@@ -19,10 +19,10 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from gpucheck.report import results
-from gpucheck.report.results import CaseRecord, Finding
-from gpucheck.runner.nvml_sampler import TimelineWriter
-from gpucheck.runner.worker import sanitizer_findings
+from gpucheck.model import results
+from gpucheck.model.results import CaseRecord, Finding
+from gpucheck.nvml_sampler import TimelineWriter
+from gpucheck.worker.recorder import sanitizer_findings
 
 HERE = Path(__file__).resolve().parent
 SANITIZER_LOG = HERE / "fixtures" / "sanitizer" / "memcheck_unguarded_launch_h200x2.log"

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpucheck import check_op, pytest_plugin
+from gpucheck import check_op
 from gpucheck.check import run_check
 from gpucheck.detectors import op_watch
+from gpucheck.worker import case as worker_case
 
 CPU = torch.device("cpu")
 
@@ -67,7 +68,7 @@ def run_all(test, *, seed=7):
     """{case: (outcome, [(kind, op, message)])} of every case of a check_op test on CPU."""
     out = {}
     for case in test.gpucheck_op.checks:
-        pytest_plugin._ATTACHED.clear()
+        worker_case.STATE.attached.clear()
         try:
             run_check(test.gpucheck_op, case, CPU, None, seed)
             outcome = "passed"
@@ -75,8 +76,8 @@ def run_all(test, *, seed=7):
             outcome = f"skipped: {err}"
         except AssertionError as err:
             outcome = f"failed: {err}"
-        out[case] = (outcome, [(f.kind, f.op, f.message) for f in pytest_plugin._ATTACHED])
-    pytest_plugin._ATTACHED.clear()
+        out[case] = (outcome, [(f.kind, f.op, f.message) for f in worker_case.STATE.attached])
+    worker_case.STATE.attached.clear()
     return out
 
 

@@ -23,7 +23,7 @@ from gpucheck.checkpoints.activations import (
     scale_activation,
 )
 from gpucheck.detectors import CaseInfo, worker_detectors
-from gpucheck.report import results
+from gpucheck.model import results
 
 N = 2000
 CONFTEST = '''

@@ -108,7 +108,7 @@ def test_devices_table_with_gpus(monkeypatch, capsys):
 
 
 def test_targets_carry_uuid_name_and_driver(monkeypatch):
-    from gpucheck.runner.pipeline import RunConfig, choose_targets
+    from gpucheck.controller.config import RunConfig, choose_targets
 
     monkeypatch.setattr(devices, "discover", _two_gpus)
     targets, notes, driver, inv = choose_targets(RunConfig(devices=(1,)))

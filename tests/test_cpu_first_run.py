@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpucheck.runner import suites
+from gpucheck.controller import suites
 
 
 def test_cpu_only_first_run_tests_something_and_names_the_gpu_suites(tmp_path: Path) -> None:

@@ -10,9 +10,9 @@ import textwrap
 
 import pytest
 
+from gpucheck.controller.harness import crash_hint
 from gpucheck.detectors import CaseInfo, DeviceStateLeak, device_state, worker_detectors
-from gpucheck.report import results
-from gpucheck.runner.harness import crash_hint
+from gpucheck.model import results
 
 CASE = CaseInfo("cuda:1", "knn", "test_knn.py::test_x[cuda1]")
 
@@ -121,7 +121,7 @@ def test_crash_hints_tell_abort_lost_context_and_segfault_apart(rc, stderr, word
 
 
 def test_sanitizer_passes_run_in_both_arrangements_on_two_gpus():
-    from gpucheck.runner.pipeline import plan_passes
+    from gpucheck.controller.config import plan_passes
 
     assert plan_passes(("blocking", "nvml", "sanitizer:memcheck"), devices=2) == [
         ("blocking+nvml", None), ("sanitizer:memcheck", "memcheck"),
@@ -214,7 +214,7 @@ def test_a_failing_detector_is_a_warning_not_a_broken_case(tmp_path):
     suite.mkdir(parents=True)
     (suite / "conftest.py").write_text(textwrap.dedent('''
         from gpucheck.detectors import base
-        import gpucheck.runner.worker as worker
+        import gpucheck.worker.recorder as worker
 
         class Broken(base.BaseDetector):
             name = "broken"

@@ -178,8 +178,8 @@ LOG_SCRIPT = textwrap.dedent('''
 
 
 def test_collective_log_entries(tmp_path: Path) -> None:
+    from gpucheck.controller.dist_harness import free_port
     from gpucheck.dist import collectives
-    from gpucheck.runner.dist_harness import free_port
 
     script = tmp_path / "log.py"
     script.write_text(LOG_SCRIPT)
@@ -224,6 +224,6 @@ def test_under_torchrun_each_process_owns_its_rank(tmp_path: Path) -> None:
 
 
 def _port() -> int:
-    from gpucheck.runner.dist_harness import free_port
+    from gpucheck.controller.dist_harness import free_port
 
     return free_port()

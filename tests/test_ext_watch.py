@@ -20,7 +20,7 @@ import torch
 
 from gpucheck.detectors import CaseInfo, MixedDevices, elf, ext_watch, op_watch
 from gpucheck.detectors.op_device import OpDevice
-from gpucheck.report import results
+from gpucheck.model import results
 
 NAME = "gpucheck_test_ext"
 LATE = "gpucheck_test_ext_late"  # a second module in the same library, loaded mid-case

@@ -15,7 +15,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from gpucheck.report import results
+from gpucheck.model import results
 
 SUITE = textwrap.dedent('''
     import os, time, pytest

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck.report import results
-from gpucheck.runner.harness import Harness, WorkerSpec
+from gpucheck.controller.harness import Harness, WorkerSpec
+from gpucheck.model import results
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sanitizer"
 
@@ -127,7 +127,7 @@ def test_sanitizer_records_are_attributed_to_their_case(setup, tmp_path):
 
 
 def test_worker_command_under_the_sanitizer(setup, tmp_path):
-    from gpucheck.runner.harness import worker_command
+    from gpucheck.controller.harness import worker_command
 
     tool, suite = setup
     spec = WorkerSpec("cuda:1", 1, "GPU-x", {"san": suite}, "sanitizer:racecheck",

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from gpucheck.controller import pipeline
 from gpucheck.detectors import CaseInfo, DoubleActivation, Leak, worker_detectors
 from gpucheck.detectors.imbalance import imbalances
 from gpucheck.detectors.leak import judge
@@ -23,8 +24,7 @@ from gpucheck.detectors.oom_anomaly import (
     parse_oom,
     size_of,
 )
-from gpucheck.report import results
-from gpucheck.runner import pipeline
+from gpucheck.model import results
 
 OOM = Path(__file__).parent / "fixtures" / "oom"
 GiB, MiB = 1 << 30, 1 << 20

@@ -11,7 +11,7 @@ import pynvml
 import pytest
 
 from gpucheck import nvml
-from gpucheck.runner.nvml_sampler import CasePeaks, Sampler, TimelineWriter
+from gpucheck.nvml_sampler import CasePeaks, Sampler, TimelineWriter
 
 
 @pytest.fixture

@@ -69,7 +69,7 @@ def shipped(src: Path) -> set[str]:
              for f in _csrc.check_only_sources()}  # the selftest's and the example's
     want |= {f"gpucheck/report/templates/{f.name}"
              for f in (src / "gpucheck/report/templates").iterdir() if f.is_file()}
-    return want | {"gpucheck/report/results.schema.json", "gpucheck/_resources.py"}
+    return want | {"gpucheck/model/results.schema.json", "gpucheck/_resources.py"}
 
 
 def test_the_wheel_carries_sources_suites_example_and_templates(built):

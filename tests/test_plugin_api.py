@@ -12,10 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck import nvml, pytest_plugin
-from gpucheck.report import results
-from gpucheck.report.results import Finding
-from gpucheck.runner import suites
+from gpucheck import nvml
+from gpucheck.controller import suites
+from gpucheck.model import results
+from gpucheck.model.results import Finding
+from gpucheck.nvml_sampler import NvmlTracker
+from gpucheck.worker import case as worker_case
+from gpucheck.worker import targets
 
 #: the environment of the gpucheck processes these tests start: gpucheck as installed, never
 #: the checkout on PYTHONPATH (`nox -s package` runs these tests against an installed wheel)
@@ -29,17 +32,17 @@ ENV = dict(os.environ)
     ("gw3", [4, 6], 6), ("gw12", list(range(8)), 4),
 ])
 def test_xdist_workers_are_pinned_round_robin(worker, devices, expected):
-    assert pytest_plugin.pinned_device(worker, devices) == expected
+    assert targets.pinned_device(worker, devices) == expected
 
 
 def test_an_unexpected_worker_id_is_a_usage_error():
     with pytest.raises(pytest.UsageError, match="cannot pin xdist worker 'main'"):
-        pytest_plugin.pinned_device("main", [0])
+        targets.pinned_device("main", [0])
 
 
 def test_an_inherited_worker_variable_alone_does_not_pin(monkeypatch, pytestconfig):
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
-    assert pytest_plugin.xdist_worker(pytestconfig) == (
+    assert targets.xdist_worker(pytestconfig) == (
         "gw1" if hasattr(pytestconfig, "workerinput") else None)
 
 
@@ -51,8 +54,8 @@ def test_pytest_n_pins_each_worker_to_one_device_with_the_same_ids(pytester, mon
     monkeypatch.setenv("PINS", str(pins))
     pytester.makeconftest('''
         import pytest
-        from gpucheck import pytest_plugin
-        pytest_plugin._visible_cuda_count = lambda: 3
+        from gpucheck.worker import targets
+        targets.visible_cuda_count = lambda: 3
         @pytest.fixture
         def gpu_device(request):
             return request.param
@@ -77,8 +80,8 @@ def test_pytest_n_pins_each_worker_to_one_device_with_the_same_ids(pytester, mon
 
 LOST_CONFTEST = '''
     import pytest
-    from gpucheck import pytest_plugin
-    pytest_plugin._visible_cuda_count = lambda: 1
+    from gpucheck.worker import targets
+    targets.visible_cuda_count = lambda: 1
     @pytest.fixture
     def gpu_device(request):
         return request.param
@@ -141,9 +144,9 @@ def test_sticky_cuda_error_reads_the_chain_and_names_the_line():
         except RuntimeError:
             raise AssertionError("wrapped") from None  # suppressed, still the context
     except AssertionError as err:
-        assert pytest_plugin.sticky_cuda_error(err) == "CUDA error: device-side assert triggered"
-    assert pytest_plugin.sticky_cuda_error(RuntimeError("CUDA out of memory")) is None
-    assert pytest_plugin.sticky_cuda_error(ValueError("bad shape")) is None
+        assert worker_case.sticky_cuda_error(err) == "CUDA error: device-side assert triggered"
+    assert worker_case.sticky_cuda_error(RuntimeError("CUDA out of memory")) is None
+    assert worker_case.sticky_cuda_error(ValueError("bad shape")) is None
 
 
 # --- attached findings ----------------------------------------------------------------------
@@ -155,14 +158,14 @@ def test_merge_names_the_op_and_leaves_out_what_the_detectors_found():
             Finding("numerics", "error", "non-deterministic", op="ext.f"),
             Finding("device-state-leak", "warning", "ext.f: forward changed it", op="ext.f"),
             Finding("wrong-device", "error", "ext.f: output 0 on cuda:1", op="ext.f")]
-    kept = pytest_plugin.merge(detector, mine, "ext.f")
+    kept = worker_case.merge(detector, mine, "ext.f")
     assert [f.message for f in kept] == ["non-deterministic", "ext.f: output 0 on cuda:1"]
     assert all(f.op == "ext.f" for f in detector)
 
 
 def test_attach_refuses_a_bad_severity():
     with pytest.raises(ValueError, match="severity must be error, warning or info"):
-        pytest_plugin.attach("numerics", "x", severity="fatal")
+        worker_case.attach("numerics", "x", severity="fatal")
 
 
 FINDINGS_SUITE = '''
@@ -250,14 +253,14 @@ def test_a_failure_that_repeats_an_attached_finding_is_one_finding_under_gpuchec
 
 def test_nvml_tracker_without_nvml_is_not_available_and_says_why(monkeypatch):
     monkeypatch.setattr(nvml, "status", lambda: nvml.NvmlStatus(False, "no driver here"))
-    tracker = pytest_plugin.NvmlTracker().start()
+    tracker = NvmlTracker().start()
     tracker.stop()
     assert not tracker.available and tracker.reason == "no driver here"
     assert tracker.peak() is nvml.NA and tracker.peaks() == {} and tracker.timeline == []
 
 
 def test_nvml_tracker_keeps_this_processes_memory_per_device():
-    tracker = pytest_plugin.NvmlTracker.__new__(pytest_plugin.NvmlTracker)
+    tracker = NvmlTracker.__new__(NvmlTracker)
     tracker.timeline, tracker.available = [], True
     import threading
 

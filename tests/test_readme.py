@@ -71,7 +71,7 @@ def test_the_readme_says_what_runs_without_a_gpu():
     text = (ROOT / "README.md").read_text()
     section = text.split("## Without a GPU", 1)[1].split("\n## ", 1)[0]
     assert "gpucheck run --cpu-only" in section
-    from gpucheck.runner import suites
+    from gpucheck.controller import suites
 
     for name in (*suites.CPU_ONLY, *suites.DISTRIBUTED, *suites.NEEDS_KERNELS):
         assert f"`{name}`" in section, name

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 from report_synth import make_run, real_cpu_run
 
-from gpucheck.report import junit, publish, results, timeline, write_all
-from gpucheck.report.results import CaseRecord, Finding
+from gpucheck.model import results
+from gpucheck.model.results import CaseRecord, Finding
+from gpucheck.report import junit, publish, timeline, write_all
 
 GPU_RUN = Path(__file__).resolve().parent / "fixtures" / "run_h200_selftest"
 

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck.report import groups, publish, results, rundata
-from gpucheck.report.results import CaseRecord, Finding
+from gpucheck.model import results
+from gpucheck.model.results import CaseRecord, Finding
+from gpucheck.report import groups, publish, rundata
 
 EXAMPLE = Path(__file__).resolve().parent / "fixtures" / "run_h200x2_selftest"
 #: what a maintainer must be able to read in the page, at most this big

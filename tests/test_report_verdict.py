@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck.report import results, rundata
-from gpucheck.report.results import CaseRecord, Finding
+from gpucheck.model import results
+from gpucheck.model.results import CaseRecord, Finding
+from gpucheck.report import rundata
 
 
 def _case(case: str, status: str, *findings: Finding, run_id: str = "r") -> dict:

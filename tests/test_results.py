@@ -8,8 +8,9 @@ import xml.etree.ElementTree as ET
 import jsonschema
 import pytest
 
-from gpucheck.report import junit, results
-from gpucheck.report.results import CaseRecord, Finding
+from gpucheck.model import results
+from gpucheck.model.results import CaseRecord, Finding
+from gpucheck.report import junit
 
 
 def _record(case, status, findings=()):

@@ -20,9 +20,9 @@ import pytest
 import torch  # noqa: F401  (before pytester's in-process runs: torch cannot be imported twice)
 
 from gpucheck import cli
-from gpucheck.report import results
-from gpucheck.runner import pipeline
-from gpucheck.runner.suites import PROJECT_SUITES
+from gpucheck.controller import config
+from gpucheck.controller.suites import PROJECT_SUITES
+from gpucheck.model import results
 
 SUITE = textwrap.dedent('''
     import os, time, pytest
@@ -108,9 +108,9 @@ def test_default_folders_are_unique_within_one_second(tmp_path, monkeypatch):
         def now(cls, tz=None):
             return datetime(2026, 11, 23, 22, 0, 0)
 
-    monkeypatch.setattr(pipeline, "datetime", Frozen)
+    monkeypatch.setattr(config, "datetime", Frozen)
     monkeypatch.chdir(tmp_path)
-    made = [pipeline.prepare_out(None) for _ in range(3)]
+    made = [config.prepare_out(None) for _ in range(3)]
     assert [p.name for p in made] == ["20261123-220000", "20261123-220000-2",
                                       "20261123-220000-3"]
     assert all(p.is_dir() and p.parent == Path("reports") for p in made)
@@ -207,7 +207,7 @@ def test_extension_problem_names_the_fix_when_the_extension_is_not_built():
 
     if _ext.available():
         pytest.skip("gpucheck's extension is built in this environment")
-    problem = pipeline.extension_problem()
+    problem = config.extension_problem()
     assert problem is not None
     assert "gpucheck's CUDA extension is not available" in problem
     assert "pip install --no-build-isolation -e ." in problem
@@ -215,7 +215,7 @@ def test_extension_problem_names_the_fix_when_the_extension_is_not_built():
 
 def test_unbuilt_extension_is_one_sentence_before_any_worker(tmp_path, monkeypatch, capsys,
                                                             two_gpus, harness_specs):
-    monkeypatch.setattr(pipeline, "extension_problem", lambda: "EXTENSION MISSING; fix it so.")
+    monkeypatch.setattr(config, "extension_problem", lambda: "EXTENSION MISSING; fix it so.")
     out = tmp_path / "out"
     code = cli.main(["run", "--all-devices", "--suite", "knn", "--suite", "ssim",
                      "--out", str(out)])
@@ -229,7 +229,7 @@ def test_unbuilt_extension_is_one_sentence_before_any_worker(tmp_path, monkeypat
 
 def test_user_suites_still_run_when_only_our_kernel_suites_cannot(project, monkeypatch, capsys,
                                                                  two_gpus, harness_specs):
-    monkeypatch.setattr(pipeline, "extension_problem", lambda: "EXTENSION MISSING")
+    monkeypatch.setattr(config, "extension_problem", lambda: "EXTENSION MISSING")
     out = project / "out"
     code = cli.main(["run", "--all-devices", "--suite", str(project / "suites" / "demo"),
                      "--suite", "knn", "--mode", "blocking", "--out", str(out)])
@@ -244,7 +244,7 @@ def test_user_suites_still_run_when_only_our_kernel_suites_cannot(project, monke
 
 
 def test_kernel_suites_are_known_by_their_place():
-    from gpucheck.runner.suites import needs_kernels
+    from gpucheck.controller.suites import needs_kernels
 
     assert needs_kernels(PROJECT_SUITES / "knn")
     assert needs_kernels(PROJECT_SUITES / "ssim" / "test_ssim.py")
@@ -256,14 +256,15 @@ def test_kernel_suites_are_known_by_their_place():
 def test_both_kernel_suites_stop_once_under_plain_pytest(pytester, monkeypatch, suite):
     """On a GPU without the extension, our suites give one usage error with the fix, the same
     way for both (today knn failed each case and ssim skipped them)."""
-    from gpucheck import pytest_plugin
     from gpucheck.errors import ExtensionNotBuilt
     from gpucheck.ops import _ext
 
     def missing():
         raise ExtensionNotBuilt("gpucheck's CUDA extension is not available (no _C); build it")
 
-    monkeypatch.setattr(pytest_plugin, "_visible_cuda_count", lambda: 2)
+    from gpucheck.worker import targets
+
+    monkeypatch.setattr(targets, "visible_cuda_count", lambda: 2)
     monkeypatch.setattr(_ext, "load", missing)
     result = pytester.runpytest_inprocess(str(PROJECT_SUITES / suite), "--collect-only", "-q",
                                           "-p", "no:cacheprovider")
@@ -273,9 +274,9 @@ def test_both_kernel_suites_stop_once_under_plain_pytest(pytester, monkeypatch, 
 
 
 def test_kernel_suites_collect_without_gpu_and_their_cases_skip_for_that(pytester, monkeypatch):
-    from gpucheck import pytest_plugin
+    from gpucheck.worker import targets
 
-    monkeypatch.setattr(pytest_plugin, "_visible_cuda_count", lambda: 0)
+    monkeypatch.setattr(targets, "visible_cuda_count", lambda: 0)
     result = pytester.runpytest_inprocess(str(PROJECT_SUITES / "knn"), "-q", "-rs",
                                           "-p", "no:cacheprovider", "-k", "not slow")
     assert result.ret == pytest.ExitCode.OK
@@ -334,7 +335,7 @@ def test_a_gpu_run_resumes_with_the_devices_it_was_started_with(tmp_path, capsys
 
 
 def test_a_harness_that_fails_still_leaves_its_reports(project, monkeypatch):
-    from gpucheck.runner import harness
+    from gpucheck.controller import harness
 
     def explode(self):
         raise RuntimeError("the harness broke")

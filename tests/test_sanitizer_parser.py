@@ -218,7 +218,7 @@ def test_one_missing_barrier_is_one_finding():
     finding per kernel and kind, which lists where the others were."""
     import gzip
 
-    from gpucheck.runner.worker import sanitizer_findings
+    from gpucheck.worker.recorder import sanitizer_findings
 
     log = (Path(__file__).parent / "fixtures" / "sanitizer"
            / "racecheck_no_sync_ssim_h200x2.log.gz")

@@ -87,7 +87,7 @@ def test_wrong_device_must_be_diagnosed_on_every_device(diagnosed, status):
 
 def test_selftest_command_prints_the_matrix_of_its_run(tmp_path, monkeypatch, capsys,
                                                         two_gpus):
-    from gpucheck.runner import pipeline
+    from gpucheck.controller import entry, pipeline
 
     ran = []
 
@@ -98,7 +98,7 @@ def test_selftest_command_prints_the_matrix_of_its_run(tmp_path, monkeypatch, ca
                 (cfg.out / f.name).write_bytes(f.read_bytes())
         return 1
 
-    monkeypatch.setattr(pipeline, "run", fake_run)
+    monkeypatch.setattr(entry, "run", fake_run)
     built = []
     monkeypatch.setattr(selftest, "prebuild", lambda logs: built.append(logs) or None)
     monkeypatch.chdir(tmp_path)  # the run folder is ./selftest: not a suite of that name

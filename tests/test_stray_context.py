@@ -9,7 +9,7 @@ from pathlib import Path
 
 from gpucheck.detectors import StrayContext
 from gpucheck.detectors.stray_context import stray
-from gpucheck.report import results
+from gpucheck.model import results
 
 RUN = Path(__file__).parent / "fixtures" / "run_h200_selftest" / "results.jsonl"
 OTHER = "GPU-11111111-2222-3333-4444-555555555555"

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 import torch
 
-from gpucheck.report import results
+from gpucheck.model import results
 from gpucheck.testing import assert_close, measure
 
 

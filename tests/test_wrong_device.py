@@ -14,9 +14,9 @@ import pytest
 from conftest import two_gpu_inventory
 
 from gpucheck import cli
+from gpucheck.controller import config, pipeline
 from gpucheck.detectors.wrong_device import WrongDevice, diagnose, extension_function, suspects
-from gpucheck.report import results
-from gpucheck.runner import pipeline
+from gpucheck.model import results
 
 FIXTURE = Path(__file__).parent / "fixtures" / "run_h200_selftest" / "results.jsonl"
 
@@ -114,7 +114,7 @@ def test_the_differential_rerun_runs_only_the_suspects_and_names_the_device_bug(
     suite.mkdir(parents=True)
     (suite / "test_arr.py").write_text(SUITE)
     two = two_gpu_inventory()
-    real = pipeline.choose_targets
+    real = config.choose_targets
 
     def targets_with_two_visible(cfg):
         t, notes, driver, _ = real(cfg)

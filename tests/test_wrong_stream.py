@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from gpucheck.detectors import CaseInfo, KernelDeviceDetector, WrongStreamDetector, worker_detectors
+from gpucheck.detectors import CaseInfo, KernelDevice, WrongStream, worker_detectors
 from gpucheck.detectors import launch_trace as lt
 from gpucheck.detectors.launch_trace import Window, attribute, judge
 from gpucheck.detectors.wrong_stream import findings, verdicts
@@ -100,7 +100,7 @@ def test_kernel_device_on_a_kernel_moved_to_another_gpu():
     ws = [Window(moved, w.log, w.streams)]
     kinds = {v.kind for v, _ in verdicts(ws, "kernel-device")}
     assert kinds == {"kernel-device"} and verdicts(ws, "wrong-stream") == []
-    det = KernelDeviceDetector()
+    det = KernelDevice()
     det.trace = _Fixed(ws)
     found = det.case_finished(CASE)
     assert {f.op for f in found} == {"gpucheck::ssim_forward", "gpucheck::ssim_backward"}
@@ -157,7 +157,7 @@ def test_registered_and_can_be_disabled(monkeypatch):
 
 def test_both_readers_get_the_same_windows():
     trace = lt.LaunchTrace()
-    a, b = WrongStreamDetector(), KernelDeviceDetector()
+    a, b = WrongStream(), KernelDevice()
     a.trace = b.trace = trace
     a.case_started(CASE)
     b.case_started(CASE)
@@ -170,7 +170,7 @@ def test_poisoned_stream_keeps_the_poisoned_device(monkeypatch):
     switch must leave the (poisoned) current device alone, on entry and on exit."""
     import torch
 
-    from gpucheck.runner import poison
+    from gpucheck.worker import poison
 
     state = {"device": 1, "stream": "default"}
 

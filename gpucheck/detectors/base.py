@@ -2,10 +2,33 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gpucheck.report.results import Finding
+from gpucheck.model.results import Finding
+
+#: comma-separated names of worker detectors to leave out, or ``all`` (e.g. to measure their
+#: cost, or to rule them out)
+DISABLE_ENV = "GPUCHECK_DISABLE_DETECTORS"
+
+
+def disabled() -> set[str]:
+    """The detector names ``$GPUCHECK_DISABLE_DETECTORS`` turns off (``all``: every one)."""
+    return {n.strip() for n in os.environ.get(DISABLE_ENV, "").split(",") if n.strip()}
+
+
+@dataclass
+class WorkerContext:
+    """What a worker tells its detectors once, before the first case: its target device
+    (index and NVML UUID, None without a GPU) and ``persist``, which writes findings made
+    before a call that may crash into the worker's state file at once (the controller puts
+    them on the crash record)."""
+
+    device_index: int | None = None
+    uuid: str | None = None
+    persist: Callable[[list[Finding]], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -20,13 +43,16 @@ class CaseInfo:
 class Detector(Protocol):
     """Where a detector runs is what it implements; every hook returns findings (or None).
 
-    Worker side, around the body of each case (its ``call`` phase): ``case_started`` just
-    before, ``case_finished`` just after, then ``case_data`` (fields the case record keeps,
-    e.g. ``fingerprints``). Parent side: ``run_finished`` over every case record
-    of the run (dicts in the results.jsonl format).
+    Worker side: ``bind`` once with the worker's context, then around the body of each
+    case (its ``call`` phase): ``case_started`` just before, ``case_finished`` just after,
+    then ``case_data`` (fields the case record keeps, e.g. ``fingerprints``). Controller
+    side: ``run_finished`` over every case record of the run (dicts in the results.jsonl
+    format).
     """
 
     name: str
+
+    def bind(self, worker: WorkerContext) -> None: ...
 
     def case_started(self, case: CaseInfo) -> None: ...
 
@@ -41,6 +67,9 @@ class BaseDetector:
     """No-op hooks: a detector overrides the ones for where it runs."""
 
     name = "base"
+
+    def bind(self, worker: WorkerContext) -> None:
+        return None
 
     def case_started(self, case: CaseInfo) -> None:
         return None

@@ -50,7 +50,7 @@ from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any
 
 from gpucheck.detectors.base import BaseDetector, CaseInfo
-from gpucheck.report.results import Finding
+from gpucheck.model.results import Finding
 
 if TYPE_CHECKING:
     from gpucheck.checkpoints.lint import LintReport

@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from gpucheck.detectors.base import BaseDetector, CaseInfo
-from gpucheck.report.results import Finding
+from gpucheck.model.results import Finding
 
 HINT = ("use a scoped guard, which restores the caller's device on return: "
         "`const at::cuda::OptionalCUDAGuard guard(device_of(x));` in C++ "

@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from gpucheck.detectors.base import BaseDetector, CaseInfo
-from gpucheck.report.results import Finding
+from gpucheck.model.results import Finding
 
 __all__ = ["DoubleActivation"]
 

@@ -54,6 +54,7 @@ from types import BuiltinFunctionType, ModuleType
 from typing import Any
 
 from gpucheck.detectors import elf, op_watch
+from gpucheck.detectors.base import disabled
 
 #: top-level packages never watched: torch itself and libraries that ship with or beside it
 KNOWN = ("torch", "torchvision", "torchaudio", "torchtext", "torchdata", "torchrec",
@@ -200,9 +201,7 @@ def installed() -> bool:
 
 def install_unless_disabled() -> None:
     """:func:`install`, unless ``$GPUCHECK_DISABLE_DETECTORS`` turns every detector off."""
-    from gpucheck.detectors import DISABLE_ENV
-
-    if "all" not in {n.strip() for n in os.environ.get(DISABLE_ENV, "").split(",")}:
+    if "all" not in disabled():
         install()
 
 

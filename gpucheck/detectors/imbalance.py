@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from gpucheck.detectors.base import BaseDetector
-from gpucheck.report.results import Finding
+from gpucheck.model.results import Finding
 
 __all__ = ["Imbalance", "imbalances"]
 

@@ -17,12 +17,12 @@ from gpucheck.detectors.base import BaseDetector, CaseInfo
 from gpucheck.detectors.launch_trace import TRACE
 from gpucheck.detectors.wrong_device import HINT
 from gpucheck.detectors.wrong_stream import verdicts
-from gpucheck.report.results import Finding
+from gpucheck.model.results import Finding
 
 MAX_FINDINGS = 8
 
 
-class KernelDeviceDetector(BaseDetector):
+class KernelDevice(BaseDetector):
     """Reads the launch trace of each case; one finding per (op, kernel)."""
 
     name = "kernel-device"

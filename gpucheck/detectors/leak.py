@@ -29,8 +29,8 @@ from collections.abc import Callable
 from typing import Any
 
 from gpucheck import nvml
-from gpucheck.detectors.base import BaseDetector, CaseInfo
-from gpucheck.report.results import Finding
+from gpucheck.detectors.base import BaseDetector, CaseInfo, WorkerContext
+from gpucheck.model.results import Finding
 
 __all__ = ["DEFAULT_REPEATS", "MARKER", "Leak", "judge", "repeats"]
 
@@ -111,6 +111,9 @@ class Leak(BaseDetector):
         self.outside: list[int] = []
         self.outside_how = ""
         self.failure: str | None = None
+
+    def bind(self, worker: WorkerContext) -> None:
+        self.device_index, self.uuid = worker.device_index, worker.uuid
 
     def case_started(self, case: CaseInfo) -> None:
         self.torch_alloc, self.outside, self.failure = [], [], None

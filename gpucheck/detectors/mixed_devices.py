@@ -33,9 +33,9 @@ from collections.abc import Callable
 from typing import Any
 
 from gpucheck.detectors import op_watch
-from gpucheck.detectors.base import CallWatcher, CaseInfo
+from gpucheck.detectors.base import CallWatcher, CaseInfo, WorkerContext
 from gpucheck.errors import CUDA_ERROR_MARKERS
-from gpucheck.report.results import Finding
+from gpucheck.model.results import Finding
 
 #: integer / bool CPU tensors up to this many elements are host-side arguments (sizes)
 SMALL_HOST = 8
@@ -174,6 +174,9 @@ class MixedDevices(CallWatcher):
         #: called with the case's findings each time a new one is made (before the call
         #: runs): the worker writes them where a crash of the call does not lose them
         self.persist: Callable[[list[Finding]], None] | None = None
+
+    def bind(self, worker: WorkerContext) -> None:
+        self.persist = worker.persist
 
     def before(self, call: op_watch.Call) -> None:
         tensors = op_watch.tensors((call.args, call.kwargs))

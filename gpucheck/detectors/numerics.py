@@ -32,7 +32,7 @@ from typing import Any
 
 from gpucheck.detectors import op_watch
 from gpucheck.detectors.base import CallWatcher, CaseInfo
-from gpucheck.report.results import Finding
+from gpucheck.model.results import Finding
 
 CAP = 16
 SAMPLE = 1 << 20

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpucheck.detectors.base import BaseDetector
-from gpucheck.report.results import Finding
+from gpucheck.model.results import Finding
 
 __all__ = ["MemoryAnomaly", "OomAnomaly", "OomMessage", "growth", "oom_findings",
            "parse_memory_anomaly", "parse_oom", "size_of"]

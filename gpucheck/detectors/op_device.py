@@ -24,7 +24,7 @@ from typing import Any
 from gpucheck.detectors import op_watch
 from gpucheck.detectors.base import CallWatcher, CaseInfo
 from gpucheck.detectors.device_state import HINT as LEAK_HINT
-from gpucheck.report.results import Finding
+from gpucheck.model.results import Finding
 
 TORCH_NAMESPACES = op_watch.TORCH_NAMESPACES
 ALLOC_HINT = ("allocate outputs with the input's options (`at::empty(sizes, x.options())`), "

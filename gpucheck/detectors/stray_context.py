@@ -15,8 +15,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from gpucheck.detectors.base import BaseDetector
-from gpucheck.detectors.wrong_device import RERUN_SUFFIX, TARGET_SUFFIX
-from gpucheck.report.results import Finding
+from gpucheck.model.modes import try_parse
+from gpucheck.model.results import Finding
 
 HINT = ("guard every entry point of the extension on its inputs' device "
         "(`const at::cuda::OptionalCUDAGuard guard(device_of(x));`) and allocate with "
@@ -37,7 +37,8 @@ def stray(records: Iterable[dict[str, Any]], names: dict[str, str] | None = None
     found = []
     for r in records:
         mode = str(r.get("mode"))
-        if r.get("record", "case") != "case" or not mode.endswith((TARGET_SUFFIX, RERUN_SUFFIX)):
+        parsed = try_parse(mode)
+        if r.get("record", "case") != "case" or parsed is None or not parsed.target_current:
             continue
         key = (str(r.get("device")), mode)
         other = _other(r)

@@ -21,14 +21,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from gpucheck.detectors.base import BaseDetector
-from gpucheck.report.results import Finding
+from gpucheck.model import modes
+from gpucheck.model.modes import Mode, try_parse
+from gpucheck.model.results import Finding
 
-#: suffix of a pass that runs every case with its target current (sanitizer modes)
-TARGET_SUFFIX = "|target-current"
-#: suffix of the re-run of the suspects of a pass, with the target current
-RERUN_SUFFIX = "|rerun:target-current"
-#: suffix of the control re-run: the suspects again with another device current, fresh worker
-CONTROL_SUFFIX = "|rerun:other-current"
 BAD = ("failed", "error", "crashed")
 HINT = ("make the extension run on its inputs' device: "
         "`const at::cuda::OptionalCUDAGuard guard(device_of(x));` as the first line of {where}, "
@@ -141,12 +137,22 @@ class WrongDevice(BaseDetector):
     name = "wrong-device"
 
     def run_finished(self, records: list[dict[str, Any]]) -> list[Finding]:
-        modes = {str(r.get("mode")) for r in records}
+        by_mode = {str(r.get("mode")): try_parse(r.get("mode")) for r in records}
         found: list[Finding] = []
-        for mode in sorted(m for m in modes if "|" not in m):
-            twins = [r for r in records
-                     if r.get("mode") in (mode + TARGET_SUFFIX, mode + RERUN_SUFFIX)]
-            control = [r for r in records if r.get("mode") == mode + CONTROL_SUFFIX]
+        for mode in sorted(m for m, p in by_mode.items() if p is not None and not p.variant):
+            twins = _arranged(records, by_mode, mode, (modes.TARGET_CURRENT, modes.RERUN_TARGET))
+            control = _arranged(records, by_mode, mode, (modes.RERUN_CONTROL,))
             if twins:
                 found += diagnose(suspects(records, mode), twins, control or None)
         return found
+
+
+def _arranged(records: list[dict[str, Any]], by_mode: dict[str, Mode | None], mode: str,
+              variants: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The records of pass ``mode`` run in one of these arrangements."""
+    out = []
+    for r in records:
+        p = by_mode.get(str(r.get("mode")))
+        if p is not None and str(p.pass_base) == mode and p.variant in variants:
+            out.append(r)
+    return out

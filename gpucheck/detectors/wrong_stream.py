@@ -7,7 +7,7 @@ non-blocking): its kernels may read inputs that are not written yet, and later w
 current stream may read its outputs too early. The result is usually right by luck, and
 always right under ``CUDA_LAUNCH_BLOCKING=1``, so this detector does not look at results: the
 harness makes a fresh non-default stream current for every case (the poisoned stream, see
-:mod:`gpucheck.runner.poison`), and the profiler reports the stream of every kernel of every
+:mod:`gpucheck.worker.poison`), and the profiler reports the stream of every kernel of every
 extension-op call (:mod:`gpucheck.detectors.launch_trace`), compared with the stream that was
 current on the op's input device when it was called.
 
@@ -38,7 +38,7 @@ from gpucheck.detectors.launch_trace import (
     judge,
     unclaimed,
 )
-from gpucheck.report.results import Finding
+from gpucheck.model.results import Finding
 
 MAX_FINDINGS = 8
 HINT = ("launch on the caller's current stream of the input's device: "
@@ -114,7 +114,7 @@ def unclaimed_findings(case: CaseInfo, windows: list[Window]) -> list[Finding]:
     return out
 
 
-class WrongStreamDetector(BaseDetector):
+class WrongStream(BaseDetector):
     """Reads the launch trace of each case (see :mod:`gpucheck.detectors.launch_trace`)."""
 
     name = "wrong-stream"

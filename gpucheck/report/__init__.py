@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpucheck.model.layout import RunFolder
 from gpucheck.report import document, groups, html, junit, rundata, sarif, timeline
 from gpucheck.report.rundata import RunData
 from gpucheck.report.verdict import Verdict, decide
@@ -65,7 +66,7 @@ def publish(run_dir: Path, out: Path | None = None,
         raise ValueError(f"unknown report format(s) {unknown}; known: {', '.join(FORMATS)}")
     run_dir = Path(run_dir)
     data = rundata.load(run_dir)
-    tl = timeline.read(run_dir / "nvml_timeline.jsonl", data.uuid_labels())
+    tl = timeline.read(RunFolder(run_dir).timeline, data.uuid_labels())
     if tl is not None and tl.torn:
         data.problems.append(f"{tl.torn} line(s) of nvml_timeline.jsonl could not be read")
     verdict = decide(data, allow_empty=allow_empty, stopped_by=stopped_by)

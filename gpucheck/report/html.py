@@ -20,10 +20,10 @@ from typing import Any
 
 import jinja2
 
+from gpucheck.model.results import BAD_STATUSES
 from gpucheck.report import cards, evidence, timeline
 from gpucheck.report.document import SEVERITY_ORDER
 from gpucheck.report.groups import Grouped
-from gpucheck.report.results import BAD_STATUSES
 from gpucheck.report.rundata import EXTRA_TITLES, RunData
 from gpucheck.report.verdict import Verdict
 

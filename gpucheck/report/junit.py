@@ -17,7 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from gpucheck.report import results
+from gpucheck.model import results
 from gpucheck.report.verdict import Verdict
 
 

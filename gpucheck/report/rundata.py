@@ -9,7 +9,6 @@ could not be read becomes a note (``RunData.problems``) that the report shows.
 from __future__ import annotations
 
 import json
-import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -17,12 +16,14 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from gpucheck.model import results
+from gpucheck.model.layout import EXTRAS, RunFolder, WorkerFiles, parse_stem
+
 #: record types of results.jsonl the report knows; others are shown as extra tables
 KNOWN_RECORDS = ("run", "case", "end", "resume", "diagnosis")
 #: extra tables: record type -> title (checkpoint lint, benchmarks; later producers add theirs)
 EXTRA_TITLES = {"lint": "Checkpoint lint", "checkpoint-lint": "Checkpoint lint",
                 "benchmark": "Benchmarks"}
-GENERATION = re.compile(r"\.\d+$")
 
 
 def parse_time(value: Any) -> float | None:
@@ -135,40 +136,21 @@ class RunData:
         return max(ends) if ends else None
 
 
-def _read_lines(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """JSON objects of a JSON-lines file and the number of lines that did not parse."""
-    records, torn = [], 0
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError:
-                torn += 1
-                continue
-            if isinstance(value, dict):
-                records.append(value)
-    return records, torn
-
-
 def _valid_case(r: dict[str, Any]) -> bool:
     return all(isinstance(r.get(k), str) for k in ("device", "suite", "case", "status"))
 
 
 def _worker_progress(workers_dir: Path) -> list[WorkerProgress]:
     chains: dict[str, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
-    for path in workers_dir.glob("*.state.json"):
-        stem = path.name.removesuffix(".state.json")
-        base = GENERATION.sub("", stem)
-        generation = int(stem[len(base) + 1:]) if stem != base else 0
+    for path in sorted(workers_dir.glob("*" + WorkerFiles.STATE)):
+        files = WorkerFiles.of_state(path)
+        device, mode, generation = parse_stem(files.stem)
+        base = f"{device}.{mode}"
         try:
             state = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        skip = workers_dir / f"{stem}.skip.txt"
-        base_done = len(skip.read_text().split()) if skip.exists() else 0
+        base_done = len(files.skip.read_text().split()) if files.skip.exists() else 0
         chains[base].append((generation, {**state, "base_done": base_done}))
     out = []
     for base, states in sorted(chains.items()):
@@ -195,12 +177,12 @@ def load(run_dir: Path) -> RunData:
     """Read a run folder (complete or not) into a RunData (read its ``devices`` and
     ``suites`` only once it is filled: they are cached)."""
     data = RunData(run_dir=run_dir, header=None, cases=[])
-    path = run_dir / "results.jsonl"
+    path = RunFolder(run_dir).results
     if not path.exists():
         data.problems.append("no results.jsonl in the run folder: no case finished")
         records: list[dict[str, Any]] = []
     else:
-        records, data.torn_lines = _read_lines(path)
+        records, data.torn_lines = results.read_lines(path)
     headers = [r for r in records if r.get("record") == "run"]
     if headers:
         data.header = headers[-1]
@@ -232,15 +214,15 @@ def load(run_dir: Path) -> RunData:
         elif kind not in KNOWN_RECORDS and isinstance(kind, str):
             data.extras.setdefault(kind, []).append(r)
     _attach(data.cases, diagnoses)
-    for name in ("checkpoint_lint.jsonl", "benchmarks.jsonl"):
+    for name in EXTRAS:
         extra = run_dir / name
         if extra.exists():
-            rows, _ = _read_lines(extra)
+            rows, _ = results.read_lines(extra)
             data.extras.setdefault(name.removesuffix(".jsonl"), []).extend(rows)
     if data.torn_lines:
         data.problems.append(f"{data.torn_lines} line(s) of results.jsonl could not be read "
                              "(a writer was killed mid-line); they are left out")
-    workers = run_dir / "workers"
+    workers = RunFolder(run_dir).workers
     if workers.is_dir():
         data.workers = _worker_progress(workers)
         data.logs = sorted(p for p in workers.iterdir()

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpucheck.report.results import BAD_STATUSES
+from gpucheck.model.layout import RunFolder, WorkerFiles, device_in_stem, mode_in_stem, parse_stem
+from gpucheck.model.results import BAD_STATUSES
 from gpucheck.report.rundata import RunData, case_span
 
 BUCKETS = 600
@@ -175,18 +176,15 @@ def expected_devices(data: RunData) -> dict[int, set[str]]:
     current: dict[tuple[str, str], set[str]] = {}
     for r in data.cases:
         if r.get("current_device"):
-            key = (str(r["device"]).replace(":", ""),
-                   str(r.get("mode")).replace("|", "-").replace(":", "-"))
+            key = (device_in_stem(str(r["device"])), mode_in_stem(str(r.get("mode"))))
             current.setdefault(key, set()).add(str(r["current_device"]))
     out: dict[int, set[str]] = {}
-    for path in sorted((data.run_dir / "workers").glob("*.state.json")):
+    for path in RunFolder(data.run_dir).state_files():
         try:
             pid = int(json.loads(path.read_text()).get("pid"))
         except (OSError, ValueError, TypeError, AttributeError):
             continue
-        stem = path.name.removesuffix(".state.json")
-        device, _, rest = stem.partition(".")
-        mode = rest.rsplit(".", 1)[0] if rest.rsplit(".", 1)[-1].isdigit() else rest
+        device, mode, _ = parse_stem(WorkerFiles.of_state(path).stem)
         label = f"cuda:{device.removeprefix('cuda')}" if device.startswith("cuda") else device
         out[pid] = {label, *current.get((device, mode), set())}
     return out

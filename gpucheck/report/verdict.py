@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpucheck.errors import EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE
-from gpucheck.report.results import BAD_STATUSES
+from gpucheck.model.results import BAD_STATUSES
 from gpucheck.report.rundata import RunData
 
 #: every verdict, worst first

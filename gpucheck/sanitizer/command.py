@@ -8,20 +8,10 @@ from pathlib import Path
 
 from gpucheck.errors import EnvironmentProblem
 
-TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 #: exit code compute-sanitizer gives the process when it reported errors (--error-exitcode)
 ERROR_EXIT = 86
 #: records printed per process (the rest are only counted in ERROR SUMMARY)
 PRINT_LIMIT = 200
-
-
-def tool_of(mode: str) -> str:
-    """``sanitizer`` -> memcheck; ``sanitizer:racecheck`` -> racecheck."""
-    _, _, tool = mode.partition(":")
-    tool = tool or "memcheck"
-    if tool not in TOOLS:
-        raise ValueError(f"unknown compute-sanitizer tool {tool!r}")
-    return tool
 
 
 def find() -> Path:
@@ -35,11 +25,6 @@ def find() -> Path:
     raise EnvironmentProblem(
         "compute-sanitizer was not found (it ships with the CUDA toolkit: put its bin/ on PATH "
         "or set CUDA_HOME); the sanitizer modes cannot run")
-
-
-def log_template(folder: Path, stem: str) -> Path:
-    """Per-process log files (``%p`` is the pid: a suite may start child processes)."""
-    return folder / f"{stem}.sanitizer.%p.log"
 
 
 def prefix(tool: str, log: Path, executable: Path | None = None) -> list[str]:

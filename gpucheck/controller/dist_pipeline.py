@@ -2,7 +2,7 @@
 
 Started by hand, gpucheck spawns ``world_size`` ranks on this machine (one per target GPU with
 NCCL, or ``--world-size`` CPU ranks with gloo under ``--cpu-only``) and watches them as one
-group (:class:`gpucheck.runner.dist_harness.DistHarness`). Started by torchrun (``torchrun
+group (:class:`gpucheck.controller.dist_harness.DistHarness`). Started by torchrun (``torchrun
 --nnodes N --nproc-per-node G -m gpucheck run --distributed --out SHARED``), each gpucheck
 process owns the rank torchrun gave it, on GPU ``LOCAL_RANK``; the run folder must be one
 every node sees, where global rank 0 writes the header, the end record and the reports.
@@ -18,24 +18,35 @@ from typing import Any
 
 from rich.text import Text
 
+from gpucheck.controller import suites as suites_mod
+from gpucheck.controller.config import (
+    DIST_MODE,
+    RunConfig,
+    Target,
+    choose_targets,
+    header,
+    make_console,
+    prepare_out,
+)
+from gpucheck.controller.dist_harness import DistHarness, GroupSpec, RankSpec
+from gpucheck.controller.pipeline import finish, sigterm_as_interrupt
 from gpucheck.dist import rank as rank_env
 from gpucheck.errors import UsageProblem
-from gpucheck.report import results
-from gpucheck.runner import pipeline
-from gpucheck.runner import suites as suites_mod
-from gpucheck.runner.dist_harness import DistHarness, GroupSpec, RankSpec
+from gpucheck.model import results
+from gpucheck.model.contract import CURRENT_ENV, TARGET_CURRENT
+from gpucheck.model.layout import RunFolder
 
-MODE = pipeline.DIST_MODE
+MODE = DIST_MODE
 BACKENDS = ("nccl", "gloo")
 
 
-def _ranks(cfg: pipeline.RunConfig) -> tuple[list[RankSpec], int, str, list[pipeline.Target],
+def _ranks(cfg: RunConfig) -> tuple[list[RankSpec], int, str, list[Target],
                                               list[str], Any]:
     """The ranks to start here, the world size, the backend, targets/notes/inventory."""
     backend = cfg.backend
     if backend is not None and backend not in BACKENDS:
         raise UsageProblem(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    targets, notes, _, inv = pipeline.choose_targets(cfg)
+    targets, notes, _, inv = choose_targets(cfg)
     if cfg.cpu_only:
         if backend == "nccl":
             raise UsageProblem("--backend nccl needs GPUs; drop --cpu-only")
@@ -50,21 +61,21 @@ def _ranks(cfg: pipeline.RunConfig) -> tuple[list[RankSpec], int, str, list[pipe
     return ranks, len(ranks), backend or "nccl", targets, notes, inv
 
 
-def run(cfg: pipeline.RunConfig, previous: dict[str, Any] | None) -> int:
+def run(cfg: RunConfig, previous: dict[str, Any] | None) -> int:
     """Run the group (see the module docstring); returns the exit code of the run."""
     if rank_env.under_torchrun():
         return _run_torchrun(cfg)
     ranks, world, backend, _, notes, inv = _ranks(cfg)
     requested = (cfg.suite_paths if cfg.suite_paths is not None
                  else suites_mod.resolve(cfg.suites or suites_mod.DISTRIBUTED))
-    out = cfg.resume if cfg.resume is not None else pipeline.prepare_out(cfg.out)
-    results_path = out / "results.jsonl"
-    targets: list[pipeline.Target] = [(r.label, r.device_index, r.uuid, None) for r in ranks]
+    out = cfg.resume if cfg.resume is not None else prepare_out(cfg.out)
+    results_path = RunFolder(out).results
+    targets: list[Target] = [(r.label, r.device_index, r.uuid, None) for r in ranks]
     notes.append(f"distributed: {world} rank(s), backend {backend}, env:// rendezvous on this "
                  "machine")
     if previous is None:
         run_id = uuid.uuid4().hex[:12]
-        results.append(results_path, pipeline._header(cfg, run_id, targets, inv, requested,
+        results.append(results_path, header(cfg, run_id, targets, inv, requested,
                                                       [(MODE, None)], notes, {}, (MODE,)))
     else:
         run_id = str(previous["run_id"])
@@ -76,7 +87,7 @@ def run(cfg: pipeline.RunConfig, previous: dict[str, Any] | None) -> int:
 CPU_PASS_WORLD = 2
 
 
-def cpu_pass(cfg: pipeline.RunConfig, out: Path, results_path: Path, run_id: str,
+def cpu_pass(cfg: RunConfig, out: Path, results_path: Path, run_id: str,
              notes: list[str]) -> bool:
     """The distributed suites (``dist``) as one gloo group of CPU ranks, in a run that is
     already under way (the default suites of ``gpucheck run --cpu-only``): its records go
@@ -98,21 +109,21 @@ def cpu_pass(cfg: pipeline.RunConfig, out: Path, results_path: Path, run_id: str
     return False
 
 
-def _env(cfg: pipeline.RunConfig) -> dict[str, str]:
-    env = {"GPUCHECK_CURRENT": "target"}
+def _env(cfg: RunConfig) -> dict[str, str]:
+    env = {CURRENT_ENV: TARGET_CURRENT}
     if cfg.cpu_only:
         env["CUDA_VISIBLE_DEVICES"] = ""
     return env
 
 
-def _watch_and_finish(cfg: pipeline.RunConfig, group: GroupSpec, out: Path, results_path: Path,
+def _watch_and_finish(cfg: RunConfig, group: GroupSpec, out: Path, results_path: Path,
                       run_id: str, notes: list[str], write_reports: bool = True) -> int:
-    console = pipeline.make_console()
+    console = make_console()
     harness = DistHarness(group, out, results_path, run_id, cfg.timeout)
     stopped: str | None = None
     stops: list[str] = []
     try:
-        with pipeline._sigterm_as_interrupt(stops):
+        with sigterm_as_interrupt(stops):
             found = harness.run()
     except KeyboardInterrupt:
         harness.interrupt()
@@ -124,10 +135,10 @@ def _watch_and_finish(cfg: pipeline.RunConfig, group: GroupSpec, out: Path, resu
                                     f"{d.message}"))
     if not write_reports:
         return 1 if found else 0
-    return pipeline._finish(cfg, out, results_path, run_id, notes, {}, stopped, console)
+    return finish(cfg, out, results_path, run_id, notes, {}, stopped, console)
 
 
-def _run_torchrun(cfg: pipeline.RunConfig) -> int:
+def _run_torchrun(cfg: RunConfig) -> int:
     """One rank per gpucheck process, ranks and rendezvous from torchrun's variables."""
     found = rank_env.env_ranks()
     assert found is not None
@@ -136,7 +147,7 @@ def _run_torchrun(cfg: pipeline.RunConfig) -> int:
         raise UsageProblem(f"--world-size {cfg.world_size} but torchrun started {world} ranks")
     run_key = os.environ.get("TORCHELASTIC_RUN_ID", "torchrun")
     out = cfg.out or Path("reports") / f"torchrun-{run_key}"
-    results_path = out / "results.jsonl"
+    results_path = RunFolder(out).results
     import torch
 
     gpu = torch.cuda.is_available() and not cfg.cpu_only
@@ -148,9 +159,9 @@ def _run_torchrun(cfg: pipeline.RunConfig) -> int:
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         if not results_path.exists():
-            targets: list[pipeline.Target] = [(f"rank{r}", None, None, None)
+            targets: list[Target] = [(f"rank{r}", None, None, None)
                                               for r in range(world)]
-            results.append(results_path, pipeline._header(
+            results.append(results_path, header(
                 cfg, run_key, targets, None, requested, [(MODE, None)], notes, {}, (MODE,)))
     deadline = time.monotonic() + 120
     while not results_path.exists():  # rank 0 (maybe on another node) writes the header
@@ -162,14 +173,14 @@ def _run_torchrun(cfg: pipeline.RunConfig) -> int:
                       requested, MODE, _env(cfg), cfg.pytest_args,
                       local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     _watch_and_finish(cfg, group, out, results_path, run_key, notes, write_reports=False)
-    done = out / "workers" / f"owner{rank}.done"
+    done = RunFolder(out).workers / f"owner{rank}.done"
     done.parent.mkdir(parents=True, exist_ok=True)
     done.write_text("done\n")
     if rank != 0:  # its findings are in the shared results; global rank 0 gives the verdict
         return 0
     deadline = time.monotonic() + cfg.timeout + 120
     while time.monotonic() < deadline and not all(
-            (out / "workers" / f"owner{r}.done").exists() for r in range(world)):
+            (RunFolder(out).workers / f"owner{r}.done").exists() for r in range(world)):
         time.sleep(0.5)
-    return pipeline._finish(cfg, out, results_path, run_key, notes, {}, None,
-                            pipeline.make_console())
+    return finish(cfg, out, results_path, run_key, notes, {}, None,
+                            make_console())

@@ -23,6 +23,8 @@ SCHEMA_ID = "gpucheck.results/1"
 STATUSES = ("passed", "failed", "error", "crashed", "hung", "skipped")
 #: statuses that make a run unclean (each carries at least one error finding)
 BAD_STATUSES = ("failed", "error", "crashed", "hung")
+#: characters of a log, a traceback or a tool's record kept as a finding's evidence
+EVIDENCE_CHARS = 4000
 
 
 @dataclass
@@ -73,7 +75,7 @@ class CaseRecord:
 
 def schema() -> dict[str, Any]:
     """The JSON Schema of one results.jsonl line."""
-    text = resources.files("gpucheck.report").joinpath("results.schema.json").read_text()
+    text = resources.files("gpucheck.model").joinpath("results.schema.json").read_text()
     loaded: dict[str, Any] = json.loads(text)
     return loaded
 
@@ -89,17 +91,31 @@ def append(path: Path, record: dict[str, Any]) -> None:
         os.close(fd)
 
 
-def read(path: Path) -> Iterator[dict[str, Any]]:
-    """Records of a results file; a torn last line (killed mid-write) is skipped."""
-    with open(path, encoding="utf-8") as f:
+def read_lines(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """The one reader of a results file (or any gpucheck JSON-lines file): its records, and
+    how many lines could not be read (torn by a writer killed mid-line, or not an object)."""
+    records: list[dict[str, Any]] = []
+    torn = 0
+    with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             line = line.strip()
             if not line:
                 continue
             try:
-                yield json.loads(line)
+                value = json.loads(line)
             except json.JSONDecodeError:
+                torn += 1
                 continue
+            if isinstance(value, dict):
+                records.append(value)
+            else:
+                torn += 1
+    return records, torn
+
+
+def read(path: Path) -> Iterator[dict[str, Any]]:
+    """Records of a results file; a torn line (killed mid-write) is skipped."""
+    yield from read_lines(path)[0]
 
 
 def cases(path: Path) -> list[dict[str, Any]]:

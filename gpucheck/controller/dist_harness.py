@@ -33,25 +33,26 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from gpucheck.controller.harness import (
+    WorkerSpec,
+    crash_digest,
+    spawn,
+    tail,
+    worker_command,
+    write_skip,
+)
 from gpucheck.dist import analysis, collectives
 from gpucheck.dist import rank as rank_env
-from gpucheck.report import results
-from gpucheck.report.results import CaseRecord, Finding
-from gpucheck.runner.harness import (
-    NORMAL_EXITS,
-    WorkerSpec,
-    _tail,
-    crash_digest,
-    worker_command,
-)
-from gpucheck.runner.worker import now_iso, read_state
+from gpucheck.model import results
+from gpucheck.model.contract import DEVICE_LABEL_ENV, NORMAL_EXITS, now_iso, read_state
+from gpucheck.model.layout import RunFolder, WorkerFiles
+from gpucheck.model.results import CaseRecord, Finding
 
 POLL_S = 0.2
 #: generations (fresh groups after a finding) before the harness gives up on the group
 MAX_GENERATIONS = 25
 #: seconds to let the ranks write their stacks after SIGUSR1
 STACK_WAIT_S = 0.5
-LABEL_ENV = "GPUCHECK_DEVICE_LABEL"
 STATUS_OF = {"hang": "hung", "rank-crash": "crashed"}
 
 
@@ -119,44 +120,36 @@ class DistHarness:
         self.generation = generation
         addr, port = self._rendezvous()
         for r in g.ranks:
-            stem = self._stem(r.rank)
-            state = self.wdir / f"{stem}.state.json"
-            log = self.wdir / f"{stem}.collectives.jsonl"
-            trace = self.wdir / f"{stem}.nccl_trace.pkl"
-            skip_path = None
-            if skip:
-                skip_path = self.wdir / f"{stem}.skip.txt"
-                skip_path.write_text("\n".join(skip) + "\n")
-            env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **g.env,
+            files = self._files(r.rank)
+            skip_path = write_skip(files, skip)
+            env = {**g.env,
                    "RANK": str(r.rank), "WORLD_SIZE": str(g.world_size),
                    "LOCAL_RANK": str(os.environ.get("LOCAL_RANK", r.rank)
                                      if len(g.ranks) == 1 else r.rank),
                    "LOCAL_WORLD_SIZE": str(g.local_world_size or len(g.ranks)),
                    "MASTER_ADDR": addr, "MASTER_PORT": str(port),
-                   rank_env.ENV_BACKEND: g.backend, rank_env.ENV_LOG: str(log),
+                   rank_env.ENV_BACKEND: g.backend, rank_env.ENV_LOG: str(files.collectives),
                    rank_env.ENV_TIMEOUT: str(self.timeout),
                    rank_env.ENV_GENERATION: str(generation),
                    rank_env.ENV_DEVICE: "cpu" if r.device_index is None else str(r.device_index),
-                   LABEL_ENV: r.label}
-            env.pop("TORCHELASTIC_USE_AGENT_STORE", None)  # our own store, per generation
+                   DEVICE_LABEL_ENV: r.label}
             # TORCH_DISTRIBUTED_DEBUG=DETAIL (the user's choice, passed on) adds torch's own
             # fingerprint check of every collective; not set by default: with it, torch 2.13
             # (CPU, gloo) segfaults in DistributedDataParallel's constructor
             if g.backend == "nccl":
                 # the flight recorder (TORCH_FR_BUFFER_SIZE since torch 2.11; the old name
                 # for older versions)
-                env.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
-                env.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", env["TORCH_FR_BUFFER_SIZE"])
-                env[rank_env.ENV_TRACE] = str(trace)
+                fr = os.environ.get("TORCH_FR_BUFFER_SIZE", "2000")
+                env["TORCH_FR_BUFFER_SIZE"] = fr
+                env["TORCH_NCCL_TRACE_BUFFER_SIZE"] = os.environ.get(
+                    "TORCH_NCCL_TRACE_BUFFER_SIZE", fr)
+                env[rank_env.ENV_TRACE] = str(files.nccl_trace)
             spec = WorkerSpec(r.label, r.device_index, r.uuid, g.suites, g.mode, {},
                               g.pytest_args)
-            cmd = worker_command(spec, self.results_path, state, self.run_id, skip_path)
-            (self.wdir / f"{stem}.cmd").write_text(" ".join(cmd) + "\n")
-            out_path, err_path = self.wdir / f"{stem}.out.log", self.wdir / f"{stem}.err.log"
-            with open(out_path, "wb") as out, open(err_path, "wb") as err:
-                proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env,
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
-            self.procs.append(RankProc(r, proc, stem, state, log, err_path, trace))
+            cmd = worker_command(spec, self.results_path, files.state, self.run_id, skip_path)
+            proc = spawn(cmd, env, files, drop=("TORCHELASTIC_USE_AGENT_STORE",))
+            self.procs.append(RankProc(r, proc, files.stem, files.state, files.collectives,
+                                       files.stderr, files.nccl_trace))
 
     def _rendezvous(self) -> tuple[str, int]:
         """Where this generation's group meets: a free port here when we own every rank;
@@ -179,17 +172,15 @@ class DistHarness:
         raise RuntimeError(f"{path} did not appear within 120 s: --out must be a folder "
                            "every node sees")
 
-    def _stem(self, rank: int) -> str:
-        stem = f"rank{rank}.{self.group.mode}" + (
-            f".{self.generation}" if self.generation else "")
-        return stem.replace(":", "-").replace("/", "-")
+    def _files(self, rank: int) -> WorkerFiles:
+        return RunFolder(self.out_dir).rank(rank, self.group.mode, self.generation)
 
     def _views(self) -> list[analysis.RankView]:
         views = []
         for p in self.procs:
             p.state = read_state(p.state_path) or p.state
             rc = p.proc.poll()
-            exit_file = self.wdir / f"{p.stem}.exit"
+            exit_file = WorkerFiles(self.wdir, p.stem).exit
             if rc is not None and not exit_file.exists():
                 exit_file.write_text(str(rc))  # for the owners of the other ranks (torchrun)
             views.append(analysis.RankView(p.spec.rank, collectives.read(p.log_path), rc,
@@ -197,10 +188,9 @@ class DistHarness:
         owned = {p.spec.rank for p in self.procs}
         for r in range(self.group.world_size):  # ranks other gpucheck processes own
             if r not in owned:
-                stem = self._stem(r)
                 views.append(analysis.RankView(
-                    r, collectives.read(self.wdir / f"{stem}.collectives.jsonl"),
-                    _read_exit(self.wdir / f"{stem}.exit")))
+                    r, collectives.read(self._files(r).collectives),
+                    _read_exit(self._files(r).exit)))
         return sorted(views, key=lambda v: v.rank)
 
     def interrupt(self) -> None:
@@ -346,27 +336,27 @@ class DistHarness:
             r = p.spec.rank
             if p.proc.returncode not in (None, -signal.SIGKILL, *NORMAL_EXITS):
                 parts.append(f"--- rank {r} stderr (why it ended) ---\n"
-                             f"{crash_digest(_tail(p.stderr_path, 64_000))[:2500]}")
+                             f"{crash_digest(tail(p.stderr_path, 64_000))[:2500]}")
         errors = [f"rank {v_rank}: #{e.get('seq')} {e.get('op')}: {e.get('error')}"
                   for v_rank, e in self._errors()]
         if errors:
             parts.append("--- collectives that raised (TORCH_DISTRIBUTED_DEBUG=DETAIL checks "
                          "shapes and ops across ranks) ---\n" + "\n".join(errors[:8]))
         for r in range(self.group.world_size):  # every rank's files, whoever owns it
-            stem = self._stem(r)
+            files = self._files(r)
             try:
-                stacks = (self.wdir / f"{stem}.stacks.txt").read_text(errors="replace")
+                stacks = files.stacks.read_text(errors="replace")
             except OSError:
                 stacks = ""
             stacks = _trim(_main_thread(stacks)) or "(no stack dump: the rank was not alive)"
             parts.append(f"--- rank {r} Python stack (innermost first) ---\n{stacks[:1500]}")
             if r in native:
                 parts.append(f"--- rank {r} py-spy dump --native ---\n{native[r][:1500]}")
-            trace = rank_env.read_trace(self.wdir / f"{stem}.nccl_trace.pkl")
+            trace = rank_env.read_trace(files.nccl_trace)
             if trace:
-                tail = "\n".join(f"  #{e['seq']} {e['op']} {e['state']} {e['input_sizes']}"
+                last = "\n".join(f"  #{e['seq']} {e['op']} {e['state']} {e['input_sizes']}"
                                  for e in trace[-5:])
-                parts.append(f"--- rank {r} NCCL flight recorder (last 5) ---\n{tail}")
+                parts.append(f"--- rank {r} NCCL flight recorder (last 5) ---\n{last}")
         if shutil.which("py-spy") is None:
             parts.append("note: py-spy is not installed: no native frames (pip install py-spy "
                          "to see where a rank is stuck inside C++/CUDA)")

@@ -1,6 +1,7 @@
-"""Worker side of the harness: pytest hooks that write one results.jsonl record per case.
+"""The recorder: under ``gpucheck run``, one results.jsonl record per case.
 
-Active only when pytest gets ``--gpucheck-results FILE`` (the harness passes it). The worker
+Registered by the plugin when pytest gets ``--gpucheck-results FILE`` (the controller passes
+it). The worker
 also keeps a small state file (current case, its start time, progress) that the parent reads
 to attribute a crash or a hang to the case that was running, and the findings a detector made
 before a call that may crash (``pending_findings``: mixed-device arguments).
@@ -9,73 +10,29 @@ before a call that may crash (``pending_findings``: mixed-device arguments).
 from __future__ import annotations
 
 import faulthandler
-import json
 import os
-import re
 import signal
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpucheck import nvml
-from gpucheck.detectors import CaseInfo, mixed_devices, op_watch, worker_detectors
 from gpucheck.detectors import leak as leak_mod
+from gpucheck.detectors import mixed_devices, op_watch
+from gpucheck.detectors.base import CaseInfo, WorkerContext
+from gpucheck.detectors.registry import worker_detectors
 from gpucheck.errors import CUDA_ERROR_MARKERS, sticky_cuda_error_line
-from gpucheck.report import results
-from gpucheck.report.results import CaseRecord, Finding
-from gpucheck.runner.nvml_sampler import CasePeaks, Sampler
-
-EVIDENCE_CHARS = 4000
-#: the blank tool line that ends a compute-sanitizer record
-RECORD_END = re.compile(rb"^={9} ?\n", re.M)
-#: exit code of a worker that stopped because its CUDA context is lost (the harness replaces it)
-EXIT_CONTEXT_LOST = 75
-
-
-def add_options(group: Any) -> None:
-    group.addoption("--gpucheck-results", default=None, help="append case records here")
-    group.addoption("--gpucheck-state", default=None, help="worker state file (harness)")
-    group.addoption("--gpucheck-run-id", default="adhoc")
-    group.addoption("--gpucheck-mode", default="plain")
-    group.addoption("--gpucheck-device-uuid", default=None)
-    group.addoption("--gpucheck-suite", action="append", default=[], metavar="NAME=PATH",
-                    help="name of the suite rooted at PATH (for records)")
-    group.addoption("--gpucheck-nvml-interval", type=float, default=0.0, metavar="SECONDS",
-                    help="sample this process's GPU memory with NVML (0: off)")
-    group.addoption("--gpucheck-sanitizer-log", default=None, metavar="TEMPLATE",
-                    help="compute-sanitizer --log-file of this run (%%p = pid)")
-    group.addoption("--gpucheck-sanitizer-tool", default=None)
-    group.addoption("--gpucheck-skip", default=None, metavar="FILE",
-                    help="deselect the node ids listed in FILE (already recorded cases)")
-    group.addoption("--gpucheck-only", default=None, metavar="FILE",
-                    help="run only the case ids listed in FILE (the wrong-device re-run)")
-
-
-def stacks_path(state_path: Path) -> Path:
-    """Where a worker's thread stacks go when the parent asks for them (hangs)."""
-    return state_path.with_name(state_path.name.replace(".state.json", "") + ".stacks.txt")
-
-
-def write_state(path: Path, state: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state))
-    os.replace(tmp, path)
-
-
-def read_state(path: Path) -> dict[str, Any]:
-    try:
-        loaded: dict[str, Any] = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-    return loaded
-
-
-def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+from gpucheck.model import contract, results
+from gpucheck.model.contract import now_iso, write_state
+from gpucheck.model.layout import WorkerFiles
+from gpucheck.model.results import EVIDENCE_CHARS, CaseRecord, Finding
+from gpucheck.nvml_sampler import CasePeaks, Sampler
+from gpucheck.sanitizer.findings import read_records, sanitizer_findings
+from gpucheck.worker.case import merge
+from gpucheck.worker.detector_loop import DetectorLoop, detector_error
 
 
 def _torch_cuda() -> Any:
@@ -97,7 +54,7 @@ class Recorder:
         self.mode = config.getoption("--gpucheck-mode")
         self.uuid = config.getoption("--gpucheck-device-uuid")
         devices = config.getoption("--gpucheck-device") or []
-        self.device = os.environ.get("GPUCHECK_DEVICE_LABEL") or (
+        self.device = os.environ.get(contract.DEVICE_LABEL_ENV) or (
             f"cuda:{devices[0]}" if devices else "cpu")  # distributed runs: "rank1/cuda:1"
         self.device_index: int | None = devices[0] if devices else None
         self.suites = []
@@ -110,14 +67,12 @@ class Recorder:
         self.reports: dict[str, list[pytest.TestReport]] = {}
         self.started: dict[str, tuple[float, str, float]] = {}  # monotonic, iso, epoch
         self.allocated_at_start: dict[str, int] = {}  # PyTorch allocated on the target
-        self.detectors = worker_detectors()
+        self.detectors = DetectorLoop(worker_detectors())
         self.pending: list[dict[str, Any]] = []  # findings made before a call that may crash
         self.last_state: dict[str, Any] = {}
-        for d in self.detectors:
-            if isinstance(d, leak_mod.Leak):
-                d.device_index, d.uuid = self.device_index, self.uuid
-            if isinstance(d, mixed_devices.MixedDevices):
-                d.persist = self._persist
+        context = WorkerContext(self.device_index, self.uuid, self._persist)
+        for d in self.detectors.detectors:
+            d.bind(context)
         self.detector_findings: dict[str, list[Finding]] = {}
         self.detector_data: dict[str, dict[str, Any]] = {}  # node id -> fields of its record
         self.case_ops: dict[str, str] = {}  # node id -> the last extension op it called
@@ -139,7 +94,7 @@ class Recorder:
         if hasattr(signal, "SIGUSR1") and self.state_path is not None:
             # On a hang the parent sends SIGUSR1: every thread's stack goes to this file
             # (pytest captures sys.stderr, so it cannot go there).
-            self._stacks = open(stacks_path(self.state_path), "w")  # noqa: SIM115
+            self._stacks = open(WorkerFiles.of_state(self.state_path).stacks, "w")  # noqa: SIM115
             faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True)
 
     def _persist(self, findings: list[Finding]) -> None:
@@ -243,36 +198,33 @@ class Recorder:
         """The detectors watch the body of the case (fixtures have set the stage by then)."""
         info = CaseInfo(self.device, self.suite_of(Path(item.path).resolve()),
                         self.ids.get(item.nodeid, item.nodeid))
-        current = dict(item.user_properties).get("gpucheck_current_device")
+        current = dict(item.user_properties).get(contract.CURRENT_DEVICE_PROPERTY)
         current = None if current is None else str(current)
         self._state(item.nodeid, current_device=current)
         tracker = _OpTracker(lambda op: self._state(item.nodeid, current_device=current, op=op))
         op_watch.add(tracker)
         found = self.detector_findings.setdefault(item.nodeid, [])
-        started = []
-        for d in self.detectors:
-            try:
-                d.case_started(info)
-                started.append(d)
-            except Exception as err:  # a detector must never take a case down with it
-                found.append(_detector_error(d.name, err, self.device, info))
+        self.detectors.start(info, found)
         outcome = yield
-        times = _repeats(item, found, self.device, info)
+        times = _repeats(item, found, info)
         if times > 1 and outcome.excinfo is None:
-            for d in started:
-                if isinstance(d, leak_mod.Leak):
-                    d.repeat(item.runtest, times)
+            self.detectors.repeat(item.runtest, times)
         op_watch.remove(tracker)
         if tracker.last is not None:
             self.case_ops[item.nodeid] = tracker.last
-        data = self.detector_data.setdefault(item.nodeid, {})
-        for d in started:
-            try:
-                found.extend(d.case_finished(info))
-                data.update(d.case_data())
-            except Exception as err:
-                found.append(_detector_error(d.name, err, self.device, info))
+        self.detectors.finish(info, found, self.detector_data.setdefault(item.nodeid, {}))
         del outcome
+
+    def add_attached(self, item: pytest.Item, attached: list[Finding], op: str | None) -> None:
+        """Findings the case attached (``gpucheck_findings``, ``check_op``), beside its
+        detectors' (one finding of each: :func:`gpucheck.worker.case.merge`)."""
+        existing = self.detector_findings.setdefault(item.nodeid, [])
+        new = merge(existing, attached, op)
+        suite = self.suite_of(Path(item.path).resolve())
+        case = self.ids.get(item.nodeid, item.nodeid)
+        for f in new:
+            f.device, f.suite, f.case = self.device, suite, case
+        existing.extend(new)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.reports.setdefault(report.nodeid, []).append(report)
@@ -291,7 +243,7 @@ class Recorder:
             sys.stderr.write(f"gpucheck: CUDA context lost in {nodeid}; worker exits\n")
             sys.stderr.flush()
             self._state(None, exit_reason="context-lost")
-            os._exit(EXIT_CONTEXT_LOST)
+            os._exit(contract.EXIT_CONTEXT_LOST)
 
     def build(self, nodeid: str, reports: list[pytest.TestReport], duration: float,
               started_at: str) -> CaseRecord:
@@ -303,7 +255,7 @@ class Recorder:
         current = None
         for i, rep in enumerate(reports):
             for key, value in rep.user_properties:
-                if key == "gpucheck_current_device":
+                if key == contract.CURRENT_DEVICE_PROPERTY:
                     current = None if value is None else str(value)
             if rep.skipped:
                 if hasattr(rep, "wasxfail"):
@@ -374,82 +326,13 @@ class _OpTracker:
         return None
 
 
-def _repeats(item: pytest.Item, found: list[Finding], device: str, info: CaseInfo) -> int:
+def _repeats(item: pytest.Item, found: list[Finding], info: CaseInfo) -> int:
     """How often a case runs (``gpucheck_repeat``); a bad marker is a finding, run once."""
     try:
         return leak_mod.repeats(item)
     except ValueError as err:
-        found.append(_detector_error("leak", err, device, info))
+        found.append(detector_error("leak", err, info))
         return 1
-
-
-def _detector_error(name: str, err: Exception, device: str, info: CaseInfo) -> Finding:
-    return Finding(kind="detector-error", severity="warning",
-                   message=f"detector {name} failed: {err!r}", device=device,
-                   suite=info.suite, case=info.case)
-
-
-def read_records(log: Path, offset: int, complete_only: bool = True) -> tuple[str, int]:
-    """The records of a sanitizer log after byte ``offset``, and the offset after them.
-
-    With ``complete_only``, a record the tool is still writing (no blank line after it yet)
-    is left for the next read.
-    """
-    with open(log, "rb") as f:
-        f.seek(offset)
-        data = f.read()
-    if not complete_only:
-        return data.decode(errors="replace"), offset + len(data)
-    ends = list(RECORD_END.finditer(data))
-    if not ends:
-        return "", offset
-    cut = ends[-1].end()
-    return data[:cut].decode(errors="replace"), offset + cut
-
-
-def sanitizer_findings(text: str, tool: str | None, device: str, suite: str | None,
-                       case: str | None) -> list[Finding]:
-    """compute-sanitizer records (a slice of its log) as findings of one case."""
-    from gpucheck.sanitizer import parse
-
-    report = parse(text, tool)
-    # One finding per (tool, kernel, kind of error): a missing barrier gives racecheck records
-    # for every pair of instructions it leaves unordered (68 for one __syncthreads in SSIM's
-    # backward), which are one bug; the evidence keeps the first record and lists the others.
-    groups: dict[tuple[Any, ...], list[Any]] = {}
-    for f in report.findings:
-        what = re.sub(r"\s+(at|in)\s.*", "", f.error) if f.tool == "racecheck" else f.error
-        groups.setdefault((f.tool, f.kernel_name, f.api_call, f.severity, what), []).append(f)
-    out = []
-    for group in groups.values():
-        f = group[0]
-        where = " ".join(x for x in (f.kernel_name and f"in {f.kernel_name}", f.source,
-                                     f.python_frame and f"(from {f.python_frame})") if x)
-        total = sum(g.count for g in group)
-        count = f" x{total}" if total > 1 else ""
-        others = sorted({g.source for g in group[1:] if g.source and g.source != f.source})
-        also = (f"\n(and {len(group) - 1} more record(s) of this kind in this kernel"
-                f"{', at ' + ', '.join(others[:20]) if others else ''})" if len(group) > 1
-                else "")
-        out.append(Finding(
-            kind="sanitizer", severity=f.severity, message=f"{f.error}{count} {where}".strip(),
-            device=device, suite=suite, case=case, op=None, kernel=f.kernel_name,
-            # the head: error line, kernel, thread/block and address come first in a record
-            evidence=("\n".join(f.lines[:40])[:EVIDENCE_CHARS - len(also)] + also),
-            hint=_SANITIZER_HINTS.get(f.tool) if f.kernel_name else (
-                f"a CUDA API call failed ({f.api_call}): usually the consequence of an earlier "
-                "fault in the same case; read the first record" if f.api_call else None),
-        ))
-    return out
-
-
-_SANITIZER_HINTS = {
-    "memcheck": "an access outside any allocation: check the kernel's bounds and that it "
-                "runs on the device of its inputs (device guard)",
-    "racecheck": "threads of a block access the same shared memory without a barrier between",
-    "initcheck": "the kernel reads device memory nothing wrote (e.g. torch.empty never filled)",
-    "synccheck": "a barrier used wrongly (divergent __syncthreads, bad __syncwarp mask)",
-}
 
 
 def _said_by(failure: Finding, others: list[Finding]) -> bool:

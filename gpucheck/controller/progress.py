@@ -24,7 +24,7 @@ from gpucheck.report.groups import Group, Grouped
 from gpucheck.report.verdict import RAN, Verdict
 
 if TYPE_CHECKING:
-    from gpucheck.runner.harness import Worker
+    from gpucheck.controller.harness import Worker
 
 #: finding lines of one case record before "... and N more"
 MAX_LINES_PER_RECORD = 5

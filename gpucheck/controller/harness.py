@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -25,23 +24,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpucheck.report import results
-from gpucheck.report.results import CaseRecord, Finding
-from gpucheck.runner.worker import (
-    EXIT_CONTEXT_LOST,
-    now_iso,
-    read_records,
-    read_state,
-    sanitizer_findings,
-    stacks_path,
-)
+from gpucheck.detectors.mixed_devices import cuda_error_hint
+from gpucheck.errors import CUDA_ERROR_MARKERS, sticky_cuda_error_line
+from gpucheck.model import results
+from gpucheck.model.contract import EXIT_CONTEXT_LOST, NORMAL_EXITS, now_iso, read_state
+from gpucheck.model.layout import RunFolder, WorkerFiles
+from gpucheck.model.results import CaseRecord, Finding
 from gpucheck.sanitizer import command as sanitizer_cmd
+from gpucheck.sanitizer.findings import read_records, sanitizer_findings
 
 STDERR_TAIL = 4000
 STACKS_CHARS = 8000
 POLL_S = 0.2
-#: pytest exit codes that mean the worker ended normally (0 ok, 1 failures, 5 no tests)
-NORMAL_EXITS = (0, 1, 5)
 #: fresh workers started for one device after crashes before the harness gives up on it
 MAX_RESTARTS = 25
 
@@ -133,7 +127,31 @@ def worker_command(spec: WorkerSpec, results_path: Path, state_path: Path,
     return cmd
 
 
-def _tail(path: Path, n: int = STDERR_TAIL) -> str:
+def write_skip(files: WorkerFiles, skip: list[str] | None) -> Path | None:
+    """The file of case ids a fresh worker deselects (already recorded), or None."""
+    if not skip:
+        return None
+    files.skip.write_text("\n".join(skip) + "\n")
+    return files.skip
+
+
+def spawn(cmd: list[str], env: dict[str, str], files: WorkerFiles,
+          drop: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+    """Start one worker process (or rank): its own session (so a hang can be signalled as a
+    group), stdout/stderr into its files, its command line beside them; ``env`` over this
+    process's environment, less the variables in ``drop``."""
+    files.folder.mkdir(parents=True, exist_ok=True)
+    files.cmd.write_text(" ".join(cmd) + "\n")
+    full = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **env}
+    for name in drop:
+        full.pop(name, None)
+    with open(files.stdout, "wb") as out, open(files.stderr, "wb") as err:
+        return subprocess.Popen(cmd, stdout=out, stderr=err, env=full,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def tail(path: Path, n: int = STDERR_TAIL) -> str:
+    """The last ``n`` bytes of a file, decoded ("" if it cannot be read)."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -146,7 +164,7 @@ def _tail(path: Path, n: int = STDERR_TAIL) -> str:
 
 #: stderr lines that say why a process died; they go first in a crash record's evidence
 CRASH_MARKERS = ("terminate called", "what():", "Fatal Python error", "Segmentation fault",
-                 "CUDA error", "illegal memory access", "Aborted", "core dumped", "gpucheck:")
+                 "Aborted", "core dumped", "gpucheck:", *CUDA_ERROR_MARKERS)
 
 
 def crash_digest(stderr: str, limit: int = STDERR_TAIL) -> str:
@@ -167,8 +185,7 @@ def crash_hint(rc: int, stderr: str, under_sanitizer: bool = False) -> str:
                 "thrust::system_error after a kernel ran on the wrong device): check the "
                 "device guard of the op this case calls, then run it under "
                 "--mode sanitizer:memcheck")
-    if any(m in stderr for m in ("illegal memory access", "an illegal address",
-                                 "unspecified launch failure")):
+    if sticky_cuda_error_line(stderr) is not None:
         return ("the CUDA context was lost (a sticky error such as an illegal memory access) "
                 "and the process died with it: run the case under --mode sanitizer:memcheck "
                 "to see the faulting kernel and access")
@@ -218,27 +235,17 @@ class Harness:
 
     def _spawn(self, spec: WorkerSpec, generation: int = 0,
                skip: list[str] | None = None) -> Worker:
-        wdir = self.out_dir / "workers"
-        wdir.mkdir(parents=True, exist_ok=True)
-        stem = re.sub(r"[^A-Za-z0-9_+.-]", "-", f"{spec.label.replace(':', '')}.{spec.mode}")
-        stem += f".{generation}" if generation else ""
-        state = wdir / f"{stem}.state.json"
-        skip_path = None
-        if skip:
-            skip_path = wdir / f"{stem}.skip.txt"
-            skip_path.write_text("\n".join(skip) + "\n")
-        stdout, stderr = wdir / f"{stem}.out.log", wdir / f"{stem}.err.log"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **spec.env}
-        san_log = sanitizer_cmd.log_template(wdir, stem) if spec.sanitizer_tool else None
+        files = RunFolder(self.out_dir).worker(spec.label, spec.mode, generation)
+        env = dict(spec.env)
+        san_log = files.sanitizer_log_template if spec.sanitizer_tool else None
         if spec.sanitizer_tool:
             env.update(sanitizer_cmd.env())
-        cmd = worker_command(spec, self.results_path, state, self.run_id, skip_path, san_log)
-        (wdir / f"{stem}.cmd").write_text(" ".join(cmd) + "\n")
-        with open(stdout, "wb") as out, open(stderr, "wb") as err:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
-        return Worker(spec, proc, state, stdout, stderr, time.monotonic(), generation,
-                      base_done=len(skip or []))
+        skip_path = write_skip(files, skip)
+        cmd = worker_command(spec, self.results_path, files.state, self.run_id, skip_path,
+                             san_log)
+        proc = spawn(cmd, env, files)
+        return Worker(spec, proc, files.state, files.stdout, files.stderr, time.monotonic(),
+                      generation, base_done=len(skip or []))
 
     def _recorded_cases(self, spec: WorkerSpec) -> list[str]:
         return [r["case"] for r in results.cases(self.results_path)
@@ -320,7 +327,7 @@ class Harness:
                 how = "was ended by compute-sanitizer after a fatal error"
             if case:
                 self._record(w, case, "crashed", f"worker {how} while running this case", rc,
-                             "crash", crash_hint(rc, _tail(w.stderr_path, 64_000),
+                             "crash", crash_hint(rc, tail(w.stderr_path, 64_000),
                                                  bool(w.spec.sanitizer_tool)), unclaimed)
                 self._restart(w)
             else:
@@ -331,9 +338,8 @@ class Harness:
     def _unclaimed_sanitizer_findings(self, w: Worker) -> list[Finding]:
         """Records of the worker's sanitizer logs that no finished case claimed."""
         offsets = w.state.get("sanitizer_offsets") or {}
-        stem = w.state_path.name.replace(".state.json", "")
         found: list[Finding] = []
-        for log in sorted((self.out_dir / "workers").glob(f"{stem}.sanitizer.*.log")):
+        for log in WorkerFiles.of_state(w.state_path).sanitizer_logs():
             text, _ = read_records(log, int(offsets.get(str(log), 0)), complete_only=False)
             found += [f for f in sanitizer_findings(text, w.spec.sanitizer_tool, w.spec.label,
                                                     None, None)
@@ -358,7 +364,7 @@ class Harness:
         suite = str(w.state.get("suite") or ",".join(w.spec.suites))
         for f in extra or []:  # sanitizer records the tool wrote before it ended the case
             f.suite, f.case = f.suite or suite, f.case or case
-        tail = crash_digest(_tail(w.stderr_path, 64_000))
+        digest = crash_digest(tail(w.stderr_path, 64_000))
         mine = w.state.get("case") == case
         op = w.state.get("op") if mine else None
         if op:  # the last extension op the case called (the worker's op tracker)
@@ -369,25 +375,25 @@ class Harness:
                    for f in (w.state.get("pending_findings") or []) if mine]
         mixed = next((f for f in pending if f.kind == "mixed-devices"), None)
         if mixed is not None and kind == "crash":
-            from gpucheck.detectors.mixed_devices import cuda_error_hint
-
             hint = cuda_error_hint(mixed, "crash")
         if status == "hung":  # stacks first: they say where it hung
             try:  # faulthandler prints the innermost frame first: keep the head
-                stacks = stacks_path(w.state_path).read_text(errors="replace")[:STACKS_CHARS]
+                stacks = WorkerFiles.of_state(w.state_path).stacks.read_text(
+                    errors="replace")[:STACKS_CHARS]
             except OSError:
                 stacks = "(no stack dump: the worker did not answer SIGUSR1)"
-            tail = f"--- Python stacks of every thread when stopped ---\n{stacks}\n{tail}".strip()
+            digest = (f"--- Python stacks of every thread when stopped ---\n{stacks}\n"
+                      f"{digest}").strip()
         record = CaseRecord(
             run_id=self.run_id, device=w.spec.label, device_uuid=w.spec.uuid, suite=suite,
             case=case, mode=w.spec.mode, status=status, reason=message,
             duration_s=round(max(0.0, time.time() - started), 3), started_at=now_iso(),
             current_device=w.state.get("current_device"),
-            exit_code=rc if rc >= 0 else None, signal=_signal_name(rc), stderr_tail=tail,
+            exit_code=rc if rc >= 0 else None, signal=_signal_name(rc), stderr_tail=digest,
             findings=[*(extra or []), *pending,
                       Finding(kind=kind, severity="error", message=message,
                               device=w.spec.label, suite=suite, case=case, op=op,
-                              evidence=(tail[:2500] if status == "hung" else tail[-2500:])
+                              evidence=(digest[:2500] if status == "hung" else digest[-2500:])
                               or None, hint=hint)],
         )
         results.append(self.results_path, record.to_json())

@@ -1,0 +1,309 @@
+"""What a run is before it starts: its settings (``RunConfig``), its output folder, its
+targets, its passes, its header record, and the refusals of options that cannot apply.
+Shared by the single-process controller (:mod:`~gpucheck.controller.pipeline`) and the
+distributed one (:mod:`~gpucheck.controller.dist_pipeline`)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+import gpucheck
+from gpucheck import devices as devices_mod
+from gpucheck.controller import suites as suites_mod
+from gpucheck.errors import EnvironmentProblem, UsageProblem
+from gpucheck.model import modes, results
+from gpucheck.model.layout import RESULTS
+from gpucheck.model.modes import PLAIN, Mode
+from gpucheck.nvml_sampler import DEFAULT_INTERVAL_S
+from gpucheck.report import DEFAULT_FORMATS
+
+DEFAULT_MODES = PLAIN
+#: the mode label of a distributed pass (records of gpucheck.controller.dist_pipeline)
+DIST_MODE = modes.DIST
+
+
+@dataclass
+class RunConfig:
+    all_devices: bool = False
+    devices: tuple[int, ...] = ()
+    suites: tuple[str, ...] = ()
+    modes: tuple[str, ...] = ()
+    out: Path | None = None
+    timeout: float = 900.0
+    quiet: bool = False
+    cpu_only: bool = False
+    pytest_args: list[str] = field(default_factory=list)
+    nvml_interval: float = DEFAULT_INTERVAL_S
+    allow_empty: bool = False
+    resume: Path | None = None
+    suite_paths: dict[str, Path] | None = None  # resolved suites (set when resuming)
+    distributed: bool = False  # one rank per device through torch.distributed
+    world_size: int | None = None  # ranks of a --distributed --cpu-only run (default 2)
+    backend: str | None = None  # torch.distributed backend (default nccl on GPUs, else gloo)
+    formats: tuple[str, ...] = ()  # reports to write (default: report.DEFAULT_FORMATS)
+    #: the options the user gave on the command line (``--nvml-interval``, ...): a default
+    #: cannot be told apart from the same value given, and a given option must apply
+    given: frozenset[str] = frozenset()
+
+    @property
+    def report_formats(self) -> tuple[str, ...]:
+        return self.formats or DEFAULT_FORMATS
+
+
+def _unwritable(path: Path, err: OSError) -> UsageProblem:
+    return UsageProblem(f"cannot write to the output folder {str(path)!r}: "
+                        f"{err.strerror or err}")
+
+
+def _new_default_out(base: Path) -> Path:
+    """reports/<timestamp>/, made atomically: a run started in the same second gets -2, -3..."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    for n in range(1, 1000):
+        path = base / (stamp if n == 1 else f"{stamp}-{n}")
+        try:
+            path.mkdir(parents=True)
+        except FileExistsError:
+            continue
+        except OSError as err:
+            raise _unwritable(path, err) from err
+        return path
+    raise UsageProblem(f"cannot find a free output folder for {stamp} under {str(base)!r}")
+
+
+def prepare_out(out: Path | None) -> Path:
+    """A fresh output folder for a new run (default reports/<timestamp>/), proven writable.
+
+    A run never writes into a folder that holds anything already: results of two runs in one
+    results.jsonl would be counted together. ``--resume DIR`` is the way to continue a run.
+    """
+    if out is None:
+        path = _new_default_out(Path("reports"))
+    else:
+        path = out
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            used = any(path.iterdir())
+        except OSError as err:
+            raise _unwritable(path, err) from err
+        if used:
+            held = ("a gpucheck run" if (path / RESULTS).exists() else "other files")
+            raise UsageProblem(
+                f"the output folder {str(path)!r} already holds {held}; a new run needs an "
+                f"empty folder (omit --out for a new reports/<timestamp>/), and "
+                f"`gpucheck run --resume {path}` continues an interrupted run")
+    try:
+        probe = path / ".gpucheck-write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as err:
+        raise _unwritable(path, err) from err
+    return path
+
+
+def load_resume(folder: Path, cfg: RunConfig) -> tuple[RunConfig, dict[str, Any]]:
+    """The config and header of the run in ``folder``, for ``--resume``."""
+    given = [flag for flag, value in (
+        ("--all-devices", cfg.all_devices), ("--device", cfg.devices), ("--suite", cfg.suites),
+        ("--mode", cfg.modes), ("--out", cfg.out), ("--cpu-only", cfg.cpu_only),
+        ("--allow-empty", cfg.allow_empty), ("pytest arguments", cfg.pytest_args),
+        ("--timeout", "timeout" in cfg.given), ("--nvml-interval", "nvml_interval" in cfg.given),
+        ("--distributed", cfg.distributed), ("--world-size", cfg.world_size is not None),
+        ("--backend", cfg.backend is not None)) if value]
+    if given:
+        raise UsageProblem(f"--resume continues a run with the settings it was started with; "
+                           f"drop {', '.join(given)}")
+    path = folder / RESULTS
+    header = next((r for r in results.read(path) if r.get("record") == "run"), None) \
+        if path.is_file() else None
+    if header is None:
+        raise UsageProblem(f"{str(folder)!r} holds no gpucheck run to resume "
+                           "(no results.jsonl with a run header)")
+    saved = header.get("config")
+    if not isinstance(saved, dict):
+        raise UsageProblem(f"the run in {str(folder)!r} was written by a gpucheck that did not "
+                           "record its settings; it cannot be resumed")
+    resumed = RunConfig(
+        all_devices=bool(saved.get("all_devices")), devices=tuple(saved.get("devices") or ()),
+        suites=tuple(saved.get("suites") or ()), modes=tuple(saved.get("modes") or ()),
+        out=folder, timeout=float(saved.get("timeout", cfg.timeout)), quiet=cfg.quiet,
+        cpu_only=bool(saved.get("cpu_only")), pytest_args=list(saved.get("pytest_args") or []),
+        nvml_interval=float(saved.get("nvml_interval", cfg.nvml_interval)),
+        allow_empty=bool(saved.get("allow_empty")), resume=folder,
+        distributed=bool(saved.get("distributed")), world_size=saved.get("world_size"),
+        backend=saved.get("backend"), formats=cfg.formats,
+        suite_paths={n: Path(p) for n, p in dict(saved.get("suite_paths") or {}).items()})
+    return resumed, header
+
+
+def extension_problem() -> str | None:
+    """Why gpucheck's compiled kernels cannot be loaded, or None when they can.
+
+    Checked in a child process (the parent never imports torch, and a broken build must not
+    take the harness down with it). Where the kernels were not built at install, the child
+    builds them first, once, with one progress line (gpucheck.ops._ext).
+    """
+    from gpucheck.ops import _ext
+
+    return _ext.problem_in_child()
+
+
+Target = tuple[str, int | None, str | None, str | None]  # label, CUDA index, UUID, name
+
+
+def choose_targets(cfg: RunConfig
+                   ) -> tuple[list[Target], list[str], str | None, devices_mod.Inventory | None]:
+    """Each target, notes for the run header, the driver version, and the inventory of the
+    visible devices (the targets are some of them; None with --cpu-only)."""
+    if cfg.cpu_only:
+        return ([("cpu", None, None, None)],
+                ["--cpu-only: GPUs hidden; cases that need one are skipped"], None, None)
+    inv = devices_mod.discover()
+    if inv.environment_error:
+        raise EnvironmentProblem(inv.environment_error)
+    if not inv.devices:
+        raise EnvironmentProblem(f"{inv.reason} Use --cpu-only to run without a GPU.")
+    visible = [d.cuda_index for d in inv.devices]
+    wanted = list(dict.fromkeys(cfg.devices)) if cfg.devices else visible
+    for index in wanted:
+        if index not in visible:
+            raise UsageProblem(f"--device {index} is out of range: {len(visible)} CUDA device(s) "
+                               f"visible ({', '.join(map(str, visible))})")
+    notes = []
+    if len(visible) < 2:
+        notes.append("only one CUDA device is visible: wrong-device checks (another device "
+                      "current while the target runs) could not run")
+    chosen = [d for d in inv.devices if d.cuda_index in wanted]
+    return ([(f"cuda:{d.cuda_index}", d.cuda_index, d.uuid, d.name) for d in chosen], notes,
+            inv.driver_version, inv)
+
+
+def plan_passes(asked: tuple[str, ...], devices: int = 1) -> list[tuple[str, str | None]]:
+    """(mode label, sanitizer tool) of each pass: blocking/nvml share one worker per device;
+    every sanitizer tool needs its own, and with two or more devices it runs twice: with
+    another device current, and with the target current (``|target-current``), because a
+    wrong-device fault ends the process before memcheck sees a second bug in the kernel."""
+    passes: list[tuple[str, str | None]] = []
+    plain = [m for m in PLAIN if m in asked]
+    if plain:
+        passes.append((str(Mode.plain(plain)), None))
+    for m in asked:
+        tool = Mode.parse(m).sanitizer_tool if m.startswith(modes.SANITIZER) else None
+        if tool is None:
+            continue
+        base = Mode.sanitizer(tool)
+        for mode in (base, *((base.with_variant(modes.TARGET_CURRENT),) if devices > 1 else ())):
+            if (str(mode), tool) not in passes:
+                passes.append((str(mode), tool))
+    return passes
+
+
+def check_same_devices(header: dict[str, Any], targets: list[Target]) -> None:
+    """A resumed run must target the same GPUs (by UUID) as the run it continues."""
+    before = {d.get("device"): d.get("uuid") for d in header.get("devices", [])}
+    for label, _, uuid_now, _ in targets:
+        if before.get(label) and uuid_now and before[label] != uuid_now:
+            raise UsageProblem(f"cannot resume: {label} is now {uuid_now}, but the run was "
+                               f"started on {before[label]}")
+
+
+def select_runnable(cfg: RunConfig, suites: dict[str, Path]
+                     ) -> tuple[dict[str, Path], dict[str, str]]:
+    """The suites that can run, and the reason of each that cannot (gpucheck's own kernels
+    are not built). Raises when none can: one sentence with the fix, before any worker."""
+    if cfg.cpu_only:  # their cases need a GPU and are skipped anyway
+        return suites, {}
+    needing = [n for n, p in suites.items() if suites_mod.needs_kernels(p)]
+    problem = extension_problem() if needing else None
+    if problem is None:
+        return suites, {}
+    names = ", ".join(needing)
+    if len(needing) == len(suites):
+        raise EnvironmentProblem(f"{problem.rstrip('.')}. Nothing was run: the suite(s) "
+                                 f"{names} test gpucheck's own kernels.")
+    reason = f"not runnable: {problem}"
+    return {n: p for n, p in suites.items() if n not in needing}, {n: reason for n in needing}
+
+
+def header(cfg: RunConfig, run_id: str, targets: list[Target], inv: devices_mod.Inventory | None,
+            suites: dict[str, Path], passes: list[tuple[str, str | None]], notes: list[str],
+            not_runnable: dict[str, str], modes: tuple[str, ...]) -> dict[str, Any]:
+    config = {
+        # as asked (the targets themselves are under "devices" of the header)
+        "all_devices": cfg.all_devices, "devices": list(cfg.devices),
+        "suites": list(cfg.suites), "suite_paths": {n: str(p) for n, p in suites.items()},
+        "modes": list(modes), "timeout": cfg.timeout, "cpu_only": cfg.cpu_only,
+        "pytest_args": list(cfg.pytest_args), "nvml_interval": cfg.nvml_interval,
+        "allow_empty": cfg.allow_empty, "distributed": cfg.distributed,
+        "world_size": cfg.world_size, "backend": cfg.backend,
+    }
+    memory = {d.uuid: d.memory_total for d in inv.devices} if inv else {}
+    return {
+        "schema": results.SCHEMA_ID, "record": "run", "run_id": run_id,
+        "started_at": datetime.now().astimezone().isoformat(timespec="milliseconds"),
+        "gpucheck_version": gpucheck.__version__,
+        "torch_version": devices_mod.torch_version(),
+        "driver_version": inv.driver_version if inv else None,
+        "cuda_driver_version": inv.cuda_driver_version if inv else None,
+        "host": socket.gethostname(),
+        "devices": [{"device": label, "uuid": u, "name": name,
+                     "memory_total": memory.get(u or "")} for label, _, u, name in targets],
+        "suites": sorted(suites), "modes": [label for label, _ in passes], "notes": notes,
+        "not_runnable": not_runnable,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "command": ["gpucheck", *sys.argv[1:]], "config": config,
+    }
+
+
+def refuse_inapplicable(cfg: RunConfig) -> None:
+    """An option that cannot apply to the run asked for is an error, not silently ignored:
+    one sentence naming the option to drop."""
+    if cfg.all_devices and cfg.devices:
+        raise UsageProblem("--all-devices and --device exclude each other")
+    sanitizer = any(m.startswith("sanitizer") for m in cfg.modes)
+    if cfg.cpu_only:
+        for flag, given in (("--device", bool(cfg.devices)), ("--all-devices", cfg.all_devices)):
+            if given:
+                raise UsageProblem(f"{flag} picks GPUs, and --cpu-only runs without any: drop "
+                                   f"one of them")
+        if sanitizer:
+            raise UsageProblem("the sanitizer modes need a GPU; drop --cpu-only")
+        if "nvml" in cfg.modes:
+            raise UsageProblem("mode nvml samples GPU memory, and --cpu-only has no GPU: drop "
+                               "--mode nvml")
+    if cfg.distributed and cfg.modes:
+        raise UsageProblem("--distributed does not combine with the sanitizer modes"
+                           if sanitizer else "--distributed runs its ranks in its own mode "
+                           "(dist): drop --mode")
+    if not cfg.distributed and (cfg.world_size is not None or cfg.backend is not None):
+        raise UsageProblem("--world-size and --backend go with --distributed")
+    if "nvml_interval" in cfg.given:
+        modes = cfg.modes or DEFAULT_MODES
+        why = ("--cpu-only has no GPU to sample" if cfg.cpu_only else
+               "--distributed does not sample NVML" if cfg.distributed else
+               "mode nvml is not among the --mode given" if "nvml" not in modes else None)
+        if why:
+            raise UsageProblem(f"--nvml-interval sets the sampling of mode nvml, and {why}: "
+                               "drop --nvml-interval")
+
+
+#: width of the tables in a log (no terminal, no COLUMNS): wide enough not to fold a name
+LOG_WIDTH = 160
+
+
+def make_console() -> Console:
+    """The console of a run: rich decides from the stream whether it is a terminal (colour,
+    live progress) or a log (plain text, no redraws); long lines are never wrapped."""
+    console = Console(soft_wrap=True)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = LOG_WIDTH
+    return console
+
+

@@ -1,0 +1,123 @@
+"""The one registry of detectors: gpucheck's own and those other packages add.
+
+Two hooks (pluggy, the plugin system pytest is built on), each returning a list:
+
+* ``gpucheck_worker_detectors()``: detectors a worker runs around the body of every case
+  (``bind``, ``case_started``, ``case_finished``, ``case_data``);
+* ``gpucheck_run_detectors(context)``: detectors the controller runs over the finished
+  records of a run (``run_finished``), given a :class:`RunContext`.
+
+A package adds detectors with an entry point in group ``gpucheck``::
+
+    [project.entry-points.gpucheck]
+    my_detectors = "my_package.gpucheck_hooks"
+
+where ``my_package/gpucheck_hooks.py`` implements either hook with ``@hookimpl``
+(``from gpucheck.detectors.registry import hookimpl``). ``$GPUCHECK_DISABLE_DETECTORS``
+(comma-separated names, or ``all``) leaves worker detectors out by their ``name``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pluggy
+
+from gpucheck.detectors.base import Detector, disabled
+from gpucheck.detectors.checkpoint_reads import CheckpointReads
+from gpucheck.detectors.device_state import DeviceStateLeak
+from gpucheck.detectors.double_activation import DoubleActivation
+from gpucheck.detectors.imbalance import Imbalance
+from gpucheck.detectors.kernel_device import KernelDevice
+from gpucheck.detectors.leak import Leak
+from gpucheck.detectors.mixed_devices import MixedDevices
+from gpucheck.detectors.numerics import Numerics
+from gpucheck.detectors.oom_anomaly import OomAnomaly
+from gpucheck.detectors.op_device import OpDevice
+from gpucheck.detectors.stray_context import StrayContext
+from gpucheck.detectors.wrong_device import WrongDevice
+from gpucheck.detectors.wrong_stream import WrongStream
+
+PROJECT = "gpucheck"
+#: the entry point group other packages register their hook modules under
+ENTRY_POINT_GROUP = "gpucheck"
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@dataclass
+class RunContext:
+    """What the run-level detectors may need from the run's header."""
+
+    #: NVML UUID -> the run's device label (``cuda:0``)
+    device_names: dict[str, str] = field(default_factory=dict)
+    #: device label -> total memory in bytes
+    memory_totals: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of_header(cls, header: dict[str, Any]) -> RunContext:
+        devices = header.get("devices", [])
+        return cls({str(d.get("uuid")): str(d.get("device")) for d in devices},
+                   {str(d.get("device")): int(d["memory_total"]) for d in devices
+                    if d.get("memory_total")})
+
+
+class Hooks:
+    """The hook specifications."""
+
+    @hookspec
+    def gpucheck_worker_detectors(self) -> list[Detector]:  # type: ignore[empty-body]
+        """Fresh detectors for one worker process, run around every case."""
+
+    @hookspec
+    def gpucheck_run_detectors(self, context: RunContext) -> list[Detector]:  # type: ignore[empty-body]
+        """Detectors the controller runs over every record of a finished run."""
+
+
+class Builtin:
+    """gpucheck's own detectors."""
+
+    @hookimpl
+    def gpucheck_worker_detectors(self) -> list[Detector]:
+        return [MixedDevices(), DeviceStateLeak(), OpDevice(), WrongStream(), KernelDevice(),
+                Numerics(), DoubleActivation(), CheckpointReads(), Leak()]
+
+    @hookimpl
+    def gpucheck_run_detectors(self, context: RunContext) -> list[Detector]:
+        return [WrongDevice(), StrayContext(context.device_names), Numerics(),
+                OomAnomaly(context.memory_totals), Imbalance()]
+
+
+_MANAGER: list[pluggy.PluginManager] = []
+
+
+def manager() -> pluggy.PluginManager:
+    """The plugin manager: the built-in detectors, then every installed package's (once)."""
+    if not _MANAGER:
+        pm = pluggy.PluginManager(PROJECT)
+        pm.add_hookspecs(Hooks)
+        pm.register(Builtin(), "gpucheck-builtin")
+        pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+        _MANAGER.append(pm)
+    return _MANAGER[0]
+
+
+def _flat(lists: list[list[Detector]]) -> list[Detector]:
+    # pluggy calls the last registered first: the built-in ones go first in the result
+    return [d for group in reversed(lists) for d in (group or [])]
+
+
+def worker_detectors() -> list[Detector]:
+    """Fresh worker-side detectors, less those named in ``$GPUCHECK_DISABLE_DETECTORS``."""
+    off = disabled()
+    if "all" in off:
+        return []
+    found = _flat(manager().hook.gpucheck_worker_detectors())
+    return [d for d in found if d.name not in off]
+
+
+def run_detectors(context: RunContext) -> list[Detector]:
+    """The run-level detectors, in order."""
+    return _flat(manager().hook.gpucheck_run_detectors(context=context))

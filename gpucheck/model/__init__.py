@@ -1,0 +1,10 @@
+"""gpucheck's data model: what a run writes and every reader reads, below the detectors, the
+worker, the controller and the report.
+
+* :mod:`~gpucheck.model.results`: the records of ``results.jsonl`` (``Finding``,
+  ``CaseRecord``), their schema, the one writer (``append``) and the one reader (``read``);
+* :mod:`~gpucheck.model.modes`: a pass's mode label as a type (``Mode``);
+* :mod:`~gpucheck.model.layout`: the run folder and the files of each worker in it;
+* :mod:`~gpucheck.model.contract`: what the controller and the worker agree on beyond the
+  records: environment variables, pytest options, properties, exit codes.
+"""

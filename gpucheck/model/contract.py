@@ -1,0 +1,65 @@
+"""What the controller and its worker processes agree on besides the records: the worker's
+state file, its exit codes, the environment a pass sets, the test properties the worker's
+fixtures leave for the recorder. One place, so neither side imports the other for a name."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+# --- environment of a worker ------------------------------------------------------------
+#: target devices of plain pytest (``GPUCHECK_DEVICES=0,1``)
+DEVICES_ENV = "GPUCHECK_DEVICES"
+#: "other" (default): another device is current and initialized while the target is tested;
+#: "target": the target itself is current and no other device is touched
+CURRENT_ENV = "GPUCHECK_CURRENT"
+OTHER_CURRENT, TARGET_CURRENT = "other", "target"
+#: "poisoned" (default): a non-default stream is current on the target device during a test;
+#: "default": the default stream stays current
+STREAM_ENV = "GPUCHECK_STREAM"
+#: the device label a worker's records carry where it is not ``cuda:N`` (``rank1/cuda:1``)
+DEVICE_LABEL_ENV = "GPUCHECK_DEVICE_LABEL"
+#: the ``nvml_tracker`` fixture's sampling period (seconds)
+NVML_INTERVAL_ENV = "GPUCHECK_NVML_INTERVAL"
+
+# --- a worker's exit ----------------------------------------------------------------------
+#: exit code of a worker that stopped because its CUDA context is lost (the controller
+#: replaces it with a fresh one)
+EXIT_CONTEXT_LOST = 75
+#: pytest exit codes that mean a worker ended normally (0 ok, 1 failures, 5 no tests)
+NORMAL_EXITS = (0, 1, 5)
+
+# --- test properties (``item.user_properties``) -------------------------------------------
+CURRENT_DEVICE_PROPERTY = "gpucheck_current_device"
+CURRENT_STREAM_PROPERTY = "gpucheck_current_stream"
+NVML_PEAK_PROPERTY = "gpucheck_nvml_peak"
+#: a finding outside ``gpucheck run`` (JSON), summed up at the end of the session
+FINDING_PROPERTY = "gpucheck_finding"
+#: the case that lost the process's CUDA context, on the tests not run after it
+CONTEXT_LOST_PROPERTY = "gpucheck_context_lost_in"
+#: the name the recorder is registered under in a worker's plugin manager
+RECORDER = "gpucheck-recorder"
+
+
+# --- the worker's state file ------------------------------------------------------------
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def write_state(path: Path, state: dict[str, Any]) -> None:
+    """Replace the state file in one step (the controller may read it at any moment)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state))
+    os.replace(tmp, path)
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """The worker's last state: case under way, progress, pid, pending findings ({} if none)."""
+    try:
+        loaded: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return loaded

@@ -1,0 +1,160 @@
+"""The run folder: where a run's records, timeline and worker files go, named in one place.
+
+::
+
+    RUN/results.jsonl          the records (gpucheck.model.results)
+    RUN/rerun.jsonl            the wrong-device check's re-runs
+    RUN/nvml_timeline.jsonl    the NVML samples of the run
+    RUN/workers/STEM.*         one worker process's files (WorkerFiles)
+
+A worker's stem is ``<device>.<mode>[.<generation>]`` (``cuda0.blocking+nvml``,
+``cuda1.sanitizer-memcheck-target-current.2``) or, for a rank of a distributed group,
+``rank<r>.<mode>[.<generation>]``: a generation counts the fresh processes that replaced one
+that ended (a crash, a lost context, a hang). Device and mode never hold ``.`` after
+sanitising, so a stem splits back into its parts (:func:`parse_stem`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+RESULTS = "results.jsonl"
+RERUN = "rerun.jsonl"
+TIMELINE = "nvml_timeline.jsonl"
+WORKERS = "workers"
+#: extra record files a suite may leave in the run folder, shown by the report
+EXTRAS = ("checkpoint_lint.jsonl", "benchmarks.jsonl")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_+-]")
+
+
+def _safe(part: str) -> str:
+    return _UNSAFE.sub("-", part.replace(":", ""))
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """The files of one run folder."""
+
+    path: Path
+
+    @property
+    def results(self) -> Path:
+        return self.path / RESULTS
+
+    @property
+    def rerun(self) -> Path:
+        return self.path / RERUN
+
+    @property
+    def timeline(self) -> Path:
+        return self.path / TIMELINE
+
+    @property
+    def workers(self) -> Path:
+        return self.path / WORKERS
+
+    def holds_run(self) -> bool:
+        return self.results.exists()
+
+    def worker(self, device: str, mode: str, generation: int = 0) -> WorkerFiles:
+        return WorkerFiles(self.workers, stem(device, mode, generation))
+
+    def rank(self, rank: int, mode: str, generation: int = 0) -> WorkerFiles:
+        return WorkerFiles(self.workers, stem(f"rank{rank}", mode, generation))
+
+    def state_files(self) -> list[Path]:
+        return sorted(self.workers.glob("*" + WorkerFiles.STATE))
+
+
+def stem(device: str, mode: str, generation: int = 0) -> str:
+    """``cuda:0``, ``blocking+nvml`` -> ``cuda0.blocking+nvml`` (``.N`` for generation N)."""
+    return f"{_safe(device)}.{_safe(str(mode).replace(':', '-'))}" + (
+        f".{generation}" if generation else "")
+
+
+def parse_stem(name: str) -> tuple[str, str, int]:
+    """(device or ``rankR`` as in the stem, mode as in the stem, generation) of a stem."""
+    device, _, rest = name.partition(".")
+    mode, _, gen = rest.rpartition(".")
+    if mode and gen.isdigit():
+        return device, mode, int(gen)
+    return device, rest, 0
+
+
+def mode_in_stem(mode: str) -> str:
+    """How a record's mode appears in its worker's stem."""
+    return _safe(str(mode).replace(":", "-"))
+
+
+def device_in_stem(device: str) -> str:
+    return _safe(device)
+
+
+@dataclass(frozen=True)
+class WorkerFiles:
+    """The files of one worker process (or rank) under ``RUN/workers``."""
+
+    folder: Path
+    stem: str
+    STATE = ".state.json"
+
+    @classmethod
+    def of_state(cls, state: Path) -> WorkerFiles:
+        return cls(state.parent, state.name.removesuffix(cls.STATE))
+
+    def _f(self, suffix: str) -> Path:
+        return self.folder / f"{self.stem}{suffix}"
+
+    @property
+    def state(self) -> Path:
+        return self._f(self.STATE)
+
+    @property
+    def skip(self) -> Path:
+        """Case ids already recorded: the worker deselects them (a fresh process, --resume)."""
+        return self._f(".skip.txt")
+
+    @property
+    def only(self) -> Path:
+        """Case ids to run and no others (the wrong-device check's re-run)."""
+        return self._f(".only.txt")
+
+    @property
+    def stdout(self) -> Path:
+        return self._f(".out.log")
+
+    @property
+    def stderr(self) -> Path:
+        return self._f(".err.log")
+
+    @property
+    def cmd(self) -> Path:
+        return self._f(".cmd")
+
+    @property
+    def stacks(self) -> Path:
+        """Every thread's stack, written by the worker when the controller asks (hangs)."""
+        return self._f(".stacks.txt")
+
+    @property
+    def sanitizer_log_template(self) -> Path:
+        """compute-sanitizer's per-process logs (``%p``: the pid; children get their own)."""
+        return self._f(".sanitizer.%p.log")
+
+    def sanitizer_logs(self) -> list[Path]:
+        return sorted(self.folder.glob(f"{self.stem}.sanitizer.*.log"))
+
+    # distributed ranks
+    @property
+    def collectives(self) -> Path:
+        return self._f(".collectives.jsonl")
+
+    @property
+    def nccl_trace(self) -> Path:
+        return self._f(".nccl_trace.pkl")
+
+    @property
+    def exit(self) -> Path:
+        return self._f(".exit")

@@ -1,0 +1,76 @@
+"""compute-sanitizer's records as findings of the case that made them: the one place that
+turns a slice of a worker's sanitizer log into findings (the worker, per case, and the
+controller, for what a worker that died left in its log)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from gpucheck.model.results import EVIDENCE_CHARS, Finding
+from gpucheck.sanitizer.parser import parse
+
+#: the blank tool line that ends a compute-sanitizer record
+RECORD_END = re.compile(rb"^={9} ?\n", re.M)
+
+
+def read_records(log: Path, offset: int, complete_only: bool = True) -> tuple[str, int]:
+    """The records of a sanitizer log after byte ``offset``, and the offset after them.
+
+    With ``complete_only``, a record the tool is still writing (no blank line after it yet)
+    is left for the next read.
+    """
+    with open(log, "rb") as f:
+        f.seek(offset)
+        data = f.read()
+    if not complete_only:
+        return data.decode(errors="replace"), offset + len(data)
+    ends = list(RECORD_END.finditer(data))
+    if not ends:
+        return "", offset
+    cut = ends[-1].end()
+    return data[:cut].decode(errors="replace"), offset + cut
+
+
+def sanitizer_findings(text: str, tool: str | None, device: str, suite: str | None,
+                       case: str | None) -> list[Finding]:
+    """compute-sanitizer records (a slice of its log) as findings of one case."""
+    report = parse(text, tool)
+    # One finding per (tool, kernel, kind of error): a missing barrier gives racecheck records
+    # for every pair of instructions it leaves unordered (68 for one __syncthreads in SSIM's
+    # backward), which are one bug; the evidence keeps the first record and lists the others.
+    groups: dict[tuple[Any, ...], list[Any]] = {}
+    for f in report.findings:
+        what = re.sub(r"\s+(at|in)\s.*", "", f.error) if f.tool == "racecheck" else f.error
+        groups.setdefault((f.tool, f.kernel_name, f.api_call, f.severity, what), []).append(f)
+    out = []
+    for group in groups.values():
+        f = group[0]
+        where = " ".join(x for x in (f.kernel_name and f"in {f.kernel_name}", f.source,
+                                     f.python_frame and f"(from {f.python_frame})") if x)
+        total = sum(g.count for g in group)
+        count = f" x{total}" if total > 1 else ""
+        others = sorted({g.source for g in group[1:] if g.source and g.source != f.source})
+        also = (f"\n(and {len(group) - 1} more record(s) of this kind in this kernel"
+                f"{', at ' + ', '.join(others[:20]) if others else ''})" if len(group) > 1
+                else "")
+        out.append(Finding(
+            kind="sanitizer", severity=f.severity, message=f"{f.error}{count} {where}".strip(),
+            device=device, suite=suite, case=case, op=None, kernel=f.kernel_name,
+            # the head: error line, kernel, thread/block and address come first in a record
+            evidence=("\n".join(f.lines[:40])[:EVIDENCE_CHARS - len(also)] + also),
+            hint=HINTS.get(f.tool) if f.kernel_name else (
+                f"a CUDA API call failed ({f.api_call}): usually the consequence of an earlier "
+                "fault in the same case; read the first record" if f.api_call else None),
+        ))
+    return out
+
+
+HINTS = {
+    "memcheck": "an access outside any allocation: check the kernel's bounds and that it "
+                "runs on the device of its inputs (device guard)",
+    "racecheck": "threads of a block access the same shared memory without a barrier between",
+    "initcheck": "the kernel reads device memory nothing wrote (e.g. torch.empty never filled)",
+    "synccheck": "a barrier used wrongly (divergent __syncthreads, bad __syncwarp mask)",
+}

@@ -1,0 +1,56 @@
+"""The one loop that runs a worker's detectors around a case body, under ``gpucheck run``
+(the recorder) and under plain pytest alike."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from gpucheck.detectors.base import CaseInfo, Detector
+from gpucheck.model.results import Finding
+
+
+def detector_error(name: str, err: BaseException, info: CaseInfo) -> Finding:
+    """A detector that failed is a warning on the case, never the case's failure."""
+    return Finding(kind="detector-error", severity="warning",
+                   message=f"detector {name} failed: {err!r}", device=info.device,
+                   suite=info.suite, case=info.case)
+
+
+class DetectorLoop:
+    """Detectors around one case body: :meth:`start` before it, :meth:`finish` after it. A
+    detector that raises never takes the case down with it: its error becomes a
+    ``detector-error`` finding (not after a lost CUDA context, where every detector fails
+    the same way and would only repeat the case's own error)."""
+
+    def __init__(self, detectors: list[Detector]) -> None:
+        self.detectors = detectors
+        self.started: list[Detector] = []
+
+    def start(self, info: CaseInfo, found: list[Finding]) -> None:
+        self.started = []
+        for d in self.detectors:
+            try:
+                d.case_started(info)
+                self.started.append(d)
+            except Exception as err:
+                found.append(detector_error(d.name, err, info))
+
+    def repeat(self, body: Callable[[], object], times: int) -> None:
+        """Run the body ``times`` times more for the detectors that measure across runs
+        (``repeat``: the leak detector and its ``gpucheck_repeat`` marker)."""
+        for d in self.started:
+            again = getattr(d, "repeat", None)
+            if again is not None:
+                again(body, times)
+
+    def finish(self, info: CaseInfo, found: list[Finding], data: dict[str, Any],
+               lost_context: bool = False) -> None:
+        for d in self.started:
+            try:
+                found.extend(d.case_finished(info))
+                data.update(d.case_data())
+            except Exception as err:
+                if not lost_context:
+                    found.append(detector_error(d.name, err, info))
+        self.started = []
