@@ -284,7 +284,7 @@ def test_bad_input(gpu_device: torch.device, make, exc: type[Exception], pattern
 _CPP_CASES = r"""
 import json, sys, torch
 from gpucheck.ops.knn import knn_mean_sq_dist, op
-from gpucheck.runner.poison import make_other_device_current
+from gpucheck.worker.poison import make_other_device_current
 dev = torch.device("cuda", int(sys.argv[1]))
 make_other_device_current(dev)
 before = torch.cuda.current_device()
