@@ -1,4 +1,5 @@
-"""Probes for the distributed watchdog on this machine (one process, world size 1, NCCL):
+"""Probes for the distributed watchdog on this machine (one process, world size 1, NCCL; the
+`probes` part of the `dist` step of tools/gpu):
 
 1. the NCCL flight recorder (TORCH_NCCL_TRACE_BUFFER_SIZE) records our collectives with their
    sequence numbers, and gpucheck reads its dump (``_dump_nccl_trace``) as the watchdog does;
