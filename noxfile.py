@@ -105,10 +105,10 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(**VENV)
 def lint(session: nox.Session) -> None:
-    """Ruff over the package, tests, suites, benchmarks and examples."""
+    """Ruff over the package, tests, suites, benchmarks, tools and examples."""
     session.install("ruff>=0.6")
-    paths = [p for p in ("gpucheck", "tests", "suites", "benchmarks", "examples", "noxfile.py",
-                         "setup.py")
+    paths = [p for p in ("gpucheck", "tests", "suites", "benchmarks", "tools", "examples",
+                         "noxfile.py", "setup.py")
              if os.path.exists(p)]
     session.run("python", "-m", "ruff", "check", *paths)
 

@@ -29,7 +29,7 @@ import knn_clouds  # noqa: E402
 from gpucheck.ops import knn_mean_sq_dist  # noqa: E402
 from gpucheck.reference import knn_mean_sq_dist as reference  # noqa: E402
 
-# simple-knn distCUDA2 measured by us on an H200 (benchmarks/RESULTS.md, "Peers"), ms:
+# simple-knn distCUDA2 measured by us on an H200 (benchmarks/HISTORY.md, "Peers"), ms:
 # (uniform, clustered).
 PEER_MS = {100_000: (6.84, 6.06), 1_000_000: (28.3, 17.2), 10_000_000: (378.0, 355.0)}
 TARGET_MS = {100_000: 1.0, 1_000_000: 5.0, 10_000_000: 60.0}

@@ -36,7 +36,7 @@ from gpucheck.reference.ssim_torch import ssim as ref_ssim
 
 SIZES = [(5, 3, 1080, 1920), (1, 3, 1080, 1920), (5, 1, 1500, 1500)]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-# fused-ssim, measured by us on one H200 (Nov 2026; RESULTS.md, "Peers"): (inference, train).
+# fused-ssim, measured by us on one H200 (Nov 2026; HISTORY.md, "Peers"): (inference, train).
 PEERS = {
     (5, 3, 1080, 1920): (0.573, 1.584),
     (1, 3, 1080, 1920): (0.133, 0.365),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Hardware counters of the SSIM kernels in one training step (forward, backward, scale) and
 # one inference call (float32, or $DTYPE), on the lent GPU machine (after the extension is built, e.g. by
-# benchmarks/gpu_ssim.sh). Usage: bash benchmarks/ssim_ncu.sh [BxCxHxW] (default 5x3x1080x1920).
+# `tools/gpu install`). Usage: bash benchmarks/ssim_ncu.sh [BxCxHxW] (default 5x3x1080x1920).
 # Writes $OUT/ncu-<dtype>.txt (or under ./ssim-gpu-logs).
 set -o pipefail
 out=${OUT:-ssim-gpu-logs}

@@ -4,8 +4,9 @@ suites/selftest/pybind_defects.*): its functions' kernels judged per call under
 launched judged at case level with their library.
 
 Fixtures: tests/fixtures/launches/pybind_*.json were recorded on one H100 (torch
-2.11.0+cu130, 2026-11-25) by ``benchmarks/gpu_pybind.sh`` (``benchmarks/record_pybind_traces.py``);
-a fixture built by hand in the same format must say so in its ``"synthetic"`` field.
+2.11.0+cu130, 2026-11-25) by ``tests/fixtures/launches/record_pybind_traces.py`` (then run by
+``benchmarks/gpu_pybind.sh``, now ``tools/gpu record``); a fixture built by hand in the same
+format must say so in its ``"synthetic"`` field.
 """
 
 from __future__ import annotations

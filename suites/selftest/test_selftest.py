@@ -1,9 +1,9 @@
 """The harness's self-test: a deliberately broken extension among good cases.
 
 Run with ``gpucheck run --all-devices --suite selftest [--mode sanitizer:memcheck]``; it is
-never part of the default suites. Expected on >= 2 GPUs (benchmarks/verify_harness.py checks
-it): the good cases pass on every device; ``test_unguarded_launch`` fails with a CUDA error
-(the kernel runs on the current device, not the tensor's); ``test_abort`` is ``crashed``
+never part of the default suites. Expected on >= 2 GPUs (``tools/gpu harness`` checks it):
+the good cases pass on every device; ``test_unguarded_launch`` fails with a CUDA error (the
+kernel runs on the current device, not the tensor's); ``test_abort`` is ``crashed``
 (SIGABRT) and the harness continues in a fresh worker; ``test_overrun`` passes in blocking
 mode (the write lands in slack memory) and fails under memcheck. Its sanitizer cases run in
 the memcheck passes only (``sanitizer(tools=("memcheck",))``); the defects of the other tools

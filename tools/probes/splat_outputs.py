@@ -9,8 +9,8 @@ Per scene: image, alpha, depth, radii and the per-Gaussian outputs, the overlap 
 gradients of a fixed random loss on image, alpha and depth twice (two backward passes of the
 same build: gradients use float atomics, so their spread is the yardstick for a comparison).
 
-Usage: ``python benchmarks/splat_outputs.py dump FILE``;
-``python benchmarks/splat_outputs.py compare BEFORE AFTER`` (prints a table; exit 1 when a
+Usage: ``python tools/probes/splat_outputs.py dump FILE``;
+``python tools/probes/splat_outputs.py compare BEFORE AFTER`` (prints a table; exit 1 when a
 forward output differs in any bit or a gradient differs by more than 10x the repeat spread).
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "suites" / "splat"))
 
 import splat_scenes  # noqa: E402

@@ -1,66 +1,25 @@
 #!/usr/bin/env bash
-# Can a run's output be trusted? Shown on a GPU machine, in one call (run from the repo root):
-#  1. without the compiled extension: the default suites stop once with the fix (exit 2, no
-#     worker, no report folder); a user's suite beside ours still runs; plain pytest on either
-#     kernel suite gives one usage error;
-#  2. with the extension built: a run, the same command again into the same --out (refused,
-#     the first results untouched), a run interrupted with Ctrl-C and continued with --resume
-#     (every case recorded exactly once);
-#  3. optionally (FIXTURE=1) a selftest run with blocking, nvml and memcheck whose folder is
-#     kept as a recorded real run (the report's test fixture).
-# Logs go to $VERIFY_DIR (default /tmp/run-output), packed into $OUT/run-output.tgz.
-# STEPS (default "noext build run1 resume") picks sections; FIXTURE=1 adds the self-test run.
-set -u -o pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16}
-export PYTHONUNBUFFERED=1
-PY=${PYTHON:-python3}
-D=${VERIFY_DIR:-/tmp/run-output}
-rm -rf "$D"; mkdir -p "$D"
+# can a run's output be trusted: same --out refused, SIGTERM then --resume, each case once
+# Parts (RUN_OUTPUT_STEPS, default "run1 resume"), after the install step:
+#  run1    knn + ssim (-m "not slow"), warm runs with the worker detectors off and on
+#          (COST_RUNS), the same command again into the same --out (refused, the first results
+#          untouched);
+#  resume  a knn run stopped by SIGTERM after INTERRUPT_AFTER s (default 8), continued with
+#          --resume (every case recorded exactly once).
+# (The "no extension" part of the script this came from, benchmarks/verify_run_output.sh, is
+# gone: since issue 26 a missing extension is built on first use where nvcc exists, as on the
+# GPU machine; tests/ cover the message where it cannot be built.)
+# FIXTURE=1 adds a selftest run with blocking, nvml and memcheck kept as a recorded real run.
+D=$S
 ARGS=(-m "not slow")
-summary=()
-say() { summary+=("$1"); echo "== $1"; }
-gc() { "$PY" -m gpucheck.cli "$@"; }
+say() { note "$1"; }
 nvidia-smi --query-gpu=index,name,uuid,driver_version --format=csv,noheader | tee "$D/gpus.txt"
 "$PY" -c "import torch; print('torch', torch.__version__, 'devices', torch.cuda.device_count())"
 
-STEPS=${STEPS:-noext build run1 resume}
+STEPS=${RUN_OUTPUT_STEPS:-run1 resume}
 step() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
-# --- 1. no extension -----------------------------------------------------------------------
-if step noext; then
-rm -f gpucheck/_C*.so
-GPUCHECK_NO_EXTENSION=1 "$PY" -m pip install -q --no-deps --no-build-isolation -e . \
-  > "$D/install-noext.log" 2>&1 || { tail -20 "$D/install-noext.log"; exit 1; }
-mkdir -p "$D/user/mine"
-cat > "$D/user/mine/test_mine.py" <<'PY'
-import torch
-def test_user_op(gpu_device):
-    x = torch.arange(10.0, device=gpu_device)
-    assert float((x * 2).sum()) == 90.0
-PY
-( cd "$D/user" && gc run --all-devices --quiet --suite "$OLDPWD/suites/knn" \
-    --suite "$OLDPWD/suites/ssim" > "$D/noext-default.out" 2> "$D/noext-default.err" )
-rc=$?; made=$(ls "$D/user/reports" 2>/dev/null | wc -l)
-say "no extension, knn+ssim: exit $rc, stderr lines $(wc -l < "$D/noext-default.err"), report folders $made"
-cat "$D/noext-default.err"
-gc run --all-devices --quiet --suite "$D/user/mine" --suite knn --out "$D/noext-mixed" \
-  > "$D/noext-mixed.out" 2>&1
-rc=$?; say "no extension, user suite + knn: exit $rc; $(grep -c '"record":"case"' "$D/noext-mixed/results.jsonl") case records"
-grep -E "suite knn|case\(s\)" "$D/noext-mixed.out"
-for s in knn ssim; do
-  "$PY" -m pytest "suites/$s" -q -p no:cacheprovider --collect-only > "$D/noext-pytest-$s.log" 2>&1
-  rc=$?; say "no extension, plain pytest suites/$s: exit $rc, $(grep -c 'CUDA extension is not available' "$D/noext-pytest-$s.log") message line(s)"
-done
-fi
-
-# --- 2. with the extension ---------------------------------------------------------------------
-if step build; then
-s=$(date +%s)
-"$PY" -m pip install -v --no-deps --no-build-isolation -e . > "$D/build.log" 2>&1 \
-  && "$PY" -c "import torch, gpucheck._C" || { tail -40 "$D/build.log"; exit 1; }
-say "build: $(( $(date +%s) - s )) s"
-fi
+# --- a run, the same command into the same --out, detector cost -------------------------------
 if step run1; then
 s=$(date +%s)
 gc run --all-devices --quiet --suite knn --suite ssim --out "$D/run1" -- "${ARGS[@]}" > "$D/run1.out" 2>&1
@@ -122,7 +81,7 @@ PY
 say "run2 resumed: exit $rc: $(cat "$D/run2-check.txt"): $(tail -1 "$D/run2-resume.out")"
 fi
 
-# --- 3. a recorded real run ----------------------------------------------------------------------
+# --- a recorded real run ----------------------------------------------------------------------
 if [ "${FIXTURE:-0}" = 1 ]; then
   s=$(date +%s)
   gc run --all-devices --quiet --suite selftest --mode blocking --mode nvml \
@@ -130,5 +89,4 @@ if [ "${FIXTURE:-0}" = 1 ]; then
   rc=$?; say "fixture run selftest blocking+nvml+memcheck: exit $rc in $(( $(date +%s) - s )) s: $(tail -1 "$D/fixture.out")"
   ls "$D/fixture"
 fi
-[ -n "${OUT:-}" ] && tar -C "$(dirname "$D")" -czf "$OUT/run-output.tgz" "$(basename "$D")"
-printf '%s\n' "== summary" "${summary[@]}"
+true

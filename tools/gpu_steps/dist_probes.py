@@ -1,4 +1,5 @@
-"""Probes for the distributed watchdog on this machine (one process, world size 1, NCCL):
+"""Probes for the distributed watchdog on this machine (one process, world size 1, NCCL; the
+`probes` part of the `dist` step of tools/gpu):
 
 1. the NCCL flight recorder (TORCH_NCCL_TRACE_BUFFER_SIZE) records our collectives with their
    sequence numbers, and gpucheck reads its dump (``_dump_nccl_trace``) as the watchdog does;
@@ -27,7 +28,7 @@ dist.destroy_process_group()
 
 
 def main() -> int:
-    from gpucheck.runner.dist_harness import free_port
+    from gpucheck.controller.dist_harness import free_port
 
     env = {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
     os.environ.update(env, MASTER_PORT=str(free_port()), TORCH_NCCL_TRACE_BUFFER_SIZE="100")

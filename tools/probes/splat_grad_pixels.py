@@ -10,7 +10,7 @@ number of Gaussians each composited and the list position of the last one (the k
 ``n_contrib``), and whether ``decision_pixels`` leaves the pixel out. Then the relative
 errors of every gradient, as ``check_gradients`` computes them.
 
-Usage (on a GPU): ``python benchmarks/splat_grad_pixels.py --case dense --scene 3973149830
+Usage (on a GPU): ``python tools/probes/splat_grad_pixels.py --case dense --scene 3973149830
 --seed 1515521614``; ``--order float64`` composites the reference in float64 depth order
 (before issue 10's fix) to show the pixels that order put apart.
 """
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "suites" / "splat"))
 
 import splat_grads  # noqa: E402
