@@ -29,7 +29,7 @@ from gpucheck.controller.config import (
     prepare_out,
 )
 from gpucheck.controller.dist_harness import DistHarness, GroupSpec, RankSpec
-from gpucheck.controller.pipeline import finish, sigterm_as_interrupt
+from gpucheck.controller.pipeline import finish, run_until_interrupted, sigterm_as_interrupt
 from gpucheck.dist import rank as rank_env
 from gpucheck.errors import UsageProblem
 from gpucheck.model import results
@@ -100,13 +100,9 @@ def cpu_pass(cfg: RunConfig, out: Path, results_path: Path, run_id: str,
                  f"group of {CPU_PASS_WORLD} CPU ranks (mode {MODE})")
     harness = DistHarness(group, out, results_path, run_id, cfg.timeout)
     try:
-        harness.run()
-    except KeyboardInterrupt:
-        harness.interrupt()
-        return True
+        return run_until_interrupted(harness)
     finally:
         notes.extend(harness.notes)
-    return False
 
 
 def _env(cfg: RunConfig) -> dict[str, str]:

@@ -191,16 +191,23 @@ def _run_harness(specs: list[WorkerSpec], out: Path, results_path: Path, run_id:
     timeline = TimelineWriter(RunFolder(out).timeline) if interval > 0 else None
     sampler = Sampler(interval, timeline).start() if timeline is not None else None
     try:
-        harness.run()
-    except KeyboardInterrupt:
-        harness.interrupt()
-        return True
+        return run_until_interrupted(harness)
     finally:
         if sampler is not None and timeline is not None:
             sampler.stop()
             timeline.close()
             notes.append(f"nvml: {sampler.samples} samples of {len(sampler.devices)} "
                          f"device(s) every {interval * 1000:g} ms in {timeline.path.name}")
+
+
+def run_until_interrupted(harness: Any) -> bool:
+    """Run a harness (or a distributed one) to its end; True when Ctrl-C or SIGTERM stopped
+    it, after its workers were stopped (finished records are kept)."""
+    try:
+        harness.run()
+    except KeyboardInterrupt:
+        harness.interrupt()
+        return True
     return False
 
 
