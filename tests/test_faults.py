@@ -308,3 +308,188 @@ def test_the_output_folder_failing_mid_run_stops_the_run_in_one_line(tmp_path, f
     finally:
         if mounted:
             subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+# --- row 4: a worker printing gigabytes -------------------------------------------------------
+
+def test_a_case_flooding_its_output_leaves_bounded_logs_and_the_run_completes(tmp_path):
+    """The case writes to fd 1 and 2 in a tight loop (as native code does, past pytest's
+    capture) for up to 3 s, at most 96 MiB each: the harness cuts each log to LOG_CAP while it
+    runs (this machine's disk never holds much more), keeping its head and its tail."""
+    make_suite(tmp_path, "demo", {"test_flood.py": '''
+        import os, time
+        def test_flood():
+            chunk = b"y" * (1 << 20)
+            for fd in (1, 2):
+                os.write(fd, b"FLOOD-START\\\\n")
+            written, t0 = 0, time.monotonic()
+            while written < 96 << 20 and time.monotonic() - t0 < 3:
+                os.write(1, chunk)
+                os.write(2, chunk)
+                written += len(chunk)
+            for fd in (1, 2):
+                os.write(fd, b"\\\\nFLOOD-END\\\\n")
+        def test_after():
+            pass
+    '''})
+    out = tmp_path / "out"
+    t0 = time.monotonic()
+    proc = run(tmp_path, "--out", str(out))
+    assert time.monotonic() - t0 < 60
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert {k: r["status"] for k, r in by_case(out).items()} == {
+        "test_flood": "passed", "test_after": "passed"}
+    for name in ("cpu.blocking.out.log", "cpu.blocking.err.log"):
+        log = out / "workers" / name
+        assert log.stat().st_size <= LOG_CAP, name
+        with open(log, "rb") as f:
+            head = f.read(1 << 16)
+            f.seek(-(1 << 16), os.SEEK_END)
+            end = f.read()
+        assert b"FLOOD-START" in head and b"FLOOD-END" in end, name
+        cut = subprocess.run(["grep", "-c", "bytes of output cut here", str(log)],
+                             capture_output=True, text=True)
+        assert int(cut.stdout.strip() or 0) >= 1, name
+    assert (out / "report.html").exists()
+
+
+# --- row 5: a case that forks or calls os._exit(0) ------------------------------------------
+
+def test_os_exit_0_mid_case_is_a_crash_not_a_pass(tmp_path):
+    make_suite(tmp_path, "demo", {"test_exit.py": '''
+        import os
+        def test_before():
+            pass
+        def test_exits():
+            os._exit(0)
+        def test_after():
+            pass
+    '''})
+    out = tmp_path / "out"
+    proc = run(tmp_path, "--out", str(out))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    recs = by_case(out)
+    assert {k: r["status"] for k, r in recs.items()} == {
+        "test_before": "passed", "test_exits": "crashed", "test_after": "passed"}
+    assert "exited with code 0" in recs["test_exits"]["reason"]
+    assert "does not count as passed" in recs["test_exits"]["findings"][0]["hint"]
+    assert "2 passed" in proc.stdout.strip().splitlines()[-1]
+    assert_kept(out)
+
+
+def test_a_forked_child_neither_records_twice_nor_outlives_the_run(tmp_path):
+    """os.fork() whose child returns into pytest (it would run every later case again and
+    write their records), and a subprocess the case leaves running."""
+    make_suite(tmp_path, "demo", {"test_fork.py": '''
+        import os, subprocess, sys, time
+        def test_forks():
+            if os.fork() != 0:
+                time.sleep(0.3)
+        def test_leaves_a_process():
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+            with open(os.environ["FAULT_PID"], "w") as f:
+                f.write(str(child.pid))
+        def test_after():
+            pass
+    '''})
+    out, pid_file = tmp_path / "out", tmp_path / "pid"
+    proc = run(tmp_path, "--out", str(out), env={"FAULT_PID": str(pid_file)})
+    time.sleep(0.5)
+    recs = by_case(out)  # each case exactly once: the fork wrote nothing
+    assert {k: r["status"] for k, r in recs.items()} == dict.fromkeys(
+        ("test_forks", "test_leaves_a_process", "test_after"), "passed")
+    left = int(pid_file.read_text())
+    (stray,) = [f for f in recs["test_leaves_a_process"]["findings"]
+                if f["kind"] == "stray-process"]
+    assert stray["severity"] == "warning" and f"pid {left}" in stray["message"]
+    wait_for(lambda: dead(left), timeout=10)  # ended with its worker
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # warnings only
+    assert_kept(out)
+
+
+# --- row 6: a case that changes CUDA_VISIBLE_DEVICES or the working folder ------------------
+
+def test_chdir_and_cuda_visible_devices_changes_are_put_back_and_are_findings(tmp_path):
+    make_suite(tmp_path, "demo", {"test_state.py": '''
+        import os, tempfile
+        START = os.getcwd()
+        def test_chdir():
+            os.chdir(tempfile.gettempdir())
+        def test_env():
+            os.environ["CUDA_VISIBLE_DEVICES"] = "7"
+        def test_after():
+            assert os.getcwd() == START
+            assert os.environ["CUDA_VISIBLE_DEVICES"] == ""  # what --cpu-only set
+    '''})
+    proc = run(tmp_path, "--out", "out")  # relative: the records still land in it
+    out = tmp_path / "out"
+    recs = by_case(out)
+    assert {k: r["status"] for k, r in recs.items()} == dict.fromkeys(
+        ("test_chdir", "test_env", "test_after"), "passed")
+    (moved,) = recs["test_chdir"]["findings"]
+    assert moved["kind"] == "process-state" and "working folder" in moved["message"]
+    (env,) = recs["test_env"]["findings"]
+    assert "CUDA_VISIBLE_DEVICES from '' to '7'" in env["message"]
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # warnings
+    assert "warnings" in proc.stdout.strip().splitlines()[-1]
+
+
+# --- row 13: a syntax or import error in one suite among several ----------------------------
+
+def test_a_collection_error_costs_only_its_file(tmp_path):
+    """The GPU run's bug: a missing import in one suite made the worker exit 2 before any case
+    of any suite ran."""
+    make_suite(tmp_path, "alpha", {"test_alpha.py": "def test_a1():\n    pass\n"})
+    make_suite(tmp_path, "broken", {
+        "test_import.py": "import not_a_module_xyz\n\ndef test_never():\n    pass\n",
+        "test_syntax.py": "def test_never(:\n    pass\n",
+        "test_fine.py": "def test_fine():\n    pass\n"})
+    make_suite(tmp_path, "gamma", {"test_gamma.py": "def test_g1():\n    pass\n"})
+    out = tmp_path / "out"
+    proc = run(tmp_path, "--out", str(out), "--suite", "suites/alpha", "--suite",
+               "suites/broken", "--suite", "suites/gamma")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    recs = results.cases(out / "results.jsonl")
+    status = {(r["suite"], r["case"]): r["status"] for r in recs}
+    assert status == {
+        ("alpha", "test_alpha.py::test_a1"): "passed",
+        ("gamma", "test_gamma.py::test_g1"): "passed",
+        ("broken", "test_fine.py::test_fine"): "passed",
+        ("broken", "test_import.py"): "error",
+        ("broken", "test_syntax.py"): "error"}
+    errors = {r["case"]: r["findings"][0] for r in recs if r["status"] == "error"}
+    assert errors["test_import.py"]["kind"] == "collection-error"
+    assert "No module named 'not_a_module_xyz'" in errors["test_import.py"]["message"]
+    assert "SyntaxError" in errors["test_syntax.py"]["message"]
+    assert "test_import.py" in (out / "report.html").read_text()
+    assert_kept(out)
+
+
+# --- row 14: a fixture that raises in teardown after a finding ------------------------------
+
+def test_a_teardown_error_after_a_finding_keeps_both(tmp_path):
+    make_suite(tmp_path, "demo", {"test_teardown.py": '''
+        import pytest
+        @pytest.fixture
+        def breaks():
+            yield
+            raise RuntimeError("teardown exploded")
+        def test_fails(breaks):
+            assert [1] == [2]
+        def test_attaches(breaks, gpucheck_findings):
+            gpucheck_findings.attach("demo-finding", "found something", severity="warning")
+        def test_after():
+            pass
+    '''})
+    out = tmp_path / "out"
+    proc = run(tmp_path, "--out", str(out))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    recs = by_case(out)
+    assert recs["test_after"]["status"] == "passed"
+    for name, first in (("test_fails", "assert [1] == [2]"), ("test_attaches", "found something")):
+        rec = recs[name]
+        assert rec["status"] == "error", name
+        messages = [f["message"] for f in rec["findings"]]
+        assert any(first in m for m in messages), messages
+        assert any("teardown exploded" in m and m.endswith("(in teardown)") for m in messages)
+    assert_kept(out)

@@ -85,16 +85,13 @@ def schema() -> dict[str, Any]:
 def append(path: Path, record: dict[str, Any]) -> None:
     """Append one record as one line, in one write, flushed to disk before returning.
 
-    A line a full disk cut short before (no newline at the end of the file) is closed first,
-    so the record after it is whole. A record that cannot be written whole (the disk is full,
-    the folder read-only) raises :class:`~gpucheck.errors.OutputProblem`, one sentence."""
+    A record that cannot be written whole (the disk is full, the folder read-only) is taken
+    back (no cut line is left for the next record to run into) and raises
+    :class:`~gpucheck.errors.OutputProblem`, one sentence."""
     line = (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode()
     try:
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            size = os.fstat(fd).st_size
-            if size and os.pread(fd, 1, size - 1) != b"\n":
-                line = b"\n" + line
             written = 0
             try:
                 while written < len(line):  # a short write (the disk filled mid-line) ...
