@@ -41,6 +41,11 @@ class UsageProblem(GpucheckError):
     """The request itself is wrong (device out of range, unknown suite, unwritable --out, ...)."""
 
 
+class OutputProblem(EnvironmentProblem):
+    """A record cannot be written to the run folder (the disk is full, the folder became
+    read-only): the run stops; every record written before is kept."""
+
+
 class ExtensionNotBuilt(GpucheckError):
     """gpucheck's CUDA extension is not available in this installation."""
 

@@ -25,9 +25,16 @@ from pathlib import Path
 from typing import Any
 
 from gpucheck.detectors.mixed_devices import cuda_error_hint
-from gpucheck.errors import CUDA_ERROR_MARKERS, sticky_cuda_error_line
+from gpucheck.errors import CUDA_ERROR_MARKERS, OutputProblem, sticky_cuda_error_line
 from gpucheck.model import results
-from gpucheck.model.contract import EXIT_CONTEXT_LOST, NORMAL_EXITS, now_iso, read_state
+from gpucheck.model.contract import (
+    EXIT_CONTEXT_LOST,
+    EXIT_OUTPUT_ERROR,
+    LIFELINE_FD_ENV,
+    NORMAL_EXITS,
+    now_iso,
+    read_state,
+)
 from gpucheck.model.layout import RunFolder, WorkerFiles
 from gpucheck.model.results import CaseRecord, Finding
 from gpucheck.sanitizer import command as sanitizer_cmd
@@ -38,6 +45,10 @@ STACKS_CHARS = 8000
 POLL_S = 0.2
 #: fresh workers started for one device after crashes before the harness gives up on it
 MAX_RESTARTS = 25
+#: a worker's stdout or stderr log longer than this is cut (a case printing gigabytes): its
+#: first and last LOG_KEEP bytes are kept, with a line saying how much was cut between them
+LOG_CAP = 16 << 20
+LOG_KEEP = 2 << 20
 
 
 @dataclass
@@ -101,6 +112,9 @@ def worker_command(spec: WorkerSpec, results_path: Path, state_path: Path,
         # "terminate called after throwing ...", CUDA messages) must reach the worker's
         # stderr file, or it is lost with a process that dies inside a case.
         cmd += ["--capture=sys"]
+    # a file that cannot be collected (a syntax or import error) is a finding of its own
+    # (the recorder's); the other files and suites still run
+    cmd += ["--continue-on-collection-errors"]
     if not _plugin_autoloaded():
         cmd += ["-p", "gpucheck.pytest_plugin"]
     cmd += [
@@ -131,23 +145,81 @@ def write_skip(files: WorkerFiles, skip: list[str] | None) -> Path | None:
     """The file of case ids a fresh worker deselects (already recorded), or None."""
     if not skip:
         return None
-    files.skip.write_text("\n".join(skip) + "\n")
+    try:
+        files.skip.write_text("\n".join(skip) + "\n")
+    except OSError as err:
+        raise _cannot_write(files.skip, err) from err
     return files.skip
+
+
+def _why_unwritable(folder: Path) -> str:
+    """Why a worker that could not even say so could not write into ``folder``."""
+    try:
+        fs = os.statvfs(folder)
+    except OSError as err:
+        return str(err.strerror or err)
+    if fs.f_flag & os.ST_RDONLY:
+        return "Read-only file system"
+    if fs.f_bavail * fs.f_frsize < 1 << 20:
+        return f"No space left on device ({fs.f_bavail * fs.f_frsize} bytes free)"
+    return "the disk is full or the folder is not writable"
+
+
+def _cannot_write(path: Path, err: OSError) -> OutputProblem:
+    run = path.parent.parent
+    return OutputProblem(f"cannot write {path}: {err.strerror or err}; the run stopped here, "
+                         f"every record written before is kept (make room or make the folder "
+                         f"writable, then `gpucheck run --resume {run}`)")
+
+
+_LIFELINE: list[int] = []  # this process's pipe (read end, write end), made once
+
+
+def lifeline() -> int:
+    """The read end of the pipe whose write end only this process holds: a worker given it
+    sees end-of-file when this process is gone, however it died (gpucheck.worker.guard)."""
+    if not _LIFELINE:
+        _LIFELINE.extend(os.pipe())  # not inherited, but by the workers it is passed to
+    return _LIFELINE[0]
 
 
 def spawn(cmd: list[str], env: dict[str, str], files: WorkerFiles,
           drop: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
     """Start one worker process (or rank): its own session (so a hang can be signalled as a
-    group), stdout/stderr into its files, its command line beside them; ``env`` over this
-    process's environment, less the variables in ``drop``."""
-    files.folder.mkdir(parents=True, exist_ok=True)
-    files.cmd.write_text(" ".join(cmd) + "\n")
-    full = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **env}
+    group), stdout/stderr into its files (appended: :func:`bound_log` cuts them), its command
+    line beside them, the controller's lifeline; ``env`` over this process's environment,
+    less the variables in ``drop``."""
+    try:
+        files.folder.mkdir(parents=True, exist_ok=True)
+        files.cmd.write_text(" ".join(cmd) + "\n")
+    except OSError as problem:
+        raise _cannot_write(files.cmd, problem) from problem
+    fd = lifeline()
+    full = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **env,
+            LIFELINE_FD_ENV: str(fd)}
     for name in drop:
         full.pop(name, None)
-    with open(files.stdout, "wb") as out, open(files.stderr, "wb") as err:
-        return subprocess.Popen(cmd, stdout=out, stderr=err, env=full,
+    with open(files.stdout, "ab") as out, open(files.stderr, "ab") as err:
+        return subprocess.Popen(cmd, stdout=out, stderr=err, env=full, pass_fds=(fd,),
                                 stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def bound_log(path: Path, cap: int = LOG_CAP, keep: int = LOG_KEEP) -> None:
+    """Cut a log past ``cap`` bytes to its first and last ``keep`` bytes (the worker appends,
+    so it goes on writing at the new end; what it writes while this cuts may be lost)."""
+    try:
+        size = path.stat().st_size
+        if size <= cap:
+            return
+        with open(path, "r+b") as f:
+            f.seek(size - keep)
+            last = f.read(keep)
+            f.seek(keep)
+            f.write(f"\n[gpucheck: {size - 2 * keep} bytes of output cut here; a log is kept "
+                    f"to its first and last {keep} bytes]\n".encode() + last)
+            f.truncate()
+    except OSError:
+        return
 
 
 def tail(path: Path, n: int = STDERR_TAIL) -> str:
@@ -196,6 +268,9 @@ def crash_hint(rc: int, stderr: str, under_sanitizer: bool = False) -> str:
     if rc == -getattr(signal, "SIGABRT", 6):
         return ("the process aborted (abort(), a failed assert or a fatal library error); "
                 "the stderr tail shows the last words")
+    if rc in NORMAL_EXITS:
+        return ("the process exited in the middle of the case (os._exit(), or exit() called by a "
+                "library): the case never finished, so it does not count as passed")
     if rc == -getattr(signal, "SIGKILL", 9):
         return ("killed with SIGKILL, often by the kernel's out-of-memory killer: check host "
                 "memory")
@@ -273,6 +348,8 @@ class Harness:
             if w.finished:
                 continue
             w.state = read_state(w.state_path) or w.state
+            for log in (w.stdout_path, w.stderr_path):
+                bound_log(log)
             rc = w.proc.poll()
             if rc is None:
                 case = w.state.get("case")
@@ -299,8 +376,20 @@ class Harness:
 
     def _finish(self, w: Worker, rc: int) -> None:
         w.finished = True
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(w.proc.pid, signal.SIGKILL)  # what its cases started and left running
+        for log in (w.stdout_path, w.stderr_path):
+            bound_log(log)
         w.state = read_state(w.state_path) or w.state
         case: str | None = w.hung_case or w.state.get("case")
+        if rc == EXIT_OUTPUT_ERROR:  # it could not write a record: neither can the others
+            said = [line for line in tail(w.stderr_path).splitlines()
+                    if line.startswith("gpucheck: cannot write")]
+            raise OutputProblem(said[-1].removeprefix("gpucheck: ") if said else
+                                f"cannot write to the run folder {self.out_dir} (worker "
+                                f"{w.spec.label}): {_why_unwritable(self.out_dir)}; "
+                                f"every record written before is kept (make room or make the "
+                                f"folder writable, then `gpucheck run --resume {self.out_dir}`)")
         unclaimed: list[Finding] = []
         if w.spec.sanitizer_tool:
             unclaimed = self._unclaimed_sanitizer_findings(w)
@@ -320,7 +409,7 @@ class Harness:
             self._restart(w)
         elif rc == EXIT_CONTEXT_LOST:
             self._restart(w)  # the case's own record already says what happened
-        elif rc not in NORMAL_EXITS:
+        elif rc not in NORMAL_EXITS or case:  # os._exit(0) in a case ends it, too
             sig = _signal_name(rc)
             how = f"killed by {sig}" if sig else f"exited with code {rc}"
             if rc == sanitizer_cmd.ERROR_EXIT and w.spec.sanitizer_tool:

@@ -44,7 +44,7 @@ from gpucheck.controller.progress import (
 )
 from gpucheck.detectors import registry
 from gpucheck.detectors.wrong_device import suspects
-from gpucheck.errors import GpucheckError
+from gpucheck.errors import GpucheckError, OutputProblem
 from gpucheck.model import modes, results
 from gpucheck.model.contract import CURRENT_ENV, OTHER_CURRENT, TARGET_CURRENT
 from gpucheck.model.layout import RunFolder
@@ -119,7 +119,8 @@ def run(cfg: RunConfig, previous: dict[str, Any] | None = None,
                     and not _has_mode(results_path, run_id, DIST_MODE)):
                 interrupted = cpu_dist_pass(cfg, out, results_path, run_id, notes)
     except BaseException as err:  # the harness itself failed: report what was recorded
-        _end_record(results_path, run_id, True, f"the harness stopped: {err!r}")
+        with contextlib.suppress(OutputProblem):  # the disk that failed may fail again
+            _end_record(results_path, run_id, True, f"the harness stopped: {err!r}")
         with contextlib.suppress(Exception):
             publish(out, formats=cfg.report_formats)
         raise
@@ -208,6 +209,9 @@ def run_until_interrupted(harness: Any) -> bool:
     except KeyboardInterrupt:
         harness.interrupt()
         return True
+    except OutputProblem:  # no record can be written: stop every worker, say it in one line
+        harness.interrupt()
+        raise
     return False
 
 

@@ -25,10 +25,17 @@ DEVICE_LABEL_ENV = "GPUCHECK_DEVICE_LABEL"
 #: the ``nvml_tracker`` fixture's sampling period (seconds)
 NVML_INTERVAL_ENV = "GPUCHECK_NVML_INTERVAL"
 
+#: the file descriptor of the controller's lifeline: a pipe whose other end only the controller
+#: holds; when it reads end-of-file the controller is gone and the worker stops at once
+LIFELINE_FD_ENV = "GPUCHECK_LIFELINE_FD"
+
 # --- a worker's exit ----------------------------------------------------------------------
 #: exit code of a worker that stopped because its CUDA context is lost (the controller
 #: replaces it with a fresh one)
 EXIT_CONTEXT_LOST = 75
+#: exit code of a worker that could not write a record (disk full, folder read-only): the
+#: controller stops the run
+EXIT_OUTPUT_ERROR = 74
 #: pytest exit codes that mean a worker ended normally (0 ok, 1 failures, 5 no tests)
 NORMAL_EXITS = (0, 1, 5)
 

@@ -19,6 +19,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from gpucheck.errors import OutputProblem
+
 SCHEMA_ID = "gpucheck.results/1"
 STATUSES = ("passed", "failed", "error", "crashed", "hung", "skipped")
 #: statuses that make a run unclean (each carries at least one error finding)
@@ -81,14 +83,31 @@ def schema() -> dict[str, Any]:
 
 
 def append(path: Path, record: dict[str, Any]) -> None:
-    """Append one record as one line, in one write, flushed to disk before returning."""
+    """Append one record as one line, in one write, flushed to disk before returning.
+
+    A record that cannot be written whole (the disk is full, the folder read-only) is taken
+    back (no cut line is left for the next record to run into) and raises
+    :class:`~gpucheck.errors.OutputProblem`, one sentence."""
     line = (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, line)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            written = 0
+            try:
+                while written < len(line):  # a short write (the disk filled mid-line) ...
+                    written += os.write(fd, line[written:])
+            except OSError:  # ... then fails: take the cut line back, the file stays whole
+                if written:
+                    os.ftruncate(fd, os.fstat(fd).st_size - written)
+                raise
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as err:
+        raise OutputProblem(
+            f"cannot write {path}: {err.strerror or err}; the run stopped here, every record "
+            f"written before is kept (make room or make the folder writable, then `gpucheck "
+            f"run --resume {path.parent}`)") from err
 
 
 def read_lines(path: Path) -> tuple[list[dict[str, Any]], int]:

@@ -9,6 +9,7 @@ before a call that may crash (``pending_findings``: mixed-device arguments).
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import signal
@@ -24,13 +25,14 @@ from gpucheck.detectors import leak as leak_mod
 from gpucheck.detectors import mixed_devices, op_watch
 from gpucheck.detectors.base import CaseInfo, WorkerContext
 from gpucheck.detectors.registry import worker_detectors
-from gpucheck.errors import CUDA_ERROR_MARKERS, sticky_cuda_error_line
+from gpucheck.errors import CUDA_ERROR_MARKERS, OutputProblem, sticky_cuda_error_line
 from gpucheck.model import contract, results
 from gpucheck.model.contract import now_iso, write_state
 from gpucheck.model.layout import WorkerFiles
 from gpucheck.model.results import EVIDENCE_CHARS, CaseRecord, Finding
 from gpucheck.nvml_sampler import CasePeaks, Sampler
 from gpucheck.sanitizer.findings import read_records, sanitizer_findings
+from gpucheck.worker import guard
 from gpucheck.worker.case import merge
 from gpucheck.worker.detector_loop import DetectorLoop, detector_error
 
@@ -47,9 +49,16 @@ class Recorder:
     """Collects setup/call/teardown reports of each item into one record."""
 
     def __init__(self, config: pytest.Config) -> None:
-        self.results = Path(config.getoption("--gpucheck-results"))
+        # absolute: a case may change the working folder (guard.changed_state puts it back)
+        self.results = Path(config.getoption("--gpucheck-results")).absolute()
         state = config.getoption("--gpucheck-state")
-        self.state_path = Path(state) if state else None
+        self.state_path = Path(state).absolute() if state else None
+        self.pid = os.getpid()
+        guard.watch_controller()
+        skip_file = config.getoption("--gpucheck-skip")
+        self.skip = set(Path(skip_file).read_text().split("\n")) if skip_file else set()
+        self.process_state: dict[str, guard.ProcessState] = {}
+        self.children: dict[str, set[int]] = {}  # node id -> children before its body ran
         self.run_id = config.getoption("--gpucheck-run-id")
         self.mode = config.getoption("--gpucheck-mode")
         self.uuid = config.getoption("--gpucheck-device-uuid")
@@ -82,7 +91,7 @@ class Recorder:
         template = config.getoption("--gpucheck-sanitizer-log")
         # compute-sanitizer names logs after a pid of its own choosing (not always ours), and
         # a case's child processes get their own: follow every log of this worker.
-        self.san_glob = Path(template.replace("%p", "*")) if template else None
+        self.san_glob = Path(template.replace("%p", "*")).absolute() if template else None
         self.san_tool = config.getoption("--gpucheck-sanitizer-tool")
         self.san_offsets: dict[str, int] = {}
         self.peaks: CasePeaks | None = None
@@ -110,6 +119,15 @@ class Recorder:
             self.pending = []
         if self.state_path is None:
             return
+        try:
+            self._write_state(case, exit_reason, current_device, op)
+        except OSError as err:  # the state would lag the records: stop, like a record
+            if exit_reason != "output-error":
+                self._output_failed(f"cannot write {self.state_path}: {err.strerror or err}")
+
+    def _write_state(self, case: str | None, exit_reason: str | None,
+                     current_device: str | None, op: str | None) -> None:
+        assert self.state_path is not None
         write_state(self.state_path, {
             "case": self.ids.get(case, case) if case else None,
             "suite": self.suite_of(self._path_of(case)) if case else None,
@@ -166,10 +184,9 @@ class Recorder:
             config.hook.pytest_deselected(items=[i for i in items
                                                  if self.ids[i.nodeid] not in only])
             items[:] = [i for i in items if self.ids[i.nodeid] in only]
-        skip_file = config.getoption("--gpucheck-skip")
-        if not skip_file:
+        if not self.skip:
             return
-        skip = set(Path(skip_file).read_text().split("\n"))
+        skip = self.skip
         keep = [i for i in items if self.ids[i.nodeid] not in skip]
         config.hook.pytest_deselected(items=[i for i in items
                                              if self.ids[i.nodeid] in skip])
@@ -181,8 +198,53 @@ class Recorder:
         self.paths = {item.nodeid: Path(item.path).resolve() for item in session.items}
         self._state(None)
 
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        """A file of a suite that cannot be collected (a syntax or import error) is a finding
+        of its own: the other files and suites still run (``--continue-on-collection-errors``)."""
+        if not report.failed:
+            return
+        path = self._path_of(report.nodeid)
+        suite = self.suite_of(path)
+        case = report.nodeid
+        for _, root in self.suites:
+            base = root if root.is_dir() else root.parent
+            if path == base or base in path.parents:
+                case = path.relative_to(base).as_posix() or path.name
+        if case in self.skip:  # recorded by an earlier worker of this run
+            return
+        text = str(report.longrepr)
+        last = next((line.strip() for line in reversed(text.splitlines())
+                     if line.strip().startswith("E ")), text.strip().splitlines()[-1:] or [""])
+        error = (last if isinstance(last, str) else last[0]).removeprefix("E").strip()
+        message = f"{case} of suite {suite} cannot be collected: {error}"
+        record = CaseRecord(
+            run_id=self.run_id, device=self.device, device_uuid=self.uuid, suite=suite,
+            case=case, mode=self.mode, status="error", reason=message, started_at=now_iso(),
+            findings=[Finding(kind="collection-error", severity="error", message=message,
+                              device=self.device, suite=suite, case=case,
+                              evidence=text[-EVIDENCE_CHARS:],
+                              hint="none of this file's cases ran: fix the error (a syntax "
+                                   "error, a missing import) and run the suite again")])
+        self._append(record)
+
+    def _append(self, record: CaseRecord) -> None:
+        """Write a record; when it cannot be written (disk full, read-only folder) the worker
+        says so in one line and exits with EXIT_OUTPUT_ERROR: the controller stops the run."""
+        try:
+            results.append(self.results, record.to_json())
+        except OutputProblem as err:
+            self._output_failed(str(err))
+
+    def _output_failed(self, why: str) -> None:
+        with contextlib.suppress(OSError):
+            os.write(2, f"\ngpucheck: {why}\n".encode(errors="replace"))
+        with contextlib.suppress(OSError):
+            self._state(None, exit_reason="output-error")
+        os._exit(contract.EXIT_OUTPUT_ERROR)
+
     def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
         self.started[nodeid] = (time.monotonic(), now_iso(), time.time())
+        self.process_state[nodeid] = guard.ProcessState.now()
         cuda = _torch_cuda()
         if cuda is not None and self.device_index is not None:
             cuda.reset_peak_memory_stats(self.device_index)  # the target's, whatever is current
@@ -204,8 +266,11 @@ class Recorder:
         tracker = _OpTracker(lambda op: self._state(item.nodeid, current_device=current, op=op))
         op_watch.add(tracker)
         found = self.detector_findings.setdefault(item.nodeid, [])
+        self.children[item.nodeid] = set(guard.live_children())
         self.detectors.start(info, found)
         outcome = yield
+        if guard.is_fork_of(self.pid):  # os.fork() in the case, and the child came back here
+            os._exit(0)
         times = _repeats(item, found, info)
         if times > 1 and outcome.excinfo is None:
             self.detectors.repeat(item.runtest, times)
@@ -230,10 +295,13 @@ class Recorder:
         self.reports.setdefault(report.nodeid, []).append(report)
 
     def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> None:
+        if guard.is_fork_of(self.pid):  # a fork of this worker writes no record
+            os._exit(0)
         reports = self.reports.pop(nodeid, [])
         t0, started_at, _ = self.started.pop(nodeid, (time.monotonic(), now_iso(), 0.0))
+        self._process_findings(nodeid)
         record = self.build(nodeid, reports, time.monotonic() - t0, started_at)
-        results.append(self.results, record.to_json())
+        self._append(record)
         self.done += 1
         self.findings += len(record.findings)
         self._state(None)
@@ -244,6 +312,35 @@ class Recorder:
             sys.stderr.flush()
             self._state(None, exit_reason="context-lost")
             os._exit(contract.EXIT_CONTEXT_LOST)
+
+    def _process_findings(self, nodeid: str) -> None:
+        """Warnings for what the case did to the worker process: a working folder or a CUDA
+        variable it changed (put back here, so later cases are not affected), processes its
+        body started and left running."""
+        found = []
+        before = self.process_state.pop(nodeid, None)
+        changes = guard.changed_state(before) if before is not None else []
+        if changes:
+            found.append(Finding(
+                kind="process-state", severity="warning",
+                message=f"the case changed {'; '.join(changes)} and did not put it back",
+                hint="gpucheck put it back before the next case; use monkeypatch.chdir / "
+                     "monkeypatch.setenv, which undo themselves"))
+        earlier = self.children.pop(nodeid, None)
+        stray = {p: c for p, c in guard.live_children().items()
+                 if earlier is not None and p not in earlier}
+        if stray:
+            found.append(Finding(
+                kind="stray-process", severity="warning",
+                message=f"the case left {len(stray)} process(es) running: " + "; ".join(
+                    f"pid {p}: {c}" for p, c in sorted(stray.items())),
+                hint="wait for (or end) the processes a test starts; gpucheck ends them with "
+                     "the worker"))
+        if found:
+            suite, case = self.suite_of(self._path_of(nodeid)), self.ids.get(nodeid, nodeid)
+            for f in found:
+                f.device, f.suite, f.case = self.device, suite, case
+            self.detector_findings.setdefault(nodeid, []).extend(found)
 
     def build(self, nodeid: str, reports: list[pytest.TestReport], duration: float,
               started_at: str) -> CaseRecord:

@@ -1,0 +1,105 @@
+"""What a case may do to the worker process it runs in, and what the worker does about it.
+
+* The controller's lifeline (:data:`~gpucheck.model.contract.LIFELINE_FD_ENV`): a worker whose
+  ``gpucheck run`` died (SIGKILL, the OOM killer) stops at once with every process of its
+  group, so nothing goes on writing records into a folder that ``--resume`` continues.
+* A case that changed the process's working folder or the CUDA environment variables: the
+  change is undone before the next case and becomes a warning (:func:`changed_state`).
+* Processes a case started and left running (:func:`live_children`).
+* A process forked by a case that returned into pytest (``os.fork()`` without exec): it must
+  not run the later cases again nor write their records (:func:`is_fork_of`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpucheck.model.contract import LIFELINE_FD_ENV
+
+#: environment variables a case must leave as it found them
+WATCHED_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_LAUNCH_BLOCKING",
+               "PYTORCH_CUDA_ALLOC_CONF")
+
+
+def watch_controller() -> bool:
+    """Start the thread that ends this worker when the controller is gone; False when this
+    process has no lifeline (plain pytest, or a descriptor that is not ours)."""
+    value = os.environ.pop(LIFELINE_FD_ENV, None)  # not for the case's own subprocesses
+    if not value or not value.isdigit():
+        return False
+    fd = int(value)
+
+    def wait() -> None:
+        try:
+            while os.read(fd, 1):
+                pass
+        except OSError:  # not a descriptor we were given: no lifeline, never stop for it
+            return
+        # end of file: the controller's end closed, it died; its folder may be resumed
+        with contextlib.suppress(OSError):
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+        os._exit(1)
+
+    threading.Thread(target=wait, name="gpucheck-lifeline", daemon=True).start()
+    return True
+
+
+@dataclass(frozen=True)
+class ProcessState:
+    cwd: str
+    env: tuple[tuple[str, str | None], ...]
+
+    @classmethod
+    def now(cls) -> ProcessState:
+        try:
+            cwd = os.getcwd()
+        except OSError:  # the folder was removed under us
+            cwd = ""
+        return cls(cwd, tuple((k, os.environ.get(k)) for k in WATCHED_ENV))
+
+
+def changed_state(before: ProcessState) -> list[str]:
+    """What differs from ``before`` (one phrase each), put back as it was."""
+    after = ProcessState.now()
+    changes = []
+    if after.cwd != before.cwd and before.cwd:
+        changes.append(f"the working folder from {before.cwd} to {after.cwd or '(removed)'}")
+        with contextlib.suppress(OSError):
+            os.chdir(before.cwd)
+    for (name, old), (_, new) in zip(before.env, after.env, strict=True):
+        if old != new:
+            changes.append(f"{name} from {old!r} to {new!r}")
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+    return changes
+
+
+def live_children() -> dict[int, str]:
+    """This process's running (not zombie) child processes: pid -> command line. Linux only
+    (``/proc``); elsewhere empty."""
+    me = os.getpid()
+    found: dict[int, str] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (entry / "stat").read_text()
+            # pid (comm) state ppid ...: comm may hold spaces and parentheses
+            state, ppid = stat[stat.rindex(")") + 2:].split()[:2]
+            if int(ppid) != me or state in ("Z", "X"):
+                continue
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+        found[int(entry.name)] = cmd.strip()[:200]
+    return found
+
+
+def is_fork_of(pid: int) -> bool:
+    """True in a process forked from the worker ``pid`` (a case's ``os.fork()``)."""
+    return os.getpid() != pid

@@ -1,0 +1,495 @@
+"""Issue 30, the fault-injection matrix (rows 1-6, 13, 14): ``gpucheck run`` survives what it
+finds and loses nothing. Each test injects its fault for real into real worker processes (a
+real signal, a real full file system or file size limit, a real read-only folder, real
+os._exit / os.fork / os.chdir calls, a real import error) and asserts the outcome written in
+docs/faults.md: the run goes on where it can; every record written before the fault is intact
+and readable; the fault is a finding, or one line with a non-zero exit; nothing that did not
+run counts as passed; the report still renders."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from gpucheck.controller.harness import LOG_CAP
+from gpucheck.model import results
+
+RUN = [sys.executable, "-m", "gpucheck.cli", "run", "--quiet"]
+
+
+def make_suite(project: Path, name: str, files: dict[str, str]) -> Path:
+    folder = project / "suites" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    for fname, text in files.items():
+        (folder / fname).write_text(textwrap.dedent(text))
+    return folder
+
+
+def start(project: Path, *args: str, env: dict[str, str] | None = None,
+          preexec_fn: Callable[[], None] | None = None) -> subprocess.Popen[str]:
+    cpu = [] if "--resume" in args else ["--cpu-only"]  # a resumed run keeps its settings
+    return subprocess.Popen([*RUN, *cpu, *args], cwd=project, env={**os.environ, **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=preexec_fn)
+
+
+def run(project: Path, *args: str, env: dict[str, str] | None = None,
+        preexec_fn: Callable[[], None] | None = None) -> subprocess.CompletedProcess[str]:
+    proc = start(project, *args, env=env, preexec_fn=preexec_fn)
+    stdout, stderr = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def wait_for(what: Callable[[], object], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            if what():
+                return
+        time.sleep(0.05)
+    raise AssertionError("timed out waiting")
+
+
+def in_case(out: Path, name: str) -> Callable[[], bool]:
+    state = out / "workers" / "cpu.blocking.state.json"
+    return lambda: f"::{name}" in state.read_text()
+
+
+def worker_pid(out: Path) -> int:
+    return int(json.loads(
+        (out / "workers" / "cpu.blocking.state.json").read_text())["pid"])
+
+
+def by_case(out: Path) -> dict[str, dict]:
+    recs = results.cases(out / "results.jsonl")
+    names = Counter(r["case"] for r in recs)
+    assert all(n == 1 for n in names.values()), names  # every case recorded exactly once
+    return {r["case"].rsplit("::", 1)[-1]: r for r in recs}
+
+
+def assert_kept(out: Path, torn_allowed: int = 0) -> list[dict]:
+    """Every line of results.jsonl is a valid record (``torn_allowed``: a last line the fault
+    cut short)."""
+    recs, torn = results.read_lines(out / "results.jsonl")
+    assert torn <= torn_allowed
+    schema = results.schema()
+    for rec in recs:
+        jsonschema.validate(rec, schema)
+    return recs
+
+
+def dead(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rindex(")") + 2] in "ZX"
+
+
+def report(out: Path, html: Path) -> subprocess.CompletedProcess[str]:
+    """`gpucheck report` of the run folder, its page written elsewhere."""
+    return subprocess.run([sys.executable, "-m", "gpucheck.cli", "report", str(out), "-o",
+                           str(html)], capture_output=True, text=True, timeout=120)
+
+
+# --- row 1: a worker SIGKILLed mid-case ------------------------------------------------------
+
+def test_a_worker_sigkilled_mid_case_is_a_crash_and_the_run_goes_on(tmp_path):
+    """The OOM killer's signal, sent from outside to the worker while a case runs."""
+    make_suite(tmp_path, "demo", {"test_kill.py": '''
+        import os, time
+        def test_before():
+            pass
+        def test_victim():
+            if os.environ.get("FAULT_INSIDE"):
+                open(os.environ["FAULT_INSIDE"], "w").close()
+                time.sleep(120)
+        def test_after():
+            pass
+    '''})
+    out, inside = tmp_path / "out", tmp_path / "inside"
+    proc = start(tmp_path, "--out", str(out), env={"FAULT_INSIDE": str(inside)})
+    wait_for(inside.exists)
+    victim = worker_pid(out)
+    os.kill(victim, signal.SIGKILL)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1, stdout + stderr
+    recs = by_case(out)
+    assert {k: r["status"] for k, r in recs.items()} == {
+        "test_before": "passed", "test_victim": "crashed", "test_after": "passed"}
+    crash = recs["test_victim"]
+    assert crash["signal"] == "SIGKILL"
+    assert "out-of-memory killer" in crash["findings"][0]["hint"]
+    assert_kept(out)
+    assert "1 crashed" in stdout.strip().splitlines()[-1] or "crashed" in stdout
+    assert "test_victim" in (out / "report.html").read_text()
+
+
+# --- row 2: the parent SIGKILLed mid-run, then --resume --------------------------------------
+
+def test_the_parent_sigkilled_mid_run_leaves_no_worker_and_resume_finishes(tmp_path):
+    make_suite(tmp_path, "demo", {"test_parent.py": '''
+        import os, time
+        def test_a():
+            pass
+        def test_b():
+            pass
+        def test_slow():
+            go = os.environ["FAULT_GO"]
+            while not os.path.exists(go):
+                time.sleep(0.05)
+        def test_c():
+            pass
+        def test_d():
+            pass
+    '''})
+    out, go = tmp_path / "out", tmp_path / "go"
+    env = {"FAULT_GO": str(go)}
+    proc = start(tmp_path, "--out", str(out), env=env)
+    wait_for(in_case(out, "test_slow"))
+    worker = worker_pid(out)
+    proc.kill()  # SIGKILL: no handler runs, no end record, no report
+    proc.communicate(timeout=30)
+    wait_for(lambda: dead(worker), timeout=10)  # the worker saw its lifeline break and stopped
+    go.touch()  # an orphaned worker would now finish test_slow and go on writing records
+    time.sleep(0.5)
+    kept = {r["case"] for r in results.cases(out / "results.jsonl")}
+    assert kept == {"test_parent.py::test_a", "test_parent.py::test_b"}
+
+    resumed = run(tmp_path, "--resume", str(out), env=env)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    recs = assert_kept(out)
+    assert Counter(r["record"] for r in recs) == {"run": 1, "resume": 1, "case": 5, "end": 1}
+    assert {k: r["status"] for k, r in by_case(out).items()} == dict.fromkeys(
+        ("test_a", "test_b", "test_slow", "test_c", "test_d"), "passed")
+    assert (out / "report.html").exists()
+
+
+# --- row 3: the output disk full, the folder made read-only ---------------------------------
+
+MANY = {"test_many.py": '''
+    import os, time, pytest
+    @pytest.mark.parametrize("i", range(40))
+    def test_many(i):
+        go = os.environ.get("FAULT_GO")
+        if go and i == 3:  # the fault is made while this case runs
+            open(go + ".inside", "w").close()
+            while not os.path.exists(go):
+                time.sleep(0.05)
+'''}
+
+
+def assert_stopped_on_output_fault(proc: subprocess.CompletedProcess[str], out: Path,
+                                   torn: int = 0) -> list[int]:
+    """One line, exit 2; the records before the fault kept and whole, in order; no worker left;
+    the numbers of the cases recorded."""
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    said = [line for line in proc.stderr.splitlines() if line.startswith("gpucheck: ")]
+    assert len(said) == 1 and "cannot write" in said[0] and "--resume" in said[0], proc.stderr
+    recs = assert_kept(out, torn)
+    assert recs[0]["record"] == "run"
+    cases = [r for r in recs if r["record"] == "case"]
+    done = [int(r["case"].split("[")[1].rstrip("]")) for r in cases]
+    assert done == list(range(len(done))) and len(done) < 40
+    # the cases before the fault passed; the one under way is not recorded, or, where the
+    # worker's own log is on the full disk and it died writing it, recorded as crashed
+    assert all(r["status"] == "passed" for r in cases[:-1])
+    assert cases[-1]["status"] in ("passed", "crashed")
+    for state in (out / "workers").glob("*.state.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            assert dead(int(json.loads(
+                state.read_text())["pid"]))
+    return done
+
+
+def assert_report_and_resume(tmp_path: Path, out: Path, done: list[int]) -> None:
+    """Once the fault is gone: the report renders and counts as passed only the cases that
+    ran; --resume runs the rest, each case recorded once."""
+    page = tmp_path / "page.html"
+    rep = report(out, page)
+    assert rep.returncode != 0, rep.stdout  # not "passed": the run did not finish
+    assert page.exists()
+    resumed = run(tmp_path, "--resume", str(out))
+    recs = by_case(out)
+    assert len(recs) == 40
+    crashed = [k for k, r in recs.items() if r["status"] != "passed"]
+    assert resumed.returncode == (1 if crashed else 0), resumed.stdout + resumed.stderr
+    assert crashed in ([], ["test_many[3]"])
+
+
+def test_a_file_size_limit_on_results_stops_the_run_in_one_line(tmp_path):
+    """RLIMIT_FSIZE (the kernel's EFBIG, on every machine and user): results.jsonl cannot grow
+    past a few records; the report pages, larger, cannot be written either."""
+    make_suite(tmp_path, "demo", MANY)
+    out = tmp_path / "out"
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (9000, 9000))
+
+    proc = run(tmp_path, "--out", str(out), preexec_fn=limit)
+    assert "File too large" in proc.stderr
+    done = assert_stopped_on_output_fault(proc, out)  # the cut line taken back
+    assert done  # some records were written before the limit
+    assert_report_and_resume(tmp_path, out, done)
+
+
+def _can_mount_tmpfs(where: Path) -> bool:
+    where.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "gpucheck-test", str(where)],
+                          capture_output=True)
+    return made.returncode == 0
+
+
+def _drop_dac_override() -> None:
+    """As root: lose CAP_DAC_OVERRIDE / CAP_DAC_READ_SEARCH for the process about to be run
+    (the bounding set; exec then leaves them out), so file permissions apply to it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+        if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            raise OSError(ctypes.get_errno(), "PR_CAPBSET_DROP")
+
+
+@pytest.mark.parametrize("fault", ["disk-full", "read-only"])
+def test_the_output_folder_failing_mid_run_stops_the_run_in_one_line(tmp_path, fault):
+    """disk-full: a real tmpfs of 512 KiB, filled by this test while a case runs (ENOSPC);
+    needs the right to mount (root here; the EFBIG test above covers a full disk everywhere).
+    read-only: the folder and results.jsonl made read-only with chmod while a case runs
+    (EACCES); as root, the run is started without CAP_DAC_OVERRIDE so permissions hold."""
+    mnt = tmp_path / "mnt"
+    mounted = False
+    if fault == "disk-full":
+        mounted = _can_mount_tmpfs(mnt)
+        if not mounted:
+            pytest.skip("cannot mount a tmpfs here; the RLIMIT_FSIZE test covers a full disk")
+    else:
+        mnt.mkdir()
+    try:
+        make_suite(tmp_path, "demo", MANY)
+        out, go = mnt / "out", tmp_path / "go"
+        proc = start(tmp_path, "--out", str(out), env={"FAULT_GO": str(go)},
+                     preexec_fn=_drop_dac_override if os.geteuid() == 0 else None)
+        wait_for(Path(str(go) + ".inside").exists)
+        if fault == "disk-full":
+            with contextlib.suppress(OSError), open(mnt / "filler", "wb") as f:
+                while True:
+                    f.write(b"\0" * 4096)
+                    f.flush()
+        else:
+            (out / "results.jsonl").chmod(0o444)
+            out.chmod(0o555)
+        go.touch()
+        stdout, stderr = proc.communicate(timeout=60)
+        said = "No space left on device" if fault == "disk-full" else "Permission denied"
+        assert said in stderr
+        done = assert_stopped_on_output_fault(
+            subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), out)
+        assert done in ([0, 1, 2], [0, 1, 2, 3])  # the fault came while case 3 ran
+        if fault == "disk-full":
+            (mnt / "filler").unlink()
+        else:
+            out.chmod(0o755)
+            (out / "results.jsonl").chmod(0o644)
+        assert_report_and_resume(tmp_path, out, done)
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+# --- row 4: a worker printing gigabytes -------------------------------------------------------
+
+def test_a_case_flooding_its_output_leaves_bounded_logs_and_the_run_completes(tmp_path):
+    """The case writes to fd 1 and 2 in a tight loop (as native code does, past pytest's
+    capture) for up to 3 s, at most 96 MiB each: the harness cuts each log to LOG_CAP while it
+    runs (this machine's disk never holds much more), keeping its head and its tail."""
+    make_suite(tmp_path, "demo", {"test_flood.py": '''
+        import os, time
+        def test_flood():
+            chunk = b"y" * (1 << 20)
+            for fd in (1, 2):
+                os.write(fd, b"FLOOD-START\\\\n")
+            written, t0 = 0, time.monotonic()
+            while written < 96 << 20 and time.monotonic() - t0 < 3:
+                os.write(1, chunk)
+                os.write(2, chunk)
+                written += len(chunk)
+            for fd in (1, 2):
+                os.write(fd, b"\\\\nFLOOD-END\\\\n")
+        def test_after():
+            pass
+    '''})
+    out = tmp_path / "out"
+    t0 = time.monotonic()
+    proc = run(tmp_path, "--out", str(out))
+    assert time.monotonic() - t0 < 60
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert {k: r["status"] for k, r in by_case(out).items()} == {
+        "test_flood": "passed", "test_after": "passed"}
+    for name in ("cpu.blocking.out.log", "cpu.blocking.err.log"):
+        log = out / "workers" / name
+        assert log.stat().st_size <= LOG_CAP, name
+        with open(log, "rb") as f:
+            head = f.read(1 << 16)
+            f.seek(-(1 << 16), os.SEEK_END)
+            end = f.read()
+        assert b"FLOOD-START" in head and b"FLOOD-END" in end, name
+        cut = subprocess.run(["grep", "-c", "bytes of output cut here", str(log)],
+                             capture_output=True, text=True)
+        assert int(cut.stdout.strip() or 0) >= 1, name
+    assert (out / "report.html").exists()
+
+
+# --- row 5: a case that forks or calls os._exit(0) ------------------------------------------
+
+def test_os_exit_0_mid_case_is_a_crash_not_a_pass(tmp_path):
+    make_suite(tmp_path, "demo", {"test_exit.py": '''
+        import os
+        def test_before():
+            pass
+        def test_exits():
+            os._exit(0)
+        def test_after():
+            pass
+    '''})
+    out = tmp_path / "out"
+    proc = run(tmp_path, "--out", str(out))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    recs = by_case(out)
+    assert {k: r["status"] for k, r in recs.items()} == {
+        "test_before": "passed", "test_exits": "crashed", "test_after": "passed"}
+    assert "exited with code 0" in recs["test_exits"]["reason"]
+    assert "does not count as passed" in recs["test_exits"]["findings"][0]["hint"]
+    assert "2 passed" in proc.stdout.strip().splitlines()[-1]
+    assert_kept(out)
+
+
+def test_a_forked_child_neither_records_twice_nor_outlives_the_run(tmp_path):
+    """os.fork() whose child returns into pytest (it would run every later case again and
+    write their records), and a subprocess the case leaves running."""
+    make_suite(tmp_path, "demo", {"test_fork.py": '''
+        import os, subprocess, sys, time
+        def test_forks():
+            if os.fork() != 0:
+                time.sleep(0.3)
+        def test_leaves_a_process():
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+            with open(os.environ["FAULT_PID"], "w") as f:
+                f.write(str(child.pid))
+        def test_after():
+            pass
+    '''})
+    out, pid_file = tmp_path / "out", tmp_path / "pid"
+    proc = run(tmp_path, "--out", str(out), env={"FAULT_PID": str(pid_file)})
+    time.sleep(0.5)
+    recs = by_case(out)  # each case exactly once: the fork wrote nothing
+    assert {k: r["status"] for k, r in recs.items()} == dict.fromkeys(
+        ("test_forks", "test_leaves_a_process", "test_after"), "passed")
+    left = int(pid_file.read_text())
+    (stray,) = [f for f in recs["test_leaves_a_process"]["findings"]
+                if f["kind"] == "stray-process"]
+    assert stray["severity"] == "warning" and f"pid {left}" in stray["message"]
+    wait_for(lambda: dead(left), timeout=10)  # ended with its worker
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # warnings only
+    assert_kept(out)
+
+
+# --- row 6: a case that changes CUDA_VISIBLE_DEVICES or the working folder ------------------
+
+def test_chdir_and_cuda_visible_devices_changes_are_put_back_and_are_findings(tmp_path):
+    make_suite(tmp_path, "demo", {"test_state.py": '''
+        import os, tempfile
+        START = os.getcwd()
+        def test_chdir():
+            os.chdir(tempfile.gettempdir())
+        def test_env():
+            os.environ["CUDA_VISIBLE_DEVICES"] = "7"
+        def test_after():
+            assert os.getcwd() == START
+            assert os.environ["CUDA_VISIBLE_DEVICES"] == ""  # what --cpu-only set
+    '''})
+    proc = run(tmp_path, "--out", "out")  # relative: the records still land in it
+    out = tmp_path / "out"
+    recs = by_case(out)
+    assert {k: r["status"] for k, r in recs.items()} == dict.fromkeys(
+        ("test_chdir", "test_env", "test_after"), "passed")
+    (moved,) = recs["test_chdir"]["findings"]
+    assert moved["kind"] == "process-state" and "working folder" in moved["message"]
+    (env,) = recs["test_env"]["findings"]
+    assert "CUDA_VISIBLE_DEVICES from '' to '7'" in env["message"]
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # warnings
+    assert "warnings" in proc.stdout.strip().splitlines()[-1]
+
+
+# --- row 13: a syntax or import error in one suite among several ----------------------------
+
+def test_a_collection_error_costs_only_its_file(tmp_path):
+    """The GPU run's bug: a missing import in one suite made the worker exit 2 before any case
+    of any suite ran."""
+    make_suite(tmp_path, "alpha", {"test_alpha.py": "def test_a1():\n    pass\n"})
+    make_suite(tmp_path, "broken", {
+        "test_import.py": "import not_a_module_xyz\n\ndef test_never():\n    pass\n",
+        "test_syntax.py": "def test_never(:\n    pass\n",
+        "test_fine.py": "def test_fine():\n    pass\n"})
+    make_suite(tmp_path, "gamma", {"test_gamma.py": "def test_g1():\n    pass\n"})
+    out = tmp_path / "out"
+    proc = run(tmp_path, "--out", str(out), "--suite", "suites/alpha", "--suite",
+               "suites/broken", "--suite", "suites/gamma")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    recs = results.cases(out / "results.jsonl")
+    status = {(r["suite"], r["case"]): r["status"] for r in recs}
+    assert status == {
+        ("alpha", "test_alpha.py::test_a1"): "passed",
+        ("gamma", "test_gamma.py::test_g1"): "passed",
+        ("broken", "test_fine.py::test_fine"): "passed",
+        ("broken", "test_import.py"): "error",
+        ("broken", "test_syntax.py"): "error"}
+    errors = {r["case"]: r["findings"][0] for r in recs if r["status"] == "error"}
+    assert errors["test_import.py"]["kind"] == "collection-error"
+    assert "No module named 'not_a_module_xyz'" in errors["test_import.py"]["message"]
+    assert "SyntaxError" in errors["test_syntax.py"]["message"]
+    assert "test_import.py" in (out / "report.html").read_text()
+    assert_kept(out)
+
+
+# --- row 14: a fixture that raises in teardown after a finding ------------------------------
+
+def test_a_teardown_error_after_a_finding_keeps_both(tmp_path):
+    make_suite(tmp_path, "demo", {"test_teardown.py": '''
+        import pytest
+        @pytest.fixture
+        def breaks():
+            yield
+            raise RuntimeError("teardown exploded")
+        def test_fails(breaks):
+            assert [1] == [2]
+        def test_attaches(breaks, gpucheck_findings):
+            gpucheck_findings.attach("demo-finding", "found something", severity="warning")
+        def test_after():
+            pass
+    '''})
+    out = tmp_path / "out"
+    proc = run(tmp_path, "--out", str(out))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    recs = by_case(out)
+    assert recs["test_after"]["status"] == "passed"
+    for name, first in (("test_fails", "assert [1] == [2]"), ("test_attaches", "found something")):
+        rec = recs[name]
+        assert rec["status"] == "error", name
+        messages = [f["message"] for f in rec["findings"]]
+        assert any(first in m for m in messages), messages
+        assert any("teardown exploded" in m and m.endswith("(in teardown)") for m in messages)
+    assert_kept(out)
