@@ -195,8 +195,10 @@ def spawn(cmd: list[str], env: dict[str, str], files: WorkerFiles,
     except OSError as problem:
         raise _cannot_write(files.cmd, problem) from problem
     fd = lifeline()
+    # the descriptor and the pipe's inode: a tool between us and the worker (compute-sanitizer)
+    # may close it, and the number may then name another file in the worker
     full = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **env,
-            LIFELINE_FD_ENV: str(fd)}
+            LIFELINE_FD_ENV: f"{fd}:{os.fstat(fd).st_ino}"}
     for name in drop:
         full.pop(name, None)
     with open(files.stdout, "ab") as out, open(files.stderr, "ab") as err:

@@ -25,8 +25,9 @@ DEVICE_LABEL_ENV = "GPUCHECK_DEVICE_LABEL"
 #: the ``nvml_tracker`` fixture's sampling period (seconds)
 NVML_INTERVAL_ENV = "GPUCHECK_NVML_INTERVAL"
 
-#: the file descriptor of the controller's lifeline: a pipe whose other end only the controller
-#: holds; when it reads end-of-file the controller is gone and the worker stops at once
+#: ``FD:INODE`` of the controller's lifeline: a pipe whose other end only the controller holds;
+#: when it reads end-of-file the controller is gone and the worker stops at once (the inode
+#: proves the descriptor is still that pipe)
 LIFELINE_FD_ENV = "GPUCHECK_LIFELINE_FD"
 
 # --- a worker's exit ----------------------------------------------------------------------

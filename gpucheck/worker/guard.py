@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,9 +31,16 @@ def watch_controller() -> bool:
     """Start the thread that ends this worker when the controller is gone; False when this
     process has no lifeline (plain pytest, or a descriptor that is not ours)."""
     value = os.environ.pop(LIFELINE_FD_ENV, None)  # not for the case's own subprocesses
-    if not value or not value.isdigit():
+    fd_text, _, inode = (value or "").partition(":")
+    if not fd_text.isdigit() or not inode.isdigit():
         return False
-    fd = int(value)
+    fd = int(fd_text)
+    try:
+        st = os.fstat(fd)
+    except OSError:  # closed on the way (a tool between the controller and us)
+        return False
+    if not stat.S_ISFIFO(st.st_mode) or st.st_ino != int(inode):
+        return False  # the number names another file now: not our lifeline
 
     def wait() -> None:
         try:
