@@ -108,6 +108,43 @@ def report(out: Path, html: Path) -> subprocess.CompletedProcess[str]:
 
 # --- row 1: a worker SIGKILLed mid-case ------------------------------------------------------
 
+def test_a_worker_sigkilled_while_starting_is_replaced_once(tmp_path):
+    """The signal comes before the worker's first case (its conftest kills the process the
+    first time it is imported, as the OOM killer would during torch's import): a worker-error
+    finding, then a fresh worker runs every case. A second kill in a row ends that device's
+    part of the run (no endless restarts of a start-up that always dies)."""
+    make_suite(tmp_path, "demo", {
+        "conftest.py": '''
+            import os, signal
+            marker = os.environ["FAULT_MARKER"]
+            if os.environ.get("FAULT_ALWAYS") or not os.path.exists(marker):
+                open(marker, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)
+        ''',
+        "test_a.py": '''
+            def test_one():
+                pass
+            def test_two():
+                pass
+        '''})
+    out = tmp_path / "out"
+    proc = run(tmp_path, "--out", str(out), env={"FAULT_MARKER": str(tmp_path / "m1")})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    recs = by_case(out)
+    assert {k: r["status"] for k, r in recs.items() if not k.startswith("<")} == {
+        "test_one": "passed", "test_two": "passed"}
+    errors = [r for k, r in recs.items() if k.startswith("<")]
+    assert len(errors) == 1 and errors[0]["findings"][0]["kind"] == "worker-error"
+    assert "SIGKILL" in errors[0]["reason"] and "fresh worker" in errors[0]["reason"]
+    assert_kept(out)
+    out2 = tmp_path / "out2"
+    proc = run(tmp_path, "--out", str(out2), env={"FAULT_MARKER": str(tmp_path / "m2"),
+                                                  "FAULT_ALWAYS": "1"})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    kinds = [r["status"] for r in results.cases(out2 / "results.jsonl")]
+    assert kinds == ["error", "error"]  # the first kill and the one after the restart
+
+
 def test_a_worker_sigkilled_mid_case_is_a_crash_and_the_run_goes_on(tmp_path):
     """The OOM killer's signal, sent from outside to the worker while a case runs."""
     make_suite(tmp_path, "demo", {"test_kill.py": '''

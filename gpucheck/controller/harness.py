@@ -43,6 +43,8 @@ from gpucheck.sanitizer.findings import read_records, sanitizer_findings
 STDERR_TAIL = 4000
 STACKS_CHARS = 8000
 POLL_S = 0.2
+#: workers of one spec killed by a signal before their first case, in a row, that are replaced
+MAX_STARTUP_KILLS = 1
 #: fresh workers started for one device after crashes before the harness gives up on it
 MAX_RESTARTS = 25
 #: a worker's stdout or stderr log longer than this is cut (a case printing gigabytes): its
@@ -81,6 +83,8 @@ class Worker:
     replaced: bool = False
     hung_case: str | None = None
     state: dict[str, Any] = field(default_factory=dict)
+    #: workers of this spec killed by a signal in a row before they recorded a case
+    startup_kills: int = 0
 
     @property
     def done(self) -> int:
@@ -329,7 +333,7 @@ class Harness:
                 if r["run_id"] == self.run_id and r["device"] == spec.label
                 and r["mode"] == spec.mode and not r["case"].startswith("<")]
 
-    def _restart(self, w: Worker) -> None:
+    def _restart(self, w: Worker, startup_kills: int = 0) -> None:
         """Replace a dead worker by a fresh one that runs the cases not yet recorded."""
         done = self._recorded_cases(w.spec)
         if w.generation >= MAX_RESTARTS:
@@ -341,6 +345,7 @@ class Harness:
             return
         fresh = self._spawn(w.spec, w.generation + 1, done)
         fresh.total = w.planned
+        fresh.startup_kills = startup_kills
         w.replaced = True
         self.workers.append(fresh)
 
@@ -422,9 +427,19 @@ class Harness:
                                                  bool(w.spec.sanitizer_tool)), unclaimed)
                 self._restart(w)
             else:
+                # killed by a signal (the OOM killer, a user) while starting or between cases:
+                # a fresh worker runs the cases once more; an exit code (a usage error, a
+                # start-up that fails the same way every time) or a second kill in a row ends
+                # this device's part of the run
+                again = sig is not None and w.startup_kills < MAX_STARTUP_KILLS
                 self._record(w, f"<worker {w.spec.label}>", "error",
-                             f"worker {how} outside any case (collection or start-up)", rc,
+                             f"worker {how} outside any case (collection or start-up)"
+                             + ("; a fresh worker ran the cases not yet recorded" if again
+                                else ""), rc,
                              "worker-error", "see the worker's stderr tail", unclaimed)
+                if again:
+                    kills = w.startup_kills + (0 if w.state.get("done") else 1)
+                    self._restart(w, startup_kills=kills)
 
     def _unclaimed_sanitizer_findings(self, w: Worker) -> list[Finding]:
         """Records of the worker's sanitizer logs that no finished case claimed."""
