@@ -44,6 +44,7 @@ from typing import Any
 import pytest
 
 from gpucheck.detectors import ext_watch
+from gpucheck.model.modes import BARE
 from gpucheck.worker import case as case_mod
 from gpucheck.worker import recorder as recorder_mod
 from gpucheck.worker.targets import parametrize_devices, target_devices
@@ -84,7 +85,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--gpucheck-results", default=None, help="append case records here")
     group.addoption("--gpucheck-state", default=None, help="worker state file (harness)")
     group.addoption("--gpucheck-run-id", default="adhoc")
-    group.addoption("--gpucheck-mode", default="plain")
+    group.addoption("--gpucheck-mode", default=BARE)
     group.addoption("--gpucheck-device-uuid", default=None)
     group.addoption("--gpucheck-suite", action="append", default=[], metavar="NAME=PATH",
                     help="name of the suite rooted at PATH (for records)")
@@ -115,7 +116,7 @@ def pytest_configure(config: pytest.Config) -> None:
         target_devices(config)  # a bad index is a usage error before collection starts
     if config.getoption("--gpucheck-results"):
         config.pluginmanager.register(recorder_mod.Recorder(config), case_mod.RECORDER)
-    case_mod.STATE.reset()
+    case_mod.reset()
 
 
 def sanitizer_tools(item: pytest.Item) -> tuple[str, ...] | None:

@@ -75,7 +75,7 @@ def run(cfg: RunConfig, previous: dict[str, Any] | None = None,
     if cfg.cpu_only and "nvml" in asked:
         run_modes = tuple(m for m in asked if m != "nvml")
         notes.append("--cpu-only: mode 'nvml' has no GPU to sample")
-    passes = plan_passes(run_modes, len(inv.devices) if inv else 0) or [("plain", None)]
+    passes = plan_passes(run_modes, len(inv.devices) if inv else 0) or [(modes.BARE, None)]
     requested = (cfg.suite_paths if cfg.suite_paths is not None
                  else suites_mod.resolve(cfg.suites, cpu_only=cfg.cpu_only))
     # the default first run without a GPU: the suites that need none, then the distributed

@@ -55,9 +55,6 @@ class RunFolder:
     def workers(self) -> Path:
         return self.path / WORKERS
 
-    def holds_run(self) -> bool:
-        return self.results.exists()
-
     def worker(self, device: str, mode: str, generation: int = 0) -> WorkerFiles:
         return WorkerFiles(self.workers, stem(device, mode, generation))
 
@@ -70,7 +67,7 @@ class RunFolder:
 
 def stem(device: str, mode: str, generation: int = 0) -> str:
     """``cuda:0``, ``blocking+nvml`` -> ``cuda0.blocking+nvml`` (``.N`` for generation N)."""
-    return f"{_safe(device)}.{_safe(str(mode).replace(':', '-'))}" + (
+    return f"{device_in_stem(device)}.{mode_in_stem(mode)}" + (
         f".{generation}" if generation else "")
 
 

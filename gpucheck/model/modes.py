@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 #: the instruments of the plain pass, in the order labels name them
 PLAIN = ("blocking", "nvml")
+#: the label of a pass with no instrument (``--cpu-only`` with nothing to run but plain pytest)
+BARE = "plain"
 SANITIZER = "sanitizer"
 SANITIZER_TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 DIST = "dist"
@@ -43,7 +45,7 @@ class Mode:
             _, _, tool = base.partition(":")
             if tool and tool not in SANITIZER_TOOLS:
                 raise ValueError(f"unknown compute-sanitizer tool {tool!r} in {label!r}")
-        elif base != DIST and not (base and set(base.split("+")) <= set(PLAIN)):
+        elif base not in (DIST, BARE) and not (base and set(base.split("+")) <= set(PLAIN)):
             raise ValueError(f"unknown mode {label!r}")
         return cls(base, variant)
 
@@ -62,7 +64,7 @@ class Mode:
     @property
     def instruments(self) -> tuple[str, ...]:
         """``("blocking", "nvml")`` of a plain pass; empty for the others."""
-        if self.base.startswith(SANITIZER) or self.base == DIST:
+        if self.base.startswith(SANITIZER) or self.base in (DIST, BARE):
             return ()
         return tuple(self.base.split("+"))
 
@@ -80,10 +82,6 @@ class Mode:
         if not self.base.startswith(SANITIZER):
             return None
         return self.base.partition(":")[2] or "memcheck"
-
-    @property
-    def distributed(self) -> bool:
-        return self.base == DIST
 
     @property
     def target_current(self) -> bool:
@@ -105,15 +103,6 @@ class Mode:
         """The pass without its arrangement (``sanitizer:memcheck|target-current`` ->
         ``sanitizer:memcheck``)."""
         return Mode(self.base)
-
-    @property
-    def file_label(self) -> str:
-        """The label as it appears in worker file names (no ``:`` or ``|``)."""
-        return str(self).replace("|", "-").replace(":", "-")
-
-
-def parse(label: str) -> Mode:
-    return Mode.parse(label)
 
 
 def try_parse(label: object) -> Mode | None:

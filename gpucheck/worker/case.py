@@ -46,11 +46,14 @@ class State:
     not_run: dict[str, int] = field(default_factory=dict)
     plain_detectors: DetectorLoop | None = None
 
-    def reset(self) -> None:
-        self.__init__()  # type: ignore[misc]
-
 
 STATE = State()
+
+
+def reset() -> None:
+    """A fresh state for a new session (pytester runs several in one process)."""
+    global STATE
+    STATE = State()
 
 
 # --- findings a case attaches -------------------------------------------------------------
