@@ -223,7 +223,17 @@ def bound_log(path: Path, cap: int = LOG_CAP, keep: int = LOG_KEEP) -> None:
             f.seek(keep)
             f.write(f"\n[gpucheck: {size - 2 * keep} bytes of output cut here; a log is kept "
                     f"to its first and last {keep} bytes]\n".encode() + last)
-            f.truncate()
+            # what the worker appended meanwhile (its last words, often) moves down too: the
+            # cut keeps no window but the one between the last size read and the truncate
+            done, end = size, f.tell()
+            while (grown := os.fstat(f.fileno()).st_size) > done:
+                f.seek(done)
+                extra = f.read(grown - done)
+                done = grown
+                f.seek(end)
+                f.write(extra)
+                end = f.tell()
+            f.truncate(end)
     except OSError:
         return
 
