@@ -46,6 +46,7 @@ import pytest
 from gpucheck.detectors import ext_watch
 from gpucheck.model.modes import BARE
 from gpucheck.worker import case as case_mod
+from gpucheck.worker import guard
 from gpucheck.worker import recorder as recorder_mod
 from gpucheck.worker.targets import parametrize_devices, target_devices
 
@@ -115,6 +116,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--gpucheck-device"):
         target_devices(config)  # a bad index is a usage error before collection starts
     if config.getoption("--gpucheck-results"):
+        guard.tolerate_undecodable_output()
         config.pluginmanager.register(recorder_mod.Recorder(config), case_mod.RECORDER)
     case_mod.reset()
 

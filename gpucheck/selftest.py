@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpucheck.model import results
 from gpucheck.model.layout import RunFolder
 from gpucheck.model.modes import try_parse
+from gpucheck.model.results import CaseRecord, Finding
+from gpucheck.model.runlog import RunLog
 
 #: severities in increasing order; a finding at or above a row's severity names its defect
 SEVERITIES = ("info", "warning", "error")
@@ -142,57 +143,55 @@ class Row:
     detail: str
 
 
-def _names(d: Defect, r: dict[str, Any], f: dict[str, Any]) -> bool:
+def _names(d: Defect, r: CaseRecord, f: Finding) -> bool:
     """Whether finding ``f`` of record ``r`` is the one meant for defect ``d``."""
-    return (f.get("kind") == d.kind and _rank(f.get("severity")) >= _rank(d.severity)
-            and f.get("device") in (None, r.get("device"))
-            and (d.op is None or d.op in f"{f.get('op') or ''} {f.get('kernel') or ''}"))
+    return (f.kind == d.kind and _rank(f.severity) >= _rank(d.severity)
+            and f.device in (None, r.device)
+            and (d.op is None or d.op in f"{f.op or ''} {f.kernel or ''}"))
 
 
-def _row(d: Defect, recs: list[dict[str, Any]], devices: int, passes: set[str]) -> Row:
+def _row(d: Defect, recs: list[CaseRecord], devices: int, passes: set[str]) -> Row:
     if devices < d.min_devices:
         return Row(d, "not run", f"needs {d.min_devices} GPUs")
     if d.mode not in passes:
         return Row(d, "not run", f"no {d.mode} pass in this run" + (
             " (gpucheck selftest --sanitizer)" if d.mode.startswith(SANITIZER) else ""))
-    mine = [r for r in recs if _base(str(r.get("case"))) == d.case
-            and pass_of(str(r.get("mode"))) == d.mode]
-    ran = sorted({(str(r["device"]), str(r.get("mode"))) for r in mine
-                  if r.get("record", "case") == "case" and r.get("status") != "skipped"})
+    mine = [r for r in recs if _base(r.case) == d.case and pass_of(r.mode) == d.mode]
+    ran = sorted({(r.device, r.mode) for r in mine if r.status != "skipped"})
     if not ran:
         return Row(d, "not run", "its case did not run in this mode")
-    hits = [(r, f) for r in mine for f in r.get("findings", []) if _names(d, r, f)]
-    hit = {(str(r["device"]), str(r.get("mode"))) for r, _ in hits}
+    hits = [(r, f) for r in mine for f in r.findings if _names(d, r, f)]
+    hit = {(r.device, r.mode) for r, _ in hits}
     devices_hit = sorted({dev for dev, _ in hit})
     if all(key in hit for key in ran):
         f = hits[0][1]
-        what = f.get("op") or f.get("kernel") or ""
+        what = f.op or f.kernel or ""
         return Row(d, "found", f"{d.kind} on {', '.join(devices_hit)}"
                                f"{' · ' + what if what else ''}")
     missed = [f"{dev} ({mode})" for dev, mode in ran if (dev, mode) not in hit]
-    seen = sorted({f"{f.get('kind')}/{f.get('severity')}" + (
-        f" op={f.get('op') or f.get('kernel')}" if f.get("kind") == d.kind else "")
-        for r in mine for f in r.get("findings", [])})
+    seen = sorted({f"{f.kind}/{f.severity}" + (
+        f" op={f.op or f.kernel}" if f.kind == d.kind else "")
+        for r in mine for f in r.findings})
     return Row(d, "missed", f"not found on {', '.join(missed)}; findings seen: "
                             f"{', '.join(seen) or 'none'}")
 
 
-def matrix(records: Iterable[dict[str, Any]], devices: int
+def matrix(records: Iterable[CaseRecord], devices: int
            ) -> tuple[list[Row], list[dict[str, Any]]]:
-    """The matrix rows and the false positives, from the case and diagnosis records of a
-    selftest run (``devices``: how many GPUs the run had).
+    """The matrix rows and the false positives, from the case records of a selftest run,
+    their diagnoses attached (``devices``: how many GPUs the run had).
 
     A row is found when, on every (device, pass) where its case ran — for a sanitizer tool
     both ``sanitizer:<tool>`` and ``sanitizer:<tool>|target-current`` —, a record of the case
     carries a finding of the row's kind, at least its severity, on that device, whose op or
     kernel contains the row's ``op``."""
-    recs = [r for r in records if r.get("record", "case") in ("case", "diagnosis")]
-    passes = {m for r in recs if (m := pass_of(str(r.get("mode")))) is not None}
+    recs = list(records)
+    passes = {m for r in recs if (m := pass_of(r.mode)) is not None}
     rows = [_row(d, recs, devices, passes) for d in DEFECTS]
-    false = [{"device": r.get("device"), "case": r.get("case"), "mode": r.get("mode"),
-              "kind": f.get("kind"), "message": f.get("message")}
-             for r in recs if _base(str(r.get("case"))) in CLEAN
-             for f in r.get("findings", []) if f.get("severity") in ("error", "warning")]
+    false = [{"device": r.device, "case": r.case, "mode": r.mode, "kind": f.kind,
+              "message": f.message}
+             for r in recs if _base(r.case) in CLEAN
+             for f in r.findings if f.severity in ("error", "warning")]
     return rows, false
 
 
@@ -247,13 +246,12 @@ def prebuild(logs: Path, names: Iterable[str] | None = None,
     return [name for name, proc in procs.items() if proc.wait() != 0]
 
 
-def read_run(run_dir: Path) -> tuple[list[dict[str, Any]], int]:
-    """Every case and diagnosis record of the run in ``run_dir`` and how many GPUs it
-    targeted."""
-    recs = list(results.read(RunFolder(run_dir).results))
-    header = next((r for r in recs if r.get("record") == "run"), {})
-    gpus = [d for d in header.get("devices", []) if str(d.get("device")).startswith("cuda")]
-    return [r for r in recs if r.get("record") in ("case", "diagnosis")], len(gpus)
+def read_run(run_dir: Path) -> tuple[list[CaseRecord], int]:
+    """Every case record of the run in ``run_dir`` (its diagnoses attached) and how many
+    GPUs it targeted."""
+    log = RunLog.read(RunFolder(run_dir).results)
+    devices = log.header.devices if log.header is not None else []
+    return log.diagnosed_cases(), sum(d.device.startswith("cuda") for d in devices)
 
 
 def verdict(rows: list[Row], false: list[dict[str, Any]]) -> int:

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from gpucheck.detectors.oom_anomaly import (
     size_of,
 )
 from gpucheck.model import results
+from gpucheck.model.results import CaseRecord
 
 OOM = Path(__file__).parent / "fixtures" / "oom"
 GiB, MiB = 1 << 30, 1 << 20
@@ -36,15 +38,22 @@ def recorded(kind: str) -> str:
 
 
 def failed(message: str, memory: dict | None = None, device: str = "cuda:0",
-           case: str = "test_m.py::test_m[cuda0]", traceback: str = "") -> dict:
-    """A case record as the worker writes it for a case that raised ``message``."""
+           case: str = "test_m.py::test_m[cuda0]", traceback: str = "") -> CaseRecord:
+    """A case record as the worker writes it for a case that raised ``message``, read back."""
     head = message.splitlines()[0]
-    return {"record": "case", "device": device, "suite": "s", "case": case,
+    return read_back({"record": "case", "device": device, "suite": "s", "case": case,
             "mode": "blocking+nvml", "status": "failed",
             "memory": memory or {"torch_peak_allocated": 300 * MiB},
             "findings": [{"kind": "test-failure", "severity": "error", "message": head,
                           "evidence": f"{traceback}\nE   {message}\n\ntest_m.py:12: "
-                                      f"{head.split(':')[0]}"}]}
+                                      f"{head.split(':')[0]}"}]})
+
+
+def read_back(record: dict) -> CaseRecord:
+    """A record as the controller reads it back from results.jsonl."""
+    found = CaseRecord.from_json({"run_id": "r", **record})
+    assert found is not None
+    return found
 
 
 # --- the parser ------------------------------------------------------------------------------
@@ -121,7 +130,7 @@ def test_recorded_messages_as_case_failures(kind, want):
 def test_recorded_raw_cuda_oom_as_cuda_error():
     text = (OOM / "huge_request_no_caching.stderr_tail.txt").read_text()
     rec = failed("torch.AcceleratorError: CUDA error: out of memory", traceback=text)
-    rec["findings"][0]["kind"] = "cuda-error"
+    rec.findings[0].kind = "cuda-error"
     [f] = oom_findings([rec])
     assert (f.kind, f.severity) == ("oom", "info") and "no sizes" in f.message
 
@@ -146,7 +155,7 @@ def test_story3_request_beyond_the_device_is_an_anomaly():
 
 
 def test_reruns_of_the_wrong_device_check_are_not_counted_twice():
-    rerun = {**failed(STORY3_TORCH20), "mode": "blocking+nvml|rerun:target-current"}
+    rerun = replace(failed(STORY3_TORCH20), mode="blocking+nvml|rerun:target-current")
     assert len(oom_findings([failed(STORY3_TORCH20), rerun])) == 1
 
 
@@ -176,11 +185,11 @@ def test_rasterizer_memory_anomaly_error(kind):
 
 # --- growth over sizes -------------------------------------------------------------------------
 
-def sized(n: int, peak: int, device: str = "cuda:0", name: str = "test_g") -> dict:
+def sized(n: int, peak: int, device: str = "cuda:0", name: str = "test_g") -> CaseRecord:
     dev = device.replace(":", "")
-    return {"record": "case", "device": device, "suite": "s", "mode": "blocking+nvml",
-            "case": f"test_g.py::{name}[{dev}-{n}]", "status": "passed",
-            "memory": {"torch_peak_allocated": peak}, "findings": []}
+    return read_back({"record": "case", "device": device, "suite": "s", "mode": "blocking+nvml",
+                      "case": f"test_g.py::{name}[{dev}-{n}]", "status": "passed",
+                      "memory": {"torch_peak_allocated": peak}, "findings": []})
 
 
 def test_quadratic_growth_is_flagged_linear_is_not():
@@ -199,11 +208,11 @@ def test_growth_is_fitted_on_the_cases_own_peak():
     at_start = 84 * (1 << 20)
     recs = [sized(n, at_start + 4 * n * n) for n in (1024, 2048, 4096)]
     for r in recs:
-        r["memory"]["torch_allocated_at_start"] = at_start
+        r.memory["torch_allocated_at_start"] = at_start
     [f] = growth(recs)
     assert "size^2.00" in f.message and "4,096: 64.0 MiB" in f.message
     for r in recs:
-        del r["memory"]["torch_allocated_at_start"]
+        del r.memory["torch_allocated_at_start"]
     assert growth(recs) == []  # what the detector saw before it subtracted the start
 
 
@@ -226,10 +235,10 @@ def test_growth_beyond_the_device_is_an_error():
 # --- imbalance ---------------------------------------------------------------------------------
 
 def peak(device: str, torch_peak: int, nvml_peak: int, case: str = "test_i.py::test_i[{d}]"
-         ) -> dict:
-    return {"record": "case", "device": device, "suite": "s", "mode": "blocking+nvml",
-            "case": case.format(d=device.replace(":", "")), "status": "passed",
-            "memory": {"torch_peak_allocated": torch_peak, "nvml_peak_used": nvml_peak}}
+         ) -> CaseRecord:
+    return read_back({"record": "case", "device": device, "suite": "s", "mode": "blocking+nvml",
+                      "case": case.format(d=device.replace(":", "")), "status": "passed",
+                      "memory": {"torch_peak_allocated": torch_peak, "nvml_peak_used": nvml_peak}})
 
 
 def test_imbalance_across_devices():
@@ -240,7 +249,7 @@ def test_imbalance_across_devices():
     assert (f.kind, f.severity, f.device) == ("imbalance", "warning", "cuda:0")
     assert f.case == "test_i.py::test_i[cuda0]" and "800.0 MiB more than cuda:1" in (
         f.evidence or "")
-    assert imbalances([r for r in recs if r["device"] == "cuda:0"]) == []
+    assert imbalances([r for r in recs if r.device == "cuda:0"]) == []
 
 
 # --- leak ----------------------------------------------------------------------------------------
@@ -329,7 +338,7 @@ def test_diagnose_adds_memory_findings(tmp_path):
                           "devices": [{"device": "cuda:0", "uuid": "GPU-a", "name": "H200",
                                        "memory_total": 150 * GiB}]})
     for r in [failed(STORY3_TORCH20), *(sized(n, 4 * n * n) for n in (1024, 2048, 4096))]:
-        results.append(path, {**r, "schema": results.SCHEMA_ID, "run_id": "r1"})
+        results.append(path, {**r.to_json(), "run_id": "r1"})
     made = pipeline._diagnose(tmp_path, path, "r1")
     kinds = sorted(d["findings"][0]["kind"] for d in made)
     assert kinds == ["memory-growth", "oom-anomaly"]

@@ -11,6 +11,7 @@ import torch
 
 from gpucheck.detectors import CaseInfo, Numerics, op_watch
 from gpucheck.detectors.numerics import conflicts, disagreements, fingerprint, parse
+from gpucheck.model.results import CaseRecord
 
 CASE = CaseInfo("cpu", "s", "test_x.py::test_x")
 _count = itertools.count()
@@ -149,8 +150,8 @@ def test_numerics_caps_fingerprints_per_signature():
 
 def test_cross_device_disagreement_across_records():
     def rec(dev, case, outs):
-        return {"record": "case", "device": dev, "suite": "s", "case": case,
-                "fingerprints": [f"ext::op|in1|{outs}|{dev}"]}
+        return CaseRecord(run_id="r", device=dev, suite="s", case=case, mode="blocking",
+                          status="passed", fingerprints=[f"ext::op|in1|{outs}|{dev}"])
 
     same = [rec("cuda:0", "t[cuda0]", "a"), rec("cuda:1", "t[cuda1]", "a")]
     assert disagreements(same) == []

@@ -12,6 +12,7 @@ from pathlib import Path
 from gpucheck.detectors import registry
 from gpucheck.detectors.base import DISABLE_ENV, BaseDetector, CaseInfo
 from gpucheck.model.results import Finding
+from gpucheck.model.runlog import RunHeader
 
 
 def test_builtin_worker_and_run_detectors_have_distinct_names():
@@ -33,9 +34,9 @@ def test_the_disable_variable_leaves_detectors_out(monkeypatch):
 
 
 def test_run_context_comes_from_the_run_header():
-    ctx = registry.RunContext.of_header({"devices": [
+    ctx = registry.RunContext.of_header(RunHeader.from_json({"run_id": "r", "devices": [
         {"device": "cuda:0", "uuid": "GPU-a", "memory_total": 80},
-        {"device": "cuda:1", "uuid": "GPU-b", "memory_total": None}]})
+        {"device": "cuda:1", "uuid": "GPU-b", "memory_total": None}]}))
     assert ctx.device_names == {"GPU-a": "cuda:0", "GPU-b": "cuda:1"}
     assert ctx.memory_totals == {"cuda:0": 80}
 

@@ -82,12 +82,13 @@ def test_cpu_run_reports(run_copy):
                               "counts": s["by_status"]}]
     # junit.xml is the JUnit writer's view of the same records, with the same verdict
     root = ET.parse(paths["junit"]).getroot()
-    assert ET.tostring(root) == ET.tostring(junit.to_xml(recs, done.verdict).getroot())
+    assert ET.tostring(root) == ET.tostring(junit.to_xml(done.data.cases,
+                                                         done.verdict).getroot())
     page = _page(paths["html"])
     text = " ".join(page.text)
-    for r in recs:
-        if r["status"] not in ("passed", "skipped"):
-            assert r["case"] in text  # every case that did not pass is on the page
+    for r in done.data.cases:
+        if r.status not in ("passed", "skipped"):
+            assert r.case in text  # every case that did not pass is on the page
     assert "terminate called after throwing an instance of 'thrust::system_error'" in text
     assert "in test_hang" in text  # the hang's stack
     assert "SIGABRT" in text
@@ -159,18 +160,17 @@ def _case(case, status, findings=(), **kw):
 
 def test_unknown_kind_is_rendered_generically(tmp_path):
     f = Finding("wrong-device", "error", "kernel ran on cuda:0 for inputs on cuda:1",
-                hint="add OptionalCUDAGuard(device_of(img1))").__dict__
-    f["differential"] = {"other device current": "failed: illegal memory access",
-                         "target device current": "passed"}
-    f["kernel_device"] = "cuda:0"
-    rec = _case("t.py::test_x", "failed")
-    rec["findings"] = [f]
+                op="my_ext.forward", hint="add OptionalCUDAGuard(device_of(img1))",
+                evidence="other device current: failed: illegal memory access\n"
+                         "target device current: passed")
+    rec = _case("t.py::test_x", "failed", [f])
+    rec["findings"][0]["differential"] = {"a field": "no writer writes"}  # left out when read
     results.append(tmp_path / "results.jsonl", rec)
     html = write_all(tmp_path)["html"].read_text()
     assert "Wrong device" in html  # a title made from the kind
-    assert "add OptionalCUDAGuard(device_of(img1))" in html
-    assert "target device current" in html and "failed: illegal memory access" in html
-    assert "kernel_device" in html
+    assert "add OptionalCUDAGuard(device_of(img1))" in html and "my_ext.forward" in html
+    assert "target device current: passed" in html and "failed: illegal memory access" in html
+    assert "no writer writes" not in html
 
 
 def test_page_escapes_what_the_records_say(tmp_path):
@@ -317,7 +317,8 @@ def test_the_poisoned_device_is_not_a_stray_context(tmp_path):
     run = tmp_path / "example"
     shutil.copytree(example, run)
     data = rundata.load(run)
-    labels = {d["uuid"]: d["device"] for d in data.header["devices"]}
+    assert data.header is not None
+    labels = {d.uuid: d.device for d in data.header.devices if d.uuid}
     tl = timeline.read(run / "nvml_timeline.jsonl", labels)
     both = [pid for pid, devs in tl.pid_devices().items() if len(devs) > 1]
     meant = timeline.expected_devices(data)

@@ -45,7 +45,7 @@ def test_example_findings_are_grouped_diagnoses_first(example):
     assert wrong.devices == ["cuda:0", "cuda:1"] and len(wrong.cases) == 2
     # every finding of the run is in exactly one group
     cases = done.data.cases
-    total = sum(len(r["findings"]) for r in cases)
+    total = sum(len(r.findings) for r in cases)
     assert sum(x.count for x in g.all()) + sum(d.explained for d in g.diagnoses) == total
     # the 320 raw sanitizer records are a few groups, one per kernel or CUDA API call
     san = [s for s in g.symptoms if s.kind == "sanitizer"]
@@ -76,11 +76,11 @@ def test_example_page_leads_with_diagnoses_and_is_under_a_megabyte(example):
     # nothing a maintainer needs was lost: every distinct message, kernel and case is there
     text = re.sub(r"&#3[49];|&quot;|&amp;|&lt;|&gt;", "", html)
     for r in done.data.cases:
-        for f in r["findings"]:
-            message = groups.signature(f["message"]).splitlines()[0]
+        for f in r.findings:
+            message = groups.signature(f.message).splitlines()[0]
             message = re.sub(r"[\"'&<>]", "", message)
-            assert message[:80] in text, f["message"][:120]
-            assert r["case"] in html
+            assert message[:80] in text, f.message[:120]
+            assert r.case in html
     doc = json.loads((run / "results.json").read_text())
     assert [d["kind"] for d in doc["diagnoses"]] == [d.kind for d in done.grouped.diagnoses]
     assert sum(s["count"] for s in doc["symptoms"]) == sum(s.count for s in done.grouped.symptoms)
@@ -145,4 +145,7 @@ def test_a_warning_diagnosis_does_not_explain_a_crash(tmp_path):
     ({"kind": "crash"}, {}, "symptom"),
 ])
 def test_roles(finding, record, role):
-    assert groups.role(finding, record) == role
+    read = CaseRecord.from_json({"device": "cuda:0", "suite": "s", "case": "t.py::x",
+                                 "status": "failed", **record})
+    assert read is not None
+    assert groups.role(Finding.from_json({"severity": "error", **finding}), read) == role

@@ -61,7 +61,7 @@ def test_example_run_is_valid_sarif_with_source_lines(example):
     found = run["results"]
     # every finding is in one result, counted (320 sanitizer records are 18 results)
     assert sum(r["properties"]["count"] for r in found) == sum(
-        len(c["findings"]) for c in done.data.cases)
+        len(c.findings) for c in done.data.cases)
     assert len(found) < 60
     by_message = {r["message"]["text"].split(" (")[0]: r for r in found}
     overrun = by_message["Invalid __global__ write of size 4 bytes x64 in <unnamed>::add_one "

@@ -56,9 +56,11 @@ def test_schema_accepts_records_and_rejects_bad_ones():
             jsonschema.validate(bad, schema)
 
 
-def test_has_errors_looks_at_severity():
-    assert not results.has_errors([_record("a", "passed", [Finding("x", "warning", "w")])])
-    assert results.has_errors([_record("a", "crashed", [Finding("crash", "error", "died")])])
+def test_errors_are_the_findings_of_severity_error():
+    warned = CaseRecord.from_json(_record("a", "passed", [Finding("x", "warning", "w")]))
+    crashed = CaseRecord.from_json(_record("a", "crashed", [Finding("crash", "error", "died")]))
+    assert warned is not None and crashed is not None
+    assert warned.errors() == [] and [f.kind for f in crashed.errors()] == ["crash"]
 
 
 def test_junit_groups_by_device_suite_mode(tmp_path):

@@ -4,11 +4,15 @@ and on that run changed the ways a detector could fail."""
 from __future__ import annotations
 
 import copy
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from gpucheck import _resources, cli, selftest
+from gpucheck.model import results
+from gpucheck.model.results import CaseRecord, Finding
+from gpucheck.model.runlog import RunLog
 from gpucheck.selftest import DEFECTS, matrix, pass_of, read_run, verdict
 
 RUN = Path(__file__).parent / "fixtures" / "run_h200_selftest"
@@ -43,8 +47,8 @@ def test_a_missing_finding_is_a_miss():
     records, gpus = read_run(RUN)
     records = copy.deepcopy(records)
     for r in records:
-        if "test_abort" in r["case"]:
-            r["findings"] = [f for f in r["findings"] if f["kind"] != "crash"]
+        if "test_abort" in r.case:
+            r.findings = [f for f in r.findings if f.kind != "crash"]
     rows, false = matrix(records, gpus)
     row = rows_by_name(rows)["abort inside the extension"]
     assert row.status == "missed" and "not found on cuda:0 (blocking+nvml)" in row.detail
@@ -54,9 +58,9 @@ def test_a_missing_finding_is_a_miss():
 def test_a_finding_on_clean_code_is_a_false_positive():
     records, gpus = read_run(RUN)
     records = copy.deepcopy(records)
-    good = next(r for r in records if "test_good_guarded" in r["case"])
-    good["findings"].append({"kind": "device-state-leak", "severity": "warning",
-                             "message": "changed", "device": good["device"]})
+    good = next(r for r in records if "test_good_guarded" in r.case)
+    good.findings.append(Finding("device-state-leak", "warning", "changed",
+                                 device=good.device))
     rows, false = matrix(records, gpus)
     assert [f["kind"] for f in false] == ["device-state-leak"]
     assert verdict(rows, false) == 1
@@ -81,7 +85,7 @@ def _diagnosis(device: str) -> dict:
     (["cuda:0", "cuda:1"], "found"), (["cuda:1"], "missed"), ([], "missed")])
 def test_wrong_device_must_be_diagnosed_on_every_device(diagnosed, status):
     records = [_unguarded("cuda:0"), _unguarded("cuda:1"), *map(_diagnosis, diagnosed)]
-    row = rows_by_name(matrix(records, 2)[0])["no device guard (pybind extension)"]
+    row = rows_by_name(matrix(typed(records), 2)[0])["no device guard (pybind extension)"]
     assert row.status == status
 
 
@@ -118,6 +122,15 @@ def test_selftest_command_prints_the_matrix_of_its_run(tmp_path, monkeypatch, ca
 
 # --- records built by hand, in the results.jsonl format -------------------------------------
 
+def typed(records: list[dict]) -> list[CaseRecord]:
+    """The records as gpucheck reads them back from results.jsonl (diagnoses attached)."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "results.jsonl"
+        for r in records:
+            results.append(path, r)
+        return RunLog.read(path).diagnosed_cases()
+
+
 def _rec(case: str, device: str, mode: str, *findings: dict, status: str = "passed",
          record: str = "case") -> dict:
     return {"schema": "gpucheck.results/1", "record": record, "run_id": "r", "device": device,
@@ -152,17 +165,18 @@ def test_modes_of_records_map_to_the_pass_of_a_row():
 def test_a_sanitizer_row_needs_its_own_tools_pass():
     # a memcheck pass ran the no-sync case and found something: not the racecheck row's finding
     records = [_race("cuda:0", "sanitizer:memcheck")]
-    row = rows_by_name(matrix(records, 1)[0])[RACE]
+    row = rows_by_name(matrix(typed(records), 1)[0])[RACE]
     assert row.status == "not run"
     assert row.detail == "no sanitizer:racecheck pass in this run (gpucheck selftest --sanitizer)"
-    row = rows_by_name(matrix([*records, _race("cuda:0", "sanitizer:racecheck")], 1)[0])[RACE]
+    both = typed([*records, _race("cuda:0", "sanitizer:racecheck")])
+    row = rows_by_name(matrix(both, 1)[0])[RACE]
     assert row.status == "found" and row.detail == f"sanitizer on cuda:0 · {RACE_KERNEL}"
 
 
 def test_a_case_deselected_from_its_tools_pass_did_not_run():
     other = _rec("test_defect_knn.py::test_uninit_read_knn", "cuda:0", "sanitizer:racecheck")
     records = [_race("cuda:0", "sanitizer:racecheck"), other]
-    row = rows_by_name(matrix(records, 1)[0])["read of uninitialized memory (KNN)"]
+    row = rows_by_name(matrix(typed(records), 1)[0])["read of uninitialized memory (KNN)"]
     assert row.status == "not run"
 
 
@@ -174,7 +188,7 @@ def test_a_sanitizer_row_must_be_found_in_every_pass_of_its_tool_on_every_device
     records = [_race(dev, mode, found=(dev, mode) != missing)
                for dev in ("cuda:0", "cuda:1")
                for mode in ("sanitizer:racecheck", "sanitizer:racecheck|target-current")]
-    row = rows_by_name(matrix(records, 2)[0])[RACE]
+    row = rows_by_name(matrix(typed(records), 2)[0])[RACE]
     assert row.status == status
     if missing:
         assert row.detail.startswith(f"not found on {missing[0]} ({missing[1]})")
@@ -195,9 +209,9 @@ def test_a_row_accepts_its_kinds_severity_and_needs_its_op(severity, op, status)
     records = [_rec(SET_DEVICE, dev, "blocking+nvml",
                     _finding("device-state-leak", dev, severity, op=op))
                for dev in ("cuda:0", "cuda:1")]
-    rows = rows_by_name(matrix(records, 2)[0])
+    rows = rows_by_name(matrix(typed(records), 2)[0])
     assert rows[LEAK].status == status
-    assert rows_by_name(matrix(records, 1)[0])[LEAK].status == "not run"  # one GPU
+    assert rows_by_name(matrix(typed(records), 1)[0])[LEAK].status == "not run"  # one GPU
 
 
 def test_the_new_plain_rows_on_two_gpus():
@@ -219,7 +233,7 @@ def test_the_new_plain_rows_on_two_gpus():
             _rec(knn + "test_clean_knn", dev, "blocking+nvml"),
             _rec(knn + "test_no_guard_knn", dev, "blocking+nvml|rerun:target-current"),
         ]
-    rows, false = matrix(records, 2)
+    rows, false = matrix(typed(records), 2)
     got = {name: r.status for name, r in rows_by_name(rows).items()}
     assert got["output on the current device (KNN)"] == "found"
     assert got["result differs between runs (KNN)"] == "found"
@@ -231,14 +245,14 @@ def test_the_new_plain_rows_on_two_gpus():
         for f in r["findings"]:
             if f["kind"] == "numerics":
                 f["kind"] = "test-failure"
-    row = rows_by_name(matrix(records, 2)[0])["result differs between runs (KNN)"]
+    row = rows_by_name(matrix(typed(records), 2)[0])["result differs between runs (KNN)"]
     assert row.status == "missed" and "test-failure/error" in row.detail
 
 
 def test_a_sanitizer_finding_on_a_clean_twin_is_a_false_positive():
     records = [_rec("test_defect_knn.py::test_clean_knn", "cuda:0", "sanitizer:initcheck",
                     _finding("sanitizer", "cuda:0", kernel="query_kernel<3>"))]
-    rows, false = matrix(records, 1)
+    rows, false = matrix(typed(records), 1)
     assert [(f["case"], f["mode"]) for f in false] == [
         ("test_defect_knn.py::test_clean_knn[cuda0]", "sanitizer:initcheck")]
     assert verdict(rows, false) == 1
@@ -278,7 +292,7 @@ def test_the_pybind_rows_on_one_gpu_and_their_cases_exist():
         _rec(PYB + "test_clean_pybind", dev, "blocking+nvml"),
         _rec(PYB + "test_clean_unwatched_caller_pybind", dev, "blocking+nvml"),
     ]
-    rows, false = matrix(records, 1)
+    rows, false = matrix(typed(records), 1)
     got = {name: r.status for name, r in rows_by_name(rows).items() if "pybind" in r.defect.case}
     assert got == {"forward on the legacy default stream (pybind)": "found",
                    "cub on stream 0 in backward (pybind)": "found",
@@ -288,7 +302,7 @@ def test_the_pybind_rows_on_one_gpu_and_their_cases_exist():
                    "bare cudaSetDevice (pybind)": "not run"}
     assert false == []
     records[-1]["findings"].append(_finding("wrong-stream", dev, op="x"))
-    assert matrix(records, 1)[1] != []  # a finding on a clean twin is a false positive
+    assert matrix(typed(records), 1)[1] != []  # a finding on a clean twin is a false positive
     tests = {n.name for n in ast.parse(
         (_resources.suites() / "selftest" / "test_defect_pybind.py").read_text()).body
         if isinstance(n, ast.FunctionDef)}

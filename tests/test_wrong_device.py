@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import jsonschema
@@ -17,22 +18,31 @@ from gpucheck import cli
 from gpucheck.controller import config, pipeline
 from gpucheck.detectors.wrong_device import WrongDevice, diagnose, extension_function, suspects
 from gpucheck.model import results
+from gpucheck.model.results import CaseRecord
+from gpucheck.model.runlog import RunLog
 
 FIXTURE = Path(__file__).parent / "fixtures" / "run_h200_selftest" / "results.jsonl"
 
 
-def _recorded_overrun() -> dict:
+def _recorded_overrun() -> CaseRecord:
     """The real memcheck record of the self-test's out-of-bounds kernel (one H200)."""
-    return next(r for r in results.cases(FIXTURE)
-                if r["case"].endswith("test_overrun[cuda0]") and r["mode"] == "sanitizer:memcheck")
+    return next(r for r in RunLog.read(FIXTURE).cases
+                if r.case.endswith("test_overrun[cuda0]") and r.mode == "sanitizer:memcheck")
 
 
-def _as_seen_with(record: dict, current: str | None, mode: str, status: str | None = None):
-    r = copy.deepcopy(record)
-    r["current_device"], r["mode"] = current, mode
+def _as_seen_with(record: CaseRecord, current: str | None, mode: str,
+                  status: str | None = None) -> CaseRecord:
+    r = replace(copy.deepcopy(record), current_device=current, mode=mode)
     if status is not None:
-        r["status"], r["findings"] = status, []
+        r.status, r.findings = status, []
     return r
+
+
+def _with_findings(*findings: dict) -> CaseRecord:
+    found = CaseRecord.from_json({"device": "cuda:0", "suite": "s", "case": "t.py::x",
+                                  "status": "failed", "findings": list(findings)})
+    assert found is not None
+    return found
 
 
 def test_a_case_that_passes_with_its_target_current_is_a_wrong_device_finding():
@@ -68,11 +78,11 @@ def test_only_cases_run_with_another_device_current_are_suspects():
 def test_extension_function_skips_runtime_and_anonymous_frames():
     fn, _ = extension_function(_recorded_overrun())
     assert fn == "add_one_overrun(at::Tensor const&)"
-    assert extension_function({"findings": [{"evidence": "no frames", "kernel": "k"}]}) == (
+    assert extension_function(_with_findings({"evidence": "no frames", "kernel": "k"})) == (
         None, "k")
     # without host frames (a plain pass), the op the worker saw the case call last
-    assert extension_function({"findings": [{"kind": "cuda-error", "evidence": "Traceback",
-                                             "op": "gpucheck::ssim_forward"}]}) == (
+    assert extension_function(_with_findings({"kind": "cuda-error", "evidence": "Traceback",
+                                              "op": "gpucheck::ssim_forward"})) == (
         "gpucheck::ssim_forward", None)
 
 

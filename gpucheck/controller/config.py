@@ -22,6 +22,7 @@ from gpucheck.errors import EnvironmentProblem, UsageProblem
 from gpucheck.model import modes, results
 from gpucheck.model.layout import RESULTS
 from gpucheck.model.modes import PLAIN, Mode
+from gpucheck.model.runlog import RunHeader, RunLog
 from gpucheck.nvml_sampler import DEFAULT_INTERVAL_S
 from gpucheck.report import DEFAULT_FORMATS
 
@@ -108,7 +109,7 @@ def prepare_out(out: Path | None) -> Path:
     return path
 
 
-def load_resume(folder: Path, cfg: RunConfig) -> tuple[RunConfig, dict[str, Any]]:
+def load_resume(folder: Path, cfg: RunConfig) -> tuple[RunConfig, RunHeader]:
     """The config and header of the run in ``folder``, for ``--resume``."""
     given = [flag for flag, value in (
         ("--all-devices", cfg.all_devices), ("--device", cfg.devices), ("--suite", cfg.suites),
@@ -121,15 +122,15 @@ def load_resume(folder: Path, cfg: RunConfig) -> tuple[RunConfig, dict[str, Any]
         raise UsageProblem(f"--resume continues a run with the settings it was started with; "
                            f"drop {', '.join(given)}")
     path = folder / RESULTS
-    header = next((r for r in results.read(path) if r.get("record") == "run"), None) \
-        if path.is_file() else None
+    header = RunLog.read(path).header if path.is_file() else None
     if header is None:
         raise UsageProblem(f"{str(folder)!r} holds no gpucheck run to resume "
                            "(no results.jsonl with a run header)")
-    saved = header.get("config")
-    if not isinstance(saved, dict):
+    saved = header.config
+    if not saved:
         raise UsageProblem(f"the run in {str(folder)!r} was written by a gpucheck that did not "
                            "record its settings; it cannot be resumed")
+    _check_resumable(folder, saved)
     resumed = RunConfig(
         all_devices=bool(saved.get("all_devices")), devices=tuple(saved.get("devices") or ()),
         suites=tuple(saved.get("suites") or ()), modes=tuple(saved.get("modes") or ()),
@@ -141,6 +142,54 @@ def load_resume(folder: Path, cfg: RunConfig) -> tuple[RunConfig, dict[str, Any]
         backend=saved.get("backend"), formats=cfg.formats,
         suite_paths={n: Path(p) for n, p in dict(saved.get("suite_paths") or {}).items()})
     return resumed, header
+
+
+#: the types of the settings a run header records (what ``--resume`` replays)
+_SETTING_TYPES: dict[str, tuple[type, ...]] = {
+    "all_devices": (bool,), "cpu_only": (bool,), "allow_empty": (bool,),
+    "distributed": (bool,), "timeout": (int, float), "nvml_interval": (int, float),
+    "world_size": (int, type(None)), "backend": (str, type(None))}
+#: settings that are lists, and the type of their items
+_SETTING_LISTS: dict[str, type] = {"devices": int, "suites": str, "modes": str,
+                                   "pytest_args": str}
+
+
+def _check_resumable(folder: Path, saved: dict[str, Any]) -> None:
+    """``--resume`` runs code: the suites the header names, with its pytest arguments, and
+    writes into the folder. A folder someone else produced is refused, in one sentence, when
+    its settings are not what gpucheck writes, when a suite it names lies inside the folder
+    (code that came with the folder) or no longer exists, or when the folder holds a link or
+    a FIFO (a worker would write through it, outside the folder)."""
+    def refuse(what: str) -> UsageProblem:
+        return UsageProblem(f"cannot resume {str(folder)!r}: {what}; gpucheck writes no such "
+                            "run folder (start a new run instead)")
+
+    for name, types in _SETTING_TYPES.items():
+        value = saved.get(name)
+        if value is not None and (not isinstance(value, types)
+                                  or (bool not in types and isinstance(value, bool))):
+            raise refuse(f"its recorded setting {name!r} is {value!r}")
+    for name, item in _SETTING_LISTS.items():
+        value = saved.get(name) or []
+        if not isinstance(value, list) or not all(
+                isinstance(v, item) and not isinstance(v, bool) for v in value):
+            raise refuse(f"its recorded setting {name!r} is {value!r}")
+    paths = saved.get("suite_paths") or {}
+    if not isinstance(paths, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in paths.items()):
+        raise refuse(f"its recorded suite paths are {paths!r}")
+    inside = folder.resolve()
+    for name, where in paths.items():
+        resolved = Path(where).resolve()
+        if resolved == inside or inside in resolved.parents:
+            raise refuse(f"suite {name!r} lies inside the run folder ({where})")
+        if not resolved.exists():
+            raise refuse(f"suite {name!r} ({where}) no longer exists")
+    for root, dirs, files in os.walk(folder):
+        for entry in [*dirs, *files]:
+            path = Path(root) / entry
+            if path.is_symlink() or not (path.is_dir() or path.is_file()):
+                raise refuse(f"it holds {str(path)!r}, a link or a special file")
 
 
 def extension_problem() -> str | None:
@@ -205,9 +254,9 @@ def plan_passes(asked: tuple[str, ...], devices: int = 1) -> list[tuple[str, str
     return passes
 
 
-def check_same_devices(header: dict[str, Any], targets: list[Target]) -> None:
+def check_same_devices(header: RunHeader, targets: list[Target]) -> None:
     """A resumed run must target the same GPUs (by UUID) as the run it continues."""
-    before = {d.get("device"): d.get("uuid") for d in header.get("devices", [])}
+    before = {d.device: d.uuid for d in header.devices}
     for label, _, uuid_now, _ in targets:
         if before.get(label) and uuid_now and before[label] != uuid_now:
             raise UsageProblem(f"cannot resume: {label} is now {uuid_now}, but the run was "

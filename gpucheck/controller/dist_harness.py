@@ -47,6 +47,7 @@ from gpucheck.model import results
 from gpucheck.model.contract import DEVICE_LABEL_ENV, NORMAL_EXITS, now_iso, read_state
 from gpucheck.model.layout import RunFolder, WorkerFiles
 from gpucheck.model.results import CaseRecord, Finding
+from gpucheck.model.runlog import RunLog
 
 POLL_S = 0.2
 #: generations (fresh groups after a finding) before the harness gives up on the group
@@ -98,12 +99,14 @@ def free_port() -> int:
 class DistHarness:
     """Runs the group's cases generation by generation; returns the diagnoses it made."""
 
-    def __init__(self, group: GroupSpec, out_dir: Path, results_path: Path, run_id: str,
+    def __init__(self, group: GroupSpec, out_dir: Path, results: Path | RunLog, run_id: str,
                  timeout: float, on_update: Callable[[str], None] | None = None) -> None:
+        """``results``: the file the ranks append to, or the controller's log of it."""
         self.group = group
         self.out_dir = out_dir
         self.wdir = out_dir / "workers"
-        self.results_path = results_path
+        self.log = results if isinstance(results, RunLog) else RunLog(results)
+        self.results_path = self.log.path
         self.run_id = run_id
         self.timeout = timeout
         self.on_update = on_update
@@ -285,10 +288,11 @@ class DistHarness:
         """Cases of this group already recorded (by any rank), and ``also``. With ``before``,
         only cases started before then: a rank whose peers were killed fails the cases after
         the finding in no time, and those records must not stop them from running again."""
-        done = {r["case"] for r in results.cases(self.results_path)
-                if r["run_id"] == self.run_id and r["mode"] == self.group.mode
-                and str(r["device"]).startswith("rank") and not r["case"].startswith("<")
-                and (before is None or _epoch(r.get("started_at")) < before)}
+        self.log.refresh()
+        done = {r.case for r in self.log.cases
+                if r.run_id == self.run_id and r.mode == self.group.mode
+                and r.device.startswith("rank") and not r.harness_made
+                and (before is None or _epoch(r.started_at) < before)}
         return sorted(done | ({also} if also else set()))
 
     # ---- a finding -----------------------------------------------------------------------

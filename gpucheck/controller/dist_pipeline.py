@@ -35,6 +35,7 @@ from gpucheck.errors import UsageProblem
 from gpucheck.model import results
 from gpucheck.model.contract import CURRENT_ENV, TARGET_CURRENT
 from gpucheck.model.layout import RunFolder
+from gpucheck.model.runlog import RunHeader
 
 MODE = DIST_MODE
 BACKENDS = ("nccl", "gloo")
@@ -61,7 +62,7 @@ def _ranks(cfg: RunConfig) -> tuple[list[RankSpec], int, str, list[Target],
     return ranks, len(ranks), backend or "nccl", targets, notes, inv
 
 
-def run(cfg: RunConfig, previous: dict[str, Any] | None) -> int:
+def run(cfg: RunConfig, previous: RunHeader | None) -> int:
     """Run the group (see the module docstring); returns the exit code of the run."""
     if rank_env.under_torchrun():
         return _run_torchrun(cfg)
@@ -78,7 +79,7 @@ def run(cfg: RunConfig, previous: dict[str, Any] | None) -> int:
         results.append(results_path, header(cfg, run_id, targets, inv, requested,
                                                       [(MODE, None)], notes, {}, (MODE,)))
     else:
-        run_id = str(previous["run_id"])
+        run_id = previous.run_id
     group = GroupSpec(ranks, world, backend, requested, MODE, _env(cfg), cfg.pytest_args)
     return _watch_and_finish(cfg, group, out, results_path, run_id, notes)
 

@@ -5,16 +5,15 @@ settings loaded, and the run handed to the single-process controller
 
 from __future__ import annotations
 
-from typing import Any
-
 from gpucheck.controller import dist_pipeline, pipeline
 from gpucheck.controller.config import RunConfig, load_resume, refuse_inapplicable
+from gpucheck.model.runlog import RunHeader
 
 
 def run(cfg: RunConfig) -> int:
     """Run the suites on every target device; returns the exit code of the whole run."""
     refuse_inapplicable(cfg)
-    previous: dict[str, Any] | None = None
+    previous: RunHeader | None = None
     if cfg.resume is not None:
         cfg, previous = load_resume(cfg.resume, cfg)
     if cfg.distributed:

@@ -37,6 +37,7 @@ from gpucheck.model.contract import (
 )
 from gpucheck.model.layout import RunFolder, WorkerFiles
 from gpucheck.model.results import CaseRecord, Finding
+from gpucheck.model.runlog import RunLog
 from gpucheck.sanitizer import command as sanitizer_cmd
 from gpucheck.sanitizer.findings import read_records, sanitizer_findings
 
@@ -305,11 +306,14 @@ def _signal_name(returncode: int) -> str | None:
 class Harness:
     """Starts the workers, watches them and writes crash/hang records."""
 
-    def __init__(self, specs: list[WorkerSpec], out_dir: Path, results_path: Path, run_id: str,
-                 timeout: float, on_update: Callable[[Worker], None] | None = None) -> None:
+    def __init__(self, specs: list[WorkerSpec], out_dir: Path, results: Path | RunLog,
+                 run_id: str, timeout: float,
+                 on_update: Callable[[Worker], None] | None = None) -> None:
+        """``results``: the file the workers append to, or the controller's log of it."""
         self.specs = specs
         self.out_dir = out_dir
-        self.results_path = results_path
+        self.log = results if isinstance(results, RunLog) else RunLog(results)
+        self.results_path = self.log.path
         self.run_id = run_id
         self.timeout = timeout
         self.on_update = on_update
@@ -339,9 +343,10 @@ class Harness:
                       generation, base_done=len(skip or []))
 
     def _recorded_cases(self, spec: WorkerSpec) -> list[str]:
-        return [r["case"] for r in results.cases(self.results_path)
-                if r["run_id"] == self.run_id and r["device"] == spec.label
-                and r["mode"] == spec.mode and not r["case"].startswith("<")]
+        self.log.refresh()
+        return [r.case for r in self.log.cases
+                if r.run_id == self.run_id and r.device == spec.label and r.mode == spec.mode
+                and not r.harness_made]
 
     def _restart(self, w: Worker, startup_kills: int = 0) -> None:
         """Replace a dead worker by a fresh one that runs the cases not yet recorded."""

@@ -49,6 +49,7 @@ from gpucheck.model import modes, results
 from gpucheck.model.contract import CURRENT_ENV, OTHER_CURRENT, TARGET_CURRENT
 from gpucheck.model.layout import RunFolder
 from gpucheck.model.modes import Mode
+from gpucheck.model.runlog import RunHeader, RunLog
 from gpucheck.nvml_sampler import Sampler, TimelineWriter
 from gpucheck.report import Published, publish
 from gpucheck.sanitizer import command as sanitizer_cmd
@@ -58,7 +59,7 @@ from gpucheck.sanitizer import command as sanitizer_cmd
 ExtraPass = Callable[[RunConfig, Path, Path, str, list[str]], bool]
 
 
-def run(cfg: RunConfig, previous: dict[str, Any] | None = None,
+def run(cfg: RunConfig, previous: RunHeader | None = None,
         cpu_dist_pass: ExtraPass | None = None) -> int:
     """Run the suites on every target device; returns the exit code of the whole run.
     ``previous``: the header of the run ``cfg.resume`` continues. ``cpu_dist_pass``: runs the
@@ -81,7 +82,7 @@ def run(cfg: RunConfig, previous: dict[str, Any] | None = None,
     # the default first run without a GPU: the suites that need none, then the distributed
     # suite as a gloo group of CPU ranks (cpu_dist_pass)
     cpu_defaults = cpu_dist_pass is not None and (
-        DIST_MODE in previous.get("modes", []) if previous is not None else
+        DIST_MODE in previous.modes if previous is not None else
         cfg.cpu_only and not cfg.suites and suites_mod.defaults_are_ours())
     if cpu_defaults and (gpu_only := suites_mod.left_out_without_gpu()):
         notes.append(f"--cpu-only: the suites {', '.join(gpu_only)} test CUDA kernels and need "
@@ -102,7 +103,7 @@ def run(cfg: RunConfig, previous: dict[str, Any] | None = None,
         results.append(results_path, header(cfg, run_id, targets, inv, requested,
                                             header_passes, notes, not_runnable, asked))
     else:
-        run_id = str(previous["run_id"])
+        run_id = previous.run_id
         results.append(results_path, {
             "schema": results.SCHEMA_ID, "record": "resume", "run_id": run_id,
             "resumed_at": datetime.now().astimezone().isoformat(timespec="milliseconds"),
@@ -110,13 +111,13 @@ def run(cfg: RunConfig, previous: dict[str, Any] | None = None,
         })
     console = make_console()
     stopped: list[str] = []
+    log = RunLog(results_path)  # the controller's one reader of the run's records
     try:
         with sigterm_as_interrupt(stopped):
-            interrupted = _run_passes(cfg, passes, targets, suites, sanitizer, out,
-                                      results_path, run_id, notes, console,
-                                      len(inv.devices) if inv else 0)
+            interrupted = _run_passes(cfg, passes, targets, suites, sanitizer, out, log,
+                                      run_id, notes, console, len(inv.devices) if inv else 0)
             if (cpu_defaults and cpu_dist_pass is not None and not interrupted
-                    and not _has_mode(results_path, run_id, DIST_MODE)):
+                    and not _has_mode(log, run_id, DIST_MODE)):
                 interrupted = cpu_dist_pass(cfg, out, results_path, run_id, notes)
     except BaseException as err:  # the harness itself failed: report what was recorded
         with contextlib.suppress(OutputProblem):  # the disk that failed may fail again
@@ -128,10 +129,10 @@ def run(cfg: RunConfig, previous: dict[str, Any] | None = None,
                   (stopped[0] if stopped else "Ctrl-C") if interrupted else None, console)
 
 
-def _has_mode(results_path: Path, run_id: str, mode: str) -> bool:
+def _has_mode(log: RunLog, run_id: str, mode: str) -> bool:
     """Whether the run already recorded cases of ``mode`` (a resumed run skips that pass)."""
-    return any(r.get("run_id") == run_id and r.get("mode") == mode
-               for r in results.cases(results_path))
+    log.refresh()
+    return any(r.run_id == run_id and r.mode == mode for r in log.cases)
 
 
 @contextlib.contextmanager
@@ -154,9 +155,10 @@ def sigterm_as_interrupt(stopped: list[str]) -> Iterator[None]:
 
 
 def _run_passes(cfg: RunConfig, passes: list[tuple[str, str | None]], targets: list[Target],
-                suites: dict[str, Path], sanitizer: Path | None, out: Path, results_path: Path,
+                suites: dict[str, Path], sanitizer: Path | None, out: Path, log: RunLog,
                 run_id: str, notes: list[str], console: Console, visible: int) -> bool:
     """Every pass on every target; True when Ctrl-C stopped it."""
+    rerun_log = RunLog(RunFolder(out).rerun)
     with Progress(console, quiet=cfg.quiet) as progress:
         for label, tool in passes:
             mode = Mode.parse(label)
@@ -165,12 +167,11 @@ def _run_passes(cfg: RunConfig, passes: list[tuple[str, str | None]], targets: l
             specs = [WorkerSpec(t_label, index, u, suites, label,
                                 _pass_env(label, cfg, current), cfg.pytest_args, interval, tool,
                                 sanitizer) for t_label, index, u, _ in targets]
-            if _run_harness(specs, out, results_path, run_id, cfg.timeout, progress, notes,
-                            interval):
+            if _run_harness(specs, out, log, run_id, cfg.timeout, progress, notes, interval):
                 return True
             if (visible > 1 and tool is None and current == OTHER_CURRENT
-                    and _rerun_suspects(cfg, label, specs, out, results_path, run_id, progress,
-                                        notes)):
+                    and _rerun_suspects(cfg, label, specs, out, log, rerun_log, run_id,
+                                        progress, notes)):
                 return True
     return False
 
@@ -184,11 +185,11 @@ def _pass_env(label: str, cfg: RunConfig, current: str) -> dict[str, str]:
     return env
 
 
-def _run_harness(specs: list[WorkerSpec], out: Path, results_path: Path, run_id: str,
+def _run_harness(specs: list[WorkerSpec], out: Path, log: RunLog, run_id: str,
                  timeout: float, progress: Progress, notes: list[str], interval: float) -> bool:
     """One pass of workers (with the NVML timeline when asked); True after Ctrl-C."""
-    progress.follow(results_path)
-    harness = Harness(specs, out, results_path, run_id, timeout, on_update=progress.update)
+    progress.follow(log)
+    harness = Harness(specs, out, log, run_id, timeout, on_update=progress.update)
     timeline = TimelineWriter(RunFolder(out).timeline) if interval > 0 else None
     sampler = Sampler(interval, timeline).start() if timeline is not None else None
     try:
@@ -216,18 +217,18 @@ def run_until_interrupted(harness: Any) -> bool:
 
 
 def _rerun_suspects(cfg: RunConfig, label: str, specs: list[WorkerSpec], out: Path,
-                    results_path: Path, run_id: str, progress: Progress,
+                    log: RunLog, rerun_log: RunLog, run_id: str, progress: Progress,
                     notes: list[str]) -> bool:
     """The wrong-device check: cases of this pass that went wrong with another device current
     run again with their target current, in fresh workers, records to rerun.jsonl."""
-    bad = suspects([r for r in results.cases(results_path) if r.get("run_id") == run_id],
-                   label)
+    log.refresh()
+    bad = suspects([r for r in log.cases if r.run_id == run_id], label)
     folder = RunFolder(out)
     rerun, control = (str(Mode.parse(label).with_variant(v))
                       for v in (modes.RERUN_TARGET, modes.RERUN_CONTROL))
     reruns, controls = [], []
     for spec in specs:
-        mine = sorted({r["case"] for r in bad if r["device"] == spec.label})
+        mine = sorted({r.case for r in bad if r.device == spec.label})
         if not mine:
             continue
         only = folder.worker(spec.label, rerun).only
@@ -246,29 +247,28 @@ def _rerun_suspects(cfg: RunConfig, label: str, specs: list[WorkerSpec], out: Pa
                  f"current ran again, with their target current and (control) with the other "
                  f"device current again ({folder.rerun.name})")
     for specs_ in (reruns, controls):
-        if _run_harness(specs_, out, folder.rerun, run_id, cfg.timeout, progress, notes,
-                        0.0):
+        if _run_harness(specs_, out, rerun_log, run_id, cfg.timeout, progress, notes, 0.0):
             return True
     return False
 
 
 def _diagnose(out: Path, results_path: Path, run_id: str) -> list[dict[str, Any]]:
     """Run-level detectors over every record; their findings become diagnosis records."""
-    records = [r for r in results.cases(results_path) if r.get("run_id") == run_id]
-    rerun = RunFolder(out).rerun
-    if rerun.exists():
-        records += [r for r in results.cases(rerun) if r.get("run_id") == run_id]
-    head = next((r for r in results.read(results_path)
-                 if r.get("record") == "run" and r.get("run_id") == run_id), {})
+    log = RunLog.read(results_path)
+    records = [r for r in log.cases if r.run_id == run_id]
+    records += [r for r in RunLog.read(RunFolder(out).rerun).cases if r.run_id == run_id]
+    head = next((h for h in log.headers if h.run_id == run_id), None)
     made = []
     for detector in registry.run_detectors(registry.RunContext.of_header(head)):
         for finding in detector.run_finished(records):
-            mine = [r for r in records if (r["device"], r["suite"], r["case"]) ==
+            mine = [r for r in records if (r.device, r.suite, r.case) ==
                     (finding.device, finding.suite, finding.case)]
-            original = next((r for r in mine if not Mode.parse(r["mode"]).variant), mine[0])
+            if not mine:  # a detector's finding about no case of the run: nowhere to attach
+                continue
+            original = next((r for r in mine if not Mode.parse(r.mode).variant), mine[0])
             record = {"schema": results.SCHEMA_ID, "record": "diagnosis", "run_id": run_id,
                       "device": finding.device, "suite": finding.suite, "case": finding.case,
-                      "mode": original["mode"], "findings": [asdict(finding)]}
+                      "mode": original.mode, "findings": [asdict(finding)]}
             results.append(results_path, record)
             made.append(record)
     return made

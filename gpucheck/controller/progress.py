@@ -10,9 +10,8 @@ markup, so a case id such as ``test_x[cuda0]`` is printed as it is.
 
 from __future__ import annotations
 
-import json
+import re
 from collections import Counter, defaultdict
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich import progress as rp
@@ -20,6 +19,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from gpucheck.model.results import CaseRecord
+from gpucheck.model.runlog import RunLog
 from gpucheck.report.groups import Group, Grouped
 from gpucheck.report.verdict import RAN, Verdict
 
@@ -33,46 +34,24 @@ MAX_GROUPS = 15
 SEVERITY_STYLE = {"error": "red", "warning": "yellow", "info": "cyan"}
 
 
+#: what a terminal would act on rather than show (C0 controls but tab, DEL, C1 controls): a
+#: test id or message holding escape codes must not retitle, clear or recolour the terminal
+_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character shown as ``\\xNN``."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 def finding_text(kind: str, severity: str, where: str, message: str, count: int = 1) -> Text:
     """``kind: where: message`` with the kind coloured by severity (plain without a TTY)."""
     first = (message.splitlines() or [""])[0]
-    text = Text.assemble((kind, SEVERITY_STYLE.get(severity, "")), f": {where}: {first}")
+    text = Text.assemble((printable(kind), SEVERITY_STYLE.get(severity, "")),
+                         printable(f": {where}: {first}"))
     if count > 1:
         text.append(f" (x{count})")
     return text
-
-
-class _Follower:
-    """Reads the case records appended to a results file since the last look."""
-
-    def __init__(self) -> None:
-        self.path: Path | None = None
-        self.offset = 0
-
-    def follow(self, path: Path) -> None:
-        if path != self.path:
-            self.path = path
-            self.offset = path.stat().st_size if path.exists() else 0
-
-    def new(self) -> list[dict[str, Any]]:
-        if self.path is None or not self.path.exists():
-            return []
-        if self.path.stat().st_size <= self.offset:
-            return []
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            chunk = f.read()
-        end = chunk.rfind(b"\n") + 1  # a line still being written waits for the next look
-        self.offset += end
-        out = []
-        for line in chunk[:end].splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and record.get("record") == "case":
-                out.append(record)
-        return out
 
 
 class Progress:
@@ -90,7 +69,8 @@ class Progress:
         )
         self.tasks: dict[str, rp.TaskID] = {}
         self.reported: set[str] = set()
-        self.results = _Follower()
+        self.log: RunLog | None = None
+        self.seen = 0  # case records of the log already looked at
 
     def __enter__(self) -> Progress:
         self.bar.__enter__()
@@ -100,23 +80,27 @@ class Progress:
         self.bar.__exit__(*exc)
         self._findings()
 
-    def follow(self, results_path: Path) -> None:
-        """The results file the workers of the next pass append to."""
+    def follow(self, log: RunLog) -> None:
+        """The results file the workers of the next pass append to (the controller's log of
+        it: the records already in it are not shown again)."""
         self._findings()
-        self.results.follow(results_path)
+        log.refresh()
+        self.log, self.seen = log, len(log.cases)
 
     def _findings(self) -> None:
         """One line per finding recorded since the last look (no terminal, not quiet)."""
-        if self.live or self.quiet:
+        if self.live or self.quiet or self.log is None:
             return
-        for r in self.results.new():
-            where = f"{r.get('device')} {r.get('mode')} {r.get('case')}"
-            same = Counter((str(f.get("kind")), str(f.get("severity")), str(f.get("message")))
-                           for f in r.get("findings", []))
+        self.log.refresh()
+        new = self.log.cases[self.seen:]
+        self.seen += len(new)
+        for r in new:
+            where = f"{r.device} {r.mode} {r.case}"
+            same = Counter((f.kind, f.severity, f.message) for f in r.findings)
             for n, ((kind, severity, message), count) in enumerate(same.items()):
                 if n == MAX_LINES_PER_RECORD:
                     self.console.print(f"  ... and {len(same) - n} more distinct finding(s) "
-                                       f"of {where}", soft_wrap=True, markup=False)
+                                       f"of {printable(where)}", soft_wrap=True, markup=False)
                     break
                 self.console.print(finding_text(kind, severity, where, message, count),
                                    soft_wrap=True)
@@ -143,11 +127,11 @@ class Progress:
                                f"exit {w.proc.returncode}", soft_wrap=True, markup=False)
 
 
-def summary_table(records: list[dict[str, Any]]) -> Table:
+def summary_table(records: list[CaseRecord]) -> Table:
     """Device x suite -> counts per status."""
     counts: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
     for r in records:
-        counts[(r["device"], r["suite"])][r["status"]] += 1
+        counts[(r.device, r.suite)][r.status] += 1
     table = Table(title="gpucheck summary")
     for col in ("device", "suite", "passed", "failed", "error", "crashed", "hung", "skipped"):
         table.add_column(col, justify="left" if col in ("device", "suite") else "right",
@@ -161,8 +145,8 @@ def summary_table(records: list[dict[str, Any]]) -> Table:
 
 
 def _group_text(g: Group, indent: str = "") -> Text:
-    return Text.assemble(indent, (g.kind, SEVERITY_STYLE.get(g.severity, "")),
-                         g.line()[len(g.kind):])
+    return Text.assemble(indent, (printable(g.kind), SEVERITY_STYLE.get(g.severity, "")),
+                         printable(g.line()[len(g.kind):]))
 
 
 def print_findings(console: Console, grouped: Grouped, limit: int = MAX_GROUPS) -> None:
@@ -193,23 +177,23 @@ def print_verdict(console: Console, verdict: Verdict) -> None:
     if not verdict.ok or verdict.name == "warnings":
         for why in verdict.why:
             console.print(Text.assemble((f"{SAYS.get(verdict.name, verdict.name)}:", style),
-                                        f" {why}"), soft_wrap=True)
+                                        printable(f" {why}")), soft_wrap=True)
     for problem in verdict.problems:
         if problem not in verdict.why:
-            console.print(Text.assemble(("unreadable:", "red"), f" {problem}"), soft_wrap=True)
+            console.print(Text.assemble(("unreadable:", "red"), printable(f" {problem}")),
+                          soft_wrap=True)
 
 
-def summary_line(records: list[dict[str, Any]], reasons: int = 3) -> tuple[str, int]:
+def summary_line(records: list[CaseRecord], reasons: int = 3) -> tuple[str, int]:
     """How many cases ran, passed, failed..., were skipped and why.
 
     Returns the line and the number of cases that ran.
     """
-    counts = Counter(r["status"] for r in records)
+    counts = Counter(r.status for r in records)
     ran = sum(counts[s] for s in RAN)
     parts = ", ".join(f"{counts[s]} {s}" for s in RAN if counts[s] or s in ("passed", "failed"))
     line = f"{len(records)} case(s): {ran} ran ({parts}), {counts['skipped']} skipped"
-    why = Counter(r.get("reason") or "no reason given" for r in records
-                  if r["status"] == "skipped")
+    why = Counter(r.reason or "no reason given" for r in records if r.status == "skipped")
     if why:
         top = "; ".join(f"{reason} ({n})" for reason, n in why.most_common(reasons))
         more = f"; {len(why) - reasons} more reason(s)" if len(why) > reasons else ""

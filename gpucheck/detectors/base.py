@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gpucheck.model.results import Finding
+from gpucheck.model.results import CaseRecord, Finding
 
 #: comma-separated names of worker detectors to leave out, or ``all`` (e.g. to measure their
 #: cost, or to rule them out)
@@ -46,8 +46,8 @@ class Detector(Protocol):
     Worker side: ``bind`` once with the worker's context, then around the body of each
     case (its ``call`` phase): ``case_started`` just before, ``case_finished`` just after,
     then ``case_data`` (fields the case record keeps, e.g. ``fingerprints``). Controller
-    side: ``run_finished`` over every case record of the run (dicts in the results.jsonl
-    format).
+    side: ``run_finished`` over every case record of the run, as read back
+    (:class:`~gpucheck.model.results.CaseRecord`).
     """
 
     name: str
@@ -58,7 +58,7 @@ class Detector(Protocol):
 
     def case_finished(self, case: CaseInfo) -> list[Finding]: ...
 
-    def run_finished(self, records: list[dict[str, Any]]) -> list[Finding]: ...
+    def run_finished(self, records: list[CaseRecord]) -> list[Finding]: ...
 
     def case_data(self) -> dict[str, Any]: ...
 
@@ -77,7 +77,7 @@ class BaseDetector:
     def case_finished(self, case: CaseInfo) -> list[Finding]:
         return []
 
-    def run_finished(self, records: list[dict[str, Any]]) -> list[Finding]:
+    def run_finished(self, records: list[CaseRecord]) -> list[Finding]:
         return []
 
     def case_data(self) -> dict[str, Any]:

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import Any
 
 from gpucheck.detectors.base import BaseDetector
-from gpucheck.model.results import Finding
+from gpucheck.model.modes import try_parse
+from gpucheck.model.results import CaseRecord, Finding
 
 __all__ = ["Imbalance", "imbalances"]
 
@@ -34,9 +34,8 @@ HINT = ("allocate every buffer with the input's options (`x.options()`, `device=
         "under a device guard; a cache or workspace must be keyed by device")
 
 
-def _key(r: dict[str, Any]) -> tuple[str, str, str]:
-    return (str(r.get("suite")), _DEVICE_TOKEN.sub("cuda*", str(r.get("case"))),
-            str(r.get("mode")))
+def _key(r: CaseRecord) -> tuple[str, str, str]:
+    return (r.suite, _DEVICE_TOKEN.sub("cuda*", r.case), r.mode)
 
 
 def _compare(tol: tuple[float, int], peaks: dict[str, int]) -> tuple[str, str, int, int] | None:
@@ -51,25 +50,25 @@ def _compare(tol: tuple[float, int], peaks: dict[str, int]) -> tuple[str, str, i
     return None
 
 
-def imbalances(records: Iterable[dict[str, Any]]) -> list[Finding]:
+def imbalances(records: Iterable[CaseRecord]) -> list[Finding]:
     """One finding per (suite, case, mode) whose peaks differ across devices."""
-    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, str, str], list[CaseRecord]] = {}
     for r in records:
-        mode = str(r.get("mode"))
-        if (r.get("record", "case") != "case" or mode.startswith("sanitizer") or "|" in mode
-                or r.get("status") not in ("passed", "failed") or not r.get("memory")):
+        mode = try_parse(r.mode)
+        if (mode is None or mode.sanitizer_tool or mode.variant
+                or r.status not in ("passed", "failed") or not r.memory):
             continue
         groups.setdefault(_key(r), []).append(r)
     found = []
     for members in groups.values():
-        by_device = {str(r.get("device")): r for r in members}
+        by_device = {r.device: r for r in members}
         if len(by_device) < 2:
             continue
         lines, where = [], None
         for label, field, tol in (("PyTorch peak allocated", "torch_peak_allocated", TORCH_TOL),
                                   ("NVML peak of the worker", "nvml_peak_used", NVML_TOL)):
-            peaks = {d: int(r["memory"][field]) for d, r in by_device.items()
-                     if (r.get("memory") or {}).get(field) is not None}
+            peaks = {d: r.memory[field] for d, r in by_device.items()
+                     if isinstance(r.memory.get(field), int)}
             hit = _compare(tol, peaks)
             if hit is None:
                 continue
@@ -82,9 +81,9 @@ def imbalances(records: Iterable[dict[str, Any]]) -> list[Finding]:
             continue
         found.append(Finding(
             kind="imbalance", severity="warning",
-            message=f"the same case needs more memory on {where.get('device')} than on the "
+            message=f"the same case needs more memory on {where.device} than on the "
                     f"other device(s): {lines[0].split(': ', 1)[1]}",
-            device=where.get("device"), suite=where.get("suite"), case=where.get("case"),
+            device=where.device, suite=where.suite, case=where.case,
             evidence="\n".join(lines) + f"\n(tolerances: PyTorch x{TORCH_TOL[0]} and "
                      f"+{TORCH_TOL[1] >> 20} MiB; NVML x{NVML_TOL[0]} and "
                      f"+{NVML_TOL[1] >> 20} MiB)",
@@ -97,5 +96,5 @@ class Imbalance(BaseDetector):
 
     name = "imbalance"
 
-    def run_finished(self, records: list[dict[str, Any]]) -> list[Finding]:
+    def run_finished(self, records: list[CaseRecord]) -> list[Finding]:
         return imbalances(records)

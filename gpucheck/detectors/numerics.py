@@ -32,7 +32,7 @@ from typing import Any
 
 from gpucheck.detectors import op_watch
 from gpucheck.detectors.base import CallWatcher, CaseInfo
-from gpucheck.model.results import Finding
+from gpucheck.model.results import CaseRecord, Finding
 
 CAP = 16
 SAMPLE = 1 << 20
@@ -209,7 +209,7 @@ class Numerics(CallWatcher):
         return found + [_finding(op, inputs, outs, where, self.frames.get(op))
                         for op, inputs, outs in conflicts(self.entries)]
 
-    def run_finished(self, records: list[dict[str, Any]]) -> list[Finding]:
+    def run_finished(self, records: list[CaseRecord]) -> list[Finding]:
         return disagreements(records)
 
     def case_data(self) -> dict[str, Any]:
@@ -221,13 +221,13 @@ class Numerics(CallWatcher):
         return data
 
 
-def disagreements(records: Iterable[dict[str, Any]]) -> list[Finding]:
+def disagreements(records: Iterable[CaseRecord]) -> list[Finding]:
     """Parent side: the same op and input with different outputs in different case records
     (another device, or another run of the case). Conflicts inside one record were already
     reported by the worker."""
-    by_key: dict[tuple[str, str], list[tuple[str, str, dict[str, Any]]]] = {}
+    by_key: dict[tuple[str, str], list[tuple[str, str, CaseRecord]]] = {}
     for r in records:
-        for entry in r.get("fingerprints") or []:
+        for entry in r.fingerprints:
             op, inputs, outputs, device = parse(entry)
             by_key.setdefault((op, inputs), []).append((device, outputs, r))
     found = []
@@ -237,10 +237,9 @@ def disagreements(records: Iterable[dict[str, Any]]) -> list[Finding]:
         if any(len({o for _, o, rr in seen if rr is r}) > 1 for _, _, r in seen):
             continue  # already a finding of that case
         first = seen[0][2]
-        cases = sorted({f"{r.get('device')} {r.get('case')}" for _, _, r in seen})
+        cases = sorted({f"{r.device} {r.case}" for _, _, r in seen})
         f = _finding(op, inputs, [(d, o) for d, o, _ in seen],
-                     {"device": first.get("device"), "suite": first.get("suite"),
-                      "case": first.get("case")})
+                     {"device": first.device, "suite": first.suite, "case": first.case})
         f.evidence = f"{f.evidence}\ncases: {'; '.join(cases)}"
         found.append(f)
     return found

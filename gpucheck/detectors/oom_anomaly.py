@@ -31,7 +31,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpucheck.detectors.base import BaseDetector
-from gpucheck.model.results import Finding
+from gpucheck.model.modes import try_parse
+from gpucheck.model.results import CaseRecord, Finding
 
 __all__ = ["MemoryAnomaly", "OomAnomaly", "OomMessage", "growth", "oom_findings",
            "parse_memory_anomaly", "parse_oom", "size_of"]
@@ -180,23 +181,26 @@ def gib(n: int | None) -> str:
     return "?" if n is None else f"{n / (1 << 30):.2f} GiB"
 
 
-def _failure_text(r: dict[str, Any]) -> str:
-    return "\n".join(f"{f.get('message') or ''}\n{f.get('evidence') or ''}"
-                     for f in r.get("findings") or []
-                     if f.get("kind") in ("test-failure", "cuda-error"))
+def _failure_text(r: CaseRecord) -> str:
+    return "\n".join(f"{f.message}\n{f.evidence or ''}" for f in r.findings
+                     if f.kind in ("test-failure", "cuda-error"))
 
 
-def _where(r: dict[str, Any]) -> dict[str, Any]:
-    return {"device": r.get("device"), "suite": r.get("suite"), "case": r.get("case")}
+def _where(r: CaseRecord) -> dict[str, Any]:
+    return {"device": r.device, "suite": r.suite, "case": r.case}
 
 
-def _footprint(r: dict[str, Any], m: OomMessage) -> int:
-    mem = r.get("memory") or {}
-    return max(int(mem.get("torch_peak_allocated") or 0), m.allocated or 0)
+def _memory(r: CaseRecord, key: str) -> int:
+    value = r.memory.get(key)
+    return value if isinstance(value, int) else 0
 
 
-def _oom_finding(r: dict[str, Any], m: OomMessage, totals: dict[str, int]) -> Finding:
-    total = m.total or totals.get(str(r.get("device")))
+def _footprint(r: CaseRecord, m: OomMessage) -> int:
+    return max(_memory(r, "torch_peak_allocated"), m.allocated or 0)
+
+
+def _oom_finding(r: CaseRecord, m: OomMessage, totals: dict[str, int]) -> Finding:
+    total = m.total or totals.get(r.device)
     footprint = _footprint(r, m)
     numbers = json_numbers(m)
     req = m.requested
@@ -250,7 +254,7 @@ def json_numbers(m: OomMessage) -> str:
     return "parsed: " + ", ".join(f"{k}={v}" for k, v in keep.items())
 
 
-def _anomaly_finding(r: dict[str, Any], a: MemoryAnomaly) -> Finding:
+def _anomaly_finding(r: CaseRecord, a: MemoryAnomaly) -> Finding:
     if a.overlaps is not None:
         pct = a.radius_percentiles or {}
         what = (f"{a.n:,} Gaussians ({a.visible:,} visible) would touch {a.overlaps:,} tiles: "
@@ -265,14 +269,15 @@ def _anomaly_finding(r: dict[str, Any], a: MemoryAnomaly) -> Finding:
                    evidence=a.text, hint=a.hint or _HINT_HUGE, op=None, **_where(r))
 
 
-def oom_findings(records: Iterable[dict[str, Any]], totals: dict[str, int] | None = None
+def oom_findings(records: Iterable[CaseRecord], totals: dict[str, int] | None = None
                  ) -> list[Finding]:
     """Findings for the case records that failed with an out-of-memory or the rasterizer's
     memory anomaly (``totals``: device label -> bytes, from the run header)."""
     totals = totals or {}
     found = []
     for r in records:
-        if r.get("record", "case") != "case" or "|rerun" in str(r.get("mode")):
+        mode = try_parse(r.mode)
+        if mode is not None and mode.rerun:
             continue  # the wrong-device check's re-runs repeat the same failure
         text = _failure_text(r)
         if not text:
@@ -303,19 +308,19 @@ def size_of(token: str) -> int | None:
     return math.prod(int(d) for d in found.group(1).split("x"))
 
 
-def _sized(records: Iterable[dict[str, Any]]
-           ) -> dict[tuple[Any, ...], list[tuple[int, dict[str, Any]]]]:
+def _sized(records: Iterable[CaseRecord]
+           ) -> dict[tuple[Any, ...], list[tuple[int, CaseRecord]]]:
     """Records grouped by (device, suite, mode, test function, the other parameters), each
     with its size: the one parameter position whose numeric value varies in the group."""
-    groups: dict[tuple[Any, ...], list[tuple[list[str], dict[str, Any]]]] = {}
+    groups: dict[tuple[Any, ...], list[tuple[list[str], CaseRecord]]] = {}
     for r in records:
-        m = _PARAMS.match(str(r.get("case")))
-        if r.get("record", "case") != "case" or m is None or r.get("status") != "passed":
+        m = _PARAMS.match(r.case)
+        if m is None or r.status != "passed":
             continue
         tokens = m.group("params").split("-")
-        key = (r.get("device"), r.get("suite"), r.get("mode"), m.group("base"), len(tokens))
+        key = (r.device, r.suite, r.mode, m.group("base"), len(tokens))
         groups.setdefault(key, []).append((tokens, r))
-    out: dict[tuple[Any, ...], list[tuple[int, dict[str, Any]]]] = {}
+    out: dict[tuple[Any, ...], list[tuple[int, CaseRecord]]] = {}
     for key, members in groups.items():
         width = key[-1]
         varying = [i for i in range(width) if len({t[i] for t, _ in members}) > 1]
@@ -329,18 +334,17 @@ def _sized(records: Iterable[dict[str, Any]]
     return out
 
 
-def _peak(r: dict[str, Any]) -> int | None:
+def _peak(r: CaseRecord) -> int | None:
     """The case's own PyTorch peak: the peak allocated minus what was allocated when the case
     started (tensors earlier cases left behind would flatten the fit)."""
-    memory = r.get("memory") or {}
-    value = memory.get("torch_peak_allocated")
+    value = _memory(r, "torch_peak_allocated")
     if not value:
         return None
-    own = int(value) - int(memory.get("torch_allocated_at_start") or 0)
+    own = value - _memory(r, "torch_allocated_at_start")
     return own if own > 0 else None
 
 
-def growth(records: Iterable[dict[str, Any]], totals: dict[str, int] | None = None
+def growth(records: Iterable[CaseRecord], totals: dict[str, int] | None = None
            ) -> list[Finding]:
     """``memory-growth`` findings for size-parametrized cases whose peak memory grows faster
     than :data:`SUPERLINEAR` in the size, or whose next size would not fit the device."""
@@ -386,5 +390,5 @@ class OomAnomaly(BaseDetector):
     def __init__(self, totals: dict[str, int] | None = None) -> None:
         self.totals = totals or {}
 
-    def run_finished(self, records: list[dict[str, Any]]) -> list[Finding]:
+    def run_finished(self, records: list[CaseRecord]) -> list[Finding]:
         return oom_findings(records, self.totals) + growth(records, self.totals)

@@ -20,7 +20,6 @@ where ``my_package/gpucheck_hooks.py`` implements either hook with ``@hookimpl``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import pluggy
 
@@ -38,6 +37,7 @@ from gpucheck.detectors.op_device import OpDevice
 from gpucheck.detectors.stray_context import StrayContext
 from gpucheck.detectors.wrong_device import WrongDevice
 from gpucheck.detectors.wrong_stream import WrongStream
+from gpucheck.model.runlog import RunHeader
 
 PROJECT = "gpucheck"
 #: the entry point group other packages register their hook modules under
@@ -57,11 +57,10 @@ class RunContext:
     memory_totals: dict[str, int] = field(default_factory=dict)
 
     @classmethod
-    def of_header(cls, header: dict[str, Any]) -> RunContext:
-        devices = header.get("devices", [])
-        return cls({str(d.get("uuid")): str(d.get("device")) for d in devices},
-                   {str(d.get("device")): int(d["memory_total"]) for d in devices
-                    if d.get("memory_total")})
+    def of_header(cls, header: RunHeader | None) -> RunContext:
+        devices = header.devices if header is not None else []
+        return cls({d.uuid: d.device for d in devices if d.uuid},
+                   {d.device: d.memory_total for d in devices if d.memory_total})
 
 
 class Hooks:

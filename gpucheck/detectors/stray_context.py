@@ -12,23 +12,24 @@ worker where the other GPU appears (the record's ``memory.nvml_peak_other_device
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from gpucheck.detectors.base import BaseDetector
 from gpucheck.model.modes import try_parse
-from gpucheck.model.results import Finding
+from gpucheck.model.results import CaseRecord, Finding
 
 HINT = ("guard every entry point of the extension on its inputs' device "
         "(`const at::cuda::OptionalCUDAGuard guard(device_of(x));`) and allocate with "
         "`x.options()`; if the test itself uses the other GPU on purpose, this is expected")
 
 
-def _other(r: dict[str, Any]) -> dict[str, int]:
-    mem = r.get("memory") or {}  # a crashed case's record has no NVML sample
-    return {str(u): int(b) for u, b in (mem.get("nvml_peak_other_devices") or {}).items() if b}
+def _other(r: CaseRecord) -> dict[str, int]:
+    others = r.memory.get("nvml_peak_other_devices")  # a crashed case has no NVML sample
+    if not isinstance(others, dict):
+        return {}
+    return {str(u): b for u, b in others.items() if isinstance(b, int) and b > 0}
 
 
-def stray(records: Iterable[dict[str, Any]], names: dict[str, str] | None = None
+def stray(records: Iterable[CaseRecord], names: dict[str, str] | None = None
           ) -> list[Finding]:
     """Findings for the cases where a target-current worker first held memory on another GPU
     (``names``: GPU UUID -> "cuda:N" from the run header)."""
@@ -36,11 +37,11 @@ def stray(records: Iterable[dict[str, Any]], names: dict[str, str] | None = None
     before: dict[tuple[str, str], set[str]] = {}
     found = []
     for r in records:
-        mode = str(r.get("mode"))
+        mode = r.mode
         parsed = try_parse(mode)
-        if r.get("record", "case") != "case" or parsed is None or not parsed.target_current:
+        if parsed is None or not parsed.target_current:
             continue
-        key = (str(r.get("device")), mode)
+        key = (r.device, mode)
         other = _other(r)
         new = sorted(set(other) - before.get(key, set()))
         before[key] = set(other)  # a new worker starts with none: what it gains is new again
@@ -49,9 +50,9 @@ def stray(records: Iterable[dict[str, Any]], names: dict[str, str] | None = None
         where = ", ".join(f"{names.get(u, u)} ({other[u] / 2**20:.0f} MiB)" for u in new)
         found.append(Finding(
             kind="stray-context", severity="warning",
-            message=f"with only {r.get('device')} in use, the worker created a CUDA context on "
+            message=f"with only {r.device} in use, the worker created a CUDA context on "
                     f"{', '.join(names.get(u, u) for u in new)} during this case",
-            device=r.get("device"), suite=r.get("suite"), case=r.get("case"),
+            device=r.device, suite=r.suite, case=r.case,
             evidence=f"NVML: this worker's memory on other GPUs at the end of the case: {where} "
                      f"({mode}: the target current, no other device initialized)",
             hint=HINT))
@@ -66,5 +67,5 @@ class StrayContext(BaseDetector):
     def __init__(self, names: dict[str, str] | None = None) -> None:
         self.names = names or {}
 
-    def run_finished(self, records: list[dict[str, Any]]) -> list[Finding]:
+    def run_finished(self, records: list[CaseRecord]) -> list[Finding]:
         return stray(records, self.names)

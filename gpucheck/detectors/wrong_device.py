@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import Any
 
 from gpucheck.detectors.base import BaseDetector
 from gpucheck.model import modes
 from gpucheck.model.modes import Mode, try_parse
-from gpucheck.model.results import Finding
+from gpucheck.model.results import CaseRecord, Finding
 
 BAD = ("failed", "error", "crashed")
 HINT = ("make the extension run on its inputs' device: "
@@ -35,57 +34,52 @@ _RUNTIME_LIBS = ("libcuda", "libcudart", "libtorch", "libc10", "libpython", "lib
                  "python3", "ld-linux")
 
 
-def _key(r: dict[str, Any]) -> tuple[str, str, str]:
-    return (str(r.get("device")), str(r.get("suite")), str(r.get("case")))
+def _key(r: CaseRecord) -> tuple[str, str, str]:
+    return (r.device, r.suite, r.case)
 
 
-def _went_wrong(r: dict[str, Any]) -> bool:
-    return r.get("status") in BAD or any(
-        f.get("kind") == "sanitizer" and f.get("severity") == "error"
-        for f in r.get("findings", []))
+def _went_wrong(r: CaseRecord) -> bool:
+    return r.status in BAD or any(f.kind == "sanitizer" for f in r.errors())
 
 
-def _clean(r: dict[str, Any]) -> bool:
-    return r.get("status") == "passed" and not any(
-        f.get("severity") == "error" for f in r.get("findings", []))
+def _clean(r: CaseRecord) -> bool:
+    return r.status == "passed" and not r.errors()
 
 
-def suspects(records: Iterable[dict[str, Any]], mode: str) -> list[dict[str, Any]]:
+def suspects(records: Iterable[CaseRecord], mode: str) -> list[CaseRecord]:
     """Cases of ``mode`` that went wrong while another device than their target was current."""
     return [r for r in records
-            if r.get("record", "case") == "case" and r.get("mode") == mode
-            and r.get("current_device") not in (None, r.get("device")) and _went_wrong(r)]
+            if r.mode == mode and r.current_device not in (None, r.device) and _went_wrong(r)]
 
 
 _NOT_ENTRY = ("(anonymous namespace)", "void ", "cudaLaunch", "pybind11::", "c10::", "at::",
               "torch::", "std::", "__")
 
 
-def extension_function(record: dict[str, Any]) -> tuple[str | None, str | None]:
+def extension_function(record: CaseRecord) -> tuple[str | None, str | None]:
     """(function, kernel) named by the record's findings: the extension's entry point from a
     sanitizer record's host frames (the outermost frame of the extension's own library that
     takes a tensor, before pybind11 and the dispatcher), and the kernel it reported."""
-    for f in record.get("findings", []):
-        frames = [(m["fn"].strip(), m["lib"]) for m in _HOST_FRAME.finditer(f.get("evidence") or "")
+    for f in record.findings:
+        frames = [(m["fn"].strip(), m["lib"]) for m in _HOST_FRAME.finditer(f.evidence or "")
                   if not any(lib in m["lib"] for lib in _RUNTIME_LIBS)]
         own = [fn for fn, _ in frames if not fn.startswith(_NOT_ENTRY)]
         entry = [fn for fn in own if "Tensor" in fn]
         if entry or own:
-            return (entry or own)[-1 if entry else 0], f.get("kernel")
-    kernel = next((f.get("kernel") for f in record.get("findings", []) if f.get("kernel")), None)
+            return (entry or own)[-1 if entry else 0], f.kernel
+    kernel = next((f.kernel for f in record.findings if f.kernel), None)
     # the op the worker saw the case call last (crash, hang and CUDA-error findings keep it)
-    op = next((f.get("op") for f in record.get("findings", []) if f.get("op")), None)
+    op = next((f.op for f in record.findings if f.op), None)
     return op, kernel
 
 
-def _outcome(r: dict[str, Any]) -> str:
-    first = next((f.get("message") for f in r.get("findings", [])
-                  if f.get("severity") == "error"), None) or r.get("reason") or ""
-    return f"{r.get('status')}{': ' + first if first else ''}"
+def _outcome(r: CaseRecord) -> str:
+    first = next((f.message for f in r.errors()), None) or r.reason or ""
+    return f"{r.status}{': ' + first if first else ''}"
 
 
-def diagnose(originals: Iterable[dict[str, Any]], target_current: Iterable[dict[str, Any]],
-             control: Iterable[dict[str, Any]] | None = None) -> list[Finding]:
+def diagnose(originals: Iterable[CaseRecord], target_current: Iterable[CaseRecord],
+             control: Iterable[CaseRecord] | None = None) -> list[Finding]:
     """wrong-device findings for the suspects that pass with their target current — and,
     when a control re-run (another device current again) was made, go wrong again there.
     A suspect whose control passes did not reproduce: a ``not-reproducible`` warning instead
@@ -97,7 +91,7 @@ def diagnose(originals: Iterable[dict[str, Any]], target_current: Iterable[dict[
         other = again.get(_key(r))
         if other is None or not _clean(other):
             continue  # not re-run, or wrong there too: the original finding stands
-        device, current = r.get("device"), r.get("current_device")
+        device, current = r.device, r.current_device
         ctrl = None if checked is None else checked.get(_key(r))
         if ctrl is not None and not _went_wrong(ctrl):
             found.append(Finding(
@@ -105,28 +99,28 @@ def diagnose(originals: Iterable[dict[str, Any]], target_current: Iterable[dict[
                 message=(f"went wrong once on {device} with {current} current, but passed when "
                          f"run again both ways (fresh processes): not a device bug as far as "
                          "the re-runs show; a random input or a race?"),
-                device=device, suite=r.get("suite"), case=r.get("case"),
-                evidence=(f"first, with {current} current ({r.get('mode')}): {_outcome(r)}\n"
-                          f"again with {device} current ({other.get('mode')}): "
+                device=device, suite=r.suite, case=r.case,
+                evidence=(f"first, with {current} current ({r.mode}): {_outcome(r)}\n"
+                          f"again with {device} current ({other.mode}): "
                           f"{_outcome(other)}\nagain with {current} current "
-                          f"({ctrl.get('mode')}): {_outcome(ctrl)}"),
+                          f"({ctrl.mode}): {_outcome(ctrl)}"),
                 hint="run the case repeatedly (pytest --count / a loop over seeds) to find "
                      "what makes it fail; print the seed of random inputs"))
             continue
         fn, kernel = extension_function(r)
         where = f"`{fn}`" if fn else "every entry point of the extension this case calls"
         control_line = ("" if ctrl is None else
-                        f"\nagain with {current} current, fresh process ({ctrl.get('mode')}): "
+                        f"\nagain with {current} current, fresh process ({ctrl.mode}): "
                         f"{_outcome(ctrl)}")
         found.append(Finding(
             kind="wrong-device", severity="error",
             message=(f"goes wrong on {device} only while {current} is current, and passes with "
                      f"{device} current: {'`' + fn + '`' if fn else 'the op'} launches on the "
                      "current device instead of its inputs' device (missing device guard)"),
-            device=device, suite=r.get("suite"), case=r.get("case"), op=fn, kernel=kernel,
-            evidence=(f"with {current} current ({r.get('mode')}): {_outcome(r)}\n"
+            device=device, suite=r.suite, case=r.case, op=fn, kernel=kernel,
+            evidence=(f"with {current} current ({r.mode}): {_outcome(r)}\n"
                       f"with {device} current, fresh process, no other device touched "
-                      f"({other.get('mode')}): {_outcome(other)}{control_line}"),
+                      f"({other.mode}): {_outcome(other)}{control_line}"),
             hint=HINT.format(where=where)))
     return found
 
@@ -136,8 +130,8 @@ class WrongDevice(BaseDetector):
 
     name = "wrong-device"
 
-    def run_finished(self, records: list[dict[str, Any]]) -> list[Finding]:
-        by_mode = {str(r.get("mode")): try_parse(r.get("mode")) for r in records}
+    def run_finished(self, records: list[CaseRecord]) -> list[Finding]:
+        by_mode = {r.mode: try_parse(r.mode) for r in records}
         found: list[Finding] = []
         for mode in sorted(m for m, p in by_mode.items() if p is not None and not p.variant):
             twins = _arranged(records, by_mode, mode, (modes.TARGET_CURRENT, modes.RERUN_TARGET))
@@ -147,12 +141,12 @@ class WrongDevice(BaseDetector):
         return found
 
 
-def _arranged(records: list[dict[str, Any]], by_mode: dict[str, Mode | None], mode: str,
-              variants: tuple[str, ...]) -> list[dict[str, Any]]:
+def _arranged(records: list[CaseRecord], by_mode: dict[str, Mode | None], mode: str,
+              variants: tuple[str, ...]) -> list[CaseRecord]:
     """The records of pass ``mode`` run in one of these arrangements."""
     out = []
     for r in records:
-        p = by_mode.get(str(r.get("mode")))
+        p = by_mode.get(r.mode)
         if p is not None and str(p.pass_base) == mode and p.variant in variants:
             out.append(r)
     return out

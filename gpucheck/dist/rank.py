@@ -187,10 +187,28 @@ def _start_trace_dumper(trace: Path) -> None:
 def read_trace(path: Path) -> list[dict[str, Any]]:
     """The NCCL flight recorder's entries of one rank (``_dump_nccl_trace``'s pickle), each
     reduced to seq, op, state and sizes; [] when there is none."""
+    import io
     import pickle
 
+    def same(value: Any, *_: Any) -> Any:
+        return value
+
+    # what TorchScript's pickler names around plain lists (torch.jit._pickle: each returns its
+    # first argument), done here without importing torch
+    builders = {("torch.jit._pickle", n): same for n in (
+        "build_intlist", "build_doublelist", "build_boollist", "restore_type_tag")}
+
+    class PlainData(pickle.Unpickler):
+        """Containers, strings and numbers only: a pickle that names any other class or
+        function (a file put there by someone else) is refused, never run."""
+
+        def find_class(self, module: str, name: str) -> Any:
+            if (module, name) in builders:
+                return builders[(module, name)]
+            raise pickle.UnpicklingError(f"{module}.{name} is not plain data")
+
     try:
-        data = pickle.loads(path.read_bytes())  # written by our own worker
+        data = PlainData(io.BytesIO(path.read_bytes())).load()
     except Exception:
         return []
     out = []

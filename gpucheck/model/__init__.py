@@ -2,7 +2,9 @@
 worker, the controller and the report.
 
 * :mod:`~gpucheck.model.results`: the records of ``results.jsonl`` (``Finding``,
-  ``CaseRecord``), their schema, the one writer (``append``) and the one reader (``read``);
+  ``CaseRecord``), their schema and the one writer (``append``);
+* :mod:`~gpucheck.model.runlog`: the one reader (``RunLog``): every record typed, read
+  incrementally, a folder someone else made judged on the way in;
 * :mod:`~gpucheck.model.modes`: a pass's mode label as a type (``Mode``);
 * :mod:`~gpucheck.model.layout`: the run folder and the files of each worker in it;
 * :mod:`~gpucheck.model.contract`: what the controller and the worker agree on beyond the

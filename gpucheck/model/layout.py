@@ -16,9 +16,12 @@ sanitising, so a stem splits back into its parts (:func:`parse_stem`).
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 RESULTS = "results.jsonl"
 RERUN = "rerun.jsonl"
@@ -63,6 +66,39 @@ class RunFolder:
 
     def state_files(self) -> list[Path]:
         return sorted(self.workers.glob("*" + WorkerFiles.STATE))
+
+
+def open_regular(path: Path) -> BinaryIO | None:
+    """A file of a run folder opened for reading, or None when it is missing or is not a
+    regular file. A run folder may come from someone else: a symbolic link in it (to a file
+    outside it) is not followed, a FIFO or a device is not read (reading one would block or
+    never end); gpucheck writes none of them."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return os.fdopen(fd, "rb")
+
+
+def read_regular(path: Path, limit: int = 1 << 20) -> str | None:
+    """The text of a small file of a run folder (a state or skip file; at most ``limit``
+    bytes), or None (see :func:`open_regular`)."""
+    f = open_regular(path)
+    if f is None:
+        return None
+    with f:
+        return f.read(limit).decode("utf-8", errors="replace")
+
+
+def is_regular(path: Path) -> bool:
+    """A regular file, not a link to one."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def stem(device: str, mode: str, generation: int = 0) -> str:

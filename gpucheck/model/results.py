@@ -12,7 +12,9 @@ is ``results.schema.json`` beside this module.
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from importlib import resources
@@ -20,13 +22,48 @@ from pathlib import Path
 from typing import Any
 
 from gpucheck.errors import OutputProblem
+from gpucheck.model.layout import open_regular
 
 SCHEMA_ID = "gpucheck.results/1"
 STATUSES = ("passed", "failed", "error", "crashed", "hung", "skipped")
+SEVERITIES = ("error", "warning", "info")
 #: statuses that make a run unclean (each carries at least one error finding)
 BAD_STATUSES = ("failed", "error", "crashed", "hung")
 #: characters of a log, a traceback or a tool's record kept as a finding's evidence
 EVIDENCE_CHARS = 4000
+#: characters of one text field kept when a record is read (a folder someone else produced
+#: may hold huge fields: each is cut here, saying so, before any report sees it)
+FIELD_CHARS = 20000
+
+
+#: lone surrogates: what JSON can carry (a test id made from bytes that were not UTF-8) but no
+#: UTF-8 file or terminal can hold
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def text(value: Any, limit: int = FIELD_CHARS) -> str:
+    """``value`` as text of at most ``limit`` characters (what a reader keeps of a field),
+    a lone surrogate written as ``\\udcff``."""
+    out = value if isinstance(value, str) else str(value)
+    if _SURROGATE.search(out):
+        out = _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", out)
+    if len(out) > limit:
+        out = f"{out[:limit]}… ({len(out) - limit} more characters cut when read)"
+    return out
+
+
+def _optional_text(value: Any) -> str | None:
+    return None if value is None else text(value)
+
+
+def _number(value: Any, default: float = 0.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return default
+    return float(value) if math.isfinite(value) else default
+
+
+def _integer(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 @dataclass
@@ -41,6 +78,22 @@ class Finding:
     kernel: str | None = None
     evidence: str | None = None
     hint: str | None = None
+
+    @classmethod
+    def from_json(cls, value: Any) -> Finding:
+        """A finding as read back (tolerant: a folder may be torn or hand-edited): missing
+        text becomes ``"unknown"``, an unknown severity ``error`` (nothing read is made
+        milder than it may be), every field text, each cut at :data:`FIELD_CHARS`."""
+        if not isinstance(value, dict):
+            return cls("unreadable-finding", "error", f"a finding that is not an object: "
+                       f"{text(value, 200)}")
+        severity = value.get("severity")
+        return cls(
+            kind=text(value.get("kind") or "unknown", 200),
+            severity=severity if severity in SEVERITIES else "error",
+            message=text(value.get("message") if value.get("message") is not None else ""),
+            **{name: _optional_text(value.get(name))
+               for name in ("device", "suite", "case", "op", "kernel", "evidence", "hint")})
 
 
 @dataclass
@@ -65,10 +118,61 @@ class CaseRecord:
     fingerprints: list[str] = field(default_factory=list)
     #: comparisons against a reference (gpucheck.testing.assert_close): measured errors
     numerics: list[dict[str, Any]] = field(default_factory=list)
+    #: a distributed group's record: what the watchdog found (kind, cause and waiting ranks)
+    distributed: dict[str, Any] | None = None
+
+    @property
+    def key(self) -> tuple[str, str, str, str]:
+        """(device, suite, case, mode): what one record is about."""
+        return (self.device, self.suite, self.case, self.mode)
+
+    @property
+    def harness_made(self) -> bool:
+        """A record the controller wrote for a worker, not for a case (``<worker ...>``)."""
+        return self.case.startswith("<")
+
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "error"]
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> CaseRecord | None:
+        """A case record as read back, or None when it is not one (its device, suite, case
+        or status missing or not what a writer writes): tolerant like
+        :meth:`Finding.from_json`, so no field a reader uses has another type than declared."""
+        device, suite, case, status = (value.get(k) for k in ("device", "suite", "case",
+                                                               "status"))
+        if not all(isinstance(v, str) for v in (device, suite, case)) or status not in STATUSES:
+            return None
+        memory = value.get("memory")
+        findings = value.get("findings")
+        numerics = value.get("numerics")
+        fingerprints = value.get("fingerprints")
+        distributed = value.get("distributed")
+        mode = value.get("mode")
+        return cls(
+            run_id=text(value.get("run_id") or "", 200), device=text(device, 200),
+            suite=text(suite, 500), case=text(case, 2000), status=status,
+            mode=text(mode, 200) if isinstance(mode, str) and mode else "plain",
+            reason=_optional_text(value.get("reason")),
+            duration_s=max(0.0, _number(value.get("duration_s"))),
+            started_at=_optional_text(value.get("started_at")),
+            device_uuid=_optional_text(value.get("device_uuid")),
+            current_device=_optional_text(value.get("current_device")),
+            memory=memory if isinstance(memory, dict) else {},
+            exit_code=_integer(value.get("exit_code")),
+            signal=_optional_text(value.get("signal")),
+            stderr_tail=_optional_text(value.get("stderr_tail")),
+            findings=[Finding.from_json(f) for f in findings]
+            if isinstance(findings, list) else [],
+            fingerprints=[text(x, 2000) for x in fingerprints]
+            if isinstance(fingerprints, list) else [],
+            numerics=[m for m in numerics if isinstance(m, dict)]
+            if isinstance(numerics, list) else [],
+            distributed=distributed if isinstance(distributed, dict) else None)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        for optional in ("fingerprints", "numerics"):
+        for optional in ("fingerprints", "numerics", "distributed"):
             if not data[optional]:
                 del data[optional]
         data = {"schema": SCHEMA_ID, "record": "case", **data}
@@ -111,18 +215,23 @@ def append(path: Path, record: dict[str, Any]) -> None:
 
 
 def read_lines(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """The one reader of a results file (or any gpucheck JSON-lines file): its records, and
-    how many lines could not be read (torn by a writer killed mid-line, or not an object)."""
+    """Every JSON object of a JSON-lines file as written (the records of other producers a
+    run folder holds: checkpoint lint, benchmarks; results files are read typed through
+    :class:`~gpucheck.model.runlog.RunLog`), and how many lines could not be read (torn by a
+    writer killed mid-line, or not an object). A link or a FIFO is not read."""
     records: list[dict[str, Any]] = []
     torn = 0
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            line = line.strip()
+    f = open_regular(path)
+    if f is None:
+        return records, torn
+    with f:
+        for raw in f:
+            line = raw.decode("utf-8", errors="replace").strip()
             if not line:
                 continue
             try:
                 value = json.loads(line)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 torn += 1
                 continue
             if isinstance(value, dict):
@@ -133,14 +242,12 @@ def read_lines(path: Path) -> tuple[list[dict[str, Any]], int]:
 
 
 def read(path: Path) -> Iterator[dict[str, Any]]:
-    """Records of a results file; a torn line (killed mid-write) is skipped."""
+    """The records of a results file as written (dicts; a torn line is skipped): for tests
+    and scripts that check the file itself. gpucheck's own readers read typed records
+    through :class:`gpucheck.model.runlog.RunLog`."""
     yield from read_lines(path)[0]
 
 
 def cases(path: Path) -> list[dict[str, Any]]:
+    """The case records of a results file as written (see :func:`read`)."""
     return [r for r in read(path) if r.get("record") == "case"]
-
-
-def has_errors(records: list[dict[str, Any]]) -> bool:
-    """True when any record carries a finding of severity error."""
-    return any(f.get("severity") == "error" for r in records for f in r.get("findings", []))

@@ -10,10 +10,14 @@ on the folder's content. ``write_all`` is the same, returning only the paths.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from gpucheck.model.layout import RunFolder
 from gpucheck.report import document, groups, html, junit, rundata, sarif, timeline
@@ -37,11 +41,23 @@ class Published:
     grouped: groups.Grouped
 
 
-def _write(path: Path, text: str) -> Path:
-    """Write through a temporary file: a reader never sees half a report."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+def _write(path: Path, write: str | Callable[[BinaryIO], None]) -> Path:
+    """Write through a fresh temporary file beside ``path`` (created, never opened through a
+    link a folder someone else made may hold), then put it in place: a reader never sees half
+    a report, and nothing outside the folder is written."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if isinstance(write, str):
+                f.write(write.encode("utf-8"))
+            else:
+                write(f)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return path
 
 
@@ -77,10 +93,9 @@ def publish(run_dir: Path, out: Path | None = None,
         paths["json"] = _write(run_dir / FORMATS["json"],
                                json.dumps(doc, separators=(",", ":"), default=str) + "\n")
     if "junit" in formats:
-        paths["junit"] = run_dir / FORMATS["junit"]
-        tmp = run_dir / ".junit.xml.tmp"
-        junit.to_xml(data.cases, verdict).write(tmp, encoding="utf-8", xml_declaration=True)
-        os.replace(tmp, paths["junit"])
+        tree = junit.to_xml(data.cases, verdict)
+        paths["junit"] = _write(run_dir / FORMATS["junit"], lambda f: tree.write(
+            f, encoding="utf-8", xml_declaration=True))
     if "sarif" in formats:
         paths["sarif"] = _write(run_dir / FORMATS["sarif"], json.dumps(
             sarif.build(data, grouped, verdict), indent=1, default=str) + "\n")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from gpucheck.model.results import CaseRecord, Finding
 from gpucheck.report import evidence
 from gpucheck.report.groups import Group, Grouped, signature
 from gpucheck.report.rundata import RunData
@@ -45,7 +46,7 @@ def cut(text: str, limit: int = MAX_TEXT) -> str:
         text[-2 * limit // 3:]
 
 
-def _blocks(finding: dict[str, Any], record: dict[str, Any], labels: dict[str, str],
+def _blocks(finding: Finding, record: CaseRecord, labels: dict[str, str],
             tails: set[int]) -> list[dict[str, Any]]:
     """Evidence blocks of one occurrence; a worker's stderr tail is shown once per card."""
     out = []
@@ -67,14 +68,14 @@ def _samples(g: Group, labels: dict[str, str], limit: int) -> tuple[list[dict[st
     tails: set[int] = set()
     shown: list[dict[str, Any]] = []
     for o in g.occurrences:
-        key = signature(o.finding.get("evidence") or o.finding.get("message"))
+        key = signature(o.finding.evidence or o.finding.message)
         if key in seen:
             continue
         seen.add(key)
         if len(shown) < limit:
-            shown.append({"device": o.record["device"], "mode": o.record["mode"],
-                          "status": o.record["status"], "case": o.record["case"],
-                          "message": o.finding.get("message"),
+            shown.append({"device": o.record.device, "mode": o.record.mode,
+                          "status": o.record.status, "case": o.record.case,
+                          "message": o.finding.message,
                           "blocks": _blocks(o.finding, o.record, labels, tails)})
     return shown, len(seen) - len(shown)
 
@@ -84,8 +85,8 @@ def _rows(g: Group, data: RunData, cell_of: dict[int, str]) -> list[dict[str, An
     rows = []
     for i, n in per.items():
         r = data.cases[i]
-        rows.append({"case": r["case"], "suite": r["suite"], "device": r["device"],
-                     "mode": r["mode"], "status": r["status"], "n": n,
+        rows.append({"case": r.case, "suite": r.suite, "device": r.device,
+                     "mode": r.mode, "status": r.status, "n": n,
                      "href": cell_of.get(i)})
     return rows
 
@@ -109,12 +110,10 @@ def _card(g: Group, card_id: str, data: RunData, labels: dict[str, str],
                      for n, e in enumerate(g.explains)],
         "explained": g.explained,
         "explains_text": ", ".join(f"{e.count} {e.title()}" for e in g.explains),
-        "all_devices": sorted({o.record["device"] for o in g.occurrences}
-                              | {o.record["device"] for e in g.explains
-                                 for o in e.occurrences}),
-        "all_statuses": sorted({o.record["status"] for o in g.occurrences}
-                               | {o.record["status"] for e in g.explains
-                                  for o in e.occurrences}),
+        "all_devices": sorted({o.record.device for o in g.occurrences}
+                              | {o.record.device for e in g.explains for o in e.occurrences}),
+        "all_statuses": sorted({o.record.status for o in g.occurrences}
+                               | {o.record.status for e in g.explains for o in e.occurrences}),
     }
 
 

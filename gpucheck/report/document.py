@@ -19,7 +19,7 @@ Shape (``schema: gpucheck.report/1``)::
                    (kind, op or kernel); a diagnosis lists the symptoms it explains; the
                    symptoms are those no diagnosis explains),
       "findings": {kind: [finding + {"mode", "status", "case_index"}]},
-      "cases": [every case record of results.jsonl, as written],
+      "cases": [every case record of the run, as read (results.schema.json's case)],
       "timeline": null or {"file", "samples", "interval_s", "start", "end", "devices": [
                    {"label", "uuid", "nvml_index", "peak_used",
                     "processes": {pid: {"peak": bytes, "devices": [label]}}}]},
@@ -27,12 +27,13 @@ Shape (``schema: gpucheck.report/1``)::
     }
 
 ``case_index`` is the finding's case in ``cases``. Field order and names of case records and
-findings are those of results.schema.json; detectors may add fields to findings.
+findings are those of results.schema.json.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from dataclasses import asdict
 from datetime import datetime, timezone
 from typing import Any
 
@@ -61,7 +62,7 @@ def _iso(t: float | None) -> str | None:
 def matrix(data: RunData) -> list[dict[str, Any]]:
     counts: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
     for r in data.cases:
-        counts[(r["device"], r["suite"])][r["status"]] += 1
+        counts[(r.device, r.suite)][r.status] += 1
     return [{"device": d, "suite": s, "worst": worst(counts[(d, s)]),
              "counts": dict(counts[(d, s)])}
             for d in data.devices for s in data.suites if (d, s) in counts]
@@ -70,20 +71,18 @@ def matrix(data: RunData) -> list[dict[str, Any]]:
 def findings_by_kind(data: RunData) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for i, r in enumerate(data.cases):
-        for f in r.get("findings", []):
-            out[str(f.get("kind"))].append({**f, "device": f.get("device") or r["device"],
-                                            "suite": f.get("suite") or r["suite"],
-                                            "case": f.get("case") or r["case"],
-                                            "mode": r["mode"], "status": r["status"],
-                                            "case_index": i})
+        for f in r.findings:
+            out[f.kind].append({**asdict(f), "device": f.device or r.device,
+                                "suite": f.suite or r.suite, "case": f.case or r.case,
+                                "mode": r.mode, "status": r.status, "case_index": i})
     return dict(sorted(out.items()))
 
 
 def summary(data: RunData, verdict: Verdict) -> dict[str, Any]:
     started, finished = data.started(), data.finished()
-    findings = [f for r in data.cases for f in r.get("findings", [])]
-    modes = list((data.header or {}).get("modes", []))
-    modes += [m for m in dict.fromkeys(r["mode"] for r in data.cases) if m not in modes]
+    findings = [f for r in data.cases for f in r.findings]
+    modes = list(data.header.modes) if data.header else []
+    modes += [m for m in dict.fromkeys(r.mode for r in data.cases) if m not in modes]
     return {
         "verdict": verdict.name, "exit_code": verdict.exit_code, "why": verdict.why,
         "started_at": _iso(started), "finished_at": _iso(finished),
@@ -91,10 +90,10 @@ def summary(data: RunData, verdict: Verdict) -> dict[str, Any]:
         else round(max(0.0, finished - started), 3),
         "devices": data.devices, "suites": data.suites, "modes": modes,
         "cases": len(data.cases),
-        "by_status": dict(Counter(r["status"] for r in data.cases)),
+        "by_status": dict(Counter(r.status for r in data.cases)),
         "findings": len(findings),
-        "by_kind": dict(Counter(str(f.get("kind")) for f in findings)),
-        "by_severity": dict(Counter(str(f.get("severity")) for f in findings)),
+        "by_kind": dict(Counter(f.kind for f in findings)),
+        "by_severity": dict(Counter(f.severity for f in findings)),
     }
 
 
@@ -122,7 +121,7 @@ def build(data: RunData, timeline: Timeline | None, verdict: Verdict, grouped: G
         "schema": SCHEMA,
         "generated_at": datetime.now(timezone.utc).astimezone().isoformat(timespec="seconds"),
         "run_dir": str(data.run_dir),
-        "run": data.header,
+        "run": data.header.raw if data.header else None,
         "state": {"complete": data.header is not None and not interrupted
                   and not data.torn_lines, "interrupted": interrupted,
                   "problems": data.problems},
@@ -130,7 +129,7 @@ def build(data: RunData, timeline: Timeline | None, verdict: Verdict, grouped: G
         "matrix": matrix(data),
         **grouped.to_json(),
         "findings": findings_by_kind(data),
-        "cases": data.cases,
+        "cases": [r.to_json() for r in data.cases],
         "timeline": timeline_summary(timeline),
         "extras": data.extras,
     }

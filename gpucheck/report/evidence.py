@@ -4,8 +4,7 @@ A block is ``{"type": "fields", "title", "rows": [(name, value, flag)]}``, ``{"t
 "title", "text", "open"}`` or ``{"type": "frames", "title", "frames": [(frame, own)]}``. Known
 kinds get a reading of their evidence (a sanitizer record's kernel, access, thread and frames;
 a crash's signal and the lines that explain it; a hang's stacks); any kind, known or not, gets
-every field the base finding format does not have (a detector's own evidence, such as a
-differential re-run's two outcomes) as a table, so a new kind needs no template change.
+its op, kernel, evidence text and the case's memory, so a new kind needs no template change.
 """
 
 from __future__ import annotations
@@ -14,11 +13,9 @@ import json
 import re
 from typing import Any
 
+from gpucheck.model.results import CaseRecord, Finding
 from gpucheck.sanitizer import parse as parse_sanitizer
 
-#: fields every finding has (see results.schema.json); anything else is kind-specific evidence
-BASE_FIELDS = ("kind", "severity", "message", "device", "suite", "case", "op", "kernel",
-               "evidence", "hint")
 #: kind -> (title, what it means, hint when the finding carries none)
 KINDS: dict[str, tuple[str, str, str]] = {
     "crash": ("Crashes", "the worker process died inside a case (abort, segfault, lost context)",
@@ -57,12 +54,14 @@ def kind_about(kind: str) -> str:
     return KINDS[kind][1] if kind in KINDS else ""
 
 
-def hint_for(finding: dict[str, Any]) -> str:
-    """The finding's own hint, or what to do about findings of its kind."""
-    if finding.get("hint"):
-        return str(finding["hint"])
-    kind = str(finding.get("kind"))
+def kind_hint(kind: str) -> str:
+    """What to do about findings of ``kind``."""
     return KINDS[kind][2] if kind in KINDS else "no hint recorded for this kind of finding"
+
+
+def hint_for(finding: Finding) -> str:
+    """The finding's own hint, or what to do about findings of its kind."""
+    return finding.hint or kind_hint(finding.kind)
 
 
 def fmt_bytes(value: Any) -> str:
@@ -79,20 +78,20 @@ def fmt_value(value: Any) -> str:
     return str(value)
 
 
-def _sanitizer(text: str, finding: dict[str, Any]) -> list[dict[str, Any]]:
+def _sanitizer(text: str, finding: Finding) -> list[dict[str, Any]]:
     lines = text.splitlines()
     cut = bool(lines) and (lines[0][:1] in (" ", "") or bool(FRAME_END.search(lines[0])))
     if cut:
         # The head of the record was cut off (the worker keeps the *last* EVIDENCE_CHARS of a
         # record whose C++ host frames are long): restart it from the finding's message, which
         # holds the record's first line, and keep the indented lines that survived.
-        lines = [str(finding.get("message") or "record")] + [
+        lines = [finding.message or "record"] + [
             line for line in lines[1:] if line.startswith(" ")]
     report = parse_sanitizer("\n".join(f"========= {line}" for line in lines))
     if not report.findings:
         return []
     f = report.findings[0]
-    f.kernel_name = f.kernel_name or finding.get("kernel")
+    f.kernel_name = f.kernel_name or finding.kernel
     access = None
     if f.access:
         access = " ".join(x for x in (f.access, f.size and f"of {f.size} bytes",
@@ -117,48 +116,49 @@ def _sanitizer(text: str, finding: dict[str, Any]) -> list[dict[str, Any]]:
     return blocks
 
 
-def _crash(text: str, record: dict[str, Any]) -> list[dict[str, Any]]:
-    rows = [("signal", record.get("signal"), True), ("exit code", record.get("exit_code"), False)]
+def _crash(text: str, record: CaseRecord) -> list[dict[str, Any]]:
+    rows = [("signal", record.signal, True), ("exit code", record.exit_code, False)]
     blocks: list[dict[str, Any]] = [{"type": "fields", "title": "how it died",
                                      "rows": [r for r in rows if r[1] is not None]}]
     # the record's stderr digest starts with the lines that explain the death (the finding's
     # evidence is only its last part)
-    head, sep, _ = str(record.get("stderr_tail") or text).partition("--- tail ---")
+    head, sep, _ = (record.stderr_tail or text).partition("--- tail ---")
     if sep and head.strip():
         blocks.append({"type": "pre", "title": "the lines that explain it",
                        "text": head.strip(), "open": True})
     return blocks
 
 
-def _memory(record: dict[str, Any], labels: dict[str, str]) -> dict[str, Any] | None:
-    mem = record.get("memory") or {}
+def _memory(record: CaseRecord, labels: dict[str, str]) -> dict[str, Any] | None:
+    mem = record.memory
     rows = [(name, fmt_bytes(mem.get(key)), False) for name, key in (
         ("torch peak allocated", "torch_peak_allocated"),
         ("torch peak reserved", "torch_peak_reserved"),
-        (f"NVML peak on {record.get('device')}", "nvml_peak_used")) if mem.get(key) is not None]
-    for uuid, used in (mem.get("nvml_peak_other_devices") or {}).items():
+        (f"NVML peak on {record.device}", "nvml_peak_used")) if mem.get(key) is not None]
+    others = mem.get("nvml_peak_other_devices")
+    for uuid, used in (others.items() if isinstance(others, dict) else ()):
         rows.append((f"NVML peak on {labels.get(uuid, uuid)} (another GPU: stray context)",
                      fmt_bytes(used), True))
-    current = record.get("current_device")
-    if current and current != record.get("device"):
+    current = record.current_device
+    if current and current != record.device:
         rows.append(("current device while it ran", current, False))
     return {"type": "fields", "title": "memory", "rows": rows} if rows else None
 
 
-def blocks(finding: dict[str, Any], record: dict[str, Any],
+def blocks(finding: Finding, record: CaseRecord,
            labels: dict[str, str]) -> list[dict[str, Any]]:
     """Evidence blocks of one finding of one case record."""
-    kind = str(finding.get("kind"))
-    text = str(finding.get("evidence") or "")
+    kind = finding.kind
+    text = finding.evidence or ""
     out: list[dict[str, Any]] = []
     if kind == "sanitizer" and text:
         out += _sanitizer(text, finding)
     elif kind == "crash":
         out += _crash(text, record)
-    extra = [(k, fmt_value(v), False) for k, v in finding.items()
-             if k not in BASE_FIELDS and v not in (None, "", [], {})]
-    named = [k for k in ("op", "kernel") if finding.get(k) and not (k == "kernel" and out)]
-    extra = [(k, str(finding[k]), False) for k in named] + extra  # a sanitizer block has it
+    # a sanitizer block names the kernel already
+    extra = [(name, value, False)
+             for name, value in (("op", finding.op), ("kernel", finding.kernel))
+             if value and not (name == "kernel" and out)]
     if extra:
         out.append({"type": "fields", "title": "details", "rows": extra})
     mem = _memory(record, labels)
@@ -170,9 +170,9 @@ def blocks(finding: dict[str, Any], record: dict[str, Any],
         out.append({"type": "pre", "title": title, "text": text,
                     "open": kind in ("hang", "test-failure", "cuda-error", "worker-error")
                     or kind not in KINDS})
-    tail = record.get("stderr_tail")
+    tail = record.stderr_tail
     if tail and tail != text and kind not in ("crash", "hang"):
-        out.append({"type": "pre", "title": "worker stderr (tail)", "text": str(tail),
+        out.append({"type": "pre", "title": "worker stderr (tail)", "text": tail,
                     "open": False})
     for b in out:  # values as text, whatever type the record held
         if b["type"] == "fields":

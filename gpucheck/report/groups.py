@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from gpucheck.model.results import CaseRecord, Finding
 from gpucheck.sanitizer import parse as parse_sanitizer
 
 #: kinds that only say how a failure looked (every other kind is a diagnosis)
@@ -44,35 +45,35 @@ def natural(label: str) -> list[Any]:
     return [int(part) if part.isdigit() else part for part in _DIGITS.split(label)]
 
 
-def role(finding: dict[str, Any], record: dict[str, Any]) -> str:
+def role(finding: Finding, record: CaseRecord) -> str:
     """``"diagnosis"`` or ``"symptom"`` for one finding of one case record."""
-    kind = str(finding.get("kind"))
+    kind = finding.kind
     if kind == "numerics":
-        return "symptom" if REFERENCE_MISMATCH in str(finding.get("message")) else "diagnosis"
-    if kind == "hang" and record.get("distributed"):  # the watchdog named the rank at fault
+        return "symptom" if REFERENCE_MISMATCH in finding.message else "diagnosis"
+    if kind == "hang" and record.distributed:  # the watchdog named the rank at fault
         return "diagnosis"
     return "symptom" if kind in SYMPTOM_KINDS else "diagnosis"
 
 
-def sanitizer_record(finding: dict[str, Any]) -> Any:
+def sanitizer_record(finding: Finding) -> Any:
     """The compute-sanitizer record of a ``sanitizer`` finding, parsed again from its evidence
     (the current parser: older runs recorded a few kernel names wrongly), or None."""
-    text = str(finding.get("evidence") or "")
+    text = finding.evidence or ""
     if not text:
         return None
     report = parse_sanitizer("\n".join(f"========= {line}" for line in text.splitlines()))
     return report.findings[0] if report.findings else None
 
 
-def subject(finding: dict[str, Any]) -> str | None:
+def subject(finding: Finding) -> str | None:
     """What the finding is about: its op, else its kernel (a sanitizer record: its kernel,
     else the CUDA API call it names)."""
-    if finding.get("kind") == "sanitizer":
+    if finding.kind == "sanitizer":
         parsed = sanitizer_record(finding)
         if parsed is not None and (parsed.kernel_name or parsed.api_call):
             return str(parsed.kernel_name or parsed.api_call)
-        return finding.get("kernel") or finding.get("op") or None
-    return finding.get("op") or finding.get("kernel") or None
+        return finding.kernel or finding.op or None
+    return finding.op or finding.kernel or None
 
 
 def signature(text: Any) -> str:
@@ -85,13 +86,12 @@ class Occurrence:
     """One finding of one case record."""
 
     index: int  # the record's index in RunData.cases
-    finding: dict[str, Any]
-    record: dict[str, Any]
+    finding: Finding
+    record: CaseRecord
 
     @property
     def case_key(self) -> tuple[str, str, str]:
-        return (str(self.record["device"]), str(self.record["suite"]),
-                str(self.record["case"]))
+        return (self.record.device, self.record.suite, self.record.case)
 
 
 @dataclass
@@ -110,31 +110,30 @@ class Group:
 
     @cached_property
     def severity(self) -> str:
-        return min((str(o.finding.get("severity")) for o in self.occurrences),
+        return min((o.finding.severity for o in self.occurrences),
                    key=lambda s: SEVERITY_RANK.get(s, 3))
 
     @cached_property
     def devices(self) -> list[str]:
-        return sorted({str(o.record["device"]) for o in self.occurrences}, key=natural)
+        return sorted({o.record.device for o in self.occurrences}, key=natural)
 
     @cached_property
     def modes(self) -> list[str]:
-        return list(dict.fromkeys(str(o.record["mode"]) for o in self.occurrences))
+        return list(dict.fromkeys(o.record.mode for o in self.occurrences))
 
     @cached_property
     def statuses(self) -> list[str]:
-        return sorted({str(o.record["status"]) for o in self.occurrences})
+        return sorted({o.record.status for o in self.occurrences})
 
     @cached_property
     def cases(self) -> list[tuple[str, str]]:
         """(suite, case) of every case it occurred in, in order of first occurrence."""
-        return list(dict.fromkeys((str(o.record["suite"]), str(o.record["case"]))
-                                  for o in self.occurrences))
+        return list(dict.fromkeys((o.record.suite, o.record.case) for o in self.occurrences))
 
     @cached_property
     def messages(self) -> list[tuple[str, int]]:
         """Distinct messages (addresses blanked), most frequent first."""
-        counts = Counter(signature(o.finding.get("message")) for o in self.occurrences)
+        counts = Counter(signature(o.finding.message) for o in self.occurrences)
         return counts.most_common()
 
     @property
@@ -199,24 +198,24 @@ class Grouped:
 
 def _explains(o: Occurrence) -> bool:
     f = o.finding
-    return f.get("severity") == "error" or str(f.get("kind")) in EXPLAINING_WARNINGS
+    return f.severity == "error" or f.kind in EXPLAINING_WARNINGS
 
 
 def _group(occurrences: list[Occurrence], role_: str) -> list[Group]:
     by: dict[tuple[str, str | None], list[Occurrence]] = {}
     for o in occurrences:
-        by.setdefault((str(o.finding.get("kind")), subject(o.finding)), []).append(o)
+        by.setdefault((o.finding.kind, subject(o.finding)), []).append(o)
     groups = [Group(role_, kind, subj, occ) for (kind, subj), occ in by.items()]
     return sorted(groups, key=lambda g: (SEVERITY_RANK.get(g.severity, 3), -g.count, g.kind,
                                          g.subject or ""))
 
 
-def build(cases: list[dict[str, Any]]) -> Grouped:
+def build(cases: list[CaseRecord]) -> Grouped:
     """Group every finding of ``cases`` (the case records of a run, diagnoses attached)."""
     diagnosed: list[Occurrence] = []
     seen: list[Occurrence] = []
     for i, r in enumerate(cases):
-        for f in r.get("findings", []):
+        for f in r.findings:
             o = Occurrence(i, f, r)
             (diagnosed if role(f, r) == "diagnosis" else seen).append(o)
     diagnoses = _group(diagnosed, "diagnosis")

@@ -20,7 +20,8 @@ from typing import Any
 
 import jinja2
 
-from gpucheck.model.results import BAD_STATUSES
+from gpucheck.model.results import BAD_STATUSES, CaseRecord
+from gpucheck.model.runlog import RunHeader
 from gpucheck.report import cards, evidence, timeline
 from gpucheck.report.document import SEVERITY_ORDER
 from gpucheck.report.groups import Grouped
@@ -48,8 +49,8 @@ def _duration(seconds: float | None) -> str:
     return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min {sec:02d} s"
 
 
-def _peak(record: dict[str, Any]) -> int | None:
-    mem = record.get("memory") or {}
+def _peak(record: CaseRecord) -> int | None:
+    mem = record.memory
     for key in ("torch_peak_allocated", "nvml_peak_used"):
         if isinstance(mem.get(key), int):
             return int(mem[key])
@@ -61,39 +62,35 @@ def _slug(text: str) -> str:
 
 
 def _header(data: RunData, doc: dict[str, Any], plots: list[dict[str, Any]]) -> dict[str, Any]:
-    h = data.header or {}
+    h = data.header if data.header is not None else RunHeader(run_id="")
     s = doc["summary"]
     peaks = {p["label"]: p["used_peak"] for p in plots}
-    gpus = [{"device": d.get("device"), "name": d.get("name") or "unknown",
-             "uuid": d.get("uuid") or "n/a",
-             "memory": evidence.fmt_bytes(d.get("memory_total") or d.get("total_memory")),
-             "peak": peaks.get(str(d.get("device")), "n/a")} for d in h.get("devices", [])]
-    command = h.get("command") or h.get("argv")
-    if isinstance(command, list):
-        command = " ".join(map(str, command))
+    gpus = [{"device": d.device, "name": d.name or "unknown", "uuid": d.uuid or "n/a",
+             "memory": evidence.fmt_bytes(d.memory_total), "peak": peaks.get(d.device, "n/a")}
+            for d in h.devices]
     rows = [
         ("started", s["started_at"] or "unknown"),
         ("took", _duration(s["duration_s"])),
-        ("host", h.get("host") or h.get("hostname") or "not recorded"),
-        ("driver", h.get("driver_version") or "not recorded"),
-        ("CUDA", h.get("cuda_version") or h.get("cuda_driver_version") or "not recorded"),
-        ("torch", h.get("torch_version") or "not recorded"),
-        ("gpucheck", h.get("gpucheck_version") or "not recorded"),
+        ("host", h.field("host", "hostname") or "not recorded"),
+        ("driver", h.field("driver_version") or "not recorded"),
+        ("CUDA", h.field("cuda_version", "cuda_driver_version") or "not recorded"),
+        ("torch", h.field("torch_version") or "not recorded"),
+        ("gpucheck", h.field("gpucheck_version") or "not recorded"),
         ("modes", ", ".join(s["modes"]) or "none recorded"),
         ("suites", ", ".join(s["suites"]) or "none recorded"),
-        ("command", command or "not recorded"),
+        ("command", " ".join(h.command) or "not recorded"),
         ("run id", data.run_id or "unknown"),
-        ("CUDA_VISIBLE_DEVICES", h.get("cuda_visible_devices")),
+        ("CUDA_VISIBLE_DEVICES", h.field("cuda_visible_devices")),
     ]
     return {"rows": [(k, str(v)) for k, v in rows if v is not None], "gpus": gpus,
-            "notes": list(h.get("notes", []))}
+            "notes": h.notes}
 
 
 def _cell_groups(data: RunData) -> list[tuple[str, str, str, list[int]]]:
     """(cell id, device, suite, case indices) of every (device, suite) with cases."""
     groups: dict[tuple[str, str], list[int]] = defaultdict(list)
     for i, r in enumerate(data.cases):
-        groups[(r["device"], r["suite"])].append(i)
+        groups[(r.device, r.suite)].append(i)
     ordered = sorted(groups.items(), key=lambda kv: (data.devices.index(kv[0][0]),
                                                      data.suites.index(kv[0][1])))
     return [(f"cell-{n}-{_slug(device)}-{_slug(suite)}", device, suite, indices)
@@ -113,17 +110,17 @@ def _cells(data: RunData, card_of_case: dict[int, str],
         counts: dict[str, int] = defaultdict(int)
         for i in indices:
             r = data.cases[i]
-            counts[r["status"]] += 1
-            kinds = sorted({str(f.get("kind")) for f in r.get("findings", [])})
-            if r["status"] in ("passed", "skipped") and not kinds:
-                quiet.append([names.setdefault(r["case"], len(names)),
-                              modes.setdefault(r["mode"], len(modes)),
-                              STATUS_CHAR[r["status"]], round(float(r.get("duration_s") or 0), 3),
-                              _peak(r), r.get("reason")])
+            counts[r.status] += 1
+            kinds = sorted({f.kind for f in r.findings})
+            if r.status in ("passed", "skipped") and not kinds:
+                quiet.append([names.setdefault(r.case, len(names)),
+                              modes.setdefault(r.mode, len(modes)),
+                              STATUS_CHAR[r.status], round(r.duration_s, 3), _peak(r),
+                              r.reason])
                 continue
-            rows.append({"status": r["status"], "case": r["case"], "mode": r["mode"],
-                         "duration": f"{float(r.get('duration_s') or 0):.2f}",
-                         "peak": evidence.fmt_bytes(_peak(r)), "reason": r.get("reason") or "",
+            rows.append({"status": r.status, "case": r.case, "mode": r.mode,
+                         "duration": f"{r.duration_s:.2f}",
+                         "peak": evidence.fmt_bytes(_peak(r)), "reason": r.reason or "",
                          "kinds": " ".join(kinds), "card": card_of_case.get(i)})
         if quiet:
             lazy[cell_id] = quiet
@@ -158,13 +155,13 @@ def _matrix(data: RunData, doc: dict[str, Any], cells: list[dict[str, Any]]) -> 
 def _compare(data: RunData) -> dict[str, Any]:
     """Time and peak memory of each case on each device; the cases that differ most first."""
     devices = data.devices
-    per: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = defaultdict(dict)
+    per: dict[tuple[str, str, str], dict[str, CaseRecord]] = defaultdict(dict)
     for r in data.cases:
-        if r["status"] != "skipped":
-            per[(r["suite"], r["case"], r["mode"])][r["device"]] = r
+        if r.status != "skipped":
+            per[(r.suite, r.case, r.mode)][r.device] = r
     rows: list[dict[str, Any]] = []
     for (suite, case, mode), by_dev in per.items():
-        times = [float(r.get("duration_s") or 0) for r in by_dev.values()]
+        times = [r.duration_s for r in by_dev.values()]
         peaks = [p for p in (_peak(r) for r in by_dev.values()) if p is not None]
         spread_t = max(times) / max(min(times), 1e-3) if len(times) > 1 else 1.0
         spread_m = max(peaks) / max(min(peaks), 1) if len(peaks) > 1 else 1.0
@@ -175,9 +172,9 @@ def _compare(data: RunData) -> dict[str, Any]:
             if found is None:
                 cells.append(None)
                 continue
-            t = float(found.get("duration_s") or 0)
+            t = found.duration_s
             cells.append({"time": f"{t:.3f} s", "peak": evidence.fmt_bytes(_peak(found)),
-                          "status": found["status"],
+                          "status": found.status,
                           "slow": len(by_dev) > 1 and t > 1.5 * med_t and t - med_t > 0.05})
         rows.append({"suite": suite, "case": case, "mode": mode, "cells": cells,
                      "spread": max(spread_t, spread_m), "max_time": max(times),

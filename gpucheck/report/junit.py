@@ -12,28 +12,39 @@ junit.xml agrees with the command's exit code.
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
-from gpucheck.model import results
+from gpucheck.model.results import CaseRecord
+from gpucheck.model.runlog import RunLog
 from gpucheck.report.verdict import Verdict
 
+#: what XML 1.0 cannot hold (control characters, surrogates, U+FFFE/U+FFFF): a test id or
+#: message with terminal escape codes or bytes that were not UTF-8 would make junit.xml
+#: unreadable to the CI that parses it
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
-def _describe(record: dict[str, Any]) -> tuple[str, str]:
-    findings = record.get("findings") or []
-    message = record.get("reason") or (findings[0]["message"] if findings else record["status"])
+
+def xml_text(value: object) -> str:
+    """``value`` as text XML can hold: each character it cannot shown as ``\\xNN``."""
+    return _NOT_XML.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value))
+
+
+def _describe(record: CaseRecord) -> tuple[str, str]:
+    findings = record.findings
+    message = record.reason or (findings[0].message if findings else record.status)
     parts = []
     for f in findings:
-        parts.append(f"[{f['severity']}] {f['kind']}: {f['message']}")
-        if f.get("evidence"):
-            parts.append(str(f["evidence"]))
-        if f.get("hint"):
-            parts.append(f"hint: {f['hint']}")
-    if record.get("stderr_tail"):
-        parts.append("stderr (tail):\n" + str(record["stderr_tail"]))
-    return str(message), "\n".join(parts)
+        parts.append(f"[{f.severity}] {f.kind}: {f.message}")
+        if f.evidence:
+            parts.append(f.evidence)
+        if f.hint:
+            parts.append(f"hint: {f.hint}")
+    if record.stderr_tail:
+        parts.append("stderr (tail):\n" + record.stderr_tail)
+    return xml_text(message), xml_text("\n".join(parts))
 
 
 def _verdict_suite(root: ET.Element, verdict: Verdict) -> dict[str, int]:
@@ -44,29 +55,28 @@ def _verdict_suite(root: ET.Element, verdict: Verdict) -> dict[str, int]:
     tc = ET.SubElement(ts, "testcase", classname="gpucheck", name="verdict", time="0.000")
     counts = {"tests": 1, "failures": 0, "errors": 1, "skipped": 0}
     ET.SubElement(tc, "error", message=f"verdict {verdict.name}", type=verdict.name).text = \
-        "\n".join([*verdict.why, *verdict.problems])
+        xml_text("\n".join([*verdict.why, *verdict.problems]))
     for key, value in counts.items():
         ts.set(key, str(value))
     return counts
 
 
-def to_xml(records: list[dict[str, Any]], verdict: Verdict | None = None) -> ET.ElementTree:
-    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+def to_xml(records: list[CaseRecord], verdict: Verdict | None = None) -> ET.ElementTree:
+    groups: dict[tuple[str, str, str], list[CaseRecord]] = defaultdict(list)
     for r in records:
-        groups[(r["device"], r["suite"], r["mode"])].append(r)
+        groups[(r.device, r.suite, r.mode)].append(r)
     root = ET.Element("testsuites", name="gpucheck")
     totals: dict[str, int] = defaultdict(int)
     for (device, suite, mode), recs in sorted(groups.items()):
         counts = {"tests": len(recs), "failures": 0, "errors": 0, "skipped": 0}
-        ts = ET.SubElement(root, "testsuite", name=f"{suite} [{device}, {mode}]")
+        ts = ET.SubElement(root, "testsuite", name=xml_text(f"{suite} [{device}, {mode}]"))
         time_total = 0.0
         for r in recs:
-            time_total += float(r.get("duration_s") or 0.0)
-            classname, _, name = r["case"].rpartition("::")
-            seconds = float(r.get("duration_s") or 0)
-            tc = ET.SubElement(ts, "testcase", classname=f"{device}.{suite}.{classname}",
-                               name=name or r["case"], time=f"{seconds:.3f}")
-            status = r["status"]
+            time_total += r.duration_s
+            classname, _, name = r.case.rpartition("::")
+            tc = ET.SubElement(ts, "testcase", classname=xml_text(f"{device}.{suite}.{classname}"),
+                               name=xml_text(name or r.case), time=f"{r.duration_s:.3f}")
+            status = r.status
             message, text = _describe(r)
             if status == "failed":
                 counts["failures"] += 1
@@ -77,7 +87,7 @@ def to_xml(records: list[dict[str, Any]], verdict: Verdict | None = None) -> ET.
             elif status == "skipped":
                 counts["skipped"] += 1
                 ET.SubElement(tc, "skipped", message=message)
-            elif any(f.get("severity") == "error" for f in r.get("findings") or []):
+            elif r.errors():
                 counts["failures"] += 1
                 ET.SubElement(tc, "failure", message=message, type="finding").text = text
         for key, value in counts.items():
@@ -95,5 +105,6 @@ def to_xml(records: list[dict[str, Any]], verdict: Verdict | None = None) -> ET.
 
 def write(results_path: Path, junit_path: Path) -> Path:
     """Write JUnit XML for every case record of ``results_path``."""
-    to_xml(results.cases(results_path)).write(junit_path, encoding="utf-8", xml_declaration=True)
+    to_xml(RunLog.read(results_path).cases).write(junit_path, encoding="utf-8",
+                                                 xml_declaration=True)
     return junit_path

@@ -17,10 +17,17 @@ from pathlib import Path
 from typing import Any
 
 from gpucheck.model import results
-from gpucheck.model.layout import EXTRAS, RunFolder, WorkerFiles, parse_stem
+from gpucheck.model.layout import (
+    EXTRAS,
+    RunFolder,
+    WorkerFiles,
+    is_regular,
+    parse_stem,
+    read_regular,
+)
+from gpucheck.model.results import CaseRecord
+from gpucheck.model.runlog import Resume, RunEnd, RunHeader, RunLog
 
-#: record types of results.jsonl the report knows; others are shown as extra tables
-KNOWN_RECORDS = ("run", "case", "end", "resume", "diagnosis")
 #: extra tables: record type -> title (checkpoint lint, benchmarks; later producers add theirs)
 EXTRA_TITLES = {"lint": "Checkpoint lint", "checkpoint-lint": "Checkpoint lint",
                 "benchmark": "Benchmarks"}
@@ -36,19 +43,18 @@ def parse_time(value: Any) -> float | None:
         return None
 
 
-def case_span(record: dict[str, Any]) -> tuple[float, float] | None:
+def case_span(record: CaseRecord) -> tuple[float, float] | None:
     """(start, end) of a case in epoch seconds.
 
     Records the harness writes for crashed and hung cases are stamped when the harness
     noticed the death, i.e. at the end of the case; worker records at its start.
     """
-    t = parse_time(record.get("started_at"))
+    t = parse_time(record.started_at)
     if t is None:
         return None
-    duration = float(record.get("duration_s") or 0.0)
-    if record.get("status") in ("crashed", "hung") or str(record.get("case", "")).startswith("<"):
-        return t - duration, t
-    return t, t + duration
+    if record.status in ("crashed", "hung") or record.harness_made:
+        return t - record.duration_s, t
+    return t, t + record.duration_s
 
 
 @dataclass
@@ -65,10 +71,10 @@ class WorkerProgress:
 @dataclass
 class RunData:
     run_dir: Path
-    header: dict[str, Any] | None
-    cases: list[dict[str, Any]]
-    end: dict[str, Any] | None = None  # an end-of-run record, where the runner writes one
-    resumes: list[dict[str, Any]] = field(default_factory=list)  # ``--resume`` records
+    header: RunHeader | None
+    cases: list[CaseRecord]
+    end: RunEnd | None = None  # an end-of-run record, where the runner writes one
+    resumes: list[Resume] = field(default_factory=list)  # ``--resume`` records
     extras: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     workers: list[WorkerProgress] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
@@ -78,41 +84,40 @@ class RunData:
     @property
     def run_id(self) -> str | None:
         if self.header:
-            return str(self.header.get("run_id"))
-        return str(self.cases[0].get("run_id")) if self.cases else None
+            return self.header.run_id
+        return self.cases[0].run_id if self.cases else None
 
     @cached_property
     def devices(self) -> list[str]:
         """Device labels in header order, then any only the case records name."""
-        labels = [str(d.get("device")) for d in (self.header or {}).get("devices", [])]
+        labels = [d.device for d in self.header.devices] if self.header else []
         for r in self.cases:
-            if r["device"] not in labels:
-                labels.append(r["device"])
+            if r.device not in labels:
+                labels.append(r.device)
         return labels
 
     @cached_property
     def suites(self) -> list[str]:
-        names = list((self.header or {}).get("suites", []))
+        names = list(self.header.suites) if self.header else []
         for r in self.cases:
-            if r["suite"] not in names:
-                names.append(r["suite"])
+            if r.suite not in names:
+                names.append(r.suite)
         return names
 
     def uuid_labels(self) -> dict[str, str]:
         """NVML/CUDA UUID -> device label (cuda:N) of the run."""
-        out = {str(d["uuid"]): str(d["device"]) for d in (self.header or {}).get("devices", [])
-               if d.get("uuid")}
+        out = {d.uuid: d.device for d in self.header.devices if d.uuid} if self.header else {}
         for r in self.cases:
-            if r.get("device_uuid"):
-                out.setdefault(str(r["device_uuid"]), r["device"])
+            if r.device_uuid:
+                out.setdefault(r.device_uuid, r.device)
         return out
 
     @property
     def interrupted(self) -> list[str]:
         """Why the run looks unfinished (empty when every worker ran to its end)."""
         why = []
-        if self.end is not None and self.end.get("interrupted"):
-            why.append(str(self.end.get("reason") or "the run was interrupted"))
+        if self.end is not None and self.end.interrupted:
+            why.append(self.end.reason or "the run was interrupted")
         for w in self.workers:
             if w.case:
                 why.append(f"worker {w.stem} stopped inside {w.case} ({w.done} of {w.total} "
@@ -122,22 +127,18 @@ class RunData:
         return why
 
     def started(self) -> float | None:
-        t = parse_time((self.header or {}).get("started_at"))
+        t = parse_time(self.header.started_at if self.header else None)
         if t is not None:
             return t
         starts = [s[0] for s in map(case_span, self.cases) if s]
         return min(starts) if starts else None
 
     def finished(self) -> float | None:
-        t = parse_time((self.end or {}).get("finished_at"))
+        t = parse_time(self.end.finished_at if self.end else None)
         if t is not None:
             return t
         ends = [s[1] for s in map(case_span, self.cases) if s]
         return max(ends) if ends else None
-
-
-def _valid_case(r: dict[str, Any]) -> bool:
-    return all(isinstance(r.get(k), str) for k in ("device", "suite", "case", "status"))
 
 
 def _worker_progress(workers_dir: Path) -> list[WorkerProgress]:
@@ -147,84 +148,66 @@ def _worker_progress(workers_dir: Path) -> list[WorkerProgress]:
         device, mode, generation = parse_stem(files.stem)
         base = f"{device}.{mode}"
         try:
-            state = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+            state = json.loads(read_regular(path) or "")
+        except (json.JSONDecodeError, RecursionError):
             continue
-        base_done = len(files.skip.read_text().split()) if files.skip.exists() else 0
+        if not isinstance(state, dict):
+            continue
+        skipped = read_regular(files.skip, 64 << 20)
+        base_done = len(skipped.split()) if skipped else 0
         chains[base].append((generation, {**state, "base_done": base_done}))
     out = []
     for base, states in sorted(chains.items()):
         generation, last = max(states, key=lambda x: x[0])
         first_total = min(states, key=lambda x: x[0])[1].get("total")
+        case = last.get("case")
         out.append(WorkerProgress(
-            stem=base, case=last.get("case"),
-            done=int(last.get("base_done", 0)) + int(last.get("done") or 0),
-            total=int(first_total or last.get("total") or 0), generations=generation + 1))
+            stem=base, case=results.text(case, 2000) if case else None,
+            done=_count(last.get("base_done")) + _count(last.get("done")),
+            total=_count(first_total) or _count(last.get("total")), generations=generation + 1))
     return out
 
 
-def _attach(cases: list[dict[str, Any]], diagnoses: list[dict[str, Any]]) -> None:
-    """A diagnosis (e.g. wrong-device, from the differential re-run) is shown as a finding of
-    the case it explains."""
-    index = {(c.get("device"), c.get("suite"), c.get("case"), c.get("mode")): c for c in cases}
-    for d in diagnoses:
-        case = index.get((d.get("device"), d.get("suite"), d.get("case"), d.get("mode")))
-        if case is not None:
-            case["findings"] = [*case.get("findings", []), *d.get("findings", [])]
+def _count(value: Any) -> int:
+    """A count of a state file (0 where the file holds anything else)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def load(run_dir: Path) -> RunData:
     """Read a run folder (complete or not) into a RunData (read its ``devices`` and
     ``suites`` only once it is filled: they are cached)."""
-    data = RunData(run_dir=run_dir, header=None, cases=[])
     path = RunFolder(run_dir).results
+    log = RunLog.read(path)
+    data = RunData(run_dir=run_dir, header=log.header, cases=log.diagnosed_cases(), end=log.end,
+                   resumes=log.resumes, extras=log.extras, torn_lines=log.unreadable)
     if not path.exists():
         data.problems.append("no results.jsonl in the run folder: no case finished")
-        records: list[dict[str, Any]] = []
-    else:
-        records, data.torn_lines = results.read_lines(path)
-    headers = [r for r in records if r.get("record") == "run"]
-    if headers:
-        data.header = headers[-1]
-        if len(headers) > 1:
-            data.problems.append(f"results.jsonl holds {len(headers)} runs; this report shows "
-                                 f"the last one ({data.header.get('run_id')})")
-    elif records:
+    if len(log.headers) > 1 and data.header is not None:
+        data.problems.append(f"results.jsonl holds {len(log.headers)} runs; this report shows "
+                             f"the last one ({data.header.run_id})")
+    elif data.header is None and (log.cases or log.extras or log.unreadable):
         data.problems.append("results.jsonl has no run header (the run was cut short before "
                              "it was written, or the file was assembled by hand)")
-    run_id = data.header.get("run_id") if data.header else None
-    diagnoses: list[dict[str, Any]] = []
-    for r in records:
-        kind = r.get("record")
-        if run_id is not None and r.get("run_id") not in (None, run_id):
-            continue
-        if kind == "case":
-            if _valid_case(r):
-                r.setdefault("findings", [])
-                r.setdefault("mode", "plain")
-                data.cases.append(r)
-            else:
-                data.torn_lines += 1
-        elif kind == "end":
-            data.end = r
-        elif kind == "resume":
-            data.resumes.append(r)
-        elif kind == "diagnosis":
-            diagnoses.append(r)
-        elif kind not in KNOWN_RECORDS and isinstance(kind, str):
-            data.extras.setdefault(kind, []).append(r)
-    _attach(data.cases, diagnoses)
+    if log.duplicates:
+        data.problems.append(f"results.jsonl holds {log.duplicates} repeated record(s) of a "
+                             "case already recorded (the file was assembled or edited by "
+                             "hand); each case is shown once, the record that did not pass "
+                             "kept")
     for name in EXTRAS:
         extra = run_dir / name
-        if extra.exists():
+        if is_regular(extra):
             rows, _ = results.read_lines(extra)
             data.extras.setdefault(name.removesuffix(".jsonl"), []).extend(rows)
     if data.torn_lines:
         data.problems.append(f"{data.torn_lines} line(s) of results.jsonl could not be read "
-                             "(a writer was killed mid-line); they are left out")
+                             "(a writer was killed mid-line, or the file was edited); they "
+                             "are left out")
+    if log.not_regular:
+        data.problems.append("results.jsonl is not a regular file (a link or a FIFO): it was "
+                             "not read")
     workers = RunFolder(run_dir).workers
-    if workers.is_dir():
+    if workers.is_dir() and not workers.is_symlink():
         data.workers = _worker_progress(workers)
         data.logs = sorted(p for p in workers.iterdir()
-                           if p.suffix in (".log", ".txt", ".cmd") and p.is_file())
+                           if p.suffix in (".log", ".txt", ".cmd") and is_regular(p))
     return data

@@ -31,6 +31,8 @@ from typing import Any
 from urllib.parse import quote
 
 import gpucheck
+from gpucheck.model.results import CaseRecord
+from gpucheck.model.runlog import RunHeader
 from gpucheck.report import evidence
 from gpucheck.report.groups import Group, Grouped, Occurrence, sanitizer_record, signature
 from gpucheck.report.rundata import RunData, parse_time
@@ -85,12 +87,12 @@ class _Sources:
         return paths[0] if paths else name
 
 
-def _case_file(record: dict[str, Any], suite_paths: dict[str, str]) -> str | None:
+def _case_file(record: CaseRecord, suite_paths: dict[str, str]) -> str | None:
     """The test file of a case: its suite folder joined with the case id's file part."""
-    file = str(record.get("case", "")).split("::")[0]
+    file = record.case.split("::")[0]
     if not file.endswith(".py"):
         return None
-    root = suite_paths.get(str(record.get("suite")))
+    root = suite_paths.get(record.suite)
     return str(Path(root) / file) if root else file
 
 
@@ -112,9 +114,9 @@ def _places(o: Occurrence, suite_paths: dict[str, str], sources: _Sources
     f, r = o.finding, o.record
     case_file = _case_file(r, suite_paths)
     case_loc = None if case_file is None else (
-        case_file, _line_in(case_file, f.get("evidence"), f.get("message")))
+        case_file, _line_in(case_file, f.evidence, f.message))
     related: list[Location] = []
-    if f.get("kind") == "sanitizer":
+    if f.kind == "sanitizer":
         parsed = sanitizer_record(f)
         if parsed is not None and parsed.python_frame:
             m = _PY_LINE.search(parsed.python_frame)
@@ -171,7 +173,7 @@ def _rules(groups: list[Group]) -> tuple[list[dict[str, Any]], dict[str, int]]:
         rule: dict[str, Any] = {
             "id": kind, "name": evidence.kind_title(kind),
             "shortDescription": {"text": evidence.kind_title(kind)},
-            "help": {"text": evidence.hint_for({"kind": kind})},
+            "help": {"text": evidence.kind_hint(kind)},
             "defaultConfiguration": {"level": LEVELS.get(g.severity, "warning")},
             "properties": {"role": g.role},
         }
@@ -187,26 +189,26 @@ def _results(g: Group, rule_index: dict[str, int], suite_paths: dict[str, str],
     split: dict[tuple[str, Location | None], list[tuple[Occurrence, list[Location]]]] = {}
     for o in g.occurrences:
         primary, related = _places(o, suite_paths, sources)
-        split.setdefault((signature(o.finding.get("message")), primary), []).append(
+        split.setdefault((signature(o.finding.message), primary), []).append(
             (o, related))
     out = []
     for (message, primary), occ in split.items():
         first = occ[0][0].finding
-        devices = sorted({o.record["device"] for o, _ in occ})
-        cases = list(dict.fromkeys(o.record["case"] for o, _ in occ))
-        text = message.splitlines()[0] if message else str(first.get("kind"))
+        devices = sorted({o.record.device for o, _ in occ})
+        cases = list(dict.fromkeys(o.record.case for o, _ in occ))
+        text = message.splitlines()[0] if message else first.kind
         text += (f" ({len(occ)} occurrence(s) on {', '.join(devices)}; "
                  f"case(s): {', '.join(cases[:5])}{' ...' if len(cases) > 5 else ''})")
         result: dict[str, Any] = {
             "ruleId": g.kind, "ruleIndex": rule_index[g.kind],
-            "level": LEVELS.get(str(first.get("severity")), "warning"),
+            "level": LEVELS.get(first.severity, "warning"),
             "message": {"text": text},
             "partialFingerprints": {"gpucheckFinding/v1": hashlib.sha256(
                 f"{g.kind}|{g.subject}|{message}|{primary}".encode()).hexdigest()[:32]},
             "properties": {
                 "role": g.role, "subject": g.subject, "count": len(occ),
-                "devices": devices, "modes": sorted({o.record["mode"] for o, _ in occ}),
-                "statuses": sorted({o.record["status"] for o, _ in occ}), "cases": cases,
+                "devices": devices, "modes": sorted({o.record.mode for o, _ in occ}),
+                "statuses": sorted({o.record.status for o, _ in occ}), "cases": cases,
                 "hint": evidence.hint_for(first)},
         }
         if explained_by is not None:
@@ -241,10 +243,9 @@ def build(data: RunData, grouped: Grouped, verdict: Verdict, base: Path | None =
         The SARIF 2.1.0 log as a JSON-ready dict.
     """
     base = Path.cwd() if base is None else base
-    header = data.header or {}
-    config = header.get("config")
-    config = config if isinstance(config, dict) else {}
-    suite_paths = {str(k): str(v) for k, v in (config.get("suite_paths") or {}).items()}
+    header = data.header if data.header is not None else RunHeader(run_id="")
+    paths = header.config.get("suite_paths")
+    suite_paths = {str(k): str(v) for k, v in paths.items()} if isinstance(paths, dict) else {}
     every = [*grouped.diagnoses, *(e for g in grouped.diagnoses for e in g.explains),
              *grouped.symptoms]
     rules, rule_index = _rules(every)
@@ -260,8 +261,8 @@ def build(data: RunData, grouped: Grouped, verdict: Verdict, base: Path | None =
         "executionSuccessful": verdict.ok, "exitCode": verdict.exit_code,
         "properties": {"verdict": verdict.name},
     }
-    if header.get("command"):
-        invocation["commandLine"] = " ".join(map(str, header["command"]))
+    if header.command:
+        invocation["commandLine"] = " ".join(header.command)
     for key, t in (("startTimeUtc", data.started()), ("endTimeUtc", data.finished())):
         if _utc(t):
             invocation[key] = _utc(t)
@@ -278,6 +279,6 @@ def build(data: RunData, grouped: Grouped, verdict: Verdict, base: Path | None =
         "results": found,
         "properties": {"verdict": verdict.name, "run_id": data.run_id,
                        "devices": data.devices, "started": _utc(parse_time(
-                           header.get("started_at")))},
+                           header.started_at))},
     }
     return {"$schema": SCHEMA_URI, "version": VERSION, "runs": [run]}

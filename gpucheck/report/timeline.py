@@ -14,12 +14,21 @@ device by design (the poisoned device). Workers are known by the pid in their st
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpucheck.model.layout import RunFolder, WorkerFiles, device_in_stem, mode_in_stem, parse_stem
+from gpucheck.model.layout import (
+    RunFolder,
+    WorkerFiles,
+    device_in_stem,
+    mode_in_stem,
+    open_regular,
+    parse_stem,
+    read_regular,
+)
 from gpucheck.model.results import BAD_STATUSES
 from gpucheck.report.rundata import RunData, case_span
 
@@ -78,32 +87,43 @@ class Timeline:
         return out
 
 
+#: what a line of a timeline someone else wrote may raise when it is read (not JSON, fields
+#: of other types, numbers out of range): the line is counted as torn
+BAD_LINE = (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError)
+
+
+def _time(line: bytes | str) -> float | None:
+    """The time of one sample line, or None (not a sample, or not a finite number)."""
+    try:
+        t = float(json.loads(line)["t"])
+    except BAD_LINE:
+        return None
+    return t if math.isfinite(t) else None
+
+
 def _edges(path: Path) -> tuple[float, float] | None:
     """Time of the first and of the last readable sample, without parsing the rest."""
     first = last = None
-    with open(path, "rb") as f:
+    f = open_regular(path)
+    if f is None:
+        return None
+    with f:
         for line in f:
-            try:
-                first = float(json.loads(line)["t"])
+            first = _time(line)
+            if first is not None:
                 break
-            except (ValueError, KeyError, TypeError):
-                continue
         f.seek(0, 2)
         size = f.tell()
         f.seek(max(0, size - 65536))
         for line in reversed(f.read().splitlines()):
-            try:
-                last = float(json.loads(line)["t"])
+            last = _time(line)
+            if last is not None:
                 break
-            except (ValueError, KeyError, TypeError):
-                continue
     return None if first is None or last is None else (first, max(last, first + 1e-3))
 
 
 def read(path: Path, labels: dict[str, str], buckets: int = BUCKETS) -> Timeline | None:
     """Downsample a timeline file; None when it is missing or has no readable sample."""
-    if not path.exists():
-        return None
     edges = _edges(path)
     if edges is None:
         return None
@@ -111,32 +131,39 @@ def read(path: Path, labels: dict[str, str], buckets: int = BUCKETS) -> Timeline
     scale = (buckets - 1) / (t1 - t0)
     devices: dict[str, DeviceTimeline] = {}
     samples = torn = 0
-    with open(path, encoding="utf-8", errors="replace") as f:
+    f = open_regular(path)
+    if f is None:
+        return None
+    with f:
         for line in f:
             try:
                 sample = json.loads(line)
-                b = min(buckets - 1, max(0, int((float(sample["t"]) - t0) * scale)))
+                t = float(sample["t"])
+                if not t0 <= t <= t1:  # out of order, or not a finite time
+                    raise ValueError(t)
+                b = min(buckets - 1, max(0, int((t - t0) * scale)))
                 rows = sample["devices"]
-            except (ValueError, KeyError, TypeError):
+                for row in rows:  # the hot loop of an hour-long timeline: kept inline
+                    uuid = str(row.get("uuid"))
+                    dev = devices.get(uuid)
+                    if dev is None:
+                        index = int(row.get("nvml_index", len(devices)))
+                        label = labels.get(uuid, f"GPU {index} (not targeted)")
+                        dev = devices[uuid] = DeviceTimeline(uuid, index, label, Series("used"),
+                                                             {})
+                    used = row.get("used")
+                    if used is not None and float(used) > dev.used.values.get(b, -1):
+                        dev.used.values[b] = int(used)
+                    for pid, used in (row.get("processes") or {}).items():
+                        series = dev.processes.get(pid)
+                        if series is None:
+                            series = dev.processes[pid] = Series(str(pid))
+                        if float(used or 0) > series.values.get(b, -1):
+                            series.values[b] = int(used or 0)
+            except BAD_LINE:
                 torn += 1
                 continue
             samples += 1
-            for row in rows:  # the hot loop of an hour-long timeline: kept inline
-                uuid = str(row.get("uuid"))
-                dev = devices.get(uuid)
-                if dev is None:
-                    index = int(row.get("nvml_index", len(devices)))
-                    label = labels.get(uuid, f"GPU {index} (not targeted)")
-                    dev = devices[uuid] = DeviceTimeline(uuid, index, label, Series("used"), {})
-                used = row.get("used")
-                if used is not None and used > dev.used.values.get(b, -1):
-                    dev.used.values[b] = used
-                for pid, used in (row.get("processes") or {}).items():
-                    series = dev.processes.get(pid)
-                    if series is None:
-                        series = dev.processes[pid] = Series(pid)
-                    if (used or 0) > series.values.get(b, -1):
-                        series.values[b] = used or 0
     ordered = sorted(devices.values(), key=lambda d: d.nvml_index)
     interval = (t1 - t0) / (samples - 1) if samples > 1 else None
     return Timeline(t0, t1, samples, interval, ordered, torn)
@@ -175,14 +202,14 @@ def expected_devices(data: RunData) -> dict[int, set[str]]:
     another device current, that device (from the state files and the case records)."""
     current: dict[tuple[str, str], set[str]] = {}
     for r in data.cases:
-        if r.get("current_device"):
-            key = (device_in_stem(str(r["device"])), mode_in_stem(str(r.get("mode"))))
-            current.setdefault(key, set()).add(str(r["current_device"]))
+        if r.current_device:
+            key = (device_in_stem(r.device), mode_in_stem(r.mode))
+            current.setdefault(key, set()).add(r.current_device)
     out: dict[int, set[str]] = {}
     for path in RunFolder(data.run_dir).state_files():
         try:
-            pid = int(json.loads(path.read_text()).get("pid"))
-        except (OSError, ValueError, TypeError, AttributeError):
+            pid = int(json.loads(read_regular(path) or "").get("pid"))
+        except BAD_LINE:
             continue
         device, mode, _ = parse_stem(WorkerFiles.of_state(path).stem)
         label = f"cuda:{device.removeprefix('cuda')}" if device.startswith("cuda") else device
@@ -214,12 +241,13 @@ def plots(data: RunData, timeline: Timeline, buckets: int = BUCKETS) -> list[dic
         lines = []
         for pid, series in sorted(dev.processes.items()):
             others = [lab for lab in pid_devices[pid] if lab != dev.label]
-            stray = [lab for lab in others if lab not in meant.get(int(pid), set())]
+            mine = meant.get(int(pid) if pid.isdigit() else -1, set())
+            stray = [lab for lab in others if lab not in mine]
             lines.append({"pid": pid, "colour": colours[pid], "peak": _fmt_gib(series.peak),
                           "points": _polylines(series, x, y), "others": others,
                           "stray": stray})
-        cases = [r for r in data.cases if r["device"] == dev.label]
-        bad = [r for r in cases if r["status"] in BAD_STATUSES]
+        cases = [r for r in data.cases if r.device == dev.label]
+        bad = [r for r in cases if r.status in BAD_STATUSES]
         shown = cases if len(cases) <= MAX_BOUNDARIES else bad
         marks = []
         for r in shown:
@@ -227,8 +255,8 @@ def plots(data: RunData, timeline: Timeline, buckets: int = BUCKETS) -> list[dic
             if s is None or s[1] < timeline.t0 or s[0] > timeline.t1:
                 continue
             marks.append({"x": round(tx(s[0]), 1), "w": round(max(0.6, tx(s[1]) - tx(s[0])), 1),
-                          "status": r["status"], "title": f"{r['status']}: {r['case']} "
-                          f"({r['mode']}, {float(r.get('duration_s') or 0):.2f} s)"})
+                          "status": r.status, "title": f"{r.status}: {r.case} "
+                          f"({r.mode}, {r.duration_s:.2f} s)"})
         yticks = [{"y": round(y(top * f / 1.08), 1), "label": _fmt_gib(top * f / 1.08)}
                   for f in (0.0, 0.5, 1.0)]
         xticks = [{"x": round(LEFT + pw * f, 1), "label": _fmt_t(span * f)}

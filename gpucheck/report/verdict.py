@@ -74,14 +74,12 @@ class Verdict:
 
 def not_runnable(data: RunData) -> dict[str, str]:
     """Suites of the run's last invocation that could not run at all, with the reason."""
-    latest = data.resumes[-1] if data.resumes else (data.header or {})
-    found = latest.get("not_runnable") or {}
-    return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
+    latest = data.resumes[-1] if data.resumes else data.header
+    return dict(latest.not_runnable) if latest is not None else {}
 
 
 def _allow_empty(data: RunData) -> bool:
-    config = (data.header or {}).get("config") or {}
-    return bool(config.get("allow_empty")) if isinstance(config, dict) else False
+    return data.header is not None and data.header.config.get("allow_empty") is True
 
 
 def decide(data: RunData, *, allow_empty: bool | None = None,
@@ -99,11 +97,10 @@ def decide(data: RunData, *, allow_empty: bool | None = None,
         The :class:`Verdict`.
     """
     cases = data.cases
-    errors = [f for r in cases for f in r.get("findings", []) if f.get("severity") == "error"]
-    bad = [r for r in cases if r["status"] in BAD_STATUSES]
-    warnings = [f for r in cases for f in r.get("findings", [])
-                if f.get("severity") == "warning"]
-    ran = sum(r["status"] in RAN for r in cases)
+    errors = [f for r in cases for f in r.errors()]
+    bad = [r for r in cases if r.status in BAD_STATUSES]
+    warnings = [f for r in cases for f in r.findings if f.severity == "warning"]
+    ran = sum(r.status in RAN for r in cases)
     problems = []
     if data.torn_lines:
         problems.append(f"{data.torn_lines} line(s) of {data.run_dir / 'results.jsonl'} could "
