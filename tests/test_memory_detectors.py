@@ -340,9 +340,9 @@ def test_diagnose_adds_memory_findings(tmp_path):
     for r in [failed(STORY3_TORCH20), *(sized(n, 4 * n * n) for n in (1024, 2048, 4096))]:
         results.append(path, {**r.to_json(), "run_id": "r1"})
     made = pipeline._diagnose(tmp_path, path, "r1")
-    kinds = sorted(d["findings"][0]["kind"] for d in made)
+    kinds = sorted(d.findings[0].kind for d in made)
     assert kinds == ["memory-growth", "oom-anomaly"]
-    assert all(d["record"] == "diagnosis" and d["mode"] == "blocking+nvml" for d in made)
+    assert all(d.mode == "blocking+nvml" for d in made)
     assert json.loads(path.read_text().splitlines()[-1])["record"] == "diagnosis"
 
 

@@ -384,13 +384,12 @@ class DistHarness:
             case=case, mode=self.group.mode, status=STATUS_OF.get(d.kind, "failed"),
             reason=d.message, duration_s=round(age, 3), started_at=now_iso(),
             exit_code=rc if rc is not None and rc >= 0 else None, stderr_tail=evidence[-4000:],
-            findings=[finding])
-        data = record.to_json()
-        data["distributed"] = {"kind": d.kind, "cause_ranks": d.cause_ranks,
-                               "waiting_ranks": d.waiting_ranks, "seq": d.seq, "op": d.op,
-                               "time_to_finding_s": round(age, 3),
-                               "world_size": self.group.world_size}
-        results.append(self.results_path, data)
+            findings=[finding],
+            distributed={"kind": d.kind, "cause_ranks": d.cause_ranks,
+                         "waiting_ranks": d.waiting_ranks, "seq": d.seq, "op": d.op,
+                         "time_to_finding_s": round(age, 3),
+                         "world_size": self.group.world_size})
+        results.append(self.results_path, record.to_json())
 
 
 def _trim(stack: str) -> str:

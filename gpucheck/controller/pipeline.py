@@ -12,7 +12,6 @@ import contextlib
 import signal
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -49,7 +48,7 @@ from gpucheck.model import modes, results
 from gpucheck.model.contract import CURRENT_ENV, OTHER_CURRENT, TARGET_CURRENT
 from gpucheck.model.layout import RunFolder
 from gpucheck.model.modes import Mode
-from gpucheck.model.runlog import RunHeader, RunLog
+from gpucheck.model.runlog import Diagnosis, Resume, RunEnd, RunHeader, RunLog
 from gpucheck.nvml_sampler import Sampler, TimelineWriter
 from gpucheck.report import Published, publish
 from gpucheck.sanitizer import command as sanitizer_cmd
@@ -104,11 +103,7 @@ def run(cfg: RunConfig, previous: RunHeader | None = None,
                                             header_passes, notes, not_runnable, asked))
     else:
         run_id = previous.run_id
-        results.append(results_path, {
-            "schema": results.SCHEMA_ID, "record": "resume", "run_id": run_id,
-            "resumed_at": datetime.now().astimezone().isoformat(timespec="milliseconds"),
-            "notes": notes, "not_runnable": not_runnable,
-        })
+        results.append(results_path, Resume(run_id, _now(), notes, not_runnable).to_json())
     console = make_console()
     stopped: list[str] = []
     log = RunLog(results_path)  # the controller's one reader of the run's records
@@ -252,7 +247,7 @@ def _rerun_suspects(cfg: RunConfig, label: str, specs: list[WorkerSpec], out: Pa
     return False
 
 
-def _diagnose(out: Path, results_path: Path, run_id: str) -> list[dict[str, Any]]:
+def _diagnose(out: Path, results_path: Path, run_id: str) -> list[Diagnosis]:
     """Run-level detectors over every record; their findings become diagnosis records."""
     log = RunLog.read(results_path)
     records = [r for r in log.cases if r.run_id == run_id]
@@ -266,21 +261,21 @@ def _diagnose(out: Path, results_path: Path, run_id: str) -> list[dict[str, Any]
             if not mine:  # a detector's finding about no case of the run: nowhere to attach
                 continue
             original = next((r for r in mine if not Mode.parse(r.mode).variant), mine[0])
-            record = {"schema": results.SCHEMA_ID, "record": "diagnosis", "run_id": run_id,
-                      "device": finding.device, "suite": finding.suite, "case": finding.case,
-                      "mode": original.mode, "findings": [asdict(finding)]}
-            results.append(results_path, record)
-            made.append(record)
+            diagnosis = Diagnosis(run_id, original.device, original.suite, original.case,
+                                  original.mode, [finding])
+            results.append(results_path, diagnosis.to_json())
+            made.append(diagnosis)
     return made
 
 
 def _end_record(results_path: Path, run_id: str, interrupted: bool, reason: str | None,
                 stopped_by: str | None = None) -> None:
-    results.append(results_path, {
-        "schema": results.SCHEMA_ID, "record": "end", "run_id": run_id,
-        "finished_at": datetime.now().astimezone().isoformat(timespec="milliseconds"),
-        "interrupted": interrupted, "reason": reason, "stopped_by": stopped_by,
-    })
+    results.append(results_path,
+                   RunEnd(run_id, _now(), interrupted, reason, stopped_by).to_json())
+
+
+def _now() -> str:
+    return datetime.now().astimezone().isoformat(timespec="milliseconds")
 
 
 def finish(cfg: RunConfig, out: Path, results_path: Path, run_id: str, notes: list[str],

@@ -20,12 +20,12 @@ last header's are left out of ``cases``.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from gpucheck.model.layout import open_regular
-from gpucheck.model.results import BAD_STATUSES, CaseRecord, Finding, text
+from gpucheck.model.results import BAD_STATUSES, SCHEMA_ID, CaseRecord, Finding, text
 
 #: a line longer than this is not parsed (a folder someone else made): it counts as unreadable
 MAX_LINE = 64 * 1024 * 1024
@@ -109,6 +109,9 @@ class Resume:
     notes: list[str] = field(default_factory=list)
     not_runnable: dict[str, str] = field(default_factory=dict)
 
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": SCHEMA_ID, "record": "resume", **asdict(self)}
+
     @classmethod
     def from_json(cls, value: dict[str, Any]) -> Resume:
         return cls(text(value.get("run_id") or "", 200), _maybe(value.get("resumed_at")),
@@ -124,6 +127,9 @@ class RunEnd:
     interrupted: bool = False
     reason: str | None = None
     stopped_by: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": SCHEMA_ID, "record": "end", **asdict(self)}
 
     @classmethod
     def from_json(cls, value: dict[str, Any]) -> RunEnd:
@@ -146,6 +152,9 @@ class Diagnosis:
     @property
     def key(self) -> tuple[str, str, str, str]:
         return (self.device, self.suite, self.case, self.mode)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": SCHEMA_ID, "record": "diagnosis", **asdict(self)}
 
     @classmethod
     def from_json(cls, value: dict[str, Any]) -> Diagnosis | None:
