@@ -21,7 +21,7 @@ from gpucheck.controller import suites as suites_mod
 from gpucheck.errors import EnvironmentProblem, UsageProblem
 from gpucheck.model import modes, results
 from gpucheck.model.layout import RESULTS
-from gpucheck.model.modes import PLAIN, Mode
+from gpucheck.model.modes import PLAIN, Mode, tool_of
 from gpucheck.model.runlog import RunHeader, RunLog
 from gpucheck.nvml_sampler import DEFAULT_INTERVAL_S
 from gpucheck.report import DEFAULT_FORMATS
@@ -244,7 +244,7 @@ def plan_passes(asked: tuple[str, ...], devices: int = 1) -> list[tuple[str, str
     if plain:
         passes.append((str(Mode.plain(plain)), None))
     for m in asked:
-        tool = Mode.parse(m).sanitizer_tool if m.startswith(modes.SANITIZER) else None
+        tool = tool_of(m)
         if tool is None:
             continue
         base = Mode.sanitizer(tool)
@@ -316,7 +316,7 @@ def refuse_inapplicable(cfg: RunConfig) -> None:
     one sentence naming the option to drop."""
     if cfg.all_devices and cfg.devices:
         raise UsageProblem("--all-devices and --device exclude each other")
-    sanitizer = any(m.startswith("sanitizer") for m in cfg.modes)
+    sanitizer = any(tool_of(m) for m in cfg.modes)
     if cfg.cpu_only:
         for flag, given in (("--device", bool(cfg.devices)), ("--all-devices", cfg.all_devices)):
             if given:

@@ -47,7 +47,7 @@ from gpucheck.errors import GpucheckError, OutputProblem
 from gpucheck.model import modes, results
 from gpucheck.model.contract import CURRENT_ENV, OTHER_CURRENT, TARGET_CURRENT
 from gpucheck.model.layout import RunFolder
-from gpucheck.model.modes import Mode
+from gpucheck.model.modes import Mode, tool_of
 from gpucheck.model.runlog import Diagnosis, Resume, RunEnd, RunHeader, RunLog
 from gpucheck.nvml_sampler import Sampler, TimelineWriter
 from gpucheck.report import Published, publish
@@ -66,7 +66,7 @@ def run(cfg: RunConfig, previous: RunHeader | None = None,
     knows the distributed controller; this module does not)."""
     asked = tuple(dict.fromkeys(cfg.modes)) or DEFAULT_MODES
     sanitizer = None
-    if any(m.startswith(modes.SANITIZER) for m in asked):
+    if any(tool_of(m) for m in asked):
         sanitizer = sanitizer_cmd.find()
     targets, notes, _, inv = choose_targets(cfg)
     if previous is not None:

@@ -111,3 +111,10 @@ def try_parse(label: object) -> Mode | None:
         return Mode.parse(str(label))
     except ValueError:
         return None
+
+
+def tool_of(label: object) -> str | None:
+    """The compute-sanitizer tool a mode label names (None: not a sanitizer pass, or a label
+    no gpucheck writes)."""
+    parsed = try_parse(label)
+    return parsed.sanitizer_tool if parsed is not None else None
