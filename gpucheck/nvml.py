@@ -137,6 +137,10 @@ def answer(func: str | Callable[..., Any], *args: Any) -> tuple[Any, str | None]
         return NA, f"{type(err).__name__}: {err}"
     except (AttributeError, TypeError):  # a pynvml older than this call
         return NA, None
+    except Exception as err:  # pynvml's own (NVMLLibraryMismatchError: a driver without it)
+        if "Mismatch" in type(err).__name__:
+            return NA, None
+        return NA, f"{type(err).__name__}: {err}"
     except OSError as err:
         return NA, f"{type(err).__name__}: {err}"
     if isinstance(value, bytes):

@@ -422,6 +422,9 @@ class Harness:
                 and _alive(worker_pid))
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(w.proc.pid, signal.SIGKILL)  # what its cases started and left running
+        if tool:  # and the worker the tool left, wherever the tool put it
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(worker_pid, signal.SIGKILL)
         for log in (w.stdout_path, w.stderr_path):
             bound_log(log)
         w.state = read_state(w.state_path) or w.state
