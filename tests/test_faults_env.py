@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -160,13 +161,16 @@ def test_resuming_a_run_that_is_still_going_is_refused(tmp_path):
         import os, time
         def test_slow():
             open(os.environ["FAULT_INSIDE"], "w").close()
-            time.sleep(3)
+            while not os.path.exists(os.environ["FAULT_GO"]):
+                time.sleep(0.05)
     '''})
-    out, inside = tmp_path / "out", tmp_path / "inside"
-    env = {"GPUCHECK_LOCK_DIR": str(tmp_path / "locks"), "FAULT_INSIDE": str(inside)}
+    out, inside, go = tmp_path / "out", tmp_path / "inside", tmp_path / "go"
+    env = {"GPUCHECK_LOCK_DIR": str(tmp_path / "locks"), "FAULT_INSIDE": str(inside),
+           "FAULT_GO": str(go)}
     going = start(tmp_path, "--out", str(out), env=env)
     wait_for(inside.exists)
     second = run(tmp_path, "--resume", str(out), env=env)
+    go.touch()
     assert second.returncode == 2, second.stdout + second.stderr
     (line,) = second.stderr.strip().splitlines()
     assert f"the run folder {out} is in use by another gpucheck run (pid {going.pid} " in line
@@ -234,7 +238,8 @@ def test_a_hang_in_c_code_holding_the_gil_still_has_its_stacks(tmp_path):
     lines = python.splitlines()  # the running thread first, its innermost frame first
     assert lines[1].startswith("Current thread") and "in test_holds_the_gil" in lines[2]
     if _py_spy_may_read_a_sibling(path):
-        assert "test_holds_the_gil (test_gil.py:" in native  # py-spy's frame, native below
+        # py-spy's own frame of the case (native frames below it), after its thread's line
+        assert re.search(r"^\s+test_holds_the_gil \(\S*test_gil\.py:\d+\)$", native, re.M)
         assert native.splitlines()[0].startswith("Thread ") and "MainThread" in native
     else:
         assert native.startswith("py-spy dump failed") and "ptrace" in native

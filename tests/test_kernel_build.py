@@ -278,10 +278,6 @@ def test_a_cached_build_loads_without_nvcc_or_ninja(tmp_path, monkeypatch):
                            timeout=300, env={**os.environ, "PATH": str(tmp_path / "empty")})
     assert (later.returncode, later.stdout.strip(), later.stderr.strip()) == (
         0, "gpucheck._C", ""), later.stderr
-    (tmp_path / "cache").rename(tmp_path / "gone")  # no build in the cache: one is needed
-    again = subprocess.run([sys.executable, "-c", LOAD_ONLY], capture_output=True, text=True,
-                           timeout=300, env={**os.environ, "PATH": str(tmp_path / "empty")})
-    assert again.returncode == 1 and "no CUDA toolkit was found" in again.stderr
 
 
 def test_a_killed_build_leaves_no_lock_behind(tmp_path):

@@ -79,13 +79,16 @@ def py_spy_dumps(pids: Mapping[K, int]) -> dict[K, str]:
 
 
 def trim(stack: str) -> str:
-    """A stack (faulthandler's or py-spy's, innermost frame first) cut where the test runner's
-    own frames begin (pytest, pluggy)."""
+    """A stack (faulthandler's or py-spy's, innermost frame first) without the frames from
+    where the test runner's own begin (pytest, pluggy); lines that are not frames (not
+    indented: a thread's header, py-spy's reason for failing) stay."""
     keep = []
+    runner = False
     for line in stack.splitlines():
-        if any(f in line for f in RUNNER_FRAMES):
-            break
-        keep.append(line)
+        frame = line[:1].isspace()
+        runner = runner or (frame and any(f in line for f in RUNNER_FRAMES))
+        if not (frame and runner):
+            keep.append(line)
     return "\n".join(keep)
 
 
