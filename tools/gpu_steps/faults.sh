@@ -22,8 +22,12 @@ want() { [[ "$ROWS" == *" $1 "* ]]; }
 table=()
 row() { table+=("$(printf '%-4s %-44s %-9s %s' "$1" "$2" "$3" "$4")"); note "row $1: $2: exit $3: $4"; }
 cases_in() { local n; n=$(grep -c '"record":"case"' "$1" 2>/dev/null); echo "${n:-0}"; }
-wait_cases() {  # results.jsonl, count: until that many case records (at most 120 s)
-  for _ in $(seq 1200); do [ "$(cases_in "$1")" -ge "$2" ] && return 0; sleep 0.1; done
+wait_cases() {  # results.jsonl, count, pid: until that many case records, the run ended, 120 s
+  for _ in $(seq 1200); do
+    [ "$(cases_in "$1")" -ge "$2" ] && return 0
+    kill -0 "$3" 2>/dev/null || return 1
+    sleep 0.1
+  done
   return 1
 }
 check() {  # results.jsonl -> counts of records, cases recorded twice, statuses
@@ -47,7 +51,7 @@ if want 1; then
 "$PY" -m gpucheck.cli run "${ALL[@]}" --quiet --suite knn --out "$D/row1" -- "${ARGS[@]}" \
   >"$D/row1.out" 2>&1 &
 run=$!
-wait_cases "$D/row1/results.jsonl" 20
+wait_cases "$D/row1/results.jsonl" 20 "$run"
 victim=$(pgrep -f -- "--gpucheck-results $D/row1/results.jsonl" | head -1)
 [ -n "$victim" ] && kill -KILL "$victim"
 wait "$run"; rc=$?
@@ -59,7 +63,7 @@ if want 2; then
 "$PY" -m gpucheck.cli run "${ALL[@]}" --quiet --suite knn --out "$D/row2" -- "${ARGS[@]}" \
   >"$D/row2.out" 2>&1 &
 run=$!
-wait_cases "$D/row2/results.jsonl" 20
+wait_cases "$D/row2/results.jsonl" 20 "$run"
 kill -KILL "$run"; wait "$run" 2>/dev/null
 sleep 3
 left=$(pgrep -fc -- "--gpucheck-results $D/row2/results.jsonl" || true)
@@ -76,7 +80,10 @@ if want 7; then
 "$PY" -m gpucheck.cli run --device 0 --quiet --suite knn --out "$D/row7-first" -- "${ARGS[@]}" \
   >"$D/row7-first.out" 2>&1 &
 first=$!
-for _ in $(seq 1200); do [ -s "$D/row7-first/results.jsonl" ] && break; sleep 0.1; done
+for _ in $(seq 1200); do
+  { [ -s "$D/row7-first/results.jsonl" ] || ! kill -0 "$first" 2>/dev/null; } && break
+  sleep 0.1
+done
 "$PY" -m gpucheck.cli run --device 0 --quiet --suite knn --out "$D/row7-second" \
   -- -k every_k >"$D/row7-second.out" 2>&1
 rc2=$?
@@ -122,7 +129,7 @@ else
     --device 0 --quiet --mode nvml --suite knn --out "$D/row9" -- "${ARGS[@]}" \
     >"$D/row9.out" 2>&1 &
   run=$!
-  wait_cases "$D/row9/results.jsonl" 20
+  wait_cases "$D/row9/results.jsonl" 20 "$run"
   touch "$D/nvml-broken"  # from now on every NVML query fails (NVML_ERROR_UNKNOWN)
   wait "$run"; rc=$?
   seen=$("$PY" - "$D/row9/results.jsonl" "$D/row9.out" <<'PY'
@@ -207,5 +214,5 @@ fi
 
 echo
 printf '%-4s %-44s %-9s %s\n' row fault exit "what was seen"
-printf '%s\n' "${table[@]}"
+[ "${#table[@]}" -gt 0 ] && printf '%s\n' "${table[@]}"
 true
