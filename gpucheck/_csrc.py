@@ -364,15 +364,17 @@ def cache_dir(env: Mapping[str, str] | None = None) -> Path:
     return Path(base).expanduser() / "gpucheck"
 
 
-def build_dir(name: str) -> Path:
+def build_dir(name: str, make: bool = True) -> Path:
     """The cache folder of the build ``name`` for this torch, CUDA and Python (a build made
-    for one does not load in another), made if missing (OSError when it cannot be)."""
+    for one does not load in another), made if missing (OSError when it cannot be) unless
+    ``make`` is False."""
     import torch
 
     key = (f"torch{torch.__version__}-cuda{torch.version.cuda}"
            f"-py{sys.version_info[0]}{sys.version_info[1]}")
     folder = cache_dir() / re.sub(r"[^\w.+-]", "_", key) / re.sub(r"[^\w.+-]", "_", name)
-    folder.mkdir(parents=True, exist_ok=True)
+    if make:
+        folder.mkdir(parents=True, exist_ok=True)
     return folder
 
 

@@ -134,13 +134,17 @@ def _print_inventory(inv: Inventory) -> None:
                    "gloo on CPU).")
 @click.option("--format", "formats", multiple=True, type=click.Choice(FORMATS),
               help=FORMAT_HELP)
+@click.option("--wait-for-devices", type=click.FloatRange(min=0), default=0.0,
+              envvar="GPUCHECK_WAIT_FOR_DEVICES", show_default=True, metavar="SECONDS",
+              help="When another gpucheck run holds a target GPU (or the run folder to "
+                   "resume), wait up to this long for it; 0 refuses at once, naming that run.")
 @click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def run(ctx: click.Context, all_devices: bool, device_indices: tuple[int, ...],
         suites: tuple[str, ...], modes: tuple[str, ...], out: Path | None, resume: Path | None,
         allow_empty: bool, timeout: float, nvml_interval: float, quiet: bool, cpu_only: bool,
         distributed: bool, world_size: int | None, backend: str | None,
-        formats: tuple[str, ...], pytest_args: tuple[str, ...]) -> int:
+        formats: tuple[str, ...], wait_for_devices: float, pytest_args: tuple[str, ...]) -> int:
     """Run the suites on every target device, each in its own process.
 
     Arguments after `--` go to pytest (e.g. `-- -k forward`). An option that cannot apply
@@ -155,7 +159,7 @@ def run(ctx: click.Context, all_devices: bool, device_indices: tuple[int, ...],
                                   allow_empty=allow_empty, resume=resume,
                                   distributed=distributed, world_size=world_size,
                                   backend=backend, formats=tuple(dict.fromkeys(formats)),
-                                  given=_given(ctx)))
+                                  wait_for_devices=wait_for_devices, given=_given(ctx)))
 
 
 def _given(ctx: click.Context) -> frozenset[str]:

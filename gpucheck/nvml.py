@@ -3,7 +3,9 @@
 Every call goes through :func:`query`, which turns "not supported", "no permission", a missing
 library or a missing function into the :data:`NA` sentinel instead of an exception (the pattern
 of nvitop's ``nvmlQuery``). :func:`status` says whether NVML could be initialized and, if not,
-why, in one sentence a user can act on.
+why, in one sentence a user can act on. :func:`answer` tells the two kinds of NA apart: a value
+this driver or device does not have, and a library that failed (``Unknown Error``, ``GPU is
+lost``: NVML failing under a running program), which the sampler reports.
 
 NVML never creates a CUDA context, so everything here is safe to call from the harness's parent
 process and from a sampler thread.
@@ -111,25 +113,49 @@ def reset() -> None:
         _status = None
 
 
-def query(func: str | Callable[..., Any], *args: Any, default: Any = NA) -> Any:
-    """Call a pynvml function; return ``default`` where the answer is unavailable.
+#: NVML errors that say "this value does not exist here", not "the query failed"
+_UNAVAILABLE = ("NVMLError_NotSupported", "NVMLError_NoPermission",
+                "NVMLError_FunctionNotFound", "NVMLError_NotFound")
 
-    ``func`` is a pynvml function or its name (``"nvmlDeviceGetUUID"``). Unavailable means:
-    NVML not initialized or not installed, the function missing from this driver, not
-    supported by this device, no permission, or any other NVML error. Bytes become str.
+
+def answer(func: str | Callable[..., Any], *args: Any) -> tuple[Any, str | None]:
+    """Call a pynvml function: ``(value, None)``; ``(NA, None)`` where the value is not
+    available here (NVML not initialized or not installed, the function missing from this
+    driver, not supported by this device, no permission); ``(NA, why)`` where the library
+    failed (any other NVML error, e.g. ``Unknown Error``, ``GPU is lost``). Bytes become str.
     """
     if not status().ok or _nv is None:
-        return default
+        return NA, None
     fn = getattr(_nv, func, None) if isinstance(func, str) else func
     if fn is None:
-        return default
+        return NA, None
     try:
         value = fn(*args)
-    except (_nv.NVMLError, AttributeError, TypeError, OSError):
-        return default
+    except _nv.NVMLError as err:
+        if type(err).__name__ in _UNAVAILABLE:
+            return NA, None
+        return NA, f"{type(err).__name__}: {err}"
+    except (AttributeError, TypeError):  # a pynvml older than this call
+        return NA, None
+    except Exception as err:  # pynvml's own (NVMLLibraryMismatchError: a driver without it)
+        if "Mismatch" in type(err).__name__:
+            return NA, None
+        return NA, f"{type(err).__name__}: {err}"
+    except OSError as err:
+        return NA, f"{type(err).__name__}: {err}"
     if isinstance(value, bytes):
-        return value.decode(errors="replace")
-    return value
+        return value.decode(errors="replace"), None
+    return value, None
+
+
+def query(func: str | Callable[..., Any], *args: Any, default: Any = NA) -> Any:
+    """Call a pynvml function; return ``default`` where the answer is unavailable, for
+    whatever reason (see :func:`answer`).
+
+    ``func`` is a pynvml function or its name (``"nvmlDeviceGetUUID"``).
+    """
+    value, _ = answer(func, *args)
+    return default if value is NA else value
 
 
 # --- typed helpers used by devices.py and the NVML sampler -------------------------------------
@@ -194,13 +220,21 @@ class ProcessInfo:
 
 def compute_processes(h: Any) -> list[ProcessInfo]:
     """Processes with a CUDA context on this device and the memory each one uses there."""
-    procs = query("nvmlDeviceGetComputeRunningProcesses", h, default=[])
+    return list_processes(h)[0]
+
+
+def list_processes(h: Any) -> tuple[list[ProcessInfo], str | None]:
+    """:func:`compute_processes`, and why NVML failed to list them (None: it did not fail;
+    an empty list then means none, or a device that cannot say)."""
+    procs, failed = answer("nvmlDeviceGetComputeRunningProcesses", h)
+    if procs is NA:
+        return [], failed
     out = []
     for p in procs:
         used = getattr(p, "usedGpuMemory", None)
         out.append(ProcessInfo(int(p.pid), NA if used is None else int(used),
                                query("nvmlSystemGetProcessName", p.pid)))
-    return out
+    return out, None
 
 
 def utilization(h: Any) -> tuple[Any, Any]:

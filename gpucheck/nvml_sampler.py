@@ -11,7 +11,10 @@ Two users of one sampler class:
 * a test samples its own process with :class:`NvmlTracker` (the plugin's ``nvml_tracker``
   fixture).
 
-NVML never creates a CUDA context, so sampling does not disturb what it measures.
+NVML never creates a CUDA context, so sampling does not disturb what it measures. NVML may
+fail under a running program (``Unknown Error``, ``GPU is lost``): a sample that could not list
+a device's processes says so (its row's ``error``, ``processes`` None), the sampler counts such
+samples and goes on, and a case during which one failed has no NVML peak (None, not 0).
 """
 
 from __future__ import annotations
@@ -44,6 +47,13 @@ class Sampler:
                         if h is not nvml.NA]
         self.samples = 0
         self.busy_s = 0.0  # time spent sampling (its own overhead)
+        self.failures = 0  # samples in which NVML failed on some device
+        self.first_failure: tuple[float, str] | None = None  # when, and why
+
+    def _failed(self, why: str) -> None:
+        self.failures += 1
+        if self.first_failure is None:
+            self.first_failure = (time.time(), why)
 
     @property
     def available(self) -> bool:
@@ -51,22 +61,32 @@ class Sampler:
 
     def sample(self) -> list[dict[str, Any]]:
         rows = []
+        failed = None
         for index, h, uuid in self.devices:
-            procs = nvml.compute_processes(h)
+            procs, why = nvml.list_processes(h)
             if self.pid is not None:
                 procs = [p for p in procs if p.pid == self.pid]
             mem = nvml.memory_info(h) if self.pid is None else None
-            rows.append({
+            row: dict[str, Any] = {
                 "nvml_index": index, "uuid": uuid,
                 "used": None if mem is None else nvml.na_to_none(mem.used),
-                "processes": {str(p.pid): nvml.na_to_none(p.used_memory) for p in procs},
-            })
+                "processes": None if why else {str(p.pid): nvml.na_to_none(p.used_memory)
+                                               for p in procs},
+            }
+            if why:
+                row["error"] = failed = why
+            rows.append(row)
+        if failed:
+            self._failed(failed)
         return rows
 
     def _run(self) -> None:
         while not self._stop.is_set():
             t0 = time.perf_counter()
-            self.on_sample(time.time(), self.sample())
+            try:
+                self.on_sample(time.time(), self.sample())
+            except Exception as err:  # the sampler never dies: it counts and goes on
+                self._failed(f"{type(err).__name__}: {err}")
             self.samples += 1
             took = time.perf_counter() - t0
             self.busy_s += took
@@ -105,11 +125,15 @@ class CasePeaks:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._peaks: dict[str, int] = {}
+        self._error: str | None = None
 
     def __call__(self, t: float, rows: list[dict[str, Any]]) -> None:
         mine = str(os.getpid())
         with self._lock:
             for row in rows:
+                if row.get("error"):
+                    self._error = self._error or str(row["error"])
+                    continue
                 used = row["processes"].get(mine)
                 if used is not None and used > self._peaks.get(row["uuid"], 0):
                     self._peaks[row["uuid"]] = used
@@ -117,6 +141,12 @@ class CasePeaks:
     def reset(self) -> None:
         with self._lock:
             self._peaks = {}
+            self._error = None
+
+    def error(self) -> str | None:
+        """Why NVML failed in a sample since the last reset (None: it did not)."""
+        with self._lock:
+            return self._error
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
@@ -147,7 +177,7 @@ class NvmlTracker:
     def _on_sample(self, t: float, rows: list[dict[str, Any]]) -> None:
         mine = str(os.getpid())
         used = {r["uuid"]: int(r["processes"][mine]) for r in rows
-                if r["processes"].get(mine) is not None}
+                if (r["processes"] or {}).get(mine) is not None}
         with self._lock:
             self.timeline.append((t, used))
 

@@ -11,6 +11,16 @@ from gpucheck.devices import Device, Inventory
 pytest_plugins = ["pytester"]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _own_lock_folder(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The runs of the tests lock their GPUs and folders (gpucheck.controller.devlock) in a
+    folder of this session's (of each xdist worker): not the machine's, where a real run or
+    another test worker holds the same fake GPU-0."""
+    import os
+
+    os.environ.setdefault("GPUCHECK_LOCK_DIR", str(tmp_path_factory.getbasetemp() / "locks"))
+
+
 def two_gpu_inventory() -> Inventory:
     """What discovery reports on a machine with two H200s."""
     devs = [Device(i, i, f"GPU-{i}", "NVIDIA H200", "9.0", None, 1, 1, 0, 0, 0, 0)

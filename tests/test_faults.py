@@ -9,102 +9,32 @@ run counts as passed; the report still renders."""
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import resource
 import signal
 import subprocess
-import sys
-import textwrap
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
-import jsonschema
 import pytest
+from faultkit import (
+    assert_kept,
+    by_case,
+    dead,
+    drop_capabilities,
+    in_case,
+    make_suite,
+    report,
+    run,
+    start,
+    wait_for,
+    worker_pid,
+)
 
 from gpucheck.controller.harness import LOG_CAP
 from gpucheck.model import results
-
-RUN = [sys.executable, "-m", "gpucheck.cli", "run", "--quiet"]
-
-
-def make_suite(project: Path, name: str, files: dict[str, str]) -> Path:
-    folder = project / "suites" / name
-    folder.mkdir(parents=True, exist_ok=True)
-    for fname, text in files.items():
-        (folder / fname).write_text(textwrap.dedent(text))
-    return folder
-
-
-def start(project: Path, *args: str, env: dict[str, str] | None = None,
-          preexec_fn: Callable[[], None] | None = None) -> subprocess.Popen[str]:
-    cpu = [] if "--resume" in args else ["--cpu-only"]  # a resumed run keeps its settings
-    return subprocess.Popen([*RUN, *cpu, *args], cwd=project, env={**os.environ, **(env or {})},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=preexec_fn)
-
-
-def run(project: Path, *args: str, env: dict[str, str] | None = None,
-        preexec_fn: Callable[[], None] | None = None) -> subprocess.CompletedProcess[str]:
-    proc = start(project, *args, env=env, preexec_fn=preexec_fn)
-    stdout, stderr = proc.communicate(timeout=120)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
-
-
-def wait_for(what: Callable[[], object], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError, ValueError):
-            if what():
-                return
-        time.sleep(0.05)
-    raise AssertionError("timed out waiting")
-
-
-def in_case(out: Path, name: str) -> Callable[[], bool]:
-    state = out / "workers" / "cpu.blocking.state.json"
-    return lambda: f"::{name}" in state.read_text()
-
-
-def worker_pid(out: Path) -> int:
-    return int(json.loads(
-        (out / "workers" / "cpu.blocking.state.json").read_text())["pid"])
-
-
-def by_case(out: Path) -> dict[str, dict]:
-    recs = results.cases(out / "results.jsonl")
-    names = Counter(r["case"] for r in recs)
-    assert all(n == 1 for n in names.values()), names  # every case recorded exactly once
-    return {r["case"].rsplit("::", 1)[-1]: r for r in recs}
-
-
-def assert_kept(out: Path, torn_allowed: int = 0) -> list[dict]:
-    """Every line of results.jsonl is a valid record (``torn_allowed``: a last line the fault
-    cut short)."""
-    recs, torn = results.read_lines(out / "results.jsonl")
-    assert torn <= torn_allowed
-    schema = results.schema()
-    for rec in recs:
-        jsonschema.validate(rec, schema)
-    return recs
-
-
-def dead(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat[stat.rindex(")") + 2] in "ZX"
-
-
-def report(out: Path, html: Path) -> subprocess.CompletedProcess[str]:
-    """`gpucheck report` of the run folder, its page written elsewhere."""
-    return subprocess.run([sys.executable, "-m", "gpucheck.cli", "report", str(out), "-o",
-                           str(html)], capture_output=True, text=True, timeout=120)
-
 
 # --- row 1: a worker SIGKILLed mid-case ------------------------------------------------------
 
@@ -293,12 +223,9 @@ def _can_mount_tmpfs(where: Path) -> bool:
 
 
 def _drop_dac_override() -> None:
-    """As root: lose CAP_DAC_OVERRIDE / CAP_DAC_READ_SEARCH for the process about to be run
-    (the bounding set; exec then leaves them out), so file permissions apply to it."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    for cap in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
-        if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
-            raise OSError(ctypes.get_errno(), "PR_CAPBSET_DROP")
+    """As root: lose CAP_DAC_OVERRIDE / CAP_DAC_READ_SEARCH for the run, so that file
+    permissions apply to it."""
+    drop_capabilities(1, 2)
 
 
 @pytest.mark.parametrize("fault", ["disk-full", "read-only"])

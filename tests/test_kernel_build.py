@@ -1,7 +1,8 @@
 """Building gpucheck's kernels where they were not built at install: the architectures and
 the CUDA toolkit a build uses, the one sentence of each way it cannot happen (this machine's
-CPU-only torch, no nvcc, a compile that fails), and the first-use build shared by processes
-that start at once (one builds, with one progress line; the others wait and load it)."""
+CPU-only torch, no nvcc, no ninja, a compile that fails), a cached build that needs neither nvcc
+nor ninja, and the first-use build shared by processes that start at once (one builds, with
+one progress line; the others wait and load it)."""
 
 from __future__ import annotations
 
@@ -149,6 +150,20 @@ def test_no_nvcc_anywhere_is_one_sentence(fresh, monkeypatch, tmp_path):
     assert not fresh.exists()
 
 
+def test_a_build_without_ninja_is_one_sentence(fresh, monkeypatch, tmp_path):
+    """Issue 30, row 11: ninja missing (for real: a PATH without it) when a build is needed;
+    the toolkit is a folder with an nvcc that is never run. The stand-in, as above: this
+    CPU-only torch taken for a CUDA build."""
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setenv("CUDA_HOME", str(_toolkit(tmp_path / "cuda")))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    message = _sentence()
+    assert "they are built on first use with ninja, which is not on PATH" in message
+    assert "pip install ninja" in message
+    assert not fresh.exists()  # not even a build folder
+
+
 def test_a_failing_compile_is_one_sentence_with_its_log(fresh, monkeypatch, capfd):
     """This machine's CPU-only torch, taken for a CUDA build, compiles for real and fails:
     its headers lack the config CUDA builds generate."""
@@ -195,6 +210,7 @@ torch.version.cuda = "13.0"  # taken for a CUDA build: its build is replaced bel
 from gpucheck import _csrc
 from gpucheck.ops import _ext
 _csrc._cuda_home = lambda: Path("/opt/cuda")
+_ext._build_tools = lambda torch, home: Path("/opt/cuda")  # nvcc and ninja: not used below
 
 def build(sources, archs, folder, cuda_home, label):  # stands in for the compile
     with open(sys.argv[2], "a") as f:
@@ -230,6 +246,38 @@ def test_processes_starting_at_once_build_once_and_all_load(tmp_path, monkeypatc
     out, err = later.communicate(timeout=300)
     assert (later.returncode, out.strip(), err.strip()) == (0, "gpucheck._C", "")
     assert builds.read_text() == "built\n"
+
+
+LOAD_ONLY = """\
+import torch
+torch.version.cuda = "13.0"
+from gpucheck import _csrc
+from gpucheck.ops import _ext
+_csrc._cuda_home = lambda: None  # no toolkit: this machine's /usr/local/cuda cannot be hidden
+def build(*args):
+    raise AssertionError("a build was started")
+_ext._build = build
+print(_ext.load().__name__)
+"""
+
+
+def test_a_cached_build_loads_without_nvcc_or_ninja(tmp_path, monkeypatch):
+    """Issue 30, row 11: nvcc and ninja are needed to build the kernels, never to load a
+    build made before (a runtime image without the toolkit, a shared cache). The later
+    process has neither: ninja missing for real (PATH), the toolkit through the stand-in."""
+    library = _fake_library(tmp_path)
+    monkeypatch.setenv(_csrc.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    (tmp_path / "loader.py").write_text(LOADER)
+    builds = tmp_path / "builds.txt"
+    first = subprocess.run([sys.executable, str(tmp_path / "loader.py"), str(library),
+                            str(builds)], capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0 and builds.read_text() == "built\n", first.stderr
+    (tmp_path / "empty").mkdir()
+    later = subprocess.run([sys.executable, "-c", LOAD_ONLY], capture_output=True, text=True,
+                           timeout=300, env={**os.environ, "PATH": str(tmp_path / "empty")})
+    assert (later.returncode, later.stdout.strip(), later.stderr.strip()) == (
+        0, "gpucheck._C", ""), later.stderr
 
 
 def test_a_killed_build_leaves_no_lock_behind(tmp_path):

@@ -50,6 +50,9 @@ class RunConfig:
     world_size: int | None = None  # ranks of a --distributed --cpu-only run (default 2)
     backend: str | None = None  # torch.distributed backend (default nccl on GPUs, else gloo)
     formats: tuple[str, ...] = ()  # reports to write (default: report.DEFAULT_FORMATS)
+    #: seconds to wait for target GPUs another gpucheck run holds (0: refuse at once;
+    #: gpucheck.controller.devlock); not a setting of the run, so --resume takes it too
+    wait_for_devices: float = 0.0
     #: the options the user gave on the command line (``--nvml-interval``, ...): a default
     #: cannot be told apart from the same value given, and a given option must apply
     given: frozenset[str] = frozenset()
@@ -140,6 +143,7 @@ def load_resume(folder: Path, cfg: RunConfig) -> tuple[RunConfig, RunHeader]:
         allow_empty=bool(saved.get("allow_empty")), resume=folder,
         distributed=bool(saved.get("distributed")), world_size=saved.get("world_size"),
         backend=saved.get("backend"), formats=cfg.formats,
+        wait_for_devices=cfg.wait_for_devices,
         suite_paths={n: Path(p) for n, p in dict(saved.get("suite_paths") or {}).items()})
     return resumed, header
 

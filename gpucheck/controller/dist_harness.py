@@ -21,11 +21,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -33,6 +31,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from gpucheck.controller import stacks as dumps
 from gpucheck.controller.harness import (
     WorkerSpec,
     crash_digest,
@@ -314,7 +313,8 @@ class DistHarness:
             d = again if again is not None and again.kind == d.kind else d
         # py-spy before the freeze: it stops each process itself while it reads it, and
         # cannot attach to one already stopped by SIGSTOP ("Failed to suspend process")
-        native = _py_spy_dumps(alive)
+        native = dumps.py_spy_dumps({p.spec.rank: int(p.state.get("pid") or p.proc.pid)
+                                     for p in alive})
         for p in alive:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.proc.pid, signal.SIGSTOP)
@@ -352,7 +352,8 @@ class DistHarness:
                 stacks = files.stacks.read_text(errors="replace")
             except OSError:
                 stacks = ""
-            stacks = _trim(_main_thread(stacks)) or "(no stack dump: the rank was not alive)"
+            stacks = (dumps.trim(dumps.main_thread(stacks))
+                      or "(no stack dump: the rank was not alive)")
             parts.append(f"--- rank {r} Python stack (innermost first) ---\n{stacks[:1500]}")
             if r in native:
                 parts.append(f"--- rank {r} py-spy dump --native ---\n{native[r][:1500]}")
@@ -361,9 +362,8 @@ class DistHarness:
                 last = "\n".join(f"  #{e['seq']} {e['op']} {e['state']} {e['input_sizes']}"
                                  for e in trace[-5:])
                 parts.append(f"--- rank {r} NCCL flight recorder (last 5) ---\n{last}")
-        if shutil.which("py-spy") is None:
-            parts.append("note: py-spy is not installed: no native frames (pip install py-spy "
-                         "to see where a rank is stuck inside C++/CUDA)")
+        if not dumps.py_spy_installed():
+            parts.append(dumps.PY_SPY_MISSING)
         if orphans is not None:
             parts.append(orphans)
         return "\n".join(parts)
@@ -392,14 +392,6 @@ class DistHarness:
         results.append(self.results_path, record.to_json())
 
 
-def _trim(stack: str) -> str:
-    """A faulthandler stack (innermost first) without the frames of pytest and pluggy."""
-    keep = []
-    for line in stack.splitlines():
-        if "/_pytest/" in line or "/pluggy/" in line:
-            break
-        keep.append(line)
-    return "\n".join(keep)
 
 
 def _epoch(iso: Any) -> float:
@@ -416,45 +408,6 @@ def _read_exit(path: Path) -> int | None:
         return None
 
 
-def _main_thread(stacks: str) -> str:
-    """The faulthandler block of the main thread ('Current thread' first), else all."""
-    blocks = stacks.strip().split("\n\n")
-    main = [b for b in blocks if b.startswith(("Current thread", "Thread")) and
-            "(most recent call first)" in b]
-    return (main[-1] if main else stacks).strip()
-
-
-def _py_spy_dumps(procs: list[RankProc]) -> dict[int, str]:
-    """``py-spy dump --native`` of each rank, in parallel (empty when py-spy is missing)."""
-    exe = shutil.which("py-spy")
-    if exe is None:
-        return {}
-    out: dict[int, str] = {}
-
-    def one(p: RankProc) -> None:
-        pid = int(p.state.get("pid") or p.proc.pid)
-        try:
-            run = subprocess.run([exe, "dump", "--native", "--pid", str(pid)],
-                                 capture_output=True, text=True, timeout=20)
-            text = run.stdout
-            lines = text.splitlines()  # the frames, without the header (pid, command line)
-            first = next((i for i, line in enumerate(lines) if line.startswith("Thread ")), 0)
-            text = "\n".join(lines[first:])
-            if run.returncode != 0:  # the reason is on stderr, before py-spy's own backtrace
-                why = run.stderr.split("Stack backtrace:")[0].strip()
-                text = f"{text.rstrip()}\npy-spy dump failed (exit {run.returncode}): {why}"
-            out[p.spec.rank] = text
-        except (OSError, subprocess.TimeoutExpired) as err:
-            out[p.spec.rank] = f"py-spy failed: {err}"
-
-    threads = [threading.Thread(target=one, args=(p,)) for p in procs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(25)
-    return out
-
-
 def _gpu_orphans(pids: list[int], wait_s: float = 10.0) -> str:
     """Whether NVML still lists any of ``pids`` with a context on a GPU after the kill."""
     from gpucheck import nvml
@@ -465,7 +418,11 @@ def _gpu_orphans(pids: list[int], wait_s: float = 10.0) -> str:
     while True:
         held = {}
         for i in range(nvml.device_count()):
-            for proc in nvml.compute_processes(nvml.handle(i)):
+            procs, failed = nvml.list_processes(nvml.handle(i))
+            if failed:
+                return (f"NVML orphan check: NVML failed on device {i} ({failed}): whether a "
+                        "rank still holds a GPU context is not known")
+            for proc in procs:
                 if proc.pid in pids:
                     held[proc.pid] = i
         if not held or time.monotonic() > deadline:

@@ -18,6 +18,7 @@ from typing import Any
 
 from rich.text import Text
 
+from gpucheck.controller import devlock
 from gpucheck.controller import suites as suites_mod
 from gpucheck.controller.config import (
     DIST_MODE,
@@ -69,19 +70,21 @@ def run(cfg: RunConfig, previous: RunHeader | None) -> int:
     ranks, world, backend, _, notes, inv = _ranks(cfg)
     requested = (cfg.suite_paths if cfg.suite_paths is not None
                  else suites_mod.resolve(cfg.suites or suites_mod.DISTRIBUTED))
-    out = cfg.resume if cfg.resume is not None else prepare_out(cfg.out)
-    results_path = RunFolder(out).results
     targets: list[Target] = [(r.label, r.device_index, r.uuid, None) for r in ranks]
-    notes.append(f"distributed: {world} rank(s), backend {backend}, env:// rendezvous on this "
-                 "machine")
-    if previous is None:
-        run_id = uuid.uuid4().hex[:12]
-        results.append(results_path, header(cfg, run_id, targets, inv, requested,
-                                                      [(MODE, None)], notes, {}, (MODE,)))
-    else:
-        run_id = previous.run_id
-    group = GroupSpec(ranks, world, backend, requested, MODE, _env(cfg), cfg.pytest_args)
-    return _watch_and_finish(cfg, group, out, results_path, run_id, notes)
+    with devlock.held(targets, cfg.resume, cfg.wait_for_devices, notes) as lock:
+        out = cfg.resume if cfg.resume is not None else prepare_out(cfg.out)
+        lock.note_folder(out)
+        results_path = RunFolder(out).results
+        notes.append(f"distributed: {world} rank(s), backend {backend}, env:// rendezvous on "
+                     "this machine")
+        if previous is None:
+            run_id = uuid.uuid4().hex[:12]
+            results.append(results_path, header(cfg, run_id, targets, inv, requested,
+                                                [(MODE, None)], notes, {}, (MODE,)))
+        else:
+            run_id = previous.run_id
+        group = GroupSpec(ranks, world, backend, requested, MODE, _env(cfg), cfg.pytest_args)
+        return _watch_and_finish(cfg, group, out, results_path, run_id, notes)
 
 
 #: ranks of the distributed pass that ``gpucheck run --cpu-only`` adds to its default suites

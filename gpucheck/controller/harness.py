@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpucheck.controller import stacks as dumps
 from gpucheck.detectors.mixed_devices import cuda_error_hint
 from gpucheck.errors import CUDA_ERROR_MARKERS, OutputProblem, sticky_cuda_error_line
 from gpucheck.model import results
@@ -43,6 +44,8 @@ from gpucheck.sanitizer.findings import read_records, sanitizer_findings
 
 STDERR_TAIL = 4000
 STACKS_CHARS = 8000
+#: seconds a hung worker has to write its stacks (SIGUSR1) before it is killed
+STACK_WAIT_S = 1.0
 POLL_S = 0.2
 #: workers of one spec killed by a signal before their first case, in a row, that are replaced
 MAX_STARTUP_KILLS = 1
@@ -83,6 +86,7 @@ class Worker:
     finished: bool = False
     replaced: bool = False
     hung_case: str | None = None
+    native: str = ""  # py-spy's native frames of a hung worker, or why there are none
     state: dict[str, Any] = field(default_factory=dict)
     #: workers of this spec killed by a signal in a row before they recorded a case
     startup_kills: int = 0
@@ -203,7 +207,7 @@ def spawn(cmd: list[str], env: dict[str, str], files: WorkerFiles,
     # the descriptor and the pipe's inode: a tool between us and the worker (compute-sanitizer)
     # may close it, and the number may then name another file in the worker
     full = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **env,
-            LIFELINE_FD_ENV: f"{fd}:{os.fstat(fd).st_ino}"}
+            LIFELINE_FD_ENV: f"{fd}:{os.fstat(fd).st_ino}:{os.getpid()}"}
     for name in drop:
         full.pop(name, None)
     with open(files.stdout, "ab") as out, open(files.stderr, "ab") as err:
@@ -292,6 +296,21 @@ def crash_hint(rc: int, stderr: str, under_sanitizer: bool = False) -> str:
         return ("killed with SIGKILL, often by the kernel's out-of-memory killer: check host "
                 "memory")
     return "the process died inside the case; run it alone under compute-sanitizer"
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # no /proc here, or no such process
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+    return stat[stat.rindex(")") + 2] not in "ZX"
 
 
 def _signal_name(returncode: int) -> str | None:
@@ -389,17 +408,28 @@ class Harness:
         if hasattr(signal, "SIGUSR1"):
             # the Python worker's own pid: under compute-sanitizer, w.proc is the tool
             pid = int(w.state.get("pid") or w.proc.pid)
+            asked = time.monotonic()
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGUSR1)  # faulthandler: every thread's stack
-            time.sleep(1.0)
+                os.kill(pid, signal.SIGUSR1)  # faulthandler: every thread's Python stack
+            w.native = dumps.py_spy_dump(pid)  # the native frames under them, or why not
+            time.sleep(max(0.0, STACK_WAIT_S - (time.monotonic() - asked)))
         with contextlib.suppress(ProcessLookupError):
             os.killpg(w.proc.pid, signal.SIGKILL)
         w.proc.wait()
 
     def _finish(self, w: Worker, rc: int) -> None:
         w.finished = True
+        w.state = read_state(w.state_path) or w.state
+        worker_pid = int(w.state.get("pid") or 0)
+        # under compute-sanitizer w.proc is the tool: it ended while the worker under it still
+        # runs (the tool crashed)
+        tool = (bool(w.spec.sanitizer_tool) and worker_pid not in (0, w.proc.pid)
+                and _alive(worker_pid))
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(w.proc.pid, signal.SIGKILL)  # what its cases started and left running
+        if tool:  # and the worker the tool left, wherever the tool put it
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(worker_pid, signal.SIGKILL)
         for log in (w.stdout_path, w.stderr_path):
             bound_log(log)
         w.state = read_state(w.state_path) or w.state
@@ -425,18 +455,26 @@ class Harness:
                 unclaimed = []
         if w.hung_case:
             self._record(w, w.hung_case, "hung", f"no progress for {self.timeout:g} s; killed", rc,
-                         "hang", "the case did not finish within --timeout; the stderr tail "
-                         "holds every thread's Python stack at the moment it was stopped",
-                         unclaimed)
+                         "hang", "the case did not finish within --timeout; the evidence holds "
+                         "every thread's Python stack at the moment it was stopped and, with "
+                         "py-spy, the native frames under them", unclaimed)
             self._restart(w)
         elif rc == EXIT_CONTEXT_LOST:
             self._restart(w)  # the case's own record already says what happened
-        elif rc not in NORMAL_EXITS or case:  # os._exit(0) in a case ends it, too
+        elif rc not in NORMAL_EXITS or case or tool:  # os._exit(0) in a case ends it, too
             sig = _signal_name(rc)
             how = f"killed by {sig}" if sig else f"exited with code {rc}"
-            if rc == sanitizer_cmd.ERROR_EXIT and w.spec.sanitizer_tool:
+            who = (f"compute-sanitizer (pid {w.proc.pid})" if tool else
+                   f"compute-sanitizer (pid {w.proc.pid}) or the worker under it"
+                   if w.spec.sanitizer_tool and not worker_pid else "worker")
+            if rc == sanitizer_cmd.ERROR_EXIT and w.spec.sanitizer_tool and not tool:
                 how = "was ended by compute-sanitizer after a fatal error"
-            if case:
+            if case and tool:  # the tool crashed: the case's outcome is unknown, not a crash
+                self._record(w, case, "error", f"{who} {how} while this case ran (the worker "
+                             f"under it, pid {worker_pid}, was still running)", rc,
+                             sanitizer_cmd.TOOL_CRASH, sanitizer_cmd.TOOL_CRASH_HINT, unclaimed)
+                self._restart(w)
+            elif case:
                 self._record(w, case, "crashed", f"worker {how} while running this case", rc,
                              "crash", crash_hint(rc, tail(w.stderr_path, 64_000),
                                                  bool(w.spec.sanitizer_tool)), unclaimed)
@@ -448,7 +486,7 @@ class Harness:
                 # this device's part of the run
                 again = sig is not None and w.startup_kills < MAX_STARTUP_KILLS
                 self._record(w, f"<worker {w.spec.label}>", "error",
-                             f"worker {how} outside any case (collection or start-up)"
+                             f"{who} {how} outside any case (collection or start-up)"
                              + ("; a fresh worker ran the cases not yet recorded" if again
                                 else ""), rc,
                              "worker-error", "see the worker's stderr tail", unclaimed)
@@ -497,14 +535,20 @@ class Harness:
         mixed = next((f for f in pending if f.kind == "mixed-devices"), None)
         if mixed is not None and kind == "crash":
             hint = cuda_error_hint(mixed, "crash")
+        evidence = digest[-2500:]
         if status == "hung":  # stacks first: they say where it hung
             try:  # faulthandler prints the innermost frame first: keep the head
-                stacks = WorkerFiles.of_state(w.state_path).stacks.read_text(
-                    errors="replace")[:STACKS_CHARS]
+                stacks = WorkerFiles.of_state(w.state_path).stacks.read_text(errors="replace")
             except OSError:
-                stacks = "(no stack dump: the worker did not answer SIGUSR1)"
-            digest = (f"--- Python stacks of every thread when stopped ---\n{stacks}\n"
-                      f"{digest}").strip()
+                stacks = ""
+            stacks = stacks.strip() or "(no stack dump: the worker did not answer SIGUSR1)"
+            evidence = (f"--- Python stacks of every thread when stopped (innermost first, "
+                        f"down to pytest) ---\n{dumps.trim_threads(stacks)[:2500]}\n"
+                        f"--- native frames (py-spy dump --native) ---\n"
+                        f"{dumps.trim_threads(w.native)[:2500]}").strip()
+            digest = (f"--- Python stacks of every thread when stopped ---\n"
+                      f"{stacks[:STACKS_CHARS]}\n--- py-spy dump --native ---\n"
+                      f"{w.native[:STACKS_CHARS]}\n{digest}").strip()
         record = CaseRecord(
             run_id=self.run_id, device=w.spec.label, device_uuid=w.spec.uuid, suite=suite,
             case=case, mode=w.spec.mode, status=status, reason=message,
@@ -514,8 +558,7 @@ class Harness:
             findings=[*(extra or []), *pending,
                       Finding(kind=kind, severity="error", message=message,
                               device=w.spec.label, suite=suite, case=case, op=op,
-                              evidence=(digest[:2500] if status == "hung" else digest[-2500:])
-                              or None, hint=hint)],
+                              evidence=evidence or None, hint=hint)],
         )
         results.append(self.results_path, record.to_json())
 

@@ -19,6 +19,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from gpucheck.controller import devlock
 from gpucheck.controller import suites as suites_mod
 from gpucheck.controller.config import (
     DEFAULT_MODES,
@@ -71,57 +72,61 @@ def run(cfg: RunConfig, previous: RunHeader | None = None,
     targets, notes, _, inv = choose_targets(cfg)
     if previous is not None:
         check_same_devices(previous, targets)
-    run_modes = asked
-    if cfg.cpu_only and "nvml" in asked:
-        run_modes = tuple(m for m in asked if m != "nvml")
-        notes.append("--cpu-only: mode 'nvml' has no GPU to sample")
-    passes = plan_passes(run_modes, len(inv.devices) if inv else 0) or [(modes.BARE, None)]
-    requested = (cfg.suite_paths if cfg.suite_paths is not None
-                 else suites_mod.resolve(cfg.suites, cpu_only=cfg.cpu_only))
-    # the default first run without a GPU: the suites that need none, then the distributed
-    # suite as a gloo group of CPU ranks (cpu_dist_pass)
-    cpu_defaults = cpu_dist_pass is not None and (
-        DIST_MODE in previous.modes if previous is not None else
-        cfg.cpu_only and not cfg.suites and suites_mod.defaults_are_ours())
-    if cpu_defaults and (gpu_only := suites_mod.left_out_without_gpu()):
-        notes.append(f"--cpu-only: the suites {', '.join(gpu_only)} test CUDA kernels and need "
-                     "a GPU; they were not run (`gpucheck run` on a machine with one)")
-    existed = cfg.out is not None and cfg.out.exists()
-    out = cfg.resume if cfg.resume is not None else prepare_out(cfg.out)
-    try:
-        suites, not_runnable = select_runnable(cfg, requested)
-    except GpucheckError:
-        if cfg.resume is None and not existed:
-            with contextlib.suppress(OSError):
-                out.rmdir()  # nothing ran: leave no empty run folder behind
-        raise
-    results_path = RunFolder(out).results
-    if previous is None:
-        run_id = uuid.uuid4().hex[:12]
-        header_passes = passes + ([(DIST_MODE, None)] if cpu_defaults else [])
-        results.append(results_path, header(cfg, run_id, targets, inv, requested,
-                                            header_passes, notes, not_runnable, asked))
-    else:
-        run_id = previous.run_id
-        results.append(results_path, Resume(run_id, _now(), notes, not_runnable).to_json())
-    console = make_console()
-    stopped: list[str] = []
-    log = RunLog(results_path)  # the controller's one reader of the run's records
-    try:
-        with sigterm_as_interrupt(stopped):
-            interrupted = _run_passes(cfg, passes, targets, suites, sanitizer, out, log,
-                                      run_id, notes, console, len(inv.devices) if inv else 0)
-            if (cpu_defaults and cpu_dist_pass is not None and not interrupted
-                    and not _has_mode(log, run_id, DIST_MODE)):
-                interrupted = cpu_dist_pass(cfg, out, results_path, run_id, notes)
-    except BaseException as err:  # the harness itself failed: report what was recorded
-        with contextlib.suppress(OutputProblem):  # the disk that failed may fail again
-            _end_record(results_path, run_id, True, f"the harness stopped: {err!r}")
-        with contextlib.suppress(Exception):
-            publish(out, formats=cfg.report_formats)
-        raise
-    return finish(cfg, out, results_path, run_id, notes, not_runnable,
-                  (stopped[0] if stopped else "Ctrl-C") if interrupted else None, console)
+    with devlock.held(targets, cfg.resume, cfg.wait_for_devices, notes) as lock:
+        run_modes = asked
+        if cfg.cpu_only and "nvml" in asked:
+            run_modes = tuple(m for m in asked if m != "nvml")
+            notes.append("--cpu-only: mode 'nvml' has no GPU to sample")
+        passes = plan_passes(run_modes, len(inv.devices) if inv else 0) or [(modes.BARE, None)]
+        requested = (cfg.suite_paths if cfg.suite_paths is not None
+                     else suites_mod.resolve(cfg.suites, cpu_only=cfg.cpu_only))
+        # the default first run without a GPU: the suites that need none, then the distributed
+        # suite as a gloo group of CPU ranks (cpu_dist_pass)
+        cpu_defaults = cpu_dist_pass is not None and (
+            DIST_MODE in previous.modes if previous is not None else
+            cfg.cpu_only and not cfg.suites and suites_mod.defaults_are_ours())
+        if cpu_defaults and (gpu_only := suites_mod.left_out_without_gpu()):
+            notes.append(f"--cpu-only: the suites {', '.join(gpu_only)} test CUDA kernels and "
+                         "need a GPU; they were not run (`gpucheck run` on a machine with one)")
+        existed = cfg.out is not None and cfg.out.exists()
+        out = cfg.resume if cfg.resume is not None else prepare_out(cfg.out)
+        lock.note_folder(out)
+        try:
+            suites, not_runnable = select_runnable(cfg, requested)
+        except GpucheckError:
+            if cfg.resume is None and not existed:
+                with contextlib.suppress(OSError):
+                    out.rmdir()  # nothing ran: leave no empty run folder behind
+            raise
+        results_path = RunFolder(out).results
+        if previous is None:
+            run_id = uuid.uuid4().hex[:12]
+            header_passes = passes + ([(DIST_MODE, None)] if cpu_defaults else [])
+            results.append(results_path, header(cfg, run_id, targets, inv, requested,
+                                                header_passes, notes, not_runnable, asked))
+        else:
+            run_id = previous.run_id
+            results.append(results_path,
+                           Resume(run_id, _now(), notes, not_runnable).to_json())
+        console = make_console()
+        stopped: list[str] = []
+        log = RunLog(results_path)  # the controller's one reader of the run's records
+        try:
+            with sigterm_as_interrupt(stopped):
+                interrupted = _run_passes(cfg, passes, targets, suites, sanitizer, out, log,
+                                          run_id, notes, console,
+                                          len(inv.devices) if inv else 0)
+                if (cpu_defaults and cpu_dist_pass is not None and not interrupted
+                        and not _has_mode(log, run_id, DIST_MODE)):
+                    interrupted = cpu_dist_pass(cfg, out, results_path, run_id, notes)
+        except BaseException as err:  # the harness itself failed: report what was recorded
+            with contextlib.suppress(OutputProblem):  # the disk that failed may fail again
+                _end_record(results_path, run_id, True, f"the harness stopped: {err!r}")
+            with contextlib.suppress(Exception):
+                publish(out, formats=cfg.report_formats)
+            raise
+        return finish(cfg, out, results_path, run_id, notes, not_runnable,
+                      (stopped[0] if stopped else "Ctrl-C") if interrupted else None, console)
 
 
 def _has_mode(log: RunLog, run_id: str, mode: str) -> bool:
@@ -195,6 +200,12 @@ def _run_harness(specs: list[WorkerSpec], out: Path, log: RunLog, run_id: str,
             timeline.close()
             notes.append(f"nvml: {sampler.samples} samples of {len(sampler.devices)} "
                          f"device(s) every {interval * 1000:g} ms in {timeline.path.name}")
+            if sampler.first_failure is not None:
+                when, why = sampler.first_failure
+                notes.append(f"nvml: NVML failed in {sampler.failures} of {sampler.samples} "
+                             f"samples, first at {datetime.fromtimestamp(when):%H:%M:%S} "
+                             f"({why}): the timeline has no memory where it failed, and the "
+                             "cases that ran then have no NVML peak (a warning each)")
 
 
 def run_until_interrupted(harness: Any) -> bool:

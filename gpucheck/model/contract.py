@@ -25,9 +25,11 @@ DEVICE_LABEL_ENV = "GPUCHECK_DEVICE_LABEL"
 #: the ``nvml_tracker`` fixture's sampling period (seconds)
 NVML_INTERVAL_ENV = "GPUCHECK_NVML_INTERVAL"
 
-#: ``FD:INODE`` of the controller's lifeline: a pipe whose other end only the controller holds;
-#: when it reads end-of-file the controller is gone and the worker stops at once (the inode
-#: proves the descriptor is still that pipe)
+#: ``FD:INODE:PID`` of the controller's lifeline: a pipe whose other end only the controller
+#: (process PID) holds; when it reads end-of-file the controller is gone and the worker stops at
+#: once (the inode proves the descriptor is still that pipe). A worker whose parent is PID also
+#: asks the kernel for SIGKILL when its parent dies: that needs no GIL, which a hang in C code
+#: may hold forever
 LIFELINE_FD_ENV = "GPUCHECK_LIFELINE_FD"
 
 # --- a worker's exit ----------------------------------------------------------------------

@@ -4,7 +4,8 @@ Where the kernels were built at install (``gpucheck._C``) that build is used; ot
 package's own sources (``gpucheck.csrc``) are built once, on first use, with ninja into
 gpucheck's cache (``torch.utils.cpp_extension.load``), the way gsplat ships its kernels. One
 line on stderr says so while it builds, and every way this can fail (no torch, a CPU-only
-torch, no CUDA toolkit, a compile error) ends in one :class:`ExtensionNotBuilt` sentence.
+torch, no CUDA toolkit, no ninja, a compile error) ends in one :class:`ExtensionNotBuilt`
+sentence. A build already in the cache loads without nvcc or ninja: only a build needs them.
 Several processes may load at once (pytest -n, one worker per GPU): a file lock lets one
 build while the others wait, and a lock the OS releases dies with a killed build.
 """
@@ -18,6 +19,7 @@ import hashlib
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -94,12 +96,7 @@ def _jit(torch: Any) -> ModuleType:
     if torch.version.cuda is None:
         raise _unavailable(f"torch {torch.__version__} is a CPU-only build, and the kernels "
                            "need a CUDA build of torch")
-    cuda_home = _csrc._cuda_home()
-    if cuda_home is None:
-        raise _unavailable(
-            "they are built on first use, but no CUDA toolkit was found (no nvcc in "
-            f"$CUDA_HOME, on PATH or in /usr/local/cuda): install the toolkit of torch's CUDA "
-            f"{torch.version.cuda}, or set CUDA_HOME to it")
+    cuda_home = _csrc._cuda_home()  # None: no toolkit, which only a build needs
     archs, label = _archs(torch, cuda_home)
     try:
         sources = _csrc.sources()
@@ -114,17 +111,20 @@ def _jit(torch: Any) -> ModuleType:
                 [s.relative_to(csrc).as_posix() for s in sources]))
     tag = "-".join(label.replace(" (+PTX)", "+PTX").split(", "))
     name = f"kernels-{tag}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
+    folder = _csrc.build_dir(name, make=False)
+    library = folder / f"{LIBRARY}.so"
+    inputs = [p for p in csrc.rglob("*") if p.suffix in _INPUTS]
+    if folder.is_dir():
+        with _locked(folder / "gpucheck.lock", exclusive=False):
+            if _up_to_date(library, inputs):
+                return _import(library, folder)
+    cuda_home = _build_tools(torch, cuda_home)  # a build is needed from here on
     try:
-        folder = _csrc.build_dir(name)
+        folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise _unavailable(f"its build folder cannot be made in {_csrc.cache_dir()} "
                            f"({err.strerror or err}); set {_csrc.CACHE_ENV} to a writable "
                            "folder", hint=False) from err
-    library = folder / f"{LIBRARY}.so"
-    inputs = [p for p in csrc.rglob("*") if p.suffix in _INPUTS]
-    with _locked(folder / "gpucheck.lock", exclusive=False):
-        if _up_to_date(library, inputs):
-            return _import(library, folder)
     with _locked(folder / "gpucheck.lock", exclusive=True):  # one process builds, others wait
         if not _up_to_date(library, inputs):
             print(f"gpucheck: building the CUDA kernels for {label} (first use; about a "
@@ -133,7 +133,22 @@ def _jit(torch: Any) -> ModuleType:
         return _import(library, folder)
 
 
-def _archs(torch: Any, cuda_home: Path) -> tuple[list[str] | None, str]:
+def _build_tools(torch: Any, cuda_home: Path | None) -> Path:
+    """The toolkit of a build, once nvcc and ninja are known to be there: else why not, in
+    one sentence (a cached build needs neither)."""
+    if cuda_home is None:
+        raise _unavailable(
+            "they are built on first use, but no CUDA toolkit was found (no nvcc in "
+            f"$CUDA_HOME, on PATH or in /usr/local/cuda): install the toolkit of torch's CUDA "
+            f"{torch.version.cuda}, or set CUDA_HOME to it")
+    if shutil.which("ninja") is None:  # torch's build runs `ninja` from PATH
+        raise _unavailable(
+            "they are built on first use with ninja, which is not on PATH: `pip install "
+            "ninja` in this environment (activate it, or put its bin/ on PATH)")
+    return cuda_home
+
+
+def _archs(torch: Any, cuda_home: Path | None) -> tuple[list[str] | None, str]:
     """The architectures to build for (None: TORCH_CUDA_ARCH_LIST's names, e.g. ``Hopper``,
     which torch reads) and how to name them."""
     wanted = os.environ.get("TORCH_CUDA_ARCH_LIST")
@@ -142,7 +157,7 @@ def _archs(torch: Any, cuda_home: Path) -> tuple[list[str] | None, str]:
         return archs, _csrc.arch_label(archs) if archs else f"TORCH_CUDA_ARCH_LIST={wanted}"
     visible = ([torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())]
                if torch.cuda.is_available() else [])
-    archs = _csrc.arch_list(visible, _csrc.nvcc_archs(cuda_home))
+    archs = _csrc.arch_list(visible, _csrc.nvcc_archs(cuda_home) if cuda_home else None)
     return archs, _csrc.arch_label(archs)
 
 

@@ -35,6 +35,12 @@ KINDS: dict[str, tuple[str, str, str]] = {
                      "another device, suspect device handling rather than the math"),
     "worker-error": ("Worker errors", "a worker failed outside any case (collection, start-up)",
                      "read the worker's stderr log: an import or build error of the suite"),
+    "sanitizer-crash": ("compute-sanitizer crashes", "compute-sanitizer itself ended while its "
+                        "worker ran: the case's outcome is unknown",
+                        "run the case alone under compute-sanitizer; the tool's crash hides the "
+                        "case's result, it is not the case's own"),
+    "nvml-error": ("NVML errors", "NVML failed while the case ran: its NVML memory checks were "
+                   "not made", "check the driver (nvidia-smi -q); the case's own result stands"),
 }
 HOST_NOISE = ("in python3", "in libtorch", "in libc10", "in libpython", "in libc.so",
               "in libcuda", "in libcudart", "_PyEval", "_PyObject", "pybind11::")

@@ -30,7 +30,7 @@ from gpucheck.sanitizer import parse as parse_sanitizer
 
 #: kinds that only say how a failure looked (every other kind is a diagnosis)
 SYMPTOM_KINDS = ("crash", "hang", "cuda-error", "sanitizer", "test-failure", "worker-error",
-                 "oom", "detector-error")
+                 "oom", "detector-error", "sanitizer-crash", "nvml-error")
 #: a numerics finding with this in its message says the result is off, not why: a symptom
 REFERENCE_MISMATCH = "mismatch against the reference"
 #: warning-severity diagnoses that still explain the symptoms of their case

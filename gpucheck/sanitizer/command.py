@@ -12,19 +12,31 @@ from gpucheck.errors import EnvironmentProblem
 ERROR_EXIT = 86
 #: records printed per process (the rest are only counted in ERROR SUMMARY)
 PRINT_LIMIT = 200
+#: the finding of a case during which compute-sanitizer itself crashed
+TOOL_CRASH = "sanitizer-crash"
+TOOL_CRASH_HINT = ("compute-sanitizer itself ended (not the process it watched): this case's "
+                   "result under the sanitizer is unknown, and a fresh worker ran the cases "
+                   "not yet recorded. Run the case alone under compute-sanitizer: a tool that "
+                   "crashes on it again is a compute-sanitizer bug (try another CUDA "
+                   "toolkit's); the tool's last words are in the worker's stderr tail")
 
 
 def find() -> Path:
-    """The compute-sanitizer executable, or a one-sentence EnvironmentProblem."""
+    """The compute-sanitizer executable: on PATH, else in the toolkit's bin/ ($CUDA_HOME or
+    $CUDA_PATH where set: the toolkit asked for, never another; /usr/local/cuda where
+    neither is); or a one-sentence EnvironmentProblem, raised before anything runs."""
     found = shutil.which("compute-sanitizer")
     if found:
         return Path(found)
-    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if home and (Path(home) / "bin" / "compute-sanitizer").exists():
-            return Path(home) / "bin" / "compute-sanitizer"
+    homes = [h for h in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")) if h]
+    bins = [Path(home) / "bin" for home in homes or ["/usr/local/cuda"]]
+    for folder in bins:
+        if (folder / "compute-sanitizer").exists():
+            return folder / "compute-sanitizer"
     raise EnvironmentProblem(
-        "compute-sanitizer was not found (it ships with the CUDA toolkit: put its bin/ on PATH "
-        "or set CUDA_HOME); the sanitizer modes cannot run")
+        f"compute-sanitizer was not found on PATH nor in {' or '.join(map(str, bins))} (it "
+        "ships with the CUDA toolkit: put its bin/ on PATH or set CUDA_HOME); the sanitizer "
+        "modes cannot run, and nothing was run")
 
 
 def prefix(tool: str, log: Path, executable: Path | None = None) -> list[str]:

@@ -15,10 +15,12 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import io
 import os
 import signal
 import stat
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +36,7 @@ def watch_controller() -> bool:
     """Start the thread that ends this worker when the controller is gone; False when this
     process has no lifeline (plain pytest, or a descriptor that is not ours)."""
     value = os.environ.pop(LIFELINE_FD_ENV, None)  # not for the case's own subprocesses
-    fd_text, _, inode = (value or "").partition(":")
+    fd_text, inode, controller = [*(value or "").split(":"), "", ""][:3]
     if not fd_text.isdigit() or not inode.isdigit():
         return False
     fd = int(fd_text)
@@ -44,6 +46,8 @@ def watch_controller() -> bool:
         return False
     if not stat.S_ISFIFO(st.st_mode) or st.st_ino != int(inode):
         return False  # the number names another file now: not our lifeline
+    if controller.isdigit():
+        _die_with_parent(int(controller))
 
     def wait() -> None:
         try:
@@ -52,12 +56,29 @@ def watch_controller() -> bool:
         except OSError:  # not a descriptor we were given: no lifeline, never stop for it
             return
         # end of file: the controller's end closed, it died; its folder may be resumed
-        with contextlib.suppress(OSError):
-            os.killpg(os.getpgrp(), signal.SIGKILL)
-        os._exit(1)
+        _stop()
 
     threading.Thread(target=wait, name="gpucheck-lifeline", daemon=True).start()
     return True
+
+
+def _stop() -> None:
+    with contextlib.suppress(OSError):
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+    os._exit(1)
+
+
+def _die_with_parent(controller: int) -> None:
+    """SIGKILL from the kernel when the controller, our parent, dies: the lifeline's thread
+    needs the GIL to act, and a case hung in C code may hold it for ever. Not under a tool
+    between us (compute-sanitizer: our parent is the tool, whose crash is the controller's to
+    report)."""
+    if not sys.platform.startswith("linux") or os.getppid() != controller:
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PDEATHSIG
+    if os.getppid() != controller:  # it died before the request took hold
+        _stop()
 
 
 @dataclass(frozen=True)

@@ -389,9 +389,13 @@ class Recorder:
         if self.peaks is not None and self.sampler is not None:
             self.peaks(time.time(), self.sampler.sample())  # catch cases shorter than a period
             peaks = self.peaks.snapshot()
-            memory["nvml_peak_used"] = peaks.get(self.uuid or "", 0)
-            memory["nvml_peak_other_devices"] = {u: b for u, b in peaks.items()
-                                                 if u != self.uuid and b}
+            failed = self.peaks.error()
+            if failed:  # a peak NVML did not see is unknown, not 0
+                findings.append(_nvml_failed(failed, self.device, suite, case))
+            else:
+                memory["nvml_peak_used"] = peaks.get(self.uuid or "", 0)
+                memory["nvml_peak_other_devices"] = {u: b for u, b in peaks.items()
+                                                     if u != self.uuid and b}
         cuda = _torch_cuda()
         if cuda is not None and self.device_index is not None:
             memory["torch_peak_allocated"] = int(cuda.max_memory_allocated(self.device_index))
@@ -459,6 +463,17 @@ def _skip_reason(rep: pytest.TestReport) -> str:
     if isinstance(longrepr, tuple) and len(longrepr) == 3:
         return str(longrepr[2]).removeprefix("Skipped: ")
     return str(longrepr)
+
+
+def _nvml_failed(why: str, device: str, suite: str, case: str) -> Finding:
+    """The warning of a case during which NVML failed (mode nvml): its peaks are unknown."""
+    return Finding(
+        kind="nvml-error", severity="warning",
+        message=f"NVML failed while this case ran ({why}): its NVML memory peak is unknown, and "
+                "memory it held on other GPUs (a stray context) could not be seen",
+        device=device, suite=suite, case=case,
+        hint="the case's own result stands; NVML answered before and then failed (a driver "
+             "problem: nvidia-smi and the kernel log say more); the run's notes say since when")
 
 
 def _failure_finding(rep: pytest.TestReport, device: str, suite: str, case: str) -> Finding:
