@@ -60,9 +60,11 @@ def fresh_seed() -> int:
 
 
 def check_gradients(args: dict[str, Any], what: str, extra: bool = False,
-                    seed: int | None = None) -> dict[str, dict[str, float]]:
+                    seed: int | None = None, image_only: bool = False
+                    ) -> dict[str, dict[str, float]]:
     seed = fresh_seed() if seed is None else seed
-    kernel, oracle = gradients(args, seed, extra, skip=decision_pixels(args))
+    kernel, oracle = gradients(args, seed, extra, skip=decision_pixels(args),
+                               image_only=image_only)
     for name, g in kernel.items():
         assert g is not None, f"{what}: no gradient for {name}"
         assert g.device == args["means"].device and g.dtype == torch.float32, name
@@ -94,6 +96,14 @@ def test_gradients_sh(gpu_device: torch.device, degree: int) -> None:
     seed = fresh_seed()
     args = splat_scenes.scene(300, 203, 113, seed, gpu_device, sh_degree=degree)
     check_gradients(args, f"sh{degree} 113x203 scene={seed}")
+
+
+def test_gradients_image_only_loss(gpu_device: torch.device) -> None:
+    """A loss on the image alone (the photometric loss of training): alpha and depth get no
+    gradient, and the render backward runs without their planes."""
+    seed = fresh_seed()
+    args = splat_scenes.scene(300, 203, 113, seed, gpu_device, sh_degree=3)
+    check_gradients(args, f"image-only loss sh3 113x203 scene={seed}", image_only=True)
 
 
 def test_gradients_sh_degree_lower_than_stored(gpu_device: torch.device) -> None:
