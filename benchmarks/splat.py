@@ -197,6 +197,8 @@ def profile(n: int, device: torch.device, steps: int = 10, kind: str = "bench") 
     torch.cuda.synchronize(device)
     with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
+            for leaf in leaves.values():  # as time_training: no gradient accumulation
+                leaf.grad = None
             rasterize(**{**args, **leaves}).image.backward(grad_image)
         torch.cuda.synchronize(device)
     table: str = prof.key_averages().table(sort_by="cuda_time_total", row_limit=18,

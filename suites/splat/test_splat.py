@@ -41,7 +41,11 @@ from gpucheck.reference import rasterize as reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.gpucheck_kernels]
 
-ATOL = 1e-4  # measured on an H200: at most ~2e-6 (image, alpha), ~1e-5 (depth * alpha)
+# measured (benchmarks/splat_tolerances.py, 2026-11-26, the random scenes of this suite, ~700
+# fresh seeds on an H100 and an H200): at most 2 pixels beyond ATOL (a flipped decision; the
+# bound is max(2, 0.1 %) of the values, 68 at 113x203), largest error 3.1e-3 (FLIP_ATOL 0.02);
+# the other values ~2e-6 (image, alpha), ~1e-5 (depth * alpha)
+ATOL = 1e-4
 FLIP_SHARE = 1e-3
 
 
