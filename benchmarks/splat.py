@@ -8,7 +8,9 @@ with means, scales, rotations, opacities and SH requiring grad) and whole traini
 (forward + backward), after warm-up; peak extra device memory of one training step; overlaps.
 Accuracy: the largest image / alpha / depth*alpha error against the float64 reference for a
 few small random scenes, and whether the radii agree. Usage:
-``python benchmarks/splat.py [--n 100000 1000000] [--repeats 30] [--json F]``;
+``python benchmarks/splat.py [--n 100000 1000000] [--repeats 30] [--scene bench midtrain]
+[--json F]`` (scenes: ``splat_scenes.BENCH_SCENES``; peak memory also split into the forward's
+and the backward's, and the gradients' own bytes, which any renderer allocates);
 ``--profile N``: a per-kernel profile; ``--preflight``: the memory preflight's share of the
 forward time.
 """
@@ -86,6 +88,20 @@ def time_training(render: Render, params: dict[str, torch.Tensor], grad: torch.T
     step()
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - base
+    # the same step in two phases: the forward's peak, and the backward's (with what the
+    # forward left allocated); the gradients' own bytes, which every renderer allocates
+    for leaf in leaves.values():
+        leaf.grad = None
+    state.clear()
+    torch.cuda.reset_peak_memory_stats(device)
+    forward()
+    torch.cuda.synchronize(device)
+    peak_fwd = torch.cuda.max_memory_allocated(device) - base
+    torch.cuda.reset_peak_memory_stats(device)
+    backward()
+    torch.cuda.synchronize(device)
+    peak_bwd = torch.cuda.max_memory_allocated(device) - base
+    grad_bytes = sum(leaf.numel() * leaf.element_size() for leaf in leaves.values())
     with torch.no_grad():
         fwd = [_elapsed_ms(lambda: render(params)) for _ in range(repeats)]
     bwd = []
@@ -98,15 +114,17 @@ def time_training(render: Render, params: dict[str, torch.Tensor], grad: torch.T
     state.clear()
     return {"forward_ms": statistics.median(fwd), "forward_min_ms": min(fwd),
             "backward_ms": statistics.median(bwd), "fwd_bwd_ms": statistics.median(steps),
-            "peak_train_mib": peak / 2**20}
+            "peak_train_mib": peak / 2**20, "peak_forward_mib": peak_fwd / 2**20,
+            "peak_backward_mib": peak_bwd / 2**20, "grads_mib": grad_bytes / 2**20,
+            "image_mib": grad.numel() * grad.element_size() / 2**20}
 
 
 def timing(n: int, repeats: int, device: torch.device, width: int = 1920,
-           height: int = 1080) -> dict[str, Any]:
+           height: int = 1080, kind: str = "bench") -> dict[str, Any]:
     """Forward, backward and forward + backward medians, and peak memory of one training step
-    (inputs that require grad, a loss on the image)."""
-    args = splat_scenes.scene(n, width, height, 1234, device, sh_degree=3,
-                              depth_range=(2.0, 30.0), log_scale=(-5.0, -3.0))
+    (inputs that require grad, a loss on the image) on the ``kind`` scene
+    (``splat_scenes.BENCH_SCENES``)."""
+    args = splat_scenes.scene(n, width, height, 1234, device, **splat_scenes.BENCH_SCENES[kind])
 
     def render(p: dict[str, torch.Tensor]) -> torch.Tensor:
         return rasterize(**{**args, **p}).image
@@ -116,7 +134,7 @@ def timing(n: int, repeats: int, device: torch.device, width: int = 1920,
                           device)
     out = rasterize(**args)
     visible = out.radii[out.radii > 0].float()
-    return {"n": n, **times, "n_intersections": out.n_intersections,
+    return {"n": n, "scene": kind, **times, "n_intersections": out.n_intersections,
             "visible": int(visible.numel()),
             "radius_p50": float(visible.median()) if visible.numel() else 0.0,
             "alpha_mean": float(out.alpha.mean())}
@@ -165,14 +183,13 @@ def gradient_accuracy(device: torch.device, seeds: int = 3) -> dict[str, Any]:
     return {"worst": worst, "repeat_bitwise": bitwise, "repeat_max_rel_diff": spread}
 
 
-def profile(n: int, device: torch.device, steps: int = 10) -> str:
+def profile(n: int, device: torch.device, steps: int = 10, kind: str = "bench") -> str:
     """Per-kernel device time of ``steps`` training steps at ``n`` Gaussians (torch.profiler),
     as a table: where the forward and the backward spend their time."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    args = splat_scenes.scene(n, 1920, 1080, 1234, device, sh_degree=3,
-                              depth_range=(2.0, 30.0), log_scale=(-5.0, -3.0))
+    args = splat_scenes.scene(n, 1920, 1080, 1234, device, **splat_scenes.BENCH_SCENES[kind])
     leaves = {k: args[k].clone().requires_grad_() for k in DIFFERENTIABLE}
     grad_image = torch.rand(3, 1080, 1920, device=device)
     for _ in range(3):
@@ -180,11 +197,65 @@ def profile(n: int, device: torch.device, steps: int = 10) -> str:
     torch.cuda.synchronize(device)
     with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
+            for leaf in leaves.values():  # as time_training: no gradient accumulation
+                leaf.grad = None
             rasterize(**{**args, **leaves}).image.backward(grad_image)
         torch.cuda.synchronize(device)
-    table: str = prof.key_averages().table(sort_by="cuda_time_total", row_limit=14,
-                                           max_name_column_width=48)
+    table: str = prof.key_averages().table(sort_by="cuda_time_total", row_limit=18,
+                                           max_name_column_width=90)
     return table
+
+
+def memory_at_peak(n: int, device: torch.device, kind: str = "midtrain",
+                   rows: int = 16) -> str:
+    """What is allocated at the peak of one training step (``image.backward(grad)`` with
+    every parameter requiring grad, grads set to None before it, as ``time_training``): the
+    caching allocator's trace (torch.cuda.memory._record_memory_history), replayed to the
+    moment of most bytes in use, and the blocks live then, largest first, each with the
+    innermost frames of where it was allocated."""
+    args = splat_scenes.scene(n, 1920, 1080, 1234, device, **splat_scenes.BENCH_SCENES[kind])
+    leaves = {k: args[k].clone().requires_grad_() for k in DIFFERENTIABLE}
+    grad = torch.rand(3, 1080, 1920, device=device)
+    for _ in range(2):
+        for leaf in leaves.values():
+            leaf.grad = None
+        rasterize(**{**args, **leaves}).image.backward(grad)
+    for leaf in leaves.values():
+        leaf.grad = None
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.memory._record_memory_history(max_entries=100_000, stacks="all")
+    image = rasterize(**{**args, **leaves}).image
+    image.backward(grad)
+    torch.cuda.synchronize(device)
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    events = snap["device_traces"][device.index]
+    live: dict[int, dict[str, Any]] = {}
+    used = best = 0
+    at_peak: dict[int, dict[str, Any]] = {}
+    for e in events:
+        if e["action"] == "alloc":
+            live[e["addr"]] = e
+            used += e["size"]
+            if used > best:
+                best, at_peak = used, dict(live)
+        elif e["action"] == "free_requested" and e["addr"] in live:
+            used -= live.pop(e["addr"])["size"]
+
+    def where(e: dict[str, Any]) -> str:  # frames: innermost first
+        frames = e.get("frames", [])
+        ops = [f["name"] for f in frames if "gpucheck::" in f.get("name", "")
+               or "AccumulateGrad" in f.get("name", "")]
+        py = [f"{Path(f['filename']).name}:{f['line']} {f['name']}" for f in frames
+              if str(f.get("filename", "")).endswith(".py")]
+        return " | ".join([*(x[:70] for x in ops[:2]), *py[:3]])[:240]
+
+    lines = [f"N={n} scene {kind}: peak {best / 2**20:.1f} MiB above the trace's start "
+             f"(resident before the step: {base / 2**20:.1f} MiB)"]
+    for e in sorted(at_peak.values(), key=lambda e: -e["size"])[:rows]:
+        lines.append(f"  {e['size'] / 2**20:8.2f} MiB  {where(e)}")
+    return "\n".join(lines)
 
 
 def preflight(n: int, device: torch.device, calls: int = 20) -> dict[str, Any]:
@@ -203,8 +274,7 @@ def preflight(n: int, device: torch.device, calls: int = 20) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    args = splat_scenes.scene(n, 1920, 1080, 1234, device, sh_degree=3,
-                              depth_range=(2.0, 30.0), log_scale=(-5.0, -3.0))
+    args = splat_scenes.scene(n, 1920, 1080, 1234, device, **splat_scenes.BENCH_SCENES["bench"])
     with torch.no_grad():
         for _ in range(3):
             rasterize(**args)
@@ -243,10 +313,23 @@ def main() -> int:
                         help="only print a per-kernel profile of 10 training steps at N")
     parser.add_argument("--preflight", action="store_true",
                         help="only measure the memory preflight's share of the forward")
+    parser.add_argument("--memory", type=int, metavar="N",
+                        help="only list what is allocated at the peak of a training step at N")
+    parser.add_argument("--scene", nargs="+", default=["bench"],
+                        choices=sorted(splat_scenes.BENCH_SCENES),
+                        help="the scenes to time (splat_scenes.BENCH_SCENES)")
+    parser.add_argument("--no-accuracy", action="store_true",
+                        help="timing only (no comparison with the float64 reference)")
     args = parser.parse_args()
     device = torch.device("cuda", torch.cuda.current_device())
+    if args.memory:
+        for kind in args.scene:
+            print(memory_at_peak(args.memory, device, kind))
+        return 0
     if args.profile:
-        print(profile(args.profile, device))
+        for kind in args.scene:
+            print(f"== scene {kind}, N={args.profile}")
+            print(profile(args.profile, device, kind=kind))
         return 0
     if args.preflight:
         rows = [preflight(n, device) for n in args.n]
@@ -259,22 +342,35 @@ def main() -> int:
                   f"scan-to-binning turnaround {r['turnaround_us']:.1f} us "
                   f"({100 * r['turnaround_share']:.2f} %)")
         return 0
-    result = {"device": torch.cuda.get_device_name(device), "torch": torch.__version__,
-              "timing": [timing(n, args.repeats, device) for n in args.n],
-              "accuracy": accuracy(device), "gradients": gradient_accuracy(device)}
+    result: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(device), "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "timing": [timing(n, args.repeats, device, kind=kind) for kind in args.scene
+                   for n in args.n]}
+    if not args.no_accuracy:
+        result["accuracy"] = accuracy(device)
+        result["gradients"] = gradient_accuracy(device)
     print(json.dumps(result, indent=1))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
-    grads = result["gradients"]
-    print(f"gradients vs float64 reference (worst of 12 scenes): repeat bitwise "
-          f"{grads['repeat_bitwise']}, repeat spread {grads['repeat_max_rel_diff']:.2g}")
-    for name, e in grads["worst"].items():
-        print(f"  {name:>10}: rel_l2 {e['rel_l2']:.2e} max_rel {e['max_rel']:.2e} "
-              f"share_over {e['share_over']:.3f}")
-    print(f"{'N':>9} {'fwd ms':>8} {'bwd ms':>8} {'f+b ms':>8} {'peak MiB':>9} {'overlaps':>10}")
+    if not args.no_accuracy:
+        grads = result["gradients"]
+        print(f"gradients vs float64 reference (worst of 12 scenes): repeat bitwise "
+              f"{grads['repeat_bitwise']}, repeat spread {grads['repeat_max_rel_diff']:.2g}")
+        for name, e in grads["worst"].items():
+            print(f"  {name:>10}: rel_l2 {e['rel_l2']:.2e} max_rel {e['max_rel']:.2e} "
+                  f"share_over {e['share_over']:.3f}")
+        worst = {k: max(r[k] for r in result["accuracy"])
+                 for k in ("image", "alpha", "depth_x_alpha")}
+        print("forward vs float64 reference (worst of 4 scenes): "
+              + ", ".join(f"{k} {v:.2e}" for k, v in worst.items())
+              + f"; radii equal {all(r['radii_equal'] for r in result['accuracy'])}")
+    print(f"{'scene':>8} {'N':>9} {'fwd ms':>8} {'bwd ms':>8} {'f+b ms':>8} {'peak MiB':>9} "
+          f"{'fwd pk':>7} {'bwd pk':>7} {'grads':>6} {'overlaps':>10}")
     for t in result["timing"]:
-        print(f"{t['n']:>9} {t['forward_ms']:8.3f} {t['backward_ms']:8.3f} "
-              f"{t['fwd_bwd_ms']:8.3f} {t['peak_train_mib']:9.1f} {t['n_intersections']:>10}")
+        print(f"{t['scene']:>8} {t['n']:>9} {t['forward_ms']:8.3f} {t['backward_ms']:8.3f} "
+              f"{t['fwd_bwd_ms']:8.3f} {t['peak_train_mib']:9.1f} {t['peak_forward_mib']:7.1f} "
+              f"{t['peak_backward_mib']:7.1f} {t['grads_mib']:6.1f} {t['n_intersections']:>10}")
     return 0
 
 

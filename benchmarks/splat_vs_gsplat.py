@@ -78,10 +78,9 @@ def load_gsplat(prebuilt: Path | None) -> tuple[ModuleType, float]:
     return gsplat, time.perf_counter() - start
 
 
-def scene(n: int, device: torch.device, width: int = 1920,
-          height: int = 1080) -> dict[str, Any]:
-    return splat_scenes.scene(n, width, height, 1234, device, sh_degree=3,
-                              depth_range=(2.0, 30.0), log_scale=(-5.0, -3.0))
+def scene(n: int, device: torch.device, width: int = 1920, height: int = 1080,
+          kind: str = "bench") -> dict[str, Any]:
+    return splat_scenes.scene(n, width, height, 1234, device, **splat_scenes.BENCH_SCENES[kind])
 
 
 def ours(args: dict[str, Any]) -> tuple[Render, Callable[[], int]]:
@@ -147,17 +146,18 @@ def agreement(gsplat: ModuleType, args: dict[str, Any], grad: torch.Tensor) -> d
     return out
 
 
-def compare(gsplat: ModuleType, n: int, repeats: int, device: torch.device) -> dict[str, Any]:
-    args = scene(n, device)
+def compare(gsplat: ModuleType, n: int, repeats: int, device: torch.device,
+            kind: str = "bench", packed: bool = True) -> dict[str, Any]:
+    args = scene(n, device, kind=kind)
     params = {k: args[k] for k in PARAMS}
     grad = torch.rand(3, args["height"], args["width"], device=device)
     grad_hwc = grad.permute(1, 2, 0).contiguous()
-    row: dict[str, Any] = {"n": n}
+    row: dict[str, Any] = {"n": n, "scene": kind}
     render, overlaps = ours(args)
     row["ours"] = {**time_training(render, params, grad, repeats, device), "overlaps": overlaps()}
-    for packed in (True, False):
-        render, overlaps = theirs(gsplat, args, packed)
-        row[f"gsplat_{'packed' if packed else 'unpacked'}"] = {
+    for mode in (False, True) if packed else (False,):
+        render, overlaps = theirs(gsplat, args, mode)
+        row[f"gsplat_{'packed' if mode else 'unpacked'}"] = {
             **time_training(render, params, grad_hwc, repeats, device), "overlaps": overlaps()}
     row["agreement"] = agreement(gsplat, args, grad)
     del args, params
@@ -165,16 +165,17 @@ def compare(gsplat: ModuleType, n: int, repeats: int, device: torch.device) -> d
     return row
 
 
-def profile(gsplat: ModuleType, n: int, device: torch.device, steps: int = 10) -> str:
+def profile(gsplat: ModuleType, n: int, device: torch.device, steps: int = 10,
+            kind: str = "bench") -> str:
     """Per-kernel device time of ``steps`` training steps of each (torch.profiler)."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    args = scene(n, device)
+    args = scene(n, device, kind=kind)
     grad = torch.rand(3, args["height"], args["width"], device=device)
     tables = []
     for name, (render, _), g in (("ours", ours(args), grad),
-                                 ("gsplat packed", theirs(gsplat, args, True),
+                                 ("gsplat unpacked", theirs(gsplat, args, False),
                                   grad.permute(1, 2, 0).contiguous())):
         leaves = {k: args[k].clone().requires_grad_() for k in PARAMS}
         for _ in range(3):
@@ -186,7 +187,7 @@ def profile(gsplat: ModuleType, n: int, device: torch.device, steps: int = 10) -
             torch.cuda.synchronize(device)
         table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=16,
                                           max_name_column_width=60)
-        tables.append(f"== {name}, N={n}, {steps} training steps\n{table}")
+        tables.append(f"== {name}, scene {kind}, N={n}, {steps} training steps\n{table}")
     return "\n".join(tables)
 
 
@@ -198,25 +199,42 @@ def main() -> int:
     parser.add_argument("--gsplat-so", type=Path, help="a gsplat_cuda.so built before")
     parser.add_argument("--profile", type=int, metavar="N",
                         help="also print per-kernel profiles of both at N Gaussians")
+    parser.add_argument("--scene", nargs="+", default=["bench"],
+                        choices=sorted(splat_scenes.BENCH_SCENES),
+                        help="the scenes (splat_scenes.BENCH_SCENES)")
+    parser.add_argument("--no-packed", action="store_true",
+                        help="gsplat unpacked only (its faster mode here)")
     args = parser.parse_args()
     device = torch.device("cuda", torch.cuda.current_device())
     gsplat, load_s = load_gsplat(args.gsplat_so)
     print(f"gsplat {gsplat.__version__} loaded in {load_s:.1f} s", flush=True)
-    rows = [compare(gsplat, n, args.repeats, device) for n in args.n]
+    rows = [compare(gsplat, n, args.repeats, device, kind, not args.no_packed)
+            for kind in args.scene for n in args.n]
     result = {"device": torch.cuda.get_device_name(device), "torch": torch.__version__,
               "cuda": torch.version.cuda, "gsplat": gsplat.__version__, "rows": rows}
     print(json.dumps(result, indent=1))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
     if args.profile:
-        print(profile(gsplat, args.profile, device))
-    print(f"{'N':>8} {'who':>16} {'fwd ms':>7} {'bwd ms':>7} {'f+b ms':>7} {'peak MiB':>9} "
-          f"{'overlaps':>9}")
+        for kind in args.scene:
+            print(profile(gsplat, args.profile, device, kind=kind))
+    print(f"{'scene':>8} {'N':>8} {'who':>16} {'fwd ms':>7} {'bwd ms':>7} {'f+b ms':>7} "
+          f"{'peak MiB':>9} {'fwd pk':>7} {'bwd pk':>7} {'overlaps':>9}")
     for row in rows:
-        for who in ("ours", "gsplat_packed", "gsplat_unpacked"):
+        for who in ("ours", "gsplat_unpacked", "gsplat_packed"):
+            if who not in row:
+                continue
             t = row[who]
-            print(f"{row['n']:>8} {who:>16} {t['forward_ms']:7.3f} {t['backward_ms']:7.3f} "
-                  f"{t['fwd_bwd_ms']:7.3f} {t['peak_train_mib']:9.1f} {t['overlaps']:>9}")
+            print(f"{row['scene']:>8} {row['n']:>8} {who:>16} {t['forward_ms']:7.3f} "
+                  f"{t['backward_ms']:7.3f} {t['fwd_bwd_ms']:7.3f} {t['peak_train_mib']:9.1f} "
+                  f"{t['peak_forward_mib']:7.1f} {t['peak_backward_mib']:7.1f} "
+                  f"{t['overlaps']:>9}")
+        ours, base = row["ours"], row["gsplat_unpacked"]
+        speedup = base["forward_ms"] / ours["forward_ms"]
+        print(f"{'':>8} ours vs gsplat unpacked: forward {speedup:.2f}x, "
+              f"step {base['fwd_bwd_ms'] / ours['fwd_bwd_ms']:.2f}x, peak "
+              f"{ours['peak_train_mib'] / base['peak_train_mib']:.2f} of gsplat's "
+              f"(gradients {ours['grads_mib']:.0f} MiB, image {ours['image_mib']:.0f} MiB of both)")
         a = row["agreement"]
         print(f"{'':>8} PSNR ours vs gsplat {a['psnr']:.1f} dB (opacities <= 0.99: "
               f"{a['psnr_clamped']:.1f} dB), max |diff| {a['max_abs']:.2e}, gradient rel diff "

@@ -33,10 +33,13 @@ constexpr double kBoxSlackT = 0x1p-17;        // added to t = 2 ln(255 opacity)
 constexpr double kBoxSlackQuad = 0x1p-18;     // times Sxx Syy / det, off the denominator
 constexpr double kBoxSlackMean = 0x1p-22;     // times |screen mean|, added to the extents
 constexpr double kBoxMaxSkew = 0x1p17;        // Sxx Syy / det above this: the square only
-// Bytes per (Gaussian, tile) pair of the binning buffers: a 64-bit key and a 32-bit value,
-// each double-buffered for the radix sort (BYTES_PER_INTERSECTION of the reference).
+// Bytes per (Gaussian, tile) pair that a max_bytes budget counts: BYTES_PER_INTERSECTION of
+// the reference (the original 3DGS layout: a 64-bit key and a 32-bit value, each
+// double-buffered). Ours take less (binning_bytes in splat.cpp: a 16-bit or 32-bit tile key
+// and a 32-bit value, each double-buffered: 12 or 16 bytes); the free-memory check counts
+// what is allocated.
 constexpr int64_t kBytesPerIntersection = 24;
-// Largest width / height: tile ids (< 4096 * 4096) fit the 32 high bits of a sort key.
+// Largest width / height: tile ids (< 4096 * 4096) fit a 32-bit sort key.
 constexpr int64_t kMaxImageSide = 65536;
 
 // Rows of the first invalid input of each kind (kNone: none), found while preprocessing.
@@ -80,30 +83,51 @@ struct PreprocessArgs {
 // Per Gaussian: validation, projection, radius, tile rectangle, colour (in float64).
 void launch_preprocess(const PreprocessArgs& args, cudaStream_t stream);
 
+// Binning (splat_cuda.cu), in the order splat.cpp runs it:
+// 1. the visible Gaussians' order by depth: a stable radix sort of the float bits of `depths`
+//    (> 0 in front of the near plane, so their bits sort like the floats; the culled rows,
+//    which touch no tile, may land anywhere) with the indices 0..n-1 as values, so that equal
+//    depths keep index order. `order` receives the sorted indices, `depth_keys` the sorted
+//    keys (unused after).
+size_t depth_sort_temp_bytes(int n);
+cudaError_t depth_sort(void* temp, size_t temp_bytes, const float* depths, uint32_t* depth_keys,
+                       int32_t* iota, int32_t* order, int n, cudaStream_t stream);
+
+// 2. sorted_counts[k] = counts[order[k]].
+void launch_gather_counts(const int64_t* counts, const int32_t* order, int n,
+                          int64_t* sorted_counts, cudaStream_t stream);
+
 // Scratch bytes for inclusive_scan over n items.
 size_t scan_temp_bytes(int n);
 
-// offsets[i] = counts[0] + ... + counts[i] (int64: a bad scene can touch > 2^31 tiles).
+// 3. offsets[k] = counts[0] + ... + counts[k] (int64: a bad scene can touch > 2^31 tiles).
 cudaError_t inclusive_scan(void* temp, size_t temp_bytes, const int64_t* counts,
                            int64_t* offsets, int n, cudaStream_t stream);
 
-// One (tile << 32 | depth bits, Gaussian index) pair per Gaussian-tile overlap, Gaussian by
-// Gaussian in index order (so that the stable sort keeps index order for equal depths).
-void launch_emit(const int64_t* counts, const int64_t* offsets, const int4* rects,
-                 const float* depths, int n, int tiles_x, uint64_t* keys,
-                 int32_t* values, cudaStream_t stream);
+// 4. One (tile id, Gaussian index) pair per Gaussian-tile overlap, Gaussian by Gaussian in
+// depth order (`order`; offsets: the inclusive scan of the counts in that order), so that a
+// stable sort on the tile id alone leaves each tile's Gaussians front to back, equal depths in
+// index order. Key: uint16_t when the tiles number <= 65536 (every image up to 4096x4096),
+// else uint32_t.
+template <typename Key>
+void launch_emit(const int64_t* counts, const int32_t* order, const int64_t* offsets,
+                 const int4* rects, int n, int tiles_x, Key* keys, int32_t* values,
+                 cudaStream_t stream);
 
 // Scratch bytes for sort_pairs with `items` pairs.
+template <typename Key>
 size_t sort_temp_bytes(int items, int end_bit);
 
-// Stable radix sort of (keys, values) on bits [0, end_bit); the sorted pairs end in
+// 5. Stable radix sort of (keys, values) on bits [0, end_bit); the sorted pairs end in
 // *keys_out / *values_out (each either the first or the alternate buffer).
-cudaError_t sort_pairs(void* temp, size_t temp_bytes, uint64_t* keys, uint64_t* keys_alt,
-                       int32_t* values, int32_t* values_alt, int items, int end_bit,
-                       uint64_t** keys_out, int32_t** values_out, cudaStream_t stream);
+template <typename Key>
+cudaError_t sort_pairs(void* temp, size_t temp_bytes, Key* keys, Key* keys_alt, int32_t* values,
+                       int32_t* values_alt, int items, int end_bit, Key** keys_out,
+                       int32_t** values_out, cudaStream_t stream);
 
-// ranges[t] = [first, last) sorted positions of tile t; zeroed by the caller.
-void launch_ranges(const uint64_t* sorted_keys, int items, int2* ranges, cudaStream_t stream);
+// 6. ranges[t] = [first, last) sorted positions of tile t; zeroed by the caller.
+template <typename Key>
+void launch_ranges(const Key* sorted_keys, int items, int2* ranges, cudaStream_t stream);
 
 // Per-Gaussian compositing inputs (what `project` returned), shared by render and backward.
 struct SplatInputs {
@@ -129,16 +153,16 @@ void launch_render(const SplatInputs& in, float* image, float* alpha, float* dep
                    float* final_T, int32_t* n_contrib, cudaStream_t stream);
 
 // Backward of render: per tile, back to front, d loss / d (means2d, conics, opacities, rgb,
-// depths) accumulated with one warp-reduced atomicAdd per Gaussian, warp and value (the
-// outputs must be zeroed first). grad_* are d loss / d (image, alpha, depth) of the forward.
+// depths), summed over each warp and then over the block, and accumulated with one atomicAdd
+// per Gaussian, tile and value (the outputs must be zeroed first). grad_* are d loss / d (image, alpha, depth) of the forward.
 struct RenderGrads {
   const float* alpha;       // [h, w] forward output (the sum of the weights)
   const float* depth;       // [h, w] forward output
   const float* final_T;     // [h, w]
   const int32_t* n_contrib; // [h, w]
   const float* grad_image;  // [3, h, w]
-  const float* grad_alpha;  // [h, w]
-  const float* grad_depth;  // [h, w]
+  const float* grad_alpha;  // [h, w], or nullptr: zero
+  const float* grad_depth;  // [h, w], or nullptr: zero
   float2* g_means2d;        // [n] outputs from here on
   float* g_conics;          // [n, 3]
   float* g_opacities;       // [n]

@@ -11,19 +11,26 @@
 //     the compositing data are stored as float32. Each input is read once (the colour row as
 //     float4s where it can be: colour_row) and each output written once; 120 registers,
 //     no spills (capping them at 80 for a third block per SM spills and was not kept).
-//  2. scan: inclusive sum of the tiles each Gaussian touches (int64: a scene whose Gaussians
-//     were activated twice can touch more than 2^31 tiles, and the entry point must be able to
-//     say so before it allocates anything for them).
-//  3. emit: one key (tile id << 32 | float bits of the depth) and value (Gaussian index) per
-//     Gaussian-tile overlap. Depths are > 0.2, so their bit patterns sort like the floats.
-//  4. sort: cub's stable radix sort over the key bits in use; equal keys keep index order.
-//  5. ranges: the first and last sorted position of each tile.
-//  6. render: one 16x16 block per tile; the tile's Gaussians are staged through shared memory
+//  2. depth order: cub's stable radix sort of the Gaussians' depth bits (depths > 0.2 sort
+//     like their bit patterns), values the indices, so equal depths keep index order.
+//  3. scan: inclusive sum of the tiles each Gaussian touches, in depth order (int64: a scene
+//     whose Gaussians were activated twice can touch more than 2^31 tiles, and the entry
+//     point must be able to say so before it allocates anything for them).
+//  4. emit: one key (the tile id, 16 bits up to 65536 tiles, else 32) and value (Gaussian
+//     index) per Gaussian-tile overlap, Gaussian by Gaussian in depth order.
+//  5. sort: cub's stable radix sort over the tile id's bits (13 at 1920x1080: 2 passes; the
+//     64-bit tile << 32 | depth key this replaces took 6 passes over 24 bytes a pair, this
+//     takes 2 over 6 or 8), so each tile's Gaussians stay front to back, equal depths in
+//     index order: the order the 64-bit key gave.
+//  6. ranges: the first and last sorted position of each tile.
+//  7. render: one 16x16 block per tile; the tile's Gaussians are staged through shared memory
 //     256 at a time and each thread composites its pixel front to back, stopping when its
 //     transmittance would fall below 1e-4; the block leaves when all its pixels are done.
+//     (Warps of 8x4 pixels that pass over the Gaussians whose reach misses them were tried:
+//     slower, HISTORY.md "Splatting training step 1.5x gsplat".)
 //     Each pixel keeps its final transmittance and the list position of its last
 //     contribution for the backward pass (splat_backward.cu).
-// Steps 1-5 are the `project` op, step 6 the `render` op (splat.cpp).
+// Steps 1-6 are the `project` op, step 7 the `render` op (splat.cpp).
 //
 // Determinism: every step is a fixed sequence of operations per element (no floating-point
 // atomics), so a scene renders to the same bits on every run.
@@ -263,36 +270,83 @@ __global__ void __launch_bounds__(kThreads) preprocess_kernel(const PreprocessAr
   for (int k = 0; k < 3; ++k) a.conics[3 * i64 + k] = f.conic[k];
 }
 
-__global__ void __launch_bounds__(kThreads)
-    emit_kernel(const int64_t* __restrict__ counts, const int64_t* __restrict__ offsets,
-                const int4* __restrict__ rects, const float* __restrict__ depths, int n,
-                int tiles_x, uint64_t* __restrict__ keys, int32_t* __restrict__ values) {
+__global__ void __launch_bounds__(kThreads) iota_kernel(int32_t* __restrict__ out, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  const int64_t count = counts[i];
-  if (count == 0) return;
-  int64_t out = offsets[i] - count;
-  const int4 r = rects[i];
-  const uint64_t depth_bits = __float_as_uint(depths[i]);
-  for (int y = r.y; y < r.w; ++y) {
-    for (int x = r.x; x < r.z; ++x) {
-      const uint64_t tile = static_cast<uint64_t>(y) * tiles_x + x;
-      keys[out] = (tile << 32) | depth_bits;
-      values[out] = i;
-      ++out;
+  if (i < n) out[i] = i;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    gather_counts_kernel(const int64_t* __restrict__ counts, const int32_t* __restrict__ order,
+                         int n, int64_t* __restrict__ sorted_counts) {
+  const int k = blockIdx.x * blockDim.x + threadIdx.x;
+  if (k < n) sorted_counts[k] = counts[order[k]];
+}
+
+// Gaussians with more tiles than this are emitted by their whole warp (coalesced, balanced);
+// smaller ones each by its own thread.
+constexpr int64_t kEmitAlone = 4;
+
+// One sorted position k per thread: Gaussian order[k] writes its pairs from offsets[k] -
+// count on, row by row of its tile rectangle. A Gaussian of many tiles would keep its warp
+// waiting (counts range from 1 to thousands) and write 32 scattered runs: those go to the
+// whole warp, one after the other, 32 consecutive pairs at a time.
+template <typename Key>
+__global__ void __launch_bounds__(kThreads)
+    emit_kernel(const int64_t* __restrict__ counts, const int32_t* __restrict__ order,
+                const int64_t* __restrict__ offsets, const int4* __restrict__ rects, int n,
+                int tiles_x, Key* __restrict__ keys, int32_t* __restrict__ values) {
+  const int k = blockIdx.x * blockDim.x + threadIdx.x;
+  const int lane = threadIdx.x % 32;
+  int i = 0;
+  int64_t count = 0, first = 0;
+  int4 r = make_int4(0, 0, 0, 0);
+  if (k < n) {
+    i = order[k];
+    count = counts[i];
+    if (count > 0) {
+      first = offsets[k] - count;
+      r = rects[i];
+    }
+  }
+  if (count > 0 && count <= kEmitAlone) {
+    int64_t out = first;
+    for (int y = r.y; y < r.w; ++y) {
+      for (int x = r.x; x < r.z; ++x) {
+        keys[out] = static_cast<Key>(static_cast<uint32_t>(y) * tiles_x + x);
+        values[out] = i;
+        ++out;
+      }
+    }
+  }
+  unsigned large = __ballot_sync(0xffffffffu, count > kEmitAlone);
+  while (large != 0) {
+    const int src = __ffs(large) - 1;
+    large &= large - 1;
+    const int gi = __shfl_sync(0xffffffffu, i, src);
+    const int64_t gc = __shfl_sync(0xffffffffu, count, src);
+    const int64_t gf = __shfl_sync(0xffffffffu, first, src);
+    const int x0 = __shfl_sync(0xffffffffu, r.x, src);
+    const int y0 = __shfl_sync(0xffffffffu, r.y, src);
+    const int w = __shfl_sync(0xffffffffu, r.z, src) - x0;
+    for (int t = lane; t < gc; t += 32) {  // gc <= tiles < 2^24
+      const int dy = t / w;
+      keys[gf + t] = static_cast<Key>(static_cast<uint32_t>(y0 + dy) * tiles_x + x0 + t -
+                                      dy * w);
+      values[gf + t] = gi;
     }
   }
 }
 
+template <typename Key>
 __global__ void __launch_bounds__(kThreads)
-    ranges_kernel(const uint64_t* __restrict__ keys, int items, int2* __restrict__ ranges) {
+    ranges_kernel(const Key* __restrict__ keys, int items, int2* __restrict__ ranges) {
   const int k = blockIdx.x * blockDim.x + threadIdx.x;
   if (k >= items) return;
-  const uint32_t tile = static_cast<uint32_t>(keys[k] >> 32);
+  const uint32_t tile = keys[k];
   if (k == 0) {
     ranges[tile].x = 0;
   } else {
-    const uint32_t prev = static_cast<uint32_t>(keys[k - 1] >> 32);
+    const uint32_t prev = keys[k - 1];
     if (prev != tile) {
       ranges[prev].y = k;
       ranges[tile].x = k;
@@ -380,6 +434,30 @@ void launch_preprocess(const PreprocessArgs& args, cudaStream_t stream) {
   preprocess_kernel<<<blocks(args.n), kThreads, 0, stream>>>(args);
 }
 
+size_t depth_sort_temp_bytes(int n) {
+  size_t bytes = 0;
+  cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const uint32_t*>(nullptr),
+                                  static_cast<uint32_t*>(nullptr),
+                                  static_cast<const int32_t*>(nullptr),
+                                  static_cast<int32_t*>(nullptr), n, 0, 32);
+  return bytes;
+}
+
+cudaError_t depth_sort(void* temp, size_t temp_bytes, const float* depths, uint32_t* depth_keys,
+                       int32_t* iota, int32_t* order, int n, cudaStream_t stream) {
+  iota_kernel<<<blocks(n), kThreads, 0, stream>>>(iota, n);
+  const cudaError_t launched = cudaGetLastError();
+  if (launched != cudaSuccess) return launched;
+  return cub::DeviceRadixSort::SortPairs(temp, temp_bytes,
+                                         reinterpret_cast<const uint32_t*>(depths), depth_keys,
+                                         iota, order, n, 0, 32, stream);
+}
+
+void launch_gather_counts(const int64_t* counts, const int32_t* order, int n,
+                          int64_t* sorted_counts, cudaStream_t stream) {
+  gather_counts_kernel<<<blocks(n), kThreads, 0, stream>>>(counts, order, n, sorted_counts);
+}
+
 size_t scan_temp_bytes(int n) {
   size_t bytes = 0;
   cub::DeviceScan::InclusiveSum(nullptr, bytes, static_cast<const int64_t*>(nullptr),
@@ -392,25 +470,28 @@ cudaError_t inclusive_scan(void* temp, size_t temp_bytes, const int64_t* counts,
   return cub::DeviceScan::InclusiveSum(temp, temp_bytes, counts, offsets, n, stream);
 }
 
-void launch_emit(const int64_t* counts, const int64_t* offsets, const int4* rects,
-                 const float* depths, int n, int tiles_x, uint64_t* keys, int32_t* values,
+template <typename Key>
+void launch_emit(const int64_t* counts, const int32_t* order, const int64_t* offsets,
+                 const int4* rects, int n, int tiles_x, Key* keys, int32_t* values,
                  cudaStream_t stream) {
-  emit_kernel<<<blocks(n), kThreads, 0, stream>>>(counts, offsets, rects, depths, n, tiles_x,
-                                                    keys, values);
+  emit_kernel<Key><<<blocks(n), kThreads, 0, stream>>>(counts, order, offsets, rects, n,
+                                                         tiles_x, keys, values);
 }
 
+template <typename Key>
 size_t sort_temp_bytes(int items, int end_bit) {
   size_t bytes = 0;
-  cub::DoubleBuffer<uint64_t> keys(nullptr, nullptr);
+  cub::DoubleBuffer<Key> keys(nullptr, nullptr);
   cub::DoubleBuffer<int32_t> values(nullptr, nullptr);
   cub::DeviceRadixSort::SortPairs(nullptr, bytes, keys, values, items, 0, end_bit);
   return bytes;
 }
 
-cudaError_t sort_pairs(void* temp, size_t temp_bytes, uint64_t* keys, uint64_t* keys_alt,
-                       int32_t* values, int32_t* values_alt, int items, int end_bit,
-                       uint64_t** keys_out, int32_t** values_out, cudaStream_t stream) {
-  cub::DoubleBuffer<uint64_t> k(keys, keys_alt);
+template <typename Key>
+cudaError_t sort_pairs(void* temp, size_t temp_bytes, Key* keys, Key* keys_alt, int32_t* values,
+                       int32_t* values_alt, int items, int end_bit, Key** keys_out,
+                       int32_t** values_out, cudaStream_t stream) {
+  cub::DoubleBuffer<Key> k(keys, keys_alt);
   cub::DoubleBuffer<int32_t> v(values, values_alt);
   const cudaError_t err =
       cub::DeviceRadixSort::SortPairs(temp, temp_bytes, k, v, items, 0, end_bit, stream);
@@ -419,9 +500,21 @@ cudaError_t sort_pairs(void* temp, size_t temp_bytes, uint64_t* keys, uint64_t* 
   return err;
 }
 
-void launch_ranges(const uint64_t* sorted_keys, int items, int2* ranges, cudaStream_t stream) {
-  ranges_kernel<<<blocks(items), kThreads, 0, stream>>>(sorted_keys, items, ranges);
+template <typename Key>
+void launch_ranges(const Key* sorted_keys, int items, int2* ranges, cudaStream_t stream) {
+  ranges_kernel<Key><<<blocks(items), kThreads, 0, stream>>>(sorted_keys, items, ranges);
 }
+
+#define GPUCHECK_SPLAT_BINNING(Key)                                                           \
+  template void launch_emit<Key>(const int64_t*, const int32_t*, const int64_t*, const int4*, \
+                                 int, int, Key*, int32_t*, cudaStream_t);                     \
+  template size_t sort_temp_bytes<Key>(int, int);                                             \
+  template cudaError_t sort_pairs<Key>(void*, size_t, Key*, Key*, int32_t*, int32_t*, int,    \
+                                       int, Key**, int32_t**, cudaStream_t);                  \
+  template void launch_ranges<Key>(const Key*, int, int2*, cudaStream_t);
+GPUCHECK_SPLAT_BINNING(uint16_t)
+GPUCHECK_SPLAT_BINNING(uint32_t)
+#undef GPUCHECK_SPLAT_BINNING
 
 void launch_render(const SplatInputs& in, float* image, float* alpha, float* depth,
                    float* final_T, int32_t* n_contrib, cudaStream_t stream) {

@@ -154,10 +154,12 @@ def _render_setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any, 
 def _render_backward(ctx: Any, g_image: torch.Tensor | None, g_alpha: torch.Tensor | None,
                      g_depth: torch.Tensor | None, *_: Any) -> tuple[torch.Tensor | None, ...]:
     saved = ctx.saved_tensors
-    depth, final_T = saved[9], saved[10]
+    final_T = saved[10]
     g_image = _zeros_if_none(g_image, final_T.new_empty((3, *final_T.shape)))
-    grads = ops().render_backward(*saved, g_image, _zeros_if_none(g_alpha, final_T),
-                                  _zeros_if_none(g_depth, depth), *ctx.dims)
+    none = final_T.new_empty((0,))  # an output the loss does not use: no zero plane
+    grads = ops().render_backward(*saved, g_image,
+                                  none if g_alpha is None else g_alpha.contiguous(),
+                                  none if g_depth is None else g_depth.contiguous(), *ctx.dims)
     g_background = (g_image * final_T).sum((1, 2))  # image = ... + T_final * background
     return (*grads, g_background, None, None, None, None)
 

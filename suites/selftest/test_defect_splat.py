@@ -14,6 +14,7 @@ extension and must draw no finding.
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 
@@ -46,12 +47,23 @@ def _render(ops, s):
                             ranges, ids, WIDTH, HEIGHT)[0]
 
 
+#: Pixels (of 203 x 113) whose image may differ from the reference's by more than ATOL: where
+#: float32 takes a compositing decision (alpha at 1/255, the transmittance at the 1e-4 stop)
+#: the other way from float64, all three channels of that pixel move, by up to 2 / 255 of the
+#: colour (a skip) or 1e-2 (a stop). suites/splat's bound, max(2, 0.1 %) of the values, made a
+#: bound on pixels; measured by benchmarks/splat_tolerances.py (HISTORY.md, "Tolerances from
+#: measurement"). The bound of 2 *values* this replaces failed on one flip (3 values).
+ATOL = 1e-4
+FLIP_PIXELS = max(2, WIDTH * HEIGHT // 1000)
+FLIP_ATOL = 0.02
+
+
 def _check(ops, device):
     """The image of ``ops`` equals the float64 reference rasterizer's on the same scene, up to
-    float32 rounding and the few pixels where a Gaussian's alpha sits on the 1/255 cut-off (the
-    bound of suites/splat)."""
+    float32 rounding and the few pixels where a compositing decision flips (FLIP_PIXELS)."""
     from gpucheck.reference import rasterize as reference
 
+    torch.manual_seed(seed := int.from_bytes(os.urandom(4), "little"))
     s = _scene(device)
     got = _render(ops, s)
     torch.cuda.synchronize(device)
@@ -59,8 +71,9 @@ def _check(ops, device):
     want = reference(**{k: v.cpu().double() for k, v in s.items()}, width=WIDTH,
                      height=HEIGHT).image
     err = (got.cpu().double() - want).abs()
-    assert int((err > 1e-4).sum()) <= 2, f"{int((err > 1e-4).sum())} values beyond 1e-4"
-    assert float(err.max()) <= 0.02, f"max error {float(err.max()):.3g}"
+    pixels = int((err > ATOL).any(0).sum())
+    assert pixels <= FLIP_PIXELS, f"{pixels} pixels beyond {ATOL} (seed {seed})"
+    assert float(err.max()) <= FLIP_ATOL, f"max error {float(err.max()):.3g} (seed {seed})"
 
 
 def test_buffers_current_device_splat(defect_ops, gpu_device, other_device):

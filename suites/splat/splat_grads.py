@@ -31,8 +31,12 @@ T_RTOL = 1e-3
 _CHUNK_ELEMENTS = 1 << 21
 
 
-def _loss(res: Any, weights: dict[str, torch.Tensor], extra: bool) -> torch.Tensor:
-    loss = (res.image * weights["image"]).sum() + (res.alpha * weights["alpha"]).sum()
+def _loss(res: Any, weights: dict[str, torch.Tensor], extra: bool,
+          image_only: bool = False) -> torch.Tensor:
+    loss = (res.image * weights["image"]).sum()
+    if image_only:  # alpha and depth get no gradient (the render backward's [0] planes)
+        return loss
+    loss = loss + (res.alpha * weights["alpha"]).sum()
     loss = loss + DEPTH_WEIGHT * (res.depth * weights["depth"]).sum()
     if extra:  # losses on the per-Gaussian outputs (exercise splat_project's backward alone)
         loss = loss + (res.means2d * weights["means2d"]).sum() + (
@@ -87,13 +91,14 @@ def decision_pixels(args: dict[str, Any]) -> torch.Tensor:
 
 
 def gradients(args: dict[str, Any], seed: int, extra: bool = False,
-              skip: torch.Tensor | None = None
+              skip: torch.Tensor | None = None, image_only: bool = False,
               ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Gradients of the kernel (float32, on its device) and of the reference (float64, CPU)
     of a random weighting of image, alpha and depth (``extra``: of means2d, depths and
-    colors too), keyed by leaf name plus ``means2d`` (the screen-space gradient). ``skip``
-    ([H, W] bool, e.g. ``decision_pixels``): pixels that get weight 0, so that no gradient
-    depends on the compositing decisions taken there."""
+    colors too; ``image_only``: of the image alone, as a photometric loss), keyed by leaf
+    name plus ``means2d`` (the screen-space gradient). ``skip`` ([H, W] bool, e.g.
+    ``decision_pixels``): pixels that get weight 0, so that no gradient depends on the
+    compositing decisions taken there."""
     gen = torch.Generator().manual_seed(seed)
     h, w, n = args["height"], args["width"], args["means"].shape[0]
     weights = {"image": torch.randn(3, h, w, generator=gen, dtype=torch.float64),
@@ -109,13 +114,14 @@ def gradients(args: dict[str, Any], seed: int, extra: bool = False,
     leaves = {k: args[k].detach().clone().requires_grad_() for k in LEAVES
               if args.get(k) is not None}
     got = rasterize(**{**args, **leaves})
-    _loss(got, {k: v.to(dev, torch.float32) for k, v in weights.items()}, extra).backward()
+    _loss(got, {k: v.to(dev, torch.float32) for k, v in weights.items()}, extra,
+          image_only).backward()
     kernel = {k: v.grad for k, v in leaves.items()}
     kernel["means2d"] = got.means2d.grad
     ref_leaves = {k: v.detach().cpu().double().requires_grad_() for k, v in leaves.items()}
     cpu = {k: (v.cpu().double() if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
     ref = reference(**{**cpu, **ref_leaves})
-    _loss(ref, weights, extra).backward()
+    _loss(ref, weights, extra, image_only).backward()
     oracle = {k: v.grad for k, v in ref_leaves.items()}
     oracle["means2d"] = ref.means2d.grad
     return kernel, oracle

@@ -14,6 +14,17 @@ import torch
 
 F32 = torch.float32
 
+#: The benchmark scenes (``benchmarks/splat.py --scene``; 1920x1080, SH degree 3): keyword
+#: arguments of :func:`scene`. ``bench``: the scenes of the recorded results since the first
+#: benchmark (screen radii of a few pixels, opacities uniform in [0.05, 1]). ``midtrain``: a
+#: scene as it looks mid-training, larger Gaussians (log-scales -4.5...-2.5, about 1.6x the
+#: radii) and opacities spread wide (sigmoid of N(0, 3) logits: many near 0 and near 1).
+BENCH_SCENES: dict[str, dict[str, Any]] = {
+    "bench": dict(sh_degree=3, depth_range=(2.0, 30.0), log_scale=(-5.0, -3.0)),
+    "midtrain": dict(sh_degree=3, depth_range=(2.0, 30.0), log_scale=(-4.5, -2.5),
+                     opacity_logit_std=3.0),
+}
+
 
 def random_viewmat(gen: torch.Generator) -> torch.Tensor:
     """[4, 4] float64 world -> camera: a random rotation and translation."""
@@ -33,7 +44,8 @@ def random_viewmat(gen: torch.Generator) -> torch.Tensor:
 def scene(n: int, width: int, height: int, seed: int, device: torch.device | str = "cpu", *,
           sh_degree: int | None = None, depth_range: tuple[float, float] = (1.0, 6.0),
           spread: float = 1.3, log_scale: tuple[float, float] = (-4.5, -1.5),
-          pixel_size: float | None = None) -> dict[str, Any]:
+          pixel_size: float | None = None,
+          opacity_logit_std: float | None = None) -> dict[str, Any]:
     """A random scene: keyword arguments of ``rasterize`` (float32 tensors on ``device``).
 
     Means lie in the frustum widened by ``spread`` (so some are off-screen) at camera depths in
@@ -41,6 +53,8 @@ def scene(n: int, width: int, height: int, seed: int, device: torch.device | str
     in [0, 1] or SH coefficients (dc around 0.3, higher orders smaller) when ``sh_degree`` is
     given; a random background. ``pixel_size``: focal length such that one world unit at depth
     1 spans this many pixels (default: a 60-degree horizontal field of view).
+    ``opacity_logit_std``: opacities ``sigmoid(N(0, std))`` instead (drawn after everything
+    else, so the rest of the scene is the same).
     """
     gen = torch.Generator().manual_seed(seed)
     f = pixel_size if pixel_size is not None else 0.5 * width / math.tan(math.radians(30))
@@ -69,6 +83,8 @@ def scene(n: int, width: int, height: int, seed: int, device: torch.device | str
         sh = 0.2 * torch.randn(n, k, 3, generator=gen)
         sh[:, 0] += 0.3
         out["sh"] = sh
+    if opacity_logit_std is not None:
+        out["opacities"] = torch.sigmoid(opacity_logit_std * torch.randn(n, generator=gen))
     return to(out, device)
 
 

@@ -41,7 +41,11 @@ from gpucheck.reference import rasterize as reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.gpucheck_kernels]
 
-ATOL = 1e-4  # measured on an H200: at most ~2e-6 (image, alpha), ~1e-5 (depth * alpha)
+# measured (benchmarks/splat_tolerances.py, 2026-11-26, the random scenes of this suite, ~700
+# fresh seeds on an H100 and an H200): at most 2 pixels beyond ATOL (a flipped decision; the
+# bound is max(2, 0.1 %) of the values, 68 at 113x203), largest error 3.1e-3 (FLIP_ATOL 0.02);
+# the other values ~2e-6 (image, alpha), ~1e-5 (depth * alpha)
+ATOL = 1e-4
 FLIP_SHARE = 1e-3
 
 
@@ -328,20 +332,22 @@ def test_max_bytes_catches_double_activation(gpu_device: torch.device) -> None:
 
 
 def test_free_memory_catches_double_activation(gpu_device: torch.device) -> None:
-    """2M Gaussians activated twice at 1920x1080 each cover most of the 8160 tiles (~6200 in
-    their opacity-aware boxes): ~300 GB of binning buffers, more than any GPU has; the error
-    comes before any of it is allocated."""
-    bad = _double_activated(2_000_000, 1920, 1080, 1000.0, gpu_device, twice=True)
+    """4M Gaussians activated twice at 1920x1080 each cover most of the 8160 tiles (~6200 in
+    their opacity-aware boxes): ~2.5e10 overlaps, ~300 GB of binning buffers at 12 bytes a
+    pair, more than any GPU has (2M, 150 GB, came within the free memory of an H200); the
+    error comes before any of it is allocated."""
+    n = 4_000_000
+    bad = _double_activated(n, 1920, 1080, 1000.0, gpu_device, twice=True)
     torch.cuda.reset_peak_memory_stats(gpu_device)
     base = torch.cuda.memory_allocated(gpu_device)
     with pytest.raises(MemoryAnomalyError,
                        match=r"bytes free on cuda:\d.*activation applied twice") as info:
         rasterize(**bad)
-    assert info.value.n == 2_000_000 and (info.value.overlaps or 0) > 1e10  # ~6200 each
+    assert info.value.n == n and (info.value.overlaps or 0) > 2e10  # ~6200 each
     assert info.value.bytes_needed is not None and info.value.bytes_free is not None
     assert info.value.bytes_needed > info.value.bytes_free
-    # per-Gaussian buffers only (~100 bytes each), never the binning buffers
-    assert torch.cuda.max_memory_allocated(gpu_device) - base < 400 * 2_000_000
+    # per-Gaussian buffers only (~110 bytes each), never the binning buffers
+    assert torch.cuda.max_memory_allocated(gpu_device) - base < 400 * n
 
 
 @pytest.mark.sanitizer
@@ -470,3 +476,4 @@ def test_inputs_on_two_devices(gpu_device: torch.device, other_device: torch.dev
     # common.h's check_same_device raises a plain RuntimeError (TORCH_CHECK), as check_cuda
     with pytest.raises(RuntimeError, match=r"opacities is on cuda:\d but means is on cuda:\d"):
         rasterize(**args)
+
