@@ -313,13 +313,15 @@ from gpucheck.controller import pipeline
 from gpucheck.controller.config import make_console
 from gpucheck.controller.harness import WorkerSpec
 from gpucheck.controller.progress import Progress
+from gpucheck.model.runlog import RunLog
 out, suite, uuid = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 out.mkdir()
 spec = WorkerSpec("cpu", None, uuid, {"demo": suite}, "nvml", {"CUDA_VISIBLE_DEVICES": ""},
                   [], 0.02)
 notes = []
 with Progress(make_console(), quiet=True) as progress:
-    pipeline._run_harness([spec], out, out / "results.jsonl", "r1", 60.0, progress, notes, 0.02)
+    pipeline._run_harness([spec], out, RunLog(out / "results.jsonl"), "r1", 60.0, progress,
+                          notes, 0.02)
 print(json.dumps(notes))
 """
 
