@@ -70,7 +70,7 @@ class Progress:
         self.tasks: dict[str, rp.TaskID] = {}
         self.reported: set[str] = set()
         self.log: RunLog | None = None
-        self.seen = 0  # case records of the log already looked at
+        self.seen = 0  # the log's cursor: records already looked at
 
     def __enter__(self) -> Progress:
         self.bar.__enter__()
@@ -85,15 +85,15 @@ class Progress:
         it: the records already in it are not shown again)."""
         self._findings()
         log.refresh()
-        self.log, self.seen = log, len(log.cases)
+        self.log = log
+        _, self.seen = log.cases_since(0)
 
     def _findings(self) -> None:
         """One line per finding recorded since the last look (no terminal, not quiet)."""
         if self.live or self.quiet or self.log is None:
             return
         self.log.refresh()
-        new = self.log.cases[self.seen:]
-        self.seen += len(new)
+        new, self.seen = self.log.cases_since(self.seen)
         for r in new:
             where = f"{r.device} {r.mode} {r.case}"
             same = Counter((f.kind, f.severity, f.message) for f in r.findings)

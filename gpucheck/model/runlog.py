@@ -306,6 +306,12 @@ class RunLog:
         """Case records of the run (the last header's), in the order written."""
         return [r for r in self._cases if self._mine(r.run_id)]
 
+    def cases_since(self, seen: int) -> tuple[list[CaseRecord], int]:
+        """Case records of the run read after the first ``seen`` records of any run, and
+        what to pass as ``seen`` next time (a follower's cursor: only the new ones are
+        looked at)."""
+        return [r for r in self._cases[seen:] if self._mine(r.run_id)], len(self._cases)
+
     @property
     def resumes(self) -> list[Resume]:
         return [r for r in self._resumes if self._mine(r.run_id)]

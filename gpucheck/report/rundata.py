@@ -180,7 +180,7 @@ def load(run_dir: Path) -> RunData:
     log = RunLog.read(path)
     data = RunData(run_dir=run_dir, header=log.header, cases=log.diagnosed_cases(), end=log.end,
                    resumes=log.resumes, extras=log.extras, torn_lines=log.unreadable)
-    if not path.exists():
+    if not path.exists() and not log.not_regular:
         data.problems.append("no results.jsonl in the run folder: no case finished")
     if len(log.headers) > 1 and data.header is not None:
         data.problems.append(f"results.jsonl holds {len(log.headers)} runs; this report shows "
