@@ -82,6 +82,41 @@ def test_fake_impl_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
     assert splat._tiles(33, 17) == 3 * 2 and splat._tiles(1, 1) == 1
 
 
+class _Ctx:
+    """What the setup_context functions call on autograd's ctx, recorded."""
+
+    def __init__(self) -> None:
+        self.saved: tuple[torch.Tensor, ...] = ()
+        self.materialize: bool | None = None
+
+    def save_for_backward(self, *tensors: torch.Tensor) -> None:
+        self.saved = tensors
+
+    def set_materialize_grads(self, value: bool) -> None:
+        self.materialize = value
+
+
+def test_unused_outputs_get_no_zero_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both ops turn off autograd's zero-filling of the gradients the loss does not reach:
+    else every backward allocates zeros shaped like radii, rects, ranges and ids (54 MiB at
+    the peak of a 1M-Gaussian step) and like alpha and depth (which the render backward then
+    also reads)."""
+    monkeypatch.setattr(splat, "_overlaps", lambda: 11)
+    a = splat_scenes.to(splat_scenes.scene(7, 21, 13, 5, sh_degree=2), "meta")
+    inputs = (a["means"], a["scales"], a["rotations"], a["opacities"], a["sh"], a["viewmat"],
+              a["K"], a["background"], 21, 13, 2, None)
+    out = splat._fake_project(*inputs)
+    ctx = _Ctx()
+    splat._project_setup_context(ctx, inputs, out)
+    assert ctx.materialize is False and ctx.saved[-1] is out[4]  # radii: all it keeps of out
+    means2d, conics, rgb, depths, _, _, ranges, ids = out
+    render_inputs = (means2d, conics, a["opacities"], rgb, depths, a["background"], ranges,
+                     ids, 21, 13)
+    ctx = _Ctx()
+    splat._render_setup_context(ctx, render_inputs, splat._fake_render(*render_inputs))
+    assert ctx.materialize is False
+
+
 def test_reference_gradients_match_finite_differences() -> None:
     """The oracle's autograd against central differences (float64 gradcheck) on a small scene
     with SH degree 2, a background and every differentiable input."""

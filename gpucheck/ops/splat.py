@@ -127,6 +127,10 @@ def _project_setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any,
     means, scales, rotations, _, colors, viewmat, K, _, width, height, sh_degree, _ = inputs
     ctx.save_for_backward(means, scales, rotations, colors, viewmat, K, output[4])
     ctx.dims = (width, height, sh_degree)
+    # Gradients the loss does not reach come as None, not as zeros autograd would otherwise
+    # allocate for every output: here radii, rects, ranges and ids (integers, 4 B per
+    # Gaussian-tile overlap + 20 B per Gaussian: 54 MiB at 1M midtrain, at the step's peak).
+    ctx.set_materialize_grads(False)
 
 
 def _project_backward(ctx: Any, g_means2d: torch.Tensor | None, g_conics: torch.Tensor | None,
@@ -149,6 +153,8 @@ def _render_setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any, 
     _, alpha, depth, final_T, n_contrib = output
     ctx.save_for_backward(*tensors, alpha, depth, final_T, n_contrib)
     ctx.dims = (width, height)
+    # An unused alpha or depth gives None (no zero plane, and no work for it in the kernel).
+    ctx.set_materialize_grads(False)
 
 
 def _render_backward(ctx: Any, g_image: torch.Tensor | None, g_alpha: torch.Tensor | None,
