@@ -14,12 +14,16 @@ and the backward's, and the gradients' own bytes, which any renderer allocates);
 ``--profile N``: a per-kernel profile; ``--preflight``: the memory preflight's share of the
 forward time. ``--dtype float32 bfloat16 float16``: the Gaussian parameters (and their
 gradients) in each of these dtypes in turn, every scene and N timed in each, in one process
-(the camera, the image and the per-Gaussian screen-space values stay float32).
+(the camera, the image and the per-Gaussian screen-space values stay float32);
+``--interleave``: instead, the dtypes timed alternately call by call on the same scene (forward
+and training step medians, and the median of the per-round ratios to the first dtype), so that
+the machine's drift between calls falls on every dtype alike.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -146,6 +150,50 @@ def timing(n: int, repeats: int, device: torch.device, width: int = 1920,
             "visible": int(visible.numel()),
             "radius_p50": float(visible.median()) if visible.numel() else 0.0,
             "alpha_mean": float(out.alpha.mean())}
+
+
+def interleaved(n: int, repeats: int, device: torch.device, kind: str,
+                dtypes: list[torch.dtype]) -> list[dict[str, Any]]:
+    """Forward (no grad) and training-step (forward + ``image.backward``) times of the ``kind``
+    scene with its parameters in each of ``dtypes``, timed alternately: each round times one
+    forward of every dtype, then one step of every dtype. Medians per dtype, and the median
+    over rounds of each round's ratio to ``dtypes[0]``."""
+    base = splat_scenes.scene(n, 1920, 1080, 1234, device, **splat_scenes.BENCH_SCENES[kind])
+    grad = torch.rand(3, 1080, 1920, device=device)
+    setups = {}
+    for dtype in dtypes:
+        args = splat_scenes.to(base, device, dtype)
+        setups[dtype] = (args, {k: args[k].clone().requires_grad_() for k in DIFFERENTIABLE})
+
+    def forward(dtype: torch.dtype) -> None:
+        with torch.no_grad():
+            rasterize(**setups[dtype][0])
+
+    def step(dtype: torch.dtype) -> None:
+        args, leaves = setups[dtype]
+        for leaf in leaves.values():
+            leaf.grad = None
+        rasterize(**{**args, **leaves}).image.backward(grad)
+
+    for dtype in dtypes:
+        for _ in range(3):
+            forward(dtype)
+            step(dtype)
+    fwd: dict[torch.dtype, list[float]] = {d: [] for d in dtypes}
+    steps: dict[torch.dtype, list[float]] = {d: [] for d in dtypes}
+    for _ in range(repeats):
+        for dtype in dtypes:
+            fwd[dtype].append(_elapsed_ms(functools.partial(forward, dtype)))
+        for dtype in dtypes:
+            steps[dtype].append(_elapsed_ms(functools.partial(step, dtype)))
+    first = dtypes[0]
+    return [{"scene": kind, "n": n, "dtype": str(d).removeprefix("torch."),
+             "forward_ms": statistics.median(fwd[d]), "fwd_bwd_ms": statistics.median(steps[d]),
+             "forward_ratio": statistics.median(a / b for a, b in zip(fwd[d], fwd[first],
+                                                                      strict=True)),
+             "step_ratio": statistics.median(a / b for a, b in zip(steps[d], steps[first],
+                                                                   strict=True)),
+             "repeats": repeats} for d in dtypes]
 
 
 def accuracy(device: torch.device) -> list[dict[str, object]]:
@@ -333,9 +381,26 @@ def main() -> int:
     parser.add_argument("--dtype", nargs="+", default=["float32"],
                         choices=["float32", "bfloat16", "float16"],
                         help="the Gaussian parameters' dtypes to time, each in turn")
+    parser.add_argument("--interleave", action="store_true",
+                        help="time the dtypes alternately, call by call (ratios to the first)")
     args = parser.parse_args()
     dtypes = [getattr(torch, d) for d in args.dtype]
     device = torch.device("cuda", torch.cuda.current_device())
+    if args.interleave:
+        rows = [r for kind in args.scene for n in args.n
+                for r in interleaved(n, args.repeats, device, kind, dtypes)]
+        if args.json:
+            args.json.write_text(json.dumps({"device": torch.cuda.get_device_name(device),
+                                             "torch": torch.__version__, "interleaved": rows},
+                                            indent=1) + "\n")
+        print(f"{torch.cuda.get_device_name(device)}, dtypes timed alternately, "
+              f"{args.repeats} rounds")
+        print(f"{'scene':>8} {'N':>9} {'dtype':>8} {'fwd ms':>8} {'step ms':>8} "
+              f"{'fwd / ' + args.dtype[0]:>16} {'step / ' + args.dtype[0]:>17}")
+        for r in rows:
+            print(f"{r['scene']:>8} {r['n']:>9} {r['dtype']:>8} {r['forward_ms']:8.3f} "
+                  f"{r['fwd_bwd_ms']:8.3f} {r['forward_ratio']:16.3f} {r['step_ratio']:17.3f}")
+        return 0
     if args.memory:
         for kind in args.scene:
             print(memory_at_peak(args.memory, device, kind))
