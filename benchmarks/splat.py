@@ -12,12 +12,18 @@ few small random scenes, and whether the radii agree. Usage:
 [--json F]`` (scenes: ``splat_scenes.BENCH_SCENES``; peak memory also split into the forward's
 and the backward's, and the gradients' own bytes, which any renderer allocates);
 ``--profile N``: a per-kernel profile; ``--preflight``: the memory preflight's share of the
-forward time.
+forward time. ``--dtype float32 bfloat16 float16``: the Gaussian parameters (and their
+gradients) in each of these dtypes in turn, every scene and N timed in each, in one process
+(the camera, the image and the per-Gaussian screen-space values stay float32);
+``--interleave``: instead, the dtypes timed alternately call by call on the same scene (forward
+and training step medians, and the median of the per-round ratios to the first dtype), so that
+the machine's drift between calls falls on every dtype alike.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -111,20 +117,25 @@ def time_training(render: Render, params: dict[str, torch.Tensor], grad: torch.T
         forward()
         bwd.append(_elapsed_ms(backward))
     steps = [_elapsed_ms(step) for _ in range(repeats)]
+    finite = all(bool(torch.isfinite(leaf.grad).all()) for leaf in leaves.values()
+                 if leaf.grad is not None)
     state.clear()
     return {"forward_ms": statistics.median(fwd), "forward_min_ms": min(fwd),
             "backward_ms": statistics.median(bwd), "fwd_bwd_ms": statistics.median(steps),
             "peak_train_mib": peak / 2**20, "peak_forward_mib": peak_fwd / 2**20,
             "peak_backward_mib": peak_bwd / 2**20, "grads_mib": grad_bytes / 2**20,
+            "grads_finite": finite,
             "image_mib": grad.numel() * grad.element_size() / 2**20}
 
 
 def timing(n: int, repeats: int, device: torch.device, width: int = 1920,
-           height: int = 1080, kind: str = "bench") -> dict[str, Any]:
+           height: int = 1080, kind: str = "bench",
+           dtype: torch.dtype = torch.float32) -> dict[str, Any]:
     """Forward, backward and forward + backward medians, and peak memory of one training step
     (inputs that require grad, a loss on the image) on the ``kind`` scene
-    (``splat_scenes.BENCH_SCENES``)."""
+    (``splat_scenes.BENCH_SCENES``), its Gaussian parameters in ``dtype``."""
     args = splat_scenes.scene(n, width, height, 1234, device, **splat_scenes.BENCH_SCENES[kind])
+    args = splat_scenes.to(args, device, dtype)
 
     def render(p: dict[str, torch.Tensor]) -> torch.Tensor:
         return rasterize(**{**args, **p}).image
@@ -134,10 +145,55 @@ def timing(n: int, repeats: int, device: torch.device, width: int = 1920,
                           device)
     out = rasterize(**args)
     visible = out.radii[out.radii > 0].float()
-    return {"n": n, "scene": kind, **times, "n_intersections": out.n_intersections,
+    return {"n": n, "scene": kind, "dtype": str(dtype).removeprefix("torch."), **times,
+            "n_intersections": out.n_intersections,
             "visible": int(visible.numel()),
             "radius_p50": float(visible.median()) if visible.numel() else 0.0,
             "alpha_mean": float(out.alpha.mean())}
+
+
+def interleaved(n: int, repeats: int, device: torch.device, kind: str,
+                dtypes: list[torch.dtype]) -> list[dict[str, Any]]:
+    """Forward (no grad) and training-step (forward + ``image.backward``) times of the ``kind``
+    scene with its parameters in each of ``dtypes``, timed alternately: each round times one
+    forward of every dtype, then one step of every dtype. Medians per dtype, and the median
+    over rounds of each round's ratio to ``dtypes[0]``."""
+    base = splat_scenes.scene(n, 1920, 1080, 1234, device, **splat_scenes.BENCH_SCENES[kind])
+    grad = torch.rand(3, 1080, 1920, device=device)
+    setups = {}
+    for dtype in dtypes:
+        args = splat_scenes.to(base, device, dtype)
+        setups[dtype] = (args, {k: args[k].clone().requires_grad_() for k in DIFFERENTIABLE})
+
+    def forward(dtype: torch.dtype) -> None:
+        with torch.no_grad():
+            rasterize(**setups[dtype][0])
+
+    def step(dtype: torch.dtype) -> None:
+        args, leaves = setups[dtype]
+        for leaf in leaves.values():
+            leaf.grad = None
+        rasterize(**{**args, **leaves}).image.backward(grad)
+
+    for dtype in dtypes:
+        for _ in range(3):
+            forward(dtype)
+            step(dtype)
+    fwd: dict[torch.dtype, list[float]] = {d: [] for d in dtypes}
+    steps: dict[torch.dtype, list[float]] = {d: [] for d in dtypes}
+    for _ in range(repeats):
+        for dtype in dtypes:
+            fwd[dtype].append(_elapsed_ms(functools.partial(forward, dtype)))
+        for dtype in dtypes:
+            steps[dtype].append(_elapsed_ms(functools.partial(step, dtype)))
+    first = dtypes[0]
+    return [{"scene": kind, "n": n, "dtype": str(d).removeprefix("torch."),
+             "forward_ms": statistics.median(fwd[d]), "fwd_bwd_ms": statistics.median(steps[d]),
+             "forward_ratio": statistics.median(a / b for a, b in zip(fwd[d], fwd[first],
+                                                                      strict=True)),
+             "step_ratio": statistics.median(a / b for a, b in zip(steps[d], steps[first],
+                                                                   strict=True)),
+             "repeats": repeats} for d in dtypes]
 
 
 def accuracy(device: torch.device) -> list[dict[str, object]]:
@@ -183,13 +239,15 @@ def gradient_accuracy(device: torch.device, seeds: int = 3) -> dict[str, Any]:
     return {"worst": worst, "repeat_bitwise": bitwise, "repeat_max_rel_diff": spread}
 
 
-def profile(n: int, device: torch.device, steps: int = 10, kind: str = "bench") -> str:
+def profile(n: int, device: torch.device, steps: int = 10, kind: str = "bench",
+            dtype: torch.dtype = torch.float32) -> str:
     """Per-kernel device time of ``steps`` training steps at ``n`` Gaussians (torch.profiler),
     as a table: where the forward and the backward spend their time."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
     args = splat_scenes.scene(n, 1920, 1080, 1234, device, **splat_scenes.BENCH_SCENES[kind])
+    args = splat_scenes.to(args, device, dtype)
     leaves = {k: args[k].clone().requires_grad_() for k in DIFFERENTIABLE}
     grad_image = torch.rand(3, 1080, 1920, device=device)
     for _ in range(3):
@@ -320,16 +378,38 @@ def main() -> int:
                         help="the scenes to time (splat_scenes.BENCH_SCENES)")
     parser.add_argument("--no-accuracy", action="store_true",
                         help="timing only (no comparison with the float64 reference)")
+    parser.add_argument("--dtype", nargs="+", default=["float32"],
+                        choices=["float32", "bfloat16", "float16"],
+                        help="the Gaussian parameters' dtypes to time, each in turn")
+    parser.add_argument("--interleave", action="store_true",
+                        help="time the dtypes alternately, call by call (ratios to the first)")
     args = parser.parse_args()
+    dtypes = [getattr(torch, d) for d in args.dtype]
     device = torch.device("cuda", torch.cuda.current_device())
+    if args.interleave:
+        rows = [r for kind in args.scene for n in args.n
+                for r in interleaved(n, args.repeats, device, kind, dtypes)]
+        if args.json:
+            args.json.write_text(json.dumps({"device": torch.cuda.get_device_name(device),
+                                             "torch": torch.__version__, "interleaved": rows},
+                                            indent=1) + "\n")
+        print(f"{torch.cuda.get_device_name(device)}, dtypes timed alternately, "
+              f"{args.repeats} rounds")
+        print(f"{'scene':>8} {'N':>9} {'dtype':>8} {'fwd ms':>8} {'step ms':>8} "
+              f"{'fwd / ' + args.dtype[0]:>16} {'step / ' + args.dtype[0]:>17}")
+        for r in rows:
+            print(f"{r['scene']:>8} {r['n']:>9} {r['dtype']:>8} {r['forward_ms']:8.3f} "
+                  f"{r['fwd_bwd_ms']:8.3f} {r['forward_ratio']:16.3f} {r['step_ratio']:17.3f}")
+        return 0
     if args.memory:
         for kind in args.scene:
             print(memory_at_peak(args.memory, device, kind))
         return 0
     if args.profile:
         for kind in args.scene:
-            print(f"== scene {kind}, N={args.profile}")
-            print(profile(args.profile, device, kind=kind))
+            for dtype in dtypes:
+                print(f"== scene {kind}, N={args.profile}, {dtype}")
+                print(profile(args.profile, device, kind=kind, dtype=dtype))
         return 0
     if args.preflight:
         rows = [preflight(n, device) for n in args.n]
@@ -345,8 +425,8 @@ def main() -> int:
     result: dict[str, Any] = {
         "device": torch.cuda.get_device_name(device), "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "timing": [timing(n, args.repeats, device, kind=kind) for kind in args.scene
-                   for n in args.n]}
+        "timing": [timing(n, args.repeats, device, kind=kind, dtype=dtype)
+                   for kind in args.scene for n in args.n for dtype in dtypes]}
     if not args.no_accuracy:
         result["accuracy"] = accuracy(device)
         result["gradients"] = gradient_accuracy(device)
@@ -365,12 +445,13 @@ def main() -> int:
         print("forward vs float64 reference (worst of 4 scenes): "
               + ", ".join(f"{k} {v:.2e}" for k, v in worst.items())
               + f"; radii equal {all(r['radii_equal'] for r in result['accuracy'])}")
-    print(f"{'scene':>8} {'N':>9} {'fwd ms':>8} {'bwd ms':>8} {'f+b ms':>8} {'peak MiB':>9} "
-          f"{'fwd pk':>7} {'bwd pk':>7} {'grads':>6} {'overlaps':>10}")
+    print(f"{'scene':>8} {'N':>9} {'dtype':>8} {'fwd ms':>8} {'bwd ms':>8} {'f+b ms':>8} "
+          f"{'peak MiB':>9} {'fwd pk':>7} {'bwd pk':>7} {'grads':>6} {'overlaps':>10} finite")
     for t in result["timing"]:
-        print(f"{t['scene']:>8} {t['n']:>9} {t['forward_ms']:8.3f} {t['backward_ms']:8.3f} "
-              f"{t['fwd_bwd_ms']:8.3f} {t['peak_train_mib']:9.1f} {t['peak_forward_mib']:7.1f} "
-              f"{t['peak_backward_mib']:7.1f} {t['grads_mib']:6.1f} {t['n_intersections']:>10}")
+        print(f"{t['scene']:>8} {t['n']:>9} {t['dtype']:>8} {t['forward_ms']:8.3f} "
+              f"{t['backward_ms']:8.3f} {t['fwd_bwd_ms']:8.3f} {t['peak_train_mib']:9.1f} "
+              f"{t['peak_forward_mib']:7.1f} {t['peak_backward_mib']:7.1f} {t['grads_mib']:6.1f} "
+              f"{t['n_intersections']:>10} {t['grads_finite']}")
     return 0
 
 

@@ -13,9 +13,16 @@ For each seed (drawn from os.urandom, recorded), against the float64 reference o
   relative L2, largest element error over the largest gradient, share of elements over
   1e-3 of it.
 
+``--dtype bfloat16`` / ``float16``: the Gaussian parameters of the forward and gradient scenes
+in that dtype (rounded to nearest; the reference gets the same rounded values, so what is
+measured is the kernel's error, gradients rounded to the dtype included), no clean-splat
+scene (float32 only); each forward record also holds ``input_rounding``: how far the
+reference's image moves when its float32 scene is rounded to the dtype (what storing the
+parameters in 16 bits costs by itself, not a kernel error).
+
 Writes every record and a summary (max and 99th percentile per quantity) to ``--json``, and
 prints the summary last. ``--seconds`` bounds the run (seeds are taken until it is spent).
-Usage: ``python benchmarks/splat_tolerances.py [--seconds 120] [--json F]``.
+Usage: ``python benchmarks/splat_tolerances.py [--seconds 120] [--dtype float32] [--json F]``.
 """
 
 from __future__ import annotations
@@ -87,13 +94,17 @@ def clean_splat(device: torch.device, module: Any) -> dict[str, Any]:
     return {"seed": seed, **_beyond((got.cpu().double() - want).abs(), channels=True)}
 
 
-def forward(device: torch.device, name: str) -> dict[str, Any]:
+def forward(device: torch.device, name: str, dtype: torch.dtype) -> dict[str, Any]:
     n, w, h, kw = FORWARD_SCENES[name]
     seed = fresh_seed()
-    args = splat_scenes.scene(n, w, h, seed, device, **kw)
+    full = splat_scenes.scene(n, w, h, seed, device, **kw)
+    args = splat_scenes.to(full, device, dtype)
     got = rasterize(**args)
-    ref = reference(**splat_scenes.to(args, "cpu"))
+    ref = reference(**splat_scenes.to(args, "cpu"))  # the same values (exact in float32)
     out: dict[str, Any] = {"seed": seed, "scene": name}
+    if dtype != torch.float32:
+        unrounded = reference(**splat_scenes.to(full, "cpu")).image
+        out["input_rounding"] = {"image_max": float((unrounded - ref.image).abs().max())}
     out["image"] = _beyond((got.image.double().cpu() - ref.image).abs(), channels=True)
     out["alpha"] = _beyond((got.alpha.double().cpu() - ref.alpha).abs(), channels=False)
     out["depth_x_alpha"] = _beyond(
@@ -103,10 +114,10 @@ def forward(device: torch.device, name: str) -> dict[str, Any]:
     return out
 
 
-def gradient(device: torch.device, name: str) -> dict[str, Any]:
+def gradient(device: torch.device, name: str, dtype: torch.dtype) -> dict[str, Any]:
     n, w, h, kw = GRADIENT_SCENES[name]
     scene_seed, loss_seed = fresh_seed(), fresh_seed()
-    args = splat_scenes.scene(n, w, h, scene_seed, device, **kw)
+    args = splat_scenes.to(splat_scenes.scene(n, w, h, scene_seed, device, **kw), device, dtype)
     kernel, oracle = gradients(args, loss_seed, name == "outputs_64x48",
                                skip=decision_pixels(args), image_only=name.startswith("image"))
     return {"scene_seed": scene_seed, "loss_seed": loss_seed, "scene": name,
@@ -124,8 +135,9 @@ def _summary(values: list[float]) -> dict[str, float]:
 def summarize(records: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     cs = records["clean_splat"]
-    out["clean_splat"] = {k: _summary([float(r[k]) for r in cs])
-                          for k in ("max", "values_over", "pixels_over")}
+    if cs:
+        out["clean_splat"] = {k: _summary([float(r[k]) for r in cs])
+                              for k in ("max", "values_over", "pixels_over")}
     for name in FORWARD_SCENES:
         rows = [r for r in records["forward"] if r["scene"] == name]
         out[f"forward/{name}"] = {
@@ -133,6 +145,9 @@ def summarize(records: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             for what in ("image", "alpha", "depth_x_alpha")
             for k in ("max", "values_over", "pixels_over")}
         out[f"forward/{name}"]["radii_equal"] = all(r["radii_equal"] for r in rows)
+        if any("input_rounding" in r for r in rows):
+            out[f"forward/{name}"]["input_rounding.image_max"] = _summary(
+                [float(r["input_rounding"]["image_max"]) for r in rows])
     for name in GRADIENT_SCENES:
         rows = [r for r in records["gradients"] if r["scene"] == name]
         leaves = rows[0]["errors"].keys() if rows else []
@@ -146,7 +161,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=120.0)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                        help="the Gaussian parameters' dtype (the camera stays float32)")
     args = parser.parse_args()
+    dtype = getattr(torch, args.dtype)
     device = torch.device("cuda", torch.cuda.current_device())
     ops()  # loads the extension: torch.ops.gpucheck.splat_* for the clean-splat scene
     module = _clean_splat_module()
@@ -155,20 +173,20 @@ def main() -> int:
     start = time.perf_counter()
     rounds = 0
     while time.perf_counter() - start < args.seconds:
-        for _ in range(4):  # the case that flaked gets most seeds
+        for _ in range(4 if dtype == torch.float32 else 0):  # the case that flaked: most seeds
             records["clean_splat"].append(clean_splat(device, module))
         for name in FORWARD_SCENES:
-            records["forward"].append(forward(device, name))
+            records["forward"].append(forward(device, name, dtype))
         for name in GRADIENT_SCENES:
-            records["gradients"].append(gradient(device, name))
+            records["gradients"].append(gradient(device, name, dtype))
         rounds += 1
     result = {"device": torch.cuda.get_device_name(device), "torch": torch.__version__,
-              "cuda": torch.version.cuda, "rounds": rounds,
+              "cuda": torch.version.cuda, "dtype": args.dtype, "rounds": rounds,
               "seconds": time.perf_counter() - start, "summary": summarize(records),
               "records": records}
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"{result['device']}, torch {result['torch']}, {rounds} rounds in "
+    print(f"{result['device']}, torch {result['torch']}, {args.dtype}, {rounds} rounds in "
           f"{result['seconds']:.0f} s")
     for key, stats in result["summary"].items():
         print(f"== {key}")

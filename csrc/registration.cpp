@@ -31,12 +31,16 @@ GPUCHECK_TORCH_LIBRARY(m) {
   m.def("knn_mean_sq_dist(Tensor points, int k=3) -> Tensor");
   // --- splat (csrc/splat): the tile-based Gaussian rasterizer, in two differentiable ops ---
   // splat_project: per Gaussian projection, colour (colors: [N, 3] RGB with sh_degree -1, or
-  // SH [N, K, 3] with sh_degree 0..3), validation, memory preflight and tile binning.
+  // SH [N, K, 3] with sh_degree 0..3), validation, memory preflight and tile binning. The
+  // Gaussian parameters are float32, bfloat16 or float16 (one dtype), viewmat and K float32;
+  // every output float32 / int32. render_opacities / render_background: with 16-bit
+  // parameters their float32 copies, which splat_render takes; [0] for float32 parameters.
   m.def(
       "splat_project(Tensor means, Tensor scales, Tensor rotations, Tensor opacities, "
       "Tensor colors, Tensor viewmat, Tensor K, Tensor background, int width, int height, "
       "int sh_degree, int? max_bytes=None) -> (Tensor means2d, Tensor conics, Tensor rgb, "
-      "Tensor depths, Tensor radii, Tensor tiles, Tensor tile_ranges, Tensor ids)");
+      "Tensor depths, Tensor radii, Tensor tiles, Tensor tile_ranges, Tensor ids, "
+      "Tensor render_opacities, Tensor render_background)");
   // splat_render: per tile compositing of what splat_project returned.
   m.def(
       "splat_render(Tensor means2d, Tensor conics, Tensor opacities, Tensor rgb, "
@@ -56,6 +60,8 @@ GPUCHECK_TORCH_LIBRARY(m) {
   m.def(
       "splat_project_backward(Tensor means, Tensor scales, Tensor rotations, Tensor colors, "
       "Tensor viewmat, Tensor K, Tensor radii, Tensor grad_means2d, Tensor grad_conics, "
-      "Tensor grad_rgb, Tensor grad_depths, int width, int height, int sh_degree) -> "
-      "(Tensor grad_means, Tensor grad_scales, Tensor grad_rotations, Tensor grad_colors)");
+      "Tensor grad_rgb, Tensor grad_depths, Tensor grad_opacities, Tensor grad_background, "
+      "int width, int height, int sh_degree) -> (Tensor grad_means, Tensor grad_scales, "
+      "Tensor grad_rotations, Tensor grad_colors, Tensor grad_opacities, "
+      "Tensor grad_background)");
 }

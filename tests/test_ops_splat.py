@@ -64,9 +64,9 @@ def test_fake_impl_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
     out = splat._fake_project(a["means"], a["scales"], a["rotations"], a["opacities"], a["sh"],
                               a["viewmat"], a["K"], a["background"], 21, 13, 2, None)
     assert [tuple(o.shape) for o in out] == [(7, 2), (7, 3), (7, 3), (7,), (7,), (7, 4),
-                                             (2 * 1, 2), (11,)]
-    assert [o.dtype for o in out] == [torch.float32] * 4 + [torch.int32] * 4
-    means2d, conics, rgb, depths, radii, _, ranges, ids = out
+                                             (2 * 1, 2), (11,), (0,), (0,)]
+    assert [o.dtype for o in out] == [torch.float32] * 4 + [torch.int32] * 4 + [torch.float32] * 2
+    means2d, conics, rgb, depths, radii, _, ranges, ids, _, _ = out
     img = splat._fake_render(means2d, conics, a["opacities"], rgb, depths, a["background"],
                              ranges, ids, 21, 13)
     assert [tuple(o.shape) for o in img] == [(3, 13, 21)] + [(13, 21)] * 4
@@ -77,8 +77,9 @@ def test_fake_impl_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
     assert [tuple(g.shape) for g in grads] == [(7, 2), (7, 3), (7,), (7, 3), (7,)]
     grads = splat._fake_project_backward(a["means"], a["scales"], a["rotations"], a["sh"],
                                          a["viewmat"], a["K"], radii, means2d, conics, rgb,
-                                         depths, 21, 13, 2)
-    assert [tuple(g.shape) for g in grads] == [(7, 3), (7, 3), (7, 4), (7, 9, 3)]
+                                         depths, out[8], out[9], 21, 13, 2)
+    assert [tuple(g.shape) for g in grads] == [(7, 3), (7, 3), (7, 4), (7, 9, 3), (0,), (0,)]
+    assert [g.dtype for g in grads] == [torch.float32] * 6
     assert splat._tiles(33, 17) == 3 * 2 and splat._tiles(1, 1) == 1
 
 
@@ -109,12 +110,72 @@ def test_unused_outputs_get_no_zero_gradients(monkeypatch: pytest.MonkeyPatch) -
     ctx = _Ctx()
     splat._project_setup_context(ctx, inputs, out)
     assert ctx.materialize is False and ctx.saved[-1] is out[4]  # radii: all it keeps of out
-    means2d, conics, rgb, depths, _, _, ranges, ids = out
+    means2d, conics, rgb, depths, _, _, ranges, ids, _, _ = out
     render_inputs = (means2d, conics, a["opacities"], rgb, depths, a["background"], ranges,
                      ids, 21, 13)
     ctx = _Ctx()
     splat._render_setup_context(ctx, render_inputs, splat._fake_render(*render_inputs))
     assert ctx.materialize is False
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fake_impl_dtypes_of_half_parameters(monkeypatch: pytest.MonkeyPatch,
+                                             dtype: torch.dtype) -> None:
+    """16-bit parameters: every output of the projection float32 (int32), plus float32
+    copies of the opacities and the background for render; the projection backward's
+    gradients in the parameters' dtype, the opacities' and background's included."""
+    monkeypatch.setattr(splat, "_overlaps", lambda: 11)
+    a = splat_scenes.to(splat_scenes.scene(7, 21, 13, 5, sh_degree=3), "meta", dtype)
+    assert a["means"].dtype == dtype and a["viewmat"].dtype == torch.float32
+    out = splat._fake_project(a["means"], a["scales"], a["rotations"], a["opacities"], a["sh"],
+                              a["viewmat"], a["K"], a["background"], 21, 13, 3, None)
+    assert [tuple(o.shape) for o in out] == [(7, 2), (7, 3), (7, 3), (7,), (7,), (7, 4),
+                                             (2, 2), (11,), (7,), (3,)]
+    assert [o.dtype for o in out] == [torch.float32] * 4 + [torch.int32] * 4 + [torch.float32] * 2
+    grads = splat._fake_project_backward(a["means"], a["scales"], a["rotations"], a["sh"],
+                                         a["viewmat"], a["K"], out[4], *out[:4], out[8],
+                                         out[9], 21, 13, 3)
+    assert [tuple(g.shape) for g in grads] == [(7, 3), (7, 3), (7, 4), (7, 16, 3), (7,), (3,)]
+    assert [g.dtype for g in grads] == [dtype] * 6
+
+
+def _half(dtype: torch.dtype, **dtypes: torch.dtype) -> dict:
+    args = splat_scenes.to(_scene(), "cpu", dtype)
+    return {k: (v.to(dtypes[k]) if k in dtypes else v) for k, v in args.items()}
+
+
+@pytest.mark.parametrize(("args", "match"), [
+    (lambda: _scene(means=_scene()["means"].double()),
+     r"means must be float32, bfloat16 or float16 \(the Gaussian parameters' dtype\), got "
+     r"torch.float64"),
+    (lambda: _half(torch.bfloat16, rotations=torch.float32),
+     r"must share one dtype \(float32, bfloat16 or float16\): means is torch.bfloat16 but "
+     r"rotations is torch.float32$"),
+    (lambda: _half(torch.float16, opacities=torch.bfloat16, colors=torch.float32),
+     r"means is torch.float16 but opacities is torch.bfloat16, colors is torch.float32$"),
+    (lambda: _scene(background=_scene()["background"].half()),
+     r"means is torch.float32 but background is torch.float16$"),
+    (lambda: {**_half(torch.bfloat16), "colors": None,
+              "sh": torch.rand(4, 4, 3, dtype=torch.float16)},
+     r"means is torch.bfloat16 but sh is torch.float16$"),
+    (lambda: _half(torch.bfloat16, viewmat=torch.bfloat16),
+     r"viewmat must be float32 \(the camera stays float32 whatever the Gaussian parameters' "
+     r"dtype\), got torch.bfloat16"),
+    (lambda: _half(torch.float16, K=torch.float64),
+     r"K must be float32 \(the camera stays float32 .*got torch.float64"),
+])
+def test_dtype_errors_without_gpu(args, match) -> None:
+    """The dtype rules are checked before the CPU tensors are refused (a TypeError naming
+    the tensors and their dtypes)."""
+    with pytest.raises(TypeError, match=match):
+        splat.rasterize(**args())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_supported_dtypes_pass_the_python_checks(dtype: torch.dtype) -> None:
+    """One dtype for all parameters (the camera float32): only the device is left to refuse."""
+    with pytest.raises(ValueError, match=r"means must be a CUDA tensor, got one on cpu"):
+        splat.rasterize(**_half(dtype))
 
 
 def test_reference_gradients_match_finite_differences() -> None:

@@ -753,3 +753,38 @@ def test_full_size_scene_forward_and_backward(gen: torch.Generator) -> None:
     for t in inputs:
         assert t.grad is not None and bool(torch.isfinite(t.grad).all())
         assert float(t.grad.abs().sum()) > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_inputs_are_upcast(dtype: torch.dtype) -> None:
+    """The oracle takes 16-bit parameters as they are (the CUDA op's half-precision
+    suites feed it those): everything is computed in float64 on their exact values, and the
+    gradients come back in each leaf's dtype, the float64 ones rounded once."""
+    gen = torch.Generator().manual_seed(29)
+    n = 12
+    z = 2 + 3 * torch.rand(n, generator=gen, dtype=F64)
+    means = torch.stack([(torch.rand(n, generator=gen, dtype=F64) - 0.5) * z,
+                         (torch.rand(n, generator=gen, dtype=F64) - 0.5) * z, z], 1)
+    params = {"means": means, "scales": torch.exp(-2 - torch.rand(n, 3, generator=gen,
+                                                                  dtype=F64)),
+              "rotations": torch.randn(n, 4, generator=gen, dtype=F64),
+              "opacities": 0.2 + 0.7 * torch.rand(n, generator=gen, dtype=F64),
+              "sh": 0.3 * torch.randn(n, 4, 3, generator=gen, dtype=F64),
+              "background": torch.rand(3, generator=gen, dtype=F64)}
+    camera = {"viewmat": torch.eye(4, dtype=torch.float32),
+              "K": torch.tensor([[30.0, 0, 16], [0, 30.0, 12], [0, 0, 1]]),
+              "width": 32, "height": 24}
+    half = {k: v.to(dtype).requires_grad_() for k, v in params.items()}
+    exact = {k: v.detach().double().requires_grad_() for k, v in half.items()}
+    weights = torch.randn(3, 24, 32, generator=gen, dtype=F64)
+    got, want = rasterize(**half, **camera), rasterize(**exact, **camera)
+    assert got.image.dtype == F64 and int(got.radii.gt(0).sum()) >= 6
+    for name in ("image", "alpha", "depth", "means2d", "conics", "colors"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    (got.image * weights).sum().backward()
+    (want.image * weights).sum().backward()
+    for name, leaf in half.items():
+        assert leaf.grad is not None and leaf.grad.dtype == dtype, name
+        g64 = exact[name].grad
+        assert g64 is not None and bool(g64.abs().sum() > 0), name
+        assert torch.equal(leaf.grad, g64.to(dtype)), name

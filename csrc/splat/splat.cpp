@@ -1,6 +1,10 @@
 // Entry points of the Gaussian-splatting rasterizer's ops (schemas in registration.cpp):
 //   splat_project           per Gaussian projection + validation + the binning-memory preflight
-//                           (failure 3 of docs/failures.md) + tile binning (sort, ranges)
+//                           (failure 3 of docs/failures.md) + tile binning (sort, ranges); its
+//                           Gaussian parameters float32, bfloat16 or float16 (all one dtype),
+//                           everything it returns float32 / int32
+//   (render and its backward: float32 only; with 16-bit parameters they take the float32
+//   opacities and background that splat_project returns)
 //   splat_render            per tile compositing
 //   splat_render_backward   its gradient (splat_project_backward: splat_project_backward.cpp)
 // Each: device guard, input checks, buffers from the caching allocator, launches on the
@@ -47,12 +51,13 @@ constexpr double kSuspectShare = 0.1;
 // splat_project's inputs (splat_checks.h for the rest).
 void check_input(const at::Tensor& ref, const at::Tensor& t, const char* name,
                  std::initializer_list<int64_t> shape, const char* op = kOp,
-                 at::ScalarType dtype = at::kFloat, const char* ref_name = "means") {
-  check_tensor(ref, t, name, shape, op, dtype, ref_name);
+                 at::ScalarType dtype = at::kFloat, const char* ref_name = "means",
+                 const std::string& why = "") {
+  check_tensor(ref, t, name, shape, op, dtype, ref_name, why);
 }
 
-std::string values_of(const at::Tensor& t) {
-  const at::Tensor host = t.detach().to(at::kCPU).contiguous().view(-1);
+std::string values_of(const at::Tensor& t) {  // any floating dtype, printed as float32
+  const at::Tensor host = t.detach().to(at::kCPU).to(at::kFloat).contiguous().view(-1);
   const float* v = host.const_data_ptr<float>();
   std::ostringstream out;
   out << "[";
@@ -196,16 +201,17 @@ const int32_t* bin(const at::TensorOptions& binning, const at::Tensor& counts,
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
-           at::Tensor>
+           at::Tensor, at::Tensor, at::Tensor>
 splat_project_cuda(
-    const at::Tensor& means,       // [N, 3] float32, world space
-    const at::Tensor& scales,      // [N, 3] float32, > 0 (activated)
-    const at::Tensor& rotations,   // [N, 4] float32, wxyz, unnormalized
-    const at::Tensor& opacities,   // [N] float32, in [0, 1] (activated)
+    // the Gaussian parameters: all float32, all bfloat16 or all float16
+    const at::Tensor& means,       // [N, 3] world space
+    const at::Tensor& scales,      // [N, 3] > 0 (activated)
+    const at::Tensor& rotations,   // [N, 4] wxyz, unnormalized
+    const at::Tensor& opacities,   // [N] in [0, 1] (activated)
     const at::Tensor& colors,      // [N, 3] RGB (sh_degree -1) or SH [N, K, 3]
     const at::Tensor& viewmat,     // [4, 4] float32, world -> camera
     const at::Tensor& K,           // [3, 3] float32, pinhole intrinsics
-    const at::Tensor& background,  // [3] float32
+    const at::Tensor& background,  // [3], the parameters' dtype
     int64_t width, int64_t height, int64_t sh_degree, std::optional<int64_t> max_bytes) {
   // The guard needs a CUDA device, so this one check comes first.
   check_cuda(means, kOp, "means");
@@ -215,22 +221,26 @@ splat_project_cuda(
   const at::Device caller(at::kCUDA, c10::cuda::current_device());
 #endif
   GPUCHECK_DEVICE_GUARD(means);
-  check_input(means, means, "means", {-1, 3});
+  const Scalar scalar = parameter_scalar(means, kOp);
+  const at::ScalarType dt = means.scalar_type();
+  const bool half = scalar != Scalar::kFloat32;
+  const std::string like = same_dtype_as_means(means);
+  check_input(means, means, "means", {-1, 3}, kOp, dt);
   const int64_t n64 = means.size(0);
-  check_input(means, scales, "scales", {n64, 3});
-  check_input(means, rotations, "rotations", {n64, 4});
-  check_input(means, opacities, "opacities", {n64});
-  check_input(means, viewmat, "viewmat", {4, 4});
-  check_input(means, K, "K", {3, 3});
-  check_input(means, background, "background", {3});
+  check_input(means, scales, "scales", {n64, 3}, kOp, dt, "means", like);
+  check_input(means, rotations, "rotations", {n64, 4}, kOp, dt, "means", like);
+  check_input(means, opacities, "opacities", {n64}, kOp, dt, "means", like);
+  check_input(means, viewmat, "viewmat", {4, 4}, kOp, at::kFloat, "means", kCameraDtype);
+  check_input(means, K, "K", {3, 3}, kOp, at::kFloat, "means", kCameraDtype);
+  check_input(means, background, "background", {3}, kOp, dt, "means", like);
   TORCH_CHECK_VALUE(sh_degree >= -1 && sh_degree <= kMaxShDegree, kOp,
                     ": sh_degree must be -1 (colors are RGB) or in 0..", kMaxShDegree, ", got ",
                     sh_degree);
   int64_t sh_coeffs = 0;
   if (sh_degree < 0) {
-    check_input(means, colors, "colors", {n64, 3});
+    check_input(means, colors, "colors", {n64, 3}, kOp, dt, "means", like);
   } else {
-    check_input(means, colors, "sh", {n64, -1, 3});
+    check_input(means, colors, "sh", {n64, -1, 3}, kOp, dt, "means", like);
     sh_coeffs = colors.size(1);
     TORCH_CHECK_VALUE(sh_coeffs >= (sh_degree + 1) * (sh_degree + 1), kOp, ": sh_degree ",
                       sh_degree, " needs ", (sh_degree + 1) * (sh_degree + 1),
@@ -246,7 +256,8 @@ splat_project_cuda(
                     n64);
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const auto options = means.options();
+  // every output is float32 or int32, whatever the parameters' dtype
+  const auto options = means.options().dtype(at::kFloat);
   const int tiles_x = static_cast<int>((width + kTileSize - 1) / kTileSize);
   const int tiles_y = static_cast<int>((height + kTileSize - 1) / kTileSize);
   const int64_t tiles = int64_t{tiles_x} * tiles_y;
@@ -257,9 +268,14 @@ splat_project_cuda(
   at::Tensor radii = at::empty({n64}, options.dtype(at::kInt));
   at::Tensor rects = at::empty({n64, 4}, options.dtype(at::kInt));
   at::Tensor ranges = at::zeros({tiles, 2}, options.dtype(at::kInt));
+  // 16-bit parameters: float32 copies of the opacities and the background for render (float32
+  // only), written by preprocess; [0] for float32 parameters (render takes those themselves)
+  at::Tensor render_opacities = at::empty({half ? n64 : 0}, options);
+  at::Tensor render_background = at::empty({half ? 3 : 0}, options);
   if (n64 == 0) {
+    if (half) render_background = background.to(at::kFloat);
     return {means2d, conics, rgb, depths, radii, rects, ranges,
-            at::empty({0}, options.dtype(at::kInt))};
+            at::empty({0}, options.dtype(at::kInt)), render_opacities, render_background};
   }
   const int n = static_cast<int>(n64);
 
@@ -272,14 +288,15 @@ splat_project_cuda(
   auto* bad = reinterpret_cast<int32_t*>(offsets + n64);
   C10_CUDA_CHECK(cudaMemsetAsync(bad, 0x7F, 3 * sizeof(int64_t), stream));
   PreprocessArgs args{};
-  args.means = means.const_data_ptr<float>();
-  args.scales = scales.const_data_ptr<float>();
-  args.rotations = rotations.const_data_ptr<float>();
-  args.opacities = opacities.const_data_ptr<float>();
-  args.colors = colors.const_data_ptr<float>();
+  args.scalar = scalar;
+  args.means = means.const_data_ptr();
+  args.scales = scales.const_data_ptr();
+  args.rotations = rotations.const_data_ptr();
+  args.opacities = opacities.const_data_ptr();
+  args.colors = colors.const_data_ptr();
   args.viewmat = viewmat.const_data_ptr<float>();
   args.intrinsics = K.const_data_ptr<float>();
-  args.background = background.const_data_ptr<float>();
+  args.background = background.const_data_ptr();
   args.n = n;
   args.sh_degree = static_cast<int>(sh_degree);
   args.sh_coeffs = static_cast<int>(sh_coeffs);
@@ -295,6 +312,8 @@ splat_project_cuda(
   args.rgb = rgb.data_ptr<float>();
   args.depths = depths.data_ptr<float>();
   args.bad = bad;
+  args.opacities_f32 = half ? render_opacities.data_ptr<float>() : nullptr;
+  args.background_f32 = half ? render_background.data_ptr<float>() : nullptr;
   launch_preprocess(args, stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
@@ -373,7 +392,7 @@ splat_project_cuda(
   // The sorted Gaussian ids are returned for render and its backward.
   if (items == 0) {
     return {means2d, conics, rgb, depths, radii, rects, ranges,
-            at::empty({0}, options.dtype(at::kInt))};
+            at::empty({0}, options.dtype(at::kInt)), render_opacities, render_background};
   }
 #ifdef GPUCHECK_DEFECT_BUFFERS_CURRENT_DEVICE
   const auto binning = options.device(caller);
@@ -389,7 +408,8 @@ splat_project_cuda(
       : bin<uint32_t>(binning, counts, order, offsets, args.rects, n, tiles_x, total, end_bit,
                       sort_bytes, values, values_alt, ranges, stream);
   return {means2d, conics, rgb, depths, radii, rects, ranges,
-          sorted == values.const_data_ptr<int32_t>() ? values : values_alt};
+          sorted == values.const_data_ptr<int32_t>() ? values : values_alt, render_opacities,
+          render_background};
 }
 
 namespace {

@@ -53,15 +53,22 @@ enum BadInput : int {
 };
 constexpr int32_t kNone = 0x7F7F7F7F;  // what cudaMemset(0x7F) writes; larger than any row
 
+// The dtype of the Gaussian parameters (means, scales, rotations, opacities, colours / SH,
+// background), all one of these; the kernels read them as such and compute in float32 /
+// float64. The camera (viewmat, K) and everything per Gaussian in screen space (means2d,
+// conics, rgb, depths) and per pixel are float32 whatever the parameters' dtype.
+enum class Scalar : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+
 struct PreprocessArgs {
-  const float* means;       // [n, 3]
-  const float* scales;      // [n, 3]
-  const float* rotations;   // [n, 4] wxyz, unnormalized
-  const float* opacities;   // [n]
-  const float* colors;      // [n, 3] (sh_degree < 0) or SH [n, sh_coeffs, 3]
+  Scalar scalar;            // the element type behind the parameter pointers below
+  const void* means;        // [n, 3]
+  const void* scales;       // [n, 3]
+  const void* rotations;    // [n, 4] wxyz, unnormalized
+  const void* opacities;    // [n]
+  const void* colors;       // [n, 3] (sh_degree < 0) or SH [n, sh_coeffs, 3]
   const float* viewmat;     // [4, 4] world -> camera, row-major
   const float* intrinsics;  // [3, 3]
-  const float* background;  // [3]
+  const void* background;   // [3]
   int n;
   int sh_degree;            // -1: colors are RGB
   int sh_coeffs;            // coefficients per channel stored in `colors` (SH only)
@@ -78,6 +85,11 @@ struct PreprocessArgs {
   float* rgb;               // [n, 3] colour (SH evaluated, or as given)
   float* depths;            // camera depth z
   int32_t* bad;             // [kBadCount] first invalid row per BadInput (atomicMin)
+  // bfloat16 / float16 parameters only (nullptr for float32, where render reads the
+  // parameters themselves): float32 copies of the opacities [n] and the background [3] for
+  // render, written while they are read anyway
+  float* opacities_f32;
+  float* background_f32;
 };
 
 // Per Gaussian: validation, projection, radius, tile rectangle, colour (in float64).
@@ -172,12 +184,14 @@ struct RenderGrads {
 void launch_render_backward(const SplatInputs& in, const RenderGrads& g, cudaStream_t stream);
 
 // Backward of project (per Gaussian; float32, decisions in float64): from d loss / d (means2d,
-// conics, rgb, depths) to d loss / d (means, scales, rotations, colours or SH).
+// conics, rgb, depths) to d loss / d (means, scales, rotations, colours or SH), written in the
+// parameters' dtype (computed in float32, rounded once at the store).
 struct ProjectGrads {
-  const float* means;       // [n, 3]
-  const float* scales;      // [n, 3]
-  const float* rotations;   // [n, 4]
-  const float* colors;      // [n, 3] or SH [n, sh_coeffs, 3]
+  Scalar scalar;            // the element type of the parameters and their gradients
+  const void* means;        // [n, 3]
+  const void* scales;       // [n, 3]
+  const void* rotations;    // [n, 4]
+  const void* colors;       // [n, 3] or SH [n, sh_coeffs, 3]
   const float* viewmat;     // [4, 4]
   const float* intrinsics;  // [3, 3]
   const int32_t* radii;     // [n]
@@ -190,10 +204,17 @@ struct ProjectGrads {
   int sh_coeffs;
   int width;
   int height;
-  float* g_means;           // [n, 3] outputs
-  float* g_scales;          // [n, 3]
-  float* g_rotations;       // [n, 4]
-  float* g_colors;          // like colors (every element written)
+  void* g_means;            // [n, 3] outputs
+  void* g_scales;           // [n, 3]
+  void* g_rotations;        // [n, 4]
+  void* g_colors;           // like colors (every element written)
+  // bfloat16 / float16 only (else nullptr): the float32 gradients of render's float32 copies
+  // of the opacities [n] and the background [3] (render backward's, summed with atomics),
+  // rounded into the parameters' dtype
+  const float* g_opacities_f32;
+  const float* g_background_f32;
+  void* g_opacities;        // [n]
+  void* g_background;       // [3]
 };
 void launch_project_backward(const ProjectGrads& g, cudaStream_t stream);
 

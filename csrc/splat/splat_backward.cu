@@ -29,7 +29,11 @@
 //    the SH rows of its 32 Gaussians through shared memory, so that SH coefficients are read
 //    and their gradients written as coalesced chunks (not 48 accesses of stride 192 bytes a
 //    thread). float64 throughout took 164 registers (12.5 % occupancy) and 0.83 ms at 1M
-//    Gaussians on an H200; this is 83 registers and 0.44 ms.
+//    Gaussians on an H200; this is 83 registers and 0.44 ms. With bfloat16 / float16
+//    parameters (a template on the type) it reads them as such, computes the same float32
+//    gradients and rounds each once, at its store, into the parameters' dtype; the opacity
+//    and background gradients (summed in float32 by render backward's atomics, for render's
+//    float32 copies) are rounded here too.
 //
 // Determinism: the float atomicAdds of step 1 make the order of the per-Gaussian sums depend
 // on the scheduling of blocks, so gradients are reproducible to rounding, not bitwise.
@@ -261,6 +265,7 @@ __device__ __forceinline__ void sh_basis_backward(int degree, float x, float y, 
 // non-negative terms, (a' + l)(c' + l) - b'^2 = |A0 x A1|^2 + l (a' + c') + l^2 (Lagrange's
 // identity, A = T R S, a' = |A0|^2, ...), so that it keeps float32's relative precision where
 // ca cc - cb^2 would cancel (thin Gaussians).
+template <typename P>
 __device__ __forceinline__ void covariance_backward(const ProjectGrads& a, int64_t i,
                                                     const CameraPoint& cam, const EwaClamp& cl,
                                                     float& g_zs, float& g_u, float& g_v,
@@ -276,10 +281,10 @@ __device__ __forceinline__ void covariance_backward(const ProjectGrads& a, int64
     T[0][k] = jx * V[k] + jxz * V[8 + k];
     T[1][k] = jy * V[4 + k] + jyz * V[8 + k];
   }
-  const float* qp = a.rotations + 4 * i;
-  const float* sp = a.scales + 3 * i;
-  const float s[3] = {sp[0], sp[1], sp[2]};
-  const float q_raw[4] = {qp[0], qp[1], qp[2], qp[3]};
+  const P* qp = static_cast<const P*>(a.rotations) + 4 * i;  // P: the parameters' type
+  const P* sp = static_cast<const P*>(a.scales) + 3 * i;
+  const float s[3] = {to_float(sp[0]), to_float(sp[1]), to_float(sp[2])};
+  const float q_raw[4] = {to_float(qp[0]), to_float(qp[1]), to_float(qp[2]), to_float(qp[3])};
   const float qn = fmaxf(sqrtf(q_raw[0] * q_raw[0] + q_raw[1] * q_raw[1] +
                                q_raw[2] * q_raw[2] + q_raw[3] * q_raw[3]), 1e-12f);
   float q[4];
@@ -360,13 +365,62 @@ __device__ __forceinline__ void covariance_backward(const ProjectGrads& a, int64
   if (cl.v_free) g_v -= jy * gJ[1][2];
 }
 
+// The SH part of one Gaussian's project backward: from the colour gradient grgb to the SH
+// coefficients' gradient (into gcp, every value of the row written) and to the mean (added
+// to g_m). cp / gcp: the row in shared memory (float) or in global memory (the parameters'
+// type); cp may alias gcp.
+template <typename P, typename G>
+__device__ __forceinline__ void sh_backward(const ProjectGrads& a, const double dir_d[3],
+                                            float dn, const P* cp, G* gcp, const float* grgb,
+                                            float g_m[3]) {
+  // the forward's colour sums in float64 (the same clamp decision), the rest in float32
+  double s[3];
+  sh_sums(a.sh_degree, dir_d, cp, s);
+  const float dir[3] = {static_cast<float>(dir_d[0]), static_cast<float>(dir_d[1]),
+                        static_cast<float>(dir_d[2])};
+  float basis[16] = {};
+  const int count = sh_basis(a.sh_degree, dir[0], dir[1], dir[2], basis);
+  float g_s[3];
+  for (int ch = 0; ch < 3; ++ch) g_s[ch] = s[ch] + 0.5 >= 0.0 ? grgb[ch] : 0.0f;  // clamp_min
+  float g_basis[16];
+#pragma unroll
+  for (int k = 0; k < 16; ++k) {
+    g_basis[k] = 0.0f;
+    if (k < count) {
+      g_basis[k] = to_float(cp[3 * k]) * g_s[0] + to_float(cp[3 * k + 1]) * g_s[1] +
+                   to_float(cp[3 * k + 2]) * g_s[2];
+    }
+  }
+  // cp may alias gcp (the staged row): every read of cp is above
+#pragma unroll
+  for (int k = 0; k < 16; ++k) {
+    if (k < a.sh_coeffs) {
+#pragma unroll
+      for (int ch = 0; ch < 3; ++ch) {
+        gcp[3 * k + ch] = from_float<G>(k < count ? basis[k] * g_s[ch] : 0.0f);
+      }
+    }
+  }
+  for (int k = 16; k < a.sh_coeffs; ++k) {  // coefficients beyond degree 3: no gradient
+    for (int ch = 0; ch < 3; ++ch) gcp[3 * k + ch] = from_float<G>(0.0f);
+  }
+  float g_dir[3] = {0.0f, 0.0f, 0.0f};
+  sh_basis_backward(a.sh_degree, dir[0], dir[1], dir[2], g_basis, g_dir);
+  const float proj = dir[0] * g_dir[0] + dir[1] * g_dir[1] + dir[2] * g_dir[2];
+  for (int c = 0; c < 3; ++c) g_m[c] += (g_dir[c] - dir[c] * proj) / dn;
+}
+
 // One Gaussian of project_backward_kernel; sh_row: its SH coefficients staged in shared
 // memory, where its SH gradient is written back (nullptr: RGB colours, or more coefficients
-// than are staged: global memory).
+// than are staged: global memory). T: the parameters' (and their gradients') element type;
+// the gradients are computed in float32 and rounded once, at the store.
+template <typename T>
 __device__ __forceinline__ void project_backward_one(const ProjectGrads& a, int i,
                                                      float* sh_row) {
   const int64_t i64 = i;
-  const CameraPoint cam = world_to_camera(a.viewmat, a.intrinsics, a.means + 3 * i64);
+  const T* mp = static_cast<const T*>(a.means) + 3 * i64;
+  const float mean[3] = {to_float(mp[0]), to_float(mp[1]), to_float(mp[2])};
+  const CameraPoint cam = world_to_camera(a.viewmat, a.intrinsics, mean);
   const float* V = a.viewmat;
   const float zs = static_cast<float>(cam.zs);
   const bool visible = a.radii[i] > 0;  // the conic exists (and carries a gradient)
@@ -380,9 +434,14 @@ __device__ __forceinline__ void project_backward_one(const ProjectGrads& a, int 
   float g_zs = 0.0f;
   float g_scale[3] = {0.0f, 0.0f, 0.0f};
   float g_quat[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  if (visible) covariance_backward(a, i64, cam, cl, g_zs, g_u, g_v, g_scale, g_quat);
-  for (int c = 0; c < 3; ++c) a.g_scales[3 * i64 + c] = g_scale[c];
-  for (int k = 0; k < 4; ++k) a.g_rotations[4 * i64 + k] = g_quat[k];
+  if (visible) covariance_backward<T>(a, i64, cam, cl, g_zs, g_u, g_v, g_scale, g_quat);
+  T* g_scales = static_cast<T*>(a.g_scales) + 3 * i64;
+  T* g_rotations = static_cast<T*>(a.g_rotations) + 4 * i64;
+  for (int c = 0; c < 3; ++c) g_scales[c] = from_float<T>(g_scale[c]);
+  for (int k = 0; k < 4; ++k) g_rotations[k] = from_float<T>(g_quat[k]);
+  if (a.g_opacities_f32 != nullptr) {  // 16-bit parameters: render's float32 copy's gradient
+    static_cast<T*>(a.g_opacities)[i] = from_float<T>(a.g_opacities_f32[i]);
+  }
 
   // u = p0 / zs, v = p1 / zs, depth = z
   float g_p[3];
@@ -396,50 +455,24 @@ __device__ __forceinline__ void project_backward_one(const ProjectGrads& a, int 
   // colour
   const float* grgb = a.g_rgb + 3 * i64;
   if (a.sh_degree < 0) {
-    for (int ch = 0; ch < 3; ++ch) a.g_colors[3 * i64 + ch] = grgb[ch];
+    T* g_colors = static_cast<T*>(a.g_colors) + 3 * i64;
+    for (int ch = 0; ch < 3; ++ch) g_colors[ch] = from_float<T>(grgb[ch]);
+  } else if (sh_row != nullptr) {
+    sh_backward(a, dir_d, dn, sh_row, sh_row, grgb, g_m);
   } else {
     const int64_t values = 3 * static_cast<int64_t>(a.sh_coeffs);
-    const float* cp = sh_row != nullptr ? sh_row : a.colors + values * i64;
-    float* gcp = sh_row != nullptr ? sh_row : a.g_colors + values * i64;
-    // the forward's colour sums in float64 (the same clamp decision), the rest in float32
-    double s[3];
-    sh_sums(a.sh_degree, dir_d, cp, s);
-    const float dir[3] = {static_cast<float>(dir_d[0]), static_cast<float>(dir_d[1]),
-                          static_cast<float>(dir_d[2])};
-    float basis[16] = {};
-    const int count = sh_basis(a.sh_degree, dir[0], dir[1], dir[2], basis);
-    float g_s[3];
-    for (int ch = 0; ch < 3; ++ch) g_s[ch] = s[ch] + 0.5 >= 0.0 ? grgb[ch] : 0.0f;  // clamp_min
-    float g_basis[16];
-#pragma unroll
-    for (int k = 0; k < 16; ++k) {
-      g_basis[k] = 0.0f;
-      if (k < count) {
-        g_basis[k] = cp[3 * k] * g_s[0] + cp[3 * k + 1] * g_s[1] + cp[3 * k + 2] * g_s[2];
-      }
-    }
-    // cp may alias gcp (the staged row): every read of cp is above
-#pragma unroll
-    for (int k = 0; k < 16; ++k) {
-      if (k < a.sh_coeffs) {
-#pragma unroll
-        for (int ch = 0; ch < 3; ++ch) gcp[3 * k + ch] = k < count ? basis[k] * g_s[ch] : 0.0f;
-      }
-    }
-    for (int k = 16; k < a.sh_coeffs; ++k) {  // coefficients beyond degree 3: no gradient
-      for (int ch = 0; ch < 3; ++ch) gcp[3 * k + ch] = 0.0f;
-    }
-    float g_dir[3] = {0.0f, 0.0f, 0.0f};
-    sh_basis_backward(a.sh_degree, dir[0], dir[1], dir[2], g_basis, g_dir);
-    const float proj = dir[0] * g_dir[0] + dir[1] * g_dir[1] + dir[2] * g_dir[2];
-    for (int c = 0; c < 3; ++c) g_m[c] += (g_dir[c] - dir[c] * proj) / dn;
+    sh_backward(a, dir_d, dn, static_cast<const T*>(a.colors) + values * i64,
+                static_cast<T*>(a.g_colors) + values * i64, grgb, g_m);
   }
 
-  for (int c = 0; c < 3; ++c) a.g_means[3 * i64 + c] = g_m[c];
+  T* g_means = static_cast<T*>(a.g_means) + 3 * i64;
+  for (int c = 0; c < 3; ++c) g_means[c] = from_float<T>(g_m[c]);
 }
 
 // One thread per Gaussian, float32 but for the decisions; each warp stages the SH rows of its
 // 32 Gaussians in shared memory (coalesced), and writes their gradients back the same way.
+// T: the parameters' element type.
+template <typename T>
 __global__ void __launch_bounds__(kProjectThreads) project_backward_kernel(const ProjectGrads a) {
   __shared__ float s_sh[kProjectThreads * kShRowStride];
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -449,15 +482,24 @@ __global__ void __launch_bounds__(kProjectThreads) project_backward_kernel(const
   const bool staged = a.sh_degree >= 0 && a.sh_coeffs <= kShStagedCoeffs;
   float* warp_rows = s_sh + (threadIdx.x - lane) * kShRowStride;
   const int len = 3 * a.sh_coeffs;
-  if (staged && rows > 0) warp_copy_rows<true>(a.colors, warp_rows, warp_first, rows, len, lane);
+  if (staged && rows > 0) {
+    warp_copy_rows<true>(static_cast<const T*>(a.colors), warp_rows, warp_first, rows, len,
+                         lane);
+  }
   __syncwarp();
-  if (i < a.n) project_backward_one(a, i, staged ? s_sh + threadIdx.x * kShRowStride : nullptr);
+  if (i == 0 && a.g_background_f32 != nullptr) {  // 16-bit parameters: the background's
+    for (int k = 0; k < 3; ++k) {
+      static_cast<T*>(a.g_background)[k] = from_float<T>(a.g_background_f32[k]);
+    }
+  }
+  if (i < a.n) {
+    project_backward_one<T>(a, i, staged ? s_sh + threadIdx.x * kShRowStride : nullptr);
+  }
   __syncwarp();
   if (staged && rows > 0) {
-    warp_copy_rows<false>(warp_rows, a.g_colors, warp_first, rows, len, lane);
+    warp_copy_rows<false>(static_cast<T*>(a.g_colors), warp_rows, warp_first, rows, len, lane);
   }
 }
-
 
 }  // namespace
 
@@ -469,7 +511,17 @@ void launch_render_backward(const SplatInputs& in, const RenderGrads& g, cudaStr
 void launch_project_backward(const ProjectGrads& g, cudaStream_t stream) {
   const int grid = static_cast<int>((static_cast<int64_t>(g.n) + kProjectThreads - 1) /
                                     kProjectThreads);
-  project_backward_kernel<<<grid, kProjectThreads, 0, stream>>>(g);
+  switch (g.scalar) {
+    case Scalar::kBFloat16:
+      project_backward_kernel<__nv_bfloat16><<<grid, kProjectThreads, 0, stream>>>(g);
+      break;
+    case Scalar::kFloat16:
+      project_backward_kernel<__half><<<grid, kProjectThreads, 0, stream>>>(g);
+      break;
+    default:
+      project_backward_kernel<float><<<grid, kProjectThreads, 0, stream>>>(g);
+      break;
+  }
 }
 
 }  // namespace gpucheck::splat

@@ -6,11 +6,15 @@
 //     covariance (EWA with the 0.3 px low-pass), the 3-sigma radius and the 16x16 tile
 //     rectangle (the radius's square intersected with the opacity-aware box where alpha can
 //     still reach 1/255: tile_box), and evaluates its colour (SH degree 0-3 or RGB). All of
-//     this in float64 from the float32 inputs, like the float64 reference, so that radii and
-//     tile rectangles agree with it exactly (but for values within rounding of an integer);
-//     the compositing data are stored as float32. Each input is read once (the colour row as
-//     float4s where it can be: colour_row) and each output written once; 120 registers,
-//     no spills (capping them at 80 for a third block per SM spills and was not kept).
+//     this in float64 from the inputs, like the float64 reference, so that radii and tile
+//     rectangles agree with it exactly (but for values within rounding of an integer); the
+//     compositing data are stored as float32. The Gaussian parameters are float32, bfloat16
+//     or float16 (a template on the type: read as such and converted exactly, no copy
+//     kernel); the same values give the same bits whatever their storage type. With 16-bit
+//     parameters it also writes float32 copies of the opacities and the background, which
+//     render (float32 only) reads. Each input is read once (the colour row 4 values at a time
+//     where it can be: colour_row) and each output written once; 120 registers, no spills
+//     (capping them at 80 for a third block per SM spills and was not kept).
 //  2. depth order: cub's stable radix sort of the Gaussians' depth bits (depths > 0.2 sort
 //     like their bit patterns), values the indices, so equal depths keep index order.
 //  3. scan: inclusive sum of the tiles each Gaussian touches, in depth order (int64: a scene
@@ -51,11 +55,13 @@ __device__ __forceinline__ bool finite(float v) { return isfinite(v); }
 
 // viewmat [4, 4] with bottom row 0 0 0 1, K [[fx, 0, cx], [0, fy, cy], [0, 0, 1]] with
 // fx, fy > 0, a finite background: as the reference requires.
+template <typename T>
 __device__ bool camera_ok(const PreprocessArgs& a) {
+  const T* background = static_cast<const T*>(a.background);
   bool ok = true;
   for (int k = 0; k < 16; ++k) ok = ok && finite(a.viewmat[k]);
   for (int k = 0; k < 9; ++k) ok = ok && finite(a.intrinsics[k]);
-  for (int k = 0; k < 3; ++k) ok = ok && finite(a.background[k]);
+  for (int k = 0; k < 3; ++k) ok = ok && finite(to_float(background[k]));
   if (!ok) return false;
   const float* v = a.viewmat;
   const float* K = a.intrinsics;
@@ -173,12 +179,14 @@ __device__ __forceinline__ Footprint footprint(const PreprocessArgs& a, const Ca
 // One pass over a Gaussian's colour values `row` [len] (RGB, or SH [K, 3] with K <= 16 basis
 // functions used): whether all are finite, and with SH (count > 0) the colour sums s[ch] =
 // sum_{k < count} basis[k] row[3 k + ch] in float64, accumulated exactly as sh_sums does (the
-// backward's clamp decision takes the same bits). Rows of whole float4s that are 16-byte
-// aligned (SH degree 1 or 3 stored) are read as float4: a quarter of the load instructions of
-// the scalar path, and each value is read once (the validation used to read it again).
-__device__ __forceinline__ bool colour_row(const float* row, int len, int count,
+// backward's clamp decision takes the same bits). Rows of whole groups of 4 values that are
+// aligned (SH degree 1 or 3 stored) are read 4 at a time (float4, or 8 bytes of 16-bit
+// values): a quarter of the load instructions of the scalar path, and each value is read once
+// (the validation used to read it again).
+template <typename T>
+__device__ __forceinline__ bool colour_row(const T* row, int len, int count,
                                            const double basis[16], double s[3]) {
-  constexpr int kVec = 3 * kShStagedCoeffs / 4;  // float4s of 16 coefficients x 3
+  constexpr int kVec = 3 * kShStagedCoeffs / 4;  // groups of 4 of 16 coefficients x 3
   bool ok = true;
   s[0] = s[1] = s[2] = 0.0;
   auto take = [&](int e, float v) {  // e: compile-time after unrolling
@@ -186,12 +194,11 @@ __device__ __forceinline__ bool colour_row(const float* row, int len, int count,
     const int k = e / 3;
     if (k < count) s[e % 3] = fma(basis[k], static_cast<double>(v), s[e % 3]);
   };
-  if ((len & 3) == 0 && (reinterpret_cast<uintptr_t>(row) & 15) == 0) {
-    const float4* row4 = reinterpret_cast<const float4*>(row);
+  if ((len & 3) == 0 && (reinterpret_cast<uintptr_t>(row) & (4 * sizeof(T) - 1)) == 0) {
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
       if (4 * j < len) {
-        const float4 v = __ldg(row4 + j);
+        const float4 v = load4(row + 4 * j);
         take(4 * j, v.x);
         take(4 * j + 1, v.y);
         take(4 * j + 2, v.z);
@@ -199,34 +206,46 @@ __device__ __forceinline__ bool colour_row(const float* row, int len, int count,
       }
     }
     for (int j = kVec; j < len / 4; ++j) {  // beyond 16 coefficients: validated only
-      const float4 v = __ldg(row4 + j);
+      const float4 v = load4(row + 4 * j);
       ok &= finite(v.x) & finite(v.y) & finite(v.z) & finite(v.w);
     }
   } else {
 #pragma unroll
     for (int e = 0; e < 4 * kVec; ++e) {
-      if (e < len) take(e, __ldg(row + e));
+      if (e < len) take(e, load1(row + e));
     }
-    for (int e = 4 * kVec; e < len; ++e) ok &= finite(__ldg(row + e));
+    for (int e = 4 * kVec; e < len; ++e) ok &= finite(load1(row + e));
   }
   return ok;
 }
 
+// T: the parameters' element type (float, __nv_bfloat16, __half); read once, as float.
+template <typename T>
 __global__ void __launch_bounds__(kThreads) preprocess_kernel(const PreprocessArgs a) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i == 0 && !camera_ok(a)) atomicMin(&a.bad[kBadCamera], 0);
+  if (i == 0) {
+    if (!camera_ok<T>(a)) atomicMin(&a.bad[kBadCamera], 0);
+    if (a.background_f32 != nullptr) {
+      for (int k = 0; k < 3; ++k) {
+        a.background_f32[k] = to_float(static_cast<const T*>(a.background)[k]);
+      }
+    }
+  }
   if (i >= a.n) return;
   const int64_t i64 = i;
 
   // --- inputs; the camera point first, which the SH colour needs (from unvalidated means it
   // is garbage, used only once they are valid) ---
-  const float* mp = a.means + 3 * i64;
-  const float* sp = a.scales + 3 * i64;
-  const float* qp = a.rotations + 4 * i64;
-  const float opacity = a.opacities[i];
+  const T* mp = static_cast<const T*>(a.means) + 3 * i64;
+  const T* spp = static_cast<const T*>(a.scales) + 3 * i64;
+  const T* qpp = static_cast<const T*>(a.rotations) + 4 * i64;
+  const float m[3] = {to_float(mp[0]), to_float(mp[1]), to_float(mp[2])};
+  const float sp[3] = {to_float(spp[0]), to_float(spp[1]), to_float(spp[2])};
+  const float qp[4] = {to_float(qpp[0]), to_float(qpp[1]), to_float(qpp[2]), to_float(qpp[3])};
+  const float opacity = to_float(static_cast<const T*>(a.opacities)[i]);
   const int color_values = a.sh_degree < 0 ? 3 : 3 * a.sh_coeffs;
-  const float* cp = a.colors + color_values * i64;
-  const CameraPoint cam = world_to_camera(a.viewmat, a.intrinsics, mp);
+  const T* cp = static_cast<const T*>(a.colors) + color_values * i64;
+  const CameraPoint cam = world_to_camera(a.viewmat, a.intrinsics, m);
   double basis[16] = {};
   int count = 0;
   if (a.sh_degree >= 0) {
@@ -240,7 +259,7 @@ __global__ void __launch_bounds__(kThreads) preprocess_kernel(const PreprocessAr
   // --- validation (the reference's checks, without a host round trip); `&`, not `&&`, so
   // that no load waits for another ---
   bool all_finite = finite(opacity) & colours_finite;
-  for (int k = 0; k < 3; ++k) all_finite &= finite(mp[k]) & finite(sp[k]);
+  for (int k = 0; k < 3; ++k) all_finite &= finite(m[k]) & finite(sp[k]);
   for (int k = 0; k < 4; ++k) all_finite &= finite(qp[k]);
   const bool scale_ok = (sp[0] > 0.0f) & (sp[1] > 0.0f) & (sp[2] > 0.0f);
   const bool opacity_ok = (opacity >= 0.0f) & (opacity <= 1.0f);
@@ -250,6 +269,7 @@ __global__ void __launch_bounds__(kThreads) preprocess_kernel(const PreprocessAr
   if (!opacity_ok) atomicMin(&a.bad[kBadOpacity], i);
   if (!rotation_ok) atomicMin(&a.bad[kBadRotation], i);
   const bool valid = all_finite & scale_ok & opacity_ok & rotation_ok;
+  if (a.opacities_f32 != nullptr) a.opacities_f32[i] = opacity;
 
   // --- screen mean, depth, colour (for every valid Gaussian, culled or not) ---
   const double mx = cam.fx * cam.u + cam.cx, my = cam.fy * cam.v + cam.cy;
@@ -258,7 +278,8 @@ __global__ void __launch_bounds__(kThreads) preprocess_kernel(const PreprocessAr
     a.depths[i] = static_cast<float>(cam.z);
     float* rgb_out = a.rgb + 3 * i64;
     for (int ch = 0; ch < 3; ++ch) {
-      rgb_out[ch] = a.sh_degree < 0 ? cp[ch] : static_cast<float>(fmax(s[ch] + 0.5, 0.0));
+      rgb_out[ch] = a.sh_degree < 0 ? to_float(cp[ch])
+                                    : static_cast<float>(fmax(s[ch] + 0.5, 0.0));
     }
   }
 
@@ -431,7 +452,17 @@ int blocks(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); 
 }  // namespace
 
 void launch_preprocess(const PreprocessArgs& args, cudaStream_t stream) {
-  preprocess_kernel<<<blocks(args.n), kThreads, 0, stream>>>(args);
+  switch (args.scalar) {
+    case Scalar::kBFloat16:
+      preprocess_kernel<__nv_bfloat16><<<blocks(args.n), kThreads, 0, stream>>>(args);
+      break;
+    case Scalar::kFloat16:
+      preprocess_kernel<__half><<<blocks(args.n), kThreads, 0, stream>>>(args);
+      break;
+    default:
+      preprocess_kernel<float><<<blocks(args.n), kThreads, 0, stream>>>(args);
+      break;
+  }
 }
 
 size_t depth_sort_temp_bytes(int n) {

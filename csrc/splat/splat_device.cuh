@@ -4,13 +4,57 @@
 // formula that both compositing passes must evaluate to the same bits.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
 
 #include "splat/splat.h"
 
 namespace gpucheck::splat {
+
+// --- the parameters' element types (Scalar): read as float, written rounded to nearest ---
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+
+// Four consecutive values from a 4-element-aligned address (16 bytes for float, 8 for the
+// 16-bit types), through the read-only cache.
+__device__ __forceinline__ float4 load4(const float* p) {
+  return __ldg(reinterpret_cast<const float4*>(p));
+}
+__device__ __forceinline__ float4 load4(const __nv_bfloat16* p) {
+  const uint2 u = __ldg(reinterpret_cast<const uint2*>(p));
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+__device__ __forceinline__ float4 load4(const __half* p) {
+  const uint2 u = __ldg(reinterpret_cast<const uint2*>(p));
+  const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
+  const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+
+// One value of a parameter through the read-only cache, as float.
+template <typename T>
+__device__ __forceinline__ float load1(const T* p) {
+  return to_float(__ldg(p));
+}
 
 // One Gaussian's mean in camera space, in float64 from the float32 inputs: what preprocess and
 // project_backward both start from (the reference's `project`).
@@ -171,7 +215,8 @@ __device__ __forceinline__ double quat_rotmat(const float* qp, double q[4], doub
 // splat_cuda.cu: rgb = max(s + 0.5, 0)), for the backward's clamp decision. `row` holds one
 // Gaussian's SH coefficients [K, 3] (K >= the basis size). Compile-time loop bounds keep the
 // basis in registers. Returns the basis size.
-__device__ __forceinline__ int sh_sums(int degree, const double dir[3], const float* row,
+template <typename P>
+__device__ __forceinline__ int sh_sums(int degree, const double dir[3], const P* row,
                                        double s[3]) {
   double basis[16] = {};
   const int count = sh_basis(degree, dir[0], dir[1], dir[2], basis);
@@ -181,7 +226,7 @@ __device__ __forceinline__ int sh_sums(int degree, const double dir[3], const fl
     if (k < count) {
 #pragma unroll
       for (int ch = 0; ch < 3; ++ch) {
-        s[ch] = fma(basis[k], static_cast<double>(row[3 * k + ch]), s[ch]);
+        s[ch] = fma(basis[k], static_cast<double>(to_float(row[3 * k + ch])), s[ch]);
       }
     }
   }
@@ -196,14 +241,15 @@ __device__ __forceinline__ int sh_sums(int degree, const double dir[3], const fl
 constexpr int kShStagedCoeffs = 16;
 constexpr int kShRowStride = 3 * kShStagedCoeffs + 1;
 
-// Copies `rows` rows of `len` floats between global memory, row-major from row `base`
-// (coalesced), and the warp's shared buffer (row stride kShRowStride). kLoad: from = global,
-// to = buffer: to[r * kShRowStride + j] = from[(base + r) * len + j]; else the reverse. One
-// warp; lane = the caller's lane; len = 3 * coefficients <= 3 * kShStagedCoeffs.
-template <bool kLoad>
-__device__ __forceinline__ void warp_copy_rows(const float* __restrict__ from,
-                                               float* __restrict__ to, int64_t base, int rows,
-                                               int len, int lane) {
+// Copies `rows` rows of `len` values between global memory (element type G), row-major from
+// row `base` (coalesced), and the warp's float shared buffer (row stride kShRowStride).
+// kLoad: global -> buffer: buffer[r * kShRowStride + j] = global[(base + r) * len + j]
+// (converted to float); else buffer -> global (rounded to G). One warp; lane = the caller's
+// lane; len = 3 * coefficients <= 3 * kShStagedCoeffs.
+template <bool kLoad, typename G>
+__device__ __forceinline__ void warp_copy_rows(G* __restrict__ global,
+                                               float* __restrict__ buffer, int64_t base,
+                                               int rows, int len, int lane) {
   const int64_t offset = base * len;
   const int total = rows * len;
   int r = 0, j = lane;
@@ -213,9 +259,9 @@ __device__ __forceinline__ void warp_copy_rows(const float* __restrict__ from,
   }
   for (int e = lane; e < total; e += 32) {
     if constexpr (kLoad) {
-      to[r * kShRowStride + j] = from[offset + e];
+      buffer[r * kShRowStride + j] = to_float(global[offset + e]);
     } else {
-      to[offset + e] = from[r * kShRowStride + j];
+      global[offset + e] = from_float<std::remove_const_t<G>>(buffer[r * kShRowStride + j]);
     }
     j += 32;
     while (j >= len) {

@@ -29,6 +29,21 @@ kernel returns zeros there, the reference the conic it computed anyway). Gradien
 accumulated with float atomics, so they are reproducible to rounding, not bitwise; the forward
 is bitwise deterministic.
 
+**Half precision.** The Gaussian parameters (``means``, ``scales``, ``rotations``,
+``opacities``, ``colors`` / ``sh``, ``background``) are all float32, all bfloat16 or all
+float16 (:data:`PARAMETER_DTYPES`; a mix is a TypeError naming the tensors); ``viewmat`` and
+``K`` are float32 always. The projection reads 16-bit parameters directly and computes in
+float32 / float64 exactly as for float32 ones, so the same values give the same bits. What it
+returns per Gaussian in screen space (``means2d``, ``conics``, ``colors``, ``depths``) and per
+pixel (``image``, ``alpha``, ``depth``) is **float32 whatever the parameters' dtype**: pixel
+coordinates in bfloat16 would be off by whole pixels at 1080p, and the compositing and its
+backward are float32 only. Gradients reach each parameter in its own dtype: computed in
+float32 (the opacities' and background's summed with float32 atomics) and rounded once, when
+stored. A float16 gradient is subject to float16's range (above 65504 it is inf, below ~6e-8
+it is 0): scale the loss as torch.amp's GradScaler does when that matters; bfloat16 has
+float32's range. Measured errors against the float64 reference: ``suites/splat`` and
+``benchmarks/splat_tolerances.py --dtype``.
+
 This module imports without the compiled extension; it is loaded on first call.
 """
 
@@ -43,7 +58,12 @@ from gpucheck.errors import MemoryAnomalyError
 from gpucheck.ops._ext import registered_op
 from gpucheck.reference.splat import BYTES_PER_INTERSECTION, TILE_SIZE, sh_degree_of
 
-__all__ = ["BYTES_PER_INTERSECTION", "RasterizeResult", "ops", "rasterize"]
+__all__ = ["BYTES_PER_INTERSECTION", "PARAMETER_DTYPES", "RasterizeResult", "ops", "rasterize"]
+
+#: The dtypes the Gaussian parameters may have (all of them the same one).
+PARAMETER_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: The parameters that share one dtype, in the order the errors name them.
+_PARAMETERS = ("means", "scales", "rotations", "opacities", "colors", "sh", "background")
 
 #: How the C++ entry point starts the message of a failed preflight (a torch.OutOfMemoryError,
 #: which :func:`rasterize` turns into MemoryAnomalyError).
@@ -84,12 +104,15 @@ def _fake_project(means: torch.Tensor, scales: torch.Tensor, rotations: torch.Te
     torch._check(width >= 1 and height >= 1,
                  lambda: f"splat_project: width and height must be >= 1, got {width}x{height}")
     n = means.shape[0]
-    i32 = torch.int32
-    return (means.new_empty((n, 2)), means.new_empty((n, 3)), means.new_empty((n, 3)),
-            means.new_empty((n,)), means.new_empty((n,), dtype=i32),
-            means.new_empty((n, 4), dtype=i32),
+    i32, f32 = torch.int32, torch.float32
+    half = means.dtype != f32  # float32 copies of opacities and background for render
+    return (means.new_empty((n, 2), dtype=f32), means.new_empty((n, 3), dtype=f32),
+            means.new_empty((n, 3), dtype=f32), means.new_empty((n,), dtype=f32),
+            means.new_empty((n,), dtype=i32), means.new_empty((n, 4), dtype=i32),
             means.new_empty((_tiles(width, height), 2), dtype=i32),
-            means.new_empty((_overlaps(),), dtype=i32))
+            means.new_empty((_overlaps(),), dtype=i32),
+            means.new_empty((n if half else 0,), dtype=f32),
+            means.new_empty((3 if half else 0,), dtype=f32))
 
 
 def _fake_render(means2d: torch.Tensor, conics: torch.Tensor, opacities: torch.Tensor,
@@ -114,9 +137,12 @@ def _fake_render_backward(means2d: torch.Tensor, conics: torch.Tensor,
 
 def _fake_project_backward(means: torch.Tensor, scales: torch.Tensor, rotations: torch.Tensor,
                            colors: torch.Tensor, *rest: Any) -> tuple[torch.Tensor, ...]:
-    """Shape-only implementation of ``splat_project_backward``: one gradient per input."""
+    """Shape-only implementation of ``splat_project_backward``: one gradient per parameter,
+    in the parameters' dtype (the opacities' and background's [0] for float32 ones)."""
+    half = means.dtype != torch.float32
     return (torch.empty_like(means), torch.empty_like(scales), torch.empty_like(rotations),
-            torch.empty_like(colors))
+            torch.empty_like(colors), means.new_empty((means.shape[0] if half else 0,)),
+            means.new_empty((3 if half else 0,)))
 
 
 def _zeros_if_none(grad: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
@@ -127,6 +153,7 @@ def _project_setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any,
     means, scales, rotations, _, colors, viewmat, K, _, width, height, sh_degree, _ = inputs
     ctx.save_for_backward(means, scales, rotations, colors, viewmat, K, output[4])
     ctx.dims = (width, height, sh_degree)
+    ctx.copies = (output[8].shape[0], output[9].shape[0])  # render's float32 copies ([0]: none)
     # Gradients the loss does not reach come as None, not as zeros autograd would otherwise
     # allocate for every output: here radii, rects, ranges and ids (integers, 4 B per
     # Gaussian-tile overlap + 20 B per Gaussian: 54 MiB at 1M midtrain, at the step's peak).
@@ -135,17 +162,25 @@ def _project_setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any,
 
 def _project_backward(ctx: Any, g_means2d: torch.Tensor | None, g_conics: torch.Tensor | None,
                       g_rgb: torch.Tensor | None, g_depths: torch.Tensor | None,
-                      *_: Any) -> tuple[torch.Tensor | None, ...]:
+                      _g_radii: Any, _g_tiles: Any, _g_ranges: Any, _g_ids: Any,
+                      g_opacities: torch.Tensor | None, g_background: torch.Tensor | None,
+                      ) -> tuple[torch.Tensor | None, ...]:
     means, scales, rotations, colors, viewmat, K, radii = ctx.saved_tensors
     n = means.shape[0]
+    f32 = means.new_empty((0,), dtype=torch.float32)
+    n_opacities, n_background = ctx.copies
     grads = ops().project_backward(
         means, scales, rotations, colors, viewmat, K, radii,
-        _zeros_if_none(g_means2d, means.new_empty((n, 2))),
-        _zeros_if_none(g_conics, means.new_empty((n, 3))),
-        _zeros_if_none(g_rgb, means.new_empty((n, 3))),
-        _zeros_if_none(g_depths, means.new_empty((n,))), *ctx.dims)
-    g_means, g_scales, g_rotations, g_colors = grads
-    return (g_means, g_scales, g_rotations, None, g_colors) + (None,) * 7
+        _zeros_if_none(g_means2d, f32.new_empty((n, 2))),
+        _zeros_if_none(g_conics, f32.new_empty((n, 3))),
+        _zeros_if_none(g_rgb, f32.new_empty((n, 3))),
+        _zeros_if_none(g_depths, f32.new_empty((n,))),
+        _zeros_if_none(g_opacities, f32.new_empty((n_opacities,))),
+        _zeros_if_none(g_background, f32.new_empty((n_background,))), *ctx.dims)
+    g_means, g_scales, g_rotations, g_colors, g_opac, g_bg = grads
+    half = means.dtype != torch.float32  # then opacities and background get theirs here
+    return (g_means, g_scales, g_rotations, g_opac if half else None, g_colors, None, None,
+            g_bg if half else None) + (None,) * 4
 
 
 def _render_setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any, ...]) -> None:
@@ -215,14 +250,17 @@ def rasterize(
     background: torch.Tensor | None = None,
     max_bytes: int | None = None,
 ) -> RasterizeResult:
-    """Render Gaussians into one image on their CUDA device (float32, differentiable).
+    """Render Gaussians into one image on their CUDA device (differentiable).
 
     Same arguments and conventions as :func:`gpucheck.reference.rasterize`. Inputs are
-    *activated* values (positive scales, opacities in ``[0, 1]``); all tensors float32,
-    contiguous, on one CUDA device. Runs on ``means.device`` whatever device is current, on the
-    current stream, and synchronises that stream once (to read the number of tile overlaps
-    before the binning buffers are allocated). The forward is deterministic (the same inputs
-    give the same bits on every run); gradients agree to rounding (float atomics).
+    *activated* values (positive scales, opacities in ``[0, 1]``), contiguous, on one CUDA
+    device; the Gaussian parameters all float32, all bfloat16 or all float16, ``viewmat`` and
+    ``K`` float32 (see "Half precision" in the module docstring: the outputs are float32
+    whatever the parameters' dtype, gradients come in each parameter's own dtype). Runs on
+    ``means.device`` whatever device is current, on the current stream, and synchronises that
+    stream once (to read the number of tile overlaps before the binning buffers are
+    allocated). The forward is deterministic (the same inputs give the same bits on every
+    run); gradients agree to rounding (float atomics).
 
     Args:
         means: ``[N, 3]`` world-space centres.
@@ -246,7 +284,9 @@ def rasterize(
         requires one (the screen-space gradient of densification, see the module docstring).
 
     Raises:
-        TypeError: an input is not a tensor, not float32, or an int argument is not an int.
+        TypeError: an input is not a tensor, a parameter's dtype is not one of
+            :data:`PARAMETER_DTYPES` or not that of ``means``, ``viewmat`` or ``K`` is not
+            float32, or an int argument is not an int.
         ValueError: wrong shapes or devices, NaN/inf, non-activated values, a bad camera.
         gpucheck.MemoryAnomalyError: (a BudgetExceeded) the binning buffers exceed
             ``max_bytes`` or the free device memory; its attributes (and message) hold N, the
@@ -257,11 +297,11 @@ def rasterize(
     degree = _check_python_side(means, scales, rotations, opacities, colors, sh, sh_degree,
                                 viewmat, K, width, height, background, max_bytes)
     if background is None:
-        background = torch.zeros(3, dtype=torch.float32, device=means.device)
+        background = torch.zeros(3, dtype=means.dtype, device=means.device)
     values = colors if degree < 0 else sh
     found = ops()
     try:
-        means2d, conics, rgb, depths, radii, tiles, ranges, ids = found.project(
+        means2d, conics, rgb, depths, radii, tiles, ranges, ids, opac32, bg32 = found.project(
             means, scales, rotations, opacities, values, viewmat, K, background, width, height,
             degree, max_bytes)
     except torch.OutOfMemoryError as err:
@@ -271,6 +311,8 @@ def rasterize(
         raise
     if means2d.requires_grad:
         means2d.retain_grad()
+    if means.dtype != torch.float32:  # render (float32) takes the projection's copies
+        opacities, background = opac32, bg32
     image, alpha, depth, _, _ = found.render(means2d, conics, opacities, rgb, depths,
                                              background, ranges, ids, width, height)
     return RasterizeResult(image=image, alpha=alpha, depth=depth, radii=radii, means2d=means2d,
@@ -304,9 +346,30 @@ def _check_python_side(
         if max_bytes < 0:
             raise ValueError(f"rasterize: max_bytes must be None or >= 0, got {max_bytes!r}")
     degree = sh_degree_of(colors, sh, sh_degree)
+    _check_dtypes(named)
     for name, t in named.items():
         if t is not None and t.device.type != "cuda":
             raise ValueError(
                 f"rasterize: {name} must be a CUDA tensor, got one on {t.device} "
                 "(gpucheck.reference.rasterize is the CPU implementation)")
     return degree
+
+
+def _check_dtypes(named: dict[str, Any]) -> None:
+    """The Gaussian parameters share one dtype of PARAMETER_DTYPES; the camera is float32."""
+    dtype = named["means"].dtype
+    if dtype not in PARAMETER_DTYPES:
+        raise TypeError(f"rasterize: means must be float32, bfloat16 or float16 (the Gaussian "
+                        f"parameters' dtype), got {dtype}")
+    others = [f"{name} is {named[name].dtype}" for name in _PARAMETERS
+              if named[name] is not None and named[name].dtype != dtype]
+    if others:
+        raise TypeError(
+            f"rasterize: the Gaussian parameters (means, scales, rotations, opacities, colors "
+            f"or sh, background) must share one dtype (float32, bfloat16 or float16): means is "
+            f"{dtype} but {', '.join(others)}")
+    for name in ("viewmat", "K"):
+        if named[name].dtype != torch.float32:
+            raise TypeError(f"rasterize: {name} must be float32 (the camera stays float32 "
+                            f"whatever the Gaussian parameters' dtype), got "
+                            f"{named[name].dtype}")

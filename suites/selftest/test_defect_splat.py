@@ -40,7 +40,8 @@ def _scene(device):
 
 def _render(ops, s):
     """Project and composite with ``ops`` (the op pair ``gpucheck.ops.rasterize`` calls)."""
-    means2d, conics, rgb, depths, _radii, _tiles, ranges, ids = ops.splat_project(
+    # the last two: float32 copies of opacities and background for 16-bit parameters ([0] here)
+    means2d, conics, rgb, depths, _radii, _tiles, ranges, ids, _, _ = ops.splat_project(
         s["means"], s["scales"], s["rotations"], s["opacities"], s["colors"], s["viewmat"],
         s["K"], s["background"], WIDTH, HEIGHT, -1)
     return ops.splat_render(means2d, conics, s["opacities"], rgb, depths, s["background"],

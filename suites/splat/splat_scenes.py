@@ -1,4 +1,5 @@
-"""Random Gaussian-splatting scenes for the splat suite and its benchmark (float32, any device).
+"""Random Gaussian-splatting scenes for the splat suite and its benchmark (float32, any device;
+``to`` gives a scene's parameters another dtype).
 
 Every scene is built in camera space (so that we control what is in front of the camera, what
 is off-screen and how large the Gaussians look) and moved to world space through a random
@@ -88,7 +89,15 @@ def scene(n: int, width: int, height: int, seed: int, device: torch.device | str
     return to(out, device)
 
 
-def to(args: dict[str, Any], device: torch.device | str) -> dict[str, Any]:
-    """The same scene with every tensor as contiguous float32 on ``device``."""
-    return {k: (v.to(device=device, dtype=F32).contiguous() if isinstance(v, torch.Tensor)
-                else v) for k, v in args.items()}
+#: The camera's tensors, float32 whatever the Gaussian parameters' dtype.
+CAMERA = ("viewmat", "K")
+
+
+def to(args: dict[str, Any], device: torch.device | str,
+       dtype: torch.dtype = F32) -> dict[str, Any]:
+    """The same scene with every tensor contiguous on ``device``: the Gaussian parameters as
+    ``dtype`` (float32, bfloat16 or float16: rounded to nearest), the camera as float32.
+    (A half scene's values are exact in float32 and float64, so ``to(half, "cpu")`` gives the
+    reference the very values the kernel got.)"""
+    return {k: (v.to(device=device, dtype=F32 if k in CAMERA else dtype).contiguous()
+                if isinstance(v, torch.Tensor) else v) for k, v in args.items()}

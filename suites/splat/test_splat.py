@@ -351,14 +351,58 @@ def test_free_memory_catches_double_activation(gpu_device: torch.device) -> None
 
 
 @pytest.mark.sanitizer
-def test_opcheck(gpu_device: torch.device) -> None:
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_opcheck(gpu_device: torch.device, dtype: str) -> None:
     for degree in (None, 2):
         a = splat_scenes.scene(60, 37, 21, fresh_seed(), gpu_device, sh_degree=degree)
+        a = splat_scenes.to(a, gpu_device, getattr(torch, dtype))
         values = a["colors"] if degree is None else a["sh"]
         torch.library.opcheck(ops().project, (
             a["means"], a["scales"], a["rotations"], a["opacities"], values, a["viewmat"],
             a["K"], a["background"], a["width"], a["height"], -1 if degree is None else degree,
             None))
+
+
+HALF = [torch.bfloat16, torch.float16]
+
+
+@pytest.mark.sanitizer
+@pytest.mark.parametrize("dtype", HALF, ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("degree", [None, 3], ids=["rgb", "sh3"])
+def test_half_parameters_render_as_their_float32_values(gpu_device: torch.device,
+                                                        dtype: torch.dtype,
+                                                        degree: int | None) -> None:
+    """16-bit parameters are read as such and computed on exactly as float32 ones: the same
+    values (a half scene, and the same scene converted to float32, which is exact) give the
+    same bits in every output, all of them float32 (int32)."""
+    seed = fresh_seed()
+    half = splat_scenes.to(splat_scenes.scene(300, 203, 113, seed, gpu_device,
+                                              sh_degree=degree), gpu_device, dtype)
+    got = rasterize(**half)
+    want = rasterize(**splat_scenes.to(half, gpu_device))
+    what = f"{dtype} sh={degree} seed={seed}"
+    assert got.n_intersections == want.n_intersections > 0, what
+    for name in ("image", "alpha", "depth", "means2d", "depths", "conics", "colors", "radii",
+                 "tiles"):
+        g, w = getattr(got, name), getattr(want, name)
+        assert g.dtype == w.dtype and g.dtype in (torch.float32, torch.int32), (what, name)
+        assert torch.equal(g, w), f"{what}: {name} differs from the float32 render"
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=["bfloat16", "float16"])
+@pytest.mark.parametrize(("height", "width", "n", "degree"),
+                         [(113, 203, 300, None), (113, 203, 300, 3), (48, 64, 1500, None)],
+                         ids=["rgb", "sh3", "dense"])
+def test_half_matches_reference(gpu_device: torch.device, dtype: torch.dtype, height: int,
+                                width: int, n: int, degree: int | None) -> None:
+    """Against the float64 reference fed the same (16-bit) values, with float32's tolerances:
+    the kernel computes on them as on float32 ones. Measured (benchmarks/splat_tolerances.py
+    --dtype, H200, 2026-11-26, these scenes, ~155 a dtype): radii equal, at most 3 values (1
+    pixel) beyond ATOL, largest error bfloat16 3.0e-3, float16 3.2e-3 (float32: 3, 3.1e-3)."""
+    seed = fresh_seed()
+    args = splat_scenes.to(splat_scenes.scene(n, width, height, seed, gpu_device,
+                                              sh_degree=degree), gpu_device, dtype)
+    check_against_reference(args, f"{dtype} {height}x{width} N={n} sh={degree} seed={seed}")
 
 
 def _good(d: torch.device, n: int = 5, **change: Any) -> dict[str, Any]:
@@ -378,6 +422,18 @@ def _set(t: torch.Tensor, index: Any, value: float) -> torch.Tensor:
     return t
 
 
+def _half(d: torch.device, dtype: torch.dtype, **dtypes: torch.dtype) -> dict[str, Any]:
+    """_good with its parameters in ``dtype`` (the camera float32), then the tensors named in
+    ``dtypes`` in those."""
+    args = splat_scenes.to(_good(d), d, dtype)
+    return {k: (v.to(dtypes[k]) if k in dtypes else v) for k, v in args.items()}
+
+
+def _set_in(args: dict[str, Any], name: str, index: Any, value: float) -> dict[str, Any]:
+    args[name] = _set(args[name].clone(), index, value)
+    return args
+
+
 BAD_INPUTS = [
     # (id, make(device) -> kwargs, exception, message pattern)
     ("means_shape", lambda d: _good(d, means=torch.rand(5, 4, device=d)), ValueError,
@@ -387,12 +443,32 @@ BAD_INPUTS = [
     ("opacities_shape", lambda d: _good(d, opacities=torch.rand(5, 1, device=d)), ValueError,
      r"opacities must be \[5\], got \[5, 1\]"),
     ("float64", lambda d: _edit(d, "means", lambda t: t.double()), TypeError,
-     r"means must be float32 \(the only dtype supported for now\), got Double"),
-    ("float16", lambda d: _edit(d, "opacities", lambda t: t.half()), TypeError,
-     r"opacities must be float32 .*got Half"),
-    ("bfloat16_sh", lambda d: _good(d, colors=None, sh=torch.rand(5, 4, 3, device=d,
-                                                                  dtype=torch.bfloat16)),
-     TypeError, r"sh must be float32 .*got BFloat16"),
+     r"means must be float32, bfloat16 or float16 \(the Gaussian parameters' dtype\), got "
+     r"torch.float64"),
+    ("float16_mix", lambda d: _edit(d, "opacities", lambda t: t.half()), TypeError,
+     r"must share one dtype \(float32, bfloat16 or float16\): means is torch.float32 but "
+     r"opacities is torch.float16"),
+    ("bfloat16_sh_mix", lambda d: _good(d, colors=None, sh=torch.rand(5, 4, 3, device=d,
+                                                                      dtype=torch.bfloat16)),
+     TypeError, r"means is torch.float32 but sh is torch.bfloat16"),
+    ("bfloat16_mix", lambda d: _half(d, torch.bfloat16, scales=torch.float32,
+                                     background=torch.float16), TypeError,
+     r"means is torch.bfloat16 but scales is torch.float32, background is torch.float16"),
+    ("bfloat16_viewmat", lambda d: _half(d, torch.bfloat16, viewmat=torch.bfloat16), TypeError,
+     r"viewmat must be float32 \(the camera stays float32 whatever the Gaussian parameters' "
+     r"dtype\), got torch.bfloat16"),
+    ("float16_K", lambda d: _half(d, torch.float16, K=torch.float16), TypeError,
+     r"K must be float32 \(the camera stays float32"),
+    ("nan_bfloat16", lambda d: _set_in(_half(d, torch.bfloat16), "means", (3, 2), math.nan),
+     ValueError, r"inputs must be finite, but Gaussian 3 holds a NaN/inf: means \[.*nan\]"),
+    ("inf_float16_opacity", lambda d: _set_in(_half(d, torch.float16), "opacities", 1,
+                                              math.inf),
+     ValueError, r"Gaussian 1 holds a NaN/inf"),
+    ("float16_overflow_color", lambda d: _set_in(_half(d, torch.float16), "colors", (2, 0),
+                                                 1e5),  # 1e5 > 65504 rounds to inf
+     ValueError, r"Gaussian 2 holds a NaN/inf"),
+    ("bfloat16_log_scales", lambda d: _set_in(_half(d, torch.bfloat16), "scales", (0, 1), -2.0),
+     ValueError, r"scales must be positive .*for Gaussian 0"),
     ("non_contiguous", lambda d: _good(d, rotations=torch.randn(4, 5, device=d).t()),
      ValueError, r"rotations must be contiguous, got strides \[1, 5\]"),
     ("cpu", lambda d: _edit(d, "means", lambda t: t.cpu()), ValueError,
@@ -465,6 +541,26 @@ def test_cpp_checks_for_torch_ops_callers(gpu_device: torch.device) -> None:
     # common.h's check_cuda raises a plain RuntimeError (TORCH_CHECK)
     with pytest.raises(RuntimeError, match=r"background must be a CUDA tensor, got one on cpu"):
         ops().project(*cpu_bg)
+    # dtypes: the parameters share means' dtype, the camera is float32
+    h = splat_scenes.to(a, gpu_device, torch.bfloat16)
+    half_args = [h["means"], h["scales"], h["rotations"], h["opacities"], h["colors"],
+                 h["viewmat"], h["K"], h["background"], 32, 24, -1, None]
+    assert len(ops().project(*half_args)) == 10
+    mixed = list(half_args)
+    mixed[1] = a["scales"]
+    with pytest.raises(TypeError, match=r"splat_project: scales must be bfloat16 like means "
+                       r"\(the Gaussian parameters .* share one dtype.*\), got Float"):
+        ops().project(*mixed)
+    camera = list(half_args)
+    camera[5] = h["viewmat"].to(torch.bfloat16)
+    with pytest.raises(TypeError, match=r"splat_project: viewmat must be float32 \(the camera "
+                       r"stays float32 .*\), got BFloat16"):
+        ops().project(*camera)
+    double = list(args)
+    double[0] = a["means"].double()
+    with pytest.raises(TypeError, match=r"splat_project: means must be float32, bfloat16 or "
+                       r"float16 \(the Gaussian parameters' dtype\), got Double"):
+        ops().project(*double)
 
 
 @pytest.mark.multigpu

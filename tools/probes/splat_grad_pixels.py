@@ -48,7 +48,7 @@ def kernel_pixels(args: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     degree = args.get("sh_degree")
     if degree is None:
         degree = -1 if colors is not None else math.isqrt(args["sh"].shape[1]) - 1
-    means2d, conics, rgb, depths, _, _, ranges, ids = ops().project(
+    means2d, conics, rgb, depths, _, _, ranges, ids, _, _ = ops().project(
         args["means"],
         args["scales"],
         args["rotations"],

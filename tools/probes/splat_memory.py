@@ -64,7 +64,8 @@ def peak_blocks(events: list[dict[str, Any]]) -> tuple[int, dict[int, tuple[int,
     return best, at_best, peak_where
 
 
-PROJECT_OUTPUTS = ("means2d", "conics", "rgb", "depths", "radii", "rects", "ranges", "ids")
+PROJECT_OUTPUTS = ("means2d", "conics", "rgb", "depths", "radii", "rects", "ranges", "ids",
+                   "opacities32", "background32")
 
 
 def watch_project() -> dict[str, tuple[int, int]]:
