@@ -39,8 +39,9 @@ LOWP_FLOOR = {torch.float16: 4 * 2.0**-11, torch.bfloat16: 4 * 2.0**-8}
 # img1 ~ img2 the gradient vanishes (SSIM is at its maximum) while its rounding does not: a
 # 1x1 image with |x - y| ~ 1e-3 gave a float32 relative error of 2.5e-4 (one seed in 180,
 # H200) and a float16 pair rounded to equal values a gradient of exactly 0 in float64; the
-# absolute errors measured there were <= 2.1e-8 (float32) and 2.4e-7 (float16) per unit.
-GRAD_ABS_TOL = {torch.float32: 2e-7, torch.float64: 1e-14, torch.float16: 2e-6,
+# absolute errors measured there were <= 2.1e-8 (float32) and 2.4e-7 (float16) per unit. With
+# float32 at 2e-7 the worst of ~800 checks on an H100 used 63 % of its bound: now 5e-7.
+GRAD_ABS_TOL = {torch.float32: 5e-7, torch.float64: 1e-14, torch.float16: 2e-6,
                 torch.bfloat16: 2e-6}
 
 
