@@ -85,11 +85,13 @@ def watch_project() -> dict[str, tuple[int, int]]:
 
 
 def alive(seen: dict[str, tuple[int, int]]) -> list[str]:
-    """Which of the noted outputs' blocks are still allocated now."""
-    active = {b["address"] for seg in torch.cuda.memory._snapshot()["segments"]
+    """Which of the noted outputs' blocks are still allocated now (matched by address and
+    requested size: a freed block reused by a tensor of another size does not count)."""
+    active = {(b["address"], b.get("requested_size", b["size"]))
+              for seg in torch.cuda.memory._snapshot()["segments"]
               for b in seg["blocks"] if b["state"] == "active_allocated"}
     return [f"{name} ({size / MIB:.1f} MiB)" for name, (addr, size) in seen.items()
-            if addr in active]
+            if (addr, size) in active]
 
 
 def main() -> int:
