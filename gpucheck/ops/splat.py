@@ -153,7 +153,6 @@ def _project_setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any,
     means, scales, rotations, _, colors, viewmat, K, _, width, height, sh_degree, _ = inputs
     ctx.save_for_backward(means, scales, rotations, colors, viewmat, K, output[4])
     ctx.dims = (width, height, sh_degree)
-    ctx.copies = (output[8].shape[0], output[9].shape[0])  # render's float32 copies ([0]: none)
     # Gradients the loss does not reach come as None, not as zeros autograd would otherwise
     # allocate for every output: here radii, rects, ranges and ids (integers, 4 B per
     # Gaussian-tile overlap + 20 B per Gaussian: 54 MiB at 1M midtrain, at the step's peak).
@@ -168,17 +167,18 @@ def _project_backward(ctx: Any, g_means2d: torch.Tensor | None, g_conics: torch.
     means, scales, rotations, colors, viewmat, K, radii = ctx.saved_tensors
     n = means.shape[0]
     f32 = means.new_empty((0,), dtype=torch.float32)
-    n_opacities, n_background = ctx.copies
+    # 16-bit parameters: render took the projection's float32 copies of the opacities and the
+    # background ([N], [3]; [0] for float32 ones), whose gradients come back through here
+    half = means.dtype != torch.float32
     grads = ops().project_backward(
         means, scales, rotations, colors, viewmat, K, radii,
         _zeros_if_none(g_means2d, f32.new_empty((n, 2))),
         _zeros_if_none(g_conics, f32.new_empty((n, 3))),
         _zeros_if_none(g_rgb, f32.new_empty((n, 3))),
         _zeros_if_none(g_depths, f32.new_empty((n,))),
-        _zeros_if_none(g_opacities, f32.new_empty((n_opacities,))),
-        _zeros_if_none(g_background, f32.new_empty((n_background,))), *ctx.dims)
+        _zeros_if_none(g_opacities, f32.new_empty((n if half else 0,))),
+        _zeros_if_none(g_background, f32.new_empty((3 if half else 0,))), *ctx.dims)
     g_means, g_scales, g_rotations, g_colors, g_opac, g_bg = grads
-    half = means.dtype != torch.float32  # then opacities and background get theirs here
     return (g_means, g_scales, g_rotations, g_opac if half else None, g_colors, None, None,
             g_bg if half else None) + (None,) * 4
 
