@@ -3,15 +3,18 @@
 The checks are the suites' own, not copies: ``suites/ssim/test_ssim.py``'s
 ``forward_checks`` / ``backward_checks`` (each comparison with the float64 reference gives
 its error and the bound it must stay under: float32/64 against ``MAP_TOL`` /
-``GRAD_REL_TOL``, 16-bit types against twice the float64 reference's error in that dtype
-plus ``LOWP_FLOOR``) on every dtype and size of its reference tests, and
+``GRAD_REL_TOL`` plus the rounding-sensitivity terms ``KAPPA_MAP`` / ``KAPPA_GRAD``, 16-bit
+types against twice the float64 reference's error in that dtype plus ``LOWP_FLOOR``) on
+both kinds of images (noise, smooth) and every dtype and size of its reference tests, and
 ``suites/knn/test_knn.py``'s ``judged_rows`` with ``rtol(k)`` (relative error against
 ``2 (k + 6) u``) on every cloud, size and k of its reference tests. Seeds come from
 os.urandom and are recorded. (The splat tolerances: ``benchmarks/splat_tolerances.py``.)
 
-For each family of checks (SSIM: dtype x forward map / forward mean / backward; KNN: k) it
-prints the largest and the 99th percentile of ``err / bound``, the share of the tolerance
-used: the test's margin is ``1 / share``, and a share near 1 is a flaky test. Writes every
+For each family of checks (SSIM: dtype x images x forward map / forward mean / backward;
+KNN: k) it prints the largest and the 99th percentile of ``err / bound``, the share of the
+tolerance used: the test's margin is ``1 / share``, and a share near 1 is a flaky test; and
+for SSIM float32/64 the largest rounding-sensitivity constant a check needed beyond its other
+terms (``kappa``: against ``KAPPA_MAP`` / ``KAPPA_GRAD``). Writes every
 record to ``--json``. ``--seconds`` bounds each kernel's run (rounds are taken until it is
 spent). Usage: ``python benchmarks/tolerances.py [--kernels ssim knn] [--seconds 120]
 [--json F]``.
@@ -54,33 +57,38 @@ def fresh_seed() -> int:
 
 
 def _record(kernel: str, family: str, case: str, seed: int, what: str, err: float,
-            bound: float, relative: float = 0.0, unit: float = 0.0) -> Record:
+            bound: float, relative: float = 0.0, unit: float = 0.0, kappa: float = 0.0
+            ) -> Record:
     share = err / bound if bound > 0 else (0.0 if err == 0 else math.inf)
     out = {"kernel": kernel, "family": family, "case": case, "seed": seed, "what": what,
            "err": err, "bound": bound, "share": share if math.isfinite(share) else "inf"}
     if unit > 0:  # the absolute term this check needed beyond its relative part, per unit
         out["abs_needed"] = max(0.0, err - relative) / unit if math.isfinite(err) else "inf"
+    if kappa > 0:  # the rounding-sensitivity constant this check needed (SSIM float32/64)
+        out["kappa_needed"] = kappa if math.isfinite(kappa) else "inf"
     return out
 
 
 def ssim_round(device: torch.device) -> Iterator[Record]:
-    """One seed for every dtype, size and padding of the SSIM reference tests."""
-    for dtype in test_ssim.DTYPES:
-        name = str(dtype).removeprefix("torch.")
-        for shape in test_ssim.SIZES:
-            seed = fresh_seed()
-            with contextlib.redirect_stdout(io.StringIO()):  # _images prints the seed
-                x, y = test_ssim._images(shape, dtype, device, seed)
-            case = "x".join(map(str, shape))
-            for padding in test_ssim._paddings(shape):
-                for c in test_ssim.forward_checks(x, y, padding):
-                    part = c.what.split()[-1]  # map / mean
-                    yield _record("ssim", f"{name} forward {part}", case, seed, c.what,
-                                  c.err, c.bound)
-                for reduction in ("none", "mean"):
-                    for c in test_ssim.backward_checks(x, y, padding, reduction):
-                        yield _record("ssim", f"{name} backward", case, seed, c.what,
-                                      c.err, c.bound, c.relative, c.unit)
+    """One seed for every kind of images, dtype, size and padding of the SSIM reference
+    tests."""
+    for images in test_ssim.IMAGES:
+        for dtype in test_ssim.DTYPES:
+            name = f"{str(dtype).removeprefix('torch.')} {images}"
+            for shape in test_ssim.SIZES:
+                seed = fresh_seed()
+                with contextlib.redirect_stdout(io.StringIO()):  # _images prints the seed
+                    x, y = test_ssim._images(shape, dtype, device, seed, kind=images)
+                case = "x".join(map(str, shape))
+                for padding in test_ssim._paddings(shape):
+                    for c in test_ssim.forward_checks(x, y, padding):
+                        part = c.what.split()[-1]  # map / mean
+                        yield _record("ssim", f"{name} forward {part}", case, seed, c.what,
+                                      c.err, c.bound, kappa=c.kappa)
+                    for reduction in ("none", "mean"):
+                        for c in test_ssim.backward_checks(x, y, padding, reduction):
+                            yield _record("ssim", f"{name} backward", case, seed, c.what,
+                                          c.err, c.bound, c.relative, c.unit, c.kappa)
 
 
 def _knn_case(device: torch.device, cloud: str, n: int, k: int) -> Record:
@@ -136,6 +144,9 @@ def summarize(records: list[Record]) -> dict[str, dict[str, Any]]:
         needed = [_num(r["abs_needed"]) for r in rows if "abs_needed" in r]
         if needed:
             out[key]["max_abs_needed"] = max(needed)
+        kappas = [_num(r["kappa_needed"]) for r in rows if "kappa_needed" in r]
+        if kappas:
+            out[key]["max_kappa_needed"] = max(kappas)
     return out
 
 
@@ -161,12 +172,13 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
     print(f"{result['device']}, torch {result['torch']}, rounds {rounds}")
-    print(f"{'family':26} {'max share':>9} {'p99':>7} {'max err':>9} {'abs need':>8} "
-          f"{'checks':>6}  worst")
+    print(f"{'family':33} {'max share':>9} {'p99':>7} {'max err':>9} {'abs need':>8} "
+          f"{'kappa':>6} {'checks':>6}  worst")
     for key, s in summary.items():
-        w, need = s["worst"], s.get("max_abs_needed")
-        print(f"{key:26} {s['max_share']:9.3g} {s['p99_share']:7.3g} {s['max_err']:9.3g} "
-              f"{'-' if need is None else format(need, '8.2g'):>8} {s['checks']:6d}  "
+        w, need, kappa = s["worst"], s.get("max_abs_needed"), s.get("max_kappa_needed")
+        print(f"{key:33} {s['max_share']:9.3g} {s['p99_share']:7.3g} {s['max_err']:9.3g} "
+              f"{'-' if need is None else format(need, '8.2g'):>8} "
+              f"{'-' if kappa is None else format(kappa, '6.3g'):>6} {s['checks']:6d}  "
               f"{w['case']} {w['what']} seed={w['seed']}")
     return 0
 

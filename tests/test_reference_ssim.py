@@ -2,7 +2,8 @@
 
 The independent version walks every output pixel, cuts its 11×11 neighbourhood out of the
 zero-padded images and forms the weighted statistics explicitly (no convolution), with a
-window built here from the Gaussian formula.
+window built here from the Gaussian formula. rounding_sensitivity: its partial derivatives
+against autograd, its estimates against the errors of torch's float32 SSIM.
 """
 
 from __future__ import annotations
@@ -11,8 +12,16 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from gpucheck.reference.ssim_torch import ssim
+from gpucheck.reference.ssim_torch import (
+    C1,
+    C2,
+    Moments,
+    _partials,
+    rounding_sensitivity,
+    ssim,
+)
 
 
 def _window() -> torch.Tensor:
@@ -147,3 +156,68 @@ def test_bad_arguments_are_rejected_with_the_value(args: tuple[torch.Tensor, ...
                                                    match: str) -> None:
     with pytest.raises(exc, match=match):
         ssim(*args, **kwargs)
+
+
+def test_partials_match_autograd(gen: torch.Generator) -> None:
+    # SSIM written here on the variables (mu1, mu2, variance sum, covariance), differentiated
+    # by autograd; the moments given to _partials are built from the same variables.
+    mu1, mu2 = (torch.rand(50, generator=gen, dtype=torch.float64) for _ in range(2))
+    var = 0.1 * torch.rand(50, generator=gen, dtype=torch.float64)
+    cov = (torch.rand(50, generator=gen, dtype=torch.float64) - 0.5) * var
+    leaves = [t.clone().requires_grad_(True) for t in (mu1, mu2, var, cov)]
+    a, b, v, c = leaves
+    s = ((2 * a * b + C1) * (2 * c + C2)) / ((a * a + b * b + C1) * (v + C2))
+    want = torch.autograd.grad(s.sum(), leaves)
+    got = _partials(Moments(mu1, mu2, var + mu1 * mu1 + mu2 * mu2, cov + mu1 * mu2))
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+
+
+def _smooth_pair(gen: torch.Generator, shape: tuple[int, ...], level: float
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A blurred noise field around ``level`` and a copy with 0.002 of noise (float64)."""
+    x = torch.rand(shape, generator=gen, dtype=torch.float64)
+    box = torch.full((shape[1], 1, 9, 9), 1 / 81, dtype=torch.float64)
+    for _ in range(2):
+        x = F.conv2d(x, box, padding=4, groups=shape[1])
+    x = (x - 0.5 + level).clamp(0, 1)
+    y = (x + 0.002 * (torch.rand(shape, generator=gen, dtype=torch.float64) - 0.5)).clamp(0, 1)
+    return x, y
+
+
+@pytest.mark.parametrize("padding", ["same", "valid"])
+@pytest.mark.parametrize("images", ["noise", "smooth"])
+def test_rounding_sensitivity_bounds_float32_error(gen: torch.Generator, padding: str,
+                                                   images: str) -> None:
+    """torch's float32 SSIM (CPU convolutions, the same E[x²] - mu² form) errs by at most a
+    small multiple of u times the estimates, on noise and on smooth images, where it errs by
+    far more than on noise: the estimates follow the error, they are not a constant."""
+    shape = (2, 3, 40, 48)
+    if images == "noise":
+        x = torch.rand(shape, generator=gen, dtype=torch.float64)
+        y = (0.7 * x + 0.3 * torch.rand(shape, generator=gen, dtype=torch.float64)).clamp(0, 1)
+    else:
+        x, y = _smooth_pair(gen, shape, level=0.9)
+    x, y = x.float().double(), y.float().double()  # the float32 images, exactly
+    u = 2.0**-24
+    a = x.float().requires_grad_(True)
+    a64 = x.clone().requires_grad_(True)
+    got = ssim(a, y.float(), padding=padding, reduction="none")
+    want = ssim(a64, y, padding=padding, reduction="none")
+    weights = torch.rand(want.shape, generator=gen, dtype=torch.float64) + 0.5
+    (got * weights.float()).sum().backward()
+    (want * weights).sum().backward()
+    assert a.grad is not None and a64.grad is not None
+    sens = rounding_sensitivity(x, y, padding, weights)
+    assert sens.grad1 is not None and sens.grad2 is not None
+    assert sens.map.shape == want.shape and sens.grad1.shape == x.shape
+    map_err = (got.detach().double() - want.detach()).abs()
+    assert float((map_err / (u * sens.map)).max()) <= 32
+    grad_err = float((a.grad.double() - a64.grad).norm())
+    assert grad_err <= 16 * u * float(sens.grad1.norm())
+    if images == "smooth":  # where the variances cancel: errors far above noise's
+        assert float(map_err.max()) > 2e-4
+        assert grad_err > 1e-4 * float(a64.grad.norm())
+    else:
+        assert float(map_err.max()) < 2e-5
+        assert grad_err < 1e-5 * float(a64.grad.norm())

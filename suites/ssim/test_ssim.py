@@ -3,6 +3,9 @@
 Every test runs on each target device (``gpu_device``) while *another* device is current and
 initialized (failure 1 of docs/failures.md: an unguarded SSIM extension crashed on cuda:1).
 Inputs are fresh random images each run; the seed is printed so a failure can be replayed.
+Two kinds of images: noise (large local variance) and smooth fields at any brightness, where
+the variances a fused kernel forms as E[x²] - mu² cancel and its rounding error is largest
+(the bounds scale with :func:`gpucheck.reference.ssim_torch.rounding_sensitivity`).
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ from typing import NamedTuple
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from gpucheck.ops.ssim_op import load_ops, ssim
+from gpucheck.reference.ssim_torch import rounding_sensitivity
 from gpucheck.reference.ssim_torch import ssim as ref_ssim
 
 pytestmark = [pytest.mark.gpu, pytest.mark.gpucheck_kernels]
@@ -24,12 +29,23 @@ pytestmark = [pytest.mark.gpu, pytest.mark.gpucheck_kernels]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 SIZES = [(1, 1, 1, 1), (1, 1, 11, 11), (2, 3, 113, 203), (5, 3, 1080, 1920)]
 SMALL = [(1, 1, 1, 1), (1, 1, 11, 11), (2, 3, 113, 203)]
+IMAGES = ("noise", "smooth")
 # The bounds of the comparisons with the float64 reference; each check's share of its bound
 # over many seeds is measured by benchmarks/tolerances.py (its numbers in benchmarks/HISTORY.md,
 # "SSIM and KNN tolerances from measurement"). Forward map and mean: (rtol, atol) elementwise.
 MAP_TOL = {torch.float32: (2e-4, 5e-5), torch.float64: (1e-10, 1e-12)}
 # Gradients: relative L2 error.
 GRAD_REL_TOL = {torch.float32: 1e-4, torch.float64: 1e-10}
+# Where the images are smooth the variances cancel: map values may also err by KAPPA_MAP u s
+# per pixel and gradients by KAPPA_GRAD u |e| in L2 norm (u: the unit roundoff of the
+# kernel's arithmetic, float32 for 16-bit images; s, e: rounding_sensitivity's estimates).
+# Bright smooth images in float32: s ~ 1e4, so ~1e-3 on the map. The constants needed, over
+# fresh seeds (benchmarks/tolerances.py): <= 2.9 (map) and 5.6 (gradients, one map pixel:
+# 1x1x11x11 "valid") on an H200; torch's own float32 SSIM on CPU needs up to 9.4 and 20.
+KAPPA_MAP = 16.0
+KAPPA_GRAD = 32.0
+UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float64: 2.0**-53, torch.float16: 2.0**-24,
+                 torch.bfloat16: 2.0**-24}
 # 16-bit types: the kernel's relative error <= 2x the error of the reference run in that dtype
 # plus a floor of 4 units of roundoff (the result's own rounding is up to 1; at a floor of 2
 # the worst of ~10^4 float16 gradient checks used 73 % of its bound).
@@ -54,14 +70,28 @@ def _size_params(sizes: list[tuple[int, ...]]) -> list[object]:
 
 
 def _images(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
-            seed: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two correlated random images in [0, 1] (never zeros); prints the seed."""
+            seed: int | None = None, kind: str = "noise") -> tuple[torch.Tensor, torch.Tensor]:
+    """Two correlated random images in [0, 1] (never zeros); prints the seed.
+
+    ``kind``: "noise" (uniform, y = 0.7 x + 0.3 noise) or "smooth" (uniform noise box-blurred
+    twice, local standard deviation ~0.02, shifted per plane to a brightness in 0.1..0.95;
+    y = x + 0.002 noise)."""
     seed = random.randrange(2**31) if seed is None else seed
-    print(f"seed={seed} shape={shape} dtype={dtype} device={device}")
+    print(f"seed={seed} shape={shape} dtype={dtype} device={device} images={kind}")
     gen = torch.Generator(device=device).manual_seed(seed)
     x = torch.rand(shape, generator=gen, device=device, dtype=torch.float32)
     noise = torch.rand(shape, generator=gen, device=device, dtype=torch.float32)
-    y = (0.7 * x + 0.3 * noise).clamp(0, 1)
+    if kind == "noise":
+        y = (0.7 * x + 0.3 * noise).clamp(0, 1)
+    elif kind == "smooth":
+        box = torch.full((shape[1], 1, 9, 9), 1 / 81, device=device)
+        for _ in range(2):
+            x = F.conv2d(x, box, padding=4, groups=shape[1])
+        level = 0.1 + 0.85 * torch.rand((*shape[:2], 1, 1), generator=gen, device=device)
+        x = (x - 0.5 + level).clamp(0, 1)
+        y = (x + 0.002 * (noise - 0.5)).clamp(0, 1)
+    else:
+        raise ValueError(f"images: 'noise' or 'smooth', got {kind!r}")
     return x.to(dtype), y.to(dtype)
 
 
@@ -81,7 +111,8 @@ def _dist(a: torch.Tensor, ref: torch.Tensor) -> float:
     return float((a.double() - ref.double()).norm()) if torch.isfinite(a).all() else math.inf
 
 
-def _used(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float) -> float:
+def _used(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float | torch.Tensor
+          ) -> float:
     """How much of the elementwise tolerance ``atol + rtol |want|`` the worst element uses
     (NaN where got has a NaN)."""
     return float(((got.double() - want).abs() / (atol + rtol * want.abs())).max())
@@ -108,36 +139,51 @@ class Check(NamedTuple):
     #: GRAD_ABS_TOL x unit), so that the measurement can tell which absolute term it needed
     relative: float = 0.0
     unit: float = 0.0
+    #: float32/64: the constant of the rounding-sensitivity term (KAPPA_MAP / KAPPA_GRAD) this
+    #: comparison needed beyond the bound's other terms (0: none)
+    kappa: float = 0.0
 
 
 def forward_checks(x: torch.Tensor, y: torch.Tensor, padding: str) -> list[Check]:
     """The forward map and mean of ``x``, ``y`` (one dtype) against the float64 reference.
-    float32/64: the share of MAP_TOL's elementwise ``atol + rtol |want|`` the worst element
+    float32/64: the share of the elementwise ``atol + rtol |want| + KAPPA_MAP u s`` (MAP_TOL,
+    s from rounding_sensitivity; the mean against the map's mean of it) the worst element
     uses, against 1; 16-bit: the relative L2 error against twice the reference's own error in
-    that dtype + LOWP_FLOOR."""
+    that dtype + LOWP_FLOOR + the kernel's float32 term KAPPA_MAP u |s| / |want|."""
     dtype, device = x.dtype, x.device
     got_map = ssim(x, y, padding=padding, train=False, reduction="none")
     got_mean = ssim(x, y, padding=padding, train=False)
     want_map = ref_ssim(x.double(), y.double(), padding=padding, reduction="none")
     assert got_map.dtype == dtype and got_map.shape == want_map.shape
     assert got_map.device == device and got_mean.shape == ()
+    u_s = UNIT_ROUNDOFF[dtype] * rounding_sensitivity(x, y, padding).map
     if dtype in MAP_TOL:
         rtol, atol = MAP_TOL[dtype]
-        return [Check(f"{padding} map", _used(got_map, want_map, rtol, atol), 1.0),
-                Check(f"{padding} mean", _used(got_mean, want_map.mean(), rtol, atol), 1.0)]
+        diff = (got_map.double() - want_map).abs()
+        assert not diff.isnan().any(), "NaN in the map"
+        kappa = float(((diff - atol - rtol * want_map.abs()).clamp_min(0) / u_s).max())
+        bound = atol + KAPPA_MAP * u_s
+        return [Check(f"{padding} map", _used(got_map, want_map, rtol, bound), 1.0,
+                      kappa=kappa),
+                Check(f"{padding} mean",
+                      _used(got_mean, want_map.mean(), rtol, bound.mean()), 1.0)]
     lowp_map = ref_ssim(x, y, padding=padding, reduction="none")
     err, ref_err = _rel(got_map, want_map), _rel(lowp_map, want_map)
     err_mean = abs(float(got_mean) - float(want_map.mean()))
     ref_err_mean = abs(float(lowp_map.double().mean()) - float(want_map.mean()))
-    return [Check(f"{padding} map", err, 2 * ref_err + LOWP_FLOOR[dtype]),
-            Check(f"{padding} mean", err_mean, 2 * ref_err_mean + LOWP_FLOOR[dtype])]
+    # the kernel's float32 arithmetic: KAPPA_MAP u s, relative (map) / absolute (mean)
+    sens_map = KAPPA_MAP * _norm(u_s) / max(_norm(want_map), 1e-300)
+    return [Check(f"{padding} map", err, 2 * ref_err + LOWP_FLOOR[dtype] + sens_map),
+            Check(f"{padding} mean", err_mean,
+                  2 * ref_err_mean + LOWP_FLOOR[dtype] + KAPPA_MAP * float(u_s.mean()))]
 
 
 def backward_checks(x: torch.Tensor, y: torch.Tensor, padding: str, reduction: str
                     ) -> list[Check]:
     """The gradients of both images against the float64 reference's: the L2 distance against
-    a relative part (float32/64: GRAD_REL_TOL; 16-bit: twice the reference's own relative
-    error in that dtype + LOWP_FLOOR) of the reference gradient's norm, plus GRAD_ABS_TOL."""
+    a relative part of the reference gradient's norm (float32/64: GRAD_REL_TOL; 16-bit: twice
+    the reference's own relative error in that dtype + LOWP_FLOOR), plus KAPPA_GRAD u |e| (e
+    from rounding_sensitivity, u of the kernel's arithmetic), plus GRAD_ABS_TOL."""
     dtype = x.dtype
     a = x.clone().requires_grad_(True)
     b = y.clone().requires_grad_(True)
@@ -166,25 +212,42 @@ def backward_checks(x: torch.Tensor, y: torch.Tensor, padding: str, reduction: s
     unit = (scale / x.numel() if w is None else 1.0) * math.sqrt(x.numel())
     absolute = GRAD_ABS_TOL[dtype] * unit
     case = f"{padding} {reduction}"
+    if w is None:  # the mean's gradient with respect to the map (times the loss scale)
+        shape = x.shape if padding == "same" else (*x.shape[:2], x.shape[2] - 10,
+                                                    x.shape[3] - 10)
+        upstream = torch.full(shape, scale / math.prod(shape), device=x.device)
+    else:
+        upstream = w
+    sens = rounding_sensitivity(x, y, padding, upstream)
+    assert sens.grad1 is not None and sens.grad2 is not None
+    u_e1 = UNIT_ROUNDOFF[dtype] * _norm(sens.grad1)
+    u_e2 = UNIT_ROUNDOFF[dtype] * _norm(sens.grad2)
     if dtype in GRAD_REL_TOL:
-        tol = GRAD_REL_TOL[dtype]
-        return [Check(f"{case} {name}", _dist(got, want), tol * _norm(want) + absolute,
-                      tol * _norm(want), unit)
-                for got, want, name in ((a.grad, a64.grad, "img1"), (b.grad, b64.grad, "img2"))]
+        checks = []
+        for got, want, u_e, name in ((a.grad, a64.grad, u_e1, "img1"),
+                                     (b.grad, b64.grad, u_e2, "img2")):
+            err, relative = _dist(got, want), GRAD_REL_TOL[dtype] * _norm(want)
+            kappa = max(0.0, err - relative - absolute) / u_e if u_e > 0 else 0.0
+            relative += KAPPA_GRAD * u_e
+            checks.append(Check(f"{case} {name}", err, relative + absolute, relative, unit,
+                                kappa))
+        return checks
     al = x.clone().requires_grad_(True)
     bl = y.clone().requires_grad_(True)
     outl = ref_ssim(al, bl, padding=padding, reduction=reduction)
     (outl * scale if w is None else (outl.float() * w).sum()).backward()
     checks = []
-    for got, lowp, want, name in ((a.grad, al.grad, a64.grad, "img1"),
-                                  (b.grad, bl.grad, b64.grad, "img2")):
+    for got, lowp, want, u_e, name in ((a.grad, al.grad, a64.grad, u_e1, "img1"),
+                                       (b.grad, bl.grad, b64.grad, u_e2, "img2")):
         # The reference's own float16 backward can overflow under the loss scale
         # (its intermediate gradients exceed 65504 at tiny sizes): then only the floor
         # bounds the kernel's error.
         ref_err = _rel(lowp, want) if torch.isfinite(lowp).all() else math.inf
         rel = LOWP_FLOOR[dtype] + (2 * ref_err if math.isfinite(ref_err) else 0.0)
-        checks.append(Check(f"{case} {name}", _dist(got, want), rel * _norm(want) + absolute,
-                            rel * _norm(want), unit))
+        err, relative = _dist(got, want), rel * _norm(want)
+        kappa = max(0.0, err - relative - absolute) / u_e if u_e > 0 else 0.0
+        relative += KAPPA_GRAD * u_e  # the kernel's float32 arithmetic
+        checks.append(Check(f"{case} {name}", err, relative + absolute, relative, unit, kappa))
     return checks
 
 
@@ -194,22 +257,24 @@ def _assert_within(checks: list[Check]) -> None:
         f"{c.what}: {c.err:.3g} > {c.bound:.3g}" for c in over)
 
 
+@pytest.mark.parametrize("images", IMAGES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", _size_params(SIZES))
 def test_forward_matches_reference(gpu_device: torch.device, shape: tuple[int, ...],
-                                   dtype: torch.dtype) -> None:
+                                   dtype: torch.dtype, images: str) -> None:
     load_ops()
-    x, y = _images(shape, dtype, gpu_device)
+    x, y = _images(shape, dtype, gpu_device, kind=images)
     for padding in _paddings(shape):
         _assert_within(forward_checks(x, y, padding))
 
 
+@pytest.mark.parametrize("images", IMAGES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", _size_params(SIZES))
 def test_backward_matches_reference(gpu_device: torch.device, shape: tuple[int, ...],
-                                    dtype: torch.dtype) -> None:
+                                    dtype: torch.dtype, images: str) -> None:
     load_ops()
-    x, y = _images(shape, dtype, gpu_device)
+    x, y = _images(shape, dtype, gpu_device, kind=images)
     for padding in _paddings(shape):
         for reduction in ("none", "mean"):
             _assert_within(backward_checks(x, y, padding, reduction))
