@@ -41,7 +41,7 @@ GRAD_REL_TOL = {torch.float32: 1e-4, torch.float64: 1e-10}
 # kernel's arithmetic, float32 for 16-bit images; s, e: rounding_sensitivity's estimates).
 # Bright smooth images in float32: s ~ 1e4, so ~1e-3 on the map. The constants needed, over
 # fresh seeds (benchmarks/tolerances.py): <= 2.9 (map) and 5.6 (gradients, one map pixel:
-# 1x1x11x11 "valid") on an H200; torch's own float32 SSIM on CPU needs up to 9.4 and 20.
+# 1x1x11x11 "valid") on an H200 and an H100; torch's own float32 SSIM on CPU: 9.4 and 20.
 KAPPA_MAP = 16.0
 KAPPA_GRAD = 32.0
 UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float64: 2.0**-53, torch.float16: 2.0**-24,
@@ -139,8 +139,8 @@ class Check(NamedTuple):
     #: GRAD_ABS_TOL x unit), so that the measurement can tell which absolute term it needed
     relative: float = 0.0
     unit: float = 0.0
-    #: float32/64: the constant of the rounding-sensitivity term (KAPPA_MAP / KAPPA_GRAD) this
-    #: comparison needed beyond the bound's other terms (0: none)
+    #: the constant of the rounding-sensitivity term (KAPPA_MAP / KAPPA_GRAD) this comparison
+    #: needed beyond the bound's other terms (0: none; float32/64 maps and all gradients)
     kappa: float = 0.0
 
 
