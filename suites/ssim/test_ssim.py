@@ -39,7 +39,7 @@ GRAD_REL_TOL = {torch.float32: 1e-4, torch.float64: 1e-10}
 # Where the images are smooth the variances cancel: map values may also err by KAPPA_MAP u s
 # per pixel and gradients by KAPPA_GRAD u |e| in L2 norm (u: the unit roundoff of the
 # kernel's arithmetic, float32 for 16-bit images; s, e: rounding_sensitivity's estimates).
-# Bright smooth images in float32: s ~ 1e4, so ~1e-3 on the map. The constants needed, over
+# Bright smooth images in float32: s up to ~4e3, u s ~ 3e-4 on the map. The constants needed, over
 # fresh seeds (benchmarks/tolerances.py): <= 2.9 (map) and 5.6 (gradients, one map pixel:
 # 1x1x11x11 "valid") on an H200 and an H100; torch's own float32 SSIM on CPU: 9.4 and 20.
 KAPPA_MAP = 16.0
@@ -74,8 +74,8 @@ def _images(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
     """Two correlated random images in [0, 1] (never zeros); prints the seed.
 
     ``kind``: "noise" (uniform, y = 0.7 x + 0.3 noise) or "smooth" (uniform noise box-blurred
-    twice, local standard deviation ~0.02, shifted per plane to a brightness in 0.1..0.95;
-    y = x + 0.002 noise)."""
+    twice, standard deviation ~0.013 over the 11x11 window, shifted per plane to a brightness
+    in 0.1..0.95; y = x + 0.002 noise)."""
     seed = random.randrange(2**31) if seed is None else seed
     print(f"seed={seed} shape={shape} dtype={dtype} device={device} images={kind}")
     gen = torch.Generator(device=device).manual_seed(seed)

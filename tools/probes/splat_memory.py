@@ -101,11 +101,9 @@ def main() -> int:
     parser.add_argument("--dtype", default="float32")
     args = parser.parse_args()
     device = torch.device("cuda", 0)
-    scene = splat_scenes.scene(args.n, 1920, 1080, 1234, device,
-                               **splat_scenes.BENCH_SCENES[args.scene])
-    dtype = getattr(torch, args.dtype)
-    for k in (*PARAMS, "background"):
-        scene[k] = scene[k].to(dtype)
+    scene = splat_scenes.to(splat_scenes.scene(args.n, 1920, 1080, 1234, device,
+                                               **splat_scenes.BENCH_SCENES[args.scene]),
+                            device, getattr(torch, args.dtype))
     leaves = {k: scene[k].clone().requires_grad_() for k in PARAMS}
     grad = torch.rand(3, 1080, 1920, device=device)
     for _ in range(2):  # warm-up: extension loaded, allocator pools grown
