@@ -11,6 +11,7 @@ This module must not import torch, and setup.py loads it by path (before gpuchec
 from __future__ import annotations
 
 import importlib.resources
+import os
 from pathlib import Path
 
 #: bundled folders: the subpackage of gpucheck -> the folder of the repository it is built from
@@ -54,3 +55,31 @@ def suites() -> Path:
 def example() -> Path:
     """The worked example, a custom RNN extension: its csrc/, Python package, suite, README."""
     return path("examples") / EXAMPLE
+
+
+# -- whose code a frame is ------------------------------------------------------------------
+#: gpucheck's package folder
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+#: folders of the package that hold users' code as far as frames go (the bundled suites and
+#: the worked example are what a user's own suite and extension would be)
+_USERS_IN_PACKAGE = tuple(os.path.join(PACKAGE_DIR, name) + os.sep for name in BUNDLED)
+_TORCH_PARTS = ("/site-packages/torch/", "/dist-packages/torch/")
+
+
+def own_code(path: str) -> bool:
+    """Whether a source file is gpucheck's own machinery (not a bundled suite or example):
+    frames there are never the place a finding points a user at."""
+    return path.startswith(PACKAGE_DIR + os.sep) and not path.startswith(_USERS_IN_PACKAGE)
+
+
+def torch_code(path: str, torch_dir: str | None = None) -> bool:
+    """Whether a source file is torch's (``torch_dir``: torch's package folder when known)."""
+    if torch_dir is not None:
+        return path.startswith(torch_dir)
+    return any(part in path for part in _TORCH_PARTS)
+
+
+def user_code(path: str, torch_dir: str | None = None) -> bool:
+    """The rule for the frame a finding names: the first frame whose file is neither
+    gpucheck's own machinery nor torch's (:func:`own_code`, :func:`torch_code`)."""
+    return not own_code(path) and not torch_code(path, torch_dir)

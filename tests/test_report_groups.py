@@ -37,8 +37,8 @@ def test_example_findings_are_grouped_diagnoses_first(example):
     assert [(d.kind, d.subject, d.count) for d in g.diagnoses] == [
         ("wrong-device", "gpucheck_defect_output_current_device::knn_mean_sq_dist", 18),
         ("wrong-stream", "gpucheck_defect_legacy_stream::ssim_forward", 4),
-        ("numerics", "gpucheck_defect_nondeterminism::knn_mean_sq_dist", 2),
         ("wrong-stream", "gpucheck_defect_legacy_stream::ssim_backward", 2),
+        ("numerics", "gpucheck_defect_nondeterminism::knn_mean_sq_dist", 2),
         ("device-state-leak", None, 2),
         ("device-state-leak", "gpucheck_defect_set_device::knn_mean_sq_dist", 2)]
     wrong = g.diagnoses[0]  # 9 kernels on each of 2 devices: one card, both devices inside

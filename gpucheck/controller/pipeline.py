@@ -19,7 +19,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from gpucheck.controller import devlock
+from gpucheck.controller import devlock, reruns
 from gpucheck.controller import suites as suites_mod
 from gpucheck.controller.config import (
     DEFAULT_MODES,
@@ -259,23 +259,26 @@ def _rerun_suspects(cfg: RunConfig, label: str, specs: list[WorkerSpec], out: Pa
 
 
 def _diagnose(out: Path, results_path: Path, run_id: str) -> list[Diagnosis]:
-    """Run-level detectors over every record; their findings become diagnosis records."""
+    """Run-level detectors over every record, and what the wrong-device re-runs found
+    besides their outcome (:func:`~gpucheck.controller.reruns.carried`): their findings
+    become diagnosis records of the cases they are about."""
     log = RunLog.read(results_path)
     records = [r for r in log.cases if r.run_id == run_id]
     records += [r for r in RunLog.read(RunFolder(out).rerun).cases if r.run_id == run_id]
     head = next((h for h in log.headers if h.run_id == run_id), None)
+    found = [f for detector in registry.run_detectors(registry.RunContext.of_header(head))
+             for f in detector.run_finished(records)]
     made = []
-    for detector in registry.run_detectors(registry.RunContext.of_header(head)):
-        for finding in detector.run_finished(records):
-            mine = [r for r in records if (r.device, r.suite, r.case) ==
-                    (finding.device, finding.suite, finding.case)]
-            if not mine:  # a detector's finding about no case of the run: nowhere to attach
-                continue
-            original = next((r for r in mine if not Mode.parse(r.mode).variant), mine[0])
-            diagnosis = Diagnosis(run_id, original.device, original.suite, original.case,
-                                  original.mode, [finding])
-            results.append(results_path, diagnosis.to_json())
-            made.append(diagnosis)
+    for finding in [*found, *reruns.carried(records)]:
+        mine = [r for r in records if (r.device, r.suite, r.case) ==
+                (finding.device, finding.suite, finding.case)]
+        if not mine:  # a detector's finding about no case of the run: nowhere to attach
+            continue
+        original = next((r for r in mine if not Mode.parse(r.mode).variant), mine[0])
+        diagnosis = Diagnosis(run_id, original.device, original.suite, original.case,
+                              original.mode, [finding])
+        results.append(results_path, diagnosis.to_json())
+        made.append(diagnosis)
     return made
 
 

@@ -51,6 +51,9 @@ class Detector(Protocol):
     """
 
     name: str
+    #: whether ``case_finished`` reads the GPU (streams, memory, results): such a detector
+    #: stands down after a CUDA error that lost the process's context
+    touches_gpu: bool
 
     def bind(self, worker: WorkerContext) -> None: ...
 
@@ -67,6 +70,7 @@ class BaseDetector:
     """No-op hooks: a detector overrides the ones for where it runs."""
 
     name = "base"
+    touches_gpu = True
 
     def bind(self, worker: WorkerContext) -> None:
         return None

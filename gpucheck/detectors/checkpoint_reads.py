@@ -162,6 +162,7 @@ class CheckpointReads(BaseDetector):
     """Lints the 3DGS checkpoints a case reads through plyfile or ``torch.load``."""
 
     name = "checkpoint-reads"
+    touches_gpu = False  # what it saw of the calls before an error stands
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

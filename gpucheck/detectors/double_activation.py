@@ -35,6 +35,7 @@ class DoubleActivation(BaseDetector):
     """Turns the failed checkpoint round trips of a case into findings."""
 
     name = "double-activation"
+    touches_gpu = False  # what it saw of the calls before an error stands
 
     def case_started(self, case: CaseInfo) -> None:
         kept = _outcomes()

@@ -14,16 +14,14 @@ with the Python line of the call.
 from __future__ import annotations
 
 from gpucheck.detectors.base import BaseDetector, CaseInfo
-from gpucheck.detectors.launch_trace import TRACE
+from gpucheck.detectors.launch_trace import TRACE, kernel_list
 from gpucheck.detectors.wrong_device import HINT
 from gpucheck.detectors.wrong_stream import verdicts
 from gpucheck.model.results import Finding
 
-MAX_FINDINGS = 8
-
 
 class KernelDevice(BaseDetector):
-    """Reads the launch trace of each case; one finding per (op, kernel)."""
+    """Reads the launch trace of each case; one finding per op."""
 
     name = "kernel-device"
 
@@ -34,23 +32,29 @@ class KernelDevice(BaseDetector):
         self.trace.acquire()
 
     def case_finished(self, case: CaseInfo) -> list[Finding]:
-        merged: dict[tuple[str, str], tuple[int, set[int], int, str | None]] = {}
+        per_op: dict[str, tuple[int, dict[str, int], set[int], str | None]] = {}
         for v, _ in verdicts(self.trace.finish(), "kernel-device"):
-            dev, ran, n, frame = merged.get((v.op, v.kernel), (v.device, set(), 0, v.frame))
-            merged[(v.op, v.kernel)] = (dev, ran | set(v.ran_on), n + v.count, frame)
+            dev, kernels, ran, frame = per_op.get(v.op, (v.device, {}, set(), v.frame))
+            kernels[v.kernel] = kernels.get(v.kernel, 0) + v.count
+            per_op[v.op] = (dev, kernels, ran | set(v.ran_on), frame or v.frame)
         out = []
-        for (op, kernel), (dev, ran, n, frame) in list(merged.items())[:MAX_FINDINGS]:
+        for op, (dev, kernels, ran, frame) in per_op.items():  # one finding per op
+            n = sum(kernels.values())
+            names = list(kernels)
+            what = kernel_list(names)
             times = f" ({n} launches)" if n > 1 else ""
             on = ", ".join(f"cuda:{d}" for d in sorted(ran))
             where = f"; called from {frame}" if frame else ""
             out.append(Finding(
                 kind="wrong-device", severity="error",
-                message=f"{op} launched {kernel}{times} on {on}, but all its tensor arguments "
+                message=f"{op} launched {what}{times} on {on}, but all its tensor arguments "
                         f"are on cuda:{dev} (missing device guard: the kernel ran on the "
                         f"current device{where})",
-                device=case.device, suite=case.suite, case=case.case, op=op, kernel=kernel,
-                evidence=(f"profiler: {kernel} of {op} ran on {on}; its inputs are on "
+                device=case.device, suite=case.suite, case=case.case, op=op, kernel=names[0],
+                evidence=(f"profiler: kernels of {op} ran on {on}; its inputs are on "
                           f"cuda:{dev} (with peer access enabled such a kernel reads the other "
-                          "GPU's memory silently and slowly; without it, it faults)"),
+                          "GPU's memory silently and slowly; without it, it faults):\n"
+                          + "\n".join(f"{k}: {c} launch(es)" for k, c in
+                                      list(kernels.items())[:12])),
                 hint=HINT.format(where=f"the C++ function behind `{op}`")))
         return out

@@ -448,3 +448,12 @@ def _watch_backward() -> None:
 
         setattr(torch.autograd, name, wrapped)
     _backward_watched = True
+
+
+def kernel_list(names: list[str], shown: int = 3) -> str:
+    """``kern`` for one kernel, ``3 kernels (a, b, c)`` for several: how one finding about an
+    op (or a library) names the kernels it launched."""
+    if len(names) == 1:
+        return names[0]
+    more = ", ..." if len(names) > shown else ""
+    return f"{len(names)} kernels ({', '.join(names[:shown])}{more})"

@@ -15,7 +15,9 @@ writes it to its state file, which outlives a crash).
 The rule (:func:`mixed`): the call has a tensor on an accelerator (CUDA, or any device but
 the CPU) and its tensors that carry data are on two or more devices. A CPU tensor that torch
 itself lets a CUDA op take is not data here: a 0-dim tensor (a scalar), and an integer or
-bool tensor of at most :data:`SMALL_HOST` elements (a size, a shape, a seed). A call that the
+bool tensor of at most :data:`SMALL_HOST` elements (a size, a shape, a seed). Nor is a
+tensor with no elements on any device (:func:`placeholder`): the rasterizers pass
+``torch.Tensor([])`` for an argument that is not given and test ``.size(0)`` in C++. A call that the
 extension refuses itself (it raises an error that is not a CUDA error: a ``TORCH_CHECK``
 saying "must be a CUDA tensor", as gpucheck's own suites test on purpose) is fine: its check
 did the job, and the finding made before the call is withdrawn. An extension that takes
@@ -50,6 +52,19 @@ def host_argument(t: Any) -> bool:
         return False
     return t.dim() == 0 or (not (t.is_floating_point() or t.is_complex())
                             and t.numel() <= SMALL_HOST)
+
+
+def placeholder(t: Any) -> bool:
+    """A tensor with no elements: the field's "not given" (``torch.Tensor([])``,
+    ``torch.empty(0)`` for an optional argument the C++ side tests with ``.size(0)``). It hands
+    the kernel no data to read, on whatever device it sits."""
+    return t.numel() == 0
+
+
+def carries_data(t: Any) -> bool:
+    """Whether a tensor argument counts for the rule: neither a host argument nor a
+    placeholder."""
+    return not (host_argument(t) or placeholder(t))
 
 
 def _split_params(text: str) -> list[str]:
@@ -121,7 +136,7 @@ def labelled_tensors(args: tuple[Any, ...], kwargs: dict[str, Any], names: list[
 def mixed(tensors: list[tuple[str, Any]]) -> list[tuple[str, str, tuple[int, ...], str]]:
     """(label, device, shape, dtype) of the data-carrying tensor arguments when they sit on
     two or more devices, one of them not the CPU; [] when the call is fine."""
-    data = [(label, t) for label, t in tensors if not host_argument(t)]
+    data = [(label, t) for label, t in tensors if carries_data(t)]
     devices = {str(t.device) for _, t in data}
     if len(devices) < 2 or devices <= {"cpu"}:
         return []
@@ -165,6 +180,7 @@ class MixedDevices(CallWatcher):
     """Looks at every watched call's tensor arguments before it runs; one finding per op."""
 
     name = "mixed-devices"
+    touches_gpu = False  # what it saw of the calls before an error stands
 
     def __init__(self) -> None:
         self.watching = False
@@ -180,7 +196,7 @@ class MixedDevices(CallWatcher):
 
     def before(self, call: op_watch.Call) -> None:
         tensors = op_watch.tensors((call.args, call.kwargs))
-        if len({t.device for t in tensors}) < 2:
+        if len({t.device for t in tensors if carries_data(t)}) < 2:
             return  # the common case, without naming anything
         found = mixed(labelled_tensors(call.args, call.kwargs, argument_names(call.fn)))
         if not found:

@@ -15,6 +15,11 @@ failed one is a ``numerics`` finding that carries the measured errors (largest a
 relative error, where, how many elements), and every one is kept in the case record
 (``numerics``).
 
+An op's ``uint8`` outputs are not results (:func:`scratch`): the 3DGS rasterizers return
+their geometry, binning and image state as opaque byte buffers for their backward, partly
+never written, so they differ call to call while the images and gradients are bitwise equal.
+They are left out of the output fingerprint (still part of the inputs' when passed back).
+
 Ops tagged ``torch.Tag.nondeterministic_bitwise`` (float atomics, by design) and
 ``nondeterministic_seeded`` (random) are not judged. Fingerprints are taken for the first
 :data:`CAP` calls per (op, argument signature) of a case and, for tensors of more than
@@ -60,9 +65,16 @@ def _bits(t: Any) -> tuple[Any, ...]:
     return ints.sum(), (ints * weights).sum()
 
 
-def fingerprint(obj: Any) -> str | None:
+def scratch(t: Any) -> bool:
+    """Opaque byte storage (``uint8``): what an op returns for its own backward (the
+    rasterizers' geometry, binning and image buffers, partly never written), not a result."""
+    return t.dtype == sys.modules["torch"].uint8
+
+
+def fingerprint(obj: Any, results_only: bool = False) -> str | None:
     """A hex digest of the tensors and other values in ``obj``; None when a tensor has no
-    memory behind it (fake, meta)."""
+    memory behind it (fake, meta). ``results_only``: byte scratch (:func:`scratch`) left out
+    (an op's outputs: its scratch may differ call to call while its results do not)."""
     torch = sys.modules["torch"]
     from torch.utils._pytree import tree_leaves
 
@@ -72,6 +84,9 @@ def fingerprint(obj: Any) -> str | None:
         if isinstance(leaf, torch.Tensor):
             if not _real(leaf):
                 return None
+            if results_only and scratch(leaf):
+                parts.append("scratch")
+                continue
             parts.append((str(leaf.dtype), tuple(leaf.shape)))
             if leaf.numel():
                 sums.setdefault(leaf.device, []).extend(_bits(leaf))
@@ -176,7 +191,7 @@ class Numerics(CallWatcher):
         noted = call.notes.get("numerics")
         if noted is None or call.error is not None:
             return
-        outputs = fingerprint(out)
+        outputs = fingerprint(out, results_only=True)
         if outputs is not None:
             with self.lock:
                 self.entries.append((call.op, noted[0], outputs, noted[1]))

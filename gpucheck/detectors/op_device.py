@@ -63,6 +63,7 @@ class OpDevice(CallWatcher):
     """Watches every extension op of the case body; one finding per (kind, op)."""
 
     name = "op-device"
+    touches_gpu = False  # what it saw of the calls before an error stands
 
     def __init__(self) -> None:
         self.watching = False

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from types import CodeType, FrameType
 from typing import Any, Protocol
 
+from gpucheck._resources import own_code
+
 #: namespaces of torch itself: never watched
 TORCH_NAMESPACES = ("aten", "prim", "prims", "_c10d_functional", "c10d", "profiler",
                     "quantized", "rngprims", "higher_order", "inductor", "_test", "debugprims")
@@ -139,10 +141,6 @@ def _watched(name: str, invoke: Any, args: tuple[Any, ...], kwargs: dict[str, An
 
 # -- the caller's frame --------------------------------------------------------------------
 
-#: gpucheck's package folder
-_OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-#: gpucheck's bundled folders hold users' code as far as frames go (suites, the example)
-_BUNDLED = tuple(os.path.join(_OWN, name) + os.sep for name in ("suites", "examples"))
 _kinds: dict[CodeType, int] = {}
 _USER, _INTERNAL, _AUTOGRAD_APPLY = 0, 1, 2
 
@@ -164,7 +162,7 @@ def _kind(code: CodeType) -> int:
         if torch_path and path.startswith(torch_path):
             kind = (_AUTOGRAD_APPLY if code.co_name == "apply" and
                     path.endswith(os.path.join("autograd", "function.py")) else _INTERNAL)
-        elif path.startswith(_OWN + os.sep) and not path.startswith(_BUNDLED):
+        elif own_code(path):
             kind = _INTERNAL
         else:
             kind = _USER

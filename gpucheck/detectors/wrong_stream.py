@@ -36,11 +36,13 @@ from gpucheck.detectors.launch_trace import (
     Window,
     attribute,
     judge,
+    kernel_list,
     unclaimed,
 )
 from gpucheck.model.results import Finding
 
-MAX_FINDINGS = 8
+#: kernels an op's finding lists one by one in its evidence
+MAX_KERNELS = 12
 HINT = ("launch on the caller's current stream of the input's device: "
         "`at::cuda::getCurrentCUDAStream()` (or `c10::cuda::getCurrentCUDAStream()`) as the "
         "launch's stream (`kernel<<<grid, block, shmem, stream>>>`, and the stream argument "
@@ -54,62 +56,79 @@ def verdicts(windows: list[Window], kind: str) -> list[tuple[Verdict, Window]]:
 
 
 def findings(case: CaseInfo, bad: list[tuple[Verdict, Window]]) -> list[Finding]:
-    """One error finding per (op, kernel)."""
-    merged: dict[tuple[str, str, int], tuple[Verdict, Window, int]] = {}
-    for v, w in bad:  # the first window's verdict, the launches of every window
-        first, win, n = merged.get((v.op, v.kernel, v.device), (v, w, 0))
-        merged[(v.op, v.kernel, v.device)] = (first, win, n + v.count)
+    """One error finding per op (and device): one bug, however many kernels, cub/thrust
+    passes and copies it launched on the wrong stream; the evidence lists each kernel."""
+    per_op: dict[tuple[str, int], dict[str, tuple[Verdict, Window, int]]] = {}
+    for v, w in bad:  # the first window's verdict of each kernel, the launches of every window
+        kernels = per_op.setdefault((v.op, v.device), {})
+        first, win, n = kernels.get(v.kernel, (v, w, 0))
+        kernels[v.kernel] = (first, win, n + v.count)
     out = []
-    items = list(merged.values())
-    for v, w, count in items[:MAX_FINDINGS]:
-        named = w.streams.get(v.device)
-        times = f" ({count} launches)" if count > 1 else ""
-        where = f" (called from {v.frame})" if v.frame else ""
+    for (op, device), kernels in per_op.items():
+        items = list(kernels.values())
+        v, w, _ = items[0]
+        launches = sum(n for _, _, n in items)
+        named = w.streams.get(device)
+        frame = next((x.frame for x, _, _ in items if x.frame), None)
+        what = kernel_list([x.kernel for x, _, _ in items])
+        times = f" ({launches} launches)" if launches > 1 else ""
+        where = f" (called from {frame})" if frame else ""
+        lines = [f"{x.kernel}: {n} launch(es) on stream {', '.join(map(str, x.ran_on))}"
+                 for x, _, n in items[:MAX_KERNELS]]
+        if len(items) > MAX_KERNELS:
+            lines.append(f"... and {len(items) - MAX_KERNELS} more kernels")
         out.append(Finding(
             kind="wrong-stream", severity="error",
-            message=f"{v.op} launched {v.kernel}{times} on cuda:{v.device} on a stream that was "
+            message=f"{op} launched {what}{times} on cuda:{device} on a stream that was "
                     f"not the caller's current stream{where}",
-            device=case.device, suite=case.suite, case=case.case, op=v.op, kernel=v.kernel,
-            evidence=(f"profiler stream ids on cuda:{v.device}: the kernel ran on "
-                      f"{', '.join(map(str, v.ran_on))}; the stream current there when "
-                      f"{v.op} was called is {v.expected}"
-                      f"{f' ({named})' if named else ''} (a marker kernel launched on it "
-                      "just before the call)" + (f"; called from {v.frame}" if v.frame else "")),
+            device=case.device, suite=case.suite, case=case.case, op=op, kernel=v.kernel,
+            evidence=(f"profiler stream ids on cuda:{device}: the stream current there when "
+                      f"{op} was called is {v.expected}{f' ({named})' if named else ''} (a "
+                      "marker kernel launched on it just before the call); its launches "
+                      "elsewhere:\n" + "\n".join(lines)
+                      + (f"\ncalled from {frame}" if frame else "")),
             hint=HINT))
-    if len(items) > MAX_FINDINGS:
-        out[-1].message += f" (and {len(items) - MAX_FINDINGS} more kernels)"
     return out
 
 
 def unclaimed_findings(case: CaseInfo, windows: list[Window]) -> list[Finding]:
-    """One error finding per (kernel, device) that no watched call launched, on a stream no
-    caller had current (:func:`~gpucheck.detectors.launch_trace.unclaimed`)."""
-    merged: dict[tuple[str, int], Unclaimed] = {}
-    counts: dict[tuple[str, int], int] = {}
+    """One error finding per library (and device) for the kernels that no watched call
+    launched, on a stream no caller had current
+    (:func:`~gpucheck.detectors.launch_trace.unclaimed`); the evidence lists each kernel."""
+    per_lib: dict[tuple[str | None, int], dict[str, tuple[Unclaimed, int]]] = {}
     for w in windows:
         for u in unclaimed(w):
-            merged.setdefault((u.kernel, u.device), u)
-            counts[(u.kernel, u.device)] = counts.get((u.kernel, u.device), 0) + u.count
+            kernels = per_lib.setdefault((u.library, u.device), {})
+            first, n = kernels.get(u.kernel, (u, 0))
+            kernels[u.kernel] = (first, n + u.count)
     out = []
-    for key, u in list(merged.items())[:MAX_FINDINGS]:
-        lib = os.path.basename(u.library) if u.library else None
-        stream0 = " (the legacy default stream)" if u.legacy else ""
-        times = f" ({counts[key]} launches)" if counts[key] > 1 else ""
+    for (library, device), kernels in per_lib.items():
+        items = list(kernels.values())
+        u = items[0][0]
+        lib = os.path.basename(library) if library else None
+        stream0 = " (the legacy default stream)" if all(x.legacy for x, _ in items) else ""
+        launches = sum(n for _, n in items)
+        what = kernel_list([x.kernel for x, _ in items])
+        times = f" ({launches} launches)" if launches > 1 else ""
+        streams = sorted({s for x, _ in items for s in x.ran_on})
+        lines = [f"{x.kernel}: {n} launch(es) on stream {', '.join(map(str, x.ran_on))}"
+                 for x, n in items[:MAX_KERNELS]]
+        if len(items) > MAX_KERNELS:
+            lines.append(f"... and {len(items) - MAX_KERNELS} more kernels")
         out.append(Finding(
             kind="wrong-stream", severity="error",
-            message=f"{u.kernel}{times}" + (f" of {lib}" if lib else "") +
-                    f" ran on cuda:{u.device} on stream {', '.join(map(str, u.ran_on))}"
+            message=f"{what}{times}" + (f" of {lib}" if lib else "") +
+                    f" ran on cuda:{device} on stream {', '.join(map(str, streams))}"
                     f"{stream0}, not the caller's current stream, and no watched call "
                     "launched it",
             device=case.device, suite=case.suite, case=case.case, kernel=u.kernel,
-            evidence=(f"profiler stream ids on cuda:{u.device}: the kernel ran on "
-                      f"{', '.join(map(str, u.ran_on))}{stream0}; the watched calls around it "
+            evidence=(f"profiler stream ids on cuda:{device}; the watched calls around them "
                       f"had {', '.join(map(str, u.current))} current; library: "
-                      + (u.library or "not found among the compiled torch extensions of the "
-                                      "process (the profiler does not name a kernel's library)")
-                      + "; no watched call's markers enclose the launch (a caller the watch "
+                      + (library or "not found among the compiled torch extensions of the "
+                                    "process (the profiler does not name a kernel's library)")
+                      + "; no watched call's markers enclose the launches (a caller the watch "
                         "does not see: a reference taken before gpucheck was loaded, ctypes, "
-                        "or C++)"),
+                        "or C++):\n" + "\n".join(lines)),
             hint=HINT))
     return out
 

@@ -36,6 +36,13 @@ REFERENCE_MISMATCH = "mismatch against the reference"
 #: warning-severity diagnoses that still explain the symptoms of their case
 EXPLAINING_WARNINGS = ("not-reproducible",)
 SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
+#: root causes before what follows from them, when several kinds fire on one case: a missing
+#: guard (or a CPU argument) makes the kernel fault, which a stream bug or a leak never
+#: explains; a case's symptoms are folded under the first of its diagnoses in this order
+#: (kinds not listed, a user's own, come after these)
+PRECEDENCE = ("wrong-device", "mixed-devices", "device-state-leak", "stray-context",
+              "double-activation", "oom-anomaly", "wrong-stream", "leak", "memory-growth",
+              "numerics", "not-reproducible")
 _HEX = re.compile(r"0x[0-9a-fA-F]+")
 _DIGITS = re.compile(r"(\d+)")
 
@@ -206,8 +213,13 @@ def _group(occurrences: list[Occurrence], role_: str) -> list[Group]:
     for o in occurrences:
         by.setdefault((o.finding.kind, subject(o.finding)), []).append(o)
     groups = [Group(role_, kind, subj, occ) for (kind, subj), occ in by.items()]
-    return sorted(groups, key=lambda g: (SEVERITY_RANK.get(g.severity, 3), -g.count, g.kind,
-                                         g.subject or ""))
+    return sorted(groups, key=lambda g: (SEVERITY_RANK.get(g.severity, 3), precedence(g.kind),
+                                         -g.count, g.kind, g.subject or ""))
+
+
+def precedence(kind: str) -> int:
+    """Where a kind stands in :data:`PRECEDENCE` (root causes first)."""
+    return PRECEDENCE.index(kind) if kind in PRECEDENCE else len(PRECEDENCE)
 
 
 def build(cases: list[CaseRecord]) -> Grouped:
@@ -220,7 +232,7 @@ def build(cases: list[CaseRecord]) -> Grouped:
             (diagnosed if role(f, r) == "diagnosis" else seen).append(o)
     diagnoses = _group(diagnosed, "diagnosis")
     owner: dict[tuple[str, str, str], Group] = {}
-    for g in diagnoses:  # worst first: a case's symptoms go to its worst diagnosis
+    for g in diagnoses:  # worst first, root causes first: a case's symptoms go to its first
         for o in g.occurrences:
             if _explains(o):
                 owner.setdefault(o.case_key, g)

@@ -34,8 +34,10 @@ def read_records(log: Path, offset: int, complete_only: bool = True) -> tuple[st
 
 
 def sanitizer_findings(text: str, tool: str | None, device: str, suite: str | None,
-                       case: str | None) -> list[Finding]:
-    """compute-sanitizer records (a slice of its log) as findings of one case."""
+                       case: str | None, other_current: bool = False) -> list[Finding]:
+    """compute-sanitizer records (a slice of its log) as findings of one case
+    (``other_current``: another device than the case's was current, so a memcheck error may
+    be a missing device guard, and its hint says so)."""
     report = parse(text, tool)
     # One finding per (tool, kernel, kind of error): a missing barrier gives racecheck records
     # for every pair of instructions it leaves unordered (68 for one __syncthreads in SSIM's
@@ -60,16 +62,25 @@ def sanitizer_findings(text: str, tool: str | None, device: str, suite: str | No
             device=device, suite=suite, case=case, op=None, kernel=f.kernel_name,
             # the head: error line, kernel, thread/block and address come first in a record
             evidence=("\n".join(f.lines[:40])[:EVIDENCE_CHARS - len(also)] + also),
-            hint=HINTS.get(f.tool) if f.kernel_name else (
+            hint=hint(f.tool, other_current) if f.kernel_name else (
                 f"a CUDA API call failed ({f.api_call}): usually the consequence of an earlier "
                 "fault in the same case; read the first record" if f.api_call else None),
         ))
     return out
 
 
+def hint(tool: str, other_current: bool) -> str | None:
+    """What to look at for a record of ``tool``; a memcheck record names the device guard
+    only where another device was current (with its own device current a guard changes
+    nothing)."""
+    if tool == "memcheck" and other_current:
+        return (f"{HINTS['memcheck']}, and that it runs on the device of its inputs (a missing "
+                "device guard: the wrong-device check re-runs it with its own device current)")
+    return HINTS.get(tool)
+
+
 HINTS = {
-    "memcheck": "an access outside any allocation: check the kernel's bounds and that it "
-                "runs on the device of its inputs (device guard)",
+    "memcheck": "an access outside any allocation: check the kernel's bounds and sizes",
     "racecheck": "threads of a block access the same shared memory without a barrier between",
     "initcheck": "the kernel reads device memory nothing wrote (e.g. torch.empty never filled)",
     "synccheck": "a barrier used wrongly (divergent __syncthreads, bad __syncwarp mask)",

@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpucheck._resources import user_code
+
 PREFIX = re.compile(r"^={9}(?: |$)")
 TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 
@@ -74,7 +76,8 @@ class SanitizerFinding:
     address_relation: str | None = None
     host_frames: list[str] = field(default_factory=list)
     device_frames: list[str] = field(default_factory=list)
-    python_frame: str | None = None
+    python_frame: str | None = None  # the first Python frame outside gpucheck and torch
+    python_frames: list[str] = field(default_factory=list)  # every one, innermost first
     source: str | None = None
     api_call: str | None = None
     hazards: int | None = None
@@ -201,8 +204,12 @@ def _continue(f: SanitizerFinding, line: str) -> None:
     elif m := HOST.match(body):
         frame = m["frame"].strip()
         f.host_frames.append(frame)
-        if (p := PY_FRAME.search(frame)) and f.python_frame is None:
-            f.python_frame = p["where"]
+        if p := PY_FRAME.search(frame):
+            # the call site is the first frame in the user's code, not gpucheck's wrapper of
+            # the extension's function (the innermost frame when every one is ours)
+            f.python_frames.append(p["where"])
+            f.python_frame = next((w for w in f.python_frames if user_code(w)),
+                                  f.python_frames[0])
     elif m := DEVICE.match(body):
         # the fault was inlined into a kernel: the last device frame is the kernel, and the
         # first source line outside a header is the user's code

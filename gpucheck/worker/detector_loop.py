@@ -45,12 +45,37 @@ class DetectorLoop:
                 again(body, times)
 
     def finish(self, info: CaseInfo, found: list[Finding], data: dict[str, Any],
-               lost_context: bool = False) -> None:
+               lost_context: bool = False) -> list[str]:
+        """Each started detector's findings and data after the body. After a CUDA error that
+        lost the process's context (``lost_context``) the detectors that need the GPU
+        (:func:`touches_gpu`) stand down: they are ended, and what they would say (read
+        from a context that answers every call with the same error) is dropped. Returns
+        their names, for the one note the case record gets."""
+        stood_down = []
         for d in self.started:
+            down = lost_context and touches_gpu(d)
             try:
-                found.extend(d.case_finished(info))
-                data.update(d.case_data())
+                made = d.case_finished(info)
+                if not down:
+                    found.extend(made)
+                    data.update(d.case_data())
             except Exception as err:
                 if not lost_context:
                     found.append(detector_error(d.name, err, info))
+            if down:
+                stood_down.append(d.name)
         self.started = []
+        return stood_down
+
+
+def touches_gpu(detector: Detector) -> bool:
+    """Whether a detector reads the GPU when a case ends (a detector that does not say is
+    taken to: after a lost context it stands down rather than guess)."""
+    return bool(getattr(detector, "touches_gpu", True))
+
+
+def stood_down_note(names: list[str]) -> str:
+    """The note a case record gets when detectors stood down after its CUDA error."""
+    return (f"gpucheck: the CUDA context was lost with this error, so the detectors that read "
+            f"the GPU stood down for this case ({', '.join(names)}); the findings made before "
+            "the error (mixed devices, checkpoint reads) stand")

@@ -33,8 +33,8 @@ from gpucheck.model.results import EVIDENCE_CHARS, CaseRecord, Finding
 from gpucheck.nvml_sampler import CasePeaks, Sampler
 from gpucheck.sanitizer.findings import read_records, sanitizer_findings
 from gpucheck.worker import guard
-from gpucheck.worker.case import merge
-from gpucheck.worker.detector_loop import DetectorLoop, detector_error
+from gpucheck.worker.case import merge, sticky_cuda_error
+from gpucheck.worker.detector_loop import DetectorLoop, detector_error, stood_down_note
 
 
 def _torch_cuda() -> Any:
@@ -85,6 +85,7 @@ class Recorder:
         self.detector_findings: dict[str, list[Finding]] = {}
         self.detector_data: dict[str, dict[str, Any]] = {}  # node id -> fields of its record
         self.case_ops: dict[str, str] = {}  # node id -> the last extension op it called
+        self.stood_down: dict[str, list[str]] = {}  # node id -> detectors that stood down
         self.done = 0
         self.total = 0
         self.findings = 0
@@ -155,18 +156,21 @@ class Recorder:
                 return f"{rel}::{rest}" if rest else rel
         return item.nodeid
 
-    def _sanitizer_findings(self, case: str, suite: str) -> list[Finding]:
+    def _sanitizer_findings(self, case: str, suite: str, other_current: bool
+                            ) -> list[Finding]:
         """Records compute-sanitizer wrote to this process's log while the case ran."""
         cuda = _torch_cuda()
         if cuda is not None:
-            cuda.synchronize()
+            with contextlib.suppress(RuntimeError):  # a lost context: the log is all there is
+                cuda.synchronize()
         assert self.san_glob is not None
         found: list[Finding] = []
         for log in sorted(self.san_glob.parent.glob(self.san_glob.name)):
             text, end = read_records(log, self.san_offsets.get(str(log), 0))
             self.san_offsets[str(log)] = end
             if text:
-                found += sanitizer_findings(text, self.san_tool, self.device, suite, case)
+                found += sanitizer_findings(text, self.san_tool, self.device, suite, case,
+                                            other_current)
         return found
 
     def suite_of(self, item_path: Path) -> str:
@@ -277,7 +281,12 @@ class Recorder:
         op_watch.remove(tracker)
         if tracker.last is not None:
             self.case_ops[item.nodeid] = tracker.last
-        self.detectors.finish(info, found, self.detector_data.setdefault(item.nodeid, {}))
+        lost = outcome.excinfo is not None and sticky_cuda_error(outcome.excinfo[1]) is not None
+        stood_down = self.detectors.finish(info, found,
+                                           self.detector_data.setdefault(item.nodeid, {}),
+                                           lost_context=lost)
+        if stood_down:
+            self.stood_down[item.nodeid] = stood_down
         del outcome
 
     def add_attached(self, item: pytest.Item, attached: list[Finding], op: str | None) -> None:
@@ -363,7 +372,9 @@ class Recorder:
                 if rep.when == "teardown" and _lost_context(reports[:i]):
                     continue  # the teardown only met the context the case already lost
                 status = "failed" if rep.when == "call" else "error"
-                findings.append(_failure_finding(rep, self.device, suite, case))
+                findings.append(_failure_finding(rep, self.device, suite, case,
+                                                 other_current=current not in (None,
+                                                                               self.device)))
                 if rep.when == "call":
                     call_failure = findings[-1]
                     if call_failure.kind == "cuda-error":  # raised in or after that op
@@ -375,12 +386,15 @@ class Recorder:
         mixed = next((f for f in attached if f.kind == mixed_devices.MixedDevices.name), None)
         if call_failure is not None and call_failure.kind == "cuda-error" and mixed:
             call_failure.hint = mixed_devices.cuda_error_hint(mixed)  # not a device guard
+        stood_down = self.stood_down.pop(nodeid, None)
+        if stood_down and call_failure is not None:  # one note, on the error that caused it
+            call_failure.evidence = f"{stood_down_note(stood_down)}\n{call_failure.evidence or ''}"
         findings.extend(attached)
         data = self.detector_data.pop(nodeid, {})
         self.case_ops.pop(nodeid, None)
         fingerprints = list(data.get("fingerprints", []))
         if self.san_glob is not None:
-            found = self._sanitizer_findings(case, suite)
+            found = self._sanitizer_findings(case, suite, current not in (None, self.device))
             findings.extend(found)
             if any(f.severity == "error" for f in found) and status in ("passed", "skipped"):
                 status, reason = "failed", f"compute-sanitizer: {found[0].message}"
@@ -476,7 +490,11 @@ def _nvml_failed(why: str, device: str, suite: str, case: str) -> Finding:
              "problem: nvidia-smi and the kernel log say more); the run's notes say since when")
 
 
-def _failure_finding(rep: pytest.TestReport, device: str, suite: str, case: str) -> Finding:
+def _failure_finding(rep: pytest.TestReport, device: str, suite: str, case: str,
+                     other_current: bool = False) -> Finding:
+    """The finding of a failed phase: ``cuda-error`` or ``test-failure``. The CUDA error's
+    hint names a missing device guard only when another device was current (``other_current``):
+    with the case's own device current a guard changes nothing."""
     text = str(rep.longrepr)
     crash = getattr(rep.longrepr, "reprcrash", None)
     message = crash.message.strip().splitlines()[0] if crash and crash.message else (
@@ -489,7 +507,12 @@ def _failure_finding(rep: pytest.TestReport, device: str, suite: str, case: str)
         message=message + where,
         device=device, suite=suite, case=case,
         evidence=text[-EVIDENCE_CHARS:],
-        hint=("a CUDA error: under CUDA_LAUNCH_BLOCKING=1 it is raised at the launch that "
-              "failed; illegal memory access on a non-zero device is the classic missing "
-              "device guard (OptionalCUDAGuard(device_of(input)))") if cuda_error else None,
+        hint=(("a CUDA error: under CUDA_LAUNCH_BLOCKING=1 it is raised at the launch that "
+               "failed; " + ("with another device current, an illegal memory access is the "
+                             "classic missing device guard (OptionalCUDAGuard(device_of("
+                             "input))): the wrong-device check re-runs the case with its own "
+                             "device current to tell" if other_current else
+                             "its own device was current, so it is not a device guard: look "
+                             "at the kernel's indexing and its arguments' devices and sizes"))
+              if cuda_error else None),
     )
