@@ -162,3 +162,28 @@ def test_argument_names_and_labels():
 
 def test_it_runs_in_every_worker():
     assert "mixed-devices" in [d.name for d in worker_detectors()]
+
+
+def test_zero_element_tensors_are_placeholders_not_data():
+    """The rasterizers' "not given": ``torch.Tensor([])`` / ``torch.empty(0)`` on the CPU for
+    an optional argument, tested with ``.size(0)`` in C++. A clean call draws nothing; a real
+    CPU background beside two placeholders is named alone."""
+    cuda0 = _T("cuda:0", (5000, 3))
+    placeholders = [("argument 2 (cov3D_precomp)", _T("cpu", (0,))),
+                    ("argument 3 (colors_precomp)", _T("cpu", (0, 3)))]
+    assert md.mixed([("argument 0 (means3D)", cuda0), *placeholders]) == []
+    found = md.mixed([("argument 0 (means3D)", cuda0), *placeholders,
+                      ("argument 4 (bg)", _T("cpu", (3,)))])
+    assert md.describe(found) == "argument 4 (bg) on cpu; argument 0 (means3D) on cuda:0"
+    assert "cov3D" not in md.hint(found) and "colors_precomp" not in md.hint(found)
+
+
+def test_a_call_with_placeholders_draws_no_finding_through_the_watch():
+    det = MixedDevices()
+    det.case_started(CASE)
+    image = torch.empty(2, 3, device="meta")
+    with contextlib.suppress(RuntimeError):
+        torch.ops.gpucheck_mixed_test.blend(image, torch.empty(0))
+    with contextlib.suppress(RuntimeError):
+        torch.ops.gpucheck_mixed_test.blend(image, torch.Tensor([]))
+    assert det.case_finished(CASE) == []

@@ -178,3 +178,27 @@ def test_a_call_carries_the_line_that_made_it():
     assert [c.frame.rsplit("test_op_watch.py:", 1)[1] for c in calls] == [
         f"{here + 1} in {name}", f"{here + 2} in {name}"]
     assert calls[0].autograd is None and calls[0].fn is not None
+
+
+_SCRATCH_CALLS = [0]
+
+
+@torch.library.custom_op("gpucheck_watch::render_with_scratch", mutates_args=())
+def render_with_scratch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An image that is a function of the input, and the rasterizers' opaque byte state for
+    backward, whose unwritten part differs call to call (torch.empty, never filled)."""
+    _SCRATCH_CALLS[0] += 1
+    state = torch.full((32,), _SCRATCH_CALLS[0] % 251, dtype=torch.uint8)
+    return x * 2, state
+
+
+def test_numerics_leaves_an_ops_byte_scratch_out():
+    x = torch.rand(64)
+    found, data = _run_case(Numerics(), lambda: [
+        torch.ops.gpucheck_watch.render_with_scratch(x) for _ in range(3)])
+    assert found == []  # the images are bitwise equal; the byte buffers are not results
+    assert len({parse(e)[2] for e in data["fingerprints"]}) == 1
+    # a float result that differs call to call is still a finding
+    found, _ = _run_case(Numerics(), lambda: [torch.ops.gpucheck_watch.jitter(x)
+                                              for _ in range(2)])
+    assert [f.kind for f in found] == ["numerics"]

@@ -178,3 +178,18 @@ def test_a_kernel_is_found_by_its_host_stubs_symbol(kernel, found):
     from gpucheck.detectors import elf
 
     assert elf.matches(NVCC_SYMBOLS, elf.name_path(kernel)) is found
+
+
+def test_one_bug_is_one_finding_however_many_kernels_it_launched():
+    """cub's reduction on stream 0 runs two kernels (and, recorded twice over, as many again):
+    one finding for the op, every kernel and its launches listed in the evidence."""
+    ws = windows("pybind_cub_stream0")
+    bad = verdicts(ws, "wrong-stream")
+    assert len({v.kernel for v, _ in bad}) >= 2  # several kernels of the one op
+    [f] = findings(CASE, bad + bad)
+    assert f.op == "gpucheck_pybind_cub_stream0.scale_backward"
+    assert f"{len({v.kernel for v, _ in bad})} kernels (" in f.message
+    listed = f.evidence.split("its launches elsewhere:\n", 1)[1]
+    assert all(v.kernel in listed for v, _ in bad)
+    total = sum(v.count for v, _ in bad) * 2
+    assert f"({total} launches)" in f.message

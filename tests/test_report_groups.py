@@ -149,3 +149,50 @@ def test_roles(finding, record, role):
                                  "status": "failed", **record})
     assert read is not None
     assert groups.role(Finding.from_json({"severity": "error", **finding}), read) == role
+
+
+def test_the_root_cause_leads_and_explains_the_symptoms_of_its_case():
+    """A missing guard and a legacy-stream launch in one extension, on two GPUs and three
+    cases: the stream bug has more findings, but the guard made the kernel fault, so it
+    leads and the crash and CUDA error are folded under it; each op is one group across
+    cases and devices."""
+    from gpucheck.model.results import CaseRecord, Finding
+    from gpucheck.report.groups import build
+
+    def case(device: str, name: str, *kinds: str) -> CaseRecord:
+        index = device[-1]
+        found = [Finding(k, "error", f"{k} in render", device=device, suite="zoo",
+                         case=f"test_r.py::{name}[cuda{index}]",
+                         op=None if k in ("crash", "cuda-error") else "ext._C.render")
+                 for k in kinds]
+        return CaseRecord("r", device, "zoo", f"test_r.py::{name}[cuda{index}]",
+                          "blocking+nvml", "failed" if "cuda-error" in kinds else "passed",
+                          findings=found)
+
+    records = [case("cuda:1", "test_a", "cuda-error", "wrong-stream", "wrong-device"),
+               case("cuda:0", "test_a", "cuda-error", "wrong-device", "wrong-stream"),
+               case("cuda:0", "test_b", "wrong-stream"),
+               case("cuda:1", "test_c", "wrong-stream")]
+    g = build(records)
+    assert [(d.kind, d.subject, d.count) for d in g.diagnoses] == [
+        ("wrong-device", "ext._C.render", 2), ("wrong-stream", "ext._C.render", 4)]
+    assert g.diagnoses[0].devices == ["cuda:0", "cuda:1"]
+    assert [(e.kind, e.count) for e in g.diagnoses[0].explains] == [("cuda-error", 2)]
+    assert g.symptoms == []
+
+
+def test_a_warning_a_suite_attached_never_ranks_above_the_cases_own_failure():
+    from gpucheck.model.results import CaseRecord, Finding
+    from gpucheck.report.groups import build
+
+    where = {"device": "cuda:0", "suite": "mine", "case": "test_m.py::test_m[cuda0]"}
+    record = CaseRecord("r", "cuda:0", "mine", "test_m.py::test_m[cuda0]", "blocking+nvml",
+                        "failed", findings=[
+                            Finding("slow-path", "warning", "fell back to the slow path",
+                                    **where),
+                            Finding("test-failure", "error", "AssertionError: 1 == 2",
+                                    **where)])
+    ranked = build([record]).ranked()
+    assert [(title, [g.kind for g in groups]) for title, groups in ranked] == [
+        ("symptoms no diagnosis explains", ["test-failure"]),
+        ("warnings and notes", ["slow-path"])]

@@ -237,3 +237,40 @@ def test_one_missing_barrier_is_one_finding():
         assert f.kind == "sanitizer" and f.severity == "error"
         assert "Race reported between Write access" in f.message
         assert "more record(s) of this kind in this kernel, at ssim_cuda.cu:" in f.evidence
+
+
+def test_a_records_python_location_is_the_first_frame_outside_gpucheck():
+    """The recorded log with the frames a watched pybind call adds (gpucheck's wrappers of
+    the extension's function, torch's autograd ``apply``) between the extension and the
+    user's line: the record names the user's ``forward``, not ``op_watch.py``."""
+    from gpucheck._resources import PACKAGE_DIR
+    from gpucheck.sanitizer.findings import sanitizer_findings
+
+    ours = [f"_watched in {PACKAGE_DIR}/detectors/op_watch.py:107",
+            f"<lambda> in {PACKAGE_DIR}/detectors/op_watch.py:104",
+            f"wrapper in {PACKAGE_DIR}/detectors/ext_watch.py:88",
+            "forward in /home/u/my_raster/__init__.py:41",
+            "apply in /venv/lib/python3.12/site-packages/torch/autograd/function.py:576"]
+    text = UNGUARDED.read_text().replace(
+        "Host Frame: <module> in unguarded_add.py:54",
+        "\n=========         ".join(f"Host Frame: {f}" for f in ours)
+        + "\n=========         Host Frame: <module> in unguarded_add.py:54")
+    first = parse(text).findings[0]
+    assert first.python_frame == "/home/u/my_raster/__init__.py:41"
+    assert first.python_frames[0].endswith("op_watch.py:107") and len(first.python_frames) == 6
+    [f, *_] = sanitizer_findings(text, "memcheck", "cuda:1", "s", "t.py::x")
+    assert "(from /home/u/my_raster/__init__.py:41)" in f.message
+    # every Python frame is gpucheck's: the innermost one is still named
+    only_ours = UNGUARDED.read_text().replace("<module> in unguarded_add.py:54", ours[0])
+    assert parse(only_ours).findings[0].python_frame.endswith("op_watch.py:107")
+
+
+def test_a_memcheck_hint_names_the_device_guard_only_with_another_device_current():
+    from gpucheck.sanitizer.findings import sanitizer_findings
+
+    text = UNGUARDED.read_text()
+    alone = sanitizer_findings(text, "memcheck", "cuda:0", "s", "t.py::x")[0]
+    other = sanitizer_findings(text, "memcheck", "cuda:1", "s", "t.py::x",
+                               other_current=True)[0]
+    assert "guard" not in alone.hint and "bounds" in alone.hint
+    assert "missing device guard" in other.hint

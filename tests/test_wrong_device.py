@@ -175,3 +175,77 @@ def test_no_rerun_without_a_second_device(tmp_path, monkeypatch, visible):
                      "--out", str(out)]) == 1
     assert not (out / "rerun.jsonl").exists()
     assert not [r for r in results.read(out / "results.jsonl") if r["record"] == "diagnosis"]
+
+
+# -- each question from its own evidence ---------------------------------------------------
+def _stream_finding(op: str = "ext._C.render") -> dict:
+    return {"kind": "wrong-stream", "severity": "error", "op": op, "kernel": "renderCUDA",
+            "message": f"{op} launched renderCUDA on cuda:1 on a stream that was not the "
+                       "caller's current stream"}
+
+
+def _case(mode: str, status: str, current: str, *findings: dict) -> CaseRecord:
+    found = CaseRecord.from_json({"device": "cuda:1", "suite": "zoo", "run_id": "r",
+                                  "case": "test_r.py::test_render[cuda1]", "mode": mode,
+                                  "status": status, "current_device": current,
+                                  "findings": list(findings)})
+    assert found is not None
+    return found
+
+
+CRASHED = {"kind": "cuda-error", "severity": "error", "op": "ext._C.render",
+           "message": "RuntimeError: CUDA error: an illegal memory access was encountered"}
+
+
+def test_the_device_comparison_looks_at_the_outcome_not_at_other_detectors_findings():
+    """The extension also launches on the legacy stream (nearly every pybind one does): the
+    re-run with its target current passes but carries wrong-stream findings. The guard is
+    still the diagnosis; a re-run that itself faulted is not clean."""
+    first = _case("blocking+nvml", "failed", "cuda:0", CRASHED)
+    again = _case("blocking+nvml|rerun:target-current", "passed", "cuda:1", _stream_finding())
+    control = _case("blocking+nvml|rerun:other-current", "failed", "cuda:0", CRASHED)
+    found = WrongDevice().run_finished([first, again, control])
+    assert [(f.kind, f.op) for f in found] == [("wrong-device", "ext._C.render")]
+    faulted = _case("blocking+nvml|rerun:target-current", "passed", "cuda:1", CRASHED)
+    assert WrongDevice().run_finished([first, faulted, control]) == []
+
+
+def test_the_reruns_other_findings_are_carried_to_their_case_once():
+    from gpucheck.controller.reruns import carried
+
+    first = _case("blocking+nvml", "failed", "cuda:0", CRASHED)
+    leak = {"kind": "leak", "severity": "error", "op": "ext._C.render", "message": "grows"}
+    again = _case("blocking+nvml|rerun:target-current", "passed", "cuda:1", _stream_finding(),
+                  _stream_finding(), leak, {"kind": "test-failure", "severity": "error",
+                                            "message": "assert 1 == 2"})
+    control = _case("blocking+nvml|rerun:other-current", "passed", "cuda:0", _stream_finding())
+    found = carried([first, again, control])
+    # diagnoses only (a re-run's own failure is about the re-run), one per (kind, op), from
+    # the target-current re-run alone, on the case they are about
+    assert [(f.kind, f.op, f.case, f.device) for f in found] == [
+        ("wrong-stream", "ext._C.render", "test_r.py::test_render[cuda1]", "cuda:1"),
+        ("leak", "ext._C.render", "test_r.py::test_render[cuda1]", "cuda:1")]
+    assert found[0].evidence.startswith("seen in the wrong-device check's re-run with cuda:1 "
+                                        "current (blocking+nvml|rerun:target-current)")
+    # deduplicated with the main pass: what the case's own record says is not said twice
+    said = _case("blocking+nvml", "failed", "cuda:0", CRASHED, _stream_finding())
+    assert [f.kind for f in carried([said, again])] == ["leak"]
+    assert carried([again]) == []  # the case's own record is not in the run: nowhere to go
+
+
+def test_a_two_gpu_run_reports_the_stream_findings_of_its_reruns(tmp_path):
+    """Through the pipeline's diagnosis step on real files: the carried finding becomes a
+    diagnosis record of the original case, so the report shows it."""
+    from gpucheck.model.layout import RunFolder
+
+    folder = RunFolder(tmp_path)
+    first = _case("blocking+nvml", "failed", "cuda:0", CRASHED)
+    again = _case("blocking+nvml|rerun:target-current", "passed", "cuda:1", _stream_finding())
+    results.append(folder.results, {"schema": results.SCHEMA_ID, "record": "run",
+                                    "run_id": "r", "devices": []})
+    results.append(folder.results, first.to_json())
+    results.append(folder.rerun, again.to_json())
+    pipeline._diagnose(tmp_path, folder.results, "r")
+    case = RunLog.read(folder.results).diagnosed_cases()[0]
+    assert sorted(f.kind for f in case.findings) == ["cuda-error", "wrong-device",
+                                                     "wrong-stream"]

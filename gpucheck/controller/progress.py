@@ -150,12 +150,10 @@ def _group_text(g: Group, indent: str = "") -> Text:
 
 
 def print_findings(console: Console, grouped: Grouped, limit: int = MAX_GROUPS) -> None:
-    """The run's findings, diagnoses first (each with what it explains), then the symptoms
-    no diagnosis explains; one line per (kind, op or kernel) group."""
-    for title, groups in (("diagnoses", grouped.diagnoses),
-                          ("symptoms no diagnosis explains", grouped.symptoms)):
-        if not groups:
-            continue
+    """The run's findings, diagnoses first (each with what it explains), then the errors
+    no diagnosis explains, then warnings and notes (:meth:`Grouped.ranked`); one line per
+    (kind, op or kernel) group."""
+    for title, groups in grouped.ranked():
         console.print(Text.assemble((f"{title}:", "bold"),
                                     f" {len(groups)} group(s), "
                                     f"{sum(g.count for g in groups)} finding(s)"))

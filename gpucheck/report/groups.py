@@ -14,7 +14,9 @@ kernel (a sanitizer record's kernel first: its op is the Python call, its kernel
 One group holds every case, device and mode it occurred on. A symptom on a case (device,
 suite, case; any mode) that has a diagnosis of severity error is folded under that diagnosis:
 the wrong-device diagnosis of ``test_x[cuda1]`` explains its crash, its CUDA error and the
-memcheck records of the same case. The symptoms no diagnosis explains are grouped the same way.
+memcheck records of the same case. Where several diagnoses fire on one case, the root cause
+takes its symptoms (:data:`PRECEDENCE`: a guard before a stream before a leak). The symptoms
+no diagnosis explains are grouped the same way.
 """
 
 from __future__ import annotations
@@ -197,6 +199,19 @@ class Grouped:
     def all(self) -> list[Group]:
         """Diagnoses, then unexplained symptoms (the order of the report)."""
         return [*self.diagnoses, *self.symptoms]
+
+    def ranked(self) -> list[tuple[str, list[Group]]]:
+        """The findings as the console lists them, titled: the error diagnoses (and the
+        warnings that explain a failure), then the errors no diagnosis explains, then every
+        other warning and note. A warning never ranks above a case's own failure: a warning a
+        suite attached itself is not the diagnosis of its failing assert."""
+        def leads(g: Group) -> bool:
+            return g.severity == "error" or g.kind in EXPLAINING_WARNINGS
+
+        return [(title, groups) for title, groups in (
+            ("diagnoses", [g for g in self.diagnoses if leads(g)]),
+            ("symptoms no diagnosis explains", [g for g in self.symptoms if leads(g)]),
+            ("warnings and notes", [g for g in self.all() if not leads(g)])) if groups]
 
     def to_json(self) -> dict[str, Any]:
         return {"diagnoses": [g.to_json() for g in self.diagnoses],
