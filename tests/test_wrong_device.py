@@ -206,6 +206,9 @@ def test_the_device_comparison_looks_at_the_outcome_not_at_other_detectors_findi
     control = _case("blocking+nvml|rerun:other-current", "failed", "cuda:0", CRASHED)
     found = WrongDevice().run_finished([first, again, control])
     assert [(f.kind, f.op) for f in found] == [("wrong-device", "ext._C.render")]
+    # the evidence gives the outcomes, not the other question's answer
+    assert "(blocking+nvml|rerun:target-current): passed\n" in found[0].evidence
+    assert "stream" not in found[0].evidence
     faulted = _case("blocking+nvml|rerun:target-current", "passed", "cuda:1", CRASHED)
     assert WrongDevice().run_finished([first, faulted, control]) == []
 

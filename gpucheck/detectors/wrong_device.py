@@ -85,7 +85,8 @@ def extension_function(record: CaseRecord) -> tuple[str | None, str | None]:
 
 
 def _outcome(r: CaseRecord) -> str:
-    first = next((f.message for f in r.errors()), None) or r.reason or ""
+    first = next((f.message for f in r.errors() if f.kind in OUTCOME_KINDS), None) or (
+        r.reason if r.status != "passed" else "") or ""
     return f"{r.status}{': ' + first if first else ''}"
 
 
