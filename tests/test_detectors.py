@@ -311,3 +311,10 @@ def test_a_case_that_lost_the_context_gets_one_note_and_no_detector_error(tmp_pa
     assert f["kind"] == "cuda-error"
     assert "stood down for this case (" in f["evidence"] and "reads-the-gpu" in f["evidence"]
     assert "OptionalCUDAGuard" not in f["hint"] and "not a device guard" in f["hint"]
+
+
+def test_an_abort_hint_names_the_device_guard_only_with_another_device_current():
+    stderr = "terminate called after throwing an instance of 'thrust::system_error'"
+    assert "check the device guard" in crash_hint(-6, stderr, other_current=True)
+    alone = crash_hint(-6, stderr, other_current=False)
+    assert "not a device guard" in alone and "check the device guard" not in alone

@@ -268,16 +268,20 @@ def crash_digest(stderr: str, limit: int = STDERR_TAIL) -> str:
     return f"{head}\n--- tail ---\n{tail}" if head else tail
 
 
-def crash_hint(rc: int, stderr: str, under_sanitizer: bool = False) -> str:
-    """What a crash of this kind usually means, and what to do next."""
+def crash_hint(rc: int, stderr: str, under_sanitizer: bool = False,
+               other_current: bool = True) -> str:
+    """What a crash of this kind usually means, and what to do next (a missing device guard
+    only where another device than the case's was current: ``other_current``)."""
     if under_sanitizer and rc == sanitizer_cmd.ERROR_EXIT:
         return ("compute-sanitizer stopped the process at a fatal access: its records on this "
                 "case name the kernel and the access")
     if "terminate called" in stderr or "what():" in stderr:
         return ("the process aborted because a C++ exception escaped the extension (e.g. "
-                "thrust::system_error after a kernel ran on the wrong device): check the "
-                "device guard of the op this case calls, then run it under "
-                "--mode sanitizer:memcheck")
+                "thrust::system_error after a kernel faulted): " + (
+                    "with another device current, check the device guard of the op this case "
+                    "calls, then run it under --mode sanitizer:memcheck" if other_current else
+                    "its own device was current, so not a device guard: run it under --mode "
+                    "sanitizer:memcheck to see the faulting kernel and access"))
     if sticky_cuda_error_line(stderr) is not None:
         return ("the CUDA context was lost (a sticky error such as an illegal memory access) "
                 "and the process died with it: run the case under --mode sanitizer:memcheck "
@@ -477,7 +481,9 @@ class Harness:
             elif case:
                 self._record(w, case, "crashed", f"worker {how} while running this case", rc,
                              "crash", crash_hint(rc, tail(w.stderr_path, 64_000),
-                                                 bool(w.spec.sanitizer_tool)), unclaimed)
+                                                 bool(w.spec.sanitizer_tool),
+                                                 w.state.get("current_device") not in (
+                                                     None, w.spec.label)), unclaimed)
                 self._restart(w)
             else:
                 # killed by a signal (the OOM killer, a user) while starting or between cases:

@@ -25,11 +25,13 @@ KINDS: dict[str, tuple[str, str, str]] = {
              "read the stacks: a thread waiting in a collective or a synchronize names the "
              "call that never returned"),
     "sanitizer": ("compute-sanitizer", "records of compute-sanitizer attached to the case",
-                  "fix the access the record names; a wrong-device access is a missing "
-                  "OptionalCUDAGuard(device_of(input))"),
+                  "fix the access the record names; an access on another GPU's memory while "
+                  "another device was current is a missing OptionalCUDAGuard(device_of(input)) "
+                  "(the wrong-device check tells)"),
     "cuda-error": ("CUDA errors", "a CUDA error raised while the case ran",
                    "under CUDA_LAUNCH_BLOCKING=1 the error is raised at the failing launch; "
-                   "an illegal address on a non-zero device is a missing device guard"),
+                   "an illegal address only while another device is current is a missing "
+                   "device guard (the wrong-device check re-runs the case to tell)"),
     "test-failure": ("Test failures", "an assertion or exception of the test itself",
                      "compare the op with its reference on this device; if it passes on "
                      "another device, suspect device handling rather than the math"),
