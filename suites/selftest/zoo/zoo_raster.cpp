@@ -36,12 +36,14 @@ RasterArgs args_of(const at::Tensor& background, const at::Tensor& means2D,
   TORCH_CHECK(depths.numel() == P && sigmas.numel() == P && opacities.numel() == P,
               "depths, sigmas, opacities must have P = ", P, " elements");
   TORCH_CHECK(background.numel() == 3, "background must be [3], got ", background.sizes());
-  TORCH_CHECK(zoo_given(colors_precomp) != zoo_given(sh_dc),
+  TORCH_CHECK(P == 0 || zoo_given(colors_precomp) != zoo_given(sh_dc),
               "give exactly one of colors_precomp and sh_dc (the other: torch.Tensor([]))");
-  const at::Tensor& colors = zoo_given(colors_precomp) ? colors_precomp : sh_dc;
-  ZOO_CHECK_CUDA_FLOAT(colors);
-  TORCH_CHECK(colors.size(0) == P && colors.numel() == 3 * P, "colors must be [P, 3], got ",
-              colors.sizes());
+  if (P != 0) {
+    const at::Tensor& colors = zoo_given(colors_precomp) ? colors_precomp : sh_dc;
+    ZOO_CHECK_CUDA_FLOAT(colors);
+    TORCH_CHECK(colors.size(0) == P && colors.numel() == 3 * P, "colors must be [P, 3], got ",
+                colors.sizes());
+  }
   RasterArgs a;
   a.P = static_cast<int>(P);
   a.width = image_width;
