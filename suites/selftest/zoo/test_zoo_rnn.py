@@ -31,8 +31,8 @@ def _check(zoo_fn, ext, device, state):
     weights = torch.randn(B, T, C)
     y.backward(weights.to(device))
 
-    refs = [t.double().requires_grad_(True) for t in inputs]
-    ref_h0 = None if h0 is None else h0.double().requires_grad_(state == "cuda")
+    refs = [t.detach().double().requires_grad_(True) for t in inputs]
+    ref_h0 = None if h0 is None else h0.detach().double().requires_grad_(state == "cuda")
     ref = zoo_fn.wkv_reference(*refs, ref_h0)
     (ref * weights.double()).sum().backward()
     if state == "cuda":
