@@ -448,9 +448,11 @@ def verdict(rows: list[Row], false: list[dict[str, Any]],
             zoo: list[ZooResult] | None = None) -> int:
     """0 every defect found and no false positive; 1 a defect missed or a false positive, or
     in the zoo (``zoo``) an expected finding missed or an unexpected one; 2 complete
-    otherwise but some rows or expectations could not run here (e.g. one GPU)."""
+    otherwise but some rows, zoo rows or zoo expectations could not run here (e.g. one
+    GPU)."""
     zoo = zoo or []
     if false or any(r.status == "missed" for r in rows) or any(
             z.missed or z.unexpected for z in zoo):
         return 1
-    return 2 if any(r.status == "not run" for r in rows) or any(z.not_run for z in zoo) else 0
+    return 2 if any(r.status == "not run" for r in rows) or any(
+        z.not_run or not z.ran for z in zoo) else 0

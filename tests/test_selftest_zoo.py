@@ -141,6 +141,8 @@ def test_a_row_whose_cases_did_not_run_is_not_run():
     z = by_name(zoo_matrix(other, 2))[KNN_FIX.name]
     assert not z.ran and z.recall == (0, 0)
     assert {why for _, why in z.not_run} == {"its case did not run"}
+    twin = by_name(zoo_matrix(other, 2))[RNN_CLEAN.name]
+    assert not twin.ran and not twin.not_run and verdict([], [], [twin]) == 2
 
 
 def test_the_zoo_has_real_multi_defect_rows_and_clean_twins():
