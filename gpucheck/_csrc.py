@@ -384,7 +384,8 @@ def check_only_sources() -> list[Path]:
     from gpucheck import _resources
 
     found: list[Path] = []
-    for folder in (_resources.suites() / "selftest", zoo_dir(), example_csrc_dir()):
+    selftest = _resources.suites() / "selftest"
+    for folder in (selftest, selftest / "zoo", example_csrc_dir()):
         if folder.is_dir():
             found += sorted(folder.glob("*.cpp")) + sorted(folder.glob("*.cu"))
     return found
@@ -448,80 +449,6 @@ def pybind_defect_units() -> list[tuple[Path, list[str], str]]:
             if src.is_file() and macro in src.read_text()]
 
 
-#: the self-test's zoo (suites/selftest/zoo/): pybind11 extensions in the shape of the field's
-#: code, one source family each (``zoo_<family>.cpp`` / ``.cu``); its builds by name -> (family,
-#: the defects planted, each the macro ``GPUCHECK_ZOO_<DEFECT>``); no defect: a clean twin
-ZOO_BUILDS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "raster_clean": ("raster", ()),
-    "raster_noguard": ("raster", ("NO_GUARD",)),
-    "raster_legacy_leak": ("raster", ("LEGACY_STREAM", "LEAK")),
-    "raster_sort0_outdev": ("raster", ("SORT_STREAM0", "OUTPUT_CURRENT_DEVICE")),
-    "ssim_clean": ("ssim", ()),
-    "ssim_noguard": ("ssim", ("NO_GUARD",)),
-    "ssim_outdev_legacy": ("ssim", ("OUTPUT_CURRENT_DEVICE", "LEGACY_STREAM")),
-    "knn_clean": ("knn", ()),
-    "knn_noguard": ("knn", ("NO_GUARD",)),
-    "knn_setdevice_thrust0": ("knn", ("SET_DEVICE", "THRUST_STREAM0")),
-    "rnn_clean": ("rnn", ()),
-    "rnn_legacy": ("rnn", ("LEGACY_STREAM",)),
-}
-
-
-def zoo_dir() -> Path:
-    """The zoo's folder in the installed package (``suites/selftest/zoo``)."""
-    from gpucheck import _resources
-
-    return _resources.suites() / "selftest" / "zoo"
-
-
-def zoo_module_name(build: str) -> str:
-    """The Python module (``TORCH_EXTENSION_NAME``) of a zoo build: ``gpucheck_zoo_<build>``."""
-    if build not in ZOO_BUILDS:
-        raise KeyError(f"unknown zoo build {build!r}; known: {sorted(ZOO_BUILDS)}")
-    return f"gpucheck_zoo_{build}"
-
-
-def zoo_flags(build: str) -> list[str]:
-    """Compiler flags of a zoo build (C++ and nvcc): one ``-DGPUCHECK_ZOO_<DEFECT>`` each."""
-    zoo_module_name(build)  # a known build
-    return [f"-DGPUCHECK_ZOO_{d}" for d in ZOO_BUILDS[build][1]]
-
-
-def zoo_sources(build: str) -> list[Path]:
-    """The translation units of a zoo build: its family's ``zoo_<family>.cpp`` and ``.cu``."""
-    family = ZOO_BUILDS[build][0]
-    return [zoo_dir() / f"zoo_{family}{suffix}" for suffix in (".cpp", ".cu")]
-
-
-def build_zoo(build: str, verbose: bool = False) -> object:
-    """JIT-build (``torch.utils.cpp_extension.load``, into :func:`build_dir`) and import a zoo
-    build (a name of :data:`ZOO_BUILDS`). Returns the module (a ``PYBIND11_MODULE``)."""
-    from torch.utils import cpp_extension
-
-    torch_build_env()
-    name = zoo_module_name(build)
-    flags = zoo_flags(build)
-    return cpp_extension.load(name=name, sources=[str(f) for f in zoo_sources(build)],
-                              extra_include_paths=[str(zoo_dir())],
-                              extra_cflags=[*CXX_FLAGS, *flags],
-                              extra_cuda_cflags=[*NVCC_FLAGS, *flags],
-                              build_directory=str(build_dir(name)), verbose=verbose)
-
-
-def zoo_defect_units() -> list[tuple[Path, list[str], str]]:
-    """(source, flags, label) of the zoo's defect builds: each source of the build's family
-    that names one of its macros (or includes a zoo header that does), compiled under all
-    of the build's macros at once."""
-    units = []
-    for build, (_family, defects) in ZOO_BUILDS.items():
-        if not defects:
-            continue
-        for src in zoo_sources(build):
-            if any(_mentions(src, f"GPUCHECK_ZOO_{d}") for d in defects):
-                units.append((src, zoo_flags(build), f" [zoo {build}]"))
-    return units
-
-
 #: the example extension's defect macros and the sources each changes
 EXAMPLE_DEFECTS = {"no_guard": ("wkv.cpp",), "bf16_accum": ("wkv.cpp", "wkv_cuda.cu"),
                    "grad_current_device": ("wkv.cpp",)}
@@ -578,13 +505,13 @@ def check_units(defects: str = "with") -> tuple[list[tuple[Path, list[str], str]
                 missing.append(f"{name}: no source of csrc/{build.kernel}/ (or a header it "
                                f"includes) names {build.macro}")
             units += [(f, defect_flags(name), f" [{name}]") for f in touched]
-        units += example_defect_units() + pybind_defect_units() + zoo_defect_units()
+        from gpucheck import _zoo  # imports this module: the zoo's builds live apart
+
+        units += example_defect_units() + pybind_defect_units() + _zoo.defect_units()
         missing += [f"pybind {name}: no source of the self-test's pybind extension names "
                     f"{macro}" for name, macro in PYBIND_DEFECTS.items()
                     if not any(label == f" [pybind {name}]" for *_, label in units)]
-        missing += [f"zoo {name}: no source of its family names GPUCHECK_ZOO_{d}"
-                    for name, (_family, defects) in ZOO_BUILDS.items() for d in defects
-                    if not any(_mentions(src, f"GPUCHECK_ZOO_{d}") for src in zoo_sources(name))]
+        missing += _zoo.missing()
     return units, missing
 
 

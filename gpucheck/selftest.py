@@ -15,7 +15,7 @@ more GPUs or a pass that was not run (``sanitizer:<tool>``) are reported as not 
 The zoo (``suites/selftest/zoo/``, :data:`ZOO`) is judged apart: pybind11 extensions in the
 shape of the field's code (a 3DGS rasterizer, a fused SSIM loss, simple-knn's distCUDA2, an
 RWKV-style RNN), each called from a ``torch.autograd.Function`` and built clean and with up to
-two defects at once (``gpucheck._csrc.ZOO_BUILDS``). Each row states every finding its cases
+two defects at once (``gpucheck._zoo.ZOO_BUILDS``). Each row states every finding its cases
 must draw; any other finding is unexpected (:func:`zoo_matrix`: recall and unexpected findings
 per row).
 """
@@ -230,7 +230,7 @@ class ZooRow:
 
 _ZR, _ZS, _ZK, _ZN = ("zoo/test_zoo_raster.py::", "zoo/test_zoo_ssim.py::",
                       "zoo/test_zoo_knn.py::", "zoo/test_zoo_rnn.py::")
-_M = "gpucheck_zoo_"  # the zoo builds' module names (gpucheck._csrc.zoo_module_name)
+_M = "gpucheck_zoo_"  # the zoo builds' module names (gpucheck._zoo.module_name)
 
 
 def _zoo_row(name: str, bugs: str, case: str, *expected: tuple[Any, ...]) -> ZooRow:
@@ -389,7 +389,7 @@ def prebuild(logs: Path, names: Iterable[str] | None = None,
     """JIT-build the defect builds (``gpucheck._csrc.DEFECTS``), the builds of the pybind
     extension (``pybind``: ``clean`` and names of ``gpucheck._csrc.PYBIND_DEFECTS``, default
     all; logged as ``pybind_<build>``), the zoo's builds (``zoo``: names of
-    ``gpucheck._csrc.ZOO_BUILDS``, default all; logged as ``zoo_<build>``) and, where they
+    ``gpucheck._zoo.ZOO_BUILDS``, default all; logged as ``zoo_<build>``) and, where they
     were not built at install, gpucheck's
     kernels (the clean twins' ops), all at once, one process each, from the package's
     sources into gpucheck's build cache
@@ -405,7 +405,7 @@ def prebuild(logs: Path, names: Iterable[str] | None = None,
     import subprocess
     import sys
 
-    from gpucheck import _csrc
+    from gpucheck import _csrc, _zoo
 
     names = list(_csrc.DEFECTS if names is None else names)
     if not names or importlib.util.find_spec("torch") is None or _csrc._cuda_home() is None:
@@ -422,8 +422,8 @@ def prebuild(logs: Path, names: Iterable[str] | None = None,
     for build in every if pybind is None else pybind:
         builds[f"pybind_{build}"] = ["from gpucheck._csrc import build_pybind; "
                                      "build_pybind(sys.argv[1], verbose=True)", build]
-    for build in _csrc.ZOO_BUILDS if zoo is None else zoo:
-        builds[f"zoo_{build}"] = ["from gpucheck._csrc import build_zoo; "
+    for build in _zoo.ZOO_BUILDS if zoo is None else zoo:
+        builds[f"zoo_{build}"] = ["from gpucheck._zoo import build_zoo; "
                                   "build_zoo(sys.argv[1], verbose=True)", build]
     env = dict(os.environ)
     env.setdefault("MAX_JOBS", str(max(1, (os.cpu_count() or 1) // len(builds))))

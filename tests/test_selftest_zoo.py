@@ -10,7 +10,7 @@ import ast
 import pytest
 from test_selftest_matrix import _finding, _rec, typed
 
-from gpucheck import _csrc, _resources, cli, selftest
+from gpucheck import _csrc, _resources, _zoo, cli, selftest
 from gpucheck.selftest import ZOO, verdict, zoo_matrix
 
 PLAIN = "blocking+nvml"
@@ -163,19 +163,19 @@ def test_every_zoo_case_is_a_test_of_its_file_and_every_build_is_used():
             source = (root / path).read_text()
             tests = {n.name for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}
             assert name in tests, case
-            used |= {b for b in _csrc.ZOO_BUILDS if f'"{b}"' in source}
-    assert used == set(_csrc.ZOO_BUILDS)
-    for build, (family, defects) in _csrc.ZOO_BUILDS.items():
-        assert [f.name for f in _csrc.zoo_sources(build)] == [f"zoo_{family}.cpp",
+            used |= {b for b in _zoo.ZOO_BUILDS if f'"{b}"' in source}
+    assert used == set(_zoo.ZOO_BUILDS)
+    for build, (family, defects) in _zoo.ZOO_BUILDS.items():
+        assert [f.name for f in _zoo.sources(build)] == [f"zoo_{family}.cpp",
                                                               f"zoo_{family}.cu"]
-        assert _csrc.zoo_flags(build) == [f"-DGPUCHECK_ZOO_{d}" for d in defects]
+        assert _zoo.flags(build) == [f"-DGPUCHECK_ZOO_{d}" for d in defects]
 
 
 def test_the_compile_check_compiles_every_zoo_defect_under_its_macros():
     units, missing = _csrc.check_units("only")
     assert missing == []
     zoo = {(src.name, label) for src, _, label in units if label.startswith(" [zoo ")}
-    for build, (_family, defects) in _csrc.ZOO_BUILDS.items():
+    for build, (_family, defects) in _zoo.ZOO_BUILDS.items():
         if defects:
             assert any(label == f" [zoo {build}]" for _, label in zoo), build
     # the .cu of a build whose only defect is the guard is the clean one: not compiled again
@@ -205,7 +205,7 @@ def test_prebuild_builds_the_zoo_too(tmp_path, monkeypatch):
     monkeypatch.setattr(subprocess, "Popen", Proc)
     assert selftest.prebuild(tmp_path / "logs") == []
     assert sorted(cmd[-1] for cmd in started if "build_zoo" in cmd[2]) == sorted(
-        _csrc.ZOO_BUILDS)
+        _zoo.ZOO_BUILDS)
     assert (tmp_path / "logs" / "zoo_raster_clean.log").exists()
 
 

@@ -62,11 +62,11 @@ def sanitizer_defect_ops(defect_ops: Callable[[str], Any], request: pytest.Fixtu
 @pytest.fixture(scope="session")
 def zoo_ext() -> Callable[[str], Any]:
     """``zoo_ext(build)``: the module of a build of the zoo (a name of
-    ``gpucheck._csrc.ZOO_BUILDS``), JIT-built on first use into gpucheck's build cache."""
+    ``gpucheck._zoo.ZOO_BUILDS``), JIT-built on first use into gpucheck's build cache."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device visible")
-    from gpucheck._csrc import build_zoo
+    from gpucheck._zoo import build_zoo
 
     loaded: dict[str, Any] = {}
 
