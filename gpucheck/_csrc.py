@@ -384,7 +384,8 @@ def check_only_sources() -> list[Path]:
     from gpucheck import _resources
 
     found: list[Path] = []
-    for folder in (_resources.suites() / "selftest", example_csrc_dir()):
+    selftest = _resources.suites() / "selftest"
+    for folder in (selftest, selftest / "zoo", example_csrc_dir()):
         if folder.is_dir():
             found += sorted(folder.glob("*.cpp")) + sorted(folder.glob("*.cu"))
     return found
@@ -504,10 +505,13 @@ def check_units(defects: str = "with") -> tuple[list[tuple[Path, list[str], str]
                 missing.append(f"{name}: no source of csrc/{build.kernel}/ (or a header it "
                                f"includes) names {build.macro}")
             units += [(f, defect_flags(name), f" [{name}]") for f in touched]
-        units += example_defect_units() + pybind_defect_units()
+        from gpucheck import _zoo  # imports this module: the zoo's builds live apart
+
+        units += example_defect_units() + pybind_defect_units() + _zoo.defect_units()
         missing += [f"pybind {name}: no source of the self-test's pybind extension names "
                     f"{macro}" for name, macro in PYBIND_DEFECTS.items()
                     if not any(label == f" [pybind {name}]" for *_, label in units)]
+        missing += _zoo.missing()
     return units, missing
 
 

@@ -211,9 +211,12 @@ def selftest(all_devices: bool, with_sanitizer: bool, out: Path | None, timeout:
     if failed:
         click.echo(f"gpucheck selftest: defect builds that failed: {', '.join(failed)} "
                    f"(compiler output in {run_dir / 'defect_builds'})", err=True)
-    rows, false = st.matrix(*st.read_run(run_dir))
+    records, gpus = st.read_run(run_dir)
+    rows, false = st.matrix(records, gpus)
+    zoo = st.zoo_matrix(records, gpus)
     _print_matrix(rows, false)
-    return st.verdict(rows, false)
+    _print_zoo(zoo)
+    return st.verdict(rows, false, zoo)
 
 
 def _need_gpu() -> None:
@@ -249,6 +252,42 @@ def _print_matrix(rows: list[Any], false: list[dict[str, Any]]) -> None:
     for f in false:
         console.print(escape(f"false positive: {f['device']} {f['case']} ({f['mode']}): "
                              f"{f['kind']}: {f['message']}"))
+
+
+def _print_zoo(results: list[Any]) -> None:
+    """The zoo's table: per row its recall (expected findings found / expected that could run
+    here) and its unexpected findings; then the totals and every miss and unexpected finding."""
+    from gpucheck.controller.config import make_console
+
+    console = make_console()
+    table = Table(title="gpucheck selftest: zoo (real-shaped extensions)")
+    for col in ("row", "bugs", "recall", "unexpected", "detail"):
+        table.add_column(col)
+    for z in results:
+        found, could = z.recall
+        recall = f"{found}/{could}" if could else "-"
+        colour = "red" if z.missed or z.unexpected else "green" if z.ran else "yellow"
+        kinds = sorted({u["kind"] for u in z.unexpected})
+        detail = "; ".join([*(f"not run: {e.kind} ({why})" for e, why in z.not_run),
+                            *(f"missed: {e.kind} ({why})" for e, why in z.missed)])
+        if not z.ran:
+            detail = "its cases did not run" + (f"; {detail}" if detail else "")
+        table.add_row(z.row.name, z.row.bugs or "clean twin", f"[{colour}]{recall}[/]",
+                      f"{len(z.unexpected)}" + (f" ({', '.join(kinds)})" if kinds else ""),
+                      escape(detail))
+    console.print(table)
+    found = sum(z.recall[0] for z in results)
+    could = sum(z.recall[1] for z in results)
+    not_run = sum(len(z.not_run) for z in results)
+    unexpected = [u for z in results for u in z.unexpected]
+    kinds = sorted({u["kind"] for u in unexpected})
+    console.print(f"zoo: recall {found} of {could} expected findings that could run here "
+                  f"({not_run} not run); unexpected findings: {len(unexpected)}"
+                  + (f" ({', '.join(kinds)})" if kinds else ""))
+    for u in unexpected:
+        console.print(escape(f"unexpected: {u['device']} {u['case']} ({u['mode']}): "
+                             f"{u['kind']}{' · ' + u['op'] if u['op'] else ''}: "
+                             f"{u['message']}"))
 
 
 @cli.command("parse-sanitizer")

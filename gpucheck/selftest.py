@@ -11,6 +11,13 @@ its clean build called through ``ctypes`` on stream 0 and given a CPU tensor), a
 writer that stores activated values, and gpucheck's own SSIM and KNN built with a
 ``GPUCHECK_DEFECT_*`` macro each (``gpucheck._csrc.DEFECTS``). Rows that need
 more GPUs or a pass that was not run (``sanitizer:<tool>``) are reported as not run, never as found.
+
+The zoo (``suites/selftest/zoo/``, :data:`ZOO`) is judged apart: pybind11 extensions in the
+shape of the field's code (a 3DGS rasterizer, a fused SSIM loss, simple-knn's distCUDA2, an
+RWKV-style RNN), each called from a ``torch.autograd.Function`` and built clean and with up to
+two defects at once (``gpucheck._zoo.ZOO_BUILDS``). Each row states every finding its cases
+must draw; any other finding is unexpected (:func:`zoo_matrix`: recall and unexpected findings
+per row).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from gpucheck.model.layout import RunFolder
 from gpucheck.model.modes import try_parse
 from gpucheck.model.results import CaseRecord, Finding
 from gpucheck.model.runlog import RunLog
+from gpucheck.report.groups import SYMPTOM_KINDS
 
 #: severities in increasing order; a finding at or above a row's severity names its defect
 SEVERITIES = ("info", "warning", "error")
@@ -195,15 +203,194 @@ def matrix(records: Iterable[CaseRecord], devices: int
     return rows, false
 
 
+# --- the zoo: real-shaped extensions, several defects at once ------------------------------
+
+@dataclass(frozen=True)
+class Expect:
+    """A finding a zoo case must draw (and the only kind of finding it may draw)."""
+
+    kind: str
+    case: str  # the case (relative to the selftest suite) without its parameters
+    op: str | None = None  # a substring of the finding's op or kernel
+    min_devices: int = 1
+    mode: str = "plain"
+    severity: str = "error"
+
+
+@dataclass(frozen=True)
+class ZooRow:
+    """One build of a zoo extension (suites/selftest/zoo/) and its cases: what must be found
+    there (``expected``; empty: a clean twin) and, implied, that nothing else may be."""
+
+    name: str
+    bugs: str  # the defects planted, in words ("" for a clean twin)
+    cases: tuple[str, ...]  # case ids without parameters
+    expected: tuple[Expect, ...] = ()
+
+
+_ZR, _ZS, _ZK, _ZN = ("zoo/test_zoo_raster.py::", "zoo/test_zoo_ssim.py::",
+                      "zoo/test_zoo_knn.py::", "zoo/test_zoo_rnn.py::")
+_M = "gpucheck_zoo_"  # the zoo builds' module names (gpucheck._zoo.module_name)
+
+
+def _zoo_row(name: str, bugs: str, case: str, *expected: tuple[Any, ...]) -> ZooRow:
+    """A row of one case: ``expected`` as (kind, op, min_devices[, severity])."""
+    return ZooRow(name, bugs, (case,), tuple(
+        Expect(kind, case, op, n, severity=rest[0] if rest else "error")
+        for kind, op, n, *rest in expected))
+
+
+ZOO = (
+    ZooRow("rasterizer, clean twin", "", tuple(_ZR + c for c in (
+        "test_raster_clean_colors", "test_raster_clean_sh", "test_raster_clean_empty",
+        "test_raster_clean_checkpoint", "test_raster_clean_repeat"))),
+    _zoo_row("rasterizer: activated checkpoint rendered without a device guard",
+             "no guard + activated checkpoint", _ZR + "test_raster_noguard_checkpoint",
+             ("double-activation", None, 1), ("wrong-device", _M + "raster_noguard", 2)),
+    _zoo_row("rasterizer: render on stream 0, backward leaks its cudaMalloc",
+             "legacy stream + leak", _ZR + "test_raster_legacy_leak_repeat",
+             ("wrong-stream", _M + "raster_legacy_leak.rasterize_gaussians", 1),
+             ("leak", None, 1)),
+    _zoo_row("rasterizer: activated checkpoint rendered on stream 0",
+             "legacy stream + activated checkpoint", _ZR + "test_raster_legacy_checkpoint",
+             ("wrong-stream", _M + "raster_legacy_leak.rasterize_gaussians", 1),
+             ("double-activation", None, 1)),
+    _zoo_row("rasterizer: cub sort on stream 0, image on the current device",
+             "cub on stream 0 + output on the current device",
+             _ZR + "test_raster_sort0_outdev",
+             ("wrong-stream", _M + "raster_sort0_outdev.rasterize_gaussians", 1),
+             ("wrong-device", _M + "raster_sort0_outdev", 2)),
+    ZooRow("SSIM loss, clean twin", "", (_ZS + "test_ssim_clean_train",
+                                         _ZS + "test_ssim_clean_eval")),
+    _zoo_row("SSIM loss without a device guard (story 1)", "no guard",
+             _ZS + "test_ssim_noguard_train", ("wrong-device", _M + "ssim_noguard", 2)),
+    _zoo_row("SSIM loss in evaluation: map on the current device, kernel on stream 0",
+             "output on the current device + legacy stream (+ placeholders)",
+             _ZS + "test_ssim_outdev_legacy_eval",
+             ("wrong-stream", _M + "ssim_outdev_legacy.fusedssim", 1),
+             ("wrong-device", _M + "ssim_outdev_legacy", 2)),
+    ZooRow("distCUDA2, clean twin", "", (_ZK + "test_knn_clean", _ZK + "test_knn_clean_repeat")),
+    _zoo_row("distCUDA2 without a device guard (story 2)", "no guard", _ZK + "test_knn_noguard",
+             ("wrong-device", _M + "knn_noguard", 2)),
+    _zoo_row("distCUDA2 with the published fix (cudaSetDevice), thrust on stream 0",
+             "bare cudaSetDevice + thrust on the default stream",
+             _ZK + "test_knn_setdevice_thrust0",
+             ("device-state-leak", _M + "knn_setdevice_thrust0", 2, "warning"),
+             ("wrong-stream", _M + "knn_setdevice_thrust0.distCUDA2", 1)),
+    ZooRow("custom RNN, clean twin", "", (_ZN + "test_rnn_clean",
+                                          _ZN + "test_rnn_clean_placeholder")),
+    _zoo_row("custom RNN: both kernels on stream 0 (as RWKV's)", "legacy stream (2 ops)",
+             _ZN + "test_rnn_legacy",
+             ("wrong-stream", _M + "rnn_legacy.forward", 1),
+             ("wrong-stream", _M + "rnn_legacy.backward", 1)),
+    _zoo_row("custom RNN: initial state on the CPU, kernels on stream 0",
+             "CPU tensor argument + legacy stream (2 ops)", _ZN + "test_rnn_legacy_cpu_state",
+             ("mixed-devices", _M + "rnn_legacy", 1),
+             ("wrong-stream", _M + "rnn_legacy.forward", 1),
+             ("wrong-stream", _M + "rnn_legacy.backward", 1)),
+)
+
+
+@dataclass
+class ZooResult:
+    """A zoo row judged on a run: its expectations found, missed and not run (each with why),
+    and the findings nothing expected."""
+
+    row: ZooRow
+    found: list[Expect]
+    missed: list[tuple[Expect, str]]
+    not_run: list[tuple[Expect, str]]
+    unexpected: list[dict[str, Any]]
+    ran: bool  # whether any case of the row ran
+
+    @property
+    def recall(self) -> tuple[int, int]:
+        """(expected findings found, expected findings that could run here)."""
+        return len(self.found), len(self.found) + len(self.missed)
+
+
+def _matches_expect(e: Expect, r: CaseRecord, f: Finding) -> bool:
+    """Whether finding ``f`` of record ``r`` is (or, without an op or kernel, may be) the
+    one ``e`` expects: its kind, on the record's device, naming ``e.op`` when it names
+    anything."""
+    names = f"{f.op or ''} {f.kernel or ''}".strip()
+    return (f.kind == e.kind and f.device in (None, r.device)
+            and (e.op is None or not names or e.op in names))
+
+
+def _judge_zoo(row: ZooRow, recs: list[CaseRecord], devices: int, passes: set[str]
+               ) -> ZooResult:
+    mine = [r for r in recs if _base(r.case) in row.cases and pass_of(r.mode) is not None]
+    found: list[Expect] = []
+    missed: list[tuple[Expect, str]] = []
+    not_run: list[tuple[Expect, str]] = []
+    for e in row.expected:
+        if devices < e.min_devices:
+            not_run.append((e, f"needs {e.min_devices} GPUs"))
+            continue
+        if e.mode not in passes:
+            not_run.append((e, f"no {e.mode} pass in this run"))
+            continue
+        ran = [r for r in mine if _base(r.case) == e.case and pass_of(r.mode) == e.mode
+               and r.status != "skipped"]
+        if not ran:
+            not_run.append((e, "its case did not run"))
+            continue
+        d = Defect(row.name, e.case, e.kind, e.mode, e.min_devices, e.op, e.severity)
+        without = [r for r in ran if not any(_names(d, r, f) for f in r.findings)]
+        if without:
+            missed.append((e, "not found on " + ", ".join(
+                sorted({f"{r.case} {r.device}" for r in without}))))
+        else:
+            found.append(e)
+    live = [e for e in row.expected if devices >= e.min_devices]
+    unexpected = []
+    for r in mine:
+        here = [e for e in live if e.case == _base(r.case) and e.mode == pass_of(r.mode)]
+        explained = any(_names(Defect(row.name, e.case, e.kind, e.mode, e.min_devices, e.op,
+                                      "error"), r, f)
+                        for e in here if e.severity == "error" for f in r.findings)
+        for f in r.findings:
+            if f.severity not in ("warning", "error"):
+                continue
+            if any(_matches_expect(e, r, f) for e in here):
+                continue
+            if explained and f.kind in SYMPTOM_KINDS:
+                continue
+            unexpected.append({"device": r.device, "case": r.case, "mode": r.mode,
+                               "kind": f.kind, "op": f.op or f.kernel, "message": f.message})
+    ran_any = any(r.status != "skipped" for r in mine)
+    return ZooResult(row, found, missed, not_run, unexpected, ran_any)
+
+
+def zoo_matrix(records: Iterable[CaseRecord], devices: int) -> list[ZooResult]:
+    """Every zoo row judged on the case records of a selftest run (diagnoses attached).
+
+    An expectation is found when every record of its case that ran in its pass (not the
+    wrong-device re-runs: evidence, not passes) carries a finding of its kind, at least its
+    severity, on that device, whose op or kernel contains its ``op``; it is not run with
+    fewer GPUs than it needs. A finding of severity warning or error on a record of the
+    row's cases is unexpected unless an expectation of that case (that can run here) has its
+    kind and, where the finding names an op or kernel, its op; a symptom
+    (``SYMPTOM_KINDS``: crash, cuda-error, test-failure, ...) is explained by an expected
+    diagnosis of severity error found on the same record."""
+    recs = list(records)
+    passes = {m for r in recs if (m := pass_of(r.mode)) is not None}
+    return [_judge_zoo(row, recs, devices, passes) for row in ZOO]
+
+
 #: the name of the real kernels among :func:`prebuild`'s builds (their clean twins use them)
 KERNELS = "kernels"
 
 
 def prebuild(logs: Path, names: Iterable[str] | None = None,
-             pybind: Iterable[str] | None = None) -> list[str] | None:
+             pybind: Iterable[str] | None = None,
+             zoo: Iterable[str] | None = None) -> list[str] | None:
     """JIT-build the defect builds (``gpucheck._csrc.DEFECTS``), the builds of the pybind
     extension (``pybind``: ``clean`` and names of ``gpucheck._csrc.PYBIND_DEFECTS``, default
-    all; logged as ``pybind_<build>``) and, where they were not built at install, gpucheck's
+    all; logged as ``pybind_<build>``), the zoo's builds (``zoo``: names of
+    ``gpucheck._zoo.ZOO_BUILDS``, default all; logged as ``zoo_<build>``) and, where they
+    were not built at install, gpucheck's
     kernels (the clean twins' ops), all at once, one process each, from the package's
     sources into gpucheck's build cache
     (``gpucheck._csrc.build_dir``): the selftest's workers then load them instead of building
@@ -218,7 +405,7 @@ def prebuild(logs: Path, names: Iterable[str] | None = None,
     import subprocess
     import sys
 
-    from gpucheck import _csrc
+    from gpucheck import _csrc, _zoo
 
     names = list(_csrc.DEFECTS if names is None else names)
     if not names or importlib.util.find_spec("torch") is None or _csrc._cuda_home() is None:
@@ -235,6 +422,9 @@ def prebuild(logs: Path, names: Iterable[str] | None = None,
     for build in every if pybind is None else pybind:
         builds[f"pybind_{build}"] = ["from gpucheck._csrc import build_pybind; "
                                      "build_pybind(sys.argv[1], verbose=True)", build]
+    for build in _zoo.ZOO_BUILDS if zoo is None else zoo:
+        builds[f"zoo_{build}"] = ["from gpucheck._zoo import build_zoo; "
+                                  "build_zoo(sys.argv[1], verbose=True)", build]
     env = dict(os.environ)
     env.setdefault("MAX_JOBS", str(max(1, (os.cpu_count() or 1) // len(builds))))
     procs = {}
@@ -254,9 +444,15 @@ def read_run(run_dir: Path) -> tuple[list[CaseRecord], int]:
     return log.diagnosed_cases(), sum(d.device.startswith("cuda") for d in devices)
 
 
-def verdict(rows: list[Row], false: list[dict[str, Any]]) -> int:
-    """0 every defect found and no false positive; 1 a defect missed or a false positive;
-    2 complete otherwise but some rows could not run here (e.g. one GPU)."""
-    if false or any(r.status == "missed" for r in rows):
+def verdict(rows: list[Row], false: list[dict[str, Any]],
+            zoo: list[ZooResult] | None = None) -> int:
+    """0 every defect found and no false positive; 1 a defect missed or a false positive, or
+    in the zoo (``zoo``) an expected finding missed or an unexpected one; 2 complete
+    otherwise but some rows, zoo rows or zoo expectations could not run here (e.g. one
+    GPU)."""
+    zoo = zoo or []
+    if false or any(r.status == "missed" for r in rows) or any(
+            z.missed or z.unexpected for z in zoo):
         return 1
-    return 2 if any(r.status == "not run" for r in rows) else 0
+    return 2 if any(r.status == "not run" for r in rows) or any(
+        z.not_run or not z.ran for z in zoo) else 0

@@ -57,3 +57,38 @@ def sanitizer_defect_ops(defect_ops: Callable[[str], Any], request: pytest.Fixtu
         return ops
 
     return get
+
+
+@pytest.fixture(scope="session")
+def zoo_ext() -> Callable[[str], Any]:
+    """``zoo_ext(build)``: the module of a build of the zoo (a name of
+    ``gpucheck._zoo.ZOO_BUILDS``), JIT-built on first use into gpucheck's build cache."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device visible")
+    from gpucheck._zoo import build_zoo
+
+    loaded: dict[str, Any] = {}
+
+    def get(build: str) -> Any:
+        if build not in loaded:
+            loaded[build] = build_zoo(build)
+        return loaded[build]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def zoo_fn() -> Any:
+    """zoo/zoo_functions.py (the zoo's autograd Functions and references), imported by its
+    path whatever pytest's import mode."""
+    import importlib.util
+    from pathlib import Path
+
+    pytest.importorskip("torch")
+    path = Path(__file__).resolve().parent / "zoo" / "zoo_functions.py"
+    spec = importlib.util.spec_from_file_location("gpucheck_selftest_zoo_functions", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -1,0 +1,150 @@
+"""The zoo's 3DGS-shaped rasterizer (zoo_raster.cpp / .cu) through its autograd Function,
+against the pure-PyTorch render of zoo_functions.py. Builds ``gpucheck_zoo_raster_<build>``:
+``clean`` (the twin: placeholders, byte buffers, cub on the current stream, cudaMalloc
+freed), ``noguard``, ``legacy_leak`` (render kernel on stream 0; the backward's cudaMalloc
+never freed), ``sort0_outdev`` (cub's sort on stream 0; the image on the current device).
+What each case must draw: ``gpucheck.selftest.ZOO``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.gpu
+P, HEIGHT, WIDTH = 300, 75, 100  # not tile multiples
+#: the checkpoints' camera (zoo_functions.project)
+FOCAL, N_SAVED = 60.0, 512
+SUFFIXES = ("ply", "pt")
+
+
+def _scene(device):
+    means2D = torch.rand(P, 2) * torch.tensor([WIDTH + 20.0, HEIGHT + 20.0]) - 10
+    depths = torch.rand(P) * 9.5 + 0.5
+    depths[:5] = 0.1  # culled
+    scene = {"means2D": means2D, "depths": depths, "sigmas": torch.rand(P) * 5 + 1,
+             "opacities": torch.rand(P, 1) * 0.8 + 0.2}
+    return {k: v.to(device).contiguous() for k, v in scene.items()}
+
+
+def _check_render(zoo_fn, ext, device, *, through_sh):
+    scene = _scene(device)
+    bg = torch.rand(3, device=device)
+    leaf = (torch.randn(P, 3) * 0.8 if through_sh else torch.rand(P, 3)).to(device)
+    leaf.requires_grad_(True)
+    kwargs = {"sh_dc": leaf} if through_sh else {"colors": leaf}
+    image, radii = zoo_fn.rasterize(ext, **scene, background=bg, height=HEIGHT, width=WIDTH,
+                                    **kwargs)
+    weights = torch.rand(3, HEIGHT, WIDTH, device=device)
+    image.backward(weights)
+
+    ref_leaf = leaf.detach().double().cpu().requires_grad_(True)
+    colors = zoo_fn.sh_colors(ref_leaf) if through_sh else ref_leaf
+    ref = zoo_fn.render_reference(**scene, colors=colors, background=bg, height=HEIGHT,
+                                  width=WIDTH)
+    (ref * weights.double().cpu()).sum().backward()
+    torch.testing.assert_close(image.detach().double().cpu(), ref.detach(), rtol=1e-4,
+                               atol=1e-4)
+    torch.testing.assert_close(leaf.grad.double().cpu(), ref_leaf.grad, rtol=1e-4, atol=1e-4)
+    assert int((radii[:5] != 0).sum()) == 0 and int((radii[5:] > 0).sum()) > 0
+
+
+def _save(tmp_path, suffix, activated):
+    """A trained-like raw scene written as 3DGS writes it, or (story 3) its activated values
+    written in the raw fields' place."""
+    import gpucheck.checkpoints as ck
+    from gpucheck.checkpoints import activations as act
+    from gpucheck.checkpoints.roundtrip import sample_params
+
+    p = sample_params(N_SAVED, sh_degree=0, seed=int(torch.randint(1 << 30, ())))
+    if activated:
+        p = ck.GaussianParams(
+            p.means, p.features_dc, p.features_rest, act.scale_activation(p.log_scales),
+            act.opacity_activation(p.opacity_logits), act.rotation_activation(p.rotations_raw),
+            p.sh_degree)
+    if suffix == "ply":
+        path = tmp_path / "point_cloud.ply"
+        ck.write_ply(p, path)
+    else:
+        path = tmp_path / "chkpnt30000.pth"
+        ck.write_pt(p, path, form="capture", iteration=30000)
+    return path
+
+
+def _render_checkpoint(zoo_fn, ext, path, device):
+    """Resume as 3DGS does (read, activate) and render without gradients; checked against
+    the reference render of the same inputs."""
+    scene = zoo_fn.project(zoo_fn.load_3dgs(path), FOCAL, HEIGHT, WIDTH, device)
+    sh_dc = scene.pop("sh_dc")
+    bg = torch.zeros(3, device=device)
+    with torch.no_grad():
+        image, _ = zoo_fn.rasterize(ext, **scene, background=bg, height=HEIGHT, width=WIDTH,
+                                    sh_dc=sh_dc)
+    ref = zoo_fn.render_reference(**scene, colors=zoo_fn.sh_colors(sh_dc.double().cpu()),
+                                  background=bg, height=HEIGHT, width=WIDTH)
+    torch.testing.assert_close(image.double().cpu(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_raster_clean_colors(zoo_ext, zoo_fn, gpu_device):
+    _check_render(zoo_fn, zoo_ext("raster_clean"), gpu_device, through_sh=False)
+
+
+def test_raster_clean_sh(zoo_ext, zoo_fn, gpu_device):
+    _check_render(zoo_fn, zoo_ext("raster_clean"), gpu_device, through_sh=True)
+
+
+def test_raster_clean_empty(zoo_ext, zoo_fn, gpu_device):
+    """No Gaussian at all: the background, with empty byte buffers."""
+    empty = {"means2D": torch.zeros(0, 2), "depths": torch.zeros(0), "sigmas": torch.zeros(0),
+             "opacities": torch.zeros(0, 1)}
+    scene = {k: v.to(gpu_device) for k, v in empty.items()}
+    bg = torch.rand(3, device=gpu_device)
+    image, radii = zoo_fn.rasterize(zoo_ext("raster_clean"), **scene, background=bg,
+                                    height=HEIGHT, width=WIDTH,
+                                    colors=torch.zeros(0, 3, device=gpu_device))
+    torch.testing.assert_close(image.cpu(), bg.cpu()[:, None, None].expand(3, HEIGHT, WIDTH))
+    assert radii.numel() == 0
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_raster_clean_checkpoint(zoo_ext, zoo_fn, gpu_device, tmp_path, suffix):
+    _render_checkpoint(zoo_fn, zoo_ext("raster_clean"), _save(tmp_path, suffix, False),
+                       gpu_device)
+
+
+@pytest.mark.gpucheck_repeat(5)
+def test_raster_clean_repeat(zoo_ext, zoo_fn, gpu_device):
+    _check_render(zoo_fn, zoo_ext("raster_clean"), gpu_device, through_sh=False)
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_raster_noguard_checkpoint(zoo_ext, zoo_fn, gpu_device, tmp_path, suffix):
+    # two GPUs: faults with the other device current, passes with its own current
+    _render_checkpoint(zoo_fn, zoo_ext("raster_noguard"), _save(tmp_path, suffix, True),
+                       gpu_device)
+
+
+@pytest.mark.gpucheck_repeat(5)
+def test_raster_legacy_leak_repeat(zoo_ext, zoo_fn, gpu_device):
+    _check_render(zoo_fn, zoo_ext("raster_legacy_leak"), gpu_device, through_sh=False)
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_raster_legacy_checkpoint(zoo_ext, zoo_fn, gpu_device, tmp_path, suffix):
+    _render_checkpoint(zoo_fn, zoo_ext("raster_legacy_leak"), _save(tmp_path, suffix, True),
+                       gpu_device)
+
+
+def test_raster_sort0_outdev(zoo_ext, zoo_fn, gpu_device):
+    """Forward only: with two GPUs the image lands on the current device (its gradient would
+    come back there and make the backward's call mixed-device, another finding)."""
+    scene = _scene(gpu_device)
+    colors = torch.rand(P, 3, device=gpu_device)
+    bg = torch.rand(3, device=gpu_device)
+    with torch.no_grad():
+        image, _ = zoo_fn.rasterize(zoo_ext("raster_sort0_outdev"), **scene, background=bg,
+                                    height=HEIGHT, width=WIDTH, colors=colors)
+    ref = zoo_fn.render_reference(**scene, colors=colors, background=bg, height=HEIGHT,
+                                  width=WIDTH)
+    torch.testing.assert_close(image.double().cpu(), ref, rtol=1e-4, atol=1e-4)
