@@ -24,8 +24,10 @@ ZOO_BUILDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "knn_clean": ("knn", ()),
     "knn_noguard": ("knn", ("NO_GUARD",)),
     "knn_setdevice_thrust0": ("knn", ("SET_DEVICE", "THRUST_STREAM0")),
+    "knn_noguard_thrust0": ("knn", ("NO_GUARD", "THRUST_STREAM0")),
     "rnn_clean": ("rnn", ()),
     "rnn_legacy": ("rnn", ("LEGACY_STREAM",)),
+    "rnn_noguard_legacy": ("rnn", ("NO_GUARD", "LEGACY_STREAM")),
 }
 
 

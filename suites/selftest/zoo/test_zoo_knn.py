@@ -37,5 +37,11 @@ def test_knn_noguard(zoo_ext, zoo_fn, gpu_device):
     _check(zoo_fn, zoo_ext("knn_noguard"), gpu_device)
 
 
+def test_knn_noguard_thrust0(zoo_ext, zoo_fn, gpu_device):
+    # story 2 as published: raw kernels and thrust, neither on the input's device nor on the
+    # caller's stream. Two GPUs: thrust throws on the other device and the process aborts
+    _check(zoo_fn, zoo_ext("knn_noguard_thrust0"), gpu_device)
+
+
 def test_knn_setdevice_thrust0(zoo_ext, zoo_fn, gpu_device):
     _check(zoo_fn, zoo_ext("knn_setdevice_thrust0"), gpu_device)

@@ -54,5 +54,12 @@ def test_rnn_legacy(zoo_ext, zoo_fn, gpu_device):
     _check(zoo_fn, zoo_ext("rnn_legacy"), gpu_device, None)
 
 
+def test_rnn_noguard_legacy(zoo_ext, zoo_fn, gpu_device):
+    # no guard and both kernels on stream 0 (RWKV's first kernels): on two GPUs the case
+    # faults with the other device current; its re-run with its own device current passes
+    # and sees the stream-0 launches
+    _check(zoo_fn, zoo_ext("rnn_noguard_legacy"), gpu_device, None)
+
+
 def test_rnn_legacy_cpu_state(zoo_ext, zoo_fn, gpu_device):
     _check(zoo_fn, zoo_ext("rnn_legacy"), gpu_device, "cpu")
