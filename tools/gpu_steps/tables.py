@@ -39,7 +39,8 @@ def matrix(run: Path) -> int:
     if not (run / "results.jsonl").exists():
         print(f"{run}: no results.jsonl")
         return 1
-    rows, false = selftest.matrix(*selftest.read_run(run))
+    records, devices = selftest.read_run(run)
+    rows, false = selftest.matrix(records, devices)
     print(f"{run}: {'defect':60} {'kind':18} result   detail")
     for r in rows:
         print(f"  {r.defect.name[:60]:60} {r.defect.kind:18} {r.status:8} {r.detail[:110]}")
@@ -50,6 +51,19 @@ def matrix(run: Path) -> int:
     by = Counter(r.status for r in rows)
     print(f"rows {len(rows)}: {by['found']} found, {by['missed']} missed, {by['not run']} not run;"
           f" false positives on clean cases: {len(false)}")
+    zoo = selftest.zoo_matrix(records, devices)
+    for z in zoo:
+        found, could = z.recall
+        why = "; ".join([*(f"missed {e.kind} {e.op or ''}: {w}" for e, w in z.missed),
+                         *(f"not run {e.kind}: {w}" for e, w in z.not_run)])
+        print(f"  zoo {z.row.name[:58]:58} recall {found}/{could} unexpected "
+              f"{len(z.unexpected)} {why[:150]}")
+        for u in z.unexpected:
+            print(f"    UNEXPECTED {u.get('device')} {u.get('case')} {u.get('kind')}: "
+                  f"{str(u.get('message'))[:160]}")
+    total = [sum(z.recall[i] for z in zoo) for i in (0, 1)]
+    print(f"zoo {len(zoo)} rows: recall {total[0]}/{total[1]}, unexpected findings "
+          f"{sum(len(z.unexpected) for z in zoo)}")
     return 0
 
 
