@@ -39,8 +39,8 @@ def matrix(run: Path) -> int:
     if not (run / "results.jsonl").exists():
         print(f"{run}: no results.jsonl")
         return 1
-    records, devices = selftest.read_run(run)
-    rows, false = selftest.matrix(records, devices)
+    cases, devices = selftest.read_run(run)
+    rows, false = selftest.matrix(cases, devices)
     print(f"{run}: {'defect':60} {'kind':18} result   detail")
     for r in rows:
         print(f"  {r.defect.name[:60]:60} {r.defect.kind:18} {r.status:8} {r.detail[:110]}")
@@ -51,7 +51,7 @@ def matrix(run: Path) -> int:
     by = Counter(r.status for r in rows)
     print(f"rows {len(rows)}: {by['found']} found, {by['missed']} missed, {by['not run']} not run;"
           f" false positives on clean cases: {len(false)}")
-    zoo = selftest.zoo_matrix(records, devices)
+    zoo = selftest.zoo_matrix(cases, devices)
     for z in zoo:
         found, could = z.recall
         why = "; ".join([*(f"missed {e.kind} {e.op or ''}: {w}" for e, w in z.missed),
