@@ -318,3 +318,22 @@ def test_an_abort_hint_names_the_device_guard_only_with_another_device_current()
     assert "check the device guard" in crash_hint(-6, stderr, other_current=True)
     alone = crash_hint(-6, stderr, other_current=False)
     assert "not a device guard" in alone and "check the device guard" not in alone
+
+
+def test_placeholder_outputs_and_arguments_are_no_device_for_the_output_rule():
+    """fused-ssim's evaluation path returns empty CPU tensors for the buffers it does not
+    compute, and the rasterizers take them for arguments not given: the output-device rule
+    judges the tensors that hold data (before, every clean call was a wrong-device error)."""
+    import torch
+
+    from gpucheck.detectors.op_device import _tensor_devices, op_events
+
+    image = torch.empty(3, 4, 4, device="meta")
+    args = (image, torch.empty(0), torch.Tensor([]))
+    out = (torch.empty(1, device="meta"), torch.empty(0), torch.empty(0), torch.empty(0))
+    assert _tensor_devices(args) == ["meta"] and _tensor_devices(out) == ["meta"]
+    assert op_events("ext.fusedssim", _tensor_devices(args), _tensor_devices(out), 0, 0) == []
+    # an output with data elsewhere is still named, placeholders among the inputs or not
+    moved = (torch.empty(3, 4, 4),)
+    assert [k for k, _ in op_events("ext.render", _tensor_devices(args),
+                                    _tensor_devices(moved), 0, 0)] == ["wrong-device"]

@@ -16,8 +16,9 @@ The rule (:func:`mixed`): the call has a tensor on an accelerator (CUDA, or any 
 the CPU) and its tensors that carry data are on two or more devices. A CPU tensor that torch
 itself lets a CUDA op take is not data here: a 0-dim tensor (a scalar), and an integer or
 bool tensor of at most :data:`SMALL_HOST` elements (a size, a shape, a seed). Nor is a
-tensor with no elements on any device (:func:`placeholder`): the rasterizers pass
-``torch.Tensor([])`` for an argument that is not given and test ``.size(0)`` in C++. A call that the
+tensor with no elements on any device (:func:`~gpucheck.detectors.op_watch.placeholder`):
+the rasterizers pass ``torch.Tensor([])`` for an argument that is not given and test
+``.size(0)`` in C++. A call that the
 extension refuses itself (it raises an error that is not a CUDA error: a ``TORCH_CHECK``
 saying "must be a CUDA tensor", as gpucheck's own suites test on purpose) is fine: its check
 did the job, and the finding made before the call is withdrawn. An extension that takes
@@ -54,17 +55,10 @@ def host_argument(t: Any) -> bool:
                             and t.numel() <= SMALL_HOST)
 
 
-def placeholder(t: Any) -> bool:
-    """A tensor with no elements: the field's "not given" (``torch.Tensor([])``,
-    ``torch.empty(0)`` for an optional argument the C++ side tests with ``.size(0)``). It hands
-    the kernel no data to read, on whatever device it sits."""
-    return t.numel() == 0
-
-
 def carries_data(t: Any) -> bool:
     """Whether a tensor argument counts for the rule: neither a host argument nor a
     placeholder."""
-    return not (host_argument(t) or placeholder(t))
+    return not (host_argument(t) or op_watch.placeholder(t))
 
 
 def _split_params(text: str) -> list[str]:

@@ -33,7 +33,9 @@ ALLOC_HINT = ("allocate outputs with the input's options (`at::empty(sizes, x.op
 
 
 def _tensor_devices(obj: Any) -> list[str]:
-    return [str(t.device) for t in op_watch.tensors(obj)]
+    """The devices of the tensors in ``obj`` that hold data (placeholders left out: an empty
+    CPU tensor returned for an output that is not computed is a convention, not a device)."""
+    return [str(t.device) for t in op_watch.tensors(obj) if not op_watch.placeholder(t)]
 
 
 def _current_device() -> int | None:

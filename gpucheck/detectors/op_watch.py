@@ -264,6 +264,14 @@ def tensors(obj: Any) -> list[Any]:
     return [t for t in tree_leaves(obj) if isinstance(t, torch.Tensor)]
 
 
+def placeholder(t: Any) -> bool:
+    """A tensor with no elements: the field's "not given" (``torch.Tensor([])``,
+    ``torch.empty(0)`` for an optional argument or output the C++ side tests with
+    ``.size(0)``). It holds no data, on whatever device it sits: the per-call device rules
+    (mixed devices, output devices) leave it out."""
+    return bool(t.numel() == 0)
+
+
 def real_cuda(t: Any) -> bool:
     """A plain CUDA tensor with memory behind it (not fake, meta or a tensor subclass that
     traces, as under ``opcheck`` or ``torch.compile``)."""

@@ -86,6 +86,7 @@ class Recorder:
         self.detector_data: dict[str, dict[str, Any]] = {}  # node id -> fields of its record
         self.case_ops: dict[str, str] = {}  # node id -> the last extension op it called
         self.stood_down: dict[str, list[str]] = {}  # node id -> detectors that stood down
+        self.raising_ops: dict[str, str] = {}  # node id -> the extension op that raised
         self.done = 0
         self.total = 0
         self.findings = 0
@@ -279,8 +280,11 @@ class Recorder:
         if times > 1 and outcome.excinfo is None:
             self.detectors.repeat(item.runtest, times)
         op_watch.remove(tracker)
-        if tracker.last is not None:
-            self.case_ops[item.nodeid] = tracker.last
+        named = tracker.raised or tracker.last
+        if named is not None:
+            self.case_ops[item.nodeid] = named
+        if tracker.raised is not None:
+            self.raising_ops[item.nodeid] = tracker.raised
         lost = outcome.excinfo is not None and sticky_cuda_error(outcome.excinfo[1]) is not None
         stood_down = self.detectors.finish(info, found,
                                            self.detector_data.setdefault(item.nodeid, {}),
@@ -379,6 +383,8 @@ class Recorder:
                     call_failure = findings[-1]
                     if call_failure.kind == "cuda-error":  # raised in or after that op
                         call_failure.op = self.case_ops.get(nodeid)
+                    else:  # an extension's own error ("invalid argument"): the op it came from
+                        call_failure.op = self.raising_ops.get(nodeid)
                 reason = reason or findings[-1].message
         attached = self.detector_findings.pop(nodeid, [])
         if call_failure is not None and _said_by(call_failure, attached):
@@ -392,6 +398,7 @@ class Recorder:
         findings.extend(attached)
         data = self.detector_data.pop(nodeid, {})
         self.case_ops.pop(nodeid, None)
+        self.raising_ops.pop(nodeid, None)
         fingerprints = list(data.get("fingerprints", []))
         if self.san_glob is not None:
             found = self._sanitizer_findings(case, suite, current not in (None, self.device))
@@ -431,6 +438,7 @@ class _OpTracker:
     def __init__(self, write: Any) -> None:
         self.write = write
         self.last: str | None = None
+        self.raised: str | None = None  # the first op whose call raised
 
     def before(self, call: op_watch.Call) -> None:
         if call.op != self.last:
@@ -438,7 +446,8 @@ class _OpTracker:
             self.write(call.op)
 
     def after(self, call: op_watch.Call, out: Any) -> None:
-        return None
+        if call.error is not None and self.raised is None:
+            self.raised = call.op
 
 
 def _repeats(item: pytest.Item, found: list[Finding], info: CaseInfo) -> int:

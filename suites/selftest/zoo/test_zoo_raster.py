@@ -19,6 +19,23 @@ FOCAL, N_SAVED = 60.0, 512
 SUFFIXES = ("ply", "pt")
 
 
+#: relative L2 error allowed against the float64 reference. The rasterizer decides in float32
+#: whether a Gaussian counts (alpha >= 1/255) and when a pixel is done (T < 1e-4): where a
+#: decision falls the other way than in float64 a few pixels differ by one Gaussian's
+#: contribution (measured on 2x H200: 22 of 900 colour gradients off by up to 1.4e-3), so an
+#: elementwise bound is flaky and an L2 bound over the image is not.
+REL_L2 = 1e-3
+
+
+def _close(actual, expected):
+    actual = actual.detach().double().cpu()
+    assert actual.shape == expected.shape and torch.isfinite(actual).all()
+    err = float(torch.linalg.vector_norm(actual - expected))
+    assert err <= REL_L2 * float(torch.linalg.vector_norm(expected)) + 1e-9, (
+        f"relative L2 error {err / max(float(torch.linalg.vector_norm(expected)), 1e-30):.2e}"
+        f" > {REL_L2:g}")
+
+
 def _scene(device):
     means2D = torch.rand(P, 2) * torch.tensor([WIDTH + 20.0, HEIGHT + 20.0]) - 10
     depths = torch.rand(P) * 9.5 + 0.5
@@ -44,9 +61,8 @@ def _check_render(zoo_fn, ext, device, *, through_sh):
     ref = zoo_fn.render_reference(**scene, colors=colors, background=bg, height=HEIGHT,
                                   width=WIDTH)
     (ref * weights.double().cpu()).sum().backward()
-    torch.testing.assert_close(image.detach().double().cpu(), ref.detach(), rtol=1e-4,
-                               atol=1e-4)
-    torch.testing.assert_close(leaf.grad.double().cpu(), ref_leaf.grad, rtol=1e-4, atol=1e-4)
+    _close(image, ref.detach())
+    _close(leaf.grad, ref_leaf.grad)
     assert int((radii[:5] != 0).sum()) == 0 and int((radii[5:] > 0).sum()) > 0
 
 
@@ -83,7 +99,7 @@ def _render_checkpoint(zoo_fn, ext, path, device):
                                     sh_dc=sh_dc)
     ref = zoo_fn.render_reference(**scene, colors=zoo_fn.sh_colors(sh_dc.double().cpu()),
                                   background=bg, height=HEIGHT, width=WIDTH)
-    torch.testing.assert_close(image.double().cpu(), ref, rtol=1e-4, atol=1e-4)
+    _close(image, ref)
 
 
 def test_raster_clean_colors(zoo_ext, zoo_fn, gpu_device):
@@ -147,4 +163,4 @@ def test_raster_sort0_outdev(zoo_ext, zoo_fn, gpu_device):
                                     height=HEIGHT, width=WIDTH, colors=colors)
     ref = zoo_fn.render_reference(**scene, colors=colors, background=bg, height=HEIGHT,
                                   width=WIDTH)
-    torch.testing.assert_close(image.double().cpu(), ref, rtol=1e-4, atol=1e-4)
+    _close(image, ref)
