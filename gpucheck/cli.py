@@ -44,7 +44,11 @@ def cli() -> None:
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def devices(as_json: bool) -> int:
-    """List every visible CUDA device, its memory, processes and peer access."""
+    """List every visible CUDA device, its memory, processes and peer access.
+
+    Exit 0 when at least one CUDA device is usable, 2 when none is (the reason is printed), so
+    that `gpucheck devices` can gate a job that needs a GPU.
+    """
     from gpucheck.devices import discover
 
     inv = discover()
@@ -53,7 +57,7 @@ def devices(as_json: bool) -> int:
                               indent=2))
     else:
         _print_inventory(inv)
-    if inv.environment_error:
+    if inv.environment_error or not inv.devices:
         return EXIT_USAGE
     return EXIT_CLEAN
 

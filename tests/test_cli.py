@@ -22,12 +22,12 @@ def _no_traceback(proc):
     assert "Traceback" not in proc.stderr + proc.stdout
 
 
-def test_devices_without_gpu_is_a_sentence_and_exit_0():
+def test_devices_without_gpu_is_a_sentence_and_exit_2():
     proc = gpucheck("devices")
     _no_traceback(proc)
     if "visible CUDA device" in proc.stdout:
         pytest.skip("this machine has GPUs")
-    assert proc.returncode == 0
+    assert proc.returncode == 2  # no usable GPU: a job that needs one can gate on it
     assert proc.stdout.startswith("No NVIDIA GPU")
 
 
@@ -36,10 +36,34 @@ def test_devices_json_without_gpu_lists_no_devices():
     data = json.loads(proc.stdout)
     if data["devices"]:
         pytest.skip("this machine has GPUs")
-    assert proc.returncode == 0
+    assert proc.returncode == 2
     assert data["devices"] == []
     assert data["reason"]
     assert data["torch_version"]
+
+
+def test_devices_with_no_device_visible_exits_2(monkeypatch, capsys):
+    none = Inventory([], "No CUDA device is visible (CUDA_VISIBLE_DEVICES is empty).", "580",
+                     "13.0", None, "2.11", None, "none")
+    monkeypatch.setattr(devices, "discover", lambda: none)
+    assert cli.main(["devices"]) == 2
+    assert "No CUDA device is visible" in capsys.readouterr().out
+
+
+def test_python_dash_m_gpucheck_is_the_command():
+    proc = subprocess.run([sys.executable, "-m", "gpucheck", "--version"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"gpucheck, version {gpucheck_version()}"
+    proc = subprocess.run([sys.executable, "-m", "gpucheck", "report", "/no/such/run"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+def gpucheck_version() -> str:
+    import gpucheck as package
+
+    return package.__version__
 
 
 def test_run_without_gpu_says_so_in_one_line_and_exits_2(tmp_path):
