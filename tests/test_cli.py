@@ -203,3 +203,68 @@ def test_selftest_without_gpu_is_one_sentence_before_any_build(monkeypatch, caps
                     "`gpucheck run --cpu-only` is what runs without one")
     assert "building" not in captured.out
     assert list(tmp_path.iterdir()) == []  # no reports/<timestamp>/
+
+
+PROJECT = '''[project]
+name = "my-ext"
+
+[tool.gpucheck]
+suites = ["mine"]
+timeout = 42
+formats = ["json"]
+modes = ["blocking"]
+'''
+
+
+def _project(tmp_path, extra: str = ""):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "test_ok.py").write_text("def test_ok():\n    assert 1 + 1 == 2\n")
+    (tmp_path / "pyproject.toml").write_text(PROJECT + extra)
+
+
+def _config(out):
+    head = json.loads((out / "results.jsonl").read_text().splitlines()[0])
+    return head["config"]
+
+
+def test_pyproject_tool_gpucheck_sets_the_runs_defaults(tmp_path):
+    _project(tmp_path)
+    proc = gpucheck("run", "--cpu-only", "--out", "a", "--quiet", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    config = _config(tmp_path / "a")
+    assert config["suites"] == ["mine"] and config["timeout"] == 42.0
+    assert sorted(p.name for p in (tmp_path / "a").iterdir() if p.is_file()) == [
+        "results.json", "results.jsonl"]  # formats = ["json"]
+
+
+def test_options_given_override_pyproject_settings(tmp_path):
+    _project(tmp_path)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "test_two.py").write_text("def test_two():\n    pass\n")
+    proc = gpucheck("run", "--cpu-only", "--out", "b", "--quiet", "--suite", "other",
+                    "--timeout", "7", "--format", "html", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    config = _config(tmp_path / "b")
+    assert config["suites"] == ["other"] and config["timeout"] == 7.0
+    assert (tmp_path / "b" / "report.html").exists()
+    assert not (tmp_path / "b" / "results.json").exists()
+
+
+@pytest.mark.parametrize(("extra", "words"), [
+    ("bogus = 1\n", "has unknown setting(s) bogus; known: suites, modes, timeout, formats"),
+    ('timeout = "soon"\n', "timeout must be a number of seconds above 0, got 'soon'"),
+    ('formats = ["pdf"]\n', "formats 'pdf' is not one of html, json, junit, sarif"),
+])
+def test_a_bad_pyproject_setting_is_one_sentence_and_exit_2(tmp_path, extra, words):
+    _project(tmp_path)
+    text = (tmp_path / "pyproject.toml").read_text()
+    key = extra.split(" ")[0]
+    kept = "".join(line + "\n" for line in text.splitlines() if not line.startswith(key))
+    (tmp_path / "pyproject.toml").write_text(kept + extra)
+    proc = gpucheck("run", "--cpu-only", "--out", "c", cwd=tmp_path)
+    _no_traceback(proc)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"gpucheck: [tool.gpucheck] of {tmp_path / 'pyproject.toml'} {words}".replace(
+            "toml timeout", "toml: timeout").replace("toml formats", "toml: formats")]
+    assert not (tmp_path / "c").exists()
