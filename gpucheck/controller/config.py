@@ -185,6 +185,11 @@ def load_resume(folder: Path, cfg: RunConfig) -> tuple[RunConfig, RunHeader]:
     if header is None:
         raise UsageProblem(f"{str(folder)!r} holds no gpucheck run to resume "
                            "(no results.jsonl with a run header)")
+    end = RunLog.read(path).end
+    if end is not None and not end.interrupted:
+        at = f" at {end.finished_at}" if end.finished_at else ""
+        raise UsageProblem(f"the run in {str(folder)!r} finished{at}: there is nothing to "
+                           f"resume (`gpucheck report {folder}` writes its reports again)")
     saved = header.config
     if not saved:
         raise UsageProblem(f"the run in {str(folder)!r} was written by a gpucheck that did not "

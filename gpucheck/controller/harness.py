@@ -13,6 +13,7 @@ EXIT_CONTEXT_LOST so that it, too, is replaced. Other devices' workers are not a
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib.metadata
 import os
 import signal
@@ -155,6 +156,7 @@ def write_skip(files: WorkerFiles, skip: list[str] | None) -> Path | None:
     if not skip:
         return None
     try:
+        files.skip.parent.mkdir(parents=True, exist_ok=True)  # a resumed folder may lack it
         files.skip.write_text("\n".join(skip) + "\n")
     except OSError as err:
         raise _cannot_write(files.skip, err) from err
@@ -176,9 +178,13 @@ def _why_unwritable(folder: Path) -> str:
 
 def _cannot_write(path: Path, err: OSError) -> OutputProblem:
     run = path.parent.parent
+    fix = {errno.ENOSPC: "make room", errno.EDQUOT: "make room", errno.EFBIG: "make room",
+           errno.EACCES: "make the folder writable", errno.EPERM: "make the folder writable",
+           errno.EROFS: "make the folder writable"}.get(err.errno or 0,
+                                                        "make room or make the folder writable")
     return OutputProblem(f"cannot write {path}: {err.strerror or err}; the run stopped here, "
-                         f"every record written before is kept (make room or make the folder "
-                         f"writable, then `gpucheck run --resume {run}`)")
+                         f"every record written before is kept ({fix}, then "
+                         f"`gpucheck run --resume {run}`)")
 
 
 _LIFELINE: list[int] = []  # this process's pipe (read end, write end), made once
