@@ -325,7 +325,11 @@ def report(run_dir: Path, output: Path | None, formats: tuple[str, ...]) -> int:
     try:
         done = publish(run_dir, output, tuple(dict.fromkeys(formats)) or DEFAULT_FORMATS)
     except OSError as err:
-        raise UsageProblem(f"cannot write the report: {err.strerror or err}") from err
+        where = output or run_dir
+        why = err.strerror or str(err)
+        if err.filename and Path(err.filename) != where:
+            why = f"{err.filename}: {why}"
+        raise UsageProblem(f"cannot write the report {where}: {why}") from err
     console = Console(soft_wrap=True)
     paths = list(done.paths.values())
     first = done.paths.get("html", paths[0] if paths else run_dir)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -268,3 +269,38 @@ def test_a_bad_pyproject_setting_is_one_sentence_and_exit_2(tmp_path, extra, wor
         f"gpucheck: [tool.gpucheck] of {tmp_path / 'pyproject.toml'} {words}".replace(
             "toml timeout", "toml: timeout").replace("toml formats", "toml: formats")]
     assert not (tmp_path / "c").exists()
+
+
+def test_report_into_a_read_only_folder_names_the_path(tmp_path):
+    """As root, the command runs without CAP_DAC_OVERRIDE so that the folder's mode holds."""
+    from faultkit import drop_capabilities
+    from report_synth import make_run
+
+    run = make_run(tmp_path / "run", devices=1, cases=4)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        proc = gpucheck("report", str(run), "-o", str(locked / "page.html"),
+                        preexec_fn=(lambda: drop_capabilities(1, 2)) if os.geteuid() == 0
+                        else None)
+    finally:
+        locked.chmod(0o755)
+    _no_traceback(proc)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"gpucheck: cannot write the report {locked / 'page.html'}: Permission denied"]
+    assert not list(locked.iterdir())
+
+
+def test_report_where_a_file_stands_in_the_way_names_both(tmp_path):
+    from report_synth import make_run
+
+    run = make_run(tmp_path / "run", devices=1, cases=4)
+    (tmp_path / "file").write_text("")
+    proc = gpucheck("report", str(run), "-o", str(tmp_path / "file" / "page.html"))
+    _no_traceback(proc)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"gpucheck: cannot write the report {tmp_path / 'file' / 'page.html'}: "
+        f"{tmp_path / 'file'}: File exists"]
