@@ -201,3 +201,24 @@ def test_report_names_a_torn_results_file_and_fails(tmp_path):
     assert "clean" not in rep.stdout and "passed" not in rep.stdout.splitlines()[0]
     doc = json.loads((out / "results.json").read_text())
     assert doc["summary"]["verdict"] == "incomplete" and doc["summary"]["exit_code"] == 2
+
+
+def test_random_bytes_are_not_a_gpucheck_results_file_not_a_torn_line(tmp_path):
+    import random
+
+    from gpucheck.report.verdict import decide
+
+    blob = (random.Random(7).randbytes(3000).replace(b"\n", b"") + b"\n"
+            + bytes(range(256)).replace(b"\n", b""))
+    (tmp_path / "results.jsonl").write_bytes(blob)
+    verdict = decide(rundata.load(tmp_path))
+    assert (verdict.name, verdict.exit_code) == ("incomplete", 2)
+    assert verdict.problems == [
+        f"{tmp_path / 'results.jsonl'} is not a gpucheck results file: none of its 2 line(s) "
+        "is a record gpucheck writes (no run header, no case)"]
+    assert "killed mid-line" not in " ".join(verdict.why)
+    proc = subprocess.run([sys.executable, "-m", "gpucheck.cli", "report", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "is not a gpucheck results file" in proc.stdout
+    assert "killed mid-line" not in proc.stdout + proc.stderr

@@ -120,7 +120,11 @@ def decide(data: RunData, *, allow_empty: bool | None = None,
     warnings = [f for r in cases for f in r.findings if f.severity == "warning"]
     ran = sum(r.status in RAN for r in cases)
     problems = []
-    if data.torn_lines:
+    if data.torn_lines and data.header is None and not data.cases and not data.interrupted:
+        problems.append(f"{data.run_dir / 'results.jsonl'} is not a gpucheck results file: "
+                        f"none of its {data.torn_lines} line(s) is a record gpucheck writes "
+                        "(no run header, no case)")
+    elif data.torn_lines:
         problems.append(f"{data.torn_lines} line(s) of {data.run_dir / 'results.jsonl'} could "
                         "not be read (a writer was killed mid-line, or the file was edited): "
                         "the cases they held are missing from every report")
