@@ -153,12 +153,20 @@ def _matrix(data: RunData, doc: dict[str, Any], cells: list[dict[str, Any]]) -> 
 
 
 def _compare(data: RunData) -> dict[str, Any]:
-    """Time and peak memory of each case on each device; the cases that differ most first."""
-    devices = data.devices
+    """Time and peak memory of each case on each device; the cases that differ most first.
+
+    Only cases that ran on two or more devices are compared, on the devices they ran on: the
+    ranks of a distributed pass with each other, never with the device of another pass (the
+    ``cpu`` of ``--cpu-only`` against ``rank0/cpu``). Where no case ran on two devices, the
+    slowest cases are listed instead."""
     per: dict[tuple[str, str, str], dict[str, CaseRecord]] = defaultdict(dict)
     for r in data.cases:
         if r.status != "skipped":
             per[(r.suite, r.case, r.mode)][r.device] = r
+    if any(len(by_dev) > 1 for by_dev in per.values()):
+        per = defaultdict(dict, {k: v for k, v in per.items() if len(v) > 1})
+    used = {d for by_dev in per.values() for d in by_dev}
+    devices = [d for d in data.devices if d in used]
     rows: list[dict[str, Any]] = []
     for (suite, case, mode), by_dev in per.items():
         times = [r.duration_s for r in by_dev.values()]
