@@ -96,8 +96,9 @@ def project_settings(folder: Path, mode_choices: tuple[str, ...],
         raise UsageProblem(f"{where} has unknown setting(s) {', '.join(unknown)}; known: "
                            f"{', '.join(PROJECT_KEYS)}")
     out: dict[str, Any] = {}
-    for key, choices in (("suites", None), ("modes", mode_choices),
-                         ("formats", format_choices)):
+    lists: tuple[tuple[str, tuple[str, ...] | None], ...] = (
+        ("suites", None), ("modes", mode_choices), ("formats", format_choices))
+    for key, choices in lists:
         if key not in table:
             continue
         value = table[key]
@@ -106,7 +107,7 @@ def project_settings(folder: Path, mode_choices: tuple[str, ...],
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise UsageProblem(f"{where}: {key} must be a list of strings, got {value!r}")
         bad = [v for v in value if choices is not None and v not in choices]
-        if bad:
+        if bad and choices is not None:
             raise UsageProblem(f"{where}: {key} {bad[0]!r} is not one of {', '.join(choices)}")
         out[key] = tuple(value)
     if "timeout" in table:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections import Counter
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
