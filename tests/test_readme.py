@@ -115,19 +115,21 @@ def test_every_planned_sentence_in_the_docs_is_planned_in_status():
 
 def test_the_install_section_installs_what_each_command_needs_first():
     """A fresh venv (pip 23, setuptools 65, no wheel) runs the Install commands as written:
-    the wheel is the first choice; a build without isolation gets setuptools >= 69, wheel and
-    torch earlier on its own line (else `invalid command 'bdist_wheel'`); a CPU-only recipe
-    takes torch from PyTorch's CPU index (no CUDA wheels)."""
+    the first is the CPU-only recipe, torch from PyTorch's CPU index alone (no CUDA wheels,
+    and no fallback to PyPI's CUDA build), then the wheel (nothing to build); a build without
+    isolation gets setuptools >= 69 and wheel first on its own line (else `invalid command
+    'bdist_wheel'`)."""
     text = (ROOT / "README.md").read_text()
     section = text.split("## Install\n", 1)[1].split("\n## ", 1)[0]
     commands = _commands(section)
-    assert commands[0].endswith("python -m pip install gpucheck-0.1.0-py3-none-any.whl")
+    first = [part.strip() for part in commands[0].split("&&")]
+    assert first == ["python -m pip install torch --index-url https://download.pytorch.org/whl/cpu",
+                     "python -m pip install gpucheck-0.1.0-py3-none-any.whl"]
+    assert "--extra-index-url" not in section
     built = [c for c in commands if "--no-build-isolation" in c]
     assert built
     for command in built:
-        before = command.split("--no-build-isolation")[0]
-        for need in ('"setuptools>=69"', "wheel", "torch"):
-            assert need in before.split("&&")[0], (need, command)
-    cpu = [c for c in commands if "download.pytorch.org/whl/cpu" in c]
-    assert len(cpu) == 1 and "gpucheck-0.1.0-py3-none-any.whl" in cpu[0]
-    assert "no CUDA wheels" in section
+        before = command.split("--no-build-isolation")[0].split("&&")[0]
+        for need in ('"setuptools>=69"', "wheel"):
+            assert need in before, (need, command)
+    assert "no CUDA" in section
