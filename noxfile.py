@@ -106,12 +106,12 @@ def tests(session: nox.Session) -> None:
 #: the quick subset for the edit loop (`nox -s quick`, under 2 minutes on two cores): the
 #: tests of the model, the report, the verdict, the CLI's refusals, check_op and the
 #: references, without the ones that start runs of the harness, build packages or kernels
-QUICK = ("tests/test_results.py", "tests/test_report_verdict.py", "tests/test_report_groups.py",
-         "tests/test_report_sarif.py", "tests/test_sanitizer_parser.py", "tests/test_check_op.py",
-         "tests/test_testing.py", "tests/test_registry.py", "tests/test_readme.py",
-         "tests/test_architecture.py", "tests/test_devices.py", "tests/test_nvml.py",
-         "tests/test_checkpoint_lint.py", "tests/test_dist_analysis.py",
-         "tests/test_reference_knn.py")
+QUICK = tuple(f"tests/test_{name}.py" for name in (
+    "results", "report_verdict", "report_groups", "report_sarif", "sanitizer_parser",
+    "check_op", "testing", "registry", "readme", "architecture", "devices", "nvml",
+    "nvml_sampler", "checkpoint_lint", "checkpoints", "dist_analysis", "reference_knn",
+    "reference_splat", "ops_splat", "cli", "detectors", "wrong_device", "wrong_stream",
+    "mixed_devices", "stray_context", "memory_detectors", "op_watch"))
 #: what the package session runs against the installed wheel, besides `gpucheck run` and
 #: `gpucheck selftest` (the full tests run once, in the tests session): the CLI, the
 #: verdict, the plugin and check_op, the packaged suites' collection

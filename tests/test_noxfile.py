@@ -98,6 +98,8 @@ def test_the_quick_and_smoke_sets_name_test_files_that_exist_and_are_documented(
     root = Path(noxfile.__file__).resolve().parent
     for name in (*noxfile.QUICK, *noxfile.SMOKE):
         assert (root / name).is_file(), name
-    assert len(noxfile.QUICK) < len(list((root / "tests").glob("test_*.py"))) / 2
+    slowest = {"tests/test_run_output.py", "tests/test_dist_run.py", "tests/test_packaging.py",
+               "tests/test_reference_ssim.py", "tests/test_ext_watch.py", "tests/test_faults.py"}
+    assert not slowest & set(noxfile.QUICK)  # each takes minutes on two cores
     readme = (root / "README.md").read_text()
     assert "python -m nox -s quick" in readme and "| `quick` |" in readme
