@@ -350,8 +350,11 @@ def test_without_a_gpu_a_broken_suite_fails_naming_the_users_file_and_line(
     got = _dry(check_op(scan, inputs, ref, dtypes=("float32", "float64"), **kwargs))
     assert got[case].startswith("failed: "), got
     assert said in got[case]
+    import os
+
     blamed = ref if case.startswith("numerics") else inputs
-    here = "tests/test_check_op.py"
+    here = os.path.relpath(__file__)  # as check_cpu.where shows it: relative to the cwd
+    here = os.path.abspath(__file__) if here.startswith("..") else here
     if ref is _wrong_dim:  # an exception: the line that raised it
         assert f"at {here}:{_line(_wrong_dim, 'cumsum(2)')}" in got[case]
     else:  # the function at fault, where it is defined
