@@ -1,6 +1,6 @@
 """Sessions for gpucheck's CI and maintainers: `nox -s tests lint typecheck compile` (CPU,
-the default), `nox -s package` (CPU: the wheel and sdist, tested installed), `nox -s gpu
-sanitize` (need GPUs).
+the default), `nox -s quick` (CPU: a subset for the edit loop), `nox -s package` (CPU: the
+wheel and sdist, a smoke set of tests run installed), `nox -s gpu sanitize` (need GPUs).
 
 Sessions see the packages of the Python that runs nox, so an installed torch (a CUDA build on
 GPU machines) is used as it is and never reinstalled: the base interpreter's through
@@ -103,6 +103,29 @@ def tests(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", "tests", *session.posargs)
 
 
+#: the quick subset for the edit loop (`nox -s quick`, under 2 minutes on two cores): the
+#: tests of the model, the report, the verdict, the CLI's refusals, check_op and the
+#: references, without the ones that start runs of the harness, build packages or kernels
+QUICK = tuple(f"tests/test_{name}.py" for name in (
+    "results", "report_verdict", "report_groups", "report_sarif", "sanitizer_parser",
+    "check_op", "testing", "registry", "readme", "architecture", "devices", "nvml",
+    "nvml_sampler", "checkpoint_lint", "checkpoints", "dist_analysis", "reference_knn",
+    "reference_splat", "ops_splat", "cli", "detectors", "wrong_device", "wrong_stream",
+    "mixed_devices", "stray_context", "memory_detectors", "op_watch"))
+#: what the package session runs against the installed wheel, besides `gpucheck run` and
+#: `gpucheck selftest` (the full tests run once, in the tests session): the CLI, the
+#: verdict, the plugin and check_op, the packaged suites' collection
+SMOKE = ("tests/test_cli.py", "tests/test_report_verdict.py", "tests/test_plugin_api.py",
+         "tests/test_check_op.py", "tests/test_cpu_first_run.py")
+
+
+@nox.session(**VENV, default=False)
+def quick(session: nox.Session) -> None:
+    """The quick subset of the CPU tests for the edit loop (the full set: `nox -s tests`)."""
+    _install(session, "test")
+    session.run("python", "-m", "pytest", "-n", "2", *QUICK, *session.posargs)
+
+
 @nox.session(**VENV)
 def lint(session: nox.Session) -> None:
     """Ruff over the package, tests, suites, benchmarks, tools and examples."""
@@ -130,7 +153,7 @@ def compile(session: nox.Session) -> None:
 
 @nox.session(**VENV, default=False)
 def package(session: nox.Session) -> None:
-    """Build the sdist and wheel, install the wheel outside the checkout, test it there."""
+    """Build the sdist and wheel, install the wheel outside the checkout, smoke-test it there."""
     _ensure_torch(session)  # the installed wheel's venv shares it
     session.install("build>=1")
     with tempfile.TemporaryDirectory(prefix="gpucheck-package-") as tmp:
@@ -160,9 +183,9 @@ def package(session: nox.Session) -> None:
                  f"assert pathlib.Path({str(ROOT)!r}) not in where.parents, where; "
                  "print('gpucheck under test:', where); "
                  "sys.exit(pytest.main(['-p', 'no:cacheprovider', *sys.argv[1:]]))")
-        with session.chdir(work):
-            session.run(python, "-c", check, str(ROOT / "tests"), *session.posargs,
-                        external=True, env={"PYTHONSAFEPATH": "1"})
+        with session.chdir(work):  # a smoke set: the tests session ran them all already
+            session.run(python, "-c", check, *(str(ROOT / t) for t in SMOKE), "-n", "2",
+                        *session.posargs, external=True, env={"PYTHONSAFEPATH": "1"})
         runs = work / "cwd"
         runs.mkdir()
         gpucheck = str(venv / "bin" / "gpucheck")

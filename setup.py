@@ -3,10 +3,11 @@ examples/ of this repository become gpucheck.csrc, gpucheck.suites, gpucheck.exa
 its CUDA kernels (gpucheck._C) when a CUDA build of torch and a CUDA toolkit are found here.
 
 Metadata lives in pyproject.toml. The kernels are built at install only where this file can
-import your torch (``pip install --no-build-isolation .``); anywhere else, and where their
-build fails, gpucheck installs without them and builds them on first use instead. The knobs
-(GPUCHECK_NO_EXTENSION, GPUCHECK_KERNELS, TORCH_CUDA_ARCH_LIST, MAX_JOBS, CUDA_HOME) are in
-docs/install.md.
+import your torch (``pip install --no-build-isolation .``) and a GPU is visible (or the build
+is asked for: GPUCHECK_BUILD_EXTENSION=1, TORCH_CUDA_ARCH_LIST); anywhere else, and where
+their build fails, gpucheck installs without them and builds them on first use instead. The
+knobs (GPUCHECK_NO_EXTENSION, GPUCHECK_BUILD_EXTENSION, GPUCHECK_KERNELS,
+TORCH_CUDA_ARCH_LIST, MAX_JOBS, CUDA_HOME) are in docs/install.md.
 """
 
 from __future__ import annotations
@@ -49,8 +50,21 @@ def package_kwargs() -> dict[str, Any]:
     }
 
 
-def _say(message: str) -> None:
+def _say(message: str, loud: bool = False) -> None:
+    """One line on stderr; ``loud``: also on the terminal pip runs in (pip shows a build's
+    output only with -v, and a build of minutes must not hide behind "still running")."""
     print(f"gpucheck: {message}", file=sys.stderr)
+    if loud and not sys.stderr.isatty():
+        try:
+            with open("/dev/tty", "w") as tty:
+                tty.write(f"gpucheck: {message}\n")
+        except OSError:  # no terminal (a CI log): stderr it is
+            pass
+
+
+def _isolated() -> bool:
+    """Whether pip builds this in its isolated build environment (where your torch is not)."""
+    return any("pip-build-env" in p for p in sys.path)
 
 
 def _skip(reason: str) -> dict[str, Any]:
@@ -92,9 +106,17 @@ def extension_kwargs() -> dict[str, Any]:
     try:
         import torch
     except ImportError:
-        return _skip("torch is not importable here: install with --no-build-isolation")
+        if _isolated():
+            return _skip("pip's isolated build environment has no torch: install torch "
+                         "first, then gpucheck with --no-build-isolation")
+        return _skip("torch is not installed in this environment: install torch first")
     if torch.version.cuda is None:
         return _skip(f"torch {torch.__version__} is a CPU-only build")
+    asked = (os.environ.get("GPUCHECK_BUILD_EXTENSION") == "1"
+             or bool(os.environ.get("TORCH_CUDA_ARCH_LIST")))
+    if not asked and not torch.cuda.is_available():
+        return _skip("no GPU is visible here; set GPUCHECK_BUILD_EXTENSION=1 or "
+                     "TORCH_CUDA_ARCH_LIST to build them anyway")
     csrc = _load("_csrc")
     if csrc.torch_build_env() is None:
         return _skip("no CUDA toolkit found: set CUDA_HOME or put nvcc on PATH")
@@ -109,8 +131,12 @@ def extension_kwargs() -> dict[str, Any]:
         visible = [torch.cuda.get_device_capability(i)
                    for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
         archs = csrc.arch_list(visible, csrc.nvcc_archs(csrc._cuda_home()))
-        _say(f"building the CUDA kernels for {csrc.arch_label(archs)}")
+        _say(f"building the CUDA kernels for {csrc.arch_label(archs)} at install (a few "
+             "minutes; GPUCHECK_NO_EXTENSION=1 builds them on first use instead)", loud=True)
         nvcc_flags += csrc.gencode_flags(archs)
+    else:
+        _say(f"building the CUDA kernels for TORCH_CUDA_ARCH_LIST="
+             f"{os.environ['TORCH_CUDA_ARCH_LIST']} at install (a few minutes)", loud=True)
 
     ext = CUDAExtension(
         name=csrc.EXTENSION_NAME,

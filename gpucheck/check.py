@@ -201,6 +201,15 @@ def check_op(op: Any, make_inputs: Callable[..., Any],
              request: pytest.FixtureRequest) -> None:
         seed = case_seed(request.config)
         request.node.user_properties.append(("gpucheck_seed", seed))
+        if gpu_device is None:  # no CUDA device visible: the suite's own parts, on CPU
+            from gpucheck.check_cpu import dry_run
+
+            try:
+                dry_run(spec, gpucheck_check, seed)
+            except AssertionError as err:
+                raise AssertionError(f"{err}\n(inputs seeded with {SEED_ENV}={seed})"
+                                     ) from None
+            return
         run_check(spec, gpucheck_check, gpu_device, other_device, seed)
 
     test.__doc__ = f"gpucheck.check_op battery of {spec.name}"

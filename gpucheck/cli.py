@@ -26,6 +26,8 @@ from gpucheck.errors import EXIT_CLEAN, EXIT_USAGE, GpucheckError
 GIB = 1024**3
 #: report formats (gpucheck.report.FORMATS; kept here so that --help imports nothing heavy)
 FORMATS = ("html", "json", "junit", "sarif")
+MODES = ("blocking", "nvml", "sanitizer", "sanitizer:memcheck", "sanitizer:racecheck",
+         "sanitizer:initcheck", "sanitizer:synccheck")
 FORMAT_HELP = ("Report to write (repeatable): html (report.html), json (results.json), junit "
                "(junit.xml), sarif (results.sarif, SARIF 2.1.0 for code scanning). Default: "
                "html, json and junit; given, only the formats named.")
@@ -44,7 +46,11 @@ def cli() -> None:
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def devices(as_json: bool) -> int:
-    """List every visible CUDA device, its memory, processes and peer access."""
+    """List every visible CUDA device, its memory, processes and peer access.
+
+    Exit 0 when at least one CUDA device is usable, 2 when none is (the reason is printed), so
+    that `gpucheck devices` can gate a job that needs a GPU.
+    """
     from gpucheck.devices import discover
 
     inv = discover()
@@ -53,7 +59,7 @@ def devices(as_json: bool) -> int:
                               indent=2))
     else:
         _print_inventory(inv)
-    if inv.environment_error:
+    if inv.environment_error or not inv.devices:
         return EXIT_USAGE
     return EXIT_CLEAN
 
@@ -102,9 +108,7 @@ def _print_inventory(inv: Inventory) -> None:
               help="Suite to run: a folder name under suites/ or a path (repeatable; "
                    "default: every suite).")
 @click.option("--mode", "modes", multiple=True,
-              type=click.Choice(["blocking", "nvml", "sanitizer", "sanitizer:memcheck",
-                                 "sanitizer:racecheck", "sanitizer:initcheck",
-                                 "sanitizer:synccheck"]),
+              type=click.Choice(MODES),
               help="Instrumentation (repeatable; default: blocking + nvml).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Output folder for a new run; must be empty or absent "
@@ -149,11 +153,22 @@ def run(ctx: click.Context, all_devices: bool, device_indices: tuple[int, ...],
 
     Arguments after `--` go to pytest (e.g. `-- -k forward`). An option that cannot apply
     to the run asked for (--device with --cpu-only, --nvml-interval without mode nvml, ...)
-    is refused.
+    is refused. `[tool.gpucheck]` in the current folder's pyproject.toml sets the defaults
+    of --suite, --mode, --timeout and --format (suites, modes, timeout, formats); options
+    given here override them.
     """
-    from gpucheck.controller.config import RunConfig
+    from gpucheck.controller.config import RunConfig, project_settings
     from gpucheck.controller.entry import run as run_pipeline
 
+    if resume is None:  # a resumed run keeps its own settings
+        project = project_settings(Path.cwd(), MODES, FORMATS)
+        if not distributed:  # the distributed run has its own suite and no modes
+            suites = suites or project.get("suites", ())
+            if not cpu_only:
+                modes = modes or project.get("modes", ())
+        if "timeout" not in _given(ctx):
+            timeout = project.get("timeout", timeout)
+        formats = formats or project.get("formats", ())
     return run_pipeline(RunConfig(all_devices, device_indices, suites, modes, out, timeout,
                                   quiet, cpu_only, list(pytest_args), nvml_interval / 1000,
                                   allow_empty=allow_empty, resume=resume,
@@ -349,7 +364,11 @@ def report(run_dir: Path, output: Path | None, formats: tuple[str, ...]) -> int:
     try:
         done = publish(run_dir, output, tuple(dict.fromkeys(formats)) or DEFAULT_FORMATS)
     except OSError as err:
-        raise UsageProblem(f"cannot write the report: {err.strerror or err}") from err
+        where = output or run_dir
+        why = err.strerror or str(err)
+        if err.filename and Path(err.filename) != where:
+            why = f"{err.filename}: {why}"
+        raise UsageProblem(f"cannot write the report {where}: {why}") from err
     console = Console(soft_wrap=True)
     paths = list(done.paths.values())
     first = done.paths.get("html", paths[0] if paths else run_dir)

@@ -50,12 +50,14 @@ FLOORS: dict[str, int] = {
     "gpucheck.worker": 4,
     "gpucheck.check": 4,
     "gpucheck.check_runner": 4,
+    "gpucheck.check_cpu": 4,
     "gpucheck.report": 4,
     # 5 controller
     "gpucheck.controller": 5,
     # 6 entry points
     "gpucheck.pytest_plugin": 6,
     "gpucheck.cli": 6,
+    "gpucheck.__main__": 6,
     "gpucheck.selftest": 6,
 }
 

@@ -108,12 +108,14 @@ def test_a_users_file_collects_one_case_per_device_and_check(pytester, monkeypat
         test_neg = gpucheck.check_op(torch.neg, make, lambda x: -x, dtypes=("float32", "float64"))
     ''')
     result = pytester.runpytest_subprocess("--strict-markers", "-rs", "-m", "gpu")
-    result.assert_outcomes(skipped=12)
-    result.stdout.fnmatch_lines(["*no CUDA device visible*"])
+    # without a GPU: devices-* and numerics-* check the suite itself; the rest wait for one
+    result.assert_outcomes(passed=4, skipped=8)
+    result.stdout.fnmatch_lines(["SKIPPED [[]8[]] *: waits for a GPU: this check runs the op "
+                                 "on a CUDA device*"])
     ids = pytester.runpytest_subprocess("--collect-only", "-q", "-m", "multigpu").outlines
     assert [i for i in ids if "::" in i] == [
-        "test_mine.py::test_neg[nocuda-cross_device-float32]",
-        "test_mine.py::test_neg[nocuda-cross_device-float64]"]
+        "test_mine.py::test_neg[cpu-cross_device-float32]",
+        "test_mine.py::test_neg[cpu-cross_device-float64]"]
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -277,3 +279,141 @@ def test_the_example_extension_is_compile_checked_clean_and_with_each_defect():
     code = "".join((_csrc.example_csrc_dir() / n).read_text() for n in ("wkv.h", "wkv.cpp"))
     for _, flags in variants:  # every macro is one the sources test
         assert f"#ifdef {flags[0].removeprefix('-D')}" in code
+
+
+# --- without a GPU: the dry run of the suite itself (gpucheck.check_cpu) --------------------
+
+def _dry(test, *, seed=7):
+    """{case: outcome} of every case of a check_op test run as without a GPU."""
+    from gpucheck.check_cpu import dry_run
+
+    out = {}
+    for case in test.gpucheck_op.checks:
+        try:
+            dry_run(test.gpucheck_op, case, seed)
+            out[case] = "passed"
+        except pytest.skip.Exception as err:
+            out[case] = f"skipped: {err}"
+        except AssertionError as err:
+            out[case] = f"failed: {err}"
+    return out
+
+
+def _line(fn, text):
+    """The line of this file where ``text`` is, inside ``fn``'s source."""
+    import inspect
+
+    lines, first = inspect.getsourcelines(fn)
+    return first + next(i for i, line in enumerate(lines) if text in line)
+
+
+def test_without_a_gpu_a_sound_suite_checks_its_inputs_and_reference_and_waits_for_the_rest():
+    from gpucheck.check_cpu import WAITS
+
+    got = _dry(check_op(scan, make, reference, dtypes=DTYPES))
+    assert {c: o for c, o in got.items() if o == "passed"} == {
+        f"{c}-{d}": "passed" for d in DTYPES for c in ("devices", "numerics")}
+    assert {o for c, o in got.items() if o != "passed"} == {f"skipped: {WAITS}"}
+
+
+def _wrong_dim(x, w):
+    return (x * w).cumsum(2)  # the inputs have two dimensions
+
+
+def _random(x, w):
+    return (x * w).cumsum(-1) + 1e-3 * torch.rand_like(x)
+
+
+def _hard_coded_dtype(device, dtype):
+    return (torch.randn(5, 33, device=device, dtype=torch.float32),
+            torch.rand(33, device=device, dtype=dtype) + 0.5)
+
+
+def _zeros(device, dtype):
+    return (torch.zeros(5, 33, device=device, dtype=dtype),
+            torch.rand(33, device=device, dtype=dtype) + 0.5)
+
+
+@pytest.mark.parametrize(("inputs", "ref", "kwargs", "case", "said"), [
+    (make, _wrong_dim, {}, "numerics-float32",
+     "the reference, run in float64, raised IndexError: Dimension out of range"),
+    (make, _random, {}, "numerics-float32",
+     "gives other results when called twice on the same input"),
+    (make, reference, {"rtol": 0.0, "atol": 0.0}, "numerics-float32",
+     "itself, run in float32, is off from its float64 result by more than rtol=0, atol=0"),
+    (_hard_coded_dtype, reference, {}, "devices-float64",
+     "argument 0 is float32, not the dtype asked for (float64)"),
+    (_zeros, reference, {}, "devices-float32", "argument 0 is all zeros"),
+])
+def test_without_a_gpu_a_broken_suite_fails_naming_the_users_file_and_line(
+        inputs, ref, kwargs, case, said):
+    got = _dry(check_op(scan, inputs, ref, dtypes=("float32", "float64"), **kwargs))
+    assert got[case].startswith("failed: "), got
+    assert said in got[case]
+    import os
+
+    blamed = ref if case.startswith("numerics") else inputs
+    here = os.path.relpath(__file__)  # as check_cpu.where shows it: relative to the cwd
+    here = os.path.abspath(__file__) if here.startswith("..") else here
+    if ref is _wrong_dim:  # an exception: the line that raised it
+        assert f"at {here}:{_line(_wrong_dim, 'cumsum(2)')}" in got[case]
+    else:  # the function at fault, where it is defined
+        import inspect
+
+        assert f"{here}:{inspect.getsourcelines(blamed)[1]}" in got[case]
+    others = {c: o for c, o in got.items() if c != case and o.startswith("failed")}
+    assert all(c.startswith(case.split("-")[0]) or c.startswith("numerics") for c in others)
+
+
+USER_SUITE = '''
+import torch
+
+import gpucheck
+
+
+def scan(x):  # stands in for a CUDA kernel: never called without a GPU
+    raise RuntimeError("a CUDA kernel")
+
+
+def make_inputs(device, dtype):
+    return (torch.randn(3, 97, 67, device=device, dtype=dtype),)
+
+
+def reference(x):
+    return x.cumsum(1){wrong}
+
+
+test_scan = gpucheck.check_op(scan, make_inputs, reference=reference,
+                              dtypes=("float32", "bfloat16"))
+'''
+
+
+@pytest.mark.parametrize("wrong", ["", ".sum(3)"])
+def test_gpucheck_run_cpu_only_dry_runs_a_users_check_op_suite(tmp_path, wrong):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_my_ext.py").write_text(USER_SUITE.format(wrong=wrong))
+    proc = subprocess.run([sys.executable, "-m", "gpucheck", "run", "--cpu-only", "--suite",
+                           "tests/test_my_ext.py", "--out", "out"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    last = proc.stdout.strip().splitlines()[-1]
+    assert "7 skipped: waits for a GPU: this check runs the op on a CUDA device" in last
+    recs = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").open()]
+    failed = [r for r in recs if r.get("status") == "failed"]
+    if not wrong:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert last.startswith("passed (exit 0): 11 case(s): 4 ran (4 passed, 0 failed)")
+        assert not failed
+        return
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert {r["case"] for r in failed} == {"test_my_ext.py::test_scan[cpu-numerics-float32]",
+                                           "test_my_ext.py::test_scan[cpu-numerics-bfloat16]"}
+    line = USER_SUITE.splitlines().index("    return x.cumsum(1){wrong}") + 1
+    for r in failed:
+        assert "raised IndexError: Dimension out of range" in r["reason"]
+        assert f"at tests/test_my_ext.py:{line}" in r["reason"]  # the user's file, not ours

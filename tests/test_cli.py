@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -22,12 +23,12 @@ def _no_traceback(proc):
     assert "Traceback" not in proc.stderr + proc.stdout
 
 
-def test_devices_without_gpu_is_a_sentence_and_exit_0():
+def test_devices_without_gpu_is_a_sentence_and_exit_2():
     proc = gpucheck("devices")
     _no_traceback(proc)
     if "visible CUDA device" in proc.stdout:
         pytest.skip("this machine has GPUs")
-    assert proc.returncode == 0
+    assert proc.returncode == 2  # no usable GPU: a job that needs one can gate on it
     assert proc.stdout.startswith("No NVIDIA GPU")
 
 
@@ -36,10 +37,34 @@ def test_devices_json_without_gpu_lists_no_devices():
     data = json.loads(proc.stdout)
     if data["devices"]:
         pytest.skip("this machine has GPUs")
-    assert proc.returncode == 0
+    assert proc.returncode == 2
     assert data["devices"] == []
     assert data["reason"]
     assert data["torch_version"]
+
+
+def test_devices_with_no_device_visible_exits_2(monkeypatch, capsys):
+    none = Inventory([], "No CUDA device is visible (CUDA_VISIBLE_DEVICES is empty).", "580",
+                     "13.0", None, "2.11", None, "none")
+    monkeypatch.setattr(devices, "discover", lambda: none)
+    assert cli.main(["devices"]) == 2
+    assert "No CUDA device is visible" in capsys.readouterr().out
+
+
+def test_python_dash_m_gpucheck_is_the_command():
+    proc = subprocess.run([sys.executable, "-m", "gpucheck", "--version"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"gpucheck, version {gpucheck_version()}"
+    proc = subprocess.run([sys.executable, "-m", "gpucheck", "report", "/no/such/run"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+def gpucheck_version() -> str:
+    import gpucheck as package
+
+    return package.__version__
 
 
 def test_run_without_gpu_says_so_in_one_line_and_exits_2(tmp_path):
@@ -179,3 +204,103 @@ def test_selftest_without_gpu_is_one_sentence_before_any_build(monkeypatch, caps
                     "`gpucheck run --cpu-only` is what runs without one")
     assert "building" not in captured.out
     assert list(tmp_path.iterdir()) == []  # no reports/<timestamp>/
+
+
+PROJECT = '''[project]
+name = "my-ext"
+
+[tool.gpucheck]
+suites = ["mine"]
+timeout = 42
+formats = ["json"]
+modes = ["blocking"]
+'''
+
+
+def _project(tmp_path, extra: str = ""):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "test_ok.py").write_text("def test_ok():\n    assert 1 + 1 == 2\n")
+    (tmp_path / "pyproject.toml").write_text(PROJECT + extra)
+
+
+def _config(out):
+    head = json.loads((out / "results.jsonl").read_text().splitlines()[0])
+    return head["config"]
+
+
+def test_pyproject_tool_gpucheck_sets_the_runs_defaults(tmp_path):
+    _project(tmp_path)
+    proc = gpucheck("run", "--cpu-only", "--out", "a", "--quiet", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    config = _config(tmp_path / "a")
+    assert config["suites"] == ["mine"] and config["timeout"] == 42.0
+    assert sorted(p.name for p in (tmp_path / "a").iterdir() if p.is_file()) == [
+        "results.json", "results.jsonl"]  # formats = ["json"]
+
+
+def test_options_given_override_pyproject_settings(tmp_path):
+    _project(tmp_path)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "test_two.py").write_text("def test_two():\n    pass\n")
+    proc = gpucheck("run", "--cpu-only", "--out", "b", "--quiet", "--suite", "other",
+                    "--timeout", "7", "--format", "html", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    config = _config(tmp_path / "b")
+    assert config["suites"] == ["other"] and config["timeout"] == 7.0
+    assert (tmp_path / "b" / "report.html").exists()
+    assert not (tmp_path / "b" / "results.json").exists()
+
+
+@pytest.mark.parametrize(("extra", "words"), [
+    ("bogus = 1\n", "has unknown setting(s) bogus; known: suites, modes, timeout, formats"),
+    ('timeout = "soon"\n', "timeout must be a number of seconds above 0, got 'soon'"),
+    ('formats = ["pdf"]\n', "formats 'pdf' is not one of html, json, junit, sarif"),
+])
+def test_a_bad_pyproject_setting_is_one_sentence_and_exit_2(tmp_path, extra, words):
+    _project(tmp_path)
+    text = (tmp_path / "pyproject.toml").read_text()
+    key = extra.split(" ")[0]
+    kept = "".join(line + "\n" for line in text.splitlines() if not line.startswith(key))
+    (tmp_path / "pyproject.toml").write_text(kept + extra)
+    proc = gpucheck("run", "--cpu-only", "--out", "c", cwd=tmp_path)
+    _no_traceback(proc)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"gpucheck: [tool.gpucheck] of {tmp_path / 'pyproject.toml'} {words}".replace(
+            "toml timeout", "toml: timeout").replace("toml formats", "toml: formats")]
+    assert not (tmp_path / "c").exists()
+
+
+def test_report_into_a_read_only_folder_names_the_path(tmp_path):
+    """As root, the command runs without CAP_DAC_OVERRIDE so that the folder's mode holds."""
+    from faultkit import drop_capabilities
+    from report_synth import make_run
+
+    run = make_run(tmp_path / "run", devices=1, cases=4)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        proc = gpucheck("report", str(run), "-o", str(locked / "page.html"),
+                        preexec_fn=(lambda: drop_capabilities(1, 2)) if os.geteuid() == 0
+                        else None)
+    finally:
+        locked.chmod(0o755)
+    _no_traceback(proc)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"gpucheck: cannot write the report {locked / 'page.html'}: Permission denied"]
+    assert not list(locked.iterdir())
+
+
+def test_report_where_a_file_stands_in_the_way_names_both(tmp_path):
+    from report_synth import make_run
+
+    run = make_run(tmp_path / "run", devices=1, cases=4)
+    (tmp_path / "file").write_text("")
+    proc = gpucheck("report", str(run), "-o", str(tmp_path / "file" / "page.html"))
+    _no_traceback(proc)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"gpucheck: cannot write the report {tmp_path / 'file' / 'page.html'}: "
+        f"{tmp_path / 'file'}: File exists"]

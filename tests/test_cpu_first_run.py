@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,23 @@ def test_cpu_only_first_run_tests_something_and_names_the_gpu_suites(tmp_path: P
     assert summary["verdict"] == "passed"
     assert "gpucheck passed" in (out / "report.html").read_text()
     assert said.strip().splitlines()[-1].startswith("passed (exit 0)")
+    # without a terminal the distributed phase says itself too, a line per rank
+    lines = proc.stdout.splitlines()
+    assert "dist: the distributed suite (dist) as one gloo group of 2 CPU ranks" in lines
+    per_rank = {r["device"]: 0 for r in cases if r["mode"] == "dist"}
+    for r in cases:
+        if r["mode"] == "dist":
+            per_rank[r["device"]] += 1
+    for rank, n in per_rank.items():
+        assert f"{rank} dist: {n} case(s) recorded" in lines
+    # the report compares the ranks with each other, not the cpu pass with a rank
+    page = (out / "report.html").read_text()
+    section = page.split('<section id="compare">')[1].split("</section>")[0]
+    heads = re.findall(r"<th>([^<]*)</th>", section)
+    assert heads == ["case", "mode", "rank0/cpu", "rank1/cpu", "spread"]
+    compared = re.findall(r"<td title=\"[^\"]*\">([^<]*)</td>", section)
+    assert compared and all(c.startswith(("test_ddp.py", "test_render.py", "test_dist"))
+                            for c in compared), compared
 
 
 def test_cpu_only_defaults_are_the_suites_that_need_no_gpu(tmp_path: Path,
@@ -51,3 +69,40 @@ def test_a_users_own_suites_stay_the_default_without_gpu(tmp_path: Path, monkeyp
     monkeypatch.chdir(tmp_path)
     assert set(suites.default(cpu_only=True)) == {"mine"} == set(suites.default())
     assert suites.left_out_without_gpu() == []
+
+
+class _StoppedAtOnce:
+    """A distributed harness stopped by Ctrl-C before any rank finished a case."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.notes: list[str] = []
+
+    def run(self) -> None:
+        raise KeyboardInterrupt
+
+    def interrupt(self) -> None:
+        pass
+
+
+def test_a_stop_before_the_distributed_suite_ran_does_not_say_it_ran(tmp_path: Path,
+                                                                      monkeypatch) -> None:
+    from gpucheck.controller import dist_pipeline
+    from gpucheck.controller.config import RunConfig
+    from gpucheck.model import results
+    from gpucheck.model.results import CaseRecord
+
+    monkeypatch.setattr(dist_pipeline, "DistHarness", _StoppedAtOnce)
+    path = tmp_path / "results.jsonl"
+    results.append(path, CaseRecord(run_id="r", device="cpu", suite="reference", case="t",
+                                    mode="blocking", status="passed").to_json())
+    notes: list[str] = []
+    assert dist_pipeline.cpu_pass(RunConfig(cpu_only=True), tmp_path, path, "r", notes)
+    assert notes == ["--cpu-only: the distributed suite (dist) did not run: the run was "
+                     "stopped before its first case finished"]
+    # one dist case recorded before the stop: it ran, until the run was stopped
+    results.append(path, CaseRecord(run_id="r", device="rank0/cpu", suite="dist", case="t",
+                                    mode=dist_pipeline.MODE, status="passed").to_json())
+    notes = []
+    assert dist_pipeline.cpu_pass(RunConfig(cpu_only=True), tmp_path, path, "r", notes)
+    assert notes == [f"--cpu-only: the distributed suite (dist) ran as one gloo group of 2 CPU "
+                     f"ranks (mode {dist_pipeline.MODE}), until the run was stopped"]

@@ -228,6 +228,26 @@ def _drop_dac_override() -> None:
     drop_capabilities(1, 2)
 
 
+@pytest.mark.parametrize("worker_said", [
+    # the worker's state file failed first (its line has no hint): the race the disk-full
+    # test lost now and then under -n 2
+    "gpucheck: cannot write {out}/workers/cpu.blocking.state.json: No space left on device",
+    # a record failed first (the record writer's line, hint included)
+    "gpucheck: cannot write {out}/results.jsonl: No space left on device; the run stopped "
+    "here, every record written before is kept (make room or make the folder writable, then "
+    "`gpucheck run --resume {out}`)",
+    "",  # the worker's log is on the full disk too: it could say nothing
+])
+def test_the_output_fault_line_always_says_how_to_finish_the_run(tmp_path, worker_said):
+    from gpucheck.controller.harness import output_fault
+
+    out = tmp_path / "out"
+    line = output_fault(f"some output\n{worker_said.format(out=out)}\n", out, "cpu blocking")
+    assert line.startswith("cannot write ")
+    assert line.count(f"`gpucheck run --resume {out}`") == 1
+    assert "every record written before is kept" in line
+
+
 @pytest.mark.parametrize("fault", ["disk-full", "read-only"])
 def test_the_output_folder_failing_mid_run_stops_the_run_in_one_line(tmp_path, fault):
     """disk-full: a real tmpfs of 512 KiB, filled by this test while a case runs (ENOSPC);

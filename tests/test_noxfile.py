@@ -91,3 +91,15 @@ def test_a_venv_holding_gpucheck_is_not_shared(tmp_path):
     _, session_lib = _venv(tmp_path / "session")
     assert _noxfile().write_outer_pth(session_lib, [str(outer_lib)]) is None
     assert not (session_lib / _noxfile().OUTER_PTH).exists()
+
+
+def test_the_quick_and_smoke_sets_name_test_files_that_exist_and_are_documented():
+    noxfile = _noxfile()
+    root = Path(noxfile.__file__).resolve().parent
+    for name in (*noxfile.QUICK, *noxfile.SMOKE):
+        assert (root / name).is_file(), name
+    slowest = {"tests/test_run_output.py", "tests/test_dist_run.py", "tests/test_packaging.py",
+               "tests/test_reference_ssim.py", "tests/test_ext_watch.py", "tests/test_faults.py"}
+    assert not slowest & set(noxfile.QUICK)  # each takes minutes on two cores
+    readme = (root / "README.md").read_text()
+    assert "python -m nox -s quick" in readme and "| `quick` |" in readme

@@ -69,7 +69,8 @@ def shipped(src: Path) -> set[str]:
              for f in _csrc.check_only_sources()}  # the selftest's and the example's
     want |= {f"gpucheck/report/templates/{f.name}"
              for f in (src / "gpucheck/report/templates").iterdir() if f.is_file()}
-    return want | {"gpucheck/model/results.schema.json", "gpucheck/_resources.py"}
+    return want | {"gpucheck/model/results.schema.json", "gpucheck/model/report.schema.json",
+                   "gpucheck/_resources.py", "gpucheck/__main__.py"}
 
 
 def test_the_wheel_carries_sources_suites_example_and_templates(built):
@@ -191,3 +192,50 @@ def test_a_failed_kernel_build_installs_without_them_in_one_line(tmp_path, capsy
     assert len(err) == 1 and err[0].startswith("gpucheck: building the CUDA kernels failed (")
     assert "installing without them: they are built on first use" in err[0]
     assert cmd.extensions == [] and cmd.get_outputs() == []
+
+
+class _CudaTorch(ModuleType):
+    """A CUDA build of torch on a machine without a GPU (what setup.py asks of torch)."""
+
+    def __init__(self) -> None:
+        super().__init__("torch")
+        self.__version__ = "2.11.0+cu130"
+        self.version = ModuleType("torch.version")
+        self.version.cuda = "13.0"  # type: ignore[attr-defined]
+        self.cuda = ModuleType("torch.cuda")
+        self.cuda.is_available = lambda: False  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("torch", "path", "env", "said"), [
+    (None, ["/tmp/pip-build-env-x1/overlay/lib"], {},
+     "pip's isolated build environment has no torch: install torch first, then gpucheck with "
+     "--no-build-isolation"),
+    (None, [], {}, "torch is not installed in this environment: install torch first"),
+    ("cuda", [], {}, "no GPU is visible here; set GPUCHECK_BUILD_EXTENSION=1 or "
+                     "TORCH_CUDA_ARCH_LIST to build them anyway"),
+])
+def test_the_kernels_are_not_built_at_install_without_torch_or_a_gpu_and_it_says_why(
+        monkeypatch, capsys, torch, path, env, said):
+    setup = _setup_module()
+    for name in ("GPUCHECK_NO_EXTENSION", "GPUCHECK_BUILD_EXTENSION", "TORCH_CUDA_ARCH_LIST"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setitem(sys.modules, "torch", _CudaTorch() if torch else None)
+    monkeypatch.setattr(sys, "path", [*path, *sys.path])
+    assert setup.extension_kwargs() == {}
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"gpucheck: not building the CUDA kernels at install ({said}); they are built on "
+        "first use"]
+
+
+def test_asked_for_the_kernels_are_built_at_install_without_a_gpu(monkeypatch, capsys):
+    """GPUCHECK_BUILD_EXTENSION=1 (a build machine): the build goes on past the GPU check,
+    to the toolkit's (none here, or a CPU-only torch's own sentence on a machine with one)."""
+    setup = _setup_module()
+    monkeypatch.setenv("GPUCHECK_BUILD_EXTENSION", "1")
+    monkeypatch.delenv("GPUCHECK_NO_EXTENSION", raising=False)
+    monkeypatch.setitem(sys.modules, "torch", _CudaTorch())
+    monkeypatch.setattr(setup, "_load", lambda name: type("csrc", (), {
+        "torch_build_env": staticmethod(lambda: None)}))
+    assert setup.extension_kwargs() == {}
+    err = capsys.readouterr().err
+    assert "no GPU is visible" not in err and "no CUDA toolkit found" in err

@@ -331,6 +331,23 @@ def test_an_unknown_suite_names_every_form(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     from gpucheck.errors import UsageProblem
 
-    with pytest.raises(UsageProblem, match=r"not a path, not one of the known suites .*, and "
-                                           r"not an importable module"):
+    with pytest.raises(UsageProblem, match=r"no file or folder of that name here, not one of "
+                                           r"the known suites .*, and not an importable "
+                                           r"module"):
         suites.resolve(["no_such.module_here"])
+
+
+@pytest.mark.parametrize(("asked", "missing"), [
+    ("tests/test_my_ext.py", "tests"),  # the folder is missing: named, not the file
+    ("test_my_ext.py", "test_my_ext.py"),
+    ("suites/mine/", "suites"),
+])
+def test_a_suite_path_that_does_not_exist_names_what_is_missing(tmp_path, monkeypatch, asked,
+                                                                 missing):
+    monkeypatch.chdir(tmp_path)
+    from gpucheck.errors import UsageProblem
+
+    with pytest.raises(UsageProblem) as err:
+        suites.resolve([asked])
+    assert str(err.value) == (f"suite {asked!r} does not exist: there is no "
+                              f"{tmp_path / missing}")

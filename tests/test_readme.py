@@ -76,3 +76,60 @@ def test_the_readme_says_what_runs_without_a_gpu():
     for name in (*suites.CPU_ONLY, *suites.DISTRIBUTED, *suites.NEEDS_KERNELS):
         assert f"`{name}`" in section, name
     assert "[test]" in text or '".[test]"' in text
+
+
+def _planned_cells() -> list[str]:
+    """The 'planned' column of docs/status.md's table."""
+    cells = []
+    for line in (ROOT / "docs" / "status.md").read_text().splitlines():
+        if line.startswith("|") and not line.startswith("|---"):
+            parts = [p.strip() for p in line.strip().strip("|").split("|")]
+            if len(parts) == 2 and parts[1] and parts[1] != "planned":
+                cells.append(parts[1])
+    return cells
+
+
+def _words(text: str) -> set[str]:
+    return {w for w in re.findall(r"[a-z0-9]+", text.lower()) if len(w) > 3} - {
+        "planned", "that", "with", "what", "gpucheck", "this", "they", "them", "there"}
+
+
+def test_every_planned_sentence_in_the_docs_is_planned_in_status():
+    """docs/status.md is where built and planned are said; a sentence elsewhere that calls
+    something planned must be about a row of its 'planned' column (most of its words in one
+    cell), not about something built since."""
+    cells = [_words(c) for c in _planned_cells()]
+    assert cells, "docs/status.md lists nothing as planned"
+    for doc in DOCS:
+        if doc.name == "status.md":
+            continue
+        text = re.sub(r"\[[^\]]*\]\([^)]*\)", "", doc.read_text())  # link texts are names
+        for sentence in re.split(r"(?<=[.!?])\s+", re.sub(r"\s+", " ", text)):
+            if not re.search(r"\bplanned\b", sentence, re.I):
+                continue
+            words = _words(sentence)
+            best = max(len(words & c) / max(len(words), 1) for c in cells)
+            assert best >= 0.6, (f"{doc.name}: {sentence!r} calls something planned that "
+                                 "docs/status.md does not list as planned")
+
+
+def test_the_install_section_installs_what_each_command_needs_first():
+    """A fresh venv (pip 23, setuptools 65, no wheel) runs the Install commands as written:
+    the first is the CPU-only recipe, torch from PyTorch's CPU index alone (no CUDA wheels,
+    and no fallback to PyPI's CUDA build), then the wheel (nothing to build); a build without
+    isolation gets setuptools >= 69 and wheel first on its own line (else `invalid command
+    'bdist_wheel'`)."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Install\n", 1)[1].split("\n## ", 1)[0]
+    commands = _commands(section)
+    first = [part.strip() for part in commands[0].split("&&")]
+    assert first == ["python -m pip install torch --index-url https://download.pytorch.org/whl/cpu",
+                     "python -m pip install gpucheck-0.1.0-py3-none-any.whl"]
+    assert "--extra-index-url" not in section
+    built = [c for c in commands if "--no-build-isolation" in c]
+    assert built
+    for command in built:
+        before = command.split("--no-build-isolation")[0].split("&&")[0]
+        for need in ('"setuptools>=69"', "wheel"):
+            assert need in before, (need, command)
+    assert "no CUDA" in section

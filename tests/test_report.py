@@ -327,3 +327,28 @@ def test_the_poisoned_device_is_not_a_stray_context(tmp_path):
     for state in (run / "workers").glob("*.state.json"):
         state.unlink()
     assert all(p["stray"] for p in timeline.plots(rundata.load(run), tl))
+
+
+def test_results_json_follows_its_shipped_schema(run_copy, tmp_path):
+    """The JSON Schema of results.json ships in the package; the documents of a real CPU run,
+    a run recorded on two H200s and a synthetic run with a timeline all follow it, and a
+    document that breaks it is refused."""
+    import jsonschema
+
+    from gpucheck.report.document import schema
+
+    spec = schema()
+    jsonschema.Draft202012Validator.check_schema(spec)
+    gpu_run = tmp_path / "gpu"
+    shutil.copytree(GPU_RUN, gpu_run)
+    synthetic = tmp_path / "synth"
+    make_run(synthetic)
+    for folder in (run_copy, gpu_run, synthetic):
+        doc = json.loads(publish(folder, formats=("json",)).paths["json"].read_text())
+        jsonschema.validate(doc, spec)
+    assert doc["timeline"] is not None  # the synthetic run's NVML timeline is covered too
+    for broken in ({**doc, "summary": {**doc["summary"], "verdict": "maybe"}},
+                   {k: v for k, v in doc.items() if k != "cases"},
+                   {**doc, "cases": [{**doc["cases"][0], "status": "fine"}]}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(broken, spec)

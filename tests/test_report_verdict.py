@@ -42,6 +42,9 @@ FAIL = _case("t.py::bad", "failed", Finding("test-failure", "error", "assert 1 =
 SKIP = _case("t.py::gpu", "skipped")
 WARN = _case("t.py::leaky", "passed", Finding("device-state-leak", "warning", "moved"))
 DIAG_ON_PASS = _case("t.py::guard", "passed", Finding("wrong-device", "error", "no guard"))
+UNCOLLECTABLE = _case("t_syntax.py", "error", Finding(
+    "collection-error", "error", "t_syntax.py of suite demo cannot be collected: SyntaxError",
+    evidence='E     File "/src/demo/t_syntax.py", line 3\nE   SyntaxError: invalid syntax'))
 
 
 @pytest.mark.parametrize(("lines", "kwargs", "name", "code"), [
@@ -61,6 +64,10 @@ DIAG_ON_PASS = _case("t.py::guard", "passed", Finding("wrong-device", "error", "
     ([_header(), PASS, _end(), "TORN"], {}, "incomplete", 2),
     ([_header(), FAIL, _end(), "TORN"], {}, "failed", 1),
     ([{**_header(), "not_runnable": {"knn": "not built"}}, PASS, _end()], {}, "incomplete", 2),
+    # a suite none of whose files could be collected could not run: incomplete, not failed
+    ([_header(), UNCOLLECTABLE, _end()], {}, "incomplete", 2),
+    # one uncollectable file among cases that ran: that file is a finding of the run
+    ([_header(), PASS, UNCOLLECTABLE, _end()], {}, "failed", 1),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_the_verdict_table(tmp_path, lines, kwargs, name, code):
     from gpucheck.report.verdict import decide
@@ -79,6 +86,28 @@ def test_the_verdict_table(tmp_path, lines, kwargs, name, code):
         assert verdict.why  # a reason to read, always
     if "TORN" in lines:
         assert any(str(path) in p for p in verdict.problems)  # the file is named
+    if name == "incomplete" and UNCOLLECTABLE in lines:
+        assert verdict.why == ["suite demo did not run: /src/demo/t_syntax.py:3: t_syntax.py "
+                               "of suite demo cannot be collected: SyntaxError"]
+
+
+def test_a_suite_whose_only_file_has_a_syntax_error_is_incomplete_naming_file_and_line(
+        tmp_path):
+    suite = tmp_path / "mine"
+    suite.mkdir()
+    (suite / "test_mine.py").write_text("import torch\n\ndef test_x(:\n    pass\n")
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--suite",
+         str(suite / "test_mine.py"), "--out", str(out)], capture_output=True, text=True,
+        timeout=180, cwd=tmp_path, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    where = f"{suite / 'test_mine.py'}:3"
+    # the live line (no terminal) and the verdict's reason both say where the error is
+    assert f"collection-error: cpu blocking test_mine.py: {where}: " in proc.stdout
+    assert f"incomplete: suite test_mine did not run: {where}: " in proc.stdout
+    assert proc.stdout.strip().splitlines()[-1].startswith("incomplete (exit 2): ")
+    assert json.loads((out / "results.json").read_text())["summary"]["verdict"] == "incomplete"
 
 
 SUITE = textwrap.dedent('''
@@ -172,3 +201,24 @@ def test_report_names_a_torn_results_file_and_fails(tmp_path):
     assert "clean" not in rep.stdout and "passed" not in rep.stdout.splitlines()[0]
     doc = json.loads((out / "results.json").read_text())
     assert doc["summary"]["verdict"] == "incomplete" and doc["summary"]["exit_code"] == 2
+
+
+def test_random_bytes_are_not_a_gpucheck_results_file_not_a_torn_line(tmp_path):
+    import random
+
+    from gpucheck.report.verdict import decide
+
+    blob = (random.Random(7).randbytes(3000).replace(b"\n", b"") + b"\n"
+            + bytes(range(256)).replace(b"\n", b""))
+    (tmp_path / "results.jsonl").write_bytes(blob)
+    verdict = decide(rundata.load(tmp_path))
+    assert (verdict.name, verdict.exit_code) == ("incomplete", 2)
+    assert verdict.problems == [
+        f"{tmp_path / 'results.jsonl'} is not a gpucheck results file: none of its 2 line(s) "
+        "is a record gpucheck writes (no run header, no case)"]
+    assert "killed mid-line" not in " ".join(verdict.why)
+    proc = subprocess.run([sys.executable, "-m", "gpucheck.cli", "report", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "is not a gpucheck results file" in proc.stdout
+    assert "killed mid-line" not in proc.stdout + proc.stderr

@@ -326,6 +326,8 @@ def test_a_gpu_run_resumes_with_the_devices_it_was_started_with(tmp_path, capsys
     (suite / "test_x.py").write_text("def test_x():\n    pass\n")
     out = tmp_path / "out"
     first = cli.main(["run", *selection, "--suite", str(suite), "--out", str(out)])
+    kept = [r for r in records(out) if r["record"] != "end"]  # as if stopped before its end
+    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
     again = cli.main(["run", "--resume", str(out)])
     err = capsys.readouterr().err
     assert (first, again) == (2, 2), err  # the fake harness ran nothing: nothing was tested
@@ -425,3 +427,39 @@ def test_without_a_terminal_every_line_is_plain_and_printed_once(tmp_path):
                         "0 skipped"
     table = out[out.index("gpucheck summary"):]
     assert "logs" in table and "…" not in table  # a log is not folded to 80 columns
+
+
+def test_resume_of_a_finished_run_is_refused_in_one_line_and_adds_nothing(project):
+    out = project / "out"
+    assert gpucheck_run(project, "--cpu-only", "--out", str(out), "--", "-k",
+                        "test_a").returncode == 0
+    before = (out / "results.jsonl").read_bytes()
+    workers = sorted(p.name for p in (out / "workers").iterdir())
+    proc = gpucheck_run(project, "--resume", str(out))
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    finished = records(out)[-1]["finished_at"]
+    assert proc.stderr.strip().splitlines() == [
+        f"gpucheck: the run in {str(out)!r} finished at {finished}: there is nothing to "
+        f"resume (`gpucheck report {out}` writes its reports again)"]
+    assert (out / "results.jsonl").read_bytes() == before  # no second end record
+    assert sorted(p.name for p in (out / "workers").iterdir()) == workers  # no worker
+
+
+def test_resume_of_a_folder_without_its_workers_folder_runs_the_rest(project):
+    """A run folder copied without its logs (an artifact of results.jsonl alone) resumes."""
+    import shutil
+
+    out = project / "out"
+    assert gpucheck_run(project, "--cpu-only", "--out", str(out)).returncode == 1
+    recs = records(out)
+    kept = [r for r in recs if r["record"] == "run" or r.get("case") == "test_mix.py::test_a"]
+    shutil.rmtree(out / "workers")
+    for name in ("results.json", "report.html", "junit.xml"):
+        (out / name).unlink()
+    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
+    proc = gpucheck_run(project, "--resume", str(out))
+    assert "make room" not in proc.stdout + proc.stderr
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # test_b fails, as before
+    cases = Counter(r["case"] for r in records(out) if r["record"] == "case")
+    assert cases == Counter(r["case"] for r in recs if r["record"] == "case")  # each once

@@ -62,6 +62,63 @@ class RunConfig:
         return self.formats or DEFAULT_FORMATS
 
 
+#: what ``[tool.gpucheck]`` of pyproject.toml may set: the defaults of ``gpucheck run``'s
+#: ``--suite``, ``--mode``, ``--timeout`` and ``--format`` (given options override them)
+PROJECT_KEYS = ("suites", "modes", "timeout", "formats")
+
+
+def project_settings(folder: Path, mode_choices: tuple[str, ...],
+                     format_choices: tuple[str, ...]) -> dict[str, Any]:
+    """``[tool.gpucheck]`` of ``folder/pyproject.toml``, checked (empty without one).
+
+    Raises:
+        UsageProblem: the file is not TOML, or the table holds a key or a value that
+            ``gpucheck run`` would not take (one sentence naming it).
+    """
+    path = folder / "pyproject.toml"
+    if not path.is_file():
+        return {}
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    try:
+        table = tomllib.loads(path.read_text(encoding="utf-8")).get("tool", {}).get(
+            "gpucheck", {})
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+        raise UsageProblem(f"cannot read the [tool.gpucheck] settings of {path}: {err}"
+                           ) from err
+    where = f"[tool.gpucheck] of {path}"
+    if not isinstance(table, dict):
+        raise UsageProblem(f"{where} must be a table")
+    unknown = sorted(set(table) - set(PROJECT_KEYS))
+    if unknown:
+        raise UsageProblem(f"{where} has unknown setting(s) {', '.join(unknown)}; known: "
+                           f"{', '.join(PROJECT_KEYS)}")
+    out: dict[str, Any] = {}
+    lists: tuple[tuple[str, tuple[str, ...] | None], ...] = (
+        ("suites", None), ("modes", mode_choices), ("formats", format_choices))
+    for key, choices in lists:
+        if key not in table:
+            continue
+        value = table[key]
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise UsageProblem(f"{where}: {key} must be a list of strings, got {value!r}")
+        bad = [v for v in value if choices is not None and v not in choices]
+        if bad and choices is not None:
+            raise UsageProblem(f"{where}: {key} {bad[0]!r} is not one of {', '.join(choices)}")
+        out[key] = tuple(value)
+    if "timeout" in table:
+        value = table["timeout"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise UsageProblem(f"{where}: timeout must be a number of seconds above 0, got "
+                               f"{value!r}")
+        out["timeout"] = float(value)
+    return out
+
+
 def _unwritable(path: Path, err: OSError) -> UsageProblem:
     return UsageProblem(f"cannot write to the output folder {str(path)!r}: "
                         f"{err.strerror or err}")
@@ -129,6 +186,11 @@ def load_resume(folder: Path, cfg: RunConfig) -> tuple[RunConfig, RunHeader]:
     if header is None:
         raise UsageProblem(f"{str(folder)!r} holds no gpucheck run to resume "
                            "(no results.jsonl with a run header)")
+    end = RunLog.read(path).end
+    if end is not None and not end.interrupted:
+        at = f" at {end.finished_at}" if end.finished_at else ""
+        raise UsageProblem(f"the run in {str(folder)!r} finished{at}: there is nothing to "
+                           f"resume (`gpucheck report {folder}` writes its reports again)")
     saved = header.config
     if not saved:
         raise UsageProblem(f"the run in {str(folder)!r} was written by a gpucheck that did not "

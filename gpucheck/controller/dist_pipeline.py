@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ from gpucheck.errors import UsageProblem
 from gpucheck.model import results
 from gpucheck.model.contract import CURRENT_ENV, TARGET_CURRENT
 from gpucheck.model.layout import RunFolder
-from gpucheck.model.runlog import RunHeader
+from gpucheck.model.runlog import RunHeader, RunLog
 
 MODE = DIST_MODE
 BACKENDS = ("nccl", "gloo")
@@ -100,13 +101,38 @@ def cpu_pass(cfg: RunConfig, out: Path, results_path: Path, run_id: str,
     ranks = [RankSpec(r, f"rank{r}/cpu", None) for r in range(CPU_PASS_WORLD)]
     group = GroupSpec(ranks, CPU_PASS_WORLD, "gloo", requested, MODE, _env(cfg),
                       cfg.pytest_args)
-    notes.append(f"--cpu-only: the distributed suite ({', '.join(requested)}) ran as one gloo "
-                 f"group of {CPU_PASS_WORLD} CPU ranks (mode {MODE})")
     harness = DistHarness(group, out, results_path, run_id, cfg.timeout)
+    console = make_console()
+    console.print(Text(f"{MODE}: the distributed suite ({', '.join(requested)}) as one gloo "
+                       f"group of {CPU_PASS_WORLD} CPU ranks"), soft_wrap=True)
+    interrupted = True  # until the harness returns: an error ends the pass as a stop does
     try:
-        return run_until_interrupted(harness)
+        interrupted = run_until_interrupted(harness)
+        return interrupted
     finally:
         notes.extend(harness.notes)
+        names = ", ".join(requested)
+        ran = rank_lines(console, group, results_path, run_id, interrupted)
+        if not ran:
+            notes.append(f"--cpu-only: the distributed suite ({names}) did not run: the run "
+                         "was stopped before its first case finished")
+        else:
+            notes.append(f"--cpu-only: the distributed suite ({names}) ran as one gloo group "
+                         f"of {CPU_PASS_WORLD} CPU ranks (mode {MODE})"
+                         + (", until the run was stopped" if interrupted else ""))
+
+
+def rank_lines(console: Any, group: GroupSpec, results_path: Path, run_id: str,
+               stopped: bool) -> int:
+    """One line per rank of ``group`` when its pass ends (``rank0/cpu dist: 5 case(s)
+    recorded``), as a worker of a device pass gets one, on a terminal or not. Returns the
+    number of the pass's case records."""
+    recorded = Counter(r.device for r in RunLog.read(results_path).cases
+                       if r.run_id == run_id and r.mode == group.mode)
+    for rank in group.ranks:
+        console.print(Text(f"{rank.label} {group.mode}: {recorded[rank.label]} case(s) "
+                           f"recorded" + (", stopped" if stopped else "")), soft_wrap=True)
+    return sum(recorded.values())
 
 
 def _env(cfg: RunConfig) -> dict[str, str]:
@@ -130,6 +156,7 @@ def _watch_and_finish(cfg: RunConfig, group: GroupSpec, out: Path, results_path:
         stopped = stops[0] if stops else "Ctrl-C"
         found = harness.diagnoses
     notes.extend(harness.notes)
+    rank_lines(console, group, results_path, run_id, stopped is not None)
     for d, age in found:
         console.print(Text.assemble((d.kind, "red"), f" after {age:.1f} s in {d.case}: "
                                     f"{d.message}"))

@@ -13,6 +13,7 @@ EXIT_CONTEXT_LOST so that it, too, is replaced. Other devices' workers are not a
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib.metadata
 import os
 import signal
@@ -155,6 +156,7 @@ def write_skip(files: WorkerFiles, skip: list[str] | None) -> Path | None:
     if not skip:
         return None
     try:
+        files.skip.parent.mkdir(parents=True, exist_ok=True)  # a resumed folder may lack it
         files.skip.write_text("\n".join(skip) + "\n")
     except OSError as err:
         raise _cannot_write(files.skip, err) from err
@@ -174,11 +176,30 @@ def _why_unwritable(folder: Path) -> str:
     return "the disk is full or the folder is not writable"
 
 
+def output_fault(stderr: str, out_dir: Path, label: str) -> str:
+    """The one line of a run stopped because a worker could not write into its folder: the
+    worker's own ``gpucheck: cannot write ...`` line where its log holds one (the log may be
+    on the full disk too), with what was kept and the ``--resume`` that finishes the run,
+    whichever of the worker's files (its state, a record) failed first."""
+    said = [line.removeprefix("gpucheck: ") for line in stderr.splitlines()
+            if line.startswith("gpucheck: cannot write")]
+    what = said[-1] if said else (f"cannot write to the run folder {out_dir} (worker {label}): "
+                                  f"{_why_unwritable(out_dir)}")
+    if "--resume" in what:
+        return what
+    return (f"{what.rstrip('.; ')}; the run stopped here, every record written before is kept "
+            f"(make room or make the folder writable, then `gpucheck run --resume {out_dir}`)")
+
+
 def _cannot_write(path: Path, err: OSError) -> OutputProblem:
     run = path.parent.parent
+    fix = {errno.ENOSPC: "make room", errno.EDQUOT: "make room", errno.EFBIG: "make room",
+           errno.EACCES: "make the folder writable", errno.EPERM: "make the folder writable",
+           errno.EROFS: "make the folder writable"}.get(err.errno or 0,
+                                                        "make room or make the folder writable")
     return OutputProblem(f"cannot write {path}: {err.strerror or err}; the run stopped here, "
-                         f"every record written before is kept (make room or make the folder "
-                         f"writable, then `gpucheck run --resume {run}`)")
+                         f"every record written before is kept ({fix}, then "
+                         f"`gpucheck run --resume {run}`)")
 
 
 _LIFELINE: list[int] = []  # this process's pipe (read end, write end), made once
@@ -439,13 +460,7 @@ class Harness:
         w.state = read_state(w.state_path) or w.state
         case: str | None = w.hung_case or w.state.get("case")
         if rc == EXIT_OUTPUT_ERROR:  # it could not write a record: neither can the others
-            said = [line for line in tail(w.stderr_path).splitlines()
-                    if line.startswith("gpucheck: cannot write")]
-            raise OutputProblem(said[-1].removeprefix("gpucheck: ") if said else
-                                f"cannot write to the run folder {self.out_dir} (worker "
-                                f"{w.spec.label}): {_why_unwritable(self.out_dir)}; "
-                                f"every record written before is kept (make room or make the "
-                                f"folder writable, then `gpucheck run --resume {self.out_dir}`)")
+            raise OutputProblem(output_fault(tail(w.stderr_path), self.out_dir, w.spec.label))
         unclaimed: list[Finding] = []
         if w.spec.sanitizer_tool:
             unclaimed = self._unclaimed_sanitizer_findings(w)

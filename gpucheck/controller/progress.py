@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gpucheck.model.results import CaseRecord
+from gpucheck.model.results import COLLECTION_ERROR, CaseRecord
 from gpucheck.model.runlog import RunLog
 from gpucheck.report.groups import Group, Grouped
 from gpucheck.report.verdict import RAN, Verdict
@@ -96,7 +96,8 @@ class Progress:
         new, self.seen = self.log.cases_since(self.seen)
         for r in new:
             where = f"{r.device} {r.mode} {r.case}"
-            same = Counter((f.kind, f.severity, f.message) for f in r.findings)
+            same = Counter((f.kind, f.severity, f"{f.place}: {f.message}" if (
+                f.kind == COLLECTION_ERROR and f.place) else f.message) for f in r.findings)
             for n, ((kind, severity, message), count) in enumerate(same.items()):
                 if n == MAX_LINES_PER_RECORD:
                     self.console.print(f"  ... and {len(same) - n} more distinct finding(s) "

@@ -5,6 +5,7 @@ installed extension ships)."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 from pathlib import Path
 
@@ -105,10 +106,15 @@ def resolve(requested: tuple[str, ...] | list[str], cpu_only: bool = False
             chosen[item] = known[item]
         elif (module := module_path(item)) is not None:
             chosen[item] = module
+        elif os.sep in item or "/" in item or item.endswith(".py"):  # meant as a path
+            missing = next((p for p in [*reversed(path.absolute().parents), path.absolute()]
+                            if not p.exists()), path.absolute())
+            raise UsageProblem(f"suite {item!r} does not exist: there is no {missing}")
         else:
             names = ", ".join(sorted(known)) or "none"
-            raise UsageProblem(f"unknown suite {item!r}: not a path, not one of the known "
-                               f"suites ({names}), and not an importable module")
+            raise UsageProblem(f"unknown suite {item!r}: no file or folder of that name here, "
+                               f"not one of the known suites ({names}), and not an "
+                               "importable module")
     return chosen
 
 

@@ -39,6 +39,11 @@ FIELD_CHARS = 20000
 #: lone surrogates: what JSON can carry (a test id made from bytes that were not UTF-8) but no
 #: UTF-8 file or terminal can hold
 _SURROGATE = re.compile("[\ud800-\udfff]")
+#: where a Python error points in a traceback: ``File "PATH", line N`` (a syntax error) or
+#: pytest's ``PATH:N: in <module>`` (an import error); the last one wins
+_FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)|^(\S+\.py):(\d+): in <module>$', re.M)
+#: a finding that says a suite's file could not be collected (imported) at all
+COLLECTION_ERROR = "collection-error"
 
 
 def text(value: Any, limit: int = FIELD_CHARS) -> str:
@@ -94,6 +99,17 @@ class Finding:
             message=text(value.get("message") if value.get("message") is not None else ""),
             **{name: _optional_text(value.get(name))
                for name in ("device", "suite", "case", "op", "kernel", "evidence", "hint")})
+
+
+    @property
+    def place(self) -> str | None:
+        """``path:line`` of the last ``File "...", line N`` in the evidence (a syntax or
+        import error in a suite's file), or None."""
+        found = _FILE_LINE.findall(self.evidence or "")
+        if not found:
+            return None
+        path, line, mpath, mline = found[-1]
+        return f"{path or mpath}:{line or mline}"
 
 
 @dataclass

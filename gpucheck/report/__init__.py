@@ -45,7 +45,10 @@ def _write(path: Path, write: str | Callable[[BinaryIO], None]) -> Path:
     """Write through a fresh temporary file beside ``path`` (created, never opened through a
     link a folder someone else made may hold), then put it in place: a reader never sees half
     a report, and nothing outside the folder is written."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as err:  # name the report, not the temporary file
+        raise OSError(err.errno, err.strerror or str(err), str(path)) from err
     try:
         with os.fdopen(fd, "wb") as f:
             if isinstance(write, str):
@@ -54,9 +57,11 @@ def _write(path: Path, write: str | Callable[[BinaryIO], None]) -> Path:
                 write(f)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(err, OSError):  # name the report, not the temporary file
+            raise OSError(err.errno, err.strerror or str(err), str(path)) from err
         raise
     return path
 

@@ -27,7 +27,8 @@ Shape (``schema: gpucheck.report/1``)::
     }
 
 ``case_index`` is the finding's case in ``cases``. Field order and names of case records and
-findings are those of results.schema.json.
+findings are those of results.schema.json. The JSON Schema of the document ships as
+``gpucheck/model/report.schema.json`` (:func:`schema`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,16 @@ from gpucheck.report.verdict import Verdict
 SCHEMA = "gpucheck.report/1"
 #: worst first: the colour of a matrix cell is its worst case
 SEVERITY_ORDER = ("crashed", "hung", "failed", "error", "passed", "skipped")
+
+
+def schema() -> dict[str, Any]:
+    """The JSON Schema of results.json (``gpucheck/model/report.schema.json``)."""
+    import json
+    from importlib import resources
+
+    text = resources.files("gpucheck.model").joinpath("report.schema.json").read_text()
+    loaded: dict[str, Any] = json.loads(text)
+    return loaded
 
 
 def worst(statuses: Counter[str] | dict[str, int]) -> str:

@@ -152,13 +152,28 @@ def _matrix(data: RunData, doc: dict[str, Any], cells: list[dict[str, Any]]) -> 
     return {"suites": data.suites, "rows": rows}
 
 
+def _natural(label: str) -> list[Any]:
+    """``rank2/cpu`` before ``rank10/cpu``."""
+    return [(0, int(t)) if t.isdigit() else (1, t) for t in re.split(r"(\d+)", label)]
+
+
 def _compare(data: RunData) -> dict[str, Any]:
-    """Time and peak memory of each case on each device; the cases that differ most first."""
-    devices = data.devices
+    """Time and peak memory of each case on each device; the cases that differ most first.
+
+    Only cases that ran on two or more devices are compared, on the devices they ran on: the
+    ranks of a distributed pass with each other, never with the device of another pass (the
+    ``cpu`` of ``--cpu-only`` against ``rank0/cpu``). Where no case ran on two devices, the
+    slowest cases are listed instead."""
     per: dict[tuple[str, str, str], dict[str, CaseRecord]] = defaultdict(dict)
     for r in data.cases:
         if r.status != "skipped":
             per[(r.suite, r.case, r.mode)][r.device] = r
+    if any(len(by_dev) > 1 for by_dev in per.values()):
+        per = defaultdict(dict, {k: v for k, v in per.items() if len(v) > 1})
+    used = {d for by_dev in per.values() for d in by_dev}
+    listed = [d.device for d in data.header.devices] if data.header else []
+    devices = [d for d in listed if d in used] + sorted(  # ranks in rank order, not as
+        (d for d in used if d not in listed), key=_natural)  # their records came in
     rows: list[dict[str, Any]] = []
     for (suite, case, mode), by_dev in per.items():
         times = [r.duration_s for r in by_dev.values()]

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpucheck.errors import EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE
-from gpucheck.model.results import BAD_STATUSES
+from gpucheck.model.results import BAD_STATUSES, COLLECTION_ERROR, CaseRecord
 from gpucheck.report.rundata import RunData
 
 #: every verdict, worst first
@@ -78,6 +78,23 @@ def not_runnable(data: RunData) -> dict[str, str]:
     return dict(latest.not_runnable) if latest is not None else {}
 
 
+def uncollectable(cases: list[CaseRecord]) -> dict[str, str]:
+    """Suites none of whose files could be collected (every record of the suite a
+    ``collection-error``: a syntax or import error in its only file), with the reason: the
+    error and where it is (``path:line``). Such a suite could not run at all."""
+    by_suite: dict[str, list[CaseRecord]] = {}
+    for r in cases:
+        by_suite.setdefault(r.suite, []).append(r)
+    out = {}
+    for suite, records in by_suite.items():
+        found = [f for r in records for f in r.findings if f.kind == COLLECTION_ERROR]
+        if found and all(any(f.kind == COLLECTION_ERROR for f in r.findings)
+                         for r in records):
+            first = found[0]
+            out[suite] = (f"{first.place}: {first.message}" if first.place else first.message)
+    return out
+
+
 def _allow_empty(data: RunData) -> bool:
     return data.header is not None and data.header.config.get("allow_empty") is True
 
@@ -96,17 +113,22 @@ def decide(data: RunData, *, allow_empty: bool | None = None,
     Returns:
         The :class:`Verdict`.
     """
-    cases = data.cases
+    broken = uncollectable(data.cases)  # could not run: incomplete, not failed
+    cases = [r for r in data.cases if r.suite not in broken]
     errors = [f for r in cases for f in r.errors()]
     bad = [r for r in cases if r.status in BAD_STATUSES]
     warnings = [f for r in cases for f in r.findings if f.severity == "warning"]
     ran = sum(r.status in RAN for r in cases)
     problems = []
-    if data.torn_lines:
+    if data.torn_lines and data.header is None and not data.cases and not data.interrupted:
+        problems.append(f"{data.run_dir / 'results.jsonl'} is not a gpucheck results file: "
+                        f"none of its {data.torn_lines} line(s) is a record gpucheck writes "
+                        "(no run header, no case)")
+    elif data.torn_lines:
         problems.append(f"{data.torn_lines} line(s) of {data.run_dir / 'results.jsonl'} could "
                         "not be read (a writer was killed mid-line, or the file was edited): "
                         "the cases they held are missing from every report")
-    skipped_suites = not_runnable(data)
+    skipped_suites = {**not_runnable(data), **broken}
     if allow_empty is None:
         allow_empty = _allow_empty(data)
     name, code, why = "passed", EXIT_CLEAN, []

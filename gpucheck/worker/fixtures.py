@@ -31,6 +31,9 @@ def gpu_device(request: pytest.FixtureRequest) -> Iterator[Any]:
 
     from gpucheck.worker.poison import make_other_device_current, stream_made_current
 
+    if request.param is None:  # no CUDA device: a check_op battery's dry run on CPU
+        yield None
+        return
     target = torch.device("cuda", request.param)
     current: str | None
     if os.environ.get(CURRENT_ENV) == TARGET_CURRENT:
@@ -54,7 +57,7 @@ def other_device(gpu_device: Any) -> Any:
     or the target itself made current with ``GPUCHECK_CURRENT=target``)."""
     from gpucheck.worker.poison import other_device as _other
 
-    if os.environ.get(CURRENT_ENV) == TARGET_CURRENT:
+    if gpu_device is None or os.environ.get(CURRENT_ENV) == TARGET_CURRENT:
         return None
     return _other(gpu_device)
 

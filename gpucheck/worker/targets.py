@@ -57,7 +57,8 @@ def pinned_device(worker: str, devices: list[int]) -> int:
 def parametrize_devices(metafunc: pytest.Metafunc) -> None:
     """``gpu_device`` once per target device (``[cudaK]``), ``[gpu]`` under xdist (every
     worker must collect the same ids: the device is the worker's, not the id's), or one
-    skipped ``[nocuda]`` case without a GPU."""
+    skipped ``[nocuda]`` case without a GPU (a ``[cpu]`` case for a ``check_op`` battery,
+    which then checks the suite itself)."""
     devices = target_devices(metafunc.config)
     worker = xdist_worker(metafunc.config)
     if devices and worker is not None:
@@ -66,6 +67,9 @@ def parametrize_devices(metafunc: pytest.Metafunc) -> None:
     elif devices:
         metafunc.parametrize("gpu_device", devices, ids=[f"cuda{i}" for i in devices],
                              indirect=True)
+    elif getattr(metafunc.function, "gpucheck_op", None) is not None:
+        # a check_op battery: its cases check the suite itself on CPU (gpucheck.check_cpu)
+        metafunc.parametrize("gpu_device", [None], ids=["cpu"], indirect=True)
     else:
         metafunc.parametrize(
             "gpu_device",
