@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from gpucheck.controller.harness import crash_hint
+from gpucheck.controller.deaths import crash_hint
 from gpucheck.detectors import CaseInfo, DeviceStateLeak, device_state, worker_detectors
 from gpucheck.model import results
 

@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from gpucheck.controller import stacks as dumps
+from gpucheck.controller.deaths import crash_digest
 from gpucheck.controller.harness import (
     WorkerSpec,
-    crash_digest,
     spawn,
     tail,
     worker_command,

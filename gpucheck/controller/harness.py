@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from gpucheck.controller import stacks as dumps
+from gpucheck.controller.deaths import STDERR_TAIL, crash_digest, crash_hint
 from gpucheck.detectors.mixed_devices import cuda_error_hint
-from gpucheck.errors import CUDA_ERROR_MARKERS, OutputProblem, sticky_cuda_error_line
+from gpucheck.errors import OutputProblem
 from gpucheck.model import results
 from gpucheck.model.contract import (
     EXIT_CONTEXT_LOST,
@@ -43,7 +44,6 @@ from gpucheck.model.runlog import RunLog
 from gpucheck.sanitizer import command as sanitizer_cmd
 from gpucheck.sanitizer.findings import read_records, sanitizer_findings
 
-STDERR_TAIL = 4000
 STACKS_CHARS = 8000
 #: seconds a hung worker has to write its stacks (SIGUSR1) before it is killed
 STACK_WAIT_S = 1.0
@@ -276,53 +276,6 @@ def tail(path: Path, n: int = STDERR_TAIL) -> str:
         return ""
 
 
-#: stderr lines that say why a process died; they go first in a crash record's evidence
-CRASH_MARKERS = ("terminate called", "what():", "Fatal Python error", "Segmentation fault",
-                 "Aborted", "core dumped", "gpucheck:", *CUDA_ERROR_MARKERS)
-
-
-def crash_digest(stderr: str, limit: int = STDERR_TAIL) -> str:
-    """The lines that explain a crash (wherever they are), then the tail of stderr."""
-    key = [line for line in stderr.splitlines() if any(m in line for m in CRASH_MARKERS)]
-    head = "\n".join(dict.fromkeys(key))[:1500]
-    tail = stderr[-(limit - len(head)):] if len(stderr) > limit - len(head) else stderr
-    return f"{head}\n--- tail ---\n{tail}" if head else tail
-
-
-def crash_hint(rc: int, stderr: str, under_sanitizer: bool = False,
-               other_current: bool = True) -> str:
-    """What a crash of this kind usually means, and what to do next (a missing device guard
-    only where another device than the case's was current: ``other_current``)."""
-    if under_sanitizer and rc == sanitizer_cmd.ERROR_EXIT:
-        return ("compute-sanitizer stopped the process at a fatal access: its records on this "
-                "case name the kernel and the access")
-    if "terminate called" in stderr or "what():" in stderr:
-        return ("the process aborted because a C++ exception escaped the extension (e.g. "
-                "thrust::system_error after a kernel faulted): " + (
-                    "with another device current, check the device guard of the op this case "
-                    "calls, then run it under --mode sanitizer:memcheck" if other_current else
-                    "its own device was current, so not a device guard: run it under --mode "
-                    "sanitizer:memcheck to see the faulting kernel and access"))
-    if sticky_cuda_error_line(stderr) is not None:
-        return ("the CUDA context was lost (a sticky error such as an illegal memory access) "
-                "and the process died with it: run the case under --mode sanitizer:memcheck "
-                "to see the faulting kernel and access")
-    if rc == -getattr(signal, "SIGSEGV", 11):
-        return ("segmentation fault in native code (host side): an extension dereferenced a "
-                "bad host pointer or a tensor's data on the wrong side; the Python frames in "
-                "the stderr tail show the call")
-    if rc == -getattr(signal, "SIGABRT", 6):
-        return ("the process aborted (abort(), a failed assert or a fatal library error); "
-                "the stderr tail shows the last words")
-    if rc in NORMAL_EXITS:
-        return ("the process exited in the middle of the case (os._exit(), or exit() called by a "
-                "library): the case never finished, so it does not count as passed")
-    if rc == -getattr(signal, "SIGKILL", 9):
-        return ("killed with SIGKILL, often by the kernel's out-of-memory killer: check host "
-                "memory")
-    return "the process died inside the case; run it alone under compute-sanitizer"
-
-
 def _alive(pid: int) -> bool:
     """Whether process ``pid`` runs (a zombie does not)."""
     try:
@@ -494,11 +447,11 @@ class Harness:
                              sanitizer_cmd.TOOL_CRASH, sanitizer_cmd.TOOL_CRASH_HINT, unclaimed)
                 self._restart(w)
             elif case:
+                other = w.state.get("current_device") not in (None, w.spec.label)
+                hint = crash_hint(rc, tail(w.stderr_path, 64_000), bool(w.spec.sanitizer_tool),
+                                  other)
                 self._record(w, case, "crashed", f"worker {how} while running this case", rc,
-                             "crash", crash_hint(rc, tail(w.stderr_path, 64_000),
-                                                 bool(w.spec.sanitizer_tool),
-                                                 w.state.get("current_device") not in (
-                                                     None, w.spec.label)), unclaimed)
+                             "crash", hint, unclaimed)
                 self._restart(w)
             else:
                 # killed by a signal (the OOM killer, a user) while starting or between cases:
