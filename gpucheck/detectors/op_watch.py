@@ -268,8 +268,11 @@ def placeholder(t: Any) -> bool:
     """A tensor with no elements: the field's "not given" (``torch.Tensor([])``,
     ``torch.empty(0)`` for an optional argument or output the C++ side tests with
     ``.size(0)``). It holds no data, on whatever device it sits: the per-call device rules
-    (mixed devices, output devices) leave it out."""
-    return bool(t.numel() == 0)
+    (mixed devices, output devices) leave it out. A size torch does not know yet (a symbolic
+    one, under ``opcheck`` or ``torch.compile``) is not a placeholder: asking would make torch
+    guard on it."""
+    n = t.numel()
+    return isinstance(n, int) and n == 0
 
 
 def real_cuda(t: Any) -> bool:
