@@ -10,6 +10,7 @@ This module must not import torch, and setup.py loads it by path (before gpuchec
 
 from __future__ import annotations
 
+import functools
 import importlib.resources
 import os
 from pathlib import Path
@@ -79,7 +80,32 @@ def torch_code(path: str, torch_dir: str | None = None) -> bool:
     return any(part in path for part in _TORCH_PARTS)
 
 
-def user_code(path: str, torch_dir: str | None = None) -> bool:
+#: torch's files that sit between a user's call and an extension's function (its op objects'
+#: ``__call__``, ``autograd.Function.apply``, autocast's decorators, ``custom_op``), by name:
+#: compute-sanitizer names a Python frame's file without its folder
+_TORCH_CALL_FILES = frozenset(("_ops.py", "function.py", "autocast_mode.py", "custom_ops.py",
+                               "_contextlib.py"))
+
+
+@functools.cache
+def own_files() -> frozenset[str]:
+    """The file names of gpucheck's own modules (bundled suites and the example left out, and
+    names every package has: ``__init__.py``, ``__main__.py``)."""
+    names: set[str] = set()
+    for root, dirs, files in os.walk(PACKAGE_DIR):
+        dirs[:] = [d for d in dirs if os.path.join(root, d) + os.sep not in _USERS_IN_PACKAGE]
+        names.update(f for f in files if f.endswith(".py"))
+    return frozenset(names - {"__init__.py", "__main__.py"})
+
+
+def user_code(where: str, torch_dir: str | None = None) -> bool:
     """The rule for the frame a finding names: the first frame whose file is neither
-    gpucheck's own machinery nor torch's (:func:`own_code`, :func:`torch_code`)."""
+    gpucheck's own machinery nor torch's (:func:`own_code`, :func:`torch_code`). ``where``
+    is a path or ``path:line``; a bare file name (compute-sanitizer's Python frames) is
+    judged by name: gpucheck's module names and torch's call-path files."""
+    path, _, line = where.rpartition(":")
+    if not (path and line.isdigit()):
+        path = where
+    if os.sep not in path and "/" not in path:
+        return path not in own_files() and path not in _TORCH_CALL_FILES
     return not own_code(path) and not torch_code(path, torch_dir)

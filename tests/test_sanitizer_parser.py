@@ -274,3 +274,20 @@ def test_a_memcheck_hint_names_the_device_guard_only_with_another_device_current
                                other_current=True)[0]
     assert "guard" not in alone.hint and "bounds" in alone.hint
     assert "missing device guard" in other.hint
+
+
+@pytest.mark.parametrize(("log", "line"), [
+    ("memcheck_oob_pybind_watched_h200x2.log", "test_selftest.py:67"),
+    ("memcheck_shared_oob_ssim_watched_h200x2.log", "test_defect_ssim.py:33")])
+def test_a_recorded_watched_call_is_located_at_the_tests_line(log, line):
+    """Real records of calls made through gpucheck's watch: compute-sanitizer names the
+    Python files without their folders, gpucheck's wrappers and torch's ``_ops.py`` first.
+    Before, every such record said ``(from op_watch.py:109)``."""
+    from gpucheck.sanitizer.findings import sanitizer_findings
+
+    text = (FIXTURES / log).read_text()
+    first = parse(text).findings[0]
+    assert first.python_frames[0].split(":")[0] in ("op_watch.py", "_ops.py")
+    assert first.python_frame == line
+    f = sanitizer_findings(text, "memcheck", "cuda:0", "s", "t.py::x")[0]
+    assert f"(from {line})" in f.message and "op_watch" not in f.message
