@@ -244,3 +244,29 @@ def test_each_row_found_from_its_own_findings_has_nothing_unexpected(row):
             records.append(_rec(case, dev, PLAIN, *fs))
     z = by_name(zoo_matrix(typed(records), 2))[row.name]
     assert z.recall == (len(row.expected), len(row.expected)) and z.unexpected == []
+
+
+def test_the_recorded_two_gpu_zoo_run_finds_every_row_and_nothing_else():
+    """The run recorded on 2x H200: every expectation found, no unexpected finding; among
+    them the issue's first failure (no guard + stream 0): the case aborted or faulted with
+    the other device current, so its stream findings come from the re-run, carried to it."""
+    from pathlib import Path
+
+    from gpucheck import selftest
+
+    run = Path(__file__).parent / "fixtures" / "run_h200x2_zoo"
+    cases, devices = selftest.read_run(run)
+    assert devices == 2
+    zoo = selftest.zoo_matrix(cases, devices)
+    assert [(z.row.name, z.unexpected, z.missed) for z in zoo if z.unexpected or z.missed] == []
+    assert sum(z.recall[0] for z in zoo) == sum(z.recall[1] for z in zoo) == 24
+    rows, false = selftest.matrix(cases, devices)
+    assert false == [] and not [r for r in rows if r.status == "missed"]
+    knn = [r for r in cases if r.case.startswith("zoo/test_zoo_knn.py::test_knn_noguard_thrust0")
+           and r.mode == "blocking+nvml"]
+    assert len(knn) == 2
+    for r in knn:
+        assert r.status in ("failed", "crashed")
+        kinds = {f.kind: f for f in r.findings}
+        assert "wrong-device" in kinds and "wrong-stream" in kinds
+        assert kinds["wrong-stream"].evidence.startswith("seen in the wrong-device check's re-run")
