@@ -209,28 +209,37 @@ def test_op_device_names_the_op_through_a_real_worker(tmp_path):
     assert "x.options()" in f["hint"]
 
 
-def test_a_failing_detector_is_a_warning_not_a_broken_case(tmp_path):
+def _run_with_detector(tmp_path, detector: str, test: str) -> tuple[dict, str]:
+    """``gpucheck run --cpu-only`` over one test file with one more worker detector
+    (``detector``: a class body's source, named ``Extra``); the one case record, and the
+    run's output."""
     suite = tmp_path / "suites" / "d"
     suite.mkdir(parents=True)
-    (suite / "conftest.py").write_text(textwrap.dedent('''
-        from gpucheck.detectors import base
+    (suite / "conftest.py").write_text(textwrap.dedent(detector) + textwrap.dedent('''
         import gpucheck.worker.recorder as worker
 
-        class Broken(base.BaseDetector):
-            name = "broken"
-            def case_started(self, case):
-                raise RuntimeError("cannot start")
-
         real = worker.worker_detectors
-        worker.worker_detectors = lambda: [*real(), Broken()]
+        worker.worker_detectors = lambda: [*real(), Extra()]
     '''))
-    (suite / "test_d.py").write_text("def test_ok():\n    assert True\n")
+    (suite / "test_d.py").write_text(textwrap.dedent(test))
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet",
                            "--out", str(out)], cwd=tmp_path, capture_output=True, text=True,
                           timeout=180)
     [rec] = results.cases(out / "results.jsonl")
-    assert rec["status"] == "passed", proc.stdout + proc.stderr
+    return rec, proc.stdout + proc.stderr
+
+
+def test_a_failing_detector_is_a_warning_not_a_broken_case(tmp_path):
+    rec, said = _run_with_detector(tmp_path, '''
+        from gpucheck.detectors import base
+
+        class Extra(base.BaseDetector):
+            name = "broken"
+            def case_started(self, case):
+                raise RuntimeError("cannot start")
+    ''', "def test_ok():\n    assert True\n")
+    assert rec["status"] == "passed", said
     assert [(f["kind"], f["severity"]) for f in rec["findings"]] == [
         ("detector-error", "warning")]
     assert "cannot start" in rec["findings"][0]["message"]
@@ -283,30 +292,18 @@ def test_a_case_that_lost_the_context_gets_one_note_and_no_detector_error(tmp_pa
     """Through a real worker: a detector that fails after the case's illegal address stands
     down (before, it added a detector-error to every such case); the CUDA error carries the
     one note, and its hint names no device guard (the case's own device was current)."""
-    suite = tmp_path / "suites" / "d"
-    suite.mkdir(parents=True)
-    (suite / "conftest.py").write_text(textwrap.dedent('''
+    rec, said = _run_with_detector(tmp_path, '''
         from gpucheck.detectors import base
-        import gpucheck.worker.recorder as worker
 
-        class ReadsTheGpu(base.BaseDetector):
+        class Extra(base.BaseDetector):
             name = "reads-the-gpu"
             def case_finished(self, case):
                 raise RuntimeError("CUDA error: an illegal memory access was encountered")
-
-        real = worker.worker_detectors
-        worker.worker_detectors = lambda: [*real(), ReadsTheGpu()]
-    '''))
-    (suite / "test_d.py").write_text(textwrap.dedent('''
+    ''', '''
         def test_faults():
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
-    '''))
-    out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet",
-                           "--out", str(out)], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=180)
-    [rec] = results.cases(out / "results.jsonl")
-    assert rec["status"] == "failed", proc.stdout + proc.stderr
+    ''')
+    assert rec["status"] == "failed", said
     [f] = rec["findings"]
     assert f["kind"] == "cuda-error"
     assert "stood down for this case (" in f["evidence"] and "reads-the-gpu" in f["evidence"]

@@ -311,11 +311,11 @@ def test_the_pybind_rows_on_one_gpu_and_their_cases_exist():
     assert len(cases) == 8 and {c.removeprefix(PYB) for c in cases} <= tests
 
 
-def test_prebuild_builds_the_pybind_extension_too(tmp_path, monkeypatch):
+def test_prebuild_builds_the_pybind_extension_and_the_zoo_too(tmp_path, monkeypatch):
     import subprocess
     import types
 
-    from gpucheck import _csrc
+    from gpucheck import _csrc, _zoo
 
     monkeypatch.setattr(_csrc, "_cuda_home", lambda: tmp_path)
     monkeypatch.setattr(subprocess, "run",
@@ -333,4 +333,7 @@ def test_prebuild_builds_the_pybind_extension_too(tmp_path, monkeypatch):
     assert selftest.prebuild(tmp_path / "logs") == []
     pybind = sorted(cmd[-1] for cmd in started if "build_pybind" in cmd[2])
     assert pybind == sorted(["clean", *_csrc.PYBIND_DEFECTS])
+    zoo = sorted(cmd[-1] for cmd in started if "build_zoo" in cmd[2])
+    assert zoo == sorted(_zoo.ZOO_BUILDS)
+    assert (tmp_path / "logs" / "zoo_raster_clean.log").exists()
     assert (tmp_path / "logs" / "pybind_clean.log").exists()

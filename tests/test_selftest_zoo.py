@@ -186,29 +186,6 @@ def test_the_compile_check_compiles_every_zoo_defect_under_its_macros():
             } <= everything
 
 
-def test_prebuild_builds_the_zoo_too(tmp_path, monkeypatch):
-    import subprocess
-    import types
-
-    monkeypatch.setattr(_csrc, "_cuda_home", lambda: tmp_path)
-    monkeypatch.setattr(subprocess, "run",
-                        lambda *a, **k: types.SimpleNamespace(returncode=0, stdout="13.0\n"))
-    started = []
-
-    class Proc:
-        def __init__(self, cmd, **kwargs):
-            started.append(cmd)
-
-        def wait(self):
-            return 0
-
-    monkeypatch.setattr(subprocess, "Popen", Proc)
-    assert selftest.prebuild(tmp_path / "logs") == []
-    assert sorted(cmd[-1] for cmd in started if "build_zoo" in cmd[2]) == sorted(
-        _zoo.ZOO_BUILDS)
-    assert (tmp_path / "logs" / "zoo_raster_clean.log").exists()
-
-
 def test_selftest_command_prints_the_zoo(tmp_path, monkeypatch, capsys, two_gpus):
     from gpucheck.controller import entry
 
