@@ -67,11 +67,13 @@ def test_example_page_leads_with_diagnoses_and_is_under_a_megabyte(example):
     assert size <= MAX_PAGE, size  # it was 2,097,576 bytes with one card per message
     # the glance list at the top names every diagnosis before any section
     top = html[:html.index('<nav class="toc">')]
-    assert top.count('<li><a href="#d-') == len(done.grouped.diagnoses)
-    assert html.index('id="diagnosis"') < html.index('id="symptom"')
+    leading = dict(done.grouped.ranked())["diagnoses"]
+    assert top.count('<li><a href="#d-') == len(leading)
+    assert html.index('id="diagnosis"') < html.index('id="symptom"') < html.index('id="warning"')
+    assert "Warnings and notes (they explain no failure)" in top  # device-state-leak warnings
     cards = re.findall(r'<article class="card sev-\w+ role-(\w+)" id="([^"]+)"', html)
-    roles = [role for role, _ in cards]
-    assert roles == sorted(roles)  # every diagnosis card before every symptom card
+    sections = [card_id.split("-")[0] for _, card_id in cards]
+    assert sections == sorted(sections, key="dsw".index)  # diagnoses, symptoms, warnings
     assert len(cards) == len(done.grouped.all())
     # nothing a maintainer needs was lost: every distinct message, kernel and case is there
     text = re.sub(r"&#3[49];|&quot;|&amp;|&lt;|&gt;", "", html)

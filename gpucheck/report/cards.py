@@ -35,7 +35,12 @@ ROLES = {
                   "cases)"),
     "symptom": ("Symptoms no diagnosis explains", "how failures looked from outside; no "
                 "detector named their cause, so read the evidence"),
+    "warning": ("Warnings and notes", "findings below error that explain no failure (a warning "
+                "never ranks above a case's own failure)"),
 }
+#: the role of each of :meth:`Grouped.ranked`'s sections, and its cards' id prefix
+_SECTION_ROLES = {"diagnoses": ("diagnosis", "d"), "symptoms no diagnosis explains":
+                  ("symptom", "s"), "warnings and notes": ("warning", "w")}
 
 
 def cut(text: str, limit: int = MAX_TEXT) -> str:
@@ -119,14 +124,15 @@ def _card(g: Group, card_id: str, data: RunData, labels: dict[str, str],
 
 def sections(data: RunData, grouped: Grouped, cell_of: dict[int, str]
              ) -> tuple[list[dict[str, Any]], dict[int, str]]:
-    """The two sections of the findings (diagnoses, unexplained symptoms), each a list of
-    kinds with their cards; and the card of every case record that has a finding."""
+    """The sections of the findings (error diagnoses, unexplained error symptoms, warnings
+    and notes: :meth:`Grouped.ranked`), each a list of kinds with their cards; and the card
+    of every case record that has a finding."""
     labels = data.uuid_labels()
     card_of_case: dict[int, str] = {}
     used_ids: set[str] = set()
     out = []
-    for role, groups, prefix in (("diagnosis", grouped.diagnoses, "d"),
-                                 ("symptom", grouped.symptoms, "s")):
+    for section, groups in grouped.ranked():
+        role, prefix = _SECTION_ROLES[section]
         kinds: dict[str, list[dict[str, Any]]] = {}
         counts: Counter[str] = Counter()
         for n, g in enumerate(groups):
