@@ -48,9 +48,6 @@ def matrix(run: Path) -> int:
         print(f"  FALSE POSITIVE {f['case']} {f['mode']}: {f['kind']}: {f['message'][:160]}")
     end = [r for r in records(run) if r.get("record") == "end"]
     print(f"  ended: {end[-1] if end else 'no end record'}")
-    by = Counter(r.status for r in rows)
-    print(f"rows {len(rows)}: {by['found']} found, {by['missed']} missed, {by['not run']} not run;"
-          f" false positives on clean cases: {len(false)}")
     zoo = selftest.zoo_matrix(cases, devices)
     for z in zoo:
         found, could = z.recall
@@ -62,8 +59,10 @@ def matrix(run: Path) -> int:
             print(f"    UNEXPECTED {u.get('device')} {u.get('case')} {u.get('kind')}: "
                   f"{str(u.get('message'))[:160]}")
     total = [sum(z.recall[i] for z in zoo) for i in (0, 1)]
-    print(f"zoo {len(zoo)} rows: recall {total[0]}/{total[1]}, unexpected findings "
-          f"{sum(len(z.unexpected) for z in zoo)}")
+    by = Counter(r.status for r in rows)  # last: the step's note
+    print(f"rows {len(rows)}: {by['found']} found, {by['missed']} missed, {by['not run']} not run;"
+          f" false positives on clean cases: {len(false)}; zoo {len(zoo)} rows: recall "
+          f"{total[0]}/{total[1]}, unexpected findings {sum(len(z.unexpected) for z in zoo)}")
     return 0
 
 
