@@ -32,8 +32,10 @@ ROOT = Path(__file__).resolve().parent
 #: the file that shows a session's venv the packages of the venv nox runs in
 OUTER_PTH = "gpucheck-outer-venv.pth"
 #: what the session's interpreter reports: its version and where its packages go
-_PROBE = ("import json, sys, sysconfig; print(json.dumps([list(sys.version_info[:2]), "
-          "sysconfig.get_paths()['purelib'], [p for p in sys.path if 'site-packages' in p]]))")
+_PROBE = (
+    "import json, sys, sysconfig; print(json.dumps([list(sys.version_info[:2]), "
+    "sysconfig.get_paths()['purelib'], [p for p in sys.path if 'site-packages' in p]]))"
+)
 
 
 def outer_site_packages() -> list[str]:
@@ -58,8 +60,7 @@ def write_outer_pth(site_packages: Path, outer: list[str]) -> Path | None:
     return pth
 
 
-def _probe(session: nox.Session, python: str = "python") -> tuple[tuple[int, int], Path,
-                                                                    list[str]]:
+def _probe(session: nox.Session, python: str = "python") -> tuple[tuple[int, int], Path, list[str]]:
     out = str(session.run(python, "-c", _PROBE, silent=True, external=True)).strip()
     version, purelib, sites = json.loads(out.splitlines()[-1])
     return (version[0], version[1]), Path(purelib), sites
@@ -80,7 +81,9 @@ def _share_outer_venv(session: nox.Session) -> None:
 def _ensure_torch(session: nox.Session) -> None:
     _share_outer_venv(session)
     found = session.run(
-        "python", "-c", "import importlib.util as u; print(u.find_spec('torch') is not None)",
+        "python",
+        "-c",
+        "import importlib.util as u; print(u.find_spec('torch') is not None)",
         silent=True,
     )
     if "True" not in str(found):
@@ -106,17 +109,48 @@ def tests(session: nox.Session) -> None:
 #: the quick subset for the edit loop (`nox -s quick`, under 2 minutes on two cores): the
 #: tests of the model, the report, the verdict, the CLI's refusals, check_op and the
 #: references, without the ones that start runs of the harness, build packages or kernels
-QUICK = tuple(f"tests/test_{name}.py" for name in (
-    "results", "report_verdict", "report_groups", "report_sarif", "sanitizer_parser",
-    "check_op", "testing", "registry", "readme", "architecture", "devices", "nvml",
-    "nvml_sampler", "checkpoint_lint", "checkpoints", "dist_analysis", "reference_knn",
-    "reference_splat", "ops_splat", "cli", "detectors", "wrong_device", "wrong_stream",
-    "mixed_devices", "stray_context", "memory_detectors", "op_watch"))
+QUICK = tuple(
+    f"tests/test_{name}.py"
+    for name in (
+        "results",
+        "report_verdict",
+        "report_groups",
+        "report_sarif",
+        "sanitizer_parser",
+        "check_op",
+        "testing",
+        "registry",
+        "readme",
+        "architecture",
+        "devices",
+        "nvml",
+        "nvml_sampler",
+        "checkpoint_lint",
+        "checkpoints",
+        "dist_analysis",
+        "reference_knn",
+        "reference_splat",
+        "ops_splat",
+        "cli",
+        "detectors",
+        "wrong_device",
+        "wrong_stream",
+        "mixed_devices",
+        "stray_context",
+        "memory_detectors",
+        "op_watch",
+    )
+)
 #: what the package session runs against the installed wheel, besides `gpucheck run` and
 #: `gpucheck selftest` (the full tests run once, in the tests session): the CLI, the
 #: verdict, the plugin and check_op, the packaged suites' collection
-SMOKE = ("tests/test_cli.py", "tests/test_report_verdict.py", "tests/test_plugin_api.py",
-         "tests/test_check_op.py", "tests/test_cpu_first_run.py")
+SMOKE = (
+    "tests/test_cli.py",
+    "tests/test_report_verdict.py",
+    "tests/test_plugin_api.py",
+    "tests/test_check_op.py",
+    "tests/test_cpu_first_run.py",
+)
 
 
 @nox.session(**VENV, default=False)
@@ -129,11 +163,23 @@ def quick(session: nox.Session) -> None:
 @nox.session(**VENV)
 def lint(session: nox.Session) -> None:
     """Ruff over the package, tests, suites, benchmarks, tools and examples."""
-    session.install("ruff>=0.6")
-    paths = [p for p in ("gpucheck", "tests", "suites", "benchmarks", "tools", "examples",
-                         "noxfile.py", "setup.py")
-             if os.path.exists(p)]
+    session.install("ruff>=0.17,<0.18")
+    paths = [
+        p
+        for p in (
+            "gpucheck",
+            "tests",
+            "suites",
+            "benchmarks",
+            "tools",
+            "examples",
+            "noxfile.py",
+            "setup.py",
+        )
+        if os.path.exists(p)
+    ]
     session.run("python", "-m", "ruff", "check", *paths)
+    session.run("python", "-m", "ruff", "format", "--check", *paths)
 
 
 @nox.session(**VENV)
@@ -171,21 +217,41 @@ def package(session: nox.Session) -> None:
         (purelib / OUTER_PTH).write_text("".join(f"{p}\n" for p in sites))
         # the wheel itself first: a gpucheck of the same version elsewhere on the shared paths
         # (an editable install) must not count as installed
-        session.run(python, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall",
-                    str(wheel), external=True)
+        session.run(
+            python,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--force-reinstall",
+            str(wheel),
+            external=True,
+        )
         session.run(python, "-m", "pip", "install", "-q", f"{wheel}[test]", external=True)
         # the CPU tests against the installed wheel, not the checkout: run from elsewhere (no
         # ./suites/ shadowing the bundled ones), with no cwd on sys.path (PYTHONSAFEPATH,
         # inherited by every subprocess), and where gpucheck is imported from checked in the
         # pytest process (found, not imported: pytest's plugin loading imports it)
-        check = ("import importlib.util, pathlib, sys, pytest; "
-                 "where = pathlib.Path(importlib.util.find_spec('gpucheck').origin).resolve(); "
-                 f"assert pathlib.Path({str(ROOT)!r}) not in where.parents, where; "
-                 "print('gpucheck under test:', where); "
-                 "sys.exit(pytest.main(['-p', 'no:cacheprovider', *sys.argv[1:]]))")
+        check = (
+            "import importlib.util, pathlib, sys, pytest; "
+            "where = pathlib.Path(importlib.util.find_spec('gpucheck').origin).resolve(); "
+            f"assert pathlib.Path({str(ROOT)!r}) not in where.parents, where; "
+            "print('gpucheck under test:', where); "
+            "sys.exit(pytest.main(['-p', 'no:cacheprovider', *sys.argv[1:]]))"
+        )
         with session.chdir(work):  # a smoke set: the tests session ran them all already
-            session.run(python, "-c", check, *(str(ROOT / t) for t in SMOKE), "-n", "2",
-                        *session.posargs, external=True, env={"PYTHONSAFEPATH": "1"})
+            session.run(
+                python,
+                "-c",
+                check,
+                *(str(ROOT / t) for t in SMOKE),
+                "-n",
+                "2",
+                *session.posargs,
+                external=True,
+                env={"PYTHONSAFEPATH": "1"},
+            )
         runs = work / "cwd"
         runs.mkdir()
         gpucheck = str(venv / "bin" / "gpucheck")
@@ -210,5 +276,6 @@ def gpu(session: nox.Session) -> None:
 def sanitize(session: nox.Session) -> None:
     """Run the suites' small cases under compute-sanitizer memcheck on every GPU."""
     _install(session, "test", build_extension=True)
-    session.run("gpucheck", "run", "--all-devices", "--mode", "sanitizer:memcheck",
-                *session.posargs)
+    session.run(
+        "gpucheck", "run", "--all-devices", "--mode", "sanitizer:memcheck", *session.posargs
+    )

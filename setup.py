@@ -26,8 +26,9 @@ HERE = Path(__file__).resolve().parent
 
 def _load(name: str) -> ModuleType:
     """gpucheck/<name>.py, loaded by path: gpucheck itself is not importable while it builds."""
-    spec = importlib.util.spec_from_file_location(f"_gpucheck_{name}", HERE / "gpucheck" /
-                                                  f"{name}.py")
+    spec = importlib.util.spec_from_file_location(
+        f"_gpucheck_{name}", HERE / "gpucheck" / f"{name}.py"
+    )
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while it executes
@@ -39,13 +40,14 @@ def package_kwargs() -> dict[str, Any]:
     """The packages, with the bundled folders mapped in, and the files they carry."""
     resources = _load("_resources")
     bundled = {f"gpucheck.{name}": folder for name, folder in resources.BUNDLED.items()}
-    found = find_namespace_packages(include=["gpucheck", "gpucheck.*"],
-                                    exclude=["*.__pycache__"])
+    found = find_namespace_packages(include=["gpucheck", "gpucheck.*"], exclude=["*.__pycache__"])
     return {
         "packages": [*found, *bundled],
         "package_dir": bundled,
-        "package_data": {"gpucheck": ["model/*.json", "report/templates/*"],
-                         **{package: resources.BUNDLED_FILES for package in bundled}},
+        "package_data": {
+            "gpucheck": ["model/*.json", "report/templates/*"],
+            **{package: resources.BUNDLED_FILES for package in bundled},
+        },
         "include_package_data": False,
     }
 
@@ -89,9 +91,11 @@ def build_command(base: type) -> type:
             except Exception as err:  # a compiler's, torch's or the toolkit's error alike
                 first = str(err).strip().splitlines()
                 self.extensions = []  # nothing to install, nothing to copy
-                _say(f"building the CUDA kernels failed ({first[0] if first else repr(err)}); "
-                     "installing without them: they are built on first use (pip install -v "
-                     "shows the compiler's output)")
+                _say(
+                    f"building the CUDA kernels failed ({first[0] if first else repr(err)}); "
+                    "installing without them: they are built on first use (pip install -v "
+                    "shows the compiler's output)"
+                )
                 return
             if getattr(self, "editable_mode", False) and not self.inplace:
                 self.copy_extensions_to_source()
@@ -107,16 +111,21 @@ def extension_kwargs() -> dict[str, Any]:
         import torch
     except ImportError:
         if _isolated():
-            return _skip("pip's isolated build environment has no torch: install torch "
-                         "first, then gpucheck with --no-build-isolation")
+            return _skip(
+                "pip's isolated build environment has no torch: install torch "
+                "first, then gpucheck with --no-build-isolation"
+            )
         return _skip("torch is not installed in this environment: install torch first")
     if torch.version.cuda is None:
         return _skip(f"torch {torch.__version__} is a CPU-only build")
-    asked = (os.environ.get("GPUCHECK_BUILD_EXTENSION") == "1"
-             or bool(os.environ.get("TORCH_CUDA_ARCH_LIST")))
+    asked = os.environ.get("GPUCHECK_BUILD_EXTENSION") == "1" or bool(
+        os.environ.get("TORCH_CUDA_ARCH_LIST")
+    )
     if not asked and not torch.cuda.is_available():
-        return _skip("no GPU is visible here; set GPUCHECK_BUILD_EXTENSION=1 or "
-                     "TORCH_CUDA_ARCH_LIST to build them anyway")
+        return _skip(
+            "no GPU is visible here; set GPUCHECK_BUILD_EXTENSION=1 or "
+            "TORCH_CUDA_ARCH_LIST to build them anyway"
+        )
     csrc = _load("_csrc")
     if csrc.torch_build_env() is None:
         return _skip("no CUDA toolkit found: set CUDA_HOME or put nvcc on PATH")
@@ -128,15 +137,24 @@ def extension_kwargs() -> dict[str, Any]:
         return _skip("csrc/ has no sources")
     nvcc_flags = list(csrc.NVCC_FLAGS)
     if not os.environ.get("TORCH_CUDA_ARCH_LIST"):  # else torch's build reads it
-        visible = [torch.cuda.get_device_capability(i)
-                   for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+        visible = (
+            [torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())]
+            if torch.cuda.is_available()
+            else []
+        )
         archs = csrc.arch_list(visible, csrc.nvcc_archs(csrc._cuda_home()))
-        _say(f"building the CUDA kernels for {csrc.arch_label(archs)} at install (a few "
-             "minutes; GPUCHECK_NO_EXTENSION=1 builds them on first use instead)", loud=True)
+        _say(
+            f"building the CUDA kernels for {csrc.arch_label(archs)} at install (a few "
+            "minutes; GPUCHECK_NO_EXTENSION=1 builds them on first use instead)",
+            loud=True,
+        )
         nvcc_flags += csrc.gencode_flags(archs)
     else:
-        _say(f"building the CUDA kernels for TORCH_CUDA_ARCH_LIST="
-             f"{os.environ['TORCH_CUDA_ARCH_LIST']} at install (a few minutes)", loud=True)
+        _say(
+            f"building the CUDA kernels for TORCH_CUDA_ARCH_LIST="
+            f"{os.environ['TORCH_CUDA_ARCH_LIST']} at install (a few minutes)",
+            loud=True,
+        )
 
     ext = CUDAExtension(
         name=csrc.EXTENSION_NAME,

@@ -22,7 +22,7 @@ from datetime import datetime
 from pathlib import Path
 
 args = sys.argv[1:]
-extra = args[args.index("--"):] if "--" in args else []
+extra = args[args.index("--") :] if "--" in args else []
 args = args[: args.index("--")] if "--" in args else args
 OUT = Path(args[0] if args else "harness-bench")
 suites = [a for i, a in enumerate(args) if i > 0 and args[i - 1] == "--suite"] or ["knn"]
@@ -31,14 +31,31 @@ suite_args = [x for s in suites for x in ("--suite", s)]
 
 def run(tag: str, *opts: str) -> tuple[float, list[dict]]:
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "gpucheck.cli", "run", "--quiet", *opts,
-                           *suite_args, "--out", str(OUT / tag), *extra],
-                          capture_output=True, text=True, timeout=590)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpucheck.cli",
+            "run",
+            "--quiet",
+            *opts,
+            *suite_args,
+            "--out",
+            str(OUT / tag),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=590,
+    )
     wall = time.perf_counter() - t0
     (OUT / f"{tag}.log").write_text(proc.stdout + proc.stderr)
     recs = [json.loads(x) for x in (OUT / tag / "results.jsonl").read_text().splitlines()]
-    print(f"{tag}: exit {proc.returncode}, {wall:.1f} s, "
-          f"{sum(r['record'] == 'case' for r in recs)} records", flush=True)
+    print(
+        f"{tag}: exit {proc.returncode}, {wall:.1f} s, "
+        f"{sum(r['record'] == 'case' for r in recs)} records",
+        flush=True,
+    )
     return wall, recs
 
 
@@ -78,8 +95,10 @@ print(f"| wall, --device 0 (blocking+nvml) | {single:.1f} s | |")
 print(f"| wall, --all-devices ({devices} devices, blocking+nvml) | {multi:.1f} s | |")
 print(f"| all-devices / single-device | {multi / single:.2f}x | <= 1.25x |")
 print(f"| wall, --all-devices without nvml | {plain:.1f} s | |")
-print(f"| NVML cost on case time (sum of case durations) | "
-      f"{100 * (busy - busy_plain) / busy_plain:+.1f} % | <= 2 % |")
+print(
+    f"| NVML cost on case time (sum of case durations) | "
+    f"{100 * (busy - busy_plain) / busy_plain:+.1f} % | <= 2 % |"
+)
 print(f"| NVML cost on wall time | {100 * (multi - plain) / plain:+.1f} % | |")
 print(f"| worker start-up (run start to first case) | {startup:.1f} s | |")
 print(f"| harness gap between cases (median) | {gap_ms:.1f} ms | |")

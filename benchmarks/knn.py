@@ -90,8 +90,9 @@ def kernel_breakdown(x: torch.Tensor, k: int) -> str:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         knn_mean_sq_dist(x, k)
         torch.cuda.synchronize()
-    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=12,
-                                     max_name_column_width=60)
+    return prof.key_averages().table(
+        sort_by="cuda_time_total", row_limit=12, max_name_column_width=60
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,11 +101,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clouds", default=",".join(knn_clouds.CLOUDS))
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--budgets", default="", help="walk budgets to compare (default: built-in)")
-    parser.add_argument("--repeats", type=int, default=0,
-                        help="timed calls per case (default: 50 up to 1M points, 20 above)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=0,
+        help="timed calls per case (default: 50 up to 1M points, 20 above)",
+    )
     parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--profile", default="",
-                        help="clouds whose per-kernel times at the largest size are printed")
+    parser.add_argument(
+        "--profile",
+        default="",
+        help="clouds whose per-kernel times at the largest size are printed",
+    )
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     clouds = [c for c in args.clouds.split(",") if c]
@@ -131,10 +139,18 @@ def main(argv: list[str] | None = None) -> int:
                 med = statistics.median(times)
                 extra = extra_bytes(inputs[0], args.k)
                 err = spot_check(inputs[0], args.k)
-                row = {"cloud": cloud, "n": n, "k": args.k, "budget": budget,
-                       "median_ms": med, "min_ms": min(times), "max_ms": max(times),
-                       "repeats": repeats, "extra_bytes_per_point": extra / n,
-                       "max_rel_err_1000_rows": err}
+                row = {
+                    "cloud": cloud,
+                    "n": n,
+                    "k": args.k,
+                    "budget": budget,
+                    "median_ms": med,
+                    "min_ms": min(times),
+                    "max_ms": max(times),
+                    "repeats": repeats,
+                    "extra_bytes_per_point": extra / n,
+                    "max_rel_err_1000_rows": err,
+                }
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 del inputs
@@ -150,29 +166,38 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
 
-    print("\n| cloud | N | budget | median ms | min–max ms | × uniform | target | simple-knn | "
-          "extra B/pt | rel err |")
+    print(
+        "\n| cloud | N | budget | median ms | min–max ms | × uniform | target | simple-knn | "
+        "extra B/pt | rel err |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     by = {(r["cloud"], r["n"], r["budget"]): r for r in rows}
     for r in rows:
         uni = by.get(("uniform", r["n"], r["budget"]))
         ratio = r["median_ms"] / uni["median_ms"] if uni else float("nan")
         target = TARGET_MS.get(r["n"], float("nan")) if r["cloud"] in PEER_CLOUDS else None
-        peer = (PEER_MS.get(r["n"], (float("nan"),) * 2)[PEER_CLOUDS.index(r["cloud"])]
-                if r["cloud"] in PEER_CLOUDS else None)
+        peer = (
+            PEER_MS.get(r["n"], (float("nan"),) * 2)[PEER_CLOUDS.index(r["cloud"])]
+            if r["cloud"] in PEER_CLOUDS
+            else None
+        )
         flag = "" if ratio <= RATIO_TARGET else " (over 3×)"
         target_s = f"≤ {target:g}" if target else "—"
-        print(f"| {r['cloud']} | {r['n']:,} | {r['budget'] or 'default'} | "
-              f"{r['median_ms']:.3f} | "
-              f"{r['min_ms']:.3f}–{r['max_ms']:.3f} | {ratio:.2f}{flag} | "
-              f"{target_s} | {peer if peer else '—'} | "
-              f"{r['extra_bytes_per_point']:.1f} | {r['max_rel_err_1000_rows']:.1e} |")
+        print(
+            f"| {r['cloud']} | {r['n']:,} | {r['budget'] or 'default'} | "
+            f"{r['median_ms']:.3f} | "
+            f"{r['min_ms']:.3f}–{r['max_ms']:.3f} | {ratio:.2f}{flag} | "
+            f"{target_s} | {peer if peer else '—'} | "
+            f"{r['extra_bytes_per_point']:.1f} | {r['max_rel_err_1000_rows']:.1e} |"
+        )
     for budget in budgets:
         for cloud in clouds:
             a, b = by.get((cloud, 1_000_000, budget)), by.get((cloud, 10_000_000, budget))
             if a and b:
-                print(f"growth 1M -> 10M ({cloud}, budget {budget or 'default'}): "
-                      f"x{b['median_ms'] / a['median_ms']:.2f} (linear: x10)")
+                print(
+                    f"growth 1M -> 10M ({cloud}, budget {budget or 'default'}): "
+                    f"x{b['median_ms'] / a['median_ms']:.2f} (linear: x10)"
+                )
     return 0
 
 

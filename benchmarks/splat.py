@@ -63,8 +63,13 @@ def _median_ms(fn: Callable[[], Any], repeats: int) -> tuple[float, float]:
     return statistics.median(times), min(times)
 
 
-def time_training(render: Render, params: dict[str, torch.Tensor], grad: torch.Tensor,
-           repeats: int, device: torch.device) -> dict[str, float]:
+def time_training(
+    render: Render,
+    params: dict[str, torch.Tensor],
+    grad: torch.Tensor,
+    repeats: int,
+    device: torch.device,
+) -> dict[str, float]:
     """Forward / backward / step medians (ms) and the peak extra memory of one step (MiB) of
     ``render`` (params -> image; gpucheck's or a peer's) with ``params`` requiring grad and
     ``image.backward(grad)`` as the loss."""
@@ -117,20 +122,33 @@ def time_training(render: Render, params: dict[str, torch.Tensor], grad: torch.T
         forward()
         bwd.append(_elapsed_ms(backward))
     steps = [_elapsed_ms(step) for _ in range(repeats)]
-    finite = all(bool(torch.isfinite(leaf.grad).all()) for leaf in leaves.values()
-                 if leaf.grad is not None)
+    finite = all(
+        bool(torch.isfinite(leaf.grad).all()) for leaf in leaves.values() if leaf.grad is not None
+    )
     state.clear()
-    return {"forward_ms": statistics.median(fwd), "forward_min_ms": min(fwd),
-            "backward_ms": statistics.median(bwd), "fwd_bwd_ms": statistics.median(steps),
-            "peak_train_mib": peak / 2**20, "peak_forward_mib": peak_fwd / 2**20,
-            "peak_backward_mib": peak_bwd / 2**20, "grads_mib": grad_bytes / 2**20,
-            "grads_finite": finite,
-            "image_mib": grad.numel() * grad.element_size() / 2**20}
+    return {
+        "forward_ms": statistics.median(fwd),
+        "forward_min_ms": min(fwd),
+        "backward_ms": statistics.median(bwd),
+        "fwd_bwd_ms": statistics.median(steps),
+        "peak_train_mib": peak / 2**20,
+        "peak_forward_mib": peak_fwd / 2**20,
+        "peak_backward_mib": peak_bwd / 2**20,
+        "grads_mib": grad_bytes / 2**20,
+        "grads_finite": finite,
+        "image_mib": grad.numel() * grad.element_size() / 2**20,
+    }
 
 
-def timing(n: int, repeats: int, device: torch.device, width: int = 1920,
-           height: int = 1080, kind: str = "bench",
-           dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+def timing(
+    n: int,
+    repeats: int,
+    device: torch.device,
+    width: int = 1920,
+    height: int = 1080,
+    kind: str = "bench",
+    dtype: torch.dtype = torch.float32,
+) -> dict[str, Any]:
     """Forward, backward and forward + backward medians, and peak memory of one training step
     (inputs that require grad, a loss on the image) on the ``kind`` scene
     (``splat_scenes.BENCH_SCENES``), its Gaussian parameters in ``dtype``."""
@@ -141,19 +159,26 @@ def timing(n: int, repeats: int, device: torch.device, width: int = 1920,
         return rasterize(**{**args, **p}).image
 
     params = {k: args[k] for k in DIFFERENTIABLE}
-    times = time_training(render, params, torch.rand(3, height, width, device=device), repeats,
-                          device)
+    times = time_training(
+        render, params, torch.rand(3, height, width, device=device), repeats, device
+    )
     out = rasterize(**args)
     visible = out.radii[out.radii > 0].float()
-    return {"n": n, "scene": kind, "dtype": str(dtype).removeprefix("torch."), **times,
-            "n_intersections": out.n_intersections,
-            "visible": int(visible.numel()),
-            "radius_p50": float(visible.median()) if visible.numel() else 0.0,
-            "alpha_mean": float(out.alpha.mean())}
+    return {
+        "n": n,
+        "scene": kind,
+        "dtype": str(dtype).removeprefix("torch."),
+        **times,
+        "n_intersections": out.n_intersections,
+        "visible": int(visible.numel()),
+        "radius_p50": float(visible.median()) if visible.numel() else 0.0,
+        "alpha_mean": float(out.alpha.mean()),
+    }
 
 
-def interleaved(n: int, repeats: int, device: torch.device, kind: str,
-                dtypes: list[torch.dtype]) -> list[dict[str, Any]]:
+def interleaved(
+    n: int, repeats: int, device: torch.device, kind: str, dtypes: list[torch.dtype]
+) -> list[dict[str, Any]]:
     """Forward (no grad) and training-step (forward + ``image.backward``) times of the ``kind``
     scene with its parameters in each of ``dtypes``, timed alternately: each round times one
     forward of every dtype, then one step of every dtype. Medians per dtype, and the median
@@ -187,36 +212,61 @@ def interleaved(n: int, repeats: int, device: torch.device, kind: str,
         for dtype in dtypes:
             steps[dtype].append(_elapsed_ms(functools.partial(step, dtype)))
     first = dtypes[0]
-    return [{"scene": kind, "n": n, "dtype": str(d).removeprefix("torch."),
-             "forward_ms": statistics.median(fwd[d]), "fwd_bwd_ms": statistics.median(steps[d]),
-             "forward_ratio": statistics.median(a / b for a, b in zip(fwd[d], fwd[first],
-                                                                      strict=True)),
-             "step_ratio": statistics.median(a / b for a, b in zip(steps[d], steps[first],
-                                                                   strict=True)),
-             "repeats": repeats} for d in dtypes]
+    return [
+        {
+            "scene": kind,
+            "n": n,
+            "dtype": str(d).removeprefix("torch."),
+            "forward_ms": statistics.median(fwd[d]),
+            "fwd_bwd_ms": statistics.median(steps[d]),
+            "forward_ratio": statistics.median(
+                a / b for a, b in zip(fwd[d], fwd[first], strict=True)
+            ),
+            "step_ratio": statistics.median(
+                a / b for a, b in zip(steps[d], steps[first], strict=True)
+            ),
+            "repeats": repeats,
+        }
+        for d in dtypes
+    ]
 
 
 def accuracy(device: torch.device) -> list[dict[str, object]]:
     rows = []
-    for seed, (n, w, h, deg) in enumerate([(300, 203, 113, None), (300, 203, 113, 3),
-                                           (1500, 64, 48, None), (500, 128, 96, 1)]):
+    for seed, (n, w, h, deg) in enumerate(
+        [(300, 203, 113, None), (300, 203, 113, 3), (1500, 64, 48, None), (500, 128, 96, 1)]
+    ):
         args = splat_scenes.scene(n, w, h, seed, device, sh_degree=deg)
         got = rasterize(**args)
         ref = reference(**splat_scenes.to(args, "cpu"))
-        err = {k: float((a.double().cpu() - b).abs().max()) for k, a, b in (
-            ("image", got.image, ref.image), ("alpha", got.alpha, ref.alpha),
-            ("depth_x_alpha", got.depth * got.alpha, ref.depth * ref.alpha))}
-        rows.append({"scene": f"N={n} {h}x{w} sh={deg}", **err,
-                     "radii_equal": bool(torch.equal(got.radii.cpu(), ref.radii)),
-                     "overlaps_equal": got.n_intersections == ref.n_intersections})
+        err = {
+            k: float((a.double().cpu() - b).abs().max())
+            for k, a, b in (
+                ("image", got.image, ref.image),
+                ("alpha", got.alpha, ref.alpha),
+                ("depth_x_alpha", got.depth * got.alpha, ref.depth * ref.alpha),
+            )
+        }
+        rows.append(
+            {
+                "scene": f"N={n} {h}x{w} sh={deg}",
+                **err,
+                "radii_equal": bool(torch.equal(got.radii.cpu(), ref.radii)),
+                "overlaps_equal": got.n_intersections == ref.n_intersections,
+            }
+        )
     return rows
 
 
 def gradient_accuracy(device: torch.device, seeds: int = 3) -> dict[str, Any]:
     """Worst gradient errors against the float64 reference over a few random scenes and
     losses, and whether repeated backward passes agree bitwise."""
-    scenes = [(300, 203, 113, None, {}), (300, 203, 113, 3, {}), (1500, 64, 48, None,
-              {"log_scale": (-2.5, -1.0)}), (200, 64, 48, 2, {"depth_range": (-0.5, 4.0)})]
+    scenes = [
+        (300, 203, 113, None, {}),
+        (300, 203, 113, 3, {}),
+        (1500, 64, 48, None, {"log_scale": (-2.5, -1.0)}),
+        (200, 64, 48, 2, {"depth_range": (-0.5, 4.0)}),
+    ]
     worst: dict[str, dict[str, float]] = {}
     for s, (n, w, h, deg, kw) in enumerate(scenes):
         for seed in range(seeds):
@@ -234,13 +284,21 @@ def gradient_accuracy(device: torch.device, seeds: int = 3) -> dict[str, Any]:
         (rasterize(**{**args, **leaves}).image * weights).sum().backward()
         runs.append({k: v.grad for k, v in leaves.items()})
     bitwise = all(torch.equal(r[k], runs[0][k]) for r in runs for k in DIFFERENTIABLE)
-    spread = max(float((r[k] - runs[0][k]).abs().max() / runs[0][k].abs().max())
-                 for r in runs for k in DIFFERENTIABLE)
+    spread = max(
+        float((r[k] - runs[0][k]).abs().max() / runs[0][k].abs().max())
+        for r in runs
+        for k in DIFFERENTIABLE
+    )
     return {"worst": worst, "repeat_bitwise": bitwise, "repeat_max_rel_diff": spread}
 
 
-def profile(n: int, device: torch.device, steps: int = 10, kind: str = "bench",
-            dtype: torch.dtype = torch.float32) -> str:
+def profile(
+    n: int,
+    device: torch.device,
+    steps: int = 10,
+    kind: str = "bench",
+    dtype: torch.dtype = torch.float32,
+) -> str:
     """Per-kernel device time of ``steps`` training steps at ``n`` Gaussians (torch.profiler),
     as a table: where the forward and the backward spend their time."""
     from torch.profiler import ProfilerActivity
@@ -259,13 +317,13 @@ def profile(n: int, device: torch.device, steps: int = 10, kind: str = "bench",
                 leaf.grad = None
             rasterize(**{**args, **leaves}).image.backward(grad_image)
         torch.cuda.synchronize(device)
-    table: str = prof.key_averages().table(sort_by="cuda_time_total", row_limit=18,
-                                           max_name_column_width=90)
+    table: str = prof.key_averages().table(
+        sort_by="cuda_time_total", row_limit=18, max_name_column_width=90
+    )
     return table
 
 
-def memory_at_peak(n: int, device: torch.device, kind: str = "midtrain",
-                   rows: int = 16) -> str:
+def memory_at_peak(n: int, device: torch.device, kind: str = "midtrain", rows: int = 16) -> str:
     """What is allocated at the peak of one training step (``image.backward(grad)`` with
     every parameter requiring grad, grads set to None before it, as ``time_training``): the
     caching allocator's trace (torch.cuda.memory._record_memory_history), replayed to the
@@ -303,14 +361,22 @@ def memory_at_peak(n: int, device: torch.device, kind: str = "midtrain",
 
     def where(e: dict[str, Any]) -> str:  # frames: innermost first
         frames = e.get("frames", [])
-        ops = [f["name"] for f in frames if "gpucheck::" in f.get("name", "")
-               or "AccumulateGrad" in f.get("name", "")]
-        py = [f"{Path(f['filename']).name}:{f['line']} {f['name']}" for f in frames
-              if str(f.get("filename", "")).endswith(".py")]
+        ops = [
+            f["name"]
+            for f in frames
+            if "gpucheck::" in f.get("name", "") or "AccumulateGrad" in f.get("name", "")
+        ]
+        py = [
+            f"{Path(f['filename']).name}:{f['line']} {f['name']}"
+            for f in frames
+            if str(f.get("filename", "")).endswith(".py")
+        ]
         return " | ".join([*(x[:70] for x in ops[:2]), *py[:3]])[:240]
 
-    lines = [f"N={n} scene {kind}: peak {best / 2**20:.1f} MiB above the trace's start "
-             f"(resident before the step: {base / 2**20:.1f} MiB)"]
+    lines = [
+        f"N={n} scene {kind}: peak {best / 2**20:.1f} MiB above the trace's start "
+        f"(resident before the step: {base / 2**20:.1f} MiB)"
+    ]
     for e in sorted(at_peak.values(), key=lambda e: -e["size"])[:rows]:
         lines.append(f"  {e['size'] / 2**20:8.2f} MiB  {where(e)}")
     return "\n".join(lines)
@@ -345,8 +411,9 @@ def preflight(n: int, device: torch.device, calls: int = 20) -> dict[str, Any]:
         prof.export_chrome_trace(f.name)
         events = json.loads(Path(f.name).read_text())["traceEvents"]
     scopes = [e["dur"] for e in events if e.get("name") == "gpucheck::splat_preflight"]
-    kernels = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
-                     if e.get("cat") == "kernel")
+    kernels = sorted(
+        (e["ts"], e["ts"] + e["dur"], e["name"]) for e in events if e.get("cat") == "kernel"
+    )
     gaps = []
     scan_end = None
     for start, end, name in kernels:
@@ -357,9 +424,15 @@ def preflight(n: int, device: torch.device, calls: int = 20) -> dict[str, Any]:
             scan_end = None
     pre_us = statistics.median(scopes) if scopes else float("nan")
     gap_us = statistics.median(gaps) if gaps else float("nan")
-    return {"n": n, "forward_ms": fwd_ms, "preflight_us": pre_us, "preflight_calls": len(scopes),
-            "preflight_share": pre_us / 1000 / fwd_ms, "turnaround_us": gap_us,
-            "turnaround_share": gap_us / 1000 / fwd_ms}
+    return {
+        "n": n,
+        "forward_ms": fwd_ms,
+        "preflight_us": pre_us,
+        "preflight_calls": len(scopes),
+        "preflight_share": pre_us / 1000 / fwd_ms,
+        "turnaround_us": gap_us,
+        "turnaround_share": gap_us / 1000 / fwd_ms,
+    }
 
 
 def main() -> int:
@@ -367,39 +440,81 @@ def main() -> int:
     parser.add_argument("--n", type=int, nargs="+", default=[100_000, 1_000_000, 3_000_000])
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--profile", type=int, metavar="N",
-                        help="only print a per-kernel profile of 10 training steps at N")
-    parser.add_argument("--preflight", action="store_true",
-                        help="only measure the memory preflight's share of the forward")
-    parser.add_argument("--memory", type=int, metavar="N",
-                        help="only list what is allocated at the peak of a training step at N")
-    parser.add_argument("--scene", nargs="+", default=["bench"],
-                        choices=sorted(splat_scenes.BENCH_SCENES),
-                        help="the scenes to time (splat_scenes.BENCH_SCENES)")
-    parser.add_argument("--no-accuracy", action="store_true",
-                        help="timing only (no comparison with the float64 reference)")
-    parser.add_argument("--dtype", nargs="+", default=["float32"],
-                        choices=["float32", "bfloat16", "float16"],
-                        help="the Gaussian parameters' dtypes to time, each in turn")
-    parser.add_argument("--interleave", action="store_true",
-                        help="time the dtypes alternately, call by call (ratios to the first)")
+    parser.add_argument(
+        "--profile",
+        type=int,
+        metavar="N",
+        help="only print a per-kernel profile of 10 training steps at N",
+    )
+    parser.add_argument(
+        "--preflight",
+        action="store_true",
+        help="only measure the memory preflight's share of the forward",
+    )
+    parser.add_argument(
+        "--memory",
+        type=int,
+        metavar="N",
+        help="only list what is allocated at the peak of a training step at N",
+    )
+    parser.add_argument(
+        "--scene",
+        nargs="+",
+        default=["bench"],
+        choices=sorted(splat_scenes.BENCH_SCENES),
+        help="the scenes to time (splat_scenes.BENCH_SCENES)",
+    )
+    parser.add_argument(
+        "--no-accuracy",
+        action="store_true",
+        help="timing only (no comparison with the float64 reference)",
+    )
+    parser.add_argument(
+        "--dtype",
+        nargs="+",
+        default=["float32"],
+        choices=["float32", "bfloat16", "float16"],
+        help="the Gaussian parameters' dtypes to time, each in turn",
+    )
+    parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="time the dtypes alternately, call by call (ratios to the first)",
+    )
     args = parser.parse_args()
     dtypes = [getattr(torch, d) for d in args.dtype]
     device = torch.device("cuda", torch.cuda.current_device())
     if args.interleave:
-        rows = [r for kind in args.scene for n in args.n
-                for r in interleaved(n, args.repeats, device, kind, dtypes)]
+        rows = [
+            r
+            for kind in args.scene
+            for n in args.n
+            for r in interleaved(n, args.repeats, device, kind, dtypes)
+        ]
         if args.json:
-            args.json.write_text(json.dumps({"device": torch.cuda.get_device_name(device),
-                                             "torch": torch.__version__, "interleaved": rows},
-                                            indent=1) + "\n")
-        print(f"{torch.cuda.get_device_name(device)}, dtypes timed alternately, "
-              f"{args.repeats} rounds")
-        print(f"{'scene':>8} {'N':>9} {'dtype':>8} {'fwd ms':>8} {'step ms':>8} "
-              f"{'fwd / ' + args.dtype[0]:>16} {'step / ' + args.dtype[0]:>17}")
+            args.json.write_text(
+                json.dumps(
+                    {
+                        "device": torch.cuda.get_device_name(device),
+                        "torch": torch.__version__,
+                        "interleaved": rows,
+                    },
+                    indent=1,
+                )
+                + "\n"
+            )
+        print(
+            f"{torch.cuda.get_device_name(device)}, dtypes timed alternately, {args.repeats} rounds"
+        )
+        print(
+            f"{'scene':>8} {'N':>9} {'dtype':>8} {'fwd ms':>8} {'step ms':>8} "
+            f"{'fwd / ' + args.dtype[0]:>16} {'step / ' + args.dtype[0]:>17}"
+        )
         for r in rows:
-            print(f"{r['scene']:>8} {r['n']:>9} {r['dtype']:>8} {r['forward_ms']:8.3f} "
-                  f"{r['fwd_bwd_ms']:8.3f} {r['forward_ratio']:16.3f} {r['step_ratio']:17.3f}")
+            print(
+                f"{r['scene']:>8} {r['n']:>9} {r['dtype']:>8} {r['forward_ms']:8.3f} "
+                f"{r['fwd_bwd_ms']:8.3f} {r['forward_ratio']:16.3f} {r['step_ratio']:17.3f}"
+            )
         return 0
     if args.memory:
         for kind in args.scene:
@@ -417,16 +532,24 @@ def main() -> int:
         if args.json:
             args.json.write_text(json.dumps(rows, indent=1) + "\n")
         for r in rows:
-            print(f"N={r['n']}: forward {r['forward_ms']:.3f} ms, preflight "
-                  f"{r['preflight_us']:.1f} us ({100 * r['preflight_share']:.2f} %), "
-                  f"scan-to-binning turnaround {r['turnaround_us']:.1f} us "
-                  f"({100 * r['turnaround_share']:.2f} %)")
+            print(
+                f"N={r['n']}: forward {r['forward_ms']:.3f} ms, preflight "
+                f"{r['preflight_us']:.1f} us ({100 * r['preflight_share']:.2f} %), "
+                f"scan-to-binning turnaround {r['turnaround_us']:.1f} us "
+                f"({100 * r['turnaround_share']:.2f} %)"
+            )
         return 0
     result: dict[str, Any] = {
-        "device": torch.cuda.get_device_name(device), "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(device),
+        "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "timing": [timing(n, args.repeats, device, kind=kind, dtype=dtype)
-                   for kind in args.scene for n in args.n for dtype in dtypes]}
+        "timing": [
+            timing(n, args.repeats, device, kind=kind, dtype=dtype)
+            for kind in args.scene
+            for n in args.n
+            for dtype in dtypes
+        ],
+    }
     if not args.no_accuracy:
         result["accuracy"] = accuracy(device)
         result["gradients"] = gradient_accuracy(device)
@@ -435,23 +558,34 @@ def main() -> int:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
     if not args.no_accuracy:
         grads = result["gradients"]
-        print(f"gradients vs float64 reference (worst of 12 scenes): repeat bitwise "
-              f"{grads['repeat_bitwise']}, repeat spread {grads['repeat_max_rel_diff']:.2g}")
+        print(
+            f"gradients vs float64 reference (worst of 12 scenes): repeat bitwise "
+            f"{grads['repeat_bitwise']}, repeat spread {grads['repeat_max_rel_diff']:.2g}"
+        )
         for name, e in grads["worst"].items():
-            print(f"  {name:>10}: rel_l2 {e['rel_l2']:.2e} max_rel {e['max_rel']:.2e} "
-                  f"share_over {e['share_over']:.3f}")
-        worst = {k: max(r[k] for r in result["accuracy"])
-                 for k in ("image", "alpha", "depth_x_alpha")}
-        print("forward vs float64 reference (worst of 4 scenes): "
-              + ", ".join(f"{k} {v:.2e}" for k, v in worst.items())
-              + f"; radii equal {all(r['radii_equal'] for r in result['accuracy'])}")
-    print(f"{'scene':>8} {'N':>9} {'dtype':>8} {'fwd ms':>8} {'bwd ms':>8} {'f+b ms':>8} "
-          f"{'peak MiB':>9} {'fwd pk':>7} {'bwd pk':>7} {'grads':>6} {'overlaps':>10} finite")
+            print(
+                f"  {name:>10}: rel_l2 {e['rel_l2']:.2e} max_rel {e['max_rel']:.2e} "
+                f"share_over {e['share_over']:.3f}"
+            )
+        worst = {
+            k: max(r[k] for r in result["accuracy"]) for k in ("image", "alpha", "depth_x_alpha")
+        }
+        print(
+            "forward vs float64 reference (worst of 4 scenes): "
+            + ", ".join(f"{k} {v:.2e}" for k, v in worst.items())
+            + f"; radii equal {all(r['radii_equal'] for r in result['accuracy'])}"
+        )
+    print(
+        f"{'scene':>8} {'N':>9} {'dtype':>8} {'fwd ms':>8} {'bwd ms':>8} {'f+b ms':>8} "
+        f"{'peak MiB':>9} {'fwd pk':>7} {'bwd pk':>7} {'grads':>6} {'overlaps':>10} finite"
+    )
     for t in result["timing"]:
-        print(f"{t['scene']:>8} {t['n']:>9} {t['dtype']:>8} {t['forward_ms']:8.3f} "
-              f"{t['backward_ms']:8.3f} {t['fwd_bwd_ms']:8.3f} {t['peak_train_mib']:9.1f} "
-              f"{t['peak_forward_mib']:7.1f} {t['peak_backward_mib']:7.1f} {t['grads_mib']:6.1f} "
-              f"{t['n_intersections']:>10} {t['grads_finite']}")
+        print(
+            f"{t['scene']:>8} {t['n']:>9} {t['dtype']:>8} {t['forward_ms']:8.3f} "
+            f"{t['backward_ms']:8.3f} {t['fwd_bwd_ms']:8.3f} {t['peak_train_mib']:9.1f} "
+            f"{t['peak_forward_mib']:7.1f} {t['peak_backward_mib']:7.1f} {t['grads_mib']:6.1f} "
+            f"{t['n_intersections']:>10} {t['grads_finite']}"
+        )
     return 0
 
 

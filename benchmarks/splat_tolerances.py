@@ -81,16 +81,21 @@ def _beyond(err: torch.Tensor, channels: bool) -> dict[str, float]:
     """Largest error, values beyond ATOL, and pixels beyond it (any channel)."""
     over = err > ATOL
     pixels = over.any(0) if channels else over
-    return {"max": float(err.max()) if err.numel() else 0.0, "values_over": int(over.sum()),
-            "pixels_over": int(pixels.sum()), "values": err.numel()}
+    return {
+        "max": float(err.max()) if err.numel() else 0.0,
+        "values_over": int(over.sum()),
+        "pixels_over": int(pixels.sum()),
+        "values": err.numel(),
+    }
 
 
 def clean_splat(device: torch.device, module: Any) -> dict[str, Any]:
     torch.manual_seed(seed := fresh_seed())
     s = module._scene(device)
     got = module._render(torch.ops.gpucheck, s)
-    want = reference(**{k: v.cpu().double() for k, v in s.items()}, width=module.WIDTH,
-                     height=module.HEIGHT).image
+    want = reference(
+        **{k: v.cpu().double() for k, v in s.items()}, width=module.WIDTH, height=module.HEIGHT
+    ).image
     return {"seed": seed, **_beyond((got.cpu().double() - want).abs(), channels=True)}
 
 
@@ -109,7 +114,9 @@ def forward(device: torch.device, name: str, dtype: torch.dtype) -> dict[str, An
     out["alpha"] = _beyond((got.alpha.double().cpu() - ref.alpha).abs(), channels=False)
     out["depth_x_alpha"] = _beyond(
         (got.depth.double().cpu() * got.alpha.double().cpu() - ref.depth * ref.alpha).abs()
-        / max(1.0, float(ref.depths.abs().max())), channels=False)
+        / max(1.0, float(ref.depths.abs().max())),
+        channels=False,
+    )
     out["radii_equal"] = bool(torch.equal(got.radii.cpu(), ref.radii))
     return out
 
@@ -118,10 +125,19 @@ def gradient(device: torch.device, name: str, dtype: torch.dtype) -> dict[str, A
     n, w, h, kw = GRADIENT_SCENES[name]
     scene_seed, loss_seed = fresh_seed(), fresh_seed()
     args = splat_scenes.to(splat_scenes.scene(n, w, h, scene_seed, device, **kw), device, dtype)
-    kernel, oracle = gradients(args, loss_seed, name == "outputs_64x48",
-                               skip=decision_pixels(args), image_only=name.startswith("image"))
-    return {"scene_seed": scene_seed, "loss_seed": loss_seed, "scene": name,
-            "errors": errors(kernel, oracle)}
+    kernel, oracle = gradients(
+        args,
+        loss_seed,
+        name == "outputs_64x48",
+        skip=decision_pixels(args),
+        image_only=name.startswith("image"),
+    )
+    return {
+        "scene_seed": scene_seed,
+        "loss_seed": loss_seed,
+        "scene": name,
+        "errors": errors(kernel, oracle),
+    }
 
 
 def _summary(values: list[float]) -> dict[str, float]:
@@ -136,24 +152,29 @@ def summarize(records: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     cs = records["clean_splat"]
     if cs:
-        out["clean_splat"] = {k: _summary([float(r[k]) for r in cs])
-                              for k in ("max", "values_over", "pixels_over")}
+        out["clean_splat"] = {
+            k: _summary([float(r[k]) for r in cs]) for k in ("max", "values_over", "pixels_over")
+        }
     for name in FORWARD_SCENES:
         rows = [r for r in records["forward"] if r["scene"] == name]
         out[f"forward/{name}"] = {
             f"{what}.{k}": _summary([float(r[what][k]) for r in rows])
             for what in ("image", "alpha", "depth_x_alpha")
-            for k in ("max", "values_over", "pixels_over")}
+            for k in ("max", "values_over", "pixels_over")
+        }
         out[f"forward/{name}"]["radii_equal"] = all(r["radii_equal"] for r in rows)
         if any("input_rounding" in r for r in rows):
             out[f"forward/{name}"]["input_rounding.image_max"] = _summary(
-                [float(r["input_rounding"]["image_max"]) for r in rows])
+                [float(r["input_rounding"]["image_max"]) for r in rows]
+            )
     for name in GRADIENT_SCENES:
         rows = [r for r in records["gradients"] if r["scene"] == name]
         leaves = rows[0]["errors"].keys() if rows else []
         out[f"gradients/{name}"] = {
             f"{leaf}.{k}": _summary([float(r["errors"][leaf][k]) for r in rows])
-            for leaf in leaves for k in ("rel_l2", "max_rel", "share_over")}
+            for leaf in leaves
+            for k in ("rel_l2", "max_rel", "share_over")
+        }
     return out
 
 
@@ -161,15 +182,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=120.0)
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                        help="the Gaussian parameters' dtype (the camera stays float32)")
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16"],
+        help="the Gaussian parameters' dtype (the camera stays float32)",
+    )
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     device = torch.device("cuda", torch.cuda.current_device())
     ops()  # loads the extension: torch.ops.gpucheck.splat_* for the clean-splat scene
     module = _clean_splat_module()
-    records: dict[str, list[dict[str, Any]]] = {"clean_splat": [], "forward": [],
-                                                "gradients": []}
+    records: dict[str, list[dict[str, Any]]] = {"clean_splat": [], "forward": [], "gradients": []}
     start = time.perf_counter()
     rounds = 0
     while time.perf_counter() - start < args.seconds:
@@ -180,14 +204,22 @@ def main() -> int:
         for name in GRADIENT_SCENES:
             records["gradients"].append(gradient(device, name, dtype))
         rounds += 1
-    result = {"device": torch.cuda.get_device_name(device), "torch": torch.__version__,
-              "cuda": torch.version.cuda, "dtype": args.dtype, "rounds": rounds,
-              "seconds": time.perf_counter() - start, "summary": summarize(records),
-              "records": records}
+    result = {
+        "device": torch.cuda.get_device_name(device),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "dtype": args.dtype,
+        "rounds": rounds,
+        "seconds": time.perf_counter() - start,
+        "summary": summarize(records),
+        "records": records,
+    }
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"{result['device']}, torch {result['torch']}, {args.dtype}, {rounds} rounds in "
-          f"{result['seconds']:.0f} s")
+    print(
+        f"{result['device']}, torch {result['torch']}, {args.dtype}, {rounds} rounds in "
+        f"{result['seconds']:.0f} s"
+    )
     for key, stats in result["summary"].items():
         print(f"== {key}")
         for what, s in stats.items():

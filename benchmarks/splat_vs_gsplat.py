@@ -78,8 +78,9 @@ def load_gsplat(prebuilt: Path | None) -> tuple[ModuleType, float]:
     return gsplat, time.perf_counter() - start
 
 
-def scene(n: int, device: torch.device, width: int = 1920, height: int = 1080,
-          kind: str = "bench") -> dict[str, Any]:
+def scene(
+    n: int, device: torch.device, width: int = 1920, height: int = 1080, kind: str = "bench"
+) -> dict[str, Any]:
     return splat_scenes.scene(n, width, height, 1234, device, **splat_scenes.BENCH_SCENES[kind])
 
 
@@ -95,8 +96,9 @@ def ours(args: dict[str, Any]) -> tuple[Render, Callable[[], int]]:
     return render, lambda: last["overlaps"]
 
 
-def theirs(gsplat: ModuleType, args: dict[str, Any], packed: bool
-           ) -> tuple[Render, Callable[[], int]]:
+def theirs(
+    gsplat: ModuleType, args: dict[str, Any], packed: bool
+) -> tuple[Render, Callable[[], int]]:
     """gsplat's renderer over the same scene (image [H, W, 3], its layout)."""
     viewmats, Ks = args["viewmat"][None], args["K"][None]
     # [C, 3]; but gsplat 1.5.3's packed path checks the background against the leading dims
@@ -106,10 +108,25 @@ def theirs(gsplat: ModuleType, args: dict[str, Any], packed: bool
 
     def render(p: dict[str, torch.Tensor]) -> torch.Tensor:
         colors, _, meta = gsplat.rasterization(
-            p["means"], p["rotations"], p["scales"], p["opacities"], p["sh"], viewmats, Ks,
-            args["width"], args["height"], near_plane=0.2, eps2d=0.3, sh_degree=3,
-            packed=packed, tile_size=16, backgrounds=backgrounds, render_mode="RGB",
-            rasterize_mode="classic", radius_clip=0.0)
+            p["means"],
+            p["rotations"],
+            p["scales"],
+            p["opacities"],
+            p["sh"],
+            viewmats,
+            Ks,
+            args["width"],
+            args["height"],
+            near_plane=0.2,
+            eps2d=0.3,
+            sh_degree=3,
+            packed=packed,
+            tile_size=16,
+            backgrounds=backgrounds,
+            render_mode="RGB",
+            rasterize_mode="classic",
+            radius_clip=0.0,
+        )
         last["meta"] = meta
         return colors[0]
 
@@ -130,8 +147,10 @@ def agreement(gsplat: ModuleType, args: dict[str, Any], grad: torch.Tensor) -> d
     gs, _ = theirs(gsplat, args, packed=True)
     with torch.no_grad():
         mine, other = render(params), gs(params).permute(2, 0, 1)
-        out: dict[str, Any] = {"psnr": psnr(mine, other),
-                               "max_abs": float((mine - other).abs().max())}
+        out: dict[str, Any] = {
+            "psnr": psnr(mine, other),
+            "max_abs": float((mine - other).abs().max()),
+        }
     clamped = {**params, "opacities": params["opacities"].clamp(max=0.99)}
     grads, images = [], []
     for fn, g in ((render, grad), (gs, grad.permute(1, 2, 0).contiguous())):
@@ -141,13 +160,20 @@ def agreement(gsplat: ModuleType, args: dict[str, Any], grad: torch.Tensor) -> d
         grads.append({k: v.grad for k, v in leaves.items()})
         images.append(image.detach())
     out["psnr_clamped"] = psnr(images[0], images[1].permute(2, 0, 1))
-    out["grad_rel_diff"] = {k: float((grads[0][k] - grads[1][k]).norm() / grads[1][k].norm())
-                            for k in PARAMS}
+    out["grad_rel_diff"] = {
+        k: float((grads[0][k] - grads[1][k]).norm() / grads[1][k].norm()) for k in PARAMS
+    }
     return out
 
 
-def compare(gsplat: ModuleType, n: int, repeats: int, device: torch.device,
-            kind: str = "bench", packed: bool = True) -> dict[str, Any]:
+def compare(
+    gsplat: ModuleType,
+    n: int,
+    repeats: int,
+    device: torch.device,
+    kind: str = "bench",
+    packed: bool = True,
+) -> dict[str, Any]:
     args = scene(n, device, kind=kind)
     params = {k: args[k] for k in PARAMS}
     grad = torch.rand(3, args["height"], args["width"], device=device)
@@ -158,15 +184,18 @@ def compare(gsplat: ModuleType, n: int, repeats: int, device: torch.device,
     for mode in (False, True) if packed else (False,):
         render, overlaps = theirs(gsplat, args, mode)
         row[f"gsplat_{'packed' if mode else 'unpacked'}"] = {
-            **time_training(render, params, grad_hwc, repeats, device), "overlaps": overlaps()}
+            **time_training(render, params, grad_hwc, repeats, device),
+            "overlaps": overlaps(),
+        }
     row["agreement"] = agreement(gsplat, args, grad)
     del args, params
     torch.cuda.empty_cache()
     return row
 
 
-def profile(gsplat: ModuleType, n: int, device: torch.device, steps: int = 10,
-            kind: str = "bench") -> str:
+def profile(
+    gsplat: ModuleType, n: int, device: torch.device, steps: int = 10, kind: str = "bench"
+) -> str:
     """Per-kernel device time of ``steps`` training steps of each (torch.profiler)."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
@@ -174,9 +203,10 @@ def profile(gsplat: ModuleType, n: int, device: torch.device, steps: int = 10,
     args = scene(n, device, kind=kind)
     grad = torch.rand(3, args["height"], args["width"], device=device)
     tables = []
-    for name, (render, _), g in (("ours", ours(args), grad),
-                                 ("gsplat unpacked", theirs(gsplat, args, False),
-                                  grad.permute(1, 2, 0).contiguous())):
+    for name, (render, _), g in (
+        ("ours", ours(args), grad),
+        ("gsplat unpacked", theirs(gsplat, args, False), grad.permute(1, 2, 0).contiguous()),
+    ):
         leaves = {k: args[k].clone().requires_grad_() for k in PARAMS}
         for _ in range(3):
             render(leaves).backward(g)
@@ -185,8 +215,9 @@ def profile(gsplat: ModuleType, n: int, device: torch.device, steps: int = 10,
             for _ in range(steps):
                 render(leaves).backward(g)
             torch.cuda.synchronize(device)
-        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=16,
-                                          max_name_column_width=60)
+        table = prof.key_averages().table(
+            sort_by="cuda_time_total", row_limit=16, max_name_column_width=60
+        )
         tables.append(f"== {name}, scene {kind}, N={n}, {steps} training steps\n{table}")
     return "\n".join(tables)
 
@@ -197,48 +228,73 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--gsplat-so", type=Path, help="a gsplat_cuda.so built before")
-    parser.add_argument("--profile", type=int, metavar="N",
-                        help="also print per-kernel profiles of both at N Gaussians")
-    parser.add_argument("--scene", nargs="+", default=["bench"],
-                        choices=sorted(splat_scenes.BENCH_SCENES),
-                        help="the scenes (splat_scenes.BENCH_SCENES)")
-    parser.add_argument("--no-packed", action="store_true",
-                        help="gsplat unpacked only (its faster mode here)")
+    parser.add_argument(
+        "--profile",
+        type=int,
+        metavar="N",
+        help="also print per-kernel profiles of both at N Gaussians",
+    )
+    parser.add_argument(
+        "--scene",
+        nargs="+",
+        default=["bench"],
+        choices=sorted(splat_scenes.BENCH_SCENES),
+        help="the scenes (splat_scenes.BENCH_SCENES)",
+    )
+    parser.add_argument(
+        "--no-packed", action="store_true", help="gsplat unpacked only (its faster mode here)"
+    )
     args = parser.parse_args()
     device = torch.device("cuda", torch.cuda.current_device())
     gsplat, load_s = load_gsplat(args.gsplat_so)
     print(f"gsplat {gsplat.__version__} loaded in {load_s:.1f} s", flush=True)
-    rows = [compare(gsplat, n, args.repeats, device, kind, not args.no_packed)
-            for kind in args.scene for n in args.n]
-    result = {"device": torch.cuda.get_device_name(device), "torch": torch.__version__,
-              "cuda": torch.version.cuda, "gsplat": gsplat.__version__, "rows": rows}
+    rows = [
+        compare(gsplat, n, args.repeats, device, kind, not args.no_packed)
+        for kind in args.scene
+        for n in args.n
+    ]
+    result = {
+        "device": torch.cuda.get_device_name(device),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "gsplat": gsplat.__version__,
+        "rows": rows,
+    }
     print(json.dumps(result, indent=1))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
     if args.profile:
         for kind in args.scene:
             print(profile(gsplat, args.profile, device, kind=kind))
-    print(f"{'scene':>8} {'N':>8} {'who':>16} {'fwd ms':>7} {'bwd ms':>7} {'f+b ms':>7} "
-          f"{'peak MiB':>9} {'fwd pk':>7} {'bwd pk':>7} {'overlaps':>9}")
+    print(
+        f"{'scene':>8} {'N':>8} {'who':>16} {'fwd ms':>7} {'bwd ms':>7} {'f+b ms':>7} "
+        f"{'peak MiB':>9} {'fwd pk':>7} {'bwd pk':>7} {'overlaps':>9}"
+    )
     for row in rows:
         for who in ("ours", "gsplat_unpacked", "gsplat_packed"):
             if who not in row:
                 continue
             t = row[who]
-            print(f"{row['scene']:>8} {row['n']:>8} {who:>16} {t['forward_ms']:7.3f} "
-                  f"{t['backward_ms']:7.3f} {t['fwd_bwd_ms']:7.3f} {t['peak_train_mib']:9.1f} "
-                  f"{t['peak_forward_mib']:7.1f} {t['peak_backward_mib']:7.1f} "
-                  f"{t['overlaps']:>9}")
+            print(
+                f"{row['scene']:>8} {row['n']:>8} {who:>16} {t['forward_ms']:7.3f} "
+                f"{t['backward_ms']:7.3f} {t['fwd_bwd_ms']:7.3f} {t['peak_train_mib']:9.1f} "
+                f"{t['peak_forward_mib']:7.1f} {t['peak_backward_mib']:7.1f} "
+                f"{t['overlaps']:>9}"
+            )
         ours, base = row["ours"], row["gsplat_unpacked"]
         speedup = base["forward_ms"] / ours["forward_ms"]
-        print(f"{'':>8} ours vs gsplat unpacked: forward {speedup:.2f}x, "
-              f"step {base['fwd_bwd_ms'] / ours['fwd_bwd_ms']:.2f}x, peak "
-              f"{ours['peak_train_mib'] / base['peak_train_mib']:.2f} of gsplat's "
-              f"(gradients {ours['grads_mib']:.0f} MiB, image {ours['image_mib']:.0f} MiB of both)")
+        print(
+            f"{'':>8} ours vs gsplat unpacked: forward {speedup:.2f}x, "
+            f"step {base['fwd_bwd_ms'] / ours['fwd_bwd_ms']:.2f}x, peak "
+            f"{ours['peak_train_mib'] / base['peak_train_mib']:.2f} of gsplat's "
+            f"(gradients {ours['grads_mib']:.0f} MiB, image {ours['image_mib']:.0f} MiB of both)"
+        )
         a = row["agreement"]
-        print(f"{'':>8} PSNR ours vs gsplat {a['psnr']:.1f} dB (opacities <= 0.99: "
-              f"{a['psnr_clamped']:.1f} dB), max |diff| {a['max_abs']:.2e}, gradient rel diff "
-              + ", ".join(f"{k} {v:.1e}" for k, v in a["grad_rel_diff"].items()))
+        print(
+            f"{'':>8} PSNR ours vs gsplat {a['psnr']:.1f} dB (opacities <= 0.99: "
+            f"{a['psnr_clamped']:.1f} dB), max |diff| {a['max_abs']:.2e}, gradient rel diff "
+            + ", ".join(f"{k} {v:.1e}" for k, v in a["grad_rel_diff"].items())
+        )
     return 0
 
 

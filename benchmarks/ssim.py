@@ -101,8 +101,9 @@ def copy_rate(device: torch.device) -> float:
     return 2 * n * 4 / (ms * 1e-3)
 
 
-def rotation(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
-             ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def rotation(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Enough input pairs that one pass over all of them is >= 4x the L2 (fresh random)."""
     l2 = torch.cuda.get_device_properties(device).L2_cache_size
     pair = 2 * math.prod(shape) * torch.finfo(dtype).bits // 8
@@ -125,9 +126,15 @@ def peak_mib(fn: Callable[[], Any], device: torch.device) -> float:
     return (torch.cuda.max_memory_allocated(device) - base) / 2**20
 
 
-def bench_case(impl: Callable[..., torch.Tensor], shape: tuple[int, ...], dtype: torch.dtype,
-               device: torch.device, reps: int, warmup: int, detail: bool = True
-               ) -> dict[str, Any]:
+def bench_case(
+    impl: Callable[..., torch.Tensor],
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+    reps: int,
+    warmup: int,
+    detail: bool = True,
+) -> dict[str, Any]:
     """Time, kernel time, host enqueue time and peak memory of inference and train."""
     sets = rotation(shape, dtype, device)
     leaves = [x.clone().requires_grad_(True) for x, _ in sets]
@@ -142,8 +149,10 @@ def bench_case(impl: Callable[..., torch.Tensor], shape: tuple[int, ...], dtype:
         loss = 1 - impl(a, sets[i % len(sets)][1])
         loss.backward()
 
-    out: dict[str, Any] = {"infer_ms": time_ms(infer, reps, warmup),
-                           "train_ms": time_ms(train, reps, warmup)}
+    out: dict[str, Any] = {
+        "infer_ms": time_ms(infer, reps, warmup),
+        "train_ms": time_ms(train, reps, warmup),
+    }
     if detail:
         out["infer_kernel_ms"], out["infer_kernels"] = kernel_ms(infer, 20)
         out["train_kernel_ms"], out["train_kernels"] = kernel_ms(train, 20)
@@ -216,12 +225,14 @@ def host_breakdown(device: torch.device, shape: tuple[int, ...], rounds: int = 2
             a.grad = None
             small.grad = None
             (1 - f()).backward()
+
         return run
 
     def single_thread(f: Callable[[], None]) -> Callable[[], None]:
         def run() -> None:
             with torch.autograd.set_multithreading_enabled(False):
                 f()
+
         return run
 
     pieces: dict[str, Callable[[], Any]] = {
@@ -231,8 +242,9 @@ def host_breakdown(device: torch.device, shape: tuple[int, ...], rounds: int = 2
         "op, no graph: ssim_train(x, y)": lambda: train_op(x, y, "same", 1.0, False),
         "op with graph: ssim_forward(a, y)": lambda: fwd(a, y, "same", "mean"),
         "ssim(a, y) (forward, graph recorded)": lambda: ssim(a, y),
-        "step through the op: (1 - ssim_forward(a, y)).backward()":
-            step(lambda: fwd(a, y, "same", "mean")),
+        "step through the op: (1 - ssim_forward(a, y)).backward()": step(
+            lambda: fwd(a, y, "same", "mean")
+        ),
         "step: (1 - ssim(a, y)).backward()": step(lambda: ssim(a, y)),
         # Diagnostics, not a way to run: the engine on the calling thread (no hand-over to its
         # device thread and back), which shows what that hand-over costs on this machine.
@@ -249,8 +261,9 @@ def host_breakdown(device: torch.device, shape: tuple[int, ...], rounds: int = 2
             if r >= 10:
                 times[name].append(1e6 * (t1 - t0))
     torch.cuda.synchronize()
-    print(f"host time per call, µs, {rounds} interleaved rounds, {'x'.join(map(str, shape))}"
-          " float32:")
+    print(
+        f"host time per call, µs, {rounds} interleaved rounds, {'x'.join(map(str, shape))} float32:"
+    )
     print("| piece | median | p10 | p90 |\n|---|---|---|---|")
     for name, ts in times.items():
         q = statistics.quantiles(ts, n=10)
@@ -262,12 +275,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", default=None, help="write all numbers to this file")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
-    parser.add_argument("--ref", action="store_true",
-                        help="also time the PyTorch reference (fp32 rows)")
-    parser.add_argument("--profile", action="store_true",
-                        help="only print the profiler table of 5 train steps (fp32)")
-    parser.add_argument("--host", action="store_true",
-                        help="only print the host-time breakdown of a train step (fp32)")
+    parser.add_argument(
+        "--ref", action="store_true", help="also time the PyTorch reference (fp32 rows)"
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="only print the profiler table of 5 train steps (fp32)",
+    )
+    parser.add_argument(
+        "--host",
+        action="store_true",
+        help="only print the host-time breakdown of a train step (fp32)",
+    )
     parser.add_argument("--shape", default=None, help="only this shape, e.g. 1x3x1080x1920")
     args = parser.parse_args()
     device = torch.device("cuda", torch.cuda.current_device())
@@ -281,21 +301,29 @@ def main() -> int:
     rate = copy_rate(device)
     props = torch.cuda.get_device_properties(device)
     floor_us, floor_ms = autograd_floor(device)
-    print(f"device {props.name}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
-          f"copy rate {rate / 1e12:.2f} TB/s (read+write), "
-          f"L2 {props.L2_cache_size / 2**20:.0f} MiB, "
-          f"autograd floor {floor_us:.0f} µs per backward() call ({floor_ms:.3f} ms "
-          f"event-timed), gpucheck from {Path(gpucheck.__file__).parent}")
+    print(
+        f"device {props.name}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
+        f"copy rate {rate / 1e12:.2f} TB/s (read+write), "
+        f"L2 {props.L2_cache_size / 2**20:.0f} MiB, "
+        f"autograd floor {floor_us:.0f} µs per backward() call ({floor_ms:.3f} ms "
+        f"event-timed), gpucheck from {Path(gpucheck.__file__).parent}"
+    )
     rows = []
     cases = [(s, d) for s in sizes for d in DTYPES if s[1] == 3 or d == torch.float32]
     for shape, dtype in cases:
         image_bytes = math.prod(shape) * torch.finfo(dtype).bits // 8
         ours = bench_case(ssim, shape, dtype, device, reps, warmup)
-        ref = (bench_case(lambda a, b, train=True: ref_ssim(a, b), shape, dtype, device, 20, 3,
-                          detail=False)
-               if args.ref and dtype == torch.float32 else None)
+        ref = (
+            bench_case(
+                lambda a, b, train=True: ref_ssim(a, b), shape, dtype, device, 20, 3, detail=False
+            )
+            if args.ref and dtype == torch.float32
+            else None
+        )
         row = {
-            "shape": list(shape), "dtype": str(dtype).replace("torch.", ""), **ours,
+            "shape": list(shape),
+            "dtype": str(dtype).replace("torch.", ""),
+            **ours,
             "infer_floor_frac": 2 * image_bytes / rate * 1e3 / ours["infer_ms"],
             "train_floor_frac": 5 * image_bytes / rate * 1e3 / ours["train_ms"],
             "ref": ref,
@@ -305,25 +333,40 @@ def main() -> int:
         print(json.dumps(row))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": props.name, "torch": torch.__version__,
-                       "cuda": torch.version.cuda, "copy_rate_Bps": rate,
-                       "autograd_floor_us": floor_us, "autograd_floor_ms": floor_ms,
-                       "rows": rows}, f,
-                      indent=1)
-    print("\n| size | dtype | infer ms | % floor | kernel ms | host ms | enqueue µs | train ms |"
-          " % floor | kernel ms | host ms | enqueue µs | peak MiB inf / train |"
-          " fused-ssim inf / train ms |")
+            json.dump(
+                {
+                    "device": props.name,
+                    "torch": torch.__version__,
+                    "cuda": torch.version.cuda,
+                    "copy_rate_Bps": rate,
+                    "autograd_floor_us": floor_us,
+                    "autograd_floor_ms": floor_ms,
+                    "rows": rows,
+                },
+                f,
+                indent=1,
+            )
+    print(
+        "\n| size | dtype | infer ms | % floor | kernel ms | host ms | enqueue µs | train ms |"
+        " % floor | kernel ms | host ms | enqueue µs | peak MiB inf / train |"
+        " fused-ssim inf / train ms |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         shape = tuple(r["shape"])
         peer = PEERS.get(shape) if r["dtype"] == "float32" else None
         cells = [
-            "x".join(map(str, shape)), r["dtype"],
-            f"{r['infer_ms']:.3f}", f"{100 * r['infer_floor_frac']:.0f} %",
-            f"{r['infer_kernel_ms']:.3f}", f"{r['infer_ms'] - r['infer_kernel_ms']:.3f}",
+            "x".join(map(str, shape)),
+            r["dtype"],
+            f"{r['infer_ms']:.3f}",
+            f"{100 * r['infer_floor_frac']:.0f} %",
+            f"{r['infer_kernel_ms']:.3f}",
+            f"{r['infer_ms'] - r['infer_kernel_ms']:.3f}",
             f"{r['infer_enqueue_us']:.0f}",
-            f"{r['train_ms']:.3f}", f"{100 * r['train_floor_frac']:.0f} %",
-            f"{r['train_kernel_ms']:.3f}", f"{r['train_ms'] - r['train_kernel_ms']:.3f}",
+            f"{r['train_ms']:.3f}",
+            f"{100 * r['train_floor_frac']:.0f} %",
+            f"{r['train_kernel_ms']:.3f}",
+            f"{r['train_ms'] - r['train_kernel_ms']:.3f}",
             f"{r['train_enqueue_us']:.0f}",
             f"{r['infer_peak_mib']:.1f} / {r['train_peak_mib']:.1f}",
             f"{peer[0]} / {peer[1]}" if peer else "-",

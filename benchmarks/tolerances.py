@@ -56,12 +56,29 @@ def fresh_seed() -> int:
     return int.from_bytes(os.urandom(4), "little")
 
 
-def _record(kernel: str, family: str, case: str, seed: int, what: str, err: float,
-            bound: float, relative: float = 0.0, unit: float = 0.0, kappa: float = 0.0
-            ) -> Record:
+def _record(
+    kernel: str,
+    family: str,
+    case: str,
+    seed: int,
+    what: str,
+    err: float,
+    bound: float,
+    relative: float = 0.0,
+    unit: float = 0.0,
+    kappa: float = 0.0,
+) -> Record:
     share = err / bound if bound > 0 else (0.0 if err == 0 else math.inf)
-    out = {"kernel": kernel, "family": family, "case": case, "seed": seed, "what": what,
-           "err": err, "bound": bound, "share": share if math.isfinite(share) else "inf"}
+    out = {
+        "kernel": kernel,
+        "family": family,
+        "case": case,
+        "seed": seed,
+        "what": what,
+        "err": err,
+        "bound": bound,
+        "share": share if math.isfinite(share) else "inf",
+    }
     if unit > 0:  # the absolute term this check needed beyond its relative part, per unit
         out["abs_needed"] = max(0.0, err - relative) / unit if math.isfinite(err) else "inf"
     if kappa > 0:  # the rounding-sensitivity constant this check needed (SSIM float32/64)
@@ -83,12 +100,30 @@ def ssim_round(device: torch.device) -> Iterator[Record]:
                 for padding in test_ssim._paddings(shape):
                     for c in test_ssim.forward_checks(x, y, padding):
                         part = c.what.split()[-1]  # map / mean
-                        yield _record("ssim", f"{name} forward {part}", case, seed, c.what,
-                                      c.err, c.bound, kappa=c.kappa)
+                        yield _record(
+                            "ssim",
+                            f"{name} forward {part}",
+                            case,
+                            seed,
+                            c.what,
+                            c.err,
+                            c.bound,
+                            kappa=c.kappa,
+                        )
                     for reduction in ("none", "mean"):
                         for c in test_ssim.backward_checks(x, y, padding, reduction):
-                            yield _record("ssim", f"{name} backward", case, seed, c.what,
-                                          c.err, c.bound, c.relative, c.unit, c.kappa)
+                            yield _record(
+                                "ssim",
+                                f"{name} backward",
+                                case,
+                                seed,
+                                c.what,
+                                c.err,
+                                c.bound,
+                                c.relative,
+                                c.unit,
+                                c.kappa,
+                            )
 
 
 def _knn_case(device: torch.device, cloud: str, n: int, k: int) -> Record:
@@ -99,8 +134,15 @@ def _knn_case(device: torch.device, cloud: str, n: int, k: int) -> Record:
     what = f"{cloud} N={n} k={k}"
     got, want = test_knn.judged_rows(got, want, k, what)
     m = measure(got, want, rtol=test_knn.rtol(k), atol=0.0, what=what)
-    return _record("knn", f"k={k}", f"{cloud} N={n}", seed, "mean of the k smallest",
-                   m.max_rel, test_knn.rtol(k))
+    return _record(
+        "knn",
+        f"k={k}",
+        f"{cloud} N={n}",
+        seed,
+        "mean of the k smallest",
+        m.max_rel,
+        test_knn.rtol(k),
+    )
 
 
 def knn_round(device: torch.device) -> Iterator[Record]:
@@ -116,7 +158,9 @@ def knn_round(device: torch.device) -> Iterator[Record]:
 
 
 ROUNDS: dict[str, Callable[[torch.device], Iterator[Record]]] = {
-    "ssim": ssim_round, "knn": knn_round}
+    "ssim": ssim_round,
+    "knn": knn_round,
+}
 
 
 def _num(v: Any) -> float:
@@ -137,10 +181,13 @@ def summarize(records: list[Record]) -> dict[str, dict[str, Any]]:
     for key, rows in families.items():
         shares = sorted(_share(r) for r in rows)
         worst = max(rows, key=_share)
-        out[key] = {"max_share": shares[-1],
-                    "p99_share": shares[min(len(shares) - 1, math.ceil(0.99 * len(shares)) - 1)],
-                    "max_err": max(float(r["err"]) for r in rows), "checks": len(rows),
-                    "worst": {k: worst[k] for k in ("case", "what", "seed", "err", "bound")}}
+        out[key] = {
+            "max_share": shares[-1],
+            "p99_share": shares[min(len(shares) - 1, math.ceil(0.99 * len(shares)) - 1)],
+            "max_err": max(float(r["err"]) for r in rows),
+            "checks": len(rows),
+            "worst": {k: worst[k] for k in ("case", "what", "seed", "err", "bound")},
+        }
         needed = [_num(r["abs_needed"]) for r in rows if "abs_needed" in r]
         if needed:
             out[key]["max_abs_needed"] = max(needed)
@@ -167,19 +214,28 @@ def main() -> int:
             rounds[kernel] += 1
     summary = summarize(records)
     result: dict[str, Any] = {
-        "device": torch.cuda.get_device_name(device), "torch": torch.__version__,
-        "cuda": torch.version.cuda, "rounds": rounds, "summary": summary, "records": records}
+        "device": torch.cuda.get_device_name(device),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "rounds": rounds,
+        "summary": summary,
+        "records": records,
+    }
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
     print(f"{result['device']}, torch {result['torch']}, rounds {rounds}")
-    print(f"{'family':33} {'max share':>9} {'p99':>7} {'max err':>9} {'abs need':>8} "
-          f"{'kappa':>6} {'checks':>6}  worst")
+    print(
+        f"{'family':33} {'max share':>9} {'p99':>7} {'max err':>9} {'abs need':>8} "
+        f"{'kappa':>6} {'checks':>6}  worst"
+    )
     for key, s in summary.items():
         w, need, kappa = s["worst"], s.get("max_abs_needed"), s.get("max_kappa_needed")
-        print(f"{key:33} {s['max_share']:9.3g} {s['p99_share']:7.3g} {s['max_err']:9.3g} "
-              f"{'-' if need is None else format(need, '8.2g'):>8} "
-              f"{'-' if kappa is None else format(kappa, '6.3g'):>6} {s['checks']:6d}  "
-              f"{w['case']} {w['what']} seed={w['seed']}")
+        print(
+            f"{key:33} {s['max_share']:9.3g} {s['p99_share']:7.3g} {s['max_err']:9.3g} "
+            f"{'-' if need is None else format(need, '8.2g'):>8} "
+            f"{'-' if kappa is None else format(kappa, '6.3g'):>6} {s['checks']:6d}  "
+            f"{w['case']} {w['what']} seed={w['seed']}"
+        )
     return 0
 
 

@@ -18,6 +18,7 @@ __all__ = ["MemoryAnomalyError", "__version__", "check_op"]
 if TYPE_CHECKING:
     from gpucheck.check import check_op
 else:
+
     def __getattr__(name: str) -> Any:
         if name == "check_op":
             # lazy: the API's top names it; on first use, so `import gpucheck` stays cheap

@@ -56,11 +56,15 @@ def kernels(csrc: Path | None = None) -> list[str]:
     """Names of the kernel folders of ``csrc`` (default: the bundled one) that hold sources,
     honouring GPUCHECK_KERNELS."""
     csrc = csrc_dir() if csrc is None else csrc
-    found = sorted(
-        p.name
-        for p in csrc.iterdir()
-        if p.is_dir() and (any(p.glob("*.cu")) or any(p.glob("*.cpp")))
-    ) if csrc.is_dir() else []
+    found = (
+        sorted(
+            p.name
+            for p in csrc.iterdir()
+            if p.is_dir() and (any(p.glob("*.cu")) or any(p.glob("*.cpp")))
+        )
+        if csrc.is_dir()
+        else []
+    )
     wanted = [k.strip() for k in os.environ.get(KERNELS_ENV, "").split(",") if k.strip()]
     if wanted:
         unknown = sorted(set(wanted) - set(found))
@@ -128,8 +132,10 @@ def defect_library(defect: str) -> str:
 
 def defect_flags(defect: str) -> list[str]:
     """Compiler flags of the defect build of ``defect`` (C++ and nvcc alike)."""
-    return [f"-D{DEFECTS[defect_name(defect)].macro}",
-            f"-DGPUCHECK_LIBRARY={defect_library(defect)}"]
+    return [
+        f"-D{DEFECTS[defect_name(defect)].macro}",
+        f"-DGPUCHECK_LIBRARY={defect_library(defect)}",
+    ]
 
 
 def defect_sources(defect: str) -> list[Path]:
@@ -152,8 +158,11 @@ def _mentions(path: Path, word: str, seen: set[Path] | None = None) -> bool:
     text = path.read_text(errors="replace")
     if word in text:
         return True
-    return any(_mentions(base / inc, word, seen) for inc in _INCLUDE.findall(text)
-               for base in (csrc_dir(), path.parent))
+    return any(
+        _mentions(base / inc, word, seen)
+        for inc in _INCLUDE.findall(text)
+        for base in (csrc_dir(), path.parent)
+    )
 
 
 def defect_units(defect: str) -> list[Path]:
@@ -177,10 +186,16 @@ def build_defect(defect: str, verbose: bool = False) -> str:
     flags = defect_flags(defect)
     # is_python_module=False: a plain library whose static initializers register the ops
     # (registration.cpp's PyInit__C is never called).
-    cpp_extension.load(name=name, sources=[str(f) for f in defect_sources(defect)],
-                       extra_include_paths=[str(csrc_dir())], extra_cflags=[*CXX_FLAGS, *flags],
-                       extra_cuda_cflags=[*NVCC_FLAGS, *flags], is_python_module=False,
-                       build_directory=str(build_dir(name)), verbose=verbose)
+    cpp_extension.load(
+        name=name,
+        sources=[str(f) for f in defect_sources(defect)],
+        extra_include_paths=[str(csrc_dir())],
+        extra_cflags=[*CXX_FLAGS, *flags],
+        extra_cuda_cflags=[*NVCC_FLAGS, *flags],
+        is_python_module=False,
+        build_directory=str(build_dir(name)),
+        verbose=verbose,
+    )
     return name
 
 
@@ -193,15 +208,20 @@ def links_libstdcxx_dynamically(cxx: str) -> bool | None:
     """
     with tempfile.TemporaryDirectory() as tmp:
         src, lib = Path(tmp) / "probe.cpp", Path(tmp) / "probe.so"
-        src.write_text("#include <string>\nstd::string gpucheck_probe(long n) "
-                       "{ return std::to_string(n); }\n")
+        src.write_text(
+            "#include <string>\nstd::string gpucheck_probe(long n) { return std::to_string(n); }\n"
+        )
         try:
-            built = subprocess.run([cxx, "-shared", "-fPIC", str(src), "-o", str(lib)],
-                                   capture_output=True, timeout=120)
+            built = subprocess.run(
+                [cxx, "-shared", "-fPIC", str(src), "-o", str(lib)],
+                capture_output=True,
+                timeout=120,
+            )
             if built.returncode != 0:
                 return None
-            dyn = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True,
-                                 timeout=60)
+            dyn = subprocess.run(
+                ["readelf", "-d", str(lib)], capture_output=True, text=True, timeout=60
+            )
         except (OSError, subprocess.TimeoutExpired):
             return None
         if dyn.returncode != 0:
@@ -216,12 +236,17 @@ def host_compiler_env() -> dict[str, str]:
         return {}
     for cand_cxx, cand_cc in (("/usr/bin/g++", "/usr/bin/gcc"), ("/usr/bin/c++", "/usr/bin/cc")):
         if Path(cand_cxx).exists() and links_libstdcxx_dynamically(cand_cxx):
-            print(f"gpucheck: $CXX={cxx} links libstdc++ statically, which makes the extension "
-                  f"crash when it raises an error; building with {cand_cxx} instead",
-                  file=sys.stderr)
+            print(
+                f"gpucheck: $CXX={cxx} links libstdc++ statically, which makes the extension "
+                f"crash when it raises an error; building with {cand_cxx} instead",
+                file=sys.stderr,
+            )
             return {"CXX": cand_cxx, "CC": cand_cc}
-    print(f"gpucheck: warning: $CXX={cxx} links libstdc++ statically and no other compiler "
-          "was found; errors raised by the extension may crash the process", file=sys.stderr)
+    print(
+        f"gpucheck: warning: $CXX={cxx} links libstdc++ statically and no other compiler "
+        "was found; errors raised by the extension may crash the process",
+        file=sys.stderr,
+    )
     return {}
 
 
@@ -233,17 +258,24 @@ def _nvcc_top(nvcc: str) -> Path | None:
     """The toolkit an nvcc belongs to, as nvcc itself reports it (``--dryrun`` prints the
     folder of the real nvcc binary): the way through a wrapper script on PATH."""
     try:
-        out = subprocess.run([nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     found = re.search(r"^#\$ _HERE_=(.+)$", out.stdout + out.stderr, re.M)
     return Path(found.group(1).strip()).parent if found else None
 
 
-def find_cuda_home(env: Mapping[str, str], nvcc_on_path: str | None,
-                   ask_nvcc: Callable[[str], Path | None] = _nvcc_top,
-                   default: Path = Path("/usr/local/cuda")) -> Path | None:
+def find_cuda_home(
+    env: Mapping[str, str],
+    nvcc_on_path: str | None,
+    ask_nvcc: Callable[[str], Path | None] = _nvcc_top,
+    default: Path = Path("/usr/local/cuda"),
+) -> Path | None:
     """The CUDA toolkit root: $CUDA_HOME or $CUDA_PATH (when it holds bin/nvcc), else the
     toolkit of the nvcc on PATH, else ``default``; None without any.
 
@@ -306,8 +338,12 @@ def nvcc_archs(cuda_home: Path) -> list[str] | None:
     """The architectures the toolkit's nvcc compiles for; None when it cannot say (an nvcc
     older than CUDA 11 has no ``--list-gpu-arch``)."""
     try:
-        out = subprocess.run([str(cuda_home / "bin" / "nvcc"), "--list-gpu-arch"],
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [str(cuda_home / "bin" / "nvcc"), "--list-gpu-arch"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return (parse_gpu_archs(out.stdout) if out.returncode == 0 else []) or None
@@ -321,8 +357,10 @@ def arch_list(visible: list[tuple[int, int]], supported: list[str] | None) -> li
     newest = max(supported, key=_arch_key) if supported else None
     if visible:
         wanted = {f"{major}.{minor}" for major, minor in visible}
-        chosen = sorted({a if supported is None or a in supported else f"{newest}+PTX"
-                         for a in wanted}, key=_arch_key)
+        chosen = sorted(
+            {a if supported is None or a in supported else f"{newest}+PTX" for a in wanted},
+            key=_arch_key,
+        )
         return chosen
     chosen = [a for a in DEFAULT_ARCHS if supported is None or a in supported] or [str(newest)]
     return [*chosen[:-1], chosen[-1] + "+PTX"]
@@ -370,8 +408,10 @@ def build_dir(name: str, make: bool = True) -> Path:
     ``make`` is False."""
     import torch
 
-    key = (f"torch{torch.__version__}-cuda{torch.version.cuda}"
-           f"-py{sys.version_info[0]}{sys.version_info[1]}")
+    key = (
+        f"torch{torch.__version__}-cuda{torch.version.cuda}"
+        f"-py{sys.version_info[0]}{sys.version_info[1]}"
+    )
     folder = cache_dir() / re.sub(r"[^\w.+-]", "_", key) / re.sub(r"[^\w.+-]", "_", name)
     if make:
         folder.mkdir(parents=True, exist_ok=True)
@@ -414,8 +454,9 @@ def pybind_module_name(build: str) -> str:
     """The Python module name of a build of the self-test's pybind11 extension (``clean`` or
     a name of :data:`PYBIND_DEFECTS`): ``gpucheck_pybind_<build>``."""
     if build != PYBIND_CLEAN and build not in PYBIND_DEFECTS:
-        raise KeyError(f"unknown pybind build {build!r}; known: "
-                       f"{[PYBIND_CLEAN, *sorted(PYBIND_DEFECTS)]}")
+        raise KeyError(
+            f"unknown pybind build {build!r}; known: {[PYBIND_CLEAN, *sorted(PYBIND_DEFECTS)]}"
+        )
     return f"gpucheck_pybind_{build}"
 
 
@@ -435,23 +476,33 @@ def build_pybind(build: str, verbose: bool = False) -> object:
     torch_build_env()
     name = pybind_module_name(build)
     flags = pybind_flags(build)
-    return cpp_extension.load(name=name, sources=[str(f) for f in pybind_sources()],
-                              extra_cflags=[*CXX_FLAGS, *flags],
-                              extra_cuda_cflags=[*NVCC_FLAGS, *flags],
-                              build_directory=str(build_dir(name)), verbose=verbose)
+    return cpp_extension.load(
+        name=name,
+        sources=[str(f) for f in pybind_sources()],
+        extra_cflags=[*CXX_FLAGS, *flags],
+        extra_cuda_cflags=[*NVCC_FLAGS, *flags],
+        build_directory=str(build_dir(name)),
+        verbose=verbose,
+    )
 
 
 def pybind_defect_units() -> list[tuple[Path, list[str], str]]:
     """(source, flags, label) of the pybind defect builds: each source that names the
     build's macro, compiled again under it (compile-checked like ours)."""
-    return [(src, pybind_flags(name), f" [pybind {name}]") for name, macro in
-            PYBIND_DEFECTS.items() for src in pybind_sources()
-            if src.is_file() and macro in src.read_text()]
+    return [
+        (src, pybind_flags(name), f" [pybind {name}]")
+        for name, macro in PYBIND_DEFECTS.items()
+        for src in pybind_sources()
+        if src.is_file() and macro in src.read_text()
+    ]
 
 
 #: the example extension's defect macros and the sources each changes
-EXAMPLE_DEFECTS = {"no_guard": ("wkv.cpp",), "bf16_accum": ("wkv.cpp", "wkv_cuda.cu"),
-                   "grad_current_device": ("wkv.cpp",)}
+EXAMPLE_DEFECTS = {
+    "no_guard": ("wkv.cpp",),
+    "bf16_accum": ("wkv.cpp", "wkv_cuda.cu"),
+    "grad_current_device": ("wkv.cpp",),
+}
 
 
 def example_defect_units() -> list[tuple[Path, list[str], str]]:
@@ -459,8 +510,11 @@ def example_defect_units() -> list[tuple[Path, list[str], str]]:
     example = example_csrc_dir()
     if not example.is_dir():
         return []
-    return [(example / f, [f"-DCUSTOM_RNN_DEFECT_{name.upper()}"], f" [example {name}]")
-            for name, files in EXAMPLE_DEFECTS.items() for f in files]
+    return [
+        (example / f, [f"-DCUSTOM_RNN_DEFECT_{name.upper()}"], f" [example {name}]")
+        for name, files in EXAMPLE_DEFECTS.items()
+        for f in files
+    ]
 
 
 def _torch_compile_env(cuda_home: Path) -> tuple[list[str], list[str]]:
@@ -472,8 +526,11 @@ def _torch_compile_env(cuda_home: Path) -> tuple[list[str], list[str]]:
 
     # include_paths("cpu"): a CPU build of torch knows no toolkit, so add its include dir here.
     includes = [f"-I{p}" for p in cpp_extension.include_paths()]
-    includes += [f"-I{cuda_home / 'include'}", f"-I{csrc_dir()}",
-                 f"-I{sysconfig.get_paths()['include']}"]
+    includes += [
+        f"-I{cuda_home / 'include'}",
+        f"-I{csrc_dir()}",
+        f"-I{sysconfig.get_paths()['include']}",
+    ]
     torch_include = Path(cpp_extension.include_paths()[0])
     if not (torch_include / "c10/cuda/impl/cuda_cmake_macros.h").exists():
         # CPU wheels ship c10/cuda headers but not this one generated file; recreate it with
@@ -502,15 +559,19 @@ def check_units(defects: str = "with") -> tuple[list[tuple[Path, list[str], str]
         for name, build in DEFECTS.items():
             touched = defect_units(name)
             if not touched:
-                missing.append(f"{name}: no source of csrc/{build.kernel}/ (or a header it "
-                               f"includes) names {build.macro}")
+                missing.append(
+                    f"{name}: no source of csrc/{build.kernel}/ (or a header it "
+                    f"includes) names {build.macro}"
+                )
             units += [(f, defect_flags(name), f" [{name}]") for f in touched]
         from gpucheck import _zoo  # imports this module: the zoo's builds live apart
 
         units += example_defect_units() + pybind_defect_units() + _zoo.defect_units()
-        missing += [f"pybind {name}: no source of the self-test's pybind extension names "
-                    f"{macro}" for name, macro in PYBIND_DEFECTS.items()
-                    if not any(label == f" [pybind {name}]" for *_, label in units)]
+        missing += [
+            f"pybind {name}: no source of the self-test's pybind extension names {macro}"
+            for name, macro in PYBIND_DEFECTS.items()
+            if not any(label == f" [pybind {name}]" for *_, label in units)
+        ]
         missing += _zoo.missing()
     return units, missing
 
@@ -545,14 +606,44 @@ def compile_check(jobs: int = 2, defects: str = "with") -> int:
                 i, (src, flags, label) = pending.pop(0)
                 obj = Path(tmp) / f"{i}_{src.stem}{src.suffix.replace('.', '_')}.o"
                 if src.suffix == ".cu":
-                    cmd = [nvcc, "-c", str(src), "-o", str(obj), *CHECK_ARCH, *NVCC_FLAGS,
-                           *torch_nvcc, *includes, *flags, "-Xcompiler", "-fPIC"]
+                    cmd = [
+                        nvcc,
+                        "-c",
+                        str(src),
+                        "-o",
+                        str(obj),
+                        *CHECK_ARCH,
+                        *NVCC_FLAGS,
+                        *torch_nvcc,
+                        *includes,
+                        *flags,
+                        "-Xcompiler",
+                        "-fPIC",
+                    ]
                 else:
-                    cmd = [nvcc, "-x", "c++", "-c", str(src), "-o", str(obj), *CXX_FLAGS,
-                           *includes, *flags, "-Xcompiler", "-fPIC"]
-                procs.append((src, label, cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE,
-                                                                stderr=subprocess.STDOUT),
-                              time.monotonic()))
+                    cmd = [
+                        nvcc,
+                        "-x",
+                        "c++",
+                        "-c",
+                        str(src),
+                        "-o",
+                        str(obj),
+                        *CXX_FLAGS,
+                        *includes,
+                        *flags,
+                        "-Xcompiler",
+                        "-fPIC",
+                    ]
+                procs.append(
+                    (
+                        src,
+                        label,
+                        cmd,
+                        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT),
+                        time.monotonic(),
+                    )
+                )
             src, label, cmd, proc, start = procs.pop(0)
             out, _ = proc.communicate()
             rel = src.relative_to(root) if root in src.parents else src
@@ -563,21 +654,26 @@ def compile_check(jobs: int = 2, defects: str = "with") -> int:
                     print(out.decode(errors="replace"))
             else:
                 failures += 1
-                print(f"FAILED   {rel}{label}\n  {' '.join(cmd)}\n"
-                      f"{out.decode(errors='replace')}")
+                print(f"FAILED   {rel}{label}\n  {' '.join(cmd)}\n{out.decode(errors='replace')}")
     variants = sum(bool(label) for _, _, label in units)
-    print(f"compile check: {len(units) - failures} of {len(units)} sources compiled for sm_90 "
-          f"({variants} of them defect variants)"
-          + (f"; {len(missing)} defect(s) missing from the sources" if missing else ""))
+    print(
+        f"compile check: {len(units) - failures} of {len(units)} sources compiled for sm_90 "
+        f"({variants} of them defect variants)"
+        + (f"; {len(missing)} defect(s) missing from the sources" if missing else "")
+    )
     return 1 if failures or missing else 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Compile-only check of gpucheck's CUDA sources")
     parser.add_argument("--jobs", type=int, default=max(1, os.cpu_count() or 1))
-    parser.add_argument("--defects", choices=("with", "skip", "only"), default="with",
-                        help="the defect variants (csrc/README.md): compile them too (default), "
-                             "skip them, or compile only them")
+    parser.add_argument(
+        "--defects",
+        choices=("with", "skip", "only"),
+        default="with",
+        help="the defect variants (csrc/README.md): compile them too (default), "
+        "skip them, or compile only them",
+    )
     args = parser.parse_args(argv)
     return compile_check(args.jobs, args.defects)
 

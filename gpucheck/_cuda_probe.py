@@ -65,15 +65,17 @@ def probe() -> dict[str, Any]:
             call("cuDeviceGetAttribute", ctypes.byref(minor), _CC_MINOR, dev)
             flags, active = ctypes.c_uint(), ctypes.c_int()
             call("cuDevicePrimaryCtxGetState", dev, ctypes.byref(flags), ctypes.byref(active))
-            devices.append({
-                "cuda_index": i,
-                "uuid": _uuid_str(uuid.raw),
-                "name": name.value.decode(errors="replace"),
-                "pci_bus_id": bus.value.decode(errors="replace"),
-                "total_memory": total.value,
-                "compute_capability": f"{major.value}.{minor.value}",
-                "primary_context_active": bool(active.value),
-            })
+            devices.append(
+                {
+                    "cuda_index": i,
+                    "uuid": _uuid_str(uuid.raw),
+                    "name": name.value.decode(errors="replace"),
+                    "pci_bus_id": bus.value.decode(errors="replace"),
+                    "total_memory": total.value,
+                    "compute_capability": f"{major.value}.{minor.value}",
+                    "primary_context_active": bool(active.value),
+                }
+            )
         peer: list[list[bool | None]] = []
         for a in handles:
             row: list[bool | None] = []

@@ -83,8 +83,9 @@ def torch_code(path: str, torch_dir: str | None = None) -> bool:
 #: torch's files that sit between a user's call and an extension's function (its op objects'
 #: ``__call__``, ``autograd.Function.apply``, autocast's decorators, ``custom_op``), by name:
 #: compute-sanitizer names a Python frame's file without its folder
-_TORCH_CALL_FILES = frozenset(("_ops.py", "function.py", "autocast_mode.py", "custom_ops.py",
-                               "_contextlib.py"))
+_TORCH_CALL_FILES = frozenset(
+    ("_ops.py", "function.py", "autocast_mode.py", "custom_ops.py", "_contextlib.py")
+)
 
 
 @functools.cache

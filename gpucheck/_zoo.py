@@ -67,11 +67,15 @@ def build_zoo(build: str, verbose: bool = False) -> object:
     _csrc.torch_build_env()
     name = module_name(build)
     extra = flags(build)
-    return cpp_extension.load(name=name, sources=[str(f) for f in sources(build)],
-                              extra_include_paths=[str(zoo_dir())],
-                              extra_cflags=[*_csrc.CXX_FLAGS, *extra],
-                              extra_cuda_cflags=[*_csrc.NVCC_FLAGS, *extra],
-                              build_directory=str(_csrc.build_dir(name)), verbose=verbose)
+    return cpp_extension.load(
+        name=name,
+        sources=[str(f) for f in sources(build)],
+        extra_include_paths=[str(zoo_dir())],
+        extra_cflags=[*_csrc.CXX_FLAGS, *extra],
+        extra_cuda_cflags=[*_csrc.NVCC_FLAGS, *extra],
+        build_directory=str(_csrc.build_dir(name)),
+        verbose=verbose,
+    )
 
 
 def _names(src: Path, defect: str) -> bool:
@@ -82,13 +86,20 @@ def defect_units() -> list[tuple[Path, list[str], str]]:
     """(source, flags, label) of the zoo's defect builds for the compile check: each source of
     the build's family that names one of its macros (or includes a zoo header that does),
     compiled under all of the build's macros at once."""
-    return [(src, flags(build), f" [zoo {build}]")
-            for build, (_family, defects) in ZOO_BUILDS.items() if defects
-            for src in sources(build) if any(_names(src, d) for d in defects)]
+    return [
+        (src, flags(build), f" [zoo {build}]")
+        for build, (_family, defects) in ZOO_BUILDS.items()
+        if defects
+        for src in sources(build)
+        if any(_names(src, d) for d in defects)
+    ]
 
 
 def missing() -> list[str]:
     """The zoo's defects whose macro no source of their family names."""
-    return [f"zoo {build}: no source of its family names GPUCHECK_ZOO_{d}"
-            for build, (_family, defects) in ZOO_BUILDS.items() for d in defects
-            if not any(_names(src, d) for src in sources(build))]
+    return [
+        f"zoo {build}: no source of its family names GPUCHECK_ZOO_{d}"
+        for build, (_family, defects) in ZOO_BUILDS.items()
+        for d in defects
+        if not any(_names(src, d) for src in sources(build))
+    ]

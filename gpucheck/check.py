@@ -70,15 +70,33 @@ from gpucheck.check_runner import (
 )
 from gpucheck.worker.case import set_case_op
 
-__all__ = ["ALLOC_HINT", "DEFAULT_TOLERANCES", "FLOAT_DTYPES", "LEAK_HINT", "LOW_PRECISION",
-           "PER_DTYPE", "PER_OP", "SEED_ENV", "OpSpec", "Step", "call_op", "case_seed",
-           "check_op", "flat_tensors", "is_torch_op", "op_name", "run_check"]
+__all__ = [
+    "ALLOC_HINT",
+    "DEFAULT_TOLERANCES",
+    "FLOAT_DTYPES",
+    "LEAK_HINT",
+    "LOW_PRECISION",
+    "PER_DTYPE",
+    "PER_OP",
+    "SEED_ENV",
+    "OpSpec",
+    "Step",
+    "call_op",
+    "case_seed",
+    "check_op",
+    "flat_tensors",
+    "is_torch_op",
+    "op_name",
+    "run_check",
+]
 
 FLOAT_DTYPES = testing.FLOAT_DTYPES
 #: (rtol, atol) by dtype where none is given: torch.testing.assert_close's defaults
 DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
-    "float64": (1e-7, 1e-7), "float32": (1.3e-6, 1e-5),
-    "float16": (1e-3, 1e-5), "bfloat16": (1.6e-2, 1e-5),
+    "float64": (1e-7, 1e-7),
+    "float32": (1.3e-6, 1e-5),
+    "float16": (1e-3, 1e-5),
+    "bfloat16": (1.6e-2, 1e-5),
 }
 #: checks made once per claimed dtype, and once per op
 PER_DTYPE = ("devices", "numerics", "determinism", "cross_device", "memory")
@@ -131,22 +149,32 @@ def _per_dtype(value: float | Mapping[str, float] | None, which: int) -> dict[st
     if isinstance(value, Mapping):
         unknown = sorted(set(value) - set(FLOAT_DTYPES))
         if unknown:
-            raise ValueError(f"check_op: tolerances for unknown dtype(s) {unknown}; "
-                             f"known: {', '.join(FLOAT_DTYPES)}")
+            raise ValueError(
+                f"check_op: tolerances for unknown dtype(s) {unknown}; "
+                f"known: {', '.join(FLOAT_DTYPES)}"
+            )
         out.update({k: float(v) for k, v in value.items()})
     elif value is not None:
         out = dict.fromkeys(out, float(value))
     return out
 
 
-def check_op(op: Any, make_inputs: Callable[..., Any],
-             reference: Callable[..., Any] | None = None, *,
-             dtypes: Sequence[str] = ("float32",), backward: bool | Sequence[int] = True,
-             devices: str | Sequence[int] = "all", repeats: int = 3,
-             atol: float | Mapping[str, float] | None = None,
-             rtol: float | Mapping[str, float] | None = None,
-             low_precision_factor: float = 2.0, deterministic: bool = True,
-             name: str | None = None, checks: Sequence[str] | None = None) -> Any:
+def check_op(
+    op: Any,
+    make_inputs: Callable[..., Any],
+    reference: Callable[..., Any] | None = None,
+    *,
+    dtypes: Sequence[str] = ("float32",),
+    backward: bool | Sequence[int] = True,
+    devices: str | Sequence[int] = "all",
+    repeats: int = 3,
+    atol: float | Mapping[str, float] | None = None,
+    rtol: float | Mapping[str, float] | None = None,
+    low_precision_factor: float = 2.0,
+    deterministic: bool = True,
+    name: str | None = None,
+    checks: Sequence[str] | None = None,
+) -> Any:
     """The standard battery on ``op`` as one parametrized pytest test (assign it to a
     module-level name starting with ``test``).
 
@@ -180,13 +208,20 @@ def check_op(op: Any, make_inputs: Callable[..., Any],
     """
     torch_op = is_torch_op(op)
     spec = OpSpec(
-        op=op, name=name or op_name(op), make_inputs=make_inputs, reference=reference,
-        dtypes=_dtypes(dtypes), backward=(backward if isinstance(backward, bool)
-                                          else tuple(int(i) for i in backward)),
-        devices=None if devices == "all" else _devices(devices), repeats=int(repeats),
-        rtol=_per_dtype(rtol, 0), atol=_per_dtype(atol, 1),
-        low_precision_factor=float(low_precision_factor), deterministic=deterministic,
-        torch_op=torch_op)
+        op=op,
+        name=name or op_name(op),
+        make_inputs=make_inputs,
+        reference=reference,
+        dtypes=_dtypes(dtypes),
+        backward=(backward if isinstance(backward, bool) else tuple(int(i) for i in backward)),
+        devices=None if devices == "all" else _devices(devices),
+        repeats=int(repeats),
+        rtol=_per_dtype(rtol, 0),
+        atol=_per_dtype(atol, 1),
+        low_precision_factor=float(low_precision_factor),
+        deterministic=deterministic,
+        torch_op=torch_op,
+    )
     if spec.repeats < 2:
         raise ValueError(f"check_op: repeats must be at least 2, got {repeats}")
     if not callable(op):
@@ -197,8 +232,9 @@ def check_op(op: Any, make_inputs: Callable[..., Any],
     spec = OpSpec(**{**spec.__dict__, "checks": chosen})
     params = [pytest.param(c, id=c, marks=_marks(c)) for c in chosen]
 
-    def test(gpu_device: Any, other_device: Any, gpucheck_check: str,
-             request: pytest.FixtureRequest) -> None:
+    def test(
+        gpu_device: Any, other_device: Any, gpucheck_check: str, request: pytest.FixtureRequest
+    ) -> None:
         seed = case_seed(request.config)
         request.node.user_properties.append(("gpucheck_seed", seed))
         if gpu_device is None:  # no CUDA device visible: the suite's own parts, on CPU
@@ -207,8 +243,7 @@ def check_op(op: Any, make_inputs: Callable[..., Any],
             try:
                 dry_run(spec, gpucheck_check, seed)
             except AssertionError as err:
-                raise AssertionError(f"{err}\n(inputs seeded with {SEED_ENV}={seed})"
-                                     ) from None
+                raise AssertionError(f"{err}\n(inputs seeded with {SEED_ENV}={seed})") from None
             return
         run_check(spec, gpucheck_check, gpu_device, other_device, seed)
 
@@ -224,8 +259,10 @@ def _dtypes(dtypes: Sequence[str]) -> tuple[str, ...]:
     names = tuple(str(d).removeprefix("torch.") for d in dtypes)
     unknown = [d for d in names if d not in FLOAT_DTYPES]
     if unknown or not names:
-        raise ValueError(f"check_op: dtypes must name floating dtypes among "
-                         f"{', '.join(FLOAT_DTYPES)}; got {list(dtypes)}")
+        raise ValueError(
+            f"check_op: dtypes must name floating dtypes among "
+            f"{', '.join(FLOAT_DTYPES)}; got {list(dtypes)}"
+        )
     return names
 
 
@@ -298,8 +335,7 @@ def case_seed(config: pytest.Config) -> int:
     if os.environ.get(SEED_ENV):
         return int(os.environ[SEED_ENV])
     run_id = getattr(config.option, "gpucheck_run_id", None)
-    shared = (run_id if run_id and run_id != "adhoc"
-              else os.environ.get("PYTEST_XDIST_TESTRUNUID"))
+    shared = run_id if run_id and run_id != "adhoc" else os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if shared:
         return zlib.crc32(shared.encode()) & 0x7FFFFFFF
     if not hasattr(config, "_gpucheck_seed"):

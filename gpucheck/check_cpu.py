@@ -34,8 +34,10 @@ if TYPE_CHECKING:
 
 #: the reason every check that needs the op on a GPU is skipped with (one reason: the run's
 #: summary counts them together)
-WAITS = ("waits for a GPU: this check runs the op on a CUDA device (the suite's own inputs "
-         "and reference were checked on CPU)")
+WAITS = (
+    "waits for a GPU: this check runs the op on a CUDA device (the suite's own inputs "
+    "and reference were checked on CPU)"
+)
 
 
 def where(fn: Callable[..., Any], err: BaseException | None = None) -> str:
@@ -48,8 +50,11 @@ def where(fn: Callable[..., Any], err: BaseException | None = None) -> str:
         path = None
     line = code.co_firstlineno if code else None
     if err is not None and path is not None:
-        mine = [f for f in traceback.extract_tb(err.__traceback__)
-                if os.path.realpath(f.filename) == os.path.realpath(path)]
+        mine = [
+            f
+            for f in traceback.extract_tb(err.__traceback__)
+            if os.path.realpath(f.filename) == os.path.realpath(path)
+        ]
         if mine:
             line = mine[-1].lineno
     if path is None:
@@ -77,40 +82,44 @@ def dry_run(spec: OpSpec, case: str, seed: int) -> None:
         _reference(spec, runner, args, dtype, dtype_name)
 
 
-def _inputs(spec: OpSpec, runner: _Runner, device: Any, dtype: Any, name: str
-            ) -> tuple[Any, ...]:
+def _inputs(spec: OpSpec, runner: _Runner, device: Any, dtype: Any, name: str) -> tuple[Any, ...]:
     import torch
 
     made_by = f"make_inputs ({where(spec.make_inputs)})"
     try:
         args = runner.inputs(device, dtype)
     except Exception as err:
-        raise AssertionError(f"{spec.name}: make_inputs(cpu, {name}) raised "
-                             f"{type(err).__name__}: {err} at {where(spec.make_inputs, err)}"
-                             ) from None
+        raise AssertionError(
+            f"{spec.name}: make_inputs(cpu, {name}) raised "
+            f"{type(err).__name__}: {err} at {where(spec.make_inputs, err)}"
+        ) from None
     problems = []
     for i, a in enumerate(args):
         if not isinstance(a, torch.Tensor):
             continue
         if a.device != device:
-            problems.append(f"argument {i} is on {a.device}, not on the device asked for "
-                            f"({device}): make it with device=device")
+            problems.append(
+                f"argument {i} is on {a.device}, not on the device asked for "
+                f"({device}): make it with device=device"
+            )
         if a.is_floating_point() and a.dtype != dtype:
-            problems.append(f"argument {i} is {str(a.dtype).removeprefix('torch.')}, not the "
-                            f"dtype asked for ({name}): make it with dtype=dtype")
+            problems.append(
+                f"argument {i} is {str(a.dtype).removeprefix('torch.')}, not the "
+                f"dtype asked for ({name}): make it with dtype=dtype"
+            )
         if a.is_floating_point() and a.numel():
             if not bool(torch.isfinite(a).all()):
                 problems.append(f"argument {i} holds NaN or inf")
             elif not bool(a.any()):
                 problems.append(f"argument {i} is all zeros: a kernel that ignores it passes")
     if problems:
-        raise AssertionError(f"{spec.name}: {made_by}, asked for (cpu, {name}): "
-                             + "; ".join(problems))
+        raise AssertionError(
+            f"{spec.name}: {made_by}, asked for (cpu, {name}): " + "; ".join(problems)
+        )
     return args
 
 
-def _reference(spec: OpSpec, runner: _Runner, args: tuple[Any, ...], dtype: Any,
-               name: str) -> None:
+def _reference(spec: OpSpec, runner: _Runner, args: tuple[Any, ...], dtype: Any, name: str) -> None:
     import torch
 
     reference = spec.reference
@@ -122,32 +131,41 @@ def _reference(spec: OpSpec, runner: _Runner, args: tuple[Any, ...], dtype: Any,
         try:
             return runner.step(lambda a: reference(*a), args, upcast=upcast)
         except AssertionError as err:  # no output requires grad
-            raise AssertionError(f"{spec.name}: the reference ({at}), run {what}, gives no "
-                                 "output that requires grad: compute it with differentiable "
-                                 "torch operations, or pass backward=False") from err
+            raise AssertionError(
+                f"{spec.name}: the reference ({at}), run {what}, gives no "
+                "output that requires grad: compute it with differentiable "
+                "torch operations, or pass backward=False"
+            ) from err
         except Exception as err:
-            raise AssertionError(f"{spec.name}: the reference, run {what}, raised "
-                                 f"{type(err).__name__}: {err} at {where(reference, err)}"
-                                 ) from None
+            raise AssertionError(
+                f"{spec.name}: the reference, run {what}, raised "
+                f"{type(err).__name__}: {err} at {where(reference, err)}"
+            ) from None
 
     want = run(torch.float64, "in float64")
     tensors = [*want.outputs, *(g for g in want.grads.values() if g is not None)]
     if not want.outputs:
         raise AssertionError(f"{spec.name}: the reference ({at}) returns no tensor")
     if any(t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in tensors):
-        raise AssertionError(f"{spec.name}: the reference ({at}) gives NaN or inf in float64 "
-                             f"on the inputs of make_inputs(cpu, {name})")
+        raise AssertionError(
+            f"{spec.name}: the reference ({at}) gives NaN or inf in float64 "
+            f"on the inputs of make_inputs(cpu, {name})"
+        )
     again = run(torch.float64, "in float64 a second time")
     if any(not torch.equal(a, b) for a, b in zip(want.outputs, again.outputs, strict=False)):
-        raise AssertionError(f"{spec.name}: the reference ({at}) gives other results when "
-                             "called twice on the same input: it must be a function of its "
-                             "inputs (no random numbers)")
+        raise AssertionError(
+            f"{spec.name}: the reference ({at}) gives other results when "
+            "called twice on the same input: it must be a function of its "
+            "inputs (no random numbers)"
+        )
     own = run(None, f"in {name}")
     shapes = [tuple(t.shape) for t in want.outputs]
     if [tuple(t.shape) for t in own.outputs] != shapes:
-        raise AssertionError(f"{spec.name}: the reference ({at}) gives outputs of shapes "
-                             f"{[tuple(t.shape) for t in own.outputs]} in {name} but {shapes} "
-                             "in float64")
+        raise AssertionError(
+            f"{spec.name}: the reference ({at}) gives outputs of shapes "
+            f"{[tuple(t.shape) for t in own.outputs]} in {name} but {shapes} "
+            "in float64"
+        )
     if name in LOW_PRECISION:
         return  # judged against its own error in that dtype: fits by construction
     rtol, atol = spec.rtol[name], spec.atol[name]
@@ -160,4 +178,5 @@ def _reference(spec: OpSpec, runner: _Runner, args: tuple[Any, ...], dtype: Any,
             raise AssertionError(
                 f"{spec.name}: the reference ({at}) itself, run in {name}, is off from its "
                 f"float64 result by more than rtol={rtol:g}, atol={atol:g} ({first}): no "
-                f"{name} kernel can pass numerics-{name}; loosen rtol/atol for {name}")
+                f"{name} kernel can pass numerics-{name}; loosen rtol/atol for {name}"
+            )

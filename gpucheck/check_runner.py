@@ -20,20 +20,28 @@ if TYPE_CHECKING:
     from gpucheck.check import OpSpec
 
 LOW_PRECISION = ("float16", "bfloat16")
-ALLOC_HINT = ("allocate outputs and gradients with the input's options "
-              "(`at::empty(sizes, x.options())`), not `torch::kCUDA` / `device=\"cuda\"` "
-              "(the current device), and guard every entry point with "
-              "`const at::cuda::OptionalCUDAGuard guard(device_of(x));`")
-LEAK_HINT = ("use a scoped guard, which restores the caller's device on return "
-             "(`const at::cuda::OptionalCUDAGuard guard(device_of(x));`), not a bare "
-             "`cudaSetDevice`")
+ALLOC_HINT = (
+    "allocate outputs and gradients with the input's options "
+    '(`at::empty(sizes, x.options())`), not `torch::kCUDA` / `device="cuda"` '
+    "(the current device), and guard every entry point with "
+    "`const at::cuda::OptionalCUDAGuard guard(device_of(x));`"
+)
+LEAK_HINT = (
+    "use a scoped guard, which restores the caller's device on return "
+    "(`const at::cuda::OptionalCUDAGuard guard(device_of(x));`), not a bare "
+    "`cudaSetDevice`"
+)
 #: the autograd engine's complaint about a gradient on another device than its input
-_ENGINE_DEVICE = re.compile(r"invalid gradient at index (\d+) - expected device (\S+) but got "
-                            r"(\S+)")
+_ENGINE_DEVICE = re.compile(
+    r"invalid gradient at index (\d+) - expected device (\S+) but got "
+    r"(\S+)"
+)
 
 
-_NO_GRAD = ("{name}: backward was asked for, but no output requires grad (no autograd "
-            "registered?); pass backward=False to check_op if the op has none")
+_NO_GRAD = (
+    "{name}: backward was asked for, but no output requires grad (no autograd "
+    "registered?); pass backward=False to check_op if the op has none"
+)
 
 
 def call_op(spec: OpSpec, args: Sequence[Any]) -> Any:
@@ -83,14 +91,20 @@ class _Runner:
 
         if self.spec.backward is False:
             return []
-        floating = [i for i, a in enumerate(args)
-                    if isinstance(a, torch.Tensor) and a.is_floating_point()]
+        floating = [
+            i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point()
+        ]
         if self.spec.backward is True:
             return floating
         return [i for i in self.spec.backward if i in floating]
 
-    def step(self, fn: Callable[[Sequence[Any]], Any], args: Sequence[Any],
-             grad_seed: int | None = None, upcast: Any = None) -> Step:
+    def step(
+        self,
+        fn: Callable[[Sequence[Any]], Any],
+        args: Sequence[Any],
+        grad_seed: int | None = None,
+        upcast: Any = None,
+    ) -> Step:
         """Forward (and backward, with seeded output gradients) of ``fn`` on ``args``;
         ``upcast``: a dtype every floating tensor is cast to first (the reference)."""
         import torch
@@ -113,13 +127,15 @@ class _Runner:
         if not diff:
             raise AssertionError(_NO_GRAD.format(name=self.spec.name))
         gen = torch.Generator().manual_seed(self.seed if grad_seed is None else grad_seed)
-        gouts = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.device, o.dtype)
-                 for o in diff]
-        grads = torch.autograd.grad(diff, [args[i] for i in positions], gouts,
-                                    allow_unused=True)
-        return Step([o.detach() for o in outputs],
-                    {i: None if g is None else g.detach() for i, g in zip(positions, grads,
-                                                                          strict=True)})
+        gouts = [
+            torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.device, o.dtype)
+            for o in diff
+        ]
+        grads = torch.autograd.grad(diff, [args[i] for i in positions], gouts, allow_unused=True)
+        return Step(
+            [o.detach() for o in outputs],
+            {i: None if g is None else g.detach() for i, g in zip(positions, grads, strict=True)},
+        )
 
     def kernel(self, args: Sequence[Any]) -> Step:
         return self.step(lambda a: call_op(self.spec, a), args)
@@ -133,8 +149,9 @@ class _Runner:
         problems: list[tuple[str, str, str]] = []  # (kind, message, hint)
         before = _current_device()
         positions = self.diff_positions(args)
-        step_args = [a.detach().clone().requires_grad_() if i in positions else a
-                     for i, a in enumerate(args)]
+        step_args = [
+            a.detach().clone().requires_grad_() if i in positions else a for i, a in enumerate(args)
+        ]
         with torch.enable_grad():
             try:
                 out = call_op(self.spec, step_args)
@@ -145,12 +162,22 @@ class _Runner:
         outputs = flat_tensors(out)
         for i, o in enumerate(outputs):
             if o.device != device:
-                problems.append(("wrong-device", f"{self.spec.name}: output {i} is on "
-                                 f"{o.device}, its inputs on {device}", ALLOC_HINT))
+                problems.append(
+                    (
+                        "wrong-device",
+                        f"{self.spec.name}: output {i} is on {o.device}, its inputs on {device}",
+                        ALLOC_HINT,
+                    )
+                )
         if after_forward != before:
-            problems.append(("device-state-leak", f"{self.spec.name}: forward changed the "
-                             f"current device from cuda:{before} to cuda:{after_forward}",
-                             LEAK_HINT))
+            problems.append(
+                (
+                    "device-state-leak",
+                    f"{self.spec.name}: forward changed the "
+                    f"current device from cuda:{before} to cuda:{after_forward}",
+                    LEAK_HINT,
+                )
+            )
             torch.cuda.set_device(before)
         diff = [o for o in outputs if o.requires_grad]
         if positions and not diff:
@@ -158,36 +185,63 @@ class _Runner:
         if positions and diff:
             gouts = [torch.ones_like(o) for o in diff]
             try:
-                grads = torch.autograd.grad(diff, [step_args[i] for i in positions], gouts,
-                                            allow_unused=True)
+                grads = torch.autograd.grad(
+                    diff, [step_args[i] for i in positions], gouts, allow_unused=True
+                )
             except RuntimeError as err:
                 m = _ENGINE_DEVICE.search(str(err))
                 if m is None:
                     _cuda_error(self.spec, err, other)
                     raise
                 grads = ()
-                problems.append(("wrong-device", f"{self.spec.name}: backward returned the "
-                                 f"gradient {m.group(1)} on {m.group(3)}, its input is on "
-                                 f"{m.group(2)} (the autograd engine refused it)", ALLOC_HINT))
+                problems.append(
+                    (
+                        "wrong-device",
+                        f"{self.spec.name}: backward returned the "
+                        f"gradient {m.group(1)} on {m.group(3)}, its input is on "
+                        f"{m.group(2)} (the autograd engine refused it)",
+                        ALLOC_HINT,
+                    )
+                )
             for i, g in zip(positions, grads, strict=False):
                 if g is not None and g.device != step_args[i].device:
-                    problems.append(("wrong-device", f"{self.spec.name}: the gradient of "
-                                     f"argument {i} is on {g.device}, the argument on "
-                                     f"{step_args[i].device}", ALLOC_HINT))
+                    problems.append(
+                        (
+                            "wrong-device",
+                            f"{self.spec.name}: the gradient of "
+                            f"argument {i} is on {g.device}, the argument on "
+                            f"{step_args[i].device}",
+                            ALLOC_HINT,
+                        )
+                    )
             after_backward = _current_device()
             if after_backward != before:
-                problems.append(("device-state-leak", f"{self.spec.name}: backward changed "
-                                 f"the current device from cuda:{before} to "
-                                 f"cuda:{after_backward}", LEAK_HINT))
+                problems.append(
+                    (
+                        "device-state-leak",
+                        f"{self.spec.name}: backward changed "
+                        f"the current device from cuda:{before} to "
+                        f"cuda:{after_backward}",
+                        LEAK_HINT,
+                    )
+                )
                 torch.cuda.set_device(before)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         for kind, message, hint in problems:
-            attach(kind, message, op=self.spec.name,
-                   severity="warning" if kind == "device-state-leak" else "error", hint=hint,
-                   evidence=f"target {device}, current device before the call cuda:{before}"
-                            + (f" (another device, {other}, was made current)" if other
-                               else " (the only visible device)"))
+            attach(
+                kind,
+                message,
+                op=self.spec.name,
+                severity="warning" if kind == "device-state-leak" else "error",
+                hint=hint,
+                evidence=f"target {device}, current device before the call cuda:{before}"
+                + (
+                    f" (another device, {other}, was made current)"
+                    if other
+                    else " (the only visible device)"
+                ),
+            )
         if problems:
             raise AssertionError("; ".join(m for _, m, _ in problems))
 
@@ -207,8 +261,10 @@ class _Runner:
         for what, g, w, b in self._pairs(got, want, base):
             if g is None or w is None:
                 if g is not w:
-                    failures.append(f"{what}: {'no' if g is None else 'a'} gradient where the "
-                                    f"reference has {'one' if g is None else 'none'}")
+                    failures.append(
+                        f"{what}: {'no' if g is None else 'a'} gradient where the "
+                        f"reference has {'one' if g is None else 'none'}"
+                    )
                 continue
             if b is None:
                 rtol, atol = self.spec.rtol[name], self.spec.atol[name]
@@ -217,30 +273,46 @@ class _Runner:
                 own = max(_max_err(b, w), _max_err(w.to(dtype), w))
                 rtol = 0.0
                 atol = self.spec.low_precision_factor * own + self.spec.atol[name]
-                label = (f"{self.spec.name} {what} {name} vs float64 reference (allowed: "
-                         f"{self.spec.low_precision_factor:g} x the reference's own {name} "
-                         f"error {own:.3g} + atol {self.spec.atol[name]:g})")
+                label = (
+                    f"{self.spec.name} {what} {name} vs float64 reference (allowed: "
+                    f"{self.spec.low_precision_factor:g} x the reference's own {name} "
+                    f"error {own:.3g} + atol {self.spec.atol[name]:g})"
+                )
             try:
                 testing.assert_close(g, w, rtol=rtol, atol=atol, what=label)
             except AssertionError as err:
                 failures.append(str(err))
         if failures:
             for f in failures:
-                attach("numerics", f"mismatch against the reference: {f}", op=self.spec.name,
-                       hint="the kernel's result is off by more than the tolerance of this "
-                            "check; in float16 / bfloat16 a kernel that accumulates in the "
-                            "low precision (instead of float32) fails here")
+                attach(
+                    "numerics",
+                    f"mismatch against the reference: {f}",
+                    op=self.spec.name,
+                    hint="the kernel's result is off by more than the tolerance of this "
+                    "check; in float16 / bfloat16 a kernel that accumulates in the "
+                    "low precision (instead of float32) fails here",
+                )
             raise AssertionError("\n".join(failures))
 
-    def _pairs(self, got: Step, want: Step, base: Step | None
-               ) -> list[tuple[str, Any, Any, Any]]:
+    def _pairs(self, got: Step, want: Step, base: Step | None) -> list[tuple[str, Any, Any, Any]]:
         if len(got.outputs) != len(want.outputs):
-            raise AssertionError(f"{self.spec.name}: {len(got.outputs)} output tensor(s), the "
-                                 f"reference gives {len(want.outputs)}")
-        pairs = [(f"output {i}", g, w, None if base is None else base.outputs[i])
-                 for i, (g, w) in enumerate(zip(got.outputs, want.outputs, strict=True))]
-        pairs += [(f"gradient of argument {i}", got.grads[i], want.grads.get(i),
-                   None if base is None else base.grads.get(i)) for i in sorted(got.grads)]
+            raise AssertionError(
+                f"{self.spec.name}: {len(got.outputs)} output tensor(s), the "
+                f"reference gives {len(want.outputs)}"
+            )
+        pairs = [
+            (f"output {i}", g, w, None if base is None else base.outputs[i])
+            for i, (g, w) in enumerate(zip(got.outputs, want.outputs, strict=True))
+        ]
+        pairs += [
+            (
+                f"gradient of argument {i}",
+                got.grads[i],
+                want.grads.get(i),
+                None if base is None else base.grads.get(i),
+            )
+            for i in sorted(got.grads)
+        ]
         return pairs
 
     def determinism(self, device: Any, other: Any, dtype: Any) -> None:
@@ -252,11 +324,18 @@ class _Runner:
             again = self.kernel(args)
             bad = _differences(first, again)
             if bad:
-                msg = (f"{self.spec.name}: non-deterministic: call {n + 1} differs from call 1 "
-                       f"on the same input ({'; '.join(bad)})")
-                attach("numerics", msg, op=self.spec.name, hint="make the result a function "
-                       "of the input alone (no float atomics whose order varies, no "
-                       "uninitialized memory, no races), or pass deterministic=False")
+                msg = (
+                    f"{self.spec.name}: non-deterministic: call {n + 1} differs from call 1 "
+                    f"on the same input ({'; '.join(bad)})"
+                )
+                attach(
+                    "numerics",
+                    msg,
+                    op=self.spec.name,
+                    hint="make the result a function "
+                    "of the input alone (no float atomics whose order varies, no "
+                    "uninitialized memory, no races), or pass deterministic=False",
+                )
                 raise AssertionError(msg)
 
     def cross_device(self, device: Any, other: Any, dtype: Any) -> None:
@@ -264,27 +343,38 @@ class _Runner:
             pytest.skip("needs a second visible CUDA device")
         args = self.inputs(device, dtype)
         here = self.kernel(args)
-        there = self.kernel([a.to(other) if hasattr(a, "to") and hasattr(a, "device") else a
-                             for a in args])
+        there = self.kernel(
+            [a.to(other) if hasattr(a, "to") and hasattr(a, "device") else a for a in args]
+        )
         for i, o in enumerate(there.outputs):
             if o.device != other:
                 msg = f"{self.spec.name}: output {i} is on {o.device}, its inputs on {other}"
                 attach("wrong-device", msg, op=self.spec.name, hint=ALLOC_HINT)
                 raise AssertionError(msg)
-        there = Step([o.to(device) for o in there.outputs],
-                     {i: None if g is None else g.to(device) for i, g in there.grads.items()})
+        there = Step(
+            [o.to(device) for o in there.outputs],
+            {i: None if g is None else g.to(device) for i, g in there.grads.items()},
+        )
         if self.spec.deterministic:
             bad = _differences(here, there)
         else:
             name = str(dtype).removeprefix("torch.")
-            bad = [str(err) for err in _close_all(here, there, self.spec.rtol[name],
-                                                  self.spec.atol[name])]
+            bad = [
+                str(err)
+                for err in _close_all(here, there, self.spec.rtol[name], self.spec.atol[name])
+            ]
         if bad:
-            msg = (f"{self.spec.name}: cross-device disagreement: the same input gave other "
-                   f"results on {other} than on {device} ({'; '.join(bad)})")
-            attach("numerics", msg, op=self.spec.name,
-                   hint="a result that depends on the GPU it ran on: uninitialized memory, "
-                        "races, or a launch configuration taken from another device")
+            msg = (
+                f"{self.spec.name}: cross-device disagreement: the same input gave other "
+                f"results on {other} than on {device} ({'; '.join(bad)})"
+            )
+            attach(
+                "numerics",
+                msg,
+                op=self.spec.name,
+                hint="a result that depends on the GPU it ran on: uninitialized memory, "
+                "races, or a launch configuration taken from another device",
+            )
             raise AssertionError(msg)
 
     def memory(self, device: Any, other: Any, dtype: Any) -> None:
@@ -305,21 +395,32 @@ class _Runner:
             torch.cuda.synchronize(device)
             peaks.append(torch.cuda.max_memory_allocated(device) - base)
             kept.append(torch.cuda.memory_allocated(device) - base)
-        evidence = (f"bytes above the inputs after each of {self.spec.repeats} forward"
-                    f"{' and backward' if self.diff_positions(args) else ''} calls: {kept}; "
-                    f"peak of each call: {peaks} (torch caching allocator, {device})")
+        evidence = (
+            f"bytes above the inputs after each of {self.spec.repeats} forward"
+            f"{' and backward' if self.diff_positions(args) else ''} calls: {kept}; "
+            f"peak of each call: {peaks} (torch caching allocator, {device})"
+        )
         problems = []
         if kept[-1] > 0:
-            problems.append(f"{kept[-1]} bytes stay allocated after {self.spec.repeats} calls "
-                            f"whose results were dropped")
+            problems.append(
+                f"{kept[-1]} bytes stay allocated after {self.spec.repeats} calls "
+                f"whose results were dropped"
+            )
         if peaks[-1] > peaks[0]:
-            problems.append(f"the peak grew from {peaks[0]} to {peaks[-1]} bytes over "
-                            f"{self.spec.repeats} identical calls")
+            problems.append(
+                f"the peak grew from {peaks[0]} to {peaks[-1]} bytes over "
+                f"{self.spec.repeats} identical calls"
+            )
         if problems:
             msg = f"{self.spec.name}: {'; '.join(problems)}"
-            attach("memory-leak", msg, op=self.spec.name, evidence=evidence,
-                   hint="something keeps a reference to a tensor of every call (a global "
-                        "cache, a saved tensor that outlives the graph)")
+            attach(
+                "memory-leak",
+                msg,
+                op=self.spec.name,
+                evidence=evidence,
+                hint="something keeps a reference to a tensor of every call (a global "
+                "cache, a saved tensor that outlives the graph)",
+            )
             raise AssertionError(f"{msg}\n{evidence}")
 
     def dtypes(self, device: Any) -> None:
@@ -329,8 +430,9 @@ class _Runner:
             return self.inputs(device, dtype)
 
         with torch.no_grad():
-            testing.check_dtypes(lambda *a: call_op(self.spec, a), make, self.spec.dtypes,
-                                 what=self.spec.name)
+            testing.check_dtypes(
+                lambda *a: call_op(self.spec, a), make, self.spec.dtypes, what=self.spec.name
+            )
 
     def opcheck(self, device: Any) -> None:
         import torch
@@ -361,8 +463,13 @@ class _Runner:
         except GradcheckError as err:
             head = " ".join(str(err).split("\n")[:3])
             msg = f"{self.spec.name}: float64 gradcheck failed: {head}"
-            attach("numerics", msg, op=self.spec.name, evidence=str(err)[:4000],
-                   hint="the backward does not match finite differences of the forward")
+            attach(
+                "numerics",
+                msg,
+                op=self.spec.name,
+                evidence=str(err)[:4000],
+                hint="the backward does not match finite differences of the forward",
+            )
             raise AssertionError(msg) from None
 
 
@@ -389,16 +496,18 @@ def _differences(a: Step, b: Step) -> list[str]:
     import torch
 
     bad = []
-    pairs = [(f"output {i}", x, y) for i, (x, y) in enumerate(zip(a.outputs, b.outputs,
-                                                                  strict=True))]
+    pairs = [
+        (f"output {i}", x, y) for i, (x, y) in enumerate(zip(a.outputs, b.outputs, strict=True))
+    ]
     pairs += [(f"gradient of argument {i}", a.grads[i], b.grads.get(i)) for i in sorted(a.grads)]
     for what, x, y in pairs:
         if x is None or y is None:
             continue
         if x.shape != y.shape or x.dtype != y.dtype or not torch.equal(_bits(x), _bits(y)):
             ne = int((x != y).sum()) if x.shape == y.shape else x.numel()
-            bad.append(f"{what}: {ne} of {x.numel()} elements, max abs difference "
-                       f"{_max_err(x, y):.3g}")
+            bad.append(
+                f"{what}: {ne} of {x.numel()} elements, max abs difference {_max_err(x, y):.3g}"
+            )
     return bad
 
 
@@ -429,7 +538,12 @@ def _cuda_error(spec: OpSpec, err: BaseException, other: Any) -> None:
     text = str(err)
     if not any(m in text for m in CUDA_ERROR_MARKERS):
         return
-    attach("cuda-error", f"{spec.name}: {text.splitlines()[0]}", op=spec.name,
-           hint="with another device current, an illegal address is the classic missing "
-                "device guard (`const at::cuda::OptionalCUDAGuard guard(device_of(x));`)"
-                if other is not None else None)
+    attach(
+        "cuda-error",
+        f"{spec.name}: {text.splitlines()[0]}",
+        op=spec.name,
+        hint="with another device current, an illegal address is the classic missing "
+        "device guard (`const at::cuda::OptionalCUDAGuard guard(device_of(x));`)"
+        if other is not None
+        else None,
+    )

@@ -26,11 +26,20 @@ from gpucheck.errors import EXIT_CLEAN, EXIT_USAGE, GpucheckError
 GIB = 1024**3
 #: report formats (gpucheck.report.FORMATS; kept here so that --help imports nothing heavy)
 FORMATS = ("html", "json", "junit", "sarif")
-MODES = ("blocking", "nvml", "sanitizer", "sanitizer:memcheck", "sanitizer:racecheck",
-         "sanitizer:initcheck", "sanitizer:synccheck")
-FORMAT_HELP = ("Report to write (repeatable): html (report.html), json (results.json), junit "
-               "(junit.xml), sarif (results.sarif, SARIF 2.1.0 for code scanning). Default: "
-               "html, json and junit; given, only the formats named.")
+MODES = (
+    "blocking",
+    "nvml",
+    "sanitizer",
+    "sanitizer:memcheck",
+    "sanitizer:racecheck",
+    "sanitizer:initcheck",
+    "sanitizer:synccheck",
+)
+FORMAT_HELP = (
+    "Report to write (repeatable): html (report.html), json (results.json), junit "
+    "(junit.xml), sarif (results.sarif, SARIF 2.1.0 for code scanning). Default: "
+    "html, json and junit; given, only the formats named."
+)
 
 
 def _gib(value: int | None) -> str:
@@ -55,8 +64,9 @@ def devices(as_json: bool) -> int:
 
     inv = discover()
     if as_json:
-        click.echo(json.dumps({"gpucheck_version": gpucheck.__version__, **inv.to_json()},
-                              indent=2))
+        click.echo(
+            json.dumps({"gpucheck_version": gpucheck.__version__, **inv.to_json()}, indent=2)
+        )
     else:
         _print_inventory(inv)
     if inv.environment_error or not inv.devices:
@@ -66,8 +76,10 @@ def devices(as_json: bool) -> int:
 
 def _print_inventory(inv: Inventory) -> None:
     console = Console(soft_wrap=True)
-    versions = (f"driver {inv.driver_version or 'N/A'}, CUDA (driver) "
-                f"{inv.cuda_driver_version or 'N/A'}, torch {inv.torch_version or 'not installed'}")
+    versions = (
+        f"driver {inv.driver_version or 'N/A'}, CUDA (driver) "
+        f"{inv.cuda_driver_version or 'N/A'}, torch {inv.torch_version or 'not installed'}"
+    )
     if not inv.devices:
         console.print(inv.reason)
         console.print(versions)
@@ -76,9 +88,17 @@ def _print_inventory(inv: Inventory) -> None:
     for col in ("cuda", "nvml", "name", "cc", "uuid", "pci", "total", "free", "util"):
         table.add_column(col)
     for d in inv.devices:
-        table.add_row(str(d.cuda_index), str(d.nvml_index), d.name, d.compute_capability or "N/A",
-                      d.uuid, d.pci_bus_id or "N/A", _gib(d.memory_total), _gib(d.memory_free),
-                      "N/A" if d.utilization_gpu is None else f"{d.utilization_gpu}%")
+        table.add_row(
+            str(d.cuda_index),
+            str(d.nvml_index),
+            d.name,
+            d.compute_capability or "N/A",
+            d.uuid,
+            d.pci_bus_id or "N/A",
+            _gib(d.memory_total),
+            _gib(d.memory_free),
+            "N/A" if d.utilization_gpu is None else f"{d.utilization_gpu}%",
+        )
     console.print(table)
     procs = Table(title="processes with a CUDA context")
     for col in ("cuda", "pid", "name", "memory"):
@@ -93,8 +113,10 @@ def _print_inventory(inv: Inventory) -> None:
         for d in inv.devices:
             peer.add_column(f"cuda:{d.cuda_index}")
         for d in inv.devices:
-            peer.add_row(f"cuda:{d.cuda_index}", *("-" if v is None else ("yes" if v else "no")
-                                                     for v in d.peer_access))
+            peer.add_row(
+                f"cuda:{d.cuda_index}",
+                *("-" if v is None else ("yes" if v else "no") for v in d.peer_access),
+            )
         console.print(peer)
     for note in inv.notes:
         console.print(f"note: {note}")
@@ -102,53 +124,119 @@ def _print_inventory(inv: Inventory) -> None:
 
 @cli.command()
 @click.option("--all-devices", is_flag=True, help="Target every visible CUDA device (default).")
-@click.option("--device", "device_indices", type=click.IntRange(min=0), multiple=True,
-              metavar="N", help="Target CUDA device N (repeatable).")
-@click.option("--suite", "suites", multiple=True, metavar="NAME|PATH",
-              help="Suite to run: a folder name under suites/ or a path (repeatable; "
-                   "default: every suite).")
-@click.option("--mode", "modes", multiple=True,
-              type=click.Choice(MODES),
-              help="Instrumentation (repeatable; default: blocking + nvml).")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Output folder for a new run; must be empty or absent "
-                   "(default: a new reports/<timestamp>/).")
-@click.option("--resume", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              default=None, metavar="DIR",
-              help="Continue the interrupted run in DIR with its own settings: cases already "
-                   "recorded there are not run again.")
-@click.option("--allow-empty", is_flag=True,
-              help="Exit 0 even when no case ran (by default a run that tested nothing "
-                   "exits 2).")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=900.0,
-              show_default=True, metavar="SECONDS",
-              help="A case running longer than this is recorded as hung.")
-@click.option("--nvml-interval", type=click.FloatRange(min=1), default=50.0, show_default=True,
-              metavar="MS", help="NVML sampling period of mode nvml, in milliseconds.")
+@click.option(
+    "--device",
+    "device_indices",
+    type=click.IntRange(min=0),
+    multiple=True,
+    metavar="N",
+    help="Target CUDA device N (repeatable).",
+)
+@click.option(
+    "--suite",
+    "suites",
+    multiple=True,
+    metavar="NAME|PATH",
+    help="Suite to run: a folder name under suites/ or a path (repeatable; default: every suite).",
+)
+@click.option(
+    "--mode",
+    "modes",
+    multiple=True,
+    type=click.Choice(MODES),
+    help="Instrumentation (repeatable; default: blocking + nvml).",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Output folder for a new run; must be empty or absent "
+    "(default: a new reports/<timestamp>/).",
+)
+@click.option(
+    "--resume",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    metavar="DIR",
+    help="Continue the interrupted run in DIR with its own settings: cases already "
+    "recorded there are not run again.",
+)
+@click.option(
+    "--allow-empty",
+    is_flag=True,
+    help="Exit 0 even when no case ran (by default a run that tested nothing exits 2).",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=900.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="A case running longer than this is recorded as hung.",
+)
+@click.option(
+    "--nvml-interval",
+    type=click.FloatRange(min=1),
+    default=50.0,
+    show_default=True,
+    metavar="MS",
+    help="NVML sampling period of mode nvml, in milliseconds.",
+)
 @click.option("--quiet", is_flag=True, help="No live progress; one line per worker.")
 @click.option("--cpu-only", is_flag=True, help="Run without a GPU (GPU cases are skipped).")
-@click.option("--distributed", is_flag=True,
-              help="Run the suites (default: dist) as ONE torch.distributed group: one rank per "
-                   "target device (NCCL), or --world-size CPU ranks (gloo) with --cpu-only; "
-                   "under torchrun, the rank torchrun gives this process.")
-@click.option("--world-size", type=click.IntRange(min=1, max=64), default=None, metavar="N",
-              help="Ranks of a --distributed --cpu-only run (default 2).")
-@click.option("--backend", type=click.Choice(["nccl", "gloo"]), default=None,
-              help="torch.distributed backend of --distributed (default: nccl on GPUs, "
-                   "gloo on CPU).")
-@click.option("--format", "formats", multiple=True, type=click.Choice(FORMATS),
-              help=FORMAT_HELP)
-@click.option("--wait-for-devices", type=click.FloatRange(min=0), default=0.0,
-              envvar="GPUCHECK_WAIT_FOR_DEVICES", show_default=True, metavar="SECONDS",
-              help="When another gpucheck run holds a target GPU (or the run folder to "
-                   "resume), wait up to this long for it; 0 refuses at once, naming that run.")
+@click.option(
+    "--distributed",
+    is_flag=True,
+    help="Run the suites (default: dist) as ONE torch.distributed group: one rank per "
+    "target device (NCCL), or --world-size CPU ranks (gloo) with --cpu-only; "
+    "under torchrun, the rank torchrun gives this process.",
+)
+@click.option(
+    "--world-size",
+    type=click.IntRange(min=1, max=64),
+    default=None,
+    metavar="N",
+    help="Ranks of a --distributed --cpu-only run (default 2).",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["nccl", "gloo"]),
+    default=None,
+    help="torch.distributed backend of --distributed (default: nccl on GPUs, gloo on CPU).",
+)
+@click.option("--format", "formats", multiple=True, type=click.Choice(FORMATS), help=FORMAT_HELP)
+@click.option(
+    "--wait-for-devices",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    envvar="GPUCHECK_WAIT_FOR_DEVICES",
+    show_default=True,
+    metavar="SECONDS",
+    help="When another gpucheck run holds a target GPU (or the run folder to "
+    "resume), wait up to this long for it; 0 refuses at once, naming that run.",
+)
 @click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
-def run(ctx: click.Context, all_devices: bool, device_indices: tuple[int, ...],
-        suites: tuple[str, ...], modes: tuple[str, ...], out: Path | None, resume: Path | None,
-        allow_empty: bool, timeout: float, nvml_interval: float, quiet: bool, cpu_only: bool,
-        distributed: bool, world_size: int | None, backend: str | None,
-        formats: tuple[str, ...], wait_for_devices: float, pytest_args: tuple[str, ...]) -> int:
+def run(
+    ctx: click.Context,
+    all_devices: bool,
+    device_indices: tuple[int, ...],
+    suites: tuple[str, ...],
+    modes: tuple[str, ...],
+    out: Path | None,
+    resume: Path | None,
+    allow_empty: bool,
+    timeout: float,
+    nvml_interval: float,
+    quiet: bool,
+    cpu_only: bool,
+    distributed: bool,
+    world_size: int | None,
+    backend: str | None,
+    formats: tuple[str, ...],
+    wait_for_devices: float,
+    pytest_args: tuple[str, ...],
+) -> int:
     """Run the suites on every target device, each in its own process.
 
     Arguments after `--` go to pytest (e.g. `-- -k forward`). An option that cannot apply
@@ -169,31 +257,65 @@ def run(ctx: click.Context, all_devices: bool, device_indices: tuple[int, ...],
         if "timeout" not in _given(ctx):
             timeout = project.get("timeout", timeout)
         formats = formats or project.get("formats", ())
-    return run_pipeline(RunConfig(all_devices, device_indices, suites, modes, out, timeout,
-                                  quiet, cpu_only, list(pytest_args), nvml_interval / 1000,
-                                  allow_empty=allow_empty, resume=resume,
-                                  distributed=distributed, world_size=world_size,
-                                  backend=backend, formats=tuple(dict.fromkeys(formats)),
-                                  wait_for_devices=wait_for_devices, given=_given(ctx)))
+    return run_pipeline(
+        RunConfig(
+            all_devices,
+            device_indices,
+            suites,
+            modes,
+            out,
+            timeout,
+            quiet,
+            cpu_only,
+            list(pytest_args),
+            nvml_interval / 1000,
+            allow_empty=allow_empty,
+            resume=resume,
+            distributed=distributed,
+            world_size=world_size,
+            backend=backend,
+            formats=tuple(dict.fromkeys(formats)),
+            wait_for_devices=wait_for_devices,
+            given=_given(ctx),
+        )
+    )
 
 
 def _given(ctx: click.Context) -> frozenset[str]:
     """The parameters of this command that the user set (command line or environment)."""
     from click.core import ParameterSource
 
-    return frozenset(name for name in ctx.params if ctx.get_parameter_source(name) in (
-        ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT))
+    return frozenset(
+        name
+        for name in ctx.params
+        if ctx.get_parameter_source(name)
+        in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+    )
 
 
 @cli.command()
 @click.option("--all-devices", is_flag=True, help="Target every visible CUDA device (default).")
-@click.option("--sanitizer", "with_sanitizer", is_flag=True,
-              help="Also run the compute-sanitizer passes: memcheck, racecheck, initcheck "
-                   "(each runs only the cases marked for its tool).")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Output folder (default: a new reports/<timestamp>/).")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=600.0,
-              show_default=True, metavar="SECONDS", help="Per-case timeout.")
+@click.option(
+    "--sanitizer",
+    "with_sanitizer",
+    is_flag=True,
+    help="Also run the compute-sanitizer passes: memcheck, racecheck, initcheck "
+    "(each runs only the cases marked for its tool).",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Output folder (default: a new reports/<timestamp>/).",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=600.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Per-case timeout.",
+)
 def selftest(all_devices: bool, with_sanitizer: bool, out: Path | None, timeout: float) -> int:
     """Run the harness over deliberately broken extensions and print defect x detector.
 
@@ -218,14 +340,23 @@ def selftest(all_devices: bool, with_sanitizer: bool, out: Path | None, timeout:
         # the bundled suite by its path: a folder named selftest here (the run folder itself,
         # with --out selftest) must not stand in for it
         suite = str(_resources.suites() / "selftest")
-        cfg = RunConfig(all_devices=all_devices, suites=(suite,), modes=modes,
-                        out=run_dir, timeout=timeout, quiet=True)
+        cfg = RunConfig(
+            all_devices=all_devices,
+            suites=(suite,),
+            modes=modes,
+            out=run_dir,
+            timeout=timeout,
+            quiet=True,
+        )
         run_pipeline(cfg)  # its exit code is 1 by design: the defects are findings
         if failed is not None:
             shutil.copytree(tmp, run_dir / "defect_builds")
     if failed:
-        click.echo(f"gpucheck selftest: defect builds that failed: {', '.join(failed)} "
-                   f"(compiler output in {run_dir / 'defect_builds'})", err=True)
+        click.echo(
+            f"gpucheck selftest: defect builds that failed: {', '.join(failed)} "
+            f"(compiler output in {run_dir / 'defect_builds'})",
+            err=True,
+        )
     records, gpus = st.read_run(run_dir)
     rows, false = st.matrix(records, gpus)
     zoo = st.zoo_matrix(records, gpus)
@@ -243,9 +374,11 @@ def _need_gpu() -> None:
     inv = discover()
     if inv.environment_error or not inv.devices:
         reason = (inv.environment_error or inv.reason or "no CUDA device is visible").rstrip(".")
-        raise EnvironmentProblem(f"gpucheck selftest needs a CUDA GPU, and {reason[:1].lower()}"
-                                 f"{reason[1:]}; `gpucheck run --cpu-only` is what runs "
-                                 "without one")
+        raise EnvironmentProblem(
+            f"gpucheck selftest needs a CUDA GPU, and {reason[:1].lower()}"
+            f"{reason[1:]}; `gpucheck run --cpu-only` is what runs "
+            "without one"
+        )
 
 
 def _print_matrix(rows: list[Any], false: list[dict[str, Any]]) -> None:
@@ -257,16 +390,23 @@ def _print_matrix(rows: list[Any], false: list[dict[str, Any]]) -> None:
         table.add_column(col)
     colour = {"found": "green", "missed": "red", "not run": "yellow"}
     for r in rows:
-        table.add_row(r.defect.name, r.defect.kind, f"[{colour[r.status]}]{r.status}[/]",
-                      escape(r.detail))
+        table.add_row(
+            r.defect.name, r.defect.kind, f"[{colour[r.status]}]{r.status}[/]", escape(r.detail)
+        )
     console.print(table)
     found = sum(r.status == "found" for r in rows)
     ran = sum(r.status != "not run" for r in rows)
-    console.print(f"detected {found} of {ran} defects that ran ({len(rows) - ran} not run); "
-                  f"false positives on clean cases: {len(false)}")
+    console.print(
+        f"detected {found} of {ran} defects that ran ({len(rows) - ran} not run); "
+        f"false positives on clean cases: {len(false)}"
+    )
     for f in false:
-        console.print(escape(f"false positive: {f['device']} {f['case']} ({f['mode']}): "
-                             f"{f['kind']}: {f['message']}"))
+        console.print(
+            escape(
+                f"false positive: {f['device']} {f['case']} ({f['mode']}): "
+                f"{f['kind']}: {f['message']}"
+            )
+        )
 
 
 def _print_zoo(results: list[Any]) -> None:
@@ -283,33 +423,50 @@ def _print_zoo(results: list[Any]) -> None:
         recall = f"{found}/{could}" if could else "-"
         colour = "red" if z.missed or z.unexpected else "green" if z.ran else "yellow"
         kinds = sorted({u["kind"] for u in z.unexpected})
-        detail = "; ".join([*(f"not run: {e.kind} ({why})" for e, why in z.not_run),
-                            *(f"missed: {e.kind} ({why})" for e, why in z.missed)])
+        detail = "; ".join(
+            [
+                *(f"not run: {e.kind} ({why})" for e, why in z.not_run),
+                *(f"missed: {e.kind} ({why})" for e, why in z.missed),
+            ]
+        )
         if not z.ran:
             detail = "its cases did not run" + (f"; {detail}" if detail else "")
-        table.add_row(z.row.name, z.row.bugs or "clean twin", f"[{colour}]{recall}[/]",
-                      f"{len(z.unexpected)}" + (f" ({', '.join(kinds)})" if kinds else ""),
-                      escape(detail))
+        table.add_row(
+            z.row.name,
+            z.row.bugs or "clean twin",
+            f"[{colour}]{recall}[/]",
+            f"{len(z.unexpected)}" + (f" ({', '.join(kinds)})" if kinds else ""),
+            escape(detail),
+        )
     console.print(table)
     found = sum(z.recall[0] for z in results)
     could = sum(z.recall[1] for z in results)
     not_run = sum(len(z.not_run) for z in results)
     unexpected = [u for z in results for u in z.unexpected]
     kinds = sorted({u["kind"] for u in unexpected})
-    console.print(f"zoo: recall {found} of {could} expected findings that could run here "
-                  f"({not_run} not run); unexpected findings: {len(unexpected)}"
-                  + (f" ({', '.join(kinds)})" if kinds else ""))
+    console.print(
+        f"zoo: recall {found} of {could} expected findings that could run here "
+        f"({not_run} not run); unexpected findings: {len(unexpected)}"
+        + (f" ({', '.join(kinds)})" if kinds else "")
+    )
     for u in unexpected:
-        console.print(escape(f"unexpected: {u['device']} {u['case']} ({u['mode']}): "
-                             f"{u['kind']}{' · ' + u['op'] if u['op'] else ''}: "
-                             f"{u['message']}"))
+        console.print(
+            escape(
+                f"unexpected: {u['device']} {u['case']} ({u['mode']}): "
+                f"{u['kind']}{' · ' + u['op'] if u['op'] else ''}: "
+                f"{u['message']}"
+            )
+        )
 
 
 @cli.command("parse-sanitizer")
-@click.argument("log", type=click.Path(exists=True, dir_okay=False, readable=True,
-                                       path_type=Path))
-@click.option("--tool", type=click.Choice(["memcheck", "racecheck", "initcheck", "synccheck"]),
-              default=None, help="The tool that wrote LOG (default: guessed from its content).")
+@click.argument("log", type=click.Path(exists=True, dir_okay=False, readable=True, path_type=Path))
+@click.option(
+    "--tool",
+    type=click.Choice(["memcheck", "racecheck", "initcheck", "synccheck"]),
+    default=None,
+    help="The tool that wrote LOG (default: guessed from its content).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def parse_sanitizer(log: Path, tool: str | None, as_json: bool) -> int:
     """Turn a compute-sanitizer --log-file into findings (exit 1 if any is an error)."""
@@ -318,18 +475,23 @@ def parse_sanitizer(log: Path, tool: str | None, as_json: bool) -> int:
 
     report = parse_file(log, tool)
     if report.tool is None and not report.findings:
-        raise UsageProblem(f"{log} does not look like compute-sanitizer output "
-                           "(no '========= ' lines)")
+        raise UsageProblem(
+            f"{log} does not look like compute-sanitizer output (no '========= ' lines)"
+        )
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
         console = Console(soft_wrap=True)
-        console.print(f"{report.tool}: {report.errors_reported} error(s) reported, "
-                      f"{report.errors_printed} printed, {len(report.findings)} distinct")
+        console.print(
+            f"{report.tool}: {report.errors_reported} error(s) reported, "
+            f"{report.errors_printed} printed, {len(report.findings)} distinct"
+        )
         for f in report.findings:
             where = f.kernel_name or f.api_call or ""
-            line = (f"[{f.severity}] {f.error} x{f.count} {where} {f.source or ''} "
-                    f"{f.python_frame or ''}")
+            line = (
+                f"[{f.severity}] {f.error} x{f.count} {where} {f.source or ''} "
+                f"{f.python_frame or ''}"
+            )
             console.print(escape(line.rstrip()))
     errors = any(f.severity == "error" for f in report.findings) or bool(report.errors_reported)
     return 1 if errors else EXIT_CLEAN
@@ -337,10 +499,15 @@ def parse_sanitizer(log: Path, tool: str | None, as_json: bool) -> int:
 
 @cli.command()
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("-o", "--output", "output", type=click.Path(dir_okay=False, path_type=Path),
-              default=None, help="Where the HTML page goes (default: RUN_DIR/report.html).")
-@click.option("--format", "formats", multiple=True, type=click.Choice(FORMATS),
-              help=FORMAT_HELP)
+@click.option(
+    "-o",
+    "--output",
+    "output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Where the HTML page goes (default: RUN_DIR/report.html).",
+)
+@click.option("--format", "formats", multiple=True, type=click.Choice(FORMATS), help=FORMAT_HELP)
 def report(run_dir: Path, output: Path | None, formats: tuple[str, ...]) -> int:
     """Write the reports (report.html, results.json, junit.xml; --format) of the run in RUN_DIR.
 
@@ -359,8 +526,10 @@ def report(run_dir: Path, output: Path | None, formats: tuple[str, ...]) -> int:
     if not RunFolder(run_dir).results.exists() and not RunFolder(run_dir).workers.is_dir():
         raise UsageProblem(f"{run_dir} is not a gpucheck run folder (no results.jsonl)")
     if output is not None and formats and "html" not in formats:
-        raise UsageProblem("-o sets where the HTML page goes, and --format does not ask for "
-                           "html: drop -o or add --format html")
+        raise UsageProblem(
+            "-o sets where the HTML page goes, and --format does not ask for "
+            "html: drop -o or add --format html"
+        )
     try:
         done = publish(run_dir, output, tuple(dict.fromkeys(formats)) or DEFAULT_FORMATS)
     except OSError as err:
@@ -380,26 +549,34 @@ def report(run_dir: Path, output: Path | None, formats: tuple[str, ...]) -> int:
     return done.verdict.exit_code
 
 
-def _size(ctx: click.Context, param: click.Parameter, value: str | None
-          ) -> tuple[int, int] | None:
+def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, int] | None:
     if value is None:
         return None
     w, sep, h = value.lower().partition("x")
-    if not sep or not w.isdigit() or not h.isdigit() or not (0 < int(w) <= 65536) or not (
-            0 < int(h) <= 65536):
+    if (
+        not sep
+        or not w.isdigit()
+        or not h.isdigit()
+        or not (0 < int(w) <= 65536)
+        or not (0 < int(h) <= 65536)
+    ):
         raise click.BadParameter(f"expected WIDTHxHEIGHT such as 1920x1080, got {value!r}")
     return int(w), int(h)
 
 
 @cli.command("lint-checkpoint")
-@click.argument("paths", nargs=-1, required=True,
-                type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("paths", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-@click.option("--render", "render", callback=_size, default=None, metavar="WxH",
-              help="Also estimate the Gaussian-tile overlaps and binning bytes of a WxH render "
-                   "of the scene, loaded with 3DGS conventions and loaded correctly.")
-def lint_checkpoint(paths: tuple[Path, ...], as_json: bool, render: tuple[int, int] | None
-                    ) -> int:
+@click.option(
+    "--render",
+    "render",
+    callback=_size,
+    default=None,
+    metavar="WxH",
+    help="Also estimate the Gaussian-tile overlaps and binning bytes of a WxH render "
+    "of the scene, loaded with 3DGS conventions and loaded correctly.",
+)
+def lint_checkpoint(paths: tuple[Path, ...], as_json: bool, render: tuple[int, int] | None) -> int:
     """Tell whether 3DGS checkpoints (.ply, .pt) hold raw or already activated parameters.
 
     Exit 0 every file ok, 1 a file is suspicious or activated, 2 a file is unreadable (the
@@ -420,8 +597,11 @@ def lint_checkpoint(paths: tuple[Path, ...], as_json: bool, render: tuple[int, i
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``gpucheck`` script; returns the exit code."""
     try:
-        rv = cli.main(args=list(argv) if argv is not None else None,
-                      prog_name="gpucheck", standalone_mode=False)
+        rv = cli.main(
+            args=list(argv) if argv is not None else None,
+            prog_name="gpucheck",
+            standalone_mode=False,
+        )
     except GpucheckError as err:
         click.echo(f"gpucheck: {err}", err=True)
         return err.exit_code

@@ -107,16 +107,25 @@ def run_cuda_probe(timeout: float = 60.0) -> dict[str, Any]:
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "gpucheck._cuda_probe"],
-            capture_output=True, text=True, timeout=timeout, check=False,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
         )
     except subprocess.TimeoutExpired:
-        return {"ok": False, "error": "TIMEOUT",
-                "message": f"the CUDA driver did not answer within {timeout:.0f} s"}
+        return {
+            "ok": False,
+            "error": "TIMEOUT",
+            "message": f"the CUDA driver did not answer within {timeout:.0f} s",
+        }
     try:
         answer: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
-        answer = {"ok": False, "error": "PROBE_FAILED",
-                  "message": f"exit {proc.returncode}: {proc.stderr.strip()[-300:]}"}
+        answer = {
+            "ok": False,
+            "error": "PROBE_FAILED",
+            "message": f"exit {proc.returncode}: {proc.stderr.strip()[-300:]}",
+        }
     return answer
 
 
@@ -146,11 +155,14 @@ def discover(probe: dict[str, Any] | None = None) -> Inventory:
     visible = os.environ.get(VISIBLE_ENV)
     st = nvml.status()
     inv = Inventory(
-        devices=[], reason=None,
+        devices=[],
+        reason=None,
         driver_version=nvml.na_to_none(nvml.driver_version()),
         cuda_driver_version=nvml.na_to_none(nvml.cuda_driver_version()),
         nvml_version=nvml.na_to_none(nvml.nvml_version()),
-        torch_version=torch_version(), cuda_visible_devices=visible, mapping="none",
+        torch_version=torch_version(),
+        cuda_visible_devices=visible,
+        mapping="none",
     )
     if not st.ok:
         inv.reason = f"No NVIDIA GPU is usable: {st.reason}."
@@ -182,30 +194,49 @@ def discover(probe: dict[str, Any] | None = None) -> Inventory:
             inv.environment_error = inv.reason
             return inv
         if error == "CUDA_ERROR_NO_DEVICE":
-            inv.reason = (f"No CUDA device is visible: {VISIBLE_ENV}={visible!r} hides all "
-                          f"{len(handles)} GPU(s) NVML sees." if visible is not None else
-                          "No CUDA device is visible to the CUDA driver.")
+            inv.reason = (
+                f"No CUDA device is visible: {VISIBLE_ENV}={visible!r} hides all "
+                f"{len(handles)} GPU(s) NVML sees."
+                if visible is not None
+                else "No CUDA device is visible to the CUDA driver."
+            )
             return inv
         chosen = parse_visible_devices(visible, nvml_uuids)
         nvml_idx = list(chosen)
         cuda_entries = [{"cuda_index": c, "uuid": nvml_uuids[n]} for c, n in enumerate(chosen)]
-        peer = [[None if a == b else nvml.na_to_none(nvml.p2p_read_ok(handles[a], handles[b]))
-                 for b in chosen] for a in chosen]
+        peer = [
+            [
+                None if a == b else nvml.na_to_none(nvml.p2p_read_ok(handles[a], handles[b]))
+                for b in chosen
+            ]
+            for a in chosen
+        ]
         inv.mapping = VISIBLE_ENV
-        inv.notes.append(f"libcuda could not be asked ({answer.get('message')}); the mapping "
-                         f"follows {VISIBLE_ENV} and assumes PCI bus order")
+        inv.notes.append(
+            f"libcuda could not be asked ({answer.get('message')}); the mapping "
+            f"follows {VISIBLE_ENV} and assumes PCI bus order"
+        )
 
     for entry, n in zip(cuda_entries, nvml_idx, strict=False):
-        inv.devices.append(_device(entry, n, handles[n] if n is not None else None,
-                                   peer[entry["cuda_index"]] if peer else []))
+        inv.devices.append(
+            _device(
+                entry,
+                n,
+                handles[n] if n is not None else None,
+                peer[entry["cuda_index"]] if peer else [],
+            )
+        )
     if not inv.devices:
-        inv.reason = (f"No CUDA device is visible: {VISIBLE_ENV}={visible!r} hides all "
-                      f"{len(handles)} GPU(s) NVML sees.")
+        inv.reason = (
+            f"No CUDA device is visible: {VISIBLE_ENV}={visible!r} hides all "
+            f"{len(handles)} GPU(s) NVML sees."
+        )
     return inv
 
 
-def _device(entry: dict[str, Any], nvml_index: int | None, h: Any,
-            peer_row: list[bool | None]) -> Device:
+def _device(
+    entry: dict[str, Any], nvml_index: int | None, h: Any, peer_row: list[bool | None]
+) -> Device:
     na = nvml.na_to_none
     if h is None:  # the driver sees a device NVML does not (e.g. MIG); keep what CUDA told us
         mem = nvml.MemoryInfo(entry.get("total_memory"), None, None, None)
@@ -216,13 +247,18 @@ def _device(entry: dict[str, Any], nvml_index: int | None, h: Any,
         util = nvml.utilization(h)
         procs = nvml.compute_processes(h)
     return Device(
-        cuda_index=entry["cuda_index"], nvml_index=nvml_index, uuid=entry["uuid"],
+        cuda_index=entry["cuda_index"],
+        nvml_index=nvml_index,
+        uuid=entry["uuid"],
         name=entry.get("name") or na(nvml.name(h)),
         compute_capability=entry.get("compute_capability") or na(nvml.compute_capability(h)),
         pci_bus_id=entry.get("pci_bus_id") or na(nvml.pci_bus_id(h)),
-        memory_total=na(mem.total), memory_free=na(mem.free), memory_used=na(mem.used),
+        memory_total=na(mem.total),
+        memory_free=na(mem.free),
+        memory_used=na(mem.used),
         memory_reserved=na(mem.reserved),
-        utilization_gpu=na(util[0]), utilization_memory=na(util[1]),
+        utilization_gpu=na(util[0]),
+        utilization_memory=na(util[1]),
         processes=[ProcessUse(p.pid, na(p.name), na(p.used_memory)) for p in procs],
         peer_access=list(peer_row),
     )

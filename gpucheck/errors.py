@@ -9,13 +9,25 @@ EXIT_FINDINGS = 1
 EXIT_USAGE = 2
 
 #: text that marks a CUDA error (torch's messages, cuBLAS statuses, device-side asserts)
-CUDA_ERROR_MARKERS = ("CUDA error", "illegal memory access", "CUBLAS_STATUS", "cudaError",
-                      "device-side assert")
+CUDA_ERROR_MARKERS = (
+    "CUDA error",
+    "illegal memory access",
+    "CUBLAS_STATUS",
+    "cudaError",
+    "device-side assert",
+)
 #: CUDA errors after which the process's CUDA context is unusable: every later call fails too
-STICKY_CUDA_ERRORS = ("illegal memory access", "unspecified launch failure",
-                      "illegal instruction", "misaligned address", "device-side assert",
-                      "hardware stack error", "uncorrectable ECC", "launch timed out",
-                      "an illegal address")
+STICKY_CUDA_ERRORS = (
+    "illegal memory access",
+    "unspecified launch failure",
+    "illegal instruction",
+    "misaligned address",
+    "device-side assert",
+    "hardware stack error",
+    "uncorrectable ECC",
+    "launch timed out",
+    "an illegal address",
+)
 
 
 def sticky_cuda_error_line(text: str) -> str | None:
@@ -23,8 +35,10 @@ def sticky_cuda_error_line(text: str) -> str | None:
     CUDA error after which the process's context is unusable, or None."""
     if not any(m in text for m in CUDA_ERROR_MARKERS):
         return None
-    return next((line.strip() for line in text.splitlines()
-                 if any(m in line for m in STICKY_CUDA_ERRORS)), None)
+    return next(
+        (line.strip() for line in text.splitlines() if any(m in line for m in STICKY_CUDA_ERRORS)),
+        None,
+    )
 
 
 class GpucheckError(Exception):
@@ -81,7 +95,9 @@ class MemoryAnomalyError(BudgetExceeded):
         r"total .*?binning needs (?P<needed>\d+) bytes, (?P<free>\d+) bytes free; radius "
         r"percentiles \(visible, px\) p50 (?P<p50>\d+), p90 (?P<p90>\d+), p99 (?P<p99>\d+), "
         r"max (?P<max>\d+); \d+ Gaussians \((?P<share>[0-9.e+-]+) %\) cover more than 25 % of "
-        r"the image\. Hint: (?P<hint>.*)$", re.DOTALL)
+        r"the image\. Hint: (?P<hint>.*)$",
+        re.DOTALL,
+    )
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -95,8 +111,9 @@ class MemoryAnomalyError(BudgetExceeded):
         self.large_share: float | None = None
         self.hint: str | None = None
         if found:
-            self.n, self.visible, self.overlaps = (int(found[k]) for k in (
-                "n", "visible", "overlaps"))
+            self.n, self.visible, self.overlaps = (
+                int(found[k]) for k in ("n", "visible", "overlaps")
+            )
             self.bytes_needed, self.bytes_free = int(found["needed"]), int(found["free"])
             self.radius_percentiles = {k: int(found[k]) for k in ("p50", "p90", "p99", "max")}
             self.large_share = float(found["share"]) / 100.0

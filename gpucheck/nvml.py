@@ -114,8 +114,12 @@ def reset() -> None:
 
 
 #: NVML errors that say "this value does not exist here", not "the query failed"
-_UNAVAILABLE = ("NVMLError_NotSupported", "NVMLError_NoPermission",
-                "NVMLError_FunctionNotFound", "NVMLError_NotFound")
+_UNAVAILABLE = (
+    "NVMLError_NotSupported",
+    "NVMLError_NoPermission",
+    "NVMLError_FunctionNotFound",
+    "NVMLError_NotFound",
+)
 
 
 def answer(func: str | Callable[..., Any], *args: Any) -> tuple[Any, str | None]:
@@ -232,8 +236,13 @@ def list_processes(h: Any) -> tuple[list[ProcessInfo], str | None]:
     out = []
     for p in procs:
         used = getattr(p, "usedGpuMemory", None)
-        out.append(ProcessInfo(int(p.pid), NA if used is None else int(used),
-                               query("nvmlSystemGetProcessName", p.pid)))
+        out.append(
+            ProcessInfo(
+                int(p.pid),
+                NA if used is None else int(used),
+                query("nvmlSystemGetProcessName", p.pid),
+            )
+        )
     return out, None
 
 

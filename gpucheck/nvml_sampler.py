@@ -35,16 +35,21 @@ DEFAULT_INTERVAL_S = 0.05
 class Sampler:
     """Calls ``sample()`` on a daemon thread every ``interval`` seconds until ``stop()``."""
 
-    def __init__(self, interval: float, on_sample: Callable[[float, list[dict[str, Any]]], None],
-                 pid: int | None = None) -> None:
+    def __init__(
+        self,
+        interval: float,
+        on_sample: Callable[[float, list[dict[str, Any]]], None],
+        pid: int | None = None,
+    ) -> None:
         self.interval = interval
         self.on_sample = on_sample
         self.pid = pid  # only this process's memory, or every process when None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         handles = [nvml.handle(i) for i in range(nvml.device_count())]
-        self.devices = [(i, h, str(nvml.uuid(h))) for i, h in enumerate(handles)
-                        if h is not nvml.NA]
+        self.devices = [
+            (i, h, str(nvml.uuid(h))) for i, h in enumerate(handles) if h is not nvml.NA
+        ]
         self.samples = 0
         self.busy_s = 0.0  # time spent sampling (its own overhead)
         self.failures = 0  # samples in which NVML failed on some device
@@ -68,10 +73,12 @@ class Sampler:
                 procs = [p for p in procs if p.pid == self.pid]
             mem = nvml.memory_info(h) if self.pid is None else None
             row: dict[str, Any] = {
-                "nvml_index": index, "uuid": uuid,
+                "nvml_index": index,
+                "uuid": uuid,
                 "used": None if mem is None else nvml.na_to_none(mem.used),
-                "processes": None if why else {str(p.pid): nvml.na_to_none(p.used_memory)
-                                               for p in procs},
+                "processes": None
+                if why
+                else {str(p.pid): nvml.na_to_none(p.used_memory) for p in procs},
             }
             if why:
                 row["error"] = failed = why
@@ -112,8 +119,7 @@ class TimelineWriter:
         self._f = open(path, "a", buffering=1)  # noqa: SIM115 - closed in close()
 
     def __call__(self, t: float, rows: list[dict[str, Any]]) -> None:
-        self._f.write(json.dumps({"t": round(t, 3), "devices": rows}, separators=(",", ":"))
-                      + "\n")
+        self._f.write(json.dumps({"t": round(t, 3), "devices": rows}, separators=(",", ":")) + "\n")
 
     def close(self) -> None:
         self._f.close()
@@ -176,8 +182,11 @@ class NvmlTracker:
 
     def _on_sample(self, t: float, rows: list[dict[str, Any]]) -> None:
         mine = str(os.getpid())
-        used = {r["uuid"]: int(r["processes"][mine]) for r in rows
-                if (r["processes"] or {}).get(mine) is not None}
+        used = {
+            r["uuid"]: int(r["processes"][mine])
+            for r in rows
+            if (r["processes"] or {}).get(mine) is not None
+        }
         with self._lock:
             self.timeline.append((t, used))
 
@@ -205,8 +214,9 @@ class NvmlTracker:
         if device is not None and uuid is None:
             return nvml.NA
         with self._lock:
-            values = [b for _, used in self.timeline for u, b in used.items()
-                      if uuid is None or u == uuid]
+            values = [
+                b for _, used in self.timeline for u, b in used.items() if uuid is None or u == uuid
+            ]
         return max(values, default=0)
 
     def peaks(self) -> dict[str, int]:

@@ -54,15 +54,15 @@ MARKERS = {
     "gpu": "needs a CUDA device",
     "multigpu": "needs two or more CUDA devices",
     "sanitizer": "small enough to run under compute-sanitizer (memcheck slows launches ~37x); "
-                 "sanitizer(tools=('racecheck', ...)): only in the passes of those tools",
+    "sanitizer(tools=('racecheck', ...)): only in the passes of those tools",
     "slow": "takes long (soak tests, large sizes)",
     # the leak detector's marker (gpucheck/detectors/leak.py)
     "gpucheck_repeat": "(n=5) under gpucheck run the body runs n times (fixtures once) and "
-                       "memory that grows from run to run is a leak finding",
+    "memory that grows from run to run is a leak finding",
     # the compiled-extension watch's opt-out (gpucheck/detectors/ext_watch.py)
     "gpucheck_unwatched": "('pkg._C', 'pkg._C.fn', ...) calls of these compiled extension "
-                          "modules or functions get no per-call checks in this test "
-                          "(GPUCHECK_UNWATCHED does it for every test)",
+    "modules or functions get no per-call checks in this test "
+    "(GPUCHECK_UNWATCHED does it for every test)",
 }
 #: marks the tests of gpucheck's own kernels (our suites); not needed in users' suites
 KERNELS_MARKER = "gpucheck_kernels"
@@ -79,8 +79,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="target CUDA device index (repeatable; default: $GPUCHECK_DEVICES or all "
-             "visible)",
+        help="target CUDA device index (repeatable; default: $GPUCHECK_DEVICES or all visible)",
     )
     # the worker's options under `gpucheck run` (the controller passes them)
     group.addoption("--gpucheck-results", default=None, help="append case records here")
@@ -88,17 +87,39 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--gpucheck-run-id", default="adhoc")
     group.addoption("--gpucheck-mode", default=BARE)
     group.addoption("--gpucheck-device-uuid", default=None)
-    group.addoption("--gpucheck-suite", action="append", default=[], metavar="NAME=PATH",
-                    help="name of the suite rooted at PATH (for records)")
-    group.addoption("--gpucheck-nvml-interval", type=float, default=0.0, metavar="SECONDS",
-                    help="sample this process's GPU memory with NVML (0: off)")
-    group.addoption("--gpucheck-sanitizer-log", default=None, metavar="TEMPLATE",
-                    help="compute-sanitizer --log-file of this run (%%p = pid)")
+    group.addoption(
+        "--gpucheck-suite",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="name of the suite rooted at PATH (for records)",
+    )
+    group.addoption(
+        "--gpucheck-nvml-interval",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="sample this process's GPU memory with NVML (0: off)",
+    )
+    group.addoption(
+        "--gpucheck-sanitizer-log",
+        default=None,
+        metavar="TEMPLATE",
+        help="compute-sanitizer --log-file of this run (%%p = pid)",
+    )
     group.addoption("--gpucheck-sanitizer-tool", default=None)
-    group.addoption("--gpucheck-skip", default=None, metavar="FILE",
-                    help="deselect the node ids listed in FILE (already recorded cases)")
-    group.addoption("--gpucheck-only", default=None, metavar="FILE",
-                    help="run only the case ids listed in FILE (the wrong-device re-run)")
+    group.addoption(
+        "--gpucheck-skip",
+        default=None,
+        metavar="FILE",
+        help="deselect the node ids listed in FILE (already recorded cases)",
+    )
+    group.addoption(
+        "--gpucheck-only",
+        default=None,
+        metavar="FILE",
+        help="run only the case ids listed in FILE (the wrong-device re-run)",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -111,8 +132,11 @@ def pytest_configure(config: pytest.Config) -> None:
     ext_watch.install_unless_disabled()  # no-op when pytest_load_initial_conftests did it
     for name, doc in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {doc}")
-    config.addinivalue_line("markers", f"{KERNELS_MARKER}: tests gpucheck's own CUDA kernels "
-                                       "(the run stops once, with the fix, if they are not built)")
+    config.addinivalue_line(
+        "markers",
+        f"{KERNELS_MARKER}: tests gpucheck's own CUDA kernels "
+        "(the run stops once, with the fix, if they are not built)",
+    )
     if config.getoption("--gpucheck-device"):
         target_devices(config)  # a bad index is a usage error before collection starts
     if config.getoption("--gpucheck-results"):
@@ -133,8 +157,10 @@ def sanitizer_tools(item: pytest.Item) -> tuple[str, ...] | None:
     tools = (tools,) if isinstance(tools, str) else tuple(tools)
     unknown = sorted(set(tools) - set(TOOLS))
     if unknown or not tools:
-        raise pytest.UsageError(f"gpucheck: {item.nodeid}: sanitizer(tools=...) names unknown "
-                                f"tool(s) {unknown or '(none)'}; known: {', '.join(TOOLS)}")
+        raise pytest.UsageError(
+            f"gpucheck: {item.nodeid}: sanitizer(tools=...) names unknown "
+            f"tool(s) {unknown or '(none)'}; known: {', '.join(TOOLS)}"
+        )
     return tools
 
 
@@ -193,8 +219,9 @@ def pytest_runtest_setup(item: pytest.Item) -> Generator[None, Any, None]:
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
-                              ) -> Generator[None, Any, None]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, Any, None]:
     yield
     case_mod.made_report(item, call)
 
@@ -205,8 +232,9 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, None]:
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None
-                            ) -> Generator[None, Any, None]:
+def pytest_runtest_teardown(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, Any, None]:
     yield  # fixtures (nvml_tracker) attach in their teardown too
     case_mod.drain(item)
     ext_watch.set_unwatched()  # the test's marker ends with it
@@ -216,8 +244,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     case_mod.logreport(report)
 
 
-def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config
-                            ) -> None:
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     case_mod.terminal_summary(terminalreporter)
 
 

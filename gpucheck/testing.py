@@ -49,27 +49,36 @@ class Measured:
             return self.what
         if self.ok:
             return f"{self.what}: within tolerance (max abs error {self.max_abs:.3g})"
-        where = (f" at {tuple(self.worst_index)} (got {self.got_at_worst!r}, reference "
-                 f"{self.want_at_worst!r})" if self.worst_index is not None else "")
-        nans = (f"; {self.nan_mismatch} NaN where the reference has none (or the reverse)"
-                if self.nan_mismatch else "")
-        return (f"{self.what}: {self.mismatched} of {self.total} elements out of tolerance "
-                f"(rtol {self.rtol:g}, atol {self.atol:g}); max abs error {self.max_abs:.3g}"
-                f"{where}, max rel error {self.max_rel:.3g}{nans}")
+        where = (
+            f" at {tuple(self.worst_index)} (got {self.got_at_worst!r}, reference "
+            f"{self.want_at_worst!r})"
+            if self.worst_index is not None
+            else ""
+        )
+        nans = (
+            f"; {self.nan_mismatch} NaN where the reference has none (or the reverse)"
+            if self.nan_mismatch
+            else ""
+        )
+        return (
+            f"{self.what}: {self.mismatched} of {self.total} elements out of tolerance "
+            f"(rtol {self.rtol:g}, atol {self.atol:g}); max abs error {self.max_abs:.3g}"
+            f"{where}, max rel error {self.max_rel:.3g}{nans}"
+        )
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def measure(got: Any, want: Any, *, rtol: float, atol: float, what: str = "result"
-            ) -> Measured:
+def measure(got: Any, want: Any, *, rtol: float, atol: float, what: str = "result") -> Measured:
     """Compare ``got`` with the reference ``want`` (tensors of one shape, any devices and
     floating dtypes) in float64 on ``want``'s device."""
     import torch
 
     if tuple(got.shape) != tuple(want.shape):
-        raise AssertionError(f"{what}: shape {tuple(got.shape)} differs from the reference's "
-                             f"{tuple(want.shape)}")
+        raise AssertionError(
+            f"{what}: shape {tuple(got.shape)} differs from the reference's {tuple(want.shape)}"
+        )
     g = got.detach().to(device=want.device, dtype=torch.float64)
     w = want.detach().to(torch.float64)
     nan_g, nan_w = torch.isnan(g), torch.isnan(w)
@@ -91,17 +100,26 @@ def measure(got: Any, want: Any, *, rtol: float, atol: float, what: str = "resul
         worst = [int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(g.shape))]
     at = tuple(worst) if worst is not None else None
     return Measured(
-        what=what, ok=n_bad == 0, shape=list(g.shape), dtype=str(got.dtype).removeprefix("torch."),
-        rtol=float(rtol), atol=float(atol),
+        what=what,
+        ok=n_bad == 0,
+        shape=list(g.shape),
+        dtype=str(got.dtype).removeprefix("torch."),
+        rtol=float(rtol),
+        atol=float(atol),
         max_abs=float(diff.max()) if g.numel() else 0.0,
         max_rel=float(rel.max()) if g.numel() else 0.0,
-        worst_index=worst, got_at_worst=float(g[at]) if at is not None else None,
+        worst_index=worst,
+        got_at_worst=float(g[at]) if at is not None else None,
         want_at_worst=float(w[at]) if at is not None else None,
-        mismatched=n_bad, total=int(g.numel()), nan_mismatch=int(nan_bad.sum()))
+        mismatched=n_bad,
+        total=int(g.numel()),
+        nan_mismatch=int(nan_bad.sum()),
+    )
 
 
-def assert_close(got: Any, want: Any, *, rtol: float, atol: float, what: str = "result"
-                 ) -> Measured:
+def assert_close(
+    got: Any, want: Any, *, rtol: float, atol: float, what: str = "result"
+) -> Measured:
     """Assert ``got`` matches the reference ``want`` within ``atol + rtol * |want|``; the
     measured errors go to the numerics detector (see the module text). Returns them."""
     m = measure(got, want, rtol=rtol, atol=atol, what=what)
@@ -124,9 +142,14 @@ class DtypeOutcome:
     detail: str
 
 
-def check_dtypes(run: Any, make_inputs: Any, supported: tuple[str, ...], *,
-                 dtypes: tuple[str, ...] = FLOAT_DTYPES, what: str = "op"
-                 ) -> list[DtypeOutcome]:
+def check_dtypes(
+    run: Any,
+    make_inputs: Any,
+    supported: tuple[str, ...],
+    *,
+    dtypes: tuple[str, ...] = FLOAT_DTYPES,
+    what: str = "op",
+) -> list[DtypeOutcome]:
     """Dtype coverage of an op: ``run(*make_inputs(dtype))`` must work and give finite
     results for every dtype in ``supported``, and raise an error that names the dtype for
     every other one (a ``TypeError``/``ValueError``/``RuntimeError`` whose message contains
@@ -143,31 +166,66 @@ def check_dtypes(run: Any, make_inputs: Any, supported: tuple[str, ...], *,
             out = run(*make_inputs(dtype))
         except (TypeError, ValueError, RuntimeError, NotImplementedError) as err:
             msg = str(err).split("\n", 1)[0]
-            named = name in str(err) or str(dtype) in str(err) or name.replace(
-                "float", "Float") in str(err) or {"float16": "Half", "bfloat16": "BFloat16",
-                                                   "float64": "Double"}.get(name, "?") in str(err)
+            named = (
+                name in str(err)
+                or str(dtype) in str(err)
+                or name.replace("float", "Float") in str(err)
+                or {"float16": "Half", "bfloat16": "BFloat16", "float64": "Double"}.get(name, "?")
+                in str(err)
+            )
             if claimed:
                 outcomes.append(DtypeOutcome(name, True, "wrong-error", f"raised: {msg}"))
             else:
-                outcomes.append(DtypeOutcome(name, False, "rejected" if named else "wrong-error",
-                                             msg if named else f"error does not name {name}: "
-                                                               f"{msg}"))
+                outcomes.append(
+                    DtypeOutcome(
+                        name,
+                        False,
+                        "rejected" if named else "wrong-error",
+                        msg if named else f"error does not name {name}: {msg}",
+                    )
+                )
             continue
-        tensors = [t for t in (out if isinstance(out, (tuple, list)) else (out,))
-                   if isinstance(t, torch.Tensor)]
+        tensors = [
+            t
+            for t in (out if isinstance(out, (tuple, list)) else (out,))
+            if isinstance(t, torch.Tensor)
+        ]
         finite = all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point())
         if not claimed:
-            outcomes.append(DtypeOutcome(name, False, "accepted",
-                                         f"accepted {name} although it claims "
-                                         f"{', '.join(supported)} only"))
+            outcomes.append(
+                DtypeOutcome(
+                    name,
+                    False,
+                    "accepted",
+                    f"accepted {name} although it claims {', '.join(supported)} only",
+                )
+            )
         else:
-            outcomes.append(DtypeOutcome(name, True, "ran" if finite else "bad-result",
-                                         "" if finite else "non-finite output"))
+            outcomes.append(
+                DtypeOutcome(
+                    name,
+                    True,
+                    "ran" if finite else "bad-result",
+                    "" if finite else "non-finite output",
+                )
+            )
     broken = [o for o in outcomes if o.outcome not in ("ran", "rejected")]
-    m = Measured(what=f"{what}: dtype coverage", ok=not broken, shape=[], dtype="",
-                 rtol=0.0, atol=0.0, max_abs=0.0, max_rel=0.0, worst_index=None,
-                 got_at_worst=None, want_at_worst=None, mismatched=len(broken),
-                 total=len(outcomes), nan_mismatch=0)
+    m = Measured(
+        what=f"{what}: dtype coverage",
+        ok=not broken,
+        shape=[],
+        dtype="",
+        rtol=0.0,
+        atol=0.0,
+        max_abs=0.0,
+        max_rel=0.0,
+        worst_index=None,
+        got_at_worst=None,
+        want_at_worst=None,
+        mismatched=len(broken),
+        total=len(outcomes),
+        nan_mismatch=0,
+    )
     if len(MEASURED) < MAX_KEPT or broken:
         MEASURED.append(m)
     if broken:

@@ -23,8 +23,9 @@ def _own_lock_folder(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 def two_gpu_inventory() -> Inventory:
     """What discovery reports on a machine with two H200s."""
-    devs = [Device(i, i, f"GPU-{i}", "NVIDIA H200", "9.0", None, 1, 1, 0, 0, 0, 0)
-            for i in range(2)]
+    devs = [
+        Device(i, i, f"GPU-{i}", "NVIDIA H200", "9.0", None, 1, 1, 0, 0, 0, 0) for i in range(2)
+    ]
     return Inventory(devs, None, "580", "13.0", None, "2.11", None, "cuda-driver-uuid")
 
 

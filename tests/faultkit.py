@@ -32,20 +32,35 @@ def make_suite(project: Path, name: str, files: dict[str, str]) -> Path:
     return folder
 
 
-def start(project: Path, *args: str, env: dict[str, str] | None = None,
-          preexec_fn: Callable[[], None] | None = None, cpu: bool = True,
-          stderr: int | IO[str] = subprocess.PIPE) -> subprocess.Popen[str]:
+def start(
+    project: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    preexec_fn: Callable[[], None] | None = None,
+    cpu: bool = True,
+    stderr: int | IO[str] = subprocess.PIPE,
+) -> subprocess.Popen[str]:
     """`gpucheck run --quiet` in ``project`` (``--cpu-only`` unless ``cpu`` is False or it
     resumes: a resumed run keeps its settings); ``env`` over this process's environment."""
     only = ["--cpu-only"] if cpu and "--resume" not in args else []
-    return subprocess.Popen([*RUN, *only, *args], cwd=project,
-                            env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
-                            stderr=stderr, text=True, preexec_fn=preexec_fn)
+    return subprocess.Popen(
+        [*RUN, *only, *args],
+        cwd=project,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+        preexec_fn=preexec_fn,
+    )
 
 
-def run(project: Path, *args: str, env: dict[str, str] | None = None,
-        preexec_fn: Callable[[], None] | None = None,
-        cpu: bool = True) -> subprocess.CompletedProcess[str]:
+def run(
+    project: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    preexec_fn: Callable[[], None] | None = None,
+    cpu: bool = True,
+) -> subprocess.CompletedProcess[str]:
     proc = start(project, *args, env=env, preexec_fn=preexec_fn, cpu=cpu)
     stdout, stderr = proc.communicate(timeout=120)
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
@@ -67,8 +82,7 @@ def in_case(out: Path, name: str) -> Callable[[], bool]:
 
 
 def worker_pid(out: Path) -> int:
-    return int(json.loads(
-        (out / "workers" / "cpu.blocking.state.json").read_text())["pid"])
+    return int(json.loads((out / "workers" / "cpu.blocking.state.json").read_text())["pid"])
 
 
 def by_case(out: Path) -> dict[str, dict]:
@@ -99,8 +113,12 @@ def dead(pid: int) -> bool:
 
 def report(out: Path, html: Path) -> subprocess.CompletedProcess[str]:
     """`gpucheck report` of the run folder, its page written elsewhere."""
-    return subprocess.run([sys.executable, "-m", "gpucheck.cli", "report", str(out), "-o",
-                           str(html)], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "gpucheck.cli", "report", str(out), "-o", str(html)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def drop_capabilities(*caps: int) -> None:

@@ -34,19 +34,34 @@ def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")
 
 
-def make_run(out: Path, devices: int = 2, cases: int = 40, hours: float = 0.02,
-             interval: float = 0.05, seed: int = 0) -> Path:
+def make_run(
+    out: Path,
+    devices: int = 2,
+    cases: int = 40,
+    hours: float = 0.02,
+    interval: float = 0.05,
+    seed: int = 0,
+) -> Path:
     """Write results.jsonl and nvml_timeline.jsonl of a synthetic run into ``out``."""
     rng = random.Random(seed)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time() - hours * 3600 - 60
     uuids = [f"GPU-{i:08x}-synthetic-{seed}" for i in range(devices)]
-    header = {"schema": results.SCHEMA_ID, "record": "run", "run_id": f"synth{seed}",
-              "started_at": _iso(t0), "gpucheck_version": "0.1.0", "torch_version": "2.11.0",
-              "driver_version": "580.159.04",
-              "devices": [{"device": f"cuda:{i}", "uuid": u, "name": "NVIDIA H200"}
-                          for i, u in enumerate(uuids)],
-              "suites": list(SUITES), "modes": ["blocking+nvml"], "notes": []}
+    header = {
+        "schema": results.SCHEMA_ID,
+        "record": "run",
+        "run_id": f"synth{seed}",
+        "started_at": _iso(t0),
+        "gpucheck_version": "0.1.0",
+        "torch_version": "2.11.0",
+        "driver_version": "580.159.04",
+        "devices": [
+            {"device": f"cuda:{i}", "uuid": u, "name": "NVIDIA H200"} for i, u in enumerate(uuids)
+        ],
+        "suites": list(SUITES),
+        "modes": ["blocking+nvml"],
+        "notes": [],
+    }
     sanitizer_text = SANITIZER_LOG.read_text()
     span = hours * 3600
     stray = (devices - 1, span * 0.3, span * 0.55)  # (device, from, to): context on GPU 0
@@ -76,41 +91,80 @@ def make_run(out: Path, devices: int = 2, cases: int = 40, hours: float = 0.02,
                 kind = "hang"
             elif n % 50 == 49:
                 status, reason = "skipped", "needs another device current"
-            record = CaseRecord(run_id=header["run_id"], device=f"cuda:{d}", suite=suite,
-                                case=case, mode="blocking+nvml", status=status, reason=reason,
-                                duration_s=round(duration, 4), started_at=_iso(now),
-                                device_uuid=uuids[d], current_device=f"cuda:{(d + 1) % devices}")
-            record.memory = {"torch_peak_allocated": peak, "torch_peak_reserved": peak + 2 * MIB,
-                             "nvml_peak_used": peak + 520 * MIB, "nvml_peak_other_devices": {}}
+            record = CaseRecord(
+                run_id=header["run_id"],
+                device=f"cuda:{d}",
+                suite=suite,
+                case=case,
+                mode="blocking+nvml",
+                status=status,
+                reason=reason,
+                duration_s=round(duration, 4),
+                started_at=_iso(now),
+                device_uuid=uuids[d],
+                current_device=f"cuda:{(d + 1) % devices}",
+            )
+            record.memory = {
+                "torch_peak_allocated": peak,
+                "torch_peak_reserved": peak + 2 * MIB,
+                "nvml_peak_used": peak + 520 * MIB,
+                "nvml_peak_other_devices": {},
+            }
             if d == stray[0] and stray[1] <= now - t0 <= stray[2] and devices > 1:
                 record.memory["nvml_peak_other_devices"] = {uuids[0]: 530 * MIB}
             if kind == "cuda-error":
                 msg = "RuntimeError: CUDA error: an illegal memory access was encountered"
-                findings = [Finding("cuda-error", "error", msg, f"cuda:{d}", suite, case,
-                                    evidence=f"def test_case():\n>   y = op(x)\nE   {msg}",
-                                    hint="missing device guard (OptionalCUDAGuard)")]
+                findings = [
+                    Finding(
+                        "cuda-error",
+                        "error",
+                        msg,
+                        f"cuda:{d}",
+                        suite,
+                        case,
+                        evidence=f"def test_case():\n>   y = op(x)\nE   {msg}",
+                        hint="missing device guard (OptionalCUDAGuard)",
+                    )
+                ]
                 status, reason = "failed", msg
             elif kind == "sanitizer":
-                findings = sanitizer_findings(sanitizer_text, "memcheck", f"cuda:{d}", suite,
-                                              case)
+                findings = sanitizer_findings(sanitizer_text, "memcheck", f"cuda:{d}", suite, case)
                 status, reason = "failed", f"compute-sanitizer: {findings[0].message}"
             elif kind in ("crash", "hang"):
-                tail = ("terminate called after throwing an instance of 'thrust::system_error'\n"
-                        "  what():  parallel_for failed: cudaErrorIllegalAddress\n--- tail ---\n"
-                        "Fatal Python error: Aborted\n  File \"" + case + "\", line 12")
+                tail = (
+                    "terminate called after throwing an instance of 'thrust::system_error'\n"
+                    "  what():  parallel_for failed: cudaErrorIllegalAddress\n--- tail ---\n"
+                    'Fatal Python error: Aborted\n  File "' + case + '", line 12'
+                )
                 if kind == "hang":
-                    tail = ("--- Python stacks of every thread when stopped ---\nThread 0x1 "
-                            "(most recent call first):\n  File \"torch/distributed/"
-                            "distributed_c10d.py\", line 2501 in all_reduce\n  File \""
-                            + case + "\", line 40 in test_case\n")
+                    tail = (
+                        "--- Python stacks of every thread when stopped ---\nThread 0x1 "
+                        '(most recent call first):\n  File "torch/distributed/'
+                        'distributed_c10d.py", line 2501 in all_reduce\n  File "'
+                        + case
+                        + '", line 40 in test_case\n'
+                    )
                 status = "crashed" if kind == "crash" else "hung"
-                reason = ("worker killed by SIGABRT while running this case" if kind == "crash"
-                          else "no progress for 900 s; killed")
+                reason = (
+                    "worker killed by SIGABRT while running this case"
+                    if kind == "crash"
+                    else "no progress for 900 s; killed"
+                )
                 record.signal = "SIGABRT" if kind == "crash" else "SIGKILL"
                 record.stderr_tail = tail
                 record.started_at = _iso(now + duration)  # the harness stamps the end
-                findings = [Finding(kind, "error", reason, f"cuda:{d}", suite, case,
-                                    evidence=tail, hint="see the stacks")]
+                findings = [
+                    Finding(
+                        kind,
+                        "error",
+                        reason,
+                        f"cuda:{d}",
+                        suite,
+                        case,
+                        evidence=tail,
+                        hint="see the stacks",
+                    )
+                ]
             record.status, record.reason, record.findings = status, reason, findings
             lines.append(json.dumps(record.to_json(), separators=(",", ":")))
             usage[d].append((now - t0, now - t0 + duration, peak))
@@ -123,9 +177,16 @@ def make_run(out: Path, devices: int = 2, cases: int = 40, hours: float = 0.02,
     return out
 
 
-def _timeline(path: Path, t0: float, span: float, interval: float, uuids: list[str],
-              usage: dict[int, list[tuple[float, float, int]]],
-              pids: dict[int, list[tuple[float, int]]], stray: tuple[int, float, float]) -> None:
+def _timeline(
+    path: Path,
+    t0: float,
+    span: float,
+    interval: float,
+    uuids: list[str],
+    usage: dict[int, list[tuple[float, float, int]]],
+    pids: dict[int, list[tuple[float, int]]],
+    stray: tuple[int, float, float],
+) -> None:
     writer = TimelineWriter(path)
     cursor = dict.fromkeys(usage, 0)
     steps = int(span / interval)
@@ -144,8 +205,14 @@ def _timeline(path: Path, t0: float, span: float, interval: float, uuids: list[s
             procs = {str(pid): mem}
             if d == 0 and len(uuids) > 1 and stray[1] <= rel <= stray[2]:
                 procs[str([p for s, p in pids[stray[0]] if s <= rel][-1])] = 530 * MIB
-            rows.append({"nvml_index": d, "uuid": uuid, "used": sum(procs.values()) + 300 * MIB,
-                         "processes": procs})
+            rows.append(
+                {
+                    "nvml_index": d,
+                    "uuid": uuid,
+                    "used": sum(procs.values()) + 300 * MIB,
+                    "processes": procs,
+                }
+            )
         writer(t0 + rel, rows)
     writer.close()
 
@@ -165,20 +232,25 @@ def main() -> None:
 
     t = time.perf_counter()
     paths = write_all(args.out)
-    print(f"write_all: {time.perf_counter() - t:.2f} s; "
-          + ", ".join(f"{p.name} {p.stat().st_size / 1e6:.1f} MB" for p in paths.values()))
+    print(
+        f"write_all: {time.perf_counter() - t:.2f} s; "
+        + ", ".join(f"{p.name} {p.stat().st_size / 1e6:.1f} MB" for p in paths.values())
+    )
     if args.browser:
         from test_report_browser import chrome
 
         driver = chrome()
         t = time.perf_counter()
         driver.get(paths["html"].resolve().as_uri())
-        nav = driver.execute_script("var n = performance.getEntriesByType('navigation')[0];"
-                                    "return [n.domContentLoadedEventEnd, n.loadEventEnd];")
-        print(f"Chromium: get() {time.perf_counter() - t:.2f} s, DOMContentLoaded "
-              f"{nav[0]:.0f} ms, load {nav[1]:.0f} ms")
+        nav = driver.execute_script(
+            "var n = performance.getEntriesByType('navigation')[0];"
+            "return [n.domContentLoadedEventEnd, n.loadEventEnd];"
+        )
+        print(
+            f"Chromium: get() {time.perf_counter() - t:.2f} s, DOMContentLoaded "
+            f"{nav[0]:.0f} ms, load {nav[1]:.0f} ms"
+        )
         driver.quit()
-
 
 
 def real_cpu_run(base: Path) -> Path:
@@ -196,11 +268,27 @@ def real_cpu_run(base: Path) -> Path:
     suite = base / "cpu_suite" / "demo"
     suite.mkdir(parents=True, exist_ok=True)
     (suite / "test_demo.py").write_text(SUITE)
-    subprocess.run([sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet",
-                    "--suite", str(suite), "--timeout", "2", "--out", str(out)],
-                   cwd=base, capture_output=True, text=True, timeout=300,
-                   env={**os.environ, "DEMO_CUDA_ERROR": "1",
-                        "DEMO_ABORT": "1", "DEMO_HANG": "1"})
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpucheck.cli",
+            "run",
+            "--cpu-only",
+            "--quiet",
+            "--suite",
+            str(suite),
+            "--timeout",
+            "2",
+            "--out",
+            str(out),
+        ],
+        cwd=base,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "DEMO_CUDA_ERROR": "1", "DEMO_ABORT": "1", "DEMO_HANG": "1"},
+    )
     return out
 
 

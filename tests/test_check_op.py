@@ -15,8 +15,10 @@ CPU = torch.device("cpu")
 
 
 def make(device, dtype):
-    return (torch.randn(5, 33, device=device, dtype=dtype),
-            torch.rand(33, device=device, dtype=dtype) + 0.5)
+    return (
+        torch.randn(5, 33, device=device, dtype=dtype),
+        torch.rand(33, device=device, dtype=dtype) + 0.5,
+    )
 
 
 def reference(x, w):
@@ -58,8 +60,9 @@ def _scan_backward(ctx, g):
     return gs * w, (gs * x).sum(0)
 
 
-scan_op.register_autograd(_scan_backward,
-                          setup_context=lambda ctx, inputs, output: ctx.save_for_backward(*inputs))
+scan_op.register_autograd(
+    _scan_backward, setup_context=lambda ctx, inputs, output: ctx.save_for_backward(*inputs)
+)
 
 DTYPES = ("float32", "bfloat16", "float64")
 
@@ -83,49 +86,67 @@ def run_all(test, *, seed=7):
 
 # --- the cases -----------------------------------------------------------------------------
 
+
 def test_cases_per_dtype_and_per_op():
     t = check_op(torch.ops.gpucheck_cpu_test.scan, make, reference, dtypes=DTYPES)
     per_dtype = ["devices", "numerics", "determinism", "cross_device", "memory"]
-    assert t.gpucheck_op.checks == (*(f"{c}-{d}" for d in DTYPES for c in per_dtype),
-                                    "dtypes", "opcheck", "gradcheck")
+    assert t.gpucheck_op.checks == (
+        *(f"{c}-{d}" for d in DTYPES for c in per_dtype),
+        "dtypes",
+        "opcheck",
+        "gradcheck",
+    )
     assert t.gpucheck_op.name == "gpucheck_cpu_test::scan" and t.gpucheck_op.torch_op
     # a plain function: no opcheck; no reference: no numerics; no float64: no gradcheck
     t = check_op(scan, make, dtypes=("float32",))
-    assert t.gpucheck_op.checks == ("devices-float32", "determinism-float32",
-                                    "cross_device-float32", "memory-float32", "dtypes")
+    assert t.gpucheck_op.checks == (
+        "devices-float32",
+        "determinism-float32",
+        "cross_device-float32",
+        "memory-float32",
+        "dtypes",
+    )
     assert t.gpucheck_op.name == f"{__name__}.scan" and not t.gpucheck_op.torch_op
-    t = check_op(scan, make, reference, dtypes=DTYPES, backward=False,
-                 checks=("numerics", "gradcheck"))
+    t = check_op(
+        scan, make, reference, dtypes=DTYPES, backward=False, checks=("numerics", "gradcheck")
+    )
     assert t.gpucheck_op.checks == ("numerics-float32", "numerics-bfloat16", "numerics-float64")
 
 
 def test_a_users_file_collects_one_case_per_device_and_check(pytester, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    pytester.makepyfile(test_mine='''
+    pytester.makepyfile(
+        test_mine="""
         import torch, gpucheck
         def make(device, dtype):
             return (torch.randn(8, device=device, dtype=dtype),)
         test_neg = gpucheck.check_op(torch.neg, make, lambda x: -x, dtypes=("float32", "float64"))
-    ''')
+    """
+    )
     result = pytester.runpytest_subprocess("--strict-markers", "-rs", "-m", "gpu")
     # without a GPU: devices-* and numerics-* check the suite itself; the rest wait for one
     result.assert_outcomes(passed=4, skipped=8)
-    result.stdout.fnmatch_lines(["SKIPPED [[]8[]] *: waits for a GPU: this check runs the op "
-                                 "on a CUDA device*"])
+    result.stdout.fnmatch_lines(
+        ["SKIPPED [[]8[]] *: waits for a GPU: this check runs the op on a CUDA device*"]
+    )
     ids = pytester.runpytest_subprocess("--collect-only", "-q", "-m", "multigpu").outlines
     assert [i for i in ids if "::" in i] == [
         "test_mine.py::test_neg[cpu-cross_device-float32]",
-        "test_mine.py::test_neg[cpu-cross_device-float64]"]
+        "test_mine.py::test_neg[cpu-cross_device-float64]",
+    ]
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"dtypes": ("float32", "int32")}, "dtypes must name floating dtypes"),
-    ({"dtypes": ()}, "dtypes must name floating dtypes"),
-    ({"checks": ("numerics", "speed")}, r"unknown check\(s\) \['speed'\]"),
-    ({"repeats": 1}, "repeats must be at least 2, got 1"),
-    ({"atol": {"float8": 1.0}}, r"tolerances for unknown dtype\(s\) \['float8'\]"),
-    ({"devices": "cuda:0"}, "devices must be 'all' or CUDA indices"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"dtypes": ("float32", "int32")}, "dtypes must name floating dtypes"),
+        ({"dtypes": ()}, "dtypes must name floating dtypes"),
+        ({"checks": ("numerics", "speed")}, r"unknown check\(s\) \['speed'\]"),
+        ({"repeats": 1}, "repeats must be at least 2, got 1"),
+        ({"atol": {"float8": 1.0}}, r"tolerances for unknown dtype\(s\) \['float8'\]"),
+        ({"devices": "cuda:0"}, "devices must be 'all' or CUDA indices"),
+    ],
+)
 def test_bad_arguments_say_what_is_wrong(kwargs, message):
     with pytest.raises(ValueError, match=message):
         check_op(scan, make, reference, **kwargs)
@@ -140,6 +161,7 @@ def test_op_and_make_inputs_must_be_callable():
 
 # --- the checks, on CPU ---------------------------------------------------------------------
 
+
 def test_a_correct_torch_op_passes_every_check_that_runs_on_cpu():
     got = run_all(check_op(torch.ops.gpucheck_cpu_test.scan, make, reference, dtypes=DTYPES))
     for case, (outcome, found) in got.items():
@@ -152,8 +174,9 @@ def test_a_correct_torch_op_passes_every_check_that_runs_on_cpu():
 def test_a_correct_plain_function_passes_and_refuses_float16_cleanly():
     got = run_all(check_op(scan, make, reference, dtypes=DTYPES))
     assert got["dtypes"] == ("passed", [])
-    assert all(o == "passed" for c, (o, _) in got.items()
-               if not c.startswith(("cross_device", "memory")))
+    assert all(
+        o == "passed" for c, (o, _) in got.items() if not c.startswith(("cross_device", "memory"))
+    )
 
 
 def test_low_precision_accumulation_fails_numerics_in_bfloat16_only():
@@ -162,7 +185,8 @@ def test_low_precision_accumulation_fails_numerics_in_bfloat16_only():
     assert outcome.startswith("failed:") and "2 x the reference's own bfloat16 error" in outcome
     assert "GPUCHECK_SEED=7" in outcome
     assert found and {(k, op) for k, op, _ in found} == {
-        ("numerics", f"{__name__}.scan_low_precision")}
+        ("numerics", f"{__name__}.scan_low_precision")
+    }
     assert got["numerics-float32"][0] == "passed"  # float32 accumulates in float32 anyway
     assert got["numerics-float64"][0] == "passed"
 
@@ -181,8 +205,15 @@ def test_a_wrong_gradient_fails_numerics_and_gradcheck():
 
     bad.register_autograd(backward, setup_context=setup)
     bad.register_fake(lambda x, w: torch.empty_like(x))
-    got = run_all(check_op(torch.ops.gpucheck_cpu_test.bad_scan, make, reference,
-                           dtypes=("float64",), checks=("numerics", "gradcheck")))
+    got = run_all(
+        check_op(
+            torch.ops.gpucheck_cpu_test.bad_scan,
+            make,
+            reference,
+            dtypes=("float64",),
+            checks=("numerics", "gradcheck"),
+        )
+    )
     assert "gradient of argument 0" in got["numerics-float64"][0]
     assert got["gradcheck"][0].startswith("failed:")
 
@@ -207,10 +238,14 @@ def test_outputs_and_gradients_on_another_device_are_wrong_device_findings():
     outcome, found = got["devices-float32"]
     assert "backward returned the gradient 0 on meta, its input is on cpu" in outcome
     assert [k for k, _, _ in found] == ["wrong-device"]
-    got = run_all(check_op(meta_out, one, dtypes=("float32",), backward=False,
-                           checks=("devices",), name="meta_out"))
+    got = run_all(
+        check_op(
+            meta_out, one, dtypes=("float32",), backward=False, checks=("devices",), name="meta_out"
+        )
+    )
     assert got["devices-float32"][1] == [
-        ("wrong-device", "meta_out", "meta_out: output 0 is on meta, its inputs on cpu")]
+        ("wrong-device", "meta_out", "meta_out: output 0 is on meta, its inputs on cpu")
+    ]
 
 
 def test_non_determinism_is_a_numerics_finding():
@@ -220,19 +255,39 @@ def test_non_determinism_is_a_numerics_finding():
         calls.append(1)
         return x + len(calls) * 1e-3
 
-    got = run_all(check_op(drifting, lambda d, t: (torch.ones(4, dtype=t, device=d),),
-                           dtypes=("float32",), backward=False, checks=("determinism",)))
+    got = run_all(
+        check_op(
+            drifting,
+            lambda d, t: (torch.ones(4, dtype=t, device=d),),
+            dtypes=("float32",),
+            backward=False,
+            checks=("determinism",),
+        )
+    )
     outcome, found = got["determinism-float32"]
     assert "non-deterministic: call 2 differs from call 1" in outcome
     assert [k for k, _, _ in found] == ["numerics"]
-    got = run_all(check_op(drifting, lambda d, t: (torch.ones(4, dtype=t, device=d),),
-                           dtypes=("float32",), deterministic=False, checks=("determinism",)))
+    got = run_all(
+        check_op(
+            drifting,
+            lambda d, t: (torch.ones(4, dtype=t, device=d),),
+            dtypes=("float32",),
+            deterministic=False,
+            checks=("determinism",),
+        )
+    )
     assert got["determinism-float32"][0].startswith("skipped")
 
 
 def test_backward_without_autograd_says_so():
-    got = run_all(check_op(lambda x: x.detach() * 2, lambda d, t: (torch.ones(3, dtype=t),),
-                           dtypes=("float32",), checks=("devices",)))
+    got = run_all(
+        check_op(
+            lambda x: x.detach() * 2,
+            lambda d, t: (torch.ones(3, dtype=t),),
+            dtypes=("float32",),
+            checks=("devices",),
+        )
+    )
     assert "no output requires grad" in got["devices-float32"][0]
 
 
@@ -272,16 +327,19 @@ def test_the_example_extension_is_compile_checked_clean_and_with_each_defect():
     assert names == {"bindings.cpp", "wkv.cpp", "wkv_cuda.cu"}
     units, _ = _csrc.check_units("only")
     variants = {(f.name, tuple(flags)) for f, flags, label in units if "example" in label}
-    assert variants == {("wkv.cpp", ("-DCUSTOM_RNN_DEFECT_NO_GUARD",)),
-                        ("wkv.cpp", ("-DCUSTOM_RNN_DEFECT_BF16_ACCUM",)),
-                        ("wkv_cuda.cu", ("-DCUSTOM_RNN_DEFECT_BF16_ACCUM",)),
-                        ("wkv.cpp", ("-DCUSTOM_RNN_DEFECT_GRAD_CURRENT_DEVICE",))}
+    assert variants == {
+        ("wkv.cpp", ("-DCUSTOM_RNN_DEFECT_NO_GUARD",)),
+        ("wkv.cpp", ("-DCUSTOM_RNN_DEFECT_BF16_ACCUM",)),
+        ("wkv_cuda.cu", ("-DCUSTOM_RNN_DEFECT_BF16_ACCUM",)),
+        ("wkv.cpp", ("-DCUSTOM_RNN_DEFECT_GRAD_CURRENT_DEVICE",)),
+    }
     code = "".join((_csrc.example_csrc_dir() / n).read_text() for n in ("wkv.h", "wkv.cpp"))
     for _, flags in variants:  # every macro is one the sources test
         assert f"#ifdef {flags[0].removeprefix('-D')}" in code
 
 
 # --- without a GPU: the dry run of the suite itself (gpucheck.check_cpu) --------------------
+
 
 def _dry(test, *, seed=7):
     """{case: outcome} of every case of a check_op test run as without a GPU."""
@@ -312,7 +370,8 @@ def test_without_a_gpu_a_sound_suite_checks_its_inputs_and_reference_and_waits_f
 
     got = _dry(check_op(scan, make, reference, dtypes=DTYPES))
     assert {c: o for c, o in got.items() if o == "passed"} == {
-        f"{c}-{d}": "passed" for d in DTYPES for c in ("devices", "numerics")}
+        f"{c}-{d}": "passed" for d in DTYPES for c in ("devices", "numerics")
+    }
     assert {o for c, o in got.items() if o != "passed"} == {f"skipped: {WAITS}"}
 
 
@@ -325,28 +384,56 @@ def _random(x, w):
 
 
 def _hard_coded_dtype(device, dtype):
-    return (torch.randn(5, 33, device=device, dtype=torch.float32),
-            torch.rand(33, device=device, dtype=dtype) + 0.5)
+    return (
+        torch.randn(5, 33, device=device, dtype=torch.float32),
+        torch.rand(33, device=device, dtype=dtype) + 0.5,
+    )
 
 
 def _zeros(device, dtype):
-    return (torch.zeros(5, 33, device=device, dtype=dtype),
-            torch.rand(33, device=device, dtype=dtype) + 0.5)
+    return (
+        torch.zeros(5, 33, device=device, dtype=dtype),
+        torch.rand(33, device=device, dtype=dtype) + 0.5,
+    )
 
 
-@pytest.mark.parametrize(("inputs", "ref", "kwargs", "case", "said"), [
-    (make, _wrong_dim, {}, "numerics-float32",
-     "the reference, run in float64, raised IndexError: Dimension out of range"),
-    (make, _random, {}, "numerics-float32",
-     "gives other results when called twice on the same input"),
-    (make, reference, {"rtol": 0.0, "atol": 0.0}, "numerics-float32",
-     "itself, run in float32, is off from its float64 result by more than rtol=0, atol=0"),
-    (_hard_coded_dtype, reference, {}, "devices-float64",
-     "argument 0 is float32, not the dtype asked for (float64)"),
-    (_zeros, reference, {}, "devices-float32", "argument 0 is all zeros"),
-])
+@pytest.mark.parametrize(
+    ("inputs", "ref", "kwargs", "case", "said"),
+    [
+        (
+            make,
+            _wrong_dim,
+            {},
+            "numerics-float32",
+            "the reference, run in float64, raised IndexError: Dimension out of range",
+        ),
+        (
+            make,
+            _random,
+            {},
+            "numerics-float32",
+            "gives other results when called twice on the same input",
+        ),
+        (
+            make,
+            reference,
+            {"rtol": 0.0, "atol": 0.0},
+            "numerics-float32",
+            "itself, run in float32, is off from its float64 result by more than rtol=0, atol=0",
+        ),
+        (
+            _hard_coded_dtype,
+            reference,
+            {},
+            "devices-float64",
+            "argument 0 is float32, not the dtype asked for (float64)",
+        ),
+        (_zeros, reference, {}, "devices-float32", "argument 0 is all zeros"),
+    ],
+)
 def test_without_a_gpu_a_broken_suite_fails_naming_the_users_file_and_line(
-        inputs, ref, kwargs, case, said):
+    inputs, ref, kwargs, case, said
+):
     got = _dry(check_op(scan, inputs, ref, dtypes=("float32", "float64"), **kwargs))
     assert got[case].startswith("failed: "), got
     assert said in got[case]
@@ -365,7 +452,7 @@ def test_without_a_gpu_a_broken_suite_fails_naming_the_users_file_and_line(
     assert all(c.startswith(case.split("-")[0]) or c.startswith("numerics") for c in others)
 
 
-USER_SUITE = '''
+USER_SUITE = """
 import torch
 
 import gpucheck
@@ -385,7 +472,7 @@ def reference(x):
 
 test_scan = gpucheck.check_op(scan, make_inputs, reference=reference,
                               dtypes=("float32", "bfloat16"))
-'''
+"""
 
 
 @pytest.mark.parametrize("wrong", ["", ".sum(3)"])
@@ -397,10 +484,24 @@ def test_gpucheck_run_cpu_only_dry_runs_a_users_check_op_suite(tmp_path, wrong):
 
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_my_ext.py").write_text(USER_SUITE.format(wrong=wrong))
-    proc = subprocess.run([sys.executable, "-m", "gpucheck", "run", "--cpu-only", "--suite",
-                           "tests/test_my_ext.py", "--out", "out"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpucheck",
+            "run",
+            "--cpu-only",
+            "--suite",
+            "tests/test_my_ext.py",
+            "--out",
+            "out",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
     last = proc.stdout.strip().splitlines()[-1]
     assert "7 skipped: waits for a GPU: this check runs the op on a CUDA device" in last
     recs = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").open()]
@@ -411,8 +512,10 @@ def test_gpucheck_run_cpu_only_dry_runs_a_users_check_op_suite(tmp_path, wrong):
         assert not failed
         return
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert {r["case"] for r in failed} == {"test_my_ext.py::test_scan[cpu-numerics-float32]",
-                                           "test_my_ext.py::test_scan[cpu-numerics-bfloat16]"}
+    assert {r["case"] for r in failed} == {
+        "test_my_ext.py::test_scan[cpu-numerics-float32]",
+        "test_my_ext.py::test_scan[cpu-numerics-bfloat16]",
+    }
     line = USER_SUITE.splitlines().index("    return x.cumsum(1){wrong}") + 1
     for r in failed:
         assert "raised IndexError: Dimension out of range" in r["reason"]

@@ -38,9 +38,15 @@ def gen() -> torch.Generator:
 
 def activated(p: GaussianParams) -> GaussianParams:
     """What a buggy writer stores: the values the renderer takes, in the raw fields."""
-    return GaussianParams(p.means, p.features_dc, p.features_rest,
-                          scale_activation(p.log_scales), opacity_activation(p.opacity_logits),
-                          rotation_activation(p.rotations_raw), p.sh_degree)
+    return GaussianParams(
+        p.means,
+        p.features_dc,
+        p.features_rest,
+        scale_activation(p.log_scales),
+        opacity_activation(p.opacity_logits),
+        rotation_activation(p.rotations_raw),
+        p.sh_degree,
+    )
 
 
 def scene(gen: torch.Generator, n: int = 2000, degree: int = 3) -> GaussianParams:
@@ -56,6 +62,7 @@ def verdicts(path: Path, **kw) -> dict[str, str]:
 
 # --- written by the package ---------------------------------------------------------------
 
+
 @pytest.mark.parametrize("suffix", [".ply", ".pt"])
 def test_package_raw_is_ok_and_activated_is_named(tmp_path, gen, suffix):
     p = scene(gen)
@@ -63,8 +70,14 @@ def test_package_raw_is_ok_and_activated_is_named(tmp_path, gen, suffix):
     save = write_ply if suffix == ".ply" else write_pt
     save(p, raw)
     save(activated(p), act)
-    assert verdicts(raw) == {"file": "ok", "scales": "ok", "opacities": "ok", "rotations": "ok",
-                             "means": "ok", "features": "ok"}
+    assert verdicts(raw) == {
+        "file": "ok",
+        "scales": "ok",
+        "opacities": "ok",
+        "rotations": "ok",
+        "means": "ok",
+        "features": "ok",
+    }
     got = verdicts(act)
     assert got["file"] == "activated"
     assert got["scales"] == got["opacities"] == got["rotations"] == "activated"
@@ -84,17 +97,24 @@ def test_capture_form_written_by_the_package(tmp_path, gen):
 
 # --- written independently -----------------------------------------------------------------
 
+
 @pytest.mark.parametrize("fmt", ["binary_little_endian", "binary_big_endian", "ascii"])
 @pytest.mark.parametrize("degree", [0, 2])
 def test_independent_ply_with_extra_fields(tmp_path, gen, fmt, degree):
     n = 300 if fmt == "ascii" else 1500
     p = scene(gen, n, degree)
     for name, params in (("raw", p), ("act", activated(p))):
-        cols = {"confidence": np.ones(n, np.float32), **ply_columns(params),
-                "red": np.full(n, 200, np.uint8)}
+        cols = {
+            "confidence": np.ones(n, np.float32),
+            **ply_columns(params),
+            "red": np.full(n, 200, np.uint8),
+        }
         path = tmp_path / f"{name}.ply"
-        path.write_bytes(make_ply(cols, fmt, types={"red": "uchar"},
-                                  extra="element camera 0\nproperty float fx\n"))
+        path.write_bytes(
+            make_ply(
+                cols, fmt, types={"red": "uchar"}, extra="element camera 0\nproperty float fx\n"
+            )
+        )
         r = lint(path)
         assert r.verdict == ("ok" if name == "raw" else "activated"), r
         assert r.sh_degree == degree and r.n == n
@@ -103,19 +123,39 @@ def test_independent_ply_with_extra_fields(tmp_path, gen, fmt, degree):
 
 def test_independent_pt_with_extra_keys_and_3dgs_names(tmp_path, gen):
     p = activated(scene(gen, 800, 1))
-    torch.save({"_xyz": p.means, "_features_dc": p.features_dc,
-                "_features_rest": p.features_rest, "_scaling": p.log_scales,
-                "_opacity": p.opacity_logits[:, None], "_rotation": p.rotations_raw,
-                "active_sh_degree": 1, "optimizer": {"lr": 1e-3}, "note": "exported"},
-               tmp_path / "theirs.pt")
+    torch.save(
+        {
+            "_xyz": p.means,
+            "_features_dc": p.features_dc,
+            "_features_rest": p.features_rest,
+            "_scaling": p.log_scales,
+            "_opacity": p.opacity_logits[:, None],
+            "_rotation": p.rotations_raw,
+            "active_sh_degree": 1,
+            "optimizer": {"lr": 1e-3},
+            "note": "exported",
+        },
+        tmp_path / "theirs.pt",
+    )
     assert verdicts(tmp_path / "theirs.pt")["file"] == "activated"
 
 
 def test_independent_capture_tuple(tmp_path, gen):
     p = scene(gen, 500, 3)
-    capture = (3, p.means, p.features_dc, p.features_rest, p.log_scales, p.rotations_raw,
-               p.opacity_logits[:, None], torch.zeros(500), torch.zeros(500, 1),
-               torch.zeros(500, 1), {"state": {}, "param_groups": []}, 2.5)
+    capture = (
+        3,
+        p.means,
+        p.features_dc,
+        p.features_rest,
+        p.log_scales,
+        p.rotations_raw,
+        p.opacity_logits[:, None],
+        torch.zeros(500),
+        torch.zeros(500, 1),
+        torch.zeros(500, 1),
+        {"state": {}, "param_groups": []},
+        2.5,
+    )
     torch.save((capture, 7000), tmp_path / "chkpnt7000.pth")
     r = lint(tmp_path / "chkpnt7000.pth")
     assert r.verdict == "ok" and "iteration 7000" in (r.layout or "")
@@ -154,6 +194,7 @@ def test_rotations_normalized_alone_is_not_a_finding(tmp_path, gen):
 
 # --- unreadable ------------------------------------------------------------------------------
 
+
 def test_unreadable_files_say_why(tmp_path, gen):
     write_ply(scene(gen, 400, 1), tmp_path / "full.ply")
     data = (tmp_path / "full.ply").read_bytes()
@@ -163,8 +204,10 @@ def test_unreadable_files_say_why(tmp_path, gen):
     del cols["opacity"], cols["rot_2"]
     (tmp_path / "missing.ply").write_bytes(make_ply(cols))
     (tmp_path / "cut.pt").write_bytes(b"PK\x03\x04" + b"\0" * 50)
-    reasons = {name: lint(tmp_path / name) for name in
-               ("cut.ply", "not.ply", "missing.ply", "cut.pt", "absent.ply")}
+    reasons = {
+        name: lint(tmp_path / name)
+        for name in ("cut.ply", "not.ply", "missing.ply", "cut.pt", "absent.ply")
+    }
     assert all(r.verdict == "unreadable" and r.exit_code == 2 for r in reasons.values())
     assert "truncated" in str(reasons["cut.ply"].error)
     assert "not a PLY" in str(reasons["not.ply"].error)
@@ -174,10 +217,15 @@ def test_unreadable_files_say_why(tmp_path, gen):
     assert "no such file" in str(reasons["absent.ply"].error)
 
 
-@settings(max_examples=40, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(cut=st.integers(min_value=0, max_value=4000), flips=st.lists(
-    st.tuples(st.integers(min_value=0, max_value=4000), st.integers(0, 255)), max_size=8))
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    cut=st.integers(min_value=0, max_value=4000),
+    flips=st.lists(
+        st.tuples(st.integers(min_value=0, max_value=4000), st.integers(0, 255)), max_size=8
+    ),
+)
 def test_fuzzed_ply_never_raises(tmp_path, cut, flips):
     p = trained_like(60, 1, torch.Generator().manual_seed(5))
     path = tmp_path / "f.ply"
@@ -194,14 +242,23 @@ def test_fuzzed_ply_never_raises(tmp_path, cut, flips):
 
 # --- the command -----------------------------------------------------------------------------
 
+
 def test_cli_json_text_exit_codes_and_render(tmp_path, gen, capsys):
     p = scene(gen, 600, 1)
     write_ply(p, tmp_path / "raw.ply")
     write_ply(activated(p), tmp_path / "act.ply")
     assert cli.main(["lint-checkpoint", str(tmp_path / "raw.ply")]) == 0
     assert "OK" in capsys.readouterr().out
-    code = cli.main(["lint-checkpoint", "--json", "--render", "320x240",
-                     str(tmp_path / "raw.ply"), str(tmp_path / "act.ply")])
+    code = cli.main(
+        [
+            "lint-checkpoint",
+            "--json",
+            "--render",
+            "320x240",
+            str(tmp_path / "raw.ply"),
+            str(tmp_path / "act.ply"),
+        ]
+    )
     assert code == 1
     raw, act = json.loads(capsys.readouterr().out)
     assert raw["verdict"] == "ok" and act["verdict"] == "activated"
@@ -213,13 +270,13 @@ def test_cli_json_text_exit_codes_and_render(tmp_path, gen, capsys):
     assert cli.main(["lint-checkpoint", str(tmp_path / "act.ply"), "--render", "320x240"]) == 1
     out = capsys.readouterr().out
     assert "[correct load]" in out and "binning needs" in out and "fix:" in out
-    assert cli.main(["lint-checkpoint", str(tmp_path / "raw.ply"),
-                     str(tmp_path / "nope.ply")]) == 2
+    assert cli.main(["lint-checkpoint", str(tmp_path / "raw.ply"), str(tmp_path / "nope.ply")]) == 2
     assert "UNREADABLE" in capsys.readouterr().out
     assert cli.main(["lint-checkpoint", str(tmp_path / "raw.ply"), "--render", "big"]) == 2
 
 
 # --- check_roundtrip -------------------------------------------------------------------------
+
 
 def test_roundtrip_of_correct_code_passes():
     report = check_roundtrip(write_ply, read_ply)
@@ -229,15 +286,29 @@ def test_roundtrip_of_correct_code_passes():
 
 def test_roundtrip_names_double_activation():
     def save_activated(p, path):
-        write_pt(activated(p).__class__(p.means, p.features_dc, p.features_rest,
-                                        scale_activation(p.log_scales), p.opacity_logits,
-                                        p.rotations_raw, p.sh_degree), path)
+        write_pt(
+            activated(p).__class__(
+                p.means,
+                p.features_dc,
+                p.features_rest,
+                scale_activation(p.log_scales),
+                p.opacity_logits,
+                p.rotations_raw,
+                p.sh_degree,
+            ),
+            path,
+        )
 
     def load_3dgs(path):  # returns 3DGS's attribute names, like GaussianModel
         d = torch.load(path, weights_only=True)
-        return {"_xyz": d["means"], "_features_dc": d["features_dc"],
-                "_features_rest": d["features_rest"], "_scaling": d["log_scales"],
-                "_opacity": d["opacity_logits"][:, None], "_rotation": d["rotations_raw"]}
+        return {
+            "_xyz": d["means"],
+            "_features_dc": d["features_dc"],
+            "_features_rest": d["features_rest"],
+            "_scaling": d["log_scales"],
+            "_opacity": d["opacity_logits"][:, None],
+            "_rotation": d["rotations_raw"],
+        }
 
     with pytest.raises(RoundtripError) as err:
         check_roundtrip(save_activated, load_3dgs, suffix=".pt")

@@ -26,7 +26,7 @@ from gpucheck.detectors import CaseInfo, worker_detectors
 from gpucheck.model import results
 
 N = 2000
-CONFTEST = '''
+CONFTEST = """
 import plyfile
 import pytest
 import torch
@@ -48,7 +48,7 @@ def readers_are_the_originals_outside_the_body():
 @pytest.fixture
 def original_readers():
     return ORIGINAL
-'''
+"""
 SUITE = '''
 import dataclasses
 from pathlib import Path
@@ -151,8 +151,14 @@ def test_readers_are_wrapped_during_the_body(original_readers):
 
 def _activated(p: checkpoints.GaussianParams) -> checkpoints.GaussianParams:
     return checkpoints.GaussianParams(
-        p.means, p.features_dc, p.features_rest, scale_activation(p.log_scales),
-        opacity_activation(p.opacity_logits), rotation_activation(p.rotations_raw), p.sh_degree)
+        p.means,
+        p.features_dc,
+        p.features_rest,
+        scale_activation(p.log_scales),
+        opacity_activation(p.opacity_logits),
+        rotation_activation(p.rotations_raw),
+        p.sh_degree,
+    )
 
 
 def _write_data(data: Path) -> None:
@@ -170,9 +176,17 @@ def _write_data(data: Path) -> None:
     checkpoints.save(act, data / "activated.pt")
     (data / "independent.ply").write_bytes(make_ply(ply_columns(act), "binary_big_endian"))
     capture = list(three_dgs_capture(act, gen))  # with a real Adam state after one step
-    capture[1:7] = [torch.nn.Parameter(t) for t in (  # the values as saved, before the step
-        act.means, act.features_dc, act.features_rest, act.log_scales, act.rotations_raw,
-        act.opacity_logits[:, None])]
+    capture[1:7] = [
+        torch.nn.Parameter(t)
+        for t in (  # the values as saved, before the step
+            act.means,
+            act.features_dc,
+            act.features_rest,
+            act.log_scales,
+            act.rotations_raw,
+            act.opacity_logits[:, None],
+        )
+    ]
     torch.save((tuple(capture), 30000), data / "chkpnt30000.pth")
     cols = ply_columns(raw)
     cols["scale_1"] = cols["scale_1"].copy()
@@ -186,8 +200,7 @@ def _write_data(data: Path) -> None:
     torch.save(opt.state_dict(), data / "optimizer.pt")
     xyz = {a: torch.randn(N, generator=gen).numpy() for a in ("x", "y", "z", "nx", "ny", "nz")}
     rgb = {c: np.arange(N, dtype=np.uint8) for c in ("red", "green", "blue")}
-    (data / "points3D.ply").write_bytes(make_ply({**xyz, **rgb}, types=dict.fromkeys(
-        rgb, "uchar")))
+    (data / "points3D.ply").write_bytes(make_ply({**xyz, **rgb}, types=dict.fromkeys(rgb, "uchar")))
 
 
 @pytest.fixture(scope="module")
@@ -203,9 +216,25 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict[
     (suite / "test_reads.py").write_text(SUITE.format(data=str(data)))
     out = root / "out"
     env = {k: v for k, v in os.environ.items() if k != "GPUCHECK_DISABLE_DETECTORS"}
-    proc = subprocess.run([sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet",
-                           "--suite", str(suite), "--out", str(out)], cwd=root,
-                          capture_output=True, text=True, timeout=300, env=env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpucheck.cli",
+            "run",
+            "--cpu-only",
+            "--quiet",
+            "--suite",
+            str(suite),
+            "--out",
+            str(out),
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     said = proc.stdout + proc.stderr
     assert proc.returncode == 1 and "Traceback" not in said, said  # findings of severity error
     recs = {r["case"].split("::")[-1]: r for r in results.cases(out / "results.jsonl")}
@@ -213,22 +242,28 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict[
     return data, recs
 
 
-def _findings(recs: dict[str, dict[str, Any]], case: str, kind: str | None = None
-              ) -> list[dict[str, Any]]:
+def _findings(
+    recs: dict[str, dict[str, Any]], case: str, kind: str | None = None
+) -> list[dict[str, Any]]:
     rec = recs[case]
     assert rec["status"] == "passed", rec  # a passing case: only the detector tells
     return [f for f in rec["findings"] if kind is None or f["kind"] == kind]
 
 
-@pytest.mark.parametrize(("case", "name", "via"), [
-    ("test_ply_read_and_rendered_the_3dgs_way", "activated.ply", "plyfile.PlyData.read"),
-    ("test_independently_written_ply_read_from_an_open_file", "independent.ply",
-     "plyfile.PlyData.read"),
-    ("test_pt_dict_loaded", "activated.pt", "torch.load"),
-    ("test_3dgs_capture_loaded_from_an_open_file", "chkpnt30000.pth", "torch.load"),
-])
-def test_an_activated_checkpoint_a_case_reads_is_named(run, case: str, name: str,
-                                                       via: str) -> None:
+@pytest.mark.parametrize(
+    ("case", "name", "via"),
+    [
+        ("test_ply_read_and_rendered_the_3dgs_way", "activated.ply", "plyfile.PlyData.read"),
+        (
+            "test_independently_written_ply_read_from_an_open_file",
+            "independent.ply",
+            "plyfile.PlyData.read",
+        ),
+        ("test_pt_dict_loaded", "activated.pt", "torch.load"),
+        ("test_3dgs_capture_loaded_from_an_open_file", "chkpnt30000.pth", "torch.load"),
+    ],
+)
+def test_an_activated_checkpoint_a_case_reads_is_named(run, case: str, name: str, via: str) -> None:
     data, recs = run
     [f] = _findings(recs, case)
     assert (f["kind"], f["severity"], f["device"]) == ("double-activation", "error", "cpu")
@@ -243,7 +278,8 @@ def test_raw_files_state_dicts_and_point_clouds_are_not_named(run) -> None:
     data, recs = run
     [f] = _findings(recs, "test_only_the_activated_file_is_named")
     assert f["kind"] == "double-activation" and f["message"].startswith(
-        f"{data / 'activated.pt'}: ")
+        f"{data / 'activated.pt'}: "
+    )
 
 
 def test_a_file_read_three_times_in_a_case_is_named_once(run) -> None:
@@ -280,9 +316,9 @@ def test_the_readers_are_wrapped_only_during_the_body(run) -> None:
 CASE = CaseInfo("cpu", "reads", "test_x.py::test_x")
 
 
-def test_a_module_a_case_imports_during_its_body_is_watched(tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch
-                                                          ) -> None:
+def test_a_module_a_case_imports_during_its_body_is_watched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import plyfile
 
     gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))

@@ -79,8 +79,12 @@ def ply_columns(p: GaussianParams) -> dict[str, np.ndarray]:
     return cols
 
 
-def make_ply(cols: dict[str, np.ndarray], fmt: str = "binary_little_endian",
-             types: dict[str, str] | None = None, extra: str = "") -> bytes:
+def make_ply(
+    cols: dict[str, np.ndarray],
+    fmt: str = "binary_little_endian",
+    types: dict[str, str] | None = None,
+    extra: str = "",
+) -> bytes:
     """An independent PLY writer: header text plus rows packed with numpy (or text)."""
     types = types or {}
     names = list(cols)
@@ -108,13 +112,18 @@ def assert_same(a: GaussianParams, b: GaussianParams) -> None:
 
 @pytest.mark.parametrize("fmt", ["binary_little_endian", "binary_big_endian", "ascii"])
 @pytest.mark.parametrize("degree", [0, 1, 3])
-def test_reads_independently_written_ply(tmp_path: Path, gen: torch.Generator, fmt: str,
-                                         degree: int) -> None:
+def test_reads_independently_written_ply(
+    tmp_path: Path, gen: torch.Generator, fmt: str, degree: int
+) -> None:
     p = trained_like(7, degree, gen)
     cols = ply_columns(p)
     # extra properties mixed in, another numeric type, and an extra element
-    cols = {"extra_before": np.arange(7, dtype=np.float32), **cols,
-            "red": np.arange(7, dtype=np.uint8), "confidence": np.linspace(0, 1, 7)}
+    cols = {
+        "extra_before": np.arange(7, dtype=np.float32),
+        **cols,
+        "red": np.arange(7, dtype=np.uint8),
+        "confidence": np.linspace(0, 1, 7),
+    }
     types = {"red": "uchar", "confidence": "double"}
     path = tmp_path / "scene.ply"
     path.write_bytes(make_ply(cols, fmt, types, extra="element camera 0\nproperty float f\n"))
@@ -129,12 +138,13 @@ def test_reads_other_property_types(tmp_path: Path, gen: torch.Generator) -> Non
     cols = {k: v.astype(np.float64) for k, v in ply_columns(p).items()}
     path = tmp_path / "double.ply"
     path.write_bytes(make_ply(cols, types=dict.fromkeys(cols, "double")))
-    assert_same(p, read_ply(path))             # float32 values survive a float64 file exactly
+    assert_same(p, read_ply(path))  # float32 values survive a float64 file exactly
 
 
 @pytest.mark.parametrize("degree", [0, 2, 3])
-def test_ply_round_trip_and_writer_layout(tmp_path: Path, gen: torch.Generator,
-                                          degree: int) -> None:
+def test_ply_round_trip_and_writer_layout(
+    tmp_path: Path, gen: torch.Generator, degree: int
+) -> None:
     p = trained_like(9, degree, gen)
     path = tmp_path / "out.ply"
     write_ply(p, path)
@@ -154,7 +164,7 @@ def test_ply_round_trip_and_writer_layout(tmp_path: Path, gen: torch.Generator,
 
 def test_pt_dict_round_trip(tmp_path: Path, gen: torch.Generator) -> None:
     p = trained_like(6, 2, gen)
-    p.sh_degree = 1                                       # active degree below the stored one
+    p.sh_degree = 1  # active degree below the stored one
     save(p, tmp_path / "a.pt")
     got = load(tmp_path / "a.pt")
     assert_same(p, got)
@@ -164,18 +174,37 @@ def test_pt_dict_round_trip(tmp_path: Path, gen: torch.Generator) -> None:
 
 def three_dgs_capture(p: GaussianParams, gen: torch.Generator) -> tuple:
     """What 3DGS's GaussianModel.capture() returns, with a real Adam state after a step."""
-    params = {name: torch.nn.Parameter(t.clone()) for name, t in (
-        ("xyz", p.means), ("f_dc", p.features_dc), ("f_rest", p.features_rest),
-        ("opacity", p.opacity_logits[:, None]), ("scaling", p.log_scales),
-        ("rotation", p.rotations_raw))}
-    opt = torch.optim.Adam([{"params": [t], "lr": 1e-3, "name": k} for k, t in params.items()],
-                           lr=0.0, eps=1e-15)
+    params = {
+        name: torch.nn.Parameter(t.clone())
+        for name, t in (
+            ("xyz", p.means),
+            ("f_dc", p.features_dc),
+            ("f_rest", p.features_rest),
+            ("opacity", p.opacity_logits[:, None]),
+            ("scaling", p.log_scales),
+            ("rotation", p.rotations_raw),
+        )
+    }
+    opt = torch.optim.Adam(
+        [{"params": [t], "lr": 1e-3, "name": k} for k, t in params.items()], lr=0.0, eps=1e-15
+    )
     sum(t.square().sum() for t in params.values()).backward()
     opt.step()
     n = p.num_gaussians
-    return (p.sh_degree, params["xyz"], params["f_dc"], params["f_rest"], params["scaling"],
-            params["rotation"], params["opacity"], torch.rand(n, generator=gen),
-            torch.rand(n, 1, generator=gen), torch.ones(n, 1), opt.state_dict(), 4.5)
+    return (
+        p.sh_degree,
+        params["xyz"],
+        params["f_dc"],
+        params["f_rest"],
+        params["scaling"],
+        params["rotation"],
+        params["opacity"],
+        torch.rand(n, generator=gen),
+        torch.rand(n, 1, generator=gen),
+        torch.ones(n, 1),
+        opt.state_dict(),
+        4.5,
+    )
 
 
 def test_reads_3dgs_capture_tuple(tmp_path: Path, gen: torch.Generator) -> None:
@@ -186,15 +215,26 @@ def test_reads_3dgs_capture_tuple(tmp_path: Path, gen: torch.Generator) -> None:
     torch.save((capture, 30000), path)
     ck = read_pt(path)
     assert ck.form == "capture" and ck.iteration == 30000 and ck.params.sh_degree == 2
-    post_step = GaussianParams(capture[1].detach(), capture[2].detach(), capture[3].detach(),
-                               capture[4].detach(), capture[6].detach()[:, 0],
-                               capture[5].detach(), 2)
+    post_step = GaussianParams(
+        capture[1].detach(),
+        capture[2].detach(),
+        capture[3].detach(),
+        capture[4].detach(),
+        capture[6].detach()[:, 0],
+        capture[5].detach(),
+        2,
+    )
     assert_same(post_step, ck.params)
     assert ck.training_state["spatial_lr_scale"] == 4.5
     assert len(ck.training_state["optimizer_state_dict"]["state"]) == 6
     # write it back in the same form, keeping the training state: 3DGS would read the same
-    write_pt(ck.params, tmp_path / "again.pth", form="capture", iteration=ck.iteration,
-             training_state=ck.training_state)
+    write_pt(
+        ck.params,
+        tmp_path / "again.pth",
+        form="capture",
+        iteration=ck.iteration,
+        training_state=ck.training_state,
+    )
     (again, iteration) = torch.load(tmp_path / "again.pth", weights_only=True)
     assert iteration == 30000 and len(again) == 12 and again[0] == 2
     assert again[6].shape == (5, 1)
@@ -204,8 +244,7 @@ def test_reads_3dgs_capture_tuple(tmp_path: Path, gen: torch.Generator) -> None:
     assert again[10]["param_groups"] == capture[10]["param_groups"]
 
 
-def test_capture_round_trip_without_training_state(tmp_path: Path, gen: torch.Generator
-                                                   ) -> None:
+def test_capture_round_trip_without_training_state(tmp_path: Path, gen: torch.Generator) -> None:
     p = trained_like(4, 1, gen)
     write_pt(p, tmp_path / "c.pth", form="capture", iteration=7)
     ck = read_pt(tmp_path / "c.pth")
@@ -215,10 +254,17 @@ def test_capture_round_trip_without_training_state(tmp_path: Path, gen: torch.Ge
 
 def test_reads_dict_with_3dgs_attribute_names(tmp_path: Path, gen: torch.Generator) -> None:
     p = trained_like(3, 1, gen)
-    torch.save({"_xyz": p.means, "_features_dc": p.features_dc,
-                "_features_rest": p.features_rest, "_scaling": p.log_scales,
-                "_opacity": p.opacity_logits[:, None], "_rotation": p.rotations_raw},
-               tmp_path / "m.pt")
+    torch.save(
+        {
+            "_xyz": p.means,
+            "_features_dc": p.features_dc,
+            "_features_rest": p.features_rest,
+            "_scaling": p.log_scales,
+            "_opacity": p.opacity_logits[:, None],
+            "_rotation": p.rotations_raw,
+        },
+        tmp_path / "m.pt",
+    )
     got = load(tmp_path / "m.pt")
     assert_same(p, got)
     assert got.sh_degree == 1
@@ -227,10 +273,18 @@ def test_reads_dict_with_3dgs_attribute_names(tmp_path: Path, gen: torch.Generat
 def test_activated_values_and_inverses(gen: torch.Generator) -> None:
     p = trained_like(50, 3, gen)
     a = p.activated()
-    torch.testing.assert_close(a.scales, torch.tensor(
-        [[math.exp(v) for v in row] for row in p.log_scales.tolist()]), rtol=1e-6, atol=0)
-    torch.testing.assert_close(a.opacities, torch.tensor(
-        [1 / (1 + math.exp(-v)) for v in p.opacity_logits.tolist()]), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(
+        a.scales,
+        torch.tensor([[math.exp(v) for v in row] for row in p.log_scales.tolist()]),
+        rtol=1e-6,
+        atol=0,
+    )
+    torch.testing.assert_close(
+        a.opacities,
+        torch.tensor([1 / (1 + math.exp(-v)) for v in p.opacity_logits.tolist()]),
+        rtol=1e-6,
+        atol=1e-7,
+    )
     torch.testing.assert_close(a.rotations.norm(dim=1), torch.ones(50))
     assert a.sh.shape == (50, 16, 3) and torch.equal(a.sh[:, 0], p.features_dc[:, 0])
     assert bool((a.scales > 0).all()) and bool(((a.opacities >= 0) & (a.opacities <= 1)).all())
@@ -248,16 +302,22 @@ def test_activated_values_and_inverses(gen: torch.Generator) -> None:
 def test_loaded_checkpoint_renders(tmp_path: Path, gen: torch.Generator) -> None:
     p = trained_like(30, 3, gen)
     p.means = p.means * 0.3 + torch.tensor([0.0, 0.0, 3.0])
-    p.log_scales = p.log_scales + 3                             # ~0.05 world units
+    p.log_scales = p.log_scales + 3  # ~0.05 world units
     save(p, tmp_path / "s.ply")
     g = load(tmp_path / "s.ply").activated()
-    res = rasterize(**g._asdict(), viewmat=torch.eye(4),
-                    K=torch.tensor([[30.0, 0, 12], [0, 30.0, 10], [0, 0, 1]]),
-                    width=24, height=20, max_bytes=10_000)
+    res = rasterize(
+        **g._asdict(),
+        viewmat=torch.eye(4),
+        K=torch.tensor([[30.0, 0, 12], [0, 30.0, 10], [0, 0, 1]]),
+        width=24,
+        height=20,
+        max_bytes=10_000,
+    )
     assert res.image.shape == (3, 20, 24) and float(res.alpha.max()) > 0.1
 
 
 # ---- broken files ------------------------------------------------------------------------
+
 
 def good_cols(gen: torch.Generator, degree: int = 1) -> dict[str, np.ndarray]:
     return ply_columns(trained_like(5, degree, gen))
@@ -283,8 +343,9 @@ def test_not_a_ply(tmp_path: Path) -> None:
 def test_truncated_binary_ply(tmp_path: Path, gen: torch.Generator) -> None:
     data = make_ply(good_cols(gen))
     (tmp_path / "t.ply").write_bytes(data[:-10])
-    expect_error(tmp_path / "t.ply", "truncated", "promises 5 'vertex' rows",
-                 "after 4 complete row")
+    expect_error(
+        tmp_path / "t.ply", "truncated", "promises 5 'vertex' rows", "after 4 complete row"
+    )
     (tmp_path / "h.ply").write_bytes(data[:40])
     expect_error(tmp_path / "h.ply", "malformed PLY header", "end-of-file")
 
@@ -306,7 +367,7 @@ def test_missing_fields_are_listed(tmp_path: Path, gen: torch.Generator) -> None
 
 def test_wrong_f_rest_counts(tmp_path: Path, gen: torch.Generator) -> None:
     cols = good_cols(gen, 1)
-    cols["f_rest_9"] = cols["f_rest_0"]                  # 10 coefficients
+    cols["f_rest_9"] = cols["f_rest_0"]  # 10 coefficients
     (tmp_path / "c.ply").write_bytes(make_ply(cols))
     expect_error(tmp_path / "c.ply", "10 f_rest properties", "0, 9, 24 or 45")
     cols = good_cols(gen, 1)
@@ -337,8 +398,9 @@ def test_pt_problems(tmp_path: Path, gen: torch.Generator) -> None:
     p = trained_like(4, 1, gen)
     good = {**p.tensors(), "sh_degree": 1}
     torch.save({**good, "log_scales": torch.zeros(4, 2)}, tmp_path / "shape.pt")
-    expect_error(tmp_path / "shape.pt", "wrong tensor shapes", "log_scales is [4, 2], expected "
-                 "[4, 3]")
+    expect_error(
+        tmp_path / "shape.pt", "wrong tensor shapes", "log_scales is [4, 2], expected [4, 3]"
+    )
     torch.save({**good, "features_rest": torch.zeros(4, 5, 3)}, tmp_path / "rest.pt")
     expect_error(tmp_path / "rest.pt", "features_rest is [4, 5, 3]")
     torch.save({k: v for k, v in good.items() if k != "rotations_raw"}, tmp_path / "key.pt")
@@ -347,8 +409,9 @@ def test_pt_problems(tmp_path: Path, gen: torch.Generator) -> None:
     expect_error(tmp_path / "deg.pt", "sh_degree must be an int in 0..1, got 3")
     torch.save({**good, "means": [[0.0, 0.0, 0.0]] * 4}, tmp_path / "list.pt")
     expect_error(tmp_path / "list.pt", "means must be a tensor, got list")
-    torch.save({**good, "opacity_logits": torch.tensor([0.0, math.nan, 1.0, 2.0])},
-               tmp_path / "nan.pt")
+    torch.save(
+        {**good, "opacity_logits": torch.tensor([0.0, math.nan, 1.0, 2.0])}, tmp_path / "nan.pt"
+    )
     expect_error(tmp_path / "nan.pt", "NaN/inf values in opacity_logits (1 of 4)")
     torch.save(((1, p.means), 100), tmp_path / "cap.pt")
     expect_error(tmp_path / "cap.pt", "has 12 items", "this one has 2")
@@ -390,22 +453,30 @@ def test_paths_and_suffixes(tmp_path: Path, gen: torch.Generator) -> None:
 # ---- fuzzing -----------------------------------------------------------------------------
 
 _FUZZ_SEED = torch.Generator().manual_seed(1234)
-_VALID = {fmt: make_ply(ply_columns(trained_like(3, 1, _FUZZ_SEED)), fmt)
-          for fmt in ("binary_little_endian", "ascii")}
+_VALID = {
+    fmt: make_ply(ply_columns(trained_like(3, 1, _FUZZ_SEED)), fmt)
+    for fmt in ("binary_little_endian", "ascii")
+}
 _FUZZ_DIR = tempfile.TemporaryDirectory(prefix="gpucheck-fuzz-")
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(fmt=st.sampled_from(sorted(_VALID)), cut=st.integers(0, 2000),
-       edits=st.lists(st.tuples(st.integers(0, 2000), st.binary(min_size=0, max_size=4),
-                                st.integers(0, 3)), max_size=4))
-def test_fuzzed_ply_raises_only_checkpoint_error(fmt: str, cut: int,
-                                                 edits: list[tuple[int, bytes, int]]) -> None:
+@given(
+    fmt=st.sampled_from(sorted(_VALID)),
+    cut=st.integers(0, 2000),
+    edits=st.lists(
+        st.tuples(st.integers(0, 2000), st.binary(min_size=0, max_size=4), st.integers(0, 3)),
+        max_size=4,
+    ),
+)
+def test_fuzzed_ply_raises_only_checkpoint_error(
+    fmt: str, cut: int, edits: list[tuple[int, bytes, int]]
+) -> None:
     data = bytearray(_VALID[fmt])
-    for pos, new, drop in edits:                    # replace `drop` bytes at pos by `new`
+    for pos, new, drop in edits:  # replace `drop` bytes at pos by `new`
         pos %= len(data) + 1
-        data[pos:pos + drop] = new
-    if cut < len(data) and cut % 3 == 0:            # and sometimes truncate
+        data[pos : pos + drop] = new
+    if cut < len(data) and cut % 3 == 0:  # and sometimes truncate
         data = data[:cut]
     path = Path(_FUZZ_DIR.name) / "fuzz.ply"
     path.write_bytes(bytes(data))
@@ -424,4 +495,5 @@ def test_fuzz_corpus_covers_both_formats() -> None:
         path.write_bytes(data)
         assert read_ply(path).num_gaussians == 3
     assert struct.unpack("<f", _VALID["binary_little_endian"][-4:])[0] == pytest.approx(
-        float(trained_like(3, 1, torch.Generator().manual_seed(1234)).rotations_raw[-1, -1]))
+        float(trained_like(3, 1, torch.Generator().manual_seed(1234)).rotations_raw[-1, -1])
+    )

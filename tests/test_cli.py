@@ -15,8 +15,13 @@ from gpucheck.devices import Inventory
 
 
 def gpucheck(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "gpucheck.cli", *args], capture_output=True,
-                          text=True, timeout=120, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "gpucheck.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        **kw,
+    )
 
 
 def _no_traceback(proc):
@@ -44,20 +49,33 @@ def test_devices_json_without_gpu_lists_no_devices():
 
 
 def test_devices_with_no_device_visible_exits_2(monkeypatch, capsys):
-    none = Inventory([], "No CUDA device is visible (CUDA_VISIBLE_DEVICES is empty).", "580",
-                     "13.0", None, "2.11", None, "none")
+    none = Inventory(
+        [],
+        "No CUDA device is visible (CUDA_VISIBLE_DEVICES is empty).",
+        "580",
+        "13.0",
+        None,
+        "2.11",
+        None,
+        "none",
+    )
     monkeypatch.setattr(devices, "discover", lambda: none)
     assert cli.main(["devices"]) == 2
     assert "No CUDA device is visible" in capsys.readouterr().out
 
 
 def test_python_dash_m_gpucheck_is_the_command():
-    proc = subprocess.run([sys.executable, "-m", "gpucheck", "--version"], capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpucheck", "--version"], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"gpucheck, version {gpucheck_version()}"
-    proc = subprocess.run([sys.executable, "-m", "gpucheck", "report", "/no/such/run"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpucheck", "report", "/no/such/run"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
 
 
@@ -75,8 +93,6 @@ def test_run_without_gpu_says_so_in_one_line_and_exits_2(tmp_path):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "No NVIDIA GPU" in lines[0] and "--cpu-only" in lines[0]
-
-
 
 
 @pytest.mark.parametrize(
@@ -108,17 +124,30 @@ def test_unusable_out_folder_exits_2(monkeypatch, capsys, tmp_path):
 
 
 def test_usage_errors_exit_2():
-    for args in (["run", "--device", "x"], ["run", "--device", "-1"], ["run", "--timeout", "0"],
-                 ["run", "--mode", "bogus"], ["nonsense"]):
+    for args in (
+        ["run", "--device", "x"],
+        ["run", "--device", "-1"],
+        ["run", "--timeout", "0"],
+        ["run", "--mode", "bogus"],
+        ["nonsense"],
+    ):
         proc = gpucheck(*args)
         _no_traceback(proc)
         assert proc.returncode == 2, args
 
 
 def test_driver_mismatch_exits_2(monkeypatch, capsys):
-    broken = Inventory([], "No CUDA device is usable: driver/library version mismatch.", None,
-                       None, None, None, None, "none",
-                       environment_error="No CUDA device is usable: version mismatch.")
+    broken = Inventory(
+        [],
+        "No CUDA device is usable: driver/library version mismatch.",
+        None,
+        None,
+        None,
+        None,
+        None,
+        "none",
+        environment_error="No CUDA device is usable: version mismatch.",
+    )
     monkeypatch.setattr(devices, "discover", lambda: broken)
     assert cli.main(["devices"]) == 2
     assert cli.main(["run"]) == 2
@@ -144,18 +173,25 @@ def test_targets_carry_uuid_name_and_driver(monkeypatch):
 @pytest.mark.parametrize(
     ("args", "words"),
     [
-        (["run", "--cpu-only", "--device", "99"],
-         "--device picks GPUs, and --cpu-only runs without any: drop one of them"),
+        (
+            ["run", "--cpu-only", "--device", "99"],
+            "--device picks GPUs, and --cpu-only runs without any: drop one of them",
+        ),
         (["run", "--cpu-only", "--all-devices"], "--all-devices picks GPUs"),
         (["run", "--cpu-only", "--mode", "nvml"], "drop --mode nvml"),
-        (["run", "--cpu-only", "--nvml-interval", "10"],
-         "--nvml-interval sets the sampling of mode nvml, and --cpu-only has no GPU to sample"),
-        (["run", "--mode", "blocking", "--nvml-interval", "10"],
-         "mode nvml is not among the --mode given: drop --nvml-interval"),
-        (["run", "--distributed", "--cpu-only", "--mode", "blocking"],
-         "--distributed runs its ranks in its own mode (dist): drop --mode"),
-        (["run", "--distributed", "--nvml-interval", "20"],
-         "--distributed does not sample NVML"),
+        (
+            ["run", "--cpu-only", "--nvml-interval", "10"],
+            "--nvml-interval sets the sampling of mode nvml, and --cpu-only has no GPU to sample",
+        ),
+        (
+            ["run", "--mode", "blocking", "--nvml-interval", "10"],
+            "mode nvml is not among the --mode given: drop --nvml-interval",
+        ),
+        (
+            ["run", "--distributed", "--cpu-only", "--mode", "blocking"],
+            "--distributed runs its ranks in its own mode (dist): drop --mode",
+        ),
+        (["run", "--distributed", "--nvml-interval", "20"], "--distributed does not sample NVML"),
     ],
 )
 def test_an_option_that_cannot_apply_is_refused(tmp_path, args, words):
@@ -179,8 +215,10 @@ def test_resume_refuses_a_timeout_it_would_ignore(tmp_path, capsys):
 
 def test_report_refuses_an_html_path_without_html(tmp_path, capsys):
     (tmp_path / "results.jsonl").write_text("")
-    assert cli.main(["report", str(tmp_path), "-o", str(tmp_path / "p.html"),
-                     "--format", "sarif"]) == 2
+    assert (
+        cli.main(["report", str(tmp_path), "-o", str(tmp_path / "p.html"), "--format", "sarif"])
+        == 2
+    )
     assert "drop -o or add --format html" in capsys.readouterr().err
     assert not (tmp_path / "results.sarif").exists()
 
@@ -190,23 +228,33 @@ def test_selftest_without_gpu_is_one_sentence_before_any_build(monkeypatch, caps
     empty reports/<timestamp>/."""
     from gpucheck import selftest
 
-    nothing = Inventory([], "No NVIDIA GPU is usable: the NVIDIA driver's NVML library "
-                        "(libnvidia-ml.so.1) was not found.", None, None, None, "2.13", None,
-                        "none")
+    nothing = Inventory(
+        [],
+        "No NVIDIA GPU is usable: the NVIDIA driver's NVML library "
+        "(libnvidia-ml.so.1) was not found.",
+        None,
+        None,
+        None,
+        "2.13",
+        None,
+        "none",
+    )
     monkeypatch.setattr(devices, "discover", lambda: nothing)
     monkeypatch.setattr(selftest, "prebuild", lambda *a: pytest.fail("built without a GPU"))
     monkeypatch.chdir(tmp_path)
     assert cli.main(["selftest"]) == 2
     captured = capsys.readouterr()
     (line,) = captured.err.strip().splitlines()
-    assert line == ("gpucheck: gpucheck selftest needs a CUDA GPU, and no NVIDIA GPU is usable: "
-                    "the NVIDIA driver's NVML library (libnvidia-ml.so.1) was not found; "
-                    "`gpucheck run --cpu-only` is what runs without one")
+    assert line == (
+        "gpucheck: gpucheck selftest needs a CUDA GPU, and no NVIDIA GPU is usable: "
+        "the NVIDIA driver's NVML library (libnvidia-ml.so.1) was not found; "
+        "`gpucheck run --cpu-only` is what runs without one"
+    )
     assert "building" not in captured.out
     assert list(tmp_path.iterdir()) == []  # no reports/<timestamp>/
 
 
-PROJECT = '''[project]
+PROJECT = """[project]
 name = "my-ext"
 
 [tool.gpucheck]
@@ -214,7 +262,7 @@ suites = ["mine"]
 timeout = 42
 formats = ["json"]
 modes = ["blocking"]
-'''
+"""
 
 
 def _project(tmp_path, extra: str = ""):
@@ -235,15 +283,29 @@ def test_pyproject_tool_gpucheck_sets_the_runs_defaults(tmp_path):
     config = _config(tmp_path / "a")
     assert config["suites"] == ["mine"] and config["timeout"] == 42.0
     assert sorted(p.name for p in (tmp_path / "a").iterdir() if p.is_file()) == [
-        "results.json", "results.jsonl"]  # formats = ["json"]
+        "results.json",
+        "results.jsonl",
+    ]  # formats = ["json"]
 
 
 def test_options_given_override_pyproject_settings(tmp_path):
     _project(tmp_path)
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "test_two.py").write_text("def test_two():\n    pass\n")
-    proc = gpucheck("run", "--cpu-only", "--out", "b", "--quiet", "--suite", "other",
-                    "--timeout", "7", "--format", "html", cwd=tmp_path)
+    proc = gpucheck(
+        "run",
+        "--cpu-only",
+        "--out",
+        "b",
+        "--quiet",
+        "--suite",
+        "other",
+        "--timeout",
+        "7",
+        "--format",
+        "html",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     config = _config(tmp_path / "b")
     assert config["suites"] == ["other"] and config["timeout"] == 7.0
@@ -251,11 +313,14 @@ def test_options_given_override_pyproject_settings(tmp_path):
     assert not (tmp_path / "b" / "results.json").exists()
 
 
-@pytest.mark.parametrize(("extra", "words"), [
-    ("bogus = 1\n", "has unknown setting(s) bogus; known: suites, modes, timeout, formats"),
-    ('timeout = "soon"\n', "timeout must be a number of seconds above 0, got 'soon'"),
-    ('formats = ["pdf"]\n', "formats 'pdf' is not one of html, json, junit, sarif"),
-])
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        ("bogus = 1\n", "has unknown setting(s) bogus; known: suites, modes, timeout, formats"),
+        ('timeout = "soon"\n', "timeout must be a number of seconds above 0, got 'soon'"),
+        ('formats = ["pdf"]\n', "formats 'pdf' is not one of html, json, junit, sarif"),
+    ],
+)
 def test_a_bad_pyproject_setting_is_one_sentence_and_exit_2(tmp_path, extra, words):
     _project(tmp_path)
     text = (tmp_path / "pyproject.toml").read_text()
@@ -267,7 +332,9 @@ def test_a_bad_pyproject_setting_is_one_sentence_and_exit_2(tmp_path, extra, wor
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         f"gpucheck: [tool.gpucheck] of {tmp_path / 'pyproject.toml'} {words}".replace(
-            "toml timeout", "toml: timeout").replace("toml formats", "toml: formats")]
+            "toml timeout", "toml: timeout"
+        ).replace("toml formats", "toml: formats")
+    ]
     assert not (tmp_path / "c").exists()
 
 
@@ -281,15 +348,20 @@ def test_report_into_a_read_only_folder_names_the_path(tmp_path):
     locked.mkdir()
     locked.chmod(0o555)
     try:
-        proc = gpucheck("report", str(run), "-o", str(locked / "page.html"),
-                        preexec_fn=(lambda: drop_capabilities(1, 2)) if os.geteuid() == 0
-                        else None)
+        proc = gpucheck(
+            "report",
+            str(run),
+            "-o",
+            str(locked / "page.html"),
+            preexec_fn=(lambda: drop_capabilities(1, 2)) if os.geteuid() == 0 else None,
+        )
     finally:
         locked.chmod(0o755)
     _no_traceback(proc)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        f"gpucheck: cannot write the report {locked / 'page.html'}: Permission denied"]
+        f"gpucheck: cannot write the report {locked / 'page.html'}: Permission denied"
+    ]
     assert not list(locked.iterdir())
 
 
@@ -303,4 +375,5 @@ def test_report_where_a_file_stands_in_the_way_names_both(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         f"gpucheck: cannot write the report {tmp_path / 'file' / 'page.html'}: "
-        f"{tmp_path / 'file'}: File exists"]
+        f"{tmp_path / 'file'}: File exists"
+    ]

@@ -18,9 +18,14 @@ def test_cpu_only_first_run_tests_something_and_names_the_gpu_suites(tmp_path: P
     cwd = tmp_path / "elsewhere"  # no suites/ here: the bundled ones are the defaults
     cwd.mkdir()
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only",
-                           "--out", str(out)], cwd=cwd, capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--out", str(out)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
     said = proc.stdout + proc.stderr
     assert proc.returncode == 0, said
     assert "Traceback" not in said
@@ -50,12 +55,12 @@ def test_cpu_only_first_run_tests_something_and_names_the_gpu_suites(tmp_path: P
     heads = re.findall(r"<th>([^<]*)</th>", section)
     assert heads == ["case", "mode", "rank0/cpu", "rank1/cpu", "spread"]
     compared = re.findall(r"<td title=\"[^\"]*\">([^<]*)</td>", section)
-    assert compared and all(c.startswith(("test_ddp.py", "test_render.py", "test_dist"))
-                            for c in compared), compared
+    assert compared and all(
+        c.startswith(("test_ddp.py", "test_render.py", "test_dist")) for c in compared
+    ), compared
 
 
-def test_cpu_only_defaults_are_the_suites_that_need_no_gpu(tmp_path: Path,
-                                                           monkeypatch) -> None:
+def test_cpu_only_defaults_are_the_suites_that_need_no_gpu(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     gpu, cpu = suites.default(), suites.default(cpu_only=True)
     assert set(cpu) == set(suites.CPU_ONLY)
@@ -84,8 +89,9 @@ class _StoppedAtOnce:
         pass
 
 
-def test_a_stop_before_the_distributed_suite_ran_does_not_say_it_ran(tmp_path: Path,
-                                                                      monkeypatch) -> None:
+def test_a_stop_before_the_distributed_suite_ran_does_not_say_it_ran(
+    tmp_path: Path, monkeypatch
+) -> None:
     from gpucheck.controller import dist_pipeline
     from gpucheck.controller.config import RunConfig
     from gpucheck.model import results
@@ -93,16 +99,33 @@ def test_a_stop_before_the_distributed_suite_ran_does_not_say_it_ran(tmp_path: P
 
     monkeypatch.setattr(dist_pipeline, "DistHarness", _StoppedAtOnce)
     path = tmp_path / "results.jsonl"
-    results.append(path, CaseRecord(run_id="r", device="cpu", suite="reference", case="t",
-                                    mode="blocking", status="passed").to_json())
+    results.append(
+        path,
+        CaseRecord(
+            run_id="r", device="cpu", suite="reference", case="t", mode="blocking", status="passed"
+        ).to_json(),
+    )
     notes: list[str] = []
     assert dist_pipeline.cpu_pass(RunConfig(cpu_only=True), tmp_path, path, "r", notes)
-    assert notes == ["--cpu-only: the distributed suite (dist) did not run: the run was "
-                     "stopped before its first case finished"]
+    assert notes == [
+        "--cpu-only: the distributed suite (dist) did not run: the run was "
+        "stopped before its first case finished"
+    ]
     # one dist case recorded before the stop: it ran, until the run was stopped
-    results.append(path, CaseRecord(run_id="r", device="rank0/cpu", suite="dist", case="t",
-                                    mode=dist_pipeline.MODE, status="passed").to_json())
+    results.append(
+        path,
+        CaseRecord(
+            run_id="r",
+            device="rank0/cpu",
+            suite="dist",
+            case="t",
+            mode=dist_pipeline.MODE,
+            status="passed",
+        ).to_json(),
+    )
     notes = []
     assert dist_pipeline.cpu_pass(RunConfig(cpu_only=True), tmp_path, path, "r", notes)
-    assert notes == [f"--cpu-only: the distributed suite (dist) ran as one gloo group of 2 CPU "
-                     f"ranks (mode {dist_pipeline.MODE}), until the run was stopped"]
+    assert notes == [
+        f"--cpu-only: the distributed suite (dist) ran as one gloo group of 2 CPU "
+        f"ranks (mode {dist_pipeline.MODE}), until the run was stopped"
+    ]

@@ -45,17 +45,19 @@ def test_every_defect_build_has_its_own_op_namespace():
     assert all(lib.startswith("gpucheck_defect_") for lib in libs)
     assert _csrc.defect_library("no_guard_knn") == "gpucheck_defect_no_guard_knn"
     # one macro, two kernels: two builds
-    guard = {n: d.kernel for n, d in _csrc.DEFECTS.items()
-             if d.macro == "GPUCHECK_DEFECT_NO_GUARD"}
+    guard = {n: d.kernel for n, d in _csrc.DEFECTS.items() if d.macro == "GPUCHECK_DEFECT_NO_GUARD"}
     assert guard == {"no_guard_ssim": "ssim", "no_guard_knn": "knn"}
 
 
 def test_a_defect_is_named_by_its_name_or_by_a_macro_of_one_build():
     # what suites/selftest/test_defect_stream.py and the recorded profiler traces use
     assert _csrc.defect_library("GPUCHECK_DEFECT_LEGACY_STREAM") == (
-        "gpucheck_defect_legacy_stream")
+        "gpucheck_defect_legacy_stream"
+    )
     assert _csrc.defect_flags("legacy_stream") == [
-        "-DGPUCHECK_DEFECT_LEGACY_STREAM", "-DGPUCHECK_LIBRARY=gpucheck_defect_legacy_stream"]
+        "-DGPUCHECK_DEFECT_LEGACY_STREAM",
+        "-DGPUCHECK_LIBRARY=gpucheck_defect_legacy_stream",
+    ]
     with pytest.raises(KeyError, match="several kernels"):
         _csrc.defect_name("GPUCHECK_DEFECT_NO_GUARD")
     with pytest.raises(KeyError, match="unknown defect"):
@@ -68,25 +70,32 @@ def test_a_defect_build_takes_the_schemas_and_its_kernel_folder():
     assert {f.parent.name for f in files} == {"csrc", "knn"}
 
 
-@pytest.mark.parametrize(("name", "changed"), [
-    ("no_guard_knn", ["knn/knn.cpp"]),           # through common.h
-    ("set_device", ["knn/knn.cpp"]),             # through common.h
-    ("output_current_device", ["knn/knn.cpp"]),
-    ("nondeterminism", ["knn/knn.cpp"]),
-    ("uninit_read", ["knn/knn_cuda.cu"]),
-    ("no_guard_ssim", ["ssim/ssim.cpp"]),
-    ("legacy_stream", ["ssim/ssim.cpp"]),
-    ("buffers_current_device", ["splat/splat.cpp"]),
-])
+@pytest.mark.parametrize(
+    ("name", "changed"),
+    [
+        ("no_guard_knn", ["knn/knn.cpp"]),  # through common.h
+        ("set_device", ["knn/knn.cpp"]),  # through common.h
+        ("output_current_device", ["knn/knn.cpp"]),
+        ("nondeterminism", ["knn/knn.cpp"]),
+        ("uninit_read", ["knn/knn_cuda.cu"]),
+        ("no_guard_ssim", ["ssim/ssim.cpp"]),
+        ("legacy_stream", ["ssim/ssim.cpp"]),
+        ("buffers_current_device", ["splat/splat.cpp"]),
+    ],
+)
 def test_the_compile_check_compiles_again_what_a_defect_macro_changes(name, changed):
     assert [f.relative_to(_csrc.csrc_dir()).as_posix() for f in _csrc.defect_units(name)] == changed
     units, _ = _csrc.check_units("only")
-    mine = [(f.relative_to(_csrc.csrc_dir()).as_posix(), flags) for f, flags, label in units
-            if label == f" [{name}]"]
+    mine = [
+        (f.relative_to(_csrc.csrc_dir()).as_posix(), flags)
+        for f, flags, label in units
+        if label == f" [{name}]"
+    ]
     assert mine == [(c, _csrc.defect_flags(name)) for c in changed]
     every, _ = _csrc.check_units("skip")
     assert all(not flags for _, flags, _ in every) and len(every) == len(
-        _csrc.sources() + _csrc.check_only_sources())
+        _csrc.sources() + _csrc.check_only_sources()
+    )
 
 
 def test_every_registration_goes_through_the_namespace_macros():
@@ -103,11 +112,12 @@ def test_every_registration_goes_through_the_namespace_macros():
     for path in sorted(csrc.rglob("*")):
         if path.suffix in (".cpp", ".cu", ".h", ".cuh") and path.name != "library.h":
             text = path.read_text()
-            offenders += [f"{path.relative_to(csrc)}:{text[:m.start()].count(chr(10)) + 1}"
-                          for m in raw.finditer(text)]
+            offenders += [
+                f"{path.relative_to(csrc)}:{text[: m.start()].count(chr(10)) + 1}"
+                for m in raw.finditer(text)
+            ]
     assert offenders == [], f"register through GPUCHECK_TORCH_LIBRARY(_IMPL): {offenders}"
-    impls = [p.name for p in csrc.rglob("*.cpp")
-             if "GPUCHECK_TORCH_LIBRARY_IMPL(" in p.read_text()]
+    impls = [p.name for p in csrc.rglob("*.cpp") if "GPUCHECK_TORCH_LIBRARY_IMPL(" in p.read_text()]
     assert {"ssim.cpp", "knn.cpp", "splat.cpp"} <= set(impls), impls
 
 
@@ -120,7 +130,8 @@ def test_the_pybind_extension_is_compile_checked_clean_and_with_each_defect():
         ("pybind_defects.cu", ("-DGPUCHECK_PYBIND_DEFECT_LEGACY_STREAM",)),
         ("pybind_defects.cu", ("-DGPUCHECK_PYBIND_DEFECT_CUB_STREAM0",)),
         ("pybind_defects.cpp", ("-DGPUCHECK_PYBIND_DEFECT_OUTPUT_CURRENT_DEVICE",)),
-        ("pybind_defects.cpp", ("-DGPUCHECK_PYBIND_DEFECT_SET_DEVICE",))}
+        ("pybind_defects.cpp", ("-DGPUCHECK_PYBIND_DEFECT_SET_DEVICE",)),
+    }
     assert not [m for m in missing if "pybind" in m]
     sources = {f.name: f.read_text() for f in _csrc.pybind_sources()}
     for name, flags in variants:  # every macro is one the source tests

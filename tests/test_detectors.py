@@ -36,7 +36,12 @@ def test_device_state_leak_compares_before_and_after(monkeypatch, seen, leaks):
     if leaks:
         f = found[0]
         assert (f.kind, f.severity, f.device, f.suite, f.case) == (
-            "device-state-leak", "warning", "cuda:1", "knn", "test_knn.py::test_x[cuda1]")
+            "device-state-leak",
+            "warning",
+            "cuda:1",
+            "knn",
+            "test_knn.py::test_x[cuda1]",
+        )
         assert f"from cuda:{seen[0]} to cuda:{seen[1]}" in f.message
         assert "OptionalCUDAGuard" in f.hint and "cudaSetDevice" in f.hint
 
@@ -92,9 +97,14 @@ def test_findings_flow_into_records_and_crashes_keep_the_current_device(tmp_path
     suite.mkdir(parents=True)
     (suite / "test_leak.py").write_text(SUITE)
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only",
-                           "--quiet", "--out", str(out)], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=180, env={**os.environ})
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet", "--out", str(out)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ},
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr  # the abort is an error
     recs = {r["case"]: r for r in results.cases(out / "results.jsonl")}
     leak = recs["test_leak.py::test_leaks"]
@@ -107,15 +117,21 @@ def test_findings_flow_into_records_and_crashes_keep_the_current_device(tmp_path
     assert "C++ exception escaped" in crash["findings"][-1]["hint"]
 
 
-@pytest.mark.parametrize(("rc", "stderr", "words"), [
-    (-6, "terminate called after throwing an instance of 'thrust::system_error'",
-     "C++ exception escaped"),
-    (-6, "CUDA error: an illegal memory access was encountered", "CUDA context was lost"),
-    (-11, "Fatal Python error: Segmentation fault", "segmentation fault"),
-    (-6, "python: foo.c:12: main: Assertion `x' failed.", "the process aborted"),
-    (-9, "", "out-of-memory killer"),
-    (3, "", "run it alone"),
-])
+@pytest.mark.parametrize(
+    ("rc", "stderr", "words"),
+    [
+        (
+            -6,
+            "terminate called after throwing an instance of 'thrust::system_error'",
+            "C++ exception escaped",
+        ),
+        (-6, "CUDA error: an illegal memory access was encountered", "CUDA context was lost"),
+        (-11, "Fatal Python error: Segmentation fault", "segmentation fault"),
+        (-6, "python: foo.c:12: main: Assertion `x' failed.", "the process aborted"),
+        (-9, "", "out-of-memory killer"),
+        (3, "", "run it alone"),
+    ],
+)
 def test_crash_hints_tell_abort_lost_context_and_segfault_apart(rc, stderr, words):
     assert words in crash_hint(rc, stderr)
 
@@ -124,15 +140,17 @@ def test_sanitizer_passes_run_in_both_arrangements_on_two_gpus():
     from gpucheck.controller.config import plan_passes
 
     assert plan_passes(("blocking", "nvml", "sanitizer:memcheck"), devices=2) == [
-        ("blocking+nvml", None), ("sanitizer:memcheck", "memcheck"),
-        ("sanitizer:memcheck|target-current", "memcheck")]
+        ("blocking+nvml", None),
+        ("sanitizer:memcheck", "memcheck"),
+        ("sanitizer:memcheck|target-current", "memcheck"),
+    ]
     # one GPU: there is no other device to make current, so one arrangement is all there is
     assert plan_passes(("sanitizer:racecheck",), devices=1) == [
-        ("sanitizer:racecheck", "racecheck")]
+        ("sanitizer:racecheck", "racecheck")
+    ]
 
 
-def test_target_current_passes_tell_their_workers(tmp_path, monkeypatch, two_gpus,
-                                                  harness_specs):
+def test_target_current_passes_tell_their_workers(tmp_path, monkeypatch, two_gpus, harness_specs):
     from gpucheck import cli
     from gpucheck.sanitizer import command as sanitizer_cmd
 
@@ -140,31 +158,46 @@ def test_target_current_passes_tell_their_workers(tmp_path, monkeypatch, two_gpu
     suite = tmp_path / "mine"
     suite.mkdir()
     (suite / "test_x.py").write_text("def test_x():\n    pass\n")
-    cli.main(["run", "--suite", str(suite), "--mode", "sanitizer:memcheck",
-              "--out", str(tmp_path / "out")])
-    arrangement = {(s.label, s.mode): s.env["GPUCHECK_CURRENT"]
-                   for specs in harness_specs for s in specs}
+    cli.main(
+        [
+            "run",
+            "--suite",
+            str(suite),
+            "--mode",
+            "sanitizer:memcheck",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
+    arrangement = {
+        (s.label, s.mode): s.env["GPUCHECK_CURRENT"] for specs in harness_specs for s in specs
+    }
     assert arrangement == {
-        ("cuda:0", "sanitizer:memcheck"): "other", ("cuda:1", "sanitizer:memcheck"): "other",
+        ("cuda:0", "sanitizer:memcheck"): "other",
+        ("cuda:1", "sanitizer:memcheck"): "other",
         ("cuda:0", "sanitizer:memcheck|target-current"): "target",
-        ("cuda:1", "sanitizer:memcheck|target-current"): "target"}
+        ("cuda:1", "sanitizer:memcheck|target-current"): "target",
+    }
 
 
-@pytest.mark.parametrize(("inputs", "outputs", "before", "after", "kinds"), [
-    (["cuda:1", "cuda:1"], ["cuda:1"], 1, 1, []),
-    (["cuda:1"], ["cuda:0"], 1, 1, ["wrong-device"]),
-    (["cuda:1", "cpu"], ["cuda:0"], 1, 1, []),      # mixed inputs: no single device to expect
-    ([], ["cuda:0"], None, None, []),                # a factory op
-    (["cuda:1"], ["cuda:1"], 1, 0, ["device-state-leak"]),
-    (["cuda:1"], ["cuda:0"], 1, 0, ["wrong-device", "device-state-leak"]),
-])
+@pytest.mark.parametrize(
+    ("inputs", "outputs", "before", "after", "kinds"),
+    [
+        (["cuda:1", "cuda:1"], ["cuda:1"], 1, 1, []),
+        (["cuda:1"], ["cuda:0"], 1, 1, ["wrong-device"]),
+        (["cuda:1", "cpu"], ["cuda:0"], 1, 1, []),  # mixed inputs: no single device to expect
+        ([], ["cuda:0"], None, None, []),  # a factory op
+        (["cuda:1"], ["cuda:1"], 1, 0, ["device-state-leak"]),
+        (["cuda:1"], ["cuda:0"], 1, 0, ["wrong-device", "device-state-leak"]),
+    ],
+)
 def test_op_events_rules(inputs, outputs, before, after, kinds):
     from gpucheck.detectors.op_device import op_events
 
     assert [k for k, _ in op_events("ext::op", inputs, outputs, before, after)] == kinds
 
 
-OP_SUITE = textwrap.dedent('''
+OP_SUITE = textwrap.dedent("""
     import torch
 
     @torch.library.custom_op("gpucheck_demo::good", mutates_args=())
@@ -186,7 +219,7 @@ OP_SUITE = textwrap.dedent('''
         for _ in range(3):
             y = torch.ops.gpucheck_demo.alloc_elsewhere(x)
         assert y.shape == x.shape
-''')
+""")
 
 
 def test_op_device_names_the_op_through_a_real_worker(tmp_path):
@@ -194,9 +227,13 @@ def test_op_device_names_the_op_through_a_real_worker(tmp_path):
     suite.mkdir(parents=True)
     (suite / "test_ops.py").write_text(OP_SUITE)
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only",
-                           "--quiet", "--out", str(out)], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=180)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet", "--out", str(out)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     recs = {r["case"]: r for r in results.cases(out / "results.jsonl")}
     assert recs["test_ops.py::test_good"]["findings"] == []
@@ -204,7 +241,10 @@ def test_op_device_names_the_op_through_a_real_worker(tmp_path):
     assert bad["status"] == "passed"  # the test itself cannot see it
     [f] = bad["findings"]
     assert (f["kind"], f["severity"], f["op"]) == (
-        "wrong-device", "error", "gpucheck_demo::alloc_elsewhere")
+        "wrong-device",
+        "error",
+        "gpucheck_demo::alloc_elsewhere",
+    )
     assert "(3 calls)" in f["message"] and "inputs on cpu, output(s) on meta" in f["evidence"]
     assert "x.options()" in f["hint"]
 
@@ -215,33 +255,43 @@ def _run_with_detector(tmp_path, detector: str, test: str) -> tuple[dict, str]:
     run's output."""
     suite = tmp_path / "suites" / "d"
     suite.mkdir(parents=True)
-    (suite / "conftest.py").write_text(textwrap.dedent(detector) + textwrap.dedent('''
+    (suite / "conftest.py").write_text(
+        textwrap.dedent(detector)
+        + textwrap.dedent("""
         import gpucheck.worker.recorder as worker
 
         real = worker.worker_detectors
         worker.worker_detectors = lambda: [*real(), Extra()]
-    '''))
+    """)
+    )
     (suite / "test_d.py").write_text(textwrap.dedent(test))
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet",
-                           "--out", str(out)], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=180)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet", "--out", str(out)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     [rec] = results.cases(out / "results.jsonl")
     return rec, proc.stdout + proc.stderr
 
 
 def test_a_failing_detector_is_a_warning_not_a_broken_case(tmp_path):
-    rec, said = _run_with_detector(tmp_path, '''
+    rec, said = _run_with_detector(
+        tmp_path,
+        """
         from gpucheck.detectors import base
 
         class Extra(base.BaseDetector):
             name = "broken"
             def case_started(self, case):
                 raise RuntimeError("cannot start")
-    ''', "def test_ok():\n    assert True\n")
+    """,
+        "def test_ok():\n    assert True\n",
+    )
     assert rec["status"] == "passed", said
-    assert [(f["kind"], f["severity"]) for f in rec["findings"]] == [
-        ("detector-error", "warning")]
+    assert [(f["kind"], f["severity"]) for f in rec["findings"]] == [("detector-error", "warning")]
     assert "cannot start" in rec["findings"][0]["message"]
 
 
@@ -292,17 +342,21 @@ def test_a_case_that_lost_the_context_gets_one_note_and_no_detector_error(tmp_pa
     """Through a real worker: a detector that fails after the case's illegal address stands
     down (before, it added a detector-error to every such case); the CUDA error carries the
     one note, and its hint names no device guard (the case's own device was current)."""
-    rec, said = _run_with_detector(tmp_path, '''
+    rec, said = _run_with_detector(
+        tmp_path,
+        """
         from gpucheck.detectors import base
 
         class Extra(base.BaseDetector):
             name = "reads-the-gpu"
             def case_finished(self, case):
                 raise RuntimeError("CUDA error: an illegal memory access was encountered")
-    ''', '''
+    """,
+        """
         def test_faults():
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
-    ''')
+    """,
+    )
     assert rec["status"] == "failed", said
     [f] = rec["findings"]
     assert f["kind"] == "cuda-error"
@@ -332,8 +386,9 @@ def test_placeholder_outputs_and_arguments_are_no_device_for_the_output_rule():
     assert op_events("ext.fusedssim", _tensor_devices(args), _tensor_devices(out), 0, 0) == []
     # an output with data elsewhere is still named, placeholders among the inputs or not
     moved = (torch.empty(3, 4, 4),)
-    assert [k for k, _ in op_events("ext.render", _tensor_devices(args),
-                                    _tensor_devices(moved), 0, 0)] == ["wrong-device"]
+    assert [
+        k for k, _ in op_events("ext.render", _tensor_devices(args), _tensor_devices(moved), 0, 0)
+    ] == ["wrong-device"]
 
 
 def test_a_size_torch_does_not_know_yet_is_not_asked_about():

@@ -56,32 +56,50 @@ def fake_nvml(monkeypatch):
     monkeypatch.setattr(pynvml, "nvmlDeviceGetUUID", lambda h: UUIDS[h])
     monkeypatch.setattr(pynvml, "nvmlDeviceGetName", lambda h: "NVIDIA H200")
     monkeypatch.setattr(pynvml, "nvmlDeviceGetCudaComputeCapability", lambda h: (9, 0))
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetPciInfo",
-                        lambda h: SimpleNamespace(busId=f"00000000:{h + 0x18:02X}:00.0"))
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo",
-                        lambda h, version=None: SimpleNamespace(
-                            total=150 << 30, free=(149 - h) << 30, used=(1 + h) << 30,
-                            reserved=0))
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetUtilizationRates",
-                        lambda h: SimpleNamespace(gpu=10 * h, memory=h))
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses",
-                        lambda h: [SimpleNamespace(pid=4000 + h, usedGpuMemory=600 << 20)]
-                        if h == 1 else [])
+    monkeypatch.setattr(
+        pynvml,
+        "nvmlDeviceGetPciInfo",
+        lambda h: SimpleNamespace(busId=f"00000000:{h + 0x18:02X}:00.0"),
+    )
+    monkeypatch.setattr(
+        pynvml,
+        "nvmlDeviceGetMemoryInfo",
+        lambda h, version=None: SimpleNamespace(
+            total=150 << 30, free=(149 - h) << 30, used=(1 + h) << 30, reserved=0
+        ),
+    )
+    monkeypatch.setattr(
+        pynvml, "nvmlDeviceGetUtilizationRates", lambda h: SimpleNamespace(gpu=10 * h, memory=h)
+    )
+    monkeypatch.setattr(
+        pynvml,
+        "nvmlDeviceGetComputeRunningProcesses",
+        lambda h: [SimpleNamespace(pid=4000 + h, usedGpuMemory=600 << 20)] if h == 1 else [],
+    )
     monkeypatch.setattr(pynvml, "nvmlSystemGetProcessName", lambda pid: "python3")
     monkeypatch.setattr(pynvml, "nvmlSystemGetDriverVersion", lambda: "580.159.04")
     monkeypatch.setattr(pynvml, "nvmlSystemGetCudaDriverVersion_v2", lambda: 13000)
     monkeypatch.setattr(pynvml, "nvmlSystemGetNVMLVersion", lambda: "13.580.159.04")
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetP2PStatus",
-                        lambda a, b, cap: pynvml.NVML_P2P_STATUS_OK)
+    monkeypatch.setattr(
+        pynvml, "nvmlDeviceGetP2PStatus", lambda a, b, cap: pynvml.NVML_P2P_STATUS_OK
+    )
     yield
     nvml.reset()
 
 
 def _probe(*nvml_indices, peer=True):
-    devs = [{"cuda_index": c, "uuid": UUIDS[n], "name": "NVIDIA H200",
-             "pci_bus_id": f"0000:{n + 0x18:02X}:00.0", "total_memory": 150 << 30,
-             "compute_capability": "9.0", "primary_context_active": False}
-            for c, n in enumerate(nvml_indices)]
+    devs = [
+        {
+            "cuda_index": c,
+            "uuid": UUIDS[n],
+            "name": "NVIDIA H200",
+            "pci_bus_id": f"0000:{n + 0x18:02X}:00.0",
+            "total_memory": 150 << 30,
+            "compute_capability": "9.0",
+            "primary_context_active": False,
+        }
+        for c, n in enumerate(nvml_indices)
+    ]
     matrix = [[None if a == b else peer for b in range(len(devs))] for a in range(len(devs))]
     return {"ok": True, "driver_cuda_version": 13000, "devices": devs, "peer": matrix}
 
@@ -126,8 +144,13 @@ def test_discover_reports_hidden_devices(fake_nvml, monkeypatch):
 
 
 def test_discover_driver_mismatch_is_an_environment_error(fake_nvml):
-    inv = devices.discover(probe={"ok": False, "error": "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
-                                  "message": "cuInit: CUDA_ERROR_SYSTEM_DRIVER_MISMATCH"})
+    inv = devices.discover(
+        probe={
+            "ok": False,
+            "error": "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
+            "message": "cuInit: CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
+        }
+    )
     assert inv.devices == []
     assert "version mismatch" in inv.environment_error
 

@@ -26,10 +26,25 @@ RUN_LIMIT_S = 150
 def gpucheck_run(out: Path, *args: str) -> tuple[int, list[dict[str, Any]], float]:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "gpucheck.cli", "run", "--distributed",
-                           "--cpu-only", "--out", str(out), "--quiet", *args],
-                          capture_output=True, text=True, env=env, timeout=RUN_LIMIT_S,
-                          cwd=out.parent)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpucheck.cli",
+            "run",
+            "--distributed",
+            "--cpu-only",
+            "--out",
+            str(out),
+            "--quiet",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=RUN_LIMIT_S,
+        cwd=out.parent,
+    )
     took = time.monotonic() - t0
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -38,23 +53,38 @@ def gpucheck_run(out: Path, *args: str) -> tuple[int, list[dict[str, Any]], floa
 
 def group_findings(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """case name -> the harness's group record (the one with a ``distributed`` block)."""
-    return {r["case"].split("::")[-1]: r for r in records
-            if r.get("record") == "case" and "distributed" in r}
+    return {
+        r["case"].split("::")[-1]: r
+        for r in records
+        if r.get("record") == "case" and "distributed" in r
+    }
 
 
 def test_every_defect_is_one_finding_naming_the_culprit(tmp_path: Path) -> None:
     # the stuck rank (found only by the timeout) runs in test_three_ranks_name_rank_two, with a
     # short timeout; here a generous one keeps the slow DDP case clear of it on a loaded CI
-    code, records, took = gpucheck_run(tmp_path / "run", "--suite", str(DEFECTS),
-                                       "--timeout", "40", "--world-size", "2", "--",
-                                       "-k", "not stuck_rank")
+    code, records, took = gpucheck_run(
+        tmp_path / "run",
+        "--suite",
+        str(DEFECTS),
+        "--timeout",
+        "40",
+        "--world-size",
+        "2",
+        "--",
+        "-k",
+        "not stuck_rank",
+    )
     assert code == 1
     found = group_findings(records)
-    expected = {"test_skip_collective": "hang", "test_skip_async_collective": "hang",
-                "test_wrong_device": "collective-device",
-                "test_shape_mismatch": "collective-mismatch",
-                "test_crash_one_rank": "rank-crash",
-                "test_distributed_render_independent_scenes": "hang"}
+    expected = {
+        "test_skip_collective": "hang",
+        "test_skip_async_collective": "hang",
+        "test_wrong_device": "collective-device",
+        "test_shape_mismatch": "collective-mismatch",
+        "test_crash_one_rank": "rank-crash",
+        "test_distributed_render_independent_scenes": "hang",
+    }
     assert {c: r["distributed"]["kind"] for c, r in found.items()} == expected
     for case, record in found.items():
         d = record["distributed"]
@@ -75,15 +105,21 @@ def test_every_defect_is_one_finding_naming_the_culprit(tmp_path: Path) -> None:
     assert "render_sharded(distributed=True)" in render["message"]
     assert "wrong mode for this use" in render["message"]
     # defects every rank sees alike are the ranks' own failures, on every rank
-    for case, words in (("test_distributed_render_replicated_scene", "DistributedModeError"),
-                        ("test_ddp_step_without_sync", "gradients differ from one process")):
+    for case, words in (
+        ("test_distributed_render_replicated_scene", "DistributedModeError"),
+        ("test_ddp_step_without_sync", "gradients differ from one process"),
+    ):
         failed = [r for r in records if r.get("record") == "case" and r["case"].endswith(case)]
         assert sorted(r["device"] for r in failed) == ["rank0/cpu", "rank1/cpu"], case
-        assert all(r["status"] == "failed" and words in r["findings"][0]["message"]
-                   for r in failed), case
+        assert all(
+            r["status"] == "failed" and words in r["findings"][0]["message"] for r in failed
+        ), case
     # the run went on: the clean case passed on both ranks in a fresh group
-    clean = [r for r in records if r.get("record") == "case"
-             and r["case"].endswith("test_clean_after_defects")]
+    clean = [
+        r
+        for r in records
+        if r.get("record") == "case" and r["case"].endswith("test_clean_after_defects")
+    ]
     assert sorted(r["device"] for r in clean) == ["rank0/cpu", "rank1/cpu"]
     assert all(r["status"] == "passed" for r in clean)
     assert took < RUN_LIMIT_S
@@ -94,28 +130,47 @@ def test_dist_suite_passes_on_gloo(tmp_path: Path) -> None:
     shards); autocast cases are skipped with their reason (they need CUDA)."""
     code, records, _ = gpucheck_run(tmp_path / "run", "--world-size", "3", "--timeout", "60")
     cases = [r for r in records if r.get("record") == "case"]
-    assert code == 0, [(r["device"], r["case"], r["reason"]) for r in cases
-                       if r["status"] != "passed"]
+    assert code == 0, [
+        (r["device"], r["case"], r["reason"]) for r in cases if r["status"] != "passed"
+    ]
     ran = {(r["device"], r["case"].split("::")[-1]) for r in cases if r["status"] == "passed"}
     for rank in range(3):
-        for case in ("test_ddp_step_matches_one_process[None]",
-                     "test_sharded_render_equals_single_render",
-                     "test_independent_mode_issues_no_collective"):
+        for case in (
+            "test_ddp_step_matches_one_process[None]",
+            "test_sharded_render_equals_single_render",
+            "test_independent_mode_issues_no_collective",
+        ):
             assert (f"rank{rank}/cpu", case) in ran
     skipped = [r for r in cases if r["status"] == "skipped"]
     assert len(skipped) == 6 and all("CUDA" in r["reason"] for r in skipped)
 
 
 def test_three_ranks_name_rank_two(tmp_path: Path) -> None:
-    _, records, _ = gpucheck_run(tmp_path / "run", "--suite", str(DEFECTS), "--timeout", "6",
-                                 "--world-size", "3", "--",
-                                 "-k", "skip_collective or shape_mismatch or stuck_rank")
+    _, records, _ = gpucheck_run(
+        tmp_path / "run",
+        "--suite",
+        str(DEFECTS),
+        "--timeout",
+        "6",
+        "--world-size",
+        "3",
+        "--",
+        "-k",
+        "skip_collective or shape_mismatch or stuck_rank",
+    )
     found = group_findings(records)
-    assert {c: (r["distributed"]["kind"], r["distributed"]["cause_ranks"],
-                r["distributed"]["waiting_ranks"]) for c, r in found.items()} == {
+    assert {
+        c: (
+            r["distributed"]["kind"],
+            r["distributed"]["cause_ranks"],
+            r["distributed"]["waiting_ranks"],
+        )
+        for c, r in found.items()
+    } == {
         "test_skip_collective": ("hang", [2], [0, 1]),
         "test_shape_mismatch": ("collective-mismatch", [2], [0, 1]),
-        "test_stuck_rank": ("hang", [2], [0, 1])}
+        "test_stuck_rank": ("hang", [2], [0, 1]),
+    }
     stuck = found["test_stuck_rank"]
     assert 6.0 <= stuck["distributed"]["time_to_finding_s"] < 8.0  # the timeout, plus a poll
     finding = stuck["findings"][0]
@@ -125,12 +180,13 @@ def test_three_ranks_name_rank_two(tmp_path: Path) -> None:
         assert "py-spy is not installed" in finding["evidence"]
     else:  # rank 2's native frames, taken before the freeze (py-spy cannot read a stopped one)
         native = finding["evidence"].split("--- rank 2 py-spy dump --native ---\n")[1]
-        assert native.startswith("Thread ") and "test_stuck_rank (test_dist_defects.py:" in \
-            native.split("\n---")[0], native[:600]
+        assert (
+            native.startswith("Thread ")
+            and "test_stuck_rank (test_dist_defects.py:" in native.split("\n---")[0]
+        ), native[:600]
 
 
-def test_stuck_rank_is_found_within_its_own_limit_not_the_default_timeout(tmp_path: Path
-                                                                         ) -> None:
+def test_stuck_rank_is_found_within_its_own_limit_not_the_default_timeout(tmp_path: Path) -> None:
     """The culprit sleeps in its own code: alive, inside the case, outside any collective, it
     looks like a slow rank, so only a time limit can name it. With the default --timeout
     (900 s) the run waited that long; the case declares dist_timeout(10). Piped, the live line
@@ -138,10 +194,28 @@ def test_stuck_rank_is_found_within_its_own_limit_not_the_default_timeout(tmp_pa
     out = tmp_path / "run"
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "gpucheck.cli", "run", "--distributed",
-                           "--cpu-only", "--out", str(out), "--suite", str(DEFECTS), "--",
-                           "-k", "stuck_rank"], capture_output=True, text=True, env=env,
-                          timeout=RUN_LIMIT_S, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpucheck.cli",
+            "run",
+            "--distributed",
+            "--cpu-only",
+            "--out",
+            str(out),
+            "--suite",
+            str(DEFECTS),
+            "--",
+            "-k",
+            "stuck_rank",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=RUN_LIMIT_S,
+        cwd=tmp_path,
+    )
     took = time.monotonic() - t0
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
@@ -152,11 +226,14 @@ def test_stuck_rank_is_found_within_its_own_limit_not_the_default_timeout(tmp_pa
     assert took < 60
     assert "[red]" not in proc.stdout and "\x1b[" not in proc.stdout
     live = [line for line in proc.stdout.splitlines() if line.startswith("hang after ")]
-    assert len(live) == 1 and "in test_dist_defects.py::test_stuck_rank: rank 1 did not " \
-        "arrive at all_reduce #1" in live[0]
+    assert (
+        len(live) == 1
+        and "in test_dist_defects.py::test_stuck_rank: rank 1 did not arrive at all_reduce #1"
+        in live[0]
+    )
 
 
-LOG_SCRIPT = textwrap.dedent('''
+LOG_SCRIPT = textwrap.dedent("""
     import json, os, sys, torch, torch.distributed as dist
     from pathlib import Path
     from gpucheck.dist import collectives
@@ -174,7 +251,7 @@ LOG_SCRIPT = textwrap.dedent('''
         print("refused:", err)
     log.case_finished("c", "passed")
     dist.destroy_process_group()
-''')
+""")
 
 
 def test_collective_log_entries(tmp_path: Path) -> None:
@@ -184,16 +261,26 @@ def test_collective_log_entries(tmp_path: Path) -> None:
     script = tmp_path / "log.py"
     script.write_text(LOG_SCRIPT)
     path = tmp_path / "rank0.jsonl"
-    proc = subprocess.run([sys.executable, str(script), str(path), str(free_port())],
-                          capture_output=True, text=True, timeout=50,
-                          env=dict(os.environ))
+    proc = subprocess.run(
+        [sys.executable, str(script), str(path), str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        env=dict(os.environ),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "refused: rank 0: all_reduce #3 got a tensor on meta" in proc.stdout
     entries = collectives.read(path)
     assert [(e["ev"], e.get("seq"), e.get("op")) for e in entries] == [
-        ("case", 0, None), ("enter", 1, "all_reduce"), ("done", 1, "all_reduce"),
-        ("enter", 2, "all_gather_object"), ("done", 2, "all_gather_object"),
-        ("enter", 3, "all_reduce"), ("error", 3, "all_reduce"), ("case-end", 3, None)]
+        ("case", 0, None),
+        ("enter", 1, "all_reduce"),
+        ("done", 1, "all_reduce"),
+        ("enter", 2, "all_gather_object"),
+        ("done", 2, "all_gather_object"),
+        ("enter", 3, "all_reduce"),
+        ("error", 3, "all_reduce"),
+        ("case-end", 3, None),
+    ]
     first = entries[1]
     assert first["shapes"] == [[3]] and first["dtypes"] == ["float64"]
     assert first["devices"] == ["cpu"] and first["case"] == "c"
@@ -207,18 +294,50 @@ def test_under_torchrun_each_process_owns_its_rank(tmp_path: Path) -> None:
     out = tmp_path / "run"
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
-         "2", "--master-port", str(_port()), "-m", "gpucheck.cli", "run", "--distributed",
-         "--cpu-only", "--out", str(out), "--suite", str(DEFECTS), "--timeout", "6", "--quiet",
-         "--", "-k", "skip_collective or clean"],
-        capture_output=True, text=True, env=env, timeout=RUN_LIMIT_S, cwd=tmp_path)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(_port()),
+            "-m",
+            "gpucheck.cli",
+            "run",
+            "--distributed",
+            "--cpu-only",
+            "--out",
+            str(out),
+            "--suite",
+            str(DEFECTS),
+            "--timeout",
+            "6",
+            "--quiet",
+            "--",
+            "-k",
+            "skip_collective or clean",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=RUN_LIMIT_S,
+        cwd=tmp_path,
+    )
     assert proc.returncode != 0  # torchrun passes on rank 0's exit code 1: findings
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     found = group_findings(records)
     assert list(found) == ["test_skip_collective"]  # one finding, not one per owner
     assert found["test_skip_collective"]["distributed"]["cause_ranks"] == [1]
-    clean = [r["device"] for r in records if r.get("record") == "case"
-             and r["case"].endswith("test_clean_after_defects") and r["status"] == "passed"]
+    clean = [
+        r["device"]
+        for r in records
+        if r.get("record") == "case"
+        and r["case"].endswith("test_clean_after_defects")
+        and r["status"] == "passed"
+    ]
     assert sorted(clean) == ["rank0/cpu", "rank1/cpu"]
     assert (out / "report.html").exists() and records[-1]["record"] == "end"
 

@@ -62,8 +62,9 @@ def ext(tmp_path_factory):
 
     ext_watch.install()
     build = tmp_path_factory.mktemp("ext_build")
-    return cpp_extension.load_inline(name=NAME, cpp_sources=[SOURCE], build_directory=str(build),
-                                     verbose=False)
+    return cpp_extension.load_inline(
+        name=NAME, cpp_sources=[SOURCE], build_directory=str(build), verbose=False
+    )
 
 
 class Log:
@@ -108,8 +109,14 @@ def test_a_torch_extension_is_told_by_its_elf(ext):
 def test_its_functions_and_submodules_are_wrapped_at_load(ext):
     (record,) = [r for r in ext_watch.watched_modules() if r.name == NAME]
     assert record.path == os.path.realpath(ext.__file__)
-    assert set(record.functions) == {f"{NAME}.scale", f"{NAME}.blend", f"{NAME}.count",
-                                     f"{NAME}.moved", f"{NAME}.render", f"{NAME}.nested.scale"}
+    assert set(record.functions) == {
+        f"{NAME}.scale",
+        f"{NAME}.blend",
+        f"{NAME}.count",
+        f"{NAME}.moved",
+        f"{NAME}.render",
+        f"{NAME}.nested.scale",
+    }
     for fn in (ext.scale, ext.blend, ext.nested.scale):
         assert isinstance(getattr(fn, op_watch.ORIGINAL), types.BuiltinFunctionType)
     assert ext.scale.__name__ == "scale" and "bg" in ext.blend.__doc__
@@ -124,8 +131,9 @@ def test_calls_reach_listeners_named_with_their_line(ext, log):
     ext.nested.scale(x, s=3.0)
     (first, nested) = log.calls
     assert first.op == f"{NAME}.scale" and first.args == (x, 2.0) and first.autograd is None
-    assert first.frame.endswith(f"test_ext_watch.py:{line} in "
-                                "test_calls_reach_listeners_named_with_their_line")
+    assert first.frame.endswith(
+        f"test_ext_watch.py:{line} in test_calls_reach_listeners_named_with_their_line"
+    )
     assert nested.op == f"{NAME}.nested.scale" and nested.kwargs == {"s": 3.0}
 
 
@@ -146,8 +154,10 @@ def test_forward_and_the_backward_autograd_calls_are_watched(ext, log):
     x = torch.rand(4, requires_grad=True)
     Scale.apply(ext, x).sum().backward()
     torch.testing.assert_close(x.grad, torch.full((4,), 2.0))
-    assert [(c.op, c.autograd) for c in log.calls] == [(f"{NAME}.scale", "forward"),
-                                                        (f"{NAME}.scale", "backward")]
+    assert [(c.op, c.autograd) for c in log.calls] == [
+        (f"{NAME}.scale", "forward"),
+        (f"{NAME}.scale", "backward"),
+    ]
     assert log.calls[0].frame.endswith("in Scale.forward")
     assert log.calls[1].frame.endswith("in Scale.backward")
     assert log.calls[1].thread != log.calls[0].thread or log.calls[1].args[0].shape == (4,)
@@ -209,12 +219,19 @@ def test_mixed_devices_name_the_arguments_of_a_pybind_function_before_it_runs(ex
     assert (f.kind, f.severity, f.op) == ("mixed-devices", "error", f"{NAME}.render")
     assert "argument 1 (bg) on cpu; argument 0 (x) on meta" in f.message
     assert f"test_ext_watch.py:{line} in test_mixed_devices_name" in f.message
-    assert f.hint.startswith("argument 1 (bg) on cpu; argument 0 (x) on meta: pass argument 1 "
-                             "(bg) on meta") and "not the extension's device guard" in f.hint
+    assert (
+        f.hint.startswith(
+            "argument 1 (bg) on cpu; argument 0 (x) on meta: pass argument 1 (bg) on meta"
+        )
+        and "not the extension's device guard" in f.hint
+    )
     assert "argument 1 (bg): cpu, shape [3], float32" in f.evidence
     # each finding was written out before its call ran; the refused call's was withdrawn
     assert [[g.op for g in p] for p in persisted] == [
-        [f"{NAME}.render"], [f"{NAME}.blend", f"{NAME}.render"], [f"{NAME}.render"]]
+        [f"{NAME}.render"],
+        [f"{NAME}.blend", f"{NAME}.render"],
+        [f"{NAME}.render"],
+    ]
 
 
 def test_op_device_names_a_pybind_function_and_its_line(ext):
@@ -229,7 +246,8 @@ def test_op_device_names_a_pybind_function_and_its_line(ext):
     assert f"test_ext_watch.py:{line} in test_op_device_names_a_pybind_function" in f.evidence
 
 
-SUITE = textwrap.dedent('''
+SUITE = textwrap.dedent(
+    '''
     import importlib.util, os, pytest, torch
 
     def _ext():
@@ -258,7 +276,9 @@ SUITE = textwrap.dedent('''
     def test_fault_after_a_cpu_argument():
         torch.ops.gpucheck_mixed.faults(torch.empty(2, 3, device="meta"), torch.rand(3))
 
-    @pytest.mark.gpucheck_unwatched("''' + NAME + '''")
+    @pytest.mark.gpucheck_unwatched("'''
+    + NAME
+    + """")
     def test_opted_out(ext):
         ext.render(torch.empty(4, 3, device="meta"), torch.tensor([0.1, 0.2, 0.3]))
 
@@ -266,7 +286,8 @@ SUITE = textwrap.dedent('''
         if os.environ.get("DEMO_ABORT"):
             ext.render(torch.empty(4, 3, device="meta"), torch.tensor([0.1, 0.2, 0.3]))
             os.abort()  # what a kernel given a host pointer may do to the process
-''')
+"""
+)
 
 
 def test_gpucheck_run_records_mixed_devices_and_names_the_argument_in_the_hint(ext, tmp_path):
@@ -276,12 +297,17 @@ def test_gpucheck_run_records_mixed_devices_and_names_the_argument_in_the_hint(e
     out = tmp_path / "out"
     proc = subprocess.run(
         [sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet", "--out", str(out)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "EXT_NAME": NAME, "EXT_PATH": ext.__file__, "DEMO_ABORT": "1"})
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "EXT_NAME": NAME, "EXT_PATH": ext.__file__, "DEMO_ABORT": "1"},
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     recs = {r["case"].rsplit("::", 1)[-1]: r for r in results.cases(out / "results.jsonl")}
-    (mixed,) = [f for f in recs["test_background_on_the_cpu"]["findings"]
-                if f["kind"] == "mixed-devices"]
+    (mixed,) = [
+        f for f in recs["test_background_on_the_cpu"]["findings"] if f["kind"] == "mixed-devices"
+    ]
     assert mixed["op"] == f"{NAME}.render" and "argument 1 (bg) on cpu" in mixed["message"]
     assert "test_mixed.py:" in mixed["message"]
     fault = recs["test_fault_after_a_cpu_argument"]
@@ -292,8 +318,11 @@ def test_gpucheck_run_records_mixed_devices_and_names_the_argument_in_the_hint(e
     assert "mixed-devices" not in {f["kind"] for f in recs["test_opted_out"]["findings"]}
     assert recs["test_dies_after_a_cpu_argument"]["status"] == "crashed"
     # the finding made before the call outlives the crash in the worker's state file
-    pending = [f for state in (out / "workers").glob("*.state.json")
-               for f in json.loads(state.read_text()).get("pending_findings") or []]
+    pending = [
+        f
+        for state in (out / "workers").glob("*.state.json")
+        for f in json.loads(state.read_text()).get("pending_findings") or []
+    ]
     assert [(f["kind"], f["op"]) for f in pending] == [("mixed-devices", f"{NAME}.render")]
     # ... and the harness puts it into the crash record, whose hint names the argument
     died = {f["kind"]: f for f in recs["test_dies_after_a_cpu_argument"]["findings"]}
@@ -315,6 +344,7 @@ def test_a_window_opened_in_an_autograd_forward_stays_open_for_its_backward(ext,
     trace = lt.LaunchTrace()
     closed = []
     monkeypatch.setattr(op_watch, "input_device", lambda call: _FakeDevice())
+
     def open_():
         trace.open, trace.window = True, lt.Window()
         return True
@@ -340,8 +370,11 @@ def test_a_window_opened_in_an_autograd_forward_stays_open_for_its_backward(ext,
         trace.finish()
     first, second = closed
     assert [(e["edge"], e["op"], e["frame"].rsplit(" in ", 1)[1]) for e in first] == [
-        ("begin", f"{NAME}.scale", "Scale.forward"), ("end", f"{NAME}.scale", "Scale.forward"),
-        ("begin", f"{NAME}.scale", "Scale.backward"), ("end", f"{NAME}.scale", "Scale.backward")]
+        ("begin", f"{NAME}.scale", "Scale.forward"),
+        ("end", f"{NAME}.scale", "Scale.forward"),
+        ("begin", f"{NAME}.scale", "Scale.backward"),
+        ("end", f"{NAME}.scale", "Scale.backward"),
+    ]
     assert [e["edge"] for e in second] == ["begin", "end"]
 
 
@@ -355,15 +388,27 @@ def test_an_unclaimed_kernel_is_found_in_its_library(ext):
     located, unwatched = ext_watch.locate([kernel, "void at::native::add_kernel<float>(int)"])
     assert located[kernel] == os.path.realpath(ext.__file__)
     assert located["void at::native::add_kernel<float>(int)"] is None and unwatched == []
-    events = [{"name": "at::cuda::(anonymous namespace)::spin_kernel(long)", "type": "kernel",
-               "device": 0, "stream": s, "correlation": c} for s, c in ((7, 1), (13, 2), (13, 4))]
-    events.insert(2, {"name": "void k(float*)", "type": "kernel", "device": 0, "stream": 13,
-                      "correlation": 3})
-    events.append({"name": kernel, "type": "kernel", "device": 0, "stream": 29,
-                   "correlation": 9})  # a private stream, after the call
-    log = [{"edge": "legacy", "call": -1, "op": "", "device": 0},
-           {"edge": "begin", "call": 0, "op": f"{NAME}.scale", "device": 0},
-           {"edge": "end", "call": 0, "op": f"{NAME}.scale", "device": 0}]
+    events = [
+        {
+            "name": "at::cuda::(anonymous namespace)::spin_kernel(long)",
+            "type": "kernel",
+            "device": 0,
+            "stream": s,
+            "correlation": c,
+        }
+        for s, c in ((7, 1), (13, 2), (13, 4))
+    ]
+    events.insert(
+        2, {"name": "void k(float*)", "type": "kernel", "device": 0, "stream": 13, "correlation": 3}
+    )
+    events.append(
+        {"name": kernel, "type": "kernel", "device": 0, "stream": 29, "correlation": 9}
+    )  # a private stream, after the call
+    log = [
+        {"edge": "legacy", "call": -1, "op": "", "device": 0},
+        {"edge": "begin", "call": 0, "op": f"{NAME}.scale", "device": 0},
+        {"edge": "end", "call": 0, "op": f"{NAME}.scale", "device": 0},
+    ]
     (f,) = unclaimed_findings(CASE, [Window(events, log, {}, located)])
     assert (f.kind, f.severity, f.kernel, f.op) == ("wrong-stream", "error", kernel, None)
     assert f"of {os.path.basename(ext.__file__)} ran on cuda:0 on stream 29" in f.message
@@ -377,7 +422,8 @@ def test_an_unclaimed_kernel_is_found_in_its_library(ext):
 
 
 def test_the_marker_opts_out_for_its_test_and_a_bad_one_is_a_usage_error(pytester):
-    pytester.makepyfile(test_a="""
+    pytester.makepyfile(
+        test_a="""
         import pytest
         from gpucheck.detectors import ext_watch
 
@@ -388,16 +434,19 @@ def test_the_marker_opts_out_for_its_test_and_a_bad_one_is_a_usage_error(pyteste
 
         def test_unmarked():
             assert not ext_watch.unwatched("pkg._C.rasterize")
-    """)
+    """
+    )
     pytester.runpytest("--strict-markers", "test_a.py").assert_outcomes(passed=2)
     assert ext_watch.installed()
-    pytester.makepyfile(test_b="""
+    pytester.makepyfile(
+        test_b="""
         import pytest
 
         @pytest.mark.gpucheck_unwatched()
         def test_bad():
             pass
-    """)
+    """
+    )
     result = pytester.runpytest("test_b.py")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*gpucheck_unwatched(...) takes the names of compiled*"])

@@ -38,38 +38,50 @@ from gpucheck.model import results
 
 # --- row 1: a worker SIGKILLed mid-case ------------------------------------------------------
 
+
 def test_a_worker_sigkilled_while_starting_is_replaced_once(tmp_path):
     """The signal comes before the worker's first case (its conftest kills the process the
     first time it is imported, as the OOM killer would during torch's import): a worker-error
     finding, then a fresh worker runs every case. A second kill in a row ends that device's
     part of the run (no endless restarts of a start-up that always dies)."""
-    make_suite(tmp_path, "demo", {
-        "conftest.py": '''
+    make_suite(
+        tmp_path,
+        "demo",
+        {
+            "conftest.py": """
             import os, signal
             marker = os.environ["FAULT_MARKER"]
             if os.environ.get("FAULT_ALWAYS") or not os.path.exists(marker):
                 open(marker, "w").close()
                 os.kill(os.getpid(), signal.SIGKILL)
-        ''',
-        "test_a.py": '''
+        """,
+            "test_a.py": """
             def test_one():
                 pass
             def test_two():
                 pass
-        '''})
+        """,
+        },
+    )
     out = tmp_path / "out"
     proc = run(tmp_path, "--out", str(out), env={"FAULT_MARKER": str(tmp_path / "m1")})
     assert proc.returncode == 1, proc.stdout + proc.stderr
     recs = by_case(out)
     assert {k: r["status"] for k, r in recs.items() if not k.startswith("<")} == {
-        "test_one": "passed", "test_two": "passed"}
+        "test_one": "passed",
+        "test_two": "passed",
+    }
     errors = [r for k, r in recs.items() if k.startswith("<")]
     assert len(errors) == 1 and errors[0]["findings"][0]["kind"] == "worker-error"
     assert "SIGKILL" in errors[0]["reason"] and "fresh worker" in errors[0]["reason"]
     assert_kept(out)
     out2 = tmp_path / "out2"
-    proc = run(tmp_path, "--out", str(out2), env={"FAULT_MARKER": str(tmp_path / "m2"),
-                                                  "FAULT_ALWAYS": "1"})
+    proc = run(
+        tmp_path,
+        "--out",
+        str(out2),
+        env={"FAULT_MARKER": str(tmp_path / "m2"), "FAULT_ALWAYS": "1"},
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     kinds = [r["status"] for r in results.cases(out2 / "results.jsonl")]
     assert kinds == ["error", "error"]  # the first kill and the one after the restart
@@ -77,7 +89,11 @@ def test_a_worker_sigkilled_while_starting_is_replaced_once(tmp_path):
 
 def test_a_worker_sigkilled_mid_case_is_a_crash_and_the_run_goes_on(tmp_path):
     """The OOM killer's signal, sent from outside to the worker while a case runs."""
-    make_suite(tmp_path, "demo", {"test_kill.py": '''
+    make_suite(
+        tmp_path,
+        "demo",
+        {
+            "test_kill.py": """
         import os, time
         def test_before():
             pass
@@ -87,7 +103,9 @@ def test_a_worker_sigkilled_mid_case_is_a_crash_and_the_run_goes_on(tmp_path):
                 time.sleep(120)
         def test_after():
             pass
-    '''})
+    """
+        },
+    )
     out, inside = tmp_path / "out", tmp_path / "inside"
     proc = start(tmp_path, "--out", str(out), env={"FAULT_INSIDE": str(inside)})
     wait_for(inside.exists)
@@ -97,7 +115,10 @@ def test_a_worker_sigkilled_mid_case_is_a_crash_and_the_run_goes_on(tmp_path):
     assert proc.returncode == 1, stdout + stderr
     recs = by_case(out)
     assert {k: r["status"] for k, r in recs.items()} == {
-        "test_before": "passed", "test_victim": "crashed", "test_after": "passed"}
+        "test_before": "passed",
+        "test_victim": "crashed",
+        "test_after": "passed",
+    }
     crash = recs["test_victim"]
     assert crash["signal"] == "SIGKILL"
     assert "out-of-memory killer" in crash["findings"][0]["hint"]
@@ -108,8 +129,13 @@ def test_a_worker_sigkilled_mid_case_is_a_crash_and_the_run_goes_on(tmp_path):
 
 # --- row 2: the parent SIGKILLed mid-run, then --resume --------------------------------------
 
+
 def test_the_parent_sigkilled_mid_run_leaves_no_worker_and_resume_finishes(tmp_path):
-    make_suite(tmp_path, "demo", {"test_parent.py": '''
+    make_suite(
+        tmp_path,
+        "demo",
+        {
+            "test_parent.py": """
         import os, time
         def test_a():
             pass
@@ -123,7 +149,9 @@ def test_the_parent_sigkilled_mid_run_leaves_no_worker_and_resume_finishes(tmp_p
             pass
         def test_d():
             pass
-    '''})
+    """
+        },
+    )
     out, go = tmp_path / "out", tmp_path / "go"
     env = {"FAULT_GO": str(go)}
     proc = start(tmp_path, "--out", str(out), env=env)
@@ -142,13 +170,15 @@ def test_the_parent_sigkilled_mid_run_leaves_no_worker_and_resume_finishes(tmp_p
     recs = assert_kept(out)
     assert Counter(r["record"] for r in recs) == {"run": 1, "resume": 1, "case": 5, "end": 1}
     assert {k: r["status"] for k, r in by_case(out).items()} == dict.fromkeys(
-        ("test_a", "test_b", "test_slow", "test_c", "test_d"), "passed")
+        ("test_a", "test_b", "test_slow", "test_c", "test_d"), "passed"
+    )
     assert (out / "report.html").exists()
 
 
 # --- row 3: the output disk full, the folder made read-only ---------------------------------
 
-MANY = {"test_many.py": '''
+MANY = {
+    "test_many.py": """
     import os, time, pytest
     @pytest.mark.parametrize("i", range(40))
     def test_many(i):
@@ -157,11 +187,13 @@ MANY = {"test_many.py": '''
             open(go + ".inside", "w").close()
             while not os.path.exists(go):
                 time.sleep(0.05)
-'''}
+"""
+}
 
 
-def assert_stopped_on_output_fault(proc: subprocess.CompletedProcess[str], out: Path,
-                                   torn: int = 0) -> list[int]:
+def assert_stopped_on_output_fault(
+    proc: subprocess.CompletedProcess[str], out: Path, torn: int = 0
+) -> list[int]:
     """One line, exit 2; the records before the fault kept and whole, in order; no worker left;
     the numbers of the cases recorded."""
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -179,8 +211,7 @@ def assert_stopped_on_output_fault(proc: subprocess.CompletedProcess[str], out: 
     assert cases[-1]["status"] in ("passed", "crashed")
     for state in (out / "workers").glob("*.state.json"):
         with contextlib.suppress(OSError, ValueError, KeyError):
-            assert dead(int(json.loads(
-                state.read_text())["pid"]))
+            assert dead(int(json.loads(state.read_text())["pid"]))
     return done
 
 
@@ -217,8 +248,10 @@ def test_a_file_size_limit_on_results_stops_the_run_in_one_line(tmp_path):
 
 def _can_mount_tmpfs(where: Path) -> bool:
     where.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "gpucheck-test", str(where)],
-                          capture_output=True)
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=512k", "gpucheck-test", str(where)],
+        capture_output=True,
+    )
     return made.returncode == 0
 
 
@@ -228,16 +261,19 @@ def _drop_dac_override() -> None:
     drop_capabilities(1, 2)
 
 
-@pytest.mark.parametrize("worker_said", [
-    # the worker's state file failed first (its line has no hint): the race the disk-full
-    # test lost now and then under -n 2
-    "gpucheck: cannot write {out}/workers/cpu.blocking.state.json: No space left on device",
-    # a record failed first (the record writer's line, hint included)
-    "gpucheck: cannot write {out}/results.jsonl: No space left on device; the run stopped "
-    "here, every record written before is kept (make room or make the folder writable, then "
-    "`gpucheck run --resume {out}`)",
-    "",  # the worker's log is on the full disk too: it could say nothing
-])
+@pytest.mark.parametrize(
+    "worker_said",
+    [
+        # the worker's state file failed first (its line has no hint): the race the disk-full
+        # test lost now and then under -n 2
+        "gpucheck: cannot write {out}/workers/cpu.blocking.state.json: No space left on device",
+        # a record failed first (the record writer's line, hint included)
+        "gpucheck: cannot write {out}/results.jsonl: No space left on device; the run stopped "
+        "here, every record written before is kept (make room or make the folder writable, then "
+        "`gpucheck run --resume {out}`)",
+        "",  # the worker's log is on the full disk too: it could say nothing
+    ],
+)
 def test_the_output_fault_line_always_says_how_to_finish_the_run(tmp_path, worker_said):
     from gpucheck.controller.harness import output_fault
 
@@ -265,8 +301,13 @@ def test_the_output_folder_failing_mid_run_stops_the_run_in_one_line(tmp_path, f
     try:
         make_suite(tmp_path, "demo", MANY)
         out, go = mnt / "out", tmp_path / "go"
-        proc = start(tmp_path, "--out", str(out), env={"FAULT_GO": str(go)},
-                     preexec_fn=_drop_dac_override if os.geteuid() == 0 else None)
+        proc = start(
+            tmp_path,
+            "--out",
+            str(out),
+            env={"FAULT_GO": str(go)},
+            preexec_fn=_drop_dac_override if os.geteuid() == 0 else None,
+        )
         wait_for(Path(str(go) + ".inside").exists)
         if fault == "disk-full":
             with contextlib.suppress(OSError), open(mnt / "filler", "wb") as f:
@@ -281,7 +322,8 @@ def test_the_output_folder_failing_mid_run_stops_the_run_in_one_line(tmp_path, f
         said = "No space left on device" if fault == "disk-full" else "Permission denied"
         assert said in stderr
         done = assert_stopped_on_output_fault(
-            subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), out)
+            subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), out
+        )
         assert done in ([0, 1, 2], [0, 1, 2, 3])  # the fault came while case 3 ran
         if fault == "disk-full":
             (mnt / "filler").unlink()
@@ -296,11 +338,16 @@ def test_the_output_folder_failing_mid_run_stops_the_run_in_one_line(tmp_path, f
 
 # --- row 4: a worker printing gigabytes -------------------------------------------------------
 
+
 def test_a_case_flooding_its_output_leaves_bounded_logs_and_the_run_completes(tmp_path):
     """The case writes 48 MiB (3x LOG_CAP, however slow the machine) to fd 1 and 2 in a tight
     loop, as native code does, past pytest's capture: the harness cuts each log to LOG_CAP while
     it runs (this machine's disk never holds much more), keeping its head and its tail."""
-    make_suite(tmp_path, "demo", {"test_flood.py": '''
+    make_suite(
+        tmp_path,
+        "demo",
+        {
+            "test_flood.py": """
         import os, time
         def test_flood():
             chunk = b"y" * (1 << 20)
@@ -315,14 +362,18 @@ def test_a_case_flooding_its_output_leaves_bounded_logs_and_the_run_completes(tm
                 os.write(fd, b"\\\\nFLOOD-END\\\\n")
         def test_after():
             pass
-    '''})
+    """
+        },
+    )
     out = tmp_path / "out"
     t0 = time.monotonic()
     proc = run(tmp_path, "--out", str(out))
     assert time.monotonic() - t0 < 90
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert {k: r["status"] for k, r in by_case(out).items()} == {
-        "test_flood": "passed", "test_after": "passed"}
+        "test_flood": "passed",
+        "test_after": "passed",
+    }
     for name in ("cpu.blocking.out.log", "cpu.blocking.err.log"):
         log = out / "workers" / name
         assert log.stat().st_size <= LOG_CAP, name
@@ -331,16 +382,22 @@ def test_a_case_flooding_its_output_leaves_bounded_logs_and_the_run_completes(tm
             f.seek(-(1 << 16), os.SEEK_END)
             end = f.read()
         assert b"FLOOD-START" in head and b"FLOOD-END" in end, name
-        cut = subprocess.run(["grep", "-c", "bytes of output cut here", str(log)],
-                             capture_output=True, text=True)
+        cut = subprocess.run(
+            ["grep", "-c", "bytes of output cut here", str(log)], capture_output=True, text=True
+        )
         assert int(cut.stdout.strip() or 0) >= 1, name
     assert (out / "report.html").exists()
 
 
 # --- row 5: a case that forks or calls os._exit(0) ------------------------------------------
 
+
 def test_os_exit_0_mid_case_is_a_crash_not_a_pass(tmp_path):
-    make_suite(tmp_path, "demo", {"test_exit.py": '''
+    make_suite(
+        tmp_path,
+        "demo",
+        {
+            "test_exit.py": """
         import os
         def test_before():
             pass
@@ -348,13 +405,18 @@ def test_os_exit_0_mid_case_is_a_crash_not_a_pass(tmp_path):
             os._exit(0)
         def test_after():
             pass
-    '''})
+    """
+        },
+    )
     out = tmp_path / "out"
     proc = run(tmp_path, "--out", str(out))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     recs = by_case(out)
     assert {k: r["status"] for k, r in recs.items()} == {
-        "test_before": "passed", "test_exits": "crashed", "test_after": "passed"}
+        "test_before": "passed",
+        "test_exits": "crashed",
+        "test_after": "passed",
+    }
     assert "exited with code 0" in recs["test_exits"]["reason"]
     assert "does not count as passed" in recs["test_exits"]["findings"][0]["hint"]
     assert "2 passed" in proc.stdout.strip().splitlines()[-1]
@@ -364,7 +426,11 @@ def test_os_exit_0_mid_case_is_a_crash_not_a_pass(tmp_path):
 def test_a_forked_child_neither_records_twice_nor_outlives_the_run(tmp_path):
     """os.fork() whose child returns into pytest (it would run every later case again and
     write their records), and a subprocess the case leaves running."""
-    make_suite(tmp_path, "demo", {"test_fork.py": '''
+    make_suite(
+        tmp_path,
+        "demo",
+        {
+            "test_fork.py": """
         import os, subprocess, sys, time
         def test_forks():
             if os.fork() != 0:
@@ -375,16 +441,20 @@ def test_a_forked_child_neither_records_twice_nor_outlives_the_run(tmp_path):
                 f.write(str(child.pid))
         def test_after():
             pass
-    '''})
+    """
+        },
+    )
     out, pid_file = tmp_path / "out", tmp_path / "pid"
     proc = run(tmp_path, "--out", str(out), env={"FAULT_PID": str(pid_file)})
     time.sleep(0.5)
     recs = by_case(out)  # each case exactly once: the fork wrote nothing
     assert {k: r["status"] for k, r in recs.items()} == dict.fromkeys(
-        ("test_forks", "test_leaves_a_process", "test_after"), "passed")
+        ("test_forks", "test_leaves_a_process", "test_after"), "passed"
+    )
     left = int(pid_file.read_text())
-    (stray,) = [f for f in recs["test_leaves_a_process"]["findings"]
-                if f["kind"] == "stray-process"]
+    (stray,) = [
+        f for f in recs["test_leaves_a_process"]["findings"] if f["kind"] == "stray-process"
+    ]
     assert stray["severity"] == "warning" and f"pid {left}" in stray["message"]
     wait_for(lambda: dead(left), timeout=10)  # ended with its worker
     assert proc.returncode == 0, proc.stdout + proc.stderr  # warnings only
@@ -393,8 +463,13 @@ def test_a_forked_child_neither_records_twice_nor_outlives_the_run(tmp_path):
 
 # --- row 6: a case that changes CUDA_VISIBLE_DEVICES or the working folder ------------------
 
+
 def test_chdir_and_cuda_visible_devices_changes_are_put_back_and_are_findings(tmp_path):
-    make_suite(tmp_path, "demo", {"test_state.py": '''
+    make_suite(
+        tmp_path,
+        "demo",
+        {
+            "test_state.py": """
         import os, tempfile
         START = os.getcwd()
         def test_chdir():
@@ -404,12 +479,15 @@ def test_chdir_and_cuda_visible_devices_changes_are_put_back_and_are_findings(tm
         def test_after():
             assert os.getcwd() == START
             assert os.environ["CUDA_VISIBLE_DEVICES"] == ""  # what --cpu-only set
-    '''})
+    """
+        },
+    )
     proc = run(tmp_path, "--out", "out")  # relative: the records still land in it
     out = tmp_path / "out"
     recs = by_case(out)
     assert {k: r["status"] for k, r in recs.items()} == dict.fromkeys(
-        ("test_chdir", "test_env", "test_after"), "passed")
+        ("test_chdir", "test_env", "test_after"), "passed"
+    )
     (moved,) = recs["test_chdir"]["findings"]
     assert moved["kind"] == "process-state" and "working folder" in moved["message"]
     (env,) = recs["test_env"]["findings"]
@@ -420,18 +498,33 @@ def test_chdir_and_cuda_visible_devices_changes_are_put_back_and_are_findings(tm
 
 # --- row 13: a syntax or import error in one suite among several ----------------------------
 
+
 def test_a_collection_error_costs_only_its_file(tmp_path):
     """The GPU run's bug: a missing import in one suite made the worker exit 2 before any case
     of any suite ran."""
     make_suite(tmp_path, "alpha", {"test_alpha.py": "def test_a1():\n    pass\n"})
-    make_suite(tmp_path, "broken", {
-        "test_import.py": "import not_a_module_xyz\n\ndef test_never():\n    pass\n",
-        "test_syntax.py": "def test_never(:\n    pass\n",
-        "test_fine.py": "def test_fine():\n    pass\n"})
+    make_suite(
+        tmp_path,
+        "broken",
+        {
+            "test_import.py": "import not_a_module_xyz\n\ndef test_never():\n    pass\n",
+            "test_syntax.py": "def test_never(:\n    pass\n",
+            "test_fine.py": "def test_fine():\n    pass\n",
+        },
+    )
     make_suite(tmp_path, "gamma", {"test_gamma.py": "def test_g1():\n    pass\n"})
     out = tmp_path / "out"
-    proc = run(tmp_path, "--out", str(out), "--suite", "suites/alpha", "--suite",
-               "suites/broken", "--suite", "suites/gamma")
+    proc = run(
+        tmp_path,
+        "--out",
+        str(out),
+        "--suite",
+        "suites/alpha",
+        "--suite",
+        "suites/broken",
+        "--suite",
+        "suites/gamma",
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     recs = results.cases(out / "results.jsonl")
     status = {(r["suite"], r["case"]): r["status"] for r in recs}
@@ -440,7 +533,8 @@ def test_a_collection_error_costs_only_its_file(tmp_path):
         ("gamma", "test_gamma.py::test_g1"): "passed",
         ("broken", "test_fine.py::test_fine"): "passed",
         ("broken", "test_import.py"): "error",
-        ("broken", "test_syntax.py"): "error"}
+        ("broken", "test_syntax.py"): "error",
+    }
     errors = {r["case"]: r["findings"][0] for r in recs if r["status"] == "error"}
     assert errors["test_import.py"]["kind"] == "collection-error"
     assert "No module named 'not_a_module_xyz'" in errors["test_import.py"]["message"]
@@ -451,8 +545,13 @@ def test_a_collection_error_costs_only_its_file(tmp_path):
 
 # --- row 14: a fixture that raises in teardown after a finding ------------------------------
 
+
 def test_a_teardown_error_after_a_finding_keeps_both(tmp_path):
-    make_suite(tmp_path, "demo", {"test_teardown.py": '''
+    make_suite(
+        tmp_path,
+        "demo",
+        {
+            "test_teardown.py": """
         import pytest
         @pytest.fixture
         def breaks():
@@ -464,7 +563,9 @@ def test_a_teardown_error_after_a_finding_keeps_both(tmp_path):
             gpucheck_findings.attach("demo-finding", "found something", severity="warning")
         def test_after():
             pass
-    '''})
+    """
+        },
+    )
     out = tmp_path / "out"
     proc = run(tmp_path, "--out", str(out))
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -491,8 +592,14 @@ def test_the_lifeline_is_only_the_controllers_pipe(tmp_path, monkeypatch):
     try:
         closed = os.dup(r)
         os.close(closed)
-        for value in ("", "7", "x:1", f"{other.fileno()}:{os.fstat(other.fileno()).st_ino}",
-                      f"{r}:{os.fstat(r).st_ino + 1}", f"{closed}:{os.fstat(r).st_ino}"):
+        for value in (
+            "",
+            "7",
+            "x:1",
+            f"{other.fileno()}:{os.fstat(other.fileno()).st_ino}",
+            f"{r}:{os.fstat(r).st_ino + 1}",
+            f"{closed}:{os.fstat(r).st_ino}",
+        ):
             monkeypatch.setenv(LIFELINE_FD_ENV, value)
             assert guard.watch_controller() is False, value
             assert LIFELINE_FD_ENV not in os.environ  # never passed on to a case's children

@@ -67,13 +67,25 @@ def nvml_shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
     except OSError:
         pass
     else:
-        pytest.skip("a CUDA driver is installed here: discovery would see its GPUs, not the "
-                    "shim's (these tests stand in for a GPU machine on one without)")
+        pytest.skip(
+            "a CUDA driver is installed here: discovery would see its GPUs, not the "
+            "shim's (these tests stand in for a GPU machine on one without)"
+        )
     folder = tmp_path_factory.mktemp("nvml-shim")
     try:
-        made = subprocess.run([os.environ.get("CC", "cc"), "-shared", "-fPIC", "-o",
-                               str(folder / "libnvidia-ml.so.1"), str(SHIM_SOURCE), "-ldl"],
-                              capture_output=True, text=True)
+        made = subprocess.run(
+            [
+                os.environ.get("CC", "cc"),
+                "-shared",
+                "-fPIC",
+                "-o",
+                str(folder / "libnvidia-ml.so.1"),
+                str(SHIM_SOURCE),
+                "-ldl",
+            ],
+            capture_output=True,
+            text=True,
+        )
     except OSError as err:
         _cannot(f"no C compiler to build the NVML shim: {err}")
     if made.returncode != 0:
@@ -96,9 +108,12 @@ def _py_spy_may_read_a_sibling(path: str) -> bool:
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         time.sleep(0.3)
-        probe = subprocess.run(["py-spy", "dump", "--pid", str(sleeper.pid)],
-                               capture_output=True, env={**os.environ, "PATH": path},
-                               timeout=30)
+        probe = subprocess.run(
+            ["py-spy", "dump", "--pid", str(sleeper.pid)],
+            capture_output=True,
+            env={**os.environ, "PATH": path},
+            timeout=30,
+        )
         return probe.returncode == 0
     finally:
         sleeper.kill()
@@ -106,6 +121,7 @@ def _py_spy_may_read_a_sibling(path: str) -> bool:
 
 
 # --- row 7: two runs started on the same GPU at once ----------------------------------------
+
 
 def test_a_second_run_on_the_same_gpu_is_refused_or_queued(tmp_path, nvml_shim):
     """The shim is the NVML of one GPU, so discovery and the device lock see cuda:0 (its
@@ -122,14 +138,35 @@ def test_a_second_run_on_the_same_gpu_is_refused_or_queued(tmp_path, nvml_shim):
     with open(tmp_path / "queued.err", "w") as queued_err:
         try:
             refused = start(tmp_path, *args, str(tmp_path / "refused"), env=env, cpu=False)
-            timed = start(tmp_path, *args, str(tmp_path / "timed"), "--wait-for-devices", "1",
-                          env=env, cpu=False)
-            queued = start(tmp_path, *args, str(tmp_path / "queued"), "--wait-for-devices",
-                           "120", env=env, cpu=False, stderr=queued_err)
-            said = {"refused": refused.communicate(timeout=60)[1],
-                    "timed": timed.communicate(timeout=60)[1]}
-            wait_for(lambda: "gpucheck: waiting up to 120 s for cuda:0" in
-                     (tmp_path / "queued.err").read_text())
+            timed = start(
+                tmp_path,
+                *args,
+                str(tmp_path / "timed"),
+                "--wait-for-devices",
+                "1",
+                env=env,
+                cpu=False,
+            )
+            queued = start(
+                tmp_path,
+                *args,
+                str(tmp_path / "queued"),
+                "--wait-for-devices",
+                "120",
+                env=env,
+                cpu=False,
+                stderr=queued_err,
+            )
+            said = {
+                "refused": refused.communicate(timeout=60)[1],
+                "timed": timed.communicate(timeout=60)[1],
+            }
+            wait_for(
+                lambda: (
+                    "gpucheck: waiting up to 120 s for cuda:0"
+                    in (tmp_path / "queued.err").read_text()
+                )
+            )
             assert queued.poll() is None  # still waiting
         finally:
             os.kill(first.pid, signal.SIGCONT)
@@ -138,8 +175,11 @@ def test_a_second_run_on_the_same_gpu_is_refused_or_queued(tmp_path, nvml_shim):
     for name, proc in (("refused", refused), ("timed", timed)):
         assert proc.returncode == 2, said[name]
         assert "Traceback" not in said[name]
-        (line,) = [x for x in said[name].splitlines() if x.startswith("gpucheck: ")
-                   and not x.startswith("gpucheck: waiting")]
+        (line,) = [
+            x
+            for x in said[name].splitlines()
+            if x.startswith("gpucheck: ") and not x.startswith("gpucheck: waiting")
+        ]
         assert line.startswith(f"gpucheck: cuda:0 ({SHIM_UUID}) ")
         assert f"pid {first.pid} " in line and f"run folder {tmp_path / 'first'}" in line
         assert "--wait-for-devices" in line and "nothing was run" in line
@@ -157,16 +197,25 @@ def test_a_second_run_on_the_same_gpu_is_refused_or_queued(tmp_path, nvml_shim):
 def test_resuming_a_run_that_is_still_going_is_refused(tmp_path):
     """--resume of a folder whose run is under way would record its cases twice: its folder
     is locked too (a --cpu-only run, which locks no device)."""
-    make_suite(tmp_path, "demo", {"test_slow.py": '''
+    make_suite(
+        tmp_path,
+        "demo",
+        {
+            "test_slow.py": """
         import os, time
         def test_slow():
             open(os.environ["FAULT_INSIDE"], "w").close()
             while not os.path.exists(os.environ["FAULT_GO"]):
                 time.sleep(0.05)
-    '''})
+    """
+        },
+    )
     out, inside, go = tmp_path / "out", tmp_path / "inside", tmp_path / "go"
-    env = {"GPUCHECK_LOCK_DIR": str(tmp_path / "locks"), "FAULT_INSIDE": str(inside),
-           "FAULT_GO": str(go)}
+    env = {
+        "GPUCHECK_LOCK_DIR": str(tmp_path / "locks"),
+        "FAULT_INSIDE": str(inside),
+        "FAULT_GO": str(go),
+    }
     going = start(tmp_path, "--out", str(out), env=env)
     wait_for(inside.exists)
     second = run(tmp_path, "--resume", str(out), env=env)
@@ -182,7 +231,8 @@ def test_resuming_a_run_that_is_still_going_is_refused(tmp_path):
 
 # --- row 8: a hang in C code that holds the GIL -----------------------------------------------
 
-GIL_SUITE = {"test_gil.py": '''
+GIL_SUITE = {
+    "test_gil.py": """
     import ctypes, os, threading, time
 
     def _beat(path):
@@ -207,7 +257,8 @@ GIL_SUITE = {"test_gil.py": '''
 
     def test_after():
         pass
-'''}
+"""
+}
 
 
 def _gil_held(beat: Path) -> bool:
@@ -224,15 +275,23 @@ def test_a_hang_in_c_code_holding_the_gil_still_has_its_stacks(tmp_path):
     make_suite(tmp_path, "demo", GIL_SUITE)
     out, inside, beat = tmp_path / "out", tmp_path / "inside", tmp_path / "beat"
     path = _py_spy_path()
-    proc = start(tmp_path, "--out", str(out), "--timeout", "4",
-                 env={"FAULT_INSIDE": str(inside), "FAULT_BEAT": str(beat), "PATH": path})
+    proc = start(
+        tmp_path,
+        "--out",
+        str(out),
+        "--timeout",
+        "4",
+        env={"FAULT_INSIDE": str(inside), "FAULT_BEAT": str(beat), "PATH": path},
+    )
     wait_for(inside.exists)
     assert _gil_held(beat)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 1, stdout + stderr
     recs = by_case(out)
-    assert {k: r["status"] for k, r in recs.items()} == {"test_holds_the_gil": "hung",
-                                                         "test_after": "passed"}
+    assert {k: r["status"] for k, r in recs.items()} == {
+        "test_holds_the_gil": "hung",
+        "test_after": "passed",
+    }
     evidence = recs["test_holds_the_gil"]["findings"][0]["evidence"]
     python, native = evidence.split("--- native frames (py-spy dump --native) ---\n")
     lines = python.splitlines()  # the running thread first, its innermost frame first
@@ -252,8 +311,9 @@ def test_a_worker_holding_the_gil_dies_with_its_controller(tmp_path):
     parent-death signal does not."""
     make_suite(tmp_path, "demo", GIL_SUITE)
     out, inside, beat = tmp_path / "out", tmp_path / "inside", tmp_path / "beat"
-    proc = start(tmp_path, "--out", str(out), env={"FAULT_INSIDE": str(inside),
-                                                  "FAULT_BEAT": str(beat)})
+    proc = start(
+        tmp_path, "--out", str(out), env={"FAULT_INSIDE": str(inside), "FAULT_BEAT": str(beat)}
+    )
     wait_for(inside.exists)
     worker = worker_pid(out)
     assert _gil_held(beat)
@@ -265,35 +325,53 @@ def test_a_worker_holding_the_gil_dies_with_its_controller(tmp_path):
 
 # --- row 12: py-spy missing or refused ---------------------------------------------------------
 
+
 @pytest.mark.parametrize("how", ["missing", "refused"])
 def test_py_spy_missing_or_refused_leaves_the_python_stacks(tmp_path, how):
     """missing: a PATH without py-spy. refused: the case makes its process non-dumpable
     (prctl PR_SET_DUMPABLE 0), so the kernel lets no one without CAP_SYS_PTRACE read it; as
     root, the run is started without that capability."""
-    make_suite(tmp_path, "demo", {"test_stuck.py": '''
+    make_suite(
+        tmp_path,
+        "demo",
+        {
+            "test_stuck.py": """
         import ctypes, time
         def test_stuck():
             assert ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE 0
             time.sleep(60)
         def test_after():
             pass
-    '''})
+    """
+        },
+    )
     (tmp_path / "empty").mkdir()
     out = tmp_path / "out"
     path = str(tmp_path / "empty") if how == "missing" else _py_spy_path()
     root = how == "refused" and os.geteuid() == 0
-    proc = run(tmp_path, "--out", str(out), "--timeout", "2", env={"PATH": path},
-               preexec_fn=(lambda: drop_capabilities(CAP_SYS_PTRACE)) if root else None)
+    proc = run(
+        tmp_path,
+        "--out",
+        str(out),
+        "--timeout",
+        "2",
+        env={"PATH": path},
+        preexec_fn=(lambda: drop_capabilities(CAP_SYS_PTRACE)) if root else None,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     recs = by_case(out)
-    assert {k: r["status"] for k, r in recs.items()} == {"test_stuck": "hung",
-                                                         "test_after": "passed"}
+    assert {k: r["status"] for k, r in recs.items()} == {
+        "test_stuck": "hung",
+        "test_after": "passed",
+    }
     evidence = recs["test_stuck"]["findings"][0]["evidence"]
     python, native = evidence.split("--- native frames (py-spy dump --native) ---\n")
     assert "in test_stuck" in python
     if how == "missing":
-        assert native == "note: py-spy is not installed (not on PATH): no native frames (pip " \
-                         "install py-spy to see where a process is stuck inside C++/CUDA)"
+        assert (
+            native == "note: py-spy is not installed (not on PATH): no native frames (pip "
+            "install py-spy to see where a process is stuck inside C++/CUDA)"
+        )
     else:
         (said,) = native.splitlines()
         assert said.startswith("py-spy dump failed (exit 1): ") and "ptrace" in said
@@ -332,7 +410,11 @@ def test_nvml_failing_mid_run_is_a_warning_per_case_and_a_gap(tmp_path, nvml_shi
     per-case peaks) and in the controller (the timeline). A mode-nvml pass on a worker
     labelled cpu whose NVML device is the shim's (a CPU torch has no cuda:0 to target)."""
     flag = tmp_path / "nvml-broken"
-    suite = make_suite(tmp_path, "demo", {"test_nvml.py": '''
+    suite = make_suite(
+        tmp_path,
+        "demo",
+        {
+            "test_nvml.py": """
         import os, time
         def test_before():
             time.sleep(0.2)
@@ -341,16 +423,24 @@ def test_nvml_failing_mid_run_is_a_warning_per_case_and_a_gap(tmp_path, nvml_shi
             time.sleep(0.2)
         def test_after():
             time.sleep(0.2)
-    '''})
+    """
+        },
+    )
     out = tmp_path / "out"
     env = {**os.environ, "LD_LIBRARY_PATH": str(nvml_shim), "GPUCHECK_SHIM_NVML_FAIL": str(flag)}
-    proc = subprocess.run([sys.executable, "-c", NVML_PASS, str(out), str(suite), SHIM_UUID],
-                          capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", NVML_PASS, str(out), str(suite), SHIM_UUID],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     notes = json.loads(proc.stdout.strip().splitlines()[-1])
     recs = by_case(out)
     assert {k: r["status"] for k, r in recs.items()} == dict.fromkeys(
-        ("test_before", "test_breaks", "test_after"), "passed")  # the cases' results stand
+        ("test_before", "test_breaks", "test_after"), "passed"
+    )  # the cases' results stand
     assert recs["test_before"]["memory"]["nvml_peak_used"] == 256 * MIB
     assert recs["test_before"]["findings"] == []
     for name in ("test_breaks", "test_after"):
@@ -375,19 +465,42 @@ def test_nvml_failing_mid_run_is_a_warning_per_case_and_a_gap(tmp_path, nvml_shi
 
 # --- row 10: compute-sanitizer missing, or crashing itself ------------------------------------
 
+
 def test_compute_sanitizer_missing_is_one_line_before_anything_runs(tmp_path):
     """Not on PATH, nor in $CUDA_HOME/bin (CUDA_HOME set: /usr/local/cuda is not looked at)."""
     (tmp_path / "empty").mkdir()
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "gpucheck.cli", "run", "--mode",
-                           "sanitizer:memcheck", "--out", str(out)], capture_output=True,
-                          text=True, timeout=60, cwd=tmp_path,
-                          env={**os.environ, "PATH": str(tmp_path / "empty"),
-                               "CUDA_HOME": str(tmp_path / "empty"), "CUDA_PATH": ""})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpucheck.cli",
+            "run",
+            "--mode",
+            "sanitizer:memcheck",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={
+            **os.environ,
+            "PATH": str(tmp_path / "empty"),
+            "CUDA_HOME": str(tmp_path / "empty"),
+            "CUDA_PATH": "",
+        },
+    )
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
-    assert line.startswith("gpucheck: compute-sanitizer was not found on PATH nor in "
-                           f"{tmp_path / 'empty' / 'bin'} ") and "nothing was run" in line
+    assert (
+        line.startswith(
+            "gpucheck: compute-sanitizer was not found on PATH nor in "
+            f"{tmp_path / 'empty' / 'bin'} "
+        )
+        and "nothing was run" in line
+    )
     assert not out.exists()
 
 
@@ -419,7 +532,11 @@ def test_compute_sanitizer_crashing_itself(tmp_path, when):
     tool = tmp_path / "compute-sanitizer"
     tool.write_text(CRASHING_TOOL)
     tool.chmod(0o755)
-    suite = make_suite(tmp_path, "san", {"test_san.py": '''
+    suite = make_suite(
+        tmp_path,
+        "san",
+        {
+            "test_san.py": """
         import os, pytest, time
         @pytest.mark.sanitizer
         def test_before():
@@ -431,20 +548,35 @@ def test_compute_sanitizer_crashing_itself(tmp_path, when):
         @pytest.mark.sanitizer
         def test_after():
             pass
-    '''})
+    """
+        },
+    )
     out = tmp_path / "out"
     out.mkdir()
-    env = {"FAULT_INSIDE": str(tmp_path / "inside"),
-           **({"FAULT_TOOL_START": "1"} if when == "at-start" else {})}
-    spec = WorkerSpec("cpu", None, None, {"san": suite}, "sanitizer:memcheck", env,
-                      sanitizer_tool="memcheck", sanitizer=tool)
+    env = {
+        "FAULT_INSIDE": str(tmp_path / "inside"),
+        **({"FAULT_TOOL_START": "1"} if when == "at-start" else {}),
+    }
+    spec = WorkerSpec(
+        "cpu",
+        None,
+        None,
+        {"san": suite},
+        "sanitizer:memcheck",
+        env,
+        sanitizer_tool="memcheck",
+        sanitizer=tool,
+    )
     t0 = time.monotonic()
     Harness([spec], out, out / "results.jsonl", "r1", timeout=60).run()
     assert time.monotonic() - t0 < 50  # not the victim's sleep, nor the --timeout
     if when == "mid-case":
         recs = by_case(out)
         assert {k: r["status"] for k, r in recs.items()} == {
-            "test_before": "passed", "test_victim": "error", "test_after": "passed"}
+            "test_before": "passed",
+            "test_victim": "error",
+            "test_after": "passed",
+        }
         (finding,) = recs["test_victim"]["findings"]
         assert finding["kind"] == "sanitizer-crash" and recs["test_victim"]["signal"] == "SIGSEGV"
         assert finding["message"].startswith("compute-sanitizer (pid ")
@@ -462,5 +594,8 @@ def test_compute_sanitizer_crashing_itself(tmp_path, when):
     assert_kept(out)
     page = tmp_path / "page.html"
     assert report(out, page).returncode == 1 and page.exists()
-    assert not [r for r in results.cases(out / "results.jsonl")
-                if r["status"] == "passed" and r["case"].endswith("test_victim")]
+    assert not [
+        r
+        for r in results.cases(out / "results.jsonl")
+        if r["status"] == "passed" and r["case"].endswith("test_victim")
+    ]

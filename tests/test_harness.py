@@ -17,7 +17,7 @@ import pytest
 
 from gpucheck.model import results
 
-SUITE = textwrap.dedent('''
+SUITE = textwrap.dedent("""
     import os, time, pytest
 
     def test_ok():
@@ -63,7 +63,7 @@ SUITE = textwrap.dedent('''
 
     def test_last():
         assert True
-''')
+""")
 
 
 @pytest.fixture
@@ -77,7 +77,10 @@ def project(tmp_path):
 def run(project, *args, env=None, timeout=180):
     return subprocess.run(
         [sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet", *args],
-        cwd=project, capture_output=True, text=True, timeout=timeout,
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         env={**os.environ, **(env or {})},
     )
 
@@ -92,9 +95,14 @@ def test_records_statuses_findings_and_junit(project):
     assert proc.returncode == 1, proc.stderr  # failures are findings of severity error
     recs = by_case(out / "results.jsonl")
     assert {k: r["status"] for k, r in recs.items()} == {
-        "test_ok": "passed", "test_fail": "failed", "test_skip": "skipped",
-        "test_gpu[nocuda]": "skipped", "test_setup_error": "error",
-        "test_cuda_error": "failed", "test_abort": "passed", "test_hang": "passed",
+        "test_ok": "passed",
+        "test_fail": "failed",
+        "test_skip": "skipped",
+        "test_gpu[nocuda]": "skipped",
+        "test_setup_error": "error",
+        "test_cuda_error": "failed",
+        "test_abort": "passed",
+        "test_hang": "passed",
         "test_last": "passed",
     }
     assert recs["test_skip"]["reason"] == "not on this machine"
@@ -120,8 +128,12 @@ def test_records_statuses_findings_and_junit(project):
         jsonschema.validate(line, schema)
     # JUnit agrees with the records
     root = ET.parse(out / "junit.xml").getroot()
-    assert (root.get("tests"), root.get("failures"), root.get("errors"), root.get("skipped")) \
-        == ("9", "2", "1", "2")
+    assert (root.get("tests"), root.get("failures"), root.get("errors"), root.get("skipped")) == (
+        "9",
+        "2",
+        "1",
+        "2",
+    )
 
 
 def test_clean_run_exits_0(project):
@@ -143,7 +155,8 @@ def test_abort_becomes_a_crashed_record_with_signal_and_stderr(project):
     assert "test_abort" in crash["stderr_tail"]  # pytest's faulthandler names the frame
     # native stderr is not captured away, and the line that explains the crash comes first
     assert crash["stderr_tail"].startswith(
-        "terminate called after throwing an instance of 'thrust::system_error'")
+        "terminate called after throwing an instance of 'thrust::system_error'"
+    )
     # what finished before the crash is kept, and a fresh worker ran the rest
     assert recs["test_ok"]["status"] == "passed"
     assert recs["test_hang"]["status"] == "passed" and recs["test_last"]["status"] == "passed"
@@ -166,10 +179,23 @@ def test_hang_becomes_a_hung_record_with_every_threads_stack(project):
 def test_ctrl_c_keeps_finished_records_and_writes_junit(project):
     out = project / "out"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet", "--out", str(out),
-         "--timeout", "300"],
-        cwd=project, env={**os.environ, "DEMO_HANG": "1"},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "gpucheck.cli",
+            "run",
+            "--cpu-only",
+            "--quiet",
+            "--out",
+            str(out),
+            "--timeout",
+            "300",
+        ],
+        cwd=project,
+        env={**os.environ, "DEMO_HANG": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     state = out / "workers" / "cpu.blocking.state.json"
     deadline = time.monotonic() + 60
@@ -186,7 +212,7 @@ def test_ctrl_c_keeps_finished_records_and_writes_junit(project):
     assert "interrupted" in stdout
 
 
-OP_CRASH_SUITE = textwrap.dedent('''
+OP_CRASH_SUITE = textwrap.dedent("""
     import os
     import torch
 
@@ -211,7 +237,7 @@ OP_CRASH_SUITE = textwrap.dedent('''
 
     def test_after():
         assert torch.ops.gpucheck_demo.fine(torch.zeros(1)).item() == 1
-''')
+""")
 
 
 def test_a_crash_inside_an_extension_op_names_the_op(tmp_path):

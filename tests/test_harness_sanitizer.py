@@ -17,7 +17,7 @@ from gpucheck.model import results
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sanitizer"
 
-FAKE_TOOL = textwrap.dedent('''\
+FAKE_TOOL = textwrap.dedent("""\
     #!/usr/bin/env bash
     # stand-in for compute-sanitizer: note the log template, run the worker as a child
     while [ $# -gt 0 ]; do
@@ -29,9 +29,9 @@ FAKE_TOOL = textwrap.dedent('''\
     done
     "$@"
     exit $?
-''')
+""")
 
-SUITE = textwrap.dedent('''
+SUITE = textwrap.dedent("""
     import os, subprocess, sys, pytest
     FIX = os.environ["FIXTURES"]
 
@@ -76,7 +76,7 @@ SUITE = textwrap.dedent('''
 
     def test_not_small_enough_for_the_sanitizer():
         write("memcheck_oob_planted_h200.log")
-''')
+""")
 
 
 @pytest.fixture
@@ -97,8 +97,15 @@ def test_sanitizer_records_are_attributed_to_their_case(setup, tmp_path):
     tool, suite = setup
     out = tmp_path / "out"
     out.mkdir()
-    spec = WorkerSpec("cpu", None, None, {"san": suite}, "sanitizer:memcheck",
-                      sanitizer_tool="memcheck", sanitizer=tool)
+    spec = WorkerSpec(
+        "cpu",
+        None,
+        None,
+        {"san": suite},
+        "sanitizer:memcheck",
+        sanitizer_tool="memcheck",
+        sanitizer=tool,
+    )
     Harness([spec], out, out / "results.jsonl", "r1", timeout=60).run()
     recs = {r["case"].rsplit("::", 1)[-1]: r for r in results.cases(out / "results.jsonl")}
     # only the cases marked `sanitizer` ran
@@ -130,13 +137,21 @@ def test_worker_command_under_the_sanitizer(setup, tmp_path):
     from gpucheck.controller.harness import worker_command
 
     tool, suite = setup
-    spec = WorkerSpec("cuda:1", 1, "GPU-x", {"san": suite}, "sanitizer:racecheck",
-                      sanitizer_tool="racecheck", sanitizer=tool)
-    cmd = worker_command(spec, tmp_path / "r.jsonl", tmp_path / "s.json", "r1", None,
-                         tmp_path / "w.sanitizer.%p.log")
+    spec = WorkerSpec(
+        "cuda:1",
+        1,
+        "GPU-x",
+        {"san": suite},
+        "sanitizer:racecheck",
+        sanitizer_tool="racecheck",
+        sanitizer=tool,
+    )
+    cmd = worker_command(
+        spec, tmp_path / "r.jsonl", tmp_path / "s.json", "r1", None, tmp_path / "w.sanitizer.%p.log"
+    )
     assert cmd[:4] == [str(tool), "--tool", "racecheck", "--log-file"]
     assert cmd[cmd.index("--error-exitcode") + 1] == "86"
-    assert cmd[cmd.index(sys.executable) + 1:][:2] == ["-m", "pytest"]
+    assert cmd[cmd.index(sys.executable) + 1 :][:2] == ["-m", "pytest"]
     assert cmd[cmd.index("-m", cmd.index("pytest")) + 1] == "sanitizer"
 
 
@@ -146,8 +161,16 @@ def test_hang_under_the_sanitizer_dumps_the_workers_stacks(setup, tmp_path, monk
     monkeypatch.setenv("DEMO_HANG", "1")
     out = tmp_path / "out"
     out.mkdir()
-    spec = WorkerSpec("cpu", None, None, {"san": suite}, "sanitizer:memcheck", pytest_args=[
-        "-k", "test_hang or test_last"], sanitizer_tool="memcheck", sanitizer=tool)
+    spec = WorkerSpec(
+        "cpu",
+        None,
+        None,
+        {"san": suite},
+        "sanitizer:memcheck",
+        pytest_args=["-k", "test_hang or test_last"],
+        sanitizer_tool="memcheck",
+        sanitizer=tool,
+    )
     Harness([spec], out, out / "results.jsonl", "r1", timeout=3).run()
     recs = {r["case"].rsplit("::", 1)[-1]: r for r in results.cases(out / "results.jsonl")}
     hung = recs["test_hang"]

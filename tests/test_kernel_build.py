@@ -23,26 +23,48 @@ from gpucheck.errors import ExtensionNotBuilt
 from gpucheck.ops import _ext
 
 #: `nvcc --list-gpu-arch` of CUDA 13.0 (as recorded) and of CUDA 11.8
-NVCC_13_0 = ("compute_75\ncompute_80\ncompute_86\ncompute_87\ncompute_88\ncompute_89\n"
-             "compute_90\ncompute_100\ncompute_110\ncompute_103\ncompute_120\ncompute_121\n")
-NVCC_11_8 = ("compute_35\ncompute_37\ncompute_50\ncompute_52\ncompute_53\ncompute_60\n"
-             "compute_61\ncompute_62\ncompute_70\ncompute_72\ncompute_75\ncompute_80\n"
-             "compute_86\ncompute_87\ncompute_89\ncompute_90\n")
+NVCC_13_0 = (
+    "compute_75\ncompute_80\ncompute_86\ncompute_87\ncompute_88\ncompute_89\n"
+    "compute_90\ncompute_100\ncompute_110\ncompute_103\ncompute_120\ncompute_121\n"
+)
+NVCC_11_8 = (
+    "compute_35\ncompute_37\ncompute_50\ncompute_52\ncompute_53\ncompute_60\n"
+    "compute_61\ncompute_62\ncompute_70\ncompute_72\ncompute_75\ncompute_80\n"
+    "compute_86\ncompute_87\ncompute_89\ncompute_90\n"
+)
 
 
 # --- which architectures ----------------------------------------------------------------------
 
+
 def test_nvcc_arch_lists_are_read():
     assert _csrc.parse_gpu_archs(NVCC_13_0) == [
-        "7.5", "8.0", "8.6", "8.7", "8.8", "8.9", "9.0", "10.0", "10.3", "11.0", "12.0", "12.1"]
+        "7.5",
+        "8.0",
+        "8.6",
+        "8.7",
+        "8.8",
+        "8.9",
+        "9.0",
+        "10.0",
+        "10.3",
+        "11.0",
+        "12.0",
+        "12.1",
+    ]
     assert _csrc.parse_gpu_archs("nvcc fatal   : Unknown option '--list-gpu-arch'\n") == []
 
 
 def test_without_gpu_the_current_generations_plus_ptx_that_nvcc_supports():
     assert _csrc.arch_list([], _csrc.parse_gpu_archs(NVCC_13_0)) == [
-        "8.0", "8.6", "8.9", "9.0", "10.0", "12.0+PTX"]
-    assert _csrc.arch_list([], _csrc.parse_gpu_archs(NVCC_11_8)) == [
-        "8.0", "8.6", "8.9", "9.0+PTX"]
+        "8.0",
+        "8.6",
+        "8.9",
+        "9.0",
+        "10.0",
+        "12.0+PTX",
+    ]
+    assert _csrc.arch_list([], _csrc.parse_gpu_archs(NVCC_11_8)) == ["8.0", "8.6", "8.9", "9.0+PTX"]
     assert _csrc.arch_list([], None) == [*_csrc.DEFAULT_ARCHS[:-1], "12.0+PTX"]
 
 
@@ -50,13 +72,17 @@ def test_with_gpus_their_architectures_and_ptx_for_one_newer_than_nvcc():
     assert _csrc.arch_list([(9, 0), (9, 0)], _csrc.parse_gpu_archs(NVCC_13_0)) == ["9.0"]
     assert _csrc.arch_list([(8, 6), (9, 0)], None) == ["8.6", "9.0"]
     assert _csrc.arch_list([(12, 0), (8, 0)], _csrc.parse_gpu_archs(NVCC_11_8)) == [
-        "8.0", "9.0+PTX"]
+        "8.0",
+        "9.0+PTX",
+    ]
 
 
 def test_arch_flags_labels_and_the_env_list():
     assert _csrc.gencode_flags(["9.0", "12.0+PTX"]) == [
-        "-gencode=arch=compute_90,code=sm_90", "-gencode=arch=compute_120,code=sm_120",
-        "-gencode=arch=compute_120,code=compute_120"]
+        "-gencode=arch=compute_90,code=sm_90",
+        "-gencode=arch=compute_120,code=sm_120",
+        "-gencode=arch=compute_120,code=compute_120",
+    ]
     assert _csrc.arch_label(["9.0"]) == "sm_90"
     assert _csrc.arch_label(["8.0", "12.0+PTX"]) == "sm_80, sm_120 (+PTX)"
     assert _csrc.parse_arch_env("8.0;9.0+PTX") == ["8.0", "9.0+PTX"]
@@ -65,6 +91,7 @@ def test_arch_flags_labels_and_the_env_list():
 
 
 # --- which CUDA toolkit -----------------------------------------------------------------------
+
 
 def _toolkit(root: Path) -> Path:
     (root / "bin").mkdir(parents=True)
@@ -77,11 +104,14 @@ def _toolkit(root: Path) -> Path:
 def test_cuda_home_from_the_environment_first(tmp_path):
     home = _toolkit(tmp_path / "cuda-12.8")
     other = _toolkit(tmp_path / "cuda-13.0")
-    assert _csrc.find_cuda_home({"CUDA_HOME": str(home)}, str(other / "bin" / "nvcc"),
-                                default=other) == home
+    assert (
+        _csrc.find_cuda_home({"CUDA_HOME": str(home)}, str(other / "bin" / "nvcc"), default=other)
+        == home
+    )
     assert _csrc.find_cuda_home({"CUDA_PATH": str(home)}, None, default=other) == home
-    assert _csrc.find_cuda_home({"CUDA_HOME": str(tmp_path / "nothing")}, None,
-                                default=other) == other
+    assert (
+        _csrc.find_cuda_home({"CUDA_HOME": str(tmp_path / "nothing")}, None, default=other) == other
+    )
 
 
 def test_cuda_home_through_a_symlinked_or_wrapped_nvcc_on_path(tmp_path):
@@ -102,13 +132,16 @@ def test_cuda_home_through_a_symlinked_or_wrapped_nvcc_on_path(tmp_path):
 
 
 def test_the_cache_honours_its_variable_then_xdg(tmp_path):
-    assert _csrc.cache_dir({"GPUCHECK_CACHE_DIR": str(tmp_path / "c"),
-                            "XDG_CACHE_HOME": "/x"}) == tmp_path / "c"
+    assert (
+        _csrc.cache_dir({"GPUCHECK_CACHE_DIR": str(tmp_path / "c"), "XDG_CACHE_HOME": "/x"})
+        == tmp_path / "c"
+    )
     assert _csrc.cache_dir({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "gpucheck"
     assert _csrc.cache_dir({}) == Path.home() / ".cache" / "gpucheck"
 
 
 # --- the sentence of each way the kernels cannot be had -------------------------------------
+
 
 @pytest.fixture
 def fresh(monkeypatch, tmp_path):
@@ -124,8 +157,9 @@ def _sentence() -> str:
     with pytest.raises(ExtensionNotBuilt) as err:
         _ext.load()
     message = str(err.value)
-    assert "\n" not in message and message.startswith("gpucheck's CUDA extension is not "
-                                                      "available: ")
+    assert "\n" not in message and message.startswith(
+        "gpucheck's CUDA extension is not available: "
+    )
     return message
 
 
@@ -178,25 +212,32 @@ def test_a_failing_compile_is_one_sentence_with_its_log(fresh, monkeypatch, capf
     assert "building it for sm_90 with " in message and "error" in message
     assert log.is_file() and fresh in log.parents and "FAILED" in log.read_text()
     said = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
-    assert said == [f"gpucheck: building the CUDA kernels for sm_90 (first use; about a "
-                    f"minute) in {log.parent}"]
+    assert said == [
+        f"gpucheck: building the CUDA kernels for sm_90 (first use; about a minute) in {log.parent}"
+    ]
     assert _sentence() == message  # remembered: not built again by the next call
 
 
 # --- one build for processes that start at once --------------------------------------------------
 
+
 def _fake_library(where: Path) -> Path:
     """A real extension module named _C (what a build of the kernels is, minus the ops)."""
     src = where / "c.c"
-    src.write_text(textwrap.dedent("""\
+    src.write_text(
+        textwrap.dedent("""\
         #include <Python.h>
         static struct PyModuleDef def = {PyModuleDef_HEAD_INIT, "_C", NULL, -1, NULL};
         PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&def); }
-        """))
+        """)
+    )
     lib = where / "_C.so"
     cc = os.environ.get("CC", "cc")
-    proc = subprocess.run([cc, "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}",
-                           str(src), "-o", str(lib)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [cc, "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}", str(src), "-o", str(lib)],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         pytest.skip(f"no C compiler for Python extensions here: {proc.stderr[-300:]}")
     return lib
@@ -231,16 +272,23 @@ def test_processes_starting_at_once_build_once_and_all_load(tmp_path, monkeypatc
     builds = tmp_path / "builds.txt"
 
     def start() -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, str(tmp_path / "loader.py"), str(library),
-                                 str(builds)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
+        return subprocess.Popen(
+            [sys.executable, str(tmp_path / "loader.py"), str(library), str(builds)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     procs = [start() for _ in range(3)]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], outs
     assert [out.strip() for out, _ in outs] == ["gpucheck._C"] * 3
-    progress = [line for _, err in outs for line in err.splitlines()
-                if line.startswith("gpucheck: building the CUDA kernels for sm_90 ")]
+    progress = [
+        line
+        for _, err in outs
+        for line in err.splitlines()
+        if line.startswith("gpucheck: building the CUDA kernels for sm_90 ")
+    ]
     assert len(progress) == 1 and builds.read_text() == "built\n"
     later = start()  # a later process loads the cached build: no build, no line
     out, err = later.communicate(timeout=300)
@@ -270,26 +318,46 @@ def test_a_cached_build_loads_without_nvcc_or_ninja(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
     (tmp_path / "loader.py").write_text(LOADER)
     builds = tmp_path / "builds.txt"
-    first = subprocess.run([sys.executable, str(tmp_path / "loader.py"), str(library),
-                            str(builds)], capture_output=True, text=True, timeout=300)
+    first = subprocess.run(
+        [sys.executable, str(tmp_path / "loader.py"), str(library), str(builds)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert first.returncode == 0 and builds.read_text() == "built\n", first.stderr
     (tmp_path / "empty").mkdir()
-    later = subprocess.run([sys.executable, "-c", LOAD_ONLY], capture_output=True, text=True,
-                           timeout=300, env={**os.environ, "PATH": str(tmp_path / "empty")})
+    later = subprocess.run(
+        [sys.executable, "-c", LOAD_ONLY],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PATH": str(tmp_path / "empty")},
+    )
     assert (later.returncode, later.stdout.strip(), later.stderr.strip()) == (
-        0, "gpucheck._C", ""), later.stderr
+        0,
+        "gpucheck._C",
+        "",
+    ), later.stderr
 
 
 def test_a_killed_build_leaves_no_lock_behind(tmp_path):
     lock = tmp_path / "gpucheck.lock"
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""\
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""\
         import time
         from pathlib import Path
         from gpucheck.ops import _ext
         with _ext._locked(Path({str(lock)!r}), exclusive=True):
             print("held", flush=True)
             time.sleep(600)
-        """)], stdout=subprocess.PIPE, text=True)
+        """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
     holder.send_signal(signal.SIGKILL)
     holder.wait(timeout=60)

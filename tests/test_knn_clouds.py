@@ -39,15 +39,19 @@ def test_shape_dtype_finite(name: str, n: int, seed: int) -> None:
     assert bool(torch.isfinite(p).all())
 
 
-@pytest.mark.parametrize(("name", "fraction", "cap", "low", "high"), [
-    ("sfm_scatter", 1e-3, None, 50.0, 1e4),
-    ("sfm_far", 1e-3, 10, 0.99e7, 1.01e7),
-    ("sfm_sparse", 1e-4, None, 1e2 / 3**0.5, 1e6),
-    ("sfm_heavy", 1e-2, None, 10.0 / 3**0.5, 1e5),
-])
+@pytest.mark.parametrize(
+    ("name", "fraction", "cap", "low", "high"),
+    [
+        ("sfm_scatter", 1e-3, None, 50.0, 1e4),
+        ("sfm_far", 1e-3, 10, 0.99e7, 1.01e7),
+        ("sfm_sparse", 1e-4, None, 1e2 / 3**0.5, 1e6),
+        ("sfm_heavy", 1e-2, None, 10.0 / 3**0.5, 1e5),
+    ],
+)
 @pytest.mark.parametrize("n", [2, 1000, 200_000])
-def test_sfm_outlier_counts_and_distances(name: str, fraction: float, cap: int | None,
-                                          low: float, high: float, n: int, seed: int) -> None:
+def test_sfm_outlier_counts_and_distances(
+    name: str, fraction: float, cap: int | None, low: float, high: float, n: int, seed: int
+) -> None:
     p = knn_clouds.make(name, n, seed, "cpu")
     m = knn_clouds.outlier_count(n, fraction, cap)
     assert m == min(n - 1, max(1, min(round(fraction * n), cap or n)))
@@ -81,8 +85,9 @@ def test_sfm_extreme(n: int, seed: int) -> None:
 
 def test_overflow_rows_follow_the_float32_sum() -> None:
     f32max = knn_clouds.F32_MAX
-    want = torch.tensor([1.0, f32max / 3 * 0.999, f32max / 3 * 1.001, f32max / 3, 1e77],
-                        dtype=torch.float64)
+    want = torch.tensor(
+        [1.0, f32max / 3 * 0.999, f32max / 3 * 1.001, f32max / 3, 1e77], dtype=torch.float64
+    )
     over, edge = knn_clouds.overflow_rows(want, 3)
     assert over.tolist() == [False, False, True, False, True]
     assert edge.tolist() == [False, False, False, True, False]

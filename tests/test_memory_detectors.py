@@ -37,16 +37,34 @@ def recorded(kind: str) -> str:
     return (OOM / f"{kind}.txt").read_text()
 
 
-def failed(message: str, memory: dict | None = None, device: str = "cuda:0",
-           case: str = "test_m.py::test_m[cuda0]", traceback: str = "") -> CaseRecord:
+def failed(
+    message: str,
+    memory: dict | None = None,
+    device: str = "cuda:0",
+    case: str = "test_m.py::test_m[cuda0]",
+    traceback: str = "",
+) -> CaseRecord:
     """A case record as the worker writes it for a case that raised ``message``, read back."""
     head = message.splitlines()[0]
-    return read_back({"record": "case", "device": device, "suite": "s", "case": case,
-            "mode": "blocking+nvml", "status": "failed",
+    return read_back(
+        {
+            "record": "case",
+            "device": device,
+            "suite": "s",
+            "case": case,
+            "mode": "blocking+nvml",
+            "status": "failed",
             "memory": memory or {"torch_peak_allocated": 300 * MiB},
-            "findings": [{"kind": "test-failure", "severity": "error", "message": head,
-                          "evidence": f"{traceback}\nE   {message}\n\ntest_m.py:12: "
-                                      f"{head.split(':')[0]}"}]})
+            "findings": [
+                {
+                    "kind": "test-failure",
+                    "severity": "error",
+                    "message": head,
+                    "evidence": f"{traceback}\nE   {message}\n\ntest_m.py:12: {head.split(':')[0]}",
+                }
+            ],
+        }
+    )
 
 
 def read_back(record: dict) -> CaseRecord:
@@ -64,7 +82,8 @@ STORY3_TORCH20 = (
     "23.68 GiB total capacity; 2.10 GiB already allocated; 20.87 GiB free; 2.14 GiB reserved "
     "in total by PyTorch) If reserved memory is >> allocated memory try setting "
     "max_split_size_mb to avoid fragmentation.  See documentation for Memory Management and "
-    "PYTORCH_CUDA_ALLOC_CONF")
+    "PYTORCH_CUDA_ALLOC_CONF"
+)
 # torch 2.1's wording (v2.1.0, "capacty" misspelled there), with another process on the GPU
 TORCH21 = (
     "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a "
@@ -72,7 +91,8 @@ TORCH21 = (
     "in use. Of the allocated memory 15.31 GiB is allocated by PyTorch, and 88.22 MiB is "
     "reserved by PyTorch but unallocated. If reserved but unallocated memory is large try "
     "setting max_split_size_mb to avoid fragmentation.  See documentation for Memory "
-    "Management and PYTORCH_CUDA_ALLOC_CONF")
+    "Management and PYTORCH_CUDA_ALLOC_CONF"
+)
 
 
 def test_torch20_wording():
@@ -94,9 +114,15 @@ def test_recorded_torch211_wordings():
     huge = parse_oom(recorded("huge_request"))
     assert huge is not None and huge.gpu == 0
     assert (huge.requested, huge.total, huge.free) == (
-        round(279.60 * GiB), round(139.80 * GiB), round(138.95 * GiB))
+        round(279.60 * GiB),
+        round(139.80 * GiB),
+        round(138.95 * GiB),
+    )
     assert (huge.process_in_use, huge.allocated, huge.reserved_unallocated) == (
-        866 * MiB, 256 * MiB, 0)
+        866 * MiB,
+        256 * MiB,
+        0,
+    )
     frag = parse_oom(recorded("fragmentation"))
     assert frag is not None and frag.allowed == 24 * GiB
     assert frag.allocated == round(7.60 * GiB) and frag.unallocated == round(8.40 * GiB)
@@ -114,13 +140,16 @@ def test_recorded_traceback_and_raw_cuda_oom():
     assert raw is not None and raw.requested is None and "CUDA error: out of memory" in raw.text
 
 
-@pytest.mark.parametrize(("kind", "want"), [
-    ("huge_request", ("oom-anomaly", "error", "279.60 GiB on a device of 139.80 GiB")),
-    ("huge_request_expandable", ("oom-anomaly", "error", "2.0x the whole device")),
-    ("fragmentation", ("oom", "warning", "8.40 GiB reserved by PyTorch but unallocated")),
-    ("process_fraction", ("oom", "info", "the process limited to 4.00 GiB")),
-    ("many_small_until_full", ("oom", "info", "0.06 GiB requested")),
-])
+@pytest.mark.parametrize(
+    ("kind", "want"),
+    [
+        ("huge_request", ("oom-anomaly", "error", "279.60 GiB on a device of 139.80 GiB")),
+        ("huge_request_expandable", ("oom-anomaly", "error", "2.0x the whole device")),
+        ("fragmentation", ("oom", "warning", "8.40 GiB reserved by PyTorch but unallocated")),
+        ("process_fraction", ("oom", "info", "the process limited to 4.00 GiB")),
+        ("many_small_until_full", ("oom", "info", "0.06 GiB requested")),
+    ],
+)
 def test_recorded_messages_as_case_failures(kind, want):
     tb = (OOM / f"{kind}.traceback.txt").read_text()
     [f] = oom_findings([failed(f"torch.OutOfMemoryError: {recorded(kind)}", traceback=tb)])
@@ -142,10 +171,17 @@ def test_not_an_oom():
 
 def test_size_parameters():
     assert [size_of(t) for t in ("4096", "n4096", "n=64", "1920x1080", "cuda0", "fp16")] == [
-        4096, 4096, 64, 1920 * 1080, None, None]
+        4096,
+        4096,
+        64,
+        1920 * 1080,
+        None,
+        None,
+    ]
 
 
 # --- anomalies at the failure ----------------------------------------------------------------
+
 
 def test_story3_request_beyond_the_device_is_an_anomaly():
     [f] = oom_findings([failed(STORY3_TORCH20)])
@@ -160,8 +196,11 @@ def test_reruns_of_the_wrong_device_check_are_not_counted_twice():
 
 
 def test_request_far_beyond_the_footprint():
-    msg = TORCH21.replace("Tried to allocate 20.00 MiB", "Tried to allocate 9.00 GiB").replace(
-        "15.77 GiB", "79.11 GiB").replace("15.31 GiB is allocated", "0.25 GiB is allocated")
+    msg = (
+        TORCH21.replace("Tried to allocate 20.00 MiB", "Tried to allocate 9.00 GiB")
+        .replace("15.77 GiB", "79.11 GiB")
+        .replace("15.31 GiB is allocated", "0.25 GiB is allocated")
+    )
     [f] = oom_findings([failed(msg, {"torch_peak_allocated": 256 * MiB})])
     assert f.kind == "oom-anomaly" and "the case's measured footprint" in f.message
 
@@ -185,11 +224,21 @@ def test_rasterizer_memory_anomaly_error(kind):
 
 # --- growth over sizes -------------------------------------------------------------------------
 
+
 def sized(n: int, peak: int, device: str = "cuda:0", name: str = "test_g") -> CaseRecord:
     dev = device.replace(":", "")
-    return read_back({"record": "case", "device": device, "suite": "s", "mode": "blocking+nvml",
-                      "case": f"test_g.py::{name}[{dev}-{n}]", "status": "passed",
-                      "memory": {"torch_peak_allocated": peak}, "findings": []})
+    return read_back(
+        {
+            "record": "case",
+            "device": device,
+            "suite": "s",
+            "mode": "blocking+nvml",
+            "case": f"test_g.py::{name}[{dev}-{n}]",
+            "status": "passed",
+            "memory": {"torch_peak_allocated": peak},
+            "findings": [],
+        }
+    )
 
 
 def test_quadratic_growth_is_flagged_linear_is_not():
@@ -220,8 +269,7 @@ def test_linear_shapes_far_apart_are_not_extrapolated():
     """The SSIM suite's image sizes on an H200 (2026-11-24): linear, but from 137,634 to
     31,104,000 elements; the same step again would be 1.6 TiB: not a prediction to make."""
     mib = 1 << 20
-    recs = [sized(n, int(p * mib)) for n, p in ((121, 0.01), (137_634, 17.3),
-                                                (31_104_000, 3924.2))]
+    recs = [sized(n, int(p * mib)) for n, p in ((121, 0.01), (137_634, 17.3), (31_104_000, 3924.2))]
     assert growth(recs, {"cuda:0": 140 * GiB}) == []
 
 
@@ -234,37 +282,62 @@ def test_growth_beyond_the_device_is_an_error():
 
 # --- imbalance ---------------------------------------------------------------------------------
 
-def peak(device: str, torch_peak: int, nvml_peak: int, case: str = "test_i.py::test_i[{d}]"
-         ) -> CaseRecord:
-    return read_back({"record": "case", "device": device, "suite": "s", "mode": "blocking+nvml",
-                      "case": case.format(d=device.replace(":", "")), "status": "passed",
-                      "memory": {"torch_peak_allocated": torch_peak, "nvml_peak_used": nvml_peak}})
+
+def peak(
+    device: str, torch_peak: int, nvml_peak: int, case: str = "test_i.py::test_i[{d}]"
+) -> CaseRecord:
+    return read_back(
+        {
+            "record": "case",
+            "device": device,
+            "suite": "s",
+            "mode": "blocking+nvml",
+            "case": case.format(d=device.replace(":", "")),
+            "status": "passed",
+            "memory": {"torch_peak_allocated": torch_peak, "nvml_peak_used": nvml_peak},
+        }
+    )
 
 
 def test_imbalance_across_devices():
-    recs = [peak("cuda:0", 900 * MiB, 1500 * MiB), peak("cuda:1", 100 * MiB, 700 * MiB),
-            peak("cuda:0", 100 * MiB, 700 * MiB, "test_i.py::test_ok[{d}]"),
-            peak("cuda:1", 110 * MiB, 720 * MiB, "test_i.py::test_ok[{d}]")]
+    recs = [
+        peak("cuda:0", 900 * MiB, 1500 * MiB),
+        peak("cuda:1", 100 * MiB, 700 * MiB),
+        peak("cuda:0", 100 * MiB, 700 * MiB, "test_i.py::test_ok[{d}]"),
+        peak("cuda:1", 110 * MiB, 720 * MiB, "test_i.py::test_ok[{d}]"),
+    ]
     [f] = imbalances(recs)
     assert (f.kind, f.severity, f.device) == ("imbalance", "warning", "cuda:0")
     assert f.case == "test_i.py::test_i[cuda0]" and "800.0 MiB more than cuda:1" in (
-        f.evidence or "")
+        f.evidence or ""
+    )
     assert imbalances([r for r in recs if r.device == "cuda:0"]) == []
 
 
 # --- leak ----------------------------------------------------------------------------------------
 
+
 def test_leak_judgement():
     flat = [1000] * 5
     raw = [600 * MiB + k * 16 * MiB for k in range(5)]
     [f] = judge(flat, raw, CASE, "NVML")
-    assert f.kind == "leak" and "outside PyTorch's allocator" in f.message and "16.0 MiB per run" \
-        in f.message
+    assert (
+        f.kind == "leak"
+        and "outside PyTorch's allocator" in f.message
+        and "16.0 MiB per run" in f.message
+    )
     [t] = judge([k * 4 * MiB for k in range(5)], [600 * MiB] * 5, CASE, "NVML")
     assert "PyTorch memory grows" in t.message
     # lazy initialization in the second run only: a step, not a leak
-    assert judge([0, 2 * MiB, 2 * MiB, 2 * MiB, 2 * MiB], [600 * MiB, 640 * MiB] + [
-        640 * MiB] * 3, CASE, "NVML") == []
+    assert (
+        judge(
+            [0, 2 * MiB, 2 * MiB, 2 * MiB, 2 * MiB],
+            [600 * MiB, 640 * MiB] + [640 * MiB] * 3,
+            CASE,
+            "NVML",
+        )
+        == []
+    )
 
 
 def test_leak_detector_measures_nothing_without_cuda():
@@ -279,7 +352,8 @@ def test_repeat_marker_in_a_real_worker(tmp_path):
     """The worker runs a marked body n times (fixtures once); a bad marker is a finding."""
     suite = tmp_path / "suites" / "rep"
     suite.mkdir(parents=True)
-    (suite / "test_r.py").write_text(textwrap.dedent('''
+    (suite / "test_r.py").write_text(
+        textwrap.dedent("""
         import pytest
         CALLS = []
 
@@ -303,11 +377,27 @@ def test_repeat_marker_in_a_real_worker(tmp_path):
         @pytest.mark.gpucheck_repeat("many")
         def test_bad_marker():
             pass
-    '''))
+    """)
+    )
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet",
-                           "--suite", str(suite), "--out", str(out)], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpucheck.cli",
+            "run",
+            "--cpu-only",
+            "--quiet",
+            "--suite",
+            str(suite),
+            "--out",
+            str(out),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     recs = {r["case"].split("::")[1]: r for r in results.cases(out / "results.jsonl")}
     assert recs["test_after"]["status"] == "passed", proc.stdout + proc.stderr
     again = recs["test_fails_second_time"]["findings"]
@@ -322,9 +412,14 @@ def test_double_activation_detector_reads_round_trips():
 
     d = DoubleActivation()
     d.case_started(CASE)
-    roundtrip.OUTCOMES.append(roundtrip.RoundtripReport(
-        ok=False, fields={"log_scales": "came back as exp(saved)"}, activated=["log_scales"],
-        message="activation applied twice: log_scales came back activated; more"))
+    roundtrip.OUTCOMES.append(
+        roundtrip.RoundtripReport(
+            ok=False,
+            fields={"log_scales": "came back as exp(saved)"},
+            activated=["log_scales"],
+            message="activation applied twice: log_scales came back activated; more",
+        )
+    )
     [f] = d.case_finished(CASE)
     assert (f.kind, f.severity) == ("double-activation", "error") and roundtrip.OUTCOMES == []
     assert f.message == "activation applied twice: log_scales came back activated"
@@ -332,11 +427,20 @@ def test_double_activation_detector_reads_round_trips():
 
 # --- the run-level wiring --------------------------------------------------------------------
 
+
 def test_diagnose_adds_memory_findings(tmp_path):
     path = tmp_path / "results.jsonl"
-    results.append(path, {"schema": results.SCHEMA_ID, "record": "run", "run_id": "r1",
-                          "devices": [{"device": "cuda:0", "uuid": "GPU-a", "name": "H200",
-                                       "memory_total": 150 * GiB}]})
+    results.append(
+        path,
+        {
+            "schema": results.SCHEMA_ID,
+            "record": "run",
+            "run_id": "r1",
+            "devices": [
+                {"device": "cuda:0", "uuid": "GPU-a", "name": "H200", "memory_total": 150 * GiB}
+            ],
+        },
+    )
     for r in [failed(STORY3_TORCH20), *(sized(n, 4 * n * n) for n in (1024, 2048, 4096))]:
         results.append(path, {**r.to_json(), "run_id": "r1"})
     made = pipeline._diagnose(tmp_path, path, "r1")
@@ -352,10 +456,27 @@ def test_selftest_double_activation_row_on_cpu(tmp_path):
     from gpucheck.selftest import matrix, read_run
 
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet",
-                           "--suite", "selftest", "--out", str(out), "--", "-k", "roundtrip or "
-                           "double_activation"], cwd=Path(__file__).parents[1],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpucheck.cli",
+            "run",
+            "--cpu-only",
+            "--quiet",
+            "--suite",
+            "selftest",
+            "--out",
+            str(out),
+            "--",
+            "-k",
+            "roundtrip or double_activation",
+        ],
+        cwd=Path(__file__).parents[1],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     rows, false = matrix(*read_run(out))
     row = next(r for r in rows if r.defect.kind == "double-activation")
     assert row.status == "found", proc.stdout + proc.stderr

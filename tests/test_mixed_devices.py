@@ -67,12 +67,22 @@ def test_the_rule():
 
 
 def test_hints_say_what_to_move_where():
-    cpu = md.mixed([("argument 0 (x)", _T("cuda:0")), ("argument 1 (bg)", _T("cpu", (3,))),
-                    ("argument 2 (y)", _T("cuda:0"))])
+    cpu = md.mixed(
+        [
+            ("argument 0 (x)", _T("cuda:0")),
+            ("argument 1 (bg)", _T("cpu", (3,))),
+            ("argument 2 (y)", _T("cuda:0")),
+        ]
+    )
     hint = md.hint(cpu)
     assert "pass argument 1 (bg) on cuda:0" in hint and "host pointer" in hint
-    two = md.mixed([("argument 0 (a)", _T("cuda:0")), ("argument 1 (b)", _T("cuda:1")),
-                    ("argument 2 (c)", _T("cuda:1"))])
+    two = md.mixed(
+        [
+            ("argument 0 (a)", _T("cuda:0")),
+            ("argument 1 (b)", _T("cuda:1")),
+            ("argument 2 (c)", _T("cuda:1")),
+        ]
+    )
     assert "pass argument 0 (a) on cuda:1" in md.hint(two) and "NVLink" in md.hint(two)
 
 
@@ -92,20 +102,29 @@ def test_a_torch_op_with_a_cpu_tensor_among_others_is_named_before_it_runs():
     det.persist = persisted.append
     det.case_started(CASE)
     image = torch.empty(2, 3, device="meta")
-    for args, kwargs in (((image, torch.rand(3)), {}), ((image,), {"background": torch.rand(3)}),
-                         ((image, torch.empty(3, device="meta")), {})):  # the last is fine
+    for args, kwargs in (
+        ((image, torch.rand(3)), {}),
+        ((image,), {"background": torch.rand(3)}),
+        ((image, torch.empty(3, device="meta")), {}),
+    ):  # the last is fine
         with contextlib.suppress(RuntimeError):  # meta + CPU may not dispatch: judged before
             torch.ops.gpucheck_mixed_test.blend(*args, **kwargs)
     (f,) = det.case_finished(CASE)
     assert "(2 calls)" in f.message
     assert (f.kind, f.severity, f.op, f.device, f.case) == (
-        "mixed-devices", "error", "gpucheck_mixed_test::blend", "cuda:0", CASE.case)
+        "mixed-devices",
+        "error",
+        "gpucheck_mixed_test::blend",
+        "cuda:0",
+        CASE.case,
+    )
     assert "argument 1 (background) on cpu; argument 0 (image) on meta" in f.message
     assert "called from" in f.message and "test_mixed_devices.py:" in f.message
     assert persisted and persisted[0][0].op == "gpucheck_mixed_test::blend"
     assert md.cuda_error_hint(f).startswith(
         "the CUDA error follows a call of gpucheck_mixed_test::blend with tensors on "
-        "different devices")
+        "different devices"
+    )
     assert "argument 1 (background) on cpu" in md.cuda_error_hint(f)
 
 
@@ -139,8 +158,7 @@ def test_a_call_the_extension_refuses_itself_is_fine_a_fault_is_not():
 
 def test_argument_names_and_labels():
     assert md.argument_names(torch.ops.gpucheck_mixed_test.blend) == ["image", "background"]
-    assert md.argument_names(torch.ops.gpucheck_mixed_test.blend.default) == [
-        "image", "background"]
+    assert md.argument_names(torch.ops.gpucheck_mixed_test.blend.default) == ["image", "background"]
 
     def py(x, bg, *, gain=1.0):
         return x
@@ -148,8 +166,10 @@ def test_argument_names_and_labels():
     assert md.argument_names(py) == ["x", "bg", "gain"]
 
     class Pybind:  # what a pybind11 function's __doc__ starts with
-        __doc__ = ("rasterize(means: torch.Tensor, colors: typing.Optional[torch.Tensor], "
-                   "bg: torch.Tensor = None, arg3: int = 3) -> tuple[torch.Tensor, int]\n\n")
+        __doc__ = (
+            "rasterize(means: torch.Tensor, colors: typing.Optional[torch.Tensor], "
+            "bg: torch.Tensor = None, arg3: int = 3) -> tuple[torch.Tensor, int]\n\n"
+        )
 
         def __call__(self):
             return None
@@ -169,11 +189,14 @@ def test_zero_element_tensors_are_placeholders_not_data():
     an optional argument, tested with ``.size(0)`` in C++. A clean call draws nothing; a real
     CPU background beside two placeholders is named alone."""
     cuda0 = _T("cuda:0", (5000, 3))
-    placeholders = [("argument 2 (cov3D_precomp)", _T("cpu", (0,))),
-                    ("argument 3 (colors_precomp)", _T("cpu", (0, 3)))]
+    placeholders = [
+        ("argument 2 (cov3D_precomp)", _T("cpu", (0,))),
+        ("argument 3 (colors_precomp)", _T("cpu", (0, 3))),
+    ]
     assert md.mixed([("argument 0 (means3D)", cuda0), *placeholders]) == []
-    found = md.mixed([("argument 0 (means3D)", cuda0), *placeholders,
-                      ("argument 4 (bg)", _T("cpu", (3,)))])
+    found = md.mixed(
+        [("argument 0 (means3D)", cuda0), *placeholders, ("argument 4 (bg)", _T("cpu", (3,)))]
+    )
     assert md.describe(found) == "argument 4 (bg) on cpu; argument 0 (means3D) on cuda:0"
     assert "cov3D" not in md.hint(found) and "colors_precomp" not in md.hint(found)
 

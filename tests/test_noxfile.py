@@ -31,29 +31,50 @@ def _noxfile() -> ModuleType:
 
 def _venv(where: Path, *options: str) -> tuple[Path, Path]:
     """A venv without pip: its python and its site-packages."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", *options, str(where)],
-                   check=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", *options, str(where)],
+        check=True,
+        timeout=120,
+    )
     python = where / "bin" / "python"
-    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()"
-                              "['purelib'])"], capture_output=True, text=True, check=True)
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return python, Path(purelib.stdout.strip())
 
 
 def _shared_by_noxfile(python: Path | str) -> list[str]:
     """What the noxfile shares when nox runs under ``python`` (nox importable through
     PYTHONPATH, as if installed there)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(ROOT), str(Path(nox.__file__).resolve().parents[1])])}
-    out = subprocess.run([str(python), "-c", "import json, noxfile; "
-                          "print(json.dumps(noxfile.outer_site_packages()))"],
-                         capture_output=True, text=True, env=env, timeout=120)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(Path(nox.__file__).resolve().parents[1])]),
+    }
+    out = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import json, noxfile; print(json.dumps(noxfile.outer_site_packages()))",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
 
 def _where(python: Path, *modules: str) -> list[str]:
-    code = "; ".join(f"import {m}" for m in modules) + "; print(" + ", ".join(
-        f"{m}.WHERE" for m in modules) + ")"
+    code = (
+        "; ".join(f"import {m}" for m in modules)
+        + "; print("
+        + ", ".join(f"{m}.WHERE" for m in modules)
+        + ")"
+    )
     out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=60)
     return out.stdout.split() if out.returncode == 0 else ["ImportError"]
 
@@ -98,8 +119,14 @@ def test_the_quick_and_smoke_sets_name_test_files_that_exist_and_are_documented(
     root = Path(noxfile.__file__).resolve().parent
     for name in (*noxfile.QUICK, *noxfile.SMOKE):
         assert (root / name).is_file(), name
-    slowest = {"tests/test_run_output.py", "tests/test_dist_run.py", "tests/test_packaging.py",
-               "tests/test_reference_ssim.py", "tests/test_ext_watch.py", "tests/test_faults.py"}
+    slowest = {
+        "tests/test_run_output.py",
+        "tests/test_dist_run.py",
+        "tests/test_packaging.py",
+        "tests/test_reference_ssim.py",
+        "tests/test_ext_watch.py",
+        "tests/test_faults.py",
+    }
     assert not slowest & set(noxfile.QUICK)  # each takes minutes on two cores
     readme = (root / "README.md").read_text()
     assert "python -m nox -s quick" in readme and "| `quick` |" in readme

@@ -64,8 +64,12 @@ def test_missing_library_on_this_machine_is_reported_not_raised():
 
 @pytest.mark.parametrize(
     "code",
-    [pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_NO_PERMISSION,
-     pynvml.NVML_ERROR_FUNCTION_NOT_FOUND, pynvml.NVML_ERROR_GPU_IS_LOST],
+    [
+        pynvml.NVML_ERROR_NOT_SUPPORTED,
+        pynvml.NVML_ERROR_NO_PERMISSION,
+        pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+        pynvml.NVML_ERROR_GPU_IS_LOST,
+    ],
 )
 def test_query_turns_nvml_errors_into_default(monkeypatch, code):
     _fake_init_ok(monkeypatch)
@@ -109,13 +113,19 @@ def test_memory_info_prefers_v2_and_falls_back_to_v1(monkeypatch):
 
 def test_compute_processes_and_versions(monkeypatch):
     _fake_init_ok(monkeypatch)
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", lambda h: [
-        SimpleNamespace(pid=11, usedGpuMemory=512 * 1024**2),
-        SimpleNamespace(pid=12, usedGpuMemory=None),
-    ])
+    monkeypatch.setattr(
+        pynvml,
+        "nvmlDeviceGetComputeRunningProcesses",
+        lambda h: [
+            SimpleNamespace(pid=11, usedGpuMemory=512 * 1024**2),
+            SimpleNamespace(pid=12, usedGpuMemory=None),
+        ],
+    )
     monkeypatch.setattr(pynvml, "nvmlSystemGetProcessName", lambda pid: f"python{pid}")
     monkeypatch.setattr(pynvml, "nvmlSystemGetCudaDriverVersion_v2", lambda: 13000)
     procs = nvml.compute_processes("h")
     assert [(p.pid, p.used_memory, p.name) for p in procs] == [
-        (11, 512 * 1024**2, "python11"), (12, nvml.NA, "python12")]
+        (11, 512 * 1024**2, "python11"),
+        (12, nvml.NA, "python12"),
+    ]
     assert nvml.cuda_driver_version() == "13.0"

@@ -24,13 +24,24 @@ def two_gpus(monkeypatch):
     monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: 2)
     monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex", lambda i: i)
     monkeypatch.setattr(pynvml, "nvmlDeviceGetUUID", lambda h: f"GPU-{h}")
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", lambda h, version=None:
-                        SimpleNamespace(total=100, free=90, used=10 + held[h], reserved=0))
+    monkeypatch.setattr(
+        pynvml,
+        "nvmlDeviceGetMemoryInfo",
+        lambda h, version=None: SimpleNamespace(total=100, free=90, used=10 + held[h], reserved=0),
+    )
     monkeypatch.setattr(pynvml, "nvmlSystemGetProcessName", lambda pid: "python")
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", lambda h: [
-        SimpleNamespace(pid=os.getpid(), usedGpuMemory=held[h]),
-        SimpleNamespace(pid=1, usedGpuMemory=7)] if held[h] else [
-        SimpleNamespace(pid=1, usedGpuMemory=7)])
+    monkeypatch.setattr(
+        pynvml,
+        "nvmlDeviceGetComputeRunningProcesses",
+        lambda h: (
+            [
+                SimpleNamespace(pid=os.getpid(), usedGpuMemory=held[h]),
+                SimpleNamespace(pid=1, usedGpuMemory=7),
+            ]
+            if held[h]
+            else [SimpleNamespace(pid=1, usedGpuMemory=7)]
+        ),
+    )
     yield held
     nvml.reset()
 

@@ -40,8 +40,9 @@ def jitter(x: torch.Tensor) -> torch.Tensor:
     return _jitter(x)
 
 
-@torch.library.custom_op("gpucheck_watch::atomics", mutates_args=(),
-                         tags=(torch.Tag.nondeterministic_bitwise,))
+@torch.library.custom_op(
+    "gpucheck_watch::atomics", mutates_args=(), tags=(torch.Tag.nondeterministic_bitwise,)
+)
 def atomics(x: torch.Tensor) -> torch.Tensor:
     return _jitter(x)
 
@@ -71,10 +72,14 @@ def test_listeners_see_extension_ops_only():
     finally:
         assert op_watch.remove(log) is None
     dbl = "gpucheck_watch::double"
-    assert log.seen == [("before", dbl), ("after", dbl, None),
-                        ("before", dbl), ("after", dbl, None),
-                        ("before", "gpucheck_watch::fails"),
-                        ("after", "gpucheck_watch::fails", "ValueError")]
+    assert log.seen == [
+        ("before", dbl),
+        ("after", dbl, None),
+        ("before", dbl),
+        ("after", dbl, None),
+        ("before", "gpucheck_watch::fails"),
+        ("after", "gpucheck_watch::fails", "ValueError"),
+    ]
     torch.ops.gpucheck_watch.double(torch.rand(2))
     assert len(log.seen) == 6  # removed: no more calls
 
@@ -120,8 +125,9 @@ def _run_case(det, body):
 
 def test_numerics_finds_a_result_that_differs_between_runs():
     x = torch.rand(64)
-    found, data = _run_case(Numerics(), lambda: [torch.ops.gpucheck_watch.jitter(x)
-                                                 for _ in range(2)])
+    found, data = _run_case(
+        Numerics(), lambda: [torch.ops.gpucheck_watch.jitter(x) for _ in range(2)]
+    )
     [f] = found
     assert (f.kind, f.severity, f.op) == ("numerics", "error", "gpucheck_watch::jitter")
     assert "non-deterministic" in f.message and "tag it" in f.hint
@@ -130,9 +136,17 @@ def test_numerics_finds_a_result_that_differs_between_runs():
 
 def test_numerics_quiet_on_deterministic_and_tagged_ops():
     x = torch.rand(64)
-    found, data = _run_case(Numerics(), lambda: [
-        (torch.ops.gpucheck_watch.double(x), torch.ops.gpucheck_watch.double(torch.rand(64)),
-         torch.ops.gpucheck_watch.atomics(x)) for _ in range(3)])
+    found, data = _run_case(
+        Numerics(),
+        lambda: [
+            (
+                torch.ops.gpucheck_watch.double(x),
+                torch.ops.gpucheck_watch.double(torch.rand(64)),
+                torch.ops.gpucheck_watch.atomics(x),
+            )
+            for _ in range(3)
+        ],
+    )
     assert found == []
     # double: x (three times, kept once) and three fresh inputs; atomics (tagged
     # nondeterministic_bitwise): not judged
@@ -143,15 +157,21 @@ def test_numerics_quiet_on_deterministic_and_tagged_ops():
 def test_numerics_caps_fingerprints_per_signature():
     det = Numerics(cap=3)
     x = torch.rand(8)
-    _, data = _run_case(det, lambda: [torch.ops.gpucheck_watch.double(x + i)
-                                      for i in range(10)])
+    _, data = _run_case(det, lambda: [torch.ops.gpucheck_watch.double(x + i) for i in range(10)])
     assert len(data["fingerprints"]) == 3
 
 
 def test_cross_device_disagreement_across_records():
     def rec(dev, case, outs):
-        return CaseRecord(run_id="r", device=dev, suite="s", case=case, mode="blocking",
-                          status="passed", fingerprints=[f"ext::op|in1|{outs}|{dev}"])
+        return CaseRecord(
+            run_id="r",
+            device=dev,
+            suite="s",
+            case=case,
+            mode="blocking",
+            status="passed",
+            fingerprints=[f"ext::op|in1|{outs}|{dev}"],
+        )
 
     same = [rec("cuda:0", "t[cuda0]", "a"), rec("cuda:1", "t[cuda1]", "a")]
     assert disagreements(same) == []
@@ -176,7 +196,9 @@ def test_a_call_carries_the_line_that_made_it():
         op_watch.remove(log)
     name = "test_a_call_carries_the_line_that_made_it"
     assert [c.frame.rsplit("test_op_watch.py:", 1)[1] for c in calls] == [
-        f"{here + 1} in {name}", f"{here + 2} in {name}"]
+        f"{here + 1} in {name}",
+        f"{here + 2} in {name}",
+    ]
     assert calls[0].autograd is None and calls[0].fn is not None
 
 
@@ -194,11 +216,11 @@ def render_with_scratch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def test_numerics_leaves_an_ops_byte_scratch_out():
     x = torch.rand(64)
-    found, data = _run_case(Numerics(), lambda: [
-        torch.ops.gpucheck_watch.render_with_scratch(x) for _ in range(3)])
+    found, data = _run_case(
+        Numerics(), lambda: [torch.ops.gpucheck_watch.render_with_scratch(x) for _ in range(3)]
+    )
     assert found == []  # the images are bitwise equal; the byte buffers are not results
     assert len({parse(e)[2] for e in data["fingerprints"]}) == 1
     # a float result that differs call to call is still a finding
-    found, _ = _run_case(Numerics(), lambda: [torch.ops.gpucheck_watch.jitter(x)
-                                              for _ in range(2)])
+    found, _ = _run_case(Numerics(), lambda: [torch.ops.gpucheck_watch.jitter(x) for _ in range(2)])
     assert [f.kind for f in found] == ["numerics"]

@@ -26,23 +26,29 @@ def _scene(**change):
     return args
 
 
-@pytest.mark.parametrize(("change", "error", "match"), [
-    (dict(), ValueError, r"means must be a CUDA tensor, got one on cpu .*reference"),
-    (dict(means=[[0.0, 0.0, 1.0]]), TypeError, r"means must be a torch.Tensor, got list"),
-    (dict(width=10.5), TypeError, r"width must be an int"),
-    (dict(height=True), TypeError, r"height must be an int"),
-    (dict(width=0), ValueError, r"width must be a positive int"),
-    (dict(max_bytes=1.5), TypeError, r"max_bytes must be None or an int"),
-    (dict(max_bytes=-1), ValueError, r"max_bytes must be None or >= 0"),
-    (dict(sh=torch.rand(4, 4, 3)), ValueError, r"exactly one of colors"),
-    (dict(colors=None), ValueError, r"exactly one of colors"),
-    (dict(sh_degree=1), ValueError, r"sh_degree only applies with sh"),
-    (dict(colors=None, sh=torch.rand(4, 5, 3)), ValueError, r"\(d \+ 1\)\^2 coefficients"),
-    (dict(colors=None, sh=torch.rand(4, 25, 3)), ValueError, r"\(d \+ 1\)\^2 coefficients"),
-    (dict(colors=None, sh=torch.rand(4, 16, 3), sh_degree=4), ValueError,
-     r"sh_degree must be an int in 0..3, got 4"),
-    (dict(colors=None, sh=torch.rand(4, 3)), ValueError, r"sh must be \[N, K, 3\]"),
-])
+@pytest.mark.parametrize(
+    ("change", "error", "match"),
+    [
+        (dict(), ValueError, r"means must be a CUDA tensor, got one on cpu .*reference"),
+        (dict(means=[[0.0, 0.0, 1.0]]), TypeError, r"means must be a torch.Tensor, got list"),
+        (dict(width=10.5), TypeError, r"width must be an int"),
+        (dict(height=True), TypeError, r"height must be an int"),
+        (dict(width=0), ValueError, r"width must be a positive int"),
+        (dict(max_bytes=1.5), TypeError, r"max_bytes must be None or an int"),
+        (dict(max_bytes=-1), ValueError, r"max_bytes must be None or >= 0"),
+        (dict(sh=torch.rand(4, 4, 3)), ValueError, r"exactly one of colors"),
+        (dict(colors=None), ValueError, r"exactly one of colors"),
+        (dict(sh_degree=1), ValueError, r"sh_degree only applies with sh"),
+        (dict(colors=None, sh=torch.rand(4, 5, 3)), ValueError, r"\(d \+ 1\)\^2 coefficients"),
+        (dict(colors=None, sh=torch.rand(4, 25, 3)), ValueError, r"\(d \+ 1\)\^2 coefficients"),
+        (
+            dict(colors=None, sh=torch.rand(4, 16, 3), sh_degree=4),
+            ValueError,
+            r"sh_degree must be an int in 0..3, got 4",
+        ),
+        (dict(colors=None, sh=torch.rand(4, 3)), ValueError, r"sh must be \[N, K, 3\]"),
+    ],
+)
 def test_argument_errors_without_gpu(change, error, match) -> None:
     """Everything but the device is checked before the CPU tensors are refused."""
     with pytest.raises(error, match=match):
@@ -61,23 +67,72 @@ def test_fake_impl_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
     size under FakeTensor; here a stand-in)."""
     monkeypatch.setattr(splat, "_overlaps", lambda: 11)
     a = splat_scenes.to(splat_scenes.scene(7, 21, 13, 5, sh_degree=2), "meta")
-    out = splat._fake_project(a["means"], a["scales"], a["rotations"], a["opacities"], a["sh"],
-                              a["viewmat"], a["K"], a["background"], 21, 13, 2, None)
-    assert [tuple(o.shape) for o in out] == [(7, 2), (7, 3), (7, 3), (7,), (7,), (7, 4),
-                                             (2 * 1, 2), (11,), (0,), (0,)]
+    out = splat._fake_project(
+        a["means"],
+        a["scales"],
+        a["rotations"],
+        a["opacities"],
+        a["sh"],
+        a["viewmat"],
+        a["K"],
+        a["background"],
+        21,
+        13,
+        2,
+        None,
+    )
+    assert [tuple(o.shape) for o in out] == [
+        (7, 2),
+        (7, 3),
+        (7, 3),
+        (7,),
+        (7,),
+        (7, 4),
+        (2 * 1, 2),
+        (11,),
+        (0,),
+        (0,),
+    ]
     assert [o.dtype for o in out] == [torch.float32] * 4 + [torch.int32] * 4 + [torch.float32] * 2
     means2d, conics, rgb, depths, radii, _, ranges, ids, _, _ = out
-    img = splat._fake_render(means2d, conics, a["opacities"], rgb, depths, a["background"],
-                             ranges, ids, 21, 13)
+    img = splat._fake_render(
+        means2d, conics, a["opacities"], rgb, depths, a["background"], ranges, ids, 21, 13
+    )
     assert [tuple(o.shape) for o in img] == [(3, 13, 21)] + [(13, 21)] * 4
     assert [o.dtype for o in img] == [torch.float32] * 4 + [torch.int32]
-    grads = splat._fake_render_backward(means2d, conics, a["opacities"], rgb, depths,
-                                        a["background"], ranges, ids, *img[1:], *img[:3],
-                                        21, 13)
+    grads = splat._fake_render_backward(
+        means2d,
+        conics,
+        a["opacities"],
+        rgb,
+        depths,
+        a["background"],
+        ranges,
+        ids,
+        *img[1:],
+        *img[:3],
+        21,
+        13,
+    )
     assert [tuple(g.shape) for g in grads] == [(7, 2), (7, 3), (7,), (7, 3), (7,)]
-    grads = splat._fake_project_backward(a["means"], a["scales"], a["rotations"], a["sh"],
-                                         a["viewmat"], a["K"], radii, means2d, conics, rgb,
-                                         depths, out[8], out[9], 21, 13, 2)
+    grads = splat._fake_project_backward(
+        a["means"],
+        a["scales"],
+        a["rotations"],
+        a["sh"],
+        a["viewmat"],
+        a["K"],
+        radii,
+        means2d,
+        conics,
+        rgb,
+        depths,
+        out[8],
+        out[9],
+        21,
+        13,
+        2,
+    )
     assert [tuple(g.shape) for g in grads] == [(7, 3), (7, 3), (7, 4), (7, 9, 3), (0,), (0,)]
     assert [g.dtype for g in grads] == [torch.float32] * 6
     assert splat._tiles(33, 17) == 3 * 2 and splat._tiles(1, 1) == 1
@@ -104,37 +159,94 @@ def test_unused_outputs_get_no_zero_gradients(monkeypatch: pytest.MonkeyPatch) -
     also reads)."""
     monkeypatch.setattr(splat, "_overlaps", lambda: 11)
     a = splat_scenes.to(splat_scenes.scene(7, 21, 13, 5, sh_degree=2), "meta")
-    inputs = (a["means"], a["scales"], a["rotations"], a["opacities"], a["sh"], a["viewmat"],
-              a["K"], a["background"], 21, 13, 2, None)
+    inputs = (
+        a["means"],
+        a["scales"],
+        a["rotations"],
+        a["opacities"],
+        a["sh"],
+        a["viewmat"],
+        a["K"],
+        a["background"],
+        21,
+        13,
+        2,
+        None,
+    )
     out = splat._fake_project(*inputs)
     ctx = _Ctx()
     splat._project_setup_context(ctx, inputs, out)
     assert ctx.materialize is False and ctx.saved[-1] is out[4]  # radii: all it keeps of out
     means2d, conics, rgb, depths, _, _, ranges, ids, _, _ = out
-    render_inputs = (means2d, conics, a["opacities"], rgb, depths, a["background"], ranges,
-                     ids, 21, 13)
+    render_inputs = (
+        means2d,
+        conics,
+        a["opacities"],
+        rgb,
+        depths,
+        a["background"],
+        ranges,
+        ids,
+        21,
+        13,
+    )
     ctx = _Ctx()
     splat._render_setup_context(ctx, render_inputs, splat._fake_render(*render_inputs))
     assert ctx.materialize is False
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_fake_impl_dtypes_of_half_parameters(monkeypatch: pytest.MonkeyPatch,
-                                             dtype: torch.dtype) -> None:
+def test_fake_impl_dtypes_of_half_parameters(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
+) -> None:
     """16-bit parameters: every output of the projection float32 (int32), plus float32
     copies of the opacities and the background for render; the projection backward's
     gradients in the parameters' dtype, the opacities' and background's included."""
     monkeypatch.setattr(splat, "_overlaps", lambda: 11)
     a = splat_scenes.to(splat_scenes.scene(7, 21, 13, 5, sh_degree=3), "meta", dtype)
     assert a["means"].dtype == dtype and a["viewmat"].dtype == torch.float32
-    out = splat._fake_project(a["means"], a["scales"], a["rotations"], a["opacities"], a["sh"],
-                              a["viewmat"], a["K"], a["background"], 21, 13, 3, None)
-    assert [tuple(o.shape) for o in out] == [(7, 2), (7, 3), (7, 3), (7,), (7,), (7, 4),
-                                             (2, 2), (11,), (7,), (3,)]
+    out = splat._fake_project(
+        a["means"],
+        a["scales"],
+        a["rotations"],
+        a["opacities"],
+        a["sh"],
+        a["viewmat"],
+        a["K"],
+        a["background"],
+        21,
+        13,
+        3,
+        None,
+    )
+    assert [tuple(o.shape) for o in out] == [
+        (7, 2),
+        (7, 3),
+        (7, 3),
+        (7,),
+        (7,),
+        (7, 4),
+        (2, 2),
+        (11,),
+        (7,),
+        (3,),
+    ]
     assert [o.dtype for o in out] == [torch.float32] * 4 + [torch.int32] * 4 + [torch.float32] * 2
-    grads = splat._fake_project_backward(a["means"], a["scales"], a["rotations"], a["sh"],
-                                         a["viewmat"], a["K"], out[4], *out[:4], out[8],
-                                         out[9], 21, 13, 3)
+    grads = splat._fake_project_backward(
+        a["means"],
+        a["scales"],
+        a["rotations"],
+        a["sh"],
+        a["viewmat"],
+        a["K"],
+        out[4],
+        *out[:4],
+        out[8],
+        out[9],
+        21,
+        13,
+        3,
+    )
     assert [tuple(g.shape) for g in grads] == [(7, 3), (7, 3), (7, 4), (7, 16, 3), (7,), (3,)]
     assert [g.dtype for g in grads] == [dtype] * 6
 
@@ -144,26 +256,46 @@ def _half(dtype: torch.dtype, **dtypes: torch.dtype) -> dict:
     return {k: (v.to(dtypes[k]) if k in dtypes else v) for k, v in args.items()}
 
 
-@pytest.mark.parametrize(("args", "match"), [
-    (lambda: _scene(means=_scene()["means"].double()),
-     r"means must be float32, bfloat16 or float16 \(the Gaussian parameters' dtype\), got "
-     r"torch.float64"),
-    (lambda: _half(torch.bfloat16, rotations=torch.float32),
-     r"must share one dtype \(float32, bfloat16 or float16\): means is torch.bfloat16 but "
-     r"rotations is torch.float32$"),
-    (lambda: _half(torch.float16, opacities=torch.bfloat16, colors=torch.float32),
-     r"means is torch.float16 but opacities is torch.bfloat16, colors is torch.float32$"),
-    (lambda: _scene(background=_scene()["background"].half()),
-     r"means is torch.float32 but background is torch.float16$"),
-    (lambda: {**_half(torch.bfloat16), "colors": None,
-              "sh": torch.rand(4, 4, 3, dtype=torch.float16)},
-     r"means is torch.bfloat16 but sh is torch.float16$"),
-    (lambda: _half(torch.bfloat16, viewmat=torch.bfloat16),
-     r"viewmat must be float32 \(the camera stays float32 whatever the Gaussian parameters' "
-     r"dtype\), got torch.bfloat16"),
-    (lambda: _half(torch.float16, K=torch.float64),
-     r"K must be float32 \(the camera stays float32 .*got torch.float64"),
-])
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (
+            lambda: _scene(means=_scene()["means"].double()),
+            r"means must be float32, bfloat16 or float16 \(the Gaussian parameters' dtype\), got "
+            r"torch.float64",
+        ),
+        (
+            lambda: _half(torch.bfloat16, rotations=torch.float32),
+            r"must share one dtype \(float32, bfloat16 or float16\): means is torch.bfloat16 but "
+            r"rotations is torch.float32$",
+        ),
+        (
+            lambda: _half(torch.float16, opacities=torch.bfloat16, colors=torch.float32),
+            r"means is torch.float16 but opacities is torch.bfloat16, colors is torch.float32$",
+        ),
+        (
+            lambda: _scene(background=_scene()["background"].half()),
+            r"means is torch.float32 but background is torch.float16$",
+        ),
+        (
+            lambda: {
+                **_half(torch.bfloat16),
+                "colors": None,
+                "sh": torch.rand(4, 4, 3, dtype=torch.float16),
+            },
+            r"means is torch.bfloat16 but sh is torch.float16$",
+        ),
+        (
+            lambda: _half(torch.bfloat16, viewmat=torch.bfloat16),
+            r"viewmat must be float32 \(the camera stays float32 whatever the Gaussian parameters' "
+            r"dtype\), got torch.bfloat16",
+        ),
+        (
+            lambda: _half(torch.float16, K=torch.float64),
+            r"K must be float32 \(the camera stays float32 .*got torch.float64",
+        ),
+    ],
+)
 def test_dtype_errors_without_gpu(args, match) -> None:
     """The dtype rules are checked before the CPU tensors are refused (a TypeError naming
     the tensors and their dtypes)."""
@@ -184,16 +316,18 @@ def test_reference_gradients_match_finite_differences() -> None:
     args = splat_scenes.scene(6, 12, 10, 3, sh_degree=2, log_scale=(-2.0, -1.0), spread=0.8)
     names = ("means", "scales", "rotations", "opacities", "sh", "background")
     leaves = tuple(args[k].double().requires_grad_() for k in names)
-    fixed = {k: v.double() if isinstance(v, torch.Tensor) else v for k, v in args.items()
-             if k not in names}
+    fixed = {
+        k: v.double() if isinstance(v, torch.Tensor) else v
+        for k, v in args.items()
+        if k not in names
+    }
 
     def render(*values: torch.Tensor) -> tuple[torch.Tensor, ...]:
         out = reference(**fixed, **dict(zip(names, values, strict=True)))
         return out.image, out.alpha, out.depth, out.means2d
 
     assert reference(**fixed, **dict(zip(names, leaves, strict=True))).radii.gt(0).sum() >= 4
-    assert torch.autograd.gradcheck(render, leaves, eps=1e-6, atol=1e-5, rtol=1e-4,
-                                    fast_mode=True)
+    assert torch.autograd.gradcheck(render, leaves, eps=1e-6, atol=1e-5, rtol=1e-4, fast_mode=True)
 
 
 def test_result_fields_follow_the_reference() -> None:
@@ -219,7 +353,8 @@ RECORDED_BUDGET = (
     "149460977152 bytes free; radius percentiles (visible, px) p50 77, p90 79, p99 80, max 80; "
     "200 Gaussians (100 %) cover more than 25 % of the image. Hint: scales look already "
     "exponentiated: activation applied twice? (3DGS checkpoints store log-scales; exp them "
-    "exactly once)")
+    "exactly once)"
+)
 RECORDED_FREE = (
     "splat_project: binning budget exceeded: needs 315466115112 bytes with the sort's scratch, "
     "more than the 149202609664 bytes free on cuda:0. 2000000 Gaussians (2000000 visible) touch "
@@ -227,17 +362,40 @@ RECORDED_FREE = (
     "149202609664 bytes free; radius percentiles (visible, px) p50 771, p90 785, p99 796, max "
     "809; 2000000 Gaussians (100 %) cover more than 25 % of the image. Hint: scales look already "
     "exponentiated: activation applied twice? (3DGS checkpoints store log-scales; exp them "
-    "exactly once)")
+    "exactly once)"
+)
 
 
-@pytest.mark.parametrize(("message", "fields"), [
-    (RECORDED_BUDGET, dict(n=200, visible=200, overlaps=3200, bytes_needed=76800,
-                           bytes_free=149460977152, large_share=1.0,
-                           radius_percentiles={"p50": 77, "p90": 79, "p99": 80, "max": 80})),
-    (RECORDED_FREE, dict(n=2_000_000, visible=2_000_000, overlaps=13144421463,
-                         bytes_needed=315466115112, bytes_free=149202609664, large_share=1.0,
-                         radius_percentiles={"p50": 771, "p90": 785, "p99": 796, "max": 809})),
-], ids=["max_bytes", "free_memory"])
+@pytest.mark.parametrize(
+    ("message", "fields"),
+    [
+        (
+            RECORDED_BUDGET,
+            dict(
+                n=200,
+                visible=200,
+                overlaps=3200,
+                bytes_needed=76800,
+                bytes_free=149460977152,
+                large_share=1.0,
+                radius_percentiles={"p50": 77, "p90": 79, "p99": 80, "max": 80},
+            ),
+        ),
+        (
+            RECORDED_FREE,
+            dict(
+                n=2_000_000,
+                visible=2_000_000,
+                overlaps=13144421463,
+                bytes_needed=315466115112,
+                bytes_free=149202609664,
+                large_share=1.0,
+                radius_percentiles={"p50": 771, "p90": 785, "p99": 796, "max": 809},
+            ),
+        ),
+    ],
+    ids=["max_bytes", "free_memory"],
+)
 def test_memory_anomaly_error_fields(message: str, fields: dict) -> None:
     err = gpucheck.MemoryAnomalyError(message)
     assert isinstance(err, BudgetExceeded) and str(err) == message
@@ -245,7 +403,8 @@ def test_memory_anomaly_error_fields(message: str, fields: dict) -> None:
     for name, want in fields.items():
         assert getattr(err, name) == want, name
     assert err.hint is not None and err.hint.startswith(
-        "scales look already exponentiated: activation applied twice?")
+        "scales look already exponentiated: activation applied twice?"
+    )
 
 
 def test_memory_anomaly_error_without_fields() -> None:

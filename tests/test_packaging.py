@@ -23,10 +23,20 @@ from gpucheck import _csrc, _resources
 
 ROOT = Path(__file__).resolve().parents[1]
 #: what building gpucheck reads from the repository
-SOURCE = ("gpucheck", "csrc", "suites", "examples", "docs", "setup.py", "pyproject.toml",
-          "MANIFEST.in", "README.md")
-IGNORE = shutil.ignore_patterns("__pycache__", "*.py[cod]", "*.so", "*.egg-info", "build",
-                                "reports")
+SOURCE = (
+    "gpucheck",
+    "csrc",
+    "suites",
+    "examples",
+    "docs",
+    "setup.py",
+    "pyproject.toml",
+    "MANIFEST.in",
+    "README.md",
+)
+IGNORE = shutil.ignore_patterns(
+    "__pycache__", "*.py[cod]", "*.so", "*.egg-info", "build", "reports"
+)
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +53,13 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
             src.mkdir(exist_ok=True)
             shutil.copy2(path, src / name)
     env = {**os.environ, "GPUCHECK_NO_EXTENSION": "1"}  # a GPU machine would build kernels
-    proc = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir",
-                           str(work / "dist"), str(src)], capture_output=True, text=True,
-                          env=env, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(work / "dist"), str(src)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     wheel = next((work / "dist").glob("gpucheck-*.whl"))
     sdist = next((work / "dist").glob("gpucheck-*.tar.gz"))
@@ -57,34 +71,49 @@ def shipped(src: Path) -> set[str]:
     bundled folders' sources, the files of the defect builds and of the builds gpucheck
     compile-checks, the report's templates and schema."""
     suffixes = {".py", ".h", ".cuh", ".cpp", ".cu", ".md", ".sh"}
-    want = {f"gpucheck/{package}/{f.relative_to(src / folder).as_posix()}"
-            for package, folder in _resources.BUNDLED.items()
-            for f in (src / folder).rglob("*")
-            if f.is_file() and f.suffix in suffixes and "__pycache__" not in f.parts}
+    want = {
+        f"gpucheck/{package}/{f.relative_to(src / folder).as_posix()}"
+        for package, folder in _resources.BUNDLED.items()
+        for f in (src / folder).rglob("*")
+        if f.is_file() and f.suffix in suffixes and "__pycache__" not in f.parts
+    }
     csrc = _resources.csrc()
     for defect in _csrc.DEFECTS:
-        want |= {f"gpucheck/csrc/{f.relative_to(csrc).as_posix()}"
-                 for f in _csrc.defect_sources(defect)}
-    want |= {f"gpucheck/{f.relative_to(csrc.parent).as_posix()}"
-             for f in _csrc.check_only_sources()}  # the selftest's and the example's
-    want |= {f"gpucheck/report/templates/{f.name}"
-             for f in (src / "gpucheck/report/templates").iterdir() if f.is_file()}
-    return want | {"gpucheck/model/results.schema.json", "gpucheck/model/report.schema.json",
-                   "gpucheck/_resources.py", "gpucheck/__main__.py"}
+        want |= {
+            f"gpucheck/csrc/{f.relative_to(csrc).as_posix()}" for f in _csrc.defect_sources(defect)
+        }
+    want |= {
+        f"gpucheck/{f.relative_to(csrc.parent).as_posix()}" for f in _csrc.check_only_sources()
+    }  # the selftest's and the example's
+    want |= {
+        f"gpucheck/report/templates/{f.name}"
+        for f in (src / "gpucheck/report/templates").iterdir()
+        if f.is_file()
+    }
+    return want | {
+        "gpucheck/model/results.schema.json",
+        "gpucheck/model/report.schema.json",
+        "gpucheck/_resources.py",
+        "gpucheck/__main__.py",
+    }
 
 
 def test_the_wheel_carries_sources_suites_example_and_templates(built):
     wheel, _, src = built
     names = set(zipfile.ZipFile(wheel).namelist())
     want = shipped(src)
-    for must in ("gpucheck/csrc/registration.cpp", "gpucheck/csrc/knn/knn_cuda.cu",
-                 "gpucheck/suites/knn/test_knn.py", "gpucheck/suites/selftest/conftest.py",
-                 "gpucheck/suites/selftest/defects.cu",
-                 "gpucheck/examples/custom_rnn_extension/csrc/wkv_cuda.cu",
-                 "gpucheck/examples/custom_rnn_extension/custom_rnn/__init__.py",
-                 "gpucheck/examples/custom_rnn_extension/tests/test_wkv.py",
-                 "gpucheck/examples/custom_rnn_extension/README.md",
-                 "gpucheck/report/templates/report.html.j2"):
+    for must in (
+        "gpucheck/csrc/registration.cpp",
+        "gpucheck/csrc/knn/knn_cuda.cu",
+        "gpucheck/suites/knn/test_knn.py",
+        "gpucheck/suites/selftest/conftest.py",
+        "gpucheck/suites/selftest/defects.cu",
+        "gpucheck/examples/custom_rnn_extension/csrc/wkv_cuda.cu",
+        "gpucheck/examples/custom_rnn_extension/custom_rnn/__init__.py",
+        "gpucheck/examples/custom_rnn_extension/tests/test_wkv.py",
+        "gpucheck/examples/custom_rnn_extension/README.md",
+        "gpucheck/report/templates/report.html.j2",
+    ):
         assert must in want
     assert sorted(want - names) == []
     assert not [n for n in names if "__pycache__" in n or n.endswith((".pyc", ".so"))]
@@ -94,12 +123,13 @@ def test_the_sdist_carries_them_in_the_repository_layout(built):
     _, sdist, src = built
     with tarfile.open(sdist) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
-    folders = {f"gpucheck/{package}/": f"{folder}/"
-               for package, folder in _resources.BUNDLED.items()}
+    folders = {
+        f"gpucheck/{package}/": f"{folder}/" for package, folder in _resources.BUNDLED.items()
+    }
     want = set()
     for name in shipped(src):
         prefix = next((p for p in folders if name.startswith(p)), None)
-        want.add(folders[prefix] + name[len(prefix):] if prefix else name)
+        want.add(folders[prefix] + name[len(prefix) :] if prefix else name)
     assert "csrc/ssim/ssim.cpp" in want and "suites/selftest/defects.cpp" in want
     assert sorted(want - names) == []
     assert {"setup.py", "pyproject.toml", "MANIFEST.in", "README.md"} <= names
@@ -111,14 +141,32 @@ def _venv_with_wheel(wheel: Path, where: Path) -> tuple[Path, Path]:
     bin/ folder and the installed package's folder."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
     python = where / "bin" / "python"
-    purelib = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()"
-                                   "['purelib'])"], capture_output=True, text=True,
-                                  check=True).stdout.strip())
-    (purelib / "deps.pth").write_text("".join(f"{p}\n" for p in sys.path
-                                              if "site-packages" in p))
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
-                    "--no-deps", "--no-index", "--force-reinstall", str(wheel)], check=True,
-                   timeout=300)  # forced: a gpucheck on the shared paths is not this one
+    purelib = Path(
+        subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    (purelib / "deps.pth").write_text("".join(f"{p}\n" for p in sys.path if "site-packages" in p))
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            "--force-reinstall",
+            str(wheel),
+        ],
+        check=True,
+        timeout=300,
+    )  # forced: a gpucheck on the shared paths is not this one
     return where / "bin", purelib / "gpucheck"
 
 
@@ -134,9 +182,23 @@ def test_an_installed_wheel_runs_its_bundled_suites_from_any_folder(built, tmp_p
     cwd = tmp_path / "elsewhere"
     cwd.mkdir()
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}  # Python's own caches aside
-    proc = subprocess.run([bin_dir / "gpucheck", "run", "--cpu-only", "--suite", "knn",
-                           "--allow-empty", "--out", str(cwd / "out")], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            bin_dir / "gpucheck",
+            "run",
+            "--cpu-only",
+            "--suite",
+            "knn",
+            "--allow-empty",
+            "--out",
+            str(cwd / "out"),
+        ],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     records = [json.loads(line) for line in (cwd / "out" / "results.jsonl").open()]
     knn = Path(records[0]["config"]["suite_paths"]["knn"])
@@ -154,19 +216,31 @@ def test_an_installed_suite_collects_as_in_the_checkout(built, tmp_path):
 
     def collect(python: Path | str, suite: Path) -> tuple[list[str], str]:
         args = [str(python), "-m", "pytest", str(suite), "-p", "no:cacheprovider"]
-        ids = subprocess.run([*args, "--collect-only", "-q"], cwd=tmp_path, text=True,
-                             capture_output=True, timeout=300).stdout
-        fixtures = subprocess.run([*args, "--fixtures"], cwd=tmp_path, text=True,
-                                  capture_output=True, timeout=300).stdout
+        ids = subprocess.run(
+            [*args, "--collect-only", "-q"],
+            cwd=tmp_path,
+            text=True,
+            capture_output=True,
+            timeout=300,
+        ).stdout
+        fixtures = subprocess.run(
+            [*args, "--fixtures"], cwd=tmp_path, text=True, capture_output=True, timeout=300
+        ).stdout
         return sorted(line.split("/")[-1] for line in ids.splitlines() if "::" in line), fixtures
 
     installed, fixtures = collect(bin_dir / "python", package / "suites" / "selftest")
     checkout, _ = collect(sys.executable, _resources.suites() / "selftest")
     assert installed == checkout and "test_selftest.py::test_abort[nocuda]" in installed
-    where = [line.split(" -- ")[1] for line in fixtures.splitlines()
-             if line.startswith("defect_ops [session scope] -- ")]
-    assert where and (tmp_path / where[0].split(":")[0]).resolve() == (
-        package / "suites" / "selftest" / "conftest.py").resolve()
+    where = [
+        line.split(" -- ")[1]
+        for line in fixtures.splitlines()
+        if line.startswith("defect_ops [session scope] -- ")
+    ]
+    assert (
+        where
+        and (tmp_path / where[0].split(":")[0]).resolve()
+        == (package / "suites" / "selftest" / "conftest.py").resolve()
+    )
 
 
 def _setup_module() -> ModuleType:
@@ -182,8 +256,9 @@ def test_a_failed_kernel_build_installs_without_them_in_one_line(tmp_path, capsy
     from setuptools.command.build_ext import build_ext
 
     build = _setup_module().build_command(build_ext)
-    dist = Distribution({"name": "x", "ext_modules": [
-        Extension("x._C", [str(tmp_path / "missing.cpp")])]})
+    dist = Distribution(
+        {"name": "x", "ext_modules": [Extension("x._C", [str(tmp_path / "missing.cpp")])]}
+    )
     cmd = build(dist)
     cmd.build_lib, cmd.build_temp = str(tmp_path / "lib"), str(tmp_path / "tmp")
     cmd.ensure_finalized()
@@ -206,16 +281,30 @@ class _CudaTorch(ModuleType):
         self.cuda.is_available = lambda: False  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize(("torch", "path", "env", "said"), [
-    (None, ["/tmp/pip-build-env-x1/overlay/lib"], {},
-     "pip's isolated build environment has no torch: install torch first, then gpucheck with "
-     "--no-build-isolation"),
-    (None, [], {}, "torch is not installed in this environment: install torch first"),
-    ("cuda", [], {}, "no GPU is visible here; set GPUCHECK_BUILD_EXTENSION=1 or "
-                     "TORCH_CUDA_ARCH_LIST to build them anyway"),
-])
+@pytest.mark.parametrize(
+    ("torch", "path", "env", "said"),
+    [
+        (
+            None,
+            ["/tmp/pip-build-env-x1/overlay/lib"],
+            {},
+            "pip's isolated build environment has no torch: install torch first, "
+            "then gpucheck with "
+            "--no-build-isolation",
+        ),
+        (None, [], {}, "torch is not installed in this environment: install torch first"),
+        (
+            "cuda",
+            [],
+            {},
+            "no GPU is visible here; set GPUCHECK_BUILD_EXTENSION=1 or "
+            "TORCH_CUDA_ARCH_LIST to build them anyway",
+        ),
+    ],
+)
 def test_the_kernels_are_not_built_at_install_without_torch_or_a_gpu_and_it_says_why(
-        monkeypatch, capsys, torch, path, env, said):
+    monkeypatch, capsys, torch, path, env, said
+):
     setup = _setup_module()
     for name in ("GPUCHECK_NO_EXTENSION", "GPUCHECK_BUILD_EXTENSION", "TORCH_CUDA_ARCH_LIST"):
         monkeypatch.delenv(name, raising=False)
@@ -223,8 +312,8 @@ def test_the_kernels_are_not_built_at_install_without_torch_or_a_gpu_and_it_says
     monkeypatch.setattr(sys, "path", [*path, *sys.path])
     assert setup.extension_kwargs() == {}
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"gpucheck: not building the CUDA kernels at install ({said}); they are built on "
-        "first use"]
+        f"gpucheck: not building the CUDA kernels at install ({said}); they are built on first use"
+    ]
 
 
 def test_asked_for_the_kernels_are_built_at_install_without_a_gpu(monkeypatch, capsys):
@@ -234,8 +323,11 @@ def test_asked_for_the_kernels_are_built_at_install_without_a_gpu(monkeypatch, c
     monkeypatch.setenv("GPUCHECK_BUILD_EXTENSION", "1")
     monkeypatch.delenv("GPUCHECK_NO_EXTENSION", raising=False)
     monkeypatch.setitem(sys.modules, "torch", _CudaTorch())
-    monkeypatch.setattr(setup, "_load", lambda name: type("csrc", (), {
-        "torch_build_env": staticmethod(lambda: None)}))
+    monkeypatch.setattr(
+        setup,
+        "_load",
+        lambda name: type("csrc", (), {"torch_build_env": staticmethod(lambda: None)}),
+    )
     assert setup.extension_kwargs() == {}
     err = capsys.readouterr().err
     assert "no GPU is visible" not in err and "no CUDA toolkit found" in err

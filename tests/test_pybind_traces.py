@@ -23,8 +23,12 @@ from gpucheck.detectors.wrong_stream import findings, unclaimed_findings, verdic
 
 FIXTURES = Path(__file__).parent / "fixtures" / "launches"
 CASE = CaseInfo("cuda:0", "selftest", "test_defect_pybind.py::test_x[cuda0]")
-SCENARIOS = ("pybind_clean", "pybind_legacy_stream", "pybind_cub_stream0",
-             "pybind_unwatched_caller")
+SCENARIOS = (
+    "pybind_clean",
+    "pybind_legacy_stream",
+    "pybind_cub_stream0",
+    "pybind_unwatched_caller",
+)
 
 
 def load(name: str) -> dict:
@@ -32,9 +36,16 @@ def load(name: str) -> dict:
 
 
 def windows(name: str) -> list[Window]:
-    return [Window(w["events"], w["log"], {int(k): v for k, v in w["streams"].items()},
-                   w.get("libraries", {}), w.get("unwatched", []))
-            for w in load(name)["windows"]]
+    return [
+        Window(
+            w["events"],
+            w["log"],
+            {int(k): v for k, v in w["streams"].items()},
+            w.get("libraries", {}),
+            w.get("unwatched", []),
+        )
+        for w in load(name)["windows"]
+    ]
 
 
 def wrong_stream(name: str) -> list:
@@ -48,8 +59,10 @@ def test_each_window_holds_the_forward_and_autograds_backward_call(name):
     the backward that autograd ran (from ``Scale.backward``, on its own thread)."""
     ws = windows(name)
     assert len(ws) == 1
-    calls = {(lc.op.rsplit(".", 1)[1], lc.frame.rsplit(" in ", 1)[1])
-             for lc in attribute(ws[0].events, ws[0].log)}
+    calls = {
+        (lc.op.rsplit(".", 1)[1], lc.frame.rsplit(" in ", 1)[1])
+        for lc in attribute(ws[0].events, ws[0].log)
+    }
     assert calls == {("scale_forward", "Scale.forward"), ("scale_backward", "Scale.backward")}
     assert all("pybind_defects.py:" in e["frame"] for e in ws[0].log if e["edge"] != "legacy")
     assert [e["edge"] for e in ws[0].log].count("legacy") == 1  # stream 0 named once
@@ -92,8 +105,7 @@ def _with_unclaimed(name: str, stream: int, library: str | None) -> Window:
     """The clean window plus one kernel after the forward call, outside every call."""
     [w] = windows("pybind_clean")
     last = max(e["correlation"] for e in w.events)  # after the last call's end marker
-    extra = {"name": name, "type": "kernel", "device": 0, "stream": stream,
-             "correlation": last + 1}
+    extra = {"name": name, "type": "kernel", "device": 0, "stream": stream, "correlation": last + 1}
     return Window([*w.events, extra], w.log, w.streams, {name: library} if library else {}, [])
 
 
@@ -106,14 +118,17 @@ def _streams() -> tuple[int, int]:
     return by_edge["legacy"], by_edge["begin"]
 
 
-@pytest.mark.parametrize("kernel", [
-    "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, "
-    "std::array<char*, 1ul> >(int, at::native::FillFunctor<float>, std::array<char*, 1ul>)",
-    "ampere_sgemm_128x64_nn",
-    "void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4>(int)",
-    "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
-    "void at_cuda_detail::cub::DeviceRadixSortOnesweepKernel<int>(int)",
-])
+@pytest.mark.parametrize(
+    "kernel",
+    [
+        "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, "
+        "std::array<char*, 1ul> >(int, at::native::FillFunctor<float>, std::array<char*, 1ul>)",
+        "ampere_sgemm_128x64_nn",
+        "void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4>(int)",
+        "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
+        "void at_cuda_detail::cub::DeviceRadixSortOnesweepKernel<int>(int)",
+    ],
+)
 def test_torchs_own_kernels_on_stream0_are_never_unclaimed(kernel):
     legacy, _ = _streams()
     assert unclaimed(_with_unclaimed(kernel, legacy, None)) == []
@@ -156,24 +171,37 @@ def test_library_paths_are_named_by_file():
 
 #: host-stub symbols nvcc 13.0 wrote for suites/selftest/pybind_defects.cu (``nm``, built with
 #: -DTORCH_EXTENSION_NAME=gpucheck_pybind_clean), and what gcc writes for the same namespace
-NVCC_SYMBOLS = (b"_ZN21gpucheck_pybind_clean50_GLOBAL__N__37bc63fb_17_pybind_defects_cu_842a08541"
-                b"2scale_kernelEPKfS2_Pfl\0_ZN21gpucheck_pybind_clean50_GLOBAL__N__37bc63fb_17_p"
-                b"ybind_defects_cu_842a085412shade_kernelEPKfS2_fPfll\0"
-                b"_ZN21gpucheck_pybind_clean12_GLOBAL__N_16helperEv\0_Z5scaleRKN2at6TensorEd")
+NVCC_SYMBOLS = (
+    b"_ZN21gpucheck_pybind_clean50_GLOBAL__N__37bc63fb_17_pybind_defects_cu_842a08541"
+    b"2scale_kernelEPKfS2_Pfl\0_ZN21gpucheck_pybind_clean50_GLOBAL__N__37bc63fb_17_p"
+    b"ybind_defects_cu_842a085412shade_kernelEPKfS2_fPfll\0"
+    b"_ZN21gpucheck_pybind_clean12_GLOBAL__N_16helperEv\0_Z5scaleRKN2at6TensorEd"
+)
 
 
-@pytest.mark.parametrize(("kernel", "found"), [
-    ("gpucheck_pybind_clean::(anonymous namespace)::scale_kernel(float const*, float const*, "
-     "float*, long)", True),
-    ("gpucheck_pybind_clean::(anonymous namespace)::shade_kernel(float const*, float const*, "
-     "float, float*, long, long)", True),
-    ("void gpucheck_pybind_clean::(anonymous namespace)::helper<float>()", True),  # gcc's form
-    ("gpucheck_pybind_legacy_stream::(anonymous namespace)::scale_kernel(float const*)", False),
-    ("gpucheck_pybind_clean::(anonymous namespace)::cale_kernel(float const*)", False),
-    ("scale(at::Tensor const&, double)", True),
-    ("_Z5scaleRKN2at6TensorEd", True),
-    ("_Z5scaleRKN2at6TensorEf", False),
-])
+@pytest.mark.parametrize(
+    ("kernel", "found"),
+    [
+        (
+            "gpucheck_pybind_clean::(anonymous namespace)::scale_kernel("
+            "float const*, float const*, "
+            "float*, long)",
+            True,
+        ),
+        (
+            "gpucheck_pybind_clean::(anonymous namespace)::shade_kernel("
+            "float const*, float const*, "
+            "float, float*, long, long)",
+            True,
+        ),
+        ("void gpucheck_pybind_clean::(anonymous namespace)::helper<float>()", True),  # gcc's form
+        ("gpucheck_pybind_legacy_stream::(anonymous namespace)::scale_kernel(float const*)", False),
+        ("gpucheck_pybind_clean::(anonymous namespace)::cale_kernel(float const*)", False),
+        ("scale(at::Tensor const&, double)", True),
+        ("_Z5scaleRKN2at6TensorEd", True),
+        ("_Z5scaleRKN2at6TensorEf", False),
+    ],
+)
 def test_a_kernel_is_found_by_its_host_stubs_symbol(kernel, found):
     from gpucheck.detectors import elf
 

@@ -26,8 +26,12 @@ def test_relative_links_resolve():
 
 
 def _commands(text: str) -> list[str]:
-    return [line.strip() for block in re.findall(r"```bash\n(.*?)```", text, re.S)
-            for line in block.splitlines() if line.strip()]
+    return [
+        line.strip()
+        for block in re.findall(r"```bash\n(.*?)```", text, re.S)
+        for line in block.splitlines()
+        if line.strip()
+    ]
 
 
 def test_ci_runs_the_readme_test_command_as_written():
@@ -39,8 +43,11 @@ def test_ci_runs_the_readme_test_command_as_written():
 
 
 def test_the_main_job_command_sets_up_and_runs_every_device():
-    main = [c for c in _commands((ROOT / "README.md").read_text())
-            if c.endswith("gpucheck run --all-devices")]
+    main = [
+        c
+        for c in _commands((ROOT / "README.md").read_text())
+        if c.endswith("gpucheck run --all-devices")
+    ]
     assert main and "pip install --no-build-isolation -e ." in main[0]
 
 
@@ -58,13 +65,14 @@ def test_the_usage_page_shows_a_real_finding():
 
 def test_the_example_report_is_what_a_reader_opens_and_small():
     example = ROOT / "reports" / "example"
-    assert sorted(p.name for p in example.iterdir()) == ["README.md", "report.html",
-                                                         "report.png"]
+    assert sorted(p.name for p in example.iterdir()) == ["README.md", "report.html", "report.png"]
     assert sum(p.stat().st_size for p in example.iterdir()) <= 1_000_000
     page = (example / "report.html").read_text()
     assert "<script src=" not in page and "http://" not in page.split("<body", 1)[1][:2000]
-    assert "![" in (ROOT / "README.md").read_text() and "reports/example/report.png" in (
-        ROOT / "README.md").read_text()
+    assert (
+        "![" in (ROOT / "README.md").read_text()
+        and "reports/example/report.png" in (ROOT / "README.md").read_text()
+    )
 
 
 def test_the_readme_says_what_runs_without_a_gpu():
@@ -91,7 +99,16 @@ def _planned_cells() -> list[str]:
 
 def _words(text: str) -> set[str]:
     return {w for w in re.findall(r"[a-z0-9]+", text.lower()) if len(w) > 3} - {
-        "planned", "that", "with", "what", "gpucheck", "this", "they", "them", "there"}
+        "planned",
+        "that",
+        "with",
+        "what",
+        "gpucheck",
+        "this",
+        "they",
+        "them",
+        "there",
+    }
 
 
 def test_every_planned_sentence_in_the_docs_is_planned_in_status():
@@ -109,8 +126,10 @@ def test_every_planned_sentence_in_the_docs_is_planned_in_status():
                 continue
             words = _words(sentence)
             best = max(len(words & c) / max(len(words), 1) for c in cells)
-            assert best >= 0.6, (f"{doc.name}: {sentence!r} calls something planned that "
-                                 "docs/status.md does not list as planned")
+            assert best >= 0.6, (
+                f"{doc.name}: {sentence!r} calls something planned that "
+                "docs/status.md does not list as planned"
+            )
 
 
 def test_the_install_section_installs_what_each_command_needs_first():
@@ -123,8 +142,10 @@ def test_the_install_section_installs_what_each_command_needs_first():
     section = text.split("## Install\n", 1)[1].split("\n## ", 1)[0]
     commands = _commands(section)
     first = [part.strip() for part in commands[0].split("&&")]
-    assert first == ["python -m pip install torch --index-url https://download.pytorch.org/whl/cpu",
-                     "python -m pip install gpucheck-0.1.0-py3-none-any.whl"]
+    assert first == [
+        "python -m pip install torch --index-url https://download.pytorch.org/whl/cpu",
+        "python -m pip install gpucheck-0.1.0-py3-none-any.whl",
+    ]
     assert "--extra-index-url" not in section
     built = [c for c in commands if "--no-build-isolation" in c]
     assert built

@@ -27,8 +27,9 @@ def brute_force(points: list[tuple[float, float, float]], k: int) -> list[float]
     return out
 
 
-def random_points(n: int, rng: random.Random, scale: float = 1.0, shift: float = 0.0
-                  ) -> list[tuple[float, float, float]]:
+def random_points(
+    n: int, rng: random.Random, scale: float = 1.0, shift: float = 0.0
+) -> list[tuple[float, float, float]]:
     return [tuple(shift + scale * rng.random() for _ in range(3)) for _ in range(n)]  # type: ignore[misc]
 
 
@@ -58,17 +59,24 @@ def test_matches_python_brute_force(rng: random.Random, n: int, k: int) -> None:
 def test_float32_input_is_upcast_exactly(rng: random.Random) -> None:
     pts32 = as_tensor(random_points(60, rng, scale=3.0, shift=-1.0), torch.float32)
     exact = [tuple(float(c) for c in row) for row in pts32.tolist()]
-    torch.testing.assert_close(knn_mean_sq_dist(pts32, 3),
-                               torch.tensor(brute_force(exact, 3), dtype=torch.float64),
-                               rtol=1e-13, atol=0.0)
+    torch.testing.assert_close(
+        knn_mean_sq_dist(pts32, 3),
+        torch.tensor(brute_force(exact, 3), dtype=torch.float64),
+        rtol=1e-13,
+        atol=0.0,
+    )
 
 
 def test_k_equals_n_minus_1_is_mean_over_all_others(rng: random.Random) -> None:
     pts = random_points(12, rng)
     got = knn_mean_sq_dist(as_tensor(pts, torch.float64), 11)
     want = [
-        math.fsum(sum((a - b) ** 2 for a, b in zip(p, q, strict=True))
-                  for j, q in enumerate(pts) if j != i) / 11
+        math.fsum(
+            sum((a - b) ** 2 for a, b in zip(p, q, strict=True))
+            for j, q in enumerate(pts)
+            if j != i
+        )
+        / 11
         for i, p in enumerate(pts)
     ]
     torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float64), rtol=1e-13, atol=0)
@@ -86,8 +94,9 @@ def test_duplicates_give_zero(rng: random.Random) -> None:
     third = knn_mean_sq_dist(pts, 3)  # the third neighbour is another point
     assert bool((third > 0).all())
     exact = [tuple(float(c) for c in row) for row in pts.tolist()]
-    torch.testing.assert_close(third, torch.tensor(brute_force(exact, 3), dtype=torch.float64),
-                               rtol=1e-13, atol=0.0)
+    torch.testing.assert_close(
+        third, torch.tensor(brute_force(exact, 3), dtype=torch.float64), rtol=1e-13, atol=0.0
+    )
 
 
 def test_large_offset_keeps_precision(rng: random.Random) -> None:
@@ -101,18 +110,24 @@ def test_large_offset_keeps_precision(rng: random.Random) -> None:
 def test_offset_float32_against_brute_force(rng: random.Random) -> None:
     pts = as_tensor(random_points(80, rng, scale=1.0, shift=1e4), torch.float32)
     exact = [tuple(float(c) for c in row) for row in pts.tolist()]
-    torch.testing.assert_close(knn_mean_sq_dist(pts, 4),
-                               torch.tensor(brute_force(exact, 4), dtype=torch.float64),
-                               rtol=1e-13, atol=0.0)
+    torch.testing.assert_close(
+        knn_mean_sq_dist(pts, 4),
+        torch.tensor(brute_force(exact, 4), dtype=torch.float64),
+        rtol=1e-13,
+        atol=0.0,
+    )
 
 
 def test_planar_and_collinear(rng: random.Random) -> None:
     plane = [(rng.random(), rng.random(), 0.25) for _ in range(50)]
     line = [(rng.random(), -1.0, 3.0) for _ in range(50)]
     for pts in (plane, line):
-        torch.testing.assert_close(knn_mean_sq_dist(as_tensor(pts, torch.float64), 3),
-                                   torch.tensor(brute_force(pts, 3), dtype=torch.float64),
-                                   rtol=1e-13, atol=0.0)
+        torch.testing.assert_close(
+            knn_mean_sq_dist(as_tensor(pts, torch.float64), 3),
+            torch.tensor(brute_force(pts, 3), dtype=torch.float64),
+            rtol=1e-13,
+            atol=0.0,
+        )
 
 
 def test_rows_and_chunking_agree_with_full(rng: random.Random) -> None:
@@ -127,9 +142,12 @@ def test_rows_and_chunking_agree_with_full(rng: random.Random) -> None:
 
 def test_k_above_16_allowed_in_reference(rng: random.Random) -> None:
     pts = random_points(30, rng)
-    torch.testing.assert_close(knn_mean_sq_dist(as_tensor(pts, torch.float64), 20),
-                               torch.tensor(brute_force(pts, 20), dtype=torch.float64),
-                               rtol=1e-13, atol=0.0)
+    torch.testing.assert_close(
+        knn_mean_sq_dist(as_tensor(pts, torch.float64), 20),
+        torch.tensor(brute_force(pts, 20), dtype=torch.float64),
+        rtol=1e-13,
+        atol=0.0,
+    )
 
 
 @pytest.mark.parametrize(

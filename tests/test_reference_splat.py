@@ -21,7 +21,7 @@ F64 = torch.float64
 @pytest.fixture
 def gen() -> torch.Generator:
     seed = int.from_bytes(os.urandom(4), "little")
-    print(f"seed {seed}")                       # shown by pytest when a test fails
+    print(f"seed {seed}")  # shown by pytest when a test fails
     return torch.Generator().manual_seed(seed)
 
 
@@ -36,10 +36,14 @@ def identity_quats(n: int) -> torch.Tensor:
 def hamilton(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     w1, x1, y1, z1 = p
     w2, x2, y2, z2 = q
-    return np.array([w1 * w2 - x1 * x2 - y1 * y2 - z1 * z2,
-                     w1 * x2 + x1 * w2 + y1 * z2 - z1 * y2,
-                     w1 * y2 - x1 * z2 + y1 * w2 + z1 * x2,
-                     w1 * z2 + x1 * y2 - y1 * x2 + z1 * w2])
+    return np.array(
+        [
+            w1 * w2 - x1 * x2 - y1 * y2 - z1 * z2,
+            w1 * x2 + x1 * w2 + y1 * z2 - z1 * y2,
+            w1 * y2 - x1 * z2 + y1 * w2 + z1 * x2,
+            w1 * z2 + x1 * y2 - y1 * x2 + z1 * w2,
+        ]
+    )
 
 
 def rotate(q: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -51,22 +55,24 @@ def rotate(q: np.ndarray, v: np.ndarray) -> np.ndarray:
 
 def random_viewmat(gen: torch.Generator) -> torch.Tensor:
     q = torch.randn(4, generator=gen, dtype=F64).numpy()
-    rot = np.stack([rotate(q, e) for e in np.eye(3)], axis=1)      # columns: images of axes
+    rot = np.stack([rotate(q, e) for e in np.eye(3)], axis=1)  # columns: images of axes
     view = np.eye(4)
     view[:3, :3] = rot
     view[:3, 3] = torch.randn(3, generator=gen, dtype=F64).numpy()
     return torch.from_numpy(view)
 
 
-def sequential_composite(res, width: int, height: int, opacities: torch.Tensor,
-                         background: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+def sequential_composite(
+    res, width: int, height: int, opacities: torch.Tensor, background: torch.Tensor
+) -> tuple[np.ndarray, np.ndarray]:
     """A kernel-style loop per pixel over depth-sorted Gaussians, with skip/clamp/stop."""
     m2d, con = res.means2d.detach().numpy(), res.conics.detach().numpy()
     col, dep = res.colors.detach().numpy(), res.depths.detach().numpy()
     tiles, op = res.tiles.numpy(), opacities.detach().numpy()
     # front to back by the float32 depth (the kernel's sort key), ties in index order
-    order = sorted((i for i in range(len(op)) if res.radii[i] > 0),
-                   key=lambda i: (np.float32(dep[i]), i))
+    order = sorted(
+        (i for i in range(len(op)) if res.radii[i] > 0), key=lambda i: (np.float32(dep[i]), i)
+    )
     image = np.zeros((3, height, width))
     alpha = np.zeros((height, width))
     for py in range(height):
@@ -94,12 +100,15 @@ def sequential_composite(res, width: int, height: int, opacities: torch.Tensor,
 
 def footprint_alphas(res, opacities: torch.Tensor, width: int, height: int) -> torch.Tensor:
     """[N, H, W] unclamped opacity * exp(power) of each Gaussian at every pixel centre."""
-    ys, xs = torch.meshgrid(torch.arange(height, dtype=F64) + 0.5,
-                            torch.arange(width, dtype=F64) + 0.5, indexing="ij")
+    ys, xs = torch.meshgrid(
+        torch.arange(height, dtype=F64) + 0.5, torch.arange(width, dtype=F64) + 0.5, indexing="ij"
+    )
     m, con = res.means2d.detach(), res.conics.detach()
     dx, dy = m[:, 0, None, None] - xs, m[:, 1, None, None] - ys
-    power = (-0.5 * (con[:, 0, None, None] * dx * dx + con[:, 2, None, None] * dy * dy)
-             - con[:, 1, None, None] * dx * dy)
+    power = (
+        -0.5 * (con[:, 0, None, None] * dx * dx + con[:, 2, None, None] * dy * dy)
+        - con[:, 1, None, None] * dx * dy
+    )
     return opacities.detach()[:, None, None] * torch.exp(power)
 
 
@@ -107,13 +116,20 @@ def test_single_isotropic_gaussian_closed_form() -> None:
     """On the optical axis at depth z, an isotropic Gaussian of scale s is a circular 2D
     Gaussian with variance (s fx / z)^2 + 0.3 centred on the principal point."""
     width, height, z, s, fx, op = 13, 15, 3.0, 0.12, 25.0, 0.8
-    cx, cy = 6.5, 7.5                                 # the centre of pixel (row 7, col 6)
+    cx, cy = 6.5, 7.5  # the centre of pixel (row 7, col 6)
     color, bg = [0.9, 0.2, 0.4], [0.1, 0.3, 0.05]
-    res = rasterize(torch.tensor([[0.0, 0.0, z]], dtype=F64),
-                    torch.full((1, 3), s, dtype=F64), identity_quats(1),
-                    torch.tensor([op], dtype=F64), colors=torch.tensor([color], dtype=F64),
-                    viewmat=torch.eye(4, dtype=F64), K=intrinsics(fx, fx, cx, cy),
-                    width=width, height=height, background=torch.tensor(bg, dtype=F64))
+    res = rasterize(
+        torch.tensor([[0.0, 0.0, z]], dtype=F64),
+        torch.full((1, 3), s, dtype=F64),
+        identity_quats(1),
+        torch.tensor([op], dtype=F64),
+        colors=torch.tensor([color], dtype=F64),
+        viewmat=torch.eye(4, dtype=F64),
+        K=intrinsics(fx, fx, cx, cy),
+        width=width,
+        height=height,
+        background=torch.tensor(bg, dtype=F64),
+    )
     var = (s * fx / z) ** 2 + 0.3
     want = np.zeros((3, height, width))
     want_alpha = np.zeros((height, width))
@@ -123,7 +139,7 @@ def test_single_isotropic_gaussian_closed_form() -> None:
             a = a if a >= 1 / 255 else 0.0
             want_alpha[i, j] = a
             want[:, i, j] = [c * a + b * (1 - a) for c, b in zip(color, bg, strict=True)]
-    assert (want_alpha == 0).any() and (want_alpha > 0).any()   # both regimes exercised
+    assert (want_alpha == 0).any() and (want_alpha > 0).any()  # both regimes exercised
     np.testing.assert_allclose(res.image.numpy(), want, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(res.alpha.numpy(), want_alpha, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(res.depth.numpy(), np.where(want_alpha > 0, z, 0.0), rtol=1e-12)
@@ -137,16 +153,29 @@ def test_covariance_matches_numerical_jacobian(gen: torch.Generator) -> None:
     K = intrinsics(35.0, 30.0, 21.0, 14.0)
     view = random_viewmat(gen)
     # means in front of the camera and inside the view, so the Jacobian clamp is inactive
-    cam = torch.stack([(torch.rand(n, generator=gen, dtype=F64) - 0.5) * 0.6,
-                       (torch.rand(n, generator=gen, dtype=F64) - 0.5) * 0.6,
-                       2.0 + torch.rand(n, generator=gen, dtype=F64)], dim=1)
+    cam = torch.stack(
+        [
+            (torch.rand(n, generator=gen, dtype=F64) - 0.5) * 0.6,
+            (torch.rand(n, generator=gen, dtype=F64) - 0.5) * 0.6,
+            2.0 + torch.rand(n, generator=gen, dtype=F64),
+        ],
+        dim=1,
+    )
     inv = torch.linalg.inv(view)
     means = cam @ inv[:3, :3].T + inv[:3, 3]
     scales = 0.02 + 0.2 * torch.rand(n, 3, generator=gen, dtype=F64)
     quats = torch.randn(n, 4, generator=gen, dtype=F64)
-    res = rasterize(means, scales, quats, torch.full((n,), 0.5, dtype=F64),
-                    colors=torch.rand(n, 3, generator=gen, dtype=F64), viewmat=view, K=K,
-                    width=width, height=height)
+    res = rasterize(
+        means,
+        scales,
+        quats,
+        torch.full((n,), 0.5, dtype=F64),
+        colors=torch.rand(n, 3, generator=gen, dtype=F64),
+        viewmat=view,
+        K=K,
+        width=width,
+        height=height,
+    )
     Kn, Vn = K.numpy(), view.numpy()
 
     def pixel(p: np.ndarray) -> np.ndarray:
@@ -155,8 +184,9 @@ def test_covariance_matches_numerical_jacobian(gen: torch.Generator) -> None:
 
     for g in range(n):
         p, h = means[g].numpy(), 1e-6
-        jac = np.stack([(pixel(p + h * e) - pixel(p - h * e)) / (2 * h) for e in np.eye(3)],
-                       axis=1)                                        # d pixel / d world
+        jac = np.stack(
+            [(pixel(p + h * e) - pixel(p - h * e)) / (2 * h) for e in np.eye(3)], axis=1
+        )  # d pixel / d world
         rot = np.stack([rotate(quats[g].numpy(), e) for e in np.eye(3)], axis=1)
         sigma = rot @ np.diag(scales[g].numpy() ** 2) @ rot.T
         cov2d = jac @ sigma @ jac.T + 0.3 * np.eye(2)
@@ -176,14 +206,25 @@ def test_jacobian_is_clamped_outside_the_view() -> None:
     lim_x = ((width - cx) / fx + 0.3 * width / (2 * fx), -(cx / fx + 0.3 * width / (2 * fx)))
     lim_y = ((height - cy) / fy + 0.3 * height / (2 * fy), -(cy / fy + 0.3 * height / (2 * fy)))
     z = 2.0
-    cases = [(5.0, 0.1, lim_x[0], 0.1), (-4.0, -3.0, lim_x[1], lim_y[1]),
-             (0.3, 2.5, 0.3, lim_y[0]), (0.2, -0.1, 0.2, -0.1)]   # the last one: no clamp
+    cases = [
+        (5.0, 0.1, lim_x[0], 0.1),
+        (-4.0, -3.0, lim_x[1], lim_y[1]),
+        (0.3, 2.5, 0.3, lim_y[0]),
+        (0.2, -0.1, 0.2, -0.1),
+    ]  # the last one: no clamp
     means = torch.tensor([[u * z, v * z, z] for u, v, _, _ in cases], dtype=F64)
     scales = torch.tensor([[0.3, 0.1, 0.2]], dtype=F64).repeat(len(cases), 1)
-    res = rasterize(means, scales, identity_quats(len(cases)),
-                    torch.full((len(cases),), 0.5, dtype=F64),
-                    colors=torch.ones(len(cases), 3, dtype=F64), viewmat=torch.eye(4, dtype=F64),
-                    K=intrinsics(fx, fy, cx, cy), width=width, height=height)
+    res = rasterize(
+        means,
+        scales,
+        identity_quats(len(cases)),
+        torch.full((len(cases),), 0.5, dtype=F64),
+        colors=torch.ones(len(cases), 3, dtype=F64),
+        viewmat=torch.eye(4, dtype=F64),
+        K=intrinsics(fx, fy, cx, cy),
+        width=width,
+        height=height,
+    )
     for g, (_, _, uc, vc) in enumerate(cases):
         jac = np.array([[fx / z, 0.0, -fx * uc / z], [0.0, fy / z, -fy * vc / z]])
         cov2d = jac @ np.diag(scales[g].numpy() ** 2) @ jac.T + 0.3 * np.eye(2)
@@ -205,28 +246,37 @@ def test_sh_basis_is_orthonormal_on_the_sphere() -> None:
     torch.testing.assert_close(gram, torch.eye(16, dtype=F64), rtol=0, atol=1e-12)
     # 3DGS's sign convention for degree 1: (-C1 y, C1 z, -C1 x)
     one = sh_basis(torch.tensor([[0.6, 0.0, 0.8], [0.0, 1.0, 0.0]], dtype=F64), 1)
-    torch.testing.assert_close(one, torch.tensor([[SH_C0, 0, 0.8 * SH_C1, -0.6 * SH_C1],
-                                                  [SH_C0, -SH_C1, 0, 0]], dtype=F64))
+    torch.testing.assert_close(
+        one, torch.tensor([[SH_C0, 0, 0.8 * SH_C1, -0.6 * SH_C1], [SH_C0, -SH_C1, 0, 0]], dtype=F64)
+    )
 
 
 def test_sh_colours_use_direction_from_camera_centre(gen: torch.Generator) -> None:
     n = 5
     centre = torch.tensor([0.3, -0.2, -1.0], dtype=F64)
     view = torch.eye(4, dtype=F64)
-    view[:3, 3] = -centre                                        # camera at `centre`
+    view[:3, 3] = -centre  # camera at `centre`
     means = torch.rand(n, 3, generator=gen, dtype=F64) - 0.5
     sh = 0.4 * torch.randn(n, 4, 3, generator=gen, dtype=F64)
     kw = dict(viewmat=view, K=intrinsics(20.0, 20.0, 8.0, 8.0), width=16, height=16)
-    common = (means, torch.full((n, 3), 0.05, dtype=F64), identity_quats(n),
-              torch.full((n,), 0.5, dtype=F64))
+    common = (
+        means,
+        torch.full((n, 3), 0.05, dtype=F64),
+        identity_quats(n),
+        torch.full((n,), 0.5, dtype=F64),
+    )
     deg0 = rasterize(*common, sh=sh[:, :1], **kw).colors
     torch.testing.assert_close(deg0, (SH_C0 * sh[:, 0] + 0.5).clamp_min(0), rtol=1e-14, atol=0)
     d = means - centre
     x, y, z = (d / d.norm(dim=1, keepdim=True)).unbind(1)
-    want = SH_C0 * sh[:, 0] + SH_C1 * (-y[:, None] * sh[:, 1] + z[:, None] * sh[:, 2]
-                                       - x[:, None] * sh[:, 3]) + 0.5
-    torch.testing.assert_close(rasterize(*common, sh=sh, **kw).colors, want.clamp_min(0),
-                               rtol=1e-13, atol=1e-15)
+    want = (
+        SH_C0 * sh[:, 0]
+        + SH_C1 * (-y[:, None] * sh[:, 1] + z[:, None] * sh[:, 2] - x[:, None] * sh[:, 3])
+        + 0.5
+    )
+    torch.testing.assert_close(
+        rasterize(*common, sh=sh, **kw).colors, want.clamp_min(0), rtol=1e-13, atol=1e-15
+    )
     # sh_degree 0 on degree-1 coefficients ignores the higher ones
     torch.testing.assert_close(rasterize(*common, sh=sh, sh_degree=0, **kw).colors, deg0)
 
@@ -235,16 +285,26 @@ def _stack_scene(depths: list[float], opacities: list[float]):
     n = len(depths)
     means = torch.tensor([[0.0, 0.0, z] for z in depths], dtype=F64)
     colors = torch.eye(3, dtype=F64)[torch.arange(n) % 3] * 0.7 + 0.1
-    return means, torch.full((n, 3), 1.0, dtype=F64), identity_quats(n), torch.tensor(
-        opacities, dtype=F64), colors
+    return (
+        means,
+        torch.full((n, 3), 1.0, dtype=F64),
+        identity_quats(n),
+        torch.tensor(opacities, dtype=F64),
+        colors,
+    )
 
 
 def test_occlusion_order_and_transmittance_stop() -> None:
-    kw = dict(viewmat=torch.eye(4, dtype=F64), K=intrinsics(10.0, 10.0, 3.5, 2.5),
-              width=7, height=5, background=torch.tensor([0.2, 0.4, 0.6], dtype=F64))
+    kw = dict(
+        viewmat=torch.eye(4, dtype=F64),
+        K=intrinsics(10.0, 10.0, 3.5, 2.5),
+        width=7,
+        height=5,
+        background=torch.tensor([0.2, 0.4, 0.6], dtype=F64),
+    )
     means, scales, quats, op, colors = _stack_scene([2.0, 5.0], [1.0, 0.6])
     two = rasterize(means, scales, quats, op, colors=colors, **kw)
-    centre = (2, 3)                       # pixel at the principal point: power 0
+    centre = (2, 3)  # pixel at the principal point: power 0
     a2 = 0.6
     want = 0.99 * colors[0] + 0.01 * a2 * colors[1] + 0.01 * (1 - a2) * kw["background"]
     torch.testing.assert_close(two.image[:, centre[0], centre[1]], want, rtol=1e-13, atol=0)
@@ -271,13 +331,19 @@ def test_depth_ties_at_float32_resolution_composite_in_index_order() -> None:
     composite in index order, as the float32 kernel's stable sort on float32 depths does,
     not in float64 depth order; a gap of a few float32 ulps is ordered by depth. Decides
     here which of the two the 1e-4 stop drops (the regression case of issue 10)."""
-    kw = dict(viewmat=torch.eye(4, dtype=F64), K=intrinsics(10.0, 10.0, 0.5, 0.5), width=1,
-              height=1, background=torch.zeros(3, dtype=F64))
+    kw = dict(
+        viewmat=torch.eye(4, dtype=F64),
+        K=intrinsics(10.0, 10.0, 0.5, 0.5),
+        width=1,
+        height=1,
+        background=torch.zeros(3, dtype=F64),
+    )
     # T = 0.01 * 0.0125 = 1.25e-4 after the first two. In index order the 0.1 one takes it to
     # 1.125e-4 and the 0.5 one stops the pixel; in depth order the 0.5 one stops it at once.
     for gap, third in ((2e-8, True), (1e-6, False)):
-        means, scales, quats, op, colors = _stack_scene([1.0, 1.5, 2.0, 2.0 - gap],
-                                                        [0.99, 0.9875, 0.1, 0.5])
+        means, scales, quats, op, colors = _stack_scene(
+            [1.0, 1.5, 2.0, 2.0 - gap], [0.99, 0.9875, 0.1, 0.5]
+        )
         z = means[:, 2]
         assert (z[2].float() == z[3].float()) == third and bool(z[3] < z[2])
         res = rasterize(means, scales, quats, op, colors=colors, **kw)
@@ -286,8 +352,9 @@ def test_depth_ties_at_float32_resolution_composite_in_index_order() -> None:
         torch.testing.assert_close(res.image[:, 0, 0], want, rtol=1e-12, atol=0)
         t_final = t * 0.9 if third else t
         assert float(res.alpha[0, 0]) == pytest.approx(1 - t_final, rel=1e-12)
-    order = splat.compositing_order(torch.tensor([3.0, 2.0 + 1e-8, 2.0, 1.0], dtype=F64),
-                                    torch.tensor([0, 1, 2, 3]))
+    order = splat.compositing_order(
+        torch.tensor([3.0, 2.0 + 1e-8, 2.0, 1.0], dtype=F64), torch.tensor([0, 1, 2, 3])
+    )
     assert order.tolist() == [3, 1, 2, 0]
 
 
@@ -296,32 +363,51 @@ def test_threshold_equality_semantics(monkeypatch: pytest.MonkeyPatch) -> None:
     alpha < 1/255 and stops only at T < 1e-4); checked with thresholds made exact in binary."""
     monkeypatch.setattr(splat, "T_MIN", 0.25)
     monkeypatch.setattr(splat, "ALPHA_MIN", 0.5)
-    kw = dict(viewmat=torch.eye(4, dtype=F64), K=intrinsics(10.0, 10.0, 0.5, 0.5), width=1,
-              height=1, background=torch.zeros(3, dtype=F64))
+    kw = dict(
+        viewmat=torch.eye(4, dtype=F64),
+        K=intrinsics(10.0, 10.0, 0.5, 0.5),
+        width=1,
+        height=1,
+        background=torch.zeros(3, dtype=F64),
+    )
     means, scales, quats, op, colors = _stack_scene([2.0, 3.0, 4.0], [0.5, 0.5, 0.5])
     res = rasterize(means, scales, quats, op, colors=colors, **kw)  # alpha = op at the centre
-    want = 0.5 * colors[0] + 0.25 * colors[1]           # T: 1 -> 0.5 -> 0.25 (kept) -> stop
+    want = 0.5 * colors[0] + 0.25 * colors[1]  # T: 1 -> 0.5 -> 0.25 (kept) -> stop
     torch.testing.assert_close(res.image[:, 0, 0], want, rtol=0, atol=0)
     assert float(res.alpha[0, 0]) == 0.75
     res = rasterize(means, scales, quats, op.nextafter(torch.zeros(())), colors=colors, **kw)
-    assert float(res.alpha[0, 0]) == 0.0                # just below ALPHA_MIN: all skipped
+    assert float(res.alpha[0, 0]) == 0.0  # just below ALPHA_MIN: all skipped
 
 
 def test_matches_sequential_kernel_loop(gen: torch.Generator) -> None:
-    n, width, height = 60, 21, 13                 # two tiles wide, not tile multiples
-    means = torch.stack([(torch.rand(n, generator=gen, dtype=F64) - 0.5) * 2.5,
-                         (torch.rand(n, generator=gen, dtype=F64) - 0.5) * 1.5,
-                         1.5 + 2 * torch.rand(n, generator=gen, dtype=F64)], dim=1)
+    n, width, height = 60, 21, 13  # two tiles wide, not tile multiples
+    means = torch.stack(
+        [
+            (torch.rand(n, generator=gen, dtype=F64) - 0.5) * 2.5,
+            (torch.rand(n, generator=gen, dtype=F64) - 0.5) * 1.5,
+            1.5 + 2 * torch.rand(n, generator=gen, dtype=F64),
+        ],
+        dim=1,
+    )
     scales = 0.05 + 0.3 * torch.rand(n, 3, generator=gen, dtype=F64)
     quats = torch.randn(n, 4, generator=gen, dtype=F64)
-    op = 0.6 + 0.4 * torch.rand(n, generator=gen, dtype=F64)   # many pixels hit the stop
+    op = 0.6 + 0.4 * torch.rand(n, generator=gen, dtype=F64)  # many pixels hit the stop
     sh = 0.5 * torch.randn(n, 9, 3, generator=gen, dtype=F64)
     bg = torch.rand(3, generator=gen, dtype=F64)
-    view = random_viewmat(gen)                    # means above are camera-space: to world
+    view = random_viewmat(gen)  # means above are camera-space: to world
     inv = torch.linalg.inv(view)
-    res = rasterize(means @ inv[:3, :3].T + inv[:3, 3], scales, quats, op, sh=sh, viewmat=view,
-                    K=intrinsics(12.0, 12.0, 10.0, 6.0), width=width, height=height,
-                    background=bg)
+    res = rasterize(
+        means @ inv[:3, :3].T + inv[:3, 3],
+        scales,
+        quats,
+        op,
+        sh=sh,
+        viewmat=view,
+        K=intrinsics(12.0, 12.0, 10.0, 6.0),
+        width=width,
+        height=height,
+        background=bg,
+    )
     image, alpha = sequential_composite(res, width, height, op, bg)
     assert (alpha > 0.999).any() and (res.radii > 0).sum() > n // 2
     np.testing.assert_allclose(res.image.detach().numpy(), image, rtol=1e-10, atol=1e-12)
@@ -332,20 +418,29 @@ def test_tile_rectangle_limits_the_footprint() -> None:
     """An opaque Gaussian whose 3-sigma square ends at the tile edge x = 16 leaves the next
     tile untouched even where its alpha would still be above 1/255."""
     fx, z, cx, cy = 20.0, 2.0, 10.0, 5.5
-    var_x, var_y = 4.0, 1.0                       # 2D variances, low-pass included
-    scales = torch.tensor([[math.sqrt(var_x - 0.3) * z / fx, math.sqrt(var_y - 0.3) * z / fx,
-                            0.01]], dtype=F64)
-    res = rasterize(torch.tensor([[0.0, 0.0, z]], dtype=F64), scales, identity_quats(1),
-                    torch.tensor([1.0], dtype=F64), colors=torch.ones(1, 3, dtype=F64),
-                    viewmat=torch.eye(4, dtype=F64), K=intrinsics(fx, fx, cx, cy),
-                    width=21, height=11)
+    var_x, var_y = 4.0, 1.0  # 2D variances, low-pass included
+    scales = torch.tensor(
+        [[math.sqrt(var_x - 0.3) * z / fx, math.sqrt(var_y - 0.3) * z / fx, 0.01]], dtype=F64
+    )
+    res = rasterize(
+        torch.tensor([[0.0, 0.0, z]], dtype=F64),
+        scales,
+        identity_quats(1),
+        torch.tensor([1.0], dtype=F64),
+        colors=torch.ones(1, 3, dtype=F64),
+        viewmat=torch.eye(4, dtype=F64),
+        K=intrinsics(fx, fx, cx, cy),
+        width=21,
+        height=11,
+    )
     assert res.radii.tolist() == [6] and res.tiles.tolist() == [[0, 0, 1, 1]]
-    row = 5                                       # pixel centres at y = 5.5 = cy
+    row = 5  # pixel centres at y = 5.5 = cy
     for col in (15, 16):
         would_be = min(0.99, math.exp(-0.5 * (col + 0.5 - cx) ** 2 / var_x))
         assert would_be > 1 / 255
-        assert float(res.alpha[row, col]) == (pytest.approx(would_be, rel=1e-12)
-                                              if col < 16 else 0.0)
+        assert float(res.alpha[row, col]) == (
+            pytest.approx(would_be, rel=1e-12) if col < 16 else 0.0
+        )
 
 
 def test_tile_box_is_opacity_aware_per_axis() -> None:
@@ -355,73 +450,105 @@ def test_tile_box_is_opacity_aware_per_axis() -> None:
     square, which limits it) and +-6.2 px in y (tiles 1..2). Below opacity 1/255 it keeps its
     radius but touches no tile and changes no pixel."""
     fx, z, cx, cy, width, height = 20.0, 2.0, 40.3, 30.2, 128, 96
-    scales = torch.tensor([[math.sqrt(100 - 0.3) * z / fx, math.sqrt(4 - 0.3) * z / fx,
-                            0.01]], dtype=F64)
-    kw = dict(colors=torch.ones(1, 3, dtype=F64), viewmat=torch.eye(4, dtype=F64),
-              K=intrinsics(fx, fx, cx, cy), width=width, height=height)
+    scales = torch.tensor(
+        [[math.sqrt(100 - 0.3) * z / fx, math.sqrt(4 - 0.3) * z / fx, 0.01]], dtype=F64
+    )
+    kw = dict(
+        colors=torch.ones(1, 3, dtype=F64),
+        viewmat=torch.eye(4, dtype=F64),
+        K=intrinsics(fx, fx, cx, cy),
+        width=width,
+        height=height,
+    )
     means = torch.tensor([[0.0, 0.0, z]], dtype=F64)
     res = rasterize(means, scales, identity_quats(1), torch.tensor([0.5], dtype=F64), **kw)
     ey = math.sqrt(2 * math.log(255 * 0.5) * 4)
     assert math.floor((cy - ey) / 16) == 1 and math.ceil((cy + ey) / 16) == 3
     assert res.radii.tolist() == [30] and res.tiles.tolist() == [[0, 1, 5, 3]]
-    assert res.n_intersections == 10                          # the square: 5 x 4 = 20
+    assert res.n_intersections == 10  # the square: 5 x 4 = 20
     assert float(res.alpha[16:48].min()) == 0 and float(res.alpha[30].max()) > 0.4
-    faint = rasterize(means, scales, identity_quats(1),
-                      torch.tensor([0.999 / 255], dtype=F64), **kw)
+    faint = rasterize(
+        means, scales, identity_quats(1), torch.tensor([0.999 / 255], dtype=F64), **kw
+    )
     assert faint.radii.tolist() == [30] and faint.tiles.tolist() == [[0, 0, 0, 0]]
     assert faint.n_intersections == 0 and not bool(faint.alpha.any())
 
 
-def _opacity_scene(gen: torch.Generator, n: int, width: int, height: int, f: float
-                   ) -> dict:
+def _opacity_scene(gen: torch.Generator, n: int, width: int, height: int, f: float) -> dict:
     """Gaussians of every opacity regime (below 1/255, within rounding above it, faint,
     opaque), round, thin and tilted (skews Sxx Syy / det up to ~1e4), some off-screen."""
     z = 1.5 + 4 * torch.rand(n, generator=gen, dtype=F64)
-    cam = torch.stack([(torch.rand(n, generator=gen, dtype=F64) - 0.5) * 1.4 * width / f * z,
-                       (torch.rand(n, generator=gen, dtype=F64) - 0.5) * 1.4 * height / f * z,
-                       z], dim=1)
+    cam = torch.stack(
+        [
+            (torch.rand(n, generator=gen, dtype=F64) - 0.5) * 1.4 * width / f * z,
+            (torch.rand(n, generator=gen, dtype=F64) - 0.5) * 1.4 * height / f * z,
+            z,
+        ],
+        dim=1,
+    )
     view = random_viewmat(gen)
     inv = torch.linalg.inv(view)
     scales = torch.exp(-4 + 3 * torch.rand(n, 3, generator=gen, dtype=F64))
     thin = torch.rand(n, generator=gen) < 0.4
-    scales[thin, 1:] *= 1e-3                       # needles, projected at every angle
-    choices = torch.tensor([0.002, 1 / 255, float(np.float32(1 / 255)), 0.0045, 0.02, 0.3, 1.0],
-                           dtype=F64)
+    scales[thin, 1:] *= 1e-3  # needles, projected at every angle
+    choices = torch.tensor(
+        [0.002, 1 / 255, float(np.float32(1 / 255)), 0.0045, 0.02, 0.3, 1.0], dtype=F64
+    )
     op = choices[torch.randint(len(choices), (n,), generator=gen)]
     mixed = torch.rand(n, generator=gen) < 0.3
     op[mixed] = torch.rand(int(mixed.sum()), generator=gen, dtype=F64)
-    return dict(means=cam @ inv[:3, :3].T + inv[:3, 3], scales=scales,
-                rotations=torch.randn(n, 4, generator=gen, dtype=F64), opacities=op,
-                colors=torch.rand(n, 3, generator=gen, dtype=F64), viewmat=view,
-                K=intrinsics(f, f * 1.1, width / 2 + 0.3, height / 2 - 0.2), width=width,
-                height=height, background=torch.rand(3, generator=gen, dtype=F64))
+    return dict(
+        means=cam @ inv[:3, :3].T + inv[:3, 3],
+        scales=scales,
+        rotations=torch.randn(n, 4, generator=gen, dtype=F64),
+        opacities=op,
+        colors=torch.rand(n, 3, generator=gen, dtype=F64),
+        viewmat=view,
+        K=intrinsics(f, f * 1.1, width / 2 + 0.3, height / 2 - 0.2),
+        width=width,
+        height=height,
+        background=torch.rand(3, generator=gen, dtype=F64),
+    )
 
 
 def _square_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """The reference as it was: every Gaussian binned into its whole 3-sigma square."""
-    monkeypatch.setattr(splat, "_tile_box", lambda sxx, syy, det, m, o: (
-        torch.full_like(m, math.inf), torch.ones_like(o, dtype=torch.bool)))
+    monkeypatch.setattr(
+        splat,
+        "_tile_box",
+        lambda sxx, syy, det, m, o: (
+            torch.full_like(m, math.inf),
+            torch.ones_like(o, dtype=torch.bool),
+        ),
+    )
 
 
 @pytest.mark.parametrize("dense", [False, True], ids=["sparse", "dense"])
-def test_tile_box_changes_no_output(gen: torch.Generator, monkeypatch: pytest.MonkeyPatch,
-                                    dense: bool) -> None:
+def test_tile_box_changes_no_output(
+    gen: torch.Generator, monkeypatch: pytest.MonkeyPatch, dense: bool
+) -> None:
     """Binning into the opacity-aware box instead of the whole square drops tiles but changes
     no output and no gradient: the dropped (Gaussian, tile) pairs have alpha < 1/255 at
     every pixel. Also the box's rectangle never leaves the square."""
     n, width, height = (400, 64, 48) if dense else (150, 45, 37)
     args = _opacity_scene(gen, n, width, height, 40.0 if dense else 25.0)
     leaves = ("means", "scales", "rotations", "opacities", "colors", "background")
-    w = [torch.randn(3, height, width, generator=gen, dtype=F64),
-         torch.randn(height, width, generator=gen, dtype=F64),
-         torch.randn(height, width, generator=gen, dtype=F64),
-         torch.randn(n, 2, generator=gen, dtype=F64)]
+    w = [
+        torch.randn(3, height, width, generator=gen, dtype=F64),
+        torch.randn(height, width, generator=gen, dtype=F64),
+        torch.randn(height, width, generator=gen, dtype=F64),
+        torch.randn(n, 2, generator=gen, dtype=F64),
+    ]
 
     def run() -> tuple:
         inputs = {k: args[k].clone().requires_grad_() for k in leaves}
         res = rasterize(**{**args, **inputs})
-        loss = ((res.image * w[0]).sum() + (res.alpha * w[1]).sum()
-                + (res.depth * w[2]).sum() + (res.means2d * w[3]).sum())
+        loss = (
+            (res.image * w[0]).sum()
+            + (res.alpha * w[1]).sum()
+            + (res.depth * w[2]).sum()
+            + (res.means2d * w[3]).sum()
+        )
         loss.backward()
         grads = [inputs[k].grad for k in leaves] + [res.means2d.grad]
         return res, grads
@@ -433,11 +560,11 @@ def test_tile_box_changes_no_output(gen: torch.Generator, monkeypatch: pytest.Mo
     assert torch.equal(tight.radii, square.radii)
     vis = square.radii > 0
     some = tight.tiles[:, 2] > tight.tiles[:, 0]
-    assert bool((vis | ~some).all())                       # only visible ones touch tiles
+    assert bool((vis | ~some).all())  # only visible ones touch tiles
     t, q = tight.tiles[some], square.tiles[some]
     assert bool(((t[:, :2] >= q[:, :2]) & (t[:, 2:] <= q[:, 2:])).all())
     assert bool((tight.tiles[~some] == 0).all())
-    assert bool((vis & ~some).any())                       # faint ones: visible, no tile
+    assert bool((vis & ~some).any())  # faint ones: visible, no tile
     assert tight.n_intersections < 0.9 * square.n_intersections
     for a, b in zip(tight[:3], square[:3], strict=True):
         torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-12, atol=1e-13)
@@ -447,8 +574,9 @@ def test_tile_box_changes_no_output(gen: torch.Generator, monkeypatch: pytest.Mo
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12 * max(1.0, float(b.abs().max())))
 
 
-def _float32_hits(m: np.ndarray, con: np.ndarray, op: np.float32, px: np.ndarray,
-                  py: np.ndarray) -> np.ndarray:
+def _float32_hits(
+    m: np.ndarray, con: np.ndarray, op: np.float32, px: np.ndarray, py: np.ndarray
+) -> np.ndarray:
     """Where the kernel composites one Gaussian, emulated in float32 operation by operation
     (gaussian_power of csrc/splat/splat_device.cuh, no FMA; expf; the clamp and the 1/255
     skip): ``m`` [2] its float32 screen mean, ``con`` [3] its float32 conic, ``px``, ``py``
@@ -464,8 +592,10 @@ def _float32_hits(m: np.ndarray, con: np.ndarray, op: np.float32, px: np.ndarray
 
 def _square_tiles(res, g: int, grid: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
     m, r = res.means2d[g].detach().numpy(), int(res.radii[g])
-    return (np.clip(np.floor((m - r) / 16), 0, grid).astype(int),
-            np.clip(np.ceil((m + r) / 16), 0, grid).astype(int))
+    return (
+        np.clip(np.floor((m - r) / 16), 0, grid).astype(int),
+        np.clip(np.ceil((m + r) / 16), 0, grid).astype(int),
+    )
 
 
 def test_float32_alpha_stays_inside_the_tile_box(gen: torch.Generator) -> None:
@@ -479,8 +609,11 @@ def test_float32_alpha_stays_inside_the_tile_box(gen: torch.Generator) -> None:
     m = res.means2d.detach().numpy().astype(f32)
     con = res.conics.detach().numpy().astype(f32)
     op = args["opacities"].numpy().astype(f32)
-    py, px = np.meshgrid(np.arange(height, dtype=f32) + f32(0.5),
-                         np.arange(width, dtype=f32) + f32(0.5), indexing="ij")
+    py, px = np.meshgrid(
+        np.arange(height, dtype=f32) + f32(0.5),
+        np.arange(width, dtype=f32) + f32(0.5),
+        indexing="ij",
+    )
     tx, ty = px // 16, py // 16
     reached = 0
     for g in np.nonzero(res.radii.numpy() > 0)[0]:
@@ -506,11 +639,24 @@ def test_float32_alpha_of_needles_stays_inside_the_tile_box(gen: torch.Generator
     quats = torch.stack([torch.cos(angle / 2), zeros, zeros, torch.sin(angle / 2)], dim=1)
     length = 100 * torch.exp(math.log(7) * torch.rand(n, generator=gen, dtype=F64)) * z / f
     scales = torch.stack([length, zeros + 1e-6, zeros + 1e-6], dim=1)
-    means = torch.cat([(torch.rand(n, 2, generator=gen, dtype=F64) - 0.5) * 0.2 * size / f * z,
-                       zeros[:, None] + z], dim=1)
+    means = torch.cat(
+        [
+            (torch.rand(n, 2, generator=gen, dtype=F64) - 0.5) * 0.2 * size / f * z,
+            zeros[:, None] + z,
+        ],
+        dim=1,
+    )
     op = 0.9 + 0.1 * torch.rand(n, generator=gen, dtype=F64)
-    res = splat.project(means, scales, quats, torch.eye(4, dtype=F64),   # no compositing
-                        intrinsics(f, f, size / 2 + 0.3, size / 2 - 0.2), size, size, op)
+    res = splat.project(
+        means,
+        scales,
+        quats,
+        torch.eye(4, dtype=F64),  # no compositing
+        intrinsics(f, f, size / 2 + 0.3, size / 2 - 0.2),
+        size,
+        size,
+        op,
+    )
     cov = torch.linalg.inv(torch.stack([res.conics[:, [0, 1]], res.conics[:, [1, 2]]], dim=1))
     skew = cov[:, 0, 0] * cov[:, 1, 1] / torch.linalg.det(cov)
     assert float(skew.max()) > 1e5 and bool((res.radii > 0).all())
@@ -522,14 +668,20 @@ def test_float32_alpha_of_needles_stays_inside_the_tile_box(gen: torch.Generator
         x0, y0, x1, y1 = res.tiles[g].tolist()
         assert x1 > x0 and y1 > y0, f"needle {g} touches no tile"
         lo, hi = _square_tiles(res, g, (size // 16, size // 16))
-        ring = [(x1, x1 + 1, lo[1], hi[1]), (x0 - 1, x0, lo[1], hi[1]),
-                (lo[0], hi[0], y1, y1 + 1), (lo[0], hi[0], y0 - 1, y0)]
+        ring = [
+            (x1, x1 + 1, lo[1], hi[1]),
+            (x0 - 1, x0, lo[1], hi[1]),
+            (lo[0], hi[0], y1, y1 + 1),
+            (lo[0], hi[0], y0 - 1, y0),
+        ]
         for tx0, tx1, ty0, ty1 in ring:
             if tx0 < lo[0] or tx1 > hi[0] or ty0 < lo[1] or ty1 > hi[1]:
-                continue                                          # beyond the square
-            py, px = np.meshgrid(np.arange(16 * ty0, 16 * ty1, dtype=f32) + f32(0.5),
-                                 np.arange(16 * tx0, 16 * tx1, dtype=f32) + f32(0.5),
-                                 indexing="ij")
+                continue  # beyond the square
+            py, px = np.meshgrid(
+                np.arange(16 * ty0, 16 * ty1, dtype=f32) + f32(0.5),
+                np.arange(16 * tx0, 16 * tx1, dtype=f32) + f32(0.5),
+                indexing="ij",
+            )
             hit = _float32_hits(m[g], con[g], f32(op[g]), px, py)
             assert not bool(hit.any()), f"needle {g} (skew {float(skew[g]):.3g}): off its tiles"
             strips += 1
@@ -538,17 +690,30 @@ def test_float32_alpha_of_needles_stays_inside_the_tile_box(gen: torch.Generator
 
 def test_background_and_culling() -> None:
     bg = torch.tensor([0.25, 0.5, 0.75], dtype=F64)
-    means = torch.tensor([[0.0, 0.0, 0.2], [0.0, 0.0, -3.0], [0.0, 0.0, 0.1], [0.0, 0.0, 3.0]],
-                         dtype=F64, requires_grad=True)
+    means = torch.tensor(
+        [[0.0, 0.0, 0.2], [0.0, 0.0, -3.0], [0.0, 0.0, 0.1], [0.0, 0.0, 3.0]],
+        dtype=F64,
+        requires_grad=True,
+    )
     op = torch.tensor([1.0, 1.0, 1.0, 1.0], dtype=F64)
     colors = torch.rand(4, 3, dtype=F64)
-    res = rasterize(means, torch.full((4, 3), 0.01, dtype=F64), identity_quats(4), op,
-                    colors=colors, viewmat=torch.eye(4, dtype=F64),
-                    K=intrinsics(10.0, 10.0, 30.0, 4.0), width=40, height=8, background=bg)
+    res = rasterize(
+        means,
+        torch.full((4, 3), 0.01, dtype=F64),
+        identity_quats(4),
+        op,
+        colors=colors,
+        viewmat=torch.eye(4, dtype=F64),
+        K=intrinsics(10.0, 10.0, 30.0, 4.0),
+        width=40,
+        height=8,
+        background=bg,
+    )
     assert res.radii.tolist()[:3] == [0, 0, 0] and int(res.radii[3]) > 0
     # the visible one is small and sits at x = 30: the left half is pure background
-    torch.testing.assert_close(res.image[:, :, :20], bg[:, None, None].expand(3, 8, 20),
-                               rtol=0, atol=0)
+    torch.testing.assert_close(
+        res.image[:, :, :20], bg[:, None, None].expand(3, 8, 20), rtol=0, atol=0
+    )
     assert float(res.alpha[:, :20].detach().abs().max()) == 0
     assert float(res.depth[:, :20].detach().max()) == 0
     res.image.sum().backward()
@@ -557,17 +722,25 @@ def test_background_and_culling() -> None:
     assert grad[:3].abs().max() == 0 and grad[3].abs().max() > 0
 
 
-@pytest.mark.parametrize(("n", "width", "height"), [(0, 5, 4), (1, 1, 1), (3, 21, 13),
-                                                    (4, 17, 33)])
+@pytest.mark.parametrize(("n", "width", "height"), [(0, 5, 4), (1, 1, 1), (3, 21, 13), (4, 17, 33)])
 def test_sizes(gen: torch.Generator, n: int, width: int, height: int) -> None:
-    means = torch.cat([torch.rand(n, 2, generator=gen, dtype=F64) - 0.5,
-                       torch.full((n, 1), 2.0, dtype=F64)], dim=1)
+    means = torch.cat(
+        [torch.rand(n, 2, generator=gen, dtype=F64) - 0.5, torch.full((n, 1), 2.0, dtype=F64)],
+        dim=1,
+    )
     bg = torch.rand(3, generator=gen, dtype=F64)
-    res = rasterize(means, torch.full((n, 3), 0.3, dtype=F64), identity_quats(n),
-                    torch.full((n,), 0.7, dtype=F64), colors=torch.rand(n, 3, dtype=F64),
-                    viewmat=torch.eye(4, dtype=F64),
-                    K=intrinsics(float(width), float(width), width / 2, height / 2),
-                    width=width, height=height, background=bg)
+    res = rasterize(
+        means,
+        torch.full((n, 3), 0.3, dtype=F64),
+        identity_quats(n),
+        torch.full((n,), 0.7, dtype=F64),
+        colors=torch.rand(n, 3, dtype=F64),
+        viewmat=torch.eye(4, dtype=F64),
+        K=intrinsics(float(width), float(width), width / 2, height / 2),
+        width=width,
+        height=height,
+        background=bg,
+    )
     assert res.image.shape == (3, height, width) and res.alpha.shape == (height, width)
     assert res.depth.shape == (height, width) and res.radii.shape == (n,)
     assert res.means2d.shape == (n, 2) and res.radii.dtype == torch.int32
@@ -583,8 +756,13 @@ def test_sizes(gen: torch.Generator, n: int, width: int, height: int) -> None:
 def _tiny_scene(gen: torch.Generator) -> tuple[tuple[torch.Tensor, ...], torch.Tensor] | None:
     """Random inputs of the gradcheck scene, or None when a draw lands near a threshold."""
     n = 3
-    means = torch.cat([(torch.rand(n, 2, generator=gen, dtype=F64) - 0.5) * 0.2,
-                       2.0 + torch.rand(n, 1, generator=gen, dtype=F64)], dim=1)
+    means = torch.cat(
+        [
+            (torch.rand(n, 2, generator=gen, dtype=F64) - 0.5) * 0.2,
+            2.0 + torch.rand(n, 1, generator=gen, dtype=F64),
+        ],
+        dim=1,
+    )
     scales = 0.5 + 0.3 * torch.rand(n, 3, generator=gen, dtype=F64)
     quats = torch.randn(n, 4, generator=gen, dtype=F64)
     op = 0.3 + 0.4 * torch.rand(n, generator=gen, dtype=F64)
@@ -592,11 +770,16 @@ def _tiny_scene(gen: torch.Generator) -> tuple[tuple[torch.Tensor, ...], torch.T
     bg = torch.rand(3, generator=gen, dtype=F64)
     K = intrinsics(8.0, 8.0, 4.0, 3.0)
     with torch.no_grad():
-        r = rasterize(means, scales, quats, op, sh=sh, viewmat=torch.eye(4, dtype=F64), K=K,
-                      width=8, height=6)
+        r = rasterize(
+            means, scales, quats, op, sh=sh, viewmat=torch.eye(4, dtype=F64), K=K, width=8, height=6
+        )
         each = footprint_alphas(r, op, 8, 6)
-        if not (float(each.min()) > 2 / 255 and float(each.max()) < 0.98
-                and r.tiles.tolist() == [[0, 0, 1, 1]] * n and float(r.alpha.max()) < 0.99):
+        if not (
+            float(each.min()) > 2 / 255
+            and float(each.max()) < 0.98
+            and r.tiles.tolist() == [[0, 0, 1, 1]] * n
+            and float(r.alpha.max()) < 0.99
+        ):
             return None
     return (means, scales, quats, op, sh, bg), K
 
@@ -612,17 +795,18 @@ def test_gradcheck_tiny_scene(gen: torch.Generator) -> None:
     tensors, K = drawn
     inputs = tuple(t.requires_grad_() for t in tensors)
     with torch.no_grad():
-        r = rasterize(*inputs[:4], sh=inputs[4], viewmat=torch.eye(4, dtype=F64), K=K,
-                      width=8, height=6)
+        r = rasterize(
+            *inputs[:4], sh=inputs[4], viewmat=torch.eye(4, dtype=F64), K=K, width=8, height=6
+        )
 
     def render(m, s, q, o, h, b):
-        r = rasterize(m, s, q, o, sh=h, viewmat=torch.eye(4, dtype=F64), K=K, width=8,
-                      height=6, background=b)
+        r = rasterize(
+            m, s, q, o, sh=h, viewmat=torch.eye(4, dtype=F64), K=K, width=8, height=6, background=b
+        )
         return r.image, r.alpha, r.depth
 
     # every output element (random projections), then every input element of a weighted sum
-    assert torch.autograd.gradcheck(render, inputs, eps=1e-6, atol=1e-7, rtol=1e-5,
-                                    fast_mode=True)
+    assert torch.autograd.gradcheck(render, inputs, eps=1e-6, atol=1e-7, rtol=1e-5, fast_mode=True)
     w = [torch.rand(t.shape, generator=gen, dtype=F64) for t in (r.image, r.alpha, r.depth)]
 
     def loss(*args: torch.Tensor) -> torch.Tensor:
@@ -637,8 +821,17 @@ def test_means2d_gradient_matches_closed_form(gen: torch.Generator) -> None:
     scales = torch.tensor([[1.0, 0.8, 0.9]], dtype=F64)
     quat = torch.randn(1, 4, generator=gen, dtype=F64)
     op, color = torch.tensor([0.7], dtype=F64), torch.tensor([[0.2, 0.5, 0.9]], dtype=F64)
-    res = rasterize(means, scales, quat, op, colors=color, viewmat=torch.eye(4, dtype=F64),
-                    K=intrinsics(10.0, 10.0, 5.0, 4.0), width=10, height=8)
+    res = rasterize(
+        means,
+        scales,
+        quat,
+        op,
+        colors=color,
+        viewmat=torch.eye(4, dtype=F64),
+        K=intrinsics(10.0, 10.0, 5.0, 4.0),
+        width=10,
+        height=8,
+    )
     wgt = torch.rand(3, 8, 10, generator=gen, dtype=F64)
     (res.image * wgt).sum().backward()
     each = footprint_alphas(res, op, 10, 8)
@@ -646,8 +839,9 @@ def test_means2d_gradient_matches_closed_form(gen: torch.Generator) -> None:
 
     m2d = res.means2d.detach().clone().requires_grad_()
     a, b, c = res.conics.detach()[0]
-    ys, xs = torch.meshgrid(torch.arange(8, dtype=F64) + 0.5, torch.arange(10, dtype=F64) + 0.5,
-                            indexing="ij")
+    ys, xs = torch.meshgrid(
+        torch.arange(8, dtype=F64) + 0.5, torch.arange(10, dtype=F64) + 0.5, indexing="ij"
+    )
     dx, dy = m2d[0, 0] - xs, m2d[0, 1] - ys
     alpha = 0.7 * torch.exp(-0.5 * (a * dx * dx + c * dy * dy) - b * dx * dy)
     image = color[0][:, None, None] * alpha
@@ -657,10 +851,17 @@ def test_means2d_gradient_matches_closed_form(gen: torch.Generator) -> None:
 
 def test_float32_inputs_get_float32_gradients(gen: torch.Generator) -> None:
     means = torch.tensor([[0.0, 0.1, 2.0], [0.1, 0.0, 3.0]], requires_grad=True)
-    res = rasterize(means, torch.full((2, 3), 0.2), torch.randn(2, 4, generator=gen),
-                    torch.tensor([0.5, 0.9]), colors=torch.rand(2, 3, generator=gen),
-                    viewmat=torch.eye(4), K=intrinsics(10.0, 10.0, 5.0, 5.0).float(),
-                    width=10, height=10)
+    res = rasterize(
+        means,
+        torch.full((2, 3), 0.2),
+        torch.randn(2, 4, generator=gen),
+        torch.tensor([0.5, 0.9]),
+        colors=torch.rand(2, 3, generator=gen),
+        viewmat=torch.eye(4),
+        K=intrinsics(10.0, 10.0, 5.0, 5.0).float(),
+        width=10,
+        height=10,
+    )
     assert res.image.dtype == F64
     res.image.sum().backward()
     assert means.grad is not None and means.grad.dtype == torch.float32
@@ -671,11 +872,19 @@ def test_max_bytes_catches_double_activation(gen: torch.Generator) -> None:
     """Story 3: log-scales around -5 activated twice become ~1, every Gaussian covers every
     tile, and the binning buffer explodes; max_bytes turns that into a clear error."""
     n = 200
-    means = torch.cat([torch.rand(n, 2, generator=gen, dtype=F64) * 2 - 1,
-                       torch.full((n, 1), 4.0, dtype=F64)], dim=1)
+    means = torch.cat(
+        [torch.rand(n, 2, generator=gen, dtype=F64) * 2 - 1, torch.full((n, 1), 4.0, dtype=F64)],
+        dim=1,
+    )
     log_scales = -5 + 0.3 * torch.randn(n, 3, generator=gen, dtype=F64)
-    kw = dict(colors=torch.rand(n, 3, dtype=F64), viewmat=torch.eye(4, dtype=F64),
-              K=intrinsics(100.0, 100.0, 32.0, 32.0), width=64, height=64, max_bytes=40_000)
+    kw = dict(
+        colors=torch.rand(n, 3, dtype=F64),
+        viewmat=torch.eye(4, dtype=F64),
+        K=intrinsics(100.0, 100.0, 32.0, 32.0),
+        width=64,
+        height=64,
+        max_bytes=40_000,
+    )
     args = (identity_quats(n), torch.full((n,), 0.5, dtype=F64))
     ok = rasterize(means, log_scales.exp(), *args, **kw)
     assert ok.n_intersections * 24 <= 40_000
@@ -684,58 +893,102 @@ def test_max_bytes_catches_double_activation(gen: torch.Generator) -> None:
 
 
 def _good(n: int = 2) -> dict:
-    return dict(means=torch.zeros(n, 3, dtype=F64) + torch.tensor([0.0, 0.0, 2.0], dtype=F64),
-                scales=torch.full((n, 3), 0.1, dtype=F64), rotations=identity_quats(n),
-                opacities=torch.full((n,), 0.5, dtype=F64), colors=torch.rand(n, 3, dtype=F64),
-                viewmat=torch.eye(4, dtype=F64), K=intrinsics(5.0, 5.0, 2.0, 2.0), width=4,
-                height=4)
+    return dict(
+        means=torch.zeros(n, 3, dtype=F64) + torch.tensor([0.0, 0.0, 2.0], dtype=F64),
+        scales=torch.full((n, 3), 0.1, dtype=F64),
+        rotations=identity_quats(n),
+        opacities=torch.full((n,), 0.5, dtype=F64),
+        colors=torch.rand(n, 3, dtype=F64),
+        viewmat=torch.eye(4, dtype=F64),
+        K=intrinsics(5.0, 5.0, 2.0, 2.0),
+        width=4,
+        height=4,
+    )
 
 
-@pytest.mark.parametrize(("change", "error", "match"), [
-    (dict(means=torch.zeros(2, 4, dtype=F64)), ValueError, r"means must be \[N, 3\], got \[2, 4\]"),
-    (dict(scales=torch.zeros(3, 3, dtype=F64)), ValueError, r"scales must be \[2, 3\], got \[3"),
-    (dict(opacities=torch.ones(2, 1, dtype=F64)), ValueError, r"opacities must be \[2\]"),
-    (dict(scales=torch.full((2, 3), -5.0, dtype=F64)), ValueError,
-     "log-scales from a checkpoint need exp"),
-    (dict(opacities=torch.tensor([-2.0, 3.0], dtype=F64)), ValueError, "sigmoid of the logits"),
-    (dict(rotations=torch.zeros(2, 4, dtype=F64)), ValueError, "all-zero quaternion"),
-    (dict(means=torch.full((2, 3), math.nan, dtype=F64)), ValueError, "means holds 6 NaN/inf"),
-    (dict(means=torch.zeros(2, 3, dtype=torch.int64)), TypeError, "floating point"),
-    (dict(means=[[0.0, 0.0, 1.0]]), TypeError, "must be a torch.Tensor, got list"),
-    (dict(viewmat=torch.tensor([[1.0, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [1, 2, 3, 1]],
-                               dtype=F64)), ValueError, "stored transposed"),
-    (dict(K=torch.eye(3, dtype=F64) * -1), ValueError, "fx, fy > 0"),
-    (dict(width=0), ValueError, "width must be a positive int, got 0"),
-    (dict(height=2.5), ValueError, "height must be a positive int"),
-    (dict(sh=torch.zeros(2, 4, 3, dtype=F64)), ValueError, "exactly one of colors"),
-    (dict(colors=None, sh=torch.zeros(2, 5, 3, dtype=F64)), ValueError, r"\(d \+ 1\)\^2"),
-    (dict(colors=None, sh=torch.zeros(2, 4, 3, dtype=F64), sh_degree=2), ValueError,
-     "needs 9 coefficients"),
-    (dict(sh_degree=1), ValueError, "only applies with sh"),
-    (dict(background=torch.zeros(4, dtype=F64)), ValueError, r"background must be \[3\]"),
-    (dict(max_bytes=-1), ValueError, "max_bytes must be None or an int"),
-])
+@pytest.mark.parametrize(
+    ("change", "error", "match"),
+    [
+        (
+            dict(means=torch.zeros(2, 4, dtype=F64)),
+            ValueError,
+            r"means must be \[N, 3\], got \[2, 4\]",
+        ),
+        (
+            dict(scales=torch.zeros(3, 3, dtype=F64)),
+            ValueError,
+            r"scales must be \[2, 3\], got \[3",
+        ),
+        (dict(opacities=torch.ones(2, 1, dtype=F64)), ValueError, r"opacities must be \[2\]"),
+        (
+            dict(scales=torch.full((2, 3), -5.0, dtype=F64)),
+            ValueError,
+            "log-scales from a checkpoint need exp",
+        ),
+        (dict(opacities=torch.tensor([-2.0, 3.0], dtype=F64)), ValueError, "sigmoid of the logits"),
+        (dict(rotations=torch.zeros(2, 4, dtype=F64)), ValueError, "all-zero quaternion"),
+        (dict(means=torch.full((2, 3), math.nan, dtype=F64)), ValueError, "means holds 6 NaN/inf"),
+        (dict(means=torch.zeros(2, 3, dtype=torch.int64)), TypeError, "floating point"),
+        (dict(means=[[0.0, 0.0, 1.0]]), TypeError, "must be a torch.Tensor, got list"),
+        (
+            dict(
+                viewmat=torch.tensor(
+                    [[1.0, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [1, 2, 3, 1]], dtype=F64
+                )
+            ),
+            ValueError,
+            "stored transposed",
+        ),
+        (dict(K=torch.eye(3, dtype=F64) * -1), ValueError, "fx, fy > 0"),
+        (dict(width=0), ValueError, "width must be a positive int, got 0"),
+        (dict(height=2.5), ValueError, "height must be a positive int"),
+        (dict(sh=torch.zeros(2, 4, 3, dtype=F64)), ValueError, "exactly one of colors"),
+        (dict(colors=None, sh=torch.zeros(2, 5, 3, dtype=F64)), ValueError, r"\(d \+ 1\)\^2"),
+        (
+            dict(colors=None, sh=torch.zeros(2, 4, 3, dtype=F64), sh_degree=2),
+            ValueError,
+            "needs 9 coefficients",
+        ),
+        (dict(sh_degree=1), ValueError, "only applies with sh"),
+        (dict(background=torch.zeros(4, dtype=F64)), ValueError, r"background must be \[3\]"),
+        (dict(max_bytes=-1), ValueError, "max_bytes must be None or an int"),
+    ],
+)
 def test_bad_inputs(change: dict, error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
         rasterize(**(_good() | change))
 
 
 def _cloud(n: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
-    means = torch.cat([torch.rand(n, 2, generator=gen, dtype=F64) * 2 - 1,
-                       3 + torch.rand(n, 1, generator=gen, dtype=F64)], dim=1)
-    return (means, 0.01 + 0.08 * torch.rand(n, 3, generator=gen, dtype=F64),
-            torch.randn(n, 4, generator=gen, dtype=F64),
-            torch.rand(n, generator=gen, dtype=F64),
-            0.3 * torch.randn(n, 16, 3, generator=gen, dtype=F64))
+    means = torch.cat(
+        [
+            torch.rand(n, 2, generator=gen, dtype=F64) * 2 - 1,
+            3 + torch.rand(n, 1, generator=gen, dtype=F64),
+        ],
+        dim=1,
+    )
+    return (
+        means,
+        0.01 + 0.08 * torch.rand(n, 3, generator=gen, dtype=F64),
+        torch.randn(n, 4, generator=gen, dtype=F64),
+        torch.rand(n, generator=gen, dtype=F64),
+        0.3 * torch.randn(n, 16, 3, generator=gen, dtype=F64),
+    )
 
 
-def test_row_chunking_does_not_change_results(gen: torch.Generator,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_row_chunking_does_not_change_results(
+    gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
     means, scales, quats, op, sh = _cloud(150, gen)
-    kw = dict(sh=sh, viewmat=torch.eye(4, dtype=F64), K=intrinsics(40.0, 40.0, 20.0, 17.0),
-              width=40, height=35)
+    kw = dict(
+        sh=sh,
+        viewmat=torch.eye(4, dtype=F64),
+        K=intrinsics(40.0, 40.0, 20.0, 17.0),
+        width=40,
+        height=35,
+    )
     whole = rasterize(means, scales, quats, op, **kw)
-    monkeypatch.setattr(splat, "_CHUNK_ELEMENTS", 1)          # one pixel row at a time
+    monkeypatch.setattr(splat, "_CHUNK_ELEMENTS", 1)  # one pixel row at a time
     rows = rasterize(means, scales, quats, op, **kw)
     assert whole.n_intersections > 150
     for a, b in zip(whole[:3], rows[:3], strict=True):
@@ -745,8 +998,14 @@ def test_row_chunking_does_not_change_results(gen: torch.Generator,
 def test_full_size_scene_forward_and_backward(gen: torch.Generator) -> None:
     """The documented scale: 2,000 Gaussians at 64×64, every gradient finite."""
     inputs = tuple(t.requires_grad_() for t in _cloud(2000, gen))
-    res = rasterize(*inputs[:4], sh=inputs[4], viewmat=torch.eye(4, dtype=F64),
-                    K=intrinsics(64.0, 64.0, 32.0, 32.0), width=64, height=64)
+    res = rasterize(
+        *inputs[:4],
+        sh=inputs[4],
+        viewmat=torch.eye(4, dtype=F64),
+        K=intrinsics(64.0, 64.0, 32.0, 32.0),
+        width=64,
+        height=64,
+    )
     (res.image.sum() + res.depth.sum()).backward()
     assert int((res.radii > 0).sum()) > 1500 and float(res.alpha.detach().max()) > 0.99
     assert res.means2d.grad is not None and bool(torch.isfinite(res.means2d.grad).all())
@@ -763,17 +1022,28 @@ def test_half_inputs_are_upcast(dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(29)
     n = 12
     z = 2 + 3 * torch.rand(n, generator=gen, dtype=F64)
-    means = torch.stack([(torch.rand(n, generator=gen, dtype=F64) - 0.5) * z,
-                         (torch.rand(n, generator=gen, dtype=F64) - 0.5) * z, z], 1)
-    params = {"means": means, "scales": torch.exp(-2 - torch.rand(n, 3, generator=gen,
-                                                                  dtype=F64)),
-              "rotations": torch.randn(n, 4, generator=gen, dtype=F64),
-              "opacities": 0.2 + 0.7 * torch.rand(n, generator=gen, dtype=F64),
-              "sh": 0.3 * torch.randn(n, 4, 3, generator=gen, dtype=F64),
-              "background": torch.rand(3, generator=gen, dtype=F64)}
-    camera = {"viewmat": torch.eye(4, dtype=torch.float32),
-              "K": torch.tensor([[30.0, 0, 16], [0, 30.0, 12], [0, 0, 1]]),
-              "width": 32, "height": 24}
+    means = torch.stack(
+        [
+            (torch.rand(n, generator=gen, dtype=F64) - 0.5) * z,
+            (torch.rand(n, generator=gen, dtype=F64) - 0.5) * z,
+            z,
+        ],
+        1,
+    )
+    params = {
+        "means": means,
+        "scales": torch.exp(-2 - torch.rand(n, 3, generator=gen, dtype=F64)),
+        "rotations": torch.randn(n, 4, generator=gen, dtype=F64),
+        "opacities": 0.2 + 0.7 * torch.rand(n, generator=gen, dtype=F64),
+        "sh": 0.3 * torch.randn(n, 4, 3, generator=gen, dtype=F64),
+        "background": torch.rand(3, generator=gen, dtype=F64),
+    }
+    camera = {
+        "viewmat": torch.eye(4, dtype=torch.float32),
+        "K": torch.tensor([[30.0, 0, 16], [0, 30.0, 12], [0, 0, 1]]),
+        "width": 32,
+        "height": 24,
+    }
     half = {k: v.to(dtype).requires_grad_() for k, v in params.items()}
     exact = {k: v.detach().double().requires_grad_() for k, v in half.items()}
     weights = torch.randn(3, 24, 32, generator=gen, dtype=F64)

@@ -68,16 +68,16 @@ def gen() -> torch.Generator:
 
 @pytest.mark.parametrize("padding", ["same", "valid"])
 @pytest.mark.parametrize("shape", [(1, 1, 13, 12), (2, 3, 14, 17)])
-def test_map_matches_explicit_windows(gen: torch.Generator, padding: str,
-                                      shape: tuple[int, ...]) -> None:
+def test_map_matches_explicit_windows(
+    gen: torch.Generator, padding: str, shape: tuple[int, ...]
+) -> None:
     x = torch.rand(shape, generator=gen, dtype=torch.float64)
     y = (x + 0.2 * torch.rand(shape, generator=gen, dtype=torch.float64)).clamp(0, 1)
     got = ssim(x, y, padding=padding, reduction="none")
     want = _ssim_loops(x, y, padding)
     assert got.shape == want.shape
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(ssim(x, y, padding=padding), want.mean(), rtol=1e-10,
-                               atol=1e-12)
+    torch.testing.assert_close(ssim(x, y, padding=padding), want.mean(), rtol=1e-10, atol=1e-12)
 
 
 def test_small_images_same_padding(gen: torch.Generator) -> None:
@@ -85,8 +85,9 @@ def test_small_images_same_padding(gen: torch.Generator) -> None:
     for shape in [(1, 1, 1, 1), (1, 2, 3, 5)]:
         x = torch.rand(shape, generator=gen, dtype=torch.float64)
         y = torch.rand(shape, generator=gen, dtype=torch.float64)
-        torch.testing.assert_close(ssim(x, y, reduction="none"), _ssim_loops(x, y, "same"),
-                                   rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(
+            ssim(x, y, reduction="none"), _ssim_loops(x, y, "same"), rtol=1e-10, atol=1e-12
+        )
 
 
 def test_constant_images_have_the_luminance_term_only() -> None:
@@ -105,8 +106,9 @@ def test_identity_symmetry_and_less_than_one(gen: torch.Generator, padding: str)
     y = torch.rand(2, 3, 16, 19, generator=gen, dtype=torch.float64)
     same = ssim(x, x, padding=padding, reduction="none")
     torch.testing.assert_close(same, torch.ones_like(same), rtol=0, atol=1e-12)
-    torch.testing.assert_close(ssim(x, y, padding=padding), ssim(y, x, padding=padding),
-                               rtol=0, atol=1e-15)
+    torch.testing.assert_close(
+        ssim(x, y, padding=padding), ssim(y, x, padding=padding), rtol=0, atol=1e-15
+    )
     assert float(ssim(x, y, padding=padding)) < 0.5  # independent noise is dissimilar
 
 
@@ -124,8 +126,7 @@ def test_float32_close_to_float64(gen: torch.Generator) -> None:
     y = torch.rand(2, 3, 24, 31, generator=gen, dtype=torch.float64)
     got = ssim(x.float(), y.float(), reduction="none")
     assert got.dtype == torch.float32
-    torch.testing.assert_close(got.double(), ssim(x, y, reduction="none"), rtol=1e-4,
-                               atol=1e-5)
+    torch.testing.assert_close(got.double(), ssim(x, y, reduction="none"), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("padding", ["same", "valid"])
@@ -151,9 +152,9 @@ def test_gradcheck(gen: torch.Generator, padding: str) -> None:
         ((torch.rand(1, 1, 8, 8),) * 2, {"reduction": "sum"}, ValueError, "'sum'"),
     ],
 )
-def test_bad_arguments_are_rejected_with_the_value(args: tuple[torch.Tensor, ...],
-                                                   kwargs: dict[str, str], exc: type,
-                                                   match: str) -> None:
+def test_bad_arguments_are_rejected_with_the_value(
+    args: tuple[torch.Tensor, ...], kwargs: dict[str, str], exc: type, match: str
+) -> None:
     with pytest.raises(exc, match=match):
         ssim(*args, **kwargs)
 
@@ -173,8 +174,9 @@ def test_partials_match_autograd(gen: torch.Generator) -> None:
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
 
 
-def _smooth_pair(gen: torch.Generator, shape: tuple[int, ...], level: float
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def _smooth_pair(
+    gen: torch.Generator, shape: tuple[int, ...], level: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A blurred noise field around ``level`` and a copy with 0.002 of noise (float64)."""
     x = torch.rand(shape, generator=gen, dtype=torch.float64)
     box = torch.full((shape[1], 1, 9, 9), 1 / 81, dtype=torch.float64)
@@ -187,8 +189,9 @@ def _smooth_pair(gen: torch.Generator, shape: tuple[int, ...], level: float
 
 @pytest.mark.parametrize("padding", ["same", "valid"])
 @pytest.mark.parametrize("images", ["noise", "smooth"])
-def test_rounding_sensitivity_bounds_float32_error(gen: torch.Generator, padding: str,
-                                                   images: str) -> None:
+def test_rounding_sensitivity_bounds_float32_error(
+    gen: torch.Generator, padding: str, images: str
+) -> None:
     """torch's float32 SSIM (CPU convolutions, the same E[x²] - mu² form) errs by at most a
     small multiple of u times the estimates, on noise and on smooth images, where it errs by
     far more than on noise: the estimates follow the error, they are not a constant."""

@@ -34,9 +34,17 @@ def test_the_disable_variable_leaves_detectors_out(monkeypatch):
 
 
 def test_run_context_comes_from_the_run_header():
-    ctx = registry.RunContext.of_header(RunHeader.from_json({"run_id": "r", "devices": [
-        {"device": "cuda:0", "uuid": "GPU-a", "memory_total": 80},
-        {"device": "cuda:1", "uuid": "GPU-b", "memory_total": None}]}))
+    ctx = registry.RunContext.of_header(
+        RunHeader.from_json(
+            {
+                "run_id": "r",
+                "devices": [
+                    {"device": "cuda:0", "uuid": "GPU-a", "memory_total": 80},
+                    {"device": "cuda:1", "uuid": "GPU-b", "memory_total": None},
+                ],
+            }
+        )
+    )
     assert ctx.device_names == {"GPU-a": "cuda:0", "GPU-b": "cuda:1"}
     assert ctx.memory_totals == {"cuda:0": 80}
 
@@ -45,8 +53,16 @@ class _Shouting(BaseDetector):
     name = "shouting"
 
     def case_finished(self, case: CaseInfo) -> list[Finding]:
-        return [Finding(kind="shouting", severity="warning", message="loud",
-                        device=case.device, suite=case.suite, case=case.case)]
+        return [
+            Finding(
+                kind="shouting",
+                severity="warning",
+                message="loud",
+                device=case.device,
+                suite=case.suite,
+                case=case.case,
+            )
+        ]
 
 
 def test_a_plugin_object_adds_worker_and_run_detectors():
@@ -76,7 +92,8 @@ def test_an_installed_package_adds_a_detector_through_its_entry_point(tmp_path: 
     sys.path, as pip leaves it): a fresh process sees its detector in the registry."""
     site = tmp_path / "site"
     (site / "loud_hooks").mkdir(parents=True)
-    (site / "loud_hooks" / "__init__.py").write_text(textwrap.dedent('''
+    (site / "loud_hooks" / "__init__.py").write_text(
+        textwrap.dedent("""
         from gpucheck.detectors import BaseDetector, hookimpl
 
         class Loud(BaseDetector):
@@ -85,16 +102,20 @@ def test_an_installed_package_adds_a_detector_through_its_entry_point(tmp_path: 
         @hookimpl
         def gpucheck_worker_detectors():
             return [Loud()]
-    '''))
+    """)
+    )
     info = site / "loud_hooks-1.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: loud-hooks\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text("[gpucheck]\nloud = loud_hooks\n")
-    code = ("from gpucheck.detectors import registry; "
-            "print(','.join(d.name for d in registry.worker_detectors()))")
+    code = (
+        "from gpucheck.detectors import registry; "
+        "print(','.join(d.name for d in registry.worker_detectors()))"
+    )
     env = {"PYTHONPATH": f"{site}:{Path(__file__).resolve().parents[1]}", "PATH": "/usr/bin"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     names = out.stdout.strip().split(",")
     assert names[-1] == "loud" and "mixed-devices" in names

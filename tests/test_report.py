@@ -73,17 +73,23 @@ def test_cpu_run_reports(run_copy):
     s = doc["summary"]
     assert s["verdict"] == "failed"
     assert s["cases"] == len(recs) == len(doc["cases"])
-    assert s["by_status"] == {"passed": 2, "failed": 2, "skipped": 2, "error": 1, "crashed": 1,
-                              "hung": 1}
+    assert s["by_status"] == {
+        "passed": 2,
+        "failed": 2,
+        "skipped": 2,
+        "error": 1,
+        "crashed": 1,
+        "hung": 1,
+    }
     assert set(doc["findings"]) == {"test-failure", "cuda-error", "crash", "hang"}
     crash = doc["findings"]["crash"][0]
     assert doc["cases"][crash["case_index"]]["status"] == "crashed"
-    assert doc["matrix"] == [{"device": "cpu", "suite": "demo", "worst": "crashed",
-                              "counts": s["by_status"]}]
+    assert doc["matrix"] == [
+        {"device": "cpu", "suite": "demo", "worst": "crashed", "counts": s["by_status"]}
+    ]
     # junit.xml is the JUnit writer's view of the same records, with the same verdict
     root = ET.parse(paths["junit"]).getroot()
-    assert ET.tostring(root) == ET.tostring(junit.to_xml(done.data.cases,
-                                                         done.verdict).getroot())
+    assert ET.tostring(root) == ET.tostring(junit.to_xml(done.data.cases, done.verdict).getroot())
     page = _page(paths["html"])
     text = " ".join(page.text)
     for r in done.data.cases:
@@ -139,7 +145,8 @@ def test_interrupted_run_torn_line_no_header_no_timeline(run_copy):
     assert any("no run header" in p for p in doc["state"]["problems"])
     assert any("could not be read" in p for p in doc["state"]["problems"])
     assert doc["state"]["interrupted"] == [
-        "worker cpu.blocking stopped inside suites/demo/test_demo.py::test_ok (0 of 9 cases done)"]
+        "worker cpu.blocking stopped inside suites/demo/test_demo.py::test_ok (0 of 9 cases done)"
+    ]
     html = paths["html"].read_text()
     assert "The run did not finish." in html and "no run header" in html
 
@@ -154,15 +161,28 @@ def test_empty_run_folder(tmp_path):
 
 
 def _case(case, status, findings=(), **kw):
-    return CaseRecord(run_id="r", device=kw.pop("device", "cuda:0"), suite="ssim", case=case,
-                      mode="blocking", status=status, findings=list(findings), **kw).to_json()
+    return CaseRecord(
+        run_id="r",
+        device=kw.pop("device", "cuda:0"),
+        suite="ssim",
+        case=case,
+        mode="blocking",
+        status=status,
+        findings=list(findings),
+        **kw,
+    ).to_json()
 
 
 def test_unknown_kind_is_rendered_generically(tmp_path):
-    f = Finding("wrong-device", "error", "kernel ran on cuda:0 for inputs on cuda:1",
-                op="my_ext.forward", hint="add OptionalCUDAGuard(device_of(img1))",
-                evidence="other device current: failed: illegal memory access\n"
-                         "target device current: passed")
+    f = Finding(
+        "wrong-device",
+        "error",
+        "kernel ran on cuda:0 for inputs on cuda:1",
+        op="my_ext.forward",
+        hint="add OptionalCUDAGuard(device_of(img1))",
+        evidence="other device current: failed: illegal memory access\n"
+        "target device current: passed",
+    )
     rec = _case("t.py::test_x", "failed", [f])
     rec["findings"][0]["differential"] = {"a field": "no writer writes"}  # left out when read
     results.append(tmp_path / "results.jsonl", rec)
@@ -175,11 +195,11 @@ def test_unknown_kind_is_rendered_generically(tmp_path):
 
 def test_page_escapes_what_the_records_say(tmp_path):
     bad = "</script><script>alert(1)</script><b>"
-    results.append(tmp_path / "results.jsonl",
-                   _case(f"t.py::test_a[{bad}]", "passed", reason=bad))
-    results.append(tmp_path / "results.jsonl",
-                   _case("t.py::test_b", "failed", [Finding("test-failure", "error", bad,
-                                                            evidence=bad)]))
+    results.append(tmp_path / "results.jsonl", _case(f"t.py::test_a[{bad}]", "passed", reason=bad))
+    results.append(
+        tmp_path / "results.jsonl",
+        _case("t.py::test_b", "failed", [Finding("test-failure", "error", bad, evidence=bad)]),
+    )
     html = write_all(tmp_path)["html"].read_text()
     assert "<script>alert(1)" not in html
     assert html.count("<script") == 2  # the JSON table and the page's own script
@@ -188,7 +208,7 @@ def test_page_escapes_what_the_records_say(tmp_path):
 def test_sanitizer_evidence_shows_kernel_and_frames(tmp_path):
     make_run(tmp_path, devices=2, cases=12, hours=0.005)
     html = write_all(tmp_path)["html"].read_text()
-    card = html[html.index('id="kind-sanitizer"'):]
+    card = html[html.index('id="kind-sanitizer"') :]
     assert "add1" in card and "unguarded_add.py:54" in card and "memcheck" in card
     assert "host frames" in card
 
@@ -223,8 +243,12 @@ def test_torn_timeline_is_read(tmp_path):
 
 def test_cli_report_exit_codes(cpu_run, tmp_path):
     def report(*args):
-        return subprocess.run([sys.executable, "-m", "gpucheck.cli", "report", *args],
-                              capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "gpucheck.cli", "report", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     run = tmp_path / "run"
     shutil.copytree(cpu_run, run)
@@ -253,11 +277,27 @@ def test_report_after_the_harness_itself_was_killed(tmp_path):
     suite.mkdir(parents=True)
     suite.joinpath("test_demo.py").write_text(
         "import time\n\ndef test_ok():\n    pass\n\ndef test_fail():\n    assert 1 == 2\n\n"
-        "def test_stuck():\n    time.sleep(600)\n\ndef test_never():\n    pass\n")
+        "def test_stuck():\n    time.sleep(600)\n\ndef test_never():\n    pass\n"
+    )
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet",
-                             "--suite", str(suite), "--timeout", "300", "--out", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpucheck.cli",
+            "run",
+            "--cpu-only",
+            "--quiet",
+            "--suite",
+            str(suite),
+            "--timeout",
+            "300",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     state = out / "workers" / "cpu.blocking.state.json"
     worker_pid = None
     try:
@@ -283,8 +323,8 @@ def test_report_after_the_harness_itself_was_killed(tmp_path):
     assert doc["summary"]["by_status"] == {"passed": 1, "failed": 1}
     assert doc["state"]["complete"] is False
     assert doc["state"]["interrupted"] == [
-        "worker cpu.blocking stopped inside test_demo.py::test_stuck "
-        "(2 of 4 cases done)"]
+        "worker cpu.blocking stopped inside test_demo.py::test_stuck (2 of 4 cases done)"
+    ]
     assert ET.parse(paths["junit"]).getroot().get("tests") == "2"
     assert doc["summary"]["verdict"] == "failed"  # test_fail: a finding outranks the stop
     assert "stopped inside test_demo.py::test_stuck" in paths["html"].read_text()
@@ -292,13 +332,24 @@ def test_report_after_the_harness_itself_was_killed(tmp_path):
 
 def test_lint_and_benchmark_records_become_tables(tmp_path):
     results.append(tmp_path / "results.jsonl", _case("t.py::t", "passed"))
-    results.append(tmp_path / "results.jsonl", {
-        "schema": results.SCHEMA_ID, "record": "lint", "run_id": "r",
-        "checkpoint": "point_cloud.ply", "field": "scale_0", "verdict": "activated twice",
-        "evidence": "all 120,000 scales positive, median 0.012"})
-    (tmp_path / "benchmarks.jsonl").write_text(json.dumps(
-        {"op": "fused_ssim", "device": "cuda:0", "shape": "5x3x1080x1920",
-         "forward_ms": 0.222}) + "\n")
+    results.append(
+        tmp_path / "results.jsonl",
+        {
+            "schema": results.SCHEMA_ID,
+            "record": "lint",
+            "run_id": "r",
+            "checkpoint": "point_cloud.ply",
+            "field": "scale_0",
+            "verdict": "activated twice",
+            "evidence": "all 120,000 scales positive, median 0.012",
+        },
+    )
+    (tmp_path / "benchmarks.jsonl").write_text(
+        json.dumps(
+            {"op": "fused_ssim", "device": "cuda:0", "shape": "5x3x1080x1920", "forward_ms": 0.222}
+        )
+        + "\n"
+    )
     paths = write_all(tmp_path)
     html = paths["html"].read_text()
     assert "Checkpoint lint" in html and "activated twice" in html
@@ -347,8 +398,10 @@ def test_results_json_follows_its_shipped_schema(run_copy, tmp_path):
         doc = json.loads(publish(folder, formats=("json",)).paths["json"].read_text())
         jsonschema.validate(doc, spec)
     assert doc["timeline"] is not None  # the synthetic run's NVML timeline is covered too
-    for broken in ({**doc, "summary": {**doc["summary"], "verdict": "maybe"}},
-                   {k: v for k, v in doc.items() if k != "cases"},
-                   {**doc, "cases": [{**doc["cases"][0], "status": "fine"}]}):
+    for broken in (
+        {**doc, "summary": {**doc["summary"], "verdict": "maybe"}},
+        {k: v for k, v in doc.items() if k != "cases"},
+        {**doc, "cases": [{**doc["cases"][0], "status": "fine"}]},
+    ):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(broken, spec)

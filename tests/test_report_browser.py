@@ -41,12 +41,18 @@ def chrome() -> Any:
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = next(shutil.which(c) for c in CHROMIUM if shutil.which(c))
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000",
-                "--disable-dev-shm-usage"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--window-size=1400,1000",
+        "--disable-dev-shm-usage",
+    ):
         opts.add_argument(arg)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(service=Service(executable_path=shutil.which("chromedriver")),
-                            options=opts)
+    return webdriver.Chrome(
+        service=Service(executable_path=shutil.which("chromedriver")), options=opts
+    )
 
 
 def _require_browser() -> None:
@@ -142,7 +148,11 @@ def test_page_matrix_findings_filters(driver, cpu_page, shots):
     assert cell.is_displayed() and "crashed" in cell.get_attribute("class")
     cards = _visible(driver, "article.card")
     assert {c.get_attribute("data-kind") for c in cards} == {
-        "crash", "hang", "cuda-error", "test-failure"}
+        "crash",
+        "hang",
+        "cuda-error",
+        "test-failure",
+    }
     crash = driver.find_element(By.CSS_SELECTOR, "article.card[data-kind=crash]")
     assert "SIGABRT" in crash.text and "thrust::system_error" in crash.text
     # the kind filter hides the other kinds' cards and their sections
@@ -160,9 +170,11 @@ def test_page_matrix_findings_filters(driver, cpu_page, shots):
     driver.find_element(By.ID, "f-reset").click()
     driver.find_element(By.ID, "f-search").send_keys("assert [1, 2]")
     WebDriverWait(driver, 10).until(  # the search is debounced
-        lambda d: len(_visible(d, "article.card")) == 1)
+        lambda d: len(_visible(d, "article.card")) == 1
+    )
     assert [c.get_attribute("data-kind") for c in _visible(driver, "article.card")] == [
-        "test-failure"]
+        "test-failure"
+    ]
     driver.find_element(By.ID, "f-reset").click()
     # a matrix cell leads to its cases; passed ones are listed on demand
     cell.find_element(By.TAG_NAME, "a").click()
@@ -173,7 +185,11 @@ def test_page_matrix_findings_filters(driver, cpu_page, shots):
     WebDriverWait(driver, 10).until(lambda d: lazy.find_elements(By.CSS_SELECTOR, "tr"))
     listed = lazy.find_elements(By.CSS_SELECTOR, "tr[data-status]")
     assert sorted(r.get_attribute("data-status") for r in listed) == [
-        "passed", "passed", "skipped", "skipped"]
+        "passed",
+        "passed",
+        "skipped",
+        "skipped",
+    ]
     assert any("test_last" in r.text for r in listed)
     assert _errors(driver) == []
 
@@ -220,24 +236,28 @@ def test_gpu_run_findings(driver, gpu_page, shots):
     crash = driver.find_element(By.CSS_SELECTOR, "article.card[data-kind=crash]")
     assert crash.is_displayed() and "terminate called" in crash.text
     # one card per kernel (or CUDA API call): the out-of-bounds write's card is add_one's
-    san = next(c for c in driver.find_elements(By.CSS_SELECTOR,
-                                               "article.card[data-kind=sanitizer]")
-               if "Invalid __global__ write of size 4 bytes" in c.text)
+    san = next(
+        c
+        for c in driver.find_elements(By.CSS_SELECTOR, "article.card[data-kind=sanitizer]")
+        if "Invalid __global__ write of size 4 bytes" in c.text
+    )
     assert "add_one" in san.find_element(By.CSS_SELECTOR, "h4 .subject").text
     for field in ("kernel", "thread", "block", "address"):
         assert san.find_element(By.XPATH, f".//th[text()='{field}']").is_displayed()
     assert "gpucheck_selftest_defects.so" in san.text
     driver.set_window_size(1400, 3000)
     driver.find_element(By.ID, "kind-sanitizer").screenshot(
-        str(shots / "run_h200_selftest_sanitizer.png"))
+        str(shots / "run_h200_selftest_sanitizer.png")
+    )
     driver.set_window_size(1400, 1000)
     _select(driver, "f-kind", "crash")
     assert not san.is_displayed() and crash.is_displayed()
     assert _errors(driver) == []
 
 
-@pytest.mark.parametrize(("ci", "outcome"), [("true", pytest.fail.Exception),
-                                             ("", pytest.skip.Exception)])
+@pytest.mark.parametrize(
+    ("ci", "outcome"), [("true", pytest.fail.Exception), ("", pytest.skip.Exception)]
+)
 def test_missing_browser_fails_in_ci_and_skips_elsewhere(monkeypatch, ci, outcome):
     monkeypatch.setattr(shutil, "which", lambda name: None)
     monkeypatch.setenv("CI", ci)

@@ -40,7 +40,8 @@ def test_example_findings_are_grouped_diagnoses_first(example):
         ("wrong-stream", "gpucheck_defect_legacy_stream::ssim_backward", 2),
         ("numerics", "gpucheck_defect_nondeterminism::knn_mean_sq_dist", 2),
         ("device-state-leak", None, 2),
-        ("device-state-leak", "gpucheck_defect_set_device::knn_mean_sq_dist", 2)]
+        ("device-state-leak", "gpucheck_defect_set_device::knn_mean_sq_dist", 2),
+    ]
     wrong = g.diagnoses[0]  # 9 kernels on each of 2 devices: one card, both devices inside
     assert wrong.devices == ["cuda:0", "cuda:1"] and len(wrong.cases) == 2
     # every finding of the run is in exactly one group
@@ -50,8 +51,9 @@ def test_example_findings_are_grouped_diagnoses_first(example):
     # the 320 raw sanitizer records are a few groups, one per kernel or CUDA API call
     san = [s for s in g.symptoms if s.kind == "sanitizer"]
     assert sum(s.count for s in san) == 320 and len(san) <= 10
-    assert "gpucheck::ssim::<unnamed>::ssim_backward_kernel<float, (bool)1>" in \
-        {s.subject for s in san}
+    assert "gpucheck::ssim::<unnamed>::ssim_backward_kernel<float, (bool)1>" in {
+        s.subject for s in san
+    }
     # the current parser names the function the old run recorded as 'const'
     assert "const" not in {s.subject for s in san}
     assert "gpucheck::ssim::<unnamed>::ChunkLoader<float>::store" in {s.subject for s in san}
@@ -66,7 +68,7 @@ def test_example_page_leads_with_diagnoses_and_is_under_a_megabyte(example):
     size = len(html.encode())
     assert size <= MAX_PAGE, size  # it was 2,097,576 bytes with one card per message
     # the glance list at the top names every diagnosis before any section
-    top = html[:html.index('<nav class="toc">')]
+    top = html[: html.index('<nav class="toc">')]
     leading = dict(done.grouped.ranked())["diagnoses"]
     assert top.count('<li><a href="#d-') == len(leading)
     assert html.index('id="diagnosis"') < html.index('id="symptom"') < html.index('id="warning"')
@@ -89,8 +91,15 @@ def test_example_page_leads_with_diagnoses_and_is_under_a_megabyte(example):
 
 
 def _rec(case: str, device: str, mode: str, status: str, *findings: Finding) -> dict:
-    return CaseRecord(run_id="r", device=device, suite="ssim", case=case, mode=mode,
-                      status=status, findings=list(findings)).to_json()
+    return CaseRecord(
+        run_id="r",
+        device=device,
+        suite="ssim",
+        case=case,
+        mode=mode,
+        status=status,
+        findings=list(findings),
+    ).to_json()
 
 
 def test_a_diagnosis_folds_the_symptoms_of_its_cases(tmp_path):
@@ -99,56 +108,87 @@ def test_a_diagnosis_folds_the_symptoms_of_its_cases(tmp_path):
     diagnosis, stays a symptom of its own."""
     path = tmp_path / "results.jsonl"
     crash = Finding("crash", "error", "worker killed by SIGABRT while running this case")
-    cuda = Finding("cuda-error", "error", "CUDA error: an illegal memory access",
-                   op="ext::ssim")
-    memcheck = Finding("sanitizer", "error", "Invalid __global__ read of size 4 bytes",
-                       kernel="ssim_kernel")
+    cuda = Finding("cuda-error", "error", "CUDA error: an illegal memory access", op="ext::ssim")
+    memcheck = Finding(
+        "sanitizer", "error", "Invalid __global__ read of size 4 bytes", kernel="ssim_kernel"
+    )
     results.append(path, _rec("t.py::test_x[cuda1]", "cuda:1", "blocking", "failed", cuda))
-    results.append(path, _rec("t.py::test_x[cuda1]", "cuda:1", "sanitizer:memcheck", "crashed",
-                              memcheck, crash))
+    results.append(
+        path,
+        _rec("t.py::test_x[cuda1]", "cuda:1", "sanitizer:memcheck", "crashed", memcheck, crash),
+    )
     results.append(path, _rec("t.py::test_y[cuda1]", "cuda:1", "blocking", "crashed", crash))
-    results.append(path, {"schema": results.SCHEMA_ID, "record": "diagnosis", "run_id": "r",
-                          "device": "cuda:1", "suite": "ssim", "case": "t.py::test_x[cuda1]",
-                          "mode": "blocking", "findings": [Finding(
-                              "wrong-device", "error", "ext::ssim launches on the current "
-                              "device", op="ext::ssim").__dict__]})
+    results.append(
+        path,
+        {
+            "schema": results.SCHEMA_ID,
+            "record": "diagnosis",
+            "run_id": "r",
+            "device": "cuda:1",
+            "suite": "ssim",
+            "case": "t.py::test_x[cuda1]",
+            "mode": "blocking",
+            "findings": [
+                Finding(
+                    "wrong-device",
+                    "error",
+                    "ext::ssim launches on the current device",
+                    op="ext::ssim",
+                ).__dict__
+            ],
+        },
+    )
     g = groups.build(rundata.load(tmp_path).cases)
     (diag,) = g.diagnoses
     assert (diag.kind, diag.subject) == ("wrong-device", "ext::ssim")
     assert Counter({e.kind: e.count for e in diag.explains}) == {
-        "crash": 1, "cuda-error": 1, "sanitizer": 1}
-    assert [(s.kind, s.cases) for s in g.symptoms] == [("crash", [("ssim",
-                                                                   "t.py::test_y[cuda1]")])]
+        "crash": 1,
+        "cuda-error": 1,
+        "sanitizer": 1,
+    }
+    assert [(s.kind, s.cases) for s in g.symptoms] == [("crash", [("ssim", "t.py::test_y[cuda1]")])]
     html = publish(tmp_path).paths["html"].read_text()
-    card = html[html.index('id="d-0"'):html.index('id="symptom"')]
-    assert "<details class=\"explains\">" in card and "explains 3 symptom finding(s)" in card
+    card = html[html.index('id="d-0"') : html.index('id="symptom"')]
+    assert '<details class="explains">' in card and "explains 3 symptom finding(s)" in card
     assert "Invalid __global__ read of size 4 bytes" in card  # folded, with its evidence
     assert "t.py::test_y[cuda1]" not in card
 
 
 def test_a_warning_diagnosis_does_not_explain_a_crash(tmp_path):
     path = tmp_path / "results.jsonl"
-    results.append(path, _rec("t.py::z", "cuda:0", "blocking", "crashed",
-                              Finding("stray-context", "warning", "context on cuda:1"),
-                              Finding("crash", "error", "worker killed by SIGSEGV")))
+    results.append(
+        path,
+        _rec(
+            "t.py::z",
+            "cuda:0",
+            "blocking",
+            "crashed",
+            Finding("stray-context", "warning", "context on cuda:1"),
+            Finding("crash", "error", "worker killed by SIGSEGV"),
+        ),
+    )
     g = groups.build(rundata.load(tmp_path).cases)
     assert [d.explains for d in g.diagnoses] == [[]]
     assert [s.kind for s in g.symptoms] == ["crash"]
 
 
-@pytest.mark.parametrize(("finding", "record", "role"), [
-    ({"kind": "wrong-device"}, {}, "diagnosis"),
-    ({"kind": "my-own-check"}, {}, "diagnosis"),  # a user's detector names a cause
-    ({"kind": "numerics", "message": "op: non-deterministic: ..."}, {}, "diagnosis"),
-    ({"kind": "numerics", "message": "mismatch against the reference: ..."}, {}, "symptom"),
-    ({"kind": "hang"}, {}, "symptom"),
-    ({"kind": "hang"}, {"distributed": {"cause_ranks": [1]}}, "diagnosis"),
-    ({"kind": "sanitizer"}, {}, "symptom"),
-    ({"kind": "crash"}, {}, "symptom"),
-])
+@pytest.mark.parametrize(
+    ("finding", "record", "role"),
+    [
+        ({"kind": "wrong-device"}, {}, "diagnosis"),
+        ({"kind": "my-own-check"}, {}, "diagnosis"),  # a user's detector names a cause
+        ({"kind": "numerics", "message": "op: non-deterministic: ..."}, {}, "diagnosis"),
+        ({"kind": "numerics", "message": "mismatch against the reference: ..."}, {}, "symptom"),
+        ({"kind": "hang"}, {}, "symptom"),
+        ({"kind": "hang"}, {"distributed": {"cause_ranks": [1]}}, "diagnosis"),
+        ({"kind": "sanitizer"}, {}, "symptom"),
+        ({"kind": "crash"}, {}, "symptom"),
+    ],
+)
 def test_roles(finding, record, role):
-    read = CaseRecord.from_json({"device": "cuda:0", "suite": "s", "case": "t.py::x",
-                                 "status": "failed", **record})
+    read = CaseRecord.from_json(
+        {"device": "cuda:0", "suite": "s", "case": "t.py::x", "status": "failed", **record}
+    )
     assert read is not None
     assert groups.role(Finding.from_json({"severity": "error", **finding}), read) == role
 
@@ -163,21 +203,39 @@ def test_the_root_cause_leads_and_explains_the_symptoms_of_its_case():
 
     def case(device: str, name: str, *kinds: str) -> CaseRecord:
         index = device[-1]
-        found = [Finding(k, "error", f"{k} in render", device=device, suite="zoo",
-                         case=f"test_r.py::{name}[cuda{index}]",
-                         op=None if k in ("crash", "cuda-error") else "ext._C.render")
-                 for k in kinds]
-        return CaseRecord("r", device, "zoo", f"test_r.py::{name}[cuda{index}]",
-                          "blocking+nvml", "failed" if "cuda-error" in kinds else "passed",
-                          findings=found)
+        found = [
+            Finding(
+                k,
+                "error",
+                f"{k} in render",
+                device=device,
+                suite="zoo",
+                case=f"test_r.py::{name}[cuda{index}]",
+                op=None if k in ("crash", "cuda-error") else "ext._C.render",
+            )
+            for k in kinds
+        ]
+        return CaseRecord(
+            "r",
+            device,
+            "zoo",
+            f"test_r.py::{name}[cuda{index}]",
+            "blocking+nvml",
+            "failed" if "cuda-error" in kinds else "passed",
+            findings=found,
+        )
 
-    records = [case("cuda:1", "test_a", "cuda-error", "wrong-stream", "wrong-device"),
-               case("cuda:0", "test_a", "cuda-error", "wrong-device", "wrong-stream"),
-               case("cuda:0", "test_b", "wrong-stream"),
-               case("cuda:1", "test_c", "wrong-stream")]
+    records = [
+        case("cuda:1", "test_a", "cuda-error", "wrong-stream", "wrong-device"),
+        case("cuda:0", "test_a", "cuda-error", "wrong-device", "wrong-stream"),
+        case("cuda:0", "test_b", "wrong-stream"),
+        case("cuda:1", "test_c", "wrong-stream"),
+    ]
     g = build(records)
     assert [(d.kind, d.subject, d.count) for d in g.diagnoses] == [
-        ("wrong-device", "ext._C.render", 2), ("wrong-stream", "ext._C.render", 4)]
+        ("wrong-device", "ext._C.render", 2),
+        ("wrong-stream", "ext._C.render", 4),
+    ]
     assert g.diagnoses[0].devices == ["cuda:0", "cuda:1"]
     assert [(e.kind, e.count) for e in g.diagnoses[0].explains] == [("cuda-error", 2)]
     assert g.symptoms == []
@@ -188,13 +246,20 @@ def test_a_warning_a_suite_attached_never_ranks_above_the_cases_own_failure():
     from gpucheck.report.groups import build
 
     where = {"device": "cuda:0", "suite": "mine", "case": "test_m.py::test_m[cuda0]"}
-    record = CaseRecord("r", "cuda:0", "mine", "test_m.py::test_m[cuda0]", "blocking+nvml",
-                        "failed", findings=[
-                            Finding("slow-path", "warning", "fell back to the slow path",
-                                    **where),
-                            Finding("test-failure", "error", "AssertionError: 1 == 2",
-                                    **where)])
+    record = CaseRecord(
+        "r",
+        "cuda:0",
+        "mine",
+        "test_m.py::test_m[cuda0]",
+        "blocking+nvml",
+        "failed",
+        findings=[
+            Finding("slow-path", "warning", "fell back to the slow path", **where),
+            Finding("test-failure", "error", "AssertionError: 1 == 2", **where),
+        ],
+    )
     ranked = build([record]).ranked()
     assert [(title, [g.kind for g in groups]) for title, groups in ranked] == [
         ("symptoms no diagnosis explains", ["test-failure"]),
-        ("warnings and notes", ["slow-path"])]
+        ("warnings and notes", ["slow-path"]),
+    ]

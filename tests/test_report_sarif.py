@@ -26,7 +26,8 @@ SCHEMA = Path(__file__).resolve().parent / "fixtures" / "sarif" / "sarif-schema-
 def validate(doc: dict) -> list[str]:
     schema = json.loads(SCHEMA.read_text())
     validator = jsonschema.Draft7Validator(
-        schema, format_checker=jsonschema.Draft7Validator.FORMAT_CHECKER)
+        schema, format_checker=jsonschema.Draft7Validator.FORMAT_CHECKER
+    )
     return [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(doc)]
 
 
@@ -53,25 +54,36 @@ def test_example_run_is_valid_sarif_with_source_lines(example):
     (run,) = doc["runs"]
     assert run["tool"]["driver"]["name"] == "gpucheck"
     assert {r["id"] for r in run["tool"]["driver"]["rules"]} == {
-        "wrong-device", "wrong-stream", "numerics", "device-state-leak", "sanitizer", "crash",
-        "cuda-error"}
+        "wrong-device",
+        "wrong-stream",
+        "numerics",
+        "device-state-leak",
+        "sanitizer",
+        "crash",
+        "cuda-error",
+    }
     invocation = run["invocations"][0]
     assert (invocation["exitCode"], invocation["executionSuccessful"]) == (1, False)
     assert invocation["properties"]["verdict"] == done.verdict.name == "failed"
     found = run["results"]
     # every finding is in one result, counted (320 sanitizer records are 18 results)
     assert sum(r["properties"]["count"] for r in found) == sum(
-        len(c.findings) for c in done.data.cases)
+        len(c.findings) for c in done.data.cases
+    )
     assert len(found) < 60
     by_message = {r["message"]["text"].split(" (")[0]: r for r in found}
-    overrun = by_message["Invalid __global__ write of size 4 bytes x64 in <unnamed>::add_one "
-                         "defects.cu:10"]
+    overrun = by_message[
+        "Invalid __global__ write of size 4 bytes x64 in <unnamed>::add_one defects.cu:10"
+    ]
     assert _where(overrun) == ("suites/selftest/defects.cu", 10)  # the kernel's own source
-    assert overrun["locations"][0]["physicalLocation"]["artifactLocation"]["uriBaseId"] == \
-        "%SRCROOT%"
+    assert (
+        overrun["locations"][0]["physicalLocation"]["artifactLocation"]["uriBaseId"] == "%SRCROOT%"
+    )
     related = overrun["relatedLocations"][0]["physicalLocation"]
     assert (related["artifactLocation"]["uri"], related["region"]["startLine"]) == (
-        "suites/selftest/test_selftest.py", 66)  # the case's Python frame that launched it
+        "suites/selftest/test_selftest.py",
+        66,
+    )  # the case's Python frame that launched it
     assert overrun["properties"]["devices"] == ["cuda:0", "cuda:1"]
     shared = next(r for r in found if "Invalid __shared__ write" in r["message"]["text"])
     assert _where(shared) == ("csrc/ssim/ssim_cuda.cu", 565)
@@ -81,14 +93,14 @@ def test_example_run_is_valid_sarif_with_source_lines(example):
     assert wrong["level"] == "error" and wrong["properties"]["role"] == "diagnosis"
 
 
-SUITE = textwrap.dedent('''
+SUITE = textwrap.dedent("""
     def test_fine():
         pass
 
     def test_wrong():
         value = 41
         assert value == 42
-''')
+""")
 
 
 def test_run_and_report_write_only_the_formats_asked(tmp_path):
@@ -97,9 +109,26 @@ def test_run_and_report_write_only_the_formats_asked(tmp_path):
     (suite / "test_demo.py").write_text(SUITE)
     out = tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet", "--suite",
-         str(suite), "--out", str(out), "--format", "sarif"], capture_output=True, text=True,
-        timeout=180, cwd=tmp_path, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+        [
+            sys.executable,
+            "-m",
+            "gpucheck.cli",
+            "run",
+            "--cpu-only",
+            "--quiet",
+            "--suite",
+            str(suite),
+            "--out",
+            str(out),
+            "--format",
+            "sarif",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=tmp_path,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert not (out / "report.html").exists() and not (out / "junit.xml").exists()
     doc = json.loads((out / "results.sarif").read_text())
@@ -110,13 +139,23 @@ def test_run_and_report_write_only_the_formats_asked(tmp_path):
     assert _where(result) == ("suite/demo/test_demo.py", 7)
     assert doc["runs"][0]["originalUriBaseIds"]["%SRCROOT%"]["uri"] == tmp_path.as_uri() + "/"
     # the default of `gpucheck report` is today's three files; --format sarif adds nothing else
-    rep = subprocess.run([sys.executable, "-m", "gpucheck.cli", "report", str(out)],
-                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    rep = subprocess.run(
+        [sys.executable, "-m", "gpucheck.cli", "report", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert rep.returncode == 1
     assert all((out / f).exists() for f in ("report.html", "results.json", "junit.xml"))
     (out / "results.sarif").unlink()
-    rep = subprocess.run([sys.executable, "-m", "gpucheck.cli", "report", str(out), "--format",
-                          "sarif"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    rep = subprocess.run(
+        [sys.executable, "-m", "gpucheck.cli", "report", str(out), "--format", "sarif"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert rep.returncode == 1 and rep.stdout.startswith(f"failed: {out / 'results.sarif'}")
     assert validate(json.loads((out / "results.sarif").read_text())) == []
 
@@ -129,4 +168,6 @@ def test_a_path_recorded_on_another_machine_is_found_under_the_base() -> None:
     recorded = "/some/runner/checkout/suites/selftest/test_selftest.py"
     assert _uri(recorded, ROOT) == ("suites/selftest/test_selftest.py", SRCROOT)
     assert _uri("/some/runner/checkout/nowhere/x.py", ROOT) == (
-        "file:///some/runner/checkout/nowhere/x.py", None)
+        "file:///some/runner/checkout/nowhere/x.py",
+        None,
+    )

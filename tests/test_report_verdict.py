@@ -20,21 +20,41 @@ from gpucheck.report import rundata
 
 
 def _case(case: str, status: str, *findings: Finding, run_id: str = "r") -> dict:
-    return CaseRecord(run_id=run_id, device="cpu", suite="demo", case=case, mode="blocking",
-                      status=status, findings=list(findings)).to_json()
+    return CaseRecord(
+        run_id=run_id,
+        device="cpu",
+        suite="demo",
+        case=case,
+        mode="blocking",
+        status=status,
+        findings=list(findings),
+    ).to_json()
 
 
 def _header(**config) -> dict:
-    return {"schema": results.SCHEMA_ID, "record": "run", "run_id": "r",
-            "started_at": "2026-11-25T10:00:00+00:00", "gpucheck_version": "0.1.0",
-            "devices": [{"device": "cpu", "uuid": None, "name": None}], "suites": ["demo"],
-            "modes": ["blocking"], "config": config, "not_runnable": {}}
+    return {
+        "schema": results.SCHEMA_ID,
+        "record": "run",
+        "run_id": "r",
+        "started_at": "2026-11-25T10:00:00+00:00",
+        "gpucheck_version": "0.1.0",
+        "devices": [{"device": "cpu", "uuid": None, "name": None}],
+        "suites": ["demo"],
+        "modes": ["blocking"],
+        "config": config,
+        "not_runnable": {},
+    }
 
 
 def _end(interrupted: bool = False) -> dict:
-    return {"schema": results.SCHEMA_ID, "record": "end", "run_id": "r",
-            "finished_at": "2026-11-25T10:01:00+00:00", "interrupted": interrupted,
-            "reason": "stopped by Ctrl-C" if interrupted else None}
+    return {
+        "schema": results.SCHEMA_ID,
+        "record": "end",
+        "run_id": "r",
+        "finished_at": "2026-11-25T10:01:00+00:00",
+        "interrupted": interrupted,
+        "reason": "stopped by Ctrl-C" if interrupted else None,
+    }
 
 
 PASS = _case("t.py::ok", "passed")
@@ -42,33 +62,44 @@ FAIL = _case("t.py::bad", "failed", Finding("test-failure", "error", "assert 1 =
 SKIP = _case("t.py::gpu", "skipped")
 WARN = _case("t.py::leaky", "passed", Finding("device-state-leak", "warning", "moved"))
 DIAG_ON_PASS = _case("t.py::guard", "passed", Finding("wrong-device", "error", "no guard"))
-UNCOLLECTABLE = _case("t_syntax.py", "error", Finding(
-    "collection-error", "error", "t_syntax.py of suite demo cannot be collected: SyntaxError",
-    evidence='E     File "/src/demo/t_syntax.py", line 3\nE   SyntaxError: invalid syntax'))
+UNCOLLECTABLE = _case(
+    "t_syntax.py",
+    "error",
+    Finding(
+        "collection-error",
+        "error",
+        "t_syntax.py of suite demo cannot be collected: SyntaxError",
+        evidence='E     File "/src/demo/t_syntax.py", line 3\nE   SyntaxError: invalid syntax',
+    ),
+)
 
 
-@pytest.mark.parametrize(("lines", "kwargs", "name", "code"), [
-    ([_header(), PASS, _end()], {}, "passed", 0),
-    ([_header(), PASS, SKIP, _end()], {}, "passed", 0),
-    ([_header(), PASS, WARN, _end()], {}, "warnings", 0),
-    ([_header(), PASS, FAIL, _end()], {}, "failed", 1),
-    ([_header(), DIAG_ON_PASS, _end()], {}, "failed", 1),  # a diagnosis on a passing case
-    ([_header(), SKIP, SKIP, _end()], {}, "nothing-tested", 2),
-    ([_header(), _end()], {}, "nothing-tested", 2),
-    ([_header(allow_empty=True), SKIP, _end()], {}, "nothing-tested", 0),
-    ([_header(), SKIP, _end()], {"allow_empty": True}, "nothing-tested", 0),
-    ([_header(), PASS, _end(interrupted=True)], {}, "interrupted", 2),
-    ([_header(), PASS, _end(interrupted=True)], {"stopped_by": "Ctrl-C"}, "interrupted", 130),
-    ([_header(), PASS, _end(interrupted=True)], {"stopped_by": "SIGTERM"}, "interrupted", 143),
-    ([_header(), FAIL, _end(interrupted=True)], {}, "failed", 1),  # findings outrank the stop
-    ([_header(), PASS, _end(), "TORN"], {}, "incomplete", 2),
-    ([_header(), FAIL, _end(), "TORN"], {}, "failed", 1),
-    ([{**_header(), "not_runnable": {"knn": "not built"}}, PASS, _end()], {}, "incomplete", 2),
-    # a suite none of whose files could be collected could not run: incomplete, not failed
-    ([_header(), UNCOLLECTABLE, _end()], {}, "incomplete", 2),
-    # one uncollectable file among cases that ran: that file is a finding of the run
-    ([_header(), PASS, UNCOLLECTABLE, _end()], {}, "failed", 1),
-], ids=lambda v: v if isinstance(v, str) else None)
+@pytest.mark.parametrize(
+    ("lines", "kwargs", "name", "code"),
+    [
+        ([_header(), PASS, _end()], {}, "passed", 0),
+        ([_header(), PASS, SKIP, _end()], {}, "passed", 0),
+        ([_header(), PASS, WARN, _end()], {}, "warnings", 0),
+        ([_header(), PASS, FAIL, _end()], {}, "failed", 1),
+        ([_header(), DIAG_ON_PASS, _end()], {}, "failed", 1),  # a diagnosis on a passing case
+        ([_header(), SKIP, SKIP, _end()], {}, "nothing-tested", 2),
+        ([_header(), _end()], {}, "nothing-tested", 2),
+        ([_header(allow_empty=True), SKIP, _end()], {}, "nothing-tested", 0),
+        ([_header(), SKIP, _end()], {"allow_empty": True}, "nothing-tested", 0),
+        ([_header(), PASS, _end(interrupted=True)], {}, "interrupted", 2),
+        ([_header(), PASS, _end(interrupted=True)], {"stopped_by": "Ctrl-C"}, "interrupted", 130),
+        ([_header(), PASS, _end(interrupted=True)], {"stopped_by": "SIGTERM"}, "interrupted", 143),
+        ([_header(), FAIL, _end(interrupted=True)], {}, "failed", 1),  # findings outrank the stop
+        ([_header(), PASS, _end(), "TORN"], {}, "incomplete", 2),
+        ([_header(), FAIL, _end(), "TORN"], {}, "failed", 1),
+        ([{**_header(), "not_runnable": {"knn": "not built"}}, PASS, _end()], {}, "incomplete", 2),
+        # a suite none of whose files could be collected could not run: incomplete, not failed
+        ([_header(), UNCOLLECTABLE, _end()], {}, "incomplete", 2),
+        # one uncollectable file among cases that ran: that file is a finding of the run
+        ([_header(), PASS, UNCOLLECTABLE, _end()], {}, "failed", 1),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
 def test_the_verdict_table(tmp_path, lines, kwargs, name, code):
     from gpucheck.report.verdict import decide
 
@@ -87,20 +118,35 @@ def test_the_verdict_table(tmp_path, lines, kwargs, name, code):
     if "TORN" in lines:
         assert any(str(path) in p for p in verdict.problems)  # the file is named
     if name == "incomplete" and UNCOLLECTABLE in lines:
-        assert verdict.why == ["suite demo did not run: /src/demo/t_syntax.py:3: t_syntax.py "
-                               "of suite demo cannot be collected: SyntaxError"]
+        assert verdict.why == [
+            "suite demo did not run: /src/demo/t_syntax.py:3: t_syntax.py "
+            "of suite demo cannot be collected: SyntaxError"
+        ]
 
 
-def test_a_suite_whose_only_file_has_a_syntax_error_is_incomplete_naming_file_and_line(
-        tmp_path):
+def test_a_suite_whose_only_file_has_a_syntax_error_is_incomplete_naming_file_and_line(tmp_path):
     suite = tmp_path / "mine"
     suite.mkdir()
     (suite / "test_mine.py").write_text("import torch\n\ndef test_x(:\n    pass\n")
     out = tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--suite",
-         str(suite / "test_mine.py"), "--out", str(out)], capture_output=True, text=True,
-        timeout=180, cwd=tmp_path, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+        [
+            sys.executable,
+            "-m",
+            "gpucheck.cli",
+            "run",
+            "--cpu-only",
+            "--suite",
+            str(suite / "test_mine.py"),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=tmp_path,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     where = f"{suite / 'test_mine.py'}:3"
     # the live line (no terminal) and the verdict's reason both say where the error is
@@ -110,7 +156,7 @@ def test_a_suite_whose_only_file_has_a_syntax_error_is_incomplete_naming_file_an
     assert json.loads((out / "results.json").read_text())["summary"]["verdict"] == "incomplete"
 
 
-SUITE = textwrap.dedent('''
+SUITE = textwrap.dedent("""
     def test_passes():
         assert 1 + 1 == 2
 
@@ -119,7 +165,7 @@ SUITE = textwrap.dedent('''
 
     def test_needs_gpu(gpu_device):
         pass
-''')
+""")
 
 
 def _run(tmp_path: Path, name: str, *args: str) -> tuple[subprocess.CompletedProcess, Path]:
@@ -128,10 +174,33 @@ def _run(tmp_path: Path, name: str, *args: str) -> tuple[subprocess.CompletedPro
     (suite / "test_demo.py").write_text(SUITE)
     out = tmp_path / name
     proc = subprocess.run(
-        [sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet", "--suite",
-         str(suite), "--out", str(out), "--format", "html", "--format", "json", "--format",
-         "junit", "--format", "sarif", *args], capture_output=True, text=True, timeout=180,
-        cwd=tmp_path, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+        [
+            sys.executable,
+            "-m",
+            "gpucheck.cli",
+            "run",
+            "--cpu-only",
+            "--quiet",
+            "--suite",
+            str(suite),
+            "--out",
+            str(out),
+            "--format",
+            "html",
+            "--format",
+            "json",
+            "--format",
+            "junit",
+            "--format",
+            "sarif",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=tmp_path,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
     return proc, out
 
 
@@ -145,29 +214,50 @@ def _stated(proc: subprocess.CompletedProcess, out: Path) -> dict[str, object]:
     junit_fails = int(root.get("failures")) + int(root.get("errors"))
     sarif = json.loads((out / "results.sarif").read_text())["runs"][0]
     invocation = sarif["invocations"][0]
-    return {"exit": proc.returncode, "line": last.split(" (exit ")[0],
-            "line_exit": int(last.split(" (exit ")[1].split(")")[0]),
-            "json": doc["summary"]["verdict"], "json_exit": doc["summary"]["exit_code"],
-            "html": title.split(":")[0].removeprefix("gpucheck "),
-            "junit_passes": junit_fails == 0, "sarif": invocation["properties"]["verdict"],
-            "sarif_exit": invocation["exitCode"], "sarif_ok": invocation["executionSuccessful"]}
+    return {
+        "exit": proc.returncode,
+        "line": last.split(" (exit ")[0],
+        "line_exit": int(last.split(" (exit ")[1].split(")")[0]),
+        "json": doc["summary"]["verdict"],
+        "json_exit": doc["summary"]["exit_code"],
+        "html": title.split(":")[0].removeprefix("gpucheck "),
+        "junit_passes": junit_fails == 0,
+        "sarif": invocation["properties"]["verdict"],
+        "sarif_exit": invocation["exitCode"],
+        "sarif_ok": invocation["executionSuccessful"],
+    }
 
 
-@pytest.mark.parametrize(("select", "name", "code"), [
-    (["-k", "test_passes"], "passed", 0),
-    ([], "failed", 1),
-    (["-k", "test_needs_gpu"], "nothing-tested", 2),
-])
+@pytest.mark.parametrize(
+    ("select", "name", "code"),
+    [
+        (["-k", "test_passes"], "passed", 0),
+        ([], "failed", 1),
+        (["-k", "test_needs_gpu"], "nothing-tested", 2),
+    ],
+)
 def test_every_output_states_the_same_verdict_as_the_exit_code(tmp_path, select, name, code):
     proc, out = _run(tmp_path, "run", *(["--", *select] if select else []))
     assert "Traceback" not in proc.stderr
     assert _stated(proc, out) == {
-        "exit": code, "line": name, "line_exit": code, "json": name, "json_exit": code,
-        "html": name, "junit_passes": code == 0, "sarif": name, "sarif_exit": code,
-        "sarif_ok": code == 0}
+        "exit": code,
+        "line": name,
+        "line_exit": code,
+        "json": name,
+        "json_exit": code,
+        "html": name,
+        "junit_passes": code == 0,
+        "sarif": name,
+        "sarif_exit": code,
+        "sarif_ok": code == 0,
+    }
     # `gpucheck report` of the same folder says it again
-    again = subprocess.run([sys.executable, "-m", "gpucheck.cli", "report", str(out)],
-                           capture_output=True, text=True, timeout=120)
+    again = subprocess.run(
+        [sys.executable, "-m", "gpucheck.cli", "report", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert again.returncode == code and again.stdout.startswith(f"{name}: ")
 
 
@@ -177,10 +267,12 @@ def test_a_run_that_tested_nothing_is_not_clean_anywhere(tmp_path):
     assert proc.returncode == 2 and "nothing was tested" in proc.stdout
     html = (out / "report.html").read_text()
     assert "CLEAN" not in html and "NOTHING-TESTED" in html
-    assert json.loads((out / "results.json").read_text())["summary"]["verdict"] == \
-        "nothing-tested"
-    verdict_case = ET.parse(out / "junit.xml").getroot().find(
-        "testsuite[@name='gpucheck']/testcase[@name='verdict']/error")
+    assert json.loads((out / "results.json").read_text())["summary"]["verdict"] == "nothing-tested"
+    verdict_case = (
+        ET.parse(out / "junit.xml")
+        .getroot()
+        .find("testsuite[@name='gpucheck']/testcase[@name='verdict']/error")
+    )
     assert verdict_case is not None and verdict_case.get("type") == "nothing-tested"
     allowed, out2 = _run(tmp_path, "allowed", "--allow-empty", "--", "-k", "test_needs_gpu")
     assert allowed.returncode == 0
@@ -193,8 +285,12 @@ def test_report_names_a_torn_results_file_and_fails(tmp_path):
     assert proc.returncode == 0
     with open(out / "results.jsonl", "a") as f:
         f.write('{"schema": "gpucheck.results/1", "record": "case", "device": "cp')
-    rep = subprocess.run([sys.executable, "-m", "gpucheck.cli", "report", str(out)],
-                         capture_output=True, text=True, timeout=120)
+    rep = subprocess.run(
+        [sys.executable, "-m", "gpucheck.cli", "report", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert rep.returncode == 2
     assert rep.stdout.startswith("incomplete: ")
     assert f"1 line(s) of {out / 'results.jsonl'} could not be read" in rep.stdout
@@ -208,17 +304,25 @@ def test_random_bytes_are_not_a_gpucheck_results_file_not_a_torn_line(tmp_path):
 
     from gpucheck.report.verdict import decide
 
-    blob = (random.Random(7).randbytes(3000).replace(b"\n", b"") + b"\n"
-            + bytes(range(256)).replace(b"\n", b""))
+    blob = (
+        random.Random(7).randbytes(3000).replace(b"\n", b"")
+        + b"\n"
+        + bytes(range(256)).replace(b"\n", b"")
+    )
     (tmp_path / "results.jsonl").write_bytes(blob)
     verdict = decide(rundata.load(tmp_path))
     assert (verdict.name, verdict.exit_code) == ("incomplete", 2)
     assert verdict.problems == [
         f"{tmp_path / 'results.jsonl'} is not a gpucheck results file: none of its 2 line(s) "
-        "is a record gpucheck writes (no run header, no case)"]
+        "is a record gpucheck writes (no run header, no case)"
+    ]
     assert "killed mid-line" not in " ".join(verdict.why)
-    proc = subprocess.run([sys.executable, "-m", "gpucheck.cli", "report", str(tmp_path)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpucheck.cli", "report", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "is not a gpucheck results file" in proc.stdout
     assert "killed mid-line" not in proc.stdout + proc.stderr

@@ -14,8 +14,15 @@ from gpucheck.report import junit
 
 
 def _record(case, status, findings=()):
-    return CaseRecord(run_id="r1", device="cuda:1", suite="ssim", case=case,
-                      mode="blocking", status=status, findings=list(findings)).to_json()
+    return CaseRecord(
+        run_id="r1",
+        device="cuda:1",
+        suite="ssim",
+        case=case,
+        mode="blocking",
+        status=status,
+        findings=list(findings),
+    ).to_json()
 
 
 def test_append_is_one_line_per_record_and_survives_a_torn_tail(tmp_path):
@@ -29,8 +36,9 @@ def test_append_is_one_line_per_record_and_survives_a_torn_tail(tmp_path):
 
 def _writer(path, worker):
     for i in range(50):
-        results.append(path, _record(f"w{worker}.py::t{i}", "passed",
-                                     [Finding("x", "info", "m" * 3000)]))
+        results.append(
+            path, _record(f"w{worker}.py::t{i}", "passed", [Finding("x", "info", "m" * 3000)])
+        )
 
 
 def test_concurrent_writers_do_not_interleave(tmp_path):
@@ -47,11 +55,13 @@ def test_concurrent_writers_do_not_interleave(tmp_path):
 
 def test_schema_accepts_records_and_rejects_bad_ones():
     schema = results.schema()
-    good = _record("a.py::t", "failed", [Finding("test-failure", "error", "boom",
-                                                 device="cuda:1")])
+    good = _record("a.py::t", "failed", [Finding("test-failure", "error", "boom", device="cuda:1")])
     jsonschema.validate(good, schema)
-    for bad in ({**good, "status": "exploded"}, {k: v for k, v in good.items() if k != "mode"},
-                {**good, "findings": [{"kind": "x"}]}):
+    for bad in (
+        {**good, "status": "exploded"},
+        {k: v for k, v in good.items() if k != "mode"},
+        {**good, "findings": [{"kind": "x"}]},
+    ):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(bad, schema)
 
@@ -66,10 +76,13 @@ def test_errors_are_the_findings_of_severity_error():
 def test_junit_groups_by_device_suite_mode(tmp_path):
     path = tmp_path / "results.jsonl"
     results.append(path, _record("s/t.py::ok", "passed"))
-    results.append(path, _record("s/t.py::bad", "failed", [Finding("test-failure", "error",
-                                                                    "assert 1 == 2")]))
-    results.append(path, _record("s/t.py::hang", "hung", [Finding("hang", "error", "stuck",
-                                                                  hint="look at stacks")]))
+    results.append(
+        path, _record("s/t.py::bad", "failed", [Finding("test-failure", "error", "assert 1 == 2")])
+    )
+    results.append(
+        path,
+        _record("s/t.py::hang", "hung", [Finding("hang", "error", "stuck", hint="look at stacks")]),
+    )
     results.append(path, {**_record("s/t.py::ok", "passed"), "device": "cuda:0"})
     root = ET.parse(junit.write(path, tmp_path / "junit.xml")).getroot()
     suites = {s.get("name"): s for s in root.iter("testsuite")}

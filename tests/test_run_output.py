@@ -24,7 +24,7 @@ from gpucheck.controller import config
 from gpucheck.controller.suites import PROJECT_SUITES
 from gpucheck.model import results
 
-SUITE = textwrap.dedent('''
+SUITE = textwrap.dedent("""
     import os, time, pytest
 
     def test_a():
@@ -42,7 +42,7 @@ SUITE = textwrap.dedent('''
 
     def test_d(gpu_device):
         pass
-''')
+""")
 
 
 @pytest.fixture
@@ -55,8 +55,12 @@ def project(tmp_path):
 
 def gpucheck_run(cwd, *args, env=None, timeout=180):
     return subprocess.run(
-        [sys.executable, "-m", "gpucheck.cli", "run", "--quiet", *args], cwd=cwd,
-        capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
+        [sys.executable, "-m", "gpucheck.cli", "run", "--quiet", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -67,9 +71,24 @@ def records(out: Path) -> list[dict]:
 def start_until_stuck(project: Path, out: Path) -> tuple[subprocess.Popen, Path]:
     """`gpucheck run` in the background, returned once its worker is inside test_hang."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet", "--out",
-         str(out), "--timeout", "300"], cwd=project, env={**os.environ, "DEMO_HANG": "1"},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "gpucheck.cli",
+            "run",
+            "--cpu-only",
+            "--quiet",
+            "--out",
+            str(out),
+            "--timeout",
+            "300",
+        ],
+        cwd=project,
+        env={**os.environ, "DEMO_HANG": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     state = out / "workers" / "cpu.blocking.state.json"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -111,16 +130,31 @@ def test_default_folders_are_unique_within_one_second(tmp_path, monkeypatch):
     monkeypatch.setattr(config, "datetime", Frozen)
     monkeypatch.chdir(tmp_path)
     made = [config.prepare_out(None) for _ in range(3)]
-    assert [p.name for p in made] == ["20261123-220000", "20261123-220000-2",
-                                      "20261123-220000-3"]
+    assert [p.name for p in made] == ["20261123-220000", "20261123-220000-2", "20261123-220000-3"]
     assert all(p.is_dir() and p.parent == Path("reports") for p in made)
 
 
 def test_two_runs_started_together_get_their_own_folders(project):
-    procs = [subprocess.Popen([sys.executable, "-m", "gpucheck.cli", "run", "--quiet",
-                               "--cpu-only", "--", "-k", "test_a"], cwd=project,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gpucheck.cli",
+                "run",
+                "--quiet",
+                "--cpu-only",
+                "--",
+                "-k",
+                "test_a",
+            ],
+            cwd=project,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     for p in procs:
         p.communicate(timeout=180)
         assert p.returncode == 0
@@ -164,8 +198,9 @@ def test_resume_runs_only_what_an_interrupted_run_did_not_record(project):
 
 def test_resume_refuses_new_settings_and_folders_without_a_run(project, capsys):
     out = project / "out"
-    assert gpucheck_run(project, "--cpu-only", "--out", str(out), "--", "-k",
-                        "test_a").returncode == 0
+    assert (
+        gpucheck_run(project, "--cpu-only", "--out", str(out), "--", "-k", "test_a").returncode == 0
+    )
     assert cli.main(["run", "--resume", str(out), "--suite", "demo"]) == 2
     assert "drop --suite" in capsys.readouterr().err
     empty = project / "empty"
@@ -185,10 +220,13 @@ def test_a_run_that_tested_nothing_exits_2_and_says_why(project):
     assert proc.returncode == 2
     assert "nothing was tested" in proc.stdout
     last = proc.stdout.strip().splitlines()[-1]
-    assert last == ("nothing-tested (exit 2): 1 case(s): 0 ran (0 passed, 0 failed), 1 "
-                    "skipped: no CUDA device visible (1)")
-    allowed = gpucheck_run(project, "--cpu-only", "--allow-empty", "--out",
-                           str(project / "out2"), "--", "-k", "test_d")
+    assert last == (
+        "nothing-tested (exit 2): 1 case(s): 0 ran (0 passed, 0 failed), 1 "
+        "skipped: no CUDA device visible (1)"
+    )
+    allowed = gpucheck_run(
+        project, "--cpu-only", "--allow-empty", "--out", str(project / "out2"), "--", "-k", "test_d"
+    )
     assert allowed.returncode == 0
     assert "nothing was tested" not in allowed.stdout
 
@@ -196,11 +234,14 @@ def test_a_run_that_tested_nothing_exits_2_and_says_why(project):
 def test_the_last_line_counts_every_status_and_the_skip_reasons(project):
     proc = gpucheck_run(project, "--cpu-only", "--out", str(project / "out"))
     last = proc.stdout.strip().splitlines()[-1]
-    assert last == ("failed (exit 1): 5 case(s): 4 ran (3 passed, 1 failed), 1 skipped: "
-                    "no CUDA device visible (1)")
+    assert last == (
+        "failed (exit 1): 5 case(s): 4 ran (3 passed, 1 failed), 1 skipped: "
+        "no CUDA device visible (1)"
+    )
 
 
 # --- the compiled extension is missing -----------------------------------------------------
+
 
 def test_extension_problem_names_the_fix_when_the_extension_is_not_built():
     from gpucheck.ops import _ext
@@ -213,26 +254,42 @@ def test_extension_problem_names_the_fix_when_the_extension_is_not_built():
     assert "pip install --no-build-isolation -e ." in problem
 
 
-def test_unbuilt_extension_is_one_sentence_before_any_worker(tmp_path, monkeypatch, capsys,
-                                                            two_gpus, harness_specs):
+def test_unbuilt_extension_is_one_sentence_before_any_worker(
+    tmp_path, monkeypatch, capsys, two_gpus, harness_specs
+):
     monkeypatch.setattr(config, "extension_problem", lambda: "EXTENSION MISSING; fix it so.")
     out = tmp_path / "out"
-    code = cli.main(["run", "--all-devices", "--suite", "knn", "--suite", "ssim",
-                     "--out", str(out)])
+    code = cli.main(
+        ["run", "--all-devices", "--suite", "knn", "--suite", "ssim", "--out", str(out)]
+    )
     err = capsys.readouterr().err
     assert code == 2
     assert err.strip().splitlines() == [
         "gpucheck: EXTENSION MISSING; fix it so. Nothing was run: the suite(s) knn, ssim "
-        "test gpucheck's own kernels."]
+        "test gpucheck's own kernels."
+    ]
     assert not harness_specs and not out.exists()
 
 
-def test_user_suites_still_run_when_only_our_kernel_suites_cannot(project, monkeypatch, capsys,
-                                                                 two_gpus, harness_specs):
+def test_user_suites_still_run_when_only_our_kernel_suites_cannot(
+    project, monkeypatch, capsys, two_gpus, harness_specs
+):
     monkeypatch.setattr(config, "extension_problem", lambda: "EXTENSION MISSING")
     out = project / "out"
-    code = cli.main(["run", "--all-devices", "--suite", str(project / "suites" / "demo"),
-                     "--suite", "knn", "--mode", "blocking", "--out", str(out)])
+    code = cli.main(
+        [
+            "run",
+            "--all-devices",
+            "--suite",
+            str(project / "suites" / "demo"),
+            "--suite",
+            "knn",
+            "--mode",
+            "blocking",
+            "--out",
+            str(out),
+        ]
+    )
     text = capsys.readouterr().out
     assert code == 2
     seen = [s for specs in harness_specs for s in specs]
@@ -266,8 +323,9 @@ def test_both_kernel_suites_stop_once_under_plain_pytest(pytester, monkeypatch, 
 
     monkeypatch.setattr(targets, "visible_cuda_count", lambda: 2)
     monkeypatch.setattr(_ext, "load", missing)
-    result = pytester.runpytest_inprocess(str(PROJECT_SUITES / suite), "--collect-only", "-q",
-                                          "-p", "no:cacheprovider")
+    result = pytester.runpytest_inprocess(
+        str(PROJECT_SUITES / suite), "--collect-only", "-q", "-p", "no:cacheprovider"
+    )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     errors = [line for line in result.errlines if "CUDA extension is not available" in line]
     assert len(errors) == 1 and "build it" in errors[0]
@@ -277,8 +335,9 @@ def test_kernel_suites_collect_without_gpu_and_their_cases_skip_for_that(pyteste
     from gpucheck.worker import targets
 
     monkeypatch.setattr(targets, "visible_cuda_count", lambda: 0)
-    result = pytester.runpytest_inprocess(str(PROJECT_SUITES / "knn"), "-q", "-rs",
-                                          "-p", "no:cacheprovider", "-k", "not slow")
+    result = pytester.runpytest_inprocess(
+        str(PROJECT_SUITES / "knn"), "-q", "-rs", "-p", "no:cacheprovider", "-k", "not slow"
+    )
     assert result.ret == pytest.ExitCode.OK
     outcomes = result.parseoutcomes()
     assert outcomes.get("skipped", 0) > 0 and "failed" not in outcomes
@@ -287,10 +346,12 @@ def test_kernel_suites_collect_without_gpu_and_their_cases_skip_for_that(pyteste
 
 # --- case ids -------------------------------------------------------------------------------
 
+
 def test_case_ids_are_relative_to_the_suite_root_wherever_it_is(tmp_path):
     elsewhere = tmp_path / "far" / "away" / "mysuite"
     (elsewhere / "sub").mkdir(parents=True)
-    (elsewhere / "sub" / "test_x.py").write_text(textwrap.dedent('''
+    (elsewhere / "sub" / "test_x.py").write_text(
+        textwrap.dedent("""
         import os
         def test_ok():
             pass
@@ -298,15 +359,19 @@ def test_case_ids_are_relative_to_the_suite_root_wherever_it_is(tmp_path):
             os.abort()
         def test_after():
             pass
-    '''))
+    """)
+    )
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     out = tmp_path / "out"
     proc = gpucheck_run(cwd, "--cpu-only", "--suite", str(elsewhere), "--out", str(out))
     assert proc.returncode == 1
     recs = {r["case"]: r for r in results.cases(out / "results.jsonl")}
-    assert set(recs) == {"sub/test_x.py::test_ok", "sub/test_x.py::test_crash",
-                         "sub/test_x.py::test_after"}
+    assert set(recs) == {
+        "sub/test_x.py::test_ok",
+        "sub/test_x.py::test_crash",
+        "sub/test_x.py::test_after",
+    }
     assert recs["sub/test_x.py::test_crash"]["status"] == "crashed"
     assert {r["suite"] for r in recs.values()} == {"mysuite"}
     for r in recs.values():
@@ -319,8 +384,9 @@ def test_case_ids_are_relative_to_the_suite_root_wherever_it_is(tmp_path):
 
 
 @pytest.mark.parametrize("selection", [["--all-devices"], ["--device", "1"], []])
-def test_a_gpu_run_resumes_with_the_devices_it_was_started_with(tmp_path, capsys, two_gpus,
-                                                                harness_specs, selection):
+def test_a_gpu_run_resumes_with_the_devices_it_was_started_with(
+    tmp_path, capsys, two_gpus, harness_specs, selection
+):
     suite = tmp_path / "mine"
     suite.mkdir()
     (suite / "test_x.py").write_text("def test_x():\n    pass\n")
@@ -375,7 +441,7 @@ def test_sigterm_stops_the_run_like_ctrl_c_and_leaves_no_worker(project):
 
 # --- output for logs ------------------------------------------------------------------------
 
-LOG_SUITE = textwrap.dedent('''
+LOG_SUITE = textwrap.dedent("""
     import os, pytest
 
     @pytest.mark.parametrize("where", ["cuda0", "cuda1"])
@@ -391,7 +457,7 @@ LOG_SUITE = textwrap.dedent('''
 
     def test_after_the_crash():
         pass
-''')
+""")
 
 
 def test_without_a_terminal_every_line_is_plain_and_printed_once(tmp_path):
@@ -401,10 +467,14 @@ def test_without_a_terminal_every_line_is_plain_and_printed_once(tmp_path):
     suite = tmp_path / "suites" / "logs"
     suite.mkdir(parents=True)
     (suite / "test_logs.py").write_text(LOG_SUITE)
-    proc = subprocess.run([sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--out",
-                           str(tmp_path / "out")], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=180, env={k: v for k, v in os.environ.items()
-                                            if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")})
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--out", str(tmp_path / "out")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")},
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     out = proc.stdout
     assert "[red]" not in out and "[/" not in out and "[yellow]" not in out
@@ -420,19 +490,21 @@ def test_without_a_terminal_every_line_is_plain_and_printed_once(tmp_path):
     crash = "crash: cpu blocking test_logs.py::test_dies: worker killed by SIGABRT"
     worker = "cpu blocking: 5/5 cases, 1 restart(s), exit 0"
     assert lines.index(finding) < lines.index(worker)
-    assert any(line.startswith(crash) for line in lines[:lines.index(worker)])
+    assert any(line.startswith(crash) for line in lines[: lines.index(worker)])
     # the summary: the findings grouped, then the verdict with the counts, last
     assert "symptoms no diagnosis explains: 2 group(s), 2 finding(s)" in lines
-    assert lines[-1] == "failed (exit 1): 5 case(s): 5 ran (3 passed, 1 failed, 1 crashed), " \
-                        "0 skipped"
-    table = out[out.index("gpucheck summary"):]
+    assert (
+        lines[-1] == "failed (exit 1): 5 case(s): 5 ran (3 passed, 1 failed, 1 crashed), 0 skipped"
+    )
+    table = out[out.index("gpucheck summary") :]
     assert "logs" in table and "…" not in table  # a log is not folded to 80 columns
 
 
 def test_resume_of_a_finished_run_is_refused_in_one_line_and_adds_nothing(project):
     out = project / "out"
-    assert gpucheck_run(project, "--cpu-only", "--out", str(out), "--", "-k",
-                        "test_a").returncode == 0
+    assert (
+        gpucheck_run(project, "--cpu-only", "--out", str(out), "--", "-k", "test_a").returncode == 0
+    )
     before = (out / "results.jsonl").read_bytes()
     workers = sorted(p.name for p in (out / "workers").iterdir())
     proc = gpucheck_run(project, "--resume", str(out))
@@ -441,7 +513,8 @@ def test_resume_of_a_finished_run_is_refused_in_one_line_and_adds_nothing(projec
     finished = records(out)[-1]["finished_at"]
     assert proc.stderr.strip().splitlines() == [
         f"gpucheck: the run in {str(out)!r} finished at {finished}: there is nothing to "
-        f"resume (`gpucheck report {out}` writes its reports again)"]
+        f"resume (`gpucheck report {out}` writes its reports again)"
+    ]
     assert (out / "results.jsonl").read_bytes() == before  # no second end record
     assert sorted(p.name for p in (out / "workers").iterdir()) == workers  # no worker
 

@@ -25,7 +25,7 @@ def row_named(part):
     return next(r for r in ZOO if part in r.name)
 
 
-KNN_FIX = row_named("published fix")        # device-state-leak (2 GPUs) + wrong-stream
+KNN_FIX = row_named("published fix")  # device-state-leak (2 GPUs) + wrong-stream
 SSIM_NOGUARD = row_named("SSIM loss without")  # wrong-device (2 GPUs)
 RNN_CLEAN = row_named("custom RNN, clean")
 MOD = "gpucheck_zoo_knn_setdevice_thrust0"
@@ -40,41 +40,60 @@ def _judge(records, devices):
 
 
 def test_a_row_whose_findings_all_appear_is_found_with_full_recall():
-    records = [_knn_fix(dev, _finding("device-state-leak", dev, "warning", op=f"{MOD}.distCUDA2"),
-                        _finding("wrong-stream", dev, op=f"{MOD}.distCUDA2"))
-               for dev in ("cuda:0", "cuda:1")]
+    records = [
+        _knn_fix(
+            dev,
+            _finding("device-state-leak", dev, "warning", op=f"{MOD}.distCUDA2"),
+            _finding("wrong-stream", dev, op=f"{MOD}.distCUDA2"),
+        )
+        for dev in ("cuda:0", "cuda:1")
+    ]
     z = _judge(records, 2)[KNN_FIX.name]
     assert z.recall == (2, 2) and not z.missed and not z.unexpected and not z.not_run
 
 
 def test_a_missing_expected_finding_is_a_miss_and_fails_the_verdict():
-    records = [_knn_fix("cuda:0", _finding("wrong-stream", "cuda:0", op=f"{MOD}.distCUDA2")),
-               _knn_fix("cuda:1", _finding("wrong-stream", "cuda:1", op=f"{MOD}.distCUDA2"),
-                        _finding("device-state-leak", "cuda:1", "warning", op=MOD))]
+    records = [
+        _knn_fix("cuda:0", _finding("wrong-stream", "cuda:0", op=f"{MOD}.distCUDA2")),
+        _knn_fix(
+            "cuda:1",
+            _finding("wrong-stream", "cuda:1", op=f"{MOD}.distCUDA2"),
+            _finding("device-state-leak", "cuda:1", "warning", op=MOD),
+        ),
+    ]
     results = zoo_matrix(typed(records), 2)
     z = by_name(results)[KNN_FIX.name]
     assert z.recall == (1, 2)
     assert [(e.kind, why) for e, why in z.missed] == [
-        ("device-state-leak", f"not found on {KNN_FIX.cases[0]}[cuda0] cuda:0")]
+        ("device-state-leak", f"not found on {KNN_FIX.cases[0]}[cuda0] cuda:0")
+    ]
     assert verdict([], [], results) == 1
 
 
 def test_a_finding_of_another_kind_or_op_is_unexpected():
     dev = "cuda:0"
-    records = [_knn_fix(dev, _finding("wrong-stream", dev, op=f"{MOD}.distCUDA2"),
-                        _finding("numerics", dev, op=f"{MOD}.distCUDA2"),
-                        _finding("wrong-stream", dev, op="gpucheck_zoo_knn_clean.distCUDA2"),
-                        _finding("stand-down", dev, "info"))]  # info: never counted
+    records = [
+        _knn_fix(
+            dev,
+            _finding("wrong-stream", dev, op=f"{MOD}.distCUDA2"),
+            _finding("numerics", dev, op=f"{MOD}.distCUDA2"),
+            _finding("wrong-stream", dev, op="gpucheck_zoo_knn_clean.distCUDA2"),
+            _finding("stand-down", dev, "info"),
+        )
+    ]  # info: never counted
     z = _judge(records, 1)[KNN_FIX.name]
     assert z.recall == (1, 1)
     assert [(u["kind"], u["op"]) for u in z.unexpected] == [
-        ("numerics", f"{MOD}.distCUDA2"), ("wrong-stream", "gpucheck_zoo_knn_clean.distCUDA2")]
+        ("numerics", f"{MOD}.distCUDA2"),
+        ("wrong-stream", "gpucheck_zoo_knn_clean.distCUDA2"),
+    ]
 
 
 def test_a_finding_on_a_clean_twin_is_unexpected():
     records = [_rec(case, "cuda:0", PLAIN) for case in RNN_CLEAN.cases]
-    records[1]["findings"].append(_finding("mixed-devices", "cuda:0",
-                                           op="gpucheck_zoo_rnn_clean.forward"))
+    records[1]["findings"].append(
+        _finding("mixed-devices", "cuda:0", op="gpucheck_zoo_rnn_clean.forward")
+    )
     results = zoo_matrix(typed(records), 1)
     z = by_name(results)[RNN_CLEAN.name]
     assert z.recall == (0, 0) and z.ran
@@ -86,14 +105,33 @@ def _noguard(dev, diagnosed=True):
     """The no-guard SSIM case on two GPUs: it fails with the other device current (symptoms),
     the re-run with its own device current passes, and the diagnosis names the op."""
     case = SSIM_NOGUARD.cases[0]
-    recs = [_rec(case, dev, PLAIN, _finding("cuda-error", dev), _finding("test-failure", dev),
-                 status="failed"),
-            _rec(case, dev, RERUN)]
+    recs = [
+        _rec(
+            case,
+            dev,
+            PLAIN,
+            _finding("cuda-error", dev),
+            _finding("test-failure", dev),
+            status="failed",
+        ),
+        _rec(case, dev, RERUN),
+    ]
     if diagnosed:
-        recs.append(_rec(case, dev, PLAIN, _finding(
-            "wrong-device", dev, op="gpucheck_zoo_ssim_noguard::fusedssim(double, double, "
-                                    "at::Tensor const&, at::Tensor const&, bool)"),
-            status="failed", record="diagnosis"))
+        recs.append(
+            _rec(
+                case,
+                dev,
+                PLAIN,
+                _finding(
+                    "wrong-device",
+                    dev,
+                    op="gpucheck_zoo_ssim_noguard::fusedssim(double, double, "
+                    "at::Tensor const&, at::Tensor const&, bool)",
+                ),
+                status="failed",
+                record="diagnosis",
+            )
+        )
     return recs
 
 
@@ -122,8 +160,10 @@ def test_a_wrong_device_finding_without_an_op_may_be_the_expected_one():
 
 def test_expectations_needing_two_gpus_do_not_run_on_one():
     dev = "cuda:0"
-    records = [_knn_fix(dev, _finding("wrong-stream", dev, op=f"{MOD}.distCUDA2")),
-               _rec(SSIM_NOGUARD.cases[0], dev, PLAIN)]
+    records = [
+        _knn_fix(dev, _finding("wrong-stream", dev, op=f"{MOD}.distCUDA2")),
+        _rec(SSIM_NOGUARD.cases[0], dev, PLAIN),
+    ]
     results = zoo_matrix(typed(records), 1)
     knn, ssim = by_name(results)[KNN_FIX.name], by_name(results)[SSIM_NOGUARD.name]
     assert knn.recall == (1, 1)
@@ -132,8 +172,9 @@ def test_expectations_needing_two_gpus_do_not_run_on_one():
     assert verdict([], [], results) == 2  # nothing missed, some could not run
     # on one GPU, the two-GPU kind is no excuse: a wrong-device there is unexpected
     records[1]["findings"].append(_finding("wrong-device", dev, op="gpucheck_zoo_ssim_noguard"))
-    assert [u["kind"] for u in by_name(zoo_matrix(typed(records), 1))[
-        SSIM_NOGUARD.name].unexpected] == ["wrong-device"]
+    assert [
+        u["kind"] for u in by_name(zoo_matrix(typed(records), 1))[SSIM_NOGUARD.name].unexpected
+    ] == ["wrong-device"]
 
 
 def test_a_row_whose_cases_did_not_run_is_not_run():
@@ -148,8 +189,7 @@ def test_a_row_whose_cases_did_not_run_is_not_run():
 def test_the_zoo_has_real_multi_defect_rows_and_clean_twins():
     defects = [r for r in ZOO if r.expected]
     assert len(ZOO) >= 12 and len(ZOO) - len(defects) >= 4
-    assert sum(len({(e.kind, e.op) for e in r.expected}) >= 2 for r in defects) * 2 >= len(
-        defects)
+    assert sum(len({(e.kind, e.op) for e in r.expected}) >= 2 for r in defects) * 2 >= len(defects)
     for row in ZOO:
         assert all(e.case in row.cases for e in row.expected)
 
@@ -166,8 +206,7 @@ def test_every_zoo_case_is_a_test_of_its_file_and_every_build_is_used():
             used |= {b for b in _zoo.ZOO_BUILDS if f'"{b}"' in source}
     assert used == set(_zoo.ZOO_BUILDS)
     for build, (family, defects) in _zoo.ZOO_BUILDS.items():
-        assert [f.name for f in _zoo.sources(build)] == [f"zoo_{family}.cpp",
-                                                              f"zoo_{family}.cu"]
+        assert [f.name for f in _zoo.sources(build)] == [f"zoo_{family}.cpp", f"zoo_{family}.cu"]
         assert _zoo.flags(build) == [f"-DGPUCHECK_ZOO_{d}" for d in defects]
 
 
@@ -182,16 +221,21 @@ def test_the_compile_check_compiles_every_zoo_defect_under_its_macros():
     assert ("zoo_knn.cu", " [zoo knn_noguard]") not in zoo
     assert ("zoo_knn.cpp", " [zoo knn_noguard]") in zoo
     everything = {src.name for src, _, _ in _csrc.check_units("skip")[0]}
-    assert {f"zoo_{f}{s}" for f in ("raster", "ssim", "knn", "rnn") for s in (".cpp", ".cu")
-            } <= everything
+    assert {
+        f"zoo_{f}{s}" for f in ("raster", "ssim", "knn", "rnn") for s in (".cpp", ".cu")
+    } <= everything
 
 
 def test_selftest_command_prints_the_zoo(tmp_path, monkeypatch, capsys, two_gpus):
     from gpucheck.controller import entry
 
     case = KNN_FIX.cases[0]
-    lines = [_knn_fix(dev, _finding("wrong-stream", dev, op=f"{MOD}.distCUDA2"),
-                      _finding("numerics", dev)) for dev in ("cuda:0", "cuda:1")]
+    lines = [
+        _knn_fix(
+            dev, _finding("wrong-stream", dev, op=f"{MOD}.distCUDA2"), _finding("numerics", dev)
+        )
+        for dev in ("cuda:0", "cuda:1")
+    ]
 
     monkeypatch.setattr(selftest, "read_run", lambda run_dir: (typed(lines), 2))
     monkeypatch.setattr(entry, "run", lambda cfg: 1)  # the harness: its records are above
@@ -214,8 +258,9 @@ def test_each_row_found_from_its_own_findings_has_nothing_unexpected(row):
     records = []
     for dev in ("cuda:0", "cuda:1"):
         for case in row.cases:
-            fs = [_finding(e.kind, dev, e.severity, op=e.op) for e in row.expected
-                  if e.case == case]
+            fs = [
+                _finding(e.kind, dev, e.severity, op=e.op) for e in row.expected if e.case == case
+            ]
             if any(e.kind == "wrong-device" for e in row.expected if e.case == case):
                 fs.append(_finding("cuda-error", dev))
             records.append(_rec(case, dev, PLAIN, *fs))
@@ -239,8 +284,12 @@ def test_the_recorded_two_gpu_zoo_run_finds_every_row_and_nothing_else():
     assert sum(z.recall[0] for z in zoo) == sum(z.recall[1] for z in zoo) == 24
     rows, false = selftest.matrix(cases, devices)
     assert false == [] and not [r for r in rows if r.status == "missed"]
-    knn = [r for r in cases if r.case.startswith("zoo/test_zoo_knn.py::test_knn_noguard_thrust0")
-           and r.mode == "blocking+nvml"]
+    knn = [
+        r
+        for r in cases
+        if r.case.startswith("zoo/test_zoo_knn.py::test_knn_noguard_thrust0")
+        and r.mode == "blocking+nvml"
+    ]
     assert len(knn) == 2
     for r in knn:
         assert r.status in ("failed", "crashed")

@@ -38,7 +38,11 @@ def test_first_case_that_touches_another_gpu_is_named_once():
         r.memory["nvml_peak_other_devices"] = {OTHER: 504 << 20}
     [f] = StrayContext({OTHER: "cuda:1"}).run_finished(recs)
     assert (f.kind, f.severity, f.case, f.device) == (
-        "stray-context", "warning", recs[2].case, recs[2].device)
+        "stray-context",
+        "warning",
+        recs[2].case,
+        recs[2].device,
+    )
     assert "context on cuda:1" in f.message and "cuda:1 (504 MiB)" in f.evidence
     assert "OptionalCUDAGuard" in f.hint
 

@@ -40,7 +40,7 @@ def test_nan_inf_and_shape_rules():
         assert_close(torch.zeros(2), torch.zeros(3), rtol=0, atol=0)
 
 
-SUITE = textwrap.dedent('''
+SUITE = textwrap.dedent("""
     import torch
     from gpucheck.testing import assert_close
 
@@ -53,7 +53,7 @@ SUITE = textwrap.dedent('''
         y = x.clone()
         y[7] *= 1.5
         assert_close(y, x, rtol=1e-6, atol=0, what="kernel vs reference")
-''')
+""")
 
 
 def test_a_worker_reports_the_measurement(tmp_path):
@@ -61,9 +61,13 @@ def test_a_worker_reports_the_measurement(tmp_path):
     suite.mkdir(parents=True)
     (suite / "test_num.py").write_text(SUITE)
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet",
-                           "--out", str(out)], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=180)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet", "--out", str(out)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     recs = {r["case"].rsplit("::", 1)[-1]: r for r in results.cases(out / "results.jsonl")}
     close = recs["test_close"]
@@ -92,8 +96,11 @@ def test_dtype_coverage():
 
     got = check_dtypes(strict, make, ("float32",), what="strict")
     assert [(o.dtype, o.outcome) for o in got] == [
-        ("float16", "rejected"), ("bfloat16", "rejected"), ("float32", "ran"),
-        ("float64", "rejected")]
+        ("float16", "rejected"),
+        ("bfloat16", "rejected"),
+        ("float32", "ran"),
+        ("float64", "rejected"),
+    ]
 
     def lax(x):  # silently computes any dtype
         return x * 2
@@ -119,10 +126,11 @@ def test_a_broken_dtype_coverage_is_its_own_finding_not_a_reference_mismatch():
     case = CaseInfo("cpu", "mine", "test_f.py::test_dtypes")
     d.case_started(case)
     with pytest.raises(AssertionError):
-        check_dtypes(lambda x: x * 2, lambda dt: (torch.rand(8).to(dt),), ("float32",),
-                     what="ext.f")
+        check_dtypes(
+            lambda x: x * 2, lambda dt: (torch.rand(8).to(dt),), ("float32",), what="ext.f"
+        )
     (f,) = d.case_finished(case)
     assert f.kind == "numerics" and f.message.startswith(
-        "ext.f: dtype coverage broken for float16: accepted (accepted float16 although")
+        "ext.f: dtype coverage broken for float16: accepted (accepted float16 although"
+    )
     assert "reject every other one" in f.hint
-

@@ -26,14 +26,21 @@ needs_bash = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RUN", "WHEELS", "OUT", "WORK")}
     path = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    return {**env, "PYTHONPATH": path, "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
-            "WORK": str(tmp_path / "work"), **extra}
+    return {
+        **env,
+        "PYTHONPATH": path,
+        "PYTHON": sys.executable,
+        "OUT": str(tmp_path / "out"),
+        "WORK": str(tmp_path / "work"),
+        **extra,
+    }
 
 
 @needs_bash
 def test_list_names_every_step_file_once_with_one_line():
-    out = subprocess.run(["bash", str(GPU), "--list"], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        ["bash", str(GPU), "--list"], capture_output=True, text=True, check=True
+    ).stdout
     listed = [line.split()[0] for line in out.splitlines()]
     files = sorted(p.stem for p in STEPS.glob("*.sh") if not p.name.startswith("_"))
     assert sorted(listed) == files and len(listed) == len(set(listed))
@@ -44,17 +51,20 @@ def test_list_names_every_step_file_once_with_one_line():
 
 @needs_bash
 def test_unknown_step_is_refused_before_anything_runs(tmp_path):
-    proc = subprocess.run(["bash", str(GPU), "install", "nosuch"], capture_output=True,
-                          text=True, env=_env(tmp_path))
+    proc = subprocess.run(
+        ["bash", str(GPU), "install", "nosuch"], capture_output=True, text=True, env=_env(tmp_path)
+    )
     assert proc.returncode == 2
     assert "no step 'nosuch'" in proc.stderr
     assert not (tmp_path / "out").exists()  # install did not start
 
 
 @needs_bash
-@pytest.mark.parametrize("script", sorted(
-    [GPU, *STEPS.glob("*.sh"), *(ROOT / "benchmarks").glob("*.sh")], key=str),
-    ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "script",
+    sorted([GPU, *STEPS.glob("*.sh"), *(ROOT / "benchmarks").glob("*.sh")], key=str),
+    ids=lambda p: p.name,
+)
 def test_shell_scripts_parse(script):
     proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -64,8 +74,13 @@ def test_shell_scripts_parse(script):
 def test_matrix_step_on_a_recorded_two_gpu_run(tmp_path):
     """The matrix step needs no GPU: on the recorded run it prints the defect x detector rows,
     archives its folder to $OUT as it ends, and prints the table of steps last."""
-    proc = subprocess.run(["bash", str(GPU), "matrix"], capture_output=True, text=True,
-                          env=_env(tmp_path, RUN=str(RECORDED)), timeout=120)
+    proc = subprocess.run(
+        ["bash", str(GPU), "matrix"],
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path, RUN=str(RECORDED)),
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # the run of 2026-11-24 (first 2-GPU self-test): 9 found, the 3 guard rows missed, the
     # rows added since then not run; no false positive
@@ -81,8 +96,13 @@ def test_matrix_step_on_a_recorded_two_gpu_run(tmp_path):
 
 @needs_bash
 def test_matrix_step_without_a_run_folder_fails_and_says_so(tmp_path):
-    proc = subprocess.run(["bash", str(GPU), "matrix"], capture_output=True, text=True,
-                          env=_env(tmp_path), timeout=120)
+    proc = subprocess.run(
+        ["bash", str(GPU), "matrix"],
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path),
+        timeout=120,
+    )
     assert proc.returncode == 0  # the driver ran; the step's failure is in its row
     row = proc.stdout.strip().splitlines()[-1]
     assert row.split()[:2] == ["matrix", "1"] and "no results.jsonl" in row
@@ -90,10 +110,22 @@ def test_matrix_step_without_a_run_folder_fails_and_says_so(tmp_path):
 
 def _run(folder: Path, cases: dict[str, tuple[str, float]]) -> None:
     folder.mkdir(parents=True)
-    lines = [json.dumps({"record": "case", "case": c, "suite": s, "device": "cuda:0",
-                         "mode": "blocking+nvml", "status": "passed", "duration_s": d,
-                         "findings": []}) for c, (s, d) in cases.items()]
-    (folder / "results.jsonl").write_text("\n".join(lines) + "\n{\"torn")
+    lines = [
+        json.dumps(
+            {
+                "record": "case",
+                "case": c,
+                "suite": s,
+                "device": "cuda:0",
+                "mode": "blocking+nvml",
+                "status": "passed",
+                "duration_s": d,
+                "findings": [],
+            }
+        )
+        for c, (s, d) in cases.items()
+    ]
+    (folder / "results.jsonl").write_text("\n".join(lines) + '\n{"torn')
 
 
 def test_cost_table_pairs_each_setting_on_both_cards(tmp_path):
@@ -101,19 +133,28 @@ def test_cost_table_pairs_each_setting_on_both_cards(tmp_path):
     on = {"a": ("knn", 1.5), "b": ("ssim", 2.0)}
     for lab, cases in (("on_a", on), ("off_a", off), ("on_b", on), ("off_b", off)):
         _run(tmp_path / f"cost_{lab}", cases)
-    proc = subprocess.run([sys.executable, str(STEPS / "tables.py"), "cost", str(tmp_path)],
-                          capture_output=True, text=True, env=_env(tmp_path))
+    proc = subprocess.run(
+        [sys.executable, str(STEPS / "tables.py"), "cost", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path),
+    )
     assert proc.returncode == 0, proc.stderr
     assert "cost: 2 cases passed in all four runs" in proc.stdout
     # (1.5 + 2.0) / (1.0 + 2.0) over both pairs; per case 1.5 and 1.0
     assert proc.stdout.strip().splitlines()[-1] == (
-        "detectors on / off: 1.167 (sum of case time of 2 cases), per-case median 1.250")
+        "detectors on / off: 1.167 (sum of case time of 2 cases), per-case median 1.250"
+    )
     assert re.search(r"knn +1 cases +on +1\.50 s +off +1\.00 s +ratio 1\.500", proc.stdout)
 
 
 def test_counts_table_of_the_recorded_run():
-    proc = subprocess.run([sys.executable, str(STEPS / "tables.py"), "counts", str(RECORDED)],
-                          capture_output=True, text=True, env={**os.environ})
+    proc = subprocess.run(
+        [sys.executable, str(STEPS / "tables.py"), "counts", str(RECORDED)],
+        capture_output=True,
+        text=True,
+        env={**os.environ},
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1].startswith("run_h200x2_selftest: 86 case records")
 
@@ -124,10 +165,15 @@ _PATH = re.compile(r"(?<![\w/.])((?:benchmarks|tools|tests/fixtures)/[\w./-]+\.(
 
 
 def _named_paths() -> set[str]:
-    docs = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"),
-            *(ROOT / "tests" / "fixtures").glob("*/README.md"),
-            ROOT / "benchmarks" / "RESULTS.md", ROOT / "tools" / "gpu",
-            *STEPS.glob("*.sh"), *(ROOT / "benchmarks").glob("*.py")]
+    docs = [
+        ROOT / "README.md",
+        *(ROOT / "docs").glob("*.md"),
+        *(ROOT / "tests" / "fixtures").glob("*/README.md"),
+        ROOT / "benchmarks" / "RESULTS.md",
+        ROOT / "tools" / "gpu",
+        *STEPS.glob("*.sh"),
+        *(ROOT / "benchmarks").glob("*.py"),
+    ]
     return {m for p in docs for m in _PATH.findall(p.read_text())}
 
 
@@ -135,7 +181,7 @@ def test_paths_named_in_docs_exist_or_are_old_names_history_maps():
     named = _named_paths()
     assert "tests/fixtures/launches/record_launch_traces.py" in named
     history = (ROOT / "benchmarks" / "HISTORY.md").read_text()
-    moved = set(_PATH.findall(history[:history.index("# Recorded GPU results")]))
+    moved = set(_PATH.findall(history[: history.index("# Recorded GPU results")]))
     assert "benchmarks/gpu_matrix.sh" in moved
     missing = sorted(p for p in named - moved if not (ROOT / p).exists())
     assert not missing
@@ -143,9 +189,11 @@ def test_paths_named_in_docs_exist_or_are_old_names_history_maps():
 
 
 def test_recorders_live_beside_their_fixtures():
-    for fixture, script in (("launches", "record_launch_traces.py"),
-                            ("launches", "record_pybind_traces.py"),
-                            ("oom", "record_oom_messages.py")):
+    for fixture, script in (
+        ("launches", "record_launch_traces.py"),
+        ("launches", "record_pybind_traces.py"),
+        ("oom", "record_oom_messages.py"),
+    ):
         folder = ROOT / "tests" / "fixtures" / fixture
         assert (folder / script).is_file()
         assert f"tests/fixtures/{fixture}/{script}" in (folder / "README.md").read_text()
@@ -156,8 +204,11 @@ def test_results_links_reach_sections_of_the_history():
     """RESULTS.md cites the HISTORY.md section of every number: each link's anchor must be a
     heading there (GitHub's anchors: lower case, punctuation dropped, spaces as hyphens)."""
     history = (ROOT / "benchmarks" / "HISTORY.md").read_text()
-    anchors = {re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
-               for line in history.splitlines() if line.startswith("#")}
+    anchors = {
+        re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+        for line in history.splitlines()
+        if line.startswith("#")
+    }
     links = re.findall(r"\(HISTORY\.md#([^)]+)\)", (ROOT / "benchmarks" / "RESULTS.md").read_text())
     assert len(links) >= 8
     assert not sorted(set(links) - anchors)

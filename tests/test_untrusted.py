@@ -34,12 +34,17 @@ TERMINAL_CONTROLS = ("\x1b", "\x07", "\x00")
 
 
 def gpucheck(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpucheck.cli", *args], cwd=cwd,
-                          capture_output=True, text=True, errors="surrogateescape",
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "gpucheck.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        errors="surrogateescape",
+        timeout=timeout,
+    )
 
 
-HOSTILE_SUITE = textwrap.dedent('''
+HOSTILE_SUITE = textwrap.dedent("""
     import os
     import sys
 
@@ -63,7 +68,7 @@ HOSTILE_SUITE = textwrap.dedent('''
     def test_runs_after_them():
         os.write(2, b"\\xff<script>alert(2)</script>\\x1b]0;owned\\x07\\n")
         os.abort()
-''')
+""")
 
 
 def test_hostile_ids_and_output_are_recorded_and_shown_as_text(tmp_path):
@@ -71,8 +76,7 @@ def test_hostile_ids_and_output_are_recorded_and_shown_as_text(tmp_path):
     suite.mkdir()
     (suite / "test_hostile.py").write_text(HOSTILE_SUITE)
     out = tmp_path / "out"
-    proc = gpucheck("run", "--cpu-only", "--suite", str(suite), "--out", str(out),
-                    cwd=tmp_path)
+    proc = gpucheck("run", "--cpu-only", "--suite", str(suite), "--out", str(out), cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     # the terminal is shown the codes, never given them
@@ -116,24 +120,44 @@ def _hostile_folder(tmp_path: Path) -> tuple[Path, Path]:
     header["notes"] = ["\x1b]0;owned\x07 <b>note</b>"]
     forged = [
         {**failed, "status": "passed", "findings": []},  # a copy of a failure saying "passed"
-        {**failed, "case": "t.py::test_types", "duration_s": "x", "memory": [],
-         "exit_code": "9", "findings": [{"kind": 1, "severity": "critical",
-                                         "message": ["not", "text"]}, "not a finding"]},
-        {**failed, "case": "t.py::test_huge", "findings": [
-            {"kind": "test-failure", "severity": "error", "message": "M" * 5_000_000}]},
+        {
+            **failed,
+            "case": "t.py::test_types",
+            "duration_s": "x",
+            "memory": [],
+            "exit_code": "9",
+            "findings": [
+                {"kind": 1, "severity": "critical", "message": ["not", "text"]},
+                "not a finding",
+            ],
+        },
+        {
+            **failed,
+            "case": "t.py::test_huge",
+            "findings": [{"kind": "test-failure", "severity": "error", "message": "M" * 5_000_000}],
+        },
         {**failed, "case": "t.py::test_status", "status": "exploded"},
         {**failed, "case": "t.py::<script>alert(6)</script>", "reason": "<b>bold</b>"},
     ]
-    out = [json.dumps(forged[0]), *(json.dumps(c) for c in reversed(cases)),  # reordered
-           json.dumps(header), *(json.dumps(c) for c in forged[1:]),
-           "[" * 200_000,  # nested past the parser's recursion limit
-           "[1, 2]", "42", '"text"', '{"record": "case", "torn',
-           json.dumps(failed)[: len(json.dumps(failed)) // 2]]  # cut without its newline
+    out = [
+        json.dumps(forged[0]),
+        *(json.dumps(c) for c in reversed(cases)),  # reordered
+        json.dumps(header),
+        *(json.dumps(c) for c in forged[1:]),
+        "[" * 200_000,  # nested past the parser's recursion limit
+        "[1, 2]",
+        "42",
+        '"text"',
+        '{"record": "case", "torn',
+        json.dumps(failed)[: len(json.dumps(failed)) // 2],
+    ]  # cut without its newline
     (run / "results.jsonl").write_text("\n".join(out))
     timeline = run / "nvml_timeline.jsonl"
     with open(timeline, "a") as f:
-        f.write('{"t": Infinity, "devices": []}\n{"t": NaN}\n{"t": 1e400, "devices": [1]}\n'
-                '{"t": 1, "devices": ["x", {"uuid": "u", "used": "lots"}]}\n')
+        f.write(
+            '{"t": Infinity, "devices": []}\n{"t": NaN}\n{"t": 1e400, "devices": [1]}\n'
+            '{"t": 1, "devices": ["x", {"uuid": "u", "used": "lots"}]}\n'
+        )
     workers = run / "workers"
     (workers / "evil.log").symlink_to(outside / "secret.txt")
     (workers / "cuda9.blocking.state.json").symlink_to("/dev/zero")  # would never end
@@ -157,8 +181,20 @@ class _Payload:
 
 def test_report_on_a_folder_someone_else_produced(tmp_path):
     run, outside = _hostile_folder(tmp_path)
-    proc = gpucheck("report", str(run), "--format", "html", "--format", "json", "--format",
-                    "junit", "--format", "sarif", cwd=tmp_path, timeout=120)
+    proc = gpucheck(
+        "report",
+        str(run),
+        "--format",
+        "html",
+        "--format",
+        "json",
+        "--format",
+        "junit",
+        "--format",
+        "sarif",
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr  # the recorded failures stand
     assert "Traceback" not in proc.stderr, proc.stderr
     assert not [c for c in TERMINAL_CONTROLS if c in proc.stdout]
@@ -170,8 +206,12 @@ def test_report_on_a_folder_someone_else_produced(tmp_path):
     page = (run / "report.html").read_text(encoding="utf-8")
     assert SECRET not in page  # the linked log is neither read nor linked
     assert "evil.log" not in page
-    for raw in ("<img src=x onerror=alert(3)>", "<script>alert(4)", "<svg onload=alert(5)>",
-                "<script>alert(6)"):
+    for raw in (
+        "<img src=x onerror=alert(3)>",
+        "<script>alert(4)",
+        "<svg onload=alert(5)>",
+        "<script>alert(6)",
+    ):
         assert raw not in page
     assert "&lt;script&gt;alert(6)&lt;/script&gt;" in page  # shown, as text
     assert page.count("<script") == 2
@@ -197,8 +237,19 @@ def test_the_flight_recorder_reader_runs_no_code(tmp_path):
     path = tmp_path / "trace.pkl"
     path.write_bytes(pickle.dumps({"entries": [_Payload(tmp_path)]}))
     assert read_trace(path) == [] and not (tmp_path / "PWNED").exists()
-    path.write_bytes(pickle.dumps({"entries": [{"collective_seq_id": 7, "profiling_name":
-                                                "nccl:all_reduce", "state": "scheduled"}]}))
+    path.write_bytes(
+        pickle.dumps(
+            {
+                "entries": [
+                    {
+                        "collective_seq_id": 7,
+                        "profiling_name": "nccl:all_reduce",
+                        "state": "scheduled",
+                    }
+                ]
+            }
+        )
+    )
     assert read_trace(path)[0]["seq"] == 7
 
 
@@ -209,12 +260,12 @@ def _resumable_folder(tmp_path: Path) -> Path:
     suite.mkdir()
     (suite / "test_a.py").write_text("def test_a():\n    pass\n")
     out = tmp_path / "run"
-    proc = gpucheck("run", "--cpu-only", "--suite", str(suite), "--out", str(out),
-                    cwd=tmp_path)
+    proc = gpucheck("run", "--cpu-only", "--suite", str(suite), "--out", str(out), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = (out / "results.jsonl").read_text().splitlines(keepends=True)
-    (out / "results.jsonl").write_text("".join(
-        line for line in lines if json.loads(line)["record"] != "end"))
+    (out / "results.jsonl").write_text(
+        "".join(line for line in lines if json.loads(line)["record"] != "end")
+    )
     return out
 
 
@@ -231,15 +282,20 @@ def test_resume_refuses_a_folder_that_would_run_its_own_code_or_write_out(tmp_pa
     planted.mkdir()
     (planted / "test_planted.py").write_text(
         f"import pathlib\npathlib.Path({str(tmp_path / 'PWNED')!r}).touch()\n"
-        "def test_p():\n    pass\n")
+        "def test_p():\n    pass\n"
+    )
     original = (run / "results.jsonl").read_text()
     cases = [
-        (lambda h: h["config"]["suite_paths"].update(planted=str(planted)),
-         "lies inside the run folder"),
+        (
+            lambda h: h["config"]["suite_paths"].update(planted=str(planted)),
+            "lies inside the run folder",
+        ),
         (lambda h: h["config"].update(pytest_args="-p evil"), "'pytest_args'"),
         (lambda h: h["config"].update(timeout="never"), "'timeout'"),
-        (lambda h: h["config"]["suite_paths"].update(gone=str(tmp_path / "gone")),
-         "no longer exists"),
+        (
+            lambda h: h["config"]["suite_paths"].update(gone=str(tmp_path / "gone")),
+            "no longer exists",
+        ),
     ]
     for edit, said in cases:
         (run / "results.jsonl").write_text(original)

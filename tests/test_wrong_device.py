@@ -26,12 +26,16 @@ FIXTURE = Path(__file__).parent / "fixtures" / "run_h200_selftest" / "results.js
 
 def _recorded_overrun() -> CaseRecord:
     """The real memcheck record of the self-test's out-of-bounds kernel (one H200)."""
-    return next(r for r in RunLog.read(FIXTURE).cases
-                if r.case.endswith("test_overrun[cuda0]") and r.mode == "sanitizer:memcheck")
+    return next(
+        r
+        for r in RunLog.read(FIXTURE).cases
+        if r.case.endswith("test_overrun[cuda0]") and r.mode == "sanitizer:memcheck"
+    )
 
 
-def _as_seen_with(record: CaseRecord, current: str | None, mode: str,
-                  status: str | None = None) -> CaseRecord:
+def _as_seen_with(
+    record: CaseRecord, current: str | None, mode: str, status: str | None = None
+) -> CaseRecord:
     r = replace(copy.deepcopy(record), current_device=current, mode=mode)
     if status is not None:
         r.status, r.findings = status, []
@@ -39,8 +43,15 @@ def _as_seen_with(record: CaseRecord, current: str | None, mode: str,
 
 
 def _with_findings(*findings: dict) -> CaseRecord:
-    found = CaseRecord.from_json({"device": "cuda:0", "suite": "s", "case": "t.py::x",
-                                  "status": "failed", "findings": list(findings)})
+    found = CaseRecord.from_json(
+        {
+            "device": "cuda:0",
+            "suite": "s",
+            "case": "t.py::x",
+            "status": "failed",
+            "findings": list(findings),
+        }
+    )
     assert found is not None
     return found
 
@@ -52,7 +63,12 @@ def test_a_case_that_passes_with_its_target_current_is_a_wrong_device_finding():
     assert len(found) == 1
     f = found[0]
     assert (f.kind, f.severity, f.device, f.suite, f.case) == (
-        "wrong-device", "error", "cuda:0", "selftest", "test_selftest.py::test_overrun[cuda0]")
+        "wrong-device",
+        "error",
+        "cuda:0",
+        "selftest",
+        "test_selftest.py::test_overrun[cuda0]",
+    )
     # the extension function from the sanitizer's host frames, the kernel from its record
     assert f.op == "add_one_overrun(at::Tensor const&)" and f.kernel == "<unnamed>::add_one"
     assert "with cuda:1 current (sanitizer:memcheck): crashed" in f.evidence
@@ -68,22 +84,26 @@ def test_a_case_that_fails_with_its_target_current_too_is_not_a_device_bug():
 
 def test_only_cases_run_with_another_device_current_are_suspects():
     rec = _recorded_overrun()
-    assert suspects([_as_seen_with(rec, None, "m")], "m") == []          # one GPU
-    assert suspects([_as_seen_with(rec, "cuda:0", "m")], "m") == []      # its own device
+    assert suspects([_as_seen_with(rec, None, "m")], "m") == []  # one GPU
+    assert suspects([_as_seen_with(rec, "cuda:0", "m")], "m") == []  # its own device
     assert suspects([_as_seen_with(rec, "cuda:1", "m", "passed")], "m") == []
     assert len(suspects([_as_seen_with(rec, "cuda:1", "m")], "m")) == 1
-    assert diagnose([_as_seen_with(rec, "cuda:1", "m")], []) == []      # never re-run
+    assert diagnose([_as_seen_with(rec, "cuda:1", "m")], []) == []  # never re-run
 
 
 def test_extension_function_skips_runtime_and_anonymous_frames():
     fn, _ = extension_function(_recorded_overrun())
     assert fn == "add_one_overrun(at::Tensor const&)"
     assert extension_function(_with_findings({"evidence": "no frames", "kernel": "k"})) == (
-        None, "k")
+        None,
+        "k",
+    )
     # without host frames (a plain pass), the op the worker saw the case call last
-    assert extension_function(_with_findings({"kind": "cuda-error", "evidence": "Traceback",
-                                              "op": "gpucheck::ssim_forward"})) == (
-        "gpucheck::ssim_forward", None)
+    assert extension_function(
+        _with_findings(
+            {"kind": "cuda-error", "evidence": "Traceback", "op": "gpucheck::ssim_forward"}
+        )
+    ) == ("gpucheck::ssim_forward", None)
 
 
 SUITE = textwrap.dedent('''
@@ -119,7 +139,8 @@ SUITE = textwrap.dedent('''
 
 
 def test_the_differential_rerun_runs_only_the_suspects_and_names_the_device_bug(
-        tmp_path, monkeypatch, capsys):
+    tmp_path, monkeypatch, capsys
+):
     suite = tmp_path / "suites" / "arr"
     suite.mkdir(parents=True)
     (suite / "test_arr.py").write_text(SUITE)
@@ -138,19 +159,26 @@ def test_the_differential_rerun_runs_only_the_suspects_and_names_the_device_bug(
     assert code == 1
     # the re-runs ran exactly the cases that went wrong: with the target current, and with
     # the other device current again (the control)
-    rerun = {(r["case"].split("::")[1], r["mode"].split("rerun:")[1]): r["status"]
-             for r in results.cases(out / "rerun.jsonl")}
+    rerun = {
+        (r["case"].split("::")[1], r["mode"].split("rerun:")[1]): r["status"]
+        for r in results.cases(out / "rerun.jsonl")
+    }
     assert rerun == {
-        ("test_no_guard", "target-current"): "passed", ("test_no_guard", "other-current"): "failed",
-        ("test_real_bug", "target-current"): "failed", ("test_real_bug", "other-current"): "failed",
-        ("test_flaky", "target-current"): "passed", ("test_flaky", "other-current"): "passed"}
+        ("test_no_guard", "target-current"): "passed",
+        ("test_no_guard", "other-current"): "failed",
+        ("test_real_bug", "target-current"): "failed",
+        ("test_real_bug", "other-current"): "failed",
+        ("test_flaky", "target-current"): "passed",
+        ("test_flaky", "other-current"): "passed",
+    }
     # wrong-device for the case that passed with its target current and failed again in the
     # control; the real bug keeps its own finding; the flaky one did not come back
     lines = list(results.read(out / "results.jsonl"))
     diag = [r for r in lines if r["record"] == "diagnosis"]
     assert sorted((d["case"], d["findings"][0]["kind"]) for d in diag) == [
         ("test_arr.py::test_flaky", "not-reproducible"),
-        ("test_arr.py::test_no_guard", "wrong-device")]
+        ("test_arr.py::test_no_guard", "wrong-device"),
+    ]
     flaky = next(d for d in diag if "flaky" in d["case"])["findings"][0]
     assert flaky["severity"] == "warning" and "passed when run again both ways" in flaky["message"]
     schema = results.schema()
@@ -171,30 +199,46 @@ def test_no_rerun_without_a_second_device(tmp_path, monkeypatch, visible):
     (suite / "test_arr.py").write_text(SUITE)
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "out"
-    assert cli.main(["run", "--cpu-only", "--quiet", "--suite", str(suite),
-                     "--out", str(out)]) == 1
+    assert cli.main(["run", "--cpu-only", "--quiet", "--suite", str(suite), "--out", str(out)]) == 1
     assert not (out / "rerun.jsonl").exists()
     assert not [r for r in results.read(out / "results.jsonl") if r["record"] == "diagnosis"]
 
 
 # -- each question from its own evidence ---------------------------------------------------
 def _stream_finding(op: str = "ext._C.render") -> dict:
-    return {"kind": "wrong-stream", "severity": "error", "op": op, "kernel": "renderCUDA",
-            "message": f"{op} launched renderCUDA on cuda:1 on a stream that was not the "
-                       "caller's current stream"}
+    return {
+        "kind": "wrong-stream",
+        "severity": "error",
+        "op": op,
+        "kernel": "renderCUDA",
+        "message": f"{op} launched renderCUDA on cuda:1 on a stream that was not the "
+        "caller's current stream",
+    }
 
 
 def _case(mode: str, status: str, current: str, *findings: dict) -> CaseRecord:
-    found = CaseRecord.from_json({"device": "cuda:1", "suite": "zoo", "run_id": "r",
-                                  "case": "test_r.py::test_render[cuda1]", "mode": mode,
-                                  "status": status, "current_device": current,
-                                  "findings": list(findings)})
+    found = CaseRecord.from_json(
+        {
+            "device": "cuda:1",
+            "suite": "zoo",
+            "run_id": "r",
+            "case": "test_r.py::test_render[cuda1]",
+            "mode": mode,
+            "status": status,
+            "current_device": current,
+            "findings": list(findings),
+        }
+    )
     assert found is not None
     return found
 
 
-CRASHED = {"kind": "cuda-error", "severity": "error", "op": "ext._C.render",
-           "message": "RuntimeError: CUDA error: an illegal memory access was encountered"}
+CRASHED = {
+    "kind": "cuda-error",
+    "severity": "error",
+    "op": "ext._C.render",
+    "message": "RuntimeError: CUDA error: an illegal memory access was encountered",
+}
 
 
 def test_the_device_comparison_looks_at_the_outcome_not_at_other_detectors_findings():
@@ -218,18 +262,27 @@ def test_the_reruns_other_findings_are_carried_to_their_case_once():
 
     first = _case("blocking+nvml", "failed", "cuda:0", CRASHED)
     leak = {"kind": "leak", "severity": "error", "op": "ext._C.render", "message": "grows"}
-    again = _case("blocking+nvml|rerun:target-current", "passed", "cuda:1", _stream_finding(),
-                  _stream_finding(), leak, {"kind": "test-failure", "severity": "error",
-                                            "message": "assert 1 == 2"})
+    again = _case(
+        "blocking+nvml|rerun:target-current",
+        "passed",
+        "cuda:1",
+        _stream_finding(),
+        _stream_finding(),
+        leak,
+        {"kind": "test-failure", "severity": "error", "message": "assert 1 == 2"},
+    )
     control = _case("blocking+nvml|rerun:other-current", "passed", "cuda:0", _stream_finding())
     found = carried([first, again, control])
     # diagnoses only (a re-run's own failure is about the re-run), one per (kind, op), from
     # the target-current re-run alone, on the case they are about
     assert [(f.kind, f.op, f.case, f.device) for f in found] == [
         ("wrong-stream", "ext._C.render", "test_r.py::test_render[cuda1]", "cuda:1"),
-        ("leak", "ext._C.render", "test_r.py::test_render[cuda1]", "cuda:1")]
-    assert found[0].evidence.startswith("seen in the wrong-device check's re-run with cuda:1 "
-                                        "current (blocking+nvml|rerun:target-current)")
+        ("leak", "ext._C.render", "test_r.py::test_render[cuda1]", "cuda:1"),
+    ]
+    assert found[0].evidence.startswith(
+        "seen in the wrong-device check's re-run with cuda:1 "
+        "current (blocking+nvml|rerun:target-current)"
+    )
     # deduplicated with the main pass: what the case's own record says is not said twice
     said = _case("blocking+nvml", "failed", "cuda:0", CRASHED, _stream_finding())
     assert [f.kind for f in carried([said, again])] == ["leak"]
@@ -244,11 +297,11 @@ def test_a_two_gpu_run_reports_the_stream_findings_of_its_reruns(tmp_path):
     folder = RunFolder(tmp_path)
     first = _case("blocking+nvml", "failed", "cuda:0", CRASHED)
     again = _case("blocking+nvml|rerun:target-current", "passed", "cuda:1", _stream_finding())
-    results.append(folder.results, {"schema": results.SCHEMA_ID, "record": "run",
-                                    "run_id": "r", "devices": []})
+    results.append(
+        folder.results, {"schema": results.SCHEMA_ID, "record": "run", "run_id": "r", "devices": []}
+    )
     results.append(folder.results, first.to_json())
     results.append(folder.rerun, again.to_json())
     pipeline._diagnose(tmp_path, folder.results, "r")
     case = RunLog.read(folder.results).diagnosed_cases()[0]
-    assert sorted(f.kind for f in case.findings) == ["cuda-error", "wrong-device",
-                                                     "wrong-stream"]
+    assert sorted(f.kind for f in case.findings) == ["cuda-error", "wrong-device", "wrong-stream"]

@@ -20,8 +20,10 @@ CASE = CaseInfo("cuda:0", "selftest", "test_defect_stream.py::test_legacy_stream
 
 def windows(name: str) -> list[Window]:
     data = json.loads((FIXTURES / f"{name}.json").read_text())
-    return [Window(w["events"], w["log"], {int(k): v for k, v in w["streams"].items()})
-            for w in data["windows"]]
+    return [
+        Window(w["events"], w["log"], {int(k): v for k, v in w["streams"].items()})
+        for w in data["windows"]
+    ]
 
 
 def launches(name: str) -> list[lt.OpLaunch]:
@@ -49,13 +51,20 @@ def test_clean_ssim_has_no_finding():
 def test_legacy_stream_ssim_names_op_and_kernel():
     found = wrong_stream(windows("legacy_stream_ssim"))
     ops = {f.op for f in found}
-    assert ops == {"gpucheck_defect_legacy_stream::ssim_forward",
-                   "gpucheck_defect_legacy_stream::ssim_backward"}
+    assert ops == {
+        "gpucheck_defect_legacy_stream::ssim_forward",
+        "gpucheck_defect_legacy_stream::ssim_backward",
+    }
     expected = {lc.stream for lc in launches("legacy_stream_ssim")}
     assert len(expected) == 1
     for f in found:
         assert (f.kind, f.severity, f.device, f.suite, f.case) == (
-            "wrong-stream", "error", CASE.device, CASE.suite, CASE.case)
+            "wrong-stream",
+            "error",
+            CASE.device,
+            CASE.suite,
+            CASE.case,
+        )
         assert f.kernel and "ssim" in f.kernel and f.kernel in f.message
         assert f"is {next(iter(expected))}" in (f.evidence or "")
         assert "getCurrentCUDAStream()" in (f.hint or "")
@@ -82,8 +91,7 @@ def test_an_ext_kernel_on_another_stream_is_a_finding():
     stream defect does): a finding per kernel."""
     [w] = windows("clean_ssim")
     legacy = json.loads((FIXTURES / "legacy_stream_ssim.json").read_text())
-    stream0 = next(e["stream"] for e in legacy["windows"][0]["events"]
-                   if "ssim" in e["name"])
+    stream0 = next(e["stream"] for e in legacy["windows"][0]["events"] if "ssim" in e["name"])
     inside = {lc.work.correlation for lc in attribute(w.events, w.log)}
     moved = [dict(e, stream=stream0) if e["correlation"] in inside else e for e in w.events]
     found = wrong_stream([Window(moved, w.log, w.streams)])
@@ -104,8 +112,13 @@ def test_kernel_device_on_a_kernel_moved_to_another_gpu():
     det.trace = _Fixed(ws)
     found = det.case_finished(CASE)
     assert {f.op for f in found} == {"gpucheck::ssim_forward", "gpucheck::ssim_backward"}
-    assert all(f.kind == "wrong-device" and "cuda:1" in f.message and "cuda:0" in f.message
-               and "OptionalCUDAGuard" in f.hint for f in found)
+    assert all(
+        f.kind == "wrong-device"
+        and "cuda:1" in f.message
+        and "cuda:0" in f.message
+        and "OptionalCUDAGuard" in f.hint
+        for f in found
+    )
 
 
 def test_calls_across_devices_are_not_judged_for_kernel_device():
@@ -119,7 +132,7 @@ def test_calls_across_devices_are_not_judged_for_kernel_device():
 def test_a_lost_marker_means_no_judgement():
     [w] = windows("legacy_stream_ssim")
     first = next(i for i, e in enumerate(w.events) if lt.MARKER_KERNEL in e["name"])
-    events = w.events[:first] + w.events[first + 1:]
+    events = w.events[:first] + w.events[first + 1 :]
     assert attribute(events, w.log) == []
 
 

@@ -2,6 +2,7 @@
 that every element of each output (the op's output, its gradients, the backward op's four
 outputs) needs against the float64 reference, for the kernels and for the float32 reference
 itself. Run on a GPU: ``PYTHONPATH=. python measure_float32_tolerance.py [seeds]``."""
+
 import sys
 
 import custom_rnn as rnn
@@ -43,8 +44,10 @@ def main(seeds: int) -> None:
     print(f"atol needed at rtol {RTOL:g} over {seeds} seeds (max, and seeds over 1e-4 / 5e-3)")
     for key, vals in worst.items():
         t = torch.tensor(vals)
-        print(f"  {key:24s} max {t.max():.3g}  over 1e-4: {int((t > 1e-4).sum())}  "
-              f"over 5e-3: {int((t > 5e-3).sum())}")
+        print(
+            f"  {key:24s} max {t.max():.3g}  over 1e-4: {int((t > 1e-4).sum())}  "
+            f"over 5e-3: {int((t > 5e-3).sum())}"
+        )
 
 
 if __name__ == "__main__":

@@ -17,8 +17,12 @@ setup(
     name="custom-rnn-example",
     version="0.1.0",
     packages=["custom_rnn"],
-    ext_modules=[CUDAExtension(
-        "custom_rnn._C", ["csrc/bindings.cpp", "csrc/wkv.cpp", "csrc/wkv_cuda.cu"],
-        extra_compile_args={"cxx": ["-O3", *flags], "nvcc": ["-O3", "-lineinfo", *flags]})],
+    ext_modules=[
+        CUDAExtension(
+            "custom_rnn._C",
+            ["csrc/bindings.cpp", "csrc/wkv.cpp", "csrc/wkv_cuda.cu"],
+            extra_compile_args={"cxx": ["-O3", *flags], "nvcc": ["-O3", "-lineinfo", *flags]},
+        )
+    ],
     cmdclass={"build_ext": BuildExtension},
 )

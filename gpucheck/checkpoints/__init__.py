@@ -23,10 +23,18 @@ if TYPE_CHECKING:
     from gpucheck.checkpoints.pt import PtCheckpoint, read_pt, write_pt
     from gpucheck.checkpoints.roundtrip import RoundtripError, RoundtripReport, check_roundtrip
 
-_LAZY = {"ActivatedGaussians": "model", "GaussianParams": "model", "read_ply": "ply",
-         "write_ply": "ply", "PtCheckpoint": "pt", "read_pt": "pt", "write_pt": "pt",
-         "RoundtripError": "roundtrip", "RoundtripReport": "roundtrip",
-         "check_roundtrip": "roundtrip"}
+_LAZY = {
+    "ActivatedGaussians": "model",
+    "GaussianParams": "model",
+    "read_ply": "ply",
+    "write_ply": "ply",
+    "PtCheckpoint": "pt",
+    "read_pt": "pt",
+    "write_pt": "pt",
+    "RoundtripError": "roundtrip",
+    "RoundtripReport": "roundtrip",
+    "check_roundtrip": "roundtrip",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -36,9 +44,22 @@ def __getattr__(name: str) -> Any:
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-__all__ = ["ActivatedGaussians", "CheckpointError", "GaussianParams", "PtCheckpoint",
-           "RoundtripError", "RoundtripReport", "check_roundtrip", "load", "read_ply", "read_pt",
-           "save", "write_ply", "write_pt"]
+
+__all__ = [
+    "ActivatedGaussians",
+    "CheckpointError",
+    "GaussianParams",
+    "PtCheckpoint",
+    "RoundtripError",
+    "RoundtripReport",
+    "check_roundtrip",
+    "load",
+    "read_ply",
+    "read_pt",
+    "save",
+    "write_ply",
+    "write_pt",
+]
 
 _PT_SUFFIXES = (".pt", ".pth")
 
@@ -46,8 +67,9 @@ _PT_SUFFIXES = (".pt", ".pth")
 def _suffix(path: Path) -> str:
     suffix = path.suffix.lower()
     if suffix != ".ply" and suffix not in _PT_SUFFIXES:
-        raise CheckpointError(f"{path}: unknown checkpoint suffix {suffix!r} "
-                              f"(expected .ply, .pt or .pth)")
+        raise CheckpointError(
+            f"{path}: unknown checkpoint suffix {suffix!r} (expected .ply, .pt or .pth)"
+        )
     return suffix
 
 

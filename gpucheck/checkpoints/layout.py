@@ -14,8 +14,22 @@ from gpucheck.errors import CheckpointError
 __all__ = ["MAX_SH_DEGREE", "SCALAR_FIELDS", "parse", "sh_degree_of", "vertex_layout"]
 
 MAX_SH_DEGREE = 3
-SCALAR_FIELDS = ["x", "y", "z", "f_dc_0", "f_dc_1", "f_dc_2", "opacity",
-                 "scale_0", "scale_1", "scale_2", "rot_0", "rot_1", "rot_2", "rot_3"]
+SCALAR_FIELDS = [
+    "x",
+    "y",
+    "z",
+    "f_dc_0",
+    "f_dc_1",
+    "f_dc_2",
+    "opacity",
+    "scale_0",
+    "scale_1",
+    "scale_2",
+    "rot_0",
+    "rot_1",
+    "rot_2",
+    "rot_3",
+]
 _F_REST = re.compile(r"f_rest_(\d+)")
 _SCALAR_FIELDS = SCALAR_FIELDS
 
@@ -45,14 +59,16 @@ def parse(path: Path) -> PlyData:
         if e.message == "early end-of-file":
             raise CheckpointError(
                 f"{path}: truncated: the header promises {count} '{name}' rows, the file "
-                f"ends after {e.row} complete row(s)") from e
+                f"ends after {e.row} complete row(s)"
+            ) from e
         raise CheckpointError(f"{path}: corrupt PLY data in element '{name}': {e}") from e
     except UnicodeDecodeError as e:
-        raise CheckpointError(f"{path}: corrupt PLY: byte {e.object[e.start:e.end]!r} where "
-                              f"ASCII text belongs (header or ASCII data)") from e
-    except Exception as e:  # plyfile/numpy fail in many ways on garbage (fuzz-tested)
         raise CheckpointError(
-            f"{path}: cannot parse PLY ({type(e).__name__}: {e})") from e
+            f"{path}: corrupt PLY: byte {e.object[e.start : e.end]!r} where "
+            f"ASCII text belongs (header or ASCII data)"
+        ) from e
+    except Exception as e:  # plyfile/numpy fail in many ways on garbage (fuzz-tested)
+        raise CheckpointError(f"{path}: cannot parse PLY ({type(e).__name__}: {e})") from e
 
 
 def vertex_layout(ply: PlyData, path: Path) -> tuple[PlyElement, int]:
@@ -74,10 +90,13 @@ def vertex_layout(ply: PlyData, path: Path) -> tuple[PlyElement, int]:
     count = len(rest_ids)
     if rest_ids != list(range(count)):
         gaps = sorted(set(range(max(rest_ids, default=-1) + 1)) - set(rest_ids))
-        raise CheckpointError(f"{path}: f_rest properties are not numbered 0..{count - 1} "
-                              f"(missing: {' '.join(f'f_rest_{i}' for i in gaps)})")
+        raise CheckpointError(
+            f"{path}: f_rest properties are not numbered 0..{count - 1} "
+            f"(missing: {' '.join(f'f_rest_{i}' for i in gaps)})"
+        )
     if count % 3 or sh_degree_of(count // 3) is None:
         raise CheckpointError(
             f"{path}: {count} f_rest properties; expected 3 * ((d + 1)^2 - 1) for an SH "
-            f"degree d in 0..3 (0, 9, 24 or 45)")
+            f"degree d in 0..3 (0, 9, 24 or 45)"
+        )
     return vertex, count

@@ -30,12 +30,11 @@ from gpucheck.errors import CheckpointError
 __all__ = ["parse", "read_ply", "vertex_layout", "write_ply"]
 
 
-
 def _column(vertex: PlyElement, name: str) -> np.ndarray:
     data = vertex[name]
     if data.dtype.kind not in "fiu":
         raise CheckpointError(f"property {name} is not a numeric scalar ({data.dtype})")
-    return np.ascontiguousarray(data, dtype=np.float32)    # a copy: native, unstrided
+    return np.ascontiguousarray(data, dtype=np.float32)  # a copy: native, unstrided
 
 
 def read_ply(path: str | Path) -> GaussianParams:
@@ -70,7 +69,7 @@ def read_ply(path: str | Path) -> GaussianParams:
             return torch.zeros(n, 0)
         return torch.from_numpy(np.stack([cols[f] for f in fields], axis=1))
 
-    rest_flat = stack([f"f_rest_{i}" for i in range(count)])          # [N, 3 * K]
+    rest_flat = stack([f"f_rest_{i}" for i in range(count)])  # [N, 3 * K]
     params = GaussianParams(
         means=stack(["x", "y", "z"]),
         features_dc=stack(["f_dc_0", "f_dc_1", "f_dc_2"]).reshape(n, 1, 3),
@@ -100,15 +99,17 @@ def write_ply(params: GaussianParams, path: str | Path) -> None:
         params.means,
         torch.zeros(n, 3),
         params.features_dc.reshape(n, 3),
-        params.features_rest.transpose(1, 2).reshape(n, 3 * k),      # channel-major
+        params.features_rest.transpose(1, 2).reshape(n, 3 * k),  # channel-major
         params.opacity_logits.reshape(n, 1),
         params.log_scales,
         params.rotations_raw,
     ]
     table = torch.cat([c.detach().cpu().to(torch.float32) for c in columns], dim=1).numpy()
-    names = (["x", "y", "z", "nx", "ny", "nz", "f_dc_0", "f_dc_1", "f_dc_2"]
-             + [f"f_rest_{i}" for i in range(3 * k)]
-             + ["opacity", "scale_0", "scale_1", "scale_2", "rot_0", "rot_1", "rot_2", "rot_3"])
+    names = (
+        ["x", "y", "z", "nx", "ny", "nz", "f_dc_0", "f_dc_1", "f_dc_2"]
+        + [f"f_rest_{i}" for i in range(3 * k)]
+        + ["opacity", "scale_0", "scale_1", "scale_2", "rot_0", "rot_1", "rot_2", "rot_3"]
+    )
     rows = np.empty(n, dtype=[(name, "<f4") for name in names])
     for i, name in enumerate(names):
         rows[name] = table[:, i]

@@ -27,15 +27,31 @@ from gpucheck.errors import CheckpointError
 
 __all__ = ["CAPTURE_FIELDS", "PtCheckpoint", "read_pt", "write_pt"]
 
-CAPTURE_FIELDS = ("active_sh_degree", "_xyz", "_features_dc", "_features_rest", "_scaling",
-                  "_rotation", "_opacity", "max_radii2D", "xyz_gradient_accum", "denom",
-                  "optimizer_state_dict", "spatial_lr_scale")
+CAPTURE_FIELDS = (
+    "active_sh_degree",
+    "_xyz",
+    "_features_dc",
+    "_features_rest",
+    "_scaling",
+    "_rotation",
+    "_opacity",
+    "max_radii2D",
+    "xyz_gradient_accum",
+    "denom",
+    "optimizer_state_dict",
+    "spatial_lr_scale",
+)
 #: GaussianParams field -> 3DGS attribute name.
-_3DGS_NAMES = {"means": "_xyz", "features_dc": "_features_dc",
-               "features_rest": "_features_rest", "log_scales": "_scaling",
-               "opacity_logits": "_opacity", "rotations_raw": "_rotation"}
-_ZIP_MAGIC = b"PK\x03\x04"       # torch.save's default format since PyTorch 1.6
-_PICKLE_PROTO = b"\x80"          # the legacy format starts with a pickle PROTO opcode
+_3DGS_NAMES = {
+    "means": "_xyz",
+    "features_dc": "_features_dc",
+    "features_rest": "_features_rest",
+    "log_scales": "_scaling",
+    "opacity_logits": "_opacity",
+    "rotations_raw": "_rotation",
+}
+_ZIP_MAGIC = b"PK\x03\x04"  # torch.save's default format since PyTorch 1.6
+_PICKLE_PROTO = b"\x80"  # the legacy format starts with a pickle PROTO opcode
 #: capture() items that are training state, not parameters.
 _TRAINING_STATE = CAPTURE_FIELDS[7:]
 
@@ -61,27 +77,33 @@ def _load(path: Path) -> Any:
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read: {e.strerror or e}") from e
     if magic != _ZIP_MAGIC and magic[:1] != _PICKLE_PROTO:
-        raise CheckpointError(f"{path}: not a torch.save file (neither a zip archive nor a "
-                              f"pickle; starts with {magic!r})")
+        raise CheckpointError(
+            f"{path}: not a torch.save file (neither a zip archive nor a "
+            f"pickle; starts with {magic!r})"
+        )
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(
             f"{path}: refused: the file needs Python objects beyond tensors and containers "
-            f"(loaded with weights_only=True so no pickled code runs): {first}") from e
+            f"(loaded with weights_only=True so no pickled code runs): {first}"
+        ) from e
     except Exception as e:  # torch reports a corrupt or truncated zip in many ways
-        raise CheckpointError(f"{path}: not a readable torch.save file (corrupt or "
-                              f"truncated?): {type(e).__name__}: {e}") from e
+        raise CheckpointError(
+            f"{path}: not a readable torch.save file (corrupt or "
+            f"truncated?): {type(e).__name__}: {e}"
+        ) from e
 
 
-def _params(tensors: dict[str, Any], degree: Any, source: str, finite: bool = True
-            ) -> GaussianParams:
+def _params(
+    tensors: dict[str, Any], degree: Any, source: str, finite: bool = True
+) -> GaussianParams:
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise CheckpointError(f"{source}: {name} must be a tensor, got {type(t).__name__}")
     opacity = tensors["opacity_logits"]
-    if opacity.dim() == 2 and opacity.shape[1] == 1:              # 3DGS keeps [N, 1]
+    if opacity.dim() == 2 and opacity.shape[1] == 1:  # 3DGS keeps [N, 1]
         opacity = opacity[:, 0]
     rest = tensors["features_rest"]
     if degree is None:
@@ -133,7 +155,8 @@ def read_pt(path: str | Path, *, finite: bool = True) -> PtCheckpoint:
         if len(capture) != len(CAPTURE_FIELDS):
             raise CheckpointError(
                 f"{source}: a 3DGS capture tuple has {len(CAPTURE_FIELDS)} items "
-                f"({', '.join(CAPTURE_FIELDS)}), this one has {len(capture)}")
+                f"({', '.join(CAPTURE_FIELDS)}), this one has {len(capture)}"
+            )
         if isinstance(iteration, bool) or not isinstance(iteration, int):
             raise CheckpointError(f"{source}: iteration must be an int, got {iteration!r}")
         items = dict(zip(CAPTURE_FIELDS, capture, strict=True))
@@ -141,16 +164,26 @@ def read_pt(path: str | Path, *, finite: bool = True) -> PtCheckpoint:
         if isinstance(degree, bool) or not isinstance(degree, int):
             raise CheckpointError(f"{source}: active_sh_degree must be an int, got {degree!r}")
         tensors = {k: items[v] for k, v in _3DGS_NAMES.items()}
-        return PtCheckpoint(_params(tensors, degree, source, finite), "capture", iteration,
-                            {k: items[k] for k in _TRAINING_STATE})
+        return PtCheckpoint(
+            _params(tensors, degree, source, finite),
+            "capture",
+            iteration,
+            {k: items[k] for k in _TRAINING_STATE},
+        )
     raise CheckpointError(
         f"{source}: unknown .pt layout: expected a dict of tensors or 3DGS's "
-        f"(capture_tuple, iteration), got {type(obj).__name__}")
+        f"(capture_tuple, iteration), got {type(obj).__name__}"
+    )
 
 
-def write_pt(params: GaussianParams, path: str | Path, *,
-             form: Literal["dict", "capture"] = "dict", iteration: int = 0,
-             training_state: dict[str, Any] | None = None) -> None:
+def write_pt(
+    params: GaussianParams,
+    path: str | Path,
+    *,
+    form: Literal["dict", "capture"] = "dict",
+    iteration: int = 0,
+    training_state: dict[str, Any] | None = None,
+) -> None:
     """Write ``params`` as a ``.pt`` checkpoint.
 
     Args:
@@ -175,9 +208,14 @@ def write_pt(params: GaussianParams, path: str | Path, *,
         obj = {**tensors, "sh_degree": params.sh_degree}
     elif form == "capture":
         n = params.num_gaussians
-        state = {"max_radii2D": torch.zeros(n), "xyz_gradient_accum": torch.zeros(n, 1),
-                 "denom": torch.zeros(n, 1), "optimizer_state_dict": {},
-                 "spatial_lr_scale": 1.0, **(training_state or {})}
+        state = {
+            "max_radii2D": torch.zeros(n),
+            "xyz_gradient_accum": torch.zeros(n, 1),
+            "denom": torch.zeros(n, 1),
+            "optimizer_state_dict": {},
+            "spatial_lr_scale": 1.0,
+            **(training_state or {}),
+        }
         items: dict[str, Any] = {v: tensors[k] for k, v in _3DGS_NAMES.items()}
         items["_opacity"] = items["_opacity"].reshape(n, 1)
         items["active_sh_degree"] = params.sh_degree

@@ -34,13 +34,22 @@ __all__ = ["OUTCOMES", "RoundtripError", "RoundtripReport", "check_roundtrip", "
 #: empties it around every case)
 OUTCOMES: list[RoundtripReport] = []
 _ACTIVATIONS: dict[str, tuple[tuple[str, Callable[[torch.Tensor], torch.Tensor]], ...]] = {
-    "log_scales": (("exp", scale_activation), ("log", inverse_scale_activation),
-                   ("exp applied twice", lambda t: scale_activation(scale_activation(t)))),
+    "log_scales": (
+        ("exp", scale_activation),
+        ("log", inverse_scale_activation),
+        ("exp applied twice", lambda t: scale_activation(scale_activation(t))),
+    ),
     "opacity_logits": (("sigmoid", opacity_activation), ("logit", inverse_opacity_activation)),
     "rotations_raw": (("normalize", rotation_activation),),
 }
-_3DGS = {"means": "_xyz", "features_dc": "_features_dc", "features_rest": "_features_rest",
-         "log_scales": "_scaling", "opacity_logits": "_opacity", "rotations_raw": "_rotation"}
+_3DGS = {
+    "means": "_xyz",
+    "features_dc": "_features_dc",
+    "features_rest": "_features_rest",
+    "log_scales": "_scaling",
+    "opacity_logits": "_opacity",
+    "rotations_raw": "_rotation",
+}
 
 
 @dataclass
@@ -49,8 +58,8 @@ class RoundtripReport:
 
     ok: bool
     fields: dict[str, str] = field(default_factory=dict)  #: field -> "same" or what differs
-    activated: list[str] = field(default_factory=list)    #: fields that came back activated
-    render: str | None = None                             #: image comparison, in words
+    activated: list[str] = field(default_factory=list)  #: fields that came back activated
+    render: str | None = None  #: image comparison, in words
     message: str = ""
 
 
@@ -69,14 +78,17 @@ def sample_params(n: int = 256, sh_degree: int = 1, seed: int = 0) -> GaussianPa
     g = torch.Generator().manual_seed(seed)
     k = (sh_degree + 1) ** 2 - 1
     means = torch.randn(n, 3, generator=g) * torch.tensor([0.8, 0.6, 0.5]) + torch.tensor(
-        [0.0, 0.0, 4.0])
+        [0.0, 0.0, 4.0]
+    )
     return GaussianParams(
-        means=means, features_dc=torch.randn(n, 1, 3, generator=g),
+        means=means,
+        features_dc=torch.randn(n, 1, 3, generator=g),
         features_rest=torch.randn(n, k, 3, generator=g) * 0.2,
         log_scales=torch.randn(n, 3, generator=g) * 0.4 - 3.0,
         opacity_logits=torch.randn(n, generator=g) * 2.5,
         rotations_raw=torch.randn(n, 4, generator=g) * 0.5 + torch.tensor([1.5, 0, 0, 0]),
-        sh_degree=sh_degree)
+        sh_degree=sh_degree,
+    )
 
 
 def _as_params(loaded: Any, like: GaussianParams) -> dict[str, torch.Tensor]:
@@ -91,15 +103,18 @@ def _as_params(loaded: Any, like: GaussianParams) -> dict[str, torch.Tensor]:
         else:
             value = getattr(loaded, name, getattr(loaded, theirs, None))
         if not isinstance(value, torch.Tensor):
-            raise TypeError(f"check_roundtrip: load_fn returned {type(loaded).__name__} "
-                            f"without a tensor {name!r} (or {theirs!r})")
+            raise TypeError(
+                f"check_roundtrip: load_fn returned {type(loaded).__name__} "
+                f"without a tensor {name!r} (or {theirs!r})"
+            )
         out[name] = value.detach().cpu().to(like.tensors()[name].dtype)
     out["opacity_logits"] = out["opacity_logits"].reshape(-1)
     return out
 
 
-def _compare(name: str, want: torch.Tensor, got: torch.Tensor, rtol: float, atol: float
-             ) -> tuple[str, str | None]:
+def _compare(
+    name: str, want: torch.Tensor, got: torch.Tensor, rtol: float, atol: float
+) -> tuple[str, str | None]:
     """("same" or what differs, the activation it matches or None)."""
     if got.shape != want.shape:
         return f"shape {list(got.shape)}, saved {list(want.shape)}", None
@@ -118,17 +133,31 @@ def _render(p: dict[str, torch.Tensor], degree: int, size: int) -> tuple[torch.T
     viewmat = torch.eye(4, dtype=torch.float64)
     K = torch.tensor([[size, 0, size / 2], [0, size, size / 2], [0, 0, 1]], dtype=torch.float64)
     sh = torch.cat([p["features_dc"], p["features_rest"]], dim=1).double()
-    out = rasterize(p["means"].double(), scale_activation(p["log_scales"].double()),
-                    rotation_activation(p["rotations_raw"].double()),
-                    opacity_activation(p["opacity_logits"].double()), sh=sh, sh_degree=degree,
-                    viewmat=viewmat, K=K, width=size, height=size)
+    out = rasterize(
+        p["means"].double(),
+        scale_activation(p["log_scales"].double()),
+        rotation_activation(p["rotations_raw"].double()),
+        opacity_activation(p["opacity_logits"].double()),
+        sh=sh,
+        sh_degree=degree,
+        viewmat=viewmat,
+        K=K,
+        width=size,
+        height=size,
+    )
     return out.image, out.n_intersections
 
 
-def check_roundtrip(save_fn: Callable[[GaussianParams, Path], Any],
-                    load_fn: Callable[[Path], Any], params: GaussianParams | None = None, *,
-                    suffix: str = ".ply", rtol: float = 1e-6, atol: float = 1e-7,
-                    render_size: int | None = 48) -> RoundtripReport:
+def check_roundtrip(
+    save_fn: Callable[[GaussianParams, Path], Any],
+    load_fn: Callable[[Path], Any],
+    params: GaussianParams | None = None,
+    *,
+    suffix: str = ".ply",
+    rtol: float = 1e-6,
+    atol: float = 1e-7,
+    render_size: int | None = 48,
+) -> RoundtripReport:
     """Save ``params`` with ``save_fn``, load them back with ``load_fn``, compare.
 
     Args:
@@ -165,14 +194,17 @@ def check_roundtrip(save_fn: Callable[[GaussianParams, Path], Any],
         if act in ("exp", "sigmoid", "normalize", "exp applied twice"):
             report.activated.append(name)
     if render_size:
-        image_a, n_a = _render({k: v.detach().cpu() for k, v in saved.items()},
-                               params.sh_degree, render_size)
+        image_a, n_a = _render(
+            {k: v.detach().cpu() for k, v in saved.items()}, params.sh_degree, render_size
+        )
         try:
             image_b, n_b = _render(got, params.sh_degree, render_size)
             diff = float((image_a - image_b).abs().max())
-            report.render = (f"{render_size}x{render_size} render: max |difference| {diff:.3g}; "
-                             f"Gaussian-tile overlaps {n_b:,} after the round trip, {n_a:,} "
-                             f"before")
+            report.render = (
+                f"{render_size}x{render_size} render: max |difference| {diff:.3g}; "
+                f"Gaussian-tile overlaps {n_b:,} after the round trip, {n_a:,} "
+                f"before"
+            )
             if diff > 1e-5 or n_a != n_b:
                 report.ok = False
         except Exception as err:  # a loaded scene the rasterizer refuses (NaN, zero quats)
@@ -192,6 +224,8 @@ def _message(r: RoundtripReport) -> str:
     head = "checkpoint round trip failed"
     if r.activated:
         bad = ", ".join(r.activated)
-        head = (f"activation applied twice: {bad} came back activated from save/load, and "
-                f"rendering activates them again")
+        head = (
+            f"activation applied twice: {bad} came back activated from save/load, and "
+            f"rendering activates them again"
+        )
     return "; ".join([head, *parts, *([r.render] if r.render else [])])

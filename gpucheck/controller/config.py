@@ -67,8 +67,9 @@ class RunConfig:
 PROJECT_KEYS = ("suites", "modes", "timeout", "formats")
 
 
-def project_settings(folder: Path, mode_choices: tuple[str, ...],
-                     format_choices: tuple[str, ...]) -> dict[str, Any]:
+def project_settings(
+    folder: Path, mode_choices: tuple[str, ...], format_choices: tuple[str, ...]
+) -> dict[str, Any]:
     """``[tool.gpucheck]`` of ``folder/pyproject.toml``, checked (empty without one).
 
     Raises:
@@ -83,21 +84,23 @@ def project_settings(folder: Path, mode_choices: tuple[str, ...],
     else:  # pragma: no cover - Python 3.10
         import tomli as tomllib
     try:
-        table = tomllib.loads(path.read_text(encoding="utf-8")).get("tool", {}).get(
-            "gpucheck", {})
+        table = tomllib.loads(path.read_text(encoding="utf-8")).get("tool", {}).get("gpucheck", {})
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
-        raise UsageProblem(f"cannot read the [tool.gpucheck] settings of {path}: {err}"
-                           ) from err
+        raise UsageProblem(f"cannot read the [tool.gpucheck] settings of {path}: {err}") from err
     where = f"[tool.gpucheck] of {path}"
     if not isinstance(table, dict):
         raise UsageProblem(f"{where} must be a table")
     unknown = sorted(set(table) - set(PROJECT_KEYS))
     if unknown:
-        raise UsageProblem(f"{where} has unknown setting(s) {', '.join(unknown)}; known: "
-                           f"{', '.join(PROJECT_KEYS)}")
+        raise UsageProblem(
+            f"{where} has unknown setting(s) {', '.join(unknown)}; known: {', '.join(PROJECT_KEYS)}"
+        )
     out: dict[str, Any] = {}
     lists: tuple[tuple[str, tuple[str, ...] | None], ...] = (
-        ("suites", None), ("modes", mode_choices), ("formats", format_choices))
+        ("suites", None),
+        ("modes", mode_choices),
+        ("formats", format_choices),
+    )
     for key, choices in lists:
         if key not in table:
             continue
@@ -113,15 +116,15 @@ def project_settings(folder: Path, mode_choices: tuple[str, ...],
     if "timeout" in table:
         value = table["timeout"]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise UsageProblem(f"{where}: timeout must be a number of seconds above 0, got "
-                               f"{value!r}")
+            raise UsageProblem(
+                f"{where}: timeout must be a number of seconds above 0, got {value!r}"
+            )
         out["timeout"] = float(value)
     return out
 
 
 def _unwritable(path: Path, err: OSError) -> UsageProblem:
-    return UsageProblem(f"cannot write to the output folder {str(path)!r}: "
-                        f"{err.strerror or err}")
+    return UsageProblem(f"cannot write to the output folder {str(path)!r}: {err.strerror or err}")
 
 
 def _new_default_out(base: Path) -> Path:
@@ -155,11 +158,12 @@ def prepare_out(out: Path | None) -> Path:
         except OSError as err:
             raise _unwritable(path, err) from err
         if used:
-            held = ("a gpucheck run" if (path / RESULTS).exists() else "other files")
+            held = "a gpucheck run" if (path / RESULTS).exists() else "other files"
             raise UsageProblem(
                 f"the output folder {str(path)!r} already holds {held}; a new run needs an "
                 f"empty folder (omit --out for a new reports/<timestamp>/), and "
-                f"`gpucheck run --resume {path}` continues an interrupted run")
+                f"`gpucheck run --resume {path}` continues an interrupted run"
+            )
     try:
         probe = path / ".gpucheck-write-test"
         probe.write_text("ok")
@@ -171,53 +175,86 @@ def prepare_out(out: Path | None) -> Path:
 
 def load_resume(folder: Path, cfg: RunConfig) -> tuple[RunConfig, RunHeader]:
     """The config and header of the run in ``folder``, for ``--resume``."""
-    given = [flag for flag, value in (
-        ("--all-devices", cfg.all_devices), ("--device", cfg.devices), ("--suite", cfg.suites),
-        ("--mode", cfg.modes), ("--out", cfg.out), ("--cpu-only", cfg.cpu_only),
-        ("--allow-empty", cfg.allow_empty), ("pytest arguments", cfg.pytest_args),
-        ("--timeout", "timeout" in cfg.given), ("--nvml-interval", "nvml_interval" in cfg.given),
-        ("--distributed", cfg.distributed), ("--world-size", cfg.world_size is not None),
-        ("--backend", cfg.backend is not None)) if value]
+    given = [
+        flag
+        for flag, value in (
+            ("--all-devices", cfg.all_devices),
+            ("--device", cfg.devices),
+            ("--suite", cfg.suites),
+            ("--mode", cfg.modes),
+            ("--out", cfg.out),
+            ("--cpu-only", cfg.cpu_only),
+            ("--allow-empty", cfg.allow_empty),
+            ("pytest arguments", cfg.pytest_args),
+            ("--timeout", "timeout" in cfg.given),
+            ("--nvml-interval", "nvml_interval" in cfg.given),
+            ("--distributed", cfg.distributed),
+            ("--world-size", cfg.world_size is not None),
+            ("--backend", cfg.backend is not None),
+        )
+        if value
+    ]
     if given:
-        raise UsageProblem(f"--resume continues a run with the settings it was started with; "
-                           f"drop {', '.join(given)}")
+        raise UsageProblem(
+            f"--resume continues a run with the settings it was started with; "
+            f"drop {', '.join(given)}"
+        )
     path = folder / RESULTS
     header = RunLog.read(path).header if path.is_file() else None
     if header is None:
-        raise UsageProblem(f"{str(folder)!r} holds no gpucheck run to resume "
-                           "(no results.jsonl with a run header)")
+        raise UsageProblem(
+            f"{str(folder)!r} holds no gpucheck run to resume (no results.jsonl with a run header)"
+        )
     end = RunLog.read(path).end
     if end is not None and not end.interrupted:
         at = f" at {end.finished_at}" if end.finished_at else ""
-        raise UsageProblem(f"the run in {str(folder)!r} finished{at}: there is nothing to "
-                           f"resume (`gpucheck report {folder}` writes its reports again)")
+        raise UsageProblem(
+            f"the run in {str(folder)!r} finished{at}: there is nothing to "
+            f"resume (`gpucheck report {folder}` writes its reports again)"
+        )
     saved = header.config
     if not saved:
-        raise UsageProblem(f"the run in {str(folder)!r} was written by a gpucheck that did not "
-                           "record its settings; it cannot be resumed")
+        raise UsageProblem(
+            f"the run in {str(folder)!r} was written by a gpucheck that did not "
+            "record its settings; it cannot be resumed"
+        )
     _check_resumable(folder, saved)
     resumed = RunConfig(
-        all_devices=bool(saved.get("all_devices")), devices=tuple(saved.get("devices") or ()),
-        suites=tuple(saved.get("suites") or ()), modes=tuple(saved.get("modes") or ()),
-        out=folder, timeout=float(saved.get("timeout", cfg.timeout)), quiet=cfg.quiet,
-        cpu_only=bool(saved.get("cpu_only")), pytest_args=list(saved.get("pytest_args") or []),
+        all_devices=bool(saved.get("all_devices")),
+        devices=tuple(saved.get("devices") or ()),
+        suites=tuple(saved.get("suites") or ()),
+        modes=tuple(saved.get("modes") or ()),
+        out=folder,
+        timeout=float(saved.get("timeout", cfg.timeout)),
+        quiet=cfg.quiet,
+        cpu_only=bool(saved.get("cpu_only")),
+        pytest_args=list(saved.get("pytest_args") or []),
         nvml_interval=float(saved.get("nvml_interval", cfg.nvml_interval)),
-        allow_empty=bool(saved.get("allow_empty")), resume=folder,
-        distributed=bool(saved.get("distributed")), world_size=saved.get("world_size"),
-        backend=saved.get("backend"), formats=cfg.formats,
+        allow_empty=bool(saved.get("allow_empty")),
+        resume=folder,
+        distributed=bool(saved.get("distributed")),
+        world_size=saved.get("world_size"),
+        backend=saved.get("backend"),
+        formats=cfg.formats,
         wait_for_devices=cfg.wait_for_devices,
-        suite_paths={n: Path(p) for n, p in dict(saved.get("suite_paths") or {}).items()})
+        suite_paths={n: Path(p) for n, p in dict(saved.get("suite_paths") or {}).items()},
+    )
     return resumed, header
 
 
 #: the types of the settings a run header records (what ``--resume`` replays)
 _SETTING_TYPES: dict[str, tuple[type, ...]] = {
-    "all_devices": (bool,), "cpu_only": (bool,), "allow_empty": (bool,),
-    "distributed": (bool,), "timeout": (int, float), "nvml_interval": (int, float),
-    "world_size": (int, type(None)), "backend": (str, type(None))}
+    "all_devices": (bool,),
+    "cpu_only": (bool,),
+    "allow_empty": (bool,),
+    "distributed": (bool,),
+    "timeout": (int, float),
+    "nvml_interval": (int, float),
+    "world_size": (int, type(None)),
+    "backend": (str, type(None)),
+}
 #: settings that are lists, and the type of their items
-_SETTING_LISTS: dict[str, type] = {"devices": int, "suites": str, "modes": str,
-                                   "pytest_args": str}
+_SETTING_LISTS: dict[str, type] = {"devices": int, "suites": str, "modes": str, "pytest_args": str}
 
 
 def _check_resumable(folder: Path, saved: dict[str, Any]) -> None:
@@ -226,23 +263,29 @@ def _check_resumable(folder: Path, saved: dict[str, Any]) -> None:
     its settings are not what gpucheck writes, when a suite it names lies inside the folder
     (code that came with the folder) or no longer exists, or when the folder holds a link or
     a FIFO (a worker would write through it, outside the folder)."""
+
     def refuse(what: str) -> UsageProblem:
-        return UsageProblem(f"cannot resume {str(folder)!r}: {what}; gpucheck writes no such "
-                            "run folder (start a new run instead)")
+        return UsageProblem(
+            f"cannot resume {str(folder)!r}: {what}; gpucheck writes no such "
+            "run folder (start a new run instead)"
+        )
 
     for name, types in _SETTING_TYPES.items():
         value = saved.get(name)
-        if value is not None and (not isinstance(value, types)
-                                  or (bool not in types and isinstance(value, bool))):
+        if value is not None and (
+            not isinstance(value, types) or (bool not in types and isinstance(value, bool))
+        ):
             raise refuse(f"its recorded setting {name!r} is {value!r}")
     for name, item in _SETTING_LISTS.items():
         value = saved.get(name) or []
         if not isinstance(value, list) or not all(
-                isinstance(v, item) and not isinstance(v, bool) for v in value):
+            isinstance(v, item) and not isinstance(v, bool) for v in value
+        ):
             raise refuse(f"its recorded setting {name!r} is {value!r}")
     paths = saved.get("suite_paths") or {}
     if not isinstance(paths, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in paths.items()):
+        isinstance(k, str) and isinstance(v, str) for k, v in paths.items()
+    ):
         raise refuse(f"its recorded suite paths are {paths!r}")
     inside = folder.resolve()
     for name, where in paths.items():
@@ -273,13 +316,18 @@ def extension_problem() -> str | None:
 Target = tuple[str, int | None, str | None, str | None]  # label, CUDA index, UUID, name
 
 
-def choose_targets(cfg: RunConfig
-                   ) -> tuple[list[Target], list[str], str | None, devices_mod.Inventory | None]:
+def choose_targets(
+    cfg: RunConfig,
+) -> tuple[list[Target], list[str], str | None, devices_mod.Inventory | None]:
     """Each target, notes for the run header, the driver version, and the inventory of the
     visible devices (the targets are some of them; None with --cpu-only)."""
     if cfg.cpu_only:
-        return ([("cpu", None, None, None)],
-                ["--cpu-only: GPUs hidden; cases that need one are skipped"], None, None)
+        return (
+            [("cpu", None, None, None)],
+            ["--cpu-only: GPUs hidden; cases that need one are skipped"],
+            None,
+            None,
+        )
     inv = devices_mod.discover()
     if inv.environment_error:
         raise EnvironmentProblem(inv.environment_error)
@@ -289,15 +337,23 @@ def choose_targets(cfg: RunConfig
     wanted = list(dict.fromkeys(cfg.devices)) if cfg.devices else visible
     for index in wanted:
         if index not in visible:
-            raise UsageProblem(f"--device {index} is out of range: {len(visible)} CUDA device(s) "
-                               f"visible ({', '.join(map(str, visible))})")
+            raise UsageProblem(
+                f"--device {index} is out of range: {len(visible)} CUDA device(s) "
+                f"visible ({', '.join(map(str, visible))})"
+            )
     notes = []
     if len(visible) < 2:
-        notes.append("only one CUDA device is visible: wrong-device checks (another device "
-                      "current while the target runs) could not run")
+        notes.append(
+            "only one CUDA device is visible: wrong-device checks (another device "
+            "current while the target runs) could not run"
+        )
     chosen = [d for d in inv.devices if d.cuda_index in wanted]
-    return ([(f"cuda:{d.cuda_index}", d.cuda_index, d.uuid, d.name) for d in chosen], notes,
-            inv.driver_version, inv)
+    return (
+        [(f"cuda:{d.cuda_index}", d.cuda_index, d.uuid, d.name) for d in chosen],
+        notes,
+        inv.driver_version,
+        inv,
+    )
 
 
 def plan_passes(asked: tuple[str, ...], devices: int = 1) -> list[tuple[str, str | None]]:
@@ -325,12 +381,15 @@ def check_same_devices(header: RunHeader, targets: list[Target]) -> None:
     before = {d.device: d.uuid for d in header.devices}
     for label, _, uuid_now, _ in targets:
         if before.get(label) and uuid_now and before[label] != uuid_now:
-            raise UsageProblem(f"cannot resume: {label} is now {uuid_now}, but the run was "
-                               f"started on {before[label]}")
+            raise UsageProblem(
+                f"cannot resume: {label} is now {uuid_now}, but the run was "
+                f"started on {before[label]}"
+            )
 
 
-def select_runnable(cfg: RunConfig, suites: dict[str, Path]
-                     ) -> tuple[dict[str, Path], dict[str, str]]:
+def select_runnable(
+    cfg: RunConfig, suites: dict[str, Path]
+) -> tuple[dict[str, Path], dict[str, str]]:
     """The suites that can run, and the reason of each that cannot (gpucheck's own kernels
     are not built). Raises when none can: one sentence with the fix, before any worker."""
     if cfg.cpu_only:  # their cases need a GPU and are skipped anyway
@@ -341,39 +400,63 @@ def select_runnable(cfg: RunConfig, suites: dict[str, Path]
         return suites, {}
     names = ", ".join(needing)
     if len(needing) == len(suites):
-        raise EnvironmentProblem(f"{problem.rstrip('.')}. Nothing was run: the suite(s) "
-                                 f"{names} test gpucheck's own kernels.")
+        raise EnvironmentProblem(
+            f"{problem.rstrip('.')}. Nothing was run: the suite(s) "
+            f"{names} test gpucheck's own kernels."
+        )
     reason = f"not runnable: {problem}"
     return {n: p for n, p in suites.items() if n not in needing}, {n: reason for n in needing}
 
 
-def header(cfg: RunConfig, run_id: str, targets: list[Target], inv: devices_mod.Inventory | None,
-            suites: dict[str, Path], passes: list[tuple[str, str | None]], notes: list[str],
-            not_runnable: dict[str, str], modes: tuple[str, ...]) -> dict[str, Any]:
+def header(
+    cfg: RunConfig,
+    run_id: str,
+    targets: list[Target],
+    inv: devices_mod.Inventory | None,
+    suites: dict[str, Path],
+    passes: list[tuple[str, str | None]],
+    notes: list[str],
+    not_runnable: dict[str, str],
+    modes: tuple[str, ...],
+) -> dict[str, Any]:
     config = {
         # as asked (the targets themselves are under "devices" of the header)
-        "all_devices": cfg.all_devices, "devices": list(cfg.devices),
-        "suites": list(cfg.suites), "suite_paths": {n: str(p) for n, p in suites.items()},
-        "modes": list(modes), "timeout": cfg.timeout, "cpu_only": cfg.cpu_only,
-        "pytest_args": list(cfg.pytest_args), "nvml_interval": cfg.nvml_interval,
-        "allow_empty": cfg.allow_empty, "distributed": cfg.distributed,
-        "world_size": cfg.world_size, "backend": cfg.backend,
+        "all_devices": cfg.all_devices,
+        "devices": list(cfg.devices),
+        "suites": list(cfg.suites),
+        "suite_paths": {n: str(p) for n, p in suites.items()},
+        "modes": list(modes),
+        "timeout": cfg.timeout,
+        "cpu_only": cfg.cpu_only,
+        "pytest_args": list(cfg.pytest_args),
+        "nvml_interval": cfg.nvml_interval,
+        "allow_empty": cfg.allow_empty,
+        "distributed": cfg.distributed,
+        "world_size": cfg.world_size,
+        "backend": cfg.backend,
     }
     memory = {d.uuid: d.memory_total for d in inv.devices} if inv else {}
     return {
-        "schema": results.SCHEMA_ID, "record": "run", "run_id": run_id,
+        "schema": results.SCHEMA_ID,
+        "record": "run",
+        "run_id": run_id,
         "started_at": datetime.now().astimezone().isoformat(timespec="milliseconds"),
         "gpucheck_version": gpucheck.__version__,
         "torch_version": devices_mod.torch_version(),
         "driver_version": inv.driver_version if inv else None,
         "cuda_driver_version": inv.cuda_driver_version if inv else None,
         "host": socket.gethostname(),
-        "devices": [{"device": label, "uuid": u, "name": name,
-                     "memory_total": memory.get(u or "")} for label, _, u, name in targets],
-        "suites": sorted(suites), "modes": [label for label, _ in passes], "notes": notes,
+        "devices": [
+            {"device": label, "uuid": u, "name": name, "memory_total": memory.get(u or "")}
+            for label, _, u, name in targets
+        ],
+        "suites": sorted(suites),
+        "modes": [label for label, _ in passes],
+        "notes": notes,
         "not_runnable": not_runnable,
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        "command": ["gpucheck", *sys.argv[1:]], "config": config,
+        "command": ["gpucheck", *sys.argv[1:]],
+        "config": config,
     }
 
 
@@ -386,27 +469,38 @@ def refuse_inapplicable(cfg: RunConfig) -> None:
     if cfg.cpu_only:
         for flag, given in (("--device", bool(cfg.devices)), ("--all-devices", cfg.all_devices)):
             if given:
-                raise UsageProblem(f"{flag} picks GPUs, and --cpu-only runs without any: drop "
-                                   f"one of them")
+                raise UsageProblem(
+                    f"{flag} picks GPUs, and --cpu-only runs without any: drop one of them"
+                )
         if sanitizer:
             raise UsageProblem("the sanitizer modes need a GPU; drop --cpu-only")
         if "nvml" in cfg.modes:
-            raise UsageProblem("mode nvml samples GPU memory, and --cpu-only has no GPU: drop "
-                               "--mode nvml")
+            raise UsageProblem(
+                "mode nvml samples GPU memory, and --cpu-only has no GPU: drop --mode nvml"
+            )
     if cfg.distributed and cfg.modes:
-        raise UsageProblem("--distributed does not combine with the sanitizer modes"
-                           if sanitizer else "--distributed runs its ranks in its own mode "
-                           "(dist): drop --mode")
+        raise UsageProblem(
+            "--distributed does not combine with the sanitizer modes"
+            if sanitizer
+            else "--distributed runs its ranks in its own mode (dist): drop --mode"
+        )
     if not cfg.distributed and (cfg.world_size is not None or cfg.backend is not None):
         raise UsageProblem("--world-size and --backend go with --distributed")
     if "nvml_interval" in cfg.given:
         modes = cfg.modes or DEFAULT_MODES
-        why = ("--cpu-only has no GPU to sample" if cfg.cpu_only else
-               "--distributed does not sample NVML" if cfg.distributed else
-               "mode nvml is not among the --mode given" if "nvml" not in modes else None)
+        why = (
+            "--cpu-only has no GPU to sample"
+            if cfg.cpu_only
+            else "--distributed does not sample NVML"
+            if cfg.distributed
+            else "mode nvml is not among the --mode given"
+            if "nvml" not in modes
+            else None
+        )
         if why:
-            raise UsageProblem(f"--nvml-interval sets the sampling of mode nvml, and {why}: "
-                               "drop --nvml-interval")
+            raise UsageProblem(
+                f"--nvml-interval sets the sampling of mode nvml, and {why}: drop --nvml-interval"
+            )
 
 
 #: width of the tables in a log (no terminal, no COLUMNS): wide enough not to fold a name
@@ -420,5 +514,3 @@ def make_console() -> Console:
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console.width = LOG_WIDTH
     return console
-
-

@@ -66,13 +66,17 @@ def folder_lock(folder: Path) -> Wanted:
     return Wanted(f"the run folder {folder}", lock_dir() / f"run-{key}.lock", False)
 
 
-def wanted(targets: Sequence[tuple[str, Any, str | None, Any]],
-           resume: Path | None) -> list[Wanted]:
+def wanted(
+    targets: Sequence[tuple[str, Any, str | None, Any]], resume: Path | None
+) -> list[Wanted]:
     """The locks a run on ``targets`` (label, index, UUID, name) needs: one per GPU (by UUID),
     and the run folder it resumes; sorted, so that waiting runs never hold one each."""
     where = lock_dir()
-    out = [Wanted(f"{label} ({uuid})", where / f"{_UNSAFE.sub('_', uuid)}.lock", True)
-           for label, _, uuid, _ in targets if uuid]
+    out = [
+        Wanted(f"{label} ({uuid})", where / f"{_UNSAFE.sub('_', uuid)}.lock", True)
+        for label, _, uuid, _ in targets
+        if uuid
+    ]
     if resume is not None:
         out.append(folder_lock(resume))
     return sorted(out, key=lambda w: str(w.path))
@@ -87,9 +91,12 @@ class Held:
         self.usable = True  # False once the lock folder could not be used (said in a note)
         self.folder = False  # whether the run folder's lock is among them
         self.info: dict[str, Any] = {
-            "pid": os.getpid(), "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
             "since": datetime.now().astimezone().isoformat(timespec="seconds"),
-            "out": None, "command": " ".join(["gpucheck", *sys.argv[1:]])[:300]}
+            "out": None,
+            "command": " ".join(["gpucheck", *sys.argv[1:]])[:300],
+        }
 
     def take(self, locks: list[Wanted], wait_s: float) -> None:
         """Take every lock of ``locks``, waiting up to ``wait_s`` for those another run
@@ -105,16 +112,22 @@ class Held:
                 if time.monotonic() >= deadline:
                     raise DevicesBusy(_refusal(want, who, wait_s))
                 if not said:
-                    print(f"gpucheck: waiting up to {wait_s:g} s for {want.what}, in use by "
-                          f"another gpucheck run ({who})", file=sys.stderr, flush=True)
+                    print(
+                        f"gpucheck: waiting up to {wait_s:g} s for {want.what}, in use by "
+                        f"another gpucheck run ({who})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     said = True
                 time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
         except OSError as err:
             self.release()
             self.usable = False
-            self.notes.append(f"device lock not taken ({lock_dir()}: {err.strerror or err}): "
-                              f"another gpucheck run on the same GPUs or folder would not be "
-                              f"kept out (set {LOCK_DIR_ENV} to a writable folder)")
+            self.notes.append(
+                f"device lock not taken ({lock_dir()}: {err.strerror or err}): "
+                f"another gpucheck run on the same GPUs or folder would not be "
+                f"kept out (set {LOCK_DIR_ENV} to a writable folder)"
+            )
 
     def _try(self, locks: list[Wanted]) -> tuple[Wanted, str] | None:
         """Take every lock, or none (then: the busy one, and who holds it)."""
@@ -197,24 +210,35 @@ def _holder(fd: int) -> str:
             info = json.loads(os.pread(fd, 4096, 0) or b"null")
             if isinstance(info, dict) and info.get("pid"):
                 out = info.get("out") or "(being made)"
-                return (f"pid {info['pid']} on {info.get('host')} since {info.get('since')}, "
-                        f"run folder {out}")
+                return (
+                    f"pid {info['pid']} on {info.get('host')} since {info.get('since')}, "
+                    f"run folder {out}"
+                )
         time.sleep(0.05)
     return "a process that did not say which"
 
 
 def _refusal(want: Wanted, who: str, waited: float) -> str:
-    head = (f"{want.what} was still in use by another gpucheck run after {waited:g} s ({who})"
-            if waited > 0 else f"{want.what} is in use by another gpucheck run ({who})")
+    head = (
+        f"{want.what} was still in use by another gpucheck run after {waited:g} s ({who})"
+        if waited > 0
+        else f"{want.what} is in use by another gpucheck run ({who})"
+    )
     if not want.device:
         return f"{head}: it is still running; nothing was run (resume it once it has ended)"
-    return (f"{head}; nothing was run: let it finish, pass --wait-for-devices SECONDS to queue "
-            f"behind it, or choose other devices with --device")
+    return (
+        f"{head}; nothing was run: let it finish, pass --wait-for-devices SECONDS to queue "
+        f"behind it, or choose other devices with --device"
+    )
 
 
 @contextlib.contextmanager
-def held(targets: Sequence[tuple[str, Any, str | None, Any]], resume: Path | None,
-         wait_s: float, notes: list[str]) -> Iterator[Held]:
+def held(
+    targets: Sequence[tuple[str, Any, str | None, Any]],
+    resume: Path | None,
+    wait_s: float,
+    notes: list[str],
+) -> Iterator[Held]:
     """Hold the locks of a run on ``targets`` (and of the folder it resumes) while the body
     runs; raises :class:`DevicesBusy` (one line) when another run holds one, at once or after
     ``wait_s`` seconds. Where the lock folder cannot be used the run goes unlocked, with a

@@ -98,8 +98,15 @@ def free_port() -> int:
 class DistHarness:
     """Runs the group's cases generation by generation; returns the diagnoses it made."""
 
-    def __init__(self, group: GroupSpec, out_dir: Path, results: Path | RunLog, run_id: str,
-                 timeout: float, on_update: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        group: GroupSpec,
+        out_dir: Path,
+        results: Path | RunLog,
+        run_id: str,
+        timeout: float,
+        on_update: Callable[[str], None] | None = None,
+    ) -> None:
         """``results``: the file the ranks append to, or the controller's log of it."""
         self.group = group
         self.out_dir = out_dir
@@ -124,17 +131,23 @@ class DistHarness:
         for r in g.ranks:
             files = self._files(r.rank)
             skip_path = write_skip(files, skip)
-            env = {**g.env,
-                   "RANK": str(r.rank), "WORLD_SIZE": str(g.world_size),
-                   "LOCAL_RANK": str(os.environ.get("LOCAL_RANK", r.rank)
-                                     if len(g.ranks) == 1 else r.rank),
-                   "LOCAL_WORLD_SIZE": str(g.local_world_size or len(g.ranks)),
-                   "MASTER_ADDR": addr, "MASTER_PORT": str(port),
-                   rank_env.ENV_BACKEND: g.backend, rank_env.ENV_LOG: str(files.collectives),
-                   rank_env.ENV_TIMEOUT: str(self.timeout),
-                   rank_env.ENV_GENERATION: str(generation),
-                   rank_env.ENV_DEVICE: "cpu" if r.device_index is None else str(r.device_index),
-                   DEVICE_LABEL_ENV: r.label}
+            env = {
+                **g.env,
+                "RANK": str(r.rank),
+                "WORLD_SIZE": str(g.world_size),
+                "LOCAL_RANK": str(
+                    os.environ.get("LOCAL_RANK", r.rank) if len(g.ranks) == 1 else r.rank
+                ),
+                "LOCAL_WORLD_SIZE": str(g.local_world_size or len(g.ranks)),
+                "MASTER_ADDR": addr,
+                "MASTER_PORT": str(port),
+                rank_env.ENV_BACKEND: g.backend,
+                rank_env.ENV_LOG: str(files.collectives),
+                rank_env.ENV_TIMEOUT: str(self.timeout),
+                rank_env.ENV_GENERATION: str(generation),
+                rank_env.ENV_DEVICE: "cpu" if r.device_index is None else str(r.device_index),
+                DEVICE_LABEL_ENV: r.label,
+            }
             # TORCH_DISTRIBUTED_DEBUG=DETAIL (the user's choice, passed on) adds torch's own
             # fingerprint check of every collective; not set by default: with it, torch 2.13
             # (CPU, gloo) segfaults in DistributedDataParallel's constructor
@@ -144,14 +157,23 @@ class DistHarness:
                 fr = os.environ.get("TORCH_FR_BUFFER_SIZE", "2000")
                 env["TORCH_FR_BUFFER_SIZE"] = fr
                 env["TORCH_NCCL_TRACE_BUFFER_SIZE"] = os.environ.get(
-                    "TORCH_NCCL_TRACE_BUFFER_SIZE", fr)
+                    "TORCH_NCCL_TRACE_BUFFER_SIZE", fr
+                )
                 env[rank_env.ENV_TRACE] = str(files.nccl_trace)
-            spec = WorkerSpec(r.label, r.device_index, r.uuid, g.suites, g.mode, {},
-                              g.pytest_args)
+            spec = WorkerSpec(r.label, r.device_index, r.uuid, g.suites, g.mode, {}, g.pytest_args)
             cmd = worker_command(spec, self.results_path, files.state, self.run_id, skip_path)
             proc = spawn(cmd, env, files, drop=("TORCHELASTIC_USE_AGENT_STORE",))
-            self.procs.append(RankProc(r, proc, files.stem, files.state, files.collectives,
-                                       files.stderr, files.nccl_trace))
+            self.procs.append(
+                RankProc(
+                    r,
+                    proc,
+                    files.stem,
+                    files.state,
+                    files.collectives,
+                    files.stderr,
+                    files.nccl_trace,
+                )
+            )
 
     def _rendezvous(self) -> tuple[str, int]:
         """Where this generation's group meets: a free port here when we own every rank;
@@ -171,8 +193,9 @@ class DistHarness:
                 host, port = path.read_text().split()
                 return host, int(port)
             time.sleep(0.2)
-        raise RuntimeError(f"{path} did not appear within 120 s: --out must be a folder "
-                           "every node sees")
+        raise RuntimeError(
+            f"{path} did not appear within 120 s: --out must be a folder every node sees"
+        )
 
     def _files(self, rank: int) -> WorkerFiles:
         return RunFolder(self.out_dir).rank(rank, self.group.mode, self.generation)
@@ -185,14 +208,21 @@ class DistHarness:
             exit_file = WorkerFiles(self.wdir, p.stem).exit
             if rc is not None and not exit_file.exists():
                 exit_file.write_text(str(rc))  # for the owners of the other ranks (torchrun)
-            views.append(analysis.RankView(p.spec.rank, collectives.read(p.log_path), rc,
-                                           p.state.get("case")))
+            views.append(
+                analysis.RankView(
+                    p.spec.rank, collectives.read(p.log_path), rc, p.state.get("case")
+                )
+            )
         owned = {p.spec.rank for p in self.procs}
         for r in range(self.group.world_size):  # ranks other gpucheck processes own
             if r not in owned:
-                views.append(analysis.RankView(
-                    r, collectives.read(self._files(r).collectives),
-                    _read_exit(self._files(r).exit)))
+                views.append(
+                    analysis.RankView(
+                        r,
+                        collectives.read(self._files(r).collectives),
+                        _read_exit(self._files(r).exit),
+                    )
+                )
         return sorted(views, key=lambda v: v.rank)
 
     def interrupt(self) -> None:
@@ -211,8 +241,11 @@ class DistHarness:
 
     def _case_age(self) -> float:
         """Seconds since the earliest rank started its current case (0 outside cases)."""
-        starts = [float(p.state["started"]) for p in self.procs
-                  if p.state.get("case") and p.state.get("started")]
+        starts = [
+            float(p.state["started"])
+            for p in self.procs
+            if p.state.get("case") and p.state.get("started")
+        ]
         return time.time() - min(starts) if starts else 0.0
 
     # ---- the loop ------------------------------------------------------------------------
@@ -235,8 +268,7 @@ class DistHarness:
     def _claim_path(self) -> Path:
         return self.wdir / f"group.{self.group.mode}.{self.generation}.finding.json"
 
-    def _claim(self, d: analysis.Diagnosis, age: float) -> tuple[analysis.Diagnosis, float,
-                                                                   bool]:
+    def _claim(self, d: analysis.Diagnosis, age: float) -> tuple[analysis.Diagnosis, float, bool]:
         """The group's one diagnosis of this generation: ours if we write the claim file
         first, else the one another owner (torchrun, another node) wrote."""
         path = self._claim_path()
@@ -274,10 +306,17 @@ class DistHarness:
                         return self._claim(found, age)
                 if bad:  # every rank died (e.g. all at start-up)
                     v = bad[0]
-                    return self._claim(analysis.Diagnosis(
-                        "rank-crash", f"rank {v.rank}'s process died ({analysis.exit_text(v)})",
-                        v.current_case(), [v.rank], hint=analysis.CRASH_HINT,
-                        positions=analysis.positions(views)), age)
+                    return self._claim(
+                        analysis.Diagnosis(
+                            "rank-crash",
+                            f"rank {v.rank}'s process died ({analysis.exit_text(v)})",
+                            v.current_case(),
+                            [v.rank],
+                            hint=analysis.CRASH_HINT,
+                            positions=analysis.positions(views),
+                        ),
+                        age,
+                    )
                 return None
             if self.on_update:
                 self.on_update(f"{len(views)} ranks, case {views[0].current_case() or '-'}")
@@ -288,10 +327,15 @@ class DistHarness:
         only cases started before then: a rank whose peers were killed fails the cases after
         the finding in no time, and those records must not stop them from running again."""
         self.log.refresh()
-        done = {r.case for r in self.log.cases
-                if r.run_id == self.run_id and r.mode == self.group.mode
-                and r.device.startswith("rank") and not r.harness_made
-                and (before is None or _epoch(r.started_at) < before)}
+        done = {
+            r.case
+            for r in self.log.cases
+            if r.run_id == self.run_id
+            and r.mode == self.group.mode
+            and r.device.startswith("rank")
+            and not r.harness_made
+            and (before is None or _epoch(r.started_at) < before)
+        }
         return sorted(done | ({also} if also else set()))
 
     # ---- a finding -----------------------------------------------------------------------
@@ -313,8 +357,9 @@ class DistHarness:
             d = again if again is not None and again.kind == d.kind else d
         # py-spy before the freeze: it stops each process itself while it reads it, and
         # cannot attach to one already stopped by SIGSTOP ("Failed to suspend process")
-        native = dumps.py_spy_dumps({p.spec.rank: int(p.state.get("pid") or p.proc.pid)
-                                     for p in alive})
+        native = dumps.py_spy_dumps(
+            {p.spec.rank: int(p.state.get("pid") or p.proc.pid) for p in alive}
+        )
         for p in alive:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.proc.pid, signal.SIGSTOP)
@@ -323,44 +368,58 @@ class DistHarness:
                 os.killpg(p.proc.pid, signal.SIGKILL)
         for p in self.procs:
             p.proc.wait()
-        orphans = _gpu_orphans(pids) if any(r.device_index is not None
-                                           for r in self.group.ranks) else None
+        orphans = (
+            _gpu_orphans(pids)
+            if any(r.device_index is not None for r in self.group.ranks)
+            else None
+        )
         if mine:  # one record per finding, by the owner that claimed it
             self.diagnoses.append((d, age))
             self._record(d, age, native, orphans)
 
     def _errors(self) -> list[tuple[int, dict[str, Any]]]:
-        return [(p.spec.rank, e) for p in self.procs for e in collectives.read(p.log_path)
-                if e.get("ev") == "error"]
+        return [
+            (p.spec.rank, e)
+            for p in self.procs
+            for e in collectives.read(p.log_path)
+            if e.get("ev") == "error"
+        ]
 
-    def _evidence(self, d: analysis.Diagnosis, native: dict[int, str],
-                  orphans: str | None) -> str:
+    def _evidence(self, d: analysis.Diagnosis, native: dict[int, str], orphans: str | None) -> str:
         parts = [f"--- where each rank is ---\n{d.positions}"]
         for p in self.procs:
             r = p.spec.rank
             if p.proc.returncode not in (None, -signal.SIGKILL, *NORMAL_EXITS):
-                parts.append(f"--- rank {r} stderr (why it ended) ---\n"
-                             f"{crash_digest(tail(p.stderr_path, 64_000))[:2500]}")
-        errors = [f"rank {v_rank}: #{e.get('seq')} {e.get('op')}: {e.get('error')}"
-                  for v_rank, e in self._errors()]
+                parts.append(
+                    f"--- rank {r} stderr (why it ended) ---\n"
+                    f"{crash_digest(tail(p.stderr_path, 64_000))[:2500]}"
+                )
+        errors = [
+            f"rank {v_rank}: #{e.get('seq')} {e.get('op')}: {e.get('error')}"
+            for v_rank, e in self._errors()
+        ]
         if errors:
-            parts.append("--- collectives that raised (TORCH_DISTRIBUTED_DEBUG=DETAIL checks "
-                         "shapes and ops across ranks) ---\n" + "\n".join(errors[:8]))
+            parts.append(
+                "--- collectives that raised (TORCH_DISTRIBUTED_DEBUG=DETAIL checks "
+                "shapes and ops across ranks) ---\n" + "\n".join(errors[:8])
+            )
         for r in range(self.group.world_size):  # every rank's files, whoever owns it
             files = self._files(r)
             try:
                 stacks = files.stacks.read_text(errors="replace")
             except OSError:
                 stacks = ""
-            stacks = (dumps.trim(dumps.main_thread(stacks))
-                      or "(no stack dump: the rank was not alive)")
+            stacks = (
+                dumps.trim(dumps.main_thread(stacks)) or "(no stack dump: the rank was not alive)"
+            )
             parts.append(f"--- rank {r} Python stack (innermost first) ---\n{stacks[:1500]}")
             if r in native:
                 parts.append(f"--- rank {r} py-spy dump --native ---\n{native[r][:1500]}")
             trace = rank_env.read_trace(files.nccl_trace)
             if trace:
-                last = "\n".join(f"  #{e['seq']} {e['op']} {e['state']} {e['input_sizes']}"
-                                 for e in trace[-5:])
+                last = "\n".join(
+                    f"  #{e['seq']} {e['op']} {e['state']} {e['input_sizes']}" for e in trace[-5:]
+                )
                 parts.append(f"--- rank {r} NCCL flight recorder (last 5) ---\n{last}")
         if not dumps.py_spy_installed():
             parts.append(dumps.PY_SPY_MISSING)
@@ -368,30 +427,52 @@ class DistHarness:
             parts.append(orphans)
         return "\n".join(parts)
 
-    def _record(self, d: analysis.Diagnosis, age: float, native: dict[int, str],
-                orphans: str | None) -> None:
+    def _record(
+        self, d: analysis.Diagnosis, age: float, native: dict[int, str], orphans: str | None
+    ) -> None:
         cause = d.cause_ranks[0] if d.cause_ranks else self.group.ranks[0].rank
         owner = next((p for p in self.procs if p.spec.rank == cause), self.procs[0])
         suite = str(owner.state.get("suite") or ",".join(self.group.suites))
         case = d.case or f"<rank {cause} start-up>"
         evidence = self._evidence(d, native, orphans)
         message = f"{d.message} (found after {age:.1f} s)"
-        finding = Finding(kind=d.kind, severity="error", message=message, device=owner.spec.label,
-                          suite=suite, case=case, op=d.op, evidence=evidence[:12000], hint=d.hint)
+        finding = Finding(
+            kind=d.kind,
+            severity="error",
+            message=message,
+            device=owner.spec.label,
+            suite=suite,
+            case=case,
+            op=d.op,
+            evidence=evidence[:12000],
+            hint=d.hint,
+        )
         rc = owner.proc.returncode
         record = CaseRecord(
-            run_id=self.run_id, device=owner.spec.label, device_uuid=owner.spec.uuid, suite=suite,
-            case=case, mode=self.group.mode, status=STATUS_OF.get(d.kind, "failed"),
-            reason=d.message, duration_s=round(age, 3), started_at=now_iso(),
-            exit_code=rc if rc is not None and rc >= 0 else None, stderr_tail=evidence[-4000:],
+            run_id=self.run_id,
+            device=owner.spec.label,
+            device_uuid=owner.spec.uuid,
+            suite=suite,
+            case=case,
+            mode=self.group.mode,
+            status=STATUS_OF.get(d.kind, "failed"),
+            reason=d.message,
+            duration_s=round(age, 3),
+            started_at=now_iso(),
+            exit_code=rc if rc is not None and rc >= 0 else None,
+            stderr_tail=evidence[-4000:],
             findings=[finding],
-            distributed={"kind": d.kind, "cause_ranks": d.cause_ranks,
-                         "waiting_ranks": d.waiting_ranks, "seq": d.seq, "op": d.op,
-                         "time_to_finding_s": round(age, 3),
-                         "world_size": self.group.world_size})
+            distributed={
+                "kind": d.kind,
+                "cause_ranks": d.cause_ranks,
+                "waiting_ranks": d.waiting_ranks,
+                "seq": d.seq,
+                "op": d.op,
+                "time_to_finding_s": round(age, 3),
+                "world_size": self.group.world_size,
+            },
+        )
         results.append(self.results_path, record.to_json())
-
-
 
 
 def _epoch(iso: Any) -> float:
@@ -420,8 +501,10 @@ def _gpu_orphans(pids: list[int], wait_s: float = 10.0) -> str:
         for i in range(nvml.device_count()):
             procs, failed = nvml.list_processes(nvml.handle(i))
             if failed:
-                return (f"NVML orphan check: NVML failed on device {i} ({failed}): whether a "
-                        "rank still holds a GPU context is not known")
+                return (
+                    f"NVML orphan check: NVML failed on device {i} ({failed}): whether a "
+                    "rank still holds a GPU context is not known"
+                )
             for proc in procs:
                 if proc.pid in pids:
                     held[proc.pid] = i
@@ -429,6 +512,8 @@ def _gpu_orphans(pids: list[int], wait_s: float = 10.0) -> str:
             break
         time.sleep(0.25)
     if held:
-        return ("NVML orphan check: FAILED, still holding a GPU context after the kill: "
-                + ", ".join(f"pid {p} on NVML device {i}" for p, i in held.items()))
+        return (
+            "NVML orphan check: FAILED, still holding a GPU context after the kill: "
+            + ", ".join(f"pid {p} on NVML device {i}" for p, i in held.items())
+        )
     return f"NVML orphan check: none of the {len(pids)} rank pids holds a GPU context"

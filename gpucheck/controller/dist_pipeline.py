@@ -43,8 +43,7 @@ MODE = DIST_MODE
 BACKENDS = ("nccl", "gloo")
 
 
-def _ranks(cfg: RunConfig) -> tuple[list[RankSpec], int, str, list[Target],
-                                              list[str], Any]:
+def _ranks(cfg: RunConfig) -> tuple[list[RankSpec], int, str, list[Target], list[str], Any]:
     """The ranks to start here, the world size, the backend, targets/notes/inventory."""
     backend = cfg.backend
     if backend is not None and backend not in BACKENDS:
@@ -57,10 +56,13 @@ def _ranks(cfg: RunConfig) -> tuple[list[RankSpec], int, str, list[Target],
         ranks = [RankSpec(r, f"rank{r}/cpu", None) for r in range(world)]
         return ranks, world, "gloo", targets, notes, inv
     if cfg.world_size is not None and cfg.world_size != len(targets):
-        raise UsageProblem(f"--world-size {cfg.world_size} but {len(targets)} target device(s): "
-                           "a GPU run has one rank per device (choose them with --device)")
-    ranks = [RankSpec(r, f"rank{r}/cuda:{index}", index, u)
-             for r, (_, index, u, _) in enumerate(targets)]
+        raise UsageProblem(
+            f"--world-size {cfg.world_size} but {len(targets)} target device(s): "
+            "a GPU run has one rank per device (choose them with --device)"
+        )
+    ranks = [
+        RankSpec(r, f"rank{r}/cuda:{index}", index, u) for r, (_, index, u, _) in enumerate(targets)
+    ]
     return ranks, len(ranks), backend or "nccl", targets, notes, inv
 
 
@@ -69,19 +71,25 @@ def run(cfg: RunConfig, previous: RunHeader | None) -> int:
     if rank_env.under_torchrun():
         return _run_torchrun(cfg)
     ranks, world, backend, _, notes, inv = _ranks(cfg)
-    requested = (cfg.suite_paths if cfg.suite_paths is not None
-                 else suites_mod.resolve(cfg.suites or suites_mod.DISTRIBUTED))
+    requested = (
+        cfg.suite_paths
+        if cfg.suite_paths is not None
+        else suites_mod.resolve(cfg.suites or suites_mod.DISTRIBUTED)
+    )
     targets: list[Target] = [(r.label, r.device_index, r.uuid, None) for r in ranks]
     with devlock.held(targets, cfg.resume, cfg.wait_for_devices, notes) as lock:
         out = cfg.resume if cfg.resume is not None else prepare_out(cfg.out)
         lock.note_folder(out)
         results_path = RunFolder(out).results
-        notes.append(f"distributed: {world} rank(s), backend {backend}, env:// rendezvous on "
-                     "this machine")
+        notes.append(
+            f"distributed: {world} rank(s), backend {backend}, env:// rendezvous on this machine"
+        )
         if previous is None:
             run_id = uuid.uuid4().hex[:12]
-            results.append(results_path, header(cfg, run_id, targets, inv, requested,
-                                                [(MODE, None)], notes, {}, (MODE,)))
+            results.append(
+                results_path,
+                header(cfg, run_id, targets, inv, requested, [(MODE, None)], notes, {}, (MODE,)),
+            )
         else:
             run_id = previous.run_id
         group = GroupSpec(ranks, world, backend, requested, MODE, _env(cfg), cfg.pytest_args)
@@ -92,19 +100,22 @@ def run(cfg: RunConfig, previous: RunHeader | None) -> int:
 CPU_PASS_WORLD = 2
 
 
-def cpu_pass(cfg: RunConfig, out: Path, results_path: Path, run_id: str,
-             notes: list[str]) -> bool:
+def cpu_pass(cfg: RunConfig, out: Path, results_path: Path, run_id: str, notes: list[str]) -> bool:
     """The distributed suites (``dist``) as one gloo group of CPU ranks, in a run that is
     already under way (the default suites of ``gpucheck run --cpu-only``): its records go
     into that run's results; the caller diagnoses and reports. True after Ctrl-C/SIGTERM."""
     requested = suites_mod.resolve(suites_mod.DISTRIBUTED)
     ranks = [RankSpec(r, f"rank{r}/cpu", None) for r in range(CPU_PASS_WORLD)]
-    group = GroupSpec(ranks, CPU_PASS_WORLD, "gloo", requested, MODE, _env(cfg),
-                      cfg.pytest_args)
+    group = GroupSpec(ranks, CPU_PASS_WORLD, "gloo", requested, MODE, _env(cfg), cfg.pytest_args)
     harness = DistHarness(group, out, results_path, run_id, cfg.timeout)
     console = make_console()
-    console.print(Text(f"{MODE}: the distributed suite ({', '.join(requested)}) as one gloo "
-                       f"group of {CPU_PASS_WORLD} CPU ranks"), soft_wrap=True)
+    console.print(
+        Text(
+            f"{MODE}: the distributed suite ({', '.join(requested)}) as one gloo "
+            f"group of {CPU_PASS_WORLD} CPU ranks"
+        ),
+        soft_wrap=True,
+    )
     interrupted = True  # until the harness returns: an error ends the pass as a stop does
     try:
         interrupted = run_until_interrupted(harness)
@@ -114,24 +125,37 @@ def cpu_pass(cfg: RunConfig, out: Path, results_path: Path, run_id: str,
         names = ", ".join(requested)
         ran = rank_lines(console, group, results_path, run_id, interrupted)
         if not ran:
-            notes.append(f"--cpu-only: the distributed suite ({names}) did not run: the run "
-                         "was stopped before its first case finished")
+            notes.append(
+                f"--cpu-only: the distributed suite ({names}) did not run: the run "
+                "was stopped before its first case finished"
+            )
         else:
-            notes.append(f"--cpu-only: the distributed suite ({names}) ran as one gloo group "
-                         f"of {CPU_PASS_WORLD} CPU ranks (mode {MODE})"
-                         + (", until the run was stopped" if interrupted else ""))
+            notes.append(
+                f"--cpu-only: the distributed suite ({names}) ran as one gloo group "
+                f"of {CPU_PASS_WORLD} CPU ranks (mode {MODE})"
+                + (", until the run was stopped" if interrupted else "")
+            )
 
 
-def rank_lines(console: Any, group: GroupSpec, results_path: Path, run_id: str,
-               stopped: bool) -> int:
+def rank_lines(
+    console: Any, group: GroupSpec, results_path: Path, run_id: str, stopped: bool
+) -> int:
     """One line per rank of ``group`` when its pass ends (``rank0/cpu dist: 5 case(s)
     recorded``), as a worker of a device pass gets one, on a terminal or not. Returns the
     number of the pass's case records."""
-    recorded = Counter(r.device for r in RunLog.read(results_path).cases
-                       if r.run_id == run_id and r.mode == group.mode)
+    recorded = Counter(
+        r.device
+        for r in RunLog.read(results_path).cases
+        if r.run_id == run_id and r.mode == group.mode
+    )
     for rank in group.ranks:
-        console.print(Text(f"{rank.label} {group.mode}: {recorded[rank.label]} case(s) "
-                           f"recorded" + (", stopped" if stopped else "")), soft_wrap=True)
+        console.print(
+            Text(
+                f"{rank.label} {group.mode}: {recorded[rank.label]} case(s) "
+                f"recorded" + (", stopped" if stopped else "")
+            ),
+            soft_wrap=True,
+        )
     return sum(recorded.values())
 
 
@@ -142,8 +166,15 @@ def _env(cfg: RunConfig) -> dict[str, str]:
     return env
 
 
-def _watch_and_finish(cfg: RunConfig, group: GroupSpec, out: Path, results_path: Path,
-                      run_id: str, notes: list[str], write_reports: bool = True) -> int:
+def _watch_and_finish(
+    cfg: RunConfig,
+    group: GroupSpec,
+    out: Path,
+    results_path: Path,
+    run_id: str,
+    notes: list[str],
+    write_reports: bool = True,
+) -> int:
     console = make_console()
     harness = DistHarness(group, out, results_path, run_id, cfg.timeout)
     stopped: str | None = None
@@ -158,8 +189,9 @@ def _watch_and_finish(cfg: RunConfig, group: GroupSpec, out: Path, results_path:
     notes.extend(harness.notes)
     rank_lines(console, group, results_path, run_id, stopped is not None)
     for d, age in found:
-        console.print(Text.assemble((d.kind, "red"), f" after {age:.1f} s in {d.case}: "
-                                    f"{d.message}"))
+        console.print(
+            Text.assemble((d.kind, "red"), f" after {age:.1f} s in {d.case}: {d.message}")
+        )
     if not write_reports:
         return 1 if found else 0
     return finish(cfg, out, results_path, run_id, notes, {}, stopped, console)
@@ -181,24 +213,36 @@ def _run_torchrun(cfg: RunConfig) -> int:
     backend = cfg.backend or ("nccl" if gpu else "gloo")
     label = f"rank{rank}/cuda:{local}" if gpu else f"rank{rank}/cpu"
     requested = suites_mod.resolve(cfg.suites or suites_mod.DISTRIBUTED)
-    notes = [f"distributed under torchrun: {world} rank(s), backend {backend}, "
-             f"{os.environ.get('LOCAL_WORLD_SIZE', '?')} per node"]
+    notes = [
+        f"distributed under torchrun: {world} rank(s), backend {backend}, "
+        f"{os.environ.get('LOCAL_WORLD_SIZE', '?')} per node"
+    ]
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         if not results_path.exists():
-            targets: list[Target] = [(f"rank{r}", None, None, None)
-                                              for r in range(world)]
-            results.append(results_path, header(
-                cfg, run_key, targets, None, requested, [(MODE, None)], notes, {}, (MODE,)))
+            targets: list[Target] = [(f"rank{r}", None, None, None) for r in range(world)]
+            results.append(
+                results_path,
+                header(cfg, run_key, targets, None, requested, [(MODE, None)], notes, {}, (MODE,)),
+            )
     deadline = time.monotonic() + 120
     while not results_path.exists():  # rank 0 (maybe on another node) writes the header
         if time.monotonic() > deadline:
-            raise UsageProblem(f"rank {rank}: {results_path} did not appear within 120 s: "
-                               "--out must be a folder every node sees")
+            raise UsageProblem(
+                f"rank {rank}: {results_path} did not appear within 120 s: "
+                "--out must be a folder every node sees"
+            )
         time.sleep(0.5)
-    group = GroupSpec([RankSpec(rank, label, local if gpu else None)], world, backend,
-                      requested, MODE, _env(cfg), cfg.pytest_args,
-                      local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    group = GroupSpec(
+        [RankSpec(rank, label, local if gpu else None)],
+        world,
+        backend,
+        requested,
+        MODE,
+        _env(cfg),
+        cfg.pytest_args,
+        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+    )
     _watch_and_finish(cfg, group, out, results_path, run_key, notes, write_reports=False)
     done = RunFolder(out).workers / f"owner{rank}.done"
     done.parent.mkdir(parents=True, exist_ok=True)
@@ -207,7 +251,7 @@ def _run_torchrun(cfg: RunConfig) -> int:
         return 0
     deadline = time.monotonic() + cfg.timeout + 120
     while time.monotonic() < deadline and not all(
-            (RunFolder(out).workers / f"owner{r}.done").exists() for r in range(world)):
+        (RunFolder(out).workers / f"owner{r}.done").exists() for r in range(world)
+    ):
         time.sleep(0.5)
-    return finish(cfg, out, results_path, run_key, notes, {}, None,
-                            make_console())
+    return finish(cfg, out, results_path, run_key, notes, {}, None, make_console())

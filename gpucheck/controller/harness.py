@@ -110,9 +110,14 @@ def _plugin_autoloaded() -> bool:
     return any(ep.value == "gpucheck.pytest_plugin" for ep in eps)
 
 
-def worker_command(spec: WorkerSpec, results_path: Path, state_path: Path,
-                   run_id: str, skip_path: Path | None = None,
-                   sanitizer_log: Path | None = None) -> list[str]:
+def worker_command(
+    spec: WorkerSpec,
+    results_path: Path,
+    state_path: Path,
+    run_id: str,
+    skip_path: Path | None = None,
+    sanitizer_log: Path | None = None,
+) -> list[str]:
     cmd: list[str] = []
     if spec.sanitizer_tool and sanitizer_log is not None:
         cmd += sanitizer_cmd.prefix(spec.sanitizer_tool, sanitizer_log, spec.sanitizer)
@@ -128,8 +133,14 @@ def worker_command(spec: WorkerSpec, results_path: Path, state_path: Path,
     if not _plugin_autoloaded():
         cmd += ["-p", "gpucheck.pytest_plugin"]
     cmd += [
-        "--gpucheck-results", str(results_path), "--gpucheck-state", str(state_path),
-        "--gpucheck-run-id", run_id, "--gpucheck-mode", spec.mode,
+        "--gpucheck-results",
+        str(results_path),
+        "--gpucheck-state",
+        str(state_path),
+        "--gpucheck-run-id",
+        run_id,
+        "--gpucheck-mode",
+        spec.mode,
     ]
     if spec.device_index is not None:
         cmd += ["--gpucheck-device", str(spec.device_index)]
@@ -140,8 +151,12 @@ def worker_command(spec: WorkerSpec, results_path: Path, state_path: Path,
     if spec.nvml_interval > 0:
         cmd += ["--gpucheck-nvml-interval", str(spec.nvml_interval)]
     if spec.sanitizer_tool and sanitizer_log is not None:
-        cmd += ["--gpucheck-sanitizer-log", str(sanitizer_log),
-                "--gpucheck-sanitizer-tool", spec.sanitizer_tool]
+        cmd += [
+            "--gpucheck-sanitizer-log",
+            str(sanitizer_log),
+            "--gpucheck-sanitizer-tool",
+            spec.sanitizer_tool,
+        ]
         if "-m" not in spec.pytest_args:
             cmd += ["-m", "sanitizer"]  # only the cases small enough for the sanitizer
     for name, path in spec.suites.items():
@@ -181,25 +196,41 @@ def output_fault(stderr: str, out_dir: Path, label: str) -> str:
     worker's own ``gpucheck: cannot write ...`` line where its log holds one (the log may be
     on the full disk too), with what was kept and the ``--resume`` that finishes the run,
     whichever of the worker's files (its state, a record) failed first."""
-    said = [line.removeprefix("gpucheck: ") for line in stderr.splitlines()
-            if line.startswith("gpucheck: cannot write")]
-    what = said[-1] if said else (f"cannot write to the run folder {out_dir} (worker {label}): "
-                                  f"{_why_unwritable(out_dir)}")
+    said = [
+        line.removeprefix("gpucheck: ")
+        for line in stderr.splitlines()
+        if line.startswith("gpucheck: cannot write")
+    ]
+    what = (
+        said[-1]
+        if said
+        else (
+            f"cannot write to the run folder {out_dir} (worker {label}): {_why_unwritable(out_dir)}"
+        )
+    )
     if "--resume" in what:
         return what
-    return (f"{what.rstrip('.; ')}; the run stopped here, every record written before is kept "
-            f"(make room or make the folder writable, then `gpucheck run --resume {out_dir}`)")
+    return (
+        f"{what.rstrip('.; ')}; the run stopped here, every record written before is kept "
+        f"(make room or make the folder writable, then `gpucheck run --resume {out_dir}`)"
+    )
 
 
 def _cannot_write(path: Path, err: OSError) -> OutputProblem:
     run = path.parent.parent
-    fix = {errno.ENOSPC: "make room", errno.EDQUOT: "make room", errno.EFBIG: "make room",
-           errno.EACCES: "make the folder writable", errno.EPERM: "make the folder writable",
-           errno.EROFS: "make the folder writable"}.get(err.errno or 0,
-                                                        "make room or make the folder writable")
-    return OutputProblem(f"cannot write {path}: {err.strerror or err}; the run stopped here, "
-                         f"every record written before is kept ({fix}, then "
-                         f"`gpucheck run --resume {run}`)")
+    fix = {
+        errno.ENOSPC: "make room",
+        errno.EDQUOT: "make room",
+        errno.EFBIG: "make room",
+        errno.EACCES: "make the folder writable",
+        errno.EPERM: "make the folder writable",
+        errno.EROFS: "make the folder writable",
+    }.get(err.errno or 0, "make room or make the folder writable")
+    return OutputProblem(
+        f"cannot write {path}: {err.strerror or err}; the run stopped here, "
+        f"every record written before is kept ({fix}, then "
+        f"`gpucheck run --resume {run}`)"
+    )
 
 
 _LIFELINE: list[int] = []  # this process's pipe (read end, write end), made once
@@ -213,8 +244,9 @@ def lifeline() -> int:
     return _LIFELINE[0]
 
 
-def spawn(cmd: list[str], env: dict[str, str], files: WorkerFiles,
-          drop: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+def spawn(
+    cmd: list[str], env: dict[str, str], files: WorkerFiles, drop: tuple[str, ...] = ()
+) -> subprocess.Popen[bytes]:
     """Start one worker process (or rank): its own session (so a hang can be signalled as a
     group), stdout/stderr into its files (appended: :func:`bound_log` cuts them), its command
     line beside them, the controller's lifeline; ``env`` over this process's environment,
@@ -227,13 +259,25 @@ def spawn(cmd: list[str], env: dict[str, str], files: WorkerFiles,
     fd = lifeline()
     # the descriptor and the pipe's inode: a tool between us and the worker (compute-sanitizer)
     # may close it, and the number may then name another file in the worker
-    full = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **env,
-            LIFELINE_FD_ENV: f"{fd}:{os.fstat(fd).st_ino}:{os.getpid()}"}
+    full = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONFAULTHANDLER": "1",
+        **env,
+        LIFELINE_FD_ENV: f"{fd}:{os.fstat(fd).st_ino}:{os.getpid()}",
+    }
     for name in drop:
         full.pop(name, None)
     with open(files.stdout, "ab") as out, open(files.stderr, "ab") as err:
-        return subprocess.Popen(cmd, stdout=out, stderr=err, env=full, pass_fds=(fd,),
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        return subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=err,
+            env=full,
+            pass_fds=(fd,),
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
 
 def bound_log(path: Path, cap: int = LOG_CAP, keep: int = LOG_KEEP) -> None:
@@ -247,8 +291,11 @@ def bound_log(path: Path, cap: int = LOG_CAP, keep: int = LOG_KEEP) -> None:
             f.seek(size - keep)
             last = f.read(keep)
             f.seek(keep)
-            f.write(f"\n[gpucheck: {size - 2 * keep} bytes of output cut here; a log is kept "
-                    f"to its first and last {keep} bytes]\n".encode() + last)
+            f.write(
+                f"\n[gpucheck: {size - 2 * keep} bytes of output cut here; a log is kept "
+                f"to its first and last {keep} bytes]\n".encode()
+                + last
+            )
             # what the worker appended meanwhile (its last words, often) moves down too: the
             # cut keeps no window but the one between the last size read and the truncate
             done, end = size, f.tell()
@@ -303,9 +350,15 @@ def _signal_name(returncode: int) -> str | None:
 class Harness:
     """Starts the workers, watches them and writes crash/hang records."""
 
-    def __init__(self, specs: list[WorkerSpec], out_dir: Path, results: Path | RunLog,
-                 run_id: str, timeout: float,
-                 on_update: Callable[[Worker], None] | None = None) -> None:
+    def __init__(
+        self,
+        specs: list[WorkerSpec],
+        out_dir: Path,
+        results: Path | RunLog,
+        run_id: str,
+        timeout: float,
+        on_update: Callable[[Worker], None] | None = None,
+    ) -> None:
         """``results``: the file the workers append to, or the controller's log of it."""
         self.specs = specs
         self.out_dir = out_dir
@@ -325,25 +378,38 @@ class Harness:
                 worker.total_offset = len(done)
             self.workers.append(worker)
 
-    def _spawn(self, spec: WorkerSpec, generation: int = 0,
-               skip: list[str] | None = None) -> Worker:
+    def _spawn(
+        self, spec: WorkerSpec, generation: int = 0, skip: list[str] | None = None
+    ) -> Worker:
         files = RunFolder(self.out_dir).worker(spec.label, spec.mode, generation)
         env = dict(spec.env)
         san_log = files.sanitizer_log_template if spec.sanitizer_tool else None
         if spec.sanitizer_tool:
             env.update(sanitizer_cmd.env())
         skip_path = write_skip(files, skip)
-        cmd = worker_command(spec, self.results_path, files.state, self.run_id, skip_path,
-                             san_log)
+        cmd = worker_command(spec, self.results_path, files.state, self.run_id, skip_path, san_log)
         proc = spawn(cmd, env, files)
-        return Worker(spec, proc, files.state, files.stdout, files.stderr, time.monotonic(),
-                      generation, base_done=len(skip or []))
+        return Worker(
+            spec,
+            proc,
+            files.state,
+            files.stdout,
+            files.stderr,
+            time.monotonic(),
+            generation,
+            base_done=len(skip or []),
+        )
 
     def _recorded_cases(self, spec: WorkerSpec) -> list[str]:
         self.log.refresh()
-        return [r.case for r in self.log.cases
-                if r.run_id == self.run_id and r.device == spec.label and r.mode == spec.mode
-                and not r.harness_made]
+        return [
+            r.case
+            for r in self.log.cases
+            if r.run_id == self.run_id
+            and r.device == spec.label
+            and r.mode == spec.mode
+            and not r.harness_made
+        ]
 
     def _restart(self, w: Worker, startup_kills: int = 0) -> None:
         """Replace a dead worker by a fresh one that runs the cases not yet recorded."""
@@ -351,9 +417,15 @@ class Harness:
         if w.generation >= MAX_RESTARTS:
             total = w.planned
             left = "some" if total is None else str(max(0, total - len(done)))
-            self._record(w, f"<worker {w.spec.label}>", "error",
-                         f"gave up after {MAX_RESTARTS} restarts; {left} case(s) did not run", 0,
-                         "worker-error", "every restart crashed again: run the suite alone")
+            self._record(
+                w,
+                f"<worker {w.spec.label}>",
+                "error",
+                f"gave up after {MAX_RESTARTS} restarts; {left} case(s) did not run",
+                0,
+                "worker-error",
+                "every restart crashed again: run the suite alone",
+            )
             return
         fresh = self._spawn(w.spec, w.generation + 1, done)
         fresh.total = w.planned
@@ -401,8 +473,9 @@ class Harness:
         worker_pid = int(w.state.get("pid") or 0)
         # under compute-sanitizer w.proc is the tool: it ended while the worker under it still
         # runs (the tool crashed)
-        tool = (bool(w.spec.sanitizer_tool) and worker_pid not in (0, w.proc.pid)
-                and _alive(worker_pid))
+        tool = (
+            bool(w.spec.sanitizer_tool) and worker_pid not in (0, w.proc.pid) and _alive(worker_pid)
+        )
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(w.proc.pid, signal.SIGKILL)  # what its cases started and left running
         if tool:  # and the worker the tool left, wherever the tool put it
@@ -426,32 +499,61 @@ class Harness:
                 self._unclaimed_record(w, unclaimed)
                 unclaimed = []
         if w.hung_case:
-            self._record(w, w.hung_case, "hung", f"no progress for {self.timeout:g} s; killed", rc,
-                         "hang", "the case did not finish within --timeout; the evidence holds "
-                         "every thread's Python stack at the moment it was stopped and, with "
-                         "py-spy, the native frames under them", unclaimed)
+            self._record(
+                w,
+                w.hung_case,
+                "hung",
+                f"no progress for {self.timeout:g} s; killed",
+                rc,
+                "hang",
+                "the case did not finish within --timeout; the evidence holds "
+                "every thread's Python stack at the moment it was stopped and, with "
+                "py-spy, the native frames under them",
+                unclaimed,
+            )
             self._restart(w)
         elif rc == EXIT_CONTEXT_LOST:
             self._restart(w)  # the case's own record already says what happened
         elif rc not in NORMAL_EXITS or case or tool:  # os._exit(0) in a case ends it, too
             sig = _signal_name(rc)
             how = f"killed by {sig}" if sig else f"exited with code {rc}"
-            who = (f"compute-sanitizer (pid {w.proc.pid})" if tool else
-                   f"compute-sanitizer (pid {w.proc.pid}) or the worker under it"
-                   if w.spec.sanitizer_tool and not worker_pid else "worker")
+            who = (
+                f"compute-sanitizer (pid {w.proc.pid})"
+                if tool
+                else f"compute-sanitizer (pid {w.proc.pid}) or the worker under it"
+                if w.spec.sanitizer_tool and not worker_pid
+                else "worker"
+            )
             if rc == sanitizer_cmd.ERROR_EXIT and w.spec.sanitizer_tool and not tool:
                 how = "was ended by compute-sanitizer after a fatal error"
             if case and tool:  # the tool crashed: the case's outcome is unknown, not a crash
-                self._record(w, case, "error", f"{who} {how} while this case ran (the worker "
-                             f"under it, pid {worker_pid}, was still running)", rc,
-                             sanitizer_cmd.TOOL_CRASH, sanitizer_cmd.TOOL_CRASH_HINT, unclaimed)
+                self._record(
+                    w,
+                    case,
+                    "error",
+                    f"{who} {how} while this case ran (the worker "
+                    f"under it, pid {worker_pid}, was still running)",
+                    rc,
+                    sanitizer_cmd.TOOL_CRASH,
+                    sanitizer_cmd.TOOL_CRASH_HINT,
+                    unclaimed,
+                )
                 self._restart(w)
             elif case:
                 other = w.state.get("current_device") not in (None, w.spec.label)
-                hint = crash_hint(rc, tail(w.stderr_path, 64_000), bool(w.spec.sanitizer_tool),
-                                  other)
-                self._record(w, case, "crashed", f"worker {how} while running this case", rc,
-                             "crash", hint, unclaimed)
+                hint = crash_hint(
+                    rc, tail(w.stderr_path, 64_000), bool(w.spec.sanitizer_tool), other
+                )
+                self._record(
+                    w,
+                    case,
+                    "crashed",
+                    f"worker {how} while running this case",
+                    rc,
+                    "crash",
+                    hint,
+                    unclaimed,
+                )
                 self._restart(w)
             else:
                 # killed by a signal (the OOM killer, a user) while starting or between cases:
@@ -459,11 +561,17 @@ class Harness:
                 # start-up that fails the same way every time) or a second kill in a row ends
                 # this device's part of the run
                 again = sig is not None and w.startup_kills < MAX_STARTUP_KILLS
-                self._record(w, f"<worker {w.spec.label}>", "error",
-                             f"{who} {how} outside any case (collection or start-up)"
-                             + ("; a fresh worker ran the cases not yet recorded" if again
-                                else ""), rc,
-                             "worker-error", "see the worker's stderr tail", unclaimed)
+                self._record(
+                    w,
+                    f"<worker {w.spec.label}>",
+                    "error",
+                    f"{who} {how} outside any case (collection or start-up)"
+                    + ("; a fresh worker ran the cases not yet recorded" if again else ""),
+                    rc,
+                    "worker-error",
+                    "see the worker's stderr tail",
+                    unclaimed,
+                )
                 if again:
                     kills = w.startup_kills + (0 if w.state.get("done") else 1)
                     self._restart(w, startup_kills=kills)
@@ -474,9 +582,11 @@ class Harness:
         found: list[Finding] = []
         for log in WorkerFiles.of_state(w.state_path).sanitizer_logs():
             text, _ = read_records(log, int(offsets.get(str(log), 0)), complete_only=False)
-            found += [f for f in sanitizer_findings(text, w.spec.sanitizer_tool, w.spec.label,
-                                                    None, None)
-                      if f.severity in ("error", "warning")]
+            found += [
+                f
+                for f in sanitizer_findings(text, w.spec.sanitizer_tool, w.spec.label, None, None)
+                if f.severity in ("error", "warning")
+            ]
         return found
 
     def _unclaimed_record(self, w: Worker, findings: list[Finding]) -> None:
@@ -485,14 +595,30 @@ class Harness:
         for f in findings:
             f.suite, f.case = suite, case
         record = CaseRecord(
-            run_id=self.run_id, device=w.spec.label, device_uuid=w.spec.uuid, suite=suite,
-            case=case, mode=w.spec.mode, status="error",
+            run_id=self.run_id,
+            device=w.spec.label,
+            device_uuid=w.spec.uuid,
+            suite=suite,
+            case=case,
+            mode=w.spec.mode,
+            status="error",
             reason="compute-sanitizer records outside any case (start-up, shutdown)",
-            started_at=now_iso(), findings=findings)
+            started_at=now_iso(),
+            findings=findings,
+        )
         results.append(self.results_path, record.to_json())
 
-    def _record(self, w: Worker, case: str, status: str, message: str, rc: int, kind: str,
-                hint: str, extra: list[Finding] | None = None) -> None:
+    def _record(
+        self,
+        w: Worker,
+        case: str,
+        status: str,
+        message: str,
+        rc: int,
+        kind: str,
+        hint: str,
+        extra: list[Finding] | None = None,
+    ) -> None:
         started = float(w.state.get("started", time.time()))
         suite = str(w.state.get("suite") or ",".join(w.spec.suites))
         for f in extra or []:  # sanitizer records the tool wrote before it ended the case
@@ -504,8 +630,11 @@ class Harness:
             message = f"{message} (last extension op called: {op})"
         # findings the worker saved before a call that may crash (mixed-device arguments):
         # the crash loses the case's own record, not them; the crash's hint then names them
-        pending = [Finding(**{**f, "device": w.spec.label, "suite": suite, "case": case})
-                   for f in (w.state.get("pending_findings") or []) if mine]
+        pending = [
+            Finding(**{**f, "device": w.spec.label, "suite": suite, "case": case})
+            for f in (w.state.get("pending_findings") or [])
+            if mine
+        ]
         mixed = next((f for f in pending if f.kind == "mixed-devices"), None)
         if mixed is not None and kind == "crash":
             hint = cuda_error_hint(mixed, "crash")
@@ -516,23 +645,47 @@ class Harness:
             except OSError:
                 stacks = ""
             stacks = stacks.strip() or "(no stack dump: the worker did not answer SIGUSR1)"
-            evidence = (f"--- Python stacks of every thread when stopped (innermost first, "
-                        f"down to pytest) ---\n{dumps.trim_threads(stacks)[:2500]}\n"
-                        f"--- native frames (py-spy dump --native) ---\n"
-                        f"{dumps.trim_threads(w.native)[:2500]}").strip()
-            digest = (f"--- Python stacks of every thread when stopped ---\n"
-                      f"{stacks[:STACKS_CHARS]}\n--- py-spy dump --native ---\n"
-                      f"{w.native[:STACKS_CHARS]}\n{digest}").strip()
+            evidence = (
+                f"--- Python stacks of every thread when stopped (innermost first, "
+                f"down to pytest) ---\n{dumps.trim_threads(stacks)[:2500]}\n"
+                f"--- native frames (py-spy dump --native) ---\n"
+                f"{dumps.trim_threads(w.native)[:2500]}"
+            ).strip()
+            digest = (
+                f"--- Python stacks of every thread when stopped ---\n"
+                f"{stacks[:STACKS_CHARS]}\n--- py-spy dump --native ---\n"
+                f"{w.native[:STACKS_CHARS]}\n{digest}"
+            ).strip()
         record = CaseRecord(
-            run_id=self.run_id, device=w.spec.label, device_uuid=w.spec.uuid, suite=suite,
-            case=case, mode=w.spec.mode, status=status, reason=message,
-            duration_s=round(max(0.0, time.time() - started), 3), started_at=now_iso(),
+            run_id=self.run_id,
+            device=w.spec.label,
+            device_uuid=w.spec.uuid,
+            suite=suite,
+            case=case,
+            mode=w.spec.mode,
+            status=status,
+            reason=message,
+            duration_s=round(max(0.0, time.time() - started), 3),
+            started_at=now_iso(),
             current_device=w.state.get("current_device"),
-            exit_code=rc if rc >= 0 else None, signal=_signal_name(rc), stderr_tail=digest,
-            findings=[*(extra or []), *pending,
-                      Finding(kind=kind, severity="error", message=message,
-                              device=w.spec.label, suite=suite, case=case, op=op,
-                              evidence=evidence or None, hint=hint)],
+            exit_code=rc if rc >= 0 else None,
+            signal=_signal_name(rc),
+            stderr_tail=digest,
+            findings=[
+                *(extra or []),
+                *pending,
+                Finding(
+                    kind=kind,
+                    severity="error",
+                    message=message,
+                    device=w.spec.label,
+                    suite=suite,
+                    case=case,
+                    op=op,
+                    evidence=evidence or None,
+                    hint=hint,
+                ),
+            ],
         )
         results.append(self.results_path, record.to_json())
 

@@ -47,8 +47,9 @@ def printable(text: str) -> str:
 def finding_text(kind: str, severity: str, where: str, message: str, count: int = 1) -> Text:
     """``kind: where: message`` with the kind coloured by severity (plain without a TTY)."""
     first = (message.splitlines() or [""])[0]
-    text = Text.assemble((printable(kind), SEVERITY_STYLE.get(severity, "")),
-                         printable(f": {where}: {first}"))
+    text = Text.assemble(
+        (printable(kind), SEVERITY_STYLE.get(severity, "")), printable(f": {where}: {first}")
+    )
     if count > 1:
         text.append(f" (x{count})")
     return text
@@ -62,10 +63,14 @@ class Progress:
         self.console = console
         self.live = console.is_terminal and not quiet
         self.bar = rp.Progress(
-            rp.TextColumn("[bold]{task.fields[label]}"), rp.BarColumn(),
-            rp.MofNCompleteColumn(), rp.TextColumn("findings {task.fields[findings]}"),
-            rp.TextColumn("{task.fields[case]}", markup=False), console=console,
-            disable=not self.live, transient=False,
+            rp.TextColumn("[bold]{task.fields[label]}"),
+            rp.BarColumn(),
+            rp.MofNCompleteColumn(),
+            rp.TextColumn("findings {task.fields[findings]}"),
+            rp.TextColumn("{task.fields[case]}", markup=False),
+            console=console,
+            disable=not self.live,
+            transient=False,
         )
         self.tasks: dict[str, rp.TaskID] = {}
         self.reported: set[str] = set()
@@ -96,15 +101,27 @@ class Progress:
         new, self.seen = self.log.cases_since(self.seen)
         for r in new:
             where = f"{r.device} {r.mode} {r.case}"
-            same = Counter((f.kind, f.severity, f"{f.place}: {f.message}" if (
-                f.kind == COLLECTION_ERROR and f.place) else f.message) for f in r.findings)
+            same = Counter(
+                (
+                    f.kind,
+                    f.severity,
+                    f"{f.place}: {f.message}"
+                    if (f.kind == COLLECTION_ERROR and f.place)
+                    else f.message,
+                )
+                for f in r.findings
+            )
             for n, ((kind, severity, message), count) in enumerate(same.items()):
                 if n == MAX_LINES_PER_RECORD:
-                    self.console.print(f"  ... and {len(same) - n} more distinct finding(s) "
-                                       f"of {printable(where)}", soft_wrap=True, markup=False)
+                    self.console.print(
+                        f"  ... and {len(same) - n} more distinct finding(s) of {printable(where)}",
+                        soft_wrap=True,
+                        markup=False,
+                    )
                     break
-                self.console.print(finding_text(kind, severity, where, message, count),
-                                   soft_wrap=True)
+                self.console.print(
+                    finding_text(kind, severity, where, message, count), soft_wrap=True
+                )
 
     def update(self, w: Worker) -> None:
         label = f"{w.spec.label} {w.spec.mode}"
@@ -115,17 +132,26 @@ class Progress:
             if w.generation:
                 case = f"(worker {w.generation + 1}) {case}"
             if label not in self.tasks:
-                self.tasks[label] = self.bar.add_task("", total=None, label=label, findings=0,
-                                                      case="")
-            self.bar.update(self.tasks[label], total=w.planned, completed=w.done,
-                            findings=st.get("findings", 0), case="done" if done else case)
+                self.tasks[label] = self.bar.add_task(
+                    "", total=None, label=label, findings=0, case=""
+                )
+            self.bar.update(
+                self.tasks[label],
+                total=w.planned,
+                completed=w.done,
+                findings=st.get("findings", 0),
+                case="done" if done else case,
+            )
             return
         self._findings()
         if done and label not in self.reported:
             self.reported.add(label)
             restarts = f", {w.generation} restart(s)" if w.generation else ""
-            self.console.print(f"{label}: {w.done}/{w.planned or '?'} cases{restarts}, "
-                               f"exit {w.proc.returncode}", soft_wrap=True, markup=False)
+            self.console.print(
+                f"{label}: {w.done}/{w.planned or '?'} cases{restarts}, exit {w.proc.returncode}",
+                soft_wrap=True,
+                markup=False,
+            )
 
 
 def summary_table(records: list[CaseRecord]) -> Table:
@@ -135,19 +161,27 @@ def summary_table(records: list[CaseRecord]) -> Table:
         counts[(r.device, r.suite)][r.status] += 1
     table = Table(title="gpucheck summary")
     for col in ("device", "suite", "passed", "failed", "error", "crashed", "hung", "skipped"):
-        table.add_column(col, justify="left" if col in ("device", "suite") else "right",
-                         overflow="fold")
+        table.add_column(
+            col, justify="left" if col in ("device", "suite") else "right", overflow="fold"
+        )
     for (device, suite), c in sorted(counts.items()):
         bad = c["failed"] + c["error"] + c["crashed"] + c["hung"]
         style = "red" if bad else "green"
-        table.add_row(Text(device), Text(suite), *(str(c[s]) for s in (
-            "passed", "failed", "error", "crashed", "hung", "skipped")), style=style)
+        table.add_row(
+            Text(device),
+            Text(suite),
+            *(str(c[s]) for s in ("passed", "failed", "error", "crashed", "hung", "skipped")),
+            style=style,
+        )
     return table
 
 
 def _group_text(g: Group, indent: str = "") -> Text:
-    return Text.assemble(indent, (printable(g.kind), SEVERITY_STYLE.get(g.severity, "")),
-                         printable(g.line()[len(g.kind):]))
+    return Text.assemble(
+        indent,
+        (printable(g.kind), SEVERITY_STYLE.get(g.severity, "")),
+        printable(g.line()[len(g.kind) :]),
+    )
 
 
 def print_findings(console: Console, grouped: Grouped, limit: int = MAX_GROUPS) -> None:
@@ -155,14 +189,18 @@ def print_findings(console: Console, grouped: Grouped, limit: int = MAX_GROUPS) 
     no diagnosis explains, then warnings and notes (:meth:`Grouped.ranked`); one line per
     (kind, op or kernel) group."""
     for title, groups in grouped.ranked():
-        console.print(Text.assemble((f"{title}:", "bold"),
-                                    f" {len(groups)} group(s), "
-                                    f"{sum(g.count for g in groups)} finding(s)"))
+        console.print(
+            Text.assemble(
+                (f"{title}:", "bold"),
+                f" {len(groups)} group(s), {sum(g.count for g in groups)} finding(s)",
+            )
+        )
         for g in groups[:limit]:
             console.print(_group_text(g, "  "), soft_wrap=True)
         if len(groups) > limit:
-            console.print(f"  ... and {len(groups) - limit} more group(s) in the report",
-                          markup=False)
+            console.print(
+                f"  ... and {len(groups) - limit} more group(s) in the report", markup=False
+            )
 
 
 #: how a verdict's reasons are introduced on the console
@@ -175,12 +213,17 @@ def print_verdict(console: Console, verdict: Verdict) -> None:
     style = "green" if verdict.ok else "red"
     if not verdict.ok or verdict.name == "warnings":
         for why in verdict.why:
-            console.print(Text.assemble((f"{SAYS.get(verdict.name, verdict.name)}:", style),
-                                        printable(f" {why}")), soft_wrap=True)
+            console.print(
+                Text.assemble(
+                    (f"{SAYS.get(verdict.name, verdict.name)}:", style), printable(f" {why}")
+                ),
+                soft_wrap=True,
+            )
     for problem in verdict.problems:
         if problem not in verdict.why:
-            console.print(Text.assemble(("unreadable:", "red"), printable(f" {problem}")),
-                          soft_wrap=True)
+            console.print(
+                Text.assemble(("unreadable:", "red"), printable(f" {problem}")), soft_wrap=True
+            )
 
 
 def summary_line(records: list[CaseRecord], reasons: int = 3) -> tuple[str, int]:

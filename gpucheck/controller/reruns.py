@@ -44,8 +44,17 @@ def carried(records: Iterable[CaseRecord]) -> list[Finding]:
             if role(f, r) != "diagnosis" or _what(f) in seen:
                 continue
             seen.add(_what(f))
-            note = (f"seen in the wrong-device check's re-run with {r.device} current "
-                    f"({r.mode}), where the case ran to its end")
-            out.append(replace(f, device=r.device, suite=r.suite, case=r.case,
-                               evidence=f"{note}\n{f.evidence}" if f.evidence else note))
+            note = (
+                f"seen in the wrong-device check's re-run with {r.device} current "
+                f"({r.mode}), where the case ran to its end"
+            )
+            out.append(
+                replace(
+                    f,
+                    device=r.device,
+                    suite=r.suite,
+                    case=r.case,
+                    evidence=f"{note}\n{f.evidence}" if f.evidence else note,
+                )
+            )
     return out

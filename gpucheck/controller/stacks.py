@@ -20,13 +20,17 @@ from typing import TypeVar
 #: seconds one ``py-spy dump`` may take
 PY_SPY_TIMEOUT_S = 20.0
 #: the line a hang's evidence carries where py-spy is not installed
-PY_SPY_MISSING = ("note: py-spy is not installed (not on PATH): no native frames (pip install "
-                  "py-spy to see where a process is stuck inside C++/CUDA)")
+PY_SPY_MISSING = (
+    "note: py-spy is not installed (not on PATH): no native frames (pip install "
+    "py-spy to see where a process is stuck inside C++/CUDA)"
+)
 #: what a refused attach means, added to py-spy's own reason
-PY_SPY_REFUSED_HINT = ("py-spy needs the right to ptrace the process: the same user and "
-                       "kernel.yama.ptrace_scope 0 or 1 (1: only from an ancestor), or "
-                       "CAP_SYS_PTRACE; a process made non-dumpable refuses it to all but "
-                       "CAP_SYS_PTRACE")
+PY_SPY_REFUSED_HINT = (
+    "py-spy needs the right to ptrace the process: the same user and "
+    "kernel.yama.ptrace_scope 0 or 1 (1: only from an ancestor), or "
+    "CAP_SYS_PTRACE; a process made non-dumpable refuses it to all but "
+    "CAP_SYS_PTRACE"
+)
 #: frames from here down are the test runner's own, not the case's
 RUNNER_FRAMES = ("_pytest/", "pluggy/")
 
@@ -44,8 +48,12 @@ def py_spy_dump(pid: int, timeout: float = PY_SPY_TIMEOUT_S) -> str:
     if exe is None:
         return PY_SPY_MISSING
     try:
-        run = subprocess.run([exe, "dump", "--native", "--pid", str(pid)],
-                             capture_output=True, text=True, timeout=timeout)
+        run = subprocess.run(
+            [exe, "dump", "--native", "--pid", str(pid)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired:
         return f"py-spy dump failed: no answer within {timeout:g} s"
     except OSError as err:
@@ -56,8 +64,10 @@ def py_spy_dump(pid: int, timeout: float = PY_SPY_TIMEOUT_S) -> str:
     if run.returncode != 0:  # the reason is on stderr, before py-spy's own backtrace
         why = " ".join(run.stderr.split("Stack backtrace:")[0].split())
         refused = any(w in why for w in ("ermission denied", "not permitted", "ptrace"))
-        text = (f"{text}\npy-spy dump failed (exit {run.returncode}): {why}"
-                + (f" ({PY_SPY_REFUSED_HINT})" if refused else "")).strip()
+        text = (
+            f"{text}\npy-spy dump failed (exit {run.returncode}): {why}"
+            + (f" ({PY_SPY_REFUSED_HINT})" if refused else "")
+        ).strip()
     return text
 
 
@@ -109,6 +119,9 @@ def trim_threads(stacks: str) -> str:
 def main_thread(stacks: str) -> str:
     """The faulthandler block of the main thread ('Current thread' first), else all."""
     blocks = stacks.strip().split("\n\n")
-    main = [b for b in blocks if b.startswith(("Current thread", "Thread")) and
-            "(most recent call first)" in b]
+    main = [
+        b
+        for b in blocks
+        if b.startswith(("Current thread", "Thread")) and "(most recent call first)" in b
+    ]
     return (main[-1] if main else stacks).strip()

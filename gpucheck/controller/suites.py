@@ -28,8 +28,11 @@ def suite_roots() -> list[Path]:
 
 
 def _suites_in(root: Path) -> dict[str, Path]:
-    return {d.name: d for d in sorted(root.iterdir())
-            if d.is_dir() and not d.name.startswith((".", "_")) and any(d.rglob("test_*.py"))}
+    return {
+        d.name: d
+        for d in sorted(root.iterdir())
+        if d.is_dir() and not d.name.startswith((".", "_")) and any(d.rglob("test_*.py"))
+    }
 
 
 def available() -> dict[str, Path]:
@@ -85,15 +88,16 @@ def left_out_without_gpu() -> list[str]:
     return sorted(set(default()) - set(CPU_ONLY)) if defaults_are_ours() else []
 
 
-def resolve(requested: tuple[str, ...] | list[str], cpu_only: bool = False
-            ) -> dict[str, Path]:
+def resolve(requested: tuple[str, ...] | list[str], cpu_only: bool = False) -> dict[str, Path]:
     """Map each requested suite to its path; the default suites (:func:`default`) when none
     is requested."""
     if not requested:
         found = default(cpu_only)
         if not found:
-            raise UsageProblem("no suites found: pass --suite PATH or run from a directory "
-                               "that has a suites/ folder")
+            raise UsageProblem(
+                "no suites found: pass --suite PATH or run from a directory "
+                "that has a suites/ folder"
+            )
         return found
     known = available()
     chosen: dict[str, Path] = {}
@@ -107,14 +111,22 @@ def resolve(requested: tuple[str, ...] | list[str], cpu_only: bool = False
         elif (module := module_path(item)) is not None:
             chosen[item] = module
         elif os.sep in item or "/" in item or item.endswith(".py"):  # meant as a path
-            missing = next((p for p in [*reversed(path.absolute().parents), path.absolute()]
-                            if not p.exists()), path.absolute())
+            missing = next(
+                (
+                    p
+                    for p in [*reversed(path.absolute().parents), path.absolute()]
+                    if not p.exists()
+                ),
+                path.absolute(),
+            )
             raise UsageProblem(f"suite {item!r} does not exist: there is no {missing}")
         else:
             names = ", ".join(sorted(known)) or "none"
-            raise UsageProblem(f"unknown suite {item!r}: no file or folder of that name here, "
-                               f"not one of the known suites ({names}), and not an "
-                               "importable module")
+            raise UsageProblem(
+                f"unknown suite {item!r}: no file or folder of that name here, "
+                f"not one of the known suites ({names}), and not an "
+                "importable module"
+            )
     return chosen
 
 

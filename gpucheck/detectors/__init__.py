@@ -32,8 +32,27 @@ from gpucheck.detectors.stray_context import StrayContext
 from gpucheck.detectors.wrong_device import WrongDevice
 from gpucheck.detectors.wrong_stream import WrongStream
 
-__all__ = ["DISABLE_ENV", "BaseDetector", "CaseInfo", "CheckpointReads", "Detector",
-           "DeviceStateLeak", "DoubleActivation", "Imbalance", "KernelDevice", "Leak",
-           "MixedDevices", "Numerics", "OomAnomaly", "OpDevice", "RunContext",
-           "StrayContext", "WorkerContext", "WrongDevice", "WrongStream", "hookimpl",
-           "run_detectors", "worker_detectors"]
+__all__ = [
+    "DISABLE_ENV",
+    "BaseDetector",
+    "CaseInfo",
+    "CheckpointReads",
+    "Detector",
+    "DeviceStateLeak",
+    "DoubleActivation",
+    "Imbalance",
+    "KernelDevice",
+    "Leak",
+    "MixedDevices",
+    "Numerics",
+    "OomAnomaly",
+    "OpDevice",
+    "RunContext",
+    "StrayContext",
+    "WorkerContext",
+    "WrongDevice",
+    "WrongStream",
+    "hookimpl",
+    "run_detectors",
+    "worker_detectors",
+]

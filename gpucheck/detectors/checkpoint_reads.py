@@ -96,8 +96,12 @@ def _pt_holds_params(obj: Any) -> bool:
     if isinstance(obj, dict):
         judged = ("log_scales", "opacity_logits")
         return any(k in obj for name in judged for k in (name, _3DGS_NAMES[name]))
-    return (isinstance(obj, tuple | list) and len(obj) == 2
-            and isinstance(obj[0], tuple | list) and len(obj[0]) == len(CAPTURE_FIELDS))
+    return (
+        isinstance(obj, tuple | list)
+        and len(obj) == 2
+        and isinstance(obj[0], tuple | list)
+        and len(obj[0]) == len(CAPTURE_FIELDS)
+    )
 
 
 def _path_of(source: Any) -> str | None:
@@ -130,8 +134,9 @@ class _ImportWatch(importlib.abc.MetaPathFinder):
         self.patch = patch
         self._finding = threading.local()
 
-    def find_spec(self, fullname: str, path: Sequence[str] | None,
-                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if fullname not in self.names or getattr(self._finding, "on", False):
             return None
         self._finding.on = True  # the other finders find it; this one steps aside
@@ -186,12 +191,24 @@ class CheckpointReads(BaseDetector):
     def case_finished(self, case: CaseInfo) -> list[Finding]:
         self._restore()
         with self._lock:
-            reads, errors, self._reads, self._errors = list(self._reads.values()), \
-                self._errors, {}, []
+            reads, errors, self._reads, self._errors = (
+                list(self._reads.values()),
+                self._errors,
+                {},
+                [],
+            )
         found = [f for r in reads if (f := _finding(r, case)) is not None]
-        found += [Finding(kind="detector-error", severity="warning",
-                          message=f"detector {self.name} failed: {e}", device=case.device,
-                          suite=case.suite, case=case.case) for e in errors]
+        found += [
+            Finding(
+                kind="detector-error",
+                severity="warning",
+                message=f"detector {self.name} failed: {e}",
+                device=case.device,
+                suite=case.suite,
+                case=case.case,
+            )
+            for e in errors
+        ]
         return found
 
     # --- the wrappers ---------------------------------------------------------------------
@@ -234,8 +251,9 @@ class CheckpointReads(BaseDetector):
 
         self._undo.append(undo)
 
-    def _wrap(self, read: Callable[..., Any], holds: Callable[[Any], bool], fmt: str,
-              via: str) -> Callable[..., Any]:
+    def _wrap(
+        self, read: Callable[..., Any], holds: Callable[[Any], bool], fmt: str, via: str
+    ) -> Callable[..., Any]:
         @functools.wraps(read)
         def reader(*args: Any, **kwargs: Any) -> Any:
             out = read(*args, **kwargs)
@@ -287,16 +305,34 @@ def _finding(r: _Read, case: CaseInfo) -> Finding | None:
     read = f"read with {r.via}" + (f" at {r.where}" if r.where else "")
     evidence = f"{read}\n{render_text(dataclasses.replace(report, fix=None))}"
     if report.verdict == "activated":
-        fields = [p.name for p in report.params
-                  if p.verdict == "activated" and p.name in ("scales", "opacities")]
-        message = (f"{r.path}: the case read a checkpoint whose {' and '.join(fields)} are "
-                   f"stored activated; a 3DGS loader activates them again")
-        return Finding(kind="double-activation", severity="error", message=message,
-                       device=case.device, suite=case.suite, case=case.case,
-                       evidence=evidence, hint=report.fix)
+        fields = [
+            p.name
+            for p in report.params
+            if p.verdict == "activated" and p.name in ("scales", "opacities")
+        ]
+        message = (
+            f"{r.path}: the case read a checkpoint whose {' and '.join(fields)} are "
+            f"stored activated; a 3DGS loader activates them again"
+        )
+        return Finding(
+            kind="double-activation",
+            severity="error",
+            message=message,
+            device=case.device,
+            suite=case.suite,
+            case=case.case,
+            evidence=evidence,
+            hint=report.fix,
+        )
     odd = [p.name for p in report.params if p.verdict == "suspicious"]
-    return Finding(kind="checkpoint-suspicious", severity="warning",
-                   message=f"{r.path}: the case read a checkpoint whose {', '.join(odd)} look "
-                           f"suspicious to `gpucheck lint-checkpoint`",
-                   device=case.device, suite=case.suite, case=case.case, evidence=evidence,
-                   hint=report.fix)
+    return Finding(
+        kind="checkpoint-suspicious",
+        severity="warning",
+        message=f"{r.path}: the case read a checkpoint whose {', '.join(odd)} look "
+        f"suspicious to `gpucheck lint-checkpoint`",
+        device=case.device,
+        suite=case.suite,
+        case=case.case,
+        evidence=evidence,
+        hint=report.fix,
+    )

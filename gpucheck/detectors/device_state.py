@@ -15,9 +15,11 @@ from typing import Any
 from gpucheck.detectors.base import BaseDetector, CaseInfo
 from gpucheck.model.results import Finding
 
-HINT = ("use a scoped guard, which restores the caller's device on return: "
-        "`const at::cuda::OptionalCUDAGuard guard(device_of(x));` in C++ "
-        "(or `with torch.cuda.device(x.device):` in Python), not a bare `cudaSetDevice`")
+HINT = (
+    "use a scoped guard, which restores the caller's device on return: "
+    "`const at::cuda::OptionalCUDAGuard guard(device_of(x));` in C++ "
+    "(or `with torch.cuda.device(x.device):` in Python), not a bare `cudaSetDevice`"
+)
 
 
 def _cuda() -> Any:
@@ -48,11 +50,17 @@ class DeviceStateLeak(BaseDetector):
         after = int(cuda.current_device())
         if after == before:
             return []
-        return [Finding(
-            kind=self.name, severity="warning",
-            message=f"the current CUDA device changed from cuda:{before} to cuda:{after} "
-                    "during the case and was not restored",
-            device=case.device, suite=case.suite, case=case.case,
-            evidence=f"torch.cuda.current_device() before the case body: {before}, "
-                     f"after it: {after} (target {case.device})",
-            hint=HINT)]
+        return [
+            Finding(
+                kind=self.name,
+                severity="warning",
+                message=f"the current CUDA device changed from cuda:{before} to cuda:{after} "
+                "during the case and was not restored",
+                device=case.device,
+                suite=case.suite,
+                case=case.case,
+                evidence=f"torch.cuda.current_device() before the case body: {before}, "
+                f"after it: {after} (target {case.device})",
+                hint=HINT,
+            )
+        ]

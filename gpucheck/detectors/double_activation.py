@@ -21,9 +21,11 @@ from gpucheck.model.results import Finding
 __all__ = ["DoubleActivation"]
 
 _MODULE = "gpucheck.checkpoints.roundtrip"
-HINT = ("store raw parameters (log-scales, opacity logits, raw quaternions) and activate only "
-        "where rendering does (gpucheck.checkpoints.activations); `gpucheck lint-checkpoint "
-        "FILE` tells whether a file on disk is raw or activated")
+HINT = (
+    "store raw parameters (log-scales, opacity logits, raw quaternions) and activate only "
+    "where rendering does (gpucheck.checkpoints.activations); `gpucheck lint-checkpoint "
+    "FILE` tells whether a file on disk is raw or activated"
+)
 
 
 def _outcomes() -> list[Any] | None:
@@ -52,11 +54,16 @@ class DoubleActivation(BaseDetector):
             if r.ok:
                 continue
             fields = "; ".join(f"{k}: {v}" for k, v in r.fields.items())
-            found.append(Finding(
-                kind="double-activation" if r.activated else "checkpoint-roundtrip",
-                severity="error", message=r.message.split("; ")[0] if r.activated
-                else r.message,
-                device=case.device, suite=case.suite, case=case.case,
-                evidence=f"{fields}\n{r.render or ''}".strip(),
-                hint=HINT if r.activated else "load(save(x)) must give back x exactly"))
+            found.append(
+                Finding(
+                    kind="double-activation" if r.activated else "checkpoint-roundtrip",
+                    severity="error",
+                    message=r.message.split("; ")[0] if r.activated else r.message,
+                    device=case.device,
+                    suite=case.suite,
+                    case=case.case,
+                    evidence=f"{fields}\n{r.render or ''}".strip(),
+                    hint=HINT if r.activated else "load(save(x)) must give back x exactly",
+                )
+            )
         return found

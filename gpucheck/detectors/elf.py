@@ -49,11 +49,11 @@ def _sections(data: bytes, f: BinaryIO) -> tuple[str, list[Section]] | None:
         return None
     is64, order = data[4] == 2, "<" if data[5] == 1 else ">"
     if is64:
-        shoff, = struct.unpack_from(order + "Q", data, 0x28)
+        (shoff,) = struct.unpack_from(order + "Q", data, 0x28)
         entsize, count = struct.unpack_from(order + "HH", data, 0x3A)
         fmt = order + "IIQQQQIIQQ"
     else:
-        shoff, = struct.unpack_from(order + "I", data, 0x20)
+        (shoff,) = struct.unpack_from(order + "I", data, 0x20)
         entsize, count = struct.unpack_from(order + "HH", data, 0x2E)
         fmt = order + "IIIIIIIIII"
     if not shoff or not count or entsize < struct.calcsize(fmt):
@@ -93,7 +93,9 @@ def needed(path: str) -> tuple[str, ...]:
                     if tag == 0:
                         break
                     if tag == DT_NEEDED and value < len(names):
-                        out.append(names[value:names.index(b"\0", value)].decode(errors="replace"))
+                        out.append(
+                            names[value : names.index(b"\0", value)].decode(errors="replace")
+                        )
             return tuple(out)
     except (OSError, struct.error, ValueError):
         return ()
@@ -117,8 +119,11 @@ def symbol_names(path: str) -> bytes:
             for kind in (SHT_SYMTAB, SHT_DYNSYM):
                 tables = [s for s in sections if s.kind == kind and 0 <= s.link < len(sections)]
                 if tables:
-                    return b"\0".join(_read(f, sections[s.link]) for s in tables
-                                      if sections[s.link].kind == SHT_STRTAB)
+                    return b"\0".join(
+                        _read(f, sections[s.link])
+                        for s in tables
+                        if sections[s.link].kind == SHT_STRTAB
+                    )
     except (OSError, struct.error):
         return b""
     return b""
@@ -139,8 +144,12 @@ def matches(names: bytes, name: list[str] | str) -> bool:
         return False
     if isinstance(name, str):
         return (b"\0" + name.encode() + b"\0") in b"\0" + names + b"\0"
-    parts = [rb"\d+_GLOBAL__N_[0-9A-Za-z_]*?" if c == ANON_MANGLED
-             else re.escape(f"{len(c)}{c}".encode()) for c in name]
+    parts = [
+        rb"\d+_GLOBAL__N_[0-9A-Za-z_]*?"
+        if c == ANON_MANGLED
+        else re.escape(f"{len(c)}{c}".encode())
+        for c in name
+    ]
     return re.search(rb"(?<![0-9])" + b"".join(parts), names) is not None
 
 

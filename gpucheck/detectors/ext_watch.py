@@ -57,8 +57,19 @@ from gpucheck.detectors import elf, op_watch
 from gpucheck.detectors.base import disabled
 
 #: top-level packages never watched: torch itself and libraries that ship with or beside it
-KNOWN = ("torch", "torchvision", "torchaudio", "torchtext", "torchdata", "torchrec",
-         "functorch", "fbgemm_gpu", "triton", "torch_tensorrt", "torchao")
+KNOWN = (
+    "torch",
+    "torchvision",
+    "torchaudio",
+    "torchtext",
+    "torchdata",
+    "torchrec",
+    "functorch",
+    "fbgemm_gpu",
+    "triton",
+    "torch_tensorrt",
+    "torchao",
+)
 #: comma-separated modules (``pkg._C``) or functions (``pkg._C.fn``) never watched
 UNWATCHED_ENV = "GPUCHECK_UNWATCHED"
 #: the marker that leaves modules or functions unwatched for one case
@@ -130,9 +141,12 @@ def _wrap_functions(module: ModuleType, prefix: str, depth: int = 0) -> list[str
             qualname = f"{prefix}.{attr}"
             setattr(module, attr, _wrap(qualname, value))
             done.append(qualname)
-        elif (isinstance(value, ModuleType) and depth < 3 and
-              getattr(value, "__file__", None) in (None, getattr(module, "__file__", None)) and
-              str(getattr(value, "__name__", "")).startswith(module.__name__ + ".")):
+        elif (
+            isinstance(value, ModuleType)
+            and depth < 3
+            and getattr(value, "__file__", None) in (None, getattr(module, "__file__", None))
+            and str(getattr(value, "__name__", "")).startswith(module.__name__ + ".")
+        ):
             done += _wrap_functions(value, f"{prefix}.{attr}", depth + 1)  # a pybind submodule
     return done
 
@@ -146,8 +160,11 @@ def watch_module(module: ModuleType) -> Watched | None:
             return known[1]
         if not is_torch_extension(module):
             return None
-        record = Watched(module.__name__, os.path.realpath(str(module.__file__)),
-                         _wrap_functions(module, module.__name__))
+        record = Watched(
+            module.__name__,
+            os.path.realpath(str(module.__file__)),
+            _wrap_functions(module, module.__name__),
+        )
         _modules[id(module)] = (module, record)
         return record
 
@@ -215,8 +232,10 @@ def marker_names(markers: list[tuple[Any, ...]]) -> list[str]:
     names: list[str] = []
     for args in markers:
         if not args or not all(isinstance(a, str) and a for a in args):
-            raise ValueError(f"{MARKER}(...) takes the names of compiled extension modules or "
-                             f"functions ('pkg._C', 'pkg._C.fn'), got {args!r}")
+            raise ValueError(
+                f"{MARKER}(...) takes the names of compiled extension modules or "
+                f"functions ('pkg._C', 'pkg._C.fn'), got {args!r}"
+            )
         names += args
     return names
 

@@ -30,8 +30,10 @@ TORCH_TOL = (1.5, 32 << 20)
 #: (ratio, bytes) for the NVML peak (context and sampling included)
 NVML_TOL = (1.25, 256 << 20)
 _DEVICE_TOKEN = re.compile(r"(?<=[\[-])cuda:?\d+(?=[\]-])")
-HINT = ("allocate every buffer with the input's options (`x.options()`, `device=x.device`) "
-        "under a device guard; a cache or workspace must be keyed by device")
+HINT = (
+    "allocate every buffer with the input's options (`x.options()`, `device=x.device`) "
+    "under a device guard; a cache or workspace must be keyed by device"
+)
 
 
 def _key(r: CaseRecord) -> tuple[str, str, str]:
@@ -55,8 +57,13 @@ def imbalances(records: Iterable[CaseRecord]) -> list[Finding]:
     groups: dict[tuple[str, str, str], list[CaseRecord]] = {}
     for r in records:
         mode = try_parse(r.mode)
-        if (mode is None or mode.sanitizer_tool or mode.variant
-                or r.status not in ("passed", "failed") or not r.memory):
+        if (
+            mode is None
+            or mode.sanitizer_tool
+            or mode.variant
+            or r.status not in ("passed", "failed")
+            or not r.memory
+        ):
             continue
         groups.setdefault(_key(r), []).append(r)
     found = []
@@ -65,29 +72,42 @@ def imbalances(records: Iterable[CaseRecord]) -> list[Finding]:
         if len(by_device) < 2:
             continue
         lines, where = [], None
-        for label, field, tol in (("PyTorch peak allocated", "torch_peak_allocated", TORCH_TOL),
-                                  ("NVML peak of the worker", "nvml_peak_used", NVML_TOL)):
-            peaks = {d: r.memory[field] for d, r in by_device.items()
-                     if isinstance(r.memory.get(field), int)}
+        for label, field, tol in (
+            ("PyTorch peak allocated", "torch_peak_allocated", TORCH_TOL),
+            ("NVML peak of the worker", "nvml_peak_used", NVML_TOL),
+        ):
+            peaks = {
+                d: r.memory[field]
+                for d, r in by_device.items()
+                if isinstance(r.memory.get(field), int)
+            }
             hit = _compare(tol, peaks)
             if hit is None:
                 continue
             high, low, hi, lo = hit
             where = where or by_device[high]
-            lines.append(f"{label}: " + ", ".join(f"{d} {b / (1 << 20):.1f} MiB"
-                                                  for d, b in sorted(peaks.items()))
-                         + f" ({high} holds {(hi - lo) / (1 << 20):.1f} MiB more than {low})")
+            lines.append(
+                f"{label}: "
+                + ", ".join(f"{d} {b / (1 << 20):.1f} MiB" for d, b in sorted(peaks.items()))
+                + f" ({high} holds {(hi - lo) / (1 << 20):.1f} MiB more than {low})"
+            )
         if where is None:
             continue
-        found.append(Finding(
-            kind="imbalance", severity="warning",
-            message=f"the same case needs more memory on {where.device} than on the "
-                    f"other device(s): {lines[0].split(': ', 1)[1]}",
-            device=where.device, suite=where.suite, case=where.case,
-            evidence="\n".join(lines) + f"\n(tolerances: PyTorch x{TORCH_TOL[0]} and "
-                     f"+{TORCH_TOL[1] >> 20} MiB; NVML x{NVML_TOL[0]} and "
-                     f"+{NVML_TOL[1] >> 20} MiB)",
-            hint=HINT))
+        found.append(
+            Finding(
+                kind="imbalance",
+                severity="warning",
+                message=f"the same case needs more memory on {where.device} than on the "
+                f"other device(s): {lines[0].split(': ', 1)[1]}",
+                device=where.device,
+                suite=where.suite,
+                case=where.case,
+                evidence="\n".join(lines) + f"\n(tolerances: PyTorch x{TORCH_TOL[0]} and "
+                f"+{TORCH_TOL[1] >> 20} MiB; NVML x{NVML_TOL[0]} and "
+                f"+{NVML_TOL[1] >> 20} MiB)",
+                hint=HINT,
+            )
+        )
     return found
 
 

@@ -57,9 +57,26 @@ MARKER_KERNEL = "spin_kernel"
 #: kernels of torch (the outermost namespace of their qualified name) and of the vendor
 #: libraries it calls (a part of the qualified name, lower case): never judged as unclaimed
 TORCH_NAMESPACES = ("at", "at_cuda_detail", "c10", "torch", "caffe2", "pytorch_flash")
-TORCH_KERNELS = ("cublas", "cudnn", "nccl", "cufft", "cusparse", "cusolver", "curand",
-                 "cutlass", "xmma", "gemm", "gemv", "nvjet", "triton", "fmha", "flash_",
-                 "magma", "cunn_", "softmax_warp")
+TORCH_KERNELS = (
+    "cublas",
+    "cudnn",
+    "nccl",
+    "cufft",
+    "cusparse",
+    "cusolver",
+    "curand",
+    "cutlass",
+    "xmma",
+    "gemm",
+    "gemv",
+    "nvjet",
+    "triton",
+    "fmha",
+    "flash_",
+    "magma",
+    "cunn_",
+    "softmax_warp",
+)
 #: profiled calls per (op, argument signature) and case
 CAP = 16
 GPU_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -89,8 +106,13 @@ class OpLaunch:
 
 
 def _kind(name: str) -> str:
-    return ("gpu_memcpy" if name.startswith("Memcpy") else
-            "gpu_memset" if name.startswith("Memset") else "kernel")
+    return (
+        "gpu_memcpy"
+        if name.startswith("Memcpy")
+        else "gpu_memset"
+        if name.startswith("Memset")
+        else "kernel"
+    )
 
 
 def gpu_events(result: Any) -> list[dict[str, Any]]:
@@ -102,8 +124,15 @@ def gpu_events(result: Any) -> list[dict[str, Any]]:
     for e in result.events():
         if e.device_type() != DeviceType.CUDA or e.is_user_annotation():
             continue
-        rows.append({"name": e.name(), "type": _kind(e.name()), "device": e.device_index(),
-                     "stream": e.device_resource_id(), "correlation": e.correlation_id()})
+        rows.append(
+            {
+                "name": e.name(),
+                "type": _kind(e.name()),
+                "device": e.device_index(),
+                "stream": e.device_resource_id(),
+                "correlation": e.correlation_id(),
+            }
+        )
     rows.sort(key=lambda r: r["correlation"])
     return rows
 
@@ -120,8 +149,11 @@ class _Split:
 
 def _split(events: list[dict[str, Any]], log: list[dict[str, Any]]) -> _Split | None:
     """None when the markers found do not match the log (a marker was lost)."""
-    work = [Work(e["name"], int(e["device"]), int(e["stream"]), int(e["correlation"]))
-            for e in events if e["type"] in GPU_WORK]
+    work = [
+        Work(e["name"], int(e["device"]), int(e["stream"]), int(e["correlation"]))
+        for e in events
+        if e["type"] in GPU_WORK
+    ]
     markers = [w for w in work if MARKER_KERNEL in w.name]
     if len(markers) != len(log):
         return None
@@ -150,8 +182,17 @@ def _split(events: list[dict[str, Any]], log: list[dict[str, Any]]) -> _Split | 
             rest.append(w)  # torch's own work, or an unwatched caller's
             continue
         _, _, call, marker, entry = max(inside, key=lambda s: s[0])  # the innermost
-        claimed.append(OpLaunch(str(entry["op"]), call, w, marker.device, marker.stream,
-                                bool(entry.get("single_device", True)), entry.get("frame")))
+        claimed.append(
+            OpLaunch(
+                str(entry["op"]),
+                call,
+                w,
+                marker.device,
+                marker.stream,
+                bool(entry.get("single_device", True)),
+                entry.get("frame"),
+            )
+        )
     return _Split(claimed, rest, current, legacy)
 
 
@@ -171,8 +212,9 @@ def torch_kernel(name: str) -> bool:
     path = name_path(name)
     if isinstance(path, str):  # a mangled name
         return any(p in path.lower() for p in TORCH_KERNELS)
-    return bool(path) and (path[0] in TORCH_NAMESPACES or
-                           any(p in "::".join(path).lower() for p in TORCH_KERNELS))
+    return bool(path) and (
+        path[0] in TORCH_NAMESPACES or any(p in "::".join(path).lower() for p in TORCH_KERNELS)
+    )
 
 
 def candidates(events: list[dict[str, Any]], log: list[dict[str, Any]]) -> list[Work]:
@@ -182,8 +224,14 @@ def candidates(events: list[dict[str, Any]], log: list[dict[str, Any]]) -> list[
     split = _split(events, log)
     if split is None:
         return []
-    return [w for w in split.rest if w.device in split.current and _kind(w.name) == "kernel"
-            and w.stream not in split.current[w.device] and not torch_kernel(w.name)]
+    return [
+        w
+        for w in split.rest
+        if w.device in split.current
+        and _kind(w.name) == "kernel"
+        and w.stream not in split.current[w.device]
+        and not torch_kernel(w.name)
+    ]
 
 
 @dataclass(frozen=True)
@@ -218,9 +266,19 @@ def judge(launches: Iterable[OpLaunch]) -> list[Verdict]:
             bad.setdefault(key, []).append(w.stream)
         if key is not None:
             frames.setdefault(key, lc.frame)
-    return [Verdict(kind, op, kernel, dev, tuple(sorted(set(v))), exp, len(v),
-                    frames.get((kind, op, kernel, dev, exp)))
-            for (kind, op, kernel, dev, exp), v in bad.items()]
+    return [
+        Verdict(
+            kind,
+            op,
+            kernel,
+            dev,
+            tuple(sorted(set(v))),
+            exp,
+            len(v),
+            frames.get((kind, op, kernel, dev, exp)),
+        )
+        for (kind, op, kernel, dev, exp), v in bad.items()
+    ]
 
 
 @dataclass(frozen=True)
@@ -251,11 +309,18 @@ def unclaimed(window: Window) -> list[Unclaimed]:
         if lib is None and split.legacy.get(w.device) != w.stream:
             continue  # not an extension's that we know, nor on stream 0: torch's, likely
         found.setdefault((w.name, w.device), []).append(w)
-    return [Unclaimed(name, window.libraries.get(name), dev,
-                      tuple(sorted({w.stream for w in ws})),
-                      tuple(sorted(split.current[dev])),
-                      any(w.stream == split.legacy.get(dev) for w in ws), len(ws))
-            for (name, dev), ws in found.items()]
+    return [
+        Unclaimed(
+            name,
+            window.libraries.get(name),
+            dev,
+            tuple(sorted({w.stream for w in ws})),
+            tuple(sorted(split.current[dev])),
+            any(w.stream == split.legacy.get(dev) for w in ws),
+            len(ws),
+        )
+        for (name, dev), ws in found.items()
+    ]
 
 
 @dataclass
@@ -322,9 +387,13 @@ class LaunchTrace:
                 if not self._open():
                     return
             self.counts[key] = self.counts.get(key, 0) + 1
-            entry = {"call": self.calls, "op": call.op, "device": int(dev.index),
-                     "single_device": len({t.device for t in tensors}) == 1,
-                     "frame": call.frame}
+            entry = {
+                "call": self.calls,
+                "op": call.op,
+                "device": int(dev.index),
+                "single_device": len({t.device for t in tensors}) == 1,
+                "frame": call.frame,
+            }
             self.calls += 1
             call.notes["launch-trace"] = entry
             self.depth += 1
@@ -343,8 +412,9 @@ class LaunchTrace:
             if not main or self.depth:
                 return
             grads = any(t.requires_grad for t in op_watch.tensors(out)) or (
-                call.autograd == "forward" and  # its grad_fn comes when apply returns
-                any(t.requires_grad for t in op_watch.tensors((call.args, call.kwargs))))
+                call.autograd == "forward"  # its grad_fn comes when apply returns
+                and any(t.requires_grad for t in op_watch.tensors((call.args, call.kwargs)))
+            )
             if not grads or all(n >= self.cap for n in self.counts.values()):
                 self._close()
             else:
@@ -383,8 +453,9 @@ class LaunchTrace:
         )
         from torch.autograd.profiler import _enable_profiler, _prepare_profiler
 
-        config = ProfilerConfig(ProfilerState.KINETO, False, False, False, False, False,
-                                _ExperimentalConfig())
+        config = ProfilerConfig(
+            ProfilerState.KINETO, False, False, False, False, False, _ExperimentalConfig()
+        )
         try:
             _prepare_profiler(config, {ProfilerActivity.CUDA})
             _enable_profiler(config, {ProfilerActivity.CUDA})

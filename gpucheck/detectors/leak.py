@@ -40,11 +40,15 @@ DEFAULT_REPEATS = 5
 TORCH_TOL = 1 << 20
 #: bytes outside the caching allocator (NVML is coarse: 2 MiB pages)
 RAW_TOL = 4 << 20
-HINT_TORCH = ("tensors outlive the call that made them: a cache or list that grows on every "
-              "call, or a reference kept by a global or a closure")
-HINT_RAW = ("memory outside PyTorch's allocator grows on every call: a raw cudaMalloc (or "
-            "cudaMallocHost/cuBLAS handle/stream) without its free; take scratch memory from "
-            "the caching allocator (at::empty with x.options()) instead")
+HINT_TORCH = (
+    "tensors outlive the call that made them: a cache or list that grows on every "
+    "call, or a reference kept by a global or a closure"
+)
+HINT_RAW = (
+    "memory outside PyTorch's allocator grows on every call: a raw cudaMalloc (or "
+    "cudaMallocHost/cuBLAS handle/stream) without its free; take scratch memory from "
+    "the caching allocator (at::empty with x.options()) instead"
+)
 
 
 def repeats(item: Any) -> int:
@@ -67,34 +71,46 @@ def _grew(samples: list[int], tol: int, exact: bool) -> bool:
     return (total > tol and samples[-1] > mid) or (exact and steady and len(samples) >= 3)
 
 
-def judge(torch_alloc: list[int], outside: list[int] | None, case: CaseInfo, outside_how: str
-          ) -> list[Finding]:
+def judge(
+    torch_alloc: list[int], outside: list[int] | None, case: CaseInfo, outside_how: str
+) -> list[Finding]:
     """Findings for one repeated case from its measurements after each run."""
     where = {"device": case.device, "suite": case.suite, "case": case.case}
     runs = len(torch_alloc)
     found = []
     if _grew(torch_alloc, TORCH_TOL, exact=True):
         grow = torch_alloc[-1] - torch_alloc[0]
-        found.append(Finding(
-            kind="leak", severity="error",
-            message=f"PyTorch memory grows with every run: +{grow / (1 << 20):.2f} MiB "
-                    f"allocated after {runs} runs ({grow / (runs - 1) / (1 << 20):.2f} MiB per "
-                    f"run)",
-            evidence="torch.cuda.memory_allocated after each run: "
-                     + ", ".join(map(str, torch_alloc)),
-            hint=HINT_TORCH, **where))
+        found.append(
+            Finding(
+                kind="leak",
+                severity="error",
+                message=f"PyTorch memory grows with every run: +{grow / (1 << 20):.2f} MiB "
+                f"allocated after {runs} runs ({grow / (runs - 1) / (1 << 20):.2f} MiB per "
+                f"run)",
+                evidence="torch.cuda.memory_allocated after each run: "
+                + ", ".join(map(str, torch_alloc)),
+                hint=HINT_TORCH,
+                **where,
+            )
+        )
     if outside is not None and _grew(outside, RAW_TOL, exact=False):
         grow = outside[-1] - outside[0]
-        found.append(Finding(
-            kind="leak", severity="error",
-            message=f"memory outside PyTorch's allocator grows with every run: "
-                    f"+{grow / (1 << 20):.1f} MiB after {runs} runs "
-                    f"({grow / (runs - 1) / (1 << 20):.1f} MiB per run): raw cudaMalloc "
-                    f"without free?",
-            evidence=f"{outside_how} after each run: " + ", ".join(map(str, outside))
-                     + "\ntorch.cuda.memory_allocated after each run: "
-                     + ", ".join(map(str, torch_alloc)),
-            hint=HINT_RAW, **where))
+        found.append(
+            Finding(
+                kind="leak",
+                severity="error",
+                message=f"memory outside PyTorch's allocator grows with every run: "
+                f"+{grow / (1 << 20):.1f} MiB after {runs} runs "
+                f"({grow / (runs - 1) / (1 << 20):.1f} MiB per run): raw cudaMalloc "
+                f"without free?",
+                evidence=f"{outside_how} after each run: "
+                + ", ".join(map(str, outside))
+                + "\ntorch.cuda.memory_allocated after each run: "
+                + ", ".join(map(str, torch_alloc)),
+                hint=HINT_RAW,
+                **where,
+            )
+        )
     return found
 
 
@@ -165,13 +181,20 @@ class Leak(BaseDetector):
             self.measure()
 
     def case_finished(self, case: CaseInfo) -> list[Finding]:
-        found = judge(self.torch_alloc, self.outside if self.outside else None, case,
-                      self.outside_how)
+        found = judge(
+            self.torch_alloc, self.outside if self.outside else None, case, self.outside_how
+        )
         if self.failure:
-            found.append(Finding(
-                kind="test-failure", severity="error",
-                message=f"the case passed once and failed when repeated: {self.failure}",
-                device=case.device, suite=case.suite, case=case.case,
-                hint="state left behind by the previous run (a cache, a buffer reused with "
-                     "another size, a stream or device left current)"))
+            found.append(
+                Finding(
+                    kind="test-failure",
+                    severity="error",
+                    message=f"the case passed once and failed when repeated: {self.failure}",
+                    device=case.device,
+                    suite=case.suite,
+                    case=case.case,
+                    hint="state left behind by the previous run (a cache, a buffer reused with "
+                    "another size, a stream or device left current)",
+                )
+            )
         return found

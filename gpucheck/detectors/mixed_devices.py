@@ -51,8 +51,9 @@ def host_argument(t: Any) -> bool:
     """A CPU tensor torch lets a CUDA op take: 0-dim, or a small integer / bool tensor."""
     if t.device.type != "cpu":
         return False
-    return t.dim() == 0 or (not (t.is_floating_point() or t.is_complex())
-                            and t.numel() <= SMALL_HOST)
+    return t.dim() == 0 or (
+        not (t.is_floating_point() or t.is_complex()) and t.numel() <= SMALL_HOST
+    )
 
 
 def carries_data(t: Any) -> bool:
@@ -93,8 +94,10 @@ def argument_names(fn: Any) -> list[str]:
     doc = (getattr(fn, "__doc__", None) or "").strip().splitlines()
     found = _DOC_SIGNATURE.match(doc[0]) if doc else None
     if found:
-        names = [p.split(":")[0].split("=")[0].strip().lstrip("*")
-                 for p in _split_params(found["params"])]
+        names = [
+            p.split(":")[0].split("=")[0].strip().lstrip("*")
+            for p in _split_params(found["params"])
+        ]
         return ["" if _DEFAULT_NAME.fullmatch(n) else n for n in names]
     try:
         return list(inspect.signature(fn).parameters)
@@ -102,8 +105,9 @@ def argument_names(fn: Any) -> list[str]:
         return []
 
 
-def labelled_tensors(args: tuple[Any, ...], kwargs: dict[str, Any], names: list[str]
-                     ) -> list[tuple[str, Any]]:
+def labelled_tensors(
+    args: tuple[Any, ...], kwargs: dict[str, Any], names: list[str]
+) -> list[tuple[str, Any]]:
     """(label, tensor) of every tensor argument: ``argument 2 (bg)``, ``argument bg``,
     ``argument 1[0]`` for a tensor inside a list argument."""
     torch = sys.modules["torch"]
@@ -134,8 +138,10 @@ def mixed(tensors: list[tuple[str, Any]]) -> list[tuple[str, str, tuple[int, ...
     devices = {str(t.device) for _, t in data}
     if len(devices) < 2 or devices <= {"cpu"}:
         return []
-    return [(label, str(t.device), tuple(t.shape), str(t.dtype).removeprefix("torch."))
-            for label, t in data]
+    return [
+        (label, str(t.device), tuple(t.shape), str(t.dtype).removeprefix("torch."))
+        for label, t in data
+    ]
 
 
 def describe(found: list[tuple[str, str, tuple[int, ...], str]]) -> str:
@@ -152,22 +158,28 @@ def hint(found: list[tuple[str, str, tuple[int, ...], str]]) -> str:
     devices = [d for _, d, _, _ in found]
     target = max(set(devices), key=lambda d: (d != "cpu", devices.count(d)))
     move = [label for label, d, _, _ in found if d != target]
-    what = ("a kernel handed a host pointer faults with an illegal memory access (or reads "
-            "host memory, unordered, where the system lets the GPU read pageable memory)"
-            if "cpu" in devices else
-            "a kernel handed another GPU's memory faults (or, with peer access, reads it "
-            "over NVLink)")
-    return (f"{describe(found)}: pass {', '.join(move)} on {target} like the call's other "
-            f"tensors (`.to({target!r})` before the call); {what}. This is the caller's "
-            "argument, not the extension's device guard; if the extension takes this argument "
-            "on the host by design, leave the function unwatched (GPUCHECK_UNWATCHED)")
+    what = (
+        "a kernel handed a host pointer faults with an illegal memory access (or reads "
+        "host memory, unordered, where the system lets the GPU read pageable memory)"
+        if "cpu" in devices
+        else "a kernel handed another GPU's memory faults (or, with peer access, reads it "
+        "over NVLink)"
+    )
+    return (
+        f"{describe(found)}: pass {', '.join(move)} on {target} like the call's other "
+        f"tensors (`.to({target!r})` before the call); {what}. This is the caller's "
+        "argument, not the extension's device guard; if the extension takes this argument "
+        "on the host by design, leave the function unwatched (GPUCHECK_UNWATCHED)"
+    )
 
 
 def cuda_error_hint(finding: Finding, what: str = "CUDA error") -> str:
     """The hint of a CUDA error (or of a crash: ``what``) in a case where a mixed-devices
     finding was made: it names the arguments, not a device guard."""
-    return (f"the {what} follows a call of {finding.op} with tensors on different devices "
-            f"(the mixed-devices finding of this case): {finding.hint}")
+    return (
+        f"the {what} follows a call of {finding.op} with tensors on different devices "
+        f"(the mixed-devices finding of this case): {finding.hint}"
+    )
 
 
 class MixedDevices(CallWatcher):
@@ -201,8 +213,10 @@ class MixedDevices(CallWatcher):
             if known is not None:
                 known[4] += 1
                 return
-            evidence = "\n".join(f"{label}: {device}, shape {list(shape)}, {dtype}"
-                                 for label, device, shape, dtype in found)
+            evidence = "\n".join(
+                f"{label}: {device}, shape {list(shape)}, {dtype}"
+                for label, device, shape, dtype in found
+            )
             self.seen[call.op] = [describe(found), evidence, hint(found), call.frame, 1]
             findings = self.findings()
         if self.persist is not None:
@@ -233,15 +247,23 @@ class MixedDevices(CallWatcher):
         for op, (detail, evidence, fix, frame, calls) in sorted(self.seen.items()):
             where = f" (called from {frame})" if frame else ""
             times = f" ({calls} calls)" if calls > 1 else ""
-            out.append(Finding(
-                kind=self.name, severity="error",
-                message=f"{op} was called with tensor arguments on different devices: "
-                        f"{detail}{times}{where}",
-                device=case.device if case else None, suite=case.suite if case else None,
-                case=case.case if case else None, op=op,
-                evidence=(f"tensor arguments (looked at before the call ran):\n{evidence}"
-                          + (f"\ncalled from {frame}" if frame else ""))[:MAX_EVIDENCE],
-                hint=fix))
+            out.append(
+                Finding(
+                    kind=self.name,
+                    severity="error",
+                    message=f"{op} was called with tensor arguments on different devices: "
+                    f"{detail}{times}{where}",
+                    device=case.device if case else None,
+                    suite=case.suite if case else None,
+                    case=case.case if case else None,
+                    op=op,
+                    evidence=(
+                        f"tensor arguments (looked at before the call ran):\n{evidence}"
+                        + (f"\ncalled from {frame}" if frame else "")
+                    )[:MAX_EVIDENCE],
+                    hint=fix,
+                )
+            )
         return out
 
     def case_started(self, case: CaseInfo) -> None:

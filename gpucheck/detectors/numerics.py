@@ -42,10 +42,12 @@ from gpucheck.model.results import CaseRecord, Finding
 CAP = 16
 SAMPLE = 1 << 20
 MAX_KEPT = 64  # fingerprints a case record keeps
-HINT = ("make the result a function of the input alone: no float atomics whose order varies "
-        "(accumulate per block and reduce in a fixed order), no uninitialized memory, no "
-        "races; if the op is non-deterministic by design, tag it "
-        "`torch.Tag.nondeterministic_bitwise` in its schema")
+HINT = (
+    "make the result a function of the input alone: no float atomics whose order varies "
+    "(accumulate per block and reduce in a fixed order), no uninitialized memory, no "
+    "races; if the op is non-deterministic by design, tag it "
+    "`torch.Tag.nondeterministic_bitwise` in its schema"
+)
 _INT = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
 
 
@@ -121,37 +123,58 @@ def parse(entry: str) -> tuple[str, str, str, str]:
     return op, inputs, outputs, device
 
 
-def conflicts(entries: Iterable[tuple[str, str, str, str]]
-              ) -> list[tuple[str, str, list[tuple[str, str]]]]:
+def conflicts(
+    entries: Iterable[tuple[str, str, str, str]],
+) -> list[tuple[str, str, list[tuple[str, str]]]]:
     """(op, inputs, [(device, outputs) ...]) for every (op, inputs) seen with more than one
     output fingerprint."""
     seen: dict[tuple[str, str], dict[tuple[str, str], None]] = {}
     for op, inputs, outputs, device in entries:
         seen.setdefault((op, inputs), {})[(device, outputs)] = None
-    return [(op, inputs, list(outs)) for (op, inputs), outs in seen.items()
-            if len({o for _, o in outs}) > 1]
+    return [
+        (op, inputs, list(outs))
+        for (op, inputs), outs in seen.items()
+        if len({o for _, o in outs}) > 1
+    ]
 
 
-def _finding(op: str, inputs: str, outs: list[tuple[str, str]], where: dict[str, Any],
-             frame: str | None = None) -> Finding:
+def _finding(
+    op: str,
+    inputs: str,
+    outs: list[tuple[str, str]],
+    where: dict[str, Any],
+    frame: str | None = None,
+) -> Finding:
     devices = sorted({d for d, _ in outs})
     per_device = {d: {o for dd, o in outs if dd == d} for d in devices}
     nondet = any(len(v) > 1 for v in per_device.values())
-    what = ("non-deterministic: the same input gave different results"
-            if nondet else f"cross-device disagreement: the same input gave different results "
-                           f"on {' and '.join(devices)}")
+    what = (
+        "non-deterministic: the same input gave different results"
+        if nondet
+        else f"cross-device disagreement: the same input gave different results "
+        f"on {' and '.join(devices)}"
+    )
     return Finding(
-        kind="numerics", severity="error", message=f"{op}: {what}", op=op,
-        evidence=(f"input fingerprint {inputs}; output fingerprints: "
-                  + "; ".join(f"{d}: {', '.join(sorted(v))}" for d, v in per_device.items())
-                  + " (bitwise hashes of every output element, sampled above "
-                    f"{SAMPLE} elements)" + (f"; called from {frame}" if frame else "")),
-        hint=HINT, **where)
+        kind="numerics",
+        severity="error",
+        message=f"{op}: {what}",
+        op=op,
+        evidence=(
+            f"input fingerprint {inputs}; output fingerprints: "
+            + "; ".join(f"{d}: {', '.join(sorted(v))}" for d, v in per_device.items())
+            + " (bitwise hashes of every output element, sampled above "
+            f"{SAMPLE} elements)" + (f"; called from {frame}" if frame else "")
+        ),
+        hint=HINT,
+        **where,
+    )
 
 
-COVERAGE_HINT = ("an op must run every dtype it claims and reject every other one with an "
-                 "error that names the dtype (not compute it silently, not fail with an "
-                 "unrelated error)")
+COVERAGE_HINT = (
+    "an op must run every dtype it claims and reject every other one with an "
+    "error that names the dtype (not compute it silently, not fail with an "
+    "unrelated error)"
+)
 
 
 class Numerics(CallWatcher):
@@ -210,19 +233,29 @@ class Numerics(CallWatcher):
         self.measured = list(testing.MEASURED)
         testing.MEASURED.clear()
         where = {"device": case.device, "suite": case.suite, "case": case.case}
-        found = [Finding(kind="numerics", severity="error",
-                         message=m.message() if m.coverage else
-                         f"mismatch against the reference: {m.message()}",
-                         evidence=json.dumps(m.to_json()),
-                         hint=COVERAGE_HINT if m.coverage else
-                         "the kernel's result is off by more than the suite's tolerance "
-                         "for this check; the evidence has the worst element",
-                         **where)
-                 for m in self.measured if not m.ok]
+        found = [
+            Finding(
+                kind="numerics",
+                severity="error",
+                message=m.message()
+                if m.coverage
+                else f"mismatch against the reference: {m.message()}",
+                evidence=json.dumps(m.to_json()),
+                hint=COVERAGE_HINT
+                if m.coverage
+                else "the kernel's result is off by more than the suite's tolerance "
+                "for this check; the evidence has the worst element",
+                **where,
+            )
+            for m in self.measured
+            if not m.ok
+        ]
         if not self.stop_watching():
             return found
-        return found + [_finding(op, inputs, outs, where, self.frames.get(op))
-                        for op, inputs, outs in conflicts(self.entries)]
+        return found + [
+            _finding(op, inputs, outs, where, self.frames.get(op))
+            for op, inputs, outs in conflicts(self.entries)
+        ]
 
     def run_finished(self, records: list[CaseRecord]) -> list[Finding]:
         return disagreements(records)
@@ -253,8 +286,12 @@ def disagreements(records: Iterable[CaseRecord]) -> list[Finding]:
             continue  # already a finding of that case
         first = seen[0][2]
         cases = sorted({f"{r.device} {r.case}" for _, _, r in seen})
-        f = _finding(op, inputs, [(d, o) for d, o, _ in seen],
-                     {"device": first.device, "suite": first.suite, "case": first.case})
+        f = _finding(
+            op,
+            inputs,
+            [(d, o) for d, o, _ in seen],
+            {"device": first.device, "suite": first.suite, "case": first.case},
+        )
         f.evidence = f"{f.evidence}\ncases: {'; '.join(cases)}"
         found.append(f)
     return found

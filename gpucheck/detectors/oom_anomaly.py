@@ -34,8 +34,16 @@ from gpucheck.detectors.base import BaseDetector
 from gpucheck.model.modes import try_parse
 from gpucheck.model.results import CaseRecord, Finding
 
-__all__ = ["MemoryAnomaly", "OomAnomaly", "OomMessage", "growth", "oom_findings",
-           "parse_memory_anomaly", "parse_oom", "size_of"]
+__all__ = [
+    "MemoryAnomaly",
+    "OomAnomaly",
+    "OomMessage",
+    "growth",
+    "oom_findings",
+    "parse_memory_anomaly",
+    "parse_oom",
+    "size_of",
+]
 
 #: a request this many times the case's measured footprint is an anomaly
 FAR_BEYOND = 8.0
@@ -59,7 +67,7 @@ _PATTERNS = {
     "allowed": rf"{_SIZE} allowed",
     "process_in_use": rf"this process has {_SIZE} memory in use",
     "allocated": rf"Of the allocated memory {_SIZE} is allocated by PyTorch|"
-                 rf"; {_SIZE} already allocated",
+    rf"; {_SIZE} already allocated",
     "private_pools": rf"with {_SIZE} allocated in private pools",
     "reserved_unallocated": rf"{_SIZE} is reserved by PyTorch but unallocated",
     "reserved_total": rf"{_SIZE} reserved in total by PyTorch",
@@ -72,7 +80,9 @@ _BUDGET = re.compile(
     r"total.*?binning needs (?P<needed>\d+) bytes, (?P<free>\d+) bytes free(?:; radius "
     r"percentiles \(visible, px\) p50 (?P<p50>\d+), p90 (?P<p90>\d+), p99 (?P<p99>\d+), "
     r"max (?P<max>\d+); \d+ Gaussians \((?P<share>[0-9.e+-]+) %\) cover more than 25 % of "
-    r"the image\.)?(?: Hint: (?P<hint>[^\n]*))?", re.S)
+    r"the image\.)?(?: Hint: (?P<hint>[^\n]*))?",
+    re.S,
+)
 
 
 def _bytes(value: str, unit: str) -> int:
@@ -133,8 +143,11 @@ def parse_oom(text: str) -> OomMessage | None:
     for name, pattern in _PATTERNS.items():
         found = re.search(pattern, line)
         if found:
-            value, unit = next((v, u) for v, u in zip(found.groups()[::2], found.groups()[1::2],
-                                                      strict=True) if v is not None)
+            value, unit = next(
+                (v, u)
+                for v, u in zip(found.groups()[::2], found.groups()[1::2], strict=True)
+                if v is not None
+            )
             setattr(msg, name, _bytes(value, unit))
     gpu = _GPU.search(line)
     if gpu:
@@ -163,7 +176,8 @@ def parse_memory_anomaly(text: str) -> MemoryAnomaly | None:
     if _ANOMALY_TYPE not in text and "binning budget exceeded" not in text:
         return None
     lines = [ln for ln in text.splitlines() if "binning budget exceeded" in ln] or [
-        ln for ln in text.splitlines() if _ANOMALY_TYPE in ln]
+        ln for ln in text.splitlines() if _ANOMALY_TYPE in ln
+    ]
     line = max(lines, key=len).strip().removeprefix("E").strip()
     out = MemoryAnomaly(text=line)
     found = _BUDGET.search(line)
@@ -182,8 +196,11 @@ def gib(n: int | None) -> str:
 
 
 def _failure_text(r: CaseRecord) -> str:
-    return "\n".join(f"{f.message}\n{f.evidence or ''}" for f in r.findings
-                     if f.kind in ("test-failure", "cuda-error"))
+    return "\n".join(
+        f"{f.message}\n{f.evidence or ''}"
+        for f in r.findings
+        if f.kind in ("test-failure", "cuda-error")
+    )
 
 
 def _where(r: CaseRecord) -> dict[str, Any]:
@@ -206,47 +223,70 @@ def _oom_finding(r: CaseRecord, m: OomMessage, totals: dict[str, int]) -> Findin
     req = m.requested
     if req is not None and total and req > total:
         return Finding(
-            kind="oom-anomaly", severity="error",
+            kind="oom-anomaly",
+            severity="error",
             message=f"out of memory: a single request of {gib(req)} on a device of "
-                    f"{gib(total)} in total, {req / total:.1f}x the whole device",
-            evidence=f"{numbers}\n{m.text}", hint=_HINT_HUGE, **_where(r))
+            f"{gib(total)} in total, {req / total:.1f}x the whole device",
+            evidence=f"{numbers}\n{m.text}",
+            hint=_HINT_HUGE,
+            **_where(r),
+        )
     if req is not None and req >= MIN_ANOMALY and req > FAR_BEYOND * max(footprint, 1):
         return Finding(
-            kind="oom-anomaly", severity="error",
+            kind="oom-anomaly",
+            severity="error",
             message=f"out of memory: a request of {gib(req)}, {req / max(footprint, 1):.0f}x "
-                    f"the case's measured footprint of {gib(footprint)}",
+            f"the case's measured footprint of {gib(footprint)}",
             evidence=f"{numbers}\ncase footprint (PyTorch peak allocated): {footprint} "
-                     f"bytes\n{m.text}", hint=_HINT_HUGE, **_where(r))
+            f"bytes\n{m.text}",
+            hint=_HINT_HUGE,
+            **_where(r),
+        )
     holes = m.unallocated
     headroom = m.free
     if m.allowed is not None and m.reserved is not None:  # set_per_process_memory_fraction
         headroom = min(headroom if headroom is not None else m.allowed, m.allowed - m.reserved)
-    if (req is not None and holes is not None and holes >= req / 4
-            and holes + max(headroom or 0, 0) >= req):
+    if (
+        req is not None
+        and holes is not None
+        and holes >= req / 4
+        and holes + max(headroom or 0, 0) >= req
+    ):
         return Finding(
-            kind="oom", severity="warning",
+            kind="oom",
+            severity="warning",
             message=f"out of memory from fragmentation: {gib(holes)} reserved by PyTorch but "
-                    f"unallocated (holes in its cached segments), which with the "
-                    f"{gib(max(headroom or 0, 0))} still available would have held the "
-                    f"{gib(req)} requested",
+            f"unallocated (holes in its cached segments), which with the "
+            f"{gib(max(headroom or 0, 0))} still available would have held the "
+            f"{gib(req)} requested",
             evidence=f"{numbers}\n{m.text}",
             hint="the cached segments have holes that no single request fits: set "
-                 "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, or allocate long-lived "
-                 "buffers first and reuse them", **_where(r))
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, or allocate long-lived "
+            "buffers first and reuse them",
+            **_where(r),
+        )
     cap = f", the process limited to {gib(m.allowed)}" if m.allowed is not None else ""
     return Finding(
-        kind="oom", severity="info",
-        message=(f"out of memory: {gib(req)} requested, {gib(m.free)} free of {gib(total)}"
-                 f"{cap} ({gib(m.allocated)} allocated by PyTorch)") if req is not None
+        kind="oom",
+        severity="info",
+        message=(
+            f"out of memory: {gib(req)} requested, {gib(m.free)} free of {gib(total)}"
+            f"{cap} ({gib(m.allocated)} allocated by PyTorch)"
+        )
+        if req is not None
         else "out of memory (the message gives no sizes: a raw CUDA allocation failed)",
         evidence=f"{numbers}\n{m.text}",
         hint="the device (or the process's share of it) was full: a smaller batch or "
-             "resolution, or another process's memory", **_where(r))
+        "resolution, or another process's memory",
+        **_where(r),
+    )
 
 
-_HINT_HUGE = ("a size computed wrongly rather than a full GPU: look for values activated twice "
-              "(exp of scales that were already exponentiated: `gpucheck lint-checkpoint`), a "
-              "shape multiplied instead of added, or an element count used as a byte count")
+_HINT_HUGE = (
+    "a size computed wrongly rather than a full GPU: look for values activated twice "
+    "(exp of scales that were already exponentiated: `gpucheck lint-checkpoint`), a "
+    "shape multiplied instead of added, or an element count used as a byte count"
+)
 
 
 def json_numbers(m: OomMessage) -> str:
@@ -257,20 +297,32 @@ def json_numbers(m: OomMessage) -> str:
 def _anomaly_finding(r: CaseRecord, a: MemoryAnomaly) -> Finding:
     if a.overlaps is not None:
         pct = a.radius_percentiles or {}
-        what = (f"{a.n:,} Gaussians ({a.visible:,} visible) would touch {a.overlaps:,} tiles: "
-                f"binning needs {gib(a.bytes_needed)}, {gib(a.bytes_free)} free")
-        extra = (f"; radius p50 {pct.get('p50')} px, p99 {pct.get('p99')} px; "
-                 f"{a.share_huge:.0%} of the Gaussians cover more than 25 % of the image"
-                 if pct and a.share_huge is not None else "")
+        what = (
+            f"{a.n:,} Gaussians ({a.visible:,} visible) would touch {a.overlaps:,} tiles: "
+            f"binning needs {gib(a.bytes_needed)}, {gib(a.bytes_free)} free"
+        )
+        extra = (
+            f"; radius p50 {pct.get('p50')} px, p99 {pct.get('p99')} px; "
+            f"{a.share_huge:.0%} of the Gaussians cover more than 25 % of the image"
+            if pct and a.share_huge is not None
+            else ""
+        )
     else:
         what, extra = "the rasterizer's memory preflight refused the render", ""
-    return Finding(kind="oom-anomaly", severity="error",
-                   message=f"memory anomaly before the render: {what}{extra}",
-                   evidence=a.text, hint=a.hint or _HINT_HUGE, op=None, **_where(r))
+    return Finding(
+        kind="oom-anomaly",
+        severity="error",
+        message=f"memory anomaly before the render: {what}{extra}",
+        evidence=a.text,
+        hint=a.hint or _HINT_HUGE,
+        op=None,
+        **_where(r),
+    )
 
 
-def oom_findings(records: Iterable[CaseRecord], totals: dict[str, int] | None = None
-                 ) -> list[Finding]:
+def oom_findings(
+    records: Iterable[CaseRecord], totals: dict[str, int] | None = None
+) -> list[Finding]:
     """Findings for the case records that failed with an out-of-memory or the rasterizer's
     memory anomaly (``totals``: device label -> bytes, from the run header)."""
     totals = totals or {}
@@ -308,8 +360,7 @@ def size_of(token: str) -> int | None:
     return math.prod(int(d) for d in found.group(1).split("x"))
 
 
-def _sized(records: Iterable[CaseRecord]
-           ) -> dict[tuple[Any, ...], list[tuple[int, CaseRecord]]]:
+def _sized(records: Iterable[CaseRecord]) -> dict[tuple[Any, ...], list[tuple[int, CaseRecord]]]:
     """Records grouped by (device, suite, mode, test function, the other parameters), each
     with its size: the one parameter position whose numeric value varies in the group."""
     groups: dict[tuple[Any, ...], list[tuple[list[str], CaseRecord]]] = {}
@@ -344,8 +395,7 @@ def _peak(r: CaseRecord) -> int | None:
     return own if own > 0 else None
 
 
-def growth(records: Iterable[CaseRecord], totals: dict[str, int] | None = None
-           ) -> list[Finding]:
+def growth(records: Iterable[CaseRecord], totals: dict[str, int] | None = None) -> list[Finding]:
     """``memory-growth`` findings for size-parametrized cases whose peak memory grows faster
     than :data:`SUPERLINEAR` in the size, or whose next size would not fit the device."""
     totals = totals or {}
@@ -366,19 +416,28 @@ def growth(records: Iterable[CaseRecord], totals: dict[str, int] | None = None
             continue
         largest = next(r for s, r in members if s == s2)
         fit = ", ".join(f"{s:,}: {p / (1 << 20):.1f} MiB" for s, p in points)
-        message = (f"peak memory grows as size^{slope:.2f} over the sizes of this test "
-                   f"(PyTorch peak allocated {fit})")
+        message = (
+            f"peak memory grows as size^{slope:.2f} over the sizes of this test "
+            f"(PyTorch peak allocated {fit})"
+        )
         if beyond:
-            message += (f"; the next size ({next_size:,.0f}) would need about "
-                        f"{gib(int(predicted))}, more than the device's {gib(total)}")
-        found.append(Finding(
-            kind="memory-growth", severity="error" if beyond else "warning", message=message,
-            evidence=f"log-log slope between the two largest sizes {s1:,} and {s2:,}: "
-                     f"{slope:.3f}; peaks: {fit}; predicted at {next_size:,.0f}: "
-                     f"{int(predicted)} bytes" + (f" (device total {total})" if total else ""),
-            hint="a buffer sized by size^2 (a pairwise matrix, a dense scratch) where a "
-                 "linear one would do; tile it, or bound it by a budget",
-            **_where(largest)))
+            message += (
+                f"; the next size ({next_size:,.0f}) would need about "
+                f"{gib(int(predicted))}, more than the device's {gib(total)}"
+            )
+        found.append(
+            Finding(
+                kind="memory-growth",
+                severity="error" if beyond else "warning",
+                message=message,
+                evidence=f"log-log slope between the two largest sizes {s1:,} and {s2:,}: "
+                f"{slope:.3f}; peaks: {fit}; predicted at {next_size:,.0f}: "
+                f"{int(predicted)} bytes" + (f" (device total {total})" if total else ""),
+                hint="a buffer sized by size^2 (a pairwise matrix, a dense scratch) where a "
+                "linear one would do; tile it, or bound it by a budget",
+                **_where(largest),
+            )
+        )
     return found
 
 

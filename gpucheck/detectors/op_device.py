@@ -27,9 +27,11 @@ from gpucheck.detectors.device_state import HINT as LEAK_HINT
 from gpucheck.model.results import Finding
 
 TORCH_NAMESPACES = op_watch.TORCH_NAMESPACES
-ALLOC_HINT = ("allocate outputs with the input's options (`at::empty(sizes, x.options())`), "
-              "not `torch::kCUDA` or the current device, and guard the entry point with "
-              "`const at::cuda::OptionalCUDAGuard guard(device_of(x));`")
+ALLOC_HINT = (
+    "allocate outputs with the input's options (`at::empty(sizes, x.options())`), "
+    "not `torch::kCUDA` or the current device, and guard the entry point with "
+    "`const at::cuda::OptionalCUDAGuard guard(device_of(x));`"
+)
 
 
 def _tensor_devices(obj: Any) -> list[str]:
@@ -45,19 +47,26 @@ def _current_device() -> int | None:
     return int(torch.cuda.current_device())
 
 
-def op_events(name: str, inputs: list[str], outputs: list[str], before: int | None,
-              after: int | None) -> list[tuple[str, str]]:
+def op_events(
+    name: str, inputs: list[str], outputs: list[str], before: int | None, after: int | None
+) -> list[tuple[str, str]]:
     """(kind, detail) of what one call of op ``name`` did wrong: plain data in, so the rule is
     testable without a GPU."""
     found = []
     if inputs:
         wrong = sorted(set(outputs) - set(inputs))
         if wrong and len(set(inputs)) == 1:
-            found.append(("wrong-device", f"{name}: inputs on {inputs[0]}, output(s) on "
-                                          f"{', '.join(wrong)}"))
+            found.append(
+                ("wrong-device", f"{name}: inputs on {inputs[0]}, output(s) on {', '.join(wrong)}")
+            )
     if before is not None and after is not None and before != after:
-        found.append(("device-state-leak", f"{name}: the current device was cuda:{before} "
-                                           f"before the call and cuda:{after} after it"))
+        found.append(
+            (
+                "device-state-leak",
+                f"{name}: the current device was cuda:{before} "
+                f"before the call and cuda:{after} after it",
+            )
+        )
     return found
 
 
@@ -79,9 +88,13 @@ class OpDevice(CallWatcher):
         if call.error is not None:
             return
         where = f" (called from {call.frame})" if call.frame else ""
-        for kind, detail in op_events(call.op, _tensor_devices((call.args, call.kwargs)),
-                                      _tensor_devices(out), call.notes.get("op-device"),
-                                      _current_device()):
+        for kind, detail in op_events(
+            call.op,
+            _tensor_devices((call.args, call.kwargs)),
+            _tensor_devices(out),
+            call.notes.get("op-device"),
+            _current_device(),
+        ):
             self.seen.setdefault((kind, call.op), []).append(detail + where)
 
     def case_started(self, case: CaseInfo) -> None:
@@ -94,14 +107,23 @@ class OpDevice(CallWatcher):
         found = []
         for (kind, op), details in sorted(self.seen.items()):
             calls = f" ({len(details)} calls)" if len(details) > 1 else ""
-            found.append(Finding(
-                kind=kind, severity="error" if kind == "wrong-device" else "warning",
-                message=(f"op {op} returned a tensor on another device than its inputs{calls}"
-                         if kind == "wrong-device" else
-                         f"op {op} changed the current CUDA device and did not restore it"
-                         f"{calls}"),
-                device=case.device, suite=case.suite, case=case.case, op=op,
-                evidence="\n".join(dict.fromkeys(details))[:2000],
-                hint=ALLOC_HINT if kind == "wrong-device" else LEAK_HINT))
+            found.append(
+                Finding(
+                    kind=kind,
+                    severity="error" if kind == "wrong-device" else "warning",
+                    message=(
+                        f"op {op} returned a tensor on another device than its inputs{calls}"
+                        if kind == "wrong-device"
+                        else f"op {op} changed the current CUDA device and did not restore it"
+                        f"{calls}"
+                    ),
+                    device=case.device,
+                    suite=case.suite,
+                    case=case.case,
+                    op=op,
+                    evidence="\n".join(dict.fromkeys(details))[:2000],
+                    hint=ALLOC_HINT if kind == "wrong-device" else LEAK_HINT,
+                )
+            )
         self.seen = {}
         return found

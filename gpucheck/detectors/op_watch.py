@@ -38,8 +38,20 @@ from typing import Any, Protocol
 from gpucheck._resources import own_code
 
 #: namespaces of torch itself: never watched
-TORCH_NAMESPACES = ("aten", "prim", "prims", "_c10d_functional", "c10d", "profiler",
-                    "quantized", "rngprims", "higher_order", "inductor", "_test", "debugprims")
+TORCH_NAMESPACES = (
+    "aten",
+    "prim",
+    "prims",
+    "_c10d_functional",
+    "c10d",
+    "profiler",
+    "quantized",
+    "rngprims",
+    "higher_order",
+    "inductor",
+    "_test",
+    "debugprims",
+)
 
 
 @dataclass
@@ -109,12 +121,12 @@ def watched(name: str, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     return _watched(name, lambda: fn(*args, **kwargs), args, kwargs, fn)
 
 
-def _watched(name: str, invoke: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-             fn: Any = None) -> Any:
+def _watched(
+    name: str, invoke: Any, args: tuple[Any, ...], kwargs: dict[str, Any], fn: Any = None
+) -> Any:
     listeners = _listeners
     frame, autograd = caller()
-    call = Call(name, args, kwargs, threading.get_ident(), frame=frame, autograd=autograd,
-                fn=fn)
+    call = Call(name, args, kwargs, threading.get_ident(), frame=frame, autograd=autograd, fn=fn)
     active = list(listeners)
     for li in active:
         try:
@@ -160,8 +172,12 @@ def _kind(code: CodeType) -> int:
         path = code.co_filename
         torch_path = torch_dir()
         if torch_path and path.startswith(torch_path):
-            kind = (_AUTOGRAD_APPLY if code.co_name == "apply" and
-                    path.endswith(os.path.join("autograd", "function.py")) else _INTERNAL)
+            kind = (
+                _AUTOGRAD_APPLY
+                if code.co_name == "apply"
+                and path.endswith(os.path.join("autograd", "function.py"))
+                else _INTERNAL
+            )
         elif own_code(path):
             kind = _INTERNAL
         else:
@@ -227,8 +243,7 @@ def install() -> bool:
         for cls in (OpOverloadPacket, OpOverload):
             original = cls.__call__
 
-            def wrapped(self: Any, /, *args: Any, _original: Any = original,
-                        **kwargs: Any) -> Any:
+            def wrapped(self: Any, /, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
                 return _run(self, _original, args, kwargs)
 
             wrapped.__wrapped__ = original  # type: ignore[attr-defined]

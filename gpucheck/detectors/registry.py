@@ -59,8 +59,10 @@ class RunContext:
     @classmethod
     def of_header(cls, header: RunHeader | None) -> RunContext:
         devices = header.devices if header is not None else []
-        return cls({d.uuid: d.device for d in devices if d.uuid},
-                   {d.device: d.memory_total for d in devices if d.memory_total})
+        return cls(
+            {d.uuid: d.device for d in devices if d.uuid},
+            {d.device: d.memory_total for d in devices if d.memory_total},
+        )
 
 
 class Hooks:
@@ -80,13 +82,27 @@ class Builtin:
 
     @hookimpl
     def gpucheck_worker_detectors(self) -> list[Detector]:
-        return [MixedDevices(), DeviceStateLeak(), OpDevice(), WrongStream(), KernelDevice(),
-                Numerics(), DoubleActivation(), CheckpointReads(), Leak()]
+        return [
+            MixedDevices(),
+            DeviceStateLeak(),
+            OpDevice(),
+            WrongStream(),
+            KernelDevice(),
+            Numerics(),
+            DoubleActivation(),
+            CheckpointReads(),
+            Leak(),
+        ]
 
     @hookimpl
     def gpucheck_run_detectors(self, context: RunContext) -> list[Detector]:
-        return [WrongDevice(), StrayContext(context.device_names), Numerics(),
-                OomAnomaly(context.memory_totals), Imbalance()]
+        return [
+            WrongDevice(),
+            StrayContext(context.device_names),
+            Numerics(),
+            OomAnomaly(context.memory_totals),
+            Imbalance(),
+        ]
 
 
 _MANAGER: list[pluggy.PluginManager] = []

@@ -17,9 +17,11 @@ from gpucheck.detectors.base import BaseDetector
 from gpucheck.model.modes import try_parse
 from gpucheck.model.results import CaseRecord, Finding
 
-HINT = ("guard every entry point of the extension on its inputs' device "
-        "(`const at::cuda::OptionalCUDAGuard guard(device_of(x));`) and allocate with "
-        "`x.options()`; if the test itself uses the other GPU on purpose, this is expected")
+HINT = (
+    "guard every entry point of the extension on its inputs' device "
+    "(`const at::cuda::OptionalCUDAGuard guard(device_of(x));`) and allocate with "
+    "`x.options()`; if the test itself uses the other GPU on purpose, this is expected"
+)
 
 
 def _other(r: CaseRecord) -> dict[str, int]:
@@ -29,8 +31,7 @@ def _other(r: CaseRecord) -> dict[str, int]:
     return {str(u): b for u, b in others.items() if isinstance(b, int) and b > 0}
 
 
-def stray(records: Iterable[CaseRecord], names: dict[str, str] | None = None
-          ) -> list[Finding]:
+def stray(records: Iterable[CaseRecord], names: dict[str, str] | None = None) -> list[Finding]:
     """Findings for the cases where a target-current worker first held memory on another GPU
     (``names``: GPU UUID -> "cuda:N" from the run header)."""
     names = names or {}
@@ -48,14 +49,21 @@ def stray(records: Iterable[CaseRecord], names: dict[str, str] | None = None
         if not new:
             continue
         where = ", ".join(f"{names.get(u, u)} ({other[u] / 2**20:.0f} MiB)" for u in new)
-        found.append(Finding(
-            kind="stray-context", severity="warning",
-            message=f"with only {r.device} in use, the worker created a CUDA context on "
-                    f"{', '.join(names.get(u, u) for u in new)} during this case",
-            device=r.device, suite=r.suite, case=r.case,
-            evidence=f"NVML: this worker's memory on other GPUs at the end of the case: {where} "
-                     f"({mode}: the target current, no other device initialized)",
-            hint=HINT))
+        found.append(
+            Finding(
+                kind="stray-context",
+                severity="warning",
+                message=f"with only {r.device} in use, the worker created a CUDA context on "
+                f"{', '.join(names.get(u, u) for u in new)} during this case",
+                device=r.device,
+                suite=r.suite,
+                case=r.case,
+                evidence=f"NVML: this worker's memory on other GPUs at the end of the case: "
+                f"{where} "
+                f"({mode}: the target current, no other device initialized)",
+                hint=HINT,
+            )
+        )
     return found
 
 

@@ -25,13 +25,23 @@ from gpucheck.model.modes import Mode, try_parse
 from gpucheck.model.results import CaseRecord, Finding
 
 BAD = ("failed", "error", "crashed")
-HINT = ("make the extension run on its inputs' device: "
-        "`const at::cuda::OptionalCUDAGuard guard(device_of(x));` as the first line of {where}, "
-        "so kernels, thrust/cub calls and allocations go to x's device, not the current one")
+HINT = (
+    "make the extension run on its inputs' device: "
+    "`const at::cuda::OptionalCUDAGuard guard(device_of(x));` as the first line of {where}, "
+    "so kernels, thrust/cub calls and allocations go to x's device, not the current one"
+)
 #: C++ host frames of a sanitizer record: the first one outside the runtime names the function
 _HOST_FRAME = re.compile(r"Host Frame: ?(?P<fn>[^\[]+?)(?: \[0x[0-9a-f]+\])? in (?P<lib>\S+)")
-_RUNTIME_LIBS = ("libcuda", "libcudart", "libtorch", "libc10", "libpython", "libc.so",
-                 "python3", "ld-linux")
+_RUNTIME_LIBS = (
+    "libcuda",
+    "libcudart",
+    "libtorch",
+    "libc10",
+    "libpython",
+    "libc.so",
+    "python3",
+    "ld-linux",
+)
 
 
 def _key(r: CaseRecord) -> tuple[str, str, str]:
@@ -59,12 +69,24 @@ def _clean(r: CaseRecord) -> bool:
 
 def suspects(records: Iterable[CaseRecord], mode: str) -> list[CaseRecord]:
     """Cases of ``mode`` that went wrong while another device than their target was current."""
-    return [r for r in records
-            if r.mode == mode and r.current_device not in (None, r.device) and _went_wrong(r)]
+    return [
+        r
+        for r in records
+        if r.mode == mode and r.current_device not in (None, r.device) and _went_wrong(r)
+    ]
 
 
-_NOT_ENTRY = ("(anonymous namespace)", "void ", "cudaLaunch", "pybind11::", "c10::", "at::",
-              "torch::", "std::", "__")
+_NOT_ENTRY = (
+    "(anonymous namespace)",
+    "void ",
+    "cudaLaunch",
+    "pybind11::",
+    "c10::",
+    "at::",
+    "torch::",
+    "std::",
+    "__",
+)
 
 
 def extension_function(record: CaseRecord) -> tuple[str | None, str | None]:
@@ -72,8 +94,11 @@ def extension_function(record: CaseRecord) -> tuple[str | None, str | None]:
     sanitizer record's host frames (the outermost frame of the extension's own library that
     takes a tensor, before pybind11 and the dispatcher), and the kernel it reported."""
     for f in record.findings:
-        frames = [(m["fn"].strip(), m["lib"]) for m in _HOST_FRAME.finditer(f.evidence or "")
-                  if not any(lib in m["lib"] for lib in _RUNTIME_LIBS)]
+        frames = [
+            (m["fn"].strip(), m["lib"])
+            for m in _HOST_FRAME.finditer(f.evidence or "")
+            if not any(lib in m["lib"] for lib in _RUNTIME_LIBS)
+        ]
         own = [fn for fn, _ in frames if not fn.startswith(_NOT_ENTRY)]
         entry = [fn for fn in own if "Tensor" in fn]
         if entry or own:
@@ -85,13 +110,19 @@ def extension_function(record: CaseRecord) -> tuple[str | None, str | None]:
 
 
 def _outcome(r: CaseRecord) -> str:
-    first = next((f.message for f in r.errors() if f.kind in OUTCOME_KINDS), None) or (
-        r.reason if r.status != "passed" else "") or ""
+    first = (
+        next((f.message for f in r.errors() if f.kind in OUTCOME_KINDS), None)
+        or (r.reason if r.status != "passed" else "")
+        or ""
+    )
     return f"{r.status}{': ' + first if first else ''}"
 
 
-def diagnose(originals: Iterable[CaseRecord], target_current: Iterable[CaseRecord],
-             control: Iterable[CaseRecord] | None = None) -> list[Finding]:
+def diagnose(
+    originals: Iterable[CaseRecord],
+    target_current: Iterable[CaseRecord],
+    control: Iterable[CaseRecord] | None = None,
+) -> list[Finding]:
     """wrong-device findings for the suspects that pass with their target current — and,
     when a control re-run (another device current again) was made, go wrong again there.
     A suspect whose control passes did not reproduce: a ``not-reproducible`` warning instead
@@ -106,34 +137,58 @@ def diagnose(originals: Iterable[CaseRecord], target_current: Iterable[CaseRecor
         device, current = r.device, r.current_device
         ctrl = None if checked is None else checked.get(_key(r))
         if ctrl is not None and not _went_wrong(ctrl):
-            found.append(Finding(
-                kind="not-reproducible", severity="warning",
-                message=(f"went wrong once on {device} with {current} current, but passed when "
-                         f"run again both ways (fresh processes): not a device bug as far as "
-                         "the re-runs show; a random input or a race?"),
-                device=device, suite=r.suite, case=r.case,
-                evidence=(f"first, with {current} current ({r.mode}): {_outcome(r)}\n"
-                          f"again with {device} current ({other.mode}): "
-                          f"{_outcome(other)}\nagain with {current} current "
-                          f"({ctrl.mode}): {_outcome(ctrl)}"),
-                hint="run the case repeatedly (pytest --count / a loop over seeds) to find "
-                     "what makes it fail; print the seed of random inputs"))
+            found.append(
+                Finding(
+                    kind="not-reproducible",
+                    severity="warning",
+                    message=(
+                        f"went wrong once on {device} with {current} current, but passed when "
+                        f"run again both ways (fresh processes): not a device bug as far as "
+                        "the re-runs show; a random input or a race?"
+                    ),
+                    device=device,
+                    suite=r.suite,
+                    case=r.case,
+                    evidence=(
+                        f"first, with {current} current ({r.mode}): {_outcome(r)}\n"
+                        f"again with {device} current ({other.mode}): "
+                        f"{_outcome(other)}\nagain with {current} current "
+                        f"({ctrl.mode}): {_outcome(ctrl)}"
+                    ),
+                    hint="run the case repeatedly (pytest --count / a loop over seeds) to find "
+                    "what makes it fail; print the seed of random inputs",
+                )
+            )
             continue
         fn, kernel = extension_function(r)
         where = f"`{fn}`" if fn else "every entry point of the extension this case calls"
-        control_line = ("" if ctrl is None else
-                        f"\nagain with {current} current, fresh process ({ctrl.mode}): "
-                        f"{_outcome(ctrl)}")
-        found.append(Finding(
-            kind="wrong-device", severity="error",
-            message=(f"goes wrong on {device} only while {current} is current, and passes with "
-                     f"{device} current: {'`' + fn + '`' if fn else 'the op'} launches on the "
-                     "current device instead of its inputs' device (missing device guard)"),
-            device=device, suite=r.suite, case=r.case, op=fn, kernel=kernel,
-            evidence=(f"with {current} current ({r.mode}): {_outcome(r)}\n"
-                      f"with {device} current, fresh process, no other device touched "
-                      f"({other.mode}): {_outcome(other)}{control_line}"),
-            hint=HINT.format(where=where)))
+        control_line = (
+            ""
+            if ctrl is None
+            else f"\nagain with {current} current, fresh process ({ctrl.mode}): {_outcome(ctrl)}"
+        )
+        found.append(
+            Finding(
+                kind="wrong-device",
+                severity="error",
+                message=(
+                    f"goes wrong on {device} only while {current} is current, and passes with "
+                    f"{device} current: {'`' + fn + '`' if fn else 'the op'} launches on the "
+                    "current device instead of its inputs' device (missing device guard)"
+                ),
+                device=device,
+                suite=r.suite,
+                case=r.case,
+                op=fn,
+                kernel=kernel,
+                evidence=(
+                    f"with {current} current ({r.mode}): {_outcome(r)}\n"
+                    f"with {device} current, fresh process, no other device touched "
+                    f"({other.mode}): {_outcome(other)}{control_line}"
+                ),
+                hint=HINT.format(where=where),
+            )
+        )
     return found
 
 
@@ -153,8 +208,9 @@ class WrongDevice(BaseDetector):
         return found
 
 
-def _arranged(records: list[CaseRecord], by_mode: dict[str, Mode | None], mode: str,
-              variants: tuple[str, ...]) -> list[CaseRecord]:
+def _arranged(
+    records: list[CaseRecord], by_mode: dict[str, Mode | None], mode: str, variants: tuple[str, ...]
+) -> list[CaseRecord]:
     """The records of pass ``mode`` run in one of these arrangements."""
     out = []
     for r in records:

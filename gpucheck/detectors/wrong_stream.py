@@ -43,11 +43,13 @@ from gpucheck.model.results import Finding
 
 #: kernels an op's finding lists one by one in its evidence
 MAX_KERNELS = 12
-HINT = ("launch on the caller's current stream of the input's device: "
-        "`at::cuda::getCurrentCUDAStream()` (or `c10::cuda::getCurrentCUDAStream()`) as the "
-        "launch's stream (`kernel<<<grid, block, shmem, stream>>>`, and the stream argument "
-        "of cub/thrust/cudaMemcpyAsync); never stream 0 (the legacy default stream) or a "
-        "private stream without an event that orders it after the caller's stream")
+HINT = (
+    "launch on the caller's current stream of the input's device: "
+    "`at::cuda::getCurrentCUDAStream()` (or `c10::cuda::getCurrentCUDAStream()`) as the "
+    "launch's stream (`kernel<<<grid, block, shmem, stream>>>`, and the stream argument "
+    "of cub/thrust/cudaMemcpyAsync); never stream 0 (the legacy default stream) or a "
+    "private stream without an event that orders it after the caller's stream"
+)
 
 
 def verdicts(windows: list[Window], kind: str) -> list[tuple[Verdict, Window]]:
@@ -73,21 +75,32 @@ def findings(case: CaseInfo, bad: list[tuple[Verdict, Window]]) -> list[Finding]
         what = kernel_list([x.kernel for x, _, _ in items])
         times = f" ({launches} launches)" if launches > 1 else ""
         where = f" (called from {frame})" if frame else ""
-        lines = [f"{x.kernel}: {n} launch(es) on stream {', '.join(map(str, x.ran_on))}"
-                 for x, _, n in items[:MAX_KERNELS]]
+        lines = [
+            f"{x.kernel}: {n} launch(es) on stream {', '.join(map(str, x.ran_on))}"
+            for x, _, n in items[:MAX_KERNELS]
+        ]
         if len(items) > MAX_KERNELS:
             lines.append(f"... and {len(items) - MAX_KERNELS} more kernels")
-        out.append(Finding(
-            kind="wrong-stream", severity="error",
-            message=f"{op} launched {what}{times} on cuda:{device} on a stream that was "
-                    f"not the caller's current stream{where}",
-            device=case.device, suite=case.suite, case=case.case, op=op, kernel=v.kernel,
-            evidence=(f"profiler stream ids on cuda:{device}: the stream current there when "
-                      f"{op} was called is {v.expected}{f' ({named})' if named else ''} (a "
-                      "marker kernel launched on it just before the call); its launches "
-                      "elsewhere:\n" + "\n".join(lines)
-                      + (f"\ncalled from {frame}" if frame else "")),
-            hint=HINT))
+        out.append(
+            Finding(
+                kind="wrong-stream",
+                severity="error",
+                message=f"{op} launched {what}{times} on cuda:{device} on a stream that was "
+                f"not the caller's current stream{where}",
+                device=case.device,
+                suite=case.suite,
+                case=case.case,
+                op=op,
+                kernel=v.kernel,
+                evidence=(
+                    f"profiler stream ids on cuda:{device}: the stream current there when "
+                    f"{op} was called is {v.expected}{f' ({named})' if named else ''} (a "
+                    "marker kernel launched on it just before the call); its launches "
+                    "elsewhere:\n" + "\n".join(lines) + (f"\ncalled from {frame}" if frame else "")
+                ),
+                hint=HINT,
+            )
+        )
     return out
 
 
@@ -111,25 +124,40 @@ def unclaimed_findings(case: CaseInfo, windows: list[Window]) -> list[Finding]:
         what = kernel_list([x.kernel for x, _ in items])
         times = f" ({launches} launches)" if launches > 1 else ""
         streams = sorted({s for x, _ in items for s in x.ran_on})
-        lines = [f"{x.kernel}: {n} launch(es) on stream {', '.join(map(str, x.ran_on))}"
-                 for x, n in items[:MAX_KERNELS]]
+        lines = [
+            f"{x.kernel}: {n} launch(es) on stream {', '.join(map(str, x.ran_on))}"
+            for x, n in items[:MAX_KERNELS]
+        ]
         if len(items) > MAX_KERNELS:
             lines.append(f"... and {len(items) - MAX_KERNELS} more kernels")
-        out.append(Finding(
-            kind="wrong-stream", severity="error",
-            message=f"{what}{times}" + (f" of {lib}" if lib else "") +
-                    f" ran on cuda:{device} on stream {', '.join(map(str, streams))}"
-                    f"{stream0}, not the caller's current stream, and no watched call "
-                    "launched it",
-            device=case.device, suite=case.suite, case=case.case, kernel=u.kernel,
-            evidence=(f"profiler stream ids on cuda:{device}; the watched calls around them "
-                      f"had {', '.join(map(str, u.current))} current; library: "
-                      + (library or "not found among the compiled torch extensions of the "
-                                    "process (the profiler does not name a kernel's library)")
-                      + "; no watched call's markers enclose the launches (a caller the watch "
-                        "does not see: a reference taken before gpucheck was loaded, ctypes, "
-                        "or C++):\n" + "\n".join(lines)),
-            hint=HINT))
+        out.append(
+            Finding(
+                kind="wrong-stream",
+                severity="error",
+                message=f"{what}{times}"
+                + (f" of {lib}" if lib else "")
+                + f" ran on cuda:{device} on stream {', '.join(map(str, streams))}"
+                f"{stream0}, not the caller's current stream, and no watched call "
+                "launched it",
+                device=case.device,
+                suite=case.suite,
+                case=case.case,
+                kernel=u.kernel,
+                evidence=(
+                    f"profiler stream ids on cuda:{device}; the watched calls around them "
+                    f"had {', '.join(map(str, u.current))} current; library: "
+                    + (
+                        library
+                        or "not found among the compiled torch extensions of the "
+                        "process (the profiler does not name a kernel's library)"
+                    )
+                    + "; no watched call's markers enclose the launches (a caller the watch "
+                    "does not see: a reference taken before gpucheck was loaded, ctypes, "
+                    "or C++):\n" + "\n".join(lines)
+                ),
+                hint=HINT,
+            )
+        )
     return out
 
 
@@ -146,5 +174,4 @@ class WrongStream(BaseDetector):
 
     def case_finished(self, case: CaseInfo) -> list[Finding]:
         windows = self.trace.finish()
-        return (findings(case, verdicts(windows, "wrong-stream"))
-                + unclaimed_findings(case, windows))
+        return findings(case, verdicts(windows, "wrong-stream")) + unclaimed_findings(case, windows)

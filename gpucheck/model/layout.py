@@ -104,7 +104,8 @@ def is_regular(path: Path) -> bool:
 def stem(device: str, mode: str, generation: int = 0) -> str:
     """``cuda:0``, ``blocking+nvml`` -> ``cuda0.blocking+nvml`` (``.N`` for generation N)."""
     return f"{device_in_stem(device)}.{mode_in_stem(mode)}" + (
-        f".{generation}" if generation else "")
+        f".{generation}" if generation else ""
+    )
 
 
 def parse_stem(name: str) -> tuple[str, str, int]:

@@ -90,16 +90,21 @@ class Finding:
         text becomes ``"unknown"``, an unknown severity ``error`` (nothing read is made
         milder than it may be), every field text, each cut at :data:`FIELD_CHARS`."""
         if not isinstance(value, dict):
-            return cls("unreadable-finding", "error", f"a finding that is not an object: "
-                       f"{text(value, 200)}")
+            return cls(
+                "unreadable-finding",
+                "error",
+                f"a finding that is not an object: {text(value, 200)}",
+            )
         severity = value.get("severity")
         return cls(
             kind=text(value.get("kind") or "unknown", 200),
             severity=severity if severity in SEVERITIES else "error",
             message=text(value.get("message") if value.get("message") is not None else ""),
-            **{name: _optional_text(value.get(name))
-               for name in ("device", "suite", "case", "op", "kernel", "evidence", "hint")})
-
+            **{
+                name: _optional_text(value.get(name))
+                for name in ("device", "suite", "case", "op", "kernel", "evidence", "hint")
+            },
+        )
 
     @property
     def place(self) -> str | None:
@@ -155,8 +160,7 @@ class CaseRecord:
         """A case record as read back, or None when it is not one (its device, suite, case
         or status missing or not what a writer writes): tolerant like
         :meth:`Finding.from_json`, so no field a reader uses has another type than declared."""
-        device, suite, case, status = (value.get(k) for k in ("device", "suite", "case",
-                                                               "status"))
+        device, suite, case, status = (value.get(k) for k in ("device", "suite", "case", "status"))
         if not all(isinstance(v, str) for v in (device, suite, case)) or status not in STATUSES:
             return None
         memory = value.get("memory")
@@ -166,8 +170,11 @@ class CaseRecord:
         distributed = value.get("distributed")
         mode = value.get("mode")
         return cls(
-            run_id=text(value.get("run_id") or "", 200), device=text(device, 200),
-            suite=text(suite, 500), case=text(case, 2000), status=status,
+            run_id=text(value.get("run_id") or "", 200),
+            device=text(device, 200),
+            suite=text(suite, 500),
+            case=text(case, 2000),
+            status=status,
             mode=text(mode, 200) if isinstance(mode, str) and mode else "plain",
             reason=_optional_text(value.get("reason")),
             duration_s=max(0.0, _number(value.get("duration_s"))),
@@ -178,13 +185,15 @@ class CaseRecord:
             exit_code=_integer(value.get("exit_code")),
             signal=_optional_text(value.get("signal")),
             stderr_tail=_optional_text(value.get("stderr_tail")),
-            findings=[Finding.from_json(f) for f in findings]
-            if isinstance(findings, list) else [],
+            findings=[Finding.from_json(f) for f in findings] if isinstance(findings, list) else [],
             fingerprints=[text(x, 2000) for x in fingerprints]
-            if isinstance(fingerprints, list) else [],
+            if isinstance(fingerprints, list)
+            else [],
             numerics=[m for m in numerics if isinstance(m, dict)]
-            if isinstance(numerics, list) else [],
-            distributed=distributed if isinstance(distributed, dict) else None)
+            if isinstance(numerics, list)
+            else [],
+            distributed=distributed if isinstance(distributed, dict) else None,
+        )
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -227,7 +236,8 @@ def append(path: Path, record: dict[str, Any]) -> None:
         raise OutputProblem(
             f"cannot write {path}: {err.strerror or err}; the run stopped here, every record "
             f"written before is kept (make room or make the folder writable, then `gpucheck "
-            f"run --resume {path.parent}`)") from err
+            f"run --resume {path.parent}`)"
+        ) from err
 
 
 def read_lines(path: Path) -> tuple[list[dict[str, Any]], int]:

@@ -36,8 +36,9 @@ def _texts(value: Any) -> list[str]:
 
 
 def _text_map(value: Any) -> dict[str, str]:
-    return {text(k, 200): text(v, 2000) for k, v in value.items()} \
-        if isinstance(value, dict) else {}
+    return (
+        {text(k, 200): text(v, 2000) for k, v in value.items()} if isinstance(value, dict) else {}
+    )
 
 
 def _maybe(value: Any) -> str | None:
@@ -58,9 +59,12 @@ class DeviceEntry:
         if not isinstance(value, dict) or value.get("device") is None:
             return None
         total = value.get("memory_total", value.get("total_memory"))
-        return cls(text(value["device"], 200), _maybe(value.get("uuid")),
-                   _maybe(value.get("name")),
-                   total if isinstance(total, int) and not isinstance(total, bool) else None)
+        return cls(
+            text(value["device"], 200),
+            _maybe(value.get("uuid")),
+            _maybe(value.get("name")),
+            total if isinstance(total, int) and not isinstance(total, bool) else None,
+        )
 
 
 @dataclass
@@ -84,13 +88,21 @@ class RunHeader:
     def from_json(cls, value: dict[str, Any]) -> RunHeader:
         config = value.get("config")
         return cls(
-            run_id=text(value.get("run_id") or "", 200), started_at=_maybe(value.get("started_at")),
-            devices=[d for d in map(DeviceEntry.from_json, value.get("devices") or [])
-                     if d is not None] if isinstance(value.get("devices"), list) else [],
-            suites=_texts(value.get("suites")), modes=_texts(value.get("modes")),
-            notes=_texts(value.get("notes")), not_runnable=_text_map(value.get("not_runnable")),
+            run_id=text(value.get("run_id") or "", 200),
+            started_at=_maybe(value.get("started_at")),
+            devices=[
+                d for d in map(DeviceEntry.from_json, value.get("devices") or []) if d is not None
+            ]
+            if isinstance(value.get("devices"), list)
+            else [],
+            suites=_texts(value.get("suites")),
+            modes=_texts(value.get("modes")),
+            notes=_texts(value.get("notes")),
+            not_runnable=_text_map(value.get("not_runnable")),
             command=_texts(value.get("command") or value.get("argv")),
-            config=config if isinstance(config, dict) else {}, raw=value)
+            config=config if isinstance(config, dict) else {},
+            raw=value,
+        )
 
     def field(self, *names: str) -> str | None:
         """The first of ``names`` the header holds, as text (None when none does)."""
@@ -114,8 +126,12 @@ class Resume:
 
     @classmethod
     def from_json(cls, value: dict[str, Any]) -> Resume:
-        return cls(text(value.get("run_id") or "", 200), _maybe(value.get("resumed_at")),
-                   _texts(value.get("notes")), _text_map(value.get("not_runnable")))
+        return cls(
+            text(value.get("run_id") or "", 200),
+            _maybe(value.get("resumed_at")),
+            _texts(value.get("notes")),
+            _text_map(value.get("not_runnable")),
+        )
 
 
 @dataclass
@@ -133,9 +149,13 @@ class RunEnd:
 
     @classmethod
     def from_json(cls, value: dict[str, Any]) -> RunEnd:
-        return cls(text(value.get("run_id") or "", 200), _maybe(value.get("finished_at")),
-                   value.get("interrupted") is True, _maybe(value.get("reason")),
-                   _maybe(value.get("stopped_by")))
+        return cls(
+            text(value.get("run_id") or "", 200),
+            _maybe(value.get("finished_at")),
+            value.get("interrupted") is True,
+            _maybe(value.get("reason")),
+            _maybe(value.get("stopped_by")),
+        )
 
 
 @dataclass
@@ -163,8 +183,14 @@ class Diagnosis:
         if not all(isinstance(v, str) for v in where) or not isinstance(findings, list):
             return None
         device, suite, case, mode = (text(v, 2000) for v in where)
-        return cls(text(value.get("run_id") or "", 200), device, suite, case, mode,
-                   [Finding.from_json(f) for f in findings])
+        return cls(
+            text(value.get("run_id") or "", 200),
+            device,
+            suite,
+            case,
+            mode,
+            [Finding.from_json(f) for f in findings],
+        )
 
 
 class RunLog:
@@ -212,7 +238,8 @@ class RunLog:
         f = open_regular(self.path)  # a missing file is empty; a link is not followed
         if f is None:
             self.not_regular = self.path.is_symlink() or (
-                self.path.exists() and not self.path.is_file())
+                self.path.exists() and not self.path.is_file()
+            )
             return []
         new: list[CaseRecord] = []
         with f:
@@ -284,8 +311,10 @@ class RunLog:
         if record.status not in BAD_STATUSES:
             return
         for i, kept in enumerate(self._cases):
-            if (kept.run_id, *kept.key) == (record.run_id, *record.key) \
-                    and kept.status not in BAD_STATUSES:
+            if (kept.run_id, *kept.key) == (
+                record.run_id,
+                *record.key,
+            ) and kept.status not in BAD_STATUSES:
                 self._cases[i] = record
                 return
 
@@ -333,5 +362,7 @@ class RunLog:
         extra: dict[tuple[str, str, str, str], list[Finding]] = {}
         for d in self.diagnoses:
             extra.setdefault(d.key, []).extend(d.findings)
-        return [replace(r, findings=[*r.findings, *extra[r.key]]) if r.key in extra else r
-                for r in self.cases]
+        return [
+            replace(r, findings=[*r.findings, *extra[r.key]]) if r.key in extra else r
+            for r in self.cases
+        ]

@@ -33,8 +33,10 @@ from gpucheck import _csrc
 from gpucheck.errors import ExtensionNotBuilt
 
 NOT_AVAILABLE = "gpucheck's CUDA extension is not available"
-BUILD_HINT = ("see docs/install.md (in a checkout, `pip install --no-build-isolation -e .` "
-              "builds them at install)")
+BUILD_HINT = (
+    "see docs/install.md (in a checkout, `pip install --no-build-isolation -e .` "
+    "builds them at install)"
+)
 #: the library of a build: registration.cpp defines ``PyInit__C``
 LIBRARY = "_C"
 #: the sources whose change makes a cached build stale
@@ -94,8 +96,10 @@ def available() -> bool:
 def _jit(torch: Any) -> ModuleType:
     """The cached build of the package's sources for this torch, made first if needed."""
     if torch.version.cuda is None:
-        raise _unavailable(f"torch {torch.__version__} is a CPU-only build, and the kernels "
-                           "need a CUDA build of torch")
+        raise _unavailable(
+            f"torch {torch.__version__} is a CPU-only build, and the kernels "
+            "need a CUDA build of torch"
+        )
     cuda_home = _csrc._cuda_home()  # None: no toolkit, which only a build needs
     archs, label = _archs(torch, cuda_home)
     try:
@@ -103,12 +107,20 @@ def _jit(torch: Any) -> ModuleType:
     except SystemExit as err:  # GPUCHECK_KERNELS names a kernel that does not exist
         raise _unavailable(str(err), hint=False) from None
     if not sources:
-        raise _unavailable(f"the package's CUDA sources are missing ({_csrc.csrc_dir()})",
-                           hint=False)
+        raise _unavailable(
+            f"the package's CUDA sources are missing ({_csrc.csrc_dir()})", hint=False
+        )
     csrc = _csrc.csrc_dir()
-    key = repr((gpucheck.__version__, _csrc.CXX_FLAGS, _csrc.NVCC_FLAGS, archs,
-                os.environ.get("TORCH_CUDA_ARCH_LIST"),
-                [s.relative_to(csrc).as_posix() for s in sources]))
+    key = repr(
+        (
+            gpucheck.__version__,
+            _csrc.CXX_FLAGS,
+            _csrc.NVCC_FLAGS,
+            archs,
+            os.environ.get("TORCH_CUDA_ARCH_LIST"),
+            [s.relative_to(csrc).as_posix() for s in sources],
+        )
+    )
     tag = "-".join(label.replace(" (+PTX)", "+PTX").split(", "))
     name = f"kernels-{tag}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
     folder = _csrc.build_dir(name, make=False)
@@ -122,13 +134,20 @@ def _jit(torch: Any) -> ModuleType:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise _unavailable(f"its build folder cannot be made in {_csrc.cache_dir()} "
-                           f"({err.strerror or err}); set {_csrc.CACHE_ENV} to a writable "
-                           "folder", hint=False) from err
+        raise _unavailable(
+            f"its build folder cannot be made in {_csrc.cache_dir()} "
+            f"({err.strerror or err}); set {_csrc.CACHE_ENV} to a writable "
+            "folder",
+            hint=False,
+        ) from err
     with _locked(folder / "gpucheck.lock", exclusive=True):  # one process builds, others wait
         if not _up_to_date(library, inputs):
-            print(f"gpucheck: building the CUDA kernels for {label} (first use; about a "
-                  f"minute) in {folder}", file=sys.stderr, flush=True)
+            print(
+                f"gpucheck: building the CUDA kernels for {label} (first use; about a "
+                f"minute) in {folder}",
+                file=sys.stderr,
+                flush=True,
+            )
             _build(sources, archs, folder, cuda_home, label)
         return _import(library, folder)
 
@@ -140,11 +159,13 @@ def _build_tools(torch: Any, cuda_home: Path | None) -> Path:
         raise _unavailable(
             "they are built on first use, but no CUDA toolkit was found (no nvcc in "
             f"$CUDA_HOME, on PATH or in /usr/local/cuda): install the toolkit of torch's CUDA "
-            f"{torch.version.cuda}, or set CUDA_HOME to it")
+            f"{torch.version.cuda}, or set CUDA_HOME to it"
+        )
     if shutil.which("ninja") is None:  # torch's build runs `ninja` from PATH
         raise _unavailable(
             "they are built on first use with ninja, which is not on PATH: `pip install "
-            "ninja` in this environment (activate it, or put its bin/ on PATH)")
+            "ninja` in this environment (activate it, or put its bin/ on PATH)"
+        )
     return cuda_home
 
 
@@ -155,8 +176,11 @@ def _archs(torch: Any, cuda_home: Path | None) -> tuple[list[str] | None, str]:
     if wanted:
         archs = _csrc.parse_arch_env(wanted)
         return archs, _csrc.arch_label(archs) if archs else f"TORCH_CUDA_ARCH_LIST={wanted}"
-    visible = ([torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())]
-               if torch.cuda.is_available() else [])
+    visible = (
+        [torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())]
+        if torch.cuda.is_available()
+        else []
+    )
     archs = _csrc.arch_list(visible, _csrc.nvcc_archs(cuda_home) if cuda_home else None)
     return archs, _csrc.arch_label(archs)
 
@@ -180,8 +204,9 @@ def _up_to_date(library: Path, inputs: list[Path]) -> bool:
     return all(p.stat().st_mtime <= built for p in inputs)
 
 
-def _build(sources: list[Path], archs: list[str] | None, folder: Path, cuda_home: Path,
-           label: str) -> None:
+def _build(
+    sources: list[Path], archs: list[str] | None, folder: Path, cuda_home: Path, label: str
+) -> None:
     """Compile and link the kernels into ``folder`` (our lock held); a failure leaves its
     output in ``folder/build.log`` and raises the sentence that points there."""
     import warnings
@@ -195,16 +220,24 @@ def _build(sources: list[Path], archs: list[str] | None, folder: Path, cuda_home
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # e.g. torch's notes on compiler versions
             cpp_extension.load(
-                name=LIBRARY, sources=[str(s) for s in sources],
-                extra_include_paths=[str(_csrc.csrc_dir())], extra_cflags=_csrc.CXX_FLAGS,
+                name=LIBRARY,
+                sources=[str(s) for s in sources],
+                extra_include_paths=[str(_csrc.csrc_dir())],
+                extra_cflags=_csrc.CXX_FLAGS,
                 extra_cuda_cflags=[*_csrc.NVCC_FLAGS, *_csrc.gencode_flags(archs or [])],
-                build_directory=str(folder), is_python_module=False, verbose=False)
+                build_directory=str(folder),
+                is_python_module=False,
+                verbose=False,
+            )
     except Exception as err:  # the compiler's, ninja's or torch's checks alike
         text = str(err)
         log.write_text(text + "\n")
-        raise _unavailable(f"building it for {label} with {cuda_home / 'bin' / 'nvcc'} failed "
-                           f"({first_error(text) or repr(err)}); the compiler's output is in "
-                           f"{log}", hint=False) from err
+        raise _unavailable(
+            f"building it for {label} with {cuda_home / 'bin' / 'nvcc'} failed "
+            f"({first_error(text) or repr(err)}); the compiler's output is in "
+            f"{log}",
+            hint=False,
+        ) from err
     log.write_text("built\n")
 
 
@@ -221,13 +254,17 @@ def _import(library: Path, folder: Path) -> ModuleType:
     name = "gpucheck._C"
     try:
         spec = importlib.util.spec_from_file_location(
-            name, library, loader=ExtensionFileLoader(name, str(library)))
+            name, library, loader=ExtensionFileLoader(name, str(library))
+        )
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     except (ImportError, OSError) as err:
-        raise _unavailable(f"loading the kernels built in {folder} failed ({err}); delete that "
-                           "folder to build them again", hint=False) from err
+        raise _unavailable(
+            f"loading the kernels built in {folder} failed ({err}); delete that "
+            "folder to build them again",
+            hint=False,
+        ) from err
     return module
 
 
@@ -253,16 +290,26 @@ def problem_in_child(timeout: float = CHILD_TIMEOUT_S) -> str | None:
     down."""
     code = "import sys; from gpucheck.ops import _ext; sys.exit(_ext.child_main())"
     try:
-        proc = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            stdout=subprocess.PIPE,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired:
-        return (f"building gpucheck's CUDA kernels did not finish within {timeout:.0f} s "
-                f"(a build's files are in {_csrc.cache_dir()})")
+        return (
+            f"building gpucheck's CUDA kernels did not finish within {timeout:.0f} s "
+            f"(a build's files are in {_csrc.cache_dir()})"
+        )
     if proc.returncode == 0:
         return None
     said = proc.stdout.strip().splitlines()
-    return said[-1] if said else (f"loading gpucheck's CUDA extension failed (exit code "
-                                  f"{proc.returncode})")
+    return (
+        said[-1]
+        if said
+        else (f"loading gpucheck's CUDA extension failed (exit code {proc.returncode})")
+    )
 
 
 def registered_op(qualname: str, fake: Callable[..., Any]) -> Any:

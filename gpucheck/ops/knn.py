@@ -25,8 +25,10 @@ _QUALNAME = "gpucheck::knn_mean_sq_dist"
 
 def _fake(points: torch.Tensor, k: int = 3) -> torch.Tensor:
     """Shape-only implementation for torch.compile / FakeTensor: ``[N]`` float32."""
-    torch._check(points.dim() == 2 and points.shape[1] == 3,
-                 lambda: f"knn_mean_sq_dist: points must be [N, 3], got {list(points.shape)}")
+    torch._check(
+        points.dim() == 2 and points.shape[1] == 3,
+        lambda: f"knn_mean_sq_dist: points must be [N, 3], got {list(points.shape)}",
+    )
     torch._check(1 <= k <= MAX_K, lambda: f"knn_mean_sq_dist: k must be in [1, {MAX_K}], got {k}")
     return points.new_empty((points.shape[0],), dtype=torch.float32)
 

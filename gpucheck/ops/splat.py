@@ -73,15 +73,15 @@ BUDGET_PREFIX = "splat_project: binning budget exceeded: "
 class RasterizeResult(NamedTuple):
     """What :func:`rasterize` returns: the fields of the reference's result, in its order."""
 
-    image: torch.Tensor       #: [3, H, W] float32, background included
-    alpha: torch.Tensor       #: [H, W] float32, 1 - final transmittance
-    depth: torch.Tensor       #: [H, W] float32 expected depth (0 where alpha is 0)
-    radii: torch.Tensor       #: [N] int32 pixel radius, 0 for culled Gaussians
-    means2d: torch.Tensor     #: [N, 2] float32 pixels; .grad after backward (densification)
-    depths: torch.Tensor      #: [N] float32 camera-space z
-    conics: torch.Tensor      #: [N, 3] float32 inverse 2D covariance, 0 where radius is 0
-    colors: torch.Tensor      #: [N, 3] float32 per-Gaussian colour (evaluated SH or as given)
-    tiles: torch.Tensor       #: [N, 4] int32 tile rectangle x_min, y_min, x_max, y_max (excl.)
+    image: torch.Tensor  #: [3, H, W] float32, background included
+    alpha: torch.Tensor  #: [H, W] float32, 1 - final transmittance
+    depth: torch.Tensor  #: [H, W] float32 expected depth (0 where alpha is 0)
+    radii: torch.Tensor  #: [N] int32 pixel radius, 0 for culled Gaussians
+    means2d: torch.Tensor  #: [N, 2] float32 pixels; .grad after backward (densification)
+    depths: torch.Tensor  #: [N] float32 camera-space z
+    conics: torch.Tensor  #: [N, 3] float32 inverse 2D covariance, 0 where radius is 0
+    colors: torch.Tensor  #: [N, 3] float32 per-Gaussian colour (evaluated SH or as given)
+    tiles: torch.Tensor  #: [N, 4] int32 tile rectangle x_min, y_min, x_max, y_max (excl.)
     n_intersections: int = 0  #: sum over Gaussians of the tiles they touch
 
 
@@ -94,55 +94,109 @@ def _overlaps() -> Any:
     return torch.library.get_ctx().new_dynamic_size()
 
 
-def _fake_project(means: torch.Tensor, scales: torch.Tensor, rotations: torch.Tensor,
-                  opacities: torch.Tensor, colors: torch.Tensor, viewmat: torch.Tensor,
-                  K: torch.Tensor, background: torch.Tensor, width: int, height: int,
-                  sh_degree: int, max_bytes: int | None = None) -> tuple[torch.Tensor, ...]:
+def _fake_project(
+    means: torch.Tensor,
+    scales: torch.Tensor,
+    rotations: torch.Tensor,
+    opacities: torch.Tensor,
+    colors: torch.Tensor,
+    viewmat: torch.Tensor,
+    K: torch.Tensor,
+    background: torch.Tensor,
+    width: int,
+    height: int,
+    sh_degree: int,
+    max_bytes: int | None = None,
+) -> tuple[torch.Tensor, ...]:
     """Shape-only implementation of ``splat_project`` for torch.compile / FakeTensor."""
-    torch._check(means.dim() == 2 and means.shape[1] == 3,
-                 lambda: f"splat_project: means must be [N, 3], got {list(means.shape)}")
-    torch._check(width >= 1 and height >= 1,
-                 lambda: f"splat_project: width and height must be >= 1, got {width}x{height}")
+    torch._check(
+        means.dim() == 2 and means.shape[1] == 3,
+        lambda: f"splat_project: means must be [N, 3], got {list(means.shape)}",
+    )
+    torch._check(
+        width >= 1 and height >= 1,
+        lambda: f"splat_project: width and height must be >= 1, got {width}x{height}",
+    )
     n = means.shape[0]
     i32, f32 = torch.int32, torch.float32
     half = means.dtype != f32  # float32 copies of opacities and background for render
-    return (means.new_empty((n, 2), dtype=f32), means.new_empty((n, 3), dtype=f32),
-            means.new_empty((n, 3), dtype=f32), means.new_empty((n,), dtype=f32),
-            means.new_empty((n,), dtype=i32), means.new_empty((n, 4), dtype=i32),
-            means.new_empty((_tiles(width, height), 2), dtype=i32),
-            means.new_empty((_overlaps(),), dtype=i32),
-            means.new_empty((n if half else 0,), dtype=f32),
-            means.new_empty((3 if half else 0,), dtype=f32))
+    return (
+        means.new_empty((n, 2), dtype=f32),
+        means.new_empty((n, 3), dtype=f32),
+        means.new_empty((n, 3), dtype=f32),
+        means.new_empty((n,), dtype=f32),
+        means.new_empty((n,), dtype=i32),
+        means.new_empty((n, 4), dtype=i32),
+        means.new_empty((_tiles(width, height), 2), dtype=i32),
+        means.new_empty((_overlaps(),), dtype=i32),
+        means.new_empty((n if half else 0,), dtype=f32),
+        means.new_empty((3 if half else 0,), dtype=f32),
+    )
 
 
-def _fake_render(means2d: torch.Tensor, conics: torch.Tensor, opacities: torch.Tensor,
-                 rgb: torch.Tensor, depths: torch.Tensor, background: torch.Tensor,
-                 tile_ranges: torch.Tensor, ids: torch.Tensor, width: int,
-                 height: int) -> tuple[torch.Tensor, ...]:
+def _fake_render(
+    means2d: torch.Tensor,
+    conics: torch.Tensor,
+    opacities: torch.Tensor,
+    rgb: torch.Tensor,
+    depths: torch.Tensor,
+    background: torch.Tensor,
+    tile_ranges: torch.Tensor,
+    ids: torch.Tensor,
+    width: int,
+    height: int,
+) -> tuple[torch.Tensor, ...]:
     """Shape-only implementation of ``splat_render``."""
-    torch._check(width >= 1 and height >= 1,
-                 lambda: f"splat_render: width and height must be >= 1, got {width}x{height}")
+    torch._check(
+        width >= 1 and height >= 1,
+        lambda: f"splat_render: width and height must be >= 1, got {width}x{height}",
+    )
     e = means2d.new_empty
-    return (e((3, height, width)), e((height, width)), e((height, width)), e((height, width)),
-            e((height, width), dtype=torch.int32))
+    return (
+        e((3, height, width)),
+        e((height, width)),
+        e((height, width)),
+        e((height, width)),
+        e((height, width), dtype=torch.int32),
+    )
 
 
-def _fake_render_backward(means2d: torch.Tensor, conics: torch.Tensor,
-                          opacities: torch.Tensor, rgb: torch.Tensor, depths: torch.Tensor,
-                          *rest: Any) -> tuple[torch.Tensor, ...]:
+def _fake_render_backward(
+    means2d: torch.Tensor,
+    conics: torch.Tensor,
+    opacities: torch.Tensor,
+    rgb: torch.Tensor,
+    depths: torch.Tensor,
+    *rest: Any,
+) -> tuple[torch.Tensor, ...]:
     """Shape-only implementation of ``splat_render_backward``: one gradient per input."""
-    return (torch.empty_like(means2d), torch.empty_like(conics), torch.empty_like(opacities),
-            torch.empty_like(rgb), torch.empty_like(depths))
+    return (
+        torch.empty_like(means2d),
+        torch.empty_like(conics),
+        torch.empty_like(opacities),
+        torch.empty_like(rgb),
+        torch.empty_like(depths),
+    )
 
 
-def _fake_project_backward(means: torch.Tensor, scales: torch.Tensor, rotations: torch.Tensor,
-                           colors: torch.Tensor, *rest: Any) -> tuple[torch.Tensor, ...]:
+def _fake_project_backward(
+    means: torch.Tensor,
+    scales: torch.Tensor,
+    rotations: torch.Tensor,
+    colors: torch.Tensor,
+    *rest: Any,
+) -> tuple[torch.Tensor, ...]:
     """Shape-only implementation of ``splat_project_backward``: one gradient per parameter,
     in the parameters' dtype (the opacities' and background's [0] for float32 ones)."""
     half = means.dtype != torch.float32
-    return (torch.empty_like(means), torch.empty_like(scales), torch.empty_like(rotations),
-            torch.empty_like(colors), means.new_empty((means.shape[0] if half else 0,)),
-            means.new_empty((3 if half else 0,)))
+    return (
+        torch.empty_like(means),
+        torch.empty_like(scales),
+        torch.empty_like(rotations),
+        torch.empty_like(colors),
+        means.new_empty((means.shape[0] if half else 0,)),
+        means.new_empty((3 if half else 0,)),
+    )
 
 
 def _zeros_if_none(grad: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
@@ -159,11 +213,19 @@ def _project_setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any,
     ctx.set_materialize_grads(False)
 
 
-def _project_backward(ctx: Any, g_means2d: torch.Tensor | None, g_conics: torch.Tensor | None,
-                      g_rgb: torch.Tensor | None, g_depths: torch.Tensor | None,
-                      _g_radii: Any, _g_tiles: Any, _g_ranges: Any, _g_ids: Any,
-                      g_opacities: torch.Tensor | None, g_background: torch.Tensor | None,
-                      ) -> tuple[torch.Tensor | None, ...]:
+def _project_backward(
+    ctx: Any,
+    g_means2d: torch.Tensor | None,
+    g_conics: torch.Tensor | None,
+    g_rgb: torch.Tensor | None,
+    g_depths: torch.Tensor | None,
+    _g_radii: Any,
+    _g_tiles: Any,
+    _g_ranges: Any,
+    _g_ids: Any,
+    g_opacities: torch.Tensor | None,
+    g_background: torch.Tensor | None,
+) -> tuple[torch.Tensor | None, ...]:
     means, scales, rotations, colors, viewmat, K, radii = ctx.saved_tensors
     n = means.shape[0]
     f32 = means.new_empty((0,), dtype=torch.float32)
@@ -171,16 +233,32 @@ def _project_backward(ctx: Any, g_means2d: torch.Tensor | None, g_conics: torch.
     # background ([N], [3]; [0] for float32 ones), whose gradients come back through here
     half = means.dtype != torch.float32
     grads = ops().project_backward(
-        means, scales, rotations, colors, viewmat, K, radii,
+        means,
+        scales,
+        rotations,
+        colors,
+        viewmat,
+        K,
+        radii,
         _zeros_if_none(g_means2d, f32.new_empty((n, 2))),
         _zeros_if_none(g_conics, f32.new_empty((n, 3))),
         _zeros_if_none(g_rgb, f32.new_empty((n, 3))),
         _zeros_if_none(g_depths, f32.new_empty((n,))),
         _zeros_if_none(g_opacities, f32.new_empty((n if half else 0,))),
-        _zeros_if_none(g_background, f32.new_empty((3 if half else 0,))), *ctx.dims)
+        _zeros_if_none(g_background, f32.new_empty((3 if half else 0,))),
+        *ctx.dims,
+    )
     g_means, g_scales, g_rotations, g_colors, g_opac, g_bg = grads
-    return (g_means, g_scales, g_rotations, g_opac if half else None, g_colors, None, None,
-            g_bg if half else None) + (None,) * 4
+    return (
+        g_means,
+        g_scales,
+        g_rotations,
+        g_opac if half else None,
+        g_colors,
+        None,
+        None,
+        g_bg if half else None,
+    ) + (None,) * 4
 
 
 def _render_setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any, ...]) -> None:
@@ -192,15 +270,24 @@ def _render_setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any, 
     ctx.set_materialize_grads(False)
 
 
-def _render_backward(ctx: Any, g_image: torch.Tensor | None, g_alpha: torch.Tensor | None,
-                     g_depth: torch.Tensor | None, *_: Any) -> tuple[torch.Tensor | None, ...]:
+def _render_backward(
+    ctx: Any,
+    g_image: torch.Tensor | None,
+    g_alpha: torch.Tensor | None,
+    g_depth: torch.Tensor | None,
+    *_: Any,
+) -> tuple[torch.Tensor | None, ...]:
     saved = ctx.saved_tensors
     final_T = saved[10]
     g_image = _zeros_if_none(g_image, final_T.new_empty((3, *final_T.shape)))
     none = final_T.new_empty((0,))  # an output the loss does not use: no zero plane
-    grads = ops().render_backward(*saved, g_image,
-                                  none if g_alpha is None else g_alpha.contiguous(),
-                                  none if g_depth is None else g_depth.contiguous(), *ctx.dims)
+    grads = ops().render_backward(
+        *saved,
+        g_image,
+        none if g_alpha is None else g_alpha.contiguous(),
+        none if g_depth is None else g_depth.contiguous(),
+        *ctx.dims,
+    )
     g_background = (g_image * final_T).sum((1, 2))  # image = ... + T_final * background
     return (*grads, g_background, None, None, None, None)
 
@@ -223,14 +310,15 @@ def ops() -> _Ops:
     found = _Ops(
         project=registered_op("gpucheck::splat_project", _fake_project),
         render=registered_op("gpucheck::splat_render", _fake_render),
-        render_backward=registered_op("gpucheck::splat_render_backward",
-                                      _fake_render_backward),
-        project_backward=registered_op("gpucheck::splat_project_backward",
-                                       _fake_project_backward))
-    torch.library.register_autograd("gpucheck::splat_project", _project_backward,
-                                    setup_context=_project_setup_context)
-    torch.library.register_autograd("gpucheck::splat_render", _render_backward,
-                                    setup_context=_render_setup_context)
+        render_backward=registered_op("gpucheck::splat_render_backward", _fake_render_backward),
+        project_backward=registered_op("gpucheck::splat_project_backward", _fake_project_backward),
+    )
+    torch.library.register_autograd(
+        "gpucheck::splat_project", _project_backward, setup_context=_project_setup_context
+    )
+    torch.library.register_autograd(
+        "gpucheck::splat_render", _render_backward, setup_context=_render_setup_context
+    )
     return found
 
 
@@ -294,42 +382,95 @@ def rasterize(
             the share of Gaussians covering > 25 % of the image and a hint.
         gpucheck.errors.ExtensionNotBuilt: the compiled extension is not installed.
     """
-    degree = _check_python_side(means, scales, rotations, opacities, colors, sh, sh_degree,
-                                viewmat, K, width, height, background, max_bytes)
+    degree = _check_python_side(
+        means,
+        scales,
+        rotations,
+        opacities,
+        colors,
+        sh,
+        sh_degree,
+        viewmat,
+        K,
+        width,
+        height,
+        background,
+        max_bytes,
+    )
     if background is None:
         background = torch.zeros(3, dtype=means.dtype, device=means.device)
     values = colors if degree < 0 else sh
     found = ops()
     try:
         means2d, conics, rgb, depths, radii, tiles, ranges, ids, opac32, bg32 = found.project(
-            means, scales, rotations, opacities, values, viewmat, K, background, width, height,
-            degree, max_bytes)
+            means,
+            scales,
+            rotations,
+            opacities,
+            values,
+            viewmat,
+            K,
+            background,
+            width,
+            height,
+            degree,
+            max_bytes,
+        )
     except torch.OutOfMemoryError as err:
         msg = str(err).split("\nException raised from")[0]
         if BUDGET_PREFIX in msg:
-            raise MemoryAnomalyError(msg[msg.index(BUDGET_PREFIX):]) from None
+            raise MemoryAnomalyError(msg[msg.index(BUDGET_PREFIX) :]) from None
         raise
     if means2d.requires_grad:
         means2d.retain_grad()
     if means.dtype != torch.float32:  # render (float32) takes the projection's copies
         opacities, background = opac32, bg32
-    image, alpha, depth, _, _ = found.render(means2d, conics, opacities, rgb, depths,
-                                             background, ranges, ids, width, height)
-    return RasterizeResult(image=image, alpha=alpha, depth=depth, radii=radii, means2d=means2d,
-                           depths=depths, conics=conics, colors=rgb, tiles=tiles,
-                           n_intersections=int(ids.shape[0]))
+    image, alpha, depth, _, _ = found.render(
+        means2d, conics, opacities, rgb, depths, background, ranges, ids, width, height
+    )
+    return RasterizeResult(
+        image=image,
+        alpha=alpha,
+        depth=depth,
+        radii=radii,
+        means2d=means2d,
+        depths=depths,
+        conics=conics,
+        colors=rgb,
+        tiles=tiles,
+        n_intersections=int(ids.shape[0]),
+    )
 
 
 def _check_python_side(
-    means: Any, scales: Any, rotations: Any, opacities: Any, colors: Any, sh: Any,
-    sh_degree: Any, viewmat: Any, K: Any, width: Any, height: Any, background: Any,
+    means: Any,
+    scales: Any,
+    rotations: Any,
+    opacities: Any,
+    colors: Any,
+    sh: Any,
+    sh_degree: Any,
+    viewmat: Any,
+    K: Any,
+    width: Any,
+    height: Any,
+    background: Any,
     max_bytes: Any,
 ) -> int:
     """What the C++ entry point cannot say as well (types, CPU tensors, colours vs SH);
     returns the SH degree to pass (-1 for RGB colours). Shapes, dtypes, contiguity and values
     are checked by the entry point, so that torch.ops callers get the same errors."""
-    named = {"means": means, "scales": scales, "rotations": rotations, "opacities": opacities,
-             "viewmat": viewmat, "K": K, "colors": colors, "sh": sh, "background": background}
+    named = {
+        "means": means,
+        "scales": scales,
+        "rotations": rotations,
+        "opacities": opacities,
+        "viewmat": viewmat,
+        "K": K,
+        "colors": colors,
+        "sh": sh,
+        "background": background,
+    }
     for name, t in named.items():
         if t is None and name in ("colors", "sh", "background"):
             continue
@@ -351,7 +492,8 @@ def _check_python_side(
         if t is not None and t.device.type != "cuda":
             raise ValueError(
                 f"rasterize: {name} must be a CUDA tensor, got one on {t.device} "
-                "(gpucheck.reference.rasterize is the CPU implementation)")
+                "(gpucheck.reference.rasterize is the CPU implementation)"
+            )
     return degree
 
 
@@ -359,17 +501,25 @@ def _check_dtypes(named: dict[str, Any]) -> None:
     """The Gaussian parameters share one dtype of PARAMETER_DTYPES; the camera is float32."""
     dtype = named["means"].dtype
     if dtype not in PARAMETER_DTYPES:
-        raise TypeError(f"rasterize: means must be float32, bfloat16 or float16 (the Gaussian "
-                        f"parameters' dtype), got {dtype}")
-    others = [f"{name} is {named[name].dtype}" for name in _PARAMETERS
-              if named[name] is not None and named[name].dtype != dtype]
+        raise TypeError(
+            f"rasterize: means must be float32, bfloat16 or float16 (the Gaussian "
+            f"parameters' dtype), got {dtype}"
+        )
+    others = [
+        f"{name} is {named[name].dtype}"
+        for name in _PARAMETERS
+        if named[name] is not None and named[name].dtype != dtype
+    ]
     if others:
         raise TypeError(
             f"rasterize: the Gaussian parameters (means, scales, rotations, opacities, colors "
             f"or sh, background) must share one dtype (float32, bfloat16 or float16): means is "
-            f"{dtype} but {', '.join(others)}")
+            f"{dtype} but {', '.join(others)}"
+        )
     for name in ("viewmat", "K"):
         if named[name].dtype != torch.float32:
-            raise TypeError(f"rasterize: {name} must be float32 (the camera stays float32 "
-                            f"whatever the Gaussian parameters' dtype), got "
-                            f"{named[name].dtype}")
+            raise TypeError(
+                f"rasterize: {name} must be float32 (the camera stays float32 "
+                f"whatever the Gaussian parameters' dtype), got "
+                f"{named[name].dtype}"
+            )

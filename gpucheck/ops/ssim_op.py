@@ -37,29 +37,39 @@ WINDOW_SIZE = 11
 def _map_shape(img: torch.Tensor, padding: str) -> tuple[Any, ...]:
     b, c, h, w = img.shape
     if padding == "valid":
-        torch._check(h >= WINDOW_SIZE and w >= WINDOW_SIZE,
-                     lambda: f"padding='valid' needs H, W >= 11, got {list(img.shape)}")
+        torch._check(
+            h >= WINDOW_SIZE and w >= WINDOW_SIZE,
+            lambda: f"padding='valid' needs H, W >= 11, got {list(img.shape)}",
+        )
         return (b, c, h - 2 * (WINDOW_SIZE // 2), w - 2 * (WINDOW_SIZE // 2))
     return (b, c, h, w)
 
 
-def _forward_fake(img1: torch.Tensor, img2: torch.Tensor, padding: str, reduction: str
-                  ) -> torch.Tensor:
+def _forward_fake(
+    img1: torch.Tensor, img2: torch.Tensor, padding: str, reduction: str
+) -> torch.Tensor:
     torch._check(img1.dim() == 4, lambda: f"img1 must be [B, C, H, W], got {list(img1.shape)}")
     if reduction == "mean":
         return img1.new_empty(())
     return img1.new_empty(_map_shape(img1, padding))
 
 
-def _backward_fake(grad: torch.Tensor, img1: torch.Tensor, img2: torch.Tensor, padding: str,
-                   reduction: str, need_grad2: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _backward_fake(
+    grad: torch.Tensor,
+    img1: torch.Tensor,
+    img2: torch.Tensor,
+    padding: str,
+    reduction: str,
+    need_grad2: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
     # The kernel returns contiguous gradients whatever the images' strides.
     grad2 = img2.new_empty(img2.shape) if need_grad2 else img2.new_empty((0,))
     return img1.new_empty(img1.shape), grad2
 
 
-def _train_fake(img1: torch.Tensor, img2: torch.Tensor, padding: str, grad_scale: float,
-                need_grad2: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _train_fake(
+    img1: torch.Tensor, img2: torch.Tensor, padding: str, grad_scale: float, need_grad2: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     torch._check(img1.dim() == 4, lambda: f"img1 must be [B, C, H, W], got {list(img1.shape)}")
     grad2 = img2.new_empty(img2.shape) if need_grad2 else img2.new_empty((0,))
     return img1.new_empty(()), img1.new_empty(img1.shape), grad2
@@ -93,8 +103,13 @@ def load_ops() -> Any:
     return torch.ops.gpucheck.ssim_forward.default
 
 
-def ssim(img1: torch.Tensor, img2: torch.Tensor, padding: str = "same", train: bool = True,
-         reduction: str = "mean") -> torch.Tensor:
+def ssim(
+    img1: torch.Tensor,
+    img2: torch.Tensor,
+    padding: str = "same",
+    train: bool = True,
+    reduction: str = "mean",
+) -> torch.Tensor:
     """SSIM of two CUDA image batches with the fused kernels.
 
     Args:
@@ -136,4 +151,3 @@ def ssim(img1: torch.Tensor, img2: torch.Tensor, padding: str = "same", train: b
 
 
 __all__ = ["load_ops", "ssim"]
-

@@ -75,11 +75,11 @@ def knn_mean_sq_dist(
     out = torch.empty(rows.shape[0], dtype=torch.float64, device=p.device)
     step = max(1, chunk_elements // n)
     for start in range(0, rows.shape[0], step):
-        idx = rows[start:start + step]
-        q = p[idx]                                               # [C, 3]
-        d = (q[:, 0:1] - p[:, 0]).square_()                      # [C, N]
+        idx = rows[start : start + step]
+        q = p[idx]  # [C, 3]
+        d = (q[:, 0:1] - p[:, 0]).square_()  # [C, N]
         d += (q[:, 1:2] - p[:, 1]).square_()
         d += (q[:, 2:3] - p[:, 2]).square_()
         d[torch.arange(idx.shape[0], device=p.device), idx] = float("inf")  # not itself
-        out[start:start + step] = d.topk(k, dim=1, largest=False, sorted=False).values.mean(1)
+        out[start : start + step] = d.topk(k, dim=1, largest=False, sorted=False).values.mean(1)
     return out

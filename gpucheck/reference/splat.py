@@ -57,8 +57,14 @@ import torch
 from gpucheck.errors import BudgetExceeded
 from gpucheck.reference.splat_sh import MAX_SH_DEGREE, sh_to_color
 
-__all__ = ["Projection", "RasterizeResult", "compositing_order", "estimate_binning_bytes",
-           "project", "rasterize"]
+__all__ = [
+    "Projection",
+    "RasterizeResult",
+    "compositing_order",
+    "estimate_binning_bytes",
+    "project",
+    "rasterize",
+]
 
 NEAR_PLANE = 0.2
 TILE_SIZE = 16
@@ -69,10 +75,10 @@ T_MIN = 1e-4
 #: Margins of the opacity-aware tile box (see ``_tile_box``; csrc/splat/splat_cuda.cu's
 #: ``tile_box`` derives them): on ``t = 2 ln(255 opacity)``, on the skew ``Sxx Syy / det``,
 #: times ``|screen mean|`` on the extents, and the skew above which only the square is used.
-TILE_BOX_SLACK_T = 2.0 ** -17
-TILE_BOX_SLACK_QUAD = 2.0 ** -18
-TILE_BOX_SLACK_MEAN = 2.0 ** -22
-TILE_BOX_MAX_SKEW = 2.0 ** 17
+TILE_BOX_SLACK_T = 2.0**-17
+TILE_BOX_SLACK_QUAD = 2.0**-18
+TILE_BOX_SLACK_MEAN = 2.0**-22
+TILE_BOX_MAX_SKEW = 2.0**17
 #: Bytes per (Gaussian, tile) pair of a tiled kernel's binning buffers: a 64-bit key and a
 #: 32-bit value, each double-buffered for the radix sort.
 BYTES_PER_INTERSECTION = 24
@@ -83,16 +89,16 @@ _CHUNK_ELEMENTS = 1 << 21
 class RasterizeResult(NamedTuple):
     """What :func:`rasterize` returns (float64 unless stated)."""
 
-    image: torch.Tensor        #: [3, H, W] composited colour, background included
-    alpha: torch.Tensor        #: [H, W] 1 - final transmittance
-    depth: torch.Tensor        #: [H, W] expected camera depth (0 where alpha is 0)
-    radii: torch.Tensor        #: [N] int32 pixel radius, 0 for culled Gaussians
-    means2d: torch.Tensor      #: [N, 2] pixel coordinates; .grad after backward if tracked
-    depths: torch.Tensor       #: [N] camera-space z
-    conics: torch.Tensor       #: [N, 3] inverse 2D covariance (a, b, c) of [[a, b], [b, c]]
-    colors: torch.Tensor       #: [N, 3] per-Gaussian colour (evaluated SH or as given)
-    tiles: torch.Tensor        #: [N, 4] int32 tile rectangle x_min, y_min, x_max, y_max (excl.)
-    n_intersections: int       #: sum over Gaussians of the tiles they touch (overlaps)
+    image: torch.Tensor  #: [3, H, W] composited colour, background included
+    alpha: torch.Tensor  #: [H, W] 1 - final transmittance
+    depth: torch.Tensor  #: [H, W] expected camera depth (0 where alpha is 0)
+    radii: torch.Tensor  #: [N] int32 pixel radius, 0 for culled Gaussians
+    means2d: torch.Tensor  #: [N, 2] pixel coordinates; .grad after backward if tracked
+    depths: torch.Tensor  #: [N] camera-space z
+    conics: torch.Tensor  #: [N, 3] inverse 2D covariance (a, b, c) of [[a, b], [b, c]]
+    colors: torch.Tensor  #: [N, 3] per-Gaussian colour (evaluated SH or as given)
+    tiles: torch.Tensor  #: [N, 4] int32 tile rectangle x_min, y_min, x_max, y_max (excl.)
+    n_intersections: int  #: sum over Gaussians of the tiles they touch (overlaps)
 
 
 def _fail(msg: str) -> NoReturn:
@@ -106,7 +112,8 @@ def _check_tensor(name: str, t: object, shape: tuple[int | None, ...]) -> torch.
         raise TypeError(f"rasterize: {name} must be floating point, got {t.dtype}")
     want = "[" + ", ".join("N" if s is None else str(s) for s in shape) + "]"
     if t.dim() != len(shape) or any(
-            s is not None and s != g for s, g in zip(shape, t.shape, strict=True)):
+        s is not None and s != g for s, g in zip(shape, t.shape, strict=True)
+    ):
         _fail(f"{name} must be {want}, got {list(t.shape)}")
     bad = ~torch.isfinite(t.detach())
     if bool(bad.any()):
@@ -115,10 +122,19 @@ def _check_tensor(name: str, t: object, shape: tuple[int | None, ...]) -> torch.
 
 
 def _check_inputs(
-    means: torch.Tensor, scales: torch.Tensor, rotations: torch.Tensor,
-    opacities: torch.Tensor, colors: torch.Tensor | None, sh: torch.Tensor | None,
-    sh_degree: int | None, viewmat: torch.Tensor, K: torch.Tensor, width: int, height: int,
-    background: torch.Tensor | None, max_bytes: int | None,
+    means: torch.Tensor,
+    scales: torch.Tensor,
+    rotations: torch.Tensor,
+    opacities: torch.Tensor,
+    colors: torch.Tensor | None,
+    sh: torch.Tensor | None,
+    sh_degree: int | None,
+    viewmat: torch.Tensor,
+    K: torch.Tensor,
+    width: int,
+    height: int,
+    background: torch.Tensor | None,
+    max_bytes: int | None,
 ) -> int:
     """Validate every input; return the SH degree to use (-1 for precomputed colours)."""
     _check_tensor("means", means, (None, 3))
@@ -131,8 +147,9 @@ def _check_inputs(
     for name, v in (("width", width), ("height", height)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             _fail(f"{name} must be a positive int, got {v!r}")
-    if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int)
-                                  or max_bytes < 0):
+    if max_bytes is not None and (
+        isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0
+    ):
         _fail(f"max_bytes must be None or an int >= 0, got {max_bytes!r}")
     if background is not None:
         _check_tensor("background", background, (3,))
@@ -141,22 +158,32 @@ def _check_inputs(
     if len(devices) > 1:
         _fail(f"all tensors must be on one device, got {sorted(map(str, devices))}")
     if n and bool((scales <= 0).any()):
-        _fail(f"scales must be positive (activated, exp of the log-scales), got min "
-              f"{float(scales.min()):.4g}: raw log-scales from a checkpoint need exp first")
+        _fail(
+            f"scales must be positive (activated, exp of the log-scales), got min "
+            f"{float(scales.min()):.4g}: raw log-scales from a checkpoint need exp first"
+        )
     if n and bool(((opacities < 0) | (opacities > 1)).any()):
-        _fail(f"opacities must be in [0, 1] (activated, sigmoid of the logits), got range "
-              f"[{float(opacities.min()):.4g}, {float(opacities.max()):.4g}]")
+        _fail(
+            f"opacities must be in [0, 1] (activated, sigmoid of the logits), got range "
+            f"[{float(opacities.min()):.4g}, {float(opacities.max()):.4g}]"
+        )
     if n and bool((rotations.detach().norm(dim=1) == 0).any()):
         _fail("rotations hold an all-zero quaternion (cannot be normalized)")
     bottom = viewmat.detach().new_tensor([0.0, 0.0, 0.0, 1.0])
     if not torch.equal(viewmat.detach()[3], bottom):
-        _fail(f"viewmat must be world-to-camera with bottom row [0, 0, 0, 1], got bottom row "
-              f"{viewmat[3].tolist()} (3DGS's world_view_transform is stored transposed)")
+        _fail(
+            f"viewmat must be world-to-camera with bottom row [0, 0, 0, 1], got bottom row "
+            f"{viewmat[3].tolist()} (3DGS's world_view_transform is stored transposed)"
+        )
     k = K.detach()
-    if not (k[0, 0] > 0 and k[1, 1] > 0 and k[0, 1] == 0 and k[1, 0] == 0
-            and torch.equal(k[2], k.new_tensor([0.0, 0.0, 1.0]))):
-        _fail(f"K must be [[fx, 0, cx], [0, fy, cy], [0, 0, 1]] with fx, fy > 0, got "
-              f"{k.tolist()}")
+    if not (
+        k[0, 0] > 0
+        and k[1, 1] > 0
+        and k[0, 1] == 0
+        and k[1, 0] == 0
+        and torch.equal(k[2], k.new_tensor([0.0, 0.0, 1.0]))
+    ):
+        _fail(f"K must be [[fx, 0, cx], [0, fy, cy], [0, 0, 1]] with fx, fy > 0, got {k.tolist()}")
     if colors is not None and sh is None:
         _check_tensor("colors", colors, (n, 3))
     if sh is not None and colors is None:
@@ -164,8 +191,9 @@ def _check_inputs(
     return sh_degree_of(colors, sh, sh_degree)
 
 
-def sh_degree_of(colors: torch.Tensor | None, sh: torch.Tensor | None,
-                 sh_degree: int | None) -> int:
+def sh_degree_of(
+    colors: torch.Tensor | None, sh: torch.Tensor | None, sh_degree: int | None
+) -> int:
     """The colour rule shared by the reference and the CUDA op: exactly one of ``colors``
     ([N, 3]) and ``sh`` ([N, K, 3]); returns -1 for RGB colours, else the SH degree to
     evaluate (given, or derived from K), checked against what ``sh`` holds."""
@@ -182,14 +210,21 @@ def sh_degree_of(colors: torch.Tensor | None, sh: torch.Tensor | None,
     if sh_degree is None:
         sh_degree = math.isqrt(coeffs) - 1
         if (sh_degree + 1) ** 2 != coeffs or sh_degree > MAX_SH_DEGREE:
-            _fail(f"sh must hold (d + 1)^2 coefficients per channel for a degree d in "
-                  f"0..{MAX_SH_DEGREE}, got sh of shape {list(sh.shape)}")
-    if isinstance(sh_degree, bool) or not isinstance(sh_degree, int) or not (
-            0 <= sh_degree <= MAX_SH_DEGREE):
+            _fail(
+                f"sh must hold (d + 1)^2 coefficients per channel for a degree d in "
+                f"0..{MAX_SH_DEGREE}, got sh of shape {list(sh.shape)}"
+            )
+    if (
+        isinstance(sh_degree, bool)
+        or not isinstance(sh_degree, int)
+        or not (0 <= sh_degree <= MAX_SH_DEGREE)
+    ):
         _fail(f"sh_degree must be an int in 0..{MAX_SH_DEGREE}, got {sh_degree!r}")
     if coeffs < (sh_degree + 1) ** 2:
-        _fail(f"sh_degree {sh_degree} needs {(sh_degree + 1) ** 2} coefficients per channel, "
-              f"got sh of shape {list(sh.shape)}")
+        _fail(
+            f"sh_degree {sh_degree} needs {(sh_degree + 1) ** 2} coefficients per channel, "
+            f"got sh of shape {list(sh.shape)}"
+        )
     return sh_degree
 
 
@@ -197,32 +232,43 @@ def quat_to_rotmat(quats: torch.Tensor) -> torch.Tensor:
     """Rotation matrices of (unnormalized) wxyz quaternions: ``[N, 4] -> [N, 3, 3]``."""
     w, x, y, z = torch.nn.functional.normalize(quats, dim=-1).unbind(-1)
     rows = [
-        1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
-        2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
-        2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
+        1 - 2 * (y * y + z * z),
+        2 * (x * y - w * z),
+        2 * (x * z + w * y),
+        2 * (x * y + w * z),
+        1 - 2 * (x * x + z * z),
+        2 * (y * z - w * x),
+        2 * (x * z - w * y),
+        2 * (y * z + w * x),
+        1 - 2 * (x * x + y * y),
     ]
     return torch.stack(rows, dim=-1).reshape(-1, 3, 3)
 
 
 def covariance_3d(scales: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
     """World-space covariance ``R diag(s)^2 R^T``: ``[N, 3], [N, 4] -> [N, 3, 3]``."""
-    m = quat_to_rotmat(rotations) * scales.unsqueeze(-2)    # R @ diag(s)
+    m = quat_to_rotmat(rotations) * scales.unsqueeze(-2)  # R @ diag(s)
     return m @ m.transpose(-1, -2)
 
 
 class Projection(NamedTuple):
     """Per-Gaussian preprocessing results of :func:`project`."""
 
-    means2d: torch.Tensor   # [N, 2]
-    depths: torch.Tensor    # [N]
-    cov2d: torch.Tensor     # [N, 2, 2] low-pass included
-    conics: torch.Tensor    # [N, 3]
-    radii: torch.Tensor     # [N] int32
-    tiles: torch.Tensor     # [N, 4] int32
+    means2d: torch.Tensor  # [N, 2]
+    depths: torch.Tensor  # [N]
+    cov2d: torch.Tensor  # [N, 2, 2] low-pass included
+    conics: torch.Tensor  # [N, 3]
+    radii: torch.Tensor  # [N] int32
+    tiles: torch.Tensor  # [N, 4] int32
 
 
-def _tile_box(sxx: torch.Tensor, syy: torch.Tensor, det: torch.Tensor, means2d: torch.Tensor,
-              opacities: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _tile_box(
+    sxx: torch.Tensor,
+    syy: torch.Tensor,
+    det: torch.Tensor,
+    means2d: torch.Tensor,
+    opacities: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Half extents ``[N, 2]`` (pixels, about ``means2d``) of the box outside which a Gaussian
     never reaches ``alpha >= 1/255``, and ``[N]`` whether it reaches it anywhere; ``sxx``,
     ``syy``, ``det``: its 2D covariance's diagonal (low-pass included) and determinant.
@@ -240,14 +286,23 @@ def _tile_box(sxx: torch.Tensor, syy: torch.Tensor, det: torch.Tensor, means2d: 
     bounded = (det > 0) & (skew <= TILE_BOX_MAX_SKEW)
     t = 2.0 * torch.log(torch.where(reaches, 255.0 * opacities, torch.ones_like(opacities)))
     s = (t + TILE_BOX_SLACK_T) / (1.0 - TILE_BOX_SLACK_QUAD * torch.where(bounded, skew, 0.0))
-    ext = (torch.sqrt(s[:, None] * torch.stack([sxx, syy], dim=1))
-           + TILE_BOX_SLACK_MEAN * means2d.abs())
+    ext = (
+        torch.sqrt(s[:, None] * torch.stack([sxx, syy], dim=1))
+        + TILE_BOX_SLACK_MEAN * means2d.abs()
+    )
     return torch.where(bounded[:, None], ext, math.inf), reaches
 
 
-def project(means: torch.Tensor, scales: torch.Tensor, rotations: torch.Tensor,
-            viewmat: torch.Tensor, K: torch.Tensor, width: int, height: int,
-            opacities: torch.Tensor) -> Projection:
+def project(
+    means: torch.Tensor,
+    scales: torch.Tensor,
+    rotations: torch.Tensor,
+    viewmat: torch.Tensor,
+    K: torch.Tensor,
+    width: int,
+    height: int,
+    opacities: torch.Tensor,
+) -> Projection:
     """Per-Gaussian preprocessing (float64 inputs): screen mean, depth, 2D covariance, radius,
     tile rectangle (``opacities`` [N] set its opacity-aware box).
 
@@ -256,10 +311,10 @@ def project(means: torch.Tensor, scales: torch.Tensor, rotations: torch.Tensor,
     ``[0, 0, 0, 0]``): when it reaches ``alpha >= 1/255`` nowhere in the image.
     """
     rot, trans = viewmat[:3, :3], viewmat[:3, 3]
-    p = means @ rot.T + trans                                             # [N, 3]
+    p = means @ rot.T + trans  # [N, 3]
     z = p[:, 2]
     in_front = z > NEAR_PLANE
-    zs = torch.where(in_front, z, torch.ones_like(z))   # keeps culled rows finite (and grads)
+    zs = torch.where(in_front, z, torch.ones_like(z))  # keeps culled rows finite (and grads)
     fx, fy, cx, cy = K[0, 0], K[1, 1], K[0, 2], K[1, 2]
     u, v = p[:, 0] / zs, p[:, 1] / zs
     means2d = torch.stack([fx * u + cx, fy * v + cy], dim=-1)
@@ -268,9 +323,10 @@ def project(means: torch.Tensor, scales: torch.Tensor, rotations: torch.Tensor,
     uc = torch.minimum(torch.maximum(u, -cx / fx - margin_x), (width - cx) / fx + margin_x)
     vc = torch.minimum(torch.maximum(v, -cy / fy - margin_y), (height - cy) / fy + margin_y)
     zero = torch.zeros_like(zs)
-    jac = torch.stack([fx / zs, zero, -fx * uc / zs, zero, fy / zs, -fy * vc / zs],
-                      dim=-1).reshape(-1, 2, 3)
-    t = jac @ rot                                                         # J W
+    jac = torch.stack([fx / zs, zero, -fx * uc / zs, zero, fy / zs, -fy * vc / zs], dim=-1).reshape(
+        -1, 2, 3
+    )
+    t = jac @ rot  # J W
     cov2d = t @ covariance_3d(scales, rotations) @ t.transpose(-1, -2)
     cov2d = cov2d + LOW_PASS * torch.eye(2, dtype=cov2d.dtype, device=cov2d.device)
     a, b, c = cov2d[:, 0, 0], cov2d[:, 0, 1], cov2d[:, 1, 1]
@@ -285,19 +341,21 @@ def project(means: torch.Tensor, scales: torch.Tensor, rotations: torch.Tensor,
         radius = torch.ceil(3.0 * torch.sqrt(lam.clamp_min(0.0)))
         radius = torch.where(ok, radius, torch.zeros_like(radius))
         m = means2d.detach()
-        grid = torch.tensor([math.ceil(width / TILE_SIZE), math.ceil(height / TILE_SIZE)],
-                            dtype=m.dtype, device=m.device)
+        grid = torch.tensor(
+            [math.ceil(width / TILE_SIZE), math.ceil(height / TILE_SIZE)],
+            dtype=m.dtype,
+            device=m.device,
+        )
         lo = torch.minimum(torch.floor((m - radius[:, None]) / TILE_SIZE).clamp_min(0), grid)
         hi = torch.minimum(torch.ceil((m + radius[:, None]) / TILE_SIZE).clamp_min(0), grid)
         ok = ok & ((hi - lo).prod(dim=1) > 0) & (radius > 0)
         radii = torch.where(ok, radius, torch.zeros_like(radius)).to(torch.int32)
         # the tile rectangle: the square's tiles that the opacity-aware box touches
-        ext, reaches = _tile_box(a.detach(), c.detach(), det.detach(), m,
-                                 opacities.detach().to(m.dtype))
-        lo = torch.maximum(lo, torch.minimum(torch.floor((m - ext) / TILE_SIZE).clamp_min(0),
-                                             grid))
-        hi = torch.minimum(hi, torch.minimum(torch.ceil((m + ext) / TILE_SIZE).clamp_min(0),
-                                             grid))
+        ext, reaches = _tile_box(
+            a.detach(), c.detach(), det.detach(), m, opacities.detach().to(m.dtype)
+        )
+        lo = torch.maximum(lo, torch.minimum(torch.floor((m - ext) / TILE_SIZE).clamp_min(0), grid))
+        hi = torch.minimum(hi, torch.minimum(torch.ceil((m + ext) / TILE_SIZE).clamp_min(0), grid))
         touches = ok & reaches & ((hi - lo).clamp_min(0).prod(dim=1) > 0)
         tiles = torch.where(touches[:, None], torch.cat([lo, hi], dim=1), 0.0).to(torch.int32)
     return Projection(means2d, z, cov2d, conics, radii, tiles)
@@ -325,8 +383,14 @@ def estimate_binning_bytes(n_intersections: int) -> int:
 
 
 def _composite_rows(
-    rows: range, width: int, means2d: torch.Tensor, conics: torch.Tensor,
-    opacities: torch.Tensor, colors: torch.Tensor, depths: torch.Tensor, tiles: torch.Tensor,
+    rows: range,
+    width: int,
+    means2d: torch.Tensor,
+    conics: torch.Tensor,
+    opacities: torch.Tensor,
+    colors: torch.Tensor,
+    depths: torch.Tensor,
+    tiles: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Composite pixel rows ``rows`` over Gaussians given front to back.
 
@@ -334,10 +398,13 @@ def _composite_rows(
     ``P = len(rows) * width`` pixels in row-major order.
     """
     dev, dt = means2d.device, means2d.dtype
-    iy, ix = torch.meshgrid(torch.arange(rows.start, rows.stop, device=dev),
-                            torch.arange(width, device=dev), indexing="ij")
-    iy, ix = iy.reshape(-1, 1), ix.reshape(-1, 1)                         # [P, 1]
-    dx = means2d[:, 0] - (ix.to(dt) + 0.5)                                # [P, G]
+    iy, ix = torch.meshgrid(
+        torch.arange(rows.start, rows.stop, device=dev),
+        torch.arange(width, device=dev),
+        indexing="ij",
+    )
+    iy, ix = iy.reshape(-1, 1), ix.reshape(-1, 1)  # [P, 1]
+    dx = means2d[:, 0] - (ix.to(dt) + 0.5)  # [P, G]
     dy = means2d[:, 1] - (iy.to(dt) + 0.5)
     power = -0.5 * (conics[:, 0] * dx * dx + conics[:, 2] * dy * dy) - conics[:, 1] * dx * dy
     tx, ty = ix // TILE_SIZE, iy // TILE_SIZE
@@ -346,9 +413,9 @@ def _composite_rows(
     with torch.no_grad():
         keep = covers & (power <= 0) & (alpha >= ALPHA_MIN)
         t_after = torch.cumprod(1 - torch.where(keep, alpha, 0.0), dim=1)
-        keep &= t_after >= T_MIN        # T only falls, so this also drops all after the stop
+        keep &= t_after >= T_MIN  # T only falls, so this also drops all after the stop
     alpha = torch.where(keep, alpha, torch.zeros_like(alpha))
-    trans = torch.cumprod(1 - alpha, dim=1)                               # T after each
+    trans = torch.cumprod(1 - alpha, dim=1)  # T after each
     t_before = torch.cat([torch.ones_like(trans[:, :1]), trans[:, :-1]], dim=1)
     weights = alpha * t_before
     t_final = trans[:, -1] if trans.shape[1] else trans.new_ones(trans.shape[0])
@@ -405,8 +472,21 @@ def rasterize(
         ValueError: wrong shapes, NaN/inf, non-activated values, a bad camera.
         BudgetExceeded: ``max_bytes`` is too small for this scene.
     """
-    degree = _check_inputs(means, scales, rotations, opacities, colors, sh, sh_degree,
-                           viewmat, K, width, height, background, max_bytes)
+    degree = _check_inputs(
+        means,
+        scales,
+        rotations,
+        opacities,
+        colors,
+        sh,
+        sh_degree,
+        viewmat,
+        K,
+        width,
+        height,
+        background,
+        max_bytes,
+    )
     f64 = torch.float64
     means, scales, rotations = means.to(f64), scales.to(f64), rotations.to(f64)
     opacities, viewmat, K = opacities.to(f64), viewmat.to(f64), K.to(f64)
@@ -421,7 +501,8 @@ def rasterize(
             f"rasterize: {means.shape[0]} Gaussians touch {n_intersections} tiles in total, "
             f"binning needs {estimate_binning_bytes(n_intersections)} bytes > max_bytes "
             f"{max_bytes}; largest radius {int(proj.radii.max())} px (are the scales "
-            f"activated twice?)")
+            f"activated twice?)"
+        )
 
     if degree < 0:
         assert colors is not None
@@ -431,27 +512,35 @@ def rasterize(
         campos = -viewmat[:3, :3].T @ viewmat[:3, 3]
         dirs = torch.nn.functional.normalize(means - campos, dim=-1)
         rgb = sh_to_color(sh.to(f64), dirs, degree)
-    bg = (torch.zeros(3, dtype=f64, device=means.device) if background is None
-          else background.to(f64))
+    bg = (
+        torch.zeros(3, dtype=f64, device=means.device) if background is None else background.to(f64)
+    )
 
     visible = (proj.radii > 0).nonzero().squeeze(1)
     order = compositing_order(proj.depths, visible)
     image, trans, depth_acc = [], [], []
-    for y0 in range(0, height, TILE_SIZE):           # one tile row at a time ...
+    for y0 in range(0, height, TILE_SIZE):  # one tile row at a time ...
         band = range(y0, min(y0 + TILE_SIZE, height))
-        ty = y0 // TILE_SIZE                         # ... over the Gaussians that reach it
+        ty = y0 // TILE_SIZE  # ... over the Gaussians that reach it
         sel = order[(proj.tiles[order, 1] <= ty) & (proj.tiles[order, 3] > ty)]
         step = max(1, _CHUNK_ELEMENTS // max(1, sel.numel() * width))
         for r0 in range(band.start, band.stop, step):
-            c, t, d = _composite_rows(range(r0, min(r0 + step, band.stop)), width,
-                                      means2d[sel], proj.conics[sel], opacities[sel],
-                                      rgb[sel], proj.depths[sel], proj.tiles[sel])
+            c, t, d = _composite_rows(
+                range(r0, min(r0 + step, band.stop)),
+                width,
+                means2d[sel],
+                proj.conics[sel],
+                opacities[sel],
+                rgb[sel],
+                proj.depths[sel],
+                proj.tiles[sel],
+            )
             image.append(c)
             trans.append(t)
             depth_acc.append(d)
-    t_final = torch.cat(trans)                                   # [H * W]
+    t_final = torch.cat(trans)  # [H * W]
     alpha = 1 - t_final
-    img = torch.cat(image) + t_final[:, None] * bg               # [H * W, 3]
+    img = torch.cat(image) + t_final[:, None] * bg  # [H * W, 3]
     acc_depth = torch.cat(depth_acc)
     has = alpha > 0
     depth = torch.where(has, acc_depth / torch.where(has, alpha, torch.ones_like(alpha)), 0.0)

@@ -18,19 +18,19 @@ SH_C0 = 0.28209479177387814
 #: sqrt(3) / (2 sqrt(pi)).
 SH_C1 = 0.4886025119029199
 SH_C2 = (
-    1.0925484305920792,   # sqrt(15) / (2 sqrt(pi))
+    1.0925484305920792,  # sqrt(15) / (2 sqrt(pi))
     -1.0925484305920792,
     0.31539156525252005,  # sqrt(5) / (4 sqrt(pi))
     -1.0925484305920792,
-    0.5462742152960396,   # sqrt(15) / (4 sqrt(pi))
+    0.5462742152960396,  # sqrt(15) / (4 sqrt(pi))
 )
 SH_C3 = (
     -0.5900435899266435,  # sqrt(70) / (8 sqrt(pi))
-    2.890611442640554,    # sqrt(105) / (2 sqrt(pi))
+    2.890611442640554,  # sqrt(105) / (2 sqrt(pi))
     -0.4570457994644658,  # sqrt(42) / (8 sqrt(pi))
-    0.3731763325901154,   # sqrt(7) / (4 sqrt(pi))
+    0.3731763325901154,  # sqrt(7) / (4 sqrt(pi))
     -0.4570457994644658,
-    1.445305721320277,    # sqrt(105) / (4 sqrt(pi))
+    1.445305721320277,  # sqrt(105) / (4 sqrt(pi))
     -0.5900435899266435,
 )
 
@@ -89,6 +89,6 @@ def sh_to_color(sh: torch.Tensor, dirs: torch.Tensor, degree: int) -> torch.Tens
     Returns:
         ``[N, 3]`` colours, ``>= 0`` (not clamped above, as in 3DGS).
     """
-    basis = sh_basis(dirs, degree)                                  # [N, K']
-    rgb = (basis.unsqueeze(-1) * sh[:, : basis.shape[1]]).sum(1)    # [N, 3]
+    basis = sh_basis(dirs, degree)  # [N, K']
+    rgb = (basis.unsqueeze(-1) * sh[:, : basis.shape[1]]).sum(1)  # [N, 3]
     return (rgb + 0.5).clamp_min(0.0)

@@ -22,8 +22,9 @@ REDUCTIONS = ("mean", "none")
 HALF = WINDOW_SIZE // 2
 
 
-def gaussian_1d(dtype: torch.dtype = torch.float64, device: torch.device | str = "cpu"
-                ) -> torch.Tensor:
+def gaussian_1d(
+    dtype: torch.dtype = torch.float64, device: torch.device | str = "cpu"
+) -> torch.Tensor:
     """The normalized 1-D Gaussian of the window, computed in float64.
 
     Returns:
@@ -34,17 +35,19 @@ def gaussian_1d(dtype: torch.dtype = torch.float64, device: torch.device | str =
     return (g / g.sum()).to(dtype=dtype, device=device)
 
 
-def gaussian_window(channels: int, dtype: torch.dtype, device: torch.device | str
-                    ) -> torch.Tensor:
+def gaussian_window(channels: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
     """The 2-D window as a depthwise ``conv2d`` weight.
 
     Returns:
         ``[channels, 1, 11, 11]`` tensor, the outer product of :func:`gaussian_1d` with itself.
     """
     g = gaussian_1d()
-    return torch.outer(g, g).to(dtype=dtype, device=device).expand(
-        channels, 1, WINDOW_SIZE, WINDOW_SIZE
-    ).contiguous()
+    return (
+        torch.outer(g, g)
+        .to(dtype=dtype, device=device)
+        .expand(channels, 1, WINDOW_SIZE, WINDOW_SIZE)
+        .contiguous()
+    )
 
 
 def check_args(img1: torch.Tensor, img2: torch.Tensor, padding: str, reduction: str) -> None:
@@ -66,8 +69,9 @@ def check_args(img1: torch.Tensor, img2: torch.Tensor, padding: str, reduction: 
             f"{list(img2.shape)}"
         )
     if img1.dtype != img2.dtype:
-        raise TypeError(f"ssim: img1 and img2 must have the same dtype, got {img1.dtype} and "
-                        f"{img2.dtype}")
+        raise TypeError(
+            f"ssim: img1 and img2 must have the same dtype, got {img1.dtype} and {img2.dtype}"
+        )
     if img1.device != img2.device:
         raise ValueError(f"ssim: img1 is on {img1.device} but img2 is on {img2.device}")
     if img1.numel() == 0:
@@ -78,8 +82,9 @@ def check_args(img1: torch.Tensor, img2: torch.Tensor, padding: str, reduction: 
         )
 
 
-def ssim(img1: torch.Tensor, img2: torch.Tensor, padding: str = "same",
-         reduction: str = "mean") -> torch.Tensor:
+def ssim(
+    img1: torch.Tensor, img2: torch.Tensor, padding: str = "same", reduction: str = "mean"
+) -> torch.Tensor:
     """SSIM of two image batches, computed with depthwise convolutions in their own dtype.
 
     Args:
@@ -109,8 +114,8 @@ class Moments(NamedTuple):
 
     mu1: torch.Tensor  #: G * x
     mu2: torch.Tensor  #: G * y
-    sq: torch.Tensor   #: G * (x² + y²) (the variances enter SSIM only as their sum)
-    xy: torch.Tensor   #: G * (x y)
+    sq: torch.Tensor  #: G * (x² + y²) (the variances enter SSIM only as their sum)
+    xy: torch.Tensor  #: G * (x y)
 
 
 def _filter(t: torch.Tensor) -> torch.Tensor:
@@ -122,8 +127,12 @@ def _filter(t: torch.Tensor) -> torch.Tensor:
 
 def moments(img1: torch.Tensor, img2: torch.Tensor) -> Moments:
     """The windowed moments of two ``[B, C, H, W]`` image batches, in their dtype."""
-    return Moments(_filter(img1), _filter(img2), _filter(img1 * img1) + _filter(img2 * img2),
-                   _filter(img1 * img2))
+    return Moments(
+        _filter(img1),
+        _filter(img2),
+        _filter(img1 * img1) + _filter(img2 * img2),
+        _filter(img1 * img2),
+    )
 
 
 def _terms(m: Moments) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -140,8 +149,12 @@ def _partials(m: Moments) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tor
     a1, a2, b1, b2 = _terms(m)
     s = (a1 * a2) / (b1 * b2)
     lum = a2 / b2 * 2 / (b1 * b1)  # d(a1 / b1)/dmu1 = 2 (mu2 b1 - mu1 a1) / b1²
-    return (lum * (m.mu2 * b1 - m.mu1 * a1), lum * (m.mu1 * b1 - m.mu2 * a1), -s / b2,
-            2 * a1 / (b1 * b2))
+    return (
+        lum * (m.mu2 * b1 - m.mu1 * a1),
+        lum * (m.mu1 * b1 - m.mu2 * a1),
+        -s / b2,
+        2 * a1 / (b1 * b2),
+    )
 
 
 def _crop(t: torch.Tensor) -> torch.Tensor:
@@ -152,13 +165,14 @@ class Sensitivity(NamedTuple):
     """Per element, how far rounding moves SSIM and its gradients, in units of u (see
     :func:`rounding_sensitivity`); float64."""
 
-    map: torch.Tensor             #: the map's shape
-    grad1: torch.Tensor | None    #: img1's shape (None without ``grad``)
+    map: torch.Tensor  #: the map's shape
+    grad1: torch.Tensor | None  #: img1's shape (None without ``grad``)
     grad2: torch.Tensor | None
 
 
-def rounding_sensitivity(img1: torch.Tensor, img2: torch.Tensor, padding: str = "same",
-                         grad: torch.Tensor | None = None) -> Sensitivity:
+def rounding_sensitivity(
+    img1: torch.Tensor, img2: torch.Tensor, padding: str = "same", grad: torch.Tensor | None = None
+) -> Sensitivity:
     """How far rounding can move SSIM and its gradients when the variances are formed as
     E[x²] - mu², per element, in units of the arithmetic's unit roundoff u (computed in
     float64 from the images as given; a kernel's error divided by ``u`` times these is its
@@ -196,17 +210,31 @@ def rounding_sensitivity(img1: torch.Tensor, img2: torch.Tensor, padding: str = 
     if padding == "valid":
         g = F.pad(g, (HALF, HALF, HALF, HALF))
     if g.shape != x.shape:
-        raise ValueError(f"rounding_sensitivity: grad must have the map's shape, got "
-                         f"{list(grad.shape)}")
+        raise ValueError(
+            f"rounding_sensitivity: grad must have the map's shape, got {list(grad.shape)}"
+        )
     d_mu1, d_mu2, p_var, p_cov = _partials(m)
     f_var, f_cov = _filter(g * p_var.abs()), _filter(g * p_cov.abs())
     grads = []
-    for d_mu, mu, mu_other, own, other in ((d_mu1, m.mu1, m.mu2, x, y),
-                                           (d_mu2, m.mu2, m.mu1, y, x)):
+    for d_mu, mu, mu_other, own, other in (
+        (d_mu1, m.mu1, m.mu2, x, y),
+        (d_mu2, m.mu2, m.mu1, y, x),
+    ):
         m_abs = d_mu.abs() + 2 * (mu * p_var).abs() + (mu_other * p_cov).abs()
         grads.append(_filter(g * m_abs) + 2 * own.abs() * f_var + other.abs() * f_cov)
     return Sensitivity(sens_map, grads[0], grads[1])
 
 
-__all__ = ["C1", "C2", "SIGMA", "WINDOW_SIZE", "Moments", "Sensitivity", "gaussian_1d",
-           "gaussian_window", "moments", "rounding_sensitivity", "ssim"]
+__all__ = [
+    "C1",
+    "C2",
+    "SIGMA",
+    "WINDOW_SIZE",
+    "Moments",
+    "Sensitivity",
+    "gaussian_1d",
+    "gaussian_window",
+    "moments",
+    "rounding_sensitivity",
+    "ssim",
+]

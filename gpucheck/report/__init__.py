@@ -25,8 +25,12 @@ from gpucheck.report.rundata import RunData
 from gpucheck.report.verdict import Verdict, decide
 
 #: every report format: name -> file in the run folder
-FORMATS = {"html": "report.html", "json": "results.json", "junit": "junit.xml",
-           "sarif": "results.sarif"}
+FORMATS = {
+    "html": "report.html",
+    "json": "results.json",
+    "junit": "junit.xml",
+    "sarif": "results.sarif",
+}
 #: what a run writes when no --format is given
 DEFAULT_FORMATS = ("html", "json", "junit")
 
@@ -66,9 +70,14 @@ def _write(path: Path, write: str | Callable[[BinaryIO], None]) -> Path:
     return path
 
 
-def publish(run_dir: Path, out: Path | None = None,
-            formats: tuple[str, ...] | list[str] = DEFAULT_FORMATS, *,
-            allow_empty: bool | None = None, stopped_by: str | None = None) -> Published:
+def publish(
+    run_dir: Path,
+    out: Path | None = None,
+    formats: tuple[str, ...] | list[str] = DEFAULT_FORMATS,
+    *,
+    allow_empty: bool | None = None,
+    stopped_by: str | None = None,
+) -> Published:
     """Write the reports of the run in ``run_dir`` and decide its verdict.
 
     Args:
@@ -95,26 +104,31 @@ def publish(run_dir: Path, out: Path | None = None,
     doc = document.build(data, tl, verdict, grouped)
     paths: dict[str, Path] = {}
     if "json" in formats:
-        paths["json"] = _write(run_dir / FORMATS["json"],
-                               json.dumps(doc, separators=(",", ":"), default=str) + "\n")
+        paths["json"] = _write(
+            run_dir / FORMATS["json"], json.dumps(doc, separators=(",", ":"), default=str) + "\n"
+        )
     if "junit" in formats:
         tree = junit.to_xml(data.cases, verdict)
-        paths["junit"] = _write(run_dir / FORMATS["junit"], lambda f: tree.write(
-            f, encoding="utf-8", xml_declaration=True))
+        paths["junit"] = _write(
+            run_dir / FORMATS["junit"],
+            lambda f: tree.write(f, encoding="utf-8", xml_declaration=True),
+        )
     if "sarif" in formats:
-        paths["sarif"] = _write(run_dir / FORMATS["sarif"], json.dumps(
-            sarif.build(data, grouped, verdict), indent=1, default=str) + "\n")
+        paths["sarif"] = _write(
+            run_dir / FORMATS["sarif"],
+            json.dumps(sarif.build(data, grouped, verdict), indent=1, default=str) + "\n",
+        )
     if "html" in formats:
         html_path = Path(out) if out is not None else run_dir / FORMATS["html"]
         html_path.parent.mkdir(parents=True, exist_ok=True)
-        paths["html"] = _write(html_path, html.render(data, doc, tl, html_path, grouped,
-                                                      verdict))
+        paths["html"] = _write(html_path, html.render(data, doc, tl, html_path, grouped, verdict))
     ordered = {fmt: paths[fmt] for fmt in FORMATS if fmt in paths}
     return Published(ordered, verdict, data, grouped)
 
 
-def write_all(run_dir: Path, out: Path | None = None,
-              formats: tuple[str, ...] | list[str] = DEFAULT_FORMATS) -> dict[str, Path]:
+def write_all(
+    run_dir: Path, out: Path | None = None, formats: tuple[str, ...] | list[str] = DEFAULT_FORMATS
+) -> dict[str, Path]:
     """Write the reports of the run in ``run_dir`` (see :func:`publish`).
 
     Returns:

@@ -30,29 +30,44 @@ MAX_ROWS = 40
 #: evidence text kept per block (the full text stays in results.jsonl / results.json)
 MAX_TEXT = 12_000
 ROLES = {
-    "diagnosis": ("Diagnoses", "what went wrong and where, each with the symptoms it explains "
-                  "(crashes, CUDA errors, sanitizer records and test failures of the same "
-                  "cases)"),
-    "symptom": ("Symptoms no diagnosis explains", "how failures looked from outside; no "
-                "detector named their cause, so read the evidence"),
-    "warning": ("Warnings and notes", "findings below error that explain no failure (a warning "
-                "never ranks above a case's own failure)"),
+    "diagnosis": (
+        "Diagnoses",
+        "what went wrong and where, each with the symptoms it explains "
+        "(crashes, CUDA errors, sanitizer records and test failures of the same "
+        "cases)",
+    ),
+    "symptom": (
+        "Symptoms no diagnosis explains",
+        "how failures looked from outside; no detector named their cause, so read the evidence",
+    ),
+    "warning": (
+        "Warnings and notes",
+        "findings below error that explain no failure (a warning "
+        "never ranks above a case's own failure)",
+    ),
 }
 #: the role of each of :meth:`Grouped.ranked`'s sections, and its cards' id prefix
-_SECTION_ROLES = {"diagnoses": ("diagnosis", "d"), "symptoms no diagnosis explains":
-                  ("symptom", "s"), "warnings and notes": ("warning", "w")}
+_SECTION_ROLES = {
+    "diagnoses": ("diagnosis", "d"),
+    "symptoms no diagnosis explains": ("symptom", "s"),
+    "warnings and notes": ("warning", "w"),
+}
 
 
 def cut(text: str, limit: int = MAX_TEXT) -> str:
     """``text`` with its middle cut out when it is longer than ``limit``."""
     if len(text) <= limit:
         return text
-    return text[:limit // 3] + "\n[... cut: the full text is in results.jsonl ...]\n" + \
-        text[-2 * limit // 3:]
+    return (
+        text[: limit // 3]
+        + "\n[... cut: the full text is in results.jsonl ...]\n"
+        + text[-2 * limit // 3 :]
+    )
 
 
-def _blocks(finding: Finding, record: CaseRecord, labels: dict[str, str],
-            tails: set[int]) -> list[dict[str, Any]]:
+def _blocks(
+    finding: Finding, record: CaseRecord, labels: dict[str, str], tails: set[int]
+) -> list[dict[str, Any]]:
     """Evidence blocks of one occurrence; a worker's stderr tail is shown once per card."""
     out = []
     for b in evidence.blocks(finding, record, labels):
@@ -78,10 +93,16 @@ def _samples(g: Group, labels: dict[str, str], limit: int) -> tuple[list[dict[st
             continue
         seen.add(key)
         if len(shown) < limit:
-            shown.append({"device": o.record.device, "mode": o.record.mode,
-                          "status": o.record.status, "case": o.record.case,
-                          "message": o.finding.message,
-                          "blocks": _blocks(o.finding, o.record, labels, tails)})
+            shown.append(
+                {
+                    "device": o.record.device,
+                    "mode": o.record.mode,
+                    "status": o.record.status,
+                    "case": o.record.case,
+                    "message": o.finding.message,
+                    "blocks": _blocks(o.finding, o.record, labels, tails),
+                }
+            )
     return shown, len(seen) - len(shown)
 
 
@@ -90,40 +111,72 @@ def _rows(g: Group, data: RunData, cell_of: dict[int, str]) -> list[dict[str, An
     rows = []
     for i, n in per.items():
         r = data.cases[i]
-        rows.append({"case": r.case, "suite": r.suite, "device": r.device,
-                     "mode": r.mode, "status": r.status, "n": n,
-                     "href": cell_of.get(i)})
+        rows.append(
+            {
+                "case": r.case,
+                "suite": r.suite,
+                "device": r.device,
+                "mode": r.mode,
+                "status": r.status,
+                "n": n,
+                "href": cell_of.get(i),
+            }
+        )
     return rows
 
 
-def _card(g: Group, card_id: str, data: RunData, labels: dict[str, str],
-          cell_of: dict[int, str], samples: int) -> dict[str, Any]:
+def _card(
+    g: Group,
+    card_id: str,
+    data: RunData,
+    labels: dict[str, str],
+    cell_of: dict[int, str],
+    samples: int,
+) -> dict[str, Any]:
     first = g.occurrences[0].finding
     shown, hidden = _samples(g, labels, samples)
     rows = _rows(g, data, cell_of)
     return {
-        "id": card_id, "role": g.role, "kind": g.kind, "title": evidence.kind_title(g.kind),
-        "subject": g.subject, "severity": g.severity, "count": g.count,
-        "cases": len(g.cases), "devices": g.devices, "modes": g.modes,
-        "statuses": g.statuses, "hint": evidence.hint_for(first),
+        "id": card_id,
+        "role": g.role,
+        "kind": g.kind,
+        "title": evidence.kind_title(g.kind),
+        "subject": g.subject,
+        "severity": g.severity,
+        "count": g.count,
+        "cases": len(g.cases),
+        "devices": g.devices,
+        "modes": g.modes,
+        "statuses": g.statuses,
+        "hint": evidence.hint_for(first),
         "messages": g.messages[:MAX_MESSAGES],
         "folded_messages": g.messages[MAX_MESSAGES:MAX_FOLDED_MESSAGES],
         "more_messages": max(0, len(g.messages) - MAX_FOLDED_MESSAGES),
-        "rows": rows[:MAX_ROWS], "more_rows": max(0, len(rows) - MAX_ROWS),
-        "samples": shown, "more_samples": hidden, "open_first": samples > MAX_FOLDED_SAMPLES,
-        "explains": [_card(e, f"{card_id}-{n}", data, labels, cell_of, MAX_FOLDED_SAMPLES)
-                     for n, e in enumerate(g.explains)],
+        "rows": rows[:MAX_ROWS],
+        "more_rows": max(0, len(rows) - MAX_ROWS),
+        "samples": shown,
+        "more_samples": hidden,
+        "open_first": samples > MAX_FOLDED_SAMPLES,
+        "explains": [
+            _card(e, f"{card_id}-{n}", data, labels, cell_of, MAX_FOLDED_SAMPLES)
+            for n, e in enumerate(g.explains)
+        ],
         "explained": g.explained,
         "explains_text": ", ".join(f"{e.count} {e.title()}" for e in g.explains),
-        "all_devices": sorted({o.record.device for o in g.occurrences}
-                              | {o.record.device for e in g.explains for o in e.occurrences}),
-        "all_statuses": sorted({o.record.status for o in g.occurrences}
-                               | {o.record.status for e in g.explains for o in e.occurrences}),
+        "all_devices": sorted(
+            {o.record.device for o in g.occurrences}
+            | {o.record.device for e in g.explains for o in e.occurrences}
+        ),
+        "all_statuses": sorted(
+            {o.record.status for o in g.occurrences}
+            | {o.record.status for e in g.explains for o in e.occurrences}
+        ),
     }
 
 
-def sections(data: RunData, grouped: Grouped, cell_of: dict[int, str]
-             ) -> tuple[list[dict[str, Any]], dict[int, str]]:
+def sections(
+    data: RunData, grouped: Grouped, cell_of: dict[int, str]
+) -> tuple[list[dict[str, Any]], dict[int, str]]:
     """The sections of the findings (error diagnoses, unexplained error symptoms, warnings
     and notes: :meth:`Grouped.ranked`), each a list of kinds with their cards; and the card
     of every case record that has a finding."""
@@ -146,11 +199,26 @@ def sections(data: RunData, grouped: Grouped, cell_of: dict[int, str]
         for kind, cards in kinds.items():
             anchor = f"kind-{kind}" if f"kind-{kind}" not in used_ids else f"kind-{kind}-{role}"
             used_ids.add(anchor)
-            blocks.append({"kind": kind, "anchor": anchor, "title": evidence.kind_title(kind),
-                           "about": evidence.kind_about(kind), "cards": cards,
-                           "count": counts[kind]})
+            blocks.append(
+                {
+                    "kind": kind,
+                    "anchor": anchor,
+                    "title": evidence.kind_title(kind),
+                    "about": evidence.kind_about(kind),
+                    "cards": cards,
+                    "count": counts[kind],
+                }
+            )
         title, about = ROLES[role]
-        out.append({"role": role, "title": title, "about": about, "kinds": blocks,
-                    "count": sum(counts.values()), "cards": len(groups),
-                    "explained": sum(g.explained for g in groups)})
+        out.append(
+            {
+                "role": role,
+                "title": title,
+                "about": about,
+                "kinds": blocks,
+                "count": sum(counts.values()),
+                "cards": len(groups),
+                "explained": sum(g.explained for g in groups),
+            }
+        )
     return out, card_of_case

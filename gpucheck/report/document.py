@@ -74,18 +74,29 @@ def matrix(data: RunData) -> list[dict[str, Any]]:
     counts: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
     for r in data.cases:
         counts[(r.device, r.suite)][r.status] += 1
-    return [{"device": d, "suite": s, "worst": worst(counts[(d, s)]),
-             "counts": dict(counts[(d, s)])}
-            for d in data.devices for s in data.suites if (d, s) in counts]
+    return [
+        {"device": d, "suite": s, "worst": worst(counts[(d, s)]), "counts": dict(counts[(d, s)])}
+        for d in data.devices
+        for s in data.suites
+        if (d, s) in counts
+    ]
 
 
 def findings_by_kind(data: RunData) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for i, r in enumerate(data.cases):
         for f in r.findings:
-            out[f.kind].append({**asdict(f), "device": f.device or r.device,
-                                "suite": f.suite or r.suite, "case": f.case or r.case,
-                                "mode": r.mode, "status": r.status, "case_index": i})
+            out[f.kind].append(
+                {
+                    **asdict(f),
+                    "device": f.device or r.device,
+                    "suite": f.suite or r.suite,
+                    "case": f.case or r.case,
+                    "mode": r.mode,
+                    "status": r.status,
+                    "case_index": i,
+                }
+            )
     return dict(sorted(out.items()))
 
 
@@ -95,11 +106,17 @@ def summary(data: RunData, verdict: Verdict) -> dict[str, Any]:
     modes = list(data.header.modes) if data.header else []
     modes += [m for m in dict.fromkeys(r.mode for r in data.cases) if m not in modes]
     return {
-        "verdict": verdict.name, "exit_code": verdict.exit_code, "why": verdict.why,
-        "started_at": _iso(started), "finished_at": _iso(finished),
-        "duration_s": None if started is None or finished is None
+        "verdict": verdict.name,
+        "exit_code": verdict.exit_code,
+        "why": verdict.why,
+        "started_at": _iso(started),
+        "finished_at": _iso(finished),
+        "duration_s": None
+        if started is None or finished is None
         else round(max(0.0, finished - started), 3),
-        "devices": data.devices, "suites": data.suites, "modes": modes,
+        "devices": data.devices,
+        "suites": data.suites,
+        "modes": modes,
         "cases": len(data.cases),
         "by_status": dict(Counter(r.status for r in data.cases)),
         "findings": len(findings),
@@ -113,19 +130,30 @@ def timeline_summary(tl: Timeline | None) -> dict[str, Any] | None:
         return None
     pid_devices = tl.pid_devices()
     return {
-        "file": "nvml_timeline.jsonl", "samples": tl.samples,
+        "file": "nvml_timeline.jsonl",
+        "samples": tl.samples,
         "interval_s": None if tl.interval_s is None else round(tl.interval_s, 4),
-        "start": _iso(tl.t0), "end": _iso(tl.t1),
-        "devices": [{"label": d.label, "uuid": d.uuid, "nvml_index": d.nvml_index,
-                     "peak_used": d.used.peak,
-                     "processes": {pid: {"peak": s.peak, "devices": pid_devices[pid]}
-                                   for pid, s in d.processes.items()}}
-                    for d in tl.devices],
+        "start": _iso(tl.t0),
+        "end": _iso(tl.t1),
+        "devices": [
+            {
+                "label": d.label,
+                "uuid": d.uuid,
+                "nvml_index": d.nvml_index,
+                "peak_used": d.used.peak,
+                "processes": {
+                    pid: {"peak": s.peak, "devices": pid_devices[pid]}
+                    for pid, s in d.processes.items()
+                },
+            }
+            for d in tl.devices
+        ],
     }
 
 
-def build(data: RunData, timeline: Timeline | None, verdict: Verdict, grouped: Grouped
-          ) -> dict[str, Any]:
+def build(
+    data: RunData, timeline: Timeline | None, verdict: Verdict, grouped: Grouped
+) -> dict[str, Any]:
     """The results.json document of a run."""
     interrupted = data.interrupted
     return {
@@ -133,9 +161,11 @@ def build(data: RunData, timeline: Timeline | None, verdict: Verdict, grouped: G
         "generated_at": datetime.now(timezone.utc).astimezone().isoformat(timespec="seconds"),
         "run_dir": str(data.run_dir),
         "run": data.header.raw if data.header else None,
-        "state": {"complete": data.header is not None and not interrupted
-                  and not data.torn_lines, "interrupted": interrupted,
-                  "problems": data.problems},
+        "state": {
+            "complete": data.header is not None and not interrupted and not data.torn_lines,
+            "interrupted": interrupted,
+            "problems": data.problems,
+        },
         "summary": summary(data, verdict),
         "matrix": matrix(data),
         **grouped.to_json(),

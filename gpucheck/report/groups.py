@@ -31,8 +31,18 @@ from gpucheck.model.results import CaseRecord, Finding
 from gpucheck.sanitizer import parse as parse_sanitizer
 
 #: kinds that only say how a failure looked (every other kind is a diagnosis)
-SYMPTOM_KINDS = ("crash", "hang", "cuda-error", "sanitizer", "test-failure", "worker-error",
-                 "oom", "detector-error", "sanitizer-crash", "nvml-error")
+SYMPTOM_KINDS = (
+    "crash",
+    "hang",
+    "cuda-error",
+    "sanitizer",
+    "test-failure",
+    "worker-error",
+    "oom",
+    "detector-error",
+    "sanitizer-crash",
+    "nvml-error",
+)
 #: a numerics finding with this in its message says the result is off, not why: a symptom
 REFERENCE_MISMATCH = "mismatch against the reference"
 #: warning-severity diagnoses that still explain the symptoms of their case
@@ -42,9 +52,19 @@ SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
 #: guard (or a CPU argument) makes the kernel fault, which a stream bug or a leak never
 #: explains; a case's symptoms are folded under the first of its diagnoses in this order
 #: (kinds not listed, a user's own, come after these)
-PRECEDENCE = ("wrong-device", "mixed-devices", "device-state-leak", "stray-context",
-              "double-activation", "oom-anomaly", "wrong-stream", "leak", "memory-growth",
-              "numerics", "not-reproducible")
+PRECEDENCE = (
+    "wrong-device",
+    "mixed-devices",
+    "device-state-leak",
+    "stray-context",
+    "double-activation",
+    "oom-anomaly",
+    "wrong-stream",
+    "leak",
+    "memory-growth",
+    "numerics",
+    "not-reproducible",
+)
 _HEX = re.compile(r"0x[0-9a-fA-F]+")
 _DIGITS = re.compile(r"(\d+)")
 
@@ -119,8 +139,9 @@ class Group:
 
     @cached_property
     def severity(self) -> str:
-        return min((o.finding.severity for o in self.occurrences),
-                   key=lambda s: SEVERITY_RANK.get(s, 3))
+        return min(
+            (o.finding.severity for o in self.occurrences), key=lambda s: SEVERITY_RANK.get(s, 3)
+        )
 
     @cached_property
     def devices(self) -> list[str]:
@@ -159,15 +180,16 @@ class Group:
         what it explains."""
         message = self.messages[0][0].splitlines()[0] if self.messages else ""
         if len(message) > max_message:
-            message = message[:max_message - 1] + "…"
+            message = message[: max_message - 1] + "…"
         if len(self.cases) == 1 and len(self.devices) == 1:
             suite, case = self.cases[0]
             where = f"{self.devices[0]} {suite} {case}"
             if self.count > 1:
                 where += f" ({self.count} findings)"
         else:
-            where = (f"{self.count} finding(s) in {len(self.cases)} case(s) on "
-                     f"{', '.join(self.devices)}")
+            where = (
+                f"{self.count} finding(s) in {len(self.cases)} case(s) on {', '.join(self.devices)}"
+            )
         text = f"{self.title()}: {where}: {message}"
         if len(self.messages) > 1:
             text += f" (+{len(self.messages) - 1} other message(s))"
@@ -178,9 +200,14 @@ class Group:
     def to_json(self) -> dict[str, Any]:
         per_case = Counter(o.index for o in self.occurrences)
         return {
-            "role": self.role, "kind": self.kind, "subject": self.subject,
-            "severity": self.severity, "count": self.count, "devices": self.devices,
-            "modes": self.modes, "statuses": self.statuses,
+            "role": self.role,
+            "kind": self.kind,
+            "subject": self.subject,
+            "severity": self.severity,
+            "count": self.count,
+            "devices": self.devices,
+            "modes": self.modes,
+            "statuses": self.statuses,
             "cases": [{"case_index": i, "findings": n} for i, n in per_case.items()],
             "messages": [{"message": m, "count": n} for m, n in self.messages[:20]],
             "more_messages": max(0, len(self.messages) - 20),
@@ -205,17 +232,25 @@ class Grouped:
         warnings that explain a failure), then the errors no diagnosis explains, then every
         other warning and note. A warning never ranks above a case's own failure: a warning a
         suite attached itself is not the diagnosis of its failing assert."""
+
         def leads(g: Group) -> bool:
             return g.severity == "error" or g.kind in EXPLAINING_WARNINGS
 
-        return [(title, groups) for title, groups in (
-            ("diagnoses", [g for g in self.diagnoses if leads(g)]),
-            ("symptoms no diagnosis explains", [g for g in self.symptoms if leads(g)]),
-            ("warnings and notes", [g for g in self.all() if not leads(g)])) if groups]
+        return [
+            (title, groups)
+            for title, groups in (
+                ("diagnoses", [g for g in self.diagnoses if leads(g)]),
+                ("symptoms no diagnosis explains", [g for g in self.symptoms if leads(g)]),
+                ("warnings and notes", [g for g in self.all() if not leads(g)]),
+            )
+            if groups
+        ]
 
     def to_json(self) -> dict[str, Any]:
-        return {"diagnoses": [g.to_json() for g in self.diagnoses],
-                "symptoms": [g.to_json() for g in self.symptoms]}
+        return {
+            "diagnoses": [g.to_json() for g in self.diagnoses],
+            "symptoms": [g.to_json() for g in self.symptoms],
+        }
 
 
 def _explains(o: Occurrence) -> bool:
@@ -228,8 +263,16 @@ def _group(occurrences: list[Occurrence], role_: str) -> list[Group]:
     for o in occurrences:
         by.setdefault((o.finding.kind, subject(o.finding)), []).append(o)
     groups = [Group(role_, kind, subj, occ) for (kind, subj), occ in by.items()]
-    return sorted(groups, key=lambda g: (SEVERITY_RANK.get(g.severity, 3), precedence(g.kind),
-                                         -g.count, g.kind, g.subject or ""))
+    return sorted(
+        groups,
+        key=lambda g: (
+            SEVERITY_RANK.get(g.severity, 3),
+            precedence(g.kind),
+            -g.count,
+            g.kind,
+            g.subject or "",
+        ),
+    )
 
 
 def precedence(kind: str) -> int:

@@ -34,7 +34,9 @@ STATUS_CHAR = {s: s[0] for s in SEVERITY_ORDER}
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("gpucheck.report", "templates"),
-    autoescape=True, trim_blocks=True, lstrip_blocks=True,
+    autoescape=True,
+    trim_blocks=True,
+    lstrip_blocks=True,
     undefined=jinja2.StrictUndefined,
 )
 
@@ -65,9 +67,16 @@ def _header(data: RunData, doc: dict[str, Any], plots: list[dict[str, Any]]) -> 
     h = data.header if data.header is not None else RunHeader(run_id="")
     s = doc["summary"]
     peaks = {p["label"]: p["used_peak"] for p in plots}
-    gpus = [{"device": d.device, "name": d.name or "unknown", "uuid": d.uuid or "n/a",
-             "memory": evidence.fmt_bytes(d.memory_total), "peak": peaks.get(d.device, "n/a")}
-            for d in h.devices]
+    gpus = [
+        {
+            "device": d.device,
+            "name": d.name or "unknown",
+            "uuid": d.uuid or "n/a",
+            "memory": evidence.fmt_bytes(d.memory_total),
+            "peak": peaks.get(d.device, "n/a"),
+        }
+        for d in h.devices
+    ]
     rows = [
         ("started", s["started_at"] or "unknown"),
         ("took", _duration(s["duration_s"])),
@@ -82,8 +91,7 @@ def _header(data: RunData, doc: dict[str, Any], plots: list[dict[str, Any]]) -> 
         ("run id", data.run_id or "unknown"),
         ("CUDA_VISIBLE_DEVICES", h.field("cuda_visible_devices")),
     ]
-    return {"rows": [(k, str(v)) for k, v in rows if v is not None], "gpus": gpus,
-            "notes": h.notes}
+    return {"rows": [(k, str(v)) for k, v in rows if v is not None], "gpus": gpus, "notes": h.notes}
 
 
 def _cell_groups(data: RunData) -> list[tuple[str, str, str, list[int]]]:
@@ -91,15 +99,18 @@ def _cell_groups(data: RunData) -> list[tuple[str, str, str, list[int]]]:
     groups: dict[tuple[str, str], list[int]] = defaultdict(list)
     for i, r in enumerate(data.cases):
         groups[(r.device, r.suite)].append(i)
-    ordered = sorted(groups.items(), key=lambda kv: (data.devices.index(kv[0][0]),
-                                                     data.suites.index(kv[0][1])))
-    return [(f"cell-{n}-{_slug(device)}-{_slug(suite)}", device, suite, indices)
-            for n, ((device, suite), indices) in enumerate(ordered)]
+    ordered = sorted(
+        groups.items(), key=lambda kv: (data.devices.index(kv[0][0]), data.suites.index(kv[0][1]))
+    )
+    return [
+        (f"cell-{n}-{_slug(device)}-{_slug(suite)}", device, suite, indices)
+        for n, ((device, suite), indices) in enumerate(ordered)
+    ]
 
 
-def _cells(data: RunData, card_of_case: dict[int, str],
-           groups: list[tuple[str, str, str, list[int]]]
-           ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def _cells(
+    data: RunData, card_of_case: dict[int, str], groups: list[tuple[str, str, str, list[int]]]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Case lists per (device, suite): rows of cases that did not pass, and the JSON table of
     the others (listed on demand)."""
     names: dict[str, int] = {}
@@ -113,21 +124,47 @@ def _cells(data: RunData, card_of_case: dict[int, str],
             counts[r.status] += 1
             kinds = sorted({f.kind for f in r.findings})
             if r.status in ("passed", "skipped") and not kinds:
-                quiet.append([names.setdefault(r.case, len(names)),
-                              modes.setdefault(r.mode, len(modes)),
-                              STATUS_CHAR[r.status], round(r.duration_s, 3), _peak(r),
-                              r.reason])
+                quiet.append(
+                    [
+                        names.setdefault(r.case, len(names)),
+                        modes.setdefault(r.mode, len(modes)),
+                        STATUS_CHAR[r.status],
+                        round(r.duration_s, 3),
+                        _peak(r),
+                        r.reason,
+                    ]
+                )
                 continue
-            rows.append({"status": r.status, "case": r.case, "mode": r.mode,
-                         "duration": f"{r.duration_s:.2f}",
-                         "peak": evidence.fmt_bytes(_peak(r)), "reason": r.reason or "",
-                         "kinds": " ".join(kinds), "card": card_of_case.get(i)})
+            rows.append(
+                {
+                    "status": r.status,
+                    "case": r.case,
+                    "mode": r.mode,
+                    "duration": f"{r.duration_s:.2f}",
+                    "peak": evidence.fmt_bytes(_peak(r)),
+                    "reason": r.reason or "",
+                    "kinds": " ".join(kinds),
+                    "card": card_of_case.get(i),
+                }
+            )
         if quiet:
             lazy[cell_id] = quiet
-        cells.append({"id": cell_id, "device": device, "suite": suite, "rows": rows,
-                      "quiet": len(quiet), "counts": dict(counts)})
-    table = {"names": list(names), "modes": list(modes), "cells": lazy,
-             "device_of": {c["id"]: c["device"] for c in cells}}
+        cells.append(
+            {
+                "id": cell_id,
+                "device": device,
+                "suite": suite,
+                "rows": rows,
+                "quiet": len(quiet),
+                "counts": dict(counts),
+            }
+        )
+    table = {
+        "names": list(names),
+        "modes": list(modes),
+        "cells": lazy,
+        "device_of": {c["id"]: c["device"] for c in cells},
+    }
     return cells, table
 
 
@@ -146,8 +183,15 @@ def _matrix(data: RunData, doc: dict[str, Any], cells: list[dict[str, Any]]) -> 
             bad = sum(v for k, v in counts.items() if k in BAD_STATUSES)
             text = f"{bad} not passed" if bad else f"{counts.get('passed', 0)} passed"
             title = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
-            row.append({"worst": m["worst"], "text": text, "title": title,
-                        "href": "#" + ids[(device, suite)], "counts": title})
+            row.append(
+                {
+                    "worst": m["worst"],
+                    "text": text,
+                    "title": title,
+                    "href": "#" + ids[(device, suite)],
+                    "counts": title,
+                }
+            )
         rows.append({"device": device, "cells": row})
     return {"suites": data.suites, "rows": rows}
 
@@ -173,7 +217,8 @@ def _compare(data: RunData) -> dict[str, Any]:
     used = {d for by_dev in per.values() for d in by_dev}
     listed = [d.device for d in data.header.devices] if data.header else []
     devices = [d for d in listed if d in used] + sorted(  # ranks in rank order, not as
-        (d for d in used if d not in listed), key=_natural)  # their records came in
+        (d for d in used if d not in listed), key=_natural
+    )  # their records came in
     rows: list[dict[str, Any]] = []
     for (suite, case, mode), by_dev in per.items():
         times = [r.duration_s for r in by_dev.values()]
@@ -188,12 +233,25 @@ def _compare(data: RunData) -> dict[str, Any]:
                 cells.append(None)
                 continue
             t = found.duration_s
-            cells.append({"time": f"{t:.3f} s", "peak": evidence.fmt_bytes(_peak(found)),
-                          "status": found.status,
-                          "slow": len(by_dev) > 1 and t > 1.5 * med_t and t - med_t > 0.05})
-        rows.append({"suite": suite, "case": case, "mode": mode, "cells": cells,
-                     "spread": max(spread_t, spread_m), "max_time": max(times),
-                     "spread_text": f"{spread_t:.1f}x time, {spread_m:.1f}x memory"})
+            cells.append(
+                {
+                    "time": f"{t:.3f} s",
+                    "peak": evidence.fmt_bytes(_peak(found)),
+                    "status": found.status,
+                    "slow": len(by_dev) > 1 and t > 1.5 * med_t and t - med_t > 0.05,
+                }
+            )
+        rows.append(
+            {
+                "suite": suite,
+                "case": case,
+                "mode": mode,
+                "cells": cells,
+                "spread": max(spread_t, spread_m),
+                "max_time": max(times),
+                "spread_text": f"{spread_t:.1f}x time, {spread_m:.1f}x memory",
+            }
+        )
     multi = len(devices) > 1
     rows.sort(key=lambda r: -float(r["spread"] if multi else r["max_time"]))
     return {"devices": devices, "rows": rows[:MAX_COMPARE], "total": len(rows), "multi": multi}
@@ -202,18 +260,28 @@ def _compare(data: RunData) -> dict[str, Any]:
 def _extras(data: RunData) -> list[dict[str, Any]]:
     out = []
     for kind, records in data.extras.items():
-        columns = [c for c in dict.fromkeys(k for r in records for k in r)
-                   if c not in ("schema", "record", "run_id")]
+        columns = [
+            c
+            for c in dict.fromkeys(k for r in records for k in r)
+            if c not in ("schema", "record", "run_id")
+        ]
         rows = [[evidence.fmt_value(r.get(c, "")) for c in columns] for r in records]
-        out.append({"title": EXTRA_TITLES.get(kind, kind.replace("_", " ").capitalize()),
-                    "columns": columns, "rows": rows})
+        out.append(
+            {
+                "title": EXTRA_TITLES.get(kind, kind.replace("_", " ").capitalize()),
+                "columns": columns,
+                "rows": rows,
+            }
+        )
     return out
 
 
 def _logs(data: RunData, out: Path) -> list[dict[str, str]]:
     base = out.resolve().parent
-    return [{"name": p.name, "href": Path(os.path.relpath(p.resolve(), base)).as_posix()}
-            for p in data.logs]
+    return [
+        {"name": p.name, "href": Path(os.path.relpath(p.resolve(), base)).as_posix()}
+        for p in data.logs
+    ]
 
 
 def _json_script(value: Any) -> str:
@@ -222,8 +290,14 @@ def _json_script(value: Any) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def render(data: RunData, doc: dict[str, Any], tl: timeline.Timeline | None, out: Path,
-           grouped: Grouped, verdict: Verdict) -> str:
+def render(
+    data: RunData,
+    doc: dict[str, Any],
+    tl: timeline.Timeline | None,
+    out: Path,
+    grouped: Grouped,
+    verdict: Verdict,
+) -> str:
     """The HTML page of a run (``out`` is where it will be written: links are relative)."""
     t0 = time.perf_counter()
     plots = timeline.plots(data, tl) if tl is not None else []
@@ -234,13 +308,23 @@ def render(data: RunData, doc: dict[str, Any], tl: timeline.Timeline | None, out
     s = doc["summary"]
     interrupted = doc["state"]["interrupted"]
     ctx = {
-        "doc": doc, "summary": s, "run_id": data.run_id or "(unknown)", "verdict": verdict.name,
-        "why": verdict.why, "interrupted": interrupted,
-        "problems": doc["state"]["problems"], "header": _header(data, doc, plots),
-        "matrix": _matrix(data, doc, cells), "cells": cells, "findings": findings,
-        "plots": plots, "timeline": doc["timeline"], "buckets": timeline.BUCKETS,
+        "doc": doc,
+        "summary": s,
+        "run_id": data.run_id or "(unknown)",
+        "verdict": verdict.name,
+        "why": verdict.why,
+        "interrupted": interrupted,
+        "problems": doc["state"]["problems"],
+        "header": _header(data, doc, plots),
+        "matrix": _matrix(data, doc, cells),
+        "cells": cells,
+        "findings": findings,
+        "plots": plots,
+        "timeline": doc["timeline"],
+        "buckets": timeline.BUCKETS,
         "compare": _compare(data),
-        "extras": _extras(data), "logs": _logs(data, out),
+        "extras": _extras(data),
+        "logs": _logs(data, out),
         "statuses": [st for st in SEVERITY_ORDER if s["by_status"].get(st)],
         "kinds": list(dict.fromkeys(b["kind"] for sec in findings for b in sec["kinds"])),
         "severities": [sv for sv in ("error", "warning", "info") if s["by_severity"].get(sv)],

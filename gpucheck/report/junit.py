@@ -54,8 +54,9 @@ def _verdict_suite(root: ET.Element, verdict: Verdict) -> dict[str, int]:
     ET.SubElement(props, "property", name="gpucheck.exit_code", value=str(verdict.exit_code))
     tc = ET.SubElement(ts, "testcase", classname="gpucheck", name="verdict", time="0.000")
     counts = {"tests": 1, "failures": 0, "errors": 1, "skipped": 0}
-    ET.SubElement(tc, "error", message=f"verdict {verdict.name}", type=verdict.name).text = \
-        xml_text("\n".join([*verdict.why, *verdict.problems]))
+    ET.SubElement(
+        tc, "error", message=f"verdict {verdict.name}", type=verdict.name
+    ).text = xml_text("\n".join([*verdict.why, *verdict.problems]))
     for key, value in counts.items():
         ts.set(key, str(value))
     return counts
@@ -74,8 +75,13 @@ def to_xml(records: list[CaseRecord], verdict: Verdict | None = None) -> ET.Elem
         for r in recs:
             time_total += r.duration_s
             classname, _, name = r.case.rpartition("::")
-            tc = ET.SubElement(ts, "testcase", classname=xml_text(f"{device}.{suite}.{classname}"),
-                               name=xml_text(name or r.case), time=f"{r.duration_s:.3f}")
+            tc = ET.SubElement(
+                ts,
+                "testcase",
+                classname=xml_text(f"{device}.{suite}.{classname}"),
+                name=xml_text(name or r.case),
+                time=f"{r.duration_s:.3f}",
+            )
             status = r.status
             message, text = _describe(r)
             if status == "failed":
@@ -105,6 +111,7 @@ def to_xml(records: list[CaseRecord], verdict: Verdict | None = None) -> ET.Elem
 
 def write(results_path: Path, junit_path: Path) -> Path:
     """Write JUnit XML for every case record of ``results_path``."""
-    to_xml(RunLog.read(results_path).cases).write(junit_path, encoding="utf-8",
-                                                 xml_declaration=True)
+    to_xml(RunLog.read(results_path).cases).write(
+        junit_path, encoding="utf-8", xml_declaration=True
+    )
     return junit_path

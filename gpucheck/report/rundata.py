@@ -29,8 +29,11 @@ from gpucheck.model.results import CaseRecord
 from gpucheck.model.runlog import Resume, RunEnd, RunHeader, RunLog
 
 #: extra tables: record type -> title (checkpoint lint, benchmarks; later producers add theirs)
-EXTRA_TITLES = {"lint": "Checkpoint lint", "checkpoint-lint": "Checkpoint lint",
-                "benchmark": "Benchmarks"}
+EXTRA_TITLES = {
+    "lint": "Checkpoint lint",
+    "checkpoint-lint": "Checkpoint lint",
+    "benchmark": "Benchmarks",
+}
 
 
 def parse_time(value: Any) -> float | None:
@@ -120,8 +123,9 @@ class RunData:
             why.append(self.end.reason or "the run was interrupted")
         for w in self.workers:
             if w.case:
-                why.append(f"worker {w.stem} stopped inside {w.case} ({w.done} of {w.total} "
-                           f"cases done)")
+                why.append(
+                    f"worker {w.stem} stopped inside {w.case} ({w.done} of {w.total} cases done)"
+                )
             elif w.total and w.done < w.total:
                 why.append(f"worker {w.stem} stopped after {w.done} of {w.total} cases")
         return why
@@ -161,10 +165,15 @@ def _worker_progress(workers_dir: Path) -> list[WorkerProgress]:
         generation, last = max(states, key=lambda x: x[0])
         first_total = min(states, key=lambda x: x[0])[1].get("total")
         case = last.get("case")
-        out.append(WorkerProgress(
-            stem=base, case=results.text(case, 2000) if case else None,
-            done=_count(last.get("base_done")) + _count(last.get("done")),
-            total=_count(first_total) or _count(last.get("total")), generations=generation + 1))
+        out.append(
+            WorkerProgress(
+                stem=base,
+                case=results.text(case, 2000) if case else None,
+                done=_count(last.get("base_done")) + _count(last.get("done")),
+                total=_count(first_total) or _count(last.get("total")),
+                generations=generation + 1,
+            )
+        )
     return out
 
 
@@ -178,36 +187,53 @@ def load(run_dir: Path) -> RunData:
     ``suites`` only once it is filled: they are cached)."""
     path = RunFolder(run_dir).results
     log = RunLog.read(path)
-    data = RunData(run_dir=run_dir, header=log.header, cases=log.diagnosed_cases(), end=log.end,
-                   resumes=log.resumes, extras=log.extras, torn_lines=log.unreadable)
+    data = RunData(
+        run_dir=run_dir,
+        header=log.header,
+        cases=log.diagnosed_cases(),
+        end=log.end,
+        resumes=log.resumes,
+        extras=log.extras,
+        torn_lines=log.unreadable,
+    )
     if not path.exists() and not log.not_regular:
         data.problems.append("no results.jsonl in the run folder: no case finished")
     if len(log.headers) > 1 and data.header is not None:
-        data.problems.append(f"results.jsonl holds {len(log.headers)} runs; this report shows "
-                             f"the last one ({data.header.run_id})")
+        data.problems.append(
+            f"results.jsonl holds {len(log.headers)} runs; this report shows "
+            f"the last one ({data.header.run_id})"
+        )
     elif data.header is None and (log.cases or log.extras or log.unreadable):
-        data.problems.append("results.jsonl has no run header (the run was cut short before "
-                             "it was written, or the file was assembled by hand)")
+        data.problems.append(
+            "results.jsonl has no run header (the run was cut short before "
+            "it was written, or the file was assembled by hand)"
+        )
     if log.duplicates:
-        data.problems.append(f"results.jsonl holds {log.duplicates} repeated record(s) of a "
-                             "case already recorded (the file was assembled or edited by "
-                             "hand); each case is shown once, the record that did not pass "
-                             "kept")
+        data.problems.append(
+            f"results.jsonl holds {log.duplicates} repeated record(s) of a "
+            "case already recorded (the file was assembled or edited by "
+            "hand); each case is shown once, the record that did not pass "
+            "kept"
+        )
     for name in EXTRAS:
         extra = run_dir / name
         if is_regular(extra):
             rows, _ = results.read_lines(extra)
             data.extras.setdefault(name.removesuffix(".jsonl"), []).extend(rows)
     if data.torn_lines:
-        data.problems.append(f"{data.torn_lines} line(s) of results.jsonl could not be read "
-                             "(a writer was killed mid-line, or the file was edited); they "
-                             "are left out")
+        data.problems.append(
+            f"{data.torn_lines} line(s) of results.jsonl could not be read "
+            "(a writer was killed mid-line, or the file was edited); they "
+            "are left out"
+        )
     if log.not_regular:
-        data.problems.append("results.jsonl is not a regular file (a link or a FIFO): it was "
-                             "not read")
+        data.problems.append(
+            "results.jsonl is not a regular file (a link or a FIFO): it was not read"
+        )
     workers = RunFolder(run_dir).workers
     if workers.is_dir() and not workers.is_symlink():
         data.workers = _worker_progress(workers)
-        data.logs = sorted(p for p in workers.iterdir()
-                           if p.suffix in (".log", ".txt", ".cmd") and is_regular(p))
+        data.logs = sorted(
+            p for p in workers.iterdir() if p.suffix in (".log", ".txt", ".cmd") and is_regular(p)
+        )
     return data

@@ -66,8 +66,13 @@ class _Sources:
         found: dict[str, list[str]] = {}
         seen = 0
         for root, dirs, files in os.walk(self.base):
-            dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in SKIP_DIRS
-                             and not (Path(root) / d / "pyvenv.cfg").exists())
+            dirs[:] = sorted(
+                d
+                for d in dirs
+                if not d.startswith(".")
+                and d not in SKIP_DIRS
+                and not (Path(root) / d / "pyvenv.cfg").exists()
+            )
             for name in files:
                 found.setdefault(name, []).append(os.path.join(root, name))
             seen += len(files)
@@ -108,13 +113,15 @@ def _line_in(file: str, *texts: Any) -> int | None:
     return line
 
 
-def _places(o: Occurrence, suite_paths: dict[str, str], sources: _Sources
-            ) -> tuple[Location | None, list[Location]]:
+def _places(
+    o: Occurrence, suite_paths: dict[str, str], sources: _Sources
+) -> tuple[Location | None, list[Location]]:
     """The primary location of one occurrence and its related ones."""
     f, r = o.finding, o.record
     case_file = _case_file(r, suite_paths)
-    case_loc = None if case_file is None else (
-        case_file, _line_in(case_file, f.evidence, f.message))
+    case_loc = (
+        None if case_file is None else (case_file, _line_in(case_file, f.evidence, f.message))
+    )
     related: list[Location] = []
     if f.kind == "sanitizer":
         parsed = sanitizer_record(f)
@@ -148,8 +155,9 @@ def _uri(path: str, base: Path) -> tuple[str, str | None]:
             if (base / tail).is_file():
                 return quote(tail.as_posix()), SRCROOT
         return p.resolve().as_uri(), None
-    return quote(PurePosixPath(path.replace("\\", "/")).as_posix()), SRCROOT if "/" in path \
-        else None
+    return quote(
+        PurePosixPath(path.replace("\\", "/")).as_posix()
+    ), SRCROOT if "/" in path else None
 
 
 def _physical(loc: Location, base: Path) -> dict[str, Any]:
@@ -171,7 +179,8 @@ def _rules(groups: list[Group]) -> tuple[list[dict[str, Any]], dict[str, int]]:
     for n, (kind, g) in enumerate(kinds.items()):
         index[kind] = n
         rule: dict[str, Any] = {
-            "id": kind, "name": evidence.kind_title(kind),
+            "id": kind,
+            "name": evidence.kind_title(kind),
             "shortDescription": {"text": evidence.kind_title(kind)},
             "help": {"text": evidence.kind_hint(kind)},
             "defaultConfiguration": {"level": LEVELS.get(g.severity, "warning")},
@@ -183,33 +192,48 @@ def _rules(groups: list[Group]) -> tuple[list[dict[str, Any]], dict[str, int]]:
     return rules, index
 
 
-def _results(g: Group, rule_index: dict[str, int], suite_paths: dict[str, str],
-             sources: _Sources, explained_by: Group | None) -> list[dict[str, Any]]:
+def _results(
+    g: Group,
+    rule_index: dict[str, int],
+    suite_paths: dict[str, str],
+    sources: _Sources,
+    explained_by: Group | None,
+) -> list[dict[str, Any]]:
     base = sources.base
     split: dict[tuple[str, Location | None], list[tuple[Occurrence, list[Location]]]] = {}
     for o in g.occurrences:
         primary, related = _places(o, suite_paths, sources)
-        split.setdefault((signature(o.finding.message), primary), []).append(
-            (o, related))
+        split.setdefault((signature(o.finding.message), primary), []).append((o, related))
     out = []
     for (message, primary), occ in split.items():
         first = occ[0][0].finding
         devices = sorted({o.record.device for o, _ in occ})
         cases = list(dict.fromkeys(o.record.case for o, _ in occ))
         text = message.splitlines()[0] if message else first.kind
-        text += (f" ({len(occ)} occurrence(s) on {', '.join(devices)}; "
-                 f"case(s): {', '.join(cases[:5])}{' ...' if len(cases) > 5 else ''})")
+        text += (
+            f" ({len(occ)} occurrence(s) on {', '.join(devices)}; "
+            f"case(s): {', '.join(cases[:5])}{' ...' if len(cases) > 5 else ''})"
+        )
         result: dict[str, Any] = {
-            "ruleId": g.kind, "ruleIndex": rule_index[g.kind],
+            "ruleId": g.kind,
+            "ruleIndex": rule_index[g.kind],
             "level": LEVELS.get(first.severity, "warning"),
             "message": {"text": text},
-            "partialFingerprints": {"gpucheckFinding/v1": hashlib.sha256(
-                f"{g.kind}|{g.subject}|{message}|{primary}".encode()).hexdigest()[:32]},
+            "partialFingerprints": {
+                "gpucheckFinding/v1": hashlib.sha256(
+                    f"{g.kind}|{g.subject}|{message}|{primary}".encode()
+                ).hexdigest()[:32]
+            },
             "properties": {
-                "role": g.role, "subject": g.subject, "count": len(occ),
-                "devices": devices, "modes": sorted({o.record.mode for o, _ in occ}),
-                "statuses": sorted({o.record.status for o, _ in occ}), "cases": cases,
-                "hint": evidence.hint_for(first)},
+                "role": g.role,
+                "subject": g.subject,
+                "count": len(occ),
+                "devices": devices,
+                "modes": sorted({o.record.mode for o, _ in occ}),
+                "statuses": sorted({o.record.status for o, _ in occ}),
+                "cases": cases,
+                "hint": evidence.hint_for(first),
+            },
         }
         if explained_by is not None:
             result["properties"]["explainedBy"] = explained_by.title()
@@ -217,8 +241,9 @@ def _results(g: Group, rule_index: dict[str, int], suite_paths: dict[str, str],
             result["locations"] = [_physical(primary, base)]
         related = list(dict.fromkeys(loc for _, rel in occ for loc in rel))
         if related:
-            result["relatedLocations"] = [{"id": n, **_physical(loc, base)}
-                                          for n, loc in enumerate(related)]
+            result["relatedLocations"] = [
+                {"id": n, **_physical(loc, base)} for n, loc in enumerate(related)
+            ]
         out.append(result)
     return out
 
@@ -229,8 +254,9 @@ def _utc(t: float | None) -> str | None:
     return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def build(data: RunData, grouped: Grouped, verdict: Verdict, base: Path | None = None
-          ) -> dict[str, Any]:
+def build(
+    data: RunData, grouped: Grouped, verdict: Verdict, base: Path | None = None
+) -> dict[str, Any]:
     """The SARIF log of a run.
 
     Args:
@@ -246,8 +272,11 @@ def build(data: RunData, grouped: Grouped, verdict: Verdict, base: Path | None =
     header = data.header if data.header is not None else RunHeader(run_id="")
     paths = header.config.get("suite_paths")
     suite_paths = {str(k): str(v) for k, v in paths.items()} if isinstance(paths, dict) else {}
-    every = [*grouped.diagnoses, *(e for g in grouped.diagnoses for e in g.explains),
-             *grouped.symptoms]
+    every = [
+        *grouped.diagnoses,
+        *(e for g in grouped.diagnoses for e in g.explains),
+        *grouped.symptoms,
+    ]
     rules, rule_index = _rules(every)
     sources = _Sources(base)
     found: list[dict[str, Any]] = []
@@ -258,7 +287,8 @@ def build(data: RunData, grouped: Grouped, verdict: Verdict, base: Path | None =
     for g in grouped.symptoms:
         found += _results(g, rule_index, suite_paths, sources, None)
     invocation: dict[str, Any] = {
-        "executionSuccessful": verdict.ok, "exitCode": verdict.exit_code,
+        "executionSuccessful": verdict.ok,
+        "exitCode": verdict.exit_code,
         "properties": {"verdict": verdict.name},
     }
     if header.command:
@@ -266,19 +296,29 @@ def build(data: RunData, grouped: Grouped, verdict: Verdict, base: Path | None =
     for key, t in (("startTimeUtc", data.started()), ("endTimeUtc", data.finished())):
         if _utc(t):
             invocation[key] = _utc(t)
-    notes = [{"level": "error" if not verdict.ok else "note", "message": {"text": why}}
-             for why in verdict.why] + [{"level": "error", "message": {"text": p}}
-                                        for p in verdict.problems]
+    notes = [
+        {"level": "error" if not verdict.ok else "note", "message": {"text": why}}
+        for why in verdict.why
+    ] + [{"level": "error", "message": {"text": p}} for p in verdict.problems]
     if notes:
         invocation["toolExecutionNotifications"] = notes
     run: dict[str, Any] = {
-        "tool": {"driver": {"name": "gpucheck", "version": gpucheck.__version__,
-                            "semanticVersion": gpucheck.__version__, "rules": rules}},
+        "tool": {
+            "driver": {
+                "name": "gpucheck",
+                "version": gpucheck.__version__,
+                "semanticVersion": gpucheck.__version__,
+                "rules": rules,
+            }
+        },
         "originalUriBaseIds": {SRCROOT: {"uri": base.resolve().as_uri() + "/"}},
         "invocations": [invocation],
         "results": found,
-        "properties": {"verdict": verdict.name, "run_id": data.run_id,
-                       "devices": data.devices, "started": _utc(parse_time(
-                           header.started_at))},
+        "properties": {
+            "verdict": verdict.name,
+            "run_id": data.run_id,
+            "devices": data.devices,
+            "started": _utc(parse_time(header.started_at)),
+        },
     }
     return {"$schema": SCHEMA_URI, "version": VERSION, "runs": [run]}

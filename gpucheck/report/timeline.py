@@ -40,8 +40,18 @@ LEFT, RIGHT, TOP, BOTTOM = 58.0, 8.0, 10.0, 22.0
 MAX_BOUNDARIES = 400
 GIB = 1024**3
 #: process colours (no grey: the GPU's total is the grey line)
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf",
-           "#bcbd22", "#d62728", "#393b79")
+PALETTE = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#17becf",
+    "#bcbd22",
+    "#d62728",
+    "#393b79",
+)
 
 
 @dataclass
@@ -149,8 +159,7 @@ def read(path: Path, labels: dict[str, str], buckets: int = BUCKETS) -> Timeline
                     if dev is None:
                         index = int(row.get("nvml_index", len(devices)))
                         label = labels.get(uuid, f"GPU {index} (not targeted)")
-                        dev = devices[uuid] = DeviceTimeline(uuid, index, label, Series("used"),
-                                                             {})
+                        dev = devices[uuid] = DeviceTimeline(uuid, index, label, Series("used"), {})
                     used = row.get("used")
                     if used is not None and float(used) > dev.used.values.get(b, -1):
                         dev.used.values[b] = int(used)
@@ -243,9 +252,16 @@ def plots(data: RunData, timeline: Timeline, buckets: int = BUCKETS) -> list[dic
             others = [lab for lab in pid_devices[pid] if lab != dev.label]
             mine = meant.get(int(pid) if pid.isdigit() else -1, set())
             stray = [lab for lab in others if lab not in mine]
-            lines.append({"pid": pid, "colour": colours[pid], "peak": _fmt_gib(series.peak),
-                          "points": _polylines(series, x, y), "others": others,
-                          "stray": stray})
+            lines.append(
+                {
+                    "pid": pid,
+                    "colour": colours[pid],
+                    "peak": _fmt_gib(series.peak),
+                    "points": _polylines(series, x, y),
+                    "others": others,
+                    "stray": stray,
+                }
+            )
         cases = [r for r in data.cases if r.device == dev.label]
         bad = [r for r in cases if r.status in BAD_STATUSES]
         shown = cases if len(cases) <= MAX_BOUNDARIES else bad
@@ -254,22 +270,44 @@ def plots(data: RunData, timeline: Timeline, buckets: int = BUCKETS) -> list[dic
             s = case_span(r)
             if s is None or s[1] < timeline.t0 or s[0] > timeline.t1:
                 continue
-            marks.append({"x": round(tx(s[0]), 1), "w": round(max(0.6, tx(s[1]) - tx(s[0])), 1),
-                          "status": r.status, "title": f"{r.status}: {r.case} "
-                          f"({r.mode}, {r.duration_s:.2f} s)"})
-        yticks = [{"y": round(y(top * f / 1.08), 1), "label": _fmt_gib(top * f / 1.08)}
-                  for f in (0.0, 0.5, 1.0)]
-        xticks = [{"x": round(LEFT + pw * f, 1), "label": _fmt_t(span * f)}
-                  for f in (0.0, 0.25, 0.5, 0.75, 1.0)]
-        out.append({
-            "label": dev.label, "uuid": dev.uuid, "nvml_index": dev.nvml_index,
-            "targeted": dev.label in data.devices,
-            "used_points": _polylines(dev.used, x, y), "used_peak": _fmt_gib(dev.used.peak),
-            "lines": lines, "marks": marks, "yticks": yticks, "xticks": xticks,
-            "marks_note": "" if shown is cases else
-            f"{len(cases)} cases: only the {len(bad)} that did not pass are marked",
-            "stray": any(line["stray"] for line in lines),
-            "width": WIDTH, "height": HEIGHT, "left": LEFT, "right": WIDTH - RIGHT,
-            "top": TOP, "bottom": HEIGHT - BOTTOM,
-        })
+            marks.append(
+                {
+                    "x": round(tx(s[0]), 1),
+                    "w": round(max(0.6, tx(s[1]) - tx(s[0])), 1),
+                    "status": r.status,
+                    "title": f"{r.status}: {r.case} ({r.mode}, {r.duration_s:.2f} s)",
+                }
+            )
+        yticks = [
+            {"y": round(y(top * f / 1.08), 1), "label": _fmt_gib(top * f / 1.08)}
+            for f in (0.0, 0.5, 1.0)
+        ]
+        xticks = [
+            {"x": round(LEFT + pw * f, 1), "label": _fmt_t(span * f)}
+            for f in (0.0, 0.25, 0.5, 0.75, 1.0)
+        ]
+        out.append(
+            {
+                "label": dev.label,
+                "uuid": dev.uuid,
+                "nvml_index": dev.nvml_index,
+                "targeted": dev.label in data.devices,
+                "used_points": _polylines(dev.used, x, y),
+                "used_peak": _fmt_gib(dev.used.peak),
+                "lines": lines,
+                "marks": marks,
+                "yticks": yticks,
+                "xticks": xticks,
+                "marks_note": ""
+                if shown is cases
+                else f"{len(cases)} cases: only the {len(bad)} that did not pass are marked",
+                "stray": any(line["stray"] for line in lines),
+                "width": WIDTH,
+                "height": HEIGHT,
+                "left": LEFT,
+                "right": WIDTH - RIGHT,
+                "top": TOP,
+                "bottom": HEIGHT - BOTTOM,
+            }
+        )
     return out

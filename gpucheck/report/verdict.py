@@ -68,8 +68,12 @@ class Verdict:
         return self.exit_code == EXIT_CLEAN
 
     def to_json(self) -> dict[str, Any]:
-        return {"verdict": self.name, "exit_code": self.exit_code, "why": self.why,
-                "problems": self.problems}
+        return {
+            "verdict": self.name,
+            "exit_code": self.exit_code,
+            "why": self.why,
+            "problems": self.problems,
+        }
 
 
 def not_runnable(data: RunData) -> dict[str, str]:
@@ -88,10 +92,9 @@ def uncollectable(cases: list[CaseRecord]) -> dict[str, str]:
     out = {}
     for suite, records in by_suite.items():
         found = [f for r in records for f in r.findings if f.kind == COLLECTION_ERROR]
-        if found and all(any(f.kind == COLLECTION_ERROR for f in r.findings)
-                         for r in records):
+        if found and all(any(f.kind == COLLECTION_ERROR for f in r.findings) for r in records):
             first = found[0]
-            out[suite] = (f"{first.place}: {first.message}" if first.place else first.message)
+            out[suite] = f"{first.place}: {first.message}" if first.place else first.message
     return out
 
 
@@ -99,8 +102,9 @@ def _allow_empty(data: RunData) -> bool:
     return data.header is not None and data.header.config.get("allow_empty") is True
 
 
-def decide(data: RunData, *, allow_empty: bool | None = None,
-           stopped_by: str | None = None) -> Verdict:
+def decide(
+    data: RunData, *, allow_empty: bool | None = None, stopped_by: str | None = None
+) -> Verdict:
     """The verdict of the run in ``data``.
 
     Args:
@@ -121,33 +125,40 @@ def decide(data: RunData, *, allow_empty: bool | None = None,
     ran = sum(r.status in RAN for r in cases)
     problems = []
     if data.torn_lines and data.header is None and not data.cases and not data.interrupted:
-        problems.append(f"{data.run_dir / 'results.jsonl'} is not a gpucheck results file: "
-                        f"none of its {data.torn_lines} line(s) is a record gpucheck writes "
-                        "(no run header, no case)")
+        problems.append(
+            f"{data.run_dir / 'results.jsonl'} is not a gpucheck results file: "
+            f"none of its {data.torn_lines} line(s) is a record gpucheck writes "
+            "(no run header, no case)"
+        )
     elif data.torn_lines:
-        problems.append(f"{data.torn_lines} line(s) of {data.run_dir / 'results.jsonl'} could "
-                        "not be read (a writer was killed mid-line, or the file was edited): "
-                        "the cases they held are missing from every report")
+        problems.append(
+            f"{data.torn_lines} line(s) of {data.run_dir / 'results.jsonl'} could "
+            "not be read (a writer was killed mid-line, or the file was edited): "
+            "the cases they held are missing from every report"
+        )
     skipped_suites = {**not_runnable(data), **broken}
     if allow_empty is None:
         allow_empty = _allow_empty(data)
     name, code, why = "passed", EXIT_CLEAN, []
     if errors or bad:
         name, code = "failed", EXIT_FINDINGS
-        why.append(f"{len(errors)} finding(s) of severity error; {len(bad)} case record(s) "
-                   "failed, errored, crashed or hung")
+        why.append(
+            f"{len(errors)} finding(s) of severity error; {len(bad)} case record(s) "
+            "failed, errored, crashed or hung"
+        )
     elif data.interrupted:
         name, code = "interrupted", EXIT_USAGE
         why += data.interrupted
     elif problems or skipped_suites:
         name, code = "incomplete", EXIT_USAGE
         why += problems
-        why += [f"suite {suite} did not run: {reason}" for suite, reason in
-                skipped_suites.items()]
+        why += [f"suite {suite} did not run: {reason}" for suite, reason in skipped_suites.items()]
     elif ran == 0:
         name, code = "nothing-tested", EXIT_CLEAN if allow_empty else EXIT_USAGE
-        why.append("no case ran, so this run proves nothing"
-                   + ("" if allow_empty else " (pass --allow-empty if that is expected)"))
+        why.append(
+            "no case ran, so this run proves nothing"
+            + ("" if allow_empty else " (pass --allow-empty if that is expected)")
+        )
     elif warnings:
         name = "warnings"
         why.append(f"{len(warnings)} finding(s) of severity warning")

@@ -14,11 +14,13 @@ ERROR_EXIT = 86
 PRINT_LIMIT = 200
 #: the finding of a case during which compute-sanitizer itself crashed
 TOOL_CRASH = "sanitizer-crash"
-TOOL_CRASH_HINT = ("compute-sanitizer itself ended (not the process it watched): this case's "
-                   "result under the sanitizer is unknown, and a fresh worker ran the cases "
-                   "not yet recorded. Run the case alone under compute-sanitizer: a tool that "
-                   "crashes on it again is a compute-sanitizer bug (try another CUDA "
-                   "toolkit's); the tool's last words are in the worker's stderr tail")
+TOOL_CRASH_HINT = (
+    "compute-sanitizer itself ended (not the process it watched): this case's "
+    "result under the sanitizer is unknown, and a fresh worker ran the cases "
+    "not yet recorded. Run the case alone under compute-sanitizer: a tool that "
+    "crashes on it again is a compute-sanitizer bug (try another CUDA "
+    "toolkit's); the tool's last words are in the worker's stderr tail"
+)
 
 
 def find() -> Path:
@@ -36,14 +38,25 @@ def find() -> Path:
     raise EnvironmentProblem(
         f"compute-sanitizer was not found on PATH nor in {' or '.join(map(str, bins))} (it "
         "ships with the CUDA toolkit: put its bin/ on PATH or set CUDA_HOME); the sanitizer "
-        "modes cannot run, and nothing was run")
+        "modes cannot run, and nothing was run"
+    )
 
 
 def prefix(tool: str, log: Path, executable: Path | None = None) -> list[str]:
     """Arguments that go before the worker's own command."""
-    return [str(executable or find()), "--tool", tool, "--log-file", str(log),
-            "--error-exitcode", str(ERROR_EXIT), "--target-processes", "all",
-            "--print-limit", str(PRINT_LIMIT)]
+    return [
+        str(executable or find()),
+        "--tool",
+        tool,
+        "--log-file",
+        str(log),
+        "--error-exitcode",
+        str(ERROR_EXIT),
+        "--target-processes",
+        "all",
+        "--print-limit",
+        str(PRINT_LIMIT),
+    ]
 
 
 def env() -> dict[str, str]:

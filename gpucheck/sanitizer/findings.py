@@ -33,8 +33,14 @@ def read_records(log: Path, offset: int, complete_only: bool = True) -> tuple[st
     return data[:cut].decode(errors="replace"), offset + cut
 
 
-def sanitizer_findings(text: str, tool: str | None, device: str, suite: str | None,
-                       case: str | None, other_current: bool = False) -> list[Finding]:
+def sanitizer_findings(
+    text: str,
+    tool: str | None,
+    device: str,
+    suite: str | None,
+    case: str | None,
+    other_current: bool = False,
+) -> list[Finding]:
     """compute-sanitizer records (a slice of its log) as findings of one case
     (``other_current``: another device than the case's was current, so a memcheck error may
     be a missing device guard, and its hint says so)."""
@@ -49,23 +55,46 @@ def sanitizer_findings(text: str, tool: str | None, device: str, suite: str | No
     out = []
     for group in groups.values():
         f = group[0]
-        where = " ".join(x for x in (f.kernel_name and f"in {f.kernel_name}", f.source,
-                                     f.python_frame and f"(from {f.python_frame})") if x)
+        where = " ".join(
+            x
+            for x in (
+                f.kernel_name and f"in {f.kernel_name}",
+                f.source,
+                f.python_frame and f"(from {f.python_frame})",
+            )
+            if x
+        )
         total = sum(g.count for g in group)
         count = f" x{total}" if total > 1 else ""
         others = sorted({g.source for g in group[1:] if g.source and g.source != f.source})
-        also = (f"\n(and {len(group) - 1} more record(s) of this kind in this kernel"
-                f"{', at ' + ', '.join(others[:20]) if others else ''})" if len(group) > 1
-                else "")
-        out.append(Finding(
-            kind="sanitizer", severity=f.severity, message=f"{f.error}{count} {where}".strip(),
-            device=device, suite=suite, case=case, op=None, kernel=f.kernel_name,
-            # the head: error line, kernel, thread/block and address come first in a record
-            evidence=("\n".join(f.lines[:40])[:EVIDENCE_CHARS - len(also)] + also),
-            hint=hint(f.tool, other_current) if f.kernel_name else (
-                f"a CUDA API call failed ({f.api_call}): usually the consequence of an earlier "
-                "fault in the same case; read the first record" if f.api_call else None),
-        ))
+        also = (
+            f"\n(and {len(group) - 1} more record(s) of this kind in this kernel"
+            f"{', at ' + ', '.join(others[:20]) if others else ''})"
+            if len(group) > 1
+            else ""
+        )
+        out.append(
+            Finding(
+                kind="sanitizer",
+                severity=f.severity,
+                message=f"{f.error}{count} {where}".strip(),
+                device=device,
+                suite=suite,
+                case=case,
+                op=None,
+                kernel=f.kernel_name,
+                # the head: error line, kernel, thread/block and address come first in a record
+                evidence=("\n".join(f.lines[:40])[: EVIDENCE_CHARS - len(also)] + also),
+                hint=hint(f.tool, other_current)
+                if f.kernel_name
+                else (
+                    f"a CUDA API call failed ({f.api_call}): usually the consequence of an earlier "
+                    "fault in the same case; read the first record"
+                    if f.api_call
+                    else None
+                ),
+            )
+        )
     return out
 
 
@@ -74,8 +103,10 @@ def hint(tool: str, other_current: bool) -> str | None:
     only where another device was current (with its own device current a guard changes
     nothing)."""
     if tool == "memcheck" and other_current:
-        return (f"{HINTS['memcheck']}, and that it runs on the device of its inputs (a missing "
-                "device guard: the wrong-device check re-runs it with its own device current)")
+        return (
+            f"{HINTS['memcheck']}, and that it runs on the device of its inputs (a missing "
+            "device guard: the wrong-device check re-runs it with its own device current)"
+        )
     return HINTS.get(tool)
 
 

@@ -24,15 +24,24 @@ TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 # --- first lines of a record -------------------------------------------------------------------
 ACCESS = re.compile(
     r"^(?P<what>Invalid|Misaligned|Out-of-range) (?:__(?P<space>\w+?)__ )?"
-    r"(?P<access>read|write|atomic|access)\w* of size (?P<size>\d+) bytes?", re.I)
-UNINIT = re.compile(r"^Uninitialized (?:__(?P<space>\w+?)__ )?memory (?P<access>read|write)\w*"
-                    r"(?: of size (?P<size>\d+) bytes?)?", re.I)
-RACE = re.compile(r"^(?P<level>Error|Warning): Race reported between (?P<a1>\w+) access at "
-                  r"(?P<loc>.+?)(?: \[(?P<n>\d+) hazards?\])?$")
+    r"(?P<access>read|write|atomic|access)\w* of size (?P<size>\d+) bytes?",
+    re.I,
+)
+UNINIT = re.compile(
+    r"^Uninitialized (?:__(?P<space>\w+?)__ )?memory (?P<access>read|write)\w*"
+    r"(?: of size (?P<size>\d+) bytes?)?",
+    re.I,
+)
+RACE = re.compile(
+    r"^(?P<level>Error|Warning): Race reported between (?P<a1>\w+) access at "
+    r"(?P<loc>.+?)(?: \[(?P<n>\d+) hazards?\])?$"
+)
 RACE_MORE = re.compile(r"^and (?P<a2>\w+) access at (?P<loc>.+?)(?: \[(?P<n>\d+) hazards?\])?$")
 BARRIER = re.compile(r"^Barrier error detected\.?\s*(?P<detail>.*)$", re.I)
-API = re.compile(r"^Program hit (?P<err>\w+) \(error (?P<code>\d+)\) due to \"(?P<why>[^\"]*)\""
-                 r"(?: on CUDA API call to (?P<call>\w+))?")
+API = re.compile(
+    r"^Program hit (?P<err>\w+) \(error (?P<code>\d+)\) due to \"(?P<why>[^\"]*)\""
+    r"(?: on CUDA API call to (?P<call>\w+))?"
+)
 LEAK = re.compile(r"^Leaked (?P<size>\d+) bytes? at (?P<addr>0x[0-9a-fA-F]+)")
 # --- continuation lines ------------------------------------------------------------------------
 AT_NEW = re.compile(r"^at (?P<kernel>.+?)\+(?P<off>0x[0-9a-fA-F]+)(?: in (?P<src>\S+:\d+))?$")
@@ -49,11 +58,20 @@ HEADER = (".h", ".hpp", ".cuh")
 # --- summaries ---------------------------------------------------------------------------------
 ERR_SUMMARY = re.compile(r"^ERROR SUMMARY: (?P<n>[\d,]+) errors?\s*$")
 NOT_PRINTED = re.compile(r"^ERROR SUMMARY: (?P<n>[\d,]+) errors? w(?:ere|as) not printed")
-RACE_SUMMARY = re.compile(r"^RACECHECK SUMMARY: (?P<n>[\d,]+) hazards? displayed "
-                          r"\((?P<e>[\d,]+) errors?, (?P<w>[\d,]+) warnings?\)")
+RACE_SUMMARY = re.compile(
+    r"^RACECHECK SUMMARY: (?P<n>[\d,]+) hazards? displayed "
+    r"\((?P<e>[\d,]+) errors?, (?P<w>[\d,]+) warnings?\)"
+)
 LEAK_SUMMARY = re.compile(r"^LEAK SUMMARY: (?P<bytes>[\d,]+) bytes? leaked in (?P<n>[\d,]+)")
-IGNORED = ("COMPUTE-SANITIZER", "CUDA-MEMCHECK", "Target application returned an error",
-           "Process ID:", "Saved host backtrace", "This run has", "No host backtrace")
+IGNORED = (
+    "COMPUTE-SANITIZER",
+    "CUDA-MEMCHECK",
+    "Target application returned an error",
+    "Process ID:",
+    "Saved host backtrace",
+    "This run has",
+    "No host backtrace",
+)
 
 
 @dataclass
@@ -85,8 +103,15 @@ class SanitizerFinding:
     lines: list[str] = field(default_factory=list, repr=False)
 
     def key(self) -> tuple[Any, ...]:
-        return (self.tool, self.error, self.kernel, self.offset, self.source, self.api_call,
-                self.access)
+        return (
+            self.tool,
+            self.error,
+            self.kernel,
+            self.offset,
+            self.source,
+            self.api_call,
+            self.access,
+        )
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -111,9 +136,12 @@ class SanitizerReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "tool": self.tool, "errors_reported": self.errors_reported,
-            "errors_printed": self.errors_printed, "errors_not_printed": self.errors_not_printed,
-            "summary_seen": self.summary_seen, "target_failed": self.target_failed,
+            "tool": self.tool,
+            "errors_reported": self.errors_reported,
+            "errors_printed": self.errors_printed,
+            "errors_not_printed": self.errors_not_printed,
+            "summary_seen": self.summary_seen,
+            "target_failed": self.target_failed,
             "leaked_bytes": self.leaked_bytes,
             "findings": [f.to_json() for f in self.findings],
         }
@@ -150,27 +178,48 @@ def _tuple(text: str) -> str:
 def _start(line: str, tool: str | None) -> SanitizerFinding:
     """A finding from the first line of a record."""
     if m := ACCESS.match(line):
-        space = (m["space"] or ("shared or local" if "Shared or Local" in line else None))
-        return SanitizerFinding(tool or "memcheck", "error", line, access=m["access"].lower(),
-                                space=space, size=int(m["size"]))
+        space = m["space"] or ("shared or local" if "Shared or Local" in line else None)
+        return SanitizerFinding(
+            tool or "memcheck",
+            "error",
+            line,
+            access=m["access"].lower(),
+            space=space,
+            size=int(m["size"]),
+        )
     if m := UNINIT.match(line):
-        return SanitizerFinding(tool or "initcheck", "error", line, access=m["access"].lower(),
-                                space=m["space"] or "global",
-                                size=int(m["size"]) if m["size"] else None)
+        return SanitizerFinding(
+            tool or "initcheck",
+            "error",
+            line,
+            access=m["access"].lower(),
+            space=m["space"] or "global",
+            size=int(m["size"]) if m["size"] else None,
+        )
     if m := RACE.match(line):
-        f = SanitizerFinding(tool or "racecheck", "error" if m["level"] == "Error" else "warning",
-                             line, access=m["a1"].lower(), space="shared",
-                             hazards=int(m["n"]) if m["n"] else None)
+        f = SanitizerFinding(
+            tool or "racecheck",
+            "error" if m["level"] == "Error" else "warning",
+            line,
+            access=m["a1"].lower(),
+            space="shared",
+            hazards=int(m["n"]) if m["n"] else None,
+        )
         _location(f, m["loc"])
         return f
     if m := BARRIER.match(line):
         return SanitizerFinding(tool or "synccheck", "error", line, access="barrier")
     if m := API.match(line):
-        return SanitizerFinding(tool or "memcheck", "error", line, access="api",
-                                api_call=m["call"])
+        return SanitizerFinding(tool or "memcheck", "error", line, access="api", api_call=m["call"])
     if m := LEAK.match(line):
-        return SanitizerFinding(tool or "memcheck", "warning", line, access="leak",
-                                size=int(m["size"]), address=m["addr"])
+        return SanitizerFinding(
+            tool or "memcheck",
+            "warning",
+            line,
+            access="leak",
+            size=int(m["size"]),
+            address=m["addr"],
+        )
     if line.startswith("Error: process didn't terminate"):
         return SanitizerFinding(tool or "memcheck", "error", line, access="process")
     return SanitizerFinding(tool or "memcheck", "error", line)
@@ -208,8 +257,7 @@ def _continue(f: SanitizerFinding, line: str) -> None:
             # the call site is the first frame in the user's code, not gpucheck's wrapper of
             # the extension's function (the innermost frame when every one is ours)
             f.python_frames.append(p["where"])
-            f.python_frame = next((w for w in f.python_frames if user_code(w)),
-                                  f.python_frames[0])
+            f.python_frame = next((w for w in f.python_frames if user_code(w)), f.python_frames[0])
     elif m := DEVICE.match(body):
         # the fault was inlined into a kernel: the last device frame is the kernel, and the
         # first source line outside a header is the user's code
@@ -219,7 +267,8 @@ def _continue(f: SanitizerFinding, line: str) -> None:
             f.kernel = fn["fn"].strip()
             f.kernel_name = kernel_name(f.kernel)
         if (s := SRC_IN_FRAME.search(frame)) and (
-                f.source is None or f.source.split(":")[0].endswith(HEADER)):
+            f.source is None or f.source.split(":")[0].endswith(HEADER)
+        ):
             f.source = s["src"]
 
 
@@ -283,8 +332,9 @@ def parse(text: str, tool: str | None = None) -> SanitizerReport:
         else:
             folded[rec.key()] = rec
     printed = sum(1 for r in records if r.access != "process")
-    return SanitizerReport(tool, reported, printed, not_printed, list(folded.values()),
-                           summary, target_failed, leaked)
+    return SanitizerReport(
+        tool, reported, printed, not_printed, list(folded.values()), summary, target_failed, leaked
+    )
 
 
 def parse_file(path: Path | str, tool: str | None = None) -> SanitizerReport:

@@ -57,17 +57,31 @@ def reset() -> None:
 
 
 # --- findings a case attaches -------------------------------------------------------------
-def attach(kind: str, message: str, *, severity: str = "error", op: str | None = None,
-           kernel: str | None = None, evidence: str | None = None,
-           hint: str | None = None) -> Finding:
+def attach(
+    kind: str,
+    message: str,
+    *,
+    severity: str = "error",
+    op: str | None = None,
+    kernel: str | None = None,
+    evidence: str | None = None,
+    hint: str | None = None,
+) -> Finding:
     """Attach a finding to the case under way (device, suite and case are filled in when it
     ends). Returns the :class:`~gpucheck.model.results.Finding`."""
     if severity not in ("error", "warning", "info"):
         raise ValueError(f"severity must be error, warning or info, got {severity!r}")
     if not kind or not message:
         raise ValueError("a finding needs a kind and a message")
-    f = Finding(kind=kind, severity=severity, message=message, op=op, kernel=kernel,
-                evidence=evidence, hint=hint)
+    f = Finding(
+        kind=kind,
+        severity=severity,
+        message=message,
+        op=op,
+        kernel=kernel,
+        evidence=evidence,
+        hint=hint,
+    )
     STATE.attached.append(f)
     return f
 
@@ -87,8 +101,12 @@ def merge(existing: list[Finding], attached: list[Finding], op: str | None) -> l
             f.op = op
     keep = []
     for f in attached:
-        if any(e.kind == f.kind and e.op == f.op and
-               (e.message == f.message or f.kind == "device-state-leak") for e in existing):
+        if any(
+            e.kind == f.kind
+            and e.op == f.op
+            and (e.message == f.message or f.kind == "device-state-leak")
+            for e in existing
+        ):
             continue
         keep.append(f)
     return keep
@@ -100,12 +118,21 @@ class Findings:
     def __init__(self) -> None:
         self.attached: list[Finding] = []
 
-    def attach(self, kind: str, message: str, *, severity: str = "error",
-               op: str | None = None, kernel: str | None = None, evidence: str | None = None,
-               hint: str | None = None) -> Finding:
+    def attach(
+        self,
+        kind: str,
+        message: str,
+        *,
+        severity: str = "error",
+        op: str | None = None,
+        kernel: str | None = None,
+        evidence: str | None = None,
+        hint: str | None = None,
+    ) -> Finding:
         """A finding (``kind`` e.g. ``"numerics"``, ``severity`` error / warning / info)."""
-        f = attach(kind, message, severity=severity, op=op, kernel=kernel, evidence=evidence,
-                   hint=hint)
+        f = attach(
+            kind, message, severity=severity, op=op, kernel=kernel, evidence=evidence, hint=hint
+        )
         self.attached.append(f)
         return f
 
@@ -114,8 +141,9 @@ class Findings:
 
 # --- a lost CUDA context ------------------------------------------------------------------
 def uses_cuda(item: pytest.Item) -> bool:
-    return ("gpu_device" in getattr(item, "fixturenames", ()) or
-            any(item.get_closest_marker(name) is not None for name in ("gpu", "multigpu")))
+    return "gpu_device" in getattr(item, "fixturenames", ()) or any(
+        item.get_closest_marker(name) is not None for name in ("gpu", "multigpu")
+    )
 
 
 def sticky_cuda_error(err: BaseException) -> str | None:
@@ -144,9 +172,12 @@ def setup(item: pytest.Item, unwatched: list[str]) -> None:
     if STATE.context_lost and uses_cuda(item):
         case, error = STATE.context_lost[0]
         item.user_properties.append((CONTEXT_LOST_PROPERTY, case))
-        pytest.fail(f"not run: this process's CUDA context was lost in {case} ({error}); "
-                    "every later CUDA call in the process fails the same way (gpucheck run "
-                    "goes on in a fresh process)", pytrace=False)
+        pytest.fail(
+            f"not run: this process's CUDA context was lost in {case} ({error}); "
+            "every later CUDA call in the process fails the same way (gpucheck run "
+            "goes on in a fresh process)",
+            pytrace=False,
+        )
 
 
 def made_report(item: pytest.Item, call: pytest.CallInfo[None]) -> None:
@@ -192,15 +223,15 @@ def drain(item: pytest.Item) -> None:
     for f in [*existing, *merge(existing, attached, op)]:
         f.device = f.device or (None if device is None else str(device))
         f.suite, f.case = f.suite or Path(item.path).parent.name, item.nodeid
-        item.user_properties.append((FINDING_PROPERTY, json.dumps(
-            {k: v for k, v in f.__dict__.items() if v is not None})))
+        item.user_properties.append(
+            (FINDING_PROPERTY, json.dumps({k: v for k, v in f.__dict__.items() if v is not None}))
+        )
 
 
 def logreport(report: pytest.TestReport) -> None:
     for key, value in report.user_properties:
         if key == FINDING_PROPERTY:
-            STATE.reported.append(json.loads(value) if isinstance(value, str)
-                                  else dict(value))  # type: ignore[call-overload]
+            STATE.reported.append(json.loads(value) if isinstance(value, str) else dict(value))  # type: ignore[call-overload]
         elif key == CONTEXT_LOST_PROPERTY and report.when == "setup":
             STATE.not_run[str(value)] = STATE.not_run.get(str(value), 0) + 1
 
@@ -209,15 +240,19 @@ def terminal_summary(tr: Any) -> None:
     if STATE.not_run:
         tr.section("gpucheck: CUDA context lost")
     for case, n in STATE.not_run.items():
-        tr.line(f"{case} lost its process's CUDA context: {n} later test(s) of that process "
-                "were not run (errors in setup). `gpucheck run` runs them in a fresh process.")
+        tr.line(
+            f"{case} lost its process's CUDA context: {n} later test(s) of that process "
+            "were not run (errors in setup). `gpucheck run` runs them in a fresh process."
+        )
     if not STATE.reported:
         return
     tr.section("gpucheck findings")
     for f in STATE.reported:
         where = " ".join(x for x in (f.get("device"), f.get("op") and f"op {f['op']}") if x)
-        tr.line(f"{f.get('severity', 'error').upper()} {f.get('kind')} [{where}] "
-                f"{f.get('case')}: {f.get('message')}")
+        tr.line(
+            f"{f.get('severity', 'error').upper()} {f.get('kind')} [{where}] "
+            f"{f.get('case')}: {f.get('message')}"
+        )
         if f.get("hint"):
             tr.line(f"    hint: {f['hint']}")
 

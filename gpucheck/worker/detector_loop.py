@@ -12,9 +12,14 @@ from gpucheck.model.results import Finding
 
 def detector_error(name: str, err: BaseException, info: CaseInfo) -> Finding:
     """A detector that failed is a warning on the case, never the case's failure."""
-    return Finding(kind="detector-error", severity="warning",
-                   message=f"detector {name} failed: {err!r}", device=info.device,
-                   suite=info.suite, case=info.case)
+    return Finding(
+        kind="detector-error",
+        severity="warning",
+        message=f"detector {name} failed: {err!r}",
+        device=info.device,
+        suite=info.suite,
+        case=info.case,
+    )
 
 
 class DetectorLoop:
@@ -44,8 +49,9 @@ class DetectorLoop:
             if again is not None:
                 again(body, times)
 
-    def finish(self, info: CaseInfo, found: list[Finding], data: dict[str, Any],
-               lost_context: bool = False) -> list[str]:
+    def finish(
+        self, info: CaseInfo, found: list[Finding], data: dict[str, Any], lost_context: bool = False
+    ) -> list[str]:
         """Each started detector's findings and data after the body. After a CUDA error that
         lost the process's context (``lost_context``) the detectors that need the GPU
         (:func:`touches_gpu`) stand down: they are ended, and what they would say (read
@@ -76,6 +82,8 @@ def touches_gpu(detector: Detector) -> bool:
 
 def stood_down_note(names: list[str]) -> str:
     """The note a case record gets when detectors stood down after its CUDA error."""
-    return (f"gpucheck: the CUDA context was lost with this error, so the detectors that read "
-            f"the GPU stood down for this case ({', '.join(names)}); the findings made before "
-            "the error (mixed devices, checkpoint reads) stand")
+    return (
+        f"gpucheck: the CUDA context was lost with this error, so the detectors that read "
+        f"the GPU stood down for this case ({', '.join(names)}); the findings made before "
+        "the error (mixed devices, checkpoint reads) stand"
+    )

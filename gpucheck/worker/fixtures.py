@@ -78,4 +78,5 @@ def nvml_tracker(request: pytest.FixtureRequest) -> Iterator[NvmlTracker]:
     yield tracker
     tracker.stop()
     request.node.user_properties.append(
-        (NVML_PEAK_PROPERTY, tracker.peaks() if tracker.available else None))
+        (NVML_PEAK_PROPERTY, tracker.peaks() if tracker.available else None)
+    )

@@ -28,8 +28,12 @@ from pathlib import Path
 from gpucheck.model.contract import LIFELINE_FD_ENV
 
 #: environment variables a case must leave as it found them
-WATCHED_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_LAUNCH_BLOCKING",
-               "PYTORCH_CUDA_ALLOC_CONF")
+WATCHED_ENV = (
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+    "CUDA_LAUNCH_BLOCKING",
+    "PYTORCH_CUDA_ALLOC_CONF",
+)
 
 
 def watch_controller() -> bool:
@@ -122,7 +126,7 @@ def live_children() -> dict[int, str]:
         try:
             stat = (entry / "stat").read_text()
             # pid (comm) state ppid ...: comm may hold spaces and parentheses
-            state, ppid = stat[stat.rindex(")") + 2:].split()[:2]
+            state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
             if int(ppid) != me or state in ("Z", "X"):
                 continue
             cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")

@@ -64,7 +64,8 @@ class Recorder:
         self.uuid = config.getoption("--gpucheck-device-uuid")
         devices = config.getoption("--gpucheck-device") or []
         self.device = os.environ.get(contract.DEVICE_LABEL_ENV) or (
-            f"cuda:{devices[0]}" if devices else "cpu")  # distributed runs: "rank1/cuda:1"
+            f"cuda:{devices[0]}" if devices else "cpu"
+        )  # distributed runs: "rank1/cuda:1"
         self.device_index: int | None = devices[0] if devices else None
         self.suites = []
         for spec in config.getoption("--gpucheck-suite"):
@@ -113,10 +114,19 @@ class Recorder:
         self.pending = [dict(f.__dict__) for f in findings]
         self._state(**self.last_state)
 
-    def _state(self, case: str | None, exit_reason: str | None = None,
-               current_device: str | None = None, op: str | None = None) -> None:
-        self.last_state = {"case": case, "exit_reason": exit_reason,
-                           "current_device": current_device, "op": op}
+    def _state(
+        self,
+        case: str | None,
+        exit_reason: str | None = None,
+        current_device: str | None = None,
+        op: str | None = None,
+    ) -> None:
+        self.last_state = {
+            "case": case,
+            "exit_reason": exit_reason,
+            "current_device": current_device,
+            "op": op,
+        }
         if case is None:
             self.pending = []
         if self.state_path is None:
@@ -127,18 +137,27 @@ class Recorder:
             if exit_reason != "output-error":
                 self._output_failed(f"cannot write {self.state_path}: {err.strerror or err}")
 
-    def _write_state(self, case: str | None, exit_reason: str | None,
-                     current_device: str | None, op: str | None) -> None:
+    def _write_state(
+        self, case: str | None, exit_reason: str | None, current_device: str | None, op: str | None
+    ) -> None:
         assert self.state_path is not None
-        write_state(self.state_path, {
-            "case": self.ids.get(case, case) if case else None,
-            "suite": self.suite_of(self._path_of(case)) if case else None,
-            "current_device": current_device, "op": op,
-            "started": self.started[case][2] if case in self.started else time.time(),
-            "done": self.done, "total": self.total,
-            "findings": self.findings, "pid": os.getpid(), "exit_reason": exit_reason,
-            "sanitizer_offsets": self.san_offsets, "pending_findings": self.pending,
-        })
+        write_state(
+            self.state_path,
+            {
+                "case": self.ids.get(case, case) if case else None,
+                "suite": self.suite_of(self._path_of(case)) if case else None,
+                "current_device": current_device,
+                "op": op,
+                "started": self.started[case][2] if case in self.started else time.time(),
+                "done": self.done,
+                "total": self.total,
+                "findings": self.findings,
+                "pid": os.getpid(),
+                "exit_reason": exit_reason,
+                "sanitizer_offsets": self.san_offsets,
+                "pending_findings": self.pending,
+            },
+        )
 
     def _path_of(self, nodeid: str) -> Path:
         if nodeid in self.paths:
@@ -157,8 +176,7 @@ class Recorder:
                 return f"{rel}::{rest}" if rest else rel
         return item.nodeid
 
-    def _sanitizer_findings(self, case: str, suite: str, other_current: bool
-                            ) -> list[Finding]:
+    def _sanitizer_findings(self, case: str, suite: str, other_current: bool) -> list[Finding]:
         """Records compute-sanitizer wrote to this process's log while the case ran."""
         cuda = _torch_cuda()
         if cuda is not None:
@@ -170,8 +188,9 @@ class Recorder:
             text, end = read_records(log, self.san_offsets.get(str(log), 0))
             self.san_offsets[str(log)] = end
             if text:
-                found += sanitizer_findings(text, self.san_tool, self.device, suite, case,
-                                            other_current)
+                found += sanitizer_findings(
+                    text, self.san_tool, self.device, suite, case, other_current
+                )
         return found
 
     def suite_of(self, item_path: Path) -> str:
@@ -180,21 +199,22 @@ class Recorder:
                 return name
         return item_path.parent.name
 
-    def pytest_collection_modifyitems(self, config: pytest.Config,
-                                      items: list[pytest.Item]) -> None:
+    def pytest_collection_modifyitems(
+        self, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
         self.ids.update({i.nodeid: self.case_id(i) for i in items})
         only_file = config.getoption("--gpucheck-only")
         if only_file:
             only = set(Path(only_file).read_text().split("\n"))
-            config.hook.pytest_deselected(items=[i for i in items
-                                                 if self.ids[i.nodeid] not in only])
+            config.hook.pytest_deselected(
+                items=[i for i in items if self.ids[i.nodeid] not in only]
+            )
             items[:] = [i for i in items if self.ids[i.nodeid] in only]
         if not self.skip:
             return
         skip = self.skip
         keep = [i for i in items if self.ids[i.nodeid] not in skip]
-        config.hook.pytest_deselected(items=[i for i in items
-                                             if self.ids[i.nodeid] in skip])
+        config.hook.pytest_deselected(items=[i for i in items if self.ids[i.nodeid] in skip])
         items[:] = keep
 
     @pytest.hookimpl(trylast=True)
@@ -218,18 +238,36 @@ class Recorder:
         if case in self.skip:  # recorded by an earlier worker of this run
             return
         text = str(report.longrepr)
-        last = next((line.strip() for line in reversed(text.splitlines())
-                     if line.strip().startswith("E ")), text.strip().splitlines()[-1:] or [""])
+        last = next(
+            (line.strip() for line in reversed(text.splitlines()) if line.strip().startswith("E ")),
+            text.strip().splitlines()[-1:] or [""],
+        )
         error = (last if isinstance(last, str) else last[0]).removeprefix("E").strip()
         message = f"{case} of suite {suite} cannot be collected: {error}"
         record = CaseRecord(
-            run_id=self.run_id, device=self.device, device_uuid=self.uuid, suite=suite,
-            case=case, mode=self.mode, status="error", reason=message, started_at=now_iso(),
-            findings=[Finding(kind="collection-error", severity="error", message=message,
-                              device=self.device, suite=suite, case=case,
-                              evidence=text[-EVIDENCE_CHARS:],
-                              hint="none of this file's cases ran: fix the error (a syntax "
-                                   "error, a missing import) and run the suite again")])
+            run_id=self.run_id,
+            device=self.device,
+            device_uuid=self.uuid,
+            suite=suite,
+            case=case,
+            mode=self.mode,
+            status="error",
+            reason=message,
+            started_at=now_iso(),
+            findings=[
+                Finding(
+                    kind="collection-error",
+                    severity="error",
+                    message=message,
+                    device=self.device,
+                    suite=suite,
+                    case=case,
+                    evidence=text[-EVIDENCE_CHARS:],
+                    hint="none of this file's cases ran: fix the error (a syntax "
+                    "error, a missing import) and run the suite again",
+                )
+            ],
+        )
         self._append(record)
 
     def _append(self, record: CaseRecord) -> None:
@@ -263,8 +301,11 @@ class Recorder:
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Any:
         """The detectors watch the body of the case (fixtures have set the stage by then)."""
-        info = CaseInfo(self.device, self.suite_of(Path(item.path).resolve()),
-                        self.ids.get(item.nodeid, item.nodeid))
+        info = CaseInfo(
+            self.device,
+            self.suite_of(Path(item.path).resolve()),
+            self.ids.get(item.nodeid, item.nodeid),
+        )
         current = dict(item.user_properties).get(contract.CURRENT_DEVICE_PROPERTY)
         current = None if current is None else str(current)
         self._state(item.nodeid, current_device=current)
@@ -286,9 +327,9 @@ class Recorder:
         if tracker.raised is not None:
             self.raising_ops[item.nodeid] = tracker.raised
         lost = outcome.excinfo is not None and sticky_cuda_error(outcome.excinfo[1]) is not None
-        stood_down = self.detectors.finish(info, found,
-                                           self.detector_data.setdefault(item.nodeid, {}),
-                                           lost_context=lost)
+        stood_down = self.detectors.finish(
+            info, found, self.detector_data.setdefault(item.nodeid, {}), lost_context=lost
+        )
         if stood_down:
             self.stood_down[item.nodeid] = stood_down
         del outcome
@@ -334,29 +375,41 @@ class Recorder:
         before = self.process_state.pop(nodeid, None)
         changes = guard.changed_state(before) if before is not None else []
         if changes:
-            found.append(Finding(
-                kind="process-state", severity="warning",
-                message=f"the case changed {'; '.join(changes)} and did not put it back",
-                hint="gpucheck put it back before the next case; use monkeypatch.chdir / "
-                     "monkeypatch.setenv, which undo themselves"))
+            found.append(
+                Finding(
+                    kind="process-state",
+                    severity="warning",
+                    message=f"the case changed {'; '.join(changes)} and did not put it back",
+                    hint="gpucheck put it back before the next case; use monkeypatch.chdir / "
+                    "monkeypatch.setenv, which undo themselves",
+                )
+            )
         earlier = self.children.pop(nodeid, None)
-        stray = {p: c for p, c in guard.live_children().items()
-                 if earlier is not None and p not in earlier}
+        stray = {
+            p: c
+            for p, c in guard.live_children().items()
+            if earlier is not None and p not in earlier
+        }
         if stray:
-            found.append(Finding(
-                kind="stray-process", severity="warning",
-                message=f"the case left {len(stray)} process(es) running: " + "; ".join(
-                    f"pid {p}: {c}" for p, c in sorted(stray.items())),
-                hint="wait for (or end) the processes a test starts; gpucheck ends them with "
-                     "the worker"))
+            found.append(
+                Finding(
+                    kind="stray-process",
+                    severity="warning",
+                    message=f"the case left {len(stray)} process(es) running: "
+                    + "; ".join(f"pid {p}: {c}" for p, c in sorted(stray.items())),
+                    hint="wait for (or end) the processes a test starts; gpucheck ends them with "
+                    "the worker",
+                )
+            )
         if found:
             suite, case = self.suite_of(self._path_of(nodeid)), self.ids.get(nodeid, nodeid)
             for f in found:
                 f.device, f.suite, f.case = self.device, suite, case
             self.detector_findings.setdefault(nodeid, []).extend(found)
 
-    def build(self, nodeid: str, reports: list[pytest.TestReport], duration: float,
-              started_at: str) -> CaseRecord:
+    def build(
+        self, nodeid: str, reports: list[pytest.TestReport], duration: float, started_at: str
+    ) -> CaseRecord:
         suite = self.suite_of(self._path_of(nodeid))
         case = self.ids.get(nodeid, nodeid)
         status, reason = "passed", None
@@ -376,9 +429,15 @@ class Recorder:
                 if rep.when == "teardown" and _lost_context(reports[:i]):
                     continue  # the teardown only met the context the case already lost
                 status = "failed" if rep.when == "call" else "error"
-                findings.append(_failure_finding(rep, self.device, suite, case,
-                                                 other_current=current not in (None,
-                                                                               self.device)))
+                findings.append(
+                    _failure_finding(
+                        rep,
+                        self.device,
+                        suite,
+                        case,
+                        other_current=current not in (None, self.device),
+                    )
+                )
                 if rep.when == "call":
                     call_failure = findings[-1]
                     if call_failure.kind == "cuda-error":  # raised in or after that op
@@ -405,8 +464,11 @@ class Recorder:
             findings.extend(found)
             if any(f.severity == "error" for f in found) and status in ("passed", "skipped"):
                 status, reason = "failed", f"compute-sanitizer: {found[0].message}"
-        memory: dict[str, Any] = {"torch_peak_allocated": None, "torch_peak_reserved": None,
-                                  "nvml_peak_used": None}
+        memory: dict[str, Any] = {
+            "torch_peak_allocated": None,
+            "torch_peak_reserved": None,
+            "nvml_peak_used": None,
+        }
         if self.peaks is not None and self.sampler is not None:
             self.peaks(time.time(), self.sampler.sample())  # catch cases shorter than a period
             peaks = self.peaks.snapshot()
@@ -415,19 +477,30 @@ class Recorder:
                 findings.append(_nvml_failed(failed, self.device, suite, case))
             else:
                 memory["nvml_peak_used"] = peaks.get(self.uuid or "", 0)
-                memory["nvml_peak_other_devices"] = {u: b for u, b in peaks.items()
-                                                     if u != self.uuid and b}
+                memory["nvml_peak_other_devices"] = {
+                    u: b for u, b in peaks.items() if u != self.uuid and b
+                }
         cuda = _torch_cuda()
         if cuda is not None and self.device_index is not None:
             memory["torch_peak_allocated"] = int(cuda.max_memory_allocated(self.device_index))
             memory["torch_peak_reserved"] = int(cuda.max_memory_reserved(self.device_index))
             memory["torch_allocated_at_start"] = self.allocated_at_start.pop(nodeid, None)
         return CaseRecord(
-            run_id=self.run_id, device=self.device, device_uuid=self.uuid, suite=suite,
-            case=case, mode=self.mode, status=status, reason=reason,
-            duration_s=round(duration, 6), started_at=started_at, current_device=current,
-            memory=memory, findings=[f for f in findings if f is not None],
-            fingerprints=fingerprints, numerics=list(data.get("numerics", [])),
+            run_id=self.run_id,
+            device=self.device,
+            device_uuid=self.uuid,
+            suite=suite,
+            case=case,
+            mode=self.mode,
+            status=status,
+            reason=reason,
+            duration_s=round(duration, 6),
+            started_at=started_at,
+            current_device=current,
+            memory=memory,
+            findings=[f for f in findings if f is not None],
+            fingerprints=fingerprints,
+            numerics=list(data.get("numerics", [])),
         )
 
 
@@ -466,8 +539,11 @@ def _said_by(failure: Finding, others: list[Finding]) -> bool:
     CUDA error stays a ``cuda-error`` finding unless the other one is of that kind too."""
     text = failure.message.split(": ", 1)[-1]  # without the exception's type
     for other in others:
-        if (failure.kind in ("test-failure", other.kind) and len(text) >= 12 and
-                text in other.message):
+        if (
+            failure.kind in ("test-failure", other.kind)
+            and len(text) >= 12
+            and text in other.message
+        ):
             other.evidence = other.evidence or failure.evidence
             other.hint = other.hint or failure.hint
             return True
@@ -477,8 +553,9 @@ def _said_by(failure: Finding, others: list[Finding]) -> bool:
 def _lost_context(reports: list[pytest.TestReport]) -> bool:
     """Whether a phase of the case failed with a CUDA error that lost the process's context
     (however the test wrapped it: ``check_dtypes`` quotes it in an AssertionError)."""
-    return any(rep.failed and sticky_cuda_error_line(str(rep.longrepr)) is not None
-               for rep in reports)
+    return any(
+        rep.failed and sticky_cuda_error_line(str(rep.longrepr)) is not None for rep in reports
+    )
 
 
 def _skip_reason(rep: pytest.TestReport) -> str:
@@ -491,37 +568,56 @@ def _skip_reason(rep: pytest.TestReport) -> str:
 def _nvml_failed(why: str, device: str, suite: str, case: str) -> Finding:
     """The warning of a case during which NVML failed (mode nvml): its peaks are unknown."""
     return Finding(
-        kind="nvml-error", severity="warning",
+        kind="nvml-error",
+        severity="warning",
         message=f"NVML failed while this case ran ({why}): its NVML memory peak is unknown, and "
-                "memory it held on other GPUs (a stray context) could not be seen",
-        device=device, suite=suite, case=case,
+        "memory it held on other GPUs (a stray context) could not be seen",
+        device=device,
+        suite=suite,
+        case=case,
         hint="the case's own result stands; NVML answered before and then failed (a driver "
-             "problem: nvidia-smi and the kernel log say more); the run's notes say since when")
+        "problem: nvidia-smi and the kernel log say more); the run's notes say since when",
+    )
 
 
-def _failure_finding(rep: pytest.TestReport, device: str, suite: str, case: str,
-                     other_current: bool = False) -> Finding:
+def _failure_finding(
+    rep: pytest.TestReport, device: str, suite: str, case: str, other_current: bool = False
+) -> Finding:
     """The finding of a failed phase: ``cuda-error`` or ``test-failure``. The CUDA error's
     hint names a missing device guard only when another device was current (``other_current``):
     with the case's own device current a guard changes nothing."""
     text = str(rep.longrepr)
     crash = getattr(rep.longrepr, "reprcrash", None)
-    message = crash.message.strip().splitlines()[0] if crash and crash.message else (
-        text.strip().splitlines()[-1] if text.strip() else f"{rep.when} failed")
+    message = (
+        crash.message.strip().splitlines()[0]
+        if crash and crash.message
+        else (text.strip().splitlines()[-1] if text.strip() else f"{rep.when} failed")
+    )
     cuda_error = any(m in text for m in CUDA_ERROR_MARKERS)
     where = "" if rep.when == "call" else f" (in {rep.when})"
     return Finding(
         kind="cuda-error" if cuda_error else "test-failure",
         severity="error",
         message=message + where,
-        device=device, suite=suite, case=case,
+        device=device,
+        suite=suite,
+        case=case,
         evidence=text[-EVIDENCE_CHARS:],
-        hint=(("a CUDA error: under CUDA_LAUNCH_BLOCKING=1 it is raised at the launch that "
-               "failed; " + ("with another device current, an illegal memory access is the "
-                             "classic missing device guard (OptionalCUDAGuard(device_of("
-                             "input))): the wrong-device check re-runs the case with its own "
-                             "device current to tell" if other_current else
-                             "its own device was current, so it is not a device guard: look "
-                             "at the kernel's indexing and its arguments' devices and sizes"))
-              if cuda_error else None),
+        hint=(
+            (
+                "a CUDA error: under CUDA_LAUNCH_BLOCKING=1 it is raised at the launch that "
+                "failed; "
+                + (
+                    "with another device current, an illegal memory access is the "
+                    "classic missing device guard (OptionalCUDAGuard(device_of("
+                    "input))): the wrong-device check re-runs the case with its own "
+                    "device current to tell"
+                    if other_current
+                    else "its own device was current, so it is not a device guard: look "
+                    "at the kernel's indexing and its arguments' devices and sizes"
+                )
+            )
+            if cuda_error
+            else None
+        ),
     )

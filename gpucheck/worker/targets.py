@@ -49,8 +49,9 @@ def pinned_device(worker: str, devices: list[int]) -> int:
         raise ValueError("no target device to pin an xdist worker to")
     m = re.fullmatch(r"gw(\d+)", worker)
     if m is None:
-        raise pytest.UsageError(f"gpucheck: cannot pin xdist worker {worker!r} to a GPU "
-                                "(expected an id like gw0)")
+        raise pytest.UsageError(
+            f"gpucheck: cannot pin xdist worker {worker!r} to a GPU (expected an id like gw0)"
+        )
     return devices[int(m.group(1)) % len(devices)]
 
 
@@ -62,11 +63,13 @@ def parametrize_devices(metafunc: pytest.Metafunc) -> None:
     devices = target_devices(metafunc.config)
     worker = xdist_worker(metafunc.config)
     if devices and worker is not None:
-        metafunc.parametrize("gpu_device", [pinned_device(worker, devices)], ids=["gpu"],
-                             indirect=True)
+        metafunc.parametrize(
+            "gpu_device", [pinned_device(worker, devices)], ids=["gpu"], indirect=True
+        )
     elif devices:
-        metafunc.parametrize("gpu_device", devices, ids=[f"cuda{i}" for i in devices],
-                             indirect=True)
+        metafunc.parametrize(
+            "gpu_device", devices, ids=[f"cuda{i}" for i in devices], indirect=True
+        )
     elif getattr(metafunc.function, "gpucheck_op", None) is not None:
         # a check_op battery: its cases check the suite itself on CPU (gpucheck.check_cpu)
         metafunc.parametrize("gpu_device", [None], ids=["cpu"], indirect=True)

@@ -38,15 +38,22 @@ def _trained_like(seed: int, n: int = 3000) -> GaussianParams:
 
 def _activated(p: GaussianParams) -> GaussianParams:
     """What a buggy save stores: activated values in the raw fields."""
-    return GaussianParams(p.means, p.features_dc, p.features_rest,
-                          scale_activation(p.log_scales), opacity_activation(p.opacity_logits),
-                          rotation_activation(p.rotations_raw), p.sh_degree)
+    return GaussianParams(
+        p.means,
+        p.features_dc,
+        p.features_rest,
+        scale_activation(p.log_scales),
+        opacity_activation(p.opacity_logits),
+        rotation_activation(p.rotations_raw),
+        p.sh_degree,
+    )
 
 
 @pytest.mark.parametrize("suffix", SUFFIXES)
 def test_save_then_load_gives_back_the_raw_parameters(suffix: str) -> None:
-    report = check_roundtrip(checkpoints.save, checkpoints.load, _trained_like(seed=1),
-                             suffix=suffix)
+    report = check_roundtrip(
+        checkpoints.save, checkpoints.load, _trained_like(seed=1), suffix=suffix
+    )
     assert report.ok
 
 

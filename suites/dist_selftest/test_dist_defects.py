@@ -102,8 +102,10 @@ def test_ddp_step_without_sync(dist_rank) -> None:  # type: ignore[no-untyped-de
 
     result = ddp_step(dist_rank, n=16, size=16, sync=False)  # small: well within the timeout
     worst = max(result.grad_error.values())
-    assert worst <= 1e-4, (f"rank {dist_rank.rank}: gradients differ from one process over "
-                           f"the union of the views by {worst:.3g} (relative)")
+    assert worst <= 1e-4, (
+        f"rank {dist_rank.rank}: gradients differ from one process over "
+        f"the union of the views by {worst:.3g} (relative)"
+    )
 
 
 def test_skip_async_collective(dist_rank) -> None:  # type: ignore[no-untyped-def]

@@ -35,8 +35,10 @@ def clusters(n: int, gen: torch.Generator, device: torch.device) -> torch.Tensor
     """
     c = max(1, n // 500)
     centres = _rand((c, 3), gen, device) * 2 - 1
-    sigma = torch.exp(torch.log(torch.tensor(1e-4)) + _rand((c,), gen, device)
-                      * (torch.log(torch.tensor(3e-2)) - torch.log(torch.tensor(1e-4))))
+    sigma = torch.exp(
+        torch.log(torch.tensor(1e-4))
+        + _rand((c,), gen, device) * (torch.log(torch.tensor(3e-2)) - torch.log(torch.tensor(1e-4)))
+    )
     weights = torch.exp(_rand((c,), gen, device) * 4.6)
     which = torch.multinomial(weights, n, replacement=True, generator=gen)
     noise = torch.randn((n, 3), generator=gen, device=device, dtype=torch.float64)
@@ -96,8 +98,9 @@ def _directions(m: int, gen: torch.Generator, device: torch.device) -> torch.Ten
     return d / d.norm(dim=1, keepdim=True).clamp_min(1e-300)
 
 
-def _log_uniform(m: int, lo: float, hi: float, gen: torch.Generator, device: torch.device
-                 ) -> torch.Tensor:
+def _log_uniform(
+    m: int, lo: float, hi: float, gen: torch.Generator, device: torch.device
+) -> torch.Tensor:
     t = _rand((m, 1), gen, device)
     return torch.exp(math.log(lo) + t * (math.log(hi) - math.log(lo)))
 
@@ -167,8 +170,9 @@ SFM_CLOUDS = tuple(name for name in CLOUDS if name.startswith("sfm_"))
 F32_MAX = torch.finfo(torch.float32).max
 
 
-def overflow_rows(want: torch.Tensor, k: int, margin: float = 1e-5
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+def overflow_rows(
+    want: torch.Tensor, k: int, margin: float = 1e-5
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows whose float32 result must be +inf, and rows too close to that edge to judge.
 
     The op sums the k smallest squared distances in float32 and divides by k, so its result is

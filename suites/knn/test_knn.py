@@ -53,8 +53,9 @@ def rtol(k: int) -> float:
     return 2 * (k + 6) * U
 
 
-def judged_rows(got: torch.Tensor, want: torch.Tensor, k: int, what: str
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def judged_rows(
+    got: torch.Tensor, want: torch.Tensor, k: int, what: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The rows of ``got`` (float32 op) and ``want`` (float64 reference) that the tolerance
     judges, after asserting that rows which overflow are +inf (rows at the edge are left out).
     ``benchmarks/tolerances.py`` measures the error of these rows over many seeds."""
@@ -88,8 +89,9 @@ def size(n: int | str, k: int) -> int:
 @pytest.mark.parametrize("k", KS)
 @pytest.mark.parametrize("n", SMALL_SIZES)
 @pytest.mark.parametrize("cloud", (*ISSUE_CLOUDS, "line", *SFM_CLOUDS))
-def test_matches_reference_small(gpu_device: torch.device, cloud: str, n: int | str,
-                                 k: int) -> None:
+def test_matches_reference_small(
+    gpu_device: torch.device, cloud: str, n: int | str, k: int
+) -> None:
     seed = fresh_seed()
     points = knn_clouds.make(cloud, size(n, k), seed, gpu_device)
     check_against_reference(points, k, f"{cloud} N={size(n, k)} k={k} seed={seed}")
@@ -112,8 +114,9 @@ def test_every_k(gpu_device: torch.device, k: int) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("k", (3, 16))
-@pytest.mark.parametrize("cloud", ("uniform", "clusters", "offset", "sfm_scatter", "sfm_far",
-                                   "sfm_extreme"))
+@pytest.mark.parametrize(
+    "cloud", ("uniform", "clusters", "offset", "sfm_scatter", "sfm_far", "sfm_extreme")
+)
 def test_matches_reference_rows_2m(gpu_device: torch.device, cloud: str, k: int) -> None:
     """2M points: the reference checks 3000 random rows against all points."""
     seed = fresh_seed()
@@ -128,8 +131,9 @@ def test_matches_reference_rows_2m(gpu_device: torch.device, cloud: str, k: int)
 
 @pytest.mark.sanitizer
 @pytest.mark.parametrize("cloud", ("uniform", "clusters", "sfm_scatter", "sfm_extreme"))
-def test_one_query_at_a_time(gpu_device: torch.device, monkeypatch: pytest.MonkeyPatch,
-                             cloud: str) -> None:
+def test_one_query_at_a_time(
+    gpu_device: torch.device, monkeypatch: pytest.MonkeyPatch, cloud: str
+) -> None:
     """Walk budget 0: every query is deferred (one warp per query, own point as the query
     box); the results are the same, bit for bit."""
     seed = fresh_seed()
@@ -187,8 +191,9 @@ def test_bitwise_repeatable(gpu_device: torch.device) -> None:
 
 
 @pytest.mark.multigpu
-def test_bitwise_across_devices(gpu_device: torch.device, other_device: torch.device | None
-                                ) -> None:
+def test_bitwise_across_devices(
+    gpu_device: torch.device, other_device: torch.device | None
+) -> None:
     if other_device is None:
         pytest.skip("needs a second visible CUDA device")
     points = knn_clouds.make("clusters", 100_000, fresh_seed(), gpu_device)
@@ -199,8 +204,9 @@ def test_bitwise_across_devices(gpu_device: torch.device, other_device: torch.de
 
 
 @pytest.mark.sanitizer
-def test_current_device_unchanged(gpu_device: torch.device, other_device: torch.device | None
-                                  ) -> None:
+def test_current_device_unchanged(
+    gpu_device: torch.device, other_device: torch.device | None
+) -> None:
     before = torch.cuda.current_device()
     if other_device is not None:
         assert before == other_device.index  # the fixture made another device current
@@ -234,47 +240,102 @@ def test_opcheck(gpu_device: torch.device) -> None:
 
 BAD_INPUTS = [
     # (id, make(device) -> (points, k), exception, message pattern)
-    ("shape_2d", lambda d: (torch.rand(10, 2, device=d), 3), ValueError,
-     r"points must be \[N, 3\], got \[10, 2\]"),
-    ("shape_1d", lambda d: (torch.rand(30, device=d), 3), ValueError,
-     r"points must be \[N, 3\], got \[30\]"),
-    ("shape_3d", lambda d: (torch.rand(10, 3, 1, device=d), 3), ValueError,
-     r"points must be \[N, 3\], got \[10, 3, 1\]"),
-    ("float64", lambda d: (torch.rand(10, 3, device=d, dtype=torch.float64), 3), TypeError,
-     r"points must be float32, got Double"),
-    ("float16", lambda d: (torch.rand(10, 3, device=d).half(), 3), TypeError,
-     r"points must be float32, got Half"),
-    ("int", lambda d: (torch.randint(0, 9, (10, 3), device=d), 3), TypeError,
-     r"points must be float32, got Long"),
-    ("non_contiguous", lambda d: (torch.rand(3, 10, device=d).t(), 3), ValueError,
-     r"points must be contiguous, got strides \[1, 10\]"),
-    ("cpu", lambda d: (torch.rand(10, 3), 3), ValueError,
-     r"points must be a CUDA tensor, got one on cpu"),
-    ("n_equals_k", lambda d: (torch.rand(3, 3, device=d), 3), ValueError,
-     r"needs more than k points .* got N = 3 with k = 3"),
-    ("n_zero", lambda d: (torch.rand(0, 3, device=d), 1), ValueError,
-     r"needs more than k points .* got N = 0 with k = 1"),
-    ("k_zero", lambda d: (torch.rand(10, 3, device=d), 0), ValueError,
-     r"k must be in \[1, 16\], got 0"),
-    ("k_17", lambda d: (torch.rand(100, 3, device=d), 17), ValueError,
-     r"k must be in \[1, 16\], got 17"),
-    ("k_negative", lambda d: (torch.rand(10, 3, device=d), -2), ValueError,
-     r"k must be in \[1, 16\], got -2"),
+    (
+        "shape_2d",
+        lambda d: (torch.rand(10, 2, device=d), 3),
+        ValueError,
+        r"points must be \[N, 3\], got \[10, 2\]",
+    ),
+    (
+        "shape_1d",
+        lambda d: (torch.rand(30, device=d), 3),
+        ValueError,
+        r"points must be \[N, 3\], got \[30\]",
+    ),
+    (
+        "shape_3d",
+        lambda d: (torch.rand(10, 3, 1, device=d), 3),
+        ValueError,
+        r"points must be \[N, 3\], got \[10, 3, 1\]",
+    ),
+    (
+        "float64",
+        lambda d: (torch.rand(10, 3, device=d, dtype=torch.float64), 3),
+        TypeError,
+        r"points must be float32, got Double",
+    ),
+    (
+        "float16",
+        lambda d: (torch.rand(10, 3, device=d).half(), 3),
+        TypeError,
+        r"points must be float32, got Half",
+    ),
+    (
+        "int",
+        lambda d: (torch.randint(0, 9, (10, 3), device=d), 3),
+        TypeError,
+        r"points must be float32, got Long",
+    ),
+    (
+        "non_contiguous",
+        lambda d: (torch.rand(3, 10, device=d).t(), 3),
+        ValueError,
+        r"points must be contiguous, got strides \[1, 10\]",
+    ),
+    (
+        "cpu",
+        lambda d: (torch.rand(10, 3), 3),
+        ValueError,
+        r"points must be a CUDA tensor, got one on cpu",
+    ),
+    (
+        "n_equals_k",
+        lambda d: (torch.rand(3, 3, device=d), 3),
+        ValueError,
+        r"needs more than k points .* got N = 3 with k = 3",
+    ),
+    (
+        "n_zero",
+        lambda d: (torch.rand(0, 3, device=d), 1),
+        ValueError,
+        r"needs more than k points .* got N = 0 with k = 1",
+    ),
+    (
+        "k_zero",
+        lambda d: (torch.rand(10, 3, device=d), 0),
+        ValueError,
+        r"k must be in \[1, 16\], got 0",
+    ),
+    (
+        "k_17",
+        lambda d: (torch.rand(100, 3, device=d), 17),
+        ValueError,
+        r"k must be in \[1, 16\], got 17",
+    ),
+    (
+        "k_negative",
+        lambda d: (torch.rand(10, 3, device=d), -2),
+        ValueError,
+        r"k must be in \[1, 16\], got -2",
+    ),
     ("k_float", lambda d: (torch.rand(10, 3, device=d), 3.0), TypeError, r"k must be an int"),
 ]
 
 
 def test_dtype_coverage(gpu_device: torch.device) -> None:
     """float32 works; every other floating dtype is refused with an error naming it."""
-    check_dtypes(lambda p: knn_mean_sq_dist(p, 3),
-                 lambda dtype: (knn_clouds.make("uniform", 1000, fresh_seed(), gpu_device)
-                                .to(dtype),),
-                 supported=("float32",), what="knn_mean_sq_dist")
+    check_dtypes(
+        lambda p: knn_mean_sq_dist(p, 3),
+        lambda dtype: (knn_clouds.make("uniform", 1000, fresh_seed(), gpu_device).to(dtype),),
+        supported=("float32",),
+        what="knn_mean_sq_dist",
+    )
 
 
 @pytest.mark.sanitizer
-@pytest.mark.parametrize(("make", "exc", "pattern"), [b[1:] for b in BAD_INPUTS],
-                         ids=[b[0] for b in BAD_INPUTS])
+@pytest.mark.parametrize(
+    ("make", "exc", "pattern"), [b[1:] for b in BAD_INPUTS], ids=[b[0] for b in BAD_INPUTS]
+)
 def test_bad_input(gpu_device: torch.device, make, exc: type[Exception], pattern: str) -> None:
     points, k = make(gpu_device)
     before = torch.cuda.current_device()
@@ -338,11 +399,16 @@ CPP_EXPECTED = {
 def test_cpp_checks_and_non_finite(gpu_device: torch.device) -> None:
     import re
 
-    proc = subprocess.run([sys.executable, "-c", _CPP_CASES, str(gpu_device.index)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _CPP_CASES, str(gpu_device.index)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, (
         f"child process died (exit code {proc.returncode}) while raising the op's errors:\n"
-        f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+        f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    )
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     for name, pattern in CPP_EXPECTED.items():
         assert re.search(pattern, got[name]), f"{name}: {got[name]!r} !~ {pattern!r}"

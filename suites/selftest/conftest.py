@@ -41,8 +41,9 @@ def clean_ops() -> Any:
 
 
 @pytest.fixture
-def sanitizer_defect_ops(defect_ops: Callable[[str], Any], request: pytest.FixtureRequest
-                         ) -> Callable[[str], Any]:
+def sanitizer_defect_ops(
+    defect_ops: Callable[[str], Any], request: pytest.FixtureRequest
+) -> Callable[[str], Any]:
     """``defect_ops`` for defects only compute-sanitizer can see: the build is made (in the
     plain pass, so the sanitizer passes find it cached), then the case is skipped outside the
     sanitizer passes (the harness deselects it from the passes of tools it is not marked
@@ -52,8 +53,10 @@ def sanitizer_defect_ops(defect_ops: Callable[[str], Any], request: pytest.Fixtu
     def get(name: str) -> Any:
         ops = defect_ops(name)
         if tool is None:
-            pytest.skip("its defect is only visible to compute-sanitizer: it runs in the "
-                        "sanitizer pass of its tool")
+            pytest.skip(
+                "its defect is only visible to compute-sanitizer: it runs in the "
+                "sanitizer pass of its tool"
+            )
         return ops
 
     return get
@@ -69,8 +72,9 @@ def zoo_ext(request: pytest.FixtureRequest) -> Callable[[str], Any]:
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device visible")
     if request.config.getoption("--gpucheck-sanitizer-tool", None):
-        pytest.skip("the zoo is judged in the plain pass (its rows expect the per-call "
-                    "detectors' findings)")
+        pytest.skip(
+            "the zoo is judged in the plain pass (its rows expect the per-call detectors' findings)"
+        )
     from gpucheck._zoo import build_zoo
 
     loaded: dict[str, Any] = {}

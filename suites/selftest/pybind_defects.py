@@ -63,8 +63,13 @@ def raw_scale(ext: Any, x: torch.Tensor, w: torch.Tensor, stream: int | None) ->
     """``x * w[0]`` through the extension's C entry point, called with ``ctypes`` (a caller
     the per-call watch never sees) on ``stream`` (a ``cudaStream_t``; None: stream 0)."""
     fn = ctypes.CDLL(ext.__file__).gpucheck_pybind_scale_raw
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                   ctypes.c_void_p]
+    fn.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_void_p,
+    ]
     fn.restype = ctypes.c_int
     y = torch.empty_like(x, requires_grad=False)
     _ready(x, w)

@@ -42,9 +42,14 @@ def _save(tmp_path, suffix, activated):
     p = _trained(int(torch.randint(1 << 30, ())))
     if activated:
         p = ck.GaussianParams(
-            p.means, p.features_dc, p.features_rest, act.scale_activation(p.log_scales),
-            act.opacity_activation(p.opacity_logits), act.rotation_activation(p.rotations_raw),
-            p.sh_degree)
+            p.means,
+            p.features_dc,
+            p.features_rest,
+            act.scale_activation(p.log_scales),
+            act.opacity_activation(p.opacity_logits),
+            act.rotation_activation(p.rotations_raw),
+            p.sh_degree,
+        )
     path = tmp_path / ("point_cloud.ply" if suffix == ".ply" else "chkpnt30000.pth")
     if suffix == ".ply":
         ck.write_ply(p, path)
@@ -59,12 +64,17 @@ def _load_3dgs(path: Path):
         v = plyfile.PlyData.read(str(path)).elements[0]
 
         def cols(*names):
-            return torch.tensor(np.stack([np.asarray(v[n]) for n in names], axis=1),
-                                dtype=torch.float)
+            return torch.tensor(
+                np.stack([np.asarray(v[n]) for n in names], axis=1), dtype=torch.float
+            )
 
-        return (cols("x", "y", "z"), cols("f_dc_0", "f_dc_1", "f_dc_2")[:, None, :],
-                cols("scale_0", "scale_1", "scale_2"), cols("rot_0", "rot_1", "rot_2", "rot_3"),
-                cols("opacity"))
+        return (
+            cols("x", "y", "z"),
+            cols("f_dc_0", "f_dc_1", "f_dc_2")[:, None, :],
+            cols("scale_0", "scale_1", "scale_2"),
+            cols("rot_0", "rot_1", "rot_2", "rot_3"),
+            cols("opacity"),
+        )
     (model_params, _first_iter) = torch.load(path)
     (_degree, xyz, f_dc, _f_rest, scaling, rotation, opacity, *_training_state) = model_params
     return xyz, f_dc, scaling, rotation, opacity
@@ -76,12 +86,17 @@ def _render(path, device):
 
     xyz, f_dc, scaling, rotation, opacity = _load_3dgs(path)
     return rasterize(
-        xyz.to(device).contiguous(), torch.exp(scaling).to(device).contiguous(),
+        xyz.to(device).contiguous(),
+        torch.exp(scaling).to(device).contiguous(),
         torch.nn.functional.normalize(rotation).to(device).contiguous(),
-        torch.sigmoid(opacity[:, 0]).to(device).contiguous(), sh=f_dc.to(device).contiguous(),
-        sh_degree=0, viewmat=torch.eye(4, device=device),
+        torch.sigmoid(opacity[:, 0]).to(device).contiguous(),
+        sh=f_dc.to(device).contiguous(),
+        sh_degree=0,
+        viewmat=torch.eye(4, device=device),
         K=torch.tensor([[FOCAL, 0, SIZE / 2], [0, FOCAL, SIZE / 2], [0, 0, 1]], device=device),
-        width=SIZE, height=SIZE)
+        width=SIZE,
+        height=SIZE,
+    )
 
 
 def _renders(out):

@@ -68,10 +68,18 @@ def _save_activated(p, path):
     from gpucheck.checkpoints import activations as act
 
     ck = _checkpoints()
-    ck.write_ply(ck.GaussianParams(
-        p.means, p.features_dc, p.features_rest, act.scale_activation(p.log_scales),
-        act.opacity_activation(p.opacity_logits), act.rotation_activation(p.rotations_raw),
-        p.sh_degree), path)
+    ck.write_ply(
+        ck.GaussianParams(
+            p.means,
+            p.features_dc,
+            p.features_rest,
+            act.scale_activation(p.log_scales),
+            act.opacity_activation(p.opacity_logits),
+            act.rotation_activation(p.rotations_raw),
+            p.sh_degree,
+        ),
+        path,
+    )
 
 
 def test_double_activation_loader():
@@ -101,10 +109,14 @@ def _trained(n):
     half = torch.tensor([WIDTH, HEIGHT]) / (2 * FOCAL)
     xy = (torch.rand(n, 2, generator=gen) * 2 - 1) * half * z
     return ck.GaussianParams(
-        means=torch.cat([xy, z], 1), features_dc=0.5 * torch.randn(n, 1, 3, generator=gen),
-        features_rest=torch.zeros(n, 0, 3), log_scales=-5 + 0.5 * torch.randn(n, 3, generator=gen),
+        means=torch.cat([xy, z], 1),
+        features_dc=0.5 * torch.randn(n, 1, 3, generator=gen),
+        features_rest=torch.zeros(n, 0, 3),
+        log_scales=-5 + 0.5 * torch.randn(n, 3, generator=gen),
         opacity_logits=2 * torch.randn(n, generator=gen),
-        rotations_raw=torch.randn(n, 4, generator=gen), sh_degree=0)
+        rotations_raw=torch.randn(n, 4, generator=gen),
+        sh_degree=0,
+    )
 
 
 def _resume_and_render(save, tmp_path, device):
@@ -116,12 +128,19 @@ def _resume_and_render(save, tmp_path, device):
     path = tmp_path / "point_cloud.ply"
     save(_trained(N_TRAINED), path)
     g = ck.read_ply(path).activated()
-    return rasterize(g.means.to(device), g.scales.to(device), g.rotations.to(device),
-                     g.opacities.to(device), sh=g.sh.to(device), sh_degree=g.sh_degree,
-                     viewmat=torch.eye(4, device=device),
-                     K=torch.tensor([[FOCAL, 0, WIDTH / 2], [0, FOCAL, HEIGHT / 2], [0, 0, 1]],
-                                    device=device),
-                     width=WIDTH, height=HEIGHT, max_bytes=USER_GPU_BYTES)
+    return rasterize(
+        g.means.to(device),
+        g.scales.to(device),
+        g.rotations.to(device),
+        g.opacities.to(device),
+        sh=g.sh.to(device),
+        sh_degree=g.sh_degree,
+        viewmat=torch.eye(4, device=device),
+        K=torch.tensor([[FOCAL, 0, WIDTH / 2], [0, FOCAL, HEIGHT / 2], [0, 0, 1]], device=device),
+        width=WIDTH,
+        height=HEIGHT,
+        max_bytes=USER_GPU_BYTES,
+    )
 
 
 @pytest.mark.gpu

@@ -51,8 +51,9 @@ def pybind_ext():
 @pytest.fixture(scope="module")
 def fn():
     """pybind_defects.py, imported by its path (whatever pytest's import mode)."""
-    spec = importlib.util.spec_from_file_location("gpucheck_selftest_pybind_defects",
-                                                  HERE / "pybind_defects.py")
+    spec = importlib.util.spec_from_file_location(
+        "gpucheck_selftest_pybind_defects", HERE / "pybind_defects.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -74,8 +75,9 @@ def _forward_backward(fn, ext, device):
     y.sum().backward()
     _check(y, x, w)
     torch.testing.assert_close(x.grad.cpu(), w.detach().cpu().expand(N), rtol=0, atol=0)
-    torch.testing.assert_close(w.grad.cpu(), x.detach().sum().reshape(1).cpu(), rtol=1e-4,
-                               atol=1e-3)
+    torch.testing.assert_close(
+        w.grad.cpu(), x.detach().sum().reshape(1).cpu(), rtol=1e-4, atol=1e-3
+    )
 
 
 def _needs_other(why):

@@ -30,11 +30,16 @@ def _scene(device):
     f = 0.5 * WIDTH / math.tan(math.radians(30))
     z = 2 + 4 * torch.rand(N, 1)
     xy = (torch.rand(N, 2) * 2 - 1) * torch.tensor([WIDTH, HEIGHT]) / (2 * f) * z
-    args = dict(means=torch.cat([xy, z], 1), scales=torch.exp(-4 + 2 * torch.rand(N, 3)),
-                rotations=torch.randn(N, 4), opacities=0.05 + 0.95 * torch.rand(N),
-                colors=torch.rand(N, 3), viewmat=torch.eye(4),
-                K=torch.tensor([[f, 0, WIDTH / 2], [0, f, HEIGHT / 2], [0, 0, 1]]),
-                background=torch.rand(3))
+    args = dict(
+        means=torch.cat([xy, z], 1),
+        scales=torch.exp(-4 + 2 * torch.rand(N, 3)),
+        rotations=torch.randn(N, 4),
+        opacities=0.05 + 0.95 * torch.rand(N),
+        colors=torch.rand(N, 3),
+        viewmat=torch.eye(4),
+        K=torch.tensor([[f, 0, WIDTH / 2], [0, f, HEIGHT / 2], [0, 0, 1]]),
+        background=torch.rand(3),
+    )
     return {k: v.to(device).contiguous() for k, v in args.items()}
 
 
@@ -42,10 +47,21 @@ def _render(ops, s):
     """Project and composite with ``ops`` (the op pair ``gpucheck.ops.rasterize`` calls)."""
     # the last two: float32 copies of opacities and background for 16-bit parameters ([0] here)
     means2d, conics, rgb, depths, _radii, _tiles, ranges, ids, _, _ = ops.splat_project(
-        s["means"], s["scales"], s["rotations"], s["opacities"], s["colors"], s["viewmat"],
-        s["K"], s["background"], WIDTH, HEIGHT, -1)
-    return ops.splat_render(means2d, conics, s["opacities"], rgb, depths, s["background"],
-                            ranges, ids, WIDTH, HEIGHT)[0]
+        s["means"],
+        s["scales"],
+        s["rotations"],
+        s["opacities"],
+        s["colors"],
+        s["viewmat"],
+        s["K"],
+        s["background"],
+        WIDTH,
+        HEIGHT,
+        -1,
+    )
+    return ops.splat_render(
+        means2d, conics, s["opacities"], rgb, depths, s["background"], ranges, ids, WIDTH, HEIGHT
+    )[0]
 
 
 #: Pixels (of 203 x 113) whose image may differ from the reference's by more than ATOL: where
@@ -69,8 +85,9 @@ def _check(ops, device):
     got = _render(ops, s)
     torch.cuda.synchronize(device)
     assert got.device == device, f"image on {got.device}, inputs on {device}"
-    want = reference(**{k: v.cpu().double() for k, v in s.items()}, width=WIDTH,
-                     height=HEIGHT).image
+    want = reference(
+        **{k: v.cpu().double() for k, v in s.items()}, width=WIDTH, height=HEIGHT
+    ).image
     err = (got.cpu().double() - want).abs()
     pixels = int((err > ATOL).any(0).sum())
     assert pixels <= FLIP_PIXELS, f"{pixels} pixels beyond {ATOL} (seed {seed})"
@@ -79,8 +96,9 @@ def _check(ops, device):
 
 def test_buffers_current_device_splat(defect_ops, gpu_device, other_device):
     if torch.cuda.device_count() < 2:  # not `other_device is None`: the re-run must run
-        pytest.skip("needs another device current, where the binning buffers then land; one "
-                    "GPU is visible")
+        pytest.skip(
+            "needs another device current, where the binning buffers then land; one GPU is visible"
+        )
     _check(defect_ops("buffers_current_device"), gpu_device)
 
 

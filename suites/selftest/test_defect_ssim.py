@@ -35,16 +35,17 @@ def _step(ops, device, shape=(1, 3, 45, 67)):
     x64 = x.cpu().double().requires_grad_(True)
     want = ref_ssim(x64, y.cpu().double())
     want.backward()
-    torch.testing.assert_close(got.cpu().double(), want.detach(), rtol=MAP_TOL[0],
-                               atol=MAP_TOL[1])
+    torch.testing.assert_close(got.cpu().double(), want.detach(), rtol=MAP_TOL[0], atol=MAP_TOL[1])
     err = (grad1.cpu().double() - x64.grad).norm() / x64.grad.norm()
     assert err <= GRAD_REL_TOL, f"gradient: relative L2 error {err:.3g}"
 
 
 def test_no_guard_ssim(defect_ops, gpu_device, other_device):
     if torch.cuda.device_count() < 2:  # not `other_device is None`: the re-run must run
-        pytest.skip("needs another device current to provoke a launch on the wrong device; "
-                    "one GPU is visible")
+        pytest.skip(
+            "needs another device current to provoke a launch on the wrong device; "
+            "one GPU is visible"
+        )
     _step(defect_ops("no_guard_ssim"), gpu_device, (2, 3, 113, 203))
 
 

@@ -31,10 +31,13 @@ def ext():
 
     torch_build_env()  # same compiler and toolkit rule as the real extension
     name = "gpucheck_selftest_defects"  # built into gpucheck's cache, never beside this file
-    return cpp_extension.load(name=name,
-                              sources=[str(HERE / "defects.cpp"), str(HERE / "defects.cu")],
-                              extra_cuda_cflags=["-lineinfo"], build_directory=str(build_dir(name)),
-                              verbose=False)
+    return cpp_extension.load(
+        name=name,
+        sources=[str(HERE / "defects.cpp"), str(HERE / "defects.cu")],
+        extra_cuda_cflags=["-lineinfo"],
+        build_directory=str(build_dir(name)),
+        verbose=False,
+    )
 
 
 def _x(device):

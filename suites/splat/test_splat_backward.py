@@ -54,8 +54,16 @@ pytestmark = [pytest.mark.gpu, pytest.mark.gpucheck_kernels]
 # scales 2.0e-5, rotations 1.5e-5, means 8.6e-6, background 6.9e-6, means2d 5.1e-6,
 # opacities 1.2e-6, sh 1.1e-6, colors 8.6e-7; 1e-4 leaves at least 4.9x; largest element
 # error 6.9e-5 of the largest gradient (FLIP: 0.05)
-REL_L2 = {"means": 1e-4, "scales": 1e-4, "rotations": 1e-4, "opacities": 1e-4, "colors": 1e-4,
-          "sh": 1e-4, "background": 1e-4, "means2d": 1e-4}
+REL_L2 = {
+    "means": 1e-4,
+    "scales": 1e-4,
+    "rotations": 1e-4,
+    "opacities": 1e-4,
+    "colors": 1e-4,
+    "sh": 1e-4,
+    "background": 1e-4,
+    "means2d": 1e-4,
+}
 FLIP = 0.05  # times max |reference gradient|, for every element
 # 16-bit parameters: their gradients are the float32 ones rounded once to the parameters' dtype,
 # which alone moves each by up to u = 2^-8 (bfloat16) or 2^-11 (float16) of its size, so the
@@ -72,14 +80,17 @@ def fresh_seed() -> int:
     return int.from_bytes(os.urandom(4), "little")
 
 
-def check_gradients(args: dict[str, Any], what: str, extra: bool = False,
-                    seed: int | None = None, image_only: bool = False
-                    ) -> dict[str, dict[str, float]]:
+def check_gradients(
+    args: dict[str, Any],
+    what: str,
+    extra: bool = False,
+    seed: int | None = None,
+    image_only: bool = False,
+) -> dict[str, dict[str, float]]:
     """The kernel's gradients against the reference's; ``args``' parameters may be float32,
     bfloat16 or float16 (each gradient then in that dtype, means2d's float32)."""
     seed = fresh_seed() if seed is None else seed
-    kernel, oracle = gradients(args, seed, extra, skip=decision_pixels(args),
-                               image_only=image_only)
+    kernel, oracle = gradients(args, seed, extra, skip=decision_pixels(args), image_only=image_only)
     dtype = args["means"].dtype
     for name, g in kernel.items():
         assert g is not None, f"{what}: no gradient for {name}"
@@ -89,8 +100,9 @@ def check_gradients(args: dict[str, Any], what: str, extra: bool = False,
     found = errors(kernel, oracle)
     for name, e in found.items():
         label = f"{what} seed={seed} grad {name}: {e}"
-        bound = REL_L2[name] if dtype == torch.float32 or name == "means2d" else (
-            REL_L2_HALF[dtype])
+        bound = (
+            REL_L2[name] if dtype == torch.float32 or name == "means2d" else (REL_L2_HALF[dtype])
+        )
         assert e["rel_l2"] <= bound, label
         assert e["max_rel"] <= FLIP, label
         n = kernel[name].shape[0] if kernel[name].dim() else 1
@@ -102,8 +114,9 @@ def check_gradients(args: dict[str, Any], what: str, extra: bool = False,
 SIZES = [(1, 1, 5), (16, 16, 40), (17, 33, 60), (113, 203, 300)]
 
 
-@pytest.mark.parametrize(("height", "width", "n"), SIZES,
-                         ids=[f"{h}x{w}-N{n}" for h, w, n in SIZES])
+@pytest.mark.parametrize(
+    ("height", "width", "n"), SIZES, ids=[f"{h}x{w}-N{n}" for h, w, n in SIZES]
+)
 def test_gradients_rgb(gpu_device: torch.device, height: int, width: int, n: int) -> None:
     seed = fresh_seed()
     args = splat_scenes.scene(n, width, height, seed, gpu_device)
@@ -135,8 +148,7 @@ def test_gradients_sh_degree_lower_than_stored(gpu_device: torch.device) -> None
 def test_gradients_of_per_gaussian_outputs(gpu_device: torch.device) -> None:
     """Losses on means2d, depths and colors too, Gaussians behind the camera included."""
     seed = fresh_seed()
-    args = splat_scenes.scene(200, 64, 48, seed, gpu_device, sh_degree=2,
-                              depth_range=(-0.5, 4.0))
+    args = splat_scenes.scene(200, 64, 48, seed, gpu_device, sh_degree=2, depth_range=(-0.5, 4.0))
     check_gradients(args, f"per-Gaussian outputs scene={seed}", extra=True)
 
 
@@ -156,8 +168,9 @@ EDGE_CASES = {
 def test_gradients_edge_cases(gpu_device: torch.device, case: str) -> None:
     seed = fresh_seed()
     kw = dict(EDGE_CASES[case])
-    args = splat_scenes.scene(kw.pop("n"), kw.pop("width"), kw.pop("height"), seed,
-                              gpu_device, **kw)
+    args = splat_scenes.scene(
+        kw.pop("n"), kw.pop("width"), kw.pop("height"), seed, gpu_device, **kw
+    )
     found = check_gradients(args, f"{case} scene={seed}")
     if case == "behind":  # nothing visible: only the background gets a gradient
         assert found["means"]["rel_l2"] == 0.0
@@ -168,8 +181,9 @@ def test_depth_gradient_without_cancellation(gpu_device: torch.device) -> None:
     on depth. When alpha was 1 - T and depth's gradient went through T, the float32
     cancellation at pixels of alpha ~1/255 put 3e-4 into the rotation gradient; depth is now
     sum z w / sum w and its channel (z - depth) / alpha."""
-    args = splat_scenes.scene(1, 203, 113, 1619775228, gpu_device, spread=0.2,
-                              log_scale=(-2.0, -1.0))
+    args = splat_scenes.scene(
+        1, 203, 113, 1619775228, gpu_device, spread=0.2, log_scale=(-2.0, -1.0)
+    )
     found = check_gradients(args, "one faint Gaussian", seed=490837865)
     assert found["rotations"]["rel_l2"] < 2e-5, found
 
@@ -182,8 +196,9 @@ def test_gradients_at_alpha_threshold(gpu_device: torch.device) -> None:
     through the transmittance, the opacity gradients of the Gaussians in front) differ from
     float64 by those pixels' shares; moving the inputs by 6e-8 (relative) moves the float64
     reference's means gradient by 2.7e-4 as well. The loss now skips such pixels."""
-    args = splat_scenes.scene(200, 64, 48, 2103909774, gpu_device, sh_degree=2,
-                              depth_range=(-0.5, 4.0))
+    args = splat_scenes.scene(
+        200, 64, 48, 2103909774, gpu_device, sh_degree=2, depth_range=(-0.5, 4.0)
+    )
     skip = decision_pixels(args)
     assert bool(skip[18, 10]) and bool(skip[23, 49]), skip.nonzero().tolist()
     assert int(skip.sum()) <= 0.01 * skip.numel(), skip.nonzero().tolist()
@@ -199,8 +214,9 @@ def test_gradients_at_depth_tie(gpu_device: torch.device) -> None:
     by 8 % (1.006e-4 vs 1.098e-4). The reference now orders by float32 depth, ties by index
     (``compositing_order``), and both take the same order."""
     args = splat_scenes.scene(1500, 64, 48, 3973149830, gpu_device, log_scale=(-2.5, -1.0))
-    ref = reference(**{k: (v.cpu().double() if isinstance(v, torch.Tensor) else v)
-                       for k, v in args.items()})
+    ref = reference(
+        **{k: (v.cpu().double() if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
+    )
     z = ref.depths.detach()
     assert bool(z[568].float() == z[581].float()) and bool(z[581] < z[568])  # still a tie
     bg = args["background"].clone().requires_grad_()
@@ -232,13 +248,16 @@ def test_no_gaussians(gpu_device: torch.device) -> None:
 
 def test_gradients_repeatable(gpu_device: torch.device) -> None:
     """Gradients are sums of float atomics: equal to rounding over repeats, not bitwise."""
-    args = splat_scenes.scene(3000, 128, 96, fresh_seed(), gpu_device, sh_degree=3,
-                              log_scale=(-3.5, -1.5))
+    args = splat_scenes.scene(
+        3000, 128, 96, fresh_seed(), gpu_device, sh_degree=3, log_scale=(-3.5, -1.5)
+    )
     weights = torch.randn(3, 96, 128, device=gpu_device)
 
     def run() -> dict[str, torch.Tensor]:
-        leaves = {k: args[k].clone().requires_grad_() for k in ("means", "scales", "rotations",
-                                                                "opacities", "sh")}
+        leaves = {
+            k: args[k].clone().requires_grad_()
+            for k in ("means", "scales", "rotations", "opacities", "sh")
+        }
         (rasterize(**{**args, **leaves}).image * weights).sum().backward()
         return {k: v.grad for k, v in leaves.items()}
 
@@ -250,8 +269,9 @@ def test_gradients_repeatable(gpu_device: torch.device) -> None:
             assert float((g - first[name]).abs().max()) <= 1e-5 * scale, name
 
 
-def test_gradients_in_other_device_and_stream(gpu_device: torch.device,
-                                              other_device: torch.device | None) -> None:
+def test_gradients_in_other_device_and_stream(
+    gpu_device: torch.device, other_device: torch.device | None
+) -> None:
     before = torch.cuda.current_device()
     args = splat_scenes.scene(300, 64, 48, fresh_seed(), gpu_device, sh_degree=1)
     stream = torch.cuda.Stream(device=gpu_device)
@@ -270,14 +290,30 @@ def test_opcheck_with_gradients(gpu_device: torch.device) -> None:
         a = splat_scenes.scene(60, 37, 21, fresh_seed(), gpu_device, sh_degree=degree)
         values = (a["colors"] if degree is None else a["sh"]).clone().requires_grad_()
         leaves = [a[k].clone().requires_grad_() for k in ("means", "scales", "rotations")]
-        proj_args = (*leaves, a["opacities"], values, a["viewmat"], a["K"], a["background"],
-                     a["width"], a["height"], -1 if degree is None else degree, None)
+        proj_args = (
+            *leaves,
+            a["opacities"],
+            values,
+            a["viewmat"],
+            a["K"],
+            a["background"],
+            a["width"],
+            a["height"],
+            -1 if degree is None else degree,
+            None,
+        )
         torch.library.opcheck(ops().project, proj_args)
         means2d, conics, rgb, depths, _, _, ranges, ids, _, _ = ops().project(*proj_args)
-        render_args = (*(t.detach().clone().requires_grad_() for t in (
-            means2d, conics)), a["opacities"].clone().requires_grad_(),
+        render_args = (
+            *(t.detach().clone().requires_grad_() for t in (means2d, conics)),
+            a["opacities"].clone().requires_grad_(),
             *(t.detach().clone().requires_grad_() for t in (rgb, depths)),
-            a["background"].clone().requires_grad_(), ranges, ids, a["width"], a["height"])
+            a["background"].clone().requires_grad_(),
+            ranges,
+            ids,
+            a["width"],
+            a["height"],
+        )
         torch.library.opcheck(ops().render, render_args)
 
 
@@ -289,10 +325,20 @@ def test_opcheck_with_half_gradients(gpu_device: torch.device, dtype: str) -> No
         a = splat_scenes.scene(60, 37, 21, fresh_seed(), gpu_device, sh_degree=degree)
         a = splat_scenes.to(a, gpu_device, getattr(torch, dtype))
         values = a["colors"] if degree is None else a["sh"]
-        leaves = [t.clone().requires_grad_() for t in (
-            a["means"], a["scales"], a["rotations"], a["opacities"], values)]
-        proj_args = (*leaves, a["viewmat"], a["K"], a["background"].clone().requires_grad_(),
-                     a["width"], a["height"], -1 if degree is None else degree, None)
+        leaves = [
+            t.clone().requires_grad_()
+            for t in (a["means"], a["scales"], a["rotations"], a["opacities"], values)
+        ]
+        proj_args = (
+            *leaves,
+            a["viewmat"],
+            a["K"],
+            a["background"].clone().requires_grad_(),
+            a["width"],
+            a["height"],
+            -1 if degree is None else degree,
+            None,
+        )
         torch.library.opcheck(ops().project, proj_args)
 
 
@@ -312,20 +358,21 @@ def test_half_gradients(gpu_device: torch.device, dtype: torch.dtype, case: str)
     reference fed the same values (REL_L2_HALF)."""
     n, w, h, kw, extra, image_only = HALF_SCENES[case]
     seed = fresh_seed()
-    args = splat_scenes.to(splat_scenes.scene(n, w, h, seed, gpu_device, **kw), gpu_device,
-                           dtype)
+    args = splat_scenes.to(splat_scenes.scene(n, w, h, seed, gpu_device, **kw), gpu_device, dtype)
     check_gradients(args, f"{dtype} {case} scene={seed}", extra=extra, image_only=image_only)
 
 
 @pytest.mark.parametrize("dtype", HALF, ids=["bfloat16", "float16"])
-def test_half_gradients_are_float32_ones_rounded(gpu_device: torch.device,
-                                                 dtype: torch.dtype) -> None:
+def test_half_gradients_are_float32_ones_rounded(
+    gpu_device: torch.device, dtype: torch.dtype
+) -> None:
     """The gradients of 16-bit parameters are those of the same values as float32 parameters,
     rounded once: within one unit in the last place of the 16-bit type (plus the float32
     atomics' run-to-run rounding, 1e-5 of the largest gradient)."""
     seed = fresh_seed()
-    half = splat_scenes.to(splat_scenes.scene(300, 203, 113, seed, gpu_device, sh_degree=3),
-                           gpu_device, dtype)
+    half = splat_scenes.to(
+        splat_scenes.scene(300, 203, 113, seed, gpu_device, sh_degree=3), gpu_device, dtype
+    )
     weights = torch.randn(3, 113, 203, generator=torch.Generator().manual_seed(seed))
     weights = weights.to(gpu_device)
     names = ("means", "scales", "rotations", "opacities", "sh", "background")
@@ -347,5 +394,6 @@ def test_half_gradients_are_float32_ones_rounded(gpu_device: torch.device,
         assert bool((err <= bound).all()), (
             f"{dtype} seed={seed} grad {name}: {float(err.flatten()[worst]):.3g} off at "
             f"element {worst} (float32 {float(w.flatten()[worst]):.6g}, "
-            f"{dtype} {float(g.flatten()[worst]):.6g})")
+            f"{dtype} {float(g.flatten()[worst]):.6g})"
+        )
     assert bool(got["opacities"].abs().sum() > 0) and bool(got["sh"].abs().sum() > 0)

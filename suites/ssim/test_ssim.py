@@ -44,8 +44,12 @@ GRAD_REL_TOL = {torch.float32: 1e-4, torch.float64: 1e-10}
 # 1x1x11x11 "valid") on an H200 and an H100; torch's own float32 SSIM on CPU: 9.4 and 20.
 KAPPA_MAP = 16.0
 KAPPA_GRAD = 32.0
-UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float64: 2.0**-53, torch.float16: 2.0**-24,
-                 torch.bfloat16: 2.0**-24}
+UNIT_ROUNDOFF = {
+    torch.float32: 2.0**-24,
+    torch.float64: 2.0**-53,
+    torch.float16: 2.0**-24,
+    torch.bfloat16: 2.0**-24,
+}
 # 16-bit types: the kernel's relative error <= 2x the error of the reference run in that dtype
 # plus a floor of 4 units of roundoff (the result's own rounding is up to 1; at a floor of 2
 # the worst of ~10^4 float16 gradient checks used 73 % of its bound).
@@ -57,20 +61,32 @@ LOWP_FLOOR = {torch.float16: 4 * 2.0**-11, torch.bfloat16: 4 * 2.0**-8}
 # H200) and a float16 pair rounded to equal values a gradient of exactly 0 in float64; the
 # absolute errors measured there were <= 2.1e-8 (float32) and 2.4e-7 (float16) per unit. With
 # float32 at 2e-7 the worst of ~800 checks on an H100 used 63 % of its bound: now 5e-7.
-GRAD_ABS_TOL = {torch.float32: 5e-7, torch.float64: 1e-14, torch.float16: 2e-6,
-                torch.bfloat16: 2e-6}
+GRAD_ABS_TOL = {
+    torch.float32: 5e-7,
+    torch.float64: 1e-14,
+    torch.float16: 2e-6,
+    torch.bfloat16: 2e-6,
+}
 
 
 def _size_params(sizes: list[tuple[int, ...]]) -> list[object]:
     return [
-        pytest.param(s, id="x".join(map(str, s)),
-                     marks=[pytest.mark.sanitizer] if s[2] * s[3] <= 113 * 203 else [])
+        pytest.param(
+            s,
+            id="x".join(map(str, s)),
+            marks=[pytest.mark.sanitizer] if s[2] * s[3] <= 113 * 203 else [],
+        )
         for s in sizes
     ]
 
 
-def _images(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
-            seed: int | None = None, kind: str = "noise") -> tuple[torch.Tensor, torch.Tensor]:
+def _images(
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int | None = None,
+    kind: str = "noise",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Two correlated random images in [0, 1] (never zeros); prints the seed.
 
     ``kind``: "noise" (uniform, y = 0.7 x + 0.3 noise) or "smooth" (uniform noise box-blurred
@@ -111,8 +127,7 @@ def _dist(a: torch.Tensor, ref: torch.Tensor) -> float:
     return float((a.double() - ref.double()).norm()) if torch.isfinite(a).all() else math.inf
 
 
-def _used(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float | torch.Tensor
-          ) -> float:
+def _used(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float | torch.Tensor) -> float:
     """How much of the elementwise tolerance ``atol + rtol |want|`` the worst element uses
     (NaN where got has a NaN)."""
     return float(((got.double() - want).abs() / (atol + rtol * want.abs())).max())
@@ -163,23 +178,27 @@ def forward_checks(x: torch.Tensor, y: torch.Tensor, padding: str) -> list[Check
         assert not diff.isnan().any(), "NaN in the map"
         kappa = float(((diff - atol - rtol * want_map.abs()).clamp_min(0) / u_s).max())
         bound = atol + KAPPA_MAP * u_s
-        return [Check(f"{padding} map", _used(got_map, want_map, rtol, bound), 1.0,
-                      kappa=kappa),
-                Check(f"{padding} mean",
-                      _used(got_mean, want_map.mean(), rtol, bound.mean()), 1.0)]
+        return [
+            Check(f"{padding} map", _used(got_map, want_map, rtol, bound), 1.0, kappa=kappa),
+            Check(f"{padding} mean", _used(got_mean, want_map.mean(), rtol, bound.mean()), 1.0),
+        ]
     lowp_map = ref_ssim(x, y, padding=padding, reduction="none")
     err, ref_err = _rel(got_map, want_map), _rel(lowp_map, want_map)
     err_mean = abs(float(got_mean) - float(want_map.mean()))
     ref_err_mean = abs(float(lowp_map.double().mean()) - float(want_map.mean()))
     # the kernel's float32 arithmetic: KAPPA_MAP u s, relative (map) / absolute (mean)
     sens_map = KAPPA_MAP * _norm(u_s) / max(_norm(want_map), 1e-300)
-    return [Check(f"{padding} map", err, 2 * ref_err + LOWP_FLOOR[dtype] + sens_map),
-            Check(f"{padding} mean", err_mean,
-                  2 * ref_err_mean + LOWP_FLOOR[dtype] + KAPPA_MAP * float(u_s.mean()))]
+    return [
+        Check(f"{padding} map", err, 2 * ref_err + LOWP_FLOOR[dtype] + sens_map),
+        Check(
+            f"{padding} mean",
+            err_mean,
+            2 * ref_err_mean + LOWP_FLOOR[dtype] + KAPPA_MAP * float(u_s.mean()),
+        ),
+    ]
 
 
-def backward_checks(x: torch.Tensor, y: torch.Tensor, padding: str, reduction: str
-                    ) -> list[Check]:
+def backward_checks(x: torch.Tensor, y: torch.Tensor, padding: str, reduction: str) -> list[Check]:
     """The gradients of both images against the float64 reference's: the L2 distance against
     a relative part of the reference gradient's norm (float32/64: GRAD_REL_TOL; 16-bit: twice
     the reference's own relative error in that dtype + LOWP_FLOOR), plus KAPPA_GRAD u |e| (e
@@ -213,8 +232,7 @@ def backward_checks(x: torch.Tensor, y: torch.Tensor, padding: str, reduction: s
     absolute = GRAD_ABS_TOL[dtype] * unit
     case = f"{padding} {reduction}"
     if w is None:  # the mean's gradient with respect to the map (times the loss scale)
-        shape = x.shape if padding == "same" else (*x.shape[:2], x.shape[2] - 10,
-                                                    x.shape[3] - 10)
+        shape = x.shape if padding == "same" else (*x.shape[:2], x.shape[2] - 10, x.shape[3] - 10)
         upstream = torch.full(shape, scale / math.prod(shape), device=x.device)
     else:
         upstream = w
@@ -224,21 +242,24 @@ def backward_checks(x: torch.Tensor, y: torch.Tensor, padding: str, reduction: s
     u_e2 = UNIT_ROUNDOFF[dtype] * _norm(sens.grad2)
     if dtype in GRAD_REL_TOL:
         checks = []
-        for got, want, u_e, name in ((a.grad, a64.grad, u_e1, "img1"),
-                                     (b.grad, b64.grad, u_e2, "img2")):
+        for got, want, u_e, name in (
+            (a.grad, a64.grad, u_e1, "img1"),
+            (b.grad, b64.grad, u_e2, "img2"),
+        ):
             err, relative = _dist(got, want), GRAD_REL_TOL[dtype] * _norm(want)
             kappa = max(0.0, err - relative - absolute) / u_e if u_e > 0 else 0.0
             relative += KAPPA_GRAD * u_e
-            checks.append(Check(f"{case} {name}", err, relative + absolute, relative, unit,
-                                kappa))
+            checks.append(Check(f"{case} {name}", err, relative + absolute, relative, unit, kappa))
         return checks
     al = x.clone().requires_grad_(True)
     bl = y.clone().requires_grad_(True)
     outl = ref_ssim(al, bl, padding=padding, reduction=reduction)
     (outl * scale if w is None else (outl.float() * w).sum()).backward()
     checks = []
-    for got, lowp, want, u_e, name in ((a.grad, al.grad, a64.grad, u_e1, "img1"),
-                                       (b.grad, bl.grad, b64.grad, u_e2, "img2")):
+    for got, lowp, want, u_e, name in (
+        (a.grad, al.grad, a64.grad, u_e1, "img1"),
+        (b.grad, bl.grad, b64.grad, u_e2, "img2"),
+    ):
         # The reference's own float16 backward can overflow under the loss scale
         # (its intermediate gradients exceed 65504 at tiny sizes): then only the floor
         # bounds the kernel's error.
@@ -254,14 +275,16 @@ def backward_checks(x: torch.Tensor, y: torch.Tensor, padding: str, reduction: s
 def _assert_within(checks: list[Check]) -> None:
     over = [c for c in checks if not c.err <= c.bound]
     assert not over, "beyond the measured tolerance: " + "; ".join(
-        f"{c.what}: {c.err:.3g} > {c.bound:.3g}" for c in over)
+        f"{c.what}: {c.err:.3g} > {c.bound:.3g}" for c in over
+    )
 
 
 @pytest.mark.parametrize("images", IMAGES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", _size_params(SIZES))
-def test_forward_matches_reference(gpu_device: torch.device, shape: tuple[int, ...],
-                                   dtype: torch.dtype, images: str) -> None:
+def test_forward_matches_reference(
+    gpu_device: torch.device, shape: tuple[int, ...], dtype: torch.dtype, images: str
+) -> None:
     load_ops()
     x, y = _images(shape, dtype, gpu_device, kind=images)
     for padding in _paddings(shape):
@@ -271,8 +294,9 @@ def test_forward_matches_reference(gpu_device: torch.device, shape: tuple[int, .
 @pytest.mark.parametrize("images", IMAGES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", _size_params(SIZES))
-def test_backward_matches_reference(gpu_device: torch.device, shape: tuple[int, ...],
-                                    dtype: torch.dtype, images: str) -> None:
+def test_backward_matches_reference(
+    gpu_device: torch.device, shape: tuple[int, ...], dtype: torch.dtype, images: str
+) -> None:
     load_ops()
     x, y = _images(shape, dtype, gpu_device, kind=images)
     for padding in _paddings(shape):
@@ -307,12 +331,15 @@ def test_only_img1_requires_grad(gpu_device: torch.device) -> None:
 @pytest.mark.parametrize("padding", ["same", "valid"])
 def test_non_contiguous_inputs(gpu_device: torch.device, padding: str) -> None:
     x, y = _images((2, 3, 60, 90), torch.float32, gpu_device)
-    xs, ys = x[..., ::2], y[..., ::2]                  # strided views
+    xs, ys = x[..., ::2], y[..., ::2]  # strided views
     xc = x.contiguous(memory_format=torch.channels_last)  # same values, other strides
     assert not xs.is_contiguous() and not xc.is_contiguous()
-    torch.testing.assert_close(ssim(xs, ys, padding=padding, reduction="none"),
-                               ssim(xs.contiguous(), ys.contiguous(), padding=padding,
-                                    reduction="none"), rtol=0, atol=0)
+    torch.testing.assert_close(
+        ssim(xs, ys, padding=padding, reduction="none"),
+        ssim(xs.contiguous(), ys.contiguous(), padding=padding, reduction="none"),
+        rtol=0,
+        atol=0,
+    )
     base = torch.zeros(2, 3, 60, 90, device=gpu_device)
     base[..., ::2] = xs
     a = base[..., ::2].detach().requires_grad_(True)  # a strided leaf
@@ -325,8 +352,9 @@ def test_non_contiguous_inputs(gpu_device: torch.device, padding: str) -> None:
 
 
 @pytest.mark.sanitizer
-def test_mixed_devices_are_rejected(gpu_device: torch.device,
-                                    other_device: torch.device | None) -> None:
+def test_mixed_devices_are_rejected(
+    gpu_device: torch.device, other_device: torch.device | None
+) -> None:
     x, y = _images((1, 3, 16, 16), torch.float32, gpu_device)
     with pytest.raises(ValueError, match=f"img1 is on {gpu_device} but img2 is on cpu"):
         ssim(x, y.cpu())
@@ -342,30 +370,90 @@ def test_mixed_devices_are_rejected(gpu_device: torch.device,
 @pytest.mark.parametrize(
     ("shape1", "shape2", "dtype", "kwargs", "exc", "match"),
     [
-        ((0, 3, 16, 16), (0, 3, 16, 16), torch.float32, {}, ValueError,
-         r"must not be empty, got shape \[0, 3, 16, 16\]"),
-        ((1, 3, 0, 16), (1, 3, 0, 16), torch.float32, {}, ValueError,
-         r"must not be empty, got shape \[1, 3, 0, 16\]"),
-        ((3, 16, 16), (3, 16, 16), torch.float32, {}, ValueError,
-         r"\[B, C, H, W\], got shape \[3, 16, 16\]"),
-        ((1, 1, 3, 16, 16), (1, 1, 3, 16, 16), torch.float32, {}, ValueError,
-         r"got shape \[1, 1, 3, 16, 16\]"),
-        ((1, 3, 16, 16), (1, 3, 16, 15), torch.float32, {}, ValueError,
-         r"same shape, got \[1, 3, 16, 16\] and \[1, 3, 16, 15\]"),
-        ((1, 3, 16, 16), (1, 3, 16, 16), torch.int32, {}, TypeError,
-         "floating-point tensor, got torch.int32"),
+        (
+            (0, 3, 16, 16),
+            (0, 3, 16, 16),
+            torch.float32,
+            {},
+            ValueError,
+            r"must not be empty, got shape \[0, 3, 16, 16\]",
+        ),
+        (
+            (1, 3, 0, 16),
+            (1, 3, 0, 16),
+            torch.float32,
+            {},
+            ValueError,
+            r"must not be empty, got shape \[1, 3, 0, 16\]",
+        ),
+        (
+            (3, 16, 16),
+            (3, 16, 16),
+            torch.float32,
+            {},
+            ValueError,
+            r"\[B, C, H, W\], got shape \[3, 16, 16\]",
+        ),
+        (
+            (1, 1, 3, 16, 16),
+            (1, 1, 3, 16, 16),
+            torch.float32,
+            {},
+            ValueError,
+            r"got shape \[1, 1, 3, 16, 16\]",
+        ),
+        (
+            (1, 3, 16, 16),
+            (1, 3, 16, 15),
+            torch.float32,
+            {},
+            ValueError,
+            r"same shape, got \[1, 3, 16, 16\] and \[1, 3, 16, 15\]",
+        ),
+        (
+            (1, 3, 16, 16),
+            (1, 3, 16, 16),
+            torch.int32,
+            {},
+            TypeError,
+            "floating-point tensor, got torch.int32",
+        ),
         ((1, 3, 16, 16), (1, 3, 16, 16), torch.uint8, {}, TypeError, "got torch.uint8"),
-        ((1, 3, 8, 16), (1, 3, 8, 16), torch.float32, {"padding": "valid"}, ValueError,
-         r"H, W >= 11, got \[8, 16\]"),
-        ((1, 3, 16, 16), (1, 3, 16, 16), torch.float32, {"padding": "reflect"}, ValueError,
-         "got 'reflect'"),
-        ((1, 3, 16, 16), (1, 3, 16, 16), torch.float32, {"reduction": "sum"}, ValueError,
-         "got 'sum'"),
+        (
+            (1, 3, 8, 16),
+            (1, 3, 8, 16),
+            torch.float32,
+            {"padding": "valid"},
+            ValueError,
+            r"H, W >= 11, got \[8, 16\]",
+        ),
+        (
+            (1, 3, 16, 16),
+            (1, 3, 16, 16),
+            torch.float32,
+            {"padding": "reflect"},
+            ValueError,
+            "got 'reflect'",
+        ),
+        (
+            (1, 3, 16, 16),
+            (1, 3, 16, 16),
+            torch.float32,
+            {"reduction": "sum"},
+            ValueError,
+            "got 'sum'",
+        ),
     ],
 )
-def test_bad_inputs_raise_clear_errors(gpu_device: torch.device, shape1: tuple[int, ...],
-                                       shape2: tuple[int, ...], dtype: torch.dtype,
-                                       kwargs: dict[str, str], exc: type, match: str) -> None:
+def test_bad_inputs_raise_clear_errors(
+    gpu_device: torch.device,
+    shape1: tuple[int, ...],
+    shape2: tuple[int, ...],
+    dtype: torch.dtype,
+    kwargs: dict[str, str],
+    exc: type,
+    match: str,
+) -> None:
     x = (torch.rand(shape1, device=gpu_device) * 100).to(dtype)
     y = (torch.rand(shape2, device=gpu_device) * 100).to(dtype)
     with pytest.raises(exc, match=match):
@@ -436,8 +524,9 @@ sys.exit(1 if bad else 0)
 
 
 @pytest.mark.sanitizer
-def test_kernel_checks_raise_clear_errors(gpu_device: torch.device,
-                                          other_device: torch.device | None) -> None:
+def test_kernel_checks_raise_clear_errors(
+    gpu_device: torch.device, other_device: torch.device | None
+) -> None:
     argv = [sys.executable, "-c", _KERNEL_CHECKS, str(gpu_device.index)]
     if other_device is not None:
         argv.append(str(other_device.index))
@@ -446,8 +535,9 @@ def test_kernel_checks_raise_clear_errors(gpu_device: torch.device,
 
 
 @pytest.mark.sanitizer
-def test_does_not_change_the_current_device(gpu_device: torch.device,
-                                            other_device: torch.device | None) -> None:
+def test_does_not_change_the_current_device(
+    gpu_device: torch.device, other_device: torch.device | None
+) -> None:
     current = torch.cuda.current_device()
     x, y = _images((1, 3, 32, 32), torch.float32, gpu_device)
     a = x.clone().requires_grad_(True)
@@ -459,8 +549,9 @@ def test_does_not_change_the_current_device(gpu_device: torch.device,
 
 @pytest.mark.sanitizer
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_gradient_computed_ahead_equals_the_recomputed_one(gpu_device: torch.device,
-                                                            dtype: torch.dtype) -> None:
+def test_gradient_computed_ahead_equals_the_recomputed_one(
+    gpu_device: torch.device, dtype: torch.dtype
+) -> None:
     """reduction='mean' with grad: the forward computes the gradient ahead (for the upstream
     gradient of 1 - ssim, -1) and the backward only scales it, in place, or skips that when
     the factor is 1. Against the backward that recomputes everything (ssim_backward, the path
@@ -489,7 +580,8 @@ def test_gradient_computed_ahead_equals_the_recomputed_one(gpu_device: torch.dev
                 assert torch.equal(got, want), (upstream, float((got - want).abs().max()))
             else:
                 assert _rel(got, want) <= {torch.float64: 1e-14, torch.float32: 1e-6}.get(
-                    dtype, 4e-3), (upstream, _rel(got, want))
+                    dtype, 4e-3
+                ), (upstream, _rel(got, want))
     # img2 did not require grad in the forward: no gradient for it was computed ahead.
     a = x.clone().requires_grad_(True)
     b = y.clone()
@@ -506,8 +598,7 @@ def test_gradient_computed_ahead_equals_the_recomputed_one(gpu_device: torch.dev
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_bitwise_reproducible_over_10_repeats(gpu_device: torch.device,
-                                              dtype: torch.dtype) -> None:
+def test_bitwise_reproducible_over_10_repeats(gpu_device: torch.device, dtype: torch.dtype) -> None:
     x, y = _images((2, 3, 270, 480), dtype, gpu_device)
     g = torch.rand(2, 3, 270, 480, device=gpu_device).to(dtype)
     results = []
@@ -533,8 +624,9 @@ def test_identical_on_every_visible_device(gpu_device: torch.device) -> None:
         b = y.detach().to(dev, copy=True).requires_grad_(True)
         mean = ssim(a, b, padding="valid")
         mean.backward()
-        return [t.cpu() for t in (mean.detach(), ssim(a, b, reduction="none").detach(),
-                                  a.grad, b.grad)]
+        return [
+            t.cpu() for t in (mean.detach(), ssim(a, b, reduction="none").detach(), a.grad, b.grad)
+        ]
 
     here = run(gpu_device)
     for i in range(torch.cuda.device_count()):
@@ -552,18 +644,24 @@ def test_opcheck(gpu_device: torch.device, padding: str, reduction: str) -> None
     a = x.clone().requires_grad_(True)
     b = y.clone().requires_grad_(True)
     torch.library.opcheck(torch.ops.gpucheck.ssim_forward.default, (a, b, padding, reduction))
-    grad = (torch.rand((), device=gpu_device) if reduction == "mean"
-            else torch.rand(ssim(x, y, padding=padding, reduction="none").shape,
-                            device=gpu_device))
+    grad = (
+        torch.rand((), device=gpu_device)
+        if reduction == "mean"
+        else torch.rand(ssim(x, y, padding=padding, reduction="none").shape, device=gpu_device)
+    )
     for need2 in (True, False):
-        torch.library.opcheck(torch.ops.gpucheck.ssim_backward.default,
-                              (grad, x, y, padding, reduction, need2))
+        torch.library.opcheck(
+            torch.ops.gpucheck.ssim_backward.default, (grad, x, y, padding, reduction, need2)
+        )
     if reduction == "mean":  # the training step's ops (reduction mean only)
         for need2 in (True, False):
-            torch.library.opcheck(torch.ops.gpucheck.ssim_train.default,
-                                  (x, y, padding, 1024.0, need2))
-        torch.library.opcheck(torch.ops.gpucheck.ssim_scale_.default,
-                              (torch.rand(x.shape, device=gpu_device), grad, 0.25))
+            torch.library.opcheck(
+                torch.ops.gpucheck.ssim_train.default, (x, y, padding, 1024.0, need2)
+            )
+        torch.library.opcheck(
+            torch.ops.gpucheck.ssim_scale_.default,
+            (torch.rand(x.shape, device=gpu_device), grad, 0.25),
+        )
 
 
 @pytest.mark.sanitizer
@@ -587,7 +685,8 @@ def test_identical_images_give_one(gpu_device: torch.device) -> None:
 
 @pytest.mark.slow
 def test_soak_2000_iterations_with_another_device_current(
-        gpu_device: torch.device, other_device: torch.device | None) -> None:
+    gpu_device: torch.device, other_device: torch.device | None
+) -> None:
     """Story 1: the unguarded extension crashed after ~1000 training iterations on cuda:1."""
     x, y = _images((1, 3, 540, 960), torch.float32, gpu_device)
     first: list[torch.Tensor] = []

@@ -55,11 +55,22 @@ def main() -> int:
         for e in entries[-5:]:
             print(f"  #{e['seq']} {e['op']} {e['state']} {e['input_sizes']}")
     dist.destroy_process_group()
-    child = subprocess.run([sys.executable, "-c", DDP_DETAIL], capture_output=True, text=True,
-                           timeout=90, env={**os.environ, **env, "MASTER_PORT": str(free_port()),
-                                            "TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
-    print(f"DDP under TORCH_DISTRIBUTED_DEBUG=DETAIL: exit {child.returncode}",
-          (child.stdout + child.stderr).strip().splitlines()[-1:] or "")
+    child = subprocess.run(
+        [sys.executable, "-c", DDP_DETAIL],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env={
+            **os.environ,
+            **env,
+            "MASTER_PORT": str(free_port()),
+            "TORCH_DISTRIBUTED_DEBUG": "DETAIL",
+        },
+    )
+    print(
+        f"DDP under TORCH_DISTRIBUTED_DEBUG=DETAIL: exit {child.returncode}",
+        (child.stdout + child.stderr).strip().splitlines()[-1:] or "",
+    )
     return 0
 
 

@@ -51,18 +51,28 @@ def matrix(run: Path) -> int:
     zoo = selftest.zoo_matrix(cases, devices)
     for z in zoo:
         found, could = z.recall
-        why = "; ".join([*(f"missed {e.kind} {e.op or ''}: {w}" for e, w in z.missed),
-                         *(f"not run {e.kind}: {w}" for e, w in z.not_run)])
-        print(f"  zoo {z.row.name[:58]:58} recall {found}/{could} unexpected "
-              f"{len(z.unexpected)} {why[:150]}")
+        why = "; ".join(
+            [
+                *(f"missed {e.kind} {e.op or ''}: {w}" for e, w in z.missed),
+                *(f"not run {e.kind}: {w}" for e, w in z.not_run),
+            ]
+        )
+        print(
+            f"  zoo {z.row.name[:58]:58} recall {found}/{could} unexpected "
+            f"{len(z.unexpected)} {why[:150]}"
+        )
         for u in z.unexpected:
-            print(f"    UNEXPECTED {u.get('device')} {u.get('case')} {u.get('kind')}: "
-                  f"{str(u.get('message'))[:160]}")
+            print(
+                f"    UNEXPECTED {u.get('device')} {u.get('case')} {u.get('kind')}: "
+                f"{str(u.get('message'))[:160]}"
+            )
     total = [sum(z.recall[i] for z in zoo) for i in (0, 1)]
     by = Counter(r.status for r in rows)  # last: the step's note
-    print(f"rows {len(rows)}: {by['found']} found, {by['missed']} missed, {by['not run']} not run;"
-          f" false positives on clean cases: {len(false)}; zoo {len(zoo)} rows: recall "
-          f"{total[0]}/{total[1]}, unexpected findings {sum(len(z.unexpected) for z in zoo)}")
+    print(
+        f"rows {len(rows)}: {by['found']} found, {by['missed']} missed, {by['not run']} not run;"
+        f" false positives on clean cases: {len(false)}; zoo {len(zoo)} rows: recall "
+        f"{total[0]}/{total[1]}, unexpected findings {sum(len(z.unexpected) for z in zoo)}"
+    )
     return 0
 
 
@@ -79,11 +89,17 @@ def counts(*runs: Path) -> int:
         by = Counter((r["device"], r["suite"], r["mode"], r["status"]) for r in cases)
         for k, v in sorted(by.items()):
             print(f"  {' '.join(k)}: {v}")
-        found = [(r["device"], r["case"], f) for r in recs
-                 if r.get("record") in ("case", "diagnosis") for f in r.get("findings", [])]
+        found = [
+            (r["device"], r["case"], f)
+            for r in recs
+            if r.get("record") in ("case", "diagnosis")
+            for f in r.get("findings", [])
+        ]
         for dev, case, f in found[:25]:
-            print(f"   {dev} {case[:70]}: {f['kind']}/{f['severity']} "
-                  f"{f.get('op') or f.get('kernel') or ''}: {f['message'][:150]}")
+            print(
+                f"   {dev} {case[:70]}: {f['kind']}/{f['severity']} "
+                f"{f.get('op') or f.get('kernel') or ''}: {f['message'][:150]}"
+            )
         by_status = Counter(r["status"] for r in cases)
         status = ", ".join(f"{n} {s}" for s, n in sorted(by_status.items()))
         print(f"{run.name}: {len(cases)} case records ({status}), {len(found)} findings")
@@ -114,11 +130,15 @@ def cost(work: Path) -> int:
     for suite in sorted({suite_of[c] for c in common}):
         cs = [c for c in common if suite_of[c] == suite]
         on, off = both("on_a", "on_b", cs), both("off_a", "off_b", cs)
-        print(f"  {suite:8} {len(cs):4} cases  on {on / 2:7.2f} s  off {off / 2:7.2f} s"
-              f"  ratio {on / off:.3f}")
+        print(
+            f"  {suite:8} {len(cs):4} cases  on {on / 2:7.2f} s  off {off / 2:7.2f} s"
+            f"  ratio {on / off:.3f}"
+        )
     total = both("on_a", "on_b", common) / both("off_a", "off_b", common)
-    print(f"detectors on / off: {total:.3f} (sum of case time of {len(common)} cases), "
-          f"per-case median {statistics.median(ratios):.3f}")
+    print(
+        f"detectors on / off: {total:.3f} (sum of case time of {len(common)} cases), "
+        f"per-case median {statistics.median(ratios):.3f}"
+    )
     return 0
 
 
@@ -135,26 +155,38 @@ def dist(*runs: Path) -> int:
             if "distributed" in r:
                 continue
             kinds = ",".join(f["kind"] for f in r["findings"]) or "-"
-            print(f"  {r['device']:<14} {r['status']:<8} {r['duration_s']:>8.2f} s  "
-                  f"{r['case'].split('::')[-1]:<48} {kinds}")
+            print(
+                f"  {r['device']:<14} {r['status']:<8} {r['duration_s']:>8.2f} s  "
+                f"{r['case'].split('::')[-1]:<48} {kinds}"
+            )
         groups = [r for r in cases if "distributed" in r]
         if groups:
-            print(f"  {'case':<44} {'kind':<20} {'at fault':<9} {'waiting':<8} "
-                  f"{'found after':>11}  orphans")
+            print(
+                f"  {'case':<44} {'kind':<20} {'at fault':<9} {'waiting':<8} "
+                f"{'found after':>11}  orphans"
+            )
         for r in groups:
             d = r["distributed"]
             evidence = r["findings"][0].get("evidence") or ""
-            orphan = next((line for line in evidence.splitlines()
-                           if line.startswith("NVML orphan check")), "NVML orphan check: -")
-            print(f"  {r['case'].split('::')[-1]:<44} {d['kind']:<20} "
-                  f"{','.join(map(str, d['cause_ranks'])):<9} "
-                  f"{','.join(map(str, d['waiting_ranks'])) or '-':<8} "
-                  f"{d['time_to_finding_s']:>9.2f} s  {orphan.split(': ', 1)[-1]}")
+            orphan = next(
+                (line for line in evidence.splitlines() if line.startswith("NVML orphan check")),
+                "NVML orphan check: -",
+            )
+            print(
+                f"  {r['case'].split('::')[-1]:<44} {d['kind']:<20} "
+                f"{','.join(map(str, d['cause_ranks'])):<9} "
+                f"{','.join(map(str, d['waiting_ranks'])) or '-':<8} "
+                f"{d['time_to_finding_s']:>9.2f} s  {orphan.split(': ', 1)[-1]}"
+            )
     return rc
 
 
-COMMANDS: dict[str, Callable[..., int]] = {"matrix": matrix, "counts": counts, "cost": cost,
-                                           "dist": dist}
+COMMANDS: dict[str, Callable[..., int]] = {
+    "matrix": matrix,
+    "counts": counts,
+    "cost": cost,
+    "dist": dist,
+}
 
 
 def main(argv: list[str]) -> int:

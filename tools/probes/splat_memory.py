@@ -37,8 +37,11 @@ def _where(frames: list[dict[str, Any]]) -> str:
     for f in frames:
         name = f["filename"]
         if (str(ROOT) in name or "gpucheck" in name) and "splat_memory" not in name:
-            short = name.split("gpucheck/", 1)[-1] if str(ROOT) not in name else \
-                str(Path(name).relative_to(ROOT))
+            short = (
+                name.split("gpucheck/", 1)[-1]
+                if str(ROOT) not in name
+                else str(Path(name).relative_to(ROOT))
+            )
             return f"{short}:{f['line']} {f['name']}"
     for f in frames:
         if "splat_memory" in f["filename"]:
@@ -64,8 +67,18 @@ def peak_blocks(events: list[dict[str, Any]]) -> tuple[int, dict[int, tuple[int,
     return best, at_best, peak_where
 
 
-PROJECT_OUTPUTS = ("means2d", "conics", "rgb", "depths", "radii", "rects", "ranges", "ids",
-                   "opacities32", "background32")
+PROJECT_OUTPUTS = (
+    "means2d",
+    "conics",
+    "rgb",
+    "depths",
+    "radii",
+    "rects",
+    "ranges",
+    "ids",
+    "opacities32",
+    "background32",
+)
 
 
 def watch_project() -> dict[str, tuple[int, int]]:
@@ -75,8 +88,9 @@ def watch_project() -> dict[str, tuple[int, int]]:
 
     def project(*args: Any) -> Any:
         out = found.project(*args)
-        seen.update({name: (t.data_ptr(), t.nbytes)
-                     for name, t in zip(PROJECT_OUTPUTS, out, strict=True)})
+        seen.update(
+            {name: (t.data_ptr(), t.nbytes) for name, t in zip(PROJECT_OUTPUTS, out, strict=True)}
+        )
         return out
 
     watched = found._replace(project=project)
@@ -87,11 +101,17 @@ def watch_project() -> dict[str, tuple[int, int]]:
 def alive(seen: dict[str, tuple[int, int]]) -> list[str]:
     """Which of the noted outputs' blocks are still allocated now (matched by address and
     requested size: a freed block reused by a tensor of another size does not count)."""
-    active = {(b["address"], b.get("requested_size", b["size"]))
-              for seg in torch.cuda.memory._snapshot()["segments"]
-              for b in seg["blocks"] if b["state"] == "active_allocated"}
-    return [f"{name} ({size / MIB:.1f} MiB)" for name, (addr, size) in seen.items()
-            if (addr, size) in active]
+    active = {
+        (b["address"], b.get("requested_size", b["size"]))
+        for seg in torch.cuda.memory._snapshot()["segments"]
+        for b in seg["blocks"]
+        if b["state"] == "active_allocated"
+    }
+    return [
+        f"{name} ({size / MIB:.1f} MiB)"
+        for name, (addr, size) in seen.items()
+        if (addr, size) in active
+    ]
 
 
 def main() -> int:
@@ -101,9 +121,13 @@ def main() -> int:
     parser.add_argument("--dtype", default="float32")
     args = parser.parse_args()
     device = torch.device("cuda", 0)
-    scene = splat_scenes.to(splat_scenes.scene(args.n, 1920, 1080, 1234, device,
-                                               **splat_scenes.BENCH_SCENES[args.scene]),
-                            device, getattr(torch, args.dtype))
+    scene = splat_scenes.to(
+        splat_scenes.scene(
+            args.n, 1920, 1080, 1234, device, **splat_scenes.BENCH_SCENES[args.scene]
+        ),
+        device,
+        getattr(torch, args.dtype),
+    )
     leaves = {k: scene[k].clone().requires_grad_() for k in PARAMS}
     grad = torch.rand(3, 1080, 1920, device=device)
     for _ in range(2):  # warm-up: extension loaded, allocator pools grown
@@ -119,7 +143,8 @@ def main() -> int:
     image, overlaps = result.image, result.n_intersections
     before_project_backward: list[str] = []
     result.means2d.grad_fn.register_prehook(
-        lambda grads: before_project_backward.extend(alive(seen)) and None)
+        lambda grads: before_project_backward.extend(alive(seen)) and None
+    )
     del result
     after_forward = alive(seen)
     image.backward(grad)
@@ -133,14 +158,20 @@ def main() -> int:
     for size, where in blocks.values():
         groups[where].append(size)
     grads = sum(v.grad.numel() * v.grad.element_size() for v in leaves.values())
-    print(f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, N={args.n}, "
-          f"scene {args.scene}, {args.dtype}, overlaps {overlaps}")
-    print(f"peak beyond the inputs: {measured / MIB:.1f} MiB (max_memory_allocated), "
-          f"{best / MIB:.1f} MiB (replayed, {len(events)} events); parameter gradients "
-          f"{grads / MIB:.1f} MiB; the peak reached by: {peak_where}")
+    print(
+        f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, N={args.n}, "
+        f"scene {args.scene}, {args.dtype}, overlaps {overlaps}"
+    )
+    print(
+        f"peak beyond the inputs: {measured / MIB:.1f} MiB (max_memory_allocated), "
+        f"{best / MIB:.1f} MiB (replayed, {len(events)} events); parameter gradients "
+        f"{grads / MIB:.1f} MiB; the peak reached by: {peak_where}"
+    )
     print(f"projection outputs allocated after the forward: {', '.join(after_forward)}")
-    print("... and when the projection's backward starts: "
-          f"{', '.join(before_project_backward) or 'none'}")
+    print(
+        "... and when the projection's backward starts: "
+        f"{', '.join(before_project_backward) or 'none'}"
+    )
     print(f"{'MiB':>8} {'blocks':>6}  allocated at")
     for where, sizes in sorted(groups.items(), key=lambda kv: -sum(kv[1])):
         print(f"{sum(sizes) / MIB:8.1f} {len(sizes):6d}  {where}")

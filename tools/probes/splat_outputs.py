@@ -35,10 +35,28 @@ FORWARD = ("image", "alpha", "depth", "radii", "means2d", "depths", "conics", "c
 
 
 def scenes(device: torch.device) -> dict[str, dict[str, Any]]:
-    out = {"bench_1m": splat_scenes.scene(1_000_000, 1920, 1080, 1234, device, sh_degree=3,
-                                          depth_range=(2.0, 30.0), log_scale=(-5.0, -3.0))}
-    faint = splat_scenes.scene(200_000, 1920, 1080, 77, device, sh_degree=1,
-                               depth_range=(1.0, 20.0), log_scale=(-5.0, -1.5))
+    out = {
+        "bench_1m": splat_scenes.scene(
+            1_000_000,
+            1920,
+            1080,
+            1234,
+            device,
+            sh_degree=3,
+            depth_range=(2.0, 30.0),
+            log_scale=(-5.0, -3.0),
+        )
+    }
+    faint = splat_scenes.scene(
+        200_000,
+        1920,
+        1080,
+        77,
+        device,
+        sh_degree=1,
+        depth_range=(1.0, 20.0),
+        log_scale=(-5.0, -1.5),
+    )
     gen = torch.Generator().manual_seed(77)
     faint["opacities"] = (torch.rand(200_000, generator=gen) ** 3).to(device)
     faint["scales"][::3, 1:] *= 1e-2
@@ -56,14 +74,18 @@ def dump(path: Path) -> None:
         row["overlaps"] = got.n_intersections
         gen = torch.Generator(device=device).manual_seed(9)
         h, w = args["height"], args["width"]
-        weights = [torch.randn(s, generator=gen, device=device) for s in ((3, h, w), (h, w),
-                                                                          (h, w))]
+        weights = [
+            torch.randn(s, generator=gen, device=device) for s in ((3, h, w), (h, w), (h, w))
+        ]
         for run in (0, 1):
-            leaves = {k: args[k].clone().requires_grad_() for k in LEAVES
-                      if args.get(k) is not None}
+            leaves = {
+                k: args[k].clone().requires_grad_() for k in LEAVES if args.get(k) is not None
+            }
             res = rasterize(**{**args, **leaves})
-            loss = sum(((o * wt).sum() for o, wt in zip(res[:3], weights, strict=True)),
-                       torch.zeros((), device=device))
+            loss = sum(
+                ((o * wt).sum() for o, wt in zip(res[:3], weights, strict=True)),
+                torch.zeros((), device=device),
+            )
             loss.backward()
             grads = {k: v.grad.cpu() for k, v in leaves.items()}
             grads["means2d"] = res.means2d.grad.cpu()
@@ -84,21 +106,24 @@ def compare(before: Path, after: Path) -> int:
     ok = True
     for name in a:
         x, y = a[name], b[name]
-        print(f"{name}: overlaps {x['overlaps']} -> {y['overlaps']} "
-              f"({100 * (y['overlaps'] / max(x['overlaps'], 1) - 1):+.1f} %)")
+        print(
+            f"{name}: overlaps {x['overlaps']} -> {y['overlaps']} "
+            f"({100 * (y['overlaps'] / max(x['overlaps'], 1) - 1):+.1f} %)"
+        )
         for k in FORWARD:
             same = torch.equal(x[k], y[k])
             ok &= same
             say = "bitwise equal" if same else f"DIFFERS, max rel {_rel(y[k], x[k]):.3g}"
             print(f"  {k:>10}: {say}")
         for k in x["grads0"]:
-            spread = max(_rel(x["grads1"][k], x["grads0"][k]),
-                         _rel(y["grads1"][k], y["grads0"][k]))
+            spread = max(_rel(x["grads1"][k], x["grads0"][k]), _rel(y["grads1"][k], y["grads0"][k]))
             across = _rel(y["grads0"][k], x["grads0"][k])
             same = torch.equal(y["grads0"][k], x["grads0"][k])
             ok &= across <= max(10 * spread, 1e-6)
-            print(f"  grad {k:>10}: before vs after max rel {across:.3g} "
-                  f"({'bitwise' if same else 'not bitwise'}); repeat spread {spread:.3g}")
+            print(
+                f"  grad {k:>10}: before vs after max rel {across:.3g} "
+                f"({'bitwise' if same else 'not bitwise'}); repeat spread {spread:.3g}"
+            )
     print("SAME" if ok else "DIFFERENT")
     return 0 if ok else 1
 

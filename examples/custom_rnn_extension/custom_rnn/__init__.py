@@ -59,14 +59,17 @@ def load(verbose: bool = False) -> ModuleType:
     return cpp_extension.load(
         name=f"custom_rnn_{name or 'clean'}",
         sources=[str(CSRC / f) for f in ("bindings.cpp", "wkv.cpp", "wkv_cuda.cu")],
-        extra_cflags=["-O3", *flags(name)], extra_cuda_cflags=["-O3", "-lineinfo", *flags(name)],
-        verbose=verbose)
+        extra_cflags=["-O3", *flags(name)],
+        extra_cuda_cflags=["-O3", "-lineinfo", *flags(name)],
+        verbose=verbose,
+    )
 
 
 _C = load()
 
 
 # --- the torch op's autograd and fake (meta) implementations ------------------------------
+
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
     ctx.save_for_backward(*inputs)
@@ -80,23 +83,25 @@ torch.library.register_autograd("custom_rnn::wkv", _backward, setup_context=_set
 
 
 @torch.library.register_fake("custom_rnn::wkv")
-def _wkv_fake(w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-              ) -> torch.Tensor:
+def _wkv_fake(w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(k)
 
 
 @torch.library.register_fake("custom_rnn::wkv_backward")
-def _wkv_backward_fake(w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       gy: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def _wkv_backward_fake(
+    w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gy: torch.Tensor
+) -> tuple[torch.Tensor, ...]:
     return (torch.empty_like(w), torch.empty_like(u), torch.empty_like(k), torch.empty_like(v))
 
 
 # --- the pybind11 functions, with autograd ------------------------------------------------
 
+
 class _WKV(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, w: torch.Tensor, u: torch.Tensor, k: torch.Tensor,
-                v: torch.Tensor) -> torch.Tensor:
+    def forward(
+        ctx: Any, w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
         ctx.save_for_backward(w, u, k, v)
         return _C.forward(w, u, k, v)
 
@@ -105,8 +110,7 @@ class _WKV(torch.autograd.Function):
         return tuple(_C.backward(*ctx.saved_tensors, gy.contiguous()))
 
 
-def wkv_pybind(w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-               ) -> torch.Tensor:
+def wkv_pybind(w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """``y = wkv(w, u, k, v)`` through the pybind11 module (differentiable)."""
     return _WKV.apply(w, u, k, v)
 
@@ -131,8 +135,7 @@ def make_backward_inputs(device: Any, dtype: torch.dtype) -> tuple[torch.Tensor,
     return (*make_inputs(device, dtype), gy)
 
 
-def reference(w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-              ) -> torch.Tensor:
+def reference(w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """The recurrence in plain PyTorch, accumulating in at least float32 like the kernel
     claims to (float64 stays float64); the result in the inputs' dtype."""
     acc = torch.promote_types(k.dtype, torch.float32)
@@ -146,8 +149,9 @@ def reference(w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return torch.stack(ys, 1).to(k.dtype)
 
 
-def backward_reference(w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       gy: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def backward_reference(
+    w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gy: torch.Tensor
+) -> tuple[torch.Tensor, ...]:
     """``(dw, du, dk, dv)`` of :func:`reference` for the output gradient ``gy``."""
     with torch.enable_grad():
         inputs = [t.detach().requires_grad_() for t in (w, u, k, v)]

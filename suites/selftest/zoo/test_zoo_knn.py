@@ -19,8 +19,9 @@ def _check(zoo_fn, ext, device):
     points = torch.randn(N, 3, device=device) * 0.5
     got = zoo_fn.dist_cuda2(ext, points)
     assert got.device == points.device
-    torch.testing.assert_close(got.double().cpu(), zoo_fn.dist_reference(points), rtol=1e-4,
-                               atol=1e-9)
+    torch.testing.assert_close(
+        got.double().cpu(), zoo_fn.dist_reference(points), rtol=1e-4, atol=1e-9
+    )
 
 
 def test_knn_clean(zoo_ext, zoo_fn, gpu_device):

@@ -33,15 +33,20 @@ def _close(actual, expected):
     err = float(torch.linalg.vector_norm(actual - expected))
     assert err <= REL_L2 * float(torch.linalg.vector_norm(expected)) + 1e-9, (
         f"relative L2 error {err / max(float(torch.linalg.vector_norm(expected)), 1e-30):.2e}"
-        f" > {REL_L2:g}")
+        f" > {REL_L2:g}"
+    )
 
 
 def _scene(device):
     means2D = torch.rand(P, 2) * torch.tensor([WIDTH + 20.0, HEIGHT + 20.0]) - 10
     depths = torch.rand(P) * 9.5 + 0.5
     depths[:5] = 0.1  # culled
-    scene = {"means2D": means2D, "depths": depths, "sigmas": torch.rand(P) * 5 + 1,
-             "opacities": torch.rand(P, 1) * 0.8 + 0.2}
+    scene = {
+        "means2D": means2D,
+        "depths": depths,
+        "sigmas": torch.rand(P) * 5 + 1,
+        "opacities": torch.rand(P, 1) * 0.8 + 0.2,
+    }
     return {k: v.to(device).contiguous() for k, v in scene.items()}
 
 
@@ -51,15 +56,15 @@ def _check_render(zoo_fn, ext, device, *, through_sh):
     leaf = (torch.randn(P, 3) * 0.8 if through_sh else torch.rand(P, 3)).to(device)
     leaf.requires_grad_(True)
     kwargs = {"sh_dc": leaf} if through_sh else {"colors": leaf}
-    image, radii = zoo_fn.rasterize(ext, **scene, background=bg, height=HEIGHT, width=WIDTH,
-                                    **kwargs)
+    image, radii = zoo_fn.rasterize(
+        ext, **scene, background=bg, height=HEIGHT, width=WIDTH, **kwargs
+    )
     weights = torch.rand(3, HEIGHT, WIDTH, device=device)
     image.backward(weights)
 
     ref_leaf = leaf.detach().double().cpu().requires_grad_(True)
     colors = zoo_fn.sh_colors(ref_leaf) if through_sh else ref_leaf
-    ref = zoo_fn.render_reference(**scene, colors=colors, background=bg, height=HEIGHT,
-                                  width=WIDTH)
+    ref = zoo_fn.render_reference(**scene, colors=colors, background=bg, height=HEIGHT, width=WIDTH)
     (ref * weights.double().cpu()).sum().backward()
     _close(image, ref.detach())
     _close(leaf.grad, ref_leaf.grad)
@@ -76,9 +81,14 @@ def _save(tmp_path, suffix, activated):
     p = sample_params(N_SAVED, sh_degree=0, seed=int(torch.randint(1 << 30, ())))
     if activated:
         p = ck.GaussianParams(
-            p.means, p.features_dc, p.features_rest, act.scale_activation(p.log_scales),
-            act.opacity_activation(p.opacity_logits), act.rotation_activation(p.rotations_raw),
-            p.sh_degree)
+            p.means,
+            p.features_dc,
+            p.features_rest,
+            act.scale_activation(p.log_scales),
+            act.opacity_activation(p.opacity_logits),
+            act.rotation_activation(p.rotations_raw),
+            p.sh_degree,
+        )
     if suffix == "ply":
         path = tmp_path / "point_cloud.ply"
         ck.write_ply(p, path)
@@ -95,10 +105,16 @@ def _render_checkpoint(zoo_fn, ext, path, device):
     sh_dc = scene.pop("sh_dc")
     bg = torch.zeros(3, device=device)
     with torch.no_grad():
-        image, _ = zoo_fn.rasterize(ext, **scene, background=bg, height=HEIGHT, width=WIDTH,
-                                    sh_dc=sh_dc)
-    ref = zoo_fn.render_reference(**scene, colors=zoo_fn.sh_colors(sh_dc.double().cpu()),
-                                  background=bg, height=HEIGHT, width=WIDTH)
+        image, _ = zoo_fn.rasterize(
+            ext, **scene, background=bg, height=HEIGHT, width=WIDTH, sh_dc=sh_dc
+        )
+    ref = zoo_fn.render_reference(
+        **scene,
+        colors=zoo_fn.sh_colors(sh_dc.double().cpu()),
+        background=bg,
+        height=HEIGHT,
+        width=WIDTH,
+    )
     _close(image, ref)
 
 
@@ -112,21 +128,29 @@ def test_raster_clean_sh(zoo_ext, zoo_fn, gpu_device):
 
 def test_raster_clean_empty(zoo_ext, zoo_fn, gpu_device):
     """No Gaussian at all: the background, with empty byte buffers."""
-    empty = {"means2D": torch.zeros(0, 2), "depths": torch.zeros(0), "sigmas": torch.zeros(0),
-             "opacities": torch.zeros(0, 1)}
+    empty = {
+        "means2D": torch.zeros(0, 2),
+        "depths": torch.zeros(0),
+        "sigmas": torch.zeros(0),
+        "opacities": torch.zeros(0, 1),
+    }
     scene = {k: v.to(gpu_device) for k, v in empty.items()}
     bg = torch.rand(3, device=gpu_device)
-    image, radii = zoo_fn.rasterize(zoo_ext("raster_clean"), **scene, background=bg,
-                                    height=HEIGHT, width=WIDTH,
-                                    colors=torch.zeros(0, 3, device=gpu_device))
+    image, radii = zoo_fn.rasterize(
+        zoo_ext("raster_clean"),
+        **scene,
+        background=bg,
+        height=HEIGHT,
+        width=WIDTH,
+        colors=torch.zeros(0, 3, device=gpu_device),
+    )
     torch.testing.assert_close(image.cpu(), bg.cpu()[:, None, None].expand(3, HEIGHT, WIDTH))
     assert radii.numel() == 0
 
 
 @pytest.mark.parametrize("suffix", SUFFIXES)
 def test_raster_clean_checkpoint(zoo_ext, zoo_fn, gpu_device, tmp_path, suffix):
-    _render_checkpoint(zoo_fn, zoo_ext("raster_clean"), _save(tmp_path, suffix, False),
-                       gpu_device)
+    _render_checkpoint(zoo_fn, zoo_ext("raster_clean"), _save(tmp_path, suffix, False), gpu_device)
 
 
 @pytest.mark.gpucheck_repeat(5)
@@ -137,8 +161,7 @@ def test_raster_clean_repeat(zoo_ext, zoo_fn, gpu_device):
 @pytest.mark.parametrize("suffix", SUFFIXES)
 def test_raster_noguard_checkpoint(zoo_ext, zoo_fn, gpu_device, tmp_path, suffix):
     # two GPUs: faults with the other device current, passes with its own current
-    _render_checkpoint(zoo_fn, zoo_ext("raster_noguard"), _save(tmp_path, suffix, True),
-                       gpu_device)
+    _render_checkpoint(zoo_fn, zoo_ext("raster_noguard"), _save(tmp_path, suffix, True), gpu_device)
 
 
 @pytest.mark.gpucheck_repeat(5)
@@ -148,8 +171,9 @@ def test_raster_legacy_leak_repeat(zoo_ext, zoo_fn, gpu_device):
 
 @pytest.mark.parametrize("suffix", SUFFIXES)
 def test_raster_legacy_checkpoint(zoo_ext, zoo_fn, gpu_device, tmp_path, suffix):
-    _render_checkpoint(zoo_fn, zoo_ext("raster_legacy_leak"), _save(tmp_path, suffix, True),
-                       gpu_device)
+    _render_checkpoint(
+        zoo_fn, zoo_ext("raster_legacy_leak"), _save(tmp_path, suffix, True), gpu_device
+    )
 
 
 def test_raster_sort0_outdev(zoo_ext, zoo_fn, gpu_device):
@@ -159,8 +183,13 @@ def test_raster_sort0_outdev(zoo_ext, zoo_fn, gpu_device):
     colors = torch.rand(P, 3, device=gpu_device)
     bg = torch.rand(3, device=gpu_device)
     with torch.no_grad():
-        image, _ = zoo_fn.rasterize(zoo_ext("raster_sort0_outdev"), **scene, background=bg,
-                                    height=HEIGHT, width=WIDTH, colors=colors)
-    ref = zoo_fn.render_reference(**scene, colors=colors, background=bg, height=HEIGHT,
-                                  width=WIDTH)
+        image, _ = zoo_fn.rasterize(
+            zoo_ext("raster_sort0_outdev"),
+            **scene,
+            background=bg,
+            height=HEIGHT,
+            width=WIDTH,
+            colors=colors,
+        )
+    ref = zoo_fn.render_reference(**scene, colors=colors, background=bg, height=HEIGHT, width=WIDTH)
     _close(image, ref)

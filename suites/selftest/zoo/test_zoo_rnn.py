@@ -19,8 +19,12 @@ B, T, C = 2, 33, 48  # B * C a multiple of 32, as the kernels' launch needs
 def _check(zoo_fn, ext, device, state):
     """``state``: None (placeholder), "cuda" (learned, on the device) or "cpu" (a slip: a
     constant state left on the CPU)."""
-    inputs = [torch.randn(C) * 0.5 - 1, torch.randn(C) * 0.5, torch.randn(B, T, C) * 0.5,
-              torch.randn(B, T, C) * 0.5]
+    inputs = [
+        torch.randn(C) * 0.5 - 1,
+        torch.randn(C) * 0.5,
+        torch.randn(B, T, C) * 0.5,
+        torch.randn(B, T, C) * 0.5,
+    ]
     h0 = None if state is None else torch.randn(B, C) * 0.5
     leaves = [t.to(device).requires_grad_(True) for t in inputs]
     given = h0

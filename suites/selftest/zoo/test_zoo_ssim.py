@@ -29,19 +29,18 @@ def _check_train(zoo_fn, ext, device):
     ref1 = img1.detach().double().cpu().requires_grad_(True)
     ref_loss = 1 - zoo_fn.ssim_reference(ref1, img2)
     ref_loss.backward()
-    torch.testing.assert_close(loss.detach().double().cpu(), ref_loss.detach(), rtol=0,
-                               atol=1e-5)
+    torch.testing.assert_close(loss.detach().double().cpu(), ref_loss.detach(), rtol=0, atol=1e-5)
     scale = float(ref1.grad.abs().max())
-    torch.testing.assert_close(img1.grad.double().cpu(), ref1.grad, rtol=1e-3,
-                               atol=1e-3 * scale)
+    torch.testing.assert_close(img1.grad.double().cpu(), ref1.grad, rtol=1e-3, atol=1e-3 * scale)
 
 
 def _check_eval(zoo_fn, ext, device):
     img1, img2 = _images(device)
     with torch.no_grad():
         value = zoo_fn.fused_ssim(ext, img1, img2, train=False)
-    torch.testing.assert_close(value.double().cpu(), zoo_fn.ssim_reference(img1, img2),
-                               rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        value.double().cpu(), zoo_fn.ssim_reference(img1, img2), rtol=0, atol=1e-5
+    )
 
 
 def test_ssim_clean_train(zoo_ext, zoo_fn, gpu_device):

@@ -21,7 +21,7 @@ import torch
 PLACEHOLDER = torch.Tensor([])
 SH_C0 = 0.28209479177387814
 #: zoo_raster.cu's weight: exp(power) - CUT, clamped to [0, 0.99]; NEAR: its culling depth
-CUT, NEAR = math.exp(-0.5 * 3.3 ** 2), 0.2
+CUT, NEAR = math.exp(-0.5 * 3.3**2), 0.2
 
 
 def _ready(*tensors: torch.Tensor) -> None:
@@ -31,16 +31,27 @@ def _ready(*tensors: torch.Tensor) -> None:
 
 # --- rasterizer (diff-gaussian-rasterization's shape) ----------------------------------------
 
+
 class _RasterizeGaussians(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, ext: Any, means2D: torch.Tensor, depths: torch.Tensor,
-                sigmas: torch.Tensor, opacities: torch.Tensor, colors_precomp: torch.Tensor,
-                sh_dc: torch.Tensor, background: torch.Tensor, height: int, width: int
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        ctx: Any,
+        ext: Any,
+        means2D: torch.Tensor,
+        depths: torch.Tensor,
+        sigmas: torch.Tensor,
+        opacities: torch.Tensor,
+        colors_precomp: torch.Tensor,
+        sh_dc: torch.Tensor,
+        background: torch.Tensor,
+        height: int,
+        width: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         args = (background, means2D, depths, sigmas, opacities, colors_precomp, sh_dc)
         _ready(*args)
         num_rendered, color, radii, geom, binning, img = ext.rasterize_gaussians(
-            *args, height, width)
+            *args, height, width
+        )
         _ready(color, geom)
         ctx.ext, ctx.num_rendered = ext, num_rendered
         ctx.save_for_backward(*args, geom, binning, img)
@@ -49,52 +60,112 @@ class _RasterizeGaussians(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_color: torch.Tensor, _grad_radii: Any) -> tuple[Any, ...]:
-        background, means2D, depths, sigmas, opacities, colors_precomp, sh_dc, geom, binning, \
-            img = ctx.saved_tensors
+        (
+            background,
+            means2D,
+            depths,
+            sigmas,
+            opacities,
+            colors_precomp,
+            sh_dc,
+            geom,
+            binning,
+            img,
+        ) = ctx.saved_tensors
         grad_color = grad_color.contiguous()
         _ready(grad_color, geom)
         dL_dcolors, dL_dsh = ctx.ext.rasterize_gaussians_backward(
-            background, means2D, depths, sigmas, opacities, colors_precomp, sh_dc, grad_color,
-            ctx.num_rendered, geom, binning, img)
+            background,
+            means2D,
+            depths,
+            sigmas,
+            opacities,
+            colors_precomp,
+            sh_dc,
+            grad_color,
+            ctx.num_rendered,
+            geom,
+            binning,
+            img,
+        )
         _ready(dL_dcolors, dL_dsh)
-        return (None, None, None, None, None,
-                dL_dcolors if colors_precomp.numel() else None,
-                dL_dsh if sh_dc.numel() else None, None, None, None)
+        return (
+            None,
+            None,
+            None,
+            None,
+            None,
+            dL_dcolors if colors_precomp.numel() else None,
+            dL_dsh if sh_dc.numel() else None,
+            None,
+            None,
+            None,
+        )
 
 
-def rasterize(ext: Any, means2D: torch.Tensor, depths: torch.Tensor, sigmas: torch.Tensor,
-              opacities: torch.Tensor, background: torch.Tensor, height: int, width: int, *,
-              colors: torch.Tensor | None = None, sh_dc: torch.Tensor | None = None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+def rasterize(
+    ext: Any,
+    means2D: torch.Tensor,
+    depths: torch.Tensor,
+    sigmas: torch.Tensor,
+    opacities: torch.Tensor,
+    background: torch.Tensor,
+    height: int,
+    width: int,
+    *,
+    colors: torch.Tensor | None = None,
+    sh_dc: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(image [3, H, W], radii [P]) of P projected Gaussians (``means2D`` [P, 2] pixels,
     ``depths`` [P], ``sigmas`` [P] pixels, ``opacities`` [P, 1]) with either ``colors``
     [P, 3] or degree-0 SH ``sh_dc`` [P, 3]; differentiable in the colors given."""
     if (colors is None) == (sh_dc is None):
         raise ValueError("give exactly one of colors and sh_dc")
     return _RasterizeGaussians.apply(  # type: ignore[no-any-return]
-        ext, means2D, depths, sigmas, opacities,
-        PLACEHOLDER if colors is None else colors, PLACEHOLDER if sh_dc is None else sh_dc,
-        background, height, width)
+        ext,
+        means2D,
+        depths,
+        sigmas,
+        opacities,
+        PLACEHOLDER if colors is None else colors,
+        PLACEHOLDER if sh_dc is None else sh_dc,
+        background,
+        height,
+        width,
+    )
 
 
-def render_reference(means2D: torch.Tensor, depths: torch.Tensor, sigmas: torch.Tensor,
-                     opacities: torch.Tensor, colors: torch.Tensor, background: torch.Tensor,
-                     height: int, width: int) -> torch.Tensor:
+def render_reference(
+    means2D: torch.Tensor,
+    depths: torch.Tensor,
+    sigmas: torch.Tensor,
+    opacities: torch.Tensor,
+    colors: torch.Tensor,
+    background: torch.Tensor,
+    height: int,
+    width: int,
+) -> torch.Tensor:
     """zoo_raster.cu's image in float64 on the CPU: every Gaussian in front of NEAR, front to
     back by depth, blended into every pixel (differentiable in ``colors`` [P, 3])."""
-    f = {n: t.detach().double().cpu() for n, t in dict(
-        m=means2D, d=depths, s=sigmas, o=opacities.reshape(-1)).items()}
+    f = {
+        n: t.detach().double().cpu()
+        for n, t in dict(m=means2D, d=depths, s=sigmas, o=opacities.reshape(-1)).items()
+    }
     colors = colors.double().cpu()
-    ys, xs = torch.meshgrid(torch.arange(height, dtype=torch.float64),
-                            torch.arange(width, dtype=torch.float64), indexing="ij")
+    ys, xs = torch.meshgrid(
+        torch.arange(height, dtype=torch.float64),
+        torch.arange(width, dtype=torch.float64),
+        indexing="ij",
+    )
     T = torch.ones(height, width, dtype=torch.float64)
     image = torch.zeros(3, height, width, dtype=torch.float64)
     for i in torch.argsort(f["d"], stable=True).tolist():
         if not f["d"][i] > NEAR:
             continue
         d2 = (xs - f["m"][i, 0]) ** 2 + (ys - f["m"][i, 1]) ** 2
-        alpha = (f["o"][i] * (torch.exp(-0.5 * d2 / f["s"][i] ** 2) - CUT).clamp(min=0)
-                 ).clamp(max=0.99)
+        alpha = (f["o"][i] * (torch.exp(-0.5 * d2 / f["s"][i] ** 2) - CUT).clamp(min=0)).clamp(
+            max=0.99
+        )
         image = image + colors[i][:, None, None] * (alpha * T)
         T = T * (1 - alpha)
     return image + T * background.double().cpu()[:, None, None]
@@ -107,6 +178,7 @@ def sh_colors(sh_dc: torch.Tensor) -> torch.Tensor:
 
 # --- 3DGS checkpoints read the 3DGS way, projected for the rasterizer -------------------------
 
+
 def load_3dgs(path: Path) -> dict[str, torch.Tensor]:
     """The raw fields of a 3DGS checkpoint, read as 3DGS reads them: ``GaussianModel.load_ply``
     (``plyfile.PlyData.read``) or ``restore(torch.load(chkpnt)[0])``."""
@@ -118,41 +190,56 @@ def load_3dgs(path: Path) -> dict[str, torch.Tensor]:
         v = plyfile.PlyData.read(str(path)).elements[0]
 
         def cols(*names: str) -> torch.Tensor:
-            return torch.tensor(np.stack([np.asarray(v[n]) for n in names], axis=1),
-                                dtype=torch.float)
+            return torch.tensor(
+                np.stack([np.asarray(v[n]) for n in names], axis=1), dtype=torch.float
+            )
 
-        return {"xyz": cols("x", "y", "z"), "f_dc": cols("f_dc_0", "f_dc_1", "f_dc_2"),
-                "scaling": cols("scale_0", "scale_1", "scale_2"), "opacity": cols("opacity")}
+        return {
+            "xyz": cols("x", "y", "z"),
+            "f_dc": cols("f_dc_0", "f_dc_1", "f_dc_2"),
+            "scaling": cols("scale_0", "scale_1", "scale_2"),
+            "opacity": cols("opacity"),
+        }
     (model_params, _first_iter) = torch.load(path)
     (_degree, xyz, f_dc, _f_rest, scaling, _rotation, opacity, *_state) = model_params
-    return {"xyz": xyz, "f_dc": f_dc.reshape(-1, 3), "scaling": scaling,
-            "opacity": opacity.reshape(-1, 1)}
+    return {
+        "xyz": xyz,
+        "f_dc": f_dc.reshape(-1, 3),
+        "scaling": scaling,
+        "opacity": opacity.reshape(-1, 1),
+    }
 
 
-def project(fields: dict[str, torch.Tensor], focal: float, height: int, width: int,
-            device: torch.device) -> dict[str, torch.Tensor]:
+def project(
+    fields: dict[str, torch.Tensor], focal: float, height: int, width: int, device: torch.device
+) -> dict[str, torch.Tensor]:
     """Activate the raw fields as 3DGS does (exp, sigmoid) and project them through a pinhole
     camera at the origin looking along +z: the rasterizer's inputs on ``device``."""
     xyz = fields["xyz"].float()
     z = xyz[:, 2]
     scales = torch.exp(fields["scaling"].float())
-    out = {"means2D": torch.stack([focal * xyz[:, 0] / z + width / 2,
-                                   focal * xyz[:, 1] / z + height / 2], 1),
-           "depths": z, "sigmas": (focal * scales.mean(1) / z.clamp(min=NEAR)).clamp(max=1e4),
-           "opacities": torch.sigmoid(fields["opacity"].float()).reshape(-1, 1),
-           "sh_dc": fields["f_dc"].float().reshape(-1, 3)}
+    out = {
+        "means2D": torch.stack(
+            [focal * xyz[:, 0] / z + width / 2, focal * xyz[:, 1] / z + height / 2], 1
+        ),
+        "depths": z,
+        "sigmas": (focal * scales.mean(1) / z.clamp(min=NEAR)).clamp(max=1e4),
+        "opacities": torch.sigmoid(fields["opacity"].float()).reshape(-1, 1),
+        "sh_dc": fields["f_dc"].float().reshape(-1, 3),
+    }
     return {k: v.to(device).contiguous() for k, v in out.items()}
 
 
 # --- SSIM loss (fused-ssim's shape) -----------------------------------------------------------
 
-C1, C2 = 0.01 ** 2, 0.03 ** 2
+C1, C2 = 0.01**2, 0.03**2
 
 
 class _FusedSSIMMap(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, ext: Any, img1: torch.Tensor, img2: torch.Tensor, train: bool
-                ) -> torch.Tensor:
+    def forward(
+        ctx: Any, ext: Any, img1: torch.Tensor, img2: torch.Tensor, train: bool
+    ) -> torch.Tensor:
         _ready(img1, img2)
         ssim_map, dm_dmu1, dm_dsigma1_sq, dm_dsigma12 = ext.fusedssim(C1, C2, img1, img2, train)
         _ready(ssim_map, img1)
@@ -166,14 +253,16 @@ class _FusedSSIMMap(torch.autograd.Function):
         img1, img2, dm_dmu1, dm_dsigma1_sq, dm_dsigma12 = ctx.saved_tensors
         dL_dmap = dL_dmap.contiguous()
         _ready(dL_dmap, img1)
-        grad = ctx.ext.fusedssim_backward(C1, C2, img1, img2, dL_dmap, dm_dmu1, dm_dsigma1_sq,
-                                          dm_dsigma12)
+        grad = ctx.ext.fusedssim_backward(
+            C1, C2, img1, img2, dL_dmap, dm_dmu1, dm_dsigma1_sq, dm_dsigma12
+        )
         _ready(grad)
         return None, grad, None, None
 
 
-def fused_ssim(ext: Any, img1: torch.Tensor, img2: torch.Tensor, train: bool = True
-               ) -> torch.Tensor:
+def fused_ssim(
+    ext: Any, img1: torch.Tensor, img2: torch.Tensor, train: bool = True
+) -> torch.Tensor:
     """The mean SSIM of ``img1`` against ``img2`` ([B, C, H, W] float32), differentiable in
     ``img1`` when ``train``; in evaluation the extension returns placeholders for the maps
     the backward would need."""
@@ -184,7 +273,7 @@ def ssim_reference(img1: torch.Tensor, img2: torch.Tensor) -> torch.Tensor:
     """The mean SSIM in float64 on the CPU (11x11 Gaussian window, sigma 1.5, zero padding),
     differentiable in ``img1``."""
     channels = img1.shape[1]
-    g = torch.exp(-torch.arange(-5, 6, dtype=torch.float64) ** 2 / (2 * 1.5 ** 2))
+    g = torch.exp(-(torch.arange(-5, 6, dtype=torch.float64) ** 2) / (2 * 1.5**2))
     g = g / g.sum()
     window = (g[:, None] * g[None, :]).expand(channels, 1, 11, 11).contiguous()
 
@@ -193,13 +282,13 @@ def ssim_reference(img1: torch.Tensor, img2: torch.Tensor) -> torch.Tensor:
 
     x, y = img1.double().cpu(), img2.double().cpu()
     mu1, mu2 = blur(x), blur(y)
-    s1, s2, s12 = blur(x * x) - mu1 ** 2, blur(y * y) - mu2 ** 2, blur(x * y) - mu1 * mu2
-    ssim_map = ((2 * mu1 * mu2 + C1) * (2 * s12 + C2)) / (
-        (mu1 ** 2 + mu2 ** 2 + C1) * (s1 + s2 + C2))
+    s1, s2, s12 = blur(x * x) - mu1**2, blur(y * y) - mu2**2, blur(x * y) - mu1 * mu2
+    ssim_map = ((2 * mu1 * mu2 + C1) * (2 * s12 + C2)) / ((mu1**2 + mu2**2 + C1) * (s1 + s2 + C2))
     return ssim_map.mean()
 
 
 # --- distCUDA2 (simple-knn's shape) -----------------------------------------------------------
+
 
 class _DistCUDA2(torch.autograd.Function):
     @staticmethod
@@ -229,10 +318,21 @@ def dist_reference(points: torch.Tensor) -> torch.Tensor:
 
 # --- custom RNN (RWKV-4's WKV shape) ----------------------------------------------------------
 
+
 class _WKV(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, ext: Any, B: int, T: int, C: int, w: torch.Tensor, u: torch.Tensor,
-                k: torch.Tensor, v: torch.Tensor, h0: torch.Tensor) -> torch.Tensor:
+    def forward(
+        ctx: Any,
+        ext: Any,
+        B: int,
+        T: int,
+        C: int,
+        w: torch.Tensor,
+        u: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        h0: torch.Tensor,
+    ) -> torch.Tensor:
         y = torch.empty((B, T, C), device=w.device, memory_format=torch.contiguous_format)
         _ready(w, u, k, v, h0)
         ext.forward(B, T, C, w, u, k, v, h0, y)
@@ -252,26 +352,58 @@ class _WKV(torch.autograd.Function):
         _ready(gy, w)
         ctx.ext.backward(B, T, C, w, u, k, v, h0, y, gy, gw, gu, gk, gv, gh0)
         _ready(gw)
-        return (None, None, None, None, gw.sum(0), gu.sum(0), gk, gv,
-                gh0 if ctx.needs_input_grad[8] else None)
+        return (
+            None,
+            None,
+            None,
+            None,
+            gw.sum(0),
+            gu.sum(0),
+            gk,
+            gv,
+            gh0 if ctx.needs_input_grad[8] else None,
+        )
 
 
-def wkv(ext: Any, w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-        h0: torch.Tensor | None = None) -> torch.Tensor:
+def wkv(
+    ext: Any,
+    w: torch.Tensor,
+    u: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    h0: torch.Tensor | None = None,
+) -> torch.Tensor:
     """y [B, T, C] of the recurrence of zoo_rnn.cu (``w``, ``u`` [C]; ``k``, ``v`` [B, T, C];
     ``h0`` [B, C] or None for zeros), differentiable in every tensor."""
     B, T, C = k.shape
-    return _WKV.apply(ext, B, T, C, w, u, k, v,  # type: ignore[no-any-return]
-                      torch.empty(0) if h0 is None else h0)
+    return _WKV.apply(
+        ext,
+        B,
+        T,
+        C,
+        w,
+        u,
+        k,
+        v,  # type: ignore[no-any-return]
+        torch.empty(0) if h0 is None else h0,
+    )
 
 
-def wkv_reference(w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                  h0: torch.Tensor | None = None) -> torch.Tensor:
+def wkv_reference(
+    w: torch.Tensor,
+    u: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    h0: torch.Tensor | None = None,
+) -> torch.Tensor:
     """zoo_rnn.cu's recurrence in float64 on the CPU (differentiable in its inputs)."""
     w, u, k, v = (t.double().cpu() for t in (w, u, k, v))
     a = torch.exp(-torch.exp(w))
-    h = torch.zeros(k.shape[0], k.shape[2], dtype=torch.float64) if h0 is None else \
-        h0.double().cpu()
+    h = (
+        torch.zeros(k.shape[0], k.shape[2], dtype=torch.float64)
+        if h0 is None
+        else h0.double().cpu()
+    )
     ys = []
     for t in range(k.shape[1]):
         z = k[:, t] * v[:, t]
