@@ -284,8 +284,15 @@ def test_growth_beyond_the_device_is_an_error():
 
 
 def peak(
-    device: str, torch_peak: int, nvml_peak: int, case: str = "test_i.py::test_i[{d}]"
+    device: str,
+    torch_peak: int,
+    nvml_peak: int,
+    case: str = "test_i.py::test_i[{d}]",
+    reserved: int | None = None,
 ) -> CaseRecord:
+    memory = {"torch_peak_allocated": torch_peak, "nvml_peak_used": nvml_peak}
+    if reserved is not None:
+        memory["torch_peak_reserved"] = reserved
     return read_back(
         {
             "record": "case",
@@ -294,7 +301,7 @@ def peak(
             "mode": "blocking+nvml",
             "case": case.format(d=device.replace(":", "")),
             "status": "passed",
-            "memory": {"torch_peak_allocated": torch_peak, "nvml_peak_used": nvml_peak},
+            "memory": memory,
         }
     )
 
@@ -312,6 +319,24 @@ def test_imbalance_across_devices():
         f.evidence or ""
     )
     assert imbalances([r for r in recs if r.device == "cuda:0"]) == []
+
+
+def test_imbalance_leaves_out_the_pool_earlier_cases_reserved():
+    # A resumed worker ran this case with 10 GB still reserved by the cases before it; the
+    # first run's worker had released none of it yet: the same allocations, NVML apart by GB.
+    GiB = 1024 * MiB
+    recs = [
+        peak("cuda:0", 40 * MiB, 10 * GiB + 700 * MiB, reserved=10 * GiB),
+        peak("cuda:1", 40 * MiB, 700 * MiB, reserved=64 * MiB),
+    ]
+    assert imbalances(recs) == []
+    # memory outside the pool (a raw cudaMalloc, a second context) still counts
+    recs = [
+        peak("cuda:0", 40 * MiB, 10 * GiB + 1700 * MiB, reserved=10 * GiB),
+        peak("cuda:1", 40 * MiB, 700 * MiB, reserved=64 * MiB),
+    ]
+    [f] = imbalances(recs)
+    assert f.device == "cuda:0" and "outside PyTorch's reserved pool" in (f.evidence or "")
 
 
 # --- leak ----------------------------------------------------------------------------------------

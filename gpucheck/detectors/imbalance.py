@@ -8,10 +8,13 @@ device instead of the input's), a second CUDA context, a cache keyed by the wron
 Parent side, over the case records of the plain passes: records of one (suite, case, mode)
 are compared across devices, the device token of the case id (``cuda0``, ``cuda:1``) set
 aside. Two measures, each with its own tolerance: PyTorch's peak allocated on the target
-device (exact; :data:`TORCH_TOL`) and the worker's NVML peak on the target device, which also
-sees memory outside PyTorch's allocator (sampled, and with the CUDA context included;
-:data:`NVML_TOL`). A difference counts when the larger peak is more than ``ratio`` times the
-smaller *and* more than ``bytes`` above it.
+device (exact; :data:`TORCH_TOL`) and the memory outside PyTorch's allocator, the worker's
+NVML peak on the target device less PyTorch's peak reserved pool (sampled, and with the CUDA
+context included; :data:`NVML_TOL`). The pool is left out because it depends on the worker's
+history, not on the case: the allocator keeps what earlier cases reserved, so a case run
+first by a fresh (resumed) worker and the same case run late in a long one differ by
+gigabytes in NVML with the same allocations. A difference counts when the larger peak is more
+than ``ratio`` times the smaller *and* more than ``bytes`` above it.
 """
 
 from __future__ import annotations
@@ -38,6 +41,20 @@ HINT = (
 
 def _key(r: CaseRecord) -> tuple[str, str, str]:
     return (r.suite, _DEVICE_TOKEN.sub("cuda*", r.case), r.mode)
+
+
+def _allocated(memory: dict) -> int | None:
+    value = memory.get("torch_peak_allocated")
+    return value if isinstance(value, int) else None
+
+
+def _outside_pool(memory: dict) -> int | None:
+    """The NVML peak less PyTorch's peak reserved pool (0 at least: the sampler may miss)."""
+    nvml = memory.get("nvml_peak_used")
+    if not isinstance(nvml, int):
+        return None
+    reserved = memory.get("torch_peak_reserved")
+    return max(0, nvml - reserved) if isinstance(reserved, int) else nvml
 
 
 def _compare(tol: tuple[float, int], peaks: dict[str, int]) -> tuple[str, str, int, int] | None:
@@ -72,15 +89,11 @@ def imbalances(records: Iterable[CaseRecord]) -> list[Finding]:
         if len(by_device) < 2:
             continue
         lines, where = [], None
-        for label, field, tol in (
-            ("PyTorch peak allocated", "torch_peak_allocated", TORCH_TOL),
-            ("NVML peak of the worker", "nvml_peak_used", NVML_TOL),
+        for label, measure, tol in (
+            ("PyTorch peak allocated", _allocated, TORCH_TOL),
+            ("NVML peak outside PyTorch's reserved pool", _outside_pool, NVML_TOL),
         ):
-            peaks = {
-                d: r.memory[field]
-                for d, r in by_device.items()
-                if isinstance(r.memory.get(field), int)
-            }
+            peaks = {d: v for d, r in by_device.items() if (v := measure(r.memory)) is not None}
             hit = _compare(tol, peaks)
             if hit is None:
                 continue
@@ -103,7 +116,7 @@ def imbalances(records: Iterable[CaseRecord]) -> list[Finding]:
                 suite=where.suite,
                 case=where.case,
                 evidence="\n".join(lines) + f"\n(tolerances: PyTorch x{TORCH_TOL[0]} and "
-                f"+{TORCH_TOL[1] >> 20} MiB; NVML x{NVML_TOL[0]} and "
+                f"+{TORCH_TOL[1] >> 20} MiB; outside the pool x{NVML_TOL[0]} and "
                 f"+{NVML_TOL[1] >> 20} MiB)",
                 hint=HINT,
             )
