@@ -36,33 +36,80 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     }
 
 
-@needs_bash
-def test_list_names_every_step_file_once_with_one_line():
+KINDS = ("verify", "measure", "record")
+
+
+def _listed() -> tuple[dict[str, list[tuple[str, str]]], list[str]]:
+    """`tools/gpu --list` read back: each kind's (step, summary) rows, and the release list."""
     out = subprocess.run(
         ["bash", str(GPU), "--list"], capture_output=True, text=True, check=True
     ).stdout
-    listed = [line.split()[0] for line in out.splitlines()]
-    files = sorted(p.stem for p in STEPS.glob("*.sh") if not p.name.startswith("_"))
-    assert sorted(listed) == files and len(listed) == len(set(listed))
+    groups: dict[str, list[tuple[str, str]]] = {}
+    release: list[str] = []
+    group = ""
     for line in out.splitlines():
-        name, _, summary = line.strip().partition(" ")
-        assert len(summary.strip()) > 20, f"step {name} has no one-line summary"
+        if not line.startswith(" "):
+            group = line.split(":")[0]
+            groups.setdefault(group, [])
+        elif group == "release":
+            release += line.split()
+        else:
+            name, _, summary = line.strip().partition(" ")
+            groups[group].append((name, summary.strip()))
+    groups.pop("release", None)
+    return groups, release
 
 
 @needs_bash
-def test_unknown_step_is_refused_before_anything_runs(tmp_path):
+def test_list_shows_each_step_under_its_kind_with_one_line():
+    groups, _ = _listed()
+    assert tuple(groups) == KINDS
+    for kind, rows in groups.items():
+        files = sorted(p.stem for p in (STEPS / kind).glob("*.sh") if not p.name.startswith("_"))
+        assert sorted(name for name, _ in rows) == files, kind
+        for name, summary in rows:
+            assert len(summary) > 20, f"step {name} has no one-line summary"
+    names = [name for rows in groups.values() for name, _ in rows]
+    assert len(names) == len(set(names))
+    # every step file lives in a kind's folder; the folder itself holds helpers only
+    assert not list(STEPS.glob("*.sh"))
+
+
+@needs_bash
+def test_step_names_the_gpu_machines_call_are_kept():
+    groups, _ = _listed()
+    names = {name for rows in groups.values() for name, _ in rows}
+    assert names >= {"install", "selftest", "resume", "matrix", "suites", "cost", "dist"}
+    assert {name for name, _ in groups["measure"]} >= {"bench-ssim", "bench-knn", "tolerances"}
+    assert [name for name, _ in groups["record"]] == ["record"]
+
+
+@needs_bash
+def test_release_runs_every_verify_step_install_first_installed_last():
+    groups, release = _listed()
+    assert release == [name for name, _ in groups["verify"]]
+    assert release[0] == "install" and release[-1] == "installed"
+    assert release.index("selftest") < release.index("resume") < release.index("matrix")
+
+
+@needs_bash
+@pytest.mark.parametrize("first", ["install", "release", "verify"])
+def test_unknown_step_is_refused_before_anything_runs(tmp_path, first):
+    """A kind's name is no step (only `release` names a list); nothing starts."""
+    args = [first, "nosuch"]
     proc = subprocess.run(
-        ["bash", str(GPU), "install", "nosuch"], capture_output=True, text=True, env=_env(tmp_path)
+        ["bash", str(GPU), *args], capture_output=True, text=True, env=_env(tmp_path)
     )
     assert proc.returncode == 2
-    assert "no step 'nosuch'" in proc.stderr
+    bad = "verify" if first == "verify" else "nosuch"
+    assert f"no step '{bad}'" in proc.stderr
     assert not (tmp_path / "out").exists()  # install did not start
 
 
 @needs_bash
 @pytest.mark.parametrize(
     "script",
-    sorted([GPU, *STEPS.glob("*.sh"), *(ROOT / "benchmarks").glob("*.sh")], key=str),
+    sorted([GPU, *STEPS.glob("*/*.sh"), *(ROOT / "benchmarks").glob("*.sh")], key=str),
     ids=lambda p: p.name,
 )
 def test_shell_scripts_parse(script):
@@ -171,7 +218,7 @@ def _named_paths() -> set[str]:
         *(ROOT / "tests" / "fixtures").glob("*/README.md"),
         ROOT / "benchmarks" / "RESULTS.md",
         ROOT / "tools" / "gpu",
-        *STEPS.glob("*.sh"),
+        *STEPS.glob("*/*.sh"),
         *(ROOT / "benchmarks").glob("*.py"),
     ]
     return {m for p in docs for m in _PATH.findall(p.read_text())}
@@ -197,7 +244,7 @@ def test_recorders_live_beside_their_fixtures():
         folder = ROOT / "tests" / "fixtures" / fixture
         assert (folder / script).is_file()
         assert f"tests/fixtures/{fixture}/{script}" in (folder / "README.md").read_text()
-        assert script in (STEPS / "record.sh").read_text()
+        assert script in (STEPS / "record" / "record.sh").read_text()
 
 
 def test_results_links_reach_sections_of_the_history():
