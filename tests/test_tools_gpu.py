@@ -19,6 +19,9 @@ ROOT = Path(__file__).resolve().parent.parent
 GPU = ROOT / "tools" / "gpu"
 STEPS = ROOT / "tools" / "gpu_steps"
 RECORDED = ROOT / "tests" / "fixtures" / "run_h200x2_selftest"
+PROBES = ROOT / "tools" / "probes"
+#: the maps of tools/ and benchmarks/
+INDEXES = (ROOT / "tools" / "README.md", PROBES / "README.md", ROOT / "benchmarks" / "README.md")
 
 needs_bash = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
@@ -217,6 +220,7 @@ def _named_paths() -> set[str]:
         *(ROOT / "docs").glob("*.md"),
         *(ROOT / "tests" / "fixtures").glob("*/README.md"),
         ROOT / "benchmarks" / "RESULTS.md",
+        *INDEXES,
         ROOT / "tools" / "gpu",
         *STEPS.glob("*/*.sh"),
         *(ROOT / "benchmarks").glob("*.py"),
@@ -259,3 +263,55 @@ def test_results_links_reach_sections_of_the_history():
     links = re.findall(r"\(HISTORY\.md#([^)]+)\)", (ROOT / "benchmarks" / "RESULTS.md").read_text())
     assert len(links) >= 8
     assert not sorted(set(links) - anchors)
+
+
+def _table_rows(readme: Path) -> dict[str, str]:
+    """A README's table rows by their first cell (a file name in backquotes)."""
+    rows = re.findall(r"^\| `([^`]+)` \|(.*)$", readme.read_text(), re.M)
+    return dict(rows)
+
+
+def test_benchmarks_readme_has_a_line_per_benchmark_with_how_and_where():
+    rows = _table_rows(ROOT / "benchmarks" / "README.md")
+    scripts = sorted(p.name for p in (ROOT / "benchmarks").iterdir() if p.suffix in (".py", ".sh"))
+    assert sorted(rows) == scripts
+    for name, row in rows.items():
+        assert "RESULTS.md" in row or "HISTORY.md" in row, f"{name}: where its numbers go"
+        assert f"benchmarks/{name}" in row or "tools/gpu " in row, f"{name}: how to run it"
+
+
+def test_every_bench_step_runs_a_benchmark_the_readme_lists():
+    rows = _table_rows(ROOT / "benchmarks" / "README.md")
+    for step in (STEPS / "measure").glob("bench-*.sh"):
+        assert f"tools/gpu {step.stem}" in "".join(rows.values()), step.name
+
+
+def test_probes_are_each_documented_with_what_they_found():
+    rows = _table_rows(PROBES / "README.md")
+    assert sorted(rows) == sorted(p.name for p in PROBES.glob("*.py"))
+    history = (ROOT / "benchmarks" / "HISTORY.md").read_text()
+    for name, row in rows.items():
+        assert f"tools/probes/{name}" in row
+        section = re.findall(r'"([^"]+)"', row)[-1]  # the HISTORY.md section it cites
+        assert f"# {section}" in history, f"{name}: no section {section!r} in HISTORY.md"
+
+
+@pytest.mark.parametrize("probe", sorted(PROBES.glob("*.py")), ids=lambda p: p.name)
+def test_probe_starts_on_cpu(probe, tmp_path):
+    """A probe runs on a GPU, by hand: here its imports (the suites' helpers, gpucheck.ops)
+    and arguments, so a change that breaks it shows without one."""
+    proc = subprocess.run(
+        [sys.executable, str(probe), "--help"],
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path),
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "usage:" in proc.stdout
+
+
+@pytest.mark.parametrize("readme", INDEXES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_index_links_resolve(readme):
+    for target in re.findall(r"\]\(([^)#]+)\)", readme.read_text()):
+        assert (readme.parent / target).exists(), f"{readme} links to missing {target}"
