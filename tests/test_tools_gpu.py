@@ -95,6 +95,16 @@ def test_release_runs_every_verify_step_install_first_installed_last():
     assert release.index("selftest") < release.index("resume") < release.index("matrix")
 
 
+def test_the_driver_sets_no_setting_a_step_reads():
+    """Steps run in a subshell of tools/gpu: a name the driver assigns would hide the
+    setting of that name (`RECORD=oom tools/gpu record`) from the step that reads it."""
+    driver = set(re.findall(r"^([A-Za-z_]\w*)=", GPU.read_text(), re.M))
+    shared = {"OUT", "WORK", "PY", "ROOT", "STEP_TIMEOUT", "NGPU", "ALL"}  # documented inputs
+    for step in STEPS.glob("*/*.sh"):
+        read = set(re.findall(r"\$\{([A-Za-z_]\w*):?-", step.read_text()))
+        assert not (read & driver) - shared, step.name
+
+
 @needs_bash
 @pytest.mark.parametrize("first", ["install", "release", "verify"])
 def test_unknown_step_is_refused_before_anything_runs(tmp_path, first):
