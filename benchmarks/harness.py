@@ -1,4 +1,4 @@
-"""Harness overhead on a multi-GPU machine (issue 5's performance part).
+"""Harness overhead on a multi-GPU machine.
 
     python benchmarks/harness.py OUT_DIR [--suite NAME ...] [-- PYTEST_ARGS]
 

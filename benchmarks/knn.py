@@ -1,4 +1,4 @@
-"""Benchmark of gpucheck.ops.knn_mean_sq_dist (issue 4) on one GPU.
+"""Benchmark of gpucheck.ops.knn_mean_sq_dist on one GPU.
 
 For N in 100k, 1M, 10M and every cloud of ``suites/knn/knn_clouds.py`` (k = 3 unless --k):
 median time of one call with CUDA events (after warm-up; several input sets rotated so small

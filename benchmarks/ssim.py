@@ -1,4 +1,4 @@
-"""Benchmark of the fused SSIM kernels on one GPU (issues 3 and 15; results in RESULTS.md).
+"""Benchmark of the fused SSIM kernels on one GPU (results in RESULTS.md).
 
 For each size and dtype: inference (``train=False``, reduction mean) and train (forward +
 backward of ``1 - ssim(img1, img2)`` with img1 requiring grad, as in 3DGS):

@@ -19,6 +19,9 @@ ROOT = Path(__file__).resolve().parent.parent
 GPU = ROOT / "tools" / "gpu"
 STEPS = ROOT / "tools" / "gpu_steps"
 RECORDED = ROOT / "tests" / "fixtures" / "run_h200x2_selftest"
+PROBES = ROOT / "tools" / "probes"
+#: the maps of tools/ and benchmarks/
+INDEXES = (ROOT / "tools" / "README.md", PROBES / "README.md", ROOT / "benchmarks" / "README.md")
 
 needs_bash = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
@@ -36,33 +39,90 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     }
 
 
-@needs_bash
-def test_list_names_every_step_file_once_with_one_line():
+KINDS = ("verify", "measure", "record")
+
+
+def _listed() -> tuple[dict[str, list[tuple[str, str]]], list[str]]:
+    """`tools/gpu --list` read back: each kind's (step, summary) rows, and the release list."""
     out = subprocess.run(
         ["bash", str(GPU), "--list"], capture_output=True, text=True, check=True
     ).stdout
-    listed = [line.split()[0] for line in out.splitlines()]
-    files = sorted(p.stem for p in STEPS.glob("*.sh") if not p.name.startswith("_"))
-    assert sorted(listed) == files and len(listed) == len(set(listed))
+    groups: dict[str, list[tuple[str, str]]] = {}
+    release: list[str] = []
+    group = ""
     for line in out.splitlines():
-        name, _, summary = line.strip().partition(" ")
-        assert len(summary.strip()) > 20, f"step {name} has no one-line summary"
+        if not line.startswith(" "):
+            group = line.split(":")[0]
+            groups.setdefault(group, [])
+        elif group == "release":
+            release += line.split()
+        else:
+            name, _, summary = line.strip().partition(" ")
+            groups[group].append((name, summary.strip()))
+    groups.pop("release", None)
+    return groups, release
 
 
 @needs_bash
-def test_unknown_step_is_refused_before_anything_runs(tmp_path):
+def test_list_shows_each_step_under_its_kind_with_one_line():
+    groups, _ = _listed()
+    assert tuple(groups) == KINDS
+    for kind, rows in groups.items():
+        files = sorted(p.stem for p in (STEPS / kind).glob("*.sh") if not p.name.startswith("_"))
+        assert sorted(name for name, _ in rows) == files, kind
+        for name, summary in rows:
+            assert len(summary) > 20, f"step {name} has no one-line summary"
+    names = [name for rows in groups.values() for name, _ in rows]
+    assert len(names) == len(set(names))
+    # every step file lives in a kind's folder; the folder itself holds helpers only
+    assert not list(STEPS.glob("*.sh"))
+
+
+@needs_bash
+def test_step_names_the_gpu_machines_call_are_kept():
+    groups, _ = _listed()
+    names = {name for rows in groups.values() for name, _ in rows}
+    assert names >= {"install", "selftest", "resume", "matrix", "suites", "cost", "dist"}
+    assert {name for name, _ in groups["measure"]} >= {"bench-ssim", "bench-knn", "tolerances"}
+    assert [name for name, _ in groups["record"]] == ["record"]
+
+
+@needs_bash
+def test_release_runs_every_verify_step_install_first_installed_last():
+    groups, release = _listed()
+    assert release == [name for name, _ in groups["verify"]]
+    assert release[0] == "install" and release[-1] == "installed"
+    assert release.index("selftest") < release.index("resume") < release.index("matrix")
+
+
+def test_the_driver_sets_no_setting_a_step_reads():
+    """Steps run in a subshell of tools/gpu: a name the driver assigns would hide the
+    setting of that name (`RECORD=oom tools/gpu record`) from the step that reads it."""
+    driver = set(re.findall(r"^([A-Za-z_]\w*)=", GPU.read_text(), re.M))
+    shared = {"OUT", "WORK", "PY", "ROOT", "STEP_TIMEOUT", "NGPU", "ALL"}  # documented inputs
+    for step in STEPS.glob("*/*.sh"):
+        read = set(re.findall(r"\$\{([A-Za-z_]\w*):?-", step.read_text()))
+        assert not (read & driver) - shared, step.name
+
+
+@needs_bash
+@pytest.mark.parametrize("first", ["install", "release", "verify"])
+def test_unknown_step_is_refused_before_anything_runs(tmp_path, first):
+    """A kind's name is no step (only `release` names a list); nothing starts."""
+    args = [first, "nosuch"]
     proc = subprocess.run(
-        ["bash", str(GPU), "install", "nosuch"], capture_output=True, text=True, env=_env(tmp_path)
+        ["bash", str(GPU), *args], capture_output=True, text=True, env=_env(tmp_path)
     )
     assert proc.returncode == 2
-    assert "no step 'nosuch'" in proc.stderr
+    bad = "verify" if first == "verify" else "nosuch"
+    assert f"no step '{bad}'" in proc.stderr
     assert not (tmp_path / "out").exists()  # install did not start
 
 
 @needs_bash
 @pytest.mark.parametrize(
     "script",
-    sorted([GPU, *STEPS.glob("*.sh"), *(ROOT / "benchmarks").glob("*.sh")], key=str),
+    sorted([GPU, *STEPS.glob("*/*.sh"), *(ROOT / "benchmarks").glob("*.sh")], key=str),
     ids=lambda p: p.name,
 )
 def test_shell_scripts_parse(script):
@@ -170,8 +230,9 @@ def _named_paths() -> set[str]:
         *(ROOT / "docs").glob("*.md"),
         *(ROOT / "tests" / "fixtures").glob("*/README.md"),
         ROOT / "benchmarks" / "RESULTS.md",
+        *INDEXES,
         ROOT / "tools" / "gpu",
-        *STEPS.glob("*.sh"),
+        *STEPS.glob("*/*.sh"),
         *(ROOT / "benchmarks").glob("*.py"),
     ]
     return {m for p in docs for m in _PATH.findall(p.read_text())}
@@ -197,7 +258,7 @@ def test_recorders_live_beside_their_fixtures():
         folder = ROOT / "tests" / "fixtures" / fixture
         assert (folder / script).is_file()
         assert f"tests/fixtures/{fixture}/{script}" in (folder / "README.md").read_text()
-        assert script in (STEPS / "record.sh").read_text()
+        assert script in (STEPS / "record" / "record.sh").read_text()
 
 
 def test_results_links_reach_sections_of_the_history():
@@ -212,3 +273,55 @@ def test_results_links_reach_sections_of_the_history():
     links = re.findall(r"\(HISTORY\.md#([^)]+)\)", (ROOT / "benchmarks" / "RESULTS.md").read_text())
     assert len(links) >= 8
     assert not sorted(set(links) - anchors)
+
+
+def _table_rows(readme: Path) -> dict[str, str]:
+    """A README's table rows by their first cell (a file name in backquotes)."""
+    rows = re.findall(r"^\| `([^`]+)` \|(.*)$", readme.read_text(), re.M)
+    return dict(rows)
+
+
+def test_benchmarks_readme_has_a_line_per_benchmark_with_how_and_where():
+    rows = _table_rows(ROOT / "benchmarks" / "README.md")
+    scripts = sorted(p.name for p in (ROOT / "benchmarks").iterdir() if p.suffix in (".py", ".sh"))
+    assert sorted(rows) == scripts
+    for name, row in rows.items():
+        assert "RESULTS.md" in row or "HISTORY.md" in row, f"{name}: where its numbers go"
+        assert f"benchmarks/{name}" in row or "tools/gpu " in row, f"{name}: how to run it"
+
+
+def test_every_bench_step_runs_a_benchmark_the_readme_lists():
+    rows = _table_rows(ROOT / "benchmarks" / "README.md")
+    for step in (STEPS / "measure").glob("bench-*.sh"):
+        assert f"tools/gpu {step.stem}" in "".join(rows.values()), step.name
+
+
+def test_probes_are_each_documented_with_what_they_found():
+    rows = _table_rows(PROBES / "README.md")
+    assert sorted(rows) == sorted(p.name for p in PROBES.glob("*.py"))
+    history = (ROOT / "benchmarks" / "HISTORY.md").read_text()
+    for name, row in rows.items():
+        assert f"tools/probes/{name}" in row
+        section = re.findall(r'"([^"]+)"', row)[-1]  # the HISTORY.md section it cites
+        assert f"# {section}" in history, f"{name}: no section {section!r} in HISTORY.md"
+
+
+@pytest.mark.parametrize("probe", sorted(PROBES.glob("*.py")), ids=lambda p: p.name)
+def test_probe_starts_on_cpu(probe, tmp_path):
+    """A probe runs on a GPU, by hand: here its imports (the suites' helpers, gpucheck.ops)
+    and arguments, so a change that breaks it shows without one."""
+    proc = subprocess.run(
+        [sys.executable, str(probe), "--help"],
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path),
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "usage:" in proc.stdout
+
+
+@pytest.mark.parametrize("readme", INDEXES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_index_links_resolve(readme):
+    for target in re.findall(r"\]\(([^)#]+)\)", readme.read_text()):
+        assert (readme.parent / target).exists(), f"{readme} links to missing {target}"

@@ -1,5 +1,5 @@
 """Which pixels carry a gradient mismatch between gpucheck.ops.rasterize and the float64
-reference: the tool behind issue 10 (a flaky background gradient of the dense scene).
+reference: the tool that explained a flaky background gradient of the dense scene.
 
 Builds a suite scene from its seeds as the suite does (``splat_scenes.scene`` with the
 ``EDGE_CASES`` keywords of test_splat_backward.py, the loss weights of
@@ -12,7 +12,7 @@ errors of every gradient, as ``check_gradients`` computes them.
 
 Usage (on a GPU): ``python tools/probes/splat_grad_pixels.py --case dense --scene 3973149830
 --seed 1515521614``; ``--order float64`` composites the reference in float64 depth order
-(before issue 10's fix) to show the pixels that order put apart.
+(as before the depth-tie fix) to show the pixels that order put apart.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # editable install of the checkout, kernels $GPUCHECK_KERNELS for $TORCH_CUDA_ARCH_LIST; machine and versions
-# Needed once per machine before the other steps (run-output and installed replace it: run
-# install again after them). Logs: build.log, machine.txt.
+# Needed once per machine before the other steps, of every kind (installed replaces it: run
+# install again after that one). Logs: build.log, machine.txt.
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader | tee "$S/machine.txt"
 "$PY" -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__,
 'cuda', torch.version.cuda, 'devices', torch.cuda.device_count())" | tee -a "$S/machine.txt"

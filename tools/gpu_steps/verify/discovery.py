@@ -1,6 +1,6 @@
-"""GPU verification of device discovery (issue 2). Run on a machine with >= 2 GPUs:
+"""GPU verification of device discovery. Run on a machine with >= 2 GPUs:
 
-    python tools/gpu_steps/discovery.py OUT_DIR  (`tools/gpu discovery`)
+    python tools/gpu_steps/verify/discovery.py OUT_DIR  (`tools/gpu discovery`)
 
 Checks, each printed as PASS/FAIL with the evidence, full outputs saved under OUT_DIR:
 1. `gpucheck devices --json` lists every GPU with UUID, peer matrix and process table;

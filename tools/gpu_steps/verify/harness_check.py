@@ -1,6 +1,6 @@
-"""GPU verification of the harness (issue 5) with the deliberately broken extension.
+"""GPU verification of the harness with the deliberately broken extension.
 
-    python tools/gpu_steps/harness_check.py OUT_DIR [--sanitizer]  (`tools/gpu harness`)
+    python tools/gpu_steps/verify/harness_check.py OUT_DIR [--sanitizer]  (`tools/gpu harness`)
 
 Runs `gpucheck run --all-devices --suite selftest` in blocking+nvml (and, with --sanitizer,
 sanitizer:memcheck) and checks that every defect is reported as expected while every good

@@ -46,7 +46,7 @@ fi
 
 # 4. probes: the flight recorder's dump as the watchdog reads it; DETAIL under DDP
 if want probes; then
-  timeout 120 "$PY" "$STEPS_DIR/dist_probes.py" >"$S/probes.log" 2>&1
+  timeout 120 "$PY" "$STEPS_DIR/verify/dist_probes.py" >"$S/probes.log" 2>&1
   note "dist probes: rc=$?"
   tail -8 "$S/probes.log"
 fi

@@ -7,7 +7,7 @@
 #  resume  a knn run stopped by SIGTERM after INTERRUPT_AFTER s (default 8), continued with
 #          --resume (every case recorded exactly once).
 # (The "no extension" part of the script this came from, benchmarks/verify_run_output.sh, is
-# gone: since issue 26 a missing extension is built on first use where nvcc exists, as on the
+# gone: a missing extension is now built on first use where nvcc exists, as on the
 # GPU machine; tests/ cover the message where it cannot be built.)
 # FIXTURE=1 adds a selftest run with blocking, nvml and memcheck kept as a recorded real run.
 D=$S

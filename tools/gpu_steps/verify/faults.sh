@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# faults on the GPU (issue 30): rows 1, 2 (worker / gpucheck run SIGKILLed, --resume), 7 (two runs on GPU 0), 9 (NVML failing mid-run), 10 (compute-sanitizer missing, crashing)
+# faults on the GPU, each against its promise in docs/faults.md (FAULT_ROWS): 1, 2 (worker / gpucheck run SIGKILLed, --resume), 7 (two runs on GPU 0), 9 (NVML failing mid-run), 10 (compute-sanitizer missing, crashing)
 # On the knn suite, after the install step; FAULT_ROWS picks the rows (default "1 2 7 9 10";
 # "7 9 10" fits with install in one 10-minute call). Each row checks its promise (docs/faults.md)
 # and the step ends with a table: row, fault, exit codes, what was seen, as expected or not.
