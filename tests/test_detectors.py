@@ -408,3 +408,38 @@ def test_a_size_torch_does_not_know_yet_is_not_asked_about():
             return Symbolic()
 
     assert placeholder(Fake()) is False
+
+
+def test_the_loop_times_each_detector_on_the_case(tmp_path):
+    """``cost_s``: each detector's seconds on a case (start, repeats and finish together)
+    go to the case's data, added to what is there; a detector that does nothing costs ~0."""
+    import time
+
+    from gpucheck.detectors.base import BaseDetector, CaseInfo
+    from gpucheck.worker.detector_loop import DetectorLoop
+
+    class Slow(BaseDetector):
+        name = "slow"
+
+        def case_started(self, case):
+            time.sleep(0.02)
+
+        def repeat(self, body, times):
+            for _ in range(times):
+                body()
+
+        def case_finished(self, case):
+            time.sleep(0.03)
+            return []
+
+    class Idle(BaseDetector):
+        name = "idle"
+
+    info = CaseInfo("cuda:0", "s", "test_a.py::test_a")
+    loop = DetectorLoop([Slow(), Idle()])
+    data: dict = {"cost_s": {"slow": 1.0}}
+    loop.start(info, [])
+    loop.repeat(lambda: time.sleep(0.01), 2)
+    loop.finish(info, [], data)
+    assert 1.06 <= data["cost_s"]["slow"] < 1.5
+    assert 0 <= data["cost_s"]["idle"] < 0.01

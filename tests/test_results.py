@@ -91,3 +91,17 @@ def test_junit_groups_by_device_suite_mode(tmp_path):
     assert (s1.get("tests"), s1.get("failures"), s1.get("errors")) == ("3", "1", "1")
     err = s1.find("testcase[@name='hang']/error")
     assert err.get("type") == "hung" and "hint: look at stacks" in err.text
+
+
+def test_cost_seconds_round_trip_and_bad_values_are_left_out():
+    """``cost_s`` (gpucheck's own seconds in a case) is written only when there is one, read
+    back as names to non-negative numbers, and the schema takes it."""
+    rec = CaseRecord("r1", "cuda:0", "s", "t", "blocking", "passed", cost_s={"leak": 0.5})
+    line = rec.to_json()
+    jsonschema.validate(line, results.schema())
+    assert CaseRecord.from_json(line).cost_s == {"leak": 0.5}
+    assert "cost_s" not in _record("t", "passed")
+    line["cost_s"] = {"leak": -1, "numerics": "x", "record": 0.25, "wrong-stream": True}
+    assert CaseRecord.from_json(line).cost_s == {"record": 0.25}
+    line["cost_s"] = [1, 2]
+    assert CaseRecord.from_json(line).cost_s == {}

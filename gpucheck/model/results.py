@@ -141,6 +141,9 @@ class CaseRecord:
     numerics: list[dict[str, Any]] = field(default_factory=list)
     #: a distributed group's record: what the watchdog found (kind, cause and waiting ranks)
     distributed: dict[str, Any] | None = None
+    #: gpucheck's own seconds within ``duration_s``, by what spent them: each detector by its
+    #: name (its repeats of the body included), ``record`` (the worker's bookkeeping)
+    cost_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[str, str, str, str]:
@@ -193,15 +196,27 @@ class CaseRecord:
             if isinstance(numerics, list)
             else [],
             distributed=distributed if isinstance(distributed, dict) else None,
+            cost_s=_costs(value.get("cost_s")),
         )
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        for optional in ("fingerprints", "numerics", "distributed"):
+        for optional in ("fingerprints", "numerics", "distributed", "cost_s"):
             if not data[optional]:
                 del data[optional]
         data = {"schema": SCHEMA_ID, "record": "case", **data}
         return data
+
+
+def _costs(value: Any) -> dict[str, float]:
+    """``cost_s`` as read back: names to non-negative seconds, anything else left out."""
+    if not isinstance(value, dict):
+        return {}
+    return {
+        str(k): float(v)
+        for k, v in value.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+    }
 
 
 def schema() -> dict[str, Any]:

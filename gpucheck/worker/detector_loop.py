@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from gpucheck.detectors.base import CaseInfo, Detector
@@ -31,12 +33,24 @@ class DetectorLoop:
     def __init__(self, detectors: list[Detector]) -> None:
         self.detectors = detectors
         self.started: list[Detector] = []
+        #: seconds each detector spent on the case under way (start, repeats, finish)
+        self.cost: dict[str, float] = {}
+
+    @contextmanager
+    def _timed(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.cost[name] = self.cost.get(name, 0.0) + time.perf_counter() - t0
 
     def start(self, info: CaseInfo, found: list[Finding]) -> None:
         self.started = []
+        self.cost = {}
         for d in self.detectors:
             try:
-                d.case_started(info)
+                with self._timed(d.name):
+                    d.case_started(info)
                 self.started.append(d)
             except Exception as err:
                 found.append(detector_error(d.name, err, info))
@@ -47,7 +61,8 @@ class DetectorLoop:
         for d in self.started:
             again = getattr(d, "repeat", None)
             if again is not None:
-                again(body, times)
+                with self._timed(d.name):
+                    again(body, times)
 
     def finish(
         self, info: CaseInfo, found: list[Finding], data: dict[str, Any], lost_context: bool = False
@@ -56,12 +71,14 @@ class DetectorLoop:
         lost the process's context (``lost_context``) the detectors that need the GPU
         (:func:`touches_gpu`) stand down: they are ended, and what they would say (read
         from a context that answers every call with the same error) is dropped. Returns
-        their names, for the one note the case record gets."""
+        their names, for the one note the case record gets. Each detector's seconds on the
+        case go to ``data["cost_s"]``."""
         stood_down = []
         for d in self.started:
             down = lost_context and touches_gpu(d)
             try:
-                made = d.case_finished(info)
+                with self._timed(d.name):
+                    made = d.case_finished(info)
                 if not down:
                     found.extend(made)
                     data.update(d.case_data())
@@ -71,6 +88,9 @@ class DetectorLoop:
             if down:
                 stood_down.append(d.name)
         self.started = []
+        costs = data.setdefault("cost_s", {})
+        for name, seconds in self.cost.items():
+            costs[name] = costs.get(name, 0.0) + seconds
         return stood_down
 
 

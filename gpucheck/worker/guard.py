@@ -23,7 +23,6 @@ import stat
 import sys
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 
 from gpucheck.model.contract import LIFELINE_FD_ENV
 
@@ -119,20 +118,28 @@ def changed_state(before: ProcessState) -> list[str]:
 
 def live_children() -> dict[int, str]:
     """This process's running (not zombie) child processes: pid -> command line. Linux only
-    (``/proc``); elsewhere empty."""
+    (``/proc``); elsewhere empty. Read twice a case: plain reads, no pathlib."""
     me = os.getpid()
     found: dict[int, str] = {}
-    for entry in Path("/proc").glob("[0-9]*"):
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return found
+    for name in names:
+        if not name.isdigit():
+            continue
         try:
-            stat = (entry / "stat").read_text()
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
             # pid (comm) state ppid ...: comm may hold spaces and parentheses
-            state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
-            if int(ppid) != me or state in ("Z", "X"):
+            state, ppid = stat[stat.rindex(b")") + 2 :].split(None, 2)[:2]
+            if int(ppid) != me or state in (b"Z", b"X"):
                 continue
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
         except (OSError, ValueError, IndexError):
             continue
-        found[int(entry.name)] = cmd.strip()[:200]
+        found[int(name)] = cmd.strip()[:200]
     return found
 
 

@@ -88,6 +88,7 @@ class Recorder:
         self.case_ops: dict[str, str] = {}  # node id -> the last extension op it called
         self.stood_down: dict[str, list[str]] = {}  # node id -> detectors that stood down
         self.raising_ops: dict[str, str] = {}  # node id -> the extension op that raised
+        self.bookkeeping: dict[str, float] = {}  # node id -> seconds of the recorder's own
         self.done = 0
         self.total = 0
         self.findings = 0
@@ -287,6 +288,7 @@ class Recorder:
 
     def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
         self.started[nodeid] = (time.monotonic(), now_iso(), time.time())
+        t0 = time.perf_counter()
         self.process_state[nodeid] = guard.ProcessState.now()
         cuda = _torch_cuda()
         if cuda is not None and self.device_index is not None:
@@ -297,10 +299,12 @@ class Recorder:
             self.peaks.reset()
             self.peaks(time.time(), self.sampler.sample())
         self._state(nodeid)
+        self.bookkeeping[nodeid] = time.perf_counter() - t0
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Any:
         """The detectors watch the body of the case (fixtures have set the stage by then)."""
+        t0 = time.perf_counter()
         info = CaseInfo(
             self.device,
             self.suite_of(Path(item.path).resolve()),
@@ -313,6 +317,7 @@ class Recorder:
         op_watch.add(tracker)
         found = self.detector_findings.setdefault(item.nodeid, [])
         self.children[item.nodeid] = set(guard.live_children())
+        self._spent(item.nodeid, time.perf_counter() - t0)
         self.detectors.start(info, found)
         outcome = yield
         if guard.is_fork_of(self.pid):  # os.fork() in the case, and the child came back here
@@ -353,7 +358,9 @@ class Recorder:
             os._exit(0)
         reports = self.reports.pop(nodeid, [])
         t0, started_at, _ = self.started.pop(nodeid, (time.monotonic(), now_iso(), 0.0))
+        t1 = time.perf_counter()
         self._process_findings(nodeid)
+        self._spent(nodeid, time.perf_counter() - t1)
         record = self.build(nodeid, reports, time.monotonic() - t0, started_at)
         self._append(record)
         self.done += 1
@@ -366,6 +373,10 @@ class Recorder:
             sys.stderr.flush()
             self._state(None, exit_reason="context-lost")
             os._exit(contract.EXIT_CONTEXT_LOST)
+
+    def _spent(self, nodeid: str, seconds: float) -> None:
+        """Seconds of the worker's own bookkeeping on a case (``cost_s["record"]``)."""
+        self.bookkeeping[nodeid] = self.bookkeeping.get(nodeid, 0.0) + seconds
 
     def _process_findings(self, nodeid: str) -> None:
         """Warnings for what the case did to the worker process: a working folder or a CUDA
@@ -501,7 +512,14 @@ class Recorder:
             findings=[f for f in findings if f is not None],
             fingerprints=fingerprints,
             numerics=list(data.get("numerics", [])),
+            cost_s=_rounded(
+                {**data.get("cost_s", {}), "record": self.bookkeeping.pop(nodeid, 0.0)}
+            ),
         )
+
+
+def _rounded(costs: dict[str, float]) -> dict[str, float]:
+    return {name: round(seconds, 6) for name, seconds in costs.items()}
 
 
 class _OpTracker:

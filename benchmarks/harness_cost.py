@@ -1,0 +1,209 @@
+"""Time to verdict: the same suites as plain pytest and through ``gpucheck run``, side by side.
+
+    python benchmarks/harness_cost.py OUT_DIR [--rounds N] [--suite NAME_OR_PATH ...]
+        [--cpu-only] [--only VARIANT ...] [-- PYTEST_ARGS]
+
+Each round runs every variant once, one after another, in an order rotated round by round
+(so that a warmer disk or a clock ramp favours none), all in this one process tree:
+
+- ``pytest``: ``python -m pytest SUITES`` with gpucheck's plugin loaded (it always is, by its
+  entry point) and ``GPUCHECK_DISABLE_DETECTORS=all``;
+- ``pytest-clb``: the same under ``CUDA_LAUNCH_BLOCKING=1`` (how gpucheck runs a case);
+- ``gpucheck``: ``gpucheck run`` on the first visible device (``--cpu-only`` without a GPU),
+  the default modes, every detector on;
+- ``gpucheck-nodet``: the same with every detector off (what the harness costs by itself).
+
+The table gives the median wall time of each, the ratio the target is set on (gpucheck over
+``pytest-clb`` on a GPU, over ``pytest`` without one), and where gpucheck's extra time went,
+from its own records (medians over rounds): before the first case (start-up), inside the
+cases (each detector's ``cost_s``, the worker's bookkeeping), between and after the cases
+(re-run passes, the report). Everything measured is written to OUT_DIR/harness_cost.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+VARIANTS = ("pytest", "pytest-clb", "gpucheck", "gpucheck-nodet")
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--suite", action="append", default=[])
+    ap.add_argument("--cpu-only", action="store_true")
+    ap.add_argument("--only", action="append", choices=VARIANTS, default=[])
+    return ap.parse_args(argv), extra
+
+
+def suite_paths(names: list[str]) -> list[Path]:
+    """The folders ``gpucheck run --suite`` would run, for plain pytest."""
+    from gpucheck.controller.suites import available
+
+    found = available()
+    return [found[n] if n in found else Path(n).resolve() for n in names]
+
+
+def command(variant: str, args: argparse.Namespace, extra: list[str], out: Path) -> list[str]:
+    if variant.startswith("pytest"):
+        paths = [str(p) for p in suite_paths(args.suite)]
+        return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *paths, *extra]
+    where = ["--cpu-only"] if args.cpu_only else ["--device", "0"]
+    suites = [x for s in args.suite for x in ("--suite", s)]
+    tail = ["--", *extra] if extra else []
+    return [
+        sys.executable, "-m", "gpucheck.cli", "run", "--quiet", *where, *suites,
+        "--out", str(out), *tail,
+    ]  # fmt: skip
+
+
+def environment(variant: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("GPUCHECK_DISABLE_DETECTORS", None)
+    env.pop("CUDA_LAUNCH_BLOCKING", None)
+    if variant in ("pytest", "pytest-clb", "gpucheck-nodet"):
+        env["GPUCHECK_DISABLE_DETECTORS"] = "all"
+    if variant == "pytest-clb":
+        env["CUDA_LAUNCH_BLOCKING"] = "1"
+    return env
+
+
+def stamp(iso: str | None) -> float | None:
+    return datetime.fromisoformat(iso).timestamp() if iso else None
+
+
+def breakdown(run_dir: Path, launched: float, ended: float) -> dict[str, Any]:
+    """Where one gpucheck run's wall time went, from its results.jsonl (seconds)."""
+    records = [json.loads(x) for x in (run_dir / "results.jsonl").read_text().splitlines() if x]
+    header = next(r for r in records if r.get("record") == "run")
+    end = next((r for r in reversed(records) if r.get("record") == "end"), {})
+    cases = [r for r in records if r.get("record") == "case" and r.get("started_at")]
+    first_mode = cases[0]["mode"] if cases else None
+    main = [r for r in cases if r["mode"] == first_mode]
+    again = [r for r in cases if r["mode"] != first_mode]
+    starts = [stamp(r["started_at"]) or 0.0 for r in main]
+    ends = [(stamp(r["started_at"]) or 0.0) + r["duration_s"] for r in main]
+    costs: dict[str, float] = {}
+    for r in cases:
+        for name, s in (r.get("cost_s") or {}).items():
+            costs[name] = costs.get(name, 0.0) + s
+    record = costs.pop("record", 0.0)
+    finished = stamp(end.get("finished_at")) or ended
+    return {
+        "cases": len(main),
+        "to_header": (stamp(header.get("started_at")) or launched) - launched,
+        "to_first_case": (min(starts) - launched) if starts else 0.0,
+        "case_time": sum(r["duration_s"] for r in main),
+        "detectors": costs,
+        "detectors_total": sum(costs.values()),
+        "record": record,
+        "between_cases": (max(ends) - min(starts) - sum(r["duration_s"] for r in main))
+        if main
+        else 0.0,
+        "rerun_passes": sum(r["duration_s"] for r in again),
+        "after_last_case": finished - max(ends) if ends else 0.0,
+        "after_end_record": ended - finished,
+    }
+
+
+def main(argv: list[str]) -> int:
+    args, extra = parse(argv)
+    trivial = str(Path(__file__).resolve().parent / "trivial")
+    args.suite = args.suite or ([trivial] if args.cpu_only else ["ssim", "knn", "splat"])
+    variants = args.only or list(VARIANTS)
+    args.out.mkdir(parents=True, exist_ok=True)
+    walls: dict[str, list[float]] = {v: [] for v in variants}
+    codes: dict[str, list[int]] = {v: [] for v in variants}
+    parts: dict[str, list[dict[str, Any]]] = {v: [] for v in variants if v.startswith("gpu")}
+    for rnd in range(args.rounds):
+        order = variants[rnd % len(variants) :] + variants[: rnd % len(variants)]
+        for v in order:
+            out = args.out / f"{v}.{rnd}"
+            cmd = command(v, args, extra, out)
+            t0 = time.time()
+            with open(args.out / f"{v}.{rnd}.log", "w") as log:
+                code = subprocess.run(cmd, env=environment(v), stdout=log, stderr=log).returncode
+            t1 = time.time()
+            walls[v].append(t1 - t0)
+            codes[v].append(code)
+            if v in parts and (out / "results.jsonl").exists():
+                parts[v].append(breakdown(out, t0, t1))
+            print(f"round {rnd}: {v}: {t1 - t0:.2f} s, exit {code}", flush=True)
+    med = {v: statistics.median(w) for v, w in walls.items()}
+    result: dict[str, Any] = {
+        "date": datetime.now().astimezone().isoformat(timespec="seconds"),
+        "device": device_name(args.cpu_only),
+        "suites": args.suite,
+        "pytest_args": extra,
+        "rounds": args.rounds,
+        "walls": walls,
+        "exit_codes": codes,
+        "median_wall": med,
+        "breakdown": parts,
+    }
+    (args.out / "harness_cost.json").write_text(json.dumps(result, indent=1))
+    print(table(result, args.cpu_only))
+    return 0 if all(c in (0,) for cs in codes.values() for c in cs) else 1
+
+
+def device_name(cpu_only: bool) -> str:
+    if cpu_only:
+        return f"CPU ({os.cpu_count()} cores)"
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+
+
+def _median_part(runs: list[dict[str, Any]], key: str) -> float:
+    return statistics.median(float(r[key]) for r in runs) if runs else 0.0
+
+
+def table(result: dict[str, Any], cpu_only: bool) -> str:
+    med = result["median_wall"]
+    base = "pytest" if cpu_only else "pytest-clb"
+    lines = [
+        f"\n{result['device']}, suites {', '.join(result['suites'])}, "
+        f"{result['rounds']} rounds, medians",
+        "",
+        "| variant | wall s | / " + base + " |",
+        "|---|---|---|",
+    ]
+    for v, w in med.items():
+        ratio = f"{w / med[base]:.2f}x" if med.get(base) else ""
+        lines.append(f"| {v} | {w:.2f} | {ratio} |")
+    runs = result["breakdown"].get("gpucheck", [])
+    if runs:
+        lines += ["", "| gpucheck, where its time went | s |", "|---|---|"]
+        for key in (
+            "to_header",
+            "to_first_case",
+            "case_time",
+            "detectors_total",
+            "record",
+            "between_cases",
+            "rerun_passes",
+            "after_last_case",
+            "after_end_record",
+        ):
+            lines.append(f"| {key} | {_median_part(runs, key):.2f} |")
+        names = sorted({n for r in runs for n in r["detectors"]})
+        per = {n: statistics.median(r["detectors"].get(n, 0.0) for r in runs) for n in names}
+        for n, s in sorted(per.items(), key=lambda x: -x[1]):
+            lines.append(f"| detector {n} | {s:.2f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
