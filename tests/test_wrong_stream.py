@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpucheck.detectors import CaseInfo, KernelDevice, WrongStream, worker_detectors
 from gpucheck.detectors import launch_trace as lt
@@ -205,3 +207,23 @@ def test_poisoned_stream_keeps_the_poisoned_device(monkeypatch):
     with poison.stream_made_current(torch.device("cuda", 0)) as s:
         assert s.name == "poisoned" and state == {"device": 1, "stream": "poisoned"}
     assert state == {"device": 1, "stream": "default"}
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 60), st.integers(1, 30)), max_size=12),
+    st.lists(st.integers(0, 100), max_size=40),
+)
+def test_innermost_span_is_the_enclosing_one_that_began_last(spans, ids):
+    """The sweep that gives each kernel its call agrees with the plain definition: of the
+    spans with ``start < id < end``, the one with the latest start (nested or overlapping)."""
+    from gpucheck.detectors.launch_trace import Work, innermost
+
+    made = [(a, a + n, i, Work("spin_kernel", 0, 7, a), {}) for i, (a, n) in enumerate(spans)]
+    work = [Work("k", 0, 7, c) for c in ids]
+    got = innermost(work, made)
+    for i, w in enumerate(work):
+        inside = [s for s in made if s[0] < w.correlation < s[1]]
+        if not inside:
+            assert i not in got
+        else:
+            assert got[i][0] == max(s[0] for s in inside)

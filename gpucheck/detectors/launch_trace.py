@@ -43,6 +43,7 @@ The judgement is pure functions on plain data (:func:`attribute`, :func:`judge`,
 
 from __future__ import annotations
 
+import heapq
 import sys
 import threading
 from collections.abc import Iterable
@@ -137,6 +138,9 @@ def gpu_events(result: Any) -> list[dict[str, Any]]:
     return rows
 
 
+_Span = tuple[int, int, int, Work, dict[str, Any]]  # (start, end, call, begin marker, entry)
+
+
 @dataclass
 class _Split:
     """A window's GPU work split by the markers: each call's, and the rest."""
@@ -158,7 +162,7 @@ def _split(events: list[dict[str, Any]], log: list[dict[str, Any]]) -> _Split | 
     if len(markers) != len(log):
         return None
     begin: dict[int, tuple[Work, dict[str, Any]]] = {}
-    spans: list[tuple[int, int, int, Work, dict[str, Any]]] = []  # (start, end, call, marker)
+    spans: list[_Span] = []
     current: dict[int, set[int]] = {}
     legacy: dict[int, int] = {}
     for m, entry in zip(markers, log, strict=True):
@@ -174,14 +178,15 @@ def _split(events: list[dict[str, Any]], log: list[dict[str, Any]]) -> _Split | 
             bm, be = begin.pop(entry["call"])
             spans.append((bm.correlation, m.correlation, entry["call"], bm, be))
     claimed, rest = [], []
-    for w in work:
+    enclosing = innermost(work, spans)
+    for i, w in enumerate(work):
         if MARKER_KERNEL in w.name:
             continue
-        inside = [s for s in spans if s[0] < w.correlation < s[1]]
-        if not inside:
+        span = enclosing.get(i)
+        if span is None:
             rest.append(w)  # torch's own work, or an unwatched caller's
             continue
-        _, _, call, marker, entry = max(inside, key=lambda s: s[0])  # the innermost
+        _, _, call, marker, entry = span
         claimed.append(
             OpLaunch(
                 str(entry["op"]),
@@ -194,6 +199,28 @@ def _split(events: list[dict[str, Any]], log: list[dict[str, Any]]) -> _Split | 
             )
         )
     return _Split(claimed, rest, current, legacy)
+
+
+def innermost(work: list[Work], spans: list[_Span]) -> dict[int, _Span]:
+    """For each piece of work (by index) the span that encloses its correlation id
+    (``start < id < end``) with the latest start: the innermost call. One sweep in id order
+    with a heap of the spans begun, latest start on top (a window holds thousands of
+    kernels and hundreds of calls: no pairwise comparison)."""
+    order = sorted(range(len(work)), key=lambda i: work[i].correlation)
+    by_start = sorted(spans, key=lambda s: s[0])
+    begun: list[tuple[int, int, _Span]] = []  # (-start, position, span)
+    found: dict[int, _Span] = {}
+    nxt = 0
+    for i in order:
+        c = work[i].correlation
+        while nxt < len(by_start) and by_start[nxt][0] < c:
+            heapq.heappush(begun, (-by_start[nxt][0], nxt, by_start[nxt]))
+            nxt += 1
+        while begun and begun[0][2][1] <= c:  # ended: it encloses no later id either
+            heapq.heappop(begun)
+        if begun:
+            found[i] = begun[0][2]
+    return found
 
 
 def attribute(events: list[dict[str, Any]], log: list[dict[str, Any]]) -> list[OpLaunch]:
