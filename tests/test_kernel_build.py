@@ -364,3 +364,32 @@ def test_a_killed_build_leaves_no_lock_behind(tmp_path):
     start = time.monotonic()
     with _ext._locked(lock, exclusive=True):
         assert time.monotonic() - start < 5
+
+
+def test_a_load_check_that_passed_is_remembered_until_something_changes(fresh, monkeypatch):
+    """The harness's child check costs a torch import and a load before any worker: once it
+    loaded the kernels, the next run skips it while Python, torch, the sources and the
+    module file stay the same; a failed check is never remembered."""
+    import subprocess
+
+    module = fresh.parent / "_C.so"
+    module.write_bytes(b"\x7fELF")
+    children = []
+    answer = {"code": 0, "out": f"{_ext.LOADED}{module}\n"}
+
+    def child(cmd, **kwargs):
+        children.append(cmd)
+        return subprocess.CompletedProcess(cmd, answer["code"], answer["out"], None)
+
+    monkeypatch.setattr(_ext.subprocess, "run", child)
+    assert _ext.problem_in_child() is None
+    assert _ext.problem_in_child() is None
+    assert len(children) == 1  # the second run read the first one's answer
+    module.write_bytes(b"\x7fELF rebuilt")  # another module file: checked again
+    assert _ext.problem_in_child() is None
+    assert len(children) == 2
+    monkeypatch.setenv("GPUCHECK_KERNELS", "ssim")  # other kernels asked for: checked again
+    answer.update(code=3, out="gpucheck's CUDA extension is not available: no nvcc\n")
+    assert _ext.problem_in_child() == "gpucheck's CUDA extension is not available: no nvcc"
+    assert _ext.problem_in_child() is not None
+    assert len(children) == 4  # a failure is asked again every time

@@ -17,6 +17,7 @@ import fcntl
 import functools
 import hashlib
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -275,19 +276,85 @@ def child_main() -> int:
 
     warnings.simplefilter("ignore")  # the parent shows this process's stderr: our lines only
     try:
-        load()
+        module = load()
     except Exception as err:  # ExtensionNotBuilt, and anything unforeseen, as one line
         lines = str(err).strip().splitlines()
         print(lines[0] if lines else repr(err))
         return 3
+    print(f"{LOADED}{getattr(module, '__file__', '')}")
     return 0
+
+
+#: what :func:`child_main` prints before the path of the module it loaded
+LOADED = "loaded: "
+#: where the last successful check is kept (in gpucheck's build cache)
+CHECKED_FILE = "load-check.json"
+
+
+def _check_key() -> dict[str, Any]:
+    """What decides whether the kernels load, known without importing torch: this Python,
+    the installed torch, the kernels asked for and the sources (a change rebuilds them)."""
+    import importlib.metadata
+
+    try:
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch_version = None
+    files = []
+    for path in _csrc.sources():
+        st = path.stat()
+        files.append([str(path), st.st_mtime_ns, st.st_size])
+    return {
+        "python": sys.executable,
+        "torch": torch_version,
+        "kernels": os.environ.get("GPUCHECK_KERNELS"),
+        "cache": os.environ.get(_csrc.CACHE_ENV),
+        "sources": files,
+    }
+
+
+def _file_id(path: str) -> list[int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_mtime_ns, st.st_size]
+
+
+def _checked_before(key: dict[str, Any]) -> bool:
+    """Whether an earlier check loaded the kernels with the same key from a module file that
+    is still the same file: then loading them again in a child would tell nothing new."""
+    try:
+        said = json.loads((_csrc.cache_dir() / CHECKED_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return (
+        isinstance(said, dict)
+        and said.get("key") == key
+        and bool(said.get("module"))
+        and said.get("file") == _file_id(str(said["module"]))
+    )
+
+
+def _remember(key: dict[str, Any], module: str) -> None:
+    with contextlib.suppress(OSError):
+        folder = _csrc.cache_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f"{CHECKED_FILE}.{os.getpid()}"
+        tmp.write_text(json.dumps({"key": key, "module": module, "file": _file_id(module)}))
+        os.replace(tmp, folder / CHECKED_FILE)
 
 
 def problem_in_child(timeout: float = CHILD_TIMEOUT_S) -> str | None:
     """Why the kernels cannot be loaded, or None when they can: checked in a child process,
     which builds them first where this is their first use (its progress line goes to this
     process's stderr). The caller never imports torch, and a broken build cannot take it
-    down."""
+    down. A check that loaded them is remembered (:data:`CHECKED_FILE`): while this Python,
+    torch, the sources and the module file stay the same, the next run skips the child (it
+    costs a torch import and a load, seconds before any worker starts)."""
+    key = _check_key()
+    if _checked_before(key):
+        return None
     code = "import sys; from gpucheck.ops import _ext; sys.exit(_ext.child_main())"
     try:
         proc = subprocess.run(
@@ -302,9 +369,12 @@ def problem_in_child(timeout: float = CHILD_TIMEOUT_S) -> str | None:
             f"building gpucheck's CUDA kernels did not finish within {timeout:.0f} s "
             f"(a build's files are in {_csrc.cache_dir()})"
         )
-    if proc.returncode == 0:
-        return None
     said = proc.stdout.strip().splitlines()
+    if proc.returncode == 0:
+        loaded = [x[len(LOADED) :] for x in said if x.startswith(LOADED)]
+        if loaded and loaded[-1]:
+            _remember(key, loaded[-1])
+        return None
     return (
         said[-1]
         if said
