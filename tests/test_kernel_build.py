@@ -393,3 +393,19 @@ def test_a_load_check_that_passed_is_remembered_until_something_changes(fresh, m
     assert _ext.problem_in_child() == "gpucheck's CUDA extension is not available: no nvcc"
     assert _ext.problem_in_child() is not None
     assert len(children) == 4  # a failure is asked again every time
+
+
+def test_the_load_check_imports_no_torch_in_the_harness():
+    """The controller asks ``gpucheck.ops._ext`` whether the kernels load: reading that
+    module must not import torch (seconds before any worker starts), while the wrappers
+    are still there on first use."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from gpucheck.ops import _ext; assert 'torch' not in sys.modules, 1; "
+        "import gpucheck.ops as ops; assert 'torch' not in sys.modules, 2; "
+        "ops.ssim; assert 'torch' in sys.modules, 3"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
