@@ -109,47 +109,44 @@ def tests(session: nox.Session) -> None:
 #: the quick subset for the edit loop (`nox -s quick`, under 2 minutes on two cores): the
 #: tests of the model, the report, the verdict, the CLI's refusals, check_op and the
 #: references, without the ones that start runs of the harness, build packages or kernels
-QUICK = tuple(
-    f"tests/test_{name}.py"
-    for name in (
-        "results",
-        "report_verdict",
-        "report_groups",
-        "report_sarif",
-        "sanitizer_parser",
-        "check_op",
-        "testing",
-        "registry",
-        "readme",
-        "architecture",
-        "devices",
-        "nvml",
-        "nvml_sampler",
-        "checkpoint_lint",
-        "checkpoints",
-        "dist_analysis",
-        "reference_knn",
-        "reference_splat",
-        "ops_splat",
-        "cli",
-        "detectors",
-        "wrong_device",
-        "wrong_stream",
-        "mixed_devices",
-        "stray_context",
-        "memory_detectors",
-        "op_watch",
-    )
+QUICK = (
+    "tests/model/test_results.py",
+    "tests/report/test_report_verdict.py",
+    "tests/report/test_report_groups.py",
+    "tests/report/test_report_sarif.py",
+    "tests/sanitizer/test_sanitizer_parser.py",
+    "tests/check/test_check_op.py",
+    "tests/plugin/test_testing.py",
+    "tests/detectors/test_registry.py",
+    "tests/project/test_readme.py",
+    "tests/project/test_architecture.py",
+    "tests/devices/test_devices.py",
+    "tests/devices/test_nvml.py",
+    "tests/devices/test_nvml_sampler.py",
+    "tests/checkpoints/test_checkpoint_lint.py",
+    "tests/checkpoints/test_checkpoints.py",
+    "tests/distributed/test_dist_analysis.py",
+    "tests/reference/test_reference_knn.py",
+    "tests/reference/test_reference_splat.py",
+    "tests/ops/test_ops_splat.py",
+    "tests/cli/test_cli.py",
+    "tests/detectors/test_detectors.py",
+    "tests/detectors/test_wrong_device.py",
+    "tests/detectors/test_wrong_stream.py",
+    "tests/detectors/test_mixed_devices.py",
+    "tests/detectors/test_stray_context.py",
+    "tests/detectors/test_memory_detectors.py",
+    "tests/detectors/test_op_watch.py",
 )
 #: what the package session runs against the installed wheel, besides `gpucheck run` and
 #: `gpucheck selftest` (the full tests run once, in the tests session): the CLI, the
 #: verdict, the plugin and check_op, the packaged suites' collection
 SMOKE = (
-    "tests/test_cli.py",
-    "tests/test_report_verdict.py",
-    "tests/test_plugin_api.py",
-    "tests/test_check_op.py",
-    "tests/test_cpu_first_run.py",
+    "tests/cli/test_cli.py",
+    "tests/report/test_report_verdict.py",
+    "tests/plugin/test_plugin_api.py",
+    "tests/check/test_check_op.py",
+    "tests/controller/test_cpu_first_run.py",
 )
 
 

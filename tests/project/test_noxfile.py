@@ -16,7 +16,7 @@ from types import ModuleType
 import nox
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @functools.cache
@@ -120,12 +120,12 @@ def test_the_quick_and_smoke_sets_name_test_files_that_exist_and_are_documented(
     for name in (*noxfile.QUICK, *noxfile.SMOKE):
         assert (root / name).is_file(), name
     slowest = {
-        "tests/test_run_output.py",
-        "tests/test_dist_run.py",
-        "tests/test_packaging.py",
-        "tests/test_reference_ssim.py",
-        "tests/test_ext_watch.py",
-        "tests/test_faults.py",
+        "tests/controller/test_run_output.py",
+        "tests/distributed/test_dist_run.py",
+        "tests/project/test_packaging.py",
+        "tests/reference/test_reference_ssim.py",
+        "tests/detectors/test_ext_watch.py",
+        "tests/controller/test_faults.py",
     }
     assert not slowest & set(noxfile.QUICK)  # each takes minutes on two cores
     readme = (root / "README.md").read_text()

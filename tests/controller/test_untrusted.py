@@ -27,8 +27,8 @@ from gpucheck.dist.rank import read_trace
 from gpucheck.model import results
 from gpucheck.model.runlog import RunLog
 
-ROOT = Path(__file__).resolve().parents[1]
-RECORDED = Path(__file__).parent / "fixtures" / "run_h200_selftest"
+ROOT = Path(__file__).resolve().parents[2]
+RECORDED = Path(__file__).parents[1] / "fixtures" / "run_h200_selftest"
 #: what a terminal acts on: ESC, BEL, NUL
 TERMINAL_CONTROLS = ("\x1b", "\x07", "\x00")
 

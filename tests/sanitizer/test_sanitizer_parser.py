@@ -13,7 +13,7 @@ import pytest
 from gpucheck.sanitizer import parse, parse_file
 from gpucheck.sanitizer.parser import kernel_name
 
-FIXTURES = Path(__file__).parent / "fixtures" / "sanitizer"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "sanitizer"
 UNGUARDED = FIXTURES / "memcheck_unguarded_launch_h200x2.log"
 
 
@@ -267,7 +267,7 @@ def test_one_missing_barrier_is_one_finding():
 
     from gpucheck.worker.recorder import sanitizer_findings
 
-    log = Path(__file__).parent / "fixtures" / "sanitizer" / "racecheck_no_sync_ssim_h200x2.log.gz"
+    log = FIXTURES / "racecheck_no_sync_ssim_h200x2.log.gz"
     text = gzip.decompress(log.read_bytes()).decode()
     report = parse(text, "racecheck")
     assert len(report.findings) == 68

@@ -21,7 +21,7 @@ from gpucheck.detectors import CaseInfo
 from gpucheck.detectors.launch_trace import Window, attribute, candidates, judge, unclaimed
 from gpucheck.detectors.wrong_stream import findings, unclaimed_findings, verdicts
 
-FIXTURES = Path(__file__).parent / "fixtures" / "launches"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "launches"
 CASE = CaseInfo("cuda:0", "selftest", "test_defect_pybind.py::test_x[cuda0]")
 SCENARIOS = (
     "pybind_clean",

@@ -15,7 +15,7 @@ from gpucheck.model.results import CaseRecord, Finding
 from gpucheck.model.runlog import RunLog
 from gpucheck.selftest import DEFECTS, matrix, pass_of, read_run, verdict
 
-RUN = Path(__file__).parent / "fixtures" / "run_h200_selftest"
+RUN = Path(__file__).parents[1] / "fixtures" / "run_h200_selftest"
 
 
 def rows_by_name(rows):

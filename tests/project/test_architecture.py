@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PACKAGE = "gpucheck"
-PACKAGE_DIR = Path(__file__).resolve().parents[1] / PACKAGE
+PACKAGE_DIR = Path(__file__).resolve().parents[2] / PACKAGE
 # Lines as `ruff format` lays them out (it spreads long calls over several lines: 600 before it).
 MAX_LINES = 750
 LAZY_MARK = "lazy:"
@@ -305,7 +305,7 @@ def test_every_module_has_a_floor() -> None:
     missing = unlisted(modules, FLOORS, PACKAGE)
     assert not missing, (
         "modules without a floor; add them to the floors table FLOORS in "
-        f"tests/test_architecture.py: {', '.join(missing)}"
+        f"tests/project/test_architecture.py: {', '.join(missing)}"
     )
 
 

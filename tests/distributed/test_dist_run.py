@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEFECTS = ROOT / "suites" / "dist_selftest"
 #: hard limit of one gpucheck run in these tests: nothing may hang CI
 RUN_LIMIT_S = 150

@@ -21,7 +21,7 @@ from gpucheck.model import results
 from gpucheck.model.results import CaseRecord
 from gpucheck.model.runlog import RunLog
 
-FIXTURE = Path(__file__).parent / "fixtures" / "run_h200_selftest" / "results.jsonl"
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "run_h200_selftest" / "results.jsonl"
 
 
 def _recorded_overrun() -> CaseRecord:

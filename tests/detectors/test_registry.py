@@ -112,7 +112,7 @@ def test_an_installed_package_adds_a_detector_through_its_entry_point(tmp_path: 
         "from gpucheck.detectors import registry; "
         "print(','.join(d.name for d in registry.worker_detectors()))"
     )
-    env = {"PYTHONPATH": f"{site}:{Path(__file__).resolve().parents[1]}", "PATH": "/usr/bin"}
+    env = {"PYTHONPATH": f"{site}:{Path(__file__).resolve().parents[2]}", "PATH": "/usr/bin"}
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
     )

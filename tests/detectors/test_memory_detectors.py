@@ -28,7 +28,7 @@ from gpucheck.detectors.oom_anomaly import (
 from gpucheck.model import results
 from gpucheck.model.results import CaseRecord
 
-OOM = Path(__file__).parent / "fixtures" / "oom"
+OOM = Path(__file__).parents[1] / "fixtures" / "oom"
 GiB, MiB = 1 << 30, 1 << 20
 CASE = CaseInfo("cuda:0", "s", "test_x.py::test_x[cuda0]")
 
@@ -497,7 +497,7 @@ def test_selftest_double_activation_row_on_cpu(tmp_path):
             "-k",
             "roundtrip or double_activation",
         ],
-        cwd=Path(__file__).parents[1],
+        cwd=Path(__file__).parents[2],
         capture_output=True,
         text=True,
         timeout=300,

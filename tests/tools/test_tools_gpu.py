@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GPU = ROOT / "tools" / "gpu"
 STEPS = ROOT / "tools" / "gpu_steps"
 RECORDED = ROOT / "tests" / "fixtures" / "run_h200x2_selftest"

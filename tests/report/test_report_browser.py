@@ -18,7 +18,7 @@ from report_synth import make_run, real_cpu_run
 
 from gpucheck.report import write_all
 
-GPU_RUN = Path(__file__).resolve().parent / "fixtures" / "run_h200_selftest"
+GPU_RUN = Path(__file__).resolve().parents[1] / "fixtures" / "run_h200_selftest"
 CHROMIUM = ("chromium", "chromium-browser", "google-chrome")
 
 

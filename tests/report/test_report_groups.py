@@ -17,7 +17,7 @@ from gpucheck.model import results
 from gpucheck.model.results import CaseRecord, Finding
 from gpucheck.report import groups, publish, rundata
 
-EXAMPLE = Path(__file__).resolve().parent / "fixtures" / "run_h200x2_selftest"
+EXAMPLE = Path(__file__).resolve().parents[1] / "fixtures" / "run_h200x2_selftest"
 #: what a maintainer must be able to read in the page, at most this big
 MAX_PAGE = 1_000_000
 

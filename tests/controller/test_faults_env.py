@@ -44,7 +44,7 @@ from gpucheck.controller.harness import Harness, WorkerSpec
 from gpucheck.model import results
 from gpucheck.model.layout import RunFolder
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]
 SHIM_SOURCE = HERE / "fixtures" / "faults" / "nvml_shim.c"
 SHIM_UUID = "GPU-5a1e0000-0000-4000-8000-000000000001"  # the one GPU the shim knows
 MIB = 1 << 20

@@ -14,7 +14,7 @@ from gpucheck.detectors import launch_trace as lt
 from gpucheck.detectors.launch_trace import Window, attribute, judge
 from gpucheck.detectors.wrong_stream import findings, verdicts
 
-FIXTURES = Path(__file__).parent / "fixtures" / "launches"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "launches"
 CASE = CaseInfo("cuda:0", "selftest", "test_defect_stream.py::test_legacy_stream_ssim[cuda0]")
 
 

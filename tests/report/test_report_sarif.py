@@ -16,11 +16,11 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "tests" / "fixtures" / "run_h200x2_selftest"
 #: the SARIF 2.1.0 schema as https://json.schemastore.org/sarif-2.1.0.json serves it (OASIS
 #: SARIF TC's schema; source, licence and checksum in tests/fixtures/sarif/README.md)
-SCHEMA = Path(__file__).resolve().parent / "fixtures" / "sarif" / "sarif-schema-2.1.0.json"
+SCHEMA = Path(__file__).resolve().parents[1] / "fixtures" / "sarif" / "sarif-schema-2.1.0.json"
 
 
 def validate(doc: dict) -> list[str]:

@@ -10,7 +10,7 @@ from gpucheck.detectors import StrayContext
 from gpucheck.detectors.stray_context import stray
 from gpucheck.model.runlog import RunLog
 
-RUN = Path(__file__).parent / "fixtures" / "run_h200_selftest" / "results.jsonl"
+RUN = Path(__file__).parents[1] / "fixtures" / "run_h200_selftest" / "results.jsonl"
 OTHER = "GPU-11111111-2222-3333-4444-555555555555"
 
 

@@ -15,7 +15,7 @@ import pytest
 from gpucheck.controller.harness import Harness, WorkerSpec
 from gpucheck.model import results
 
-FIXTURES = Path(__file__).parent / "fixtures" / "sanitizer"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "sanitizer"
 
 FAKE_TOOL = textwrap.dedent("""\
     #!/usr/bin/env bash

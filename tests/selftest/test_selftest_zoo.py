@@ -276,7 +276,7 @@ def test_the_recorded_two_gpu_zoo_run_finds_every_row_and_nothing_else():
 
     from gpucheck import selftest
 
-    run = Path(__file__).parent / "fixtures" / "run_h200x2_zoo"
+    run = Path(__file__).parents[1] / "fixtures" / "run_h200x2_zoo"
     cases, devices = selftest.read_run(run)
     assert devices == 2
     zoo = selftest.zoo_matrix(cases, devices)

@@ -20,7 +20,7 @@ from gpucheck.model import results
 from gpucheck.model.results import CaseRecord, Finding
 from gpucheck.report import junit, publish, timeline, write_all
 
-GPU_RUN = Path(__file__).resolve().parent / "fixtures" / "run_h200_selftest"
+GPU_RUN = Path(__file__).resolve().parents[1] / "fixtures" / "run_h200_selftest"
 
 
 @pytest.fixture(scope="session")
@@ -364,7 +364,7 @@ def test_the_poisoned_device_is_not_a_stray_context(tmp_path):
     files that say which worker a pid is, every process on two GPUs is flagged."""
     from gpucheck.report import rundata
 
-    example = Path(__file__).parent / "fixtures" / "run_h200x2_selftest"
+    example = Path(__file__).parents[1] / "fixtures" / "run_h200x2_selftest"
     run = tmp_path / "example"
     shutil.copytree(example, run)
     data = rundata.load(run)

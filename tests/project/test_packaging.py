@@ -21,7 +21,7 @@ import pytest
 
 from gpucheck import _csrc, _resources
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: what building gpucheck reads from the repository
 SOURCE = (
     "gpucheck",
