@@ -9,7 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from gpucheck.detectors import registry
+from gpucheck.detectors import registry, worker_detectors
 from gpucheck.detectors.base import DISABLE_ENV, BaseDetector, CaseInfo
 from gpucheck.model.results import Finding
 from gpucheck.model.runlog import RunHeader
@@ -119,3 +119,9 @@ def test_an_installed_package_adds_a_detector_through_its_entry_point(tmp_path: 
     assert out.returncode == 0, out.stderr[-2000:]
     names = out.stdout.strip().split(",")
     assert names[-1] == "loud" and "mixed-devices" in names
+
+
+def test_every_worker_detector_has_a_name_and_the_hooks():
+    for d in worker_detectors():
+        assert d.name and callable(d.case_started) and callable(d.case_finished)
+        assert d.run_finished([]) == []
