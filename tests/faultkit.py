@@ -1,6 +1,7 @@
-"""What the fault-injection tests (issue 30: tests/test_faults.py, tests/test_faults_env.py)
-share: a suite written on the fly, `gpucheck run` started as a real process, the waits, and
-the checks that every record kept is whole and every case recorded once."""
+"""What the fault-injection tests (issue 30: tests/controller/test_faults.py and
+tests/controller/test_faults_env.py) share: a suite written on the fly, `gpucheck run`
+started as a real process, the waits, and the checks that every record kept is whole and
+every case recorded once."""
 
 from __future__ import annotations
 

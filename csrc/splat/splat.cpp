@@ -103,7 +103,7 @@ void raise_bad_input(const int32_t* bad, int64_t n, const at::Tensor& means,
 
 // The evidence of a failed preflight: what was asked for, and why it is probably that large.
 // gpucheck.errors.MemoryAnomalyError parses this message back into its fields: keep the two
-// in step (tests/test_ops_splat.py holds a recorded one).
+// in step (tests/ops/test_ops_splat.py holds a recorded one).
 [[noreturn]] void raise_budget(const std::string& reason, int64_t n, int64_t total,
                                int64_t bytes, int64_t free_bytes, const at::Tensor& radii,
                                const at::Tensor& counts, int64_t tiles, int64_t width,

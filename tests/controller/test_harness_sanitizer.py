@@ -1,0 +1,179 @@
+"""Sanitizer passes on CPU: a stand-in compute-sanitizer runs the worker as its child (as the
+real tool does) and the cases append *real recorded* log text to a per-pid log, as the tool
+does while a kernel runs. Checks attribution of records to the case that was
+running, and the sweep of records no case claimed (after the last case, child processes)."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gpucheck.controller.harness import Harness, WorkerSpec
+from gpucheck.model import results
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "sanitizer"
+
+FAKE_TOOL = textwrap.dedent("""\
+    #!/usr/bin/env bash
+    # stand-in for compute-sanitizer: note the log template, run the worker as a child
+    while [ $# -gt 0 ]; do
+      case "$1" in
+        --log-file) export FAKE_SAN_LOG="$2"; shift 2 ;;
+        --tool|--error-exitcode|--target-processes|--print-limit) shift 2 ;;
+        *) break ;;
+      esac
+    done
+    "$@"
+    exit $?
+""")
+
+SUITE = textwrap.dedent("""
+    import os, subprocess, sys, pytest
+    FIX = os.environ["FIXTURES"]
+
+    def write(name, pid=None):
+        log = os.environ["FAKE_SAN_LOG"].replace("%p", str(pid or os.getpid()))
+        with open(log, "a") as f, open(os.path.join(FIX, name)) as src:
+            f.write(src.read())
+
+    @pytest.mark.sanitizer
+    def test_clean():
+        assert True
+
+    @pytest.mark.sanitizer
+    def test_out_of_bounds():
+        write("memcheck_oob_planted_h200.log")
+
+    @pytest.mark.sanitizer
+    def test_child_process():
+        code = "import os,sys; sys.path.insert(0, os.environ['HERE']); import test_san as t; " \\
+               "t.write('memcheck_api_planted_h200.log', os.getpid())"
+        subprocess.run([sys.executable, "-c", code], check=True,
+                       env={**os.environ, "HERE": os.path.dirname(__file__)})
+
+    @pytest.mark.sanitizer
+    def test_killed_by_the_tool():
+        write("racecheck_race_planted_h200.log")  # the tool reports, then ends the process
+        os.abort()
+
+    @pytest.mark.sanitizer
+    def test_hang():
+        if os.environ.get("DEMO_HANG"):
+            import time
+            time.sleep(600)
+
+    @pytest.mark.sanitizer(tools=("racecheck",))
+    def test_racecheck_only():
+        write("racecheck_race_planted_h200.log")
+
+    @pytest.mark.sanitizer
+    def test_last():
+        assert True
+
+    def test_not_small_enough_for_the_sanitizer():
+        write("memcheck_oob_planted_h200.log")
+""")
+
+
+@pytest.fixture
+def setup(tmp_path, monkeypatch):
+    if not shutil.which("bash"):
+        pytest.skip("needs bash")
+    tool = tmp_path / "compute-sanitizer"
+    tool.write_text(FAKE_TOOL)
+    tool.chmod(0o755)
+    suite = tmp_path / "suites" / "san"
+    suite.mkdir(parents=True)
+    (suite / "test_san.py").write_text(SUITE)
+    monkeypatch.setenv("FIXTURES", str(FIXTURES))
+    return tool, suite
+
+
+def test_sanitizer_records_are_attributed_to_their_case(setup, tmp_path):
+    tool, suite = setup
+    out = tmp_path / "out"
+    out.mkdir()
+    spec = WorkerSpec(
+        "cpu",
+        None,
+        None,
+        {"san": suite},
+        "sanitizer:memcheck",
+        sanitizer_tool="memcheck",
+        sanitizer=tool,
+    )
+    Harness([spec], out, out / "results.jsonl", "r1", timeout=60).run()
+    recs = {r["case"].rsplit("::", 1)[-1]: r for r in results.cases(out / "results.jsonl")}
+    # only the cases marked `sanitizer` ran
+    assert "test_not_small_enough_for_the_sanitizer" not in recs
+    assert "test_racecheck_only" not in recs  # marked for another tool's pass
+    assert recs["test_clean"]["status"] == "passed" and recs["test_clean"]["findings"] == []
+    oob = recs["test_out_of_bounds"]
+    assert oob["status"] == "failed"
+    assert oob["reason"].startswith("compute-sanitizer: Invalid __global__ write of size 4")
+    (f,) = oob["findings"]
+    assert f["kind"] == "sanitizer" and f["kernel"] == "oob_write"
+    assert "x20 in oob_write planted.cu:9" in f["message"]
+    # a child process of a case writes its own log (%p): its records belong to that case
+    child = recs["test_child_process"]
+    assert child["status"] == "failed"
+    assert "cudaMemcpy" in child["findings"][0]["message"]
+    # a worker the tool ended inside a case: a crashed record that carries the tool's records,
+    # then a fresh worker for the rest
+    killed = recs["test_killed_by_the_tool"]
+    assert killed["status"] == "crashed"
+    kinds = [f["kind"] for f in killed["findings"]]
+    assert kinds == ["sanitizer", "crash"]
+    assert "Race reported between Write access" in killed["findings"][0]["message"]
+    assert recs["test_last"]["status"] == "passed"
+    assert not [k for k in recs if k.startswith("<")]  # nothing left unattributed
+
+
+def test_worker_command_under_the_sanitizer(setup, tmp_path):
+    from gpucheck.controller.harness import worker_command
+
+    tool, suite = setup
+    spec = WorkerSpec(
+        "cuda:1",
+        1,
+        "GPU-x",
+        {"san": suite},
+        "sanitizer:racecheck",
+        sanitizer_tool="racecheck",
+        sanitizer=tool,
+    )
+    cmd = worker_command(
+        spec, tmp_path / "r.jsonl", tmp_path / "s.json", "r1", None, tmp_path / "w.sanitizer.%p.log"
+    )
+    assert cmd[:4] == [str(tool), "--tool", "racecheck", "--log-file"]
+    assert cmd[cmd.index("--error-exitcode") + 1] == "86"
+    assert cmd[cmd.index(sys.executable) + 1 :][:2] == ["-m", "pytest"]
+    assert cmd[cmd.index("-m", cmd.index("pytest")) + 1] == "sanitizer"
+
+
+def test_hang_under_the_sanitizer_dumps_the_workers_stacks(setup, tmp_path, monkeypatch):
+    """The tool is the worker's parent: the stack request must reach the Python worker."""
+    tool, suite = setup
+    monkeypatch.setenv("DEMO_HANG", "1")
+    out = tmp_path / "out"
+    out.mkdir()
+    spec = WorkerSpec(
+        "cpu",
+        None,
+        None,
+        {"san": suite},
+        "sanitizer:memcheck",
+        pytest_args=["-k", "test_hang or test_last"],
+        sanitizer_tool="memcheck",
+        sanitizer=tool,
+    )
+    Harness([spec], out, out / "results.jsonl", "r1", timeout=3).run()
+    recs = {r["case"].rsplit("::", 1)[-1]: r for r in results.cases(out / "results.jsonl")}
+    hung = recs["test_hang"]
+    assert hung["status"] == "hung"
+    assert "in test_hang" in hung["findings"][-1]["evidence"]
+    assert recs["test_last"]["status"] == "passed"

@@ -1,0 +1,148 @@
+"""numerics: fingerprints of an op's results, a result that differs between runs of the same
+inputs (on real custom ops, on CPU, through op_watch), and disagreement across devices."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from gpucheck.detectors import CaseInfo, Numerics
+from gpucheck.detectors.numerics import conflicts, disagreements, fingerprint, parse
+from gpucheck.model.results import CaseRecord
+
+CASE = CaseInfo("cpu", "s", "test_x.py::test_x")
+_count = itertools.count()
+
+
+@torch.library.custom_op("gpucheck_numerics::double", mutates_args=())
+def double(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+def _jitter(x: torch.Tensor) -> torch.Tensor:
+    """Every other call nudges element 0 by one ulp (like float atomics in another order)."""
+    y = x * 2
+    if next(_count) % 2:
+        y[0] = torch.nextafter(y[0], torch.tensor(float("inf")))
+    return y
+
+
+@torch.library.custom_op("gpucheck_numerics::jitter", mutates_args=())
+def jitter(x: torch.Tensor) -> torch.Tensor:
+    return _jitter(x)
+
+
+@torch.library.custom_op(
+    "gpucheck_numerics::atomics", mutates_args=(), tags=(torch.Tag.nondeterministic_bitwise,)
+)
+def atomics(x: torch.Tensor) -> torch.Tensor:
+    return _jitter(x)
+
+
+def test_fingerprint_is_of_the_bits():
+    x = torch.rand(1000)
+    assert fingerprint(x) == fingerprint(x.clone())
+    y = x.clone()
+    y[0] = torch.nextafter(y[0], torch.tensor(1.0))
+    assert fingerprint(y) != fingerprint(x)
+    assert fingerprint(x.flip(0)) != fingerprint(x)  # position-weighted
+    assert fingerprint((x, 3)) != fingerprint((x, 4))  # other arguments count
+    assert fingerprint(x.double()) != fingerprint(x)
+    assert fingerprint(torch.empty(3, device="meta")) is None
+    big = torch.rand((1 << 20) + 7)
+    nudged = big.clone()
+    nudged[0] += 1
+    assert fingerprint(big) != fingerprint(nudged)  # the sample keeps the first element
+
+
+def _run_case(det, body):
+    det.case_started(CASE)
+    body()
+    found = det.case_finished(CASE)
+    return found, det.case_data()
+
+
+def test_numerics_finds_a_result_that_differs_between_runs():
+    x = torch.rand(64)
+    found, data = _run_case(
+        Numerics(), lambda: [torch.ops.gpucheck_numerics.jitter(x) for _ in range(2)]
+    )
+    [f] = found
+    assert (f.kind, f.severity, f.op) == ("numerics", "error", "gpucheck_numerics::jitter")
+    assert "non-deterministic" in f.message and "tag it" in f.hint
+    assert len(data["fingerprints"]) == 2 and {parse(e)[3] for e in data["fingerprints"]} == {"cpu"}
+
+
+def test_numerics_quiet_on_deterministic_and_tagged_ops():
+    x = torch.rand(64)
+    found, data = _run_case(
+        Numerics(),
+        lambda: [
+            (
+                torch.ops.gpucheck_numerics.double(x),
+                torch.ops.gpucheck_numerics.double(torch.rand(64)),
+                torch.ops.gpucheck_numerics.atomics(x),
+            )
+            for _ in range(3)
+        ],
+    )
+    assert found == []
+    # double: x (three times, kept once) and three fresh inputs; atomics (tagged
+    # nondeterministic_bitwise): not judged
+    ops = [parse(e)[0] for e in data["fingerprints"]]
+    assert ops.count("gpucheck_numerics::double") == 4 and "gpucheck_numerics::atomics" not in ops
+
+
+def test_numerics_caps_fingerprints_per_signature():
+    det = Numerics(cap=3)
+    x = torch.rand(8)
+    _, data = _run_case(det, lambda: [torch.ops.gpucheck_numerics.double(x + i) for i in range(10)])
+    assert len(data["fingerprints"]) == 3
+
+
+def test_cross_device_disagreement_across_records():
+    def rec(dev, case, outs):
+        return CaseRecord(
+            run_id="r",
+            device=dev,
+            suite="s",
+            case=case,
+            mode="blocking",
+            status="passed",
+            fingerprints=[f"ext::op|in1|{outs}|{dev}"],
+        )
+
+    same = [rec("cuda:0", "t[cuda0]", "a"), rec("cuda:1", "t[cuda1]", "a")]
+    assert disagreements(same) == []
+    differ = [rec("cuda:0", "t[cuda0]", "a"), rec("cuda:1", "t[cuda1]", "b")]
+    [f] = disagreements(differ)
+    assert f.kind == "numerics" and "cross-device disagreement" in f.message
+    assert "cuda:0 and cuda:1" in f.message and "t[cuda1]" in f.evidence
+    assert conflicts([("op", "i", "a", "cuda:0"), ("op", "i", "a", "cuda:0")]) == []
+
+
+_SCRATCH_CALLS = [0]
+
+
+@torch.library.custom_op("gpucheck_numerics::render_with_scratch", mutates_args=())
+def render_with_scratch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An image that is a function of the input, and the rasterizers' opaque byte state for
+    backward, whose unwritten part differs call to call (torch.empty, never filled)."""
+    _SCRATCH_CALLS[0] += 1
+    state = torch.full((32,), _SCRATCH_CALLS[0] % 251, dtype=torch.uint8)
+    return x * 2, state
+
+
+def test_numerics_leaves_an_ops_byte_scratch_out():
+    x = torch.rand(64)
+    found, data = _run_case(
+        Numerics(), lambda: [torch.ops.gpucheck_numerics.render_with_scratch(x) for _ in range(3)]
+    )
+    assert found == []  # the images are bitwise equal; the byte buffers are not results
+    assert len({parse(e)[2] for e in data["fingerprints"]}) == 1
+    # a float result that differs call to call is still a finding
+    found, _ = _run_case(
+        Numerics(), lambda: [torch.ops.gpucheck_numerics.jitter(x) for _ in range(2)]
+    )
+    assert [f.kind for f in found] == ["numerics"]

@@ -1,0 +1,446 @@
+"""The layering of ``gpucheck/``, measured with ``ast`` (issue 28): no import cycle, no import
+from a lower floor to a higher one (a function-level, lazy one only with a ``lazy:`` comment
+saying why), no module over 600 lines.
+
+The floors are :data:`FLOORS`, the one table of them. The measuring functions are tested on a
+synthetic package too, so that these tests can fail.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import io
+import tokenize
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+PACKAGE = "gpucheck"
+PACKAGE_DIR = Path(__file__).resolve().parents[2] / PACKAGE
+# Lines as `ruff format` lays them out (it spreads long calls over several lines: 600 before it).
+MAX_LINES = 750
+LAZY_MARK = "lazy:"
+
+#: floor of each part of gpucheck, low to high: a module may import from its own floor and
+#: the ones below. A module's floor is that of its longest listed dotted prefix; the package
+#: itself (``gpucheck``, its ``__init__``) matches only exactly.
+FLOORS: dict[str, int] = {
+    # 0 base
+    "gpucheck": 0,
+    "gpucheck.errors": 0,
+    "gpucheck._resources": 0,
+    # 1 data model: records, findings, modes, the run folder's layout, the worker contract
+    "gpucheck.model": 1,
+    # 2 tools and kernels
+    "gpucheck.nvml": 2,
+    "gpucheck.nvml_sampler": 2,
+    "gpucheck.devices": 2,
+    "gpucheck._cuda_probe": 2,
+    "gpucheck.sanitizer": 2,
+    "gpucheck.reference": 2,
+    "gpucheck._csrc": 2,
+    "gpucheck._zoo": 2,
+    "gpucheck.ops": 2,
+    "gpucheck.checkpoints": 2,
+    "gpucheck.testing": 2,
+    # 3 detectors
+    "gpucheck.detectors": 3,
+    "gpucheck.dist": 3,
+    # 4 worker side and outputs
+    "gpucheck.worker": 4,
+    "gpucheck.check": 4,
+    "gpucheck.check_runner": 4,
+    "gpucheck.check_cpu": 4,
+    "gpucheck.report": 4,
+    # 5 controller
+    "gpucheck.controller": 5,
+    # 6 entry points
+    "gpucheck.pytest_plugin": 6,
+    "gpucheck.cli": 6,
+    "gpucheck.__main__": 6,
+    "gpucheck.selftest": 6,
+}
+
+
+@dataclass(frozen=True)
+class Import:
+    """One import of a module of the package by another (or the same) one."""
+
+    source: str  # the importing module
+    line: int
+    target: str  # the imported module
+    lazy: bool  # inside a function
+    commented: bool  # a `lazy:` comment on its line(s) or the line just above
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.line} imports {self.target}"
+
+
+# --- measuring ---------------------------------------------------------------------------
+
+
+def module_files(package_dir: Path, package: str) -> dict[str, Path]:
+    """Every module of the package by dotted name (a package by its ``__init__.py``)."""
+    out = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        parts = list(path.relative_to(package_dir).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join([package, *parts])] = path
+    return out
+
+
+def _comment_lines(source: str) -> set[int]:
+    """Lines with a comment containing :data:`LAZY_MARK`."""
+    lines: set[int] = set()
+    if LAZY_MARK not in source:
+        return lines
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT and LAZY_MARK in tok.string:
+            lines.add(tok.start[0])
+    return lines
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _import_nodes(tree: ast.AST) -> Iterable[tuple[ast.Import | ast.ImportFrom, bool]]:
+    """The imports of a module with whether each is inside a function; ``if TYPE_CHECKING:``
+    bodies are left out (their ``else`` is not)."""
+
+    def walk(node: ast.AST, lazy: bool) -> Iterable[tuple[ast.Import | ast.ImportFrom, bool]]:
+        for child in ast.iter_child_nodes(node):
+            if not isinstance(child, (ast.stmt, ast.excepthandler, ast.match_case)):
+                continue  # an expression: no import statement inside
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                yield child, lazy
+            elif isinstance(child, ast.If) and _is_type_checking(child.test):
+                for sub in child.orelse:
+                    yield from walk(ast.Module(body=[sub], type_ignores=[]), lazy)
+            else:
+                inner = lazy or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+                yield from walk(child, inner)
+
+    yield from walk(tree, False)
+
+
+def _existing(name: str, modules: Mapping[str, Path]) -> str:
+    """``name``, or its longest prefix that is a module of the package."""
+    parts = name.split(".")
+    while len(parts) > 1 and ".".join(parts) not in modules:
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(module: str, path: Path, modules: Mapping[str, Path], package: str) -> list[Import]:
+    """The imports of ``module`` (the file ``path``) of modules of ``package``.
+
+    ``from P import X`` imports the module ``P.X`` where there is one, else ``P`` (X is a
+    name defined in P). Relative imports are resolved; parent packages that Python runs on
+    the way are not counted as imported.
+    """
+    source = path.read_text()
+    marks = _comment_lines(source)
+    here = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out: dict[tuple[int, str], Import] = {}
+    for node, lazy in _import_nodes(ast.parse(source, filename=str(path))):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        else:
+            if node.level:
+                base_parts = here.split(".")
+                base_parts = base_parts[: len(base_parts) - (node.level - 1)]
+                base = ".".join([*base_parts, *([node.module] if node.module else [])])
+            else:
+                base = node.module or ""
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                targets.append(sub if alias.name != "*" and sub in modules else base)
+        end = node.end_lineno or node.lineno
+        commented = any(n in marks for n in range(node.lineno - 1, end + 1))
+        for target in targets:
+            if target != package and not target.startswith(package + "."):
+                continue
+            found = _existing(target, modules)
+            out.setdefault(
+                (node.lineno, found), Import(module, node.lineno, found, lazy, commented)
+            )
+    return list(out.values())
+
+
+def import_graph(package_dir: Path, package: str) -> tuple[dict[str, Path], list[Import]]:
+    """The modules of the package and every import among them."""
+    modules = module_files(package_dir, package)
+    imports = [
+        imp for name, path in modules.items() for imp in imports_of(name, path, modules, package)
+    ]
+    return modules, imports
+
+
+def find_cycles(imports: Iterable[Import]) -> list[list[Import]]:
+    """One import cycle per strongly connected set of modules, counting module-level imports
+    (an import of a module by itself aside), as the imports along it."""
+    edges: dict[str, dict[str, Import]] = {}
+    for imp in imports:
+        if not imp.lazy and imp.source != imp.target:
+            edges.setdefault(imp.source, {}).setdefault(imp.target, imp)
+    # Tarjan's strongly connected components
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[set[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, {}):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.add(w)
+                if w == v:
+                    break
+            components.append(comp)
+
+    for v in sorted(edges):
+        if v not in index:
+            connect(v)
+    cycles = []
+    for comp in components:
+        if len(comp) < 2:
+            continue
+        start = min(comp)
+        # shortest way from start back to start inside the component
+        paths: dict[str, list[Import]] = {start: []}
+        queue = [start]
+        found: list[Import] | None = None
+        while queue and found is None:
+            v = queue.pop(0)
+            for w, imp in sorted(edges.get(v, {}).items()):
+                if w == start:
+                    found = [*paths[v], imp]
+                    break
+                if w in comp and w not in paths:
+                    paths[w] = [*paths[v], imp]
+                    queue.append(w)
+        assert found is not None
+        cycles.append(found)
+    return cycles
+
+
+def floor_of(module: str, floors: Mapping[str, int], package: str) -> int | None:
+    """The floor of the longest listed prefix of ``module`` (the package matches only
+    itself); None where none is listed."""
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:n])
+        if prefix in floors and (prefix != package or n == len(parts)):
+            return floors[prefix]
+    return None
+
+
+def unlisted(modules: Iterable[str], floors: Mapping[str, int], package: str) -> list[str]:
+    return sorted(m for m in modules if floor_of(m, floors, package) is None)
+
+
+def upward(
+    imports: Iterable[Import], floors: Mapping[str, int], package: str
+) -> tuple[list[Import], list[Import]]:
+    """Imports from a lower floor to a higher one: (module-level ones, lazy ones without a
+    ``lazy:`` comment)."""
+    eager, lazy = [], []
+    for imp in imports:
+        src, dst = floor_of(imp.source, floors, package), floor_of(imp.target, floors, package)
+        if src is None or dst is None or dst <= src:
+            continue
+        if not imp.lazy:
+            eager.append(imp)
+        elif not imp.commented:
+            lazy.append(imp)
+    return eager, lazy
+
+
+def long_files(paths: Iterable[Path], limit: int = MAX_LINES) -> list[tuple[Path, int]]:
+    out = []
+    for path in paths:
+        n = len(path.read_text().splitlines())
+        if n > limit:
+            out.append((path, n))
+    return out
+
+
+def _describe(imps: Iterable[Import], floors: Mapping[str, int], package: str) -> str:
+    return "\n".join(
+        f"  {imp} (floor {floor_of(imp.source, floors, package)} -> "
+        f"{floor_of(imp.target, floors, package)})"
+        for imp in imps
+    )
+
+
+# --- gpucheck -----------------------------------------------------------------------------
+
+
+@functools.cache
+def _gpucheck_graph() -> tuple[dict[str, Path], list[Import]]:
+    return import_graph(PACKAGE_DIR, PACKAGE)
+
+
+def test_every_module_has_a_floor() -> None:
+    modules = module_files(PACKAGE_DIR, PACKAGE)
+    assert modules, f"no modules found under {PACKAGE_DIR}"
+    missing = unlisted(modules, FLOORS, PACKAGE)
+    assert not missing, (
+        "modules without a floor; add them to the floors table FLOORS in "
+        f"tests/project/test_architecture.py: {', '.join(missing)}"
+    )
+
+
+def test_no_import_cycles() -> None:
+    _, imports = _gpucheck_graph()
+    cycles = find_cycles(imports)
+    assert not cycles, "import cycles (module-level imports):\n" + "\n".join(
+        "  "
+        + " -> ".join(f"{imp.source} (line {imp.line})" for imp in cycle)
+        + f" -> {cycle[0].source}"
+        for cycle in cycles
+    )
+
+
+def test_no_module_level_import_from_a_lower_floor_to_a_higher_one() -> None:
+    _, imports = _gpucheck_graph()
+    eager, _ = upward(imports, FLOORS, PACKAGE)
+    assert not eager, "module-level imports from a lower floor to a higher one:\n" + _describe(
+        eager, FLOORS, PACKAGE
+    )
+
+
+def test_lazy_upward_imports_say_why() -> None:
+    _, imports = _gpucheck_graph()
+    _, lazy = upward(imports, FLOORS, PACKAGE)
+    assert not lazy, (
+        f"function-level imports from a lower floor to a higher one without a "
+        f"'# {LAZY_MARK} <why>' comment on the line or the line above:\n"
+        + _describe(lazy, FLOORS, PACKAGE)
+    )
+
+
+def test_no_module_over_the_line_limit() -> None:
+    too_long = long_files(module_files(PACKAGE_DIR, PACKAGE).values())
+    assert not too_long, f"modules over {MAX_LINES} lines: " + ", ".join(
+        f"{p.relative_to(PACKAGE_DIR.parent)} ({n})" for p, n in too_long
+    )
+
+
+# --- the measuring functions, on a synthetic package --------------------------------------
+
+
+def _package(root: Path, files: Mapping[str, str]) -> Path:
+    for rel, text in files.items():
+        path = root / "pkg" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root / "pkg"
+
+
+SYNTH_FLOORS = {"pkg": 0, "pkg.low": 1, "pkg.sub": 1, "pkg.high": 2}
+
+
+def test_synthetic_cycle_is_found(tmp_path: Path) -> None:
+    pkg = _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "low.py": "import os\nfrom pkg import high\n",
+            "high.py": "from . import low\n",
+            "sub/__init__.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+            "    from pkg import high\n",
+        },
+    )
+    modules, imports = import_graph(pkg, "pkg")
+    assert set(modules) == {"pkg", "pkg.low", "pkg.high", "pkg.sub"}
+    cycles = find_cycles(imports)
+    assert [[(i.source, i.line, i.target) for i in c] for c in cycles] == [
+        [("pkg.high", 1, "pkg.low"), ("pkg.low", 2, "pkg.high")]
+    ]
+    # the TYPE_CHECKING import is not an import
+    assert not [i for i in imports if i.source == "pkg.sub"]
+
+
+def test_synthetic_lazy_import_makes_no_cycle(tmp_path: Path) -> None:
+    pkg = _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "low.py": "def f():\n    from pkg import high  # lazy: optional\n",
+            "high.py": "from pkg.low import f\n",
+        },
+    )
+    _, imports = import_graph(pkg, "pkg")
+    assert find_cycles(imports) == []
+
+
+def test_synthetic_floors(tmp_path: Path) -> None:
+    pkg = _package(
+        tmp_path,
+        {
+            "__init__.py": "NAME = 1\n",
+            "low.py": (
+                "import pkg.high\n"  # 1: upward, module level
+                "from pkg import NAME, sub\n"  # 2: pkg and pkg.sub: fine
+                "def f():\n"
+                "    from pkg import high\n"  # 4: lazy, uncommented
+                "    # lazy: only for the optional report\n"
+                "    from pkg.high import g\n"  # 6: lazy, commented above
+                "    from .high import (g,  # lazy: optional\n"
+                "                       h)\n"
+            ),  # 7: lazy, commented inside
+            "high.py": "from pkg.low import f\nfrom .sub.deep import x\n",  # downward: fine
+            "sub/__init__.py": "",
+            "sub/deep.py": "from .. import low\nfrom ..high import y\n",  # 1 fine, 2 upward
+        },
+    )
+    modules, imports = import_graph(pkg, "pkg")
+    targets = {(i.source, i.line): i.target for i in imports}
+    assert {i.target for i in imports if i.source == "pkg.low" and i.line == 2} == {
+        "pkg",
+        "pkg.sub",
+    }
+    assert targets[("pkg.sub.deep", 1)] == "pkg.low"
+    assert targets[("pkg.high", 2)] == "pkg.sub.deep"
+    assert unlisted(modules, SYNTH_FLOORS, "pkg") == []
+    assert floor_of("pkg.sub.deep", SYNTH_FLOORS, "pkg") == 1
+    eager, lazy = upward(imports, SYNTH_FLOORS, "pkg")
+    assert [(i.source, i.line, i.target) for i in eager] == [
+        ("pkg.low", 1, "pkg.high"),
+        ("pkg.sub.deep", 2, "pkg.high"),
+    ]
+    assert [(i.source, i.line, i.target) for i in lazy] == [("pkg.low", 4, "pkg.high")]
+
+
+def test_synthetic_unlisted_and_long(tmp_path: Path) -> None:
+    pkg = _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "low.py": "x = 1\n" * (MAX_LINES + 1),
+            "other.py": "x = 1\n" * MAX_LINES,
+        },
+    )
+    modules = module_files(pkg, "pkg")
+    # the package itself does not give its floor to its modules
+    assert unlisted(modules, {"pkg": 0, "pkg.low": 1}, "pkg") == ["pkg.other"]
+    assert long_files(modules.values()) == [(pkg / "low.py", MAX_LINES + 1)]

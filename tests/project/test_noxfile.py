@@ -1,0 +1,132 @@
+"""`python -m nox -s tests` from a user's venv that has torch: the session's venv sees that
+venv's packages (after its own), so torch is not downloaded again; outside a venv (CI) there
+is nothing to share; a venv that holds gpucheck itself is not shared."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import nox
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@functools.cache
+def _noxfile() -> ModuleType:
+    """noxfile.py, loaded once (loading registers its sessions with nox)."""
+    spec = importlib.util.spec_from_file_location("gpucheck_noxfile", ROOT / "noxfile.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _venv(where: Path, *options: str) -> tuple[Path, Path]:
+    """A venv without pip: its python and its site-packages."""
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", *options, str(where)],
+        check=True,
+        timeout=120,
+    )
+    python = where / "bin" / "python"
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return python, Path(purelib.stdout.strip())
+
+
+def _shared_by_noxfile(python: Path | str) -> list[str]:
+    """What the noxfile shares when nox runs under ``python`` (nox importable through
+    PYTHONPATH, as if installed there)."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(Path(nox.__file__).resolve().parents[1])]),
+    }
+    out = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import json, noxfile; print(json.dumps(noxfile.outer_site_packages()))",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def _where(python: Path, *modules: str) -> list[str]:
+    code = (
+        "; ".join(f"import {m}" for m in modules)
+        + "; print("
+        + ", ".join(f"{m}.WHERE" for m in modules)
+        + ")"
+    )
+    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=60)
+    return out.stdout.split() if out.returncode == 0 else ["ImportError"]
+
+
+def test_a_session_venv_sees_the_outer_venv_after_its_own(tmp_path):
+    outer, outer_lib = _venv(tmp_path / "outer")
+    (outer_lib / "outer_only.py").write_text("WHERE = 'outer'\n")  # stands in for torch
+    (outer_lib / "both.py").write_text("WHERE = 'outer'\n")
+    session, session_lib = _venv(tmp_path / "session", "--system-site-packages")
+    (session_lib / "both.py").write_text("WHERE = 'session'\n")
+    assert _where(session, "outer_only") == ["ImportError"]  # --system-site-packages alone
+
+    shared = _shared_by_noxfile(outer)
+    assert str(outer_lib) in shared
+    pth = _noxfile().write_outer_pth(session_lib, shared)
+    assert pth is not None and pth.parent == session_lib
+    assert _where(session, "outer_only", "both") == ["outer", "session"]
+
+
+def test_outside_a_venv_there_is_nothing_to_share(tmp_path):
+    base = Path(sys.base_prefix) / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    if not base.exists():
+        pytest.skip(f"no base interpreter at {base}")
+    assert _shared_by_noxfile(base) == []
+    _, session_lib = _venv(tmp_path / "session")
+    stale = session_lib / _noxfile().OUTER_PTH
+    stale.write_text("/somewhere\n")  # from an earlier run in a venv
+    assert _noxfile().write_outer_pth(session_lib, []) is None and not stale.exists()
+
+
+def test_a_venv_holding_gpucheck_is_not_shared(tmp_path):
+    _, outer_lib = _venv(tmp_path / "outer")
+    (outer_lib / "gpucheck").mkdir()
+    (outer_lib / "gpucheck" / "__init__.py").write_text("")
+    _, session_lib = _venv(tmp_path / "session")
+    assert _noxfile().write_outer_pth(session_lib, [str(outer_lib)]) is None
+    assert not (session_lib / _noxfile().OUTER_PTH).exists()
+
+
+def test_the_quick_and_smoke_sets_name_test_files_that_exist_and_are_documented():
+    noxfile = _noxfile()
+    root = Path(noxfile.__file__).resolve().parent
+    for name in (*noxfile.QUICK, *noxfile.SMOKE):
+        assert (root / name).is_file(), name
+    slowest = {
+        "tests/controller/test_run_output.py",
+        "tests/distributed/test_dist_run.py",
+        "tests/project/test_packaging.py",
+        "tests/reference/test_reference_ssim.py",
+        "tests/detectors/test_ext_watch.py",
+        "tests/controller/test_faults.py",
+    }
+    assert not slowest & set(noxfile.QUICK)  # each takes minutes on two cores
+    readme = (root / "README.md").read_text()
+    assert "python -m nox -s quick" in readme and "| `quick` |" in readme

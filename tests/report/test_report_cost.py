@@ -1,0 +1,68 @@
+"""What the checks cost (gpucheck.report.cost): the split of a run's wall time between the
+cases and gpucheck, on a run recorded on an H200 and on hand-made records."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+from gpucheck.model.results import CaseRecord
+from gpucheck.report.cost import Cost, cost_line, run_cost
+from gpucheck.report.rundata import parse_time
+
+RECORDED = Path(__file__).parents[1] / "fixtures" / "run_h200_suites" / "results.jsonl.gz"
+
+
+def _recorded() -> tuple[list[dict], list[CaseRecord], float]:
+    lines = [json.loads(x) for x in gzip.decompress(RECORDED.read_bytes()).splitlines() if x]
+    header = next(x for x in lines if x["record"] == "run")
+    end = next(x for x in lines if x["record"] == "end")
+    wall = parse_time(end["finished_at"]) - parse_time(header["started_at"])
+    cases = [CaseRecord.from_json(x) for x in lines if x["record"] == "case"]
+    return lines, cases, wall
+
+
+def test_the_recorded_run_splits_into_cases_and_gpucheck():
+    lines, cases, wall = _recorded()
+    cost = run_cost(cases, wall)
+    # independently: sums over the raw lines
+    raw = [x for x in lines if x["record"] == "case"]
+    spent = sum(sum(x.get("cost_s", {}).values()) for x in raw)
+    body = sum(x["duration_s"] for x in raw) - spent
+    assert abs(cost.cases - body) < 1e-6
+    assert abs(cost.bookkeeping - sum(x["cost_s"]["record"] for x in raw)) < 1e-6
+    assert abs(sum(cost.detectors.values()) + cost.bookkeeping - spent) < 1e-6
+    assert max(cost.detectors, key=cost.detectors.get) == "wrong-stream"
+    assert cost.reruns == 0  # one GPU: no wrong-device re-run
+    assert abs(cost.own - (wall - body)) < 1e-6 and 0 < cost.own < wall
+    line = cost_line(cost)
+    assert line.startswith(f"gpucheck's own time: {cost.own:.1f} s of {wall:.1f} s (")
+    assert "wrong-stream" in line and "records" in line
+
+
+def _case(device, case, mode, duration, cost_s=None):
+    return CaseRecord(
+        "r", device, "s", case, mode, "passed", duration_s=duration, cost_s=cost_s or {}
+    )
+
+
+def test_the_busiest_device_decides_and_re_runs_are_gpucheck_s():
+    records = [
+        _case("cuda:0", "a", "blocking", 2.0, {"leak": 0.5, "record": 0.1}),
+        _case("cuda:0", "b", "blocking", 1.0),
+        _case("cuda:1", "a", "blocking", 1.0),
+        _case("cuda:1", "a", "wrong-device", 3.0, {"leak": 0.2}),  # a re-run pass
+        CaseRecord("r", "cuda:1", "s", "<worker>", "blocking", "crashed", duration_s=9.0),
+    ]
+    cost = run_cost(records, wall=10.0)
+    assert cost.cases == 1.0 and cost.reruns == 3.0  # cuda:1: 1 + 3 > cuda:0's 2.4
+    assert cost.detectors == {} and cost.own == 9.0 and cost.outside_cases == 6.0
+    cost0 = run_cost(records[:2], wall=10.0)
+    assert cost0.detectors == {"leak": 0.5} and abs(cost0.bookkeeping - 0.1) < 1e-9
+    assert abs(cost0.cases - 2.4) < 1e-9
+
+
+def test_a_run_without_cases_or_time():
+    assert run_cost([], wall=3.0).own == 3.0
+    assert "unknown" in cost_line(Cost(wall=0.0, cases=0.0))

@@ -1,0 +1,160 @@
+"""The worker's detector loop: a failing detector is a warning, not a broken case; after a
+lost CUDA context the detectors that read the GPU stand down with one note."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+from gpucheck.model import results
+
+
+def _run_with_detector(tmp_path, detector: str, test: str) -> tuple[dict, str]:
+    """``gpucheck run --cpu-only`` over one test file with one more worker detector
+    (``detector``: a class body's source, named ``Extra``); the one case record, and the
+    run's output."""
+    suite = tmp_path / "suites" / "d"
+    suite.mkdir(parents=True)
+    (suite / "conftest.py").write_text(
+        textwrap.dedent(detector)
+        + textwrap.dedent("""
+        import gpucheck.worker.recorder as worker
+
+        real = worker.worker_detectors
+        worker.worker_detectors = lambda: [*real(), Extra()]
+    """)
+    )
+    (suite / "test_d.py").write_text(textwrap.dedent(test))
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet", "--out", str(out)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    [rec] = results.cases(out / "results.jsonl")
+    return rec, proc.stdout + proc.stderr
+
+
+def test_a_failing_detector_is_a_warning_not_a_broken_case(tmp_path):
+    rec, said = _run_with_detector(
+        tmp_path,
+        """
+        from gpucheck.detectors import base
+
+        class Extra(base.BaseDetector):
+            name = "broken"
+            def case_started(self, case):
+                raise RuntimeError("cannot start")
+    """,
+        "def test_ok():\n    assert True\n",
+    )
+    assert rec["status"] == "passed", said
+    assert [(f["kind"], f["severity"]) for f in rec["findings"]] == [("detector-error", "warning")]
+    assert "cannot start" in rec["findings"][0]["message"]
+
+
+def test_after_a_lost_context_the_gpu_detectors_stand_down_with_one_note():
+    """After an illegal address every GPU call fails the same way: the detectors that read
+    the GPU are ended without a word (no detector-error per case), those that judged the
+    calls before the error keep their findings, and the loop names who stood down."""
+    from gpucheck.detectors.base import BaseDetector, CaseInfo
+    from gpucheck.model.results import Finding
+    from gpucheck.worker.detector_loop import DetectorLoop, stood_down_note
+
+    info = CaseInfo("cuda:1", "zoo", "test_r.py::test_render[cuda1]")
+
+    class Trace(BaseDetector):  # reads the profiler: fails on a lost context
+        name = "wrong-stream"
+
+        def case_finished(self, case):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    class Numbers(BaseDetector):  # reads results back: would report garbage
+        name = "numerics"
+
+        def case_finished(self, case):
+            return [Finding("numerics", "error", "non-deterministic")]
+
+    class Args(BaseDetector):  # judged the arguments before the call
+        name = "mixed-devices"
+        touches_gpu = False
+
+        def case_finished(self, case):
+            return [Finding("mixed-devices", "error", "bg on cpu")]
+
+    loop = DetectorLoop([Trace(), Numbers(), Args()])
+    found: list[Finding] = []
+    loop.start(info, found)
+    down = loop.finish(info, found, {}, lost_context=True)
+    assert [f.kind for f in found] == ["mixed-devices"]
+    assert down == ["wrong-stream", "numerics"]
+    assert "stood down for this case (wrong-stream, numerics)" in stood_down_note(down)
+    # with the context intact the same failure is a warning, and every finding counts
+    found = []
+    loop.start(info, found)
+    assert loop.finish(info, found, {}) == []
+    assert [f.kind for f in found] == ["detector-error", "numerics", "mixed-devices"]
+
+
+def test_a_case_that_lost_the_context_gets_one_note_and_no_detector_error(tmp_path):
+    """Through a real worker: a detector that fails after the case's illegal address stands
+    down (before, it added a detector-error to every such case); the CUDA error carries the
+    one note, and its hint names no device guard (the case's own device was current)."""
+    rec, said = _run_with_detector(
+        tmp_path,
+        """
+        from gpucheck.detectors import base
+
+        class Extra(base.BaseDetector):
+            name = "reads-the-gpu"
+            def case_finished(self, case):
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    """,
+        """
+        def test_faults():
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    """,
+    )
+    assert rec["status"] == "failed", said
+    [f] = rec["findings"]
+    assert f["kind"] == "cuda-error"
+    assert "stood down for this case (" in f["evidence"] and "reads-the-gpu" in f["evidence"]
+    assert "OptionalCUDAGuard" not in f["hint"] and "not a device guard" in f["hint"]
+
+
+def test_the_loop_times_each_detector_on_the_case(tmp_path):
+    """``cost_s``: each detector's seconds on a case (start, repeats and finish together)
+    go to the case's data, added to what is there; a detector that does nothing costs ~0."""
+    import time
+
+    from gpucheck.detectors.base import BaseDetector, CaseInfo
+    from gpucheck.worker.detector_loop import DetectorLoop
+
+    class Slow(BaseDetector):
+        name = "slow"
+
+        def case_started(self, case):
+            time.sleep(0.02)
+
+        def repeat(self, body, times):
+            for _ in range(times):
+                body()
+
+        def case_finished(self, case):
+            time.sleep(0.03)
+            return []
+
+    class Idle(BaseDetector):
+        name = "idle"
+
+    info = CaseInfo("cuda:0", "s", "test_a.py::test_a")
+    loop = DetectorLoop([Slow(), Idle()])
+    data: dict = {"cost_s": {"slow": 1.0}}
+    loop.start(info, [])
+    loop.repeat(lambda: time.sleep(0.01), 2)
+    loop.finish(info, [], data)
+    assert 1.06 <= data["cost_s"]["slow"] < 1.5
+    assert 0 <= data["cost_s"]["idle"] < 0.01
