@@ -1,7 +1,7 @@
 """The memory detectors on CPU: the OOM parser on messages recorded on an H200
 (tests/fixtures/oom/, README there) and torch's older wordings, anomalies and growth over case
 records, imbalance across devices, the leak judgement and the repeat marker in a real worker,
-and the run-level wiring (pipeline._diagnose)."""
+and the run-level wiring (pipeline.diagnose)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from gpucheck.detectors.oom_anomaly import (
 )
 from gpucheck.model import results
 from gpucheck.model.results import CaseRecord
+from gpucheck.model.runlog import RunLog
 
 OOM = Path(__file__).parent / "fixtures" / "oom"
 GiB, MiB = 1 << 30, 1 << 20
@@ -468,7 +469,7 @@ def test_diagnose_adds_memory_findings(tmp_path):
     )
     for r in [failed(STORY3_TORCH20), *(sized(n, 4 * n * n) for n in (1024, 2048, 4096))]:
         results.append(path, {**r.to_json(), "run_id": "r1"})
-    made = pipeline._diagnose(tmp_path, path, "r1")
+    made = pipeline.diagnose(RunLog(path), RunLog(tmp_path / "rerun.jsonl"), "r1")
     kinds = sorted(d.findings[0].kind for d in made)
     assert kinds == ["memory-growth", "oom-anomaly"]
     assert all(d.mode == "blocking+nvml" for d in made)
