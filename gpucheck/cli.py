@@ -518,10 +518,10 @@ def report(run_dir: Path, output: Path | None, formats: tuple[str, ...]) -> int:
     """
     from rich.text import Text
 
-    from gpucheck.controller.progress import print_findings, print_verdict
     from gpucheck.errors import UsageProblem
     from gpucheck.model.layout import RunFolder
     from gpucheck.report import DEFAULT_FORMATS, publish
+    from gpucheck.report.console import print_findings, print_verdict
 
     if not RunFolder(run_dir).results.exists() and not RunFolder(run_dir).workers.is_dir():
         raise UsageProblem(f"{run_dir} is not a gpucheck run folder (no results.jsonl)")

@@ -3,7 +3,7 @@
 Two users of one sampler class:
 
 * the harness's parent samples every device (total used memory and each process's memory)
-  into a timeline file, ``nvml_timeline.jsonl``, stored with the results;
+  into the run's timeline file (its format and writer: :mod:`gpucheck.model.timeline`);
 * each worker samples its *own* process on every device and keeps the peak per case, which
   goes into the case record (``memory.nvml_peak_used`` on the target device, and
   ``memory.nvml_peak_other_devices`` where the process also holds memory elsewhere: a context
@@ -19,15 +19,14 @@ samples and goes on, and a case during which one failed has no NVML peak (None, 
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from gpucheck import nvml
+from gpucheck.model.timeline import DeviceRow
 
 DEFAULT_INTERVAL_S = 0.05
 
@@ -38,7 +37,7 @@ class Sampler:
     def __init__(
         self,
         interval: float,
-        on_sample: Callable[[float, list[dict[str, Any]]], None],
+        on_sample: Callable[[float, list[DeviceRow]], None],
         pid: int | None = None,
     ) -> None:
         self.interval = interval
@@ -64,7 +63,7 @@ class Sampler:
     def available(self) -> bool:
         return bool(self.devices)
 
-    def sample(self) -> list[dict[str, Any]]:
+    def sample(self) -> list[DeviceRow]:
         rows = []
         failed = None
         for index, h, uuid in self.devices:
@@ -72,17 +71,19 @@ class Sampler:
             if self.pid is not None:
                 procs = [p for p in procs if p.pid == self.pid]
             mem = nvml.memory_info(h) if self.pid is None else None
-            row: dict[str, Any] = {
-                "nvml_index": index,
-                "uuid": uuid,
-                "used": None if mem is None else nvml.na_to_none(mem.used),
-                "processes": None
-                if why
-                else {str(p.pid): nvml.na_to_none(p.used_memory) for p in procs},
-            }
+            rows.append(
+                DeviceRow(
+                    nvml_index=index,
+                    uuid=uuid,
+                    used=None if mem is None else nvml.na_to_none(mem.used),
+                    processes=None
+                    if why
+                    else {str(p.pid): nvml.na_to_none(p.used_memory) for p in procs},
+                    error=why or None,
+                )
+            )
             if why:
-                row["error"] = failed = why
-            rows.append(row)
+                failed = why
         if failed:
             self._failed(failed)
         return rows
@@ -111,20 +112,6 @@ class Sampler:
             self._thread.join(timeout=5)
 
 
-class TimelineWriter:
-    """Parent side: every sample of every device as one JSON line."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._f = open(path, "a", buffering=1)  # noqa: SIM115 - closed in close()
-
-    def __call__(self, t: float, rows: list[dict[str, Any]]) -> None:
-        self._f.write(json.dumps({"t": round(t, 3), "devices": rows}, separators=(",", ":")) + "\n")
-
-    def close(self) -> None:
-        self._f.close()
-
-
 class CasePeaks:
     """Worker side: this process's peak memory per device while the current case runs."""
 
@@ -133,16 +120,16 @@ class CasePeaks:
         self._peaks: dict[str, int] = {}
         self._error: str | None = None
 
-    def __call__(self, t: float, rows: list[dict[str, Any]]) -> None:
+    def __call__(self, t: float, rows: list[DeviceRow]) -> None:
         mine = str(os.getpid())
         with self._lock:
             for row in rows:
-                if row.get("error"):
-                    self._error = self._error or str(row["error"])
+                if row.error or row.processes is None:
+                    self._error = self._error or str(row.error)
                     continue
-                used = row["processes"].get(mine)
-                if used is not None and used > self._peaks.get(row["uuid"], 0):
-                    self._peaks[row["uuid"]] = used
+                used = row.processes.get(mine)
+                if used is not None and used > self._peaks.get(row.uuid, 0):
+                    self._peaks[row.uuid] = used
 
     def reset(self) -> None:
         with self._lock:
@@ -180,13 +167,9 @@ class NvmlTracker:
             if not self._sampler.available:
                 self.available, self.reason = False, "NVML lists no device"
 
-    def _on_sample(self, t: float, rows: list[dict[str, Any]]) -> None:
+    def _on_sample(self, t: float, rows: list[DeviceRow]) -> None:
         mine = str(os.getpid())
-        used = {
-            r["uuid"]: int(r["processes"][mine])
-            for r in rows
-            if (r["processes"] or {}).get(mine) is not None
-        }
+        used = {r.uuid: int(b) for r in rows if (b := (r.processes or {}).get(mine)) is not None}
         with self._lock:
             self.timeline.append((t, used))
 

@@ -9,7 +9,6 @@ import os
 import socket
 import sys
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import gpucheck
 from gpucheck import devices as devices_mod
 from gpucheck.controller import suites as suites_mod
 from gpucheck.errors import EnvironmentProblem, UsageProblem
-from gpucheck.model import modes, results
+from gpucheck.model import clock, modes, results
 from gpucheck.model.layout import RESULTS
 from gpucheck.model.modes import PLAIN, Mode, tool_of
 from gpucheck.model.runlog import RunHeader, RunLog
@@ -129,7 +128,7 @@ def _unwritable(path: Path, err: OSError) -> UsageProblem:
 
 def _new_default_out(base: Path) -> Path:
     """reports/<timestamp>/, made atomically: a run started in the same second gets -2, -3..."""
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    stamp = clock.folder_stamp()
     for n in range(1, 1000):
         path = base / (stamp if n == 1 else f"{stamp}-{n}")
         try:
@@ -440,7 +439,7 @@ def header(
         "schema": results.SCHEMA_ID,
         "record": "run",
         "run_id": run_id,
-        "started_at": datetime.now().astimezone().isoformat(timespec="milliseconds"),
+        "started_at": clock.now(),
         "gpucheck_version": gpucheck.__version__,
         "torch_version": devices_mod.torch_version(),
         "driver_version": inv.driver_version if inv else None,

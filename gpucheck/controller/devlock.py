@@ -33,11 +33,11 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from gpucheck.errors import EnvironmentProblem
+from gpucheck.model import clock
 
 #: where the lock files are (default: <tmp>/gpucheck-locks)
 LOCK_DIR_ENV = "GPUCHECK_LOCK_DIR"
@@ -93,7 +93,7 @@ class Held:
         self.info: dict[str, Any] = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
-            "since": datetime.now().astimezone().isoformat(timespec="seconds"),
+            "since": clock.now("seconds"),
             "out": None,
             "command": " ".join(["gpucheck", *sys.argv[1:]])[:300],
         }

@@ -27,13 +27,12 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from gpucheck.controller import stacks as dumps
 from gpucheck.controller.deaths import crash_digest
-from gpucheck.controller.harness import (
+from gpucheck.controller.spawning import (
     WorkerSpec,
     spawn,
     tail,
@@ -42,11 +41,12 @@ from gpucheck.controller.harness import (
 )
 from gpucheck.dist import analysis, collectives
 from gpucheck.dist import rank as rank_env
-from gpucheck.model import results
-from gpucheck.model.contract import DEVICE_LABEL_ENV, NORMAL_EXITS, now_iso, read_state
+from gpucheck.model import clock, results, worker_state
+from gpucheck.model.contract import DEVICE_LABEL_ENV, NORMAL_EXITS
 from gpucheck.model.layout import RunFolder, WorkerFiles
 from gpucheck.model.results import CaseRecord, Finding
 from gpucheck.model.runlog import RunLog
+from gpucheck.model.worker_state import WorkerState
 
 POLL_S = 0.2
 #: generations (fresh groups after a finding) before the harness gives up on the group
@@ -86,7 +86,7 @@ class RankProc:
     log_path: Path
     stderr_path: Path
     trace_path: Path
-    state: dict[str, Any] = field(default_factory=dict)
+    state: WorkerState = field(default_factory=WorkerState)
 
 
 def free_port() -> int:
@@ -110,7 +110,7 @@ class DistHarness:
         """``results``: the file the ranks append to, or the controller's log of it."""
         self.group = group
         self.out_dir = out_dir
-        self.wdir = out_dir / "workers"
+        self.wdir = RunFolder(out_dir).workers
         self.log = results if isinstance(results, RunLog) else RunLog(results)
         self.results_path = self.log.path
         self.run_id = run_id
@@ -118,7 +118,7 @@ class DistHarness:
         self.on_update = on_update
         self.procs: list[RankProc] = []
         self.generation = 0
-        self.diagnoses: list[tuple[analysis.Diagnosis, float]] = []
+        self.diagnoses: list[tuple[analysis.GroupFault, float]] = []
         self.notes: list[str] = []
 
     # ---- processes -----------------------------------------------------------------------
@@ -182,7 +182,7 @@ class DistHarness:
         g = self.group
         if len(g.ranks) == g.world_size:
             return g.master_addr, free_port()
-        path = self.wdir / f"group.{g.mode}.{self.generation}.master"
+        path = RunFolder(self.out_dir).group_master(g.mode, self.generation)
         if any(r.rank == 0 for r in g.ranks):
             tmp = path.with_suffix(".tmp")
             tmp.write_text(f"{socket.getfqdn()} {free_port()}")
@@ -203,15 +203,13 @@ class DistHarness:
     def _views(self) -> list[analysis.RankView]:
         views = []
         for p in self.procs:
-            p.state = read_state(p.state_path) or p.state
+            p.state = worker_state.read(p.state_path) or p.state
             rc = p.proc.poll()
             exit_file = WorkerFiles(self.wdir, p.stem).exit
             if rc is not None and not exit_file.exists():
                 exit_file.write_text(str(rc))  # for the owners of the other ranks (torchrun)
             views.append(
-                analysis.RankView(
-                    p.spec.rank, collectives.read(p.log_path), rc, p.state.get("case")
-                )
+                analysis.RankView(p.spec.rank, collectives.read(p.log_path), rc, p.state.case)
             )
         owned = {p.spec.rank for p in self.procs}
         for r in range(self.group.world_size):  # ranks other gpucheck processes own
@@ -241,15 +239,11 @@ class DistHarness:
 
     def _case_age(self) -> float:
         """Seconds since the earliest rank started its current case (0 outside cases)."""
-        starts = [
-            float(p.state["started"])
-            for p in self.procs
-            if p.state.get("case") and p.state.get("started")
-        ]
+        starts = [p.state.started for p in self.procs if p.state.case and p.state.started]
         return time.time() - min(starts) if starts else 0.0
 
     # ---- the loop ------------------------------------------------------------------------
-    def run(self) -> list[tuple[analysis.Diagnosis, float]]:
+    def run(self) -> list[tuple[analysis.GroupFault, float]]:
         skip = self._recorded() if self.results_path.exists() else []
         for generation in range(MAX_GENERATIONS):
             self._spawn(generation, skip)
@@ -266,9 +260,9 @@ class DistHarness:
         return self.diagnoses
 
     def _claim_path(self) -> Path:
-        return self.wdir / f"group.{self.group.mode}.{self.generation}.finding.json"
+        return RunFolder(self.out_dir).group_finding(self.group.mode, self.generation)
 
-    def _claim(self, d: analysis.Diagnosis, age: float) -> tuple[analysis.Diagnosis, float, bool]:
+    def _claim(self, d: analysis.GroupFault, age: float) -> tuple[analysis.GroupFault, float, bool]:
         """The group's one diagnosis of this generation: ours if we write the claim file
         first, else the one another owner (torchrun, another node) wrote."""
         path = self._claim_path()
@@ -281,14 +275,14 @@ class DistHarness:
             json.dump({"diagnosis": asdict(d), "age": age}, f)
         return d, age, True
 
-    def _claimed(self) -> tuple[analysis.Diagnosis, float] | None:
+    def _claimed(self) -> tuple[analysis.GroupFault, float] | None:
         try:
             data = json.loads(self._claim_path().read_text())
-            return analysis.Diagnosis(**data["diagnosis"]), float(data["age"])
+            return analysis.GroupFault(**data["diagnosis"]), float(data["age"])
         except (OSError, ValueError, TypeError, KeyError):
             return None
 
-    def _watch(self) -> tuple[analysis.Diagnosis, float, bool] | None:
+    def _watch(self) -> tuple[analysis.GroupFault, float, bool] | None:
         while True:
             theirs = self._claimed()  # another owner's finding: stop our ranks too
             if theirs is not None:
@@ -307,7 +301,7 @@ class DistHarness:
                 if bad:  # every rank died (e.g. all at start-up)
                     v = bad[0]
                     return self._claim(
-                        analysis.Diagnosis(
+                        analysis.GroupFault(
                             "rank-crash",
                             f"rank {v.rank}'s process died ({analysis.exit_text(v)})",
                             v.current_case(),
@@ -334,19 +328,19 @@ class DistHarness:
             and r.mode == self.group.mode
             and r.device.startswith("rank")
             and not r.harness_made
-            and (before is None or _epoch(r.started_at) < before)
+            and (before is None or (clock.parse(r.started_at) or 0.0) < before)
         }
         return sorted(done | ({also} if also else set()))
 
     # ---- a finding -----------------------------------------------------------------------
-    def _handle(self, d: analysis.Diagnosis, age: float, mine: bool = True) -> None:
+    def _handle(self, d: analysis.GroupFault, age: float, mine: bool = True) -> None:
         """Stacks, flight recorder, native frames, then every rank killed (frozen first, so
         that none races on into the next cases once its peers are gone)."""
         alive = [p for p in self.procs if p.proc.poll() is None]
-        pids = [int(p.state.get("pid") or p.proc.pid) for p in self.procs]
+        pids = [(p.state.pid or p.proc.pid) for p in self.procs]
         for p in alive:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(int(p.state.get("pid") or p.proc.pid), signal.SIGUSR1)
+                os.kill((p.state.pid or p.proc.pid), signal.SIGUSR1)
             if self.group.backend == "nccl":
                 rank_env.request_path(p.trace_path).touch()
         # faulthandler writes at once; the NCCL dump takes a moment; other owners (torchrun)
@@ -357,9 +351,7 @@ class DistHarness:
             d = again if again is not None and again.kind == d.kind else d
         # py-spy before the freeze: it stops each process itself while it reads it, and
         # cannot attach to one already stopped by SIGSTOP ("Failed to suspend process")
-        native = dumps.py_spy_dumps(
-            {p.spec.rank: int(p.state.get("pid") or p.proc.pid) for p in alive}
-        )
+        native = dumps.py_spy_dumps({p.spec.rank: (p.state.pid or p.proc.pid) for p in alive})
         for p in alive:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.proc.pid, signal.SIGSTOP)
@@ -385,7 +377,7 @@ class DistHarness:
             if e.get("ev") == "error"
         ]
 
-    def _evidence(self, d: analysis.Diagnosis, native: dict[int, str], orphans: str | None) -> str:
+    def _evidence(self, d: analysis.GroupFault, native: dict[int, str], orphans: str | None) -> str:
         parts = [f"--- where each rank is ---\n{d.positions}"]
         for p in self.procs:
             r = p.spec.rank
@@ -428,11 +420,11 @@ class DistHarness:
         return "\n".join(parts)
 
     def _record(
-        self, d: analysis.Diagnosis, age: float, native: dict[int, str], orphans: str | None
+        self, d: analysis.GroupFault, age: float, native: dict[int, str], orphans: str | None
     ) -> None:
         cause = d.cause_ranks[0] if d.cause_ranks else self.group.ranks[0].rank
         owner = next((p for p in self.procs if p.spec.rank == cause), self.procs[0])
-        suite = str(owner.state.get("suite") or ",".join(self.group.suites))
+        suite = owner.state.suite or ",".join(self.group.suites)
         case = d.case or f"<rank {cause} start-up>"
         evidence = self._evidence(d, native, orphans)
         message = f"{d.message} (found after {age:.1f} s)"
@@ -458,7 +450,7 @@ class DistHarness:
             status=STATUS_OF.get(d.kind, "failed"),
             reason=d.message,
             duration_s=round(age, 3),
-            started_at=now_iso(),
+            started_at=clock.now(),
             exit_code=rc if rc is not None and rc >= 0 else None,
             stderr_tail=evidence[-4000:],
             findings=[finding],
@@ -473,13 +465,6 @@ class DistHarness:
             },
         )
         results.append(self.results_path, record.to_json())
-
-
-def _epoch(iso: Any) -> float:
-    try:
-        return datetime.fromisoformat(str(iso)).timestamp()
-    except ValueError:
-        return 0.0
 
 
 def _read_exit(path: Path) -> int | None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,8 @@ from gpucheck.controller.config import (
     prepare_out,
 )
 from gpucheck.controller.dist_harness import DistHarness, GroupSpec, RankSpec
-from gpucheck.controller.pipeline import finish, run_until_interrupted, sigterm_as_interrupt
+from gpucheck.controller.pipeline import Run, run_until_interrupted, sigterm_as_interrupt
+from gpucheck.dist import analysis
 from gpucheck.dist import rank as rank_env
 from gpucheck.errors import UsageProblem
 from gpucheck.model import results
@@ -70,30 +70,80 @@ def run(cfg: RunConfig, previous: RunHeader | None) -> int:
     """Run the group (see the module docstring); returns the exit code of the run."""
     if rank_env.under_torchrun():
         return _run_torchrun(cfg)
-    ranks, world, backend, _, notes, inv = _ranks(cfg)
-    requested = (
-        cfg.suite_paths
-        if cfg.suite_paths is not None
-        else suites_mod.resolve(cfg.suites or suites_mod.DISTRIBUTED)
-    )
-    targets: list[Target] = [(r.label, r.device_index, r.uuid, None) for r in ranks]
-    with devlock.held(targets, cfg.resume, cfg.wait_for_devices, notes) as lock:
-        out = cfg.resume if cfg.resume is not None else prepare_out(cfg.out)
-        lock.note_folder(out)
-        results_path = RunFolder(out).results
-        notes.append(
-            f"distributed: {world} rank(s), backend {backend}, env:// rendezvous on this machine"
+    return DistRun(cfg, previous).execute()
+
+
+class DistRun(Run):
+    """A run of one group of ranks started here: the steps of :class:`Run`, with the ranks
+    as its plan and the group as its one pass."""
+
+    def __init__(self, cfg: RunConfig, previous: RunHeader | None = None) -> None:
+        super().__init__(cfg, previous)
+        self.ranks: list[RankSpec] = []
+        self.world = 0
+        self.backend = ""
+        self.found: list[tuple[analysis.GroupFault, float]] = []
+
+    def plan(self) -> None:
+        self.ranks, self.world, self.backend, _, self.notes, self.inv = _ranks(self.cfg)
+        self.requested = (
+            self.cfg.suite_paths
+            if self.cfg.suite_paths is not None
+            else suites_mod.resolve(self.cfg.suites or suites_mod.DISTRIBUTED)
         )
-        if previous is None:
-            run_id = uuid.uuid4().hex[:12]
-            results.append(
-                results_path,
-                header(cfg, run_id, targets, inv, requested, [(MODE, None)], notes, {}, (MODE,)),
+        self.targets = [(r.label, r.device_index, r.uuid, None) for r in self.ranks]
+        self.asked = (MODE,)
+        self.passes = [(MODE, None)]
+
+    def plan_passes(self) -> None:
+        """One pass: the group (planned with the ranks)."""
+
+    def open_folder(self, lock: devlock.Held) -> None:
+        self.out = self.cfg.resume if self.cfg.resume is not None else prepare_out(self.cfg.out)
+        lock.note_folder(self.out)
+        self.suites = self.requested
+        self.notes.append(
+            f"distributed: {self.world} rank(s), backend {self.backend}, env:// rendezvous "
+            "on this machine"
+        )
+
+    def write_header(self) -> None:
+        if self.previous is None:
+            super().write_header()
+        else:  # a resumed group writes no resume record
+            self.run_id = self.previous.run_id
+            self.log = RunLog(self.results_path)
+
+    def run_passes(self) -> bool:
+        group = GroupSpec(
+            self.ranks,
+            self.world,
+            self.backend,
+            self.requested,
+            MODE,
+            _env(self.cfg),
+            self.cfg.pytest_args,
+        )
+        return self.watch(group)
+
+    def watch(self, group: GroupSpec) -> bool:
+        """The group to its end, a line per rank and per finding; True when stopped."""
+        harness = DistHarness(group, self.out, self.log, self.run_id, self.cfg.timeout)
+        stopped = False
+        try:
+            with sigterm_as_interrupt(self.stopped):
+                self.found = harness.run()
+        except KeyboardInterrupt:
+            harness.interrupt()
+            stopped = True
+            self.found = harness.diagnoses
+        self.notes.extend(harness.notes)
+        rank_lines(self.console, group, self.log, self.run_id, stopped)
+        for d, age in self.found:
+            self.console.print(
+                Text.assemble((d.kind, "red"), f" after {age:.1f} s in {d.case}: {d.message}")
             )
-        else:
-            run_id = previous.run_id
-        group = GroupSpec(ranks, world, backend, requested, MODE, _env(cfg), cfg.pytest_args)
-        return _watch_and_finish(cfg, group, out, results_path, run_id, notes)
+        return stopped
 
 
 #: ranks of the distributed pass that ``gpucheck run --cpu-only`` adds to its default suites
@@ -107,7 +157,8 @@ def cpu_pass(cfg: RunConfig, out: Path, results_path: Path, run_id: str, notes: 
     requested = suites_mod.resolve(suites_mod.DISTRIBUTED)
     ranks = [RankSpec(r, f"rank{r}/cpu", None) for r in range(CPU_PASS_WORLD)]
     group = GroupSpec(ranks, CPU_PASS_WORLD, "gloo", requested, MODE, _env(cfg), cfg.pytest_args)
-    harness = DistHarness(group, out, results_path, run_id, cfg.timeout)
+    log = RunLog(results_path)
+    harness = DistHarness(group, out, log, run_id, cfg.timeout)
     console = make_console()
     console.print(
         Text(
@@ -123,7 +174,7 @@ def cpu_pass(cfg: RunConfig, out: Path, results_path: Path, run_id: str, notes: 
     finally:
         notes.extend(harness.notes)
         names = ", ".join(requested)
-        ran = rank_lines(console, group, results_path, run_id, interrupted)
+        ran = rank_lines(console, group, log, run_id, interrupted)
         if not ran:
             notes.append(
                 f"--cpu-only: the distributed suite ({names}) did not run: the run "
@@ -137,17 +188,12 @@ def cpu_pass(cfg: RunConfig, out: Path, results_path: Path, run_id: str, notes: 
             )
 
 
-def rank_lines(
-    console: Any, group: GroupSpec, results_path: Path, run_id: str, stopped: bool
-) -> int:
+def rank_lines(console: Any, group: GroupSpec, log: RunLog, run_id: str, stopped: bool) -> int:
     """One line per rank of ``group`` when its pass ends (``rank0/cpu dist: 5 case(s)
     recorded``), as a worker of a device pass gets one, on a terminal or not. Returns the
     number of the pass's case records."""
-    recorded = Counter(
-        r.device
-        for r in RunLog.read(results_path).cases
-        if r.run_id == run_id and r.mode == group.mode
-    )
+    log.refresh(final=True)
+    recorded = Counter(r.device for r in log.cases if r.run_id == run_id and r.mode == group.mode)
     for rank in group.ranks:
         console.print(
             Text(
@@ -164,37 +210,6 @@ def _env(cfg: RunConfig) -> dict[str, str]:
     if cfg.cpu_only:
         env["CUDA_VISIBLE_DEVICES"] = ""
     return env
-
-
-def _watch_and_finish(
-    cfg: RunConfig,
-    group: GroupSpec,
-    out: Path,
-    results_path: Path,
-    run_id: str,
-    notes: list[str],
-    write_reports: bool = True,
-) -> int:
-    console = make_console()
-    harness = DistHarness(group, out, results_path, run_id, cfg.timeout)
-    stopped: str | None = None
-    stops: list[str] = []
-    try:
-        with sigterm_as_interrupt(stops):
-            found = harness.run()
-    except KeyboardInterrupt:
-        harness.interrupt()
-        stopped = stops[0] if stops else "Ctrl-C"
-        found = harness.diagnoses
-    notes.extend(harness.notes)
-    rank_lines(console, group, results_path, run_id, stopped is not None)
-    for d, age in found:
-        console.print(
-            Text.assemble((d.kind, "red"), f" after {age:.1f} s in {d.case}: {d.message}")
-        )
-    if not write_reports:
-        return 1 if found else 0
-    return finish(cfg, out, results_path, run_id, notes, {}, stopped, console)
 
 
 def _run_torchrun(cfg: RunConfig) -> int:
@@ -243,15 +258,18 @@ def _run_torchrun(cfg: RunConfig) -> int:
         cfg.pytest_args,
         local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
     )
-    _watch_and_finish(cfg, group, out, results_path, run_key, notes, write_reports=False)
-    done = RunFolder(out).workers / f"owner{rank}.done"
+    owner = DistRun(cfg)  # this process's rank of the group, in the folder rank 0 made
+    owner.out, owner.run_id, owner.notes = out, run_key, notes
+    owner.log = RunLog(results_path)
+    owner.watch(group)
+    done = RunFolder(out).owner_done(rank)
     done.parent.mkdir(parents=True, exist_ok=True)
     done.write_text("done\n")
     if rank != 0:  # its findings are in the shared results; global rank 0 gives the verdict
         return 0
     deadline = time.monotonic() + cfg.timeout + 120
     while time.monotonic() < deadline and not all(
-        (RunFolder(out).workers / f"owner{r}.done").exists() for r in range(world)
+        RunFolder(out).owner_done(r).exists() for r in range(world)
     ):
         time.sleep(0.5)
-    return finish(cfg, out, results_path, run_key, notes, {}, None, make_console())
+    return owner.finish(None)

@@ -1,4 +1,6 @@
-"""Parent side: one pytest worker process per target device, all running at once.
+"""Parent side: one pytest worker process per target device, all running at once (the loop
+that watches them; how one is started: :mod:`.spawning`; what its death means:
+:mod:`.deaths`).
 
 Each worker appends its own case records to results.jsonl. The parent watches every worker's
 state file: a case that runs past the timeout gets every thread's Python stack dumped
@@ -13,38 +15,41 @@ EXIT_CONTEXT_LOST so that it, too, is replaced. Other devices' workers are not a
 from __future__ import annotations
 
 import contextlib
-import errno
-import importlib.metadata
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from gpucheck.controller import stacks as dumps
-from gpucheck.controller.deaths import STDERR_TAIL, crash_digest, crash_hint
-from gpucheck.detectors.mixed_devices import cuda_error_hint
-from gpucheck.errors import OutputProblem
-from gpucheck.model import results
-from gpucheck.model.contract import (
-    EXIT_CONTEXT_LOST,
-    EXIT_OUTPUT_ERROR,
-    LIFELINE_FD_ENV,
-    NORMAL_EXITS,
-    now_iso,
-    read_state,
+from gpucheck.controller.deaths import (
+    crash_digest,
+    crash_hint,
+    hang_evidence,
+    output_fault,
+    signal_name,
 )
+from gpucheck.controller.spawning import (
+    WorkerSpec,
+    alive,
+    bound_log,
+    spawn,
+    tail,
+    worker_command,
+    write_skip,
+)
+from gpucheck.errors import OutputProblem
+from gpucheck.model import clock, results, worker_state
+from gpucheck.model.contract import EXIT_CONTEXT_LOST, EXIT_OUTPUT_ERROR, NORMAL_EXITS
 from gpucheck.model.layout import RunFolder, WorkerFiles
 from gpucheck.model.results import CaseRecord, Finding
 from gpucheck.model.runlog import RunLog
+from gpucheck.model.worker_state import WorkerState
 from gpucheck.sanitizer import command as sanitizer_cmd
 from gpucheck.sanitizer.findings import read_records, sanitizer_findings
 
-STACKS_CHARS = 8000
 #: seconds a hung worker has to write its stacks (SIGUSR1) before it is killed
 STACK_WAIT_S = 1.0
 POLL_S = 0.2
@@ -52,24 +57,6 @@ POLL_S = 0.2
 MAX_STARTUP_KILLS = 1
 #: fresh workers started for one device after crashes before the harness gives up on it
 MAX_RESTARTS = 25
-#: a worker's stdout or stderr log longer than this is cut (a case printing gigabytes): its
-#: first and last LOG_KEEP bytes are kept, with a line saying how much was cut between them
-LOG_CAP = 16 << 20
-LOG_KEEP = 2 << 20
-
-
-@dataclass
-class WorkerSpec:
-    label: str  # "cuda:0" or "cpu"
-    device_index: int | None
-    uuid: str | None
-    suites: dict[str, Path]
-    mode: str
-    env: dict[str, str] = field(default_factory=dict)
-    pytest_args: list[str] = field(default_factory=list)
-    nvml_interval: float = 0.0  # seconds; 0 = no per-case NVML peaks
-    sanitizer_tool: str | None = None  # run the worker under compute-sanitizer with this tool
-    sanitizer: Path | None = None  # the compute-sanitizer executable
 
 
 @dataclass
@@ -88,263 +75,26 @@ class Worker:
     replaced: bool = False
     hung_case: str | None = None
     native: str = ""  # py-spy's native frames of a hung worker, or why there are none
-    state: dict[str, Any] = field(default_factory=dict)
+    state: WorkerState = field(default_factory=WorkerState)
     #: workers of this spec killed by a signal in a row before they recorded a case
     startup_kills: int = 0
 
     @property
     def done(self) -> int:
-        return self.base_done + int(self.state.get("done", 0))
+        return self.base_done + self.state.done
 
     @property
     def planned(self) -> int | None:
         """Cases this worker's spec runs in all, once the first worker has collected them."""
         if self.total is not None:
             return self.total
-        collected = self.state.get("total")
-        return None if collected is None else int(collected) + self.total_offset
+        collected = self.state.total
+        return None if collected is None else collected + self.total_offset
 
 
-def _plugin_autoloaded() -> bool:
-    eps = importlib.metadata.entry_points(group="pytest11")
-    return any(ep.value == "gpucheck.pytest_plugin" for ep in eps)
-
-
-def worker_command(
-    spec: WorkerSpec,
-    results_path: Path,
-    state_path: Path,
-    run_id: str,
-    skip_path: Path | None = None,
-    sanitizer_log: Path | None = None,
-) -> list[str]:
-    cmd: list[str] = []
-    if spec.sanitizer_tool and sanitizer_log is not None:
-        cmd += sanitizer_cmd.prefix(spec.sanitizer_tool, sanitizer_log, spec.sanitizer)
-    cmd += [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
-    if not any(a == "-s" or a.startswith("--capture") for a in spec.pytest_args):
-        # Capture only Python's sys.stdout/err: what native code writes to the fd (libstdc++'s
-        # "terminate called after throwing ...", CUDA messages) must reach the worker's
-        # stderr file, or it is lost with a process that dies inside a case.
-        cmd += ["--capture=sys"]
-    # a file that cannot be collected (a syntax or import error) is a finding of its own
-    # (the recorder's); the other files and suites still run
-    cmd += ["--continue-on-collection-errors"]
-    if not _plugin_autoloaded():
-        cmd += ["-p", "gpucheck.pytest_plugin"]
-    cmd += [
-        "--gpucheck-results",
-        str(results_path),
-        "--gpucheck-state",
-        str(state_path),
-        "--gpucheck-run-id",
-        run_id,
-        "--gpucheck-mode",
-        spec.mode,
-    ]
-    if spec.device_index is not None:
-        cmd += ["--gpucheck-device", str(spec.device_index)]
-    if spec.uuid:
-        cmd += ["--gpucheck-device-uuid", spec.uuid]
-    if skip_path is not None:
-        cmd += ["--gpucheck-skip", str(skip_path)]
-    if spec.nvml_interval > 0:
-        cmd += ["--gpucheck-nvml-interval", str(spec.nvml_interval)]
-    if spec.sanitizer_tool and sanitizer_log is not None:
-        cmd += [
-            "--gpucheck-sanitizer-log",
-            str(sanitizer_log),
-            "--gpucheck-sanitizer-tool",
-            spec.sanitizer_tool,
-        ]
-        if "-m" not in spec.pytest_args:
-            cmd += ["-m", "sanitizer"]  # only the cases small enough for the sanitizer
-    for name, path in spec.suites.items():
-        cmd += ["--gpucheck-suite", f"{name}={path}"]
-    cmd += spec.pytest_args
-    cmd += [str(p) for p in spec.suites.values()]
-    return cmd
-
-
-def write_skip(files: WorkerFiles, skip: list[str] | None) -> Path | None:
-    """The file of case ids a fresh worker deselects (already recorded), or None."""
-    if not skip:
-        return None
-    try:
-        files.skip.parent.mkdir(parents=True, exist_ok=True)  # a resumed folder may lack it
-        files.skip.write_text("\n".join(skip) + "\n")
-    except OSError as err:
-        raise _cannot_write(files.skip, err) from err
-    return files.skip
-
-
-def _why_unwritable(folder: Path) -> str:
-    """Why a worker that could not even say so could not write into ``folder``."""
-    try:
-        fs = os.statvfs(folder)
-    except OSError as err:
-        return str(err.strerror or err)
-    if fs.f_flag & os.ST_RDONLY:
-        return "Read-only file system"
-    if fs.f_bavail * fs.f_frsize < 1 << 20:
-        return f"No space left on device ({fs.f_bavail * fs.f_frsize} bytes free)"
-    return "the disk is full or the folder is not writable"
-
-
-def output_fault(stderr: str, out_dir: Path, label: str) -> str:
-    """The one line of a run stopped because a worker could not write into its folder: the
-    worker's own ``gpucheck: cannot write ...`` line where its log holds one (the log may be
-    on the full disk too), with what was kept and the ``--resume`` that finishes the run,
-    whichever of the worker's files (its state, a record) failed first."""
-    said = [
-        line.removeprefix("gpucheck: ")
-        for line in stderr.splitlines()
-        if line.startswith("gpucheck: cannot write")
-    ]
-    what = (
-        said[-1]
-        if said
-        else (
-            f"cannot write to the run folder {out_dir} (worker {label}): {_why_unwritable(out_dir)}"
-        )
-    )
-    if "--resume" in what:
-        return what
-    return (
-        f"{what.rstrip('.; ')}; the run stopped here, every record written before is kept "
-        f"(make room or make the folder writable, then `gpucheck run --resume {out_dir}`)"
-    )
-
-
-def _cannot_write(path: Path, err: OSError) -> OutputProblem:
-    run = path.parent.parent
-    fix = {
-        errno.ENOSPC: "make room",
-        errno.EDQUOT: "make room",
-        errno.EFBIG: "make room",
-        errno.EACCES: "make the folder writable",
-        errno.EPERM: "make the folder writable",
-        errno.EROFS: "make the folder writable",
-    }.get(err.errno or 0, "make room or make the folder writable")
-    return OutputProblem(
-        f"cannot write {path}: {err.strerror or err}; the run stopped here, "
-        f"every record written before is kept ({fix}, then "
-        f"`gpucheck run --resume {run}`)"
-    )
-
-
-_LIFELINE: list[int] = []  # this process's pipe (read end, write end), made once
-
-
-def lifeline() -> int:
-    """The read end of the pipe whose write end only this process holds: a worker given it
-    sees end-of-file when this process is gone, however it died (gpucheck.worker.guard)."""
-    if not _LIFELINE:
-        _LIFELINE.extend(os.pipe())  # not inherited, but by the workers it is passed to
-    return _LIFELINE[0]
-
-
-def spawn(
-    cmd: list[str], env: dict[str, str], files: WorkerFiles, drop: tuple[str, ...] = ()
-) -> subprocess.Popen[bytes]:
-    """Start one worker process (or rank): its own session (so a hang can be signalled as a
-    group), stdout/stderr into its files (appended: :func:`bound_log` cuts them), its command
-    line beside them, the controller's lifeline; ``env`` over this process's environment,
-    less the variables in ``drop``."""
-    try:
-        files.folder.mkdir(parents=True, exist_ok=True)
-        files.cmd.write_text(" ".join(cmd) + "\n")
-    except OSError as problem:
-        raise _cannot_write(files.cmd, problem) from problem
-    fd = lifeline()
-    # the descriptor and the pipe's inode: a tool between us and the worker (compute-sanitizer)
-    # may close it, and the number may then name another file in the worker
-    full = {
-        **os.environ,
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONFAULTHANDLER": "1",
-        **env,
-        LIFELINE_FD_ENV: f"{fd}:{os.fstat(fd).st_ino}:{os.getpid()}",
-    }
-    for name in drop:
-        full.pop(name, None)
-    with open(files.stdout, "ab") as out, open(files.stderr, "ab") as err:
-        return subprocess.Popen(
-            cmd,
-            stdout=out,
-            stderr=err,
-            env=full,
-            pass_fds=(fd,),
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-
-
-def bound_log(path: Path, cap: int = LOG_CAP, keep: int = LOG_KEEP) -> None:
-    """Cut a log past ``cap`` bytes to its first and last ``keep`` bytes (the worker appends,
-    so it goes on writing at the new end; what it writes while this cuts may be lost)."""
-    try:
-        size = path.stat().st_size
-        if size <= cap:
-            return
-        with open(path, "r+b") as f:
-            f.seek(size - keep)
-            last = f.read(keep)
-            f.seek(keep)
-            f.write(
-                f"\n[gpucheck: {size - 2 * keep} bytes of output cut here; a log is kept "
-                f"to its first and last {keep} bytes]\n".encode()
-                + last
-            )
-            # what the worker appended meanwhile (its last words, often) moves down too: the
-            # cut keeps no window but the one between the last size read and the truncate
-            done, end = size, f.tell()
-            while (grown := os.fstat(f.fileno()).st_size) > done:
-                f.seek(done)
-                extra = f.read(grown - done)
-                done = grown
-                f.seek(end)
-                f.write(extra)
-                end = f.tell()
-            f.truncate(end)
-    except OSError:
-        return
-
-
-def tail(path: Path, n: int = STDERR_TAIL) -> str:
-    """The last ``n`` bytes of a file, decoded ("" if it cannot be read)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - n))
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie does not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:  # no /proc here, or no such process
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass
-        return True
-    return stat[stat.rindex(")") + 2] not in "ZX"
-
-
-def _signal_name(returncode: int) -> str | None:
-    if returncode >= 0:
-        return None
-    try:
-        return signal.Signals(-returncode).name
-    except ValueError:
-        return f"signal {-returncode}"
+def _started(state: WorkerState) -> float:
+    """When the worker's case started (now, where its state does not say)."""
+    return state.started if state.started is not None else time.time()
 
 
 class Harness:
@@ -438,13 +188,13 @@ class Harness:
         for w in self.workers:
             if w.finished:
                 continue
-            w.state = read_state(w.state_path) or w.state
+            w.state = worker_state.read(w.state_path) or w.state
             for log in (w.stdout_path, w.stderr_path):
                 bound_log(log)
             rc = w.proc.poll()
             if rc is None:
-                case = w.state.get("case")
-                if case and time.time() - float(w.state.get("started", time.time())) > self.timeout:
+                case = w.state.case
+                if case and time.time() - _started(w.state) > self.timeout:
                     self._kill_hung(w, case)
                     rc = w.proc.returncode
             if rc is not None:
@@ -457,7 +207,7 @@ class Harness:
         w.hung_case = case
         if hasattr(signal, "SIGUSR1"):
             # the Python worker's own pid: under compute-sanitizer, w.proc is the tool
-            pid = int(w.state.get("pid") or w.proc.pid)
+            pid = w.state.pid or w.proc.pid
             asked = time.monotonic()
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGUSR1)  # faulthandler: every thread's Python stack
@@ -469,12 +219,12 @@ class Harness:
 
     def _finish(self, w: Worker, rc: int) -> None:
         w.finished = True
-        w.state = read_state(w.state_path) or w.state
-        worker_pid = int(w.state.get("pid") or 0)
+        w.state = worker_state.read(w.state_path) or w.state
+        worker_pid = w.state.pid or 0
         # under compute-sanitizer w.proc is the tool: it ended while the worker under it still
         # runs (the tool crashed)
         tool = (
-            bool(w.spec.sanitizer_tool) and worker_pid not in (0, w.proc.pid) and _alive(worker_pid)
+            bool(w.spec.sanitizer_tool) and worker_pid not in (0, w.proc.pid) and alive(worker_pid)
         )
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(w.proc.pid, signal.SIGKILL)  # what its cases started and left running
@@ -483,15 +233,15 @@ class Harness:
                 os.kill(worker_pid, signal.SIGKILL)
         for log in (w.stdout_path, w.stderr_path):
             bound_log(log)
-        w.state = read_state(w.state_path) or w.state
-        case: str | None = w.hung_case or w.state.get("case")
+        w.state = worker_state.read(w.state_path) or w.state
+        case: str | None = w.hung_case or w.state.case
         if rc == EXIT_OUTPUT_ERROR:  # it could not write a record: neither can the others
             raise OutputProblem(output_fault(tail(w.stderr_path), self.out_dir, w.spec.label))
         unclaimed: list[Finding] = []
         if w.spec.sanitizer_tool:
             unclaimed = self._unclaimed_sanitizer_findings(w)
             if rc == sanitizer_cmd.ERROR_EXIT:  # the tool's exit code hides the worker's:
-                if w.state.get("exit_reason") == "context-lost":
+                if w.state.exit_reason == worker_state.CONTEXT_LOST:
                     rc = EXIT_CONTEXT_LOST
                 elif not case:  # ended normally; its findings are in the case records
                     rc = 1
@@ -515,7 +265,7 @@ class Harness:
         elif rc == EXIT_CONTEXT_LOST:
             self._restart(w)  # the case's own record already says what happened
         elif rc not in NORMAL_EXITS or case or tool:  # os._exit(0) in a case ends it, too
-            sig = _signal_name(rc)
+            sig = signal_name(rc)
             how = f"killed by {sig}" if sig else f"exited with code {rc}"
             who = (
                 f"compute-sanitizer (pid {w.proc.pid})"
@@ -540,7 +290,7 @@ class Harness:
                 )
                 self._restart(w)
             elif case:
-                other = w.state.get("current_device") not in (None, w.spec.label)
+                other = w.state.current_device not in (None, w.spec.label)
                 hint = crash_hint(
                     rc, tail(w.stderr_path, 64_000), bool(w.spec.sanitizer_tool), other
                 )
@@ -573,15 +323,15 @@ class Harness:
                     unclaimed,
                 )
                 if again:
-                    kills = w.startup_kills + (0 if w.state.get("done") else 1)
+                    kills = w.startup_kills + (0 if w.state.done else 1)
                     self._restart(w, startup_kills=kills)
 
     def _unclaimed_sanitizer_findings(self, w: Worker) -> list[Finding]:
         """Records of the worker's sanitizer logs that no finished case claimed."""
-        offsets = w.state.get("sanitizer_offsets") or {}
+        offsets = w.state.sanitizer_offsets
         found: list[Finding] = []
         for log in WorkerFiles.of_state(w.state_path).sanitizer_logs():
-            text, _ = read_records(log, int(offsets.get(str(log), 0)), complete_only=False)
+            text, _ = read_records(log, offsets.get(str(log), 0), complete_only=False)
             found += [
                 f
                 for f in sanitizer_findings(text, w.spec.sanitizer_tool, w.spec.label, None, None)
@@ -590,7 +340,7 @@ class Harness:
         return found
 
     def _unclaimed_record(self, w: Worker, findings: list[Finding]) -> None:
-        suite = str(w.state.get("suite") or ",".join(w.spec.suites))
+        suite = w.state.suite or ",".join(w.spec.suites)
         case = f"<{w.spec.label} {w.spec.mode}: after the last case>"
         for f in findings:
             f.suite, f.case = suite, case
@@ -603,7 +353,7 @@ class Harness:
             mode=w.spec.mode,
             status="error",
             reason="compute-sanitizer records outside any case (start-up, shutdown)",
-            started_at=now_iso(),
+            started_at=clock.now(),
             findings=findings,
         )
         results.append(self.results_path, record.to_json())
@@ -619,43 +369,32 @@ class Harness:
         hint: str,
         extra: list[Finding] | None = None,
     ) -> None:
-        started = float(w.state.get("started", time.time()))
-        suite = str(w.state.get("suite") or ",".join(w.spec.suites))
+        started = _started(w.state)
+        suite = w.state.suite or ",".join(w.spec.suites)
         for f in extra or []:  # sanitizer records the tool wrote before it ended the case
             f.suite, f.case = f.suite or suite, f.case or case
         digest = crash_digest(tail(w.stderr_path, 64_000))
-        mine = w.state.get("case") == case
-        op = w.state.get("op") if mine else None
+        mine = w.state.case == case
+        op = w.state.op if mine else None
         if op:  # the last extension op the case called (the worker's op tracker)
             message = f"{message} (last extension op called: {op})"
         # findings the worker saved before a call that may crash (mixed-device arguments):
         # the crash loses the case's own record, not them; the crash's hint then names them
         pending = [
-            Finding(**{**f, "device": w.spec.label, "suite": suite, "case": case})
-            for f in (w.state.get("pending_findings") or [])
+            replace(f, device=w.spec.label, suite=suite, case=case)
+            for f in w.state.pending_findings
             if mine
         ]
-        mixed = next((f for f in pending if f.kind == "mixed-devices"), None)
+        mixed = next((f for f in pending if f.kind == results.MIXED_DEVICES), None)
         if mixed is not None and kind == "crash":
-            hint = cuda_error_hint(mixed, "crash")
+            hint = results.mixed_devices_hint(mixed, "crash")
         evidence = digest[-2500:]
         if status == "hung":  # stacks first: they say where it hung
-            try:  # faulthandler prints the innermost frame first: keep the head
+            try:
                 stacks = WorkerFiles.of_state(w.state_path).stacks.read_text(errors="replace")
             except OSError:
                 stacks = ""
-            stacks = stacks.strip() or "(no stack dump: the worker did not answer SIGUSR1)"
-            evidence = (
-                f"--- Python stacks of every thread when stopped (innermost first, "
-                f"down to pytest) ---\n{dumps.trim_threads(stacks)[:2500]}\n"
-                f"--- native frames (py-spy dump --native) ---\n"
-                f"{dumps.trim_threads(w.native)[:2500]}"
-            ).strip()
-            digest = (
-                f"--- Python stacks of every thread when stopped ---\n"
-                f"{stacks[:STACKS_CHARS]}\n--- py-spy dump --native ---\n"
-                f"{w.native[:STACKS_CHARS]}\n{digest}"
-            ).strip()
+            evidence, digest = hang_evidence(stacks, w.native, digest)
         record = CaseRecord(
             run_id=self.run_id,
             device=w.spec.label,
@@ -666,10 +405,10 @@ class Harness:
             status=status,
             reason=message,
             duration_s=round(max(0.0, time.time() - started), 3),
-            started_at=now_iso(),
-            current_device=w.state.get("current_device"),
+            started_at=clock.now(),
+            current_device=w.state.current_device,
             exit_code=rc if rc >= 0 else None,
-            signal=_signal_name(rc),
+            signal=signal_name(rc),
             stderr_tail=digest,
             findings=[
                 *(extra or []),

@@ -1,9 +1,10 @@
-"""``gpucheck run`` in one process: the passes of a run over its target devices, the
-wrong-device check's re-runs, the run-level diagnoses, the reports and the exit code.
+"""``gpucheck run`` in one process (:class:`Run`): the passes of a run over its target
+devices, the wrong-device check's re-runs, the run-level diagnoses (:func:`diagnose`), the
+reports and the exit code.
 
-The distributed controller (:mod:`~gpucheck.controller.dist_pipeline`) builds on the public
-functions here (:func:`sigterm_as_interrupt`, :func:`finish`); :mod:`~gpucheck.controller.entry`
-chooses between them.
+The distributed controller (:mod:`~gpucheck.controller.dist_pipeline`) builds on the same
+:class:`Run` (its own plan and passes, the same header, finish and reports);
+:mod:`~gpucheck.controller.entry` chooses between them.
 """
 
 from __future__ import annotations
@@ -12,12 +13,9 @@ import contextlib
 import signal
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import datetime
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
-
-from rich.console import Console
-from rich.text import Text
 
 from gpucheck.controller import devlock, reruns
 from gpucheck.controller import suites as suites_mod
@@ -34,24 +32,22 @@ from gpucheck.controller.config import (
     prepare_out,
     select_runnable,
 )
-from gpucheck.controller.harness import Harness, WorkerSpec
-from gpucheck.controller.progress import (
-    Progress,
-    print_findings,
-    print_verdict,
-    summary_line,
-    summary_table,
-)
+from gpucheck.controller.harness import Harness
+from gpucheck.controller.progress import Progress
+from gpucheck.controller.spawning import WorkerSpec
 from gpucheck.detectors import registry
 from gpucheck.detectors.wrong_device import suspects
+from gpucheck.devices import Inventory
 from gpucheck.errors import GpucheckError, OutputProblem
-from gpucheck.model import modes, results
+from gpucheck.model import clock, modes, results
 from gpucheck.model.contract import CURRENT_ENV, OTHER_CURRENT, TARGET_CURRENT
 from gpucheck.model.layout import RunFolder
 from gpucheck.model.modes import Mode, tool_of
 from gpucheck.model.runlog import Diagnosis, Resume, RunEnd, RunHeader, RunLog
-from gpucheck.nvml_sampler import Sampler, TimelineWriter
-from gpucheck.report import Published, publish
+from gpucheck.model.timeline import TimelineWriter
+from gpucheck.nvml_sampler import Sampler
+from gpucheck.report import publish
+from gpucheck.report.console import print_summary
 from gpucheck.sanitizer import command as sanitizer_cmd
 
 #: a pass a run adds after its own (the distributed suite as a CPU group, in the default run
@@ -66,100 +62,329 @@ def run(
     ``previous``: the header of the run ``cfg.resume`` continues. ``cpu_dist_pass``: runs the
     distributed suite in the default ``--cpu-only`` run (given by the entry point, which
     knows the distributed controller; this module does not)."""
-    asked = tuple(dict.fromkeys(cfg.modes)) or DEFAULT_MODES
-    sanitizer = None
-    if any(tool_of(m) for m in asked):
-        sanitizer = sanitizer_cmd.find()
-    targets, notes, _, inv = choose_targets(cfg)
-    if previous is not None:
-        check_same_devices(previous, targets)
-    with devlock.held(targets, cfg.resume, cfg.wait_for_devices, notes) as lock:
+    return Run(cfg, previous, cpu_dist_pass).execute()
+
+
+class Run:
+    """One ``gpucheck run`` in this process: :meth:`plan` (targets, sanitizer), the devices'
+    :meth:`lock`, the run folder and its :meth:`header`, the :meth:`passes`, and
+    :meth:`finish` (end record, diagnoses, reports, summary, exit code). Each step reads and
+    sets the run's own fields; none hands the settings down one by one.
+
+    The distributed controller's run (:class:`~gpucheck.controller.dist_pipeline.DistRun`)
+    is one too, with its own plan and passes.
+    """
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        previous: RunHeader | None = None,
+        cpu_dist_pass: ExtraPass | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.previous = previous
+        self.cpu_dist_pass = cpu_dist_pass
+        self.notes: list[str] = []
+        self.not_runnable: dict[str, str] = {}
+        self.targets: list[Target] = []
+        self.inv: Inventory | None = None
+        self.sanitizer: Path | None = None
+        self.asked: tuple[str, ...] = ()
+        self.passes: list[tuple[str, str | None]] = []
+        self.requested: dict[str, Path] = {}
+        self.suites: dict[str, Path] = {}
+        self.cpu_defaults = False  # the default first run without a GPU (see plan_passes)
+        self.out = Path()
+        self.run_id = ""
+        self.console = make_console()
+        self.log = RunLog(Path())
+        self.stopped: list[str] = []  # the signal that stopped the run (SIGTERM), if one did
+
+    @property
+    def results_path(self) -> Path:
+        return RunFolder(self.out).results
+
+    @property
+    def visible(self) -> int:
+        """GPUs this process sees."""
+        return len(self.inv.devices) if self.inv else 0
+
+    def execute(self) -> int:
+        """The whole run; its exit code."""
+        self.plan()
+        with self.lock() as lock:
+            self.plan_passes()
+            self.open_folder(lock)
+            self.write_header()
+            interrupted = self.run_passes()
+            return self.finish(
+                (self.stopped[0] if self.stopped else "Ctrl-C") if interrupted else None
+            )
+
+    # ---- the steps -----------------------------------------------------------------------
+    def plan(self) -> None:
+        """The modes asked, the sanitizer they need, the target devices."""
+        self.asked = tuple(dict.fromkeys(self.cfg.modes)) or DEFAULT_MODES
+        if any(tool_of(m) for m in self.asked):
+            self.sanitizer = sanitizer_cmd.find()
+        self.targets, self.notes, _, self.inv = choose_targets(self.cfg)
+        if self.previous is not None:
+            check_same_devices(self.previous, self.targets)
+
+    def lock(self) -> contextlib.AbstractContextManager[devlock.Held]:
+        """The target GPUs' locks (and, once it is known, the run folder's)."""
+        return devlock.held(self.targets, self.cfg.resume, self.cfg.wait_for_devices, self.notes)
+
+    def plan_passes(self) -> None:
+        """The passes over the targets and the suites asked for."""
+        cfg, asked = self.cfg, self.asked
         run_modes = asked
         if cfg.cpu_only and "nvml" in asked:
             run_modes = tuple(m for m in asked if m != "nvml")
-            notes.append("--cpu-only: mode 'nvml' has no GPU to sample")
-        passes = plan_passes(run_modes, len(inv.devices) if inv else 0) or [(modes.BARE, None)]
-        requested = (
+            self.notes.append("--cpu-only: mode 'nvml' has no GPU to sample")
+        self.passes = plan_passes(run_modes, self.visible) or [(modes.BARE, None)]
+        self.requested = (
             cfg.suite_paths
             if cfg.suite_paths is not None
             else suites_mod.resolve(cfg.suites, cpu_only=cfg.cpu_only)
         )
         # the default first run without a GPU: the suites that need none, then the distributed
         # suite as a gloo group of CPU ranks (cpu_dist_pass)
-        cpu_defaults = cpu_dist_pass is not None and (
-            DIST_MODE in previous.modes
-            if previous is not None
+        self.cpu_defaults = self.cpu_dist_pass is not None and (
+            DIST_MODE in self.previous.modes
+            if self.previous is not None
             else cfg.cpu_only and not cfg.suites and suites_mod.defaults_are_ours()
         )
-        if cpu_defaults and (gpu_only := suites_mod.left_out_without_gpu()):
-            notes.append(
+        if self.cpu_defaults and (gpu_only := suites_mod.left_out_without_gpu()):
+            self.notes.append(
                 f"--cpu-only: the suites {', '.join(gpu_only)} test CUDA kernels and "
                 "need a GPU; they were not run (`gpucheck run` on a machine with one)"
             )
+
+    def open_folder(self, lock: devlock.Held) -> None:
+        """The run folder (a fresh one, or the one resumed), locked; the suites that can run."""
+        cfg = self.cfg
         existed = cfg.out is not None and cfg.out.exists()
-        out = cfg.resume if cfg.resume is not None else prepare_out(cfg.out)
-        lock.note_folder(out)
+        self.out = cfg.resume if cfg.resume is not None else prepare_out(cfg.out)
+        lock.note_folder(self.out)
         try:
-            suites, not_runnable = select_runnable(cfg, requested)
+            self.suites, self.not_runnable = select_runnable(cfg, self.requested)
         except GpucheckError:
             if cfg.resume is None and not existed:
                 with contextlib.suppress(OSError):
-                    out.rmdir()  # nothing ran: leave no empty run folder behind
+                    self.out.rmdir()  # nothing ran: leave no empty run folder behind
             raise
-        results_path = RunFolder(out).results
-        if previous is None:
-            run_id = uuid.uuid4().hex[:12]
-            header_passes = passes + ([(DIST_MODE, None)] if cpu_defaults else [])
+
+    def write_header(self) -> None:
+        """The ``run`` header (or, resumed, a ``resume`` record); the run's one log of its
+        results file from here on."""
+        if self.previous is None:
+            self.run_id = uuid.uuid4().hex[:12]
+            passes = self.passes + ([(DIST_MODE, None)] if self.cpu_defaults else [])
             results.append(
-                results_path,
+                self.results_path,
                 header(
-                    cfg, run_id, targets, inv, requested, header_passes, notes, not_runnable, asked
+                    self.cfg,
+                    run_id=self.run_id,
+                    targets=self.targets,
+                    inv=self.inv,
+                    suites=self.requested,
+                    passes=passes,
+                    notes=self.notes,
+                    not_runnable=self.not_runnable,
+                    modes=self.asked,
                 ),
             )
         else:
-            run_id = previous.run_id
-            results.append(results_path, Resume(run_id, _now(), notes, not_runnable).to_json())
-        console = make_console()
-        stopped: list[str] = []
-        log = RunLog(results_path)  # the controller's one reader of the run's records
+            self.run_id = self.previous.run_id
+            record = Resume(self.run_id, clock.now(), self.notes, self.not_runnable)
+            results.append(self.results_path, record.to_json())
+        self.log = RunLog(self.results_path)  # the controller's one reader of the records
+
+    def run_passes(self) -> bool:
+        """Every pass; True when Ctrl-C or SIGTERM stopped the run. When the harness itself
+        fails, what was recorded is still reported."""
         try:
-            with sigterm_as_interrupt(stopped):
-                interrupted = _run_passes(
-                    cfg,
-                    passes,
-                    targets,
-                    suites,
-                    sanitizer,
-                    out,
-                    log,
-                    run_id,
-                    notes,
-                    console,
-                    len(inv.devices) if inv else 0,
-                )
-                if (
-                    cpu_defaults
-                    and cpu_dist_pass is not None
-                    and not interrupted
-                    and not _has_mode(log, run_id, DIST_MODE)
-                ):
-                    interrupted = cpu_dist_pass(cfg, out, results_path, run_id, notes)
+            with sigterm_as_interrupt(self.stopped):
+                return self.passes_here()
         except BaseException as err:  # the harness itself failed: report what was recorded
             with contextlib.suppress(OutputProblem):  # the disk that failed may fail again
-                _end_record(results_path, run_id, True, f"the harness stopped: {err!r}")
+                self.end_record(True, f"the harness stopped: {err!r}")
             with contextlib.suppress(Exception):
-                publish(out, formats=cfg.report_formats)
+                publish(self.out, formats=self.cfg.report_formats, log=self.log)
             raise
-        return finish(
-            cfg,
-            out,
-            results_path,
-            run_id,
-            notes,
-            not_runnable,
-            (stopped[0] if stopped else "Ctrl-C") if interrupted else None,
-            console,
+
+    def passes_here(self) -> bool:
+        """The passes of this run (True when interrupted)."""
+        interrupted = self.device_passes()
+        if (
+            self.cpu_defaults
+            and self.cpu_dist_pass is not None
+            and not interrupted
+            and not _has_mode(self.log, self.run_id, DIST_MODE)
+        ):
+            interrupted = self.cpu_dist_pass(
+                self.cfg, self.out, self.results_path, self.run_id, self.notes
+            )
+        return interrupted
+
+    def device_passes(self) -> bool:
+        """Every pass on every target; after a plain pass on 2+ GPUs, the wrong-device
+        re-runs of its suspects. True when Ctrl-C stopped it."""
+        rerun_log = RunLog(RunFolder(self.out).rerun)
+        with Progress(self.console, quiet=self.cfg.quiet) as progress:
+            for label, tool in self.passes:
+                mode = Mode.parse(label)
+                interval = self.cfg.nvml_interval if mode.nvml else 0.0
+                current = TARGET_CURRENT if mode.target_current else OTHER_CURRENT
+                specs = [
+                    WorkerSpec(
+                        t_label,
+                        index,
+                        u,
+                        self.suites,
+                        label,
+                        self.pass_env(label, current),
+                        self.cfg.pytest_args,
+                        interval,
+                        tool,
+                        self.sanitizer,
+                    )
+                    for t_label, index, u, _ in self.targets
+                ]
+                if self.harness_pass(specs, self.log, progress, interval):
+                    return True
+                if (
+                    self.visible > 1
+                    and tool is None
+                    and current == OTHER_CURRENT
+                    and self.rerun_suspects(label, specs, rerun_log, progress)
+                ):
+                    return True
+        return False
+
+    def pass_env(self, label: str, current: str) -> dict[str, str]:
+        env = {CURRENT_ENV: current}
+        if Mode.parse(label).blocking:
+            env["CUDA_LAUNCH_BLOCKING"] = "1"
+        if self.cfg.cpu_only:
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        return env
+
+    def harness_pass(
+        self, specs: list[WorkerSpec], log: RunLog, progress: Progress, interval: float = 0.0
+    ) -> bool:
+        """One pass of workers writing into ``log``'s file (with the NVML timeline when
+        asked); True after Ctrl-C."""
+        progress.follow(log)
+        harness = Harness(
+            specs, self.out, log, self.run_id, self.cfg.timeout, on_update=progress.update
         )
+        timeline = TimelineWriter(RunFolder(self.out).timeline) if interval > 0 else None
+        sampler = Sampler(interval, timeline).start() if timeline is not None else None
+        try:
+            return run_until_interrupted(harness)
+        finally:
+            if sampler is not None and timeline is not None:
+                sampler.stop()
+                timeline.close()
+                self.notes.append(
+                    f"nvml: {sampler.samples} samples of {len(sampler.devices)} "
+                    f"device(s) every {interval * 1000:g} ms in {timeline.path.name}"
+                )
+                if sampler.first_failure is not None:
+                    when, why = sampler.first_failure
+                    self.notes.append(
+                        f"nvml: NVML failed in {sampler.failures} of {sampler.samples} "
+                        f"samples, first at {clock.local_time(when)} "
+                        f"({why}): the timeline has no memory where it failed, and the "
+                        "cases that ran then have no NVML peak (a warning each)"
+                    )
+
+    def rerun_suspects(
+        self, label: str, specs: list[WorkerSpec], rerun_log: RunLog, progress: Progress
+    ) -> bool:
+        """The wrong-device check: cases of this pass that went wrong with another device
+        current run again with their target current, in fresh workers, records to
+        rerun.jsonl. True after Ctrl-C."""
+        self.log.refresh()
+        bad = suspects([r for r in self.log.cases if r.run_id == self.run_id], label)
+        folder = RunFolder(self.out)
+        rerun, control = (
+            str(Mode.parse(label).with_variant(v))
+            for v in (modes.RERUN_TARGET, modes.RERUN_CONTROL)
+        )
+        reruns, controls = [], []
+        for spec in specs:
+            mine = sorted({r.case for r in bad if r.device == spec.label})
+            if not mine:
+                continue
+            only = folder.worker(spec.label, rerun).only
+            only.parent.mkdir(parents=True, exist_ok=True)
+            only.write_text("\n".join(mine) + "\n")
+            args = [*spec.pytest_args, "--gpucheck-only", str(only)]
+            reruns.append(
+                replace(
+                    spec,
+                    mode=rerun,
+                    env=self.pass_env(label, TARGET_CURRENT),
+                    pytest_args=args,
+                    nvml_interval=0.0,
+                    sanitizer_tool=None,
+                    sanitizer=None,
+                )
+            )
+            # the control: the same arrangement as the first time, in a fresh worker; a
+            # failure that does not come back (a random input, a race) is no evidence of a
+            # device bug
+            controls.append(
+                replace(
+                    spec,
+                    mode=control,
+                    env=self.pass_env(label, OTHER_CURRENT),
+                    pytest_args=args,
+                    nvml_interval=0.0,
+                    sanitizer_tool=None,
+                    sanitizer=None,
+                )
+            )
+        if not reruns:
+            return False
+        self.notes.append(
+            f"wrong-device check: {len(bad)} case(s) that went wrong with another device "
+            f"current ran again, with their target current and (control) with the other "
+            f"device current again ({folder.rerun.name})"
+        )
+        return any(self.harness_pass(group, rerun_log, progress) for group in (reruns, controls))
+
+    def end_record(
+        self, interrupted: bool, reason: str | None, stopped_by: str | None = None
+    ) -> None:
+        record = RunEnd(self.run_id, clock.now(), interrupted, reason, stopped_by)
+        results.append(self.results_path, record.to_json())
+
+    def finish(self, stopped_by: str | None) -> int:
+        """End record, run-level diagnoses, reports, the summary, and the exit code: the run's
+        verdict (gpucheck.report.verdict) decides it, as it decides every report's."""
+        stopped = (
+            (
+                f"stopped by {stopped_by}: finished cases were kept; `gpucheck run --resume "
+                f"{self.out}` runs the rest"
+            )
+            if stopped_by is not None
+            else None
+        )
+        self.end_record(stopped is not None, stopped, stopped_by)
+        diagnose(self.log, RunLog(RunFolder(self.out).rerun), self.run_id)
+        done = publish(
+            self.out,
+            formats=self.cfg.report_formats,
+            allow_empty=self.cfg.allow_empty,
+            stopped_by=stopped_by,
+            log=self.log,
+        )
+        print_summary(self.console, done, self.notes, self.not_runnable, self.results_path, stopped)
+        return done.verdict.exit_code
 
 
 def _has_mode(log: RunLog, run_id: str, mode: str) -> bool:
@@ -188,97 +413,6 @@ def sigterm_as_interrupt(stopped: list[str]) -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _run_passes(
-    cfg: RunConfig,
-    passes: list[tuple[str, str | None]],
-    targets: list[Target],
-    suites: dict[str, Path],
-    sanitizer: Path | None,
-    out: Path,
-    log: RunLog,
-    run_id: str,
-    notes: list[str],
-    console: Console,
-    visible: int,
-) -> bool:
-    """Every pass on every target; True when Ctrl-C stopped it."""
-    rerun_log = RunLog(RunFolder(out).rerun)
-    with Progress(console, quiet=cfg.quiet) as progress:
-        for label, tool in passes:
-            mode = Mode.parse(label)
-            interval = cfg.nvml_interval if mode.nvml else 0.0
-            current = TARGET_CURRENT if mode.target_current else OTHER_CURRENT
-            specs = [
-                WorkerSpec(
-                    t_label,
-                    index,
-                    u,
-                    suites,
-                    label,
-                    _pass_env(label, cfg, current),
-                    cfg.pytest_args,
-                    interval,
-                    tool,
-                    sanitizer,
-                )
-                for t_label, index, u, _ in targets
-            ]
-            if _run_harness(specs, out, log, run_id, cfg.timeout, progress, notes, interval):
-                return True
-            if (
-                visible > 1
-                and tool is None
-                and current == OTHER_CURRENT
-                and _rerun_suspects(cfg, label, specs, out, log, rerun_log, run_id, progress, notes)
-            ):
-                return True
-    return False
-
-
-def _pass_env(label: str, cfg: RunConfig, current: str) -> dict[str, str]:
-    env = {CURRENT_ENV: current}
-    if Mode.parse(label).blocking:
-        env["CUDA_LAUNCH_BLOCKING"] = "1"
-    if cfg.cpu_only:
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    return env
-
-
-def _run_harness(
-    specs: list[WorkerSpec],
-    out: Path,
-    log: RunLog,
-    run_id: str,
-    timeout: float,
-    progress: Progress,
-    notes: list[str],
-    interval: float,
-) -> bool:
-    """One pass of workers (with the NVML timeline when asked); True after Ctrl-C."""
-    progress.follow(log)
-    harness = Harness(specs, out, log, run_id, timeout, on_update=progress.update)
-    timeline = TimelineWriter(RunFolder(out).timeline) if interval > 0 else None
-    sampler = Sampler(interval, timeline).start() if timeline is not None else None
-    try:
-        return run_until_interrupted(harness)
-    finally:
-        if sampler is not None and timeline is not None:
-            sampler.stop()
-            timeline.close()
-            notes.append(
-                f"nvml: {sampler.samples} samples of {len(sampler.devices)} "
-                f"device(s) every {interval * 1000:g} ms in {timeline.path.name}"
-            )
-            if sampler.first_failure is not None:
-                when, why = sampler.first_failure
-                notes.append(
-                    f"nvml: NVML failed in {sampler.failures} of {sampler.samples} "
-                    f"samples, first at {datetime.fromtimestamp(when):%H:%M:%S} "
-                    f"({why}): the timeline has no memory where it failed, and the "
-                    "cases that ran then have no NVML peak (a warning each)"
-                )
-
-
 def run_until_interrupted(harness: Any) -> bool:
     """Run a harness (or a distributed one) to its end; True when Ctrl-C or SIGTERM stopped
     it, after its workers were stopped (finished records are kept)."""
@@ -293,78 +427,16 @@ def run_until_interrupted(harness: Any) -> bool:
     return False
 
 
-def _rerun_suspects(
-    cfg: RunConfig,
-    label: str,
-    specs: list[WorkerSpec],
-    out: Path,
-    log: RunLog,
-    rerun_log: RunLog,
-    run_id: str,
-    progress: Progress,
-    notes: list[str],
-) -> bool:
-    """The wrong-device check: cases of this pass that went wrong with another device current
-    run again with their target current, in fresh workers, records to rerun.jsonl."""
-    log.refresh()
-    bad = suspects([r for r in log.cases if r.run_id == run_id], label)
-    folder = RunFolder(out)
-    rerun, control = (
-        str(Mode.parse(label).with_variant(v)) for v in (modes.RERUN_TARGET, modes.RERUN_CONTROL)
-    )
-    reruns, controls = [], []
-    for spec in specs:
-        mine = sorted({r.case for r in bad if r.device == spec.label})
-        if not mine:
-            continue
-        only = folder.worker(spec.label, rerun).only
-        only.parent.mkdir(parents=True, exist_ok=True)
-        only.write_text("\n".join(mine) + "\n")
-        args = [*spec.pytest_args, "--gpucheck-only", str(only)]
-        reruns.append(
-            WorkerSpec(
-                spec.label,
-                spec.device_index,
-                spec.uuid,
-                spec.suites,
-                rerun,
-                _pass_env(label, cfg, TARGET_CURRENT),
-                args,
-            )
-        )
-        # the control: the same arrangement as the first time, in a fresh worker; a failure
-        # that does not come back (a random input, a race) is no evidence of a device bug
-        controls.append(
-            WorkerSpec(
-                spec.label,
-                spec.device_index,
-                spec.uuid,
-                spec.suites,
-                control,
-                _pass_env(label, cfg, OTHER_CURRENT),
-                args,
-            )
-        )
-    if not reruns:
-        return False
-    notes.append(
-        f"wrong-device check: {len(bad)} case(s) that went wrong with another device "
-        f"current ran again, with their target current and (control) with the other "
-        f"device current again ({folder.rerun.name})"
-    )
-    for specs_ in (reruns, controls):
-        if _run_harness(specs_, out, rerun_log, run_id, cfg.timeout, progress, notes, 0.0):
-            return True
-    return False
-
-
-def _diagnose(out: Path, results_path: Path, run_id: str) -> list[Diagnosis]:
-    """Run-level detectors over every record, and what the wrong-device re-runs found
-    besides their outcome (:func:`~gpucheck.controller.reruns.carried`): their findings
-    become diagnosis records of the cases they are about."""
-    log = RunLog.read(results_path)
+def diagnose(log: RunLog, rerun_log: RunLog, run_id: str) -> list[Diagnosis]:
+    """Run-level detectors over every record of the run (``log``, the controller's reader of
+    its results: what it already read is not read again) and of its wrong-device re-runs
+    (``rerun_log``), and what those re-runs found besides their outcome
+    (:func:`~gpucheck.controller.reruns.carried`): their findings become diagnosis records
+    of the cases they are about, appended to the results file."""
+    log.refresh(final=True)
+    rerun_log.refresh(final=True)
     records = [r for r in log.cases if r.run_id == run_id]
-    records += [r for r in RunLog.read(RunFolder(out).rerun).cases if r.run_id == run_id]
+    records += [r for r in rerun_log.cases if r.run_id == run_id]
     head = next((h for h in log.headers if h.run_id == run_id), None)
     found = [
         f
@@ -384,79 +456,6 @@ def _diagnose(out: Path, results_path: Path, run_id: str) -> list[Diagnosis]:
         diagnosis = Diagnosis(
             run_id, original.device, original.suite, original.case, original.mode, [finding]
         )
-        results.append(results_path, diagnosis.to_json())
+        results.append(log.path, diagnosis.to_json())
         made.append(diagnosis)
     return made
-
-
-def _end_record(
-    results_path: Path,
-    run_id: str,
-    interrupted: bool,
-    reason: str | None,
-    stopped_by: str | None = None,
-) -> None:
-    results.append(results_path, RunEnd(run_id, _now(), interrupted, reason, stopped_by).to_json())
-
-
-def _now() -> str:
-    return datetime.now().astimezone().isoformat(timespec="milliseconds")
-
-
-def finish(
-    cfg: RunConfig,
-    out: Path,
-    results_path: Path,
-    run_id: str,
-    notes: list[str],
-    not_runnable: dict[str, str],
-    stopped_by: str | None,
-    console: Console,
-) -> int:
-    """End record, run-level diagnoses, reports, the summary, and the exit code: the run's
-    verdict (gpucheck.report.verdict) decides it, as it decides every report's."""
-    stopped = (
-        (
-            f"stopped by {stopped_by}: finished cases were kept; `gpucheck run --resume "
-            f"{out}` runs the rest"
-        )
-        if stopped_by is not None
-        else None
-    )
-    _end_record(results_path, run_id, stopped is not None, stopped, stopped_by)
-    _diagnose(out, results_path, run_id)
-    done = publish(
-        out, formats=cfg.report_formats, allow_empty=cfg.allow_empty, stopped_by=stopped_by
-    )
-    summarize(console, done, notes, not_runnable, results_path, stopped)
-    return done.verdict.exit_code
-
-
-def summarize(
-    console: Console,
-    done: Published,
-    notes: list[str],
-    not_runnable: dict[str, str],
-    results_path: Path,
-    stopped: str | None,
-) -> None:
-    """The end of a run on the console: counts per device and suite, notes, the findings
-    (diagnoses first), the files written, why the verdict is not a pass, and last the
-    verdict with the case counts."""
-    records = done.data.cases
-    console.print(summary_table(records))
-    for note in notes:
-        console.print(Text.assemble(("note:", "yellow"), f" {note}"))
-    print_findings(console, done.grouped)
-    for name, reason in not_runnable.items():
-        console.print(Text.assemble((f"suite {name}:", "red"), f" {reason}"))
-    written = "  ".join(f"{fmt}: {path}" for fmt, path in done.paths.items())
-    console.print(Text(f"results: {results_path}  {written}"))
-    if stopped is not None and stopped not in done.verdict.why:
-        console.print(Text.assemble(("interrupted:", "yellow"), f" {stopped}"))
-    print_verdict(console, done.verdict)
-    line, _ = summary_line(records)
-    style = "green" if done.verdict.ok else "red"
-    console.print(
-        Text.assemble((f"{done.verdict.name} (exit {done.verdict.exit_code})", style), f": {line}")
-    )

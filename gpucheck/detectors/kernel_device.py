@@ -16,7 +16,7 @@ from __future__ import annotations
 from gpucheck.detectors.base import BaseDetector, CaseInfo
 from gpucheck.detectors.launch_trace import TRACE, kernel_list
 from gpucheck.detectors.wrong_device import HINT
-from gpucheck.detectors.wrong_stream import verdicts
+from gpucheck.detectors.wrong_stream import misplaced
 from gpucheck.model.results import Finding
 
 
@@ -33,7 +33,7 @@ class KernelDevice(BaseDetector):
 
     def case_finished(self, case: CaseInfo) -> list[Finding]:
         per_op: dict[str, tuple[int, dict[str, int], set[int], str | None]] = {}
-        for v, _ in verdicts(self.trace.finish(), "kernel-device"):
+        for v, _ in misplaced(self.trace.finish(), "kernel-device"):
             dev, kernels, ran, frame = per_op.get(v.op, (v.device, {}, set(), v.frame))
             kernels[v.kernel] = kernels.get(v.kernel, 0) + v.count
             per_op[v.op] = (dev, kernels, ran | set(v.ran_on), frame or v.frame)

@@ -262,7 +262,7 @@ def candidates(events: list[dict[str, Any]], log: list[dict[str, Any]]) -> list[
 
 
 @dataclass(frozen=True)
-class Verdict:
+class MisplacedLaunch:
     """What one (op, kernel) did wrong in a window."""
 
     kind: str  # "wrong-stream" | "kernel-device"
@@ -275,7 +275,7 @@ class Verdict:
     frame: str | None = None  # the Python line of the (first) call
 
 
-def judge(launches: Iterable[OpLaunch]) -> list[Verdict]:
+def judge(launches: Iterable[OpLaunch]) -> list[MisplacedLaunch]:
     """Kernels of an op on another device than its inputs' (``kernel-device``), and kernels
     on its inputs' device on another stream than the caller's current one (``wrong-stream``).
     """
@@ -294,7 +294,7 @@ def judge(launches: Iterable[OpLaunch]) -> list[Verdict]:
         if key is not None:
             frames.setdefault(key, lc.frame)
     return [
-        Verdict(
+        MisplacedLaunch(
             kind,
             op,
             kernel,

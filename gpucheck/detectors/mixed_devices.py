@@ -38,7 +38,7 @@ from typing import Any
 from gpucheck.detectors import op_watch
 from gpucheck.detectors.base import CallWatcher, CaseInfo, WorkerContext
 from gpucheck.errors import CUDA_ERROR_MARKERS
-from gpucheck.model.results import Finding
+from gpucheck.model.results import MIXED_DEVICES, Finding
 
 #: integer / bool CPU tensors up to this many elements are host-side arguments (sizes)
 SMALL_HOST = 8
@@ -173,19 +173,10 @@ def hint(found: list[tuple[str, str, tuple[int, ...], str]]) -> str:
     )
 
 
-def cuda_error_hint(finding: Finding, what: str = "CUDA error") -> str:
-    """The hint of a CUDA error (or of a crash: ``what``) in a case where a mixed-devices
-    finding was made: it names the arguments, not a device guard."""
-    return (
-        f"the {what} follows a call of {finding.op} with tensors on different devices "
-        f"(the mixed-devices finding of this case): {finding.hint}"
-    )
-
-
 class MixedDevices(CallWatcher):
     """Looks at every watched call's tensor arguments before it runs; one finding per op."""
 
-    name = "mixed-devices"
+    name = MIXED_DEVICES
     touches_gpu = False  # what it saw of the calls before an error stands
 
     def __init__(self) -> None:

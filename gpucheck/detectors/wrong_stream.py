@@ -31,8 +31,8 @@ import os
 from gpucheck.detectors.base import BaseDetector, CaseInfo
 from gpucheck.detectors.launch_trace import (
     TRACE,
+    MisplacedLaunch,
     Unclaimed,
-    Verdict,
     Window,
     attribute,
     judge,
@@ -52,16 +52,17 @@ HINT = (
 )
 
 
-def verdicts(windows: list[Window], kind: str) -> list[tuple[Verdict, Window]]:
-    """The verdicts of ``kind`` in every window of a case, each with its window."""
+def misplaced(windows: list[Window], kind: str) -> list[tuple[MisplacedLaunch, Window]]:
+    """The misplaced launches of ``kind`` in every window of a case, each with its window."""
     return [(v, w) for w in windows for v in judge(attribute(w.events, w.log)) if v.kind == kind]
 
 
-def findings(case: CaseInfo, bad: list[tuple[Verdict, Window]]) -> list[Finding]:
+def findings(case: CaseInfo, bad: list[tuple[MisplacedLaunch, Window]]) -> list[Finding]:
     """One error finding per op (and device): one bug, however many kernels, cub/thrust
     passes and copies it launched on the wrong stream; the evidence lists each kernel."""
-    per_op: dict[tuple[str, int], dict[str, tuple[Verdict, Window, int]]] = {}
-    for v, w in bad:  # the first window's verdict of each kernel, the launches of every window
+    per_op: dict[tuple[str, int], dict[str, tuple[MisplacedLaunch, Window, int]]] = {}
+    # the first window's misplaced launch of each kernel, the launches of every window
+    for v, w in bad:
         kernels = per_op.setdefault((v.op, v.device), {})
         first, win, n = kernels.get(v.kernel, (v, w, 0))
         kernels[v.kernel] = (first, win, n + v.count)
@@ -174,4 +175,6 @@ class WrongStream(BaseDetector):
 
     def case_finished(self, case: CaseInfo) -> list[Finding]:
         windows = self.trace.finish()
-        return findings(case, verdicts(windows, "wrong-stream")) + unclaimed_findings(case, windows)
+        return findings(case, misplaced(windows, "wrong-stream")) + unclaimed_findings(
+            case, windows
+        )

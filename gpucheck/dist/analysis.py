@@ -82,7 +82,10 @@ class RankView:
 
 
 @dataclass
-class Diagnosis:
+class GroupFault:
+    """What the watchdog found wrong with a group of ranks (its kind, the ranks at fault and
+    those left waiting): the harness makes it one record of the case."""
+
     kind: str  # hang | collective-mismatch | collective-device | rank-crash | rank-failure
     message: str
     case: str | None
@@ -151,7 +154,7 @@ def _still_coming(views: list[RankView], seq: int, case: str | None) -> bool:
                and v.current_case() in (None, case) for v in views)
 
 
-def mismatch(views: list[RankView], *, timed_out: bool = False) -> Diagnosis | None:
+def mismatch(views: list[RankView], *, timed_out: bool = False) -> GroupFault | None:
     """Ranks that entered one collective (same seq) with different ops/shapes/devices, or a
     rank whose wrapper refused a tensor on another device.
 
@@ -161,7 +164,7 @@ def mismatch(views: list[RankView], *, timed_out: bool = False) -> Diagnosis | N
     for v in views:
         for e in v.entries:
             if e.get("ev") == "error" and e.get("kind") == "device":
-                return Diagnosis("collective-device", str(e["error"]), _case_of(v, e),
+                return GroupFault("collective-device", str(e["error"]), _case_of(v, e),
                                  [v.rank], [u.rank for u in views if u is not v],
                                  int(e["seq"]), e.get("op"), DEVICE_HINT, positions(views))
     by_seq: dict[int, dict[int, dict[str, Any]]] = {}
@@ -178,7 +181,7 @@ def mismatch(views: list[RankView], *, timed_out: bool = False) -> Diagnosis | N
         if len(set(kinds.values())) > 1:
             groups = _group(kinds)
             odd = min(groups, key=len)
-            return Diagnosis(
+            return GroupFault(
                 "collective-device",
                 f"collective #{seq} was entered with tensors on different kinds of device: "
                 + "; ".join(f"{_ranks(rs)}: {describe(got[rs[0]])} on "
@@ -194,7 +197,7 @@ def mismatch(views: list[RankView], *, timed_out: bool = False) -> Diagnosis | N
             hint = (SKIP_HINT if len(ops) > 1 else
                     "every rank must pass tensors of the same shape and dtype to this "
                     "collective (pad variable-sized data, or all_gather the sizes first)")
-            return Diagnosis(
+            return GroupFault(
                 "collective-mismatch",
                 f"ranks entered collective #{seq} with {what}: "
                 + "; ".join(f"{_ranks(rs)}: {describe(got[rs[0]])}" for rs in groups),
@@ -234,7 +237,7 @@ def _blocked(views: list[RankView]) -> tuple[int, dict[str, Any], list[int]] | N
     return seq, entry, waiting
 
 
-def diagnose(views: list[RankView], *, timed_out: bool = False) -> Diagnosis | None:
+def diagnose(views: list[RankView], *, timed_out: bool = False) -> GroupFault | None:
     """Why the group cannot go on, or None while it may still be fine.
 
     ``timed_out``: the current case ran past the per-case timeout (the watchdog asks).
@@ -259,12 +262,12 @@ def diagnose(views: list[RankView], *, timed_out: bool = False) -> Diagnosis | N
         else:
             entry = {}
             msg = f"{cause}; the other ranks can no longer finish their collectives"
-        return Diagnosis("rank-crash", msg, v.current_case(), [v.rank], sorted(later),
+        return GroupFault("rank-crash", msg, v.current_case(), [v.rank], sorted(later),
                          entry.get("seq"), entry.get("op"), CRASH_HINT, positions(views))
     if blocked is None:
         if timed_out:
             stuck = [v.rank for v in views if v.alive and not _at_boundary(v)]
-            return Diagnosis(
+            return GroupFault(
                 "hang", f"no collective is pending, but {_ranks(stuck or [v.rank for v in views])}"
                 f" did not finish the case within the timeout", _first_case(views),
                 stuck, [], None, None, "the stacks show where each rank is", positions(views))
@@ -281,7 +284,7 @@ def diagnose(views: list[RankView], *, timed_out: bool = False) -> Diagnosis | N
     if failed:
         v = failed[0]
         end = v.case_end(case) or {}
-        return Diagnosis(
+        return GroupFault(
             "rank-failure",
             f"rank {v.rank} failed the case before {describe(entry)} "
             f"({end.get('error') or end.get('outcome')}); {_ranks(waiting)} {_verb(waiting)} "
@@ -293,7 +296,7 @@ def diagnose(views: list[RankView], *, timed_out: bool = False) -> Diagnosis | N
     if gone:
         left = [v.rank for v in gone]
         others = [r for r in names if r not in left]
-        return Diagnosis(
+        return GroupFault(
             "hang",
             f"{_ranks(left)} did not arrive at {describe(entry)}: "
             f"{'it' if len(left) == 1 else 'they'} left the case after collective "
@@ -302,7 +305,7 @@ def diagnose(views: list[RankView], *, timed_out: bool = False) -> Diagnosis | N
             + (RENDER_MODE if _skip_hint(entry) == RENDER_HINT else ""),
             case, left, waiting, seq, entry.get("op"), _skip_hint(entry), positions(views))
     if timed_out:
-        return Diagnosis(
+        return GroupFault(
             "hang",
             f"{_ranks(names)} did not arrive at {describe(entry)} within the timeout; "
             f"{_ranks(waiting)} {_verb(waiting)} in it", case, names, waiting, seq, entry.get("op"),

@@ -1,14 +1,9 @@
-"""What the controller and its worker processes agree on besides the records: the worker's
-state file, its exit codes, the environment a pass sets, the test properties the worker's
-fixtures leave for the recorder. One place, so neither side imports the other for a name."""
+"""What the controller and its worker processes agree on besides the records and the worker's
+state file (:mod:`gpucheck.model.worker_state`): a worker's exit codes, the environment a
+pass sets, the test properties the worker's fixtures leave for the recorder. One place, so
+neither side imports the other for a name."""
 
 from __future__ import annotations
-
-import json
-import os
-from datetime import datetime, timezone
-from pathlib import Path
-from typing import Any
 
 # --- environment of a worker ------------------------------------------------------------
 #: target devices of plain pytest (``GPUCHECK_DEVICES=0,1``)
@@ -52,24 +47,3 @@ FINDING_PROPERTY = "gpucheck_finding"
 CONTEXT_LOST_PROPERTY = "gpucheck_context_lost_in"
 #: the name the recorder is registered under in a worker's plugin manager
 RECORDER = "gpucheck-recorder"
-
-
-# --- the worker's state file ------------------------------------------------------------
-def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-
-
-def write_state(path: Path, state: dict[str, Any]) -> None:
-    """Replace the state file in one step (the controller may read it at any moment)."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state))
-    os.replace(tmp, path)
-
-
-def read_state(path: Path) -> dict[str, Any]:
-    """The worker's last state: case under way, progress, pid, pending findings ({} if none)."""
-    try:
-        loaded: dict[str, Any] = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-    return loaded

@@ -6,6 +6,8 @@
     RUN/rerun.jsonl            the wrong-device check's re-runs
     RUN/nvml_timeline.jsonl    the NVML samples of the run
     RUN/workers/STEM.*         one worker process's files (WorkerFiles)
+    RUN/workers/group.*, owner*.done   a distributed group's meeting point, claimed finding,
+                               and its owners' ends (RunFolder.group_master, ...)
 
 A worker's stem is ``<device>.<mode>[.<generation>]`` (``cuda0.blocking+nvml``,
 ``cuda1.sanitizer-memcheck-target-current.2``) or, for a rank of a distributed group,
@@ -27,6 +29,13 @@ RESULTS = "results.jsonl"
 RERUN = "rerun.jsonl"
 TIMELINE = "nvml_timeline.jsonl"
 WORKERS = "workers"
+#: the reports a run writes: format -> file in the run folder (gpucheck.report.FORMATS)
+REPORTS = {
+    "html": "report.html",
+    "json": "results.json",
+    "junit": "junit.xml",
+    "sarif": "results.sarif",
+}
 #: extra record files a suite may leave in the run folder, shown by the report
 EXTRAS = ("checkpoint_lint.jsonl", "benchmarks.jsonl")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_+-]")
@@ -66,6 +75,20 @@ class RunFolder:
 
     def state_files(self) -> list[Path]:
         return sorted(self.workers.glob("*" + WorkerFiles.STATE))
+
+    # a distributed group's files (every gpucheck process that owns ranks of it reads them)
+    def group_master(self, mode: str, generation: int) -> Path:
+        """Where the group of this generation meets (``host:port``, written by rank 0's
+        owner)."""
+        return self.workers / f"group.{mode}.{generation}.master"
+
+    def group_finding(self, mode: str, generation: int) -> Path:
+        """What the first owner that found a fault in the group claimed (JSON)."""
+        return self.workers / f"group.{mode}.{generation}.finding.json"
+
+    def owner_done(self, rank: int) -> Path:
+        """Written by the process that owns ``rank`` (under torchrun) when its part ended."""
+        return self.workers / f"owner{rank}.done"
 
 
 def open_regular(path: Path) -> BinaryIO | None:

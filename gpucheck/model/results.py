@@ -44,6 +44,9 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 _FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)|^(\S+\.py):(\d+): in <module>$', re.M)
 #: a finding that says a suite's file could not be collected (imported) at all
 COLLECTION_ERROR = "collection-error"
+#: a finding that a call got tensors on different devices (the worker saves it before the
+#: call runs, so the controller finds it in the state file when the call crashes the worker)
+MIXED_DEVICES = "mixed-devices"
 
 
 def text(value: Any, limit: int = FIELD_CHARS) -> str:
@@ -115,6 +118,16 @@ class Finding:
             return None
         path, line, mpath, mline = found[-1]
         return f"{path or mpath}:{line or mline}"
+
+
+def mixed_devices_hint(finding: Finding, what: str = "CUDA error") -> str:
+    """The hint of a CUDA error (or of a crash: ``what``) in a case where a
+    :data:`MIXED_DEVICES` finding was made: it names the arguments, not a device guard (the
+    worker's recorder and the controller's crash record both give it)."""
+    return (
+        f"the {what} follows a call of {finding.op} with tensors on different devices "
+        f"(the mixed-devices finding of this case): {finding.hint}"
+    )
 
 
 @dataclass

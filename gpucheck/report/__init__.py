@@ -19,18 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from gpucheck.model.layout import RunFolder
-from gpucheck.report import document, groups, html, junit, rundata, sarif, timeline
+from gpucheck.model.layout import REPORTS
+from gpucheck.model.runlog import RunLog
+from gpucheck.report import document, groups, html, junit, rundata, sarif
 from gpucheck.report.rundata import RunData
 from gpucheck.report.verdict import Verdict, decide
 
 #: every report format: name -> file in the run folder
-FORMATS = {
-    "html": "report.html",
-    "json": "results.json",
-    "junit": "junit.xml",
-    "sarif": "results.sarif",
-}
+FORMATS = REPORTS
 #: what a run writes when no --format is given
 DEFAULT_FORMATS = ("html", "json", "junit")
 
@@ -77,16 +73,19 @@ def publish(
     *,
     allow_empty: bool | None = None,
     stopped_by: str | None = None,
+    log: RunLog | None = None,
 ) -> Published:
     """Write the reports of the run in ``run_dir`` and decide its verdict.
 
     Args:
-        run_dir: a run folder (results.jsonl, nvml_timeline.jsonl, workers/), complete or not.
+        run_dir: a run folder (:class:`gpucheck.model.layout.RunFolder`), complete or not.
         out: where the HTML page goes (default ``run_dir/report.html``); the other formats
             always go into ``run_dir``.
         formats: which of :data:`FORMATS` to write (default :data:`DEFAULT_FORMATS`).
         allow_empty: see :func:`gpucheck.report.verdict.decide`.
         stopped_by: see :func:`gpucheck.report.verdict.decide`.
+        log: the reader that already followed the run's results file (the controller's);
+            None: the file is read (see :func:`gpucheck.report.rundata.load`).
 
     Returns:
         The paths written, the verdict, the run's data and its grouped findings.
@@ -95,13 +94,10 @@ def publish(
     if unknown:
         raise ValueError(f"unknown report format(s) {unknown}; known: {', '.join(FORMATS)}")
     run_dir = Path(run_dir)
-    data = rundata.load(run_dir)
-    tl = timeline.read(RunFolder(run_dir).timeline, data.uuid_labels())
-    if tl is not None and tl.torn:
-        data.problems.append(f"{tl.torn} line(s) of nvml_timeline.jsonl could not be read")
+    data = rundata.load(run_dir, log)
     verdict = decide(data, allow_empty=allow_empty, stopped_by=stopped_by)
     grouped = groups.build(data.cases)
-    doc = document.build(data, tl, verdict, grouped)
+    doc = document.build(data, verdict, grouped)
     paths: dict[str, Path] = {}
     if "json" in formats:
         paths["json"] = _write(
@@ -121,7 +117,7 @@ def publish(
     if "html" in formats:
         html_path = Path(out) if out is not None else run_dir / FORMATS["html"]
         html_path.parent.mkdir(parents=True, exist_ok=True)
-        paths["html"] = _write(html_path, html.render(data, doc, tl, html_path, grouped, verdict))
+        paths["html"] = _write(html_path, html.render(data, doc, html_path, grouped, verdict))
     ordered = {fmt: paths[fmt] for fmt in FORMATS if fmt in paths}
     return Published(ordered, verdict, data, grouped)
 

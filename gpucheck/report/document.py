@@ -35,9 +35,10 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import asdict
-from datetime import datetime, timezone
 from typing import Any
 
+from gpucheck.model import clock
+from gpucheck.model.layout import TIMELINE
 from gpucheck.report.groups import Grouped
 from gpucheck.report.rundata import RunData
 from gpucheck.report.timeline import Timeline
@@ -67,7 +68,7 @@ def worst(statuses: Counter[str] | dict[str, int]) -> str:
 def _iso(t: float | None) -> str | None:
     if t is None:
         return None
-    return datetime.fromtimestamp(t, timezone.utc).astimezone().isoformat(timespec="seconds")
+    return clock.iso(t, "seconds")
 
 
 def matrix(data: RunData) -> list[dict[str, Any]]:
@@ -130,7 +131,7 @@ def timeline_summary(tl: Timeline | None) -> dict[str, Any] | None:
         return None
     pid_devices = tl.pid_devices()
     return {
-        "file": "nvml_timeline.jsonl",
+        "file": TIMELINE,
         "samples": tl.samples,
         "interval_s": None if tl.interval_s is None else round(tl.interval_s, 4),
         "start": _iso(tl.t0),
@@ -151,14 +152,12 @@ def timeline_summary(tl: Timeline | None) -> dict[str, Any] | None:
     }
 
 
-def build(
-    data: RunData, timeline: Timeline | None, verdict: Verdict, grouped: Grouped
-) -> dict[str, Any]:
+def build(data: RunData, verdict: Verdict, grouped: Grouped) -> dict[str, Any]:
     """The results.json document of a run."""
     interrupted = data.interrupted
     return {
         "schema": SCHEMA,
-        "generated_at": datetime.now(timezone.utc).astimezone().isoformat(timespec="seconds"),
+        "generated_at": clock.now("seconds"),
         "run_dir": str(data.run_dir),
         "run": data.header.raw if data.header else None,
         "state": {
@@ -171,6 +170,6 @@ def build(
         **grouped.to_json(),
         "findings": findings_by_kind(data),
         "cases": [r.to_json() for r in data.cases],
-        "timeline": timeline_summary(timeline),
+        "timeline": timeline_summary(data.timeline),
         "extras": data.extras,
     }

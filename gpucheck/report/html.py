@@ -22,10 +22,12 @@ import jinja2
 
 from gpucheck.model.results import BAD_STATUSES, CaseRecord
 from gpucheck.model.runlog import RunHeader
-from gpucheck.report import cards, evidence, timeline
+from gpucheck.report import cards, evidence
+from gpucheck.report import plots as plots_mod
 from gpucheck.report.document import SEVERITY_ORDER
 from gpucheck.report.groups import Grouped
 from gpucheck.report.rundata import EXTRA_TITLES, RunData
+from gpucheck.report.timeline import BUCKETS
 from gpucheck.report.verdict import Verdict
 
 #: rows of the cross-device comparison
@@ -293,14 +295,13 @@ def _json_script(value: Any) -> str:
 def render(
     data: RunData,
     doc: dict[str, Any],
-    tl: timeline.Timeline | None,
     out: Path,
     grouped: Grouped,
     verdict: Verdict,
 ) -> str:
     """The HTML page of a run (``out`` is where it will be written: links are relative)."""
     t0 = time.perf_counter()
-    plots = timeline.plots(data, tl) if tl is not None else []
+    plots = plots_mod.plots(data)
     cell_groups = _cell_groups(data)
     cell_of = {i: cell_id for cell_id, _, _, indices in cell_groups for i in indices}
     findings, card_of_case = cards.sections(data, grouped, cell_of)
@@ -321,7 +322,7 @@ def render(
         "findings": findings,
         "plots": plots,
         "timeline": doc["timeline"],
-        "buckets": timeline.BUCKETS,
+        "buckets": BUCKETS,
         "compare": _compare(data),
         "extras": _extras(data),
         "logs": _logs(data, out),

@@ -8,15 +8,13 @@ could not be read becomes a note (``RunData.problems``) that the report shows.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from gpucheck.model import results
+from gpucheck.model import clock, results, worker_state
 from gpucheck.model.layout import (
     EXTRAS,
     RunFolder,
@@ -27,6 +25,9 @@ from gpucheck.model.layout import (
 )
 from gpucheck.model.results import CaseRecord
 from gpucheck.model.runlog import Resume, RunEnd, RunHeader, RunLog
+from gpucheck.model.worker_state import WorkerState
+from gpucheck.report import timeline as timeline_mod
+from gpucheck.report.timeline import Timeline
 
 #: extra tables: record type -> title (checkpoint lint, benchmarks; later producers add theirs)
 EXTRA_TITLES = {
@@ -36,23 +37,13 @@ EXTRA_TITLES = {
 }
 
 
-def parse_time(value: Any) -> float | None:
-    """An ISO-8601 timestamp (as the package writes them) as epoch seconds, or None."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
 def case_span(record: CaseRecord) -> tuple[float, float] | None:
     """(start, end) of a case in epoch seconds.
 
     Records the harness writes for crashed and hung cases are stamped when the harness
     noticed the death, i.e. at the end of the case; worker records at its start.
     """
-    t = parse_time(record.started_at)
+    t = clock.parse(record.started_at)
     if t is None:
         return None
     if record.status in ("crashed", "hung") or record.harness_made:
@@ -80,6 +71,10 @@ class RunData:
     resumes: list[Resume] = field(default_factory=list)  # ``--resume`` records
     extras: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     workers: list[WorkerProgress] = field(default_factory=list)
+    #: every worker's last state (``workers/STEM.state.json``), by stem
+    states: dict[str, WorkerState] = field(default_factory=dict)
+    #: the NVML timeline, downsampled (None: the run has none, or none could be read)
+    timeline: Timeline | None = None
     logs: list[Path] = field(default_factory=list)
     torn_lines: int = 0
     problems: list[str] = field(default_factory=list)
@@ -131,62 +126,70 @@ class RunData:
         return why
 
     def started(self) -> float | None:
-        t = parse_time(self.header.started_at if self.header else None)
+        t = clock.parse(self.header.started_at if self.header else None)
         if t is not None:
             return t
         starts = [s[0] for s in map(case_span, self.cases) if s]
         return min(starts) if starts else None
 
     def finished(self) -> float | None:
-        t = parse_time(self.end.finished_at if self.end else None)
+        t = clock.parse(self.end.finished_at if self.end else None)
         if t is not None:
             return t
         ends = [s[1] for s in map(case_span, self.cases) if s]
         return max(ends) if ends else None
 
 
-def _worker_progress(workers_dir: Path) -> list[WorkerProgress]:
-    chains: dict[str, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
+def _states(workers_dir: Path) -> dict[str, WorkerState]:
+    """stem -> the last state of every worker of the run that left a readable one."""
+    out = {}
     for path in sorted(workers_dir.glob("*" + WorkerFiles.STATE)):
-        files = WorkerFiles.of_state(path)
-        device, mode, generation = parse_stem(files.stem)
-        base = f"{device}.{mode}"
-        try:
-            state = json.loads(read_regular(path) or "")
-        except (json.JSONDecodeError, RecursionError):
-            continue
-        if not isinstance(state, dict):
-            continue
-        skipped = read_regular(files.skip, 64 << 20)
-        base_done = len(skipped.split()) if skipped else 0
-        chains[base].append((generation, {**state, "base_done": base_done}))
+        state = worker_state.read(path)
+        if state is not None:
+            out[WorkerFiles.of_state(path).stem] = state
+    return out
+
+
+def _worker_progress(workers_dir: Path, states: dict[str, WorkerState]) -> list[WorkerProgress]:
+    """Where each (device, mode) chain of workers stopped: its last generation's state, the
+    cases its earlier generations recorded (its skip file)."""
+    chains: dict[str, list[tuple[int, WorkerState, int]]] = defaultdict(list)
+    for stem, state in states.items():
+        device, mode, generation = parse_stem(stem)
+        skipped = read_regular(WorkerFiles(workers_dir, stem).skip, 64 << 20)
+        chains[f"{device}.{mode}"].append(
+            (generation, state, len(skipped.split()) if skipped else 0)
+        )
     out = []
-    for base, states in sorted(chains.items()):
-        generation, last = max(states, key=lambda x: x[0])
-        first_total = min(states, key=lambda x: x[0])[1].get("total")
-        case = last.get("case")
+    for base, chain in sorted(chains.items()):
+        generation, last, base_done = max(chain, key=lambda x: x[0])
+        first_total = min(chain, key=lambda x: x[0])[1].total
         out.append(
             WorkerProgress(
                 stem=base,
-                case=results.text(case, 2000) if case else None,
-                done=_count(last.get("base_done")) + _count(last.get("done")),
-                total=_count(first_total) or _count(last.get("total")),
+                case=last.case,
+                done=base_done + last.done,
+                total=first_total or last.total or 0,
                 generations=generation + 1,
             )
         )
     return out
 
 
-def _count(value: Any) -> int:
-    """A count of a state file (0 where the file holds anything else)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+def load(run_dir: Path, log: RunLog | None = None) -> RunData:
+    """Read a run folder (complete or not) into a RunData: its results, its workers' states
+    and its NVML timeline, each once; every report is made from it.
 
-
-def load(run_dir: Path) -> RunData:
-    """Read a run folder (complete or not) into a RunData (read its ``devices`` and
-    ``suites`` only once it is filled: they are cached)."""
+    Args:
+        run_dir: the run folder.
+        log: the reader of its results file that has already followed it (the controller's,
+            at the end of a run): only what was appended since is read. None: read the file.
+    """
     path = RunFolder(run_dir).results
-    log = RunLog.read(path)
+    if log is None:
+        log = RunLog.read(path)
+    else:
+        log.refresh(final=True)
     data = RunData(
         run_dir=run_dir,
         header=log.header,
@@ -230,10 +233,17 @@ def load(run_dir: Path) -> RunData:
         data.problems.append(
             "results.jsonl is not a regular file (a link or a FIFO): it was not read"
         )
-    workers = RunFolder(run_dir).workers
+    folder = RunFolder(run_dir)
+    workers = folder.workers
     if workers.is_dir() and not workers.is_symlink():
-        data.workers = _worker_progress(workers)
+        data.states = _states(workers)
+        data.workers = _worker_progress(workers, data.states)
         data.logs = sorted(
             p for p in workers.iterdir() if p.suffix in (".log", ".txt", ".cmd") and is_regular(p)
+        )
+    data.timeline = timeline_mod.read(folder.timeline, data.uuid_labels())
+    if data.timeline is not None and data.timeline.torn:
+        data.problems.append(
+            f"{data.timeline.torn} line(s) of {folder.timeline.name} could not be read"
         )
     return data

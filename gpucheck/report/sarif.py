@@ -25,17 +25,17 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import quote
 
 import gpucheck
+from gpucheck.model import clock
 from gpucheck.model.results import CaseRecord
 from gpucheck.model.runlog import RunHeader
 from gpucheck.report import evidence
 from gpucheck.report.groups import Group, Grouped, Occurrence, sanitizer_record, signature
-from gpucheck.report.rundata import RunData, parse_time
+from gpucheck.report.rundata import RunData
 from gpucheck.report.verdict import Verdict
 
 SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -251,7 +251,7 @@ def _results(
 def _utc(t: float | None) -> str | None:
     if t is None:
         return None
-    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return clock.iso(t, "microseconds").replace("+00:00", "Z")  # SARIF's form of UTC
 
 
 def build(
@@ -318,7 +318,7 @@ def build(
             "verdict": verdict.name,
             "run_id": data.run_id,
             "devices": data.devices,
-            "started": _utc(parse_time(header.started_at)),
+            "started": _utc(clock.parse(header.started_at)),
         },
     }
     return {"$schema": SCHEMA_URI, "version": VERSION, "runs": [run]}

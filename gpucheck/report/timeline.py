@@ -1,57 +1,21 @@
-"""NVML memory timelines (``nvml_timeline.jsonl``) as plot geometry for inline SVG.
+"""NVML memory timelines (:mod:`gpucheck.model.timeline`) downsampled for the report.
 
 Each line of the timeline is one sample of every GPU: total used memory and each process's
-memory. An hour at 50 ms is 72,000 samples per GPU; the plot keeps ``BUCKETS`` time buckets and
-the *maximum* of each series in each bucket (a memory peak must never be averaged away). A
-process absent from a bucket breaks its line: the line starts when the process creates its
-context on that GPU and ends when it exits. A process seen on more than one GPU is flagged: a
-worker is started for one device, so a second GPU in its list is a stray context — unless the
-harness put it there: a worker of a pass with another device current holds a context on that
-device by design (the poisoned device). Workers are known by the pid in their state files
-(``workers/*.state.json``); an unknown process on two GPUs is always flagged.
+memory. An hour at 50 ms is 72,000 samples per GPU; the report keeps ``BUCKETS`` time buckets
+and the *maximum* of each series in each bucket (a memory peak must never be averaged away).
+A process absent from a bucket breaks its line: the line starts when the process creates its
+context on that GPU and ends when it exits. The plots drawn from it: :mod:`.plots`.
 """
 
 from __future__ import annotations
 
-import json
-import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from gpucheck.model.layout import (
-    RunFolder,
-    WorkerFiles,
-    device_in_stem,
-    mode_in_stem,
-    open_regular,
-    parse_stem,
-    read_regular,
-)
-from gpucheck.model.results import BAD_STATUSES
-from gpucheck.report.rundata import RunData, case_span
+from gpucheck.model import timeline as model_timeline
 
 BUCKETS = 600
-WIDTH, HEIGHT = 1000.0, 200.0
-LEFT, RIGHT, TOP, BOTTOM = 58.0, 8.0, 10.0, 22.0
-#: case boundaries are drawn for every case up to this many per device; above, only the
-#: cases that did not pass (the rest would be a grey smear)
-MAX_BOUNDARIES = 400
-GIB = 1024**3
-#: process colours (no grey: the GPU's total is the grey line)
-PALETTE = (
-    "#1f77b4",
-    "#ff7f0e",
-    "#2ca02c",
-    "#9467bd",
-    "#8c564b",
-    "#e377c2",
-    "#17becf",
-    "#bcbd22",
-    "#d62728",
-    "#393b79",
-)
 
 
 @dataclass
@@ -97,217 +61,35 @@ class Timeline:
         return out
 
 
-#: what a line of a timeline someone else wrote may raise when it is read (not JSON, fields
-#: of other types, numbers out of range): the line is counted as torn
-BAD_LINE = (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError)
-
-
-def _time(line: bytes | str) -> float | None:
-    """The time of one sample line, or None (not a sample, or not a finite number)."""
-    try:
-        t = float(json.loads(line)["t"])
-    except BAD_LINE:
-        return None
-    return t if math.isfinite(t) else None
-
-
-def _edges(path: Path) -> tuple[float, float] | None:
-    """Time of the first and of the last readable sample, without parsing the rest."""
-    first = last = None
-    f = open_regular(path)
-    if f is None:
-        return None
-    with f:
-        for line in f:
-            first = _time(line)
-            if first is not None:
-                break
-        f.seek(0, 2)
-        size = f.tell()
-        f.seek(max(0, size - 65536))
-        for line in reversed(f.read().splitlines()):
-            last = _time(line)
-            if last is not None:
-                break
-    return None if first is None or last is None else (first, max(last, first + 1e-3))
-
-
 def read(path: Path, labels: dict[str, str], buckets: int = BUCKETS) -> Timeline | None:
     """Downsample a timeline file; None when it is missing or has no readable sample."""
-    edges = _edges(path)
+    edges = model_timeline.edges(path)
     if edges is None:
         return None
     t0, t1 = edges
     scale = (buckets - 1) / (t1 - t0)
     devices: dict[str, DeviceTimeline] = {}
     samples = torn = 0
-    f = open_regular(path)
-    if f is None:
-        return None
-    with f:
-        for line in f:
-            try:
-                sample = json.loads(line)
-                t = float(sample["t"])
-                if not t0 <= t <= t1:  # out of order, or not a finite time
-                    raise ValueError(t)
-                b = min(buckets - 1, max(0, int((t - t0) * scale)))
-                rows = sample["devices"]
-                for row in rows:  # the hot loop of an hour-long timeline: kept inline
-                    uuid = str(row.get("uuid"))
-                    dev = devices.get(uuid)
-                    if dev is None:
-                        index = int(row.get("nvml_index", len(devices)))
-                        label = labels.get(uuid, f"GPU {index} (not targeted)")
-                        dev = devices[uuid] = DeviceTimeline(uuid, index, label, Series("used"), {})
-                    used = row.get("used")
-                    if used is not None and float(used) > dev.used.values.get(b, -1):
-                        dev.used.values[b] = int(used)
-                    for pid, used in (row.get("processes") or {}).items():
-                        series = dev.processes.get(pid)
-                        if series is None:
-                            series = dev.processes[pid] = Series(str(pid))
-                        if float(used or 0) > series.values.get(b, -1):
-                            series.values[b] = int(used or 0)
-            except BAD_LINE:
-                torn += 1
-                continue
-            samples += 1
+    for sample in model_timeline.samples(path):
+        if sample is None or not t0 <= sample.t <= t1:  # torn, or out of order
+            torn += 1
+            continue
+        b = min(buckets - 1, max(0, int((sample.t - t0) * scale)))
+        for row in sample.devices:  # the hot loop of an hour-long timeline: kept inline
+            dev = devices.get(row.uuid)
+            if dev is None:
+                index = len(devices) if row.nvml_index is None else row.nvml_index
+                label = labels.get(row.uuid, f"GPU {index} (not targeted)")
+                dev = devices[row.uuid] = DeviceTimeline(row.uuid, index, label, Series("used"), {})
+            if row.used is not None and row.used > dev.used.values.get(b, -1):
+                dev.used.values[b] = row.used
+            for pid, used in (row.processes or {}).items():
+                series = dev.processes.get(pid)
+                if series is None:
+                    series = dev.processes[pid] = Series(pid)
+                if (used or 0) > series.values.get(b, -1):
+                    series.values[b] = used or 0
+        samples += 1
     ordered = sorted(devices.values(), key=lambda d: d.nvml_index)
     interval = (t1 - t0) / (samples - 1) if samples > 1 else None
     return Timeline(t0, t1, samples, interval, ordered, torn)
-
-
-def _fmt_gib(value: float) -> str:
-    return f"{value / GIB:.2f} GiB" if value >= GIB / 100 else f"{value / 2**20:.0f} MiB"
-
-
-def _fmt_t(seconds: float) -> str:
-    if seconds >= 3600:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 60:.1f} min" if seconds >= 120 else f"{seconds:.0f} s"
-
-
-def _polylines(series: Series, x: Any, y: Any) -> list[str]:
-    """SVG ``points`` strings, one per run of consecutive buckets where the series exists."""
-    lines: list[str] = []
-    current: list[str] = []
-    prev = None
-    for b in sorted(series.values):
-        if prev is not None and b != prev + 1:
-            lines.append(" ".join(current))
-            current = []
-        current.append(f"{x(b):.1f},{y(series.values[b]):.1f}")
-        prev = b
-    if current:
-        if len(current) == 1 and prev is not None:  # a single bucket: a visible step
-            current.append(f"{x(prev) + 2:.1f},{current[0].split(',')[1]}")
-        lines.append(" ".join(current))
-    return lines
-
-
-def expected_devices(data: RunData) -> dict[int, set[str]]:
-    """pid -> the GPUs the harness meant that worker to touch: its target and, in a pass with
-    another device current, that device (from the state files and the case records)."""
-    current: dict[tuple[str, str], set[str]] = {}
-    for r in data.cases:
-        if r.current_device:
-            key = (device_in_stem(r.device), mode_in_stem(r.mode))
-            current.setdefault(key, set()).add(r.current_device)
-    out: dict[int, set[str]] = {}
-    for path in RunFolder(data.run_dir).state_files():
-        try:
-            pid = int(json.loads(read_regular(path) or "").get("pid"))
-        except BAD_LINE:
-            continue
-        device, mode, _ = parse_stem(WorkerFiles.of_state(path).stem)
-        label = f"cuda:{device.removeprefix('cuda')}" if device.startswith("cuda") else device
-        out[pid] = {label, *current.get((device, mode), set())}
-    return out
-
-
-def plots(data: RunData, timeline: Timeline, buckets: int = BUCKETS) -> list[dict[str, Any]]:
-    """Geometry of one plot per GPU, for the template."""
-    span = timeline.t1 - timeline.t0
-    meant = expected_devices(data)
-    pw, ph = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
-    pid_devices = timeline.pid_devices()
-    colours = {pid: PALETTE[i % len(PALETTE)] for i, pid in enumerate(sorted(pid_devices))}
-    out = []
-    for dev in timeline.devices:
-        highest = max([dev.used.peak, *(s.peak for s in dev.processes.values())], default=0)
-        top = max(highest * 1.08, GIB / 4)
-
-        def x(b: float) -> float:
-            return LEFT + pw * b / (buckets - 1)
-
-        def y(v: float, top: float = top) -> float:
-            return TOP + ph * (1 - v / top)
-
-        def tx(t: float) -> float:
-            return LEFT + pw * min(1.0, max(0.0, (t - timeline.t0) / span))
-
-        lines = []
-        for pid, series in sorted(dev.processes.items()):
-            others = [lab for lab in pid_devices[pid] if lab != dev.label]
-            mine = meant.get(int(pid) if pid.isdigit() else -1, set())
-            stray = [lab for lab in others if lab not in mine]
-            lines.append(
-                {
-                    "pid": pid,
-                    "colour": colours[pid],
-                    "peak": _fmt_gib(series.peak),
-                    "points": _polylines(series, x, y),
-                    "others": others,
-                    "stray": stray,
-                }
-            )
-        cases = [r for r in data.cases if r.device == dev.label]
-        bad = [r for r in cases if r.status in BAD_STATUSES]
-        shown = cases if len(cases) <= MAX_BOUNDARIES else bad
-        marks = []
-        for r in shown:
-            s = case_span(r)
-            if s is None or s[1] < timeline.t0 or s[0] > timeline.t1:
-                continue
-            marks.append(
-                {
-                    "x": round(tx(s[0]), 1),
-                    "w": round(max(0.6, tx(s[1]) - tx(s[0])), 1),
-                    "status": r.status,
-                    "title": f"{r.status}: {r.case} ({r.mode}, {r.duration_s:.2f} s)",
-                }
-            )
-        yticks = [
-            {"y": round(y(top * f / 1.08), 1), "label": _fmt_gib(top * f / 1.08)}
-            for f in (0.0, 0.5, 1.0)
-        ]
-        xticks = [
-            {"x": round(LEFT + pw * f, 1), "label": _fmt_t(span * f)}
-            for f in (0.0, 0.25, 0.5, 0.75, 1.0)
-        ]
-        out.append(
-            {
-                "label": dev.label,
-                "uuid": dev.uuid,
-                "nvml_index": dev.nvml_index,
-                "targeted": dev.label in data.devices,
-                "used_points": _polylines(dev.used, x, y),
-                "used_peak": _fmt_gib(dev.used.peak),
-                "lines": lines,
-                "marks": marks,
-                "yticks": yticks,
-                "xticks": xticks,
-                "marks_note": ""
-                if shown is cases
-                else f"{len(cases)} cases: only the {len(bad)} that did not pass are marked",
-                "stray": any(line["stray"] for line in lines),
-                "width": WIDTH,
-                "height": HEIGHT,
-                "left": LEFT,
-                "right": WIDTH - RIGHT,
-                "top": TOP,
-                "bottom": HEIGHT - BOTTOM,
-            }
-        )
-    return out

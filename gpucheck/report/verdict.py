@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpucheck.errors import EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE
+from gpucheck.model.layout import RunFolder
 from gpucheck.model.results import BAD_STATUSES, COLLECTION_ERROR, CaseRecord
 from gpucheck.report.rundata import RunData
 
@@ -126,13 +127,13 @@ def decide(
     problems = []
     if data.torn_lines and data.header is None and not data.cases and not data.interrupted:
         problems.append(
-            f"{data.run_dir / 'results.jsonl'} is not a gpucheck results file: "
+            f"{RunFolder(data.run_dir).results} is not a gpucheck results file: "
             f"none of its {data.torn_lines} line(s) is a record gpucheck writes "
             "(no run header, no case)"
         )
     elif data.torn_lines:
         problems.append(
-            f"{data.torn_lines} line(s) of {data.run_dir / 'results.jsonl'} could "
+            f"{data.torn_lines} line(s) of {RunFolder(data.run_dir).results} could "
             "not be read (a writer was killed mid-line, or the file was edited): "
             "the cases they held are missing from every report"
         )

@@ -22,14 +22,14 @@ import pytest
 
 from gpucheck import nvml
 from gpucheck.detectors import leak as leak_mod
-from gpucheck.detectors import mixed_devices, op_watch
+from gpucheck.detectors import op_watch
 from gpucheck.detectors.base import CaseInfo, WorkerContext
 from gpucheck.detectors.registry import worker_detectors
 from gpucheck.errors import CUDA_ERROR_MARKERS, OutputProblem, sticky_cuda_error_line
-from gpucheck.model import contract, results
-from gpucheck.model.contract import now_iso, write_state
+from gpucheck.model import clock, contract, results, worker_state
 from gpucheck.model.layout import WorkerFiles
 from gpucheck.model.results import EVIDENCE_CHARS, CaseRecord, Finding
+from gpucheck.model.worker_state import WorkerState
 from gpucheck.nvml_sampler import CasePeaks, Sampler
 from gpucheck.sanitizer.findings import read_records, sanitizer_findings
 from gpucheck.worker import guard
@@ -78,7 +78,7 @@ class Recorder:
         self.started: dict[str, tuple[float, str, float]] = {}  # monotonic, iso, epoch
         self.allocated_at_start: dict[str, int] = {}  # PyTorch allocated on the target
         self.detectors = DetectorLoop(worker_detectors())
-        self.pending: list[dict[str, Any]] = []  # findings made before a call that may crash
+        self.pending: list[Finding] = []  # findings made before a call that may crash
         self.last_state: dict[str, Any] = {}
         context = WorkerContext(self.device_index, self.uuid, self._persist)
         for d in self.detectors.detectors:
@@ -112,7 +112,7 @@ class Recorder:
 
     def _persist(self, findings: list[Finding]) -> None:
         """A detector's findings of the case under way, into the state file now."""
-        self.pending = [dict(f.__dict__) for f in findings]
+        self.pending = list(findings)
         self._state(**self.last_state)
 
     def _state(
@@ -135,29 +135,29 @@ class Recorder:
         try:
             self._write_state(case, exit_reason, current_device, op)
         except OSError as err:  # the state would lag the records: stop, like a record
-            if exit_reason != "output-error":
+            if exit_reason != worker_state.OUTPUT_ERROR:
                 self._output_failed(f"cannot write {self.state_path}: {err.strerror or err}")
 
     def _write_state(
         self, case: str | None, exit_reason: str | None, current_device: str | None, op: str | None
     ) -> None:
         assert self.state_path is not None
-        write_state(
+        worker_state.write(
             self.state_path,
-            {
-                "case": self.ids.get(case, case) if case else None,
-                "suite": self.suite_of(self._path_of(case)) if case else None,
-                "current_device": current_device,
-                "op": op,
-                "started": self.started[case][2] if case in self.started else time.time(),
-                "done": self.done,
-                "total": self.total,
-                "findings": self.findings,
-                "pid": os.getpid(),
-                "exit_reason": exit_reason,
-                "sanitizer_offsets": self.san_offsets,
-                "pending_findings": self.pending,
-            },
+            WorkerState(
+                case=self.ids.get(case, case) if case else None,
+                suite=self.suite_of(self._path_of(case)) if case else None,
+                current_device=current_device,
+                op=op,
+                started=self.started[case][2] if case in self.started else time.time(),
+                done=self.done,
+                total=self.total,
+                findings=self.findings,
+                pid=os.getpid(),
+                exit_reason=exit_reason,
+                sanitizer_offsets=self.san_offsets,
+                pending_findings=self.pending,
+            ),
         )
 
     def _path_of(self, nodeid: str) -> Path:
@@ -254,7 +254,7 @@ class Recorder:
             mode=self.mode,
             status="error",
             reason=message,
-            started_at=now_iso(),
+            started_at=clock.now(),
             findings=[
                 Finding(
                     kind="collection-error",
@@ -283,11 +283,11 @@ class Recorder:
         with contextlib.suppress(OSError):
             os.write(2, f"\ngpucheck: {why}\n".encode(errors="replace"))
         with contextlib.suppress(OSError):
-            self._state(None, exit_reason="output-error")
+            self._state(None, exit_reason=worker_state.OUTPUT_ERROR)
         os._exit(contract.EXIT_OUTPUT_ERROR)
 
     def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
-        self.started[nodeid] = (time.monotonic(), now_iso(), time.time())
+        self.started[nodeid] = (time.monotonic(), clock.now(), time.time())
         t0 = time.perf_counter()
         self.process_state[nodeid] = guard.ProcessState.now()
         cuda = _torch_cuda()
@@ -357,7 +357,7 @@ class Recorder:
         if guard.is_fork_of(self.pid):  # a fork of this worker writes no record
             os._exit(0)
         reports = self.reports.pop(nodeid, [])
-        t0, started_at, _ = self.started.pop(nodeid, (time.monotonic(), now_iso(), 0.0))
+        t0, started_at, _ = self.started.pop(nodeid, (time.monotonic(), clock.now(), 0.0))
         t1 = time.perf_counter()
         self._process_findings(nodeid)
         self._spent(nodeid, time.perf_counter() - t1)
@@ -371,7 +371,7 @@ class Recorder:
             # let the harness continue in a fresh process.
             sys.stderr.write(f"gpucheck: CUDA context lost in {nodeid}; worker exits\n")
             sys.stderr.flush()
-            self._state(None, exit_reason="context-lost")
+            self._state(None, exit_reason=worker_state.CONTEXT_LOST)
             os._exit(contract.EXIT_CONTEXT_LOST)
 
     def _spent(self, nodeid: str, seconds: float) -> None:
@@ -459,9 +459,9 @@ class Recorder:
         attached = self.detector_findings.pop(nodeid, [])
         if call_failure is not None and _said_by(call_failure, attached):
             findings.remove(call_failure)
-        mixed = next((f for f in attached if f.kind == mixed_devices.MixedDevices.name), None)
+        mixed = next((f for f in attached if f.kind == results.MIXED_DEVICES), None)
         if call_failure is not None and call_failure.kind == "cuda-error" and mixed:
-            call_failure.hint = mixed_devices.cuda_error_hint(mixed)  # not a device guard
+            call_failure.hint = results.mixed_devices_hint(mixed)  # not a device guard
         stood_down = self.stood_down.pop(nodeid, None)
         if stood_down and call_failure is not None:  # one note, on the error that caused it
             call_failure.evidence = f"{stood_down_note(stood_down)}\n{call_failure.evidence or ''}"

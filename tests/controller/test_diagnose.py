@@ -1,4 +1,4 @@
-"""The run-level diagnosis (pipeline._diagnose) adding the memory detectors' findings to a
+"""The run-level diagnosis (pipeline.diagnose) adding the memory detectors' findings to a
 run's results.jsonl."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from memkit import STORY3_TORCH20, GiB, failed, sized
 
 from gpucheck.controller import pipeline
 from gpucheck.model import results
+from gpucheck.model.runlog import RunLog
 
 
 def test_diagnose_adds_memory_findings(tmp_path):
@@ -26,7 +27,7 @@ def test_diagnose_adds_memory_findings(tmp_path):
     )
     for r in [failed(STORY3_TORCH20), *(sized(n, 4 * n * n) for n in (1024, 2048, 4096))]:
         results.append(path, {**r.to_json(), "run_id": "r1"})
-    made = pipeline._diagnose(tmp_path, path, "r1")
+    made = pipeline.diagnose(RunLog(path), RunLog(tmp_path / "rerun.jsonl"), "r1")
     kinds = sorted(d.findings[0].kind for d in made)
     assert kinds == ["memory-growth", "oom-anomaly"]
     assert all(d.mode == "blocking+nvml" for d in made)

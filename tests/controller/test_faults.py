@@ -33,7 +33,7 @@ from faultkit import (
     worker_pid,
 )
 
-from gpucheck.controller.harness import LOG_CAP
+from gpucheck.controller.spawning import LOG_CAP
 from gpucheck.model import results
 
 # --- row 1: a worker SIGKILLed mid-case ------------------------------------------------------
@@ -275,7 +275,7 @@ def _drop_dac_override() -> None:
     ],
 )
 def test_the_output_fault_line_always_says_how_to_finish_the_run(tmp_path, worker_said):
-    from gpucheck.controller.harness import output_fault
+    from gpucheck.controller.deaths import output_fault
 
     out = tmp_path / "out"
     line = output_fault(f"some output\n{worker_said.format(out=out)}\n", out, "cpu blocking")

@@ -382,25 +382,25 @@ def test_py_spy_missing_or_refused_leaves_the_python_stacks(tmp_path, how):
 
 # --- row 9: NVML failing mid-run ---------------------------------------------------------------
 
-#: the controller's side of a pass in mode nvml (pipeline._run_harness: the workers and the
-#: parent's NVML timeline), in a process of its own: the shim is loaded at its start
+#: the controller's side of a pass in mode nvml (pipeline.Run.harness_pass: the workers and
+#: the parent's NVML timeline), in a process of its own: the shim is loaded at its start
 NVML_PASS = """\
 import json, sys
 from pathlib import Path
 from gpucheck.controller import pipeline
-from gpucheck.controller.config import make_console
-from gpucheck.controller.harness import WorkerSpec
+from gpucheck.controller.config import RunConfig, make_console
 from gpucheck.controller.progress import Progress
+from gpucheck.controller.spawning import WorkerSpec
 from gpucheck.model.runlog import RunLog
 out, suite, uuid = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 out.mkdir()
 spec = WorkerSpec("cpu", None, uuid, {"demo": suite}, "nvml", {"CUDA_VISIBLE_DEVICES": ""},
                   [], 0.02)
-notes = []
+run = pipeline.Run(RunConfig(timeout=60.0))
+run.out, run.run_id = out, "r1"
 with Progress(make_console(), quiet=True) as progress:
-    pipeline._run_harness([spec], out, RunLog(out / "results.jsonl"), "r1", 60.0, progress,
-                          notes, 0.02)
-print(json.dumps(notes))
+    run.harness_pass([spec], RunLog(out / "results.jsonl"), progress, 0.02)
+print(json.dumps(run.notes))
 """
 
 

@@ -134,7 +134,7 @@ def test_sanitizer_records_are_attributed_to_their_case(setup, tmp_path):
 
 
 def test_worker_command_under_the_sanitizer(setup, tmp_path):
-    from gpucheck.controller.harness import worker_command
+    from gpucheck.controller.spawning import worker_command
 
     tool, suite = setup
     spec = WorkerSpec(

@@ -22,7 +22,7 @@ import torch  # noqa: F401  (before pytester's in-process runs: torch cannot be 
 from gpucheck import cli
 from gpucheck.controller import config
 from gpucheck.controller.suites import PROJECT_SUITES
-from gpucheck.model import results
+from gpucheck.model import clock, results
 
 SUITE = textwrap.dedent("""
     import os, time, pytest
@@ -127,7 +127,7 @@ def test_default_folders_are_unique_within_one_second(tmp_path, monkeypatch):
         def now(cls, tz=None):
             return datetime(2026, 11, 23, 22, 0, 0)
 
-    monkeypatch.setattr(config, "datetime", Frozen)
+    monkeypatch.setattr(clock, "datetime", Frozen)
     monkeypatch.chdir(tmp_path)
     made = [config.prepare_out(None) for _ in range(3)]
     assert [p.name for p in made] == ["20261123-220000", "20261123-220000-2", "20261123-220000-3"]

@@ -12,6 +12,7 @@ import torch
 
 from gpucheck.detectors import CaseInfo, MixedDevices, worker_detectors
 from gpucheck.detectors import mixed_devices as md
+from gpucheck.model.results import mixed_devices_hint
 
 CASE = CaseInfo("cuda:0", "s", "test_x.py::test_x[cuda0]")
 
@@ -121,11 +122,11 @@ def test_a_torch_op_with_a_cpu_tensor_among_others_is_named_before_it_runs():
     assert "argument 1 (background) on cpu; argument 0 (image) on meta" in f.message
     assert "called from" in f.message and "test_mixed_devices.py:" in f.message
     assert persisted and persisted[0][0].op == "gpucheck_mixed_test::blend"
-    assert md.cuda_error_hint(f).startswith(
+    assert mixed_devices_hint(f).startswith(
         "the CUDA error follows a call of gpucheck_mixed_test::blend with tensors on "
         "different devices"
     )
-    assert "argument 1 (background) on cpu" in md.cuda_error_hint(f)
+    assert "argument 1 (background) on cpu" in mixed_devices_hint(f)
 
 
 @torch.library.custom_op("gpucheck_mixed_test::checked", mutates_args=())

@@ -19,7 +19,7 @@ import pytest
 
 from gpucheck.detectors import CaseInfo
 from gpucheck.detectors.launch_trace import Window, attribute, candidates, judge, unclaimed
-from gpucheck.detectors.wrong_stream import findings, unclaimed_findings, verdicts
+from gpucheck.detectors.wrong_stream import findings, misplaced, unclaimed_findings
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "launches"
 CASE = CaseInfo("cuda:0", "selftest", "test_defect_pybind.py::test_x[cuda0]")
@@ -50,7 +50,7 @@ def windows(name: str) -> list[Window]:
 
 def wrong_stream(name: str) -> list:
     ws = windows(name)
-    return findings(CASE, verdicts(ws, "wrong-stream")) + unclaimed_findings(CASE, ws)
+    return findings(CASE, misplaced(ws, "wrong-stream")) + unclaimed_findings(CASE, ws)
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
@@ -212,7 +212,7 @@ def test_one_bug_is_one_finding_however_many_kernels_it_launched():
     """cub's reduction on stream 0 runs two kernels (and, recorded twice over, as many again):
     one finding for the op, every kernel and its launches listed in the evidence."""
     ws = windows("pybind_cub_stream0")
-    bad = verdicts(ws, "wrong-stream")
+    bad = misplaced(ws, "wrong-stream")
     assert len({v.kernel for v, _ in bad}) >= 2  # several kernels of the one op
     [f] = findings(CASE, bad + bad)
     assert f.op == "gpucheck_pybind_cub_stream0.scale_backward"

@@ -302,6 +302,6 @@ def test_a_two_gpu_run_reports_the_stream_findings_of_its_reruns(tmp_path):
     )
     results.append(folder.results, first.to_json())
     results.append(folder.rerun, again.to_json())
-    pipeline._diagnose(tmp_path, folder.results, "r")
+    pipeline.diagnose(RunLog(folder.results), RunLog(folder.rerun), "r")
     case = RunLog.read(folder.results).diagnosed_cases()[0]
     assert sorted(f.kind for f in case.findings) == ["cuda-error", "wrong-device", "wrong-stream"]

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from gpucheck.detectors import CaseInfo, KernelDevice, WrongStream, worker_detectors
 from gpucheck.detectors import launch_trace as lt
 from gpucheck.detectors.launch_trace import Window, attribute, judge
-from gpucheck.detectors.wrong_stream import findings, verdicts
+from gpucheck.detectors.wrong_stream import findings, misplaced
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "launches"
 CASE = CaseInfo("cuda:0", "selftest", "test_defect_stream.py::test_legacy_stream_ssim[cuda0]")
@@ -33,7 +33,7 @@ def launches(name: str) -> list[lt.OpLaunch]:
 
 
 def wrong_stream(ws: list[Window]) -> list:
-    return findings(CASE, verdicts(ws, "wrong-stream"))
+    return findings(CASE, misplaced(ws, "wrong-stream"))
 
 
 def test_markers_give_each_call_its_current_stream():
@@ -108,8 +108,8 @@ def test_kernel_device_on_a_kernel_moved_to_another_gpu():
     inside = {lc.work.correlation for lc in attribute(w.events, w.log)}
     moved = [dict(e, device=1) if e["correlation"] in inside else e for e in w.events]
     ws = [Window(moved, w.log, w.streams)]
-    kinds = {v.kind for v, _ in verdicts(ws, "kernel-device")}
-    assert kinds == {"kernel-device"} and verdicts(ws, "wrong-stream") == []
+    kinds = {v.kind for v, _ in misplaced(ws, "kernel-device")}
+    assert kinds == {"kernel-device"} and misplaced(ws, "wrong-stream") == []
     det = KernelDevice()
     det.trace = _Fixed(ws)
     found = det.case_finished(CASE)
@@ -128,7 +128,7 @@ def test_calls_across_devices_are_not_judged_for_kernel_device():
     inside = {lc.work.correlation for lc in attribute(w.events, w.log)}
     moved = [dict(e, device=1) if e["correlation"] in inside else e for e in w.events]
     log = [dict(e, single_device=False) for e in w.log]
-    assert verdicts([Window(moved, log, w.streams)], "kernel-device") == []
+    assert misplaced([Window(moved, log, w.streams)], "kernel-device") == []
 
 
 def test_a_lost_marker_means_no_judgement():

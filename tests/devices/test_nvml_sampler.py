@@ -11,7 +11,8 @@ import pynvml
 import pytest
 
 from gpucheck import nvml
-from gpucheck.nvml_sampler import CasePeaks, Sampler, TimelineWriter
+from gpucheck.model.timeline import TimelineWriter
+from gpucheck.nvml_sampler import CasePeaks, Sampler
 
 
 @pytest.fixture

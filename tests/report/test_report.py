@@ -362,22 +362,20 @@ def test_the_poisoned_device_is_not_a_stray_context(tmp_path):
     """The 2-GPU example run: every worker of the other-device-current passes holds a context
     on the device the harness made current (by design); none is flagged. Without the state
     files that say which worker a pid is, every process on two GPUs is flagged."""
-    from gpucheck.report import rundata
+    from gpucheck.report import plots, rundata
 
     example = Path(__file__).parents[1] / "fixtures" / "run_h200x2_selftest"
     run = tmp_path / "example"
     shutil.copytree(example, run)
     data = rundata.load(run)
-    assert data.header is not None
-    labels = {d.uuid: d.device for d in data.header.devices if d.uuid}
-    tl = timeline.read(run / "nvml_timeline.jsonl", labels)
-    both = [pid for pid, devs in tl.pid_devices().items() if len(devs) > 1]
-    meant = timeline.expected_devices(data)
+    assert data.header is not None and data.timeline is not None
+    both = [pid for pid, devs in data.timeline.pid_devices().items() if len(devs) > 1]
+    meant = plots.expected_devices(data)
     assert both and all(meant[int(pid)] == {"cuda:0", "cuda:1"} for pid in both)
-    assert not any(p["stray"] for p in timeline.plots(data, tl))
+    assert not any(p["stray"] for p in plots.plots(data))
     for state in (run / "workers").glob("*.state.json"):
         state.unlink()
-    assert all(p["stray"] for p in timeline.plots(rundata.load(run), tl))
+    assert all(p["stray"] for p in plots.plots(rundata.load(run)))
 
 
 def test_results_json_follows_its_shipped_schema(run_copy, tmp_path):

@@ -1,0 +1,234 @@
+"""Starting a worker process (or a rank): its pytest command line, the files it gets (skip
+list, logs, command), its environment and the controller's lifeline; and what keeps its
+logs bounded while it runs. The harnesses (:mod:`.harness`, :mod:`.dist_harness`) decide
+when; this module knows how."""
+
+from __future__ import annotations
+
+import errno
+import importlib.metadata
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpucheck.controller.deaths import STDERR_TAIL
+from gpucheck.errors import OutputProblem
+from gpucheck.model.contract import LIFELINE_FD_ENV
+from gpucheck.model.layout import WorkerFiles
+from gpucheck.sanitizer import command as sanitizer_cmd
+
+#: a worker's stdout or stderr log longer than this is cut (a case printing gigabytes): its
+#: first and last LOG_KEEP bytes are kept, with a line saying how much was cut between them
+LOG_CAP = 16 << 20
+LOG_KEEP = 2 << 20
+
+
+@dataclass
+class WorkerSpec:
+    label: str  # "cuda:0" or "cpu"
+    device_index: int | None
+    uuid: str | None
+    suites: dict[str, Path]
+    mode: str
+    env: dict[str, str] = field(default_factory=dict)
+    pytest_args: list[str] = field(default_factory=list)
+    nvml_interval: float = 0.0  # seconds; 0 = no per-case NVML peaks
+    sanitizer_tool: str | None = None  # run the worker under compute-sanitizer with this tool
+    sanitizer: Path | None = None  # the compute-sanitizer executable
+
+
+def _plugin_autoloaded() -> bool:
+    eps = importlib.metadata.entry_points(group="pytest11")
+    return any(ep.value == "gpucheck.pytest_plugin" for ep in eps)
+
+
+def worker_command(
+    spec: WorkerSpec,
+    results_path: Path,
+    state_path: Path,
+    run_id: str,
+    skip_path: Path | None = None,
+    sanitizer_log: Path | None = None,
+) -> list[str]:
+    cmd: list[str] = []
+    if spec.sanitizer_tool and sanitizer_log is not None:
+        cmd += sanitizer_cmd.prefix(spec.sanitizer_tool, sanitizer_log, spec.sanitizer)
+    cmd += [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    if not any(a == "-s" or a.startswith("--capture") for a in spec.pytest_args):
+        # Capture only Python's sys.stdout/err: what native code writes to the fd (libstdc++'s
+        # "terminate called after throwing ...", CUDA messages) must reach the worker's
+        # stderr file, or it is lost with a process that dies inside a case.
+        cmd += ["--capture=sys"]
+    # a file that cannot be collected (a syntax or import error) is a finding of its own
+    # (the recorder's); the other files and suites still run
+    cmd += ["--continue-on-collection-errors"]
+    if not _plugin_autoloaded():
+        cmd += ["-p", "gpucheck.pytest_plugin"]
+    cmd += [
+        "--gpucheck-results",
+        str(results_path),
+        "--gpucheck-state",
+        str(state_path),
+        "--gpucheck-run-id",
+        run_id,
+        "--gpucheck-mode",
+        spec.mode,
+    ]
+    if spec.device_index is not None:
+        cmd += ["--gpucheck-device", str(spec.device_index)]
+    if spec.uuid:
+        cmd += ["--gpucheck-device-uuid", spec.uuid]
+    if skip_path is not None:
+        cmd += ["--gpucheck-skip", str(skip_path)]
+    if spec.nvml_interval > 0:
+        cmd += ["--gpucheck-nvml-interval", str(spec.nvml_interval)]
+    if spec.sanitizer_tool and sanitizer_log is not None:
+        cmd += [
+            "--gpucheck-sanitizer-log",
+            str(sanitizer_log),
+            "--gpucheck-sanitizer-tool",
+            spec.sanitizer_tool,
+        ]
+        if "-m" not in spec.pytest_args:
+            cmd += ["-m", "sanitizer"]  # only the cases small enough for the sanitizer
+    for name, path in spec.suites.items():
+        cmd += ["--gpucheck-suite", f"{name}={path}"]
+    cmd += spec.pytest_args
+    cmd += [str(p) for p in spec.suites.values()]
+    return cmd
+
+
+def write_skip(files: WorkerFiles, skip: list[str] | None) -> Path | None:
+    """The file of case ids a fresh worker deselects (already recorded), or None."""
+    if not skip:
+        return None
+    try:
+        files.skip.parent.mkdir(parents=True, exist_ok=True)  # a resumed folder may lack it
+        files.skip.write_text("\n".join(skip) + "\n")
+    except OSError as err:
+        raise cannot_write(files.skip, err) from err
+    return files.skip
+
+
+def cannot_write(path: Path, err: OSError) -> OutputProblem:
+    run = path.parent.parent
+    fix = {
+        errno.ENOSPC: "make room",
+        errno.EDQUOT: "make room",
+        errno.EFBIG: "make room",
+        errno.EACCES: "make the folder writable",
+        errno.EPERM: "make the folder writable",
+        errno.EROFS: "make the folder writable",
+    }.get(err.errno or 0, "make room or make the folder writable")
+    return OutputProblem(
+        f"cannot write {path}: {err.strerror or err}; the run stopped here, "
+        f"every record written before is kept ({fix}, then "
+        f"`gpucheck run --resume {run}`)"
+    )
+
+
+_LIFELINE: list[int] = []  # this process's pipe (read end, write end), made once
+
+
+def lifeline() -> int:
+    """The read end of the pipe whose write end only this process holds: a worker given it
+    sees end-of-file when this process is gone, however it died (gpucheck.worker.guard)."""
+    if not _LIFELINE:
+        _LIFELINE.extend(os.pipe())  # not inherited, but by the workers it is passed to
+    return _LIFELINE[0]
+
+
+def spawn(
+    cmd: list[str], env: dict[str, str], files: WorkerFiles, drop: tuple[str, ...] = ()
+) -> subprocess.Popen[bytes]:
+    """Start one worker process (or rank): its own session (so a hang can be signalled as a
+    group), stdout/stderr into its files (appended: :func:`bound_log` cuts them), its command
+    line beside them, the controller's lifeline; ``env`` over this process's environment,
+    less the variables in ``drop``."""
+    try:
+        files.folder.mkdir(parents=True, exist_ok=True)
+        files.cmd.write_text(" ".join(cmd) + "\n")
+    except OSError as problem:
+        raise cannot_write(files.cmd, problem) from problem
+    fd = lifeline()
+    # the descriptor and the pipe's inode: a tool between us and the worker (compute-sanitizer)
+    # may close it, and the number may then name another file in the worker
+    full = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONFAULTHANDLER": "1",
+        **env,
+        LIFELINE_FD_ENV: f"{fd}:{os.fstat(fd).st_ino}:{os.getpid()}",
+    }
+    for name in drop:
+        full.pop(name, None)
+    with open(files.stdout, "ab") as out, open(files.stderr, "ab") as err:
+        return subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=err,
+            env=full,
+            pass_fds=(fd,),
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+
+def bound_log(path: Path, cap: int = LOG_CAP, keep: int = LOG_KEEP) -> None:
+    """Cut a log past ``cap`` bytes to its first and last ``keep`` bytes (the worker appends,
+    so it goes on writing at the new end; what it writes while this cuts may be lost)."""
+    try:
+        size = path.stat().st_size
+        if size <= cap:
+            return
+        with open(path, "r+b") as f:
+            f.seek(size - keep)
+            last = f.read(keep)
+            f.seek(keep)
+            f.write(
+                f"\n[gpucheck: {size - 2 * keep} bytes of output cut here; a log is kept "
+                f"to its first and last {keep} bytes]\n".encode()
+                + last
+            )
+            # what the worker appended meanwhile (its last words, often) moves down too: the
+            # cut keeps no window but the one between the last size read and the truncate
+            done, end = size, f.tell()
+            while (grown := os.fstat(f.fileno()).st_size) > done:
+                f.seek(done)
+                extra = f.read(grown - done)
+                done = grown
+                f.seek(end)
+                f.write(extra)
+                end = f.tell()
+            f.truncate(end)
+    except OSError:
+        return
+
+
+def tail(path: Path, n: int = STDERR_TAIL) -> str:
+    """The last ``n`` bytes of a file, decoded ("" if it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - n))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # no /proc here, or no such process
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+    return stat[stat.rindex(")") + 2] not in "ZX"

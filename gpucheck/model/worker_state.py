@@ -1,0 +1,122 @@
+"""A worker's state file (``workers/STEM.state.json``): the case under way, its progress, its
+pid, why it is about to exit, the findings a crash must not lose. The worker replaces it in
+one step whenever it changes (:func:`write`); the controller polls it (:func:`read`), the
+report reads what the last one said. Its one writer and its one reader are here, like a case
+record's in :mod:`gpucheck.model.results`; the reader is tolerant: a key missing or of another
+type (a torn folder, an older gpucheck) reads as its default."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpucheck.model.layout import read_regular
+from gpucheck.model.results import Finding, text
+
+# --- why a worker exits (``exit_reason``) ---------------------------------------------------
+#: its CUDA context is lost (a sticky error): it exits with ``EXIT_CONTEXT_LOST``
+CONTEXT_LOST = "context-lost"
+#: it could not write a record or its state: it exits with ``EXIT_OUTPUT_ERROR``
+OUTPUT_ERROR = "output-error"
+EXIT_REASONS = (CONTEXT_LOST, OUTPUT_ERROR)
+
+#: bytes of a state file read (its pending findings are small; a bigger file is not ours)
+STATE_LIMIT = 16 << 20
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _text(value: Any, limit: int = 2000) -> str | None:
+    return text(value, limit) if isinstance(value, str) and value else None
+
+
+@dataclass
+class WorkerState:
+    """What a worker's state file says."""
+
+    case: str | None = None  # the case under way (None: between cases)
+    suite: str | None = None  # its suite
+    current_device: str | None = None  # the device current while it runs
+    op: str | None = None  # the extension op it called last (a crash names it)
+    started: float | None = None  # epoch seconds: when the case started (or the file written)
+    done: int = 0  # cases this worker recorded
+    total: int | None = None  # cases it collected (None: not collected yet)
+    findings: int = 0  # findings in its records so far
+    pid: int | None = None  # the Python worker's pid (not compute-sanitizer's)
+    exit_reason: str | None = None  # one of EXIT_REASONS, or None
+    #: sanitizer log -> bytes of it the finished cases claimed
+    sanitizer_offsets: dict[str, int] = field(default_factory=dict)
+    #: findings of the case under way saved before a call that may crash
+    pending_findings: list[Finding] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "case": self.case,
+            "suite": self.suite,
+            "current_device": self.current_device,
+            "op": self.op,
+            "started": self.started,
+            "done": self.done,
+            "total": self.total,
+            "findings": self.findings,
+            "pid": self.pid,
+            "exit_reason": self.exit_reason,
+            "sanitizer_offsets": self.sanitizer_offsets,
+            "pending_findings": [dict(f.__dict__) for f in self.pending_findings],
+        }
+
+    @classmethod
+    def from_json(cls, value: Any) -> WorkerState | None:
+        """The state as read back, or None when ``value`` is not an object."""
+        if not isinstance(value, dict):
+            return None
+        started = value.get("started")
+        total = value.get("total")
+        pid = value.get("pid")
+        reason = value.get("exit_reason")
+        offsets = value.get("sanitizer_offsets")
+        pending = value.get("pending_findings")
+        return cls(
+            case=_text(value.get("case")),
+            suite=_text(value.get("suite"), 500),
+            current_device=_text(value.get("current_device"), 200),
+            op=_text(value.get("op"), 500),
+            started=float(started)
+            if isinstance(started, int | float) and not isinstance(started, bool)
+            else None,
+            done=_count(value.get("done")),
+            total=_count(total) if isinstance(total, int) else None,
+            findings=_count(value.get("findings")),
+            pid=_count(pid) or None,
+            exit_reason=reason if reason in EXIT_REASONS else None,
+            sanitizer_offsets={str(k): v for k, v in offsets.items() if _count(v) or v == 0}
+            if isinstance(offsets, dict)
+            else {},
+            pending_findings=[Finding.from_json(f) for f in pending]
+            if isinstance(pending, list)
+            else [],
+        )
+
+
+def write(path: Path, state: WorkerState) -> None:
+    """Replace the state file in one step (the controller may read it at any moment)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state.to_json()))
+    os.replace(tmp, path)
+
+
+def read(path: Path) -> WorkerState | None:
+    """The worker's last state, or None where there is none (not written yet, torn, or not a
+    regular file)."""
+    raw = read_regular(path, STATE_LIMIT)
+    if raw is None:
+        return None
+    try:
+        return WorkerState.from_json(json.loads(raw))
+    except (json.JSONDecodeError, RecursionError):
+        return None
