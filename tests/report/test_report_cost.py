@@ -7,9 +7,9 @@ import gzip
 import json
 from pathlib import Path
 
+from gpucheck.model import clock
 from gpucheck.model.results import CaseRecord
 from gpucheck.report.cost import Cost, cost_line, run_cost
-from gpucheck.report.rundata import parse_time
 
 RECORDED = Path(__file__).parents[1] / "fixtures" / "run_h200_suites" / "results.jsonl.gz"
 
@@ -18,7 +18,7 @@ def _recorded() -> tuple[list[dict], list[CaseRecord], float]:
     lines = [json.loads(x) for x in gzip.decompress(RECORDED.read_bytes()).splitlines() if x]
     header = next(x for x in lines if x["record"] == "run")
     end = next(x for x in lines if x["record"] == "end")
-    wall = parse_time(end["finished_at"]) - parse_time(header["started_at"])
+    wall = clock.parse(end["finished_at"]) - clock.parse(header["started_at"])
     cases = [CaseRecord.from_json(x) for x in lines if x["record"] == "case"]
     return lines, cases, wall
 
