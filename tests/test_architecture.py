@@ -50,8 +50,6 @@ FLOORS: dict[str, int] = {
     # 4 worker side and outputs
     "gpucheck.worker": 4,
     "gpucheck.check": 4,
-    "gpucheck.check_runner": 4,
-    "gpucheck.check_cpu": 4,
     "gpucheck.report": 4,
     # 5 controller
     "gpucheck.controller": 5,
