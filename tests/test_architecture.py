@@ -40,7 +40,6 @@ FLOORS: dict[str, int] = {
     "gpucheck.sanitizer": 2,
     "gpucheck.reference": 2,
     "gpucheck._csrc": 2,
-    "gpucheck._zoo": 2,
     "gpucheck.ops": 2,
     "gpucheck.checkpoints": 2,
     "gpucheck.testing": 2,

@@ -321,11 +321,12 @@ def test_inputs_are_the_same_for_one_seed_and_fresh_for_another():
 
 
 def test_the_example_extension_is_compile_checked_clean_and_with_each_defect():
-    from gpucheck import _csrc
+    from gpucheck._csrc import compile_check
+    from gpucheck._csrc import sources as kernel_sources
 
-    names = {f.name for f in _csrc.check_only_sources() if "custom_rnn" in str(f)}
+    names = {f.name for f in compile_check.check_only_sources() if "custom_rnn" in str(f)}
     assert names == {"bindings.cpp", "wkv.cpp", "wkv_cuda.cu"}
-    units, _ = _csrc.check_units("only")
+    units, _ = compile_check.check_units("only")
     variants = {(f.name, tuple(flags)) for f, flags, label in units if "example" in label}
     assert variants == {
         ("wkv.cpp", ("-DCUSTOM_RNN_DEFECT_NO_GUARD",)),
@@ -333,7 +334,9 @@ def test_the_example_extension_is_compile_checked_clean_and_with_each_defect():
         ("wkv_cuda.cu", ("-DCUSTOM_RNN_DEFECT_BF16_ACCUM",)),
         ("wkv.cpp", ("-DCUSTOM_RNN_DEFECT_GRAD_CURRENT_DEVICE",)),
     }
-    code = "".join((_csrc.example_csrc_dir() / n).read_text() for n in ("wkv.h", "wkv.cpp"))
+    code = "".join(
+        (kernel_sources.example_csrc_dir() / n).read_text() for n in ("wkv.h", "wkv.cpp")
+    )
     for _, flags in variants:  # every macro is one the sources test
         assert f"#ifdef {flags[0].removeprefix('-D')}" in code
 
