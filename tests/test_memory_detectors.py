@@ -18,13 +18,8 @@ from gpucheck.controller import pipeline
 from gpucheck.detectors import CaseInfo, DoubleActivation, Leak, worker_detectors
 from gpucheck.detectors.imbalance import imbalances
 from gpucheck.detectors.leak import judge
-from gpucheck.detectors.oom_anomaly import (
-    growth,
-    oom_findings,
-    parse_memory_anomaly,
-    parse_oom,
-    size_of,
-)
+from gpucheck.detectors.memory_growth import growth, size_of
+from gpucheck.detectors.oom_anomaly import oom_findings, parse_memory_anomaly, parse_oom
 from gpucheck.model import results
 from gpucheck.model.results import CaseRecord
 
