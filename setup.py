@@ -25,9 +25,10 @@ HERE = Path(__file__).resolve().parent
 
 
 def _load(name: str) -> ModuleType:
-    """gpucheck/<name>.py, loaded by path: gpucheck itself is not importable while it builds."""
+    """gpucheck/<name>.py (``name`` may name a subfolder: ``_csrc/toolchain``), loaded by path:
+    gpucheck itself is not importable while it builds."""
     spec = importlib.util.spec_from_file_location(
-        f"_gpucheck_{name}", HERE / "gpucheck" / f"{name}.py"
+        "_gpucheck_" + name.replace("/", "_"), HERE / "gpucheck" / f"{name}.py"
     )
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
@@ -126,29 +127,30 @@ def extension_kwargs() -> dict[str, Any]:
             "no GPU is visible here; set GPUCHECK_BUILD_EXTENSION=1 or "
             "TORCH_CUDA_ARCH_LIST to build them anyway"
         )
-    csrc = _load("_csrc")
-    if csrc.torch_build_env() is None:
+    toolchain = _load("_csrc/toolchain")
+    if toolchain.torch_build_env() is None:
         return _skip("no CUDA toolkit found: set CUDA_HOME or put nvcc on PATH")
     from torch.utils.cpp_extension import BuildExtension, CUDAExtension
 
     root = HERE / "csrc"
-    sources = [str(p.relative_to(HERE)) for p in csrc.sources(root)]
+    kernel_sources = _load("_csrc/sources")
+    sources = [str(p.relative_to(HERE)) for p in kernel_sources.sources(root)]
     if not sources:
         return _skip("csrc/ has no sources")
-    nvcc_flags = list(csrc.NVCC_FLAGS)
+    nvcc_flags = list(toolchain.NVCC_FLAGS)
     if not os.environ.get("TORCH_CUDA_ARCH_LIST"):  # else torch's build reads it
         visible = (
             [torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())]
             if torch.cuda.is_available()
             else []
         )
-        archs = csrc.arch_list(visible, csrc.nvcc_archs(csrc._cuda_home()))
+        archs = toolchain.arch_list(visible, toolchain.nvcc_archs(toolchain.cuda_home()))
         _say(
-            f"building the CUDA kernels for {csrc.arch_label(archs)} at install (a few "
+            f"building the CUDA kernels for {toolchain.arch_label(archs)} at install (a few "
             "minutes; GPUCHECK_NO_EXTENSION=1 builds them on first use instead)",
             loud=True,
         )
-        nvcc_flags += csrc.gencode_flags(archs)
+        nvcc_flags += toolchain.gencode_flags(archs)
     else:
         _say(
             f"building the CUDA kernels for TORCH_CUDA_ARCH_LIST="
@@ -157,10 +159,10 @@ def extension_kwargs() -> dict[str, Any]:
         )
 
     ext = CUDAExtension(
-        name=csrc.EXTENSION_NAME,
+        name=kernel_sources.EXTENSION_NAME,
         sources=sources,
         include_dirs=[str(root)],
-        extra_compile_args={"cxx": csrc.CXX_FLAGS, "nvcc": nvcc_flags},
+        extra_compile_args={"cxx": toolchain.CXX_FLAGS, "nvcc": nvcc_flags},
     )
     return {"ext_modules": [ext], "cmdclass": {"build_ext": build_command(BuildExtension)}}
 

@@ -5,17 +5,17 @@ defect × detector that says whether each defect was found by the detector meant
 The defects live in ``suites/selftest/``: a small pybind extension (no device guard, an
 out-of-bounds write, an abort, a raw ``cudaMalloc`` never freed, a quadratic scratch
 buffer), a pybind extension called from an ``autograd.Function`` built once per
-``GPUCHECK_PYBIND_DEFECT_*`` macro (``gpucheck._csrc.PYBIND_DEFECTS``: stream 0 in forward,
+``GPUCHECK_PYBIND_DEFECT_*`` macro (``gpucheck._csrc.pybind.PYBIND_DEFECTS``: stream 0 in forward,
 cub on stream 0 in backward, output on the current device, a bare ``cudaSetDevice``; and
 its clean build called through ``ctypes`` on stream 0 and given a CPU tensor), a checkpoint
 writer that stores activated values, and gpucheck's own SSIM and KNN built with a
-``GPUCHECK_DEFECT_*`` macro each (``gpucheck._csrc.DEFECTS``). Rows that need
+``GPUCHECK_DEFECT_*`` macro each (``gpucheck._csrc.defects.DEFECTS``). Rows that need
 more GPUs or a pass that was not run (``sanitizer:<tool>``) are reported as not run, never as found.
 
 The zoo (``suites/selftest/zoo/``, :data:`ZOO`) is judged apart: pybind11 extensions in the
 shape of the field's code (a 3DGS rasterizer, a fused SSIM loss, simple-knn's distCUDA2, an
 RWKV-style RNN), each called from a ``torch.autograd.Function`` and built clean and with up to
-two defects at once (``gpucheck._zoo.ZOO_BUILDS``). Each row states every finding its cases
+two defects at once (``gpucheck._csrc.zoo.ZOO_BUILDS``). Each row states every finding its cases
 must draw; any other finding is unexpected (:func:`zoo_matrix`: recall and unexpected findings
 per row).
 """
@@ -379,7 +379,7 @@ _ZR, _ZS, _ZK, _ZN = (
     "zoo/test_zoo_knn.py::",
     "zoo/test_zoo_rnn.py::",
 )
-_M = "gpucheck_zoo_"  # the zoo builds' module names (gpucheck._zoo.module_name)
+_M = "gpucheck_zoo_"  # the zoo builds' module names (gpucheck._csrc.zoo.module_name)
 
 
 def _zoo_row(name: str, bugs: str, case: str, *expected: tuple[Any, ...]) -> ZooRow:
@@ -619,15 +619,15 @@ def prebuild(
     pybind: Iterable[str] | None = None,
     zoo: Iterable[str] | None = None,
 ) -> list[str] | None:
-    """JIT-build the defect builds (``gpucheck._csrc.DEFECTS``), the builds of the pybind
-    extension (``pybind``: ``clean`` and names of ``gpucheck._csrc.PYBIND_DEFECTS``, default
+    """JIT-build the defect builds (``gpucheck._csrc.defects.DEFECTS``), the builds of the pybind
+    extension (``pybind``: ``clean`` and names of ``gpucheck._csrc.pybind.PYBIND_DEFECTS``, default
     all; logged as ``pybind_<build>``), the zoo's builds (``zoo``: names of
-    ``gpucheck._zoo.ZOO_BUILDS``, default all; logged as ``zoo_<build>``) and, where they
+    ``gpucheck._csrc.zoo.ZOO_BUILDS``, default all; logged as ``zoo_<build>``) and, where they
     were not built at install, gpucheck's
     kernels (the clean twins' ops), all at once, one process each, from the package's
     sources into gpucheck's build cache
-    (``gpucheck._csrc.build_dir``): the selftest's workers then load them instead of building
-    them one after another inside their cases (a cached build only loads). Each build's
+    (``gpucheck._csrc.toolchain.build_dir``): the selftest's workers then load them instead of
+    building them one after another inside their cases (a cached build only loads). Each build's
     output goes to ``logs/<name>.log`` (the kernels': ``logs/kernels.log``). Returns the names
     whose build failed (their cases error with the compiler's message), or None when this
     machine cannot build them (no CUDA build of torch, or no nvcc): the cases then skip or
@@ -638,10 +638,13 @@ def prebuild(
     import subprocess
     import sys
 
-    from gpucheck import _csrc, _zoo
+    from gpucheck._csrc import toolchain
+    from gpucheck._csrc.defects import DEFECTS
+    from gpucheck._csrc.pybind import PYBIND_CLEAN, PYBIND_DEFECTS
+    from gpucheck._csrc.zoo import ZOO_BUILDS
 
-    names = list(_csrc.DEFECTS if names is None else names)
-    if not names or importlib.util.find_spec("torch") is None or _csrc._cuda_home() is None:
+    names = list(DEFECTS if names is None else names)
+    if not names or importlib.util.find_spec("torch") is None or toolchain.cuda_home() is None:
         return None
     probe = subprocess.run(
         [sys.executable, "-c", "import torch; print(torch.version.cuda)"],
@@ -654,21 +657,23 @@ def prebuild(
     logs.mkdir(parents=True, exist_ok=True)
     builds = {
         name: [
-            "from gpucheck._csrc import build_defect; build_defect(sys.argv[1], verbose=True)",
+            "from gpucheck._csrc.defects import build_defect; "
+            "build_defect(sys.argv[1], verbose=True)",
             name,
         ]
         for name in names
     }
     builds[KERNELS] = ["from gpucheck.ops import _ext; sys.exit(_ext.child_main())"]
-    every = (_csrc.PYBIND_CLEAN, *_csrc.PYBIND_DEFECTS)
+    every = (PYBIND_CLEAN, *PYBIND_DEFECTS)
     for build in every if pybind is None else pybind:
         builds[f"pybind_{build}"] = [
-            "from gpucheck._csrc import build_pybind; build_pybind(sys.argv[1], verbose=True)",
+            "from gpucheck._csrc.pybind import build_pybind; "
+            "build_pybind(sys.argv[1], verbose=True)",
             build,
         ]
-    for build in _zoo.ZOO_BUILDS if zoo is None else zoo:
+    for build in ZOO_BUILDS if zoo is None else zoo:
         builds[f"zoo_{build}"] = [
-            "from gpucheck._zoo import build_zoo; build_zoo(sys.argv[1], verbose=True)",
+            "from gpucheck._csrc.zoo import build_zoo; build_zoo(sys.argv[1], verbose=True)",
             build,
         ]
     env = dict(os.environ)

@@ -41,8 +41,8 @@ CAPTURE_FIELDS = (
     "optimizer_state_dict",
     "spatial_lr_scale",
 )
-#: GaussianParams field -> 3DGS attribute name.
-_3DGS_NAMES = {
+#: GaussianParams field -> the attribute name of the 3DGS reference code (its GaussianModel).
+ATTRIBUTE_NAMES = {
     "means": "_xyz",
     "features_dc": "_features_dc",
     "features_rest": "_features_rest",
@@ -120,15 +120,15 @@ def _params(
 
 
 def _from_dict(obj: dict[Any, Any], source: str, finite: bool = True) -> GaussianParams:
-    ours = [k for k in _3DGS_NAMES if k in obj]
-    theirs = [v for v in _3DGS_NAMES.values() if v in obj]
+    ours = [k for k in ATTRIBUTE_NAMES if k in obj]
+    theirs = [v for v in ATTRIBUTE_NAMES.values() if v in obj]
     if len(theirs) > len(ours):
-        missing = [v for v in _3DGS_NAMES.values() if v not in obj]
-        tensors = {k: obj.get(v) for k, v in _3DGS_NAMES.items()}
+        missing = [v for v in ATTRIBUTE_NAMES.values() if v not in obj]
+        tensors = {k: obj.get(v) for k, v in ATTRIBUTE_NAMES.items()}
         degree = obj.get("active_sh_degree")
     else:
-        missing = [k for k in (*_3DGS_NAMES, "sh_degree") if k not in obj]
-        tensors = {k: obj.get(k) for k in _3DGS_NAMES}
+        missing = [k for k in (*ATTRIBUTE_NAMES, "sh_degree") if k not in obj]
+        tensors = {k: obj.get(k) for k in ATTRIBUTE_NAMES}
         degree = obj.get("sh_degree")
     if missing:
         keys = ", ".join(map(str, list(obj)[:20]))
@@ -163,7 +163,7 @@ def read_pt(path: str | Path, *, finite: bool = True) -> PtCheckpoint:
         degree = items["active_sh_degree"]
         if isinstance(degree, bool) or not isinstance(degree, int):
             raise CheckpointError(f"{source}: active_sh_degree must be an int, got {degree!r}")
-        tensors = {k: items[v] for k, v in _3DGS_NAMES.items()}
+        tensors = {k: items[v] for k, v in ATTRIBUTE_NAMES.items()}
         return PtCheckpoint(
             _params(tensors, degree, source, finite),
             "capture",
@@ -216,7 +216,7 @@ def write_pt(
             "spatial_lr_scale": 1.0,
             **(training_state or {}),
         }
-        items: dict[str, Any] = {v: tensors[k] for k, v in _3DGS_NAMES.items()}
+        items: dict[str, Any] = {v: tensors[k] for k, v in ATTRIBUTE_NAMES.items()}
         items["_opacity"] = items["_opacity"].reshape(n, 1)
         items["active_sh_degree"] = params.sh_degree
         capture = tuple(items[f] if f in items else state[f] for f in CAPTURE_FIELDS)

@@ -91,11 +91,11 @@ def _ply_holds_params(data: Any) -> bool:
 
 def _pt_holds_params(obj: Any) -> bool:
     """What ``torch.load`` returned looks like a 3DGS checkpoint (either .pt form)."""
-    from gpucheck.checkpoints.pt import _3DGS_NAMES, CAPTURE_FIELDS
+    from gpucheck.checkpoints.pt import ATTRIBUTE_NAMES, CAPTURE_FIELDS
 
     if isinstance(obj, dict):
         judged = ("log_scales", "opacity_logits")
-        return any(k in obj for name in judged for k in (name, _3DGS_NAMES[name]))
+        return any(k in obj for name in judged for k in (name, ATTRIBUTE_NAMES[name]))
     return (
         isinstance(obj, tuple | list)
         and len(obj) == 2

@@ -1,4 +1,4 @@
-"""oom-anomaly: an out-of-memory that is a bug, not a full GPU — at the failure and before it.
+"""oom-anomaly: an out-of-memory that is a bug, not a full GPU, at the failure.
 
 Parent side, over the case records of a run:
 
@@ -14,17 +14,12 @@ Parent side, over the case records of a run:
   buffer is allocated) is matched by its type name in the failure text and its message parsed
   (:func:`parse_memory_anomaly`): Gaussians, visible, overlaps, bytes needed and free, radius
   percentiles, share of huge Gaussians and its hint become the finding.
-* **Before the failure: growth.** Cases parametrized by a size (the one integer parameter that
-  varies among the cases of one test function on one device) have their peak memory fitted
-  over the sizes (:func:`growth`): a log-log slope above :data:`SUPERLINEAR` between the two
-  largest sizes is a ``memory-growth`` warning; when the next size (the same step again, for
-  steps of at most :data:`MAX_STEP`: a sweep, not a list of unrelated shapes) would need more
-  than the device holds, an error.
+
+Peak memory that grows too fast over a test's sizes is :mod:`gpucheck.detectors.memory_growth`'s.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -38,24 +33,15 @@ __all__ = [
     "MemoryAnomaly",
     "OomAnomaly",
     "OomMessage",
-    "growth",
     "oom_findings",
     "parse_memory_anomaly",
     "parse_oom",
-    "size_of",
 ]
 
 #: a request this many times the case's measured footprint is an anomaly
 FAR_BEYOND = 8.0
 #: ... when it is at least this large
 MIN_ANOMALY = 1 << 30
-#: log-log slope of peak memory over size above which growth is superlinear
-SUPERLINEAR = 1.5
-#: growth is judged only when the largest size's peak is at least this
-MIN_GROWTH_PEAK = 8 << 20
-#: the next size is predicted only when the two largest sizes are at most this far apart (a
-#: suite's 1x1, 11x11, 1080x1920 images are shapes, not a sweep to extrapolate 226x further)
-MAX_STEP = 4.0
 
 _UNITS = {"bytes": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 _SIZE = r"(\d+(?:\.\d+)?) ?(bytes|B|KiB|MiB|GiB|TiB)"
@@ -344,105 +330,8 @@ def oom_findings(
     return found
 
 
-# --- growth over sizes ----------------------------------------------------------------------
-
-_PARAMS = re.compile(r"^(?P<base>[^\[]+)\[(?P<params>.*)\]$")
-_DIMS = re.compile(r"^(?:[A-Za-z_]\w*=|[A-Za-z])?(\d+(?:x\d+)*)$")
-_DEVICE = re.compile(r"^cuda:?\d+$|^cpu$")
-
-
-def size_of(token: str) -> int | None:
-    """The size a parameter id stands for: ``4096``, ``n4096``, ``n=4096``, ``1920x1080``
-    (the product); None for anything else."""
-    found = _DIMS.match(token)
-    if not found:
-        return None
-    return math.prod(int(d) for d in found.group(1).split("x"))
-
-
-def _sized(records: Iterable[CaseRecord]) -> dict[tuple[Any, ...], list[tuple[int, CaseRecord]]]:
-    """Records grouped by (device, suite, mode, test function, the other parameters), each
-    with its size: the one parameter position whose numeric value varies in the group."""
-    groups: dict[tuple[Any, ...], list[tuple[list[str], CaseRecord]]] = {}
-    for r in records:
-        m = _PARAMS.match(r.case)
-        if m is None or r.status != "passed":
-            continue
-        tokens = m.group("params").split("-")
-        key = (r.device, r.suite, r.mode, m.group("base"), len(tokens))
-        groups.setdefault(key, []).append((tokens, r))
-    out: dict[tuple[Any, ...], list[tuple[int, CaseRecord]]] = {}
-    for key, members in groups.items():
-        width = key[-1]
-        varying = [i for i in range(width) if len({t[i] for t, _ in members}) > 1]
-        for i in varying:
-            if _DEVICE.match(members[0][0][i]) or any(size_of(t[i]) is None for t, _ in members):
-                continue
-            others = [j for j in varying if j != i]
-            for tokens, r in members:
-                sub = (*key, i, tuple(tokens[j] for j in others))
-                out.setdefault(sub, []).append((size_of(tokens[i]) or 0, r))
-    return out
-
-
-def _peak(r: CaseRecord) -> int | None:
-    """The case's own PyTorch peak: the peak allocated minus what was allocated when the case
-    started (tensors earlier cases left behind would flatten the fit)."""
-    value = _memory(r, "torch_peak_allocated")
-    if not value:
-        return None
-    own = value - _memory(r, "torch_allocated_at_start")
-    return own if own > 0 else None
-
-
-def growth(records: Iterable[CaseRecord], totals: dict[str, int] | None = None) -> list[Finding]:
-    """``memory-growth`` findings for size-parametrized cases whose peak memory grows faster
-    than :data:`SUPERLINEAR` in the size, or whose next size would not fit the device."""
-    totals = totals or {}
-    found = []
-    for key, members in _sized(records).items():
-        points = sorted({s: p for s, r in members if s > 0 and (p := _peak(r))}.items())
-        if len(points) < 2:
-            continue
-        (s1, p1), (s2, p2) = points[-2], points[-1]
-        if p2 < MIN_GROWTH_PEAK or p2 <= p1:
-            continue
-        slope = math.log(p2 / p1) / math.log(s2 / s1)
-        total = totals.get(str(key[0]))
-        next_size = s2 * s2 / s1
-        predicted = p2 * (next_size / s2) ** slope
-        beyond = total is not None and s2 <= MAX_STEP * s1 and predicted > total
-        if slope < SUPERLINEAR and not beyond:
-            continue
-        largest = next(r for s, r in members if s == s2)
-        fit = ", ".join(f"{s:,}: {p / (1 << 20):.1f} MiB" for s, p in points)
-        message = (
-            f"peak memory grows as size^{slope:.2f} over the sizes of this test "
-            f"(PyTorch peak allocated {fit})"
-        )
-        if beyond:
-            message += (
-                f"; the next size ({next_size:,.0f}) would need about "
-                f"{gib(int(predicted))}, more than the device's {gib(total)}"
-            )
-        found.append(
-            Finding(
-                kind="memory-growth",
-                severity="error" if beyond else "warning",
-                message=message,
-                evidence=f"log-log slope between the two largest sizes {s1:,} and {s2:,}: "
-                f"{slope:.3f}; peaks: {fit}; predicted at {next_size:,.0f}: "
-                f"{int(predicted)} bytes" + (f" (device total {total})" if total else ""),
-                hint="a buffer sized by size^2 (a pairwise matrix, a dense scratch) where a "
-                "linear one would do; tile it, or bound it by a budget",
-                **_where(largest),
-            )
-        )
-    return found
-
-
 class OomAnomaly(BaseDetector):
-    """Parent side: OOM messages and preflight errors of failed cases, and growth over sizes."""
+    """Parent side: OOM messages and preflight errors of failed cases."""
 
     name = "oom-anomaly"
 
@@ -450,4 +339,4 @@ class OomAnomaly(BaseDetector):
         self.totals = totals or {}
 
     def run_finished(self, records: list[CaseRecord]) -> list[Finding]:
-        return oom_findings(records, self.totals) + growth(records, self.totals)
+        return oom_findings(records, self.totals)

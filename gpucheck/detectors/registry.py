@@ -30,6 +30,7 @@ from gpucheck.detectors.double_activation import DoubleActivation
 from gpucheck.detectors.imbalance import Imbalance
 from gpucheck.detectors.kernel_device import KernelDevice
 from gpucheck.detectors.leak import Leak
+from gpucheck.detectors.memory_growth import MemoryGrowth
 from gpucheck.detectors.mixed_devices import MixedDevices
 from gpucheck.detectors.numerics import Numerics
 from gpucheck.detectors.oom_anomaly import OomAnomaly
@@ -101,6 +102,7 @@ class Builtin:
             StrayContext(context.device_names),
             Numerics(),
             OomAnomaly(context.memory_totals),
+            MemoryGrowth(context.memory_totals),
             Imbalance(),
         ]
 

@@ -30,7 +30,8 @@ from types import ModuleType
 from typing import Any
 
 import gpucheck
-from gpucheck import _csrc
+from gpucheck._csrc import sources as kernel_sources
+from gpucheck._csrc import toolchain
 from gpucheck.errors import ExtensionNotBuilt
 
 NOT_AVAILABLE = "gpucheck's CUDA extension is not available"
@@ -101,22 +102,22 @@ def _jit(torch: Any) -> ModuleType:
             f"torch {torch.__version__} is a CPU-only build, and the kernels "
             "need a CUDA build of torch"
         )
-    cuda_home = _csrc._cuda_home()  # None: no toolkit, which only a build needs
+    cuda_home = toolchain.cuda_home()  # None: no toolkit, which only a build needs
     archs, label = _archs(torch, cuda_home)
     try:
-        sources = _csrc.sources()
+        sources = kernel_sources.sources()
     except SystemExit as err:  # GPUCHECK_KERNELS names a kernel that does not exist
         raise _unavailable(str(err), hint=False) from None
     if not sources:
         raise _unavailable(
-            f"the package's CUDA sources are missing ({_csrc.csrc_dir()})", hint=False
+            f"the package's CUDA sources are missing ({kernel_sources.csrc_dir()})", hint=False
         )
-    csrc = _csrc.csrc_dir()
+    csrc = kernel_sources.csrc_dir()
     key = repr(
         (
             gpucheck.__version__,
-            _csrc.CXX_FLAGS,
-            _csrc.NVCC_FLAGS,
+            toolchain.CXX_FLAGS,
+            toolchain.NVCC_FLAGS,
             archs,
             os.environ.get("TORCH_CUDA_ARCH_LIST"),
             [s.relative_to(csrc).as_posix() for s in sources],
@@ -124,7 +125,7 @@ def _jit(torch: Any) -> ModuleType:
     )
     tag = "-".join(label.replace(" (+PTX)", "+PTX").split(", "))
     name = f"kernels-{tag}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
-    folder = _csrc.build_dir(name, make=False)
+    folder = toolchain.build_dir(name, make=False)
     library = folder / f"{LIBRARY}.so"
     inputs = [p for p in csrc.rglob("*") if p.suffix in _INPUTS]
     if folder.is_dir():
@@ -136,8 +137,8 @@ def _jit(torch: Any) -> ModuleType:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise _unavailable(
-            f"its build folder cannot be made in {_csrc.cache_dir()} "
-            f"({err.strerror or err}); set {_csrc.CACHE_ENV} to a writable "
+            f"its build folder cannot be made in {toolchain.cache_dir()} "
+            f"({err.strerror or err}); set {toolchain.CACHE_ENV} to a writable "
             "folder",
             hint=False,
         ) from err
@@ -175,15 +176,15 @@ def _archs(torch: Any, cuda_home: Path | None) -> tuple[list[str] | None, str]:
     which torch reads) and how to name them."""
     wanted = os.environ.get("TORCH_CUDA_ARCH_LIST")
     if wanted:
-        archs = _csrc.parse_arch_env(wanted)
-        return archs, _csrc.arch_label(archs) if archs else f"TORCH_CUDA_ARCH_LIST={wanted}"
+        archs = toolchain.parse_arch_env(wanted)
+        return archs, toolchain.arch_label(archs) if archs else f"TORCH_CUDA_ARCH_LIST={wanted}"
     visible = (
         [torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())]
         if torch.cuda.is_available()
         else []
     )
-    archs = _csrc.arch_list(visible, _csrc.nvcc_archs(cuda_home) if cuda_home else None)
-    return archs, _csrc.arch_label(archs)
+    archs = toolchain.arch_list(visible, toolchain.nvcc_archs(cuda_home) if cuda_home else None)
+    return archs, toolchain.arch_label(archs)
 
 
 @contextlib.contextmanager
@@ -217,15 +218,15 @@ def _build(
     (folder / "lock").unlink(missing_ok=True)  # torch's own lock: one here is a killed build's
     log = folder / "build.log"
     try:
-        _csrc.torch_build_env()
+        toolchain.torch_build_env()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # e.g. torch's notes on compiler versions
             cpp_extension.load(
                 name=LIBRARY,
                 sources=[str(s) for s in sources],
-                extra_include_paths=[str(_csrc.csrc_dir())],
-                extra_cflags=_csrc.CXX_FLAGS,
-                extra_cuda_cflags=[*_csrc.NVCC_FLAGS, *_csrc.gencode_flags(archs or [])],
+                extra_include_paths=[str(kernel_sources.csrc_dir())],
+                extra_cflags=toolchain.CXX_FLAGS,
+                extra_cuda_cflags=[*toolchain.NVCC_FLAGS, *toolchain.gencode_flags(archs or [])],
                 build_directory=str(folder),
                 is_python_module=False,
                 verbose=False,
@@ -301,14 +302,14 @@ def _check_key() -> dict[str, Any]:
     except importlib.metadata.PackageNotFoundError:
         torch_version = None
     files = []
-    for path in _csrc.sources():
+    for path in kernel_sources.sources():
         st = path.stat()
         files.append([str(path), st.st_mtime_ns, st.st_size])
     return {
         "python": sys.executable,
         "torch": torch_version,
         "kernels": os.environ.get("GPUCHECK_KERNELS"),
-        "cache": os.environ.get(_csrc.CACHE_ENV),
+        "cache": os.environ.get(toolchain.CACHE_ENV),
         "sources": files,
     }
 
@@ -325,7 +326,7 @@ def _checked_before(key: dict[str, Any]) -> bool:
     """Whether an earlier check loaded the kernels with the same key from a module file that
     is still the same file: then loading them again in a child would tell nothing new."""
     try:
-        said = json.loads((_csrc.cache_dir() / CHECKED_FILE).read_text())
+        said = json.loads((toolchain.cache_dir() / CHECKED_FILE).read_text())
     except (OSError, ValueError):
         return False
     return (
@@ -338,7 +339,7 @@ def _checked_before(key: dict[str, Any]) -> bool:
 
 def _remember(key: dict[str, Any], module: str) -> None:
     with contextlib.suppress(OSError):
-        folder = _csrc.cache_dir()
+        folder = toolchain.cache_dir()
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f"{CHECKED_FILE}.{os.getpid()}"
         tmp.write_text(json.dumps({"key": key, "module": module, "file": _file_id(module)}))
@@ -367,7 +368,7 @@ def problem_in_child(timeout: float = CHILD_TIMEOUT_S) -> str | None:
     except subprocess.TimeoutExpired:
         return (
             f"building gpucheck's CUDA kernels did not finish within {timeout:.0f} s "
-            f"(a build's files are in {_csrc.cache_dir()})"
+            f"(a build's files are in {toolchain.cache_dir()})"
         )
     said = proc.stdout.strip().splitlines()
     if proc.returncode == 0:

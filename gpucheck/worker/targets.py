@@ -71,7 +71,7 @@ def parametrize_devices(metafunc: pytest.Metafunc) -> None:
             "gpu_device", devices, ids=[f"cuda{i}" for i in devices], indirect=True
         )
     elif getattr(metafunc.function, "gpucheck_op", None) is not None:
-        # a check_op battery: its cases check the suite itself on CPU (gpucheck.check_cpu)
+        # a check_op battery: its cases check the suite itself on CPU (gpucheck.check.cpu)
         metafunc.parametrize("gpu_device", [None], ids=["cpu"], indirect=True)
     else:
         metafunc.parametrize(

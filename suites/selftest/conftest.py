@@ -1,6 +1,6 @@
 """Fixtures of the self-test's defect cases: the defect builds of gpucheck's own kernels
-(``gpucheck._csrc.DEFECTS``), the real extension for their clean twins, and the sanitizer tool
-of the pass a case runs in."""
+(``gpucheck._csrc.defects.DEFECTS``), the real extension for their clean twins, and the
+sanitizer tool of the pass a case runs in."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def defect_ops() -> Callable[[str], Any]:
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device visible")
-    from gpucheck._csrc import build_defect
+    from gpucheck._csrc.defects import build_defect
 
     loaded: dict[str, Any] = {}
 
@@ -65,7 +65,7 @@ def sanitizer_defect_ops(
 @pytest.fixture(scope="session")
 def zoo_ext(request: pytest.FixtureRequest) -> Callable[[str], Any]:
     """``zoo_ext(build)``: the module of a build of the zoo (a name of
-    ``gpucheck._zoo.ZOO_BUILDS``), JIT-built on first use into gpucheck's build cache. The zoo
+    ``gpucheck._csrc.zoo.ZOO_BUILDS``), JIT-built on first use into gpucheck's build cache. The zoo
     runs in the plain pass only: its rows state what the per-call detectors and the
     wrong-device check must find (compute-sanitizer's rows are the defect builds')."""
     torch = pytest.importorskip("torch")
@@ -75,7 +75,7 @@ def zoo_ext(request: pytest.FixtureRequest) -> Callable[[str], Any]:
         pytest.skip(
             "the zoo is judged in the plain pass (its rows expect the per-call detectors' findings)"
         )
-    from gpucheck._zoo import build_zoo
+    from gpucheck._csrc.zoo import build_zoo
 
     loaded: dict[str, Any] = {}
 

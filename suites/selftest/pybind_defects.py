@@ -3,8 +3,8 @@
 
 The extension is a ``PYBIND11_MODULE`` (not ``torch.ops``): its functions are seen per call
 only through gpucheck's watch of compiled extension modules (``gpucheck.detectors.
-ext_watch``). Builds: ``gpucheck._csrc.build_pybind("clean")`` and one per defect of
-``gpucheck._csrc.PYBIND_DEFECTS``.
+ext_watch``). Builds: ``gpucheck._csrc.pybind.build_pybind("clean")`` and one per defect of
+``gpucheck._csrc.pybind.PYBIND_DEFECTS``.
 
 The defect builds launch on stream 0, unordered with the caller's (non-default) stream: each
 call is bracketed by ``torch.cuda.synchronize`` here so that the result is right anyway (as

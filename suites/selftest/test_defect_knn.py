@@ -1,5 +1,5 @@
 """Self-test of the device, numerics and initcheck detectors on gpucheck's own KNN, built from
-csrc/knn with one ``GPUCHECK_DEFECT_*`` macro each (``gpucheck._csrc.DEFECTS``; ops under
+csrc/knn with one ``GPUCHECK_DEFECT_*`` macro each (``gpucheck._csrc.defects.DEFECTS``; ops under
 ``torch.ops.gpucheck_defect_<name>``, next to the real extension in one worker).
 
 Every case is correct usage and passes: only the detector meant for its defect can tell.

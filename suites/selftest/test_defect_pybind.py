@@ -1,7 +1,7 @@
 """Self-test of the per-call checks on a pybind11 extension (not ``torch.ops``): the
 extension of pybind_defects.cpp / .cu, called from the ``torch.autograd.Function`` of
 pybind_defects.py, built clean and once per ``GPUCHECK_PYBIND_DEFECT_*`` macro
-(``gpucheck._csrc.build_pybind``; modules ``gpucheck_pybind_<build>``).
+(``gpucheck._csrc.pybind.build_pybind``; modules ``gpucheck_pybind_<build>``).
 
 Expected (gpucheck.selftest.DEFECTS): ``test_legacy_stream_pybind`` — wrong-stream naming
 ``gpucheck_pybind_legacy_stream.scale_forward`` (its kernel on stream 0);
@@ -36,7 +36,7 @@ def pybind_ext():
     on first use into gpucheck's build cache."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device visible")
-    from gpucheck._csrc import build_pybind
+    from gpucheck._csrc.pybind import build_pybind
 
     loaded = {}
 

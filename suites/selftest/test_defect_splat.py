@@ -1,5 +1,5 @@
 """Self-test of the wrong-device diagnosis on gpucheck's own rasterizer, built from csrc/splat
-with ``GPUCHECK_DEFECT_BUFFERS_CURRENT_DEVICE`` (``gpucheck._csrc.DEFECTS``; ops under
+with ``GPUCHECK_DEFECT_BUFFERS_CURRENT_DEVICE`` (``gpucheck._csrc.defects.DEFECTS``; ops under
 ``torch.ops.gpucheck_defect_buffers_current_device``).
 
 The defect is the one of the original 3DGS rasterizer: its binning buffers (sort keys, Gaussian

@@ -1,5 +1,5 @@
 """Self-test of the wrong-device diagnosis, memcheck and racecheck on gpucheck's own SSIM,
-built from csrc/ssim with one ``GPUCHECK_DEFECT_*`` macro each (``gpucheck._csrc.DEFECTS``;
+built from csrc/ssim with one ``GPUCHECK_DEFECT_*`` macro each (``gpucheck._csrc.defects.DEFECTS``;
 ops under ``torch.ops.gpucheck_defect_<name>``).
 
 Every case is a correct forward + backward step on small images: only the detector meant for

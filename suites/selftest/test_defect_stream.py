@@ -23,7 +23,7 @@ MACRO = "GPUCHECK_DEFECT_LEGACY_STREAM"
 def defect_ops():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device visible")
-    from gpucheck._csrc import build_defect
+    from gpucheck._csrc.defects import build_defect
 
     return getattr(torch.ops, build_defect(MACRO))
 

@@ -27,7 +27,7 @@ def ext():
         pytest.skip("no CUDA device visible")
     from torch.utils import cpp_extension
 
-    from gpucheck._csrc import build_dir, torch_build_env
+    from gpucheck._csrc.toolchain import build_dir, torch_build_env
 
     torch_build_env()  # same compiler and toolkit rule as the real extension
     name = "gpucheck_selftest_defects"  # built into gpucheck's cache, never beside this file

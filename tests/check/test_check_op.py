@@ -312,20 +312,21 @@ def test_plain_functions_are_shown_to_the_op_watch_under_their_name():
 
 def test_inputs_are_the_same_for_one_seed_and_fresh_for_another():
     t = check_op(scan, make, dtypes=("float32",))
-    from gpucheck.check import _Runner
+    from gpucheck.check import Runner
 
-    a = _Runner(t.gpucheck_op, 3).inputs(CPU, torch.float32)
-    b = _Runner(t.gpucheck_op, 3).inputs(CPU, torch.float32)
-    c = _Runner(t.gpucheck_op, 4).inputs(CPU, torch.float32)
+    a = Runner(t.gpucheck_op, 3).inputs(CPU, torch.float32)
+    b = Runner(t.gpucheck_op, 3).inputs(CPU, torch.float32)
+    c = Runner(t.gpucheck_op, 4).inputs(CPU, torch.float32)
     assert torch.equal(a[0], b[0]) and not torch.equal(a[0], c[0])
 
 
 def test_the_example_extension_is_compile_checked_clean_and_with_each_defect():
-    from gpucheck import _csrc
+    from gpucheck._csrc import compile_check
+    from gpucheck._csrc import sources as kernel_sources
 
-    names = {f.name for f in _csrc.check_only_sources() if "custom_rnn" in str(f)}
+    names = {f.name for f in compile_check.check_only_sources() if "custom_rnn" in str(f)}
     assert names == {"bindings.cpp", "wkv.cpp", "wkv_cuda.cu"}
-    units, _ = _csrc.check_units("only")
+    units, _ = compile_check.check_units("only")
     variants = {(f.name, tuple(flags)) for f, flags, label in units if "example" in label}
     assert variants == {
         ("wkv.cpp", ("-DCUSTOM_RNN_DEFECT_NO_GUARD",)),
@@ -333,17 +334,19 @@ def test_the_example_extension_is_compile_checked_clean_and_with_each_defect():
         ("wkv_cuda.cu", ("-DCUSTOM_RNN_DEFECT_BF16_ACCUM",)),
         ("wkv.cpp", ("-DCUSTOM_RNN_DEFECT_GRAD_CURRENT_DEVICE",)),
     }
-    code = "".join((_csrc.example_csrc_dir() / n).read_text() for n in ("wkv.h", "wkv.cpp"))
+    code = "".join(
+        (kernel_sources.example_csrc_dir() / n).read_text() for n in ("wkv.h", "wkv.cpp")
+    )
     for _, flags in variants:  # every macro is one the sources test
         assert f"#ifdef {flags[0].removeprefix('-D')}" in code
 
 
-# --- without a GPU: the dry run of the suite itself (gpucheck.check_cpu) --------------------
+# --- without a GPU: the dry run of the suite itself (gpucheck.check.cpu) --------------------
 
 
 def _dry(test, *, seed=7):
     """{case: outcome} of every case of a check_op test run as without a GPU."""
-    from gpucheck.check_cpu import dry_run
+    from gpucheck.check.cpu import dry_run
 
     out = {}
     for case in test.gpucheck_op.checks:
@@ -366,7 +369,7 @@ def _line(fn, text):
 
 
 def test_without_a_gpu_a_sound_suite_checks_its_inputs_and_reference_and_waits_for_the_rest():
-    from gpucheck.check_cpu import WAITS
+    from gpucheck.check.cpu import WAITS
 
     got = _dry(check_op(scan, make, reference, dtypes=DTYPES))
     assert {c: o for c, o in got.items() if o == "passed"} == {
@@ -440,7 +443,7 @@ def test_without_a_gpu_a_broken_suite_fails_naming_the_users_file_and_line(
     import os
 
     blamed = ref if case.startswith("numerics") else inputs
-    here = os.path.relpath(__file__)  # as check_cpu.where shows it: relative to the cwd
+    here = os.path.relpath(__file__)  # as check.cpu.where shows it: relative to the cwd
     here = os.path.abspath(__file__) if here.startswith("..") else here
     if ref is _wrong_dim:  # an exception: the line that raised it
         assert f"at {here}:{_line(_wrong_dim, 'cumsum(2)')}" in got[case]

@@ -4,25 +4,26 @@ from __future__ import annotations
 
 import pytest
 
-from gpucheck import _csrc
+from gpucheck._csrc import compile_check, defects, pybind, toolchain
+from gpucheck._csrc import sources as kernel_sources
 
 
 def test_sources_include_registration_and_every_kernel_folder():
-    files = _csrc.sources()
-    assert _csrc.csrc_dir() / "registration.cpp" in files
-    for kernel in _csrc.kernels():
+    files = kernel_sources.sources()
+    assert kernel_sources.csrc_dir() / "registration.cpp" in files
+    for kernel in kernel_sources.kernels():
         assert any(f.parent.name == kernel for f in files)
 
 
 def test_kernel_subset_and_unknown_kernel(monkeypatch):
-    monkeypatch.setenv(_csrc.KERNELS_ENV, "no_such_kernel")
+    monkeypatch.setenv(kernel_sources.KERNELS_ENV, "no_such_kernel")
     with pytest.raises(SystemExit, match="unknown kernels"):
-        _csrc.kernels()
-    monkeypatch.setenv(_csrc.KERNELS_ENV, "")
-    every = _csrc.kernels()
+        kernel_sources.kernels()
+    monkeypatch.setenv(kernel_sources.KERNELS_ENV, "")
+    every = kernel_sources.kernels()
     if every:
-        monkeypatch.setenv(_csrc.KERNELS_ENV, every[0])
-        assert _csrc.kernels() == [every[0]]
+        monkeypatch.setenv(kernel_sources.KERNELS_ENV, every[0])
+        assert kernel_sources.kernels() == [every[0]]
 
 
 def test_static_libstdcxx_compiler_is_detected(tmp_path):
@@ -34,39 +35,41 @@ def test_static_libstdcxx_compiler_is_detected(tmp_path):
     static = tmp_path / "static-g++"
     static.write_text('#!/bin/sh\nexec g++ -static-libstdc++ "$@"\n')
     static.chmod(0o755)
-    assert _csrc.links_libstdcxx_dynamically("g++") is True
-    assert _csrc.links_libstdcxx_dynamically(str(static)) is False
-    assert _csrc.links_libstdcxx_dynamically(str(tmp_path / "missing")) is None
+    assert toolchain.links_libstdcxx_dynamically("g++") is True
+    assert toolchain.links_libstdcxx_dynamically(str(static)) is False
+    assert toolchain.links_libstdcxx_dynamically(str(tmp_path / "missing")) is None
 
 
 def test_every_defect_build_has_its_own_op_namespace():
-    libs = [_csrc.defect_library(name) for name in _csrc.DEFECTS]
+    libs = [defects.defect_library(name) for name in defects.DEFECTS]
     assert len(set(libs)) == len(libs)
     assert all(lib.startswith("gpucheck_defect_") for lib in libs)
-    assert _csrc.defect_library("no_guard_knn") == "gpucheck_defect_no_guard_knn"
+    assert defects.defect_library("no_guard_knn") == "gpucheck_defect_no_guard_knn"
     # one macro, two kernels: two builds
-    guard = {n: d.kernel for n, d in _csrc.DEFECTS.items() if d.macro == "GPUCHECK_DEFECT_NO_GUARD"}
+    guard = {
+        n: d.kernel for n, d in defects.DEFECTS.items() if d.macro == "GPUCHECK_DEFECT_NO_GUARD"
+    }
     assert guard == {"no_guard_ssim": "ssim", "no_guard_knn": "knn"}
 
 
 def test_a_defect_is_named_by_its_name_or_by_a_macro_of_one_build():
     # what suites/selftest/test_defect_stream.py and the recorded profiler traces use
-    assert _csrc.defect_library("GPUCHECK_DEFECT_LEGACY_STREAM") == (
+    assert defects.defect_library("GPUCHECK_DEFECT_LEGACY_STREAM") == (
         "gpucheck_defect_legacy_stream"
     )
-    assert _csrc.defect_flags("legacy_stream") == [
+    assert defects.defect_flags("legacy_stream") == [
         "-DGPUCHECK_DEFECT_LEGACY_STREAM",
         "-DGPUCHECK_LIBRARY=gpucheck_defect_legacy_stream",
     ]
     with pytest.raises(KeyError, match="several kernels"):
-        _csrc.defect_name("GPUCHECK_DEFECT_NO_GUARD")
+        defects.defect_name("GPUCHECK_DEFECT_NO_GUARD")
     with pytest.raises(KeyError, match="unknown defect"):
-        _csrc.defect_name("GPUCHECK_DEFECT_NOTHING")
+        defects.defect_name("GPUCHECK_DEFECT_NOTHING")
 
 
 def test_a_defect_build_takes_the_schemas_and_its_kernel_folder():
-    files = _csrc.defect_sources("uninit_read")
-    assert _csrc.csrc_dir() / "registration.cpp" in files
+    files = defects.defect_sources("uninit_read")
+    assert kernel_sources.csrc_dir() / "registration.cpp" in files
     assert {f.parent.name for f in files} == {"csrc", "knn"}
 
 
@@ -84,17 +87,19 @@ def test_a_defect_build_takes_the_schemas_and_its_kernel_folder():
     ],
 )
 def test_the_compile_check_compiles_again_what_a_defect_macro_changes(name, changed):
-    assert [f.relative_to(_csrc.csrc_dir()).as_posix() for f in _csrc.defect_units(name)] == changed
-    units, _ = _csrc.check_units("only")
+    assert [
+        f.relative_to(kernel_sources.csrc_dir()).as_posix() for f in defects.defect_units(name)
+    ] == changed
+    units, _ = compile_check.check_units("only")
     mine = [
-        (f.relative_to(_csrc.csrc_dir()).as_posix(), flags)
+        (f.relative_to(kernel_sources.csrc_dir()).as_posix(), flags)
         for f, flags, label in units
         if label == f" [{name}]"
     ]
-    assert mine == [(c, _csrc.defect_flags(name)) for c in changed]
-    every, _ = _csrc.check_units("skip")
+    assert mine == [(c, defects.defect_flags(name)) for c in changed]
+    every, _ = compile_check.check_units("skip")
     assert all(not flags for _, flags, _ in every) and len(every) == len(
-        _csrc.sources() + _csrc.check_only_sources()
+        kernel_sources.sources() + compile_check.check_only_sources()
     )
 
 
@@ -108,7 +113,7 @@ def test_every_registration_goes_through_the_namespace_macros():
 
     raw = re.compile(r"^\s*TORCH_LIBRARY(_IMPL|_FRAGMENT)?\s*\(", re.M)
     offenders = []
-    csrc = _csrc.csrc_dir()
+    csrc = kernel_sources.csrc_dir()
     for path in sorted(csrc.rglob("*")):
         if path.suffix in (".cpp", ".cu", ".h", ".cuh") and path.name != "library.h":
             text = path.read_text()
@@ -122,9 +127,9 @@ def test_every_registration_goes_through_the_namespace_macros():
 
 
 def test_the_pybind_extension_is_compile_checked_clean_and_with_each_defect():
-    names = {f.name for f in _csrc.check_only_sources()}
+    names = {f.name for f in compile_check.check_only_sources()}
     assert {"pybind_defects.cpp", "pybind_defects.cu"} <= names
-    units, missing = _csrc.check_units("only")
+    units, missing = compile_check.check_units("only")
     variants = {(f.name, tuple(flags)) for f, flags, label in units if "pybind" in label}
     assert variants == {
         ("pybind_defects.cu", ("-DGPUCHECK_PYBIND_DEFECT_LEGACY_STREAM",)),
@@ -133,10 +138,10 @@ def test_the_pybind_extension_is_compile_checked_clean_and_with_each_defect():
         ("pybind_defects.cpp", ("-DGPUCHECK_PYBIND_DEFECT_SET_DEVICE",)),
     }
     assert not [m for m in missing if "pybind" in m]
-    sources = {f.name: f.read_text() for f in _csrc.pybind_sources()}
+    sources = {f.name: f.read_text() for f in pybind.pybind_sources()}
     for name, flags in variants:  # every macro is one the source tests
         assert f"#ifdef {flags[0].removeprefix('-D')}" in sources[name]
-    assert _csrc.pybind_module_name("clean") == "gpucheck_pybind_clean"
-    assert _csrc.pybind_flags("clean") == []
+    assert pybind.pybind_module_name("clean") == "gpucheck_pybind_clean"
+    assert pybind.pybind_flags("clean") == []
     with pytest.raises(KeyError, match="unknown pybind build"):
-        _csrc.pybind_module_name("nothing")
+        pybind.pybind_module_name("nothing")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpucheck import _csrc
+from gpucheck._csrc import toolchain
 from gpucheck.errors import ExtensionNotBuilt
 from gpucheck.ops import _ext
 
@@ -38,7 +38,7 @@ NVCC_11_8 = (
 
 
 def test_nvcc_arch_lists_are_read():
-    assert _csrc.parse_gpu_archs(NVCC_13_0) == [
+    assert toolchain.parse_gpu_archs(NVCC_13_0) == [
         "7.5",
         "8.0",
         "8.6",
@@ -52,11 +52,11 @@ def test_nvcc_arch_lists_are_read():
         "12.0",
         "12.1",
     ]
-    assert _csrc.parse_gpu_archs("nvcc fatal   : Unknown option '--list-gpu-arch'\n") == []
+    assert toolchain.parse_gpu_archs("nvcc fatal   : Unknown option '--list-gpu-arch'\n") == []
 
 
 def test_without_gpu_the_current_generations_plus_ptx_that_nvcc_supports():
-    assert _csrc.arch_list([], _csrc.parse_gpu_archs(NVCC_13_0)) == [
+    assert toolchain.arch_list([], toolchain.parse_gpu_archs(NVCC_13_0)) == [
         "8.0",
         "8.6",
         "8.9",
@@ -64,30 +64,35 @@ def test_without_gpu_the_current_generations_plus_ptx_that_nvcc_supports():
         "10.0",
         "12.0+PTX",
     ]
-    assert _csrc.arch_list([], _csrc.parse_gpu_archs(NVCC_11_8)) == ["8.0", "8.6", "8.9", "9.0+PTX"]
-    assert _csrc.arch_list([], None) == [*_csrc.DEFAULT_ARCHS[:-1], "12.0+PTX"]
+    assert toolchain.arch_list([], toolchain.parse_gpu_archs(NVCC_11_8)) == [
+        "8.0",
+        "8.6",
+        "8.9",
+        "9.0+PTX",
+    ]
+    assert toolchain.arch_list([], None) == [*toolchain.DEFAULT_ARCHS[:-1], "12.0+PTX"]
 
 
 def test_with_gpus_their_architectures_and_ptx_for_one_newer_than_nvcc():
-    assert _csrc.arch_list([(9, 0), (9, 0)], _csrc.parse_gpu_archs(NVCC_13_0)) == ["9.0"]
-    assert _csrc.arch_list([(8, 6), (9, 0)], None) == ["8.6", "9.0"]
-    assert _csrc.arch_list([(12, 0), (8, 0)], _csrc.parse_gpu_archs(NVCC_11_8)) == [
+    assert toolchain.arch_list([(9, 0), (9, 0)], toolchain.parse_gpu_archs(NVCC_13_0)) == ["9.0"]
+    assert toolchain.arch_list([(8, 6), (9, 0)], None) == ["8.6", "9.0"]
+    assert toolchain.arch_list([(12, 0), (8, 0)], toolchain.parse_gpu_archs(NVCC_11_8)) == [
         "8.0",
         "9.0+PTX",
     ]
 
 
 def test_arch_flags_labels_and_the_env_list():
-    assert _csrc.gencode_flags(["9.0", "12.0+PTX"]) == [
+    assert toolchain.gencode_flags(["9.0", "12.0+PTX"]) == [
         "-gencode=arch=compute_90,code=sm_90",
         "-gencode=arch=compute_120,code=sm_120",
         "-gencode=arch=compute_120,code=compute_120",
     ]
-    assert _csrc.arch_label(["9.0"]) == "sm_90"
-    assert _csrc.arch_label(["8.0", "12.0+PTX"]) == "sm_80, sm_120 (+PTX)"
-    assert _csrc.parse_arch_env("8.0;9.0+PTX") == ["8.0", "9.0+PTX"]
-    assert _csrc.parse_arch_env(" 8.6 9.0 ") == ["8.6", "9.0"]
-    assert _csrc.parse_arch_env("Hopper") is None  # torch's names: torch reads them
+    assert toolchain.arch_label(["9.0"]) == "sm_90"
+    assert toolchain.arch_label(["8.0", "12.0+PTX"]) == "sm_80, sm_120 (+PTX)"
+    assert toolchain.parse_arch_env("8.0;9.0+PTX") == ["8.0", "9.0+PTX"]
+    assert toolchain.parse_arch_env(" 8.6 9.0 ") == ["8.6", "9.0"]
+    assert toolchain.parse_arch_env("Hopper") is None  # torch's names: torch reads them
 
 
 # --- which CUDA toolkit -----------------------------------------------------------------------
@@ -105,12 +110,15 @@ def test_cuda_home_from_the_environment_first(tmp_path):
     home = _toolkit(tmp_path / "cuda-12.8")
     other = _toolkit(tmp_path / "cuda-13.0")
     assert (
-        _csrc.find_cuda_home({"CUDA_HOME": str(home)}, str(other / "bin" / "nvcc"), default=other)
+        toolchain.find_cuda_home(
+            {"CUDA_HOME": str(home)}, str(other / "bin" / "nvcc"), default=other
+        )
         == home
     )
-    assert _csrc.find_cuda_home({"CUDA_PATH": str(home)}, None, default=other) == home
+    assert toolchain.find_cuda_home({"CUDA_PATH": str(home)}, None, default=other) == home
     assert (
-        _csrc.find_cuda_home({"CUDA_HOME": str(tmp_path / "nothing")}, None, default=other) == other
+        toolchain.find_cuda_home({"CUDA_HOME": str(tmp_path / "nothing")}, None, default=other)
+        == other
     )
 
 
@@ -120,24 +128,24 @@ def test_cuda_home_through_a_symlinked_or_wrapped_nvcc_on_path(tmp_path):
     links.mkdir(parents=True)
     (links / "nvcc").symlink_to(real / "bin" / "nvcc")
     none = tmp_path / "none"
-    assert _csrc.find_cuda_home({}, str(links / "nvcc"), default=none) == real
+    assert toolchain.find_cuda_home({}, str(links / "nvcc"), default=none) == real
     # /usr/local/bin/nvcc as a script that runs the real one: torch would take /usr/local
     wrapper = tmp_path / "usr" / "local" / "bin" / "nvcc"
     wrapper.parent.mkdir(parents=True)
     wrapper.write_text(f"#!/bin/sh\necho '#$ _HERE_={real / 'bin'}' >&2\n")
     wrapper.chmod(0o755)
-    assert _csrc.find_cuda_home({}, str(wrapper), default=none) == real  # nvcc asked
-    assert _csrc.find_cuda_home({}, str(wrapper), ask_nvcc=lambda _: None, default=none) is None
-    assert _csrc.find_cuda_home({}, None, default=none) is None
+    assert toolchain.find_cuda_home({}, str(wrapper), default=none) == real  # nvcc asked
+    assert toolchain.find_cuda_home({}, str(wrapper), ask_nvcc=lambda _: None, default=none) is None
+    assert toolchain.find_cuda_home({}, None, default=none) is None
 
 
 def test_the_cache_honours_its_variable_then_xdg(tmp_path):
     assert (
-        _csrc.cache_dir({"GPUCHECK_CACHE_DIR": str(tmp_path / "c"), "XDG_CACHE_HOME": "/x"})
+        toolchain.cache_dir({"GPUCHECK_CACHE_DIR": str(tmp_path / "c"), "XDG_CACHE_HOME": "/x"})
         == tmp_path / "c"
     )
-    assert _csrc.cache_dir({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "gpucheck"
-    assert _csrc.cache_dir({}) == Path.home() / ".cache" / "gpucheck"
+    assert toolchain.cache_dir({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "gpucheck"
+    assert toolchain.cache_dir({}) == Path.home() / ".cache" / "gpucheck"
 
 
 # --- the sentence of each way the kernels cannot be had -------------------------------------
@@ -147,7 +155,7 @@ def test_the_cache_honours_its_variable_then_xdg(tmp_path):
 def fresh(monkeypatch, tmp_path):
     """_ext.load() tried anew (it remembers its outcome per process), building into a
     private cache."""
-    monkeypatch.setenv(_csrc.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(toolchain.CACHE_ENV, str(tmp_path / "cache"))
     _ext._attempt.cache_clear()
     yield tmp_path / "cache"
     _ext._attempt.cache_clear()
@@ -178,7 +186,7 @@ def test_no_nvcc_anywhere_is_one_sentence(fresh, monkeypatch, tmp_path):
     for var in ("CUDA_HOME", "CUDA_PATH"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    monkeypatch.setattr(_csrc, "DEFAULT_CUDA_HOME", tmp_path / "no-cuda")
+    monkeypatch.setattr(toolchain, "DEFAULT_CUDA_HOME", tmp_path / "no-cuda")
     message = _sentence()
     assert "no CUDA toolkit was found" in message and "set CUDA_HOME" in message
     assert not fresh.exists()
@@ -201,7 +209,7 @@ def test_a_build_without_ninja_is_one_sentence(fresh, monkeypatch, tmp_path):
 def test_a_failing_compile_is_one_sentence_with_its_log(fresh, monkeypatch, capfd):
     """This machine's CPU-only torch, taken for a CUDA build, compiles for real and fails:
     its headers lack the config CUDA builds generate."""
-    if _csrc._cuda_home() is None:
+    if toolchain.cuda_home() is None:
         pytest.skip("needs nvcc")
     monkeypatch.setattr(torch.version, "cuda", "13.0")
     monkeypatch.setenv("GPUCHECK_KERNELS", "knn")
@@ -248,9 +256,9 @@ import shutil, sys, time
 from pathlib import Path
 import torch
 torch.version.cuda = "13.0"  # taken for a CUDA build: its build is replaced below
-from gpucheck import _csrc
+from gpucheck._csrc import toolchain
 from gpucheck.ops import _ext
-_csrc._cuda_home = lambda: Path("/opt/cuda")
+toolchain.cuda_home = lambda: Path("/opt/cuda")
 _ext._build_tools = lambda torch, home: Path("/opt/cuda")  # nvcc and ninja: not used below
 
 def build(sources, archs, folder, cuda_home, label):  # stands in for the compile
@@ -266,7 +274,7 @@ print(_ext.load().__name__)
 
 def test_processes_starting_at_once_build_once_and_all_load(tmp_path, monkeypatch):
     library = _fake_library(tmp_path)
-    monkeypatch.setenv(_csrc.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(toolchain.CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
     (tmp_path / "loader.py").write_text(LOADER)
     builds = tmp_path / "builds.txt"
@@ -299,9 +307,9 @@ def test_processes_starting_at_once_build_once_and_all_load(tmp_path, monkeypatc
 LOAD_ONLY = """\
 import torch
 torch.version.cuda = "13.0"
-from gpucheck import _csrc
+from gpucheck._csrc import toolchain
 from gpucheck.ops import _ext
-_csrc._cuda_home = lambda: None  # no toolkit: this machine's /usr/local/cuda cannot be hidden
+toolchain.cuda_home = lambda: None  # no toolkit: this machine's /usr/local/cuda cannot be hidden
 def build(*args):
     raise AssertionError("a build was started")
 _ext._build = build
@@ -314,7 +322,7 @@ def test_a_cached_build_loads_without_nvcc_or_ninja(tmp_path, monkeypatch):
     build made before (a runtime image without the toolkit, a shared cache). The later
     process has neither: ninja missing for real (PATH), the toolkit through the stand-in."""
     library = _fake_library(tmp_path)
-    monkeypatch.setenv(_csrc.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(toolchain.CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
     (tmp_path / "loader.py").write_text(LOADER)
     builds = tmp_path / "builds.txt"

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from memkit import GiB, sized
 
-from gpucheck.detectors.oom_anomaly import (
-    growth,
-)
+from gpucheck.detectors.memory_growth import growth
 
 
 def test_quadratic_growth_is_flagged_linear_is_not():

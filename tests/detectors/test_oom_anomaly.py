@@ -8,12 +8,8 @@ from dataclasses import replace
 import pytest
 from memkit import OOM, STORY3_TORCH20, GiB, MiB, failed, recorded
 
-from gpucheck.detectors.oom_anomaly import (
-    oom_findings,
-    parse_memory_anomaly,
-    parse_oom,
-    size_of,
-)
+from gpucheck.detectors.memory_growth import size_of
+from gpucheck.detectors.oom_anomaly import oom_findings, parse_memory_anomaly, parse_oom
 
 # torch 2.1's wording (v2.1.0, "capacty" misspelled there), with another process on the GPU
 TORCH21 = (

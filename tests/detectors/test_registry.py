@@ -22,7 +22,9 @@ def test_builtin_worker_and_run_detectors_have_distinct_names():
     assert {"mixed-devices", "wrong-stream", "leak", "checkpoint-reads"} <= set(names)
     run = registry.run_detectors(registry.RunContext({"GPU-x": "cuda:0"}, {"cuda:0": 1 << 30}))
     assert [d.name for d in run][:1] == ["wrong-device"]
-    assert {"stray-context", "oom-anomaly", "imbalance", "numerics"} <= {d.name for d in run}
+    assert {"stray-context", "oom-anomaly", "memory-growth", "imbalance", "numerics"} <= {
+        d.name for d in run
+    }
 
 
 def test_the_disable_variable_leaves_detectors_out(monkeypatch):

@@ -40,7 +40,6 @@ FLOORS: dict[str, int] = {
     "gpucheck.sanitizer": 2,
     "gpucheck.reference": 2,
     "gpucheck._csrc": 2,
-    "gpucheck._zoo": 2,
     "gpucheck.ops": 2,
     "gpucheck.checkpoints": 2,
     "gpucheck.testing": 2,
@@ -50,8 +49,6 @@ FLOORS: dict[str, int] = {
     # 4 worker side and outputs
     "gpucheck.worker": 4,
     "gpucheck.check": 4,
-    "gpucheck.check_runner": 4,
-    "gpucheck.check_cpu": 4,
     "gpucheck.report": 4,
     # 5 controller
     "gpucheck.controller": 5,

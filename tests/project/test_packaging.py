@@ -19,7 +19,8 @@ from types import ModuleType
 
 import pytest
 
-from gpucheck import _csrc, _resources
+from gpucheck import _resources
+from gpucheck._csrc import compile_check, defects
 
 ROOT = Path(__file__).resolve().parents[2]
 #: what building gpucheck reads from the repository
@@ -78,12 +79,14 @@ def shipped(src: Path) -> set[str]:
         if f.is_file() and f.suffix in suffixes and "__pycache__" not in f.parts
     }
     csrc = _resources.csrc()
-    for defect in _csrc.DEFECTS:
+    for defect in defects.DEFECTS:
         want |= {
-            f"gpucheck/csrc/{f.relative_to(csrc).as_posix()}" for f in _csrc.defect_sources(defect)
+            f"gpucheck/csrc/{f.relative_to(csrc).as_posix()}"
+            for f in defects.defect_sources(defect)
         }
     want |= {
-        f"gpucheck/{f.relative_to(csrc.parent).as_posix()}" for f in _csrc.check_only_sources()
+        f"gpucheck/{f.relative_to(csrc.parent).as_posix()}"
+        for f in compile_check.check_only_sources()
     }  # the selftest's and the example's
     want |= {
         f"gpucheck/report/templates/{f.name}"

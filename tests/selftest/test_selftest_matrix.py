@@ -420,9 +420,11 @@ def test_prebuild_builds_the_pybind_extension_and_the_zoo_too(tmp_path, monkeypa
     import subprocess
     import types
 
-    from gpucheck import _csrc, _zoo
+    from gpucheck._csrc import toolchain
+    from gpucheck._csrc.pybind import PYBIND_DEFECTS
+    from gpucheck._csrc.zoo import ZOO_BUILDS
 
-    monkeypatch.setattr(_csrc, "_cuda_home", lambda: tmp_path)
+    monkeypatch.setattr(toolchain, "cuda_home", lambda: tmp_path)
     monkeypatch.setattr(
         subprocess, "run", lambda *a, **k: types.SimpleNamespace(returncode=0, stdout="13.0\n")
     )
@@ -438,8 +440,8 @@ def test_prebuild_builds_the_pybind_extension_and_the_zoo_too(tmp_path, monkeypa
     monkeypatch.setattr(subprocess, "Popen", Proc)
     assert selftest.prebuild(tmp_path / "logs") == []
     pybind = sorted(cmd[-1] for cmd in started if "build_pybind" in cmd[2])
-    assert pybind == sorted(["clean", *_csrc.PYBIND_DEFECTS])
+    assert pybind == sorted(["clean", *PYBIND_DEFECTS])
     zoo = sorted(cmd[-1] for cmd in started if "build_zoo" in cmd[2])
-    assert zoo == sorted(_zoo.ZOO_BUILDS)
+    assert zoo == sorted(ZOO_BUILDS)
     assert (tmp_path / "logs" / "zoo_raster_clean.log").exists()
     assert (tmp_path / "logs" / "pybind_clean.log").exists()

@@ -10,7 +10,9 @@ import ast
 import pytest
 from test_selftest_matrix import _finding, _rec, typed
 
-from gpucheck import _csrc, _resources, _zoo, cli, selftest
+from gpucheck import _resources, cli, selftest
+from gpucheck._csrc import compile_check
+from gpucheck._csrc import zoo as zoo_builds
 from gpucheck.selftest import ZOO, verdict, zoo_matrix
 
 PLAIN = "blocking+nvml"
@@ -203,24 +205,27 @@ def test_every_zoo_case_is_a_test_of_its_file_and_every_build_is_used():
             source = (root / path).read_text()
             tests = {n.name for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}
             assert name in tests, case
-            used |= {b for b in _zoo.ZOO_BUILDS if f'"{b}"' in source}
-    assert used == set(_zoo.ZOO_BUILDS)
-    for build, (family, defects) in _zoo.ZOO_BUILDS.items():
-        assert [f.name for f in _zoo.sources(build)] == [f"zoo_{family}.cpp", f"zoo_{family}.cu"]
-        assert _zoo.flags(build) == [f"-DGPUCHECK_ZOO_{d}" for d in defects]
+            used |= {b for b in zoo_builds.ZOO_BUILDS if f'"{b}"' in source}
+    assert used == set(zoo_builds.ZOO_BUILDS)
+    for build, (family, defects) in zoo_builds.ZOO_BUILDS.items():
+        assert [f.name for f in zoo_builds.sources(build)] == [
+            f"zoo_{family}.cpp",
+            f"zoo_{family}.cu",
+        ]
+        assert zoo_builds.flags(build) == [f"-DGPUCHECK_ZOO_{d}" for d in defects]
 
 
 def test_the_compile_check_compiles_every_zoo_defect_under_its_macros():
-    units, missing = _csrc.check_units("only")
+    units, missing = compile_check.check_units("only")
     assert missing == []
     zoo = {(src.name, label) for src, _, label in units if label.startswith(" [zoo ")}
-    for build, (_family, defects) in _zoo.ZOO_BUILDS.items():
+    for build, (_family, defects) in zoo_builds.ZOO_BUILDS.items():
         if defects:
             assert any(label == f" [zoo {build}]" for _, label in zoo), build
     # the .cu of a build whose only defect is the guard is the clean one: not compiled again
     assert ("zoo_knn.cu", " [zoo knn_noguard]") not in zoo
     assert ("zoo_knn.cpp", " [zoo knn_noguard]") in zoo
-    everything = {src.name for src, _, _ in _csrc.check_units("skip")[0]}
+    everything = {src.name for src, _, _ in compile_check.check_units("skip")[0]}
     assert {
         f"zoo_{f}{s}" for f in ("raster", "ssim", "knn", "rnn") for s in (".cpp", ".cu")
     } <= everything

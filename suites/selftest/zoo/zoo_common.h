@@ -1,7 +1,7 @@
 // gpucheck's self-test zoo: what every zoo extension's entry points share. The zoo's
 // extensions (zoo_<family>.cpp / .cu) are written the way the field writes them (3DGS
 // rasterizers, fused SSIM, simple-knn, RWKV-style kernels) and built clean and with defect
-// macros (gpucheck._zoo.ZOO_BUILDS); never use them.
+// macros (gpucheck._csrc.zoo.ZOO_BUILDS); never use them.
 //   GPUCHECK_ZOO_NO_GUARD    no device guard: kernels run on the caller's current device
 //   GPUCHECK_ZOO_SET_DEVICE  a bare cudaSetDevice (the published simple-knn "fix"): the
 //                            caller's current device is never restored

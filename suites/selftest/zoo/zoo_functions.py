@@ -1,5 +1,5 @@
 """The zoo's extensions as their users call them: each ``PYBIND11_MODULE`` (zoo_<family>.cpp /
-.cu, built by ``gpucheck._zoo.build_zoo``) from a ``torch.autograd.Function`` the way the
+.cu, built by ``gpucheck._csrc.zoo.build_zoo``) from a ``torch.autograd.Function`` the way the
 field's Python wrappers do (diff-gaussian-rasterization's ``_RasterizeGaussians``, fused-ssim,
 simple-knn's ``distCUDA2``, RWKV's ``WKV``), and the pure-PyTorch references the cases check
 them against (float64, on the CPU).

@@ -22,15 +22,13 @@ import inspect
 import os
 import traceback
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
 from gpucheck import testing
-from gpucheck.check_runner import LOW_PRECISION, Step, _Runner
-
-if TYPE_CHECKING:
-    from gpucheck.check import OpSpec
+from gpucheck.check.runner import LOW_PRECISION, Runner, Step
+from gpucheck.check.spec import OpSpec
 
 #: the reason every check that needs the op on a GPU is skipped with (one reason: the run's
 #: summary counts them together)
@@ -76,13 +74,13 @@ def dry_run(spec: OpSpec, case: str, seed: int) -> None:
         pytest.skip(WAITS)
     dtype = getattr(torch, dtype_name)
     cpu = torch.device("cpu")
-    runner = _Runner(spec, seed)
+    runner = Runner(spec, seed)
     args = _inputs(spec, runner, cpu, dtype, dtype_name)
     if check == "numerics":
         _reference(spec, runner, args, dtype, dtype_name)
 
 
-def _inputs(spec: OpSpec, runner: _Runner, device: Any, dtype: Any, name: str) -> tuple[Any, ...]:
+def _inputs(spec: OpSpec, runner: Runner, device: Any, dtype: Any, name: str) -> tuple[Any, ...]:
     import torch
 
     made_by = f"make_inputs ({where(spec.make_inputs)})"
@@ -119,7 +117,7 @@ def _inputs(spec: OpSpec, runner: _Runner, device: Any, dtype: Any, name: str) -
     return args
 
 
-def _reference(spec: OpSpec, runner: _Runner, args: tuple[Any, ...], dtype: Any, name: str) -> None:
+def _reference(spec: OpSpec, runner: Runner, args: tuple[Any, ...], dtype: Any, name: str) -> None:
     import torch
 
     reference = spec.reference

@@ -45,103 +45,34 @@ Inputs are made with ``torch.manual_seed(seed)``: one seed per run (``gpucheck r
 session (``pytest -n``; the same on every xdist worker), fresh each time, or
 ``$GPUCHECK_SEED``; a failing case prints its seed.
 
-This module is the public API (``OpSpec``, ``check_op``, ``run_check``, parametrisation); the
-checks themselves run in :mod:`gpucheck.check_runner`.
+This module is the public API (``check_op``, ``run_check``, parametrisation); what a battery
+was asked to check is :mod:`gpucheck.check.spec`, the checks themselves run in
+:mod:`gpucheck.check.runner`, their CPU dry run in :mod:`gpucheck.check.cpu`.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from gpucheck import testing
-from gpucheck.check_runner import (
-    ALLOC_HINT,
-    LEAK_HINT,
-    LOW_PRECISION,
-    Step,
-    _Runner,
-    call_op,
-    flat_tensors,
+from gpucheck.check.cpu import dry_run
+from gpucheck.check.runner import Runner
+from gpucheck.check.spec import (
+    DEFAULT_TOLERANCES,
+    FLOAT_DTYPES,
+    PER_DTYPE,
+    PER_OP,
+    SEED_ENV,
+    OpSpec,
+    is_torch_op,
+    op_name,
 )
 from gpucheck.worker.case import set_case_op
 
-__all__ = [
-    "ALLOC_HINT",
-    "DEFAULT_TOLERANCES",
-    "FLOAT_DTYPES",
-    "LEAK_HINT",
-    "LOW_PRECISION",
-    "PER_DTYPE",
-    "PER_OP",
-    "SEED_ENV",
-    "OpSpec",
-    "Step",
-    "call_op",
-    "case_seed",
-    "check_op",
-    "flat_tensors",
-    "is_torch_op",
-    "op_name",
-    "run_check",
-]
-
-FLOAT_DTYPES = testing.FLOAT_DTYPES
-#: (rtol, atol) by dtype where none is given: torch.testing.assert_close's defaults
-DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
-    "float64": (1e-7, 1e-7),
-    "float32": (1.3e-6, 1e-5),
-    "float16": (1e-3, 1e-5),
-    "bfloat16": (1.6e-2, 1e-5),
-}
-#: checks made once per claimed dtype, and once per op
-PER_DTYPE = ("devices", "numerics", "determinism", "cross_device", "memory")
-PER_OP = ("dtypes", "opcheck", "gradcheck")
-SEED_ENV = "GPUCHECK_SEED"
-
-
-@dataclass(frozen=True)
-class OpSpec:
-    """What :func:`check_op` was asked to check (also the test function's ``gpucheck_op``)."""
-
-    op: Any
-    name: str
-    make_inputs: Callable[..., Any]
-    reference: Callable[..., Any] | None
-    dtypes: tuple[str, ...]
-    backward: bool | tuple[int, ...]
-    devices: tuple[int, ...] | None  # None: every target device
-    repeats: int
-    rtol: dict[str, float]
-    atol: dict[str, float]
-    low_precision_factor: float
-    deterministic: bool
-    torch_op: bool
-    checks: tuple[str, ...] = field(default=())
-
-
-def op_name(op: Any) -> str:
-    """``namespace::name`` of a torch op, ``module.qualname`` of anything else."""
-    packet = getattr(op, "overloadpacket", op)
-    qual = getattr(packet, "_qualified_op_name", None)
-    if qual:
-        return str(qual)
-    module = getattr(op, "__module__", None) or type(op).__module__
-    name = getattr(op, "__qualname__", None) or getattr(op, "__name__", None) or repr(op)
-    return f"{module}.{name}" if module and module != "builtins" else str(name)
-
-
-def is_torch_op(op: Any) -> bool:
-    """True for ``torch.ops.<ns>.<op>`` (packet or overload)."""
-    try:
-        from torch._ops import OpOverload, OpOverloadPacket
-    except ImportError:  # pragma: no cover - torch is a dependency
-        return False
-    return isinstance(op, (OpOverload, OpOverloadPacket))
+__all__ = ["case_seed", "check_op", "run_check"]
 
 
 def _per_dtype(value: float | Mapping[str, float] | None, which: int) -> dict[str, float]:
@@ -238,8 +169,6 @@ def check_op(
         seed = case_seed(request.config)
         request.node.user_properties.append(("gpucheck_seed", seed))
         if gpu_device is None:  # no CUDA device visible: the suite's own parts, on CPU
-            from gpucheck.check_cpu import dry_run
-
             try:
                 dry_run(spec, gpucheck_check, seed)
             except AssertionError as err:
@@ -317,7 +246,7 @@ def run_check(spec: OpSpec, case: str, device: Any, other: Any, seed: int) -> No
         pytest.skip(f"check_op(devices={list(spec.devices)}) leaves {device} out")
     check, _, dtype_name = case.partition("-")
     set_case_op(spec.name)
-    runner = _Runner(spec, seed)
+    runner = Runner(spec, seed)
     try:
         if check in PER_DTYPE:
             getattr(runner, check)(device, other, getattr(torch, dtype_name))

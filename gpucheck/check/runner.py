@@ -1,5 +1,5 @@
-"""The checks of :func:`gpucheck.check_op` run here (``_Runner``, one method each, and helpers);
-the public API (``OpSpec``, ``check_op``, ``run_check``, parametrisation) is :mod:`gpucheck.check`.
+"""The checks of :func:`gpucheck.check_op` run here (``Runner``, one method each, and helpers);
+what was asked is :class:`gpucheck.check.spec.OpSpec`, the public API :mod:`gpucheck.check.api`.
 """
 
 from __future__ import annotations
@@ -8,16 +8,14 @@ import gc
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
 from gpucheck import testing
+from gpucheck.check.spec import OpSpec
 from gpucheck.errors import CUDA_ERROR_MARKERS
 from gpucheck.worker.case import attach
-
-if TYPE_CHECKING:
-    from gpucheck.check import OpSpec
 
 LOW_PRECISION = ("float16", "bfloat16")
 ALLOC_HINT = (
@@ -70,7 +68,7 @@ class Step:
     grads: dict[int, Any]
 
 
-class _Runner:
+class Runner:
     """The checks, one method each."""
 
     def __init__(self, spec: OpSpec, seed: int) -> None:

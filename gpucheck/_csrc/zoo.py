@@ -1,15 +1,16 @@
 """The self-test's zoo (``suites/selftest/zoo/``): pybind11 extensions in the shape of the
 field's code, one source family each (``zoo_<family>.cpp`` / ``.cu``), built with
 ``torch.utils.cpp_extension.load`` clean and with defect macros (``GPUCHECK_ZOO_<DEFECT>``),
-and compile-checked by ``nox -s compile`` (:func:`gpucheck._csrc.check_units`) under each
-build's macros. ``gpucheck.selftest.ZOO`` says what each build's cases must draw.
+and compile-checked by ``nox -s compile`` (:func:`gpucheck._csrc.compile_check.check_units`)
+under each build's macros. ``gpucheck.selftest.ZOO`` says what each build's cases must draw.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from gpucheck import _csrc
+from gpucheck._csrc import toolchain
+from gpucheck._csrc.sources import mentions
 
 #: the zoo's builds by name -> (family, the defects planted, each the macro
 #: ``GPUCHECK_ZOO_<DEFECT>``); no defect: a clean twin
@@ -64,22 +65,22 @@ def build_zoo(build: str, verbose: bool = False) -> object:
     Needs a CUDA toolkit and a CUDA torch."""
     from torch.utils import cpp_extension
 
-    _csrc.torch_build_env()
+    toolchain.torch_build_env()
     name = module_name(build)
     extra = flags(build)
     return cpp_extension.load(
         name=name,
         sources=[str(f) for f in sources(build)],
         extra_include_paths=[str(zoo_dir())],
-        extra_cflags=[*_csrc.CXX_FLAGS, *extra],
-        extra_cuda_cflags=[*_csrc.NVCC_FLAGS, *extra],
-        build_directory=str(_csrc.build_dir(name)),
+        extra_cflags=[*toolchain.CXX_FLAGS, *extra],
+        extra_cuda_cflags=[*toolchain.NVCC_FLAGS, *extra],
+        build_directory=str(toolchain.build_dir(name)),
         verbose=verbose,
     )
 
 
 def _names(src: Path, defect: str) -> bool:
-    return _csrc._mentions(src, f"GPUCHECK_ZOO_{defect}")
+    return mentions(src, f"GPUCHECK_ZOO_{defect}")
 
 
 def defect_units() -> list[tuple[Path, list[str], str]]:
