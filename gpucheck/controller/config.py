@@ -56,6 +56,9 @@ class RunConfig:
     #: the options the user gave on the command line (``--nvml-interval``, ...): a default
     #: cannot be told apart from the same value given, and a given option must apply
     given: frozenset[str] = frozenset()
+    #: ``--shard I/N`` (index, count) and the earlier run it balances by (gpucheck.model.shard)
+    shard: tuple[int, int] | None = None
+    durations: Path | None = None
 
     @property
     def report_formats(self) -> tuple[str, ...]:
@@ -191,6 +194,8 @@ def load_resume(folder: Path, cfg: RunConfig) -> tuple[RunConfig, RunHeader]:
             ("--distributed", cfg.distributed),
             ("--world-size", cfg.world_size is not None),
             ("--backend", cfg.backend is not None),
+            ("--shard", cfg.shard is not None),
+            ("--durations", cfg.durations is not None),
         )
         if value
     ]
@@ -238,8 +243,17 @@ def load_resume(folder: Path, cfg: RunConfig) -> tuple[RunConfig, RunHeader]:
         formats=cfg.formats,
         wait_for_devices=cfg.wait_for_devices,
         suite_paths={n: Path(p) for n, p in dict(saved.get("suite_paths") or {}).items()},
+        shard=_saved_shard(saved.get("shard")),
     )
     return resumed, header
+
+
+def _saved_shard(value: Any) -> tuple[int, int] | None:
+    """The ``--shard`` a run header recorded (``"I/N"``), or None."""
+    if not isinstance(value, str):
+        return None
+    index, _, count = value.partition("/")
+    return (int(index), int(count)) if index.isdigit() and count.isdigit() else None
 
 
 #: the types of the settings a run header records (what ``--resume`` replays)
@@ -434,6 +448,8 @@ def header(
         "distributed": cfg.distributed,
         "world_size": cfg.world_size,
         "backend": cfg.backend,
+        "shard": f"{cfg.shard[0]}/{cfg.shard[1]}" if cfg.shard else None,
+        "durations": str(cfg.durations) if cfg.durations else None,
     }
     memory = {d.uuid: d.memory_total for d in inv.devices} if inv else {}
     return {

@@ -19,7 +19,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from gpucheck.controller import devlock, reruns
+from gpucheck.controller import devlock, reruns, sharding
 from gpucheck.controller import suites as suites_mod
 from gpucheck.controller.config import (
     DEFAULT_MODES,
@@ -106,6 +106,7 @@ def run(
                 with contextlib.suppress(OSError):
                     out.rmdir()  # nothing ran: leave no empty run folder behind
             raise
+        sharding.prepare(cfg.shard, cfg.durations, out)
         results_path = RunFolder(out).results
         if previous is None:
             run_id = uuid.uuid4().hex[:12]
@@ -216,7 +217,7 @@ def _run_passes(
                     suites,
                     label,
                     _pass_env(label, cfg, current),
-                    cfg.pytest_args,
+                    [*cfg.pytest_args, *sharding.worker_args(out)],
                     interval,
                     tool,
                     sanitizer,

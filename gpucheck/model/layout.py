@@ -5,6 +5,7 @@
     RUN/results.jsonl          the records (gpucheck.model.results)
     RUN/rerun.jsonl            the wrong-device check's re-runs
     RUN/nvml_timeline.jsonl    the NVML samples of the run
+    RUN/shard.json             the shard of a ``--shard I/N`` run (gpucheck.model.shard)
     RUN/workers/STEM.*         one worker process's files (WorkerFiles)
 
 A worker's stem is ``<device>.<mode>[.<generation>]`` (``cuda0.blocking+nvml``,
@@ -26,6 +27,7 @@ from typing import BinaryIO
 RESULTS = "results.jsonl"
 RERUN = "rerun.jsonl"
 TIMELINE = "nvml_timeline.jsonl"
+SHARD = "shard.json"
 WORKERS = "workers"
 #: extra record files a suite may leave in the run folder, shown by the report
 EXTRAS = ("checkpoint_lint.jsonl", "benchmarks.jsonl")
@@ -57,6 +59,10 @@ class RunFolder:
     @property
     def workers(self) -> Path:
         return self.path / WORKERS
+
+    @property
+    def shard(self) -> Path:
+        return self.path / SHARD
 
     def worker(self, device: str, mode: str, generation: int = 0) -> WorkerFiles:
         return WorkerFiles(self.workers, stem(device, mode, generation))
