@@ -301,6 +301,32 @@ def run(
     )
 
 
+@cli.command()
+@click.argument(
+    "folders",
+    nargs=-1,
+    required=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="The merged run folder (default: a new reports/<timestamp>/).",
+)
+@click.option("--format", "formats", multiple=True, type=click.Choice(FORMATS), help=FORMAT_HELP)
+def merge(folders: tuple[Path, ...], out: Path | None, formats: tuple[str, ...]) -> int:
+    """Merge the run folders of several jobs (the shards of --shard, the same suites on
+    several machines) into one run folder and its reports; exits with its verdict.
+
+    Refused, in one sentence: folders of different gpucheck versions or settings, an
+    unfinished run, a case on the same device in two folders.
+    """
+    from gpucheck.controller.merge import merge as merge_runs
+
+    return merge_runs(list(folders), out, tuple(dict.fromkeys(formats)))
+
+
 def _shard(value: str | None) -> tuple[int, int] | None:
     """``--shard I/N`` as (I, N); a value that names no shard is refused in one sentence."""
     from gpucheck.model.shard import ShardError, parse_spec

@@ -18,6 +18,7 @@ from rich.console import Console
 import gpucheck
 from gpucheck import devices as devices_mod
 from gpucheck.controller import suites as suites_mod
+from gpucheck.detectors import registry
 from gpucheck.errors import EnvironmentProblem, UsageProblem
 from gpucheck.model import modes, results
 from gpucheck.model.layout import RESULTS
@@ -209,6 +210,11 @@ def load_resume(folder: Path, cfg: RunConfig) -> tuple[RunConfig, RunHeader]:
     if header is None:
         raise UsageProblem(
             f"{str(folder)!r} holds no gpucheck run to resume (no results.jsonl with a run header)"
+        )
+    if header.config.get("merged_from"):
+        raise UsageProblem(
+            f"{str(folder)!r} was made by `gpucheck merge`: resume the run folders it was "
+            "merged from, then merge again"
         )
     end = RunLog.read(path).end
     if end is not None and not end.interrupted:
@@ -471,6 +477,7 @@ def header(
         "notes": notes,
         "not_runnable": not_runnable,
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "detectors": registry.settings(),
         "command": ["gpucheck", *sys.argv[1:]],
         "config": config,
     }
