@@ -231,6 +231,17 @@ def _print_inventory(inv: Inventory) -> None:
     help="Balance --shard by the case durations of an earlier run (its folder or its "
     "results.jsonl); without it, by the number of cases.",
 )
+@click.option(
+    "--ray",
+    "ray_address",
+    is_flag=False,
+    flag_value="local",
+    default=None,
+    metavar="[ADDRESS]",
+    help="Run on every GPU of every node of a Ray cluster (ADDRESS, e.g. ray://head:10001 "
+    "or auto; without it, a local Ray instance), into one run folder here. Needs "
+    'pip install "gpucheck[ray]".',
+)
 @click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def run(
@@ -253,6 +264,7 @@ def run(
     wait_for_devices: float,
     shard: tuple[int, int] | None,
     durations: Path | None,
+    ray_address: str | None,
     pytest_args: tuple[str, ...],
 ) -> int:
     """Run the suites on every target device, each in its own process.
@@ -297,6 +309,7 @@ def run(
             given=_given(ctx),
             shard=shard,
             durations=durations,
+            ray=ray_address,
         )
     )
 

@@ -60,6 +60,9 @@ class RunConfig:
     #: ``--shard I/N`` (index, count) and the earlier run it balances by (gpucheck.model.shard)
     shard: tuple[int, int] | None = None
     durations: Path | None = None
+    #: ``--ray [ADDRESS]``: the Ray cluster to run on ("local": a local instance;
+    #: gpucheck.controller.fleet); kept by --resume unless given again
+    ray: str | None = None
 
     @property
     def report_formats(self) -> tuple[str, ...]:
@@ -250,6 +253,7 @@ def load_resume(folder: Path, cfg: RunConfig) -> tuple[RunConfig, RunHeader]:
         wait_for_devices=cfg.wait_for_devices,
         suite_paths={n: Path(p) for n, p in dict(saved.get("suite_paths") or {}).items()},
         shard=_saved_shard(saved.get("shard")),
+        ray=cfg.ray or (saved["ray"] if isinstance(saved.get("ray"), str) else None),
     )
     return resumed, header
 
@@ -456,6 +460,7 @@ def header(
         "backend": cfg.backend,
         "shard": f"{cfg.shard[0]}/{cfg.shard[1]}" if cfg.shard else None,
         "durations": str(cfg.durations) if cfg.durations else None,
+        "ray": cfg.ray,
     }
     memory = {d.uuid: d.memory_total for d in inv.devices} if inv else {}
     return {

@@ -5,7 +5,7 @@ settings loaded, and the run handed to the single-process controller
 
 from __future__ import annotations
 
-from gpucheck.controller import dist_pipeline, pipeline, sharding
+from gpucheck.controller import dist_pipeline, fleet, pipeline, sharding
 from gpucheck.controller.config import RunConfig, load_resume, refuse_inapplicable
 from gpucheck.model.runlog import RunHeader
 
@@ -17,6 +17,8 @@ def run(cfg: RunConfig) -> int:
     previous: RunHeader | None = None
     if cfg.resume is not None:
         cfg, previous = load_resume(cfg.resume, cfg)
+    if cfg.ray is not None:
+        return fleet.run(cfg, previous)
     if cfg.distributed:
         return dist_pipeline.run(cfg, previous)
     cpu_pass = dist_pipeline.cpu_pass if sharding.first_shard(cfg) else None

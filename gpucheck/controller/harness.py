@@ -31,6 +31,7 @@ from gpucheck.detectors.mixed_devices import cuda_error_hint
 from gpucheck.errors import OutputProblem
 from gpucheck.model import results
 from gpucheck.model.contract import (
+    DEVICE_LABEL_ENV,
     EXIT_CONTEXT_LOST,
     EXIT_OUTPUT_ERROR,
     LIFELINE_FD_ENV,
@@ -382,7 +383,7 @@ class Harness:
         self, spec: WorkerSpec, generation: int = 0, skip: list[str] | None = None
     ) -> Worker:
         files = RunFolder(self.out_dir).worker(spec.label, spec.mode, generation)
-        env = dict(spec.env)
+        env = {DEVICE_LABEL_ENV: spec.label, **spec.env}  # its records' device (node/cuda:1)
         san_log = files.sanitizer_log_template if spec.sanitizer_tool else None
         if spec.sanitizer_tool:
             env.update(sanitizer_cmd.env())

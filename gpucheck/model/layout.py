@@ -157,6 +157,11 @@ class WorkerFiles:
         return self._f(".skip.txt")
 
     @property
+    def plan(self) -> Path:
+        """The cases the worker collected to run (gpucheck.model.fleet.WorkerPlan)."""
+        return self._f(".plan.json")
+
+    @property
     def only(self) -> Path:
         """Case ids to run and no others (the wrong-device check's re-run)."""
         return self._f(".only.txt")

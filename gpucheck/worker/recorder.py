@@ -28,6 +28,7 @@ from gpucheck.detectors.registry import worker_detectors
 from gpucheck.errors import CUDA_ERROR_MARKERS, OutputProblem, sticky_cuda_error_line
 from gpucheck.model import contract, results
 from gpucheck.model.contract import now_iso, write_state
+from gpucheck.model.fleet import WorkerPlan
 from gpucheck.model.layout import WorkerFiles
 from gpucheck.model.results import EVIDENCE_CHARS, CaseRecord, Finding
 from gpucheck.model.shard import ShardError, ShardPlan, case_key
@@ -236,6 +237,12 @@ class Recorder:
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.total = len(session.items)
         self.paths = {item.nodeid: Path(item.path).resolve() for item in session.items}
+        if self.state_path is not None:  # what a lost node did not finish (gpucheck.model.fleet)
+            with contextlib.suppress(OSError):
+                plan = [self.ids.get(i.nodeid, i.nodeid) for i in session.items]
+                WorkerPlan(self.device, self.mode, plan).write(
+                    WorkerFiles.of_state(self.state_path).plan
+                )
         self._state(None)
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
