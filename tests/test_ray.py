@@ -19,6 +19,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import jsonschema
 import pytest
 from fleet import cases, make_suite
 
@@ -30,6 +31,7 @@ except ImportError:  # pragma: no cover - Ray is the extra gpucheck[ray]
     pytest.skip('Ray is not installed (pip install "gpucheck[ray]")', allow_module_level=True)
 
 from gpucheck.controller.fleet import NODE_LABEL, Collector
+from gpucheck.model import results
 from gpucheck.model.fleet import NodeLost
 
 #: test_block waits for the file RELEASE (the nodes' processes do not get the test's env)
@@ -130,6 +132,9 @@ def test_a_lost_node_is_named_and_resume_runs_only_what_it_missed(cluster, tmp_p
     said, _ = proc.communicate(timeout=300)
     assert proc.returncode == 130, said  # interrupted (the exit code of an interrupted run)
     assert "Traceback" not in said
+    schema = jsonschema.Draft202012Validator(results.schema())
+    for line in (out / "results.jsonl").read_text().splitlines():
+        schema.validate(json.loads(line))  # the lost record too
     lost = _lost(out)
     assert [x.node for x in lost] == ["node-b"]
     missed = sorted(case for _, _, case in lost[0].cases)

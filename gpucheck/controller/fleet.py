@@ -37,7 +37,7 @@ from gpucheck.controller.config import (
     make_console,
     prepare_out,
 )
-from gpucheck.controller.fleet_node import NodeTargets, discover, passes, run_node
+from gpucheck.controller.fleet_node import NodeTargets, asked_modes, discover, passes, run_node
 from gpucheck.errors import EnvironmentProblem, GpucheckError, UsageProblem
 from gpucheck.model import results
 from gpucheck.model.fleet import NodeLost, node_of
@@ -245,7 +245,15 @@ def _run(ray: Any, cfg: RunConfig, previous: RunHeader | None, suites: dict[str,
             run_id = uuid.uuid4().hex[:12]
             all_passes = list(dict.fromkeys(p for f in found for p in passes(cfg, f.visible)))
             first = header(
-                cfg, run_id, targets, None, suites, all_passes, notes, not_runnable, cfg.modes
+                cfg,
+                run_id,
+                targets,
+                None,
+                suites,
+                all_passes,
+                notes,
+                not_runnable,
+                asked_modes(cfg),
             )
             results.append(folder.results, first)
         else:

@@ -23,6 +23,7 @@ from typing import Any
 
 from gpucheck.controller import devlock, pipeline
 from gpucheck.controller.config import (
+    DEFAULT_MODES,
     RunConfig,
     Target,
     choose_targets,
@@ -55,8 +56,13 @@ class NodeTargets:
     not_runnable: dict[str, str]
 
 
+def asked_modes(cfg: RunConfig) -> tuple[str, ...]:
+    """The modes asked for (the default ones when none was)."""
+    return tuple(dict.fromkeys(cfg.modes)) or DEFAULT_MODES
+
+
 def _modes(cfg: RunConfig) -> tuple[str, ...]:
-    asked = tuple(dict.fromkeys(cfg.modes)) or pipeline.DEFAULT_MODES
+    asked = asked_modes(cfg)
     return tuple(m for m in asked if m != "nvml") if cfg.cpu_only else asked
 
 
