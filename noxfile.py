@@ -27,6 +27,8 @@ nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = True
 
 TORCH_SPEC = os.environ.get("GPUCHECK_TORCH", "torch==2.13.0")
+#: set in the tests session: the Ray tests fail without Ray instead of skipping
+RAY_NEEDED = "GPUCHECK_RAY_TESTS"
 VENV = {"venv_params": ["--system-site-packages"]}
 ROOT = Path(__file__).resolve().parent
 #: the file that shows a session's venv the packages of the venv nox runs in
@@ -102,8 +104,10 @@ def _install(session: nox.Session, extras: str, build_extension: bool = False) -
 @nox.session(**VENV)
 def tests(session: nox.Session) -> None:
     """CPU tests: parsers, detectors, references, harness and report on real outputs."""
-    _install(session, "test")
-    session.run("python", "-m", "pytest", "tests", *session.posargs)
+    # the extra ray too (a ~79 MB wheel): the --ray tests start a local Ray cluster, and
+    # here a missing Ray fails them instead of skipping them (tests/test_ray.py)
+    _install(session, "test,ray")
+    session.run("python", "-m", "pytest", "tests", *session.posargs, env={RAY_NEEDED: "1"})
 
 
 #: the quick subset for the edit loop (`nox -s quick`, under 2 minutes on two cores): the

@@ -215,6 +215,33 @@ def _print_inventory(inv: Inventory) -> None:
     help="When another gpucheck run holds a target GPU (or the run folder to "
     "resume), wait up to this long for it; 0 refuses at once, naming that run.",
 )
+@click.option(
+    "--shard",
+    callback=lambda ctx, param, value: _shard(value),
+    default=None,
+    metavar="I/N",
+    help="Run shard I of N of the planned cases (one per CI job or Slurm array task; "
+    "`gpucheck merge` joins their run folders). Every device of a shard runs the same cases.",
+)
+@click.option(
+    "--durations",
+    type=click.Path(exists=True, path_type=Path),
+    default=None,
+    metavar="RUN",
+    help="Balance --shard by the case durations of an earlier run (its folder or its "
+    "results.jsonl); without it, by the number of cases.",
+)
+@click.option(
+    "--ray",
+    "ray_address",
+    is_flag=False,
+    flag_value="local",
+    default=None,
+    metavar="[ADDRESS]",
+    help="Run on every GPU of every node of a Ray cluster (ADDRESS, e.g. ray://head:10001 "
+    "or auto; without it, a local Ray instance), into one run folder here. Needs "
+    'pip install "gpucheck[ray]".',
+)
 @click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def run(
@@ -235,6 +262,9 @@ def run(
     backend: str | None,
     formats: tuple[str, ...],
     wait_for_devices: float,
+    shard: tuple[int, int] | None,
+    durations: Path | None,
+    ray_address: str | None,
     pytest_args: tuple[str, ...],
 ) -> int:
     """Run the suites on every target device, each in its own process.
@@ -277,8 +307,49 @@ def run(
             formats=tuple(dict.fromkeys(formats)),
             wait_for_devices=wait_for_devices,
             given=_given(ctx),
+            shard=shard,
+            durations=durations,
+            ray=ray_address,
         )
     )
+
+
+@cli.command()
+@click.argument(
+    "folders",
+    nargs=-1,
+    required=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="The merged run folder (default: a new reports/<timestamp>/).",
+)
+@click.option("--format", "formats", multiple=True, type=click.Choice(FORMATS), help=FORMAT_HELP)
+def merge(folders: tuple[Path, ...], out: Path | None, formats: tuple[str, ...]) -> int:
+    """Merge the run folders of several jobs (the shards of --shard, the same suites on
+    several machines) into one run folder and its reports; exits with its verdict.
+
+    Refused, in one sentence: folders of different gpucheck versions or settings, an
+    unfinished run, a case on the same device in two folders.
+    """
+    from gpucheck.controller.merge import merge as merge_runs
+
+    return merge_runs(list(folders), out, tuple(dict.fromkeys(formats)))
+
+
+def _shard(value: str | None) -> tuple[int, int] | None:
+    """``--shard I/N`` as (I, N); a value that names no shard is refused in one sentence."""
+    from gpucheck.model.shard import ShardError, parse_spec
+
+    if value is None:
+        return None
+    try:
+        return parse_spec(value)
+    except ShardError as err:
+        raise click.BadParameter(str(err)) from None
 
 
 def _given(ctx: click.Context) -> frozenset[str]:

@@ -120,6 +120,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="FILE",
         help="run only the case ids listed in FILE (the wrong-device re-run)",
     )
+    group.addoption(
+        "--gpucheck-shard",
+        default=None,
+        metavar="FILE",
+        help="run only this shard's cases (the shard plan gpucheck run --shard writes)",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)

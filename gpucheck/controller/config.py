@@ -17,6 +17,7 @@ from rich.console import Console
 import gpucheck
 from gpucheck import devices as devices_mod
 from gpucheck.controller import suites as suites_mod
+from gpucheck.detectors import registry
 from gpucheck.errors import EnvironmentProblem, UsageProblem
 from gpucheck.model import clock, modes, results
 from gpucheck.model.layout import RESULTS
@@ -55,6 +56,12 @@ class RunConfig:
     #: the options the user gave on the command line (``--nvml-interval``, ...): a default
     #: cannot be told apart from the same value given, and a given option must apply
     given: frozenset[str] = frozenset()
+    #: ``--shard I/N`` (index, count) and the earlier run it balances by (gpucheck.model.shard)
+    shard: tuple[int, int] | None = None
+    durations: Path | None = None
+    #: ``--ray [ADDRESS]``: the Ray cluster to run on ("local": a local instance;
+    #: gpucheck.controller.fleet); kept by --resume unless given again
+    ray: str | None = None
 
     @property
     def report_formats(self) -> tuple[str, ...]:
@@ -190,6 +197,8 @@ def load_resume(folder: Path, cfg: RunConfig) -> tuple[RunConfig, RunHeader]:
             ("--distributed", cfg.distributed),
             ("--world-size", cfg.world_size is not None),
             ("--backend", cfg.backend is not None),
+            ("--shard", cfg.shard is not None),
+            ("--durations", cfg.durations is not None),
         )
         if value
     ]
@@ -203,6 +212,11 @@ def load_resume(folder: Path, cfg: RunConfig) -> tuple[RunConfig, RunHeader]:
     if header is None:
         raise UsageProblem(
             f"{str(folder)!r} holds no gpucheck run to resume (no results.jsonl with a run header)"
+        )
+    if header.config.get("merged_from"):
+        raise UsageProblem(
+            f"{str(folder)!r} was made by `gpucheck merge`: resume the run folders it was "
+            "merged from, then merge again"
         )
     end = RunLog.read(path).end
     if end is not None and not end.interrupted:
@@ -237,8 +251,18 @@ def load_resume(folder: Path, cfg: RunConfig) -> tuple[RunConfig, RunHeader]:
         formats=cfg.formats,
         wait_for_devices=cfg.wait_for_devices,
         suite_paths={n: Path(p) for n, p in dict(saved.get("suite_paths") or {}).items()},
+        shard=_saved_shard(saved.get("shard")),
+        ray=cfg.ray or (saved["ray"] if isinstance(saved.get("ray"), str) else None),
     )
     return resumed, header
+
+
+def _saved_shard(value: Any) -> tuple[int, int] | None:
+    """The ``--shard`` a run header recorded (``"I/N"``), or None."""
+    if not isinstance(value, str):
+        return None
+    index, _, count = value.partition("/")
+    return (int(index), int(count)) if index.isdigit() and count.isdigit() else None
 
 
 #: the types of the settings a run header records (what ``--resume`` replays)
@@ -433,6 +457,9 @@ def header(
         "distributed": cfg.distributed,
         "world_size": cfg.world_size,
         "backend": cfg.backend,
+        "shard": f"{cfg.shard[0]}/{cfg.shard[1]}" if cfg.shard else None,
+        "durations": str(cfg.durations) if cfg.durations else None,
+        "ray": cfg.ray,
     }
     memory = {d.uuid: d.memory_total for d in inv.devices} if inv else {}
     return {
@@ -454,6 +481,7 @@ def header(
         "notes": notes,
         "not_runnable": not_runnable,
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "detectors": registry.settings(),
         "command": ["gpucheck", *sys.argv[1:]],
         "config": config,
     }

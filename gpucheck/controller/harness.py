@@ -42,7 +42,12 @@ from gpucheck.controller.spawning import (
 )
 from gpucheck.errors import OutputProblem
 from gpucheck.model import clock, results, worker_state
-from gpucheck.model.contract import EXIT_CONTEXT_LOST, EXIT_OUTPUT_ERROR, NORMAL_EXITS
+from gpucheck.model.contract import (
+    DEVICE_LABEL_ENV,
+    EXIT_CONTEXT_LOST,
+    EXIT_OUTPUT_ERROR,
+    NORMAL_EXITS,
+)
 from gpucheck.model.layout import RunFolder, WorkerFiles
 from gpucheck.model.results import CaseRecord, Finding
 from gpucheck.model.runlog import RunLog
@@ -132,7 +137,7 @@ class Harness:
         self, spec: WorkerSpec, generation: int = 0, skip: list[str] | None = None
     ) -> Worker:
         files = RunFolder(self.out_dir).worker(spec.label, spec.mode, generation)
-        env = dict(spec.env)
+        env = {DEVICE_LABEL_ENV: spec.label, **spec.env}  # its records' device (node/cuda:1)
         san_log = files.sanitizer_log_template if spec.sanitizer_tool else None
         if spec.sanitizer_tool:
             env.update(sanitizer_cmd.env())

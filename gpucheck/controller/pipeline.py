@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gpucheck.controller import devlock, reruns
+from gpucheck.controller import devlock, reruns, sharding
 from gpucheck.controller import suites as suites_mod
 from gpucheck.controller.config import (
     DEFAULT_MODES,
@@ -174,6 +174,7 @@ class Run:
                 with contextlib.suppress(OSError):
                     self.out.rmdir()  # nothing ran: leave no empty run folder behind
             raise
+        sharding.prepare(self.cfg.shard, self.cfg.durations, self.out)
 
     def write_header(self) -> None:
         """The ``run`` header (or, resumed, a ``resume`` record); the run's one log of its
@@ -245,7 +246,7 @@ class Run:
                         self.suites,
                         label,
                         self.pass_env(label, current),
-                        self.cfg.pytest_args,
+                        [*self.cfg.pytest_args, *sharding.worker_args(self.out)],
                         interval,
                         tool,
                         self.sanitizer,

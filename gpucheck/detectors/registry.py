@@ -135,6 +135,19 @@ def worker_detectors() -> list[Detector]:
     return [d for d in found if d.name not in off]
 
 
+def settings() -> dict[str, list[str]]:
+    """What decides the detectors of a run besides gpucheck's version (a run header records
+    it; ``gpucheck merge`` refuses runs that differ in it): the worker detectors left out
+    (``$GPUCHECK_DISABLE_DETECTORS``) and the packages' entry points that add detectors."""
+    import importlib.metadata
+
+    points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+    return {
+        "disabled": sorted(disabled()),
+        "plugins": sorted(f"{p.name}={p.value}" for p in points),
+    }
+
+
 def run_detectors(context: RunContext) -> list[Detector]:
     """The run-level detectors, in order."""
     return _flat(manager().hook.gpucheck_run_detectors(context=context))

@@ -5,6 +5,7 @@
     RUN/results.jsonl          the records (gpucheck.model.results)
     RUN/rerun.jsonl            the wrong-device check's re-runs
     RUN/nvml_timeline.jsonl    the NVML samples of the run
+    RUN/shard.json             the shard of a ``--shard I/N`` run (gpucheck.model.shard)
     RUN/workers/STEM.*         one worker process's files (WorkerFiles)
     RUN/workers/group.*, owner*.done   a distributed group's meeting point, claimed finding,
                                and its owners' ends (RunFolder.group_master, ...)
@@ -28,6 +29,7 @@ from typing import BinaryIO
 RESULTS = "results.jsonl"
 RERUN = "rerun.jsonl"
 TIMELINE = "nvml_timeline.jsonl"
+SHARD = "shard.json"
 WORKERS = "workers"
 #: the reports a run writes: format -> file in the run folder (gpucheck.report.FORMATS)
 REPORTS = {
@@ -66,6 +68,10 @@ class RunFolder:
     @property
     def workers(self) -> Path:
         return self.path / WORKERS
+
+    @property
+    def shard(self) -> Path:
+        return self.path / SHARD
 
     def worker(self, device: str, mode: str, generation: int = 0) -> WorkerFiles:
         return WorkerFiles(self.workers, stem(device, mode, generation))
@@ -172,6 +178,11 @@ class WorkerFiles:
     def skip(self) -> Path:
         """Case ids already recorded: the worker deselects them (a fresh process, --resume)."""
         return self._f(".skip.txt")
+
+    @property
+    def plan(self) -> Path:
+        """The cases the worker collected to run (gpucheck.model.fleet.WorkerPlan)."""
+        return self._f(".plan.json")
 
     @property
     def only(self) -> Path:

@@ -27,8 +27,10 @@ from gpucheck.detectors.base import CaseInfo, WorkerContext
 from gpucheck.detectors.registry import worker_detectors
 from gpucheck.errors import CUDA_ERROR_MARKERS, OutputProblem, sticky_cuda_error_line
 from gpucheck.model import clock, contract, results, worker_state
+from gpucheck.model.fleet import WorkerPlan
 from gpucheck.model.layout import WorkerFiles
 from gpucheck.model.results import EVIDENCE_CHARS, CaseRecord, Finding
+from gpucheck.model.shard import ShardError, ShardPlan, case_key
 from gpucheck.model.worker_state import WorkerState
 from gpucheck.nvml_sampler import CasePeaks, Sampler
 from gpucheck.sanitizer.findings import read_records, sanitizer_findings
@@ -57,6 +59,11 @@ class Recorder:
         guard.watch_controller()
         skip_file = config.getoption("--gpucheck-skip")
         self.skip = set(Path(skip_file).read_text().split("\n")) if skip_file else set()
+        shard_file = config.getoption("--gpucheck-shard")
+        try:  # --shard I/N: this worker runs only its shard's cases (gpucheck.model.shard)
+            self.shard = ShardPlan.read(Path(shard_file)) if shard_file else None
+        except ShardError as err:
+            raise pytest.UsageError(f"gpucheck: {err}") from None
         self.process_state: dict[str, guard.ProcessState] = {}
         self.children: dict[str, set[int]] = {}  # node id -> children before its body ran
         self.run_id = config.getoption("--gpucheck-run-id")
@@ -200,10 +207,19 @@ class Recorder:
                 return name
         return item_path.parent.name
 
+    @pytest.hookimpl(tryfirst=True)  # the shard is split from the whole collection (-k aside)
     def pytest_collection_modifyitems(
         self, config: pytest.Config, items: list[pytest.Item]
     ) -> None:
         self.ids.update({i.nodeid: self.case_id(i) for i in items})
+        if self.shard is not None:
+            keys = {
+                i.nodeid: case_key(self.suite_of(Path(i.path).resolve()), self.ids[i.nodeid])
+                for i in items
+            }
+            mine = self.shard.keep(keys.values())
+            config.hook.pytest_deselected(items=[i for i in items if keys[i.nodeid] not in mine])
+            items[:] = [i for i in items if keys[i.nodeid] in mine]
         only_file = config.getoption("--gpucheck-only")
         if only_file:
             only = set(Path(only_file).read_text().split("\n"))
@@ -222,13 +238,19 @@ class Recorder:
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.total = len(session.items)
         self.paths = {item.nodeid: Path(item.path).resolve() for item in session.items}
+        if self.state_path is not None:  # what a lost node did not finish (gpucheck.model.fleet)
+            with contextlib.suppress(OSError):
+                plan = [self.ids.get(i.nodeid, i.nodeid) for i in session.items]
+                WorkerPlan(self.device, self.mode, plan).write(
+                    WorkerFiles.of_state(self.state_path).plan
+                )
         self._state(None)
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         """A file of a suite that cannot be collected (a syntax or import error) is a finding
         of its own: the other files and suites still run (``--continue-on-collection-errors``)."""
-        if not report.failed:
-            return
+        if not report.failed or (self.shard is not None and self.shard.index != 1):
+            return  # under --shard, shard 1 records it (once for the merged run)
         path = self._path_of(report.nodeid)
         suite = self.suite_of(path)
         case = report.nodeid

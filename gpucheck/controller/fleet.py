@@ -1,0 +1,355 @@
+"""``gpucheck run --ray [ADDRESS]``: the same run over every node of a Ray cluster that has
+GPUs, into one run folder on the head (the machine that runs this command).
+
+Ray places the work: one task per node (``NodeAffinitySchedulingStrategy``, the node's GPUs
+as ``num_gpus``) runs the local controller there (:mod:`gpucheck.controller.fleet_node`),
+whose workers' records stream to a :class:`Collector` actor on the head that appends them to
+the run folder as they arrive. Devices are named with their node (``node-a/cuda:1``); a node
+is named by its label ``gpucheck-node`` where it has one (``ray start --labels``), else by its
+host name. After the tasks, the run ends as on one machine: the run-level detectors over every
+record, the end record, the reports (:func:`gpucheck.controller.pipeline.finish`).
+
+A node lost mid-run (its task fails as Ray sees the node die) leaves a ``lost`` record naming
+it and the cases it planned and did not record (:class:`~gpucheck.model.fleet.NodeLost`), and
+the run ends interrupted; ``gpucheck run --resume DIR`` runs only what is missing, each node
+its own devices' cases (a node is known again by its name). Each node holds its GPUs' locks
+(:mod:`gpucheck.controller.devlock`), so a second controller on the same fleet is refused.
+
+Ray is imported only here, only under ``--ray`` (the extra ``gpucheck[ray]``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpucheck.controller import devlock, pipeline
+from gpucheck.controller import suites as suites_mod
+from gpucheck.controller.config import (
+    RunConfig,
+    check_same_devices,
+    header,
+    make_console,
+    prepare_out,
+)
+from gpucheck.controller.fleet_node import NodeTargets, asked_modes, discover, passes, run_node
+from gpucheck.errors import EnvironmentProblem, GpucheckError, UsageProblem
+from gpucheck.model import results
+from gpucheck.model.fleet import NodeLost, node_of
+from gpucheck.model.layout import RunFolder
+from gpucheck.model.runlog import Resume, RunHeader, RunLog
+
+#: the node label that names a node in device names (else its host name)
+NODE_LABEL = "gpucheck-node"
+#: seconds between two looks at the nodes' tasks
+WAIT_S = 0.5
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as err:
+        raise EnvironmentProblem(
+            '--ray needs Ray, which is not installed: pip install "gpucheck[ray]"'
+        ) from err
+    return ray
+
+
+class Collector:
+    """The head's end of the records' stream (a Ray actor on the head's node): appends each
+    batch of complete lines a node sends to the run folder's file of that kind, and keeps
+    the workers' plans."""
+
+    def __init__(self, folder: str) -> None:
+        run = RunFolder(Path(folder))
+        self.paths = {"results": run.results, "rerun": run.rerun, "timeline": run.timeline}
+        self.plans: dict[tuple[str, str], set[str]] = {}
+
+    def append(self, kind: str, data: bytes) -> None:
+        fd = os.open(self.paths[kind], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def plan(self, device: str, mode: str, cases: list[str]) -> None:
+        self.plans.setdefault((device, mode), set()).update(cases)
+
+    def planned(self) -> list[tuple[str, str, list[str]]]:
+        return [(d, m, sorted(c)) for (d, m), c in sorted(self.plans.items())]
+
+
+@dataclass(frozen=True)
+class Node:
+    """A node of the cluster with GPUs."""
+
+    node_id: str
+    name: str
+    gpus: int
+
+
+def nodes(ray: Any) -> list[Node]:
+    """The live nodes that have GPUs, named (a name two nodes share gets their id)."""
+    alive = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("GPU", 0) > 0]
+    names = [
+        (n.get("Labels") or {}).get(NODE_LABEL) or n.get("NodeManagerHostname") or "node"
+        for n in alive
+    ]
+    out = [
+        Node(
+            n["NodeID"],
+            name if names.count(name) == 1 else f"{name}-{n['NodeID'][:6]}",
+            int(n["Resources"]["GPU"]),
+        )
+        for n, name in zip(alive, names, strict=True)
+    ]
+    return sorted(out, key=lambda n: n.name)
+
+
+def _on(ray: Any, node: Node, **options: Any) -> dict[str, Any]:
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return {
+        "num_gpus": node.gpus,
+        "num_cpus": 0,
+        "max_retries": 0,
+        "scheduling_strategy": NodeAffinitySchedulingStrategy(node.node_id, soft=False),
+        **options,
+    }
+
+
+def _why(err: BaseException) -> str:
+    """One line for a task's failure: our own error's sentence, else the exception's name."""
+    cause = getattr(err, "cause", None)
+    if isinstance(cause, GpucheckError):
+        return str(cause)
+    first = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {first[0] if first else ''}".strip()
+
+
+def _connect(ray: Any, address: str) -> None:
+    options: dict[str, Any] = {"logging_level": "WARNING", "configure_logging": True}
+    if address == "local":
+        options["include_dashboard"] = False
+    try:
+        ray.init(address=address, **options)
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        raise EnvironmentProblem(f"--ray {address}: cannot reach the Ray cluster: {err}") from err
+
+
+def _found(
+    ray: Any, cfg: RunConfig, fleet: list[Node], suites: dict[str, Path]
+) -> list[NodeTargets]:
+    task = ray.remote(discover)
+    refs = [task.options(**_on(ray, n)).remote(cfg, n.name, suites) for n in fleet]
+    out = []
+    for node, ref in zip(fleet, refs, strict=True):
+        try:
+            out.append(ray.get(ref))
+        except Exception as err:
+            raise EnvironmentProblem(f"node {node.name}: {_why(err)}") from None
+    return out
+
+
+def _seed(head_line: dict[str, Any], log: RunLog | None, node: str) -> bytes:
+    """The header and the records a node's devices already have, as the node's run starts."""
+    lines = [head_line]
+    if log is not None:
+        lines += [
+            r.to_json() for r in log.cases if not r.harness_made and node_of(r.device) == node
+        ]
+    return b"".join(json.dumps(x, separators=(",", ":")).encode() + b"\n" for x in lines)
+
+
+def _lost(
+    planned: Iterable[tuple[str, str, list[str]]],
+    done: set[tuple[str, str, str]],
+    run_id: str,
+    node: str,
+    reason: str,
+) -> NodeLost:
+    cases = [
+        (device, mode, case)
+        for device, mode, cases in planned
+        if node_of(device) == node
+        for case in cases
+        if (device, mode, case) not in done
+    ]
+    return NodeLost(run_id, node, reason, cases)
+
+
+def run(cfg: RunConfig, previous: RunHeader | None = None) -> int:
+    """Run the suites on every GPU of every node of the cluster at ``cfg.ray``; the exit
+    code of the whole run."""
+    for flag, given in (
+        ("--distributed", cfg.distributed),
+        ("--shard", cfg.shard is not None),
+        ("--device", bool(cfg.devices)),
+    ):
+        if given:
+            raise UsageProblem(
+                f"--ray runs every GPU of every node of the cluster, and {flag} does not "
+                f"apply there: drop {flag}"
+            )
+    assert cfg.ray is not None
+    ray = _ray()
+    requested = (
+        cfg.suite_paths
+        if cfg.suite_paths is not None
+        else suites_mod.resolve(cfg.suites, cpu_only=cfg.cpu_only)
+    )
+    suites = {n: Path(p).resolve() for n, p in requested.items()}
+    _connect(ray, cfg.ray)
+    try:
+        return _run(ray, cfg, previous, suites)
+    finally:
+        ray.shutdown()
+
+
+def _run(ray: Any, cfg: RunConfig, previous: RunHeader | None, suites: dict[str, Path]) -> int:
+    notes: list[str] = []
+    fleet = nodes(ray)
+    if not fleet:
+        raise EnvironmentProblem(f"--ray {cfg.ray}: no node of the Ray cluster has a GPU")
+    missing: list[str] = []
+    if previous is not None:  # the nodes of the run, known by their names
+        before = {node_of(d.device) for d in previous.devices}
+        missing = sorted(str(n) for n in before - {n.name for n in fleet} if n)
+        extra = [n.name for n in fleet if n.name not in before]
+        fleet = [n for n in fleet if n.name in before]
+        notes += [
+            f"--resume: node {n} is not in the cluster: its cases did not run" for n in missing
+        ]
+        notes += [f"--resume: node {n} joined after the run started: not used" for n in extra]
+    found = _found(ray, cfg, fleet, suites)
+    targets = [t for f in found for t in f.targets]
+    if previous is not None:
+        check_same_devices(previous, targets)
+    not_runnable = {k: v for f in found for k, v in f.not_runnable.items()}
+    notes += [n for f in found for n in f.notes]
+    console = make_console()
+    with devlock.held([], cfg.resume, cfg.wait_for_devices, notes) as lock:
+        out = cfg.resume if cfg.resume is not None else prepare_out(cfg.out)
+        lock.note_folder(out)
+        folder = RunFolder(out)
+        log: RunLog | None = None
+        if previous is None:
+            run_id = uuid.uuid4().hex[:12]
+            all_passes = list(dict.fromkeys(p for f in found for p in passes(cfg, f.visible)))
+            first = header(
+                cfg,
+                run_id,
+                targets,
+                None,
+                suites,
+                all_passes,
+                notes,
+                not_runnable,
+                asked_modes(cfg),
+            )
+            results.append(folder.results, first)
+        else:
+            run_id = previous.run_id
+            first = previous.raw
+            log = RunLog.read(folder.results)
+            results.append(
+                folder.results, Resume(run_id, pipeline._now(), notes, not_runnable).to_json()
+            )
+        stopped: list[str] = []
+        with pipeline.sigterm_as_interrupt(stopped):
+            failed = _run_tasks(
+                ray, cfg, out, run_id, first, log, fleet, found, suites, console, notes
+            )
+        if stopped or failed.pop("", None) is not None:
+            stopped_by = stopped[0] if stopped else "Ctrl-C"
+        elif failed or missing:
+            gone = sorted([*failed, *missing])
+            stopped_by = f"the loss of node {', '.join(gone)}"
+        else:
+            stopped_by = None
+        return pipeline.finish(
+            cfg, out, folder.results, run_id, notes, not_runnable, stopped_by, console
+        )
+
+
+def _run_tasks(
+    ray: Any,
+    cfg: RunConfig,
+    out: Path,
+    run_id: str,
+    first: dict[str, Any],
+    log: RunLog | None,
+    fleet: list[Node],
+    found: list[NodeTargets],
+    suites: dict[str, Path],
+    console: Any,
+    notes: list[str],
+) -> dict[str, str]:
+    """One task per node, watched to its end; the nodes that did not finish, with why (key
+    ``""``: the run was interrupted here)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = ray.get_runtime_context().get_node_id()
+    collector = (
+        ray.remote(Collector)
+        .options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False))
+        .remote(str(out.resolve()))
+    )
+    task = ray.remote(run_node)
+    pending = {
+        task.options(**_on(ray, n)).remote(
+            cfg, n.name, run_id, collector, _seed(first, log, n.name), suites, f.visible
+        ): n
+        for n, f in zip(fleet, found, strict=True)
+    }
+    failed: dict[str, str] = {}
+    lasts = []
+    try:
+        while pending:
+            try:
+                ready, _ = ray.wait(list(pending), num_returns=1, timeout=WAIT_S)
+            except KeyboardInterrupt:
+                failed[""] = "interrupted"
+                for ref in pending:
+                    ray.cancel(ref)
+                ready = list(pending)
+            for ref in ready:
+                node = pending.pop(ref)
+                try:
+                    done = ray.get(ref)
+                except KeyboardInterrupt:
+                    raise
+                except Exception as err:
+                    failed[node.name] = _why(err)
+                    if not cfg.quiet:
+                        console.print(f"node {node.name}: did not finish: {failed[node.name]}")
+                    continue
+                lasts.append(done["last"])
+                notes.extend(done["notes"])
+                if done["interrupted"]:
+                    failed.setdefault("", "interrupted")
+                if not cfg.quiet:
+                    console.print(f"node {node.name}: finished")
+        ray.get([x for x in lasts if x is not None])
+        planned = ray.get(collector.planned.remote())
+    finally:
+        ray.kill(collector)
+    if any(k for k in failed):
+        recorded = (
+            RunLog.read(RunFolder(out).results).cases + RunLog.read(RunFolder(out).rerun).cases
+        )
+        done_keys = {(r.device, r.mode, r.case) for r in recorded}
+        for name, why in sorted(failed.items()):
+            if not name:
+                continue
+            lost = _lost(planned, done_keys, run_id, name, why)
+            results.append(RunFolder(out).results, lost.to_json())
+    return failed

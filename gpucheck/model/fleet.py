@@ -1,0 +1,102 @@
+"""What a run over a Ray cluster (``gpucheck run --ray``) writes besides case records: each
+worker's plan (the cases it collected, ``WorkerFiles.plan``) and, in results.jsonl, a ``lost``
+record for each node that was lost mid-run, naming the node and the cases it did not finish.
+
+A device of such a run is named with its node: ``node-a/cuda:1`` (:func:`device_name`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpucheck.model.layout import read_regular
+from gpucheck.model.results import SCHEMA_ID, text
+
+
+def device_name(node: str, label: str) -> str:
+    """The name of device ``label`` (``cuda:1``, ``cpu``) of node ``node`` in a fleet run."""
+    return f"{node}/{label}"
+
+
+def node_of(device: str) -> str | None:
+    """The node of a fleet run's device name (None for a device of a one-machine run)."""
+    node, sep, _ = device.rpartition("/")
+    return node if sep else None
+
+
+@dataclass
+class WorkerPlan:
+    """The cases one worker (a device in a mode) collected to run, in its order."""
+
+    device: str
+    mode: str
+    cases: list[str] = field(default_factory=list)
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps({"device": self.device, "mode": self.mode, "cases": self.cases}))
+
+    @classmethod
+    def read(cls, path: Path) -> WorkerPlan | None:
+        """The plan in ``path``, or None when it is missing or not one gpucheck writes."""
+        raw = read_regular(path, 256 << 20)
+        try:
+            value = json.loads(raw) if raw is not None else None
+        except json.JSONDecodeError:
+            return None
+        if not isinstance(value, dict):
+            return None
+        device, mode, cases = value.get("device"), value.get("mode"), value.get("cases")
+        if not isinstance(device, str) or not isinstance(mode, str) or not isinstance(cases, list):
+            return None
+        return cls(device, mode, [c for c in cases if isinstance(c, str)])
+
+
+@dataclass
+class NodeLost:
+    """A ``lost`` record: node ``node`` was lost (killed, unreachable) and these cases of its
+    devices, planned, have no record; ``--resume`` runs them."""
+
+    run_id: str
+    node: str
+    reason: str
+    #: (device, mode, case) of each case planned and not recorded
+    cases: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA_ID,
+            "record": "lost",
+            "run_id": self.run_id,
+            "node": self.node,
+            "reason": self.reason,
+            "cases": [{"device": d, "mode": m, "case": c} for d, m, c in self.cases],
+        }
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> NodeLost | None:
+        """A ``lost`` record as read back (tolerant; None when it names no node)."""
+        node, cases = value.get("node"), value.get("cases")
+        if not isinstance(node, str):
+            return None
+        kept = [
+            (text(c["device"], 200), text(c["mode"], 200), text(c["case"], 2000))
+            for c in (cases if isinstance(cases, list) else [])
+            if isinstance(c, dict)
+            and all(isinstance(c.get(k), str) for k in ("device", "mode", "case"))
+        ]
+        return cls(
+            text(value.get("run_id") or "", 200),
+            text(node, 200),
+            text(value.get("reason") or "", 2000),
+            kept,
+        )
+
+    @classmethod
+    def of(cls, extras: dict[str, list[dict[str, Any]]], run_id: str) -> list[NodeLost]:
+        """The ``lost`` records of run ``run_id`` among a results file's other records
+        (``RunLog.extras``)."""
+        found = [cls.from_json(v) for v in extras.get("lost", [])]
+        return [r for r in found if r is not None and r.run_id == run_id]

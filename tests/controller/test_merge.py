@@ -1,0 +1,126 @@
+"""``gpucheck merge``: the shards of a plan merged are the unsharded run (its cases, counts
+and verdict); folders that differ in version or settings, unfinished runs and a case on one
+device twice are refused in one sentence naming the difference and the folders."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from fleet import gpucheck, keys, make_suite
+
+from gpucheck import cli
+
+RUN = ("run", "--quiet", "--cpu-only", "--suite", "demo")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One project with the unsharded run (all/) and its two shards (s1/, s2/)."""
+    root = tmp_path_factory.mktemp("merge")
+    make_suite(root)
+    for out, extra in (("all", ()), ("s1", ("--shard", "1/2")), ("s2", ("--shard", "2/2"))):
+        proc = gpucheck(root, *RUN, "--out", out, *extra)
+        assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    return root
+
+
+def _summary(out: Path) -> dict:
+    return json.loads((out / "results.json").read_text())["summary"]
+
+
+def _edit(src: Path, dst: Path, edit) -> Path:
+    """A copy of run folder ``src`` whose records went through ``edit`` (a function of a
+    record, in place)."""
+    shutil.copytree(src, dst)
+    lines = [json.loads(x) for x in (dst / "results.jsonl").read_text().splitlines()]
+    for record in lines:
+        edit(record)
+    (dst / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    return dst
+
+
+def test_merged_shards_equal_the_unsharded_run(runs: Path) -> None:
+    proc = gpucheck(runs, "merge", "s1", "s2", "--out", "merged")
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # test_fails fails, as unsharded
+    assert "Traceback" not in proc.stderr
+    merged = runs / "merged"
+    assert keys(merged) == keys(runs / "all")
+    want, got = _summary(runs / "all"), _summary(merged)
+    fields = ("verdict", "cases", "by_status", "findings", "by_kind", "devices", "modes")
+    assert {f: got[f] for f in fields} == {f: want[f] for f in fields}
+    assert got["cases"] == 8 and got["by_status"] == {"passed": 6, "failed": 1, "skipped": 1}
+    for name in ("report.html", "junit.xml", "results.json"):
+        assert (merged / name).is_file()
+    header = json.loads((merged / "results.jsonl").read_text().splitlines()[0])
+    assert header["config"]["merged_from"] == [str((runs / s).resolve()) for s in ("s1", "s2")]
+    assert header["config"]["shard"] is None
+    run_ids = {r["run_id"] for r in map(json.loads, (merged / "results.jsonl").open())}
+    assert run_ids == {header["run_id"]}
+
+
+def test_a_case_in_two_folders_is_refused(runs: Path, tmp_path, capsys) -> None:
+    again = _edit(runs / "all", tmp_path / "again", lambda r: None)  # the same cases, same host
+    assert cli.main(["merge", str(runs / "all"), str(again)]) == 2
+    err = capsys.readouterr().err
+    assert "is in both" in err and str(runs / "all") in err and str(again) in err
+    assert "on cpu" in err
+    assert cli.main(["merge", str(runs / "s1"), str(runs / "all")]) == 2  # 1/2 with unsharded
+    assert "shard count is '2'" in capsys.readouterr().err
+    assert cli.main(["merge", str(runs / "s1"), str(runs / "s1")]) == 2
+    assert "named twice" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("what", "edit", "words"),
+    [
+        ("version", lambda r: r.update(gpucheck_version="0.0.1"), "gpucheck version is"),
+        ("modes", lambda r: r["config"].update(modes=["nvml"]), "modes is"),
+        ("pytest", lambda r: r["config"].update(pytest_args=["-k", "x"]), "pytest_args is"),
+        ("detectors", lambda r: r.update(detectors={"disabled": ["leak"]}), "detectors is"),
+        ("shards", lambda r: r["config"].update(shard="2/3"), "shard count is"),
+    ],
+)
+def test_runs_of_other_settings_are_refused(runs: Path, tmp_path, capsys, what, edit, words):
+    other = _edit(runs / "s2", tmp_path / what, lambda r: r.get("record") == "run" and edit(r))
+    assert cli.main(["merge", str(runs / "s1"), str(other), "--out", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gpucheck: cannot merge runs with different settings: " + words), err
+    assert str(runs / "s1") in err and str(other) in err
+    assert len(err.splitlines()) == 1
+    assert not (tmp_path / "m").exists()
+
+
+def test_the_same_shard_twice_and_an_interrupted_run_are_refused(runs, tmp_path, capsys):
+    again = _edit(runs / "s1", tmp_path / "again", lambda r: None)
+    assert cli.main(["merge", str(runs / "s1"), str(again)]) == 2
+    assert "shard 1/2 is in both" in capsys.readouterr().err
+    stopped = _edit(
+        runs / "s2",
+        tmp_path / "stopped",
+        lambda r: r.get("record") == "end" and r.update(interrupted=True),
+    )
+    assert cli.main(["merge", str(runs / "s1"), str(stopped)]) == 2
+    err = capsys.readouterr().err
+    assert "its run was interrupted" in err and f"gpucheck run --resume {stopped}" in err
+
+
+def test_hosts_that_name_devices_alike_get_their_host_in_the_name(runs, tmp_path) -> None:
+    other = _edit(
+        runs / "s2", tmp_path / "other", lambda r: r.get("record") == "run" and r.update(host="b")
+    )
+    out = tmp_path / "m"
+    assert cli.main(["merge", str(runs / "s1"), str(other), "--out", str(out)]) == 1
+    host = json.loads((runs / "s1" / "results.jsonl").read_text().splitlines()[0])["host"]
+    assert {d for d, *_ in keys(out)} == {f"{host}/cpu", "b/cpu"}
+    assert len(keys(out)) == len(keys(runs / "all"))
+
+
+def test_a_merged_run_cannot_be_resumed(runs: Path, tmp_path, capsys) -> None:
+    out = tmp_path / "m"
+    assert cli.main(["merge", str(runs / "s1"), str(runs / "s2"), "--out", str(out)]) == 1
+    capsys.readouterr()
+    assert cli.main(["run", "--resume", str(out)]) == 2
+    assert "was made by `gpucheck merge`" in capsys.readouterr().err

@@ -1,0 +1,184 @@
+"""``gpucheck run --ray``: on a local multi-node Ray cluster (``ray.cluster_utils.Cluster``,
+nodes that declare GPUs, CPU-only cases) a suite runs on every node into one run folder and
+one report; a node killed mid-run leaves a ``lost`` record naming it and its unfinished cases,
+and ``--resume`` runs only those, each case once.
+
+Ray is an optional extra (``gpucheck[ray]``); nox's tests session (what CI runs) installs it
+and sets ``$GPUCHECK_RAY_TESTS``, so there (or with ``$CI`` set) a missing Ray fails these
+tests instead of skipping them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from pathlib import Path
+
+import jsonschema
+import pytest
+from fleet import cases, make_suite
+
+try:
+    from ray.cluster_utils import Cluster
+except ImportError:  # pragma: no cover - Ray is the extra gpucheck[ray]
+    if os.environ.get("CI") or os.environ.get("GPUCHECK_RAY_TESTS"):
+        raise
+    pytest.skip('Ray is not installed (pip install "gpucheck[ray]")', allow_module_level=True)
+
+from gpucheck.controller.fleet import NODE_LABEL, Collector
+from gpucheck.model import results
+from gpucheck.model.fleet import NodeLost
+
+#: test_block waits for the file RELEASE (the nodes' processes do not get the test's env)
+BLOCKING = {
+    "test_block.py": textwrap.dedent("""
+        import time
+        from pathlib import Path
+
+        def test_first():
+            pass
+
+        def test_second():
+            pass
+
+        def test_block():
+            release = Path(__file__).parent / "release"
+            deadline = time.time() + 120
+            while not release.exists() and time.time() < deadline:
+                time.sleep(0.1)
+
+        def test_after():
+            pass
+    """)
+}
+
+
+def _node(cluster: Cluster, name: str, gpus: int):
+    return cluster.add_node(num_cpus=1, num_gpus=gpus, labels={NODE_LABEL: name})
+
+
+@pytest.fixture
+def cluster():
+    """A head without GPUs and two nodes that declare some (node-a: 2, node-b: 1)."""
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    nodes = {"node-a": _node(c, "node-a", 2), "node-b": _node(c, "node-b", 1)}
+    c.wait_for_nodes()
+    yield c, nodes
+    c.shutdown()
+
+
+def _run(cwd: Path, address: str, *args: str):
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpucheck.cli", "run", "--quiet", "--ray", address, *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
+
+
+def _lost(out: Path) -> list[NodeLost]:
+    lines = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    found = [NodeLost.from_json(r) for r in lines if r.get("record") == "lost"]
+    return [x for x in found if x is not None]
+
+
+def test_a_suite_runs_on_every_node_into_one_report(cluster, tmp_path: Path) -> None:
+    c, _ = cluster
+    make_suite(tmp_path)
+    proc = _run(tmp_path, c.address, "--cpu-only", "--suite", "demo", "--out", "run")
+    said, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 1, said  # test_fails fails on each node, as on one machine
+    assert "Traceback" not in said
+    out = tmp_path / "run"
+    recs = cases(out)
+    per_device = Counter(r["device"] for r in recs)
+    assert per_device == {"node-a/cpu": 8, "node-b/cpu": 8}
+    # each case once per device, the same cases on every node
+    assert len({(r["device"], r["case"], r["mode"]) for r in recs}) == len(recs)
+    by_node = {d: {r["case"] for r in recs if r["device"] == d} for d in per_device}
+    assert by_node["node-a/cpu"] == by_node["node-b/cpu"]
+    summary = json.loads((out / "results.json").read_text())["summary"]
+    assert summary["devices"] == ["node-a/cpu", "node-b/cpu"]
+    assert summary["by_status"] == {"passed": 12, "failed": 2, "skipped": 2}
+    assert (out / "report.html").is_file() and (out / "junit.xml").is_file()
+    header = json.loads((out / "results.jsonl").read_text().splitlines()[0])
+    assert header["config"]["ray"] == c.address
+    assert {d["device"] for d in header["devices"]} == {"node-a/cpu", "node-b/cpu"}
+    assert not _lost(out)
+
+
+def test_a_lost_node_is_named_and_resume_runs_only_what_it_missed(cluster, tmp_path) -> None:
+    c, nodes = cluster
+    release = make_suite(tmp_path, BLOCKING) / "release"
+    out = tmp_path / "run"
+    proc = _run(tmp_path, c.address, "--cpu-only", "--suite", "demo", "--out", "run")
+    deadline = time.time() + 180
+    while time.time() < deadline:  # node-b is inside test_block once its first two are in
+        if sum(r["device"] == "node-b/cpu" for r in cases(out)) >= 2:
+            break
+        assert proc.poll() is None, proc.communicate()[0]
+        time.sleep(0.2)
+    else:
+        pytest.fail("node-b did not reach test_block")
+    c.remove_node(nodes["node-b"])
+    release.write_text("go")
+    said, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 130, said  # interrupted (the exit code of an interrupted run)
+    assert "Traceback" not in said
+    schema = jsonschema.Draft202012Validator(results.schema())
+    for line in (out / "results.jsonl").read_text().splitlines():
+        schema.validate(json.loads(line))  # the lost record too
+    lost = _lost(out)
+    assert [x.node for x in lost] == ["node-b"]
+    missed = sorted(case for _, _, case in lost[0].cases)
+    assert missed == ["test_block.py::test_after", "test_block.py::test_block"]
+    assert {d for d, _, _ in lost[0].cases} == {"node-b/cpu"}
+    end = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()][-1]
+    assert end["record"] == "end" and end["interrupted"]
+    assert "node-b" in end["reason"]
+    before = Counter(r["device"] for r in cases(out))
+    assert before == {"node-a/cpu": 4, "node-b/cpu": 2}
+
+    _node(c, "node-b", 1)  # the node is back (rebooted): the run can finish
+    c.wait_for_nodes()
+    proc = _run(tmp_path, c.address, "--resume", "run")
+    said, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, said
+    recs = cases(out)
+    keys = Counter((r["device"], r["case"], r["mode"]) for r in recs)
+    assert set(keys.values()) == {1}, keys  # every case once
+    assert Counter(r["device"] for r in recs) == {"node-a/cpu": 4, "node-b/cpu": 4}
+    summary = json.loads((out / "results.json").read_text())["summary"]
+    assert summary["verdict"] == "passed"
+
+
+def test_without_ray_the_run_says_how_to_get_it(tmp_path: Path) -> None:
+    make_suite(tmp_path)
+    code = "import sys; sys.modules['ray'] = None; from gpucheck.cli import main; sys.exit(main())"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "run", "--cpu-only", "--ray", "--suite", "demo"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert 'pip install "gpucheck[ray]"' in proc.stderr
+    assert not (tmp_path / "reports").exists()
+
+
+def test_the_collector_appends_whole_batches_and_keeps_plans(tmp_path: Path) -> None:
+    collector = Collector(str(tmp_path))
+    collector.append("results", b'{"a":1}\n')
+    collector.append("results", b'{"b":2}\n{"c":3}\n')
+    collector.plan("node-a/cpu", "blocking", ["t.py::x", "t.py::y"])
+    collector.plan("node-a/cpu", "blocking", ["t.py::y"])
+    assert (tmp_path / "results.jsonl").read_text() == '{"a":1}\n{"b":2}\n{"c":3}\n'
+    assert collector.planned() == [("node-a/cpu", "blocking", ["t.py::x", "t.py::y"])]
