@@ -39,7 +39,7 @@ from gpucheck.controller.config import (
 )
 from gpucheck.controller.fleet_node import NodeTargets, asked_modes, discover, passes, run_node
 from gpucheck.errors import EnvironmentProblem, GpucheckError, UsageProblem
-from gpucheck.model import results
+from gpucheck.model import clock, results
 from gpucheck.model.fleet import NodeLost, node_of
 from gpucheck.model.layout import RunFolder
 from gpucheck.model.runlog import Resume, RunHeader, RunLog
@@ -261,7 +261,7 @@ def _run(ray: Any, cfg: RunConfig, previous: RunHeader | None, suites: dict[str,
             first = previous.raw
             log = RunLog.read(folder.results)
             results.append(
-                folder.results, Resume(run_id, pipeline._now(), notes, not_runnable).to_json()
+                folder.results, Resume(run_id, clock.now(), notes, not_runnable).to_json()
             )
         stopped: list[str] = []
         with pipeline.sigterm_as_interrupt(stopped):
@@ -275,9 +275,9 @@ def _run(ray: Any, cfg: RunConfig, previous: RunHeader | None, suites: dict[str,
             stopped_by = f"the loss of node {', '.join(gone)}"
         else:
             stopped_by = None
-        return pipeline.finish(
-            cfg, out, folder.results, run_id, notes, not_runnable, stopped_by, console
-        )
+        run = pipeline.Run.in_folder(cfg, out, run_id, notes, not_runnable)
+        run.console = console
+        return run.finish(stopped_by)
 
 
 def _run_tasks(

@@ -27,7 +27,6 @@ from gpucheck.controller.config import (
     RunConfig,
     Target,
     choose_targets,
-    make_console,
     plan_passes,
     select_runnable,
 )
@@ -36,7 +35,6 @@ from gpucheck.model import modes
 from gpucheck.model.fleet import WorkerPlan, device_name
 from gpucheck.model.layout import RunFolder, open_regular
 from gpucheck.model.modes import tool_of
-from gpucheck.model.runlog import RunLog
 from gpucheck.sanitizer import command as sanitizer_cmd
 
 #: seconds between two looks of the forwarder at the node's files
@@ -164,19 +162,13 @@ def run_node(
     interrupted = False
     try:
         with devlock.held(found.targets, None, cfg.wait_for_devices, notes):
-            interrupted = pipeline._run_passes(
-                replace(cfg, quiet=True),
-                passes(cfg, visible),
-                found.targets,
-                {n: p for n, p in suites.items() if n not in found.not_runnable},
-                sanitizer,
-                local,
-                RunLog(folder.results),
-                run_id,
-                notes,
-                make_console(),
-                visible,
-            )
+            run = pipeline.Run.in_folder(replace(cfg, quiet=True), local, run_id, notes)
+            run.passes = passes(cfg, visible)
+            run.targets = found.targets
+            run.suites = {n: p for n, p in suites.items() if n not in found.not_runnable}
+            run.sanitizer = sanitizer
+            run.gpus = visible
+            interrupted = run.device_passes()
     finally:
         last = forwarder.stop()
     notes.append(f"its workers' files (logs, state) are in {local} on that node")

@@ -23,7 +23,7 @@ from typing import Any
 
 import gpucheck
 from gpucheck.controller import pipeline
-from gpucheck.controller.config import RunConfig, make_console, prepare_out
+from gpucheck.controller.config import RunConfig, prepare_out
 from gpucheck.errors import UsageProblem
 from gpucheck.model import results
 from gpucheck.model.layout import EXTRAS, RESULTS, TIMELINE, RunFolder, open_regular
@@ -242,4 +242,4 @@ def merge(folders: list[Path], out: Path | None, formats: tuple[str, ...] = ()) 
         _copy_lines(sources, name, target)
     cfg = RunConfig(formats=formats, allow_empty=bool(sources[0].setting("allow_empty")))
     notes = [f"merged {len(sources)} run folder(s) at {datetime.now():%Y-%m-%d %H:%M:%S}"]
-    return pipeline.finish(cfg, target, folder.results, run_id, notes, {}, None, make_console())
+    return pipeline.Run.in_folder(cfg, target, run_id, notes).finish(None)

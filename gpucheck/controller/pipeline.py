@@ -99,6 +99,24 @@ class Run:
         self.console = make_console()
         self.log = RunLog(Path())
         self.stopped: list[str] = []  # the signal that stopped the run (SIGTERM), if one did
+        self.gpus: int | None = None  # GPUs seen, where not from the inventory (a Ray node)
+
+    @classmethod
+    def in_folder(
+        cls,
+        cfg: RunConfig,
+        out: Path,
+        run_id: str,
+        notes: list[str],
+        not_runnable: dict[str, str] | None = None,
+    ) -> Run:
+        """A run whose folder and header exist already (a merge, a Ray head or node): its
+        passes or its :meth:`finish` without the steps before them."""
+        run = cls(cfg)
+        run.out, run.run_id, run.notes = out, run_id, notes
+        run.not_runnable = dict(not_runnable or {})
+        run.log = RunLog(run.results_path)
+        return run
 
     @property
     def results_path(self) -> Path:
@@ -107,6 +125,8 @@ class Run:
     @property
     def visible(self) -> int:
         """GPUs this process sees."""
+        if self.gpus is not None:
+            return self.gpus
         return len(self.inv.devices) if self.inv else 0
 
     def execute(self) -> int:
