@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -230,6 +231,7 @@ def main() -> None:
         + ", ".join(f"{p.name} {p.stat().st_size / 1e6:.1f} MB" for p in paths.values())
     )
     if args.browser:
+        sys.path.insert(0, str(Path(__file__).parent / "report"))  # run as a script
         from test_report_browser import chrome
 
         driver = chrome()
@@ -253,7 +255,7 @@ def real_cpu_run(base: Path) -> Path:
     import subprocess
     import sys
 
-    from test_harness import SUITE
+    from harnesskit import SUITE
 
     out = base / "cpu_run"
     if (out / "results.jsonl").exists():

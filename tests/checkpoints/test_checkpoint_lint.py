@@ -12,7 +12,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_checkpoints import make_ply, ply_columns, trained_like
+from plykit import make_ply, ply_columns, trained_like
 
 from gpucheck import cli
 from gpucheck.checkpoints import (

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from test_checkpoints import make_ply, ply_columns, three_dgs_capture, trained_like
+from plykit import make_ply, ply_columns, three_dgs_capture, trained_like
 
 from gpucheck import checkpoints
 from gpucheck.checkpoints.activations import (
@@ -162,7 +162,7 @@ def _activated(p: checkpoints.GaussianParams) -> checkpoints.GaussianParams:
 
 
 def _write_data(data: Path) -> None:
-    """Real files: the package's writers, the independent PLY writer of test_checkpoints.py,
+    """Real files: the package's writers, the independent PLY writer of tests/plykit.py,
     3DGS's capture tuple saved with torch.save, a model's and an optimizer's state dicts and a
     COLMAP-style point cloud PLY."""
     gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
