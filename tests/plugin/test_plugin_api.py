@@ -16,6 +16,7 @@ from gpucheck import nvml
 from gpucheck.controller import suites
 from gpucheck.model import results
 from gpucheck.model.results import Finding
+from gpucheck.model.timeline import DeviceRow
 from gpucheck.nvml_sampler import NvmlTracker
 from gpucheck.worker import case as worker_case
 from gpucheck.worker import targets
@@ -337,12 +338,12 @@ def test_nvml_tracker_keeps_this_processes_memory_per_device():
     tracker._on_sample(
         1.0,
         [
-            {"uuid": "GPU-a", "processes": {me: 100, other: 900}},
-            {"uuid": "GPU-b", "processes": {other: 5}},
+            DeviceRow(None, "GPU-a", None, {me: 100, other: 900}),
+            DeviceRow(None, "GPU-b", None, {other: 5}),
         ],
     )
     tracker._on_sample(
-        2.0, [{"uuid": "GPU-a", "processes": {me: 300}}, {"uuid": "GPU-b", "processes": {me: 7}}]
+        2.0, [DeviceRow(None, "GPU-a", None, {me: 300}), DeviceRow(None, "GPU-b", None, {me: 7})]
     )
     assert tracker.timeline == [(1.0, {"GPU-a": 100}), (2.0, {"GPU-a": 300, "GPU-b": 7})]
     assert tracker.peak() == 300 and tracker.peak("GPU-b") == 7
