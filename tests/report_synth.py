@@ -19,6 +19,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from clirun import gpucheck
+
 from gpucheck.model import results
 from gpucheck.model.results import CaseRecord, Finding
 from gpucheck.nvml_sampler import TimelineWriter
@@ -256,9 +258,6 @@ def main() -> None:
 def real_cpu_run(base: Path) -> Path:
     """A run of the real harness on CPU of test_harness.py's demo suite (passing, failing,
     skipped, erroring, crashing and hanging cases), made once per ``base`` folder."""
-    import os
-    import subprocess
-    import sys
 
     from test_harness import SUITE
 
@@ -268,26 +267,19 @@ def real_cpu_run(base: Path) -> Path:
     suite = base / "cpu_suite" / "demo"
     suite.mkdir(parents=True, exist_ok=True)
     (suite / "test_demo.py").write_text(SUITE)
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpucheck.cli",
-            "run",
-            "--cpu-only",
-            "--quiet",
-            "--suite",
-            str(suite),
-            "--timeout",
-            "2",
-            "--out",
-            str(out),
-        ],
+    gpucheck(
+        "run",
+        "--cpu-only",
+        "--quiet",
+        "--suite",
+        str(suite),
+        "--timeout",
+        "2",
+        "--out",
+        str(out),
         cwd=base,
-        capture_output=True,
-        text=True,
         timeout=300,
-        env={**os.environ, "DEMO_CUDA_ERROR": "1", "DEMO_ABORT": "1", "DEMO_HANG": "1"},
+        env={"DEMO_CUDA_ERROR": "1", "DEMO_ABORT": "1", "DEMO_HANG": "1"},
     )
     return out
 

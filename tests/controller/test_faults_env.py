@@ -27,6 +27,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from clirun import gpucheck
 from faultkit import (
     assert_kept,
     by_case,
@@ -470,23 +471,15 @@ def test_compute_sanitizer_missing_is_one_line_before_anything_runs(tmp_path):
     """Not on PATH, nor in $CUDA_HOME/bin (CUDA_HOME set: /usr/local/cuda is not looked at)."""
     (tmp_path / "empty").mkdir()
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpucheck.cli",
-            "run",
-            "--mode",
-            "sanitizer:memcheck",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
+    proc = gpucheck(
+        "run",
+        "--mode",
+        "sanitizer:memcheck",
+        "--out",
+        str(out),
         timeout=60,
         cwd=tmp_path,
         env={
-            **os.environ,
             "PATH": str(tmp_path / "empty"),
             "CUDA_HOME": str(tmp_path / "empty"),
             "CUDA_PATH": "",

@@ -18,10 +18,11 @@ import os
 import pickle
 import shutil
 import subprocess
-import sys
 import textwrap
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+import clirun
 
 from gpucheck.dist.rank import read_trace
 from gpucheck.model import results
@@ -34,14 +35,7 @@ TERMINAL_CONTROLS = ("\x1b", "\x07", "\x00")
 
 
 def gpucheck(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gpucheck.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        errors="surrogateescape",
-        timeout=timeout,
-    )
+    return clirun.gpucheck(*args, cwd=cwd, errors="surrogateescape", timeout=timeout)
 
 
 HOSTILE_SUITE = textwrap.dedent("""

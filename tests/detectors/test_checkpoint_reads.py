@@ -5,7 +5,6 @@ cases of a ``gpucheck run --cpu-only`` (one run for the module), and the detecto
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from clirun import gpucheck
 from test_checkpoints import make_ply, ply_columns, three_dgs_capture, trained_like
 
 from gpucheck import checkpoints
@@ -215,25 +215,17 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict[
     (suite / "conftest.py").write_text(textwrap.dedent(CONFTEST))
     (suite / "test_reads.py").write_text(SUITE.format(data=str(data)))
     out = root / "out"
-    env = {k: v for k, v in os.environ.items() if k != "GPUCHECK_DISABLE_DETECTORS"}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpucheck.cli",
-            "run",
-            "--cpu-only",
-            "--quiet",
-            "--suite",
-            str(suite),
-            "--out",
-            str(out),
-        ],
+    proc = gpucheck(
+        "run",
+        "--cpu-only",
+        "--quiet",
+        "--suite",
+        str(suite),
+        "--out",
+        str(out),
         cwd=root,
-        capture_output=True,
-        text=True,
         timeout=300,
-        env=env,
+        env={"GPUCHECK_DISABLE_DETECTORS": None},
     )
     said = proc.stdout + proc.stderr
     assert proc.returncode == 1 and "Traceback" not in said, said  # findings of severity error
