@@ -15,9 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from clirun import gpucheck
 
@@ -239,8 +241,6 @@ def main() -> None:
         + ", ".join(f"{p.name} {p.stat().st_size / 1e6:.1f} MB" for p in paths.values())
     )
     if args.browser:
-        from test_report_browser import chrome
-
         driver = chrome()
         t = time.perf_counter()
         driver.get(paths["html"].resolve().as_uri())
@@ -255,11 +255,35 @@ def main() -> None:
         driver.quit()
 
 
+CHROMIUM = ("chromium", "chromium-browser", "google-chrome")
+
+
+def chrome() -> Any:
+    """Headless Chromium with the system's chromedriver (never Selenium Manager's download)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = next(shutil.which(c) for c in CHROMIUM if shutil.which(c))
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--window-size=1400,1000",
+        "--disable-dev-shm-usage",
+    ):
+        opts.add_argument(arg)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(
+        service=Service(executable_path=shutil.which("chromedriver")), options=opts
+    )
+
+
 def real_cpu_run(base: Path) -> Path:
     """A run of the real harness on CPU of test_harness.py's demo suite (passing, failing,
     skipped, erroring, crashing and hanging cases), made once per ``base`` folder."""
 
-    from test_harness import SUITE
+    from demosuite import SUITE
 
     out = base / "cpu_run"
     if (out / "results.jsonl").exists():

@@ -12,56 +12,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 from clirun import gpucheck, start
+from demosuite import SUITE
 
 from gpucheck.model import results
-
-SUITE = textwrap.dedent("""
-    import os, time, pytest
-
-    def test_ok():
-        assert sum(range(5)) == 10
-
-    def test_fail():
-        assert [1, 2] == [1, 3]
-
-    @pytest.mark.skip(reason="not on this machine")
-    def test_skip():
-        pass
-
-    def test_gpu(gpu_device):
-        assert gpu_device.type == "cuda"
-
-    @pytest.fixture
-    def broken():
-        raise RuntimeError("fixture exploded")
-
-    def test_setup_error(broken):
-        pass
-
-    @pytest.fixture
-    def stream():  # its teardown meets the lost context too (a CUDA call there fails)
-        yield
-        if os.environ.get("DEMO_CUDA_ERROR"):
-            raise RuntimeError("CUDA error: an illegal memory access was encountered")
-
-    def test_cuda_error(stream):
-        if os.environ.get("DEMO_CUDA_ERROR"):
-            raise RuntimeError("CUDA error: an illegal memory access was encountered")
-
-    def test_abort():
-        if os.environ.get("DEMO_ABORT"):
-            # what libstdc++ writes to the fd when an exception escapes a noexcept function
-            os.write(2, b"terminate called after throwing an instance of "
-                        b"'thrust::system_error'\\n  what():  parallel_for failed\\n")
-            os.abort()
-
-    def test_hang():
-        if os.environ.get("DEMO_HANG"):
-            time.sleep(600)
-
-    def test_last():
-        assert True
-""")
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from checkpointkit import make_ply, ply_columns, three_dgs_capture, trained_like
 from clirun import gpucheck
-from test_checkpoints import make_ply, ply_columns, three_dgs_capture, trained_like
 
 from gpucheck import checkpoints
 from gpucheck.checkpoints.activations import (
