@@ -1,4 +1,4 @@
-"""What the fault-injection tests (issue 30: tests/controller/test_faults.py and
+"""What the fault-injection tests (tests/controller/test_faults.py and
 tests/controller/test_faults_env.py) share: a suite written on the fly, `gpucheck run`
 started as a real process, the waits, and the checks that every record kept is whole and
 every case recorded once."""

@@ -1,4 +1,4 @@
-"""Checkpoints a case reads are linted (issue 27, item 4): real PLY and .pt files, written by
+"""Checkpoints a case reads are linted: real PLY and .pt files, written by
 the package and by independent writers, read through plyfile and ``torch.load`` inside real
 cases of a ``gpucheck run --cpu-only`` (one run for the module), and the detector's records."""
 
