@@ -1,4 +1,4 @@
-"""What the fault-injection tests (issue 30: tests/controller/test_faults.py and
+"""What the fault-injection tests (tests/controller/test_faults.py and
 tests/controller/test_faults_env.py) share: a suite written on the fly, `gpucheck run`
 started as a real process, the waits, and the checks that every record kept is whole and
 every case recorded once."""
@@ -8,9 +8,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
-import os
 import subprocess
-import sys
 import textwrap
 import time
 from collections import Counter
@@ -18,11 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+import clirun
 import jsonschema
 
 from gpucheck.model import results
-
-RUN = [sys.executable, "-m", "gpucheck.cli", "run", "--quiet"]
 
 
 def make_suite(project: Path, name: str, files: dict[str, str]) -> Path:
@@ -44,14 +41,8 @@ def start(
     """`gpucheck run --quiet` in ``project`` (``--cpu-only`` unless ``cpu`` is False or it
     resumes: a resumed run keeps its settings); ``env`` over this process's environment."""
     only = ["--cpu-only"] if cpu and "--resume" not in args else []
-    return subprocess.Popen(
-        [*RUN, *only, *args],
-        cwd=project,
-        env={**os.environ, **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=stderr,
-        text=True,
-        preexec_fn=preexec_fn,
+    return clirun.start(
+        "run", "--quiet", *only, *args, cwd=project, env=env, stderr=stderr, preexec_fn=preexec_fn
     )
 
 
@@ -114,12 +105,7 @@ def dead(pid: int) -> bool:
 
 def report(out: Path, html: Path) -> subprocess.CompletedProcess[str]:
     """`gpucheck report` of the run folder, its page written elsewhere."""
-    return subprocess.run(
-        [sys.executable, "-m", "gpucheck.cli", "report", str(out), "-o", str(html)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return clirun.gpucheck("report", str(out), "-o", str(html), timeout=120)
 
 
 def drop_capabilities(*caps: int) -> None:

@@ -53,8 +53,8 @@ def read_back(record: dict) -> CaseRecord:
     return found
 
 
-# torch 2.0's wording (c10/cuda/CUDACachingAllocator.cpp of v2.0.0), as users paste it; story 3
-STORY3_TORCH20 = (
+# torch 2.0's wording (c10/cuda/CUDACachingAllocator.cpp of v2.0.0), as users paste it
+TORCH20_OOM = (
     "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 52.32 GiB (GPU 0; "
     "23.68 GiB total capacity; 2.10 GiB already allocated; 20.87 GiB free; 2.14 GiB reserved "
     "in total by PyTorch) If reserved memory is >> allocated memory try setting "

@@ -15,14 +15,17 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
+import shutil
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
+
+from clirun import gpucheck
 
 from gpucheck.model import results
 from gpucheck.model.results import CaseRecord, Finding
-from gpucheck.model.timeline import DeviceRow, TimelineWriter
+from gpucheck.nvml_sampler import TimelineWriter
 from gpucheck.worker.recorder import sanitizer_findings
 
 HERE = Path(__file__).resolve().parent
@@ -206,7 +209,14 @@ def _timeline(
             procs = {str(pid): mem}
             if d == 0 and len(uuids) > 1 and stray[1] <= rel <= stray[2]:
                 procs[str([p for s, p in pids[stray[0]] if s <= rel][-1])] = 530 * MIB
-            rows.append(DeviceRow(d, uuid, sum(procs.values()) + 300 * MIB, dict(procs)))
+            rows.append(
+                {
+                    "nvml_index": d,
+                    "uuid": uuid,
+                    "used": sum(procs.values()) + 300 * MIB,
+                    "processes": procs,
+                }
+            )
         writer(t0 + rel, rows)
     writer.close()
 
@@ -231,9 +241,6 @@ def main() -> None:
         + ", ".join(f"{p.name} {p.stat().st_size / 1e6:.1f} MB" for p in paths.values())
     )
     if args.browser:
-        sys.path.insert(0, str(Path(__file__).parent / "report"))  # run as a script
-        from test_report_browser import chrome
-
         driver = chrome()
         t = time.perf_counter()
         driver.get(paths["html"].resolve().as_uri())
@@ -248,14 +255,35 @@ def main() -> None:
         driver.quit()
 
 
+CHROMIUM = ("chromium", "chromium-browser", "google-chrome")
+
+
+def chrome() -> Any:
+    """Headless Chromium with the system's chromedriver (never Selenium Manager's download)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = next(shutil.which(c) for c in CHROMIUM if shutil.which(c))
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--window-size=1400,1000",
+        "--disable-dev-shm-usage",
+    ):
+        opts.add_argument(arg)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(
+        service=Service(executable_path=shutil.which("chromedriver")), options=opts
+    )
+
+
 def real_cpu_run(base: Path) -> Path:
     """A run of the real harness on CPU of test_harness.py's demo suite (passing, failing,
     skipped, erroring, crashing and hanging cases), made once per ``base`` folder."""
-    import os
-    import subprocess
-    import sys
 
-    from harnesskit import SUITE
+    from demosuite import SUITE
 
     out = base / "cpu_run"
     if (out / "results.jsonl").exists():
@@ -263,26 +291,19 @@ def real_cpu_run(base: Path) -> Path:
     suite = base / "cpu_suite" / "demo"
     suite.mkdir(parents=True, exist_ok=True)
     (suite / "test_demo.py").write_text(SUITE)
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpucheck.cli",
-            "run",
-            "--cpu-only",
-            "--quiet",
-            "--suite",
-            str(suite),
-            "--timeout",
-            "2",
-            "--out",
-            str(out),
-        ],
+    gpucheck(
+        "run",
+        "--cpu-only",
+        "--quiet",
+        "--suite",
+        str(suite),
+        "--timeout",
+        "2",
+        "--out",
+        str(out),
         cwd=base,
-        capture_output=True,
-        text=True,
         timeout=300,
-        env={**os.environ, "DEMO_CUDA_ERROR": "1", "DEMO_ABORT": "1", "DEMO_HANG": "1"},
+        env={"DEMO_CUDA_ERROR": "1", "DEMO_ABORT": "1", "DEMO_HANG": "1"},
     )
     return out
 

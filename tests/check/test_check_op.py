@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from clirun import gpucheck
 
 from gpucheck import check_op
 from gpucheck.check import run_check
@@ -481,29 +482,19 @@ test_scan = gpucheck.check_op(scan, make_inputs, reference=reference,
 @pytest.mark.parametrize("wrong", ["", ".sum(3)"])
 def test_gpucheck_run_cpu_only_dry_runs_a_users_check_op_suite(tmp_path, wrong):
     import json
-    import os
-    import subprocess
-    import sys
 
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_my_ext.py").write_text(USER_SUITE.format(wrong=wrong))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpucheck",
-            "run",
-            "--cpu-only",
-            "--suite",
-            "tests/test_my_ext.py",
-            "--out",
-            "out",
-        ],
+    proc = gpucheck(
+        "run",
+        "--cpu-only",
+        "--suite",
+        "tests/test_my_ext.py",
+        "--out",
+        "out",
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
         timeout=300,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+        env={"CUDA_VISIBLE_DEVICES": ""},
     )
     last = proc.stdout.strip().splitlines()[-1]
     assert "7 skipped: waits for a GPU: this check runs the op on a CUDA device" in last

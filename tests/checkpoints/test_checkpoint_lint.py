@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from checkpointkit import make_ply, ply_columns, trained_like
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from plykit import make_ply, ply_columns, trained_like
 
 from gpucheck import cli
 from gpucheck.checkpoints import (

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from checkpointkit import make_ply, ply_columns, three_dgs_capture, trained_like
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from plykit import make_ply, ply_columns, three_dgs_capture, trained_like
 
 from gpucheck.checkpoints import (
     CheckpointError,

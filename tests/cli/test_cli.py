@@ -8,20 +8,11 @@ import subprocess
 import sys
 
 import pytest
+from clirun import gpucheck
 from conftest import two_gpu_inventory as _two_gpus
 
 from gpucheck import cli, devices
 from gpucheck.devices import Inventory
-
-
-def gpucheck(*args, **kw):
-    return subprocess.run(
-        [sys.executable, "-m", "gpucheck.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        **kw,
-    )
 
 
 def _no_traceback(proc):

@@ -5,11 +5,10 @@ its suites need a GPU, and its exit code and reports agree."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
+
+from clirun import gpucheck
 
 from gpucheck.controller import suites
 
@@ -18,13 +17,14 @@ def test_cpu_only_first_run_tests_something_and_names_the_gpu_suites(tmp_path: P
     cwd = tmp_path / "elsewhere"  # no suites/ here: the bundled ones are the defaults
     cwd.mkdir()
     out = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--out", str(out)],
+    proc = gpucheck(
+        "run",
+        "--cpu-only",
+        "--out",
+        str(out),
         cwd=cwd,
-        capture_output=True,
-        text=True,
         timeout=600,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+        env={"CUDA_VISIBLE_DEVICES": ""},
     )
     said = proc.stdout + proc.stderr
     assert proc.returncode == 0, said

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from memkit import STORY3_TORCH20, GiB, failed, sized
+from memkit import TORCH20_OOM, GiB, failed, sized
 
 from gpucheck.controller import pipeline
 from gpucheck.model import results
@@ -25,7 +25,7 @@ def test_diagnose_adds_memory_findings(tmp_path):
             ],
         },
     )
-    for r in [failed(STORY3_TORCH20), *(sized(n, 4 * n * n) for n in (1024, 2048, 4096))]:
+    for r in [failed(TORCH20_OOM), *(sized(n, 4 * n * n) for n in (1024, 2048, 4096))]:
         results.append(path, {**r.to_json(), "run_id": "r1"})
     made = pipeline.diagnose(RunLog(path), RunLog(tmp_path / "rerun.jsonl"), "r1")
     kinds = sorted(d.findings[0].kind for d in made)

@@ -1,10 +1,10 @@
-"""Issue 30, the fault-injection matrix (rows 1-6, 13, 14): ``gpucheck run`` survives what it
-finds and loses nothing. Each test injects its fault for real into real worker processes (a
-real signal, a real full file system or file size limit, a real read-only folder, real
-os._exit / os.fork / os.chdir calls, a real import error) and asserts the outcome written in
-docs/faults.md: the run goes on where it can; every record written before the fault is intact
-and readable; the fault is a finding, or one line with a non-zero exit; nothing that did not
-run counts as passed; the report still renders."""
+"""The fault-injection matrix of docs/faults.md, the faults of the cases' own doing: ``gpucheck
+run`` survives what it finds and loses nothing. Each test injects its fault for real into real
+worker processes (a real signal, a real full file system or file size limit, a real read-only
+folder, real os._exit / os.fork / os.chdir calls, a real import error) and asserts the outcome
+written in docs/faults.md: the run goes on where it can; every record written before the fault
+is intact and readable; the fault is a finding, or one line with a non-zero exit; nothing that
+did not run counts as passed; the report still renders."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ from faultkit import (
 from gpucheck.controller.spawning import LOG_CAP
 from gpucheck.model import results
 
-# --- row 1: a worker SIGKILLed mid-case ------------------------------------------------------
+# --- a worker SIGKILLed mid-case -------------------------------------------------------------
 
 
 def test_a_worker_sigkilled_while_starting_is_replaced_once(tmp_path):
@@ -127,7 +127,7 @@ def test_a_worker_sigkilled_mid_case_is_a_crash_and_the_run_goes_on(tmp_path):
     assert "test_victim" in (out / "report.html").read_text()
 
 
-# --- row 2: the parent SIGKILLed mid-run, then --resume --------------------------------------
+# --- the parent SIGKILLed mid-run, then --resume ---------------------------------------------
 
 
 def test_the_parent_sigkilled_mid_run_leaves_no_worker_and_resume_finishes(tmp_path):
@@ -175,7 +175,7 @@ def test_the_parent_sigkilled_mid_run_leaves_no_worker_and_resume_finishes(tmp_p
     assert (out / "report.html").exists()
 
 
-# --- row 3: the output disk full, the folder made read-only ---------------------------------
+# --- the output disk full, the folder made read-only ----------------------------------------
 
 MANY = {
     "test_many.py": """
@@ -336,7 +336,7 @@ def test_the_output_folder_failing_mid_run_stops_the_run_in_one_line(tmp_path, f
             subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-# --- row 4: a worker printing gigabytes -------------------------------------------------------
+# --- a worker printing gigabytes --------------------------------------------------------------
 
 
 def test_a_case_flooding_its_output_leaves_bounded_logs_and_the_run_completes(tmp_path):
@@ -389,7 +389,7 @@ def test_a_case_flooding_its_output_leaves_bounded_logs_and_the_run_completes(tm
     assert (out / "report.html").exists()
 
 
-# --- row 5: a case that forks or calls os._exit(0) ------------------------------------------
+# --- a case that forks or calls os._exit(0) -------------------------------------------------
 
 
 def test_os_exit_0_mid_case_is_a_crash_not_a_pass(tmp_path):
@@ -461,7 +461,7 @@ def test_a_forked_child_neither_records_twice_nor_outlives_the_run(tmp_path):
     assert_kept(out)
 
 
-# --- row 6: a case that changes CUDA_VISIBLE_DEVICES or the working folder ------------------
+# --- a case that changes CUDA_VISIBLE_DEVICES or the working folder -------------------------
 
 
 def test_chdir_and_cuda_visible_devices_changes_are_put_back_and_are_findings(tmp_path):
@@ -496,7 +496,7 @@ def test_chdir_and_cuda_visible_devices_changes_are_put_back_and_are_findings(tm
     assert "warnings" in proc.stdout.strip().splitlines()[-1]
 
 
-# --- row 13: a syntax or import error in one suite among several ----------------------------
+# --- a syntax or import error in one suite among several ------------------------------------
 
 
 def test_a_collection_error_costs_only_its_file(tmp_path):
@@ -543,7 +543,7 @@ def test_a_collection_error_costs_only_its_file(tmp_path):
     assert_kept(out)
 
 
-# --- row 14: a fixture that raises in teardown after a finding ------------------------------
+# --- a fixture that raises in teardown after a finding --------------------------------------
 
 
 def test_a_teardown_error_after_a_finding_keeps_both(tmp_path):

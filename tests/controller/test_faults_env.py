@@ -1,8 +1,8 @@
-"""Issue 30, the fault-injection matrix (rows 7-10, 12; row 11 is in test_kernel_build.py):
-faults of the machine around a run rather than of its cases. Each test makes its fault for
-real, in real processes, and asserts the outcome written in docs/faults.md: the run goes on
-where it can; every record written before the fault is intact and readable; the fault is a
-finding, or one line with a non-zero exit; nothing that did not run counts as passed; the
+"""The fault-injection matrix of docs/faults.md, the faults of the machine around a run rather
+than of its cases (the kernels' build: tests/csrc/test_kernel_build.py). Each test makes its
+fault for real, in real processes, and asserts the outcome written in docs/faults.md: the run
+goes on where it can; every record written before the fault is intact and readable; the fault is
+a finding, or one line with a non-zero exit; nothing that did not run counts as passed; the
 report still renders.
 
 This machine has no GPU and no NVIDIA driver. Where a fault needs one (two runs on one GPU,
@@ -27,6 +27,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from clirun import gpucheck
 from faultkit import (
     assert_kept,
     by_case,
@@ -120,7 +121,7 @@ def _py_spy_may_read_a_sibling(path: str) -> bool:
         sleeper.wait()
 
 
-# --- row 7: two runs started on the same GPU at once ----------------------------------------
+# --- two runs started on the same GPU at once -----------------------------------------------
 
 
 def test_a_second_run_on_the_same_gpu_is_refused_or_queued(tmp_path, nvml_shim):
@@ -229,7 +230,7 @@ def test_resuming_a_run_that_is_still_going_is_refused(tmp_path):
     assert [r["record"] for r in assert_kept(out)] == ["run", "case", "end"]  # no resume
 
 
-# --- row 8: a hang in C code that holds the GIL -----------------------------------------------
+# --- a hang in C code that holds the GIL ------------------------------------------------------
 
 GIL_SUITE = {
     "test_gil.py": """
@@ -323,7 +324,7 @@ def test_a_worker_holding_the_gil_dies_with_its_controller(tmp_path):
     assert assert_kept(out)[0]["record"] == "run"  # no record of the case, nothing after
 
 
-# --- row 12: py-spy missing or refused ---------------------------------------------------------
+# --- py-spy missing or refused -----------------------------------------------------------------
 
 
 @pytest.mark.parametrize("how", ["missing", "refused"])
@@ -380,7 +381,7 @@ def test_py_spy_missing_or_refused_leaves_the_python_stacks(tmp_path, how):
     assert report(out, tmp_path / "page.html").returncode == 1
 
 
-# --- row 9: NVML failing mid-run ---------------------------------------------------------------
+# --- NVML failing mid-run ----------------------------------------------------------------------
 
 #: the controller's side of a pass in mode nvml (pipeline.Run.harness_pass: the workers and
 #: the parent's NVML timeline), in a process of its own: the shim is loaded at its start
@@ -463,30 +464,22 @@ def test_nvml_failing_mid_run_is_a_warning_per_case_and_a_gap(tmp_path, nvml_shi
     assert "test_breaks" in page.read_text()
 
 
-# --- row 10: compute-sanitizer missing, or crashing itself ------------------------------------
+# --- compute-sanitizer missing, or crashing itself --------------------------------------------
 
 
 def test_compute_sanitizer_missing_is_one_line_before_anything_runs(tmp_path):
     """Not on PATH, nor in $CUDA_HOME/bin (CUDA_HOME set: /usr/local/cuda is not looked at)."""
     (tmp_path / "empty").mkdir()
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpucheck.cli",
-            "run",
-            "--mode",
-            "sanitizer:memcheck",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
+    proc = gpucheck(
+        "run",
+        "--mode",
+        "sanitizer:memcheck",
+        "--out",
+        str(out),
         timeout=60,
         cwd=tmp_path,
         env={
-            **os.environ,
             "PATH": str(tmp_path / "empty"),
             "CUDA_HOME": str(tmp_path / "empty"),
             "CUDA_PATH": "",

@@ -3,10 +3,7 @@ failing, skipped, aborting and hanging cases; the records, JUnit XML and exit co
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import textwrap
 import time
 import xml.etree.ElementTree as ET
@@ -14,7 +11,8 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from harnesskit import SUITE
+from clirun import gpucheck, start
+from demosuite import SUITE
 
 from gpucheck.model import results
 
@@ -28,14 +26,7 @@ def project(tmp_path):
 
 
 def run(project, *args, env=None, timeout=180):
-    return subprocess.run(
-        [sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet", *args],
-        cwd=project,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
+    return gpucheck("run", "--cpu-only", "--quiet", *args, cwd=project, timeout=timeout, env=env)
 
 
 def by_case(path: Path):
@@ -131,24 +122,16 @@ def test_hang_becomes_a_hung_record_with_every_threads_stack(project):
 
 def test_ctrl_c_keeps_finished_records_and_writes_junit(project):
     out = project / "out"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpucheck.cli",
-            "run",
-            "--cpu-only",
-            "--quiet",
-            "--out",
-            str(out),
-            "--timeout",
-            "300",
-        ],
+    proc = start(
+        "run",
+        "--cpu-only",
+        "--quiet",
+        "--out",
+        str(out),
+        "--timeout",
+        "300",
         cwd=project,
-        env={**os.environ, "DEMO_HANG": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        env={"DEMO_HANG": "1"},
     )
     state = out / "workers" / "cpu.blocking.state.json"
     deadline = time.monotonic() + 60

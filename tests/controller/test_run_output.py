@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 from collections import Counter
@@ -18,6 +17,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import torch  # noqa: F401  (before pytester's in-process runs: torch cannot be imported twice)
+from clirun import gpucheck, start
 
 from gpucheck import cli
 from gpucheck.controller import config
@@ -54,14 +54,7 @@ def project(tmp_path):
 
 
 def gpucheck_run(cwd, *args, env=None, timeout=180):
-    return subprocess.run(
-        [sys.executable, "-m", "gpucheck.cli", "run", "--quiet", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
+    return gpucheck("run", "--quiet", *args, cwd=cwd, timeout=timeout, env=env)
 
 
 def records(out: Path) -> list[dict]:
@@ -70,24 +63,16 @@ def records(out: Path) -> list[dict]:
 
 def start_until_stuck(project: Path, out: Path) -> tuple[subprocess.Popen, Path]:
     """`gpucheck run` in the background, returned once its worker is inside test_hang."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpucheck.cli",
-            "run",
-            "--cpu-only",
-            "--quiet",
-            "--out",
-            str(out),
-            "--timeout",
-            "300",
-        ],
+    proc = start(
+        "run",
+        "--cpu-only",
+        "--quiet",
+        "--out",
+        str(out),
+        "--timeout",
+        "300",
         cwd=project,
-        env={**os.environ, "DEMO_HANG": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        env={"DEMO_HANG": "1"},
     )
     state = out / "workers" / "cpu.blocking.state.json"
     deadline = time.monotonic() + 60
@@ -136,24 +121,7 @@ def test_default_folders_are_unique_within_one_second(tmp_path, monkeypatch):
 
 def test_two_runs_started_together_get_their_own_folders(project):
     procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gpucheck.cli",
-                "run",
-                "--quiet",
-                "--cpu-only",
-                "--",
-                "-k",
-                "test_a",
-            ],
-            cwd=project,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(2)
+        start("run", "--quiet", "--cpu-only", "--", "-k", "test_a", cwd=project) for _ in range(2)
     ]
     for p in procs:
         p.communicate(timeout=180)
@@ -467,13 +435,14 @@ def test_without_a_terminal_every_line_is_plain_and_printed_once(tmp_path):
     suite = tmp_path / "suites" / "logs"
     suite.mkdir(parents=True)
     (suite / "test_logs.py").write_text(LOG_SUITE)
-    proc = subprocess.run(
-        [sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--out", str(tmp_path / "out")],
+    proc = gpucheck(
+        "run",
+        "--cpu-only",
+        "--out",
+        str(tmp_path / "out"),
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
         timeout=180,
-        env={k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")},
+        env={"FORCE_COLOR": None, "TTY_COMPATIBLE": None},
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     out = proc.stdout

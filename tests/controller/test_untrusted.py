@@ -1,15 +1,15 @@
-"""Issue 30, rows 15 and 16: what a suite says and what a run folder holds is not trusted.
+"""What a suite says and what a run folder holds is not trusted.
 
-Row 15: test ids and messages holding HTML and script, terminal escape codes, NUL, lone
-surrogates and bytes that are not UTF-8, in a real run: every case runs and is recorded, the
-console shows the escape codes as text, junit.xml and results.json parse, the page escapes.
+What a suite says: test ids and messages holding HTML and script, terminal escape codes, NUL,
+lone surrogates and bytes that are not UTF-8, in a real run: every case runs and is recorded,
+the console shows the escape codes as text, junit.xml and results.json parse, the page escapes.
 
-Row 16: ``gpucheck report`` and ``gpucheck run --resume`` on a folder someone else produced
-(a real recorded run, then torn, truncated, reordered, duplicated and hand-edited, with huge
-fields, links out of the folder, a FIFO and a pickle that would run code): the report renders
-in one command that never hangs, reads nothing through a link, writes nothing outside the
-folder and shows nothing unescaped; ``--resume`` refuses such a folder in one sentence before
-anything runs. Every fault is made for real (real links, a real FIFO, real bytes)."""
+What a run folder holds: ``gpucheck report`` and ``gpucheck run --resume`` on a folder someone
+else produced (a real recorded run, then torn, truncated, reordered, duplicated and hand-edited,
+with huge fields, links out of the folder, a FIFO and a pickle that would run code): the report
+renders in one command that never hangs, reads nothing through a link, writes nothing outside
+the folder and shows nothing unescaped; ``--resume`` refuses such a folder in one sentence
+before anything runs. Every fault is made for real (real links, a real FIFO, real bytes)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,11 @@ import os
 import pickle
 import shutil
 import subprocess
-import sys
 import textwrap
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+import clirun
 
 from gpucheck.dist.rank import read_trace
 from gpucheck.model import results
@@ -34,14 +35,7 @@ TERMINAL_CONTROLS = ("\x1b", "\x07", "\x00")
 
 
 def gpucheck(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gpucheck.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        errors="surrogateescape",
-        timeout=timeout,
-    )
+    return clirun.gpucheck(*args, cwd=cwd, errors="surrogateescape", timeout=timeout)
 
 
 HOSTILE_SUITE = textwrap.dedent("""
@@ -97,7 +91,7 @@ def test_hostile_ids_and_output_are_recorded_and_shown_as_text(tmp_path):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
 
 
-# --- row 16: a run folder someone else produced --------------------------------------------
+# --- a run folder someone else produced ----------------------------------------------------
 
 SECRET = "SECRET-OUTSIDE-THE-FOLDER"
 

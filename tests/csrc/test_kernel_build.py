@@ -193,7 +193,7 @@ def test_no_nvcc_anywhere_is_one_sentence(fresh, monkeypatch, tmp_path):
 
 
 def test_a_build_without_ninja_is_one_sentence(fresh, monkeypatch, tmp_path):
-    """Issue 30, row 11: ninja missing (for real: a PATH without it) when a build is needed;
+    """ninja missing (for real: a PATH without it) when a build is needed;
     the toolkit is a folder with an nvcc that is never run. The stand-in, as above: this
     CPU-only torch taken for a CUDA build."""
     monkeypatch.setattr(torch.version, "cuda", "13.0")
@@ -318,7 +318,7 @@ print(_ext.load().__name__)
 
 
 def test_a_cached_build_loads_without_nvcc_or_ninja(tmp_path, monkeypatch):
-    """Issue 30, row 11: nvcc and ninja are needed to build the kernels, never to load a
+    """nvcc and ninja are needed to build the kernels, never to load a
     build made before (a runtime image without the toolkit, a shared cache). The later
     process has neither: ninja missing for real (PATH), the toolkit through the stand-in."""
     library = _fake_library(tmp_path)

@@ -1,11 +1,10 @@
-"""Checkpoints a case reads are linted (issue 27, item 4): real PLY and .pt files, written by
+"""Checkpoints a case reads are linted: real PLY and .pt files, written by
 the package and by independent writers, read through plyfile and ``torch.load`` inside real
 cases of a ``gpucheck run --cpu-only`` (one run for the module), and the detector's records."""
 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -14,7 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from plykit import make_ply, ply_columns, three_dgs_capture, trained_like
+from checkpointkit import make_ply, ply_columns, three_dgs_capture, trained_like
+from clirun import gpucheck
 
 from gpucheck import checkpoints
 from gpucheck.checkpoints.activations import (
@@ -162,7 +162,7 @@ def _activated(p: checkpoints.GaussianParams) -> checkpoints.GaussianParams:
 
 
 def _write_data(data: Path) -> None:
-    """Real files: the package's writers, the independent PLY writer of tests/plykit.py,
+    """Real files: the package's writers, the independent PLY writer of test_checkpoints.py,
     3DGS's capture tuple saved with torch.save, a model's and an optimizer's state dicts and a
     COLMAP-style point cloud PLY."""
     gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
@@ -215,25 +215,17 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict[
     (suite / "conftest.py").write_text(textwrap.dedent(CONFTEST))
     (suite / "test_reads.py").write_text(SUITE.format(data=str(data)))
     out = root / "out"
-    env = {k: v for k, v in os.environ.items() if k != "GPUCHECK_DISABLE_DETECTORS"}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpucheck.cli",
-            "run",
-            "--cpu-only",
-            "--quiet",
-            "--suite",
-            str(suite),
-            "--out",
-            str(out),
-        ],
+    proc = gpucheck(
+        "run",
+        "--cpu-only",
+        "--quiet",
+        "--suite",
+        str(suite),
+        "--out",
+        str(out),
         cwd=root,
-        capture_output=True,
-        text=True,
         timeout=300,
-        env=env,
+        env={"GPUCHECK_DISABLE_DETECTORS": None},
     )
     said = proc.stdout + proc.stderr
     assert proc.returncode == 1 and "Traceback" not in said, said  # findings of severity error

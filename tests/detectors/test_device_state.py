@@ -3,12 +3,10 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from clirun import gpucheck
 
 from gpucheck.detectors import CaseInfo, DeviceStateLeak, device_state
 from gpucheck.model import results
@@ -90,14 +88,7 @@ def test_findings_flow_into_records_and_crashes_keep_the_current_device(tmp_path
     suite.mkdir(parents=True)
     (suite / "test_leak.py").write_text(SUITE)
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet", "--out", str(out)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**os.environ},
-    )
+    proc = gpucheck("run", "--cpu-only", "--quiet", "--out", str(out), cwd=tmp_path, timeout=180)
     assert proc.returncode == 1, proc.stdout + proc.stderr  # the abort is an error
     recs = {r["case"]: r for r in results.cases(out / "results.jsonl")}
     leak = recs["test_leak.py::test_leaks"]

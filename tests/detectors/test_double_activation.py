@@ -3,9 +3,9 @@ self-test's double-activation row run on CPU."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
+
+from clirun import gpucheck
 
 from gpucheck.detectors import CaseInfo, DoubleActivation
 
@@ -36,25 +36,18 @@ def test_selftest_double_activation_row_on_cpu(tmp_path):
     from gpucheck.selftest import matrix, read_run
 
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpucheck.cli",
-            "run",
-            "--cpu-only",
-            "--quiet",
-            "--suite",
-            "selftest",
-            "--out",
-            str(out),
-            "--",
-            "-k",
-            "roundtrip or double_activation",
-        ],
+    proc = gpucheck(
+        "run",
+        "--cpu-only",
+        "--quiet",
+        "--suite",
+        "selftest",
+        "--out",
+        str(out),
+        "--",
+        "-k",
+        "roundtrip or double_activation",
         cwd=Path(__file__).parents[2],
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     rows, false = matrix(*read_run(out))

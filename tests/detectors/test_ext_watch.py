@@ -10,13 +10,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import textwrap
 import types
 
 import pytest
 import torch
+from clirun import gpucheck
 
 from gpucheck.detectors import CaseInfo, MixedDevices, elf, ext_watch, op_watch
 from gpucheck.detectors.op_device import OpDevice
@@ -295,13 +295,15 @@ def test_gpucheck_run_records_mixed_devices_and_names_the_argument_in_the_hint(e
     suite.mkdir(parents=True)
     (suite / "test_mixed.py").write_text(SUITE)
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet", "--out", str(out)],
+    proc = gpucheck(
+        "run",
+        "--cpu-only",
+        "--quiet",
+        "--out",
+        str(out),
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
         timeout=300,
-        env={**os.environ, "EXT_NAME": NAME, "EXT_PATH": ext.__file__, "DEMO_ABORT": "1"},
+        env={"EXT_NAME": NAME, "EXT_PATH": ext.__file__, "DEMO_ABORT": "1"},
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     recs = {r["case"].rsplit("::", 1)[-1]: r for r in results.cases(out / "results.jsonl")}

@@ -3,10 +3,9 @@ marker in a real worker."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 
+from clirun import gpucheck
 from memkit import MiB
 
 from gpucheck.detectors import CaseInfo, Leak, worker_detectors
@@ -79,22 +78,15 @@ def test_repeat_marker_in_a_real_worker(tmp_path):
     """)
     )
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpucheck.cli",
-            "run",
-            "--cpu-only",
-            "--quiet",
-            "--suite",
-            str(suite),
-            "--out",
-            str(out),
-        ],
+    proc = gpucheck(
+        "run",
+        "--cpu-only",
+        "--quiet",
+        "--suite",
+        str(suite),
+        "--out",
+        str(out),
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
         timeout=180,
     )
     recs = {r["case"].split("::")[1]: r for r in results.cases(out / "results.jsonl")}

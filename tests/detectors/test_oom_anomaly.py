@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from memkit import OOM, STORY3_TORCH20, GiB, MiB, failed, recorded
+from memkit import OOM, TORCH20_OOM, GiB, MiB, failed, recorded
 
 from gpucheck.detectors.memory_growth import size_of
 from gpucheck.detectors.oom_anomaly import oom_findings, parse_memory_anomaly, parse_oom
@@ -23,7 +23,7 @@ TORCH21 = (
 
 
 def test_torch20_wording():
-    m = parse_oom(STORY3_TORCH20)
+    m = parse_oom(TORCH20_OOM)
     assert m is not None and m.gpu == 0
     assert m.requested == round(52.32 * GiB) and m.total == round(23.68 * GiB)
     assert m.allocated == round(2.10 * GiB) and m.free == round(20.87 * GiB)
@@ -107,16 +107,16 @@ def test_size_parameters():
     ]
 
 
-def test_story3_request_beyond_the_device_is_an_anomaly():
-    [f] = oom_findings([failed(STORY3_TORCH20)])
+def test_a_request_beyond_the_device_is_an_anomaly():
+    [f] = oom_findings([failed(TORCH20_OOM)])
     assert (f.kind, f.severity) == ("oom-anomaly", "error")
     assert "52.32 GiB on a device of 23.68 GiB" in f.message and "2.2x" in f.message
     assert "activated twice" in (f.hint or "") and "requested=" in (f.evidence or "")
 
 
 def test_reruns_of_the_wrong_device_check_are_not_counted_twice():
-    rerun = replace(failed(STORY3_TORCH20), mode="blocking+nvml|rerun:target-current")
-    assert len(oom_findings([failed(STORY3_TORCH20), rerun])) == 1
+    rerun = replace(failed(TORCH20_OOM), mode="blocking+nvml|rerun:target-current")
+    assert len(oom_findings([failed(TORCH20_OOM), rerun])) == 1
 
 
 def test_request_far_beyond_the_footprint():

@@ -3,11 +3,10 @@ finding naming the op through a real worker."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from clirun import gpucheck
 
 from gpucheck.model import results
 
@@ -59,13 +58,7 @@ def test_op_device_names_the_op_through_a_real_worker(tmp_path):
     suite.mkdir(parents=True)
     (suite / "test_ops.py").write_text(OP_SUITE)
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet", "--out", str(out)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    proc = gpucheck("run", "--cpu-only", "--quiet", "--out", str(out), cwd=tmp_path, timeout=180)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     recs = {r["case"]: r for r in results.cases(out / "results.jsonl")}
     assert recs["test_ops.py::test_good"]["findings"] == []

@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from clirun import gpucheck
+
 ROOT = Path(__file__).resolve().parents[2]
 DEFECTS = ROOT / "suites" / "dist_selftest"
 #: hard limit of one gpucheck run in these tests: nothing may hang CI
@@ -26,21 +28,14 @@ RUN_LIMIT_S = 150
 def gpucheck_run(out: Path, *args: str) -> tuple[int, list[dict[str, Any]], float]:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     t0 = time.monotonic()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpucheck.cli",
-            "run",
-            "--distributed",
-            "--cpu-only",
-            "--out",
-            str(out),
-            "--quiet",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
+    proc = gpucheck(
+        "run",
+        "--distributed",
+        "--cpu-only",
+        "--out",
+        str(out),
+        "--quiet",
+        *args,
         env=env,
         timeout=RUN_LIMIT_S,
         cwd=out.parent,
@@ -194,24 +189,17 @@ def test_stuck_rank_is_found_within_its_own_limit_not_the_default_timeout(tmp_pa
     out = tmp_path / "run"
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     t0 = time.monotonic()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpucheck.cli",
-            "run",
-            "--distributed",
-            "--cpu-only",
-            "--out",
-            str(out),
-            "--suite",
-            str(DEFECTS),
-            "--",
-            "-k",
-            "stuck_rank",
-        ],
-        capture_output=True,
-        text=True,
+    proc = gpucheck(
+        "run",
+        "--distributed",
+        "--cpu-only",
+        "--out",
+        str(out),
+        "--suite",
+        str(DEFECTS),
+        "--",
+        "-k",
+        "stuck_rank",
         env=env,
         timeout=RUN_LIMIT_S,
         cwd=tmp_path,

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from clirun import gpucheck
 
 from gpucheck import nvml
 from gpucheck.controller import suites
@@ -224,22 +223,15 @@ def test_attached_findings_go_into_the_case_record_under_gpucheck_run(tmp_path):
     suite.mkdir()
     (suite / "test_f.py").write_text(textwrap.dedent(FINDINGS_SUITE))
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpucheck.cli",
-            "run",
-            "--cpu-only",
-            "--quiet",
-            "--suite",
-            str(suite),
-            "--out",
-            str(out),
-        ],
+    proc = gpucheck(
+        "run",
+        "--cpu-only",
+        "--quiet",
+        "--suite",
+        str(suite),
+        "--out",
+        str(out),
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
         timeout=180,
         env=ENV,
     )
@@ -278,22 +270,15 @@ def test_a_failure_that_repeats_an_attached_finding_is_one_finding_under_gpuchec
     """)
     )
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpucheck.cli",
-            "run",
-            "--cpu-only",
-            "--quiet",
-            "--suite",
-            str(suite),
-            "--out",
-            str(out),
-        ],
+    proc = gpucheck(
+        "run",
+        "--cpu-only",
+        "--quiet",
+        "--suite",
+        str(suite),
+        "--out",
+        str(out),
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
         timeout=180,
         env=ENV,
     )
@@ -397,22 +382,15 @@ def test_gpucheck_run_takes_a_module_or_a_test_file(tmp_path, how):
         **ENV,
         "PYTHONPATH": os.pathsep.join([str(site), *filter(None, [ENV.get("PYTHONPATH")])]),
     }
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpucheck.cli",
-            "run",
-            "--cpu-only",
-            "--quiet",
-            "--suite",
-            target,
-            "--out",
-            str(out),
-        ],
+    proc = gpucheck(
+        "run",
+        "--cpu-only",
+        "--quiet",
+        "--suite",
+        target,
+        "--out",
+        str(out),
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
         timeout=180,
         env=env,
     )

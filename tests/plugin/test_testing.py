@@ -4,12 +4,11 @@ a numerics finding through a real worker."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
+from clirun import gpucheck
 
 from gpucheck.model import results
 from gpucheck.testing import assert_close, measure
@@ -61,13 +60,7 @@ def test_a_worker_reports_the_measurement(tmp_path):
     suite.mkdir(parents=True)
     (suite / "test_num.py").write_text(SUITE)
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet", "--out", str(out)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    proc = gpucheck("run", "--cpu-only", "--quiet", "--out", str(out), cwd=tmp_path, timeout=180)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     recs = {r["case"].rsplit("::", 1)[-1]: r for r in results.cases(out / "results.jsonl")}
     close = recs["test_close"]

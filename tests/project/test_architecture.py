@@ -1,4 +1,4 @@
-"""The layering of ``gpucheck/``, measured with ``ast`` (issue 28): no import cycle, no import
+"""The layering of ``gpucheck/``, measured with ``ast``: no import cycle, no import
 from a lower floor to a higher one (a function-level, lazy one only with a ``lazy:`` comment
 saying why), no module over 600 lines.
 

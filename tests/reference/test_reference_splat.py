@@ -330,7 +330,7 @@ def test_depth_ties_at_float32_resolution_composite_in_index_order() -> None:
     """Depths that round to one float32 (here 2 - 2e-8 and 2, one float32 ulp is 2.4e-7)
     composite in index order, as the float32 kernel's stable sort on float32 depths does,
     not in float64 depth order; a gap of a few float32 ulps is ordered by depth. Decides
-    here which of the two the 1e-4 stop drops (the regression case of issue 10)."""
+    here which of the two the 1e-4 stop drops (a case that regressed once)."""
     kw = dict(
         viewmat=torch.eye(4, dtype=F64),
         K=intrinsics(10.0, 10.0, 0.5, 0.5),
@@ -869,8 +869,9 @@ def test_float32_inputs_get_float32_gradients(gen: torch.Generator) -> None:
 
 
 def test_max_bytes_catches_double_activation(gen: torch.Generator) -> None:
-    """Story 3: log-scales around -5 activated twice become ~1, every Gaussian covers every
-    tile, and the binning buffer explodes; max_bytes turns that into a clear error."""
+    """Double activation: log-scales around -5 activated twice become ~1, every Gaussian
+    covers every tile, and the binning buffer explodes; max_bytes turns that into a clear
+    error."""
     n = 200
     means = torch.cat(
         [torch.rand(n, 2, generator=gen, dtype=F64) * 2 - 1, torch.full((n, 1), 4.0, dtype=F64)],

@@ -8,12 +8,12 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from clirun import gpucheck, start
 from report_synth import make_run, real_cpu_run
 
 from gpucheck.model import results
@@ -243,12 +243,7 @@ def test_torn_timeline_is_read(tmp_path):
 
 def test_cli_report_exit_codes(cpu_run, tmp_path):
     def report(*args):
-        return subprocess.run(
-            [sys.executable, "-m", "gpucheck.cli", "report", *args],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        return gpucheck("report", *args, timeout=120)
 
     run = tmp_path / "run"
     shutil.copytree(cpu_run, run)
@@ -280,21 +275,16 @@ def test_report_after_the_harness_itself_was_killed(tmp_path):
         "def test_stuck():\n    time.sleep(600)\n\ndef test_never():\n    pass\n"
     )
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpucheck.cli",
-            "run",
-            "--cpu-only",
-            "--quiet",
-            "--suite",
-            str(suite),
-            "--timeout",
-            "300",
-            "--out",
-            str(out),
-        ],
+    proc = start(
+        "run",
+        "--cpu-only",
+        "--quiet",
+        "--suite",
+        str(suite),
+        "--timeout",
+        "300",
+        "--out",
+        str(out),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -14,12 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from report_synth import make_run, real_cpu_run
+from report_synth import CHROMIUM, chrome, make_run, real_cpu_run
 
 from gpucheck.report import write_all
 
 GPU_RUN = Path(__file__).resolve().parents[1] / "fixtures" / "run_h200_selftest"
-CHROMIUM = ("chromium", "chromium-browser", "google-chrome")
 
 
 def _missing() -> str | None:
@@ -32,27 +31,6 @@ def _missing() -> str | None:
     if not shutil.which("chromedriver"):
         return "no chromedriver (apt-get install chromium-driver)"
     return None
-
-
-def chrome() -> Any:
-    """Headless Chromium with the system's chromedriver (never Selenium Manager's download)."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = next(shutil.which(c) for c in CHROMIUM if shutil.which(c))
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--window-size=1400,1000",
-        "--disable-dev-shm-usage",
-    ):
-        opts.add_argument(arg)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(
-        service=Service(executable_path=shutil.which("chromedriver")), options=opts
-    )
 
 
 def _require_browser() -> None:

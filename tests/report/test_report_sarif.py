@@ -6,15 +6,13 @@ the case's test file."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import jsonschema
 import pytest
+from clirun import gpucheck
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "tests" / "fixtures" / "run_h200x2_selftest"
@@ -108,26 +106,19 @@ def test_run_and_report_write_only_the_formats_asked(tmp_path):
     suite.mkdir(parents=True)
     (suite / "test_demo.py").write_text(SUITE)
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpucheck.cli",
-            "run",
-            "--cpu-only",
-            "--quiet",
-            "--suite",
-            str(suite),
-            "--out",
-            str(out),
-            "--format",
-            "sarif",
-        ],
-        capture_output=True,
-        text=True,
+    proc = gpucheck(
+        "run",
+        "--cpu-only",
+        "--quiet",
+        "--suite",
+        str(suite),
+        "--out",
+        str(out),
+        "--format",
+        "sarif",
         timeout=180,
         cwd=tmp_path,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+        env={"CUDA_VISIBLE_DEVICES": ""},
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert not (out / "report.html").exists() and not (out / "junit.xml").exists()
@@ -139,23 +130,11 @@ def test_run_and_report_write_only_the_formats_asked(tmp_path):
     assert _where(result) == ("suite/demo/test_demo.py", 7)
     assert doc["runs"][0]["originalUriBaseIds"]["%SRCROOT%"]["uri"] == tmp_path.as_uri() + "/"
     # the default of `gpucheck report` is today's three files; --format sarif adds nothing else
-    rep = subprocess.run(
-        [sys.executable, "-m", "gpucheck.cli", "report", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-    )
+    rep = gpucheck("report", str(out), timeout=120, cwd=tmp_path)
     assert rep.returncode == 1
     assert all((out / f).exists() for f in ("report.html", "results.json", "junit.xml"))
     (out / "results.sarif").unlink()
-    rep = subprocess.run(
-        [sys.executable, "-m", "gpucheck.cli", "report", str(out), "--format", "sarif"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-    )
+    rep = gpucheck("report", str(out), "--format", "sarif", timeout=120, cwd=tmp_path)
     assert rep.returncode == 1 and rep.stdout.startswith(f"failed: {out / 'results.sarif'}")
     assert validate(json.loads((out / "results.sarif").read_text())) == []
 

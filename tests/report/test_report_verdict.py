@@ -5,14 +5,13 @@ must all say the same."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import textwrap
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from clirun import gpucheck
 
 from gpucheck.model import results
 from gpucheck.model.results import CaseRecord, Finding
@@ -129,23 +128,16 @@ def test_a_suite_whose_only_file_has_a_syntax_error_is_incomplete_naming_file_an
     suite.mkdir()
     (suite / "test_mine.py").write_text("import torch\n\ndef test_x(:\n    pass\n")
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpucheck.cli",
-            "run",
-            "--cpu-only",
-            "--suite",
-            str(suite / "test_mine.py"),
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
+    proc = gpucheck(
+        "run",
+        "--cpu-only",
+        "--suite",
+        str(suite / "test_mine.py"),
+        "--out",
+        str(out),
         timeout=180,
         cwd=tmp_path,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+        env={"CUDA_VISIBLE_DEVICES": ""},
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     where = f"{suite / 'test_mine.py'}:3"
@@ -173,33 +165,26 @@ def _run(tmp_path: Path, name: str, *args: str) -> tuple[subprocess.CompletedPro
     suite.mkdir(parents=True, exist_ok=True)
     (suite / "test_demo.py").write_text(SUITE)
     out = tmp_path / name
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpucheck.cli",
-            "run",
-            "--cpu-only",
-            "--quiet",
-            "--suite",
-            str(suite),
-            "--out",
-            str(out),
-            "--format",
-            "html",
-            "--format",
-            "json",
-            "--format",
-            "junit",
-            "--format",
-            "sarif",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
+    proc = gpucheck(
+        "run",
+        "--cpu-only",
+        "--quiet",
+        "--suite",
+        str(suite),
+        "--out",
+        str(out),
+        "--format",
+        "html",
+        "--format",
+        "json",
+        "--format",
+        "junit",
+        "--format",
+        "sarif",
+        *args,
         timeout=180,
         cwd=tmp_path,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+        env={"CUDA_VISIBLE_DEVICES": ""},
     )
     return proc, out
 
@@ -252,12 +237,7 @@ def test_every_output_states_the_same_verdict_as_the_exit_code(tmp_path, select,
         "sarif_ok": code == 0,
     }
     # `gpucheck report` of the same folder says it again
-    again = subprocess.run(
-        [sys.executable, "-m", "gpucheck.cli", "report", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    again = gpucheck("report", str(out), timeout=120)
     assert again.returncode == code and again.stdout.startswith(f"{name}: ")
 
 
@@ -285,12 +265,7 @@ def test_report_names_a_torn_results_file_and_fails(tmp_path):
     assert proc.returncode == 0
     with open(out / "results.jsonl", "a") as f:
         f.write('{"schema": "gpucheck.results/1", "record": "case", "device": "cp')
-    rep = subprocess.run(
-        [sys.executable, "-m", "gpucheck.cli", "report", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    rep = gpucheck("report", str(out), timeout=120)
     assert rep.returncode == 2
     assert rep.stdout.startswith("incomplete: ")
     assert f"1 line(s) of {out / 'results.jsonl'} could not be read" in rep.stdout
@@ -317,12 +292,7 @@ def test_random_bytes_are_not_a_gpucheck_results_file_not_a_torn_line(tmp_path):
         "is a record gpucheck writes (no run header, no case)"
     ]
     assert "killed mid-line" not in " ".join(verdict.why)
-    proc = subprocess.run(
-        [sys.executable, "-m", "gpucheck.cli", "report", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = gpucheck("report", str(tmp_path), timeout=120)
     assert proc.returncode == 2
     assert "is not a gpucheck results file" in proc.stdout
     assert "killed mid-line" not in proc.stdout + proc.stderr

@@ -4,11 +4,10 @@ records in the documented wording of other tools and older releases."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from clirun import gpucheck
 
 from gpucheck.sanitizer import parse, parse_file
 from gpucheck.sanitizer.parser import kernel_name
@@ -49,11 +48,7 @@ def test_real_memcheck_log_of_an_unguarded_launch():
 
 
 def test_cli_json_matches_the_documented_shape():
-    proc = subprocess.run(
-        [sys.executable, "-m", "gpucheck.cli", "parse-sanitizer", str(UNGUARDED), "--json"],
-        capture_output=True,
-        text=True,
-    )
+    proc = gpucheck("parse-sanitizer", str(UNGUARDED), "--json")
     assert proc.returncode == 1  # findings of severity error
     data = json.loads(proc.stdout)
     assert {"tool", "errors_reported", "errors_printed", "findings"} <= set(data)

@@ -275,7 +275,7 @@ def test_each_row_found_from_its_own_findings_has_nothing_unexpected(row):
 
 def test_the_recorded_two_gpu_zoo_run_finds_every_row_and_nothing_else():
     """The run recorded on 2x H200: every expectation found, no unexpected finding; among
-    them the issue's first failure (no guard + stream 0): the case aborted or faulted with
+    them the zoo's first failure (no guard + stream 0): the case aborted or faulted with
     the other device current, so its stream findings come from the re-run, carried to it."""
     from pathlib import Path
 

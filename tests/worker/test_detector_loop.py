@@ -3,9 +3,9 @@ lost CUDA context the detectors that read the GPU stand down with one note."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
+
+from clirun import gpucheck
 
 from gpucheck.model import results
 
@@ -27,13 +27,7 @@ def _run_with_detector(tmp_path, detector: str, test: str) -> tuple[dict, str]:
     )
     (suite / "test_d.py").write_text(textwrap.dedent(test))
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [sys.executable, "-m", "gpucheck.cli", "run", "--cpu-only", "--quiet", "--out", str(out)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    proc = gpucheck("run", "--cpu-only", "--quiet", "--out", str(out), cwd=tmp_path, timeout=180)
     [rec] = results.cases(out / "results.jsonl")
     return rec, proc.stdout + proc.stderr
 

@@ -1,5 +1,8 @@
-"""The harness tests' demo suite (passing, failing, skipped, erroring, crashing and hanging
-cases), shared with the report tests that run it for real (tests/report_synth.py)."""
+"""The demo suite of the harness's tests and of the report's real CPU run: passing, failing,
+skipped, erroring cases, and a CUDA error, an abort and a hang when DEMO_CUDA_ERROR,
+DEMO_ABORT and DEMO_HANG are set."""
+
+from __future__ import annotations
 
 import textwrap
 

@@ -1,5 +1,6 @@
-"""Checkpoint helpers shared by the tests: 3DGS-shaped parameters, an independent PLY writer
-(numpy, not the package's), and what 3DGS's ``GaussianModel.capture()`` returns."""
+"""Checkpoints written without the package's writers, for the tests of what reads them:
+trained-like Gaussian parameters, their PLY columns, PLY files built byte by byte, and 3DGS
+capture tuples built as 3DGS's train.py saves them."""
 
 from __future__ import annotations
 
