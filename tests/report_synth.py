@@ -25,7 +25,7 @@ from clirun import gpucheck
 
 from gpucheck.model import results
 from gpucheck.model.results import CaseRecord, Finding
-from gpucheck.nvml_sampler import TimelineWriter
+from gpucheck.model.timeline import DeviceRow, TimelineWriter
 from gpucheck.worker.recorder import sanitizer_findings
 
 HERE = Path(__file__).resolve().parent
@@ -209,14 +209,7 @@ def _timeline(
             procs = {str(pid): mem}
             if d == 0 and len(uuids) > 1 and stray[1] <= rel <= stray[2]:
                 procs[str([p for s, p in pids[stray[0]] if s <= rel][-1])] = 530 * MIB
-            rows.append(
-                {
-                    "nvml_index": d,
-                    "uuid": uuid,
-                    "used": sum(procs.values()) + 300 * MIB,
-                    "processes": procs,
-                }
-            )
+            rows.append(DeviceRow(d, uuid, sum(procs.values()) + 300 * MIB, dict(procs)))
         writer(t0 + rel, rows)
     writer.close()
 
