@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from gpucheck.checkpoints.detectors import DoubleActivation
 from gpucheck.controller import pipeline
-from gpucheck.detectors import CaseInfo, DoubleActivation, Leak, worker_detectors
+from gpucheck.detectors import CaseInfo, Leak, worker_detectors
 from gpucheck.detectors.imbalance import imbalances
 from gpucheck.detectors.leak import judge
 from gpucheck.detectors.memory_growth import growth, size_of

@@ -121,3 +121,20 @@ def test_an_installed_package_adds_a_detector_through_its_entry_point(tmp_path: 
     assert out.returncode == 0, out.stderr[-2000:]
     names = out.stdout.strip().split(",")
     assert names[-1] == "loud" and "mixed-devices" in names
+
+
+def test_the_checkpoint_detectors_come_through_the_entry_point_group():
+    """gpucheck's checkpoint detectors are registered as a third party's are: an entry point
+    in group ``gpucheck`` of pyproject.toml (the registry's fallback for a run without the
+    installed metadata names the same module), after the built-in ones."""
+    import tomllib
+
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    declared = pyproject["project"]["entry-points"][registry.ENTRY_POINT_GROUP]
+    assert declared == registry.OWN_ENTRY_POINTS
+    pm = registry.manager()
+    for name, module in declared.items():
+        assert pm.get_plugin(name).__name__ == module
+    names = [d.name for d in registry.worker_detectors()]
+    assert names[-2:] == ["double-activation", "checkpoint-reads"]
+    assert names.index("leak") < names.index("double-activation")
