@@ -16,6 +16,7 @@ from gpucheck.errors import MemoryAnomalyError
 __all__ = ["MemoryAnomalyError", "__version__", "check_op"]
 
 if TYPE_CHECKING:
+    # lazy: the API's top names it for type checkers; imported on first use (below)
     from gpucheck.check import check_op
 else:
 

@@ -18,7 +18,16 @@ from pathlib import Path
 #: bundled folders: the subpackage of gpucheck -> the folder of the repository it is built from
 BUNDLED: dict[str, str] = {"csrc": "csrc", "suites": "suites", "examples": "examples"}
 #: the files of the bundled folders that the package carries (setuptools package_data globs)
-BUNDLED_FILES = ["**/*.py", "**/*.h", "**/*.cuh", "**/*.cpp", "**/*.cu", "**/*.md", "**/*.sh"]
+BUNDLED_FILES = [
+    "**/*.py",
+    "**/*.h",
+    "**/*.cuh",
+    "**/*.cpp",
+    "**/*.cu",
+    "**/*.md",
+    "**/*.sh",
+    "**/*.toml",
+]
 #: the worked example's folder in ``examples/``
 EXAMPLE = "custom_rnn_extension"
 

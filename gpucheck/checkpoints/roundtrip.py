@@ -6,7 +6,7 @@ logits, normalized quaternions), the save or the load applied it, and the render
 again: that is the double activation of failure 3 in ``docs/failures.md``, named as such with
 the numbers. Each call is also kept for the harness: in a ``gpucheck run``, a failed round trip
 becomes a ``double-activation`` (or ``checkpoint-roundtrip``) finding of the case
-(:mod:`gpucheck.detectors.double_activation`).
+(:mod:`gpucheck.checkpoints.detectors.double_activation`).
 """
 
 from __future__ import annotations

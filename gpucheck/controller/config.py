@@ -324,16 +324,13 @@ def _check_resumable(folder: Path, saved: dict[str, Any]) -> None:
                 raise refuse(f"it holds {str(path)!r}, a link or a special file")
 
 
-def extension_problem() -> str | None:
-    """Why gpucheck's compiled kernels cannot be loaded, or None when they can.
-
-    Checked in a child process (the parent never imports torch, and a broken build must not
-    take the harness down with it). Where the kernels were not built at install, the child
-    builds them first, once, with one progress line (gpucheck.ops._ext).
-    """
-    from gpucheck.ops import _ext
-
-    return _ext.problem_in_child()
+def suite_problem(probe: str) -> str | None:
+    """Why the suites that declare ``probe`` (their suite.toml, ``module:function``) cannot
+    run here, or None when they can. gpucheck's kernel suites name the check of its compiled
+    kernels, made in a child process (the parent never imports torch, and a broken build must
+    not take the harness down with it); where the kernels were not built at install, the
+    child builds them first, once, with one progress line."""
+    return suites_mod.probe_problem(probe)
 
 
 Target = tuple[str, int | None, str | None, str | None]  # label, CUDA index, UUID, name
@@ -417,18 +414,20 @@ def select_runnable(
     are not built). Raises when none can: one sentence with the fix, before any worker."""
     if cfg.cpu_only:  # their cases need a GPU and are skipped anyway
         return suites, {}
-    needing = [n for n, p in suites.items() if suites_mod.needs_kernels(p)]
-    problem = extension_problem() if needing else None
-    if problem is None:
+    probes = {n: suites_mod.declared(p).probe for n, p in suites.items()}
+    problems = {probe: suite_problem(probe) for probe in sorted({p for p in probes.values() if p})}
+    blocked = {n: problems[probe] for n, probe in probes.items() if probe and problems[probe]}
+    if not blocked:
         return suites, {}
-    names = ", ".join(needing)
-    if len(needing) == len(suites):
+    names = ", ".join(blocked)
+    if len(blocked) == len(suites):
+        first = next(iter(blocked.values())) or ""
         raise EnvironmentProblem(
-            f"{problem.rstrip('.')}. Nothing was run: the suite(s) "
+            f"{first.rstrip('.')}. Nothing was run: the suite(s) "
             f"{names} test gpucheck's own kernels."
         )
-    reason = f"not runnable: {problem}"
-    return {n: p for n, p in suites.items() if n not in needing}, {n: reason for n in needing}
+    runnable = {n: p for n, p in suites.items() if n not in blocked}
+    return runnable, {n: f"not runnable: {problem}" for n, problem in blocked.items()}
 
 
 def header(

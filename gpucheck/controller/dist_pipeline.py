@@ -89,7 +89,7 @@ class DistRun(Run):
         self.requested = (
             self.cfg.suite_paths
             if self.cfg.suite_paths is not None
-            else suites_mod.resolve(self.cfg.suites or suites_mod.DISTRIBUTED)
+            else suites_mod.resolve(self.cfg.suites or suites_mod.distributed())
         )
         self.targets = [(r.label, r.device_index, r.uuid, None) for r in self.ranks]
         self.asked = (MODE,)
@@ -154,7 +154,7 @@ def cpu_pass(cfg: RunConfig, out: Path, results_path: Path, run_id: str, notes: 
     """The distributed suites (``dist``) as one gloo group of CPU ranks, in a run that is
     already under way (the default suites of ``gpucheck run --cpu-only``): its records go
     into that run's results; the caller diagnoses and reports. True after Ctrl-C/SIGTERM."""
-    requested = suites_mod.resolve(suites_mod.DISTRIBUTED)
+    requested = suites_mod.resolve(suites_mod.distributed())
     ranks = [RankSpec(r, f"rank{r}/cpu", None) for r in range(CPU_PASS_WORLD)]
     group = GroupSpec(ranks, CPU_PASS_WORLD, "gloo", requested, MODE, _env(cfg), cfg.pytest_args)
     log = RunLog(results_path)
@@ -227,7 +227,7 @@ def _run_torchrun(cfg: RunConfig) -> int:
     gpu = torch.cuda.is_available() and not cfg.cpu_only
     backend = cfg.backend or ("nccl" if gpu else "gloo")
     label = f"rank{rank}/cuda:{local}" if gpu else f"rank{rank}/cpu"
-    requested = suites_mod.resolve(cfg.suites or suites_mod.DISTRIBUTED)
+    requested = suites_mod.resolve(cfg.suites or suites_mod.distributed())
     notes = [
         f"distributed under torchrun: {world} rank(s), backend {backend}, "
         f"{os.environ.get('LOCAL_WORLD_SIZE', '?')} per node"

@@ -1,16 +1,103 @@
 """Finding suites: ``--suite NAME`` (a folder of suites/), ``--suite PATH`` (a folder or one
 test file) or ``--suite package.module`` (an importable module or package, e.g. the tests an
-installed extension ships)."""
+installed extension ships).
+
+A suite folder says what it needs next to its tests, in ``suite.toml`` (:class:`Declared`)::
+
+    needs = "kernels"                               # "gpu" (default), "kernels", "cpu-only"
+    probe = "gpucheck.ops._ext:problem_in_child"    # why it cannot run now, or None
+    named-only = true                               # only run when named (default false)
+    distributed = true                              # a default of ``run --distributed``
+
+The controller knows no suite by name: it reads their declarations.
+"""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpucheck import _resources
 from gpucheck.errors import UsageProblem
+
+#: the file next to a suite's tests that declares what the suite needs
+DECLARATION = "suite.toml"
+NEEDS = ("gpu", "kernels", "cpu-only")
+
+
+@dataclass(frozen=True)
+class Declared:
+    """What a suite folder's ``suite.toml`` declares (a folder without one: the defaults)."""
+
+    #: ``gpu``: its cases run on each device; ``kernels``: they also need gpucheck's compiled
+    #: kernels, without which the suite cannot run at all (the run says so once instead of
+    #: failing every case); ``cpu-only``: it holds no GPU case (the default of ``--cpu-only``,
+    #: never of a GPU run)
+    needs: str = "gpu"
+    #: ``module:function`` returning why the suite cannot run here, or None when it can
+    probe: str | None = None
+    #: run only when named (suites that exist to produce findings: the self-tests)
+    named_only: bool = False
+    #: one of the suites of ``gpucheck run --distributed`` when none is named
+    distributed: bool = False
+
+
+def declared(path: Path) -> Declared:
+    """The declaration of the suite ``path`` is (or lies in): the nearest ``suite.toml`` in
+    its folder or above, below its suite root; the defaults where there is none."""
+    p = path.resolve()
+    roots = set(suite_roots())
+    for folder in [p, *p.parents] if p.is_dir() else list(p.parents):
+        if folder in roots:
+            break
+        if (folder / DECLARATION).is_file():
+            return read_declaration(folder / DECLARATION)
+    return Declared()
+
+
+def read_declaration(path: Path) -> Declared:
+    """One ``suite.toml``; a broken one is a usage problem naming the file."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    try:
+        table = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+        raise UsageProblem(f"cannot read {path}: {err}") from None
+    known = {"needs", "probe", "named-only", "distributed"}
+    unknown = sorted(set(table) - known)
+    needs = table.get("needs", "gpu")
+    probe = table.get("probe")
+    if unknown or needs not in NEEDS or not (probe is None or _probe_name(probe)):
+        raise UsageProblem(
+            f'{path}: expected needs = one of {", ".join(NEEDS)}, probe = "module:function", '
+            f"named-only and distributed = true or false; got {table}"
+        )
+    return Declared(
+        needs=needs,
+        probe=probe,
+        named_only=bool(table.get("named-only", False)),
+        distributed=bool(table.get("distributed", False)),
+    )
+
+
+def _probe_name(probe: object) -> bool:
+    return isinstance(probe, str) and bool(re.fullmatch(r"[\w.]+:\w+", probe))
+
+
+def probe_problem(probe: str) -> str | None:
+    """Run a suite's probe (``module:function``, imported only now: the controller knows no
+    suite's needs in advance): why the suite cannot run here, or None when it can."""
+    module, _, function = probe.partition(":")
+    check: Callable[[], str | None] = getattr(importlib.import_module(module), function)
+    return check()
+
 
 #: gpucheck's own suites, as installed with it (gpucheck.suites: wheel, sdist or editable
 #: install alike); a suites/ folder in the current directory comes first.
@@ -44,33 +131,25 @@ def available() -> dict[str, Path]:
     return found
 
 
-#: suites that only run when named: they exist to produce findings (the harness's self-test)
-NAMED_ONLY = ("selftest", "dist", "dist_selftest")
-#: the suites of ``gpucheck run --distributed`` when none is named
-DISTRIBUTED = ("dist",)
-#: our suites that test gpucheck's own kernels (gpucheck.ops): without the compiled extension
-#: they cannot run at all, which the run says once instead of failing every case
-NEEDS_KERNELS = ("ssim", "knn", "splat")
-#: our suites that need no GPU (the oracles, checkpoint I/O): the default of ``--cpu-only``,
-#: never of a GPU run (they hold no GPU case to run on each device)
-CPU_ONLY = ("reference", "checkpoints")
+def distributed() -> tuple[str, ...]:
+    """The suites of ``gpucheck run --distributed`` when none is named (those declared
+    ``distributed``)."""
+    return tuple(n for n, p in available().items() if declared(p).distributed)
 
 
 def needs_kernels(path: Path) -> bool:
-    """True for one of gpucheck's own kernel suites, or a file of one (by its place in our
-    suites/ folder)."""
-    p = path.resolve()
-    roots = [(PROJECT_SUITES / n).resolve() for n in NEEDS_KERNELS]
-    return any(p == r or r in p.parents for r in roots)
+    """True for a suite (or a file of one) that declares it needs gpucheck's kernels."""
+    return declared(path).needs == "kernels"
 
 
 def default(cpu_only: bool = False) -> dict[str, Path]:
     """The suites of the first root that has any: ./suites/ in a user's project, else ours:
-    the GPU suites, or with ``cpu_only`` those of ours that need no GPU (:data:`CPU_ONLY`)."""
+    the GPU suites, or with ``cpu_only`` those of ours that need no GPU (declared
+    ``cpu-only``). Suites declared ``named-only`` are never a default."""
     for root in suite_roots():
-        found = {n: p for n, p in _suites_in(root).items() if n not in NAMED_ONLY}
+        found = {n: p for n, p in _suites_in(root).items() if not declared(p).named_only}
         if found and root == PROJECT_SUITES.resolve():
-            found = {n: p for n, p in found.items() if (n in CPU_ONLY) == cpu_only}
+            found = {n: p for n, p in found.items() if cpu_only_suite(p) == cpu_only}
         if found:
             return found
     return {}
@@ -85,7 +164,14 @@ def defaults_are_ours() -> bool:
 def left_out_without_gpu() -> list[str]:
     """Our default suites that ``--cpu-only`` leaves out because every case needs a GPU
     (empty when ./suites/ holds the user's own, which run with their GPU cases skipped)."""
-    return sorted(set(default()) - set(CPU_ONLY)) if defaults_are_ours() else []
+    if not defaults_are_ours():
+        return []
+    return sorted(n for n, p in default().items() if not cpu_only_suite(p))
+
+
+def cpu_only_suite(path: Path) -> bool:
+    """Whether the suite ``path`` declares it holds no GPU case."""
+    return declared(path).needs == "cpu-only"
 
 
 def resolve(requested: tuple[str, ...] | list[str], cpu_only: bool = False) -> dict[str, Path]:

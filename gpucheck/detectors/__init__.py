@@ -17,9 +17,7 @@ from gpucheck.detectors.base import (
     Detector,
     WorkerContext,
 )
-from gpucheck.detectors.checkpoint_reads import CheckpointReads
 from gpucheck.detectors.device_state import DeviceStateLeak
-from gpucheck.detectors.double_activation import DoubleActivation
 from gpucheck.detectors.imbalance import Imbalance
 from gpucheck.detectors.kernel_device import KernelDevice
 from gpucheck.detectors.leak import Leak
@@ -37,10 +35,8 @@ __all__ = [
     "DISABLE_ENV",
     "BaseDetector",
     "CaseInfo",
-    "CheckpointReads",
     "Detector",
     "DeviceStateLeak",
-    "DoubleActivation",
     "Imbalance",
     "KernelDevice",
     "Leak",

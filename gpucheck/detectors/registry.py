@@ -19,14 +19,14 @@ where ``my_package/gpucheck_hooks.py`` implements either hook with ``@hookimpl``
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
 from dataclasses import dataclass, field
 
 import pluggy
 
 from gpucheck.detectors.base import Detector, disabled
-from gpucheck.detectors.checkpoint_reads import CheckpointReads
 from gpucheck.detectors.device_state import DeviceStateLeak
-from gpucheck.detectors.double_activation import DoubleActivation
 from gpucheck.detectors.imbalance import Imbalance
 from gpucheck.detectors.kernel_device import KernelDevice
 from gpucheck.detectors.leak import Leak
@@ -43,6 +43,11 @@ from gpucheck.model.runlog import RunHeader
 PROJECT = "gpucheck"
 #: the entry point group other packages register their hook modules under
 ENTRY_POINT_GROUP = "gpucheck"
+#: gpucheck's own entry points in that group (pyproject.toml), by name -> hook module: the
+#: checkpoint wing's detectors. Where gpucheck runs without its installed metadata (a
+#: checkout on sys.path, or metadata from an install older than them) they are registered
+#: from here, so that a run finds the same detectors either way.
+OWN_ENTRY_POINTS = {"checkpoints": "gpucheck.checkpoints.detectors.hooks"}
 
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
@@ -90,8 +95,6 @@ class Builtin:
             WrongStream(),
             KernelDevice(),
             Numerics(),
-            DoubleActivation(),
-            CheckpointReads(),
             Leak(),
         ]
 
@@ -111,11 +114,20 @@ _MANAGER: list[pluggy.PluginManager] = []
 
 
 def manager() -> pluggy.PluginManager:
-    """The plugin manager: the built-in detectors, then every installed package's (once)."""
+    """The plugin manager (made once): the built-in detectors, gpucheck's own entry points,
+    then every other installed package's."""
     if not _MANAGER:
         pm = pluggy.PluginManager(PROJECT)
         pm.add_hookspecs(Hooks)
         pm.register(Builtin(), "gpucheck-builtin")
+        # gpucheck's own entry points first (from its metadata, else from OWN_ENTRY_POINTS),
+        # so that its detectors come before every other package's, in one order
+        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            if ep.dist is not None and ep.dist.name == PROJECT and pm.get_plugin(ep.name) is None:
+                pm.register(ep.load(), ep.name)
+        for name, module in OWN_ENTRY_POINTS.items():
+            if pm.get_plugin(name) is None:
+                pm.register(importlib.import_module(module), name)
         pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
         _MANAGER.append(pm)
     return _MANAGER[0]

@@ -56,7 +56,12 @@ import torch
 
 from gpucheck.errors import MemoryAnomalyError
 from gpucheck.ops._ext import registered_op
-from gpucheck.reference.splat import BYTES_PER_INTERSECTION, TILE_SIZE, sh_degree_of
+from gpucheck.reference.splat import (
+    BYTES_PER_INTERSECTION,
+    TILE_SIZE,
+    RasterizeResult,
+    sh_degree_of,
+)
 
 __all__ = ["BYTES_PER_INTERSECTION", "PARAMETER_DTYPES", "RasterizeResult", "ops", "rasterize"]
 
@@ -68,21 +73,6 @@ _PARAMETERS = ("means", "scales", "rotations", "opacities", "colors", "sh", "bac
 #: How the C++ entry point starts the message of a failed preflight (a torch.OutOfMemoryError,
 #: which :func:`rasterize` turns into MemoryAnomalyError).
 BUDGET_PREFIX = "splat_project: binning budget exceeded: "
-
-
-class RasterizeResult(NamedTuple):
-    """What :func:`rasterize` returns: the fields of the reference's result, in its order."""
-
-    image: torch.Tensor  #: [3, H, W] float32, background included
-    alpha: torch.Tensor  #: [H, W] float32, 1 - final transmittance
-    depth: torch.Tensor  #: [H, W] float32 expected depth (0 where alpha is 0)
-    radii: torch.Tensor  #: [N] int32 pixel radius, 0 for culled Gaussians
-    means2d: torch.Tensor  #: [N, 2] float32 pixels; .grad after backward (densification)
-    depths: torch.Tensor  #: [N] float32 camera-space z
-    conics: torch.Tensor  #: [N, 3] float32 inverse 2D covariance, 0 where radius is 0
-    colors: torch.Tensor  #: [N, 3] float32 per-Gaussian colour (evaluated SH or as given)
-    tiles: torch.Tensor  #: [N, 4] int32 tile rectangle x_min, y_min, x_max, y_max (excl.)
-    n_intersections: int = 0  #: sum over Gaussians of the tiles they touch
 
 
 def _tiles(width: int, height: int) -> int:

@@ -87,7 +87,8 @@ _CHUNK_ELEMENTS = 1 << 21
 
 
 class RasterizeResult(NamedTuple):
-    """What :func:`rasterize` returns (float64 unless stated)."""
+    """What :func:`rasterize` returns, and the kernel's ``gpucheck.ops.rasterize`` too (one
+    result type: float64 from this oracle, float32 from the kernel, unless stated)."""
 
     image: torch.Tensor  #: [3, H, W] composited colour, background included
     alpha: torch.Tensor  #: [H, W] 1 - final transmittance
@@ -95,7 +96,8 @@ class RasterizeResult(NamedTuple):
     radii: torch.Tensor  #: [N] int32 pixel radius, 0 for culled Gaussians
     means2d: torch.Tensor  #: [N, 2] pixel coordinates; .grad after backward if tracked
     depths: torch.Tensor  #: [N] camera-space z
-    conics: torch.Tensor  #: [N, 3] inverse 2D covariance (a, b, c) of [[a, b], [b, c]]
+    #: [N, 3] inverse 2D covariance (a, b, c) of [[a, b], [b, c]]; 0 where the radius is 0
+    conics: torch.Tensor
     colors: torch.Tensor  #: [N, 3] per-Gaussian colour (evaluated SH or as given)
     tiles: torch.Tensor  #: [N, 4] int32 tile rectangle x_min, y_min, x_max, y_max (excl.)
     n_intersections: int  #: sum over Gaussians of the tiles they touch (overlaps)

@@ -5,10 +5,10 @@ all of them, and the same gradients; the per-GPU-independent mode must issue no 
 from __future__ import annotations
 
 import torch
+from dist_checks import FIELDS, render_sharded, shard
+from splat_model import SplatModel, cameras, render, ssim_loss, targets
 
 from gpucheck.dist import collectives
-from gpucheck.dist.checks import FIELDS, render_sharded, shard
-from gpucheck.dist.splat_model import SplatModel, cameras, render, ssim_loss, targets
 from gpucheck.testing import assert_close
 
 SIZE = 24
@@ -27,13 +27,13 @@ def test_sharded_render_equals_single_render(dist_rank) -> None:  # type: ignore
     views = cameras(world, SIZE, seed=5)
     wanted = [t.to(device) for t in targets(views, SIZE)]
     full = _scene(device)
-    mine = {k: v.detach().clone().requires_grad_(True)
-            for k, v in shard(full, rank, world).items()}
+    mine = {k: v.detach().clone().requires_grad_(True) for k, v in shard(full, rank, world).items()}
     (image,) = render_sharded(mine, [views[rank]], SIZE, distributed=True)
     # one process: every view from all Gaussians, the loss summed over the ranks' views
     images = [render(full, v, k, SIZE) for v, k in views]
-    assert torch.equal(image, images[rank].detach()), \
+    assert torch.equal(image, images[rank].detach()), (
         "the jointly rendered image differs from the single render of all Gaussians"
+    )
     ssim_loss(image, wanted[rank]).backward()
     torch.stack([ssim_loss(im, t) for im, t in zip(images, wanted, strict=True)]).sum().backward()
     part = shard({k: v.grad for k, v in full.items()}, rank, world)
@@ -42,8 +42,13 @@ def test_sharded_render_equals_single_render(dist_rank) -> None:  # type: ignore
         want = part[name]
         assert mine[name].grad is not None, name
         scale = float(want.abs().max()) or 1.0
-        assert_close(mine[name].grad, want, rtol=0, atol=tol * scale,
-                     what=f"rank {rank} gradient of its shard's {name}")
+        assert_close(
+            mine[name].grad,
+            want,
+            rtol=0,
+            atol=tol * scale,
+            what=f"rank {rank} gradient of its shard's {name}",
+        )
 
 
 def test_independent_mode_issues_no_collective(dist_rank) -> None:  # type: ignore[no-untyped-def]
@@ -58,6 +63,7 @@ def test_independent_mode_issues_no_collective(dist_rank) -> None:  # type: igno
     entered = [e for e in collectives.read(log.path) if e.get("ev") == "enter"]
     new = log.path.read_text()[mark:]
     assert log.seq == before and '"ev":"enter"' not in new, (
-        f"distributed=False issued collectives: {[e['op'] for e in entered][-5:]}")
+        f"distributed=False issued collectives: {[e['op'] for e in entered][-5:]}"
+    )
     for (v, k), im in zip(views, images, strict=True):
         assert torch.equal(im.detach(), render(scene, v, k, SIZE).detach())

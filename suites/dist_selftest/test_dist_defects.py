@@ -74,8 +74,8 @@ def test_distributed_render_independent_scenes(dist_rank) -> None:  # type: igno
     """Story 4: every rank trains its own scene on its own views but renders with
     distributed=True; the culprit has one view fewer, so the others wait in the gather of
     their last render call for ever."""
-    from gpucheck.dist.checks import render_sharded
-    from gpucheck.dist.splat_model import SplatModel, cameras
+    from dist_checks import render_sharded
+    from splat_model import SplatModel, cameras
 
     with torch.no_grad():
         scene = SplatModel(20, seed=100 + dist_rank.rank).to(dist_rank.device).activated()
@@ -87,8 +87,8 @@ def test_distributed_render_independent_scenes(dist_rank) -> None:  # type: igno
 def test_distributed_render_replicated_scene(dist_rank) -> None:  # type: ignore[no-untyped-def]
     """Every rank holds the same whole scene and renders with distributed=True: each Gaussian
     would be rendered once per rank; the renderer must refuse on every rank."""
-    from gpucheck.dist.checks import render_sharded
-    from gpucheck.dist.splat_model import SplatModel, cameras
+    from dist_checks import render_sharded
+    from splat_model import SplatModel, cameras
 
     with torch.no_grad():
         scene = SplatModel(20, seed=100).to(dist_rank.device).activated()
@@ -98,7 +98,7 @@ def test_distributed_render_replicated_scene(dist_rank) -> None:  # type: ignore
 def test_ddp_step_without_sync(dist_rank) -> None:  # type: ignore[no-untyped-def]
     """The DDP step with its backward under ``no_sync()`` (gradient accumulation left on):
     each rank keeps its own gradients; the DDP check must fail on every rank."""
-    from gpucheck.dist.checks import ddp_step
+    from dist_checks import ddp_step
 
     result = ddp_step(dist_rank, n=16, size=16, sync=False)  # small: well within the timeout
     worst = max(result.grad_error.values())

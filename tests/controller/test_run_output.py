@@ -10,6 +10,7 @@ import signal
 import subprocess
 import textwrap
 import time
+import types
 from collections import Counter
 from datetime import datetime
 from pathlib import Path
@@ -21,7 +22,7 @@ from clirun import gpucheck, start
 
 from gpucheck import cli
 from gpucheck.controller import config
-from gpucheck.controller.suites import PROJECT_SUITES
+from gpucheck.controller.suites import PROJECT_SUITES, declared
 from gpucheck.model import clock, results
 
 SUITE = textwrap.dedent("""
@@ -211,12 +212,12 @@ def test_the_last_line_counts_every_status_and_the_skip_reasons(project):
 # --- the compiled extension is missing -----------------------------------------------------
 
 
-def test_extension_problem_names_the_fix_when_the_extension_is_not_built():
+def test_the_kernel_suites_probe_names_the_fix_when_the_extension_is_not_built():
     from gpucheck.ops import _ext
 
     if _ext.available():
         pytest.skip("gpucheck's extension is built in this environment")
-    problem = config.extension_problem()
+    problem = config.suite_problem(declared(PROJECT_SUITES / "knn").probe or "")
     assert problem is not None
     assert "gpucheck's CUDA extension is not available" in problem
     assert "pip install --no-build-isolation -e ." in problem
@@ -225,7 +226,7 @@ def test_extension_problem_names_the_fix_when_the_extension_is_not_built():
 def test_unbuilt_extension_is_one_sentence_before_any_worker(
     tmp_path, monkeypatch, capsys, two_gpus, harness_specs
 ):
-    monkeypatch.setattr(config, "extension_problem", lambda: "EXTENSION MISSING; fix it so.")
+    monkeypatch.setattr(config, "suite_problem", lambda probe: "EXTENSION MISSING; fix it so.")
     out = tmp_path / "out"
     code = cli.main(
         ["run", "--all-devices", "--suite", "knn", "--suite", "ssim", "--out", str(out)]
@@ -242,7 +243,7 @@ def test_unbuilt_extension_is_one_sentence_before_any_worker(
 def test_user_suites_still_run_when_only_our_kernel_suites_cannot(
     project, monkeypatch, capsys, two_gpus, harness_specs
 ):
-    monkeypatch.setattr(config, "extension_problem", lambda: "EXTENSION MISSING")
+    monkeypatch.setattr(config, "suite_problem", lambda probe: "EXTENSION MISSING")
     out = project / "out"
     code = cli.main(
         [
@@ -268,13 +269,38 @@ def test_user_suites_still_run_when_only_our_kernel_suites_cannot(
     assert header["not_runnable"] == {"knn": "not runnable: EXTENSION MISSING"}
 
 
-def test_kernel_suites_are_known_by_their_place():
+def test_kernel_suites_are_known_by_their_declaration():
     from gpucheck.controller.suites import needs_kernels
 
     assert needs_kernels(PROJECT_SUITES / "knn")
     assert needs_kernels(PROJECT_SUITES / "ssim" / "test_ssim.py")
     assert not needs_kernels(PROJECT_SUITES / "selftest")
     assert not needs_kernels(Path("/elsewhere/knn"))
+
+
+def test_a_suite_declares_its_needs_and_probe_next_to_itself(tmp_path, monkeypatch):
+    """Any suite folder (a user's too) may declare a probe: the run holds it back with the
+    probe's reason; a declaration the controller cannot read is a usage problem."""
+    from gpucheck.controller.suites import read_declaration
+    from gpucheck.errors import UsageProblem
+
+    mine = tmp_path / "suites" / "mine"
+    mine.mkdir(parents=True)
+    (mine / "test_mine.py").write_text("def test_x():\n    pass\n")
+    (tmp_path / "mine_probe.py").write_text("def why():\n    return 'no widget here'\n")
+    (mine / "suite.toml").write_text('needs = "kernels"\nprobe = "mine_probe:why"\n')
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert declared(mine / "test_mine.py").probe == "mine_probe:why"
+    cfg = types.SimpleNamespace(cpu_only=False)
+    other = tmp_path / "other"
+    other.mkdir()
+    runnable, reasons = config.select_runnable(cfg, {"mine": mine, "other": other})
+    assert runnable == {"other": other}
+    assert reasons == {"mine": "not runnable: no widget here"}
+    (mine / "suite.toml").write_text('needs = "a quantum computer"\n')
+    with pytest.raises(UsageProblem, match=r"suite\.toml"):
+        read_declaration(mine / "suite.toml")
 
 
 @pytest.mark.parametrize("suite", ["ssim", "knn"])

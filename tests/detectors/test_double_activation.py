@@ -7,7 +7,8 @@ from pathlib import Path
 
 from clirun import gpucheck
 
-from gpucheck.detectors import CaseInfo, DoubleActivation
+from gpucheck.checkpoints.detectors import DoubleActivation
+from gpucheck.detectors import CaseInfo
 
 CASE = CaseInfo("cuda:0", "s", "test_x.py::test_x[cuda0]")
 

@@ -127,3 +127,20 @@ def test_every_worker_detector_has_a_name_and_the_hooks():
     for d in worker_detectors():
         assert d.name and callable(d.case_started) and callable(d.case_finished)
         assert d.run_finished([]) == []
+
+
+def test_the_checkpoint_detectors_come_through_the_entry_point_group():
+    """gpucheck's checkpoint detectors are registered as a third party's are: an entry point
+    in group ``gpucheck`` of pyproject.toml (the registry's fallback for a run without the
+    installed metadata names the same module), after the built-in ones."""
+    import tomllib
+
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    declared = pyproject["project"]["entry-points"][registry.ENTRY_POINT_GROUP]
+    assert declared == registry.OWN_ENTRY_POINTS
+    pm = registry.manager()
+    for name, module in declared.items():
+        assert pm.get_plugin(name).__name__ == module
+    names = [d.name for d in registry.worker_detectors()]
+    assert names[-2:] == ["double-activation", "checkpoint-reads"]
+    assert names.index("leak") < names.index("double-activation")

@@ -1,6 +1,7 @@
-"""The layering of ``gpucheck/``, measured with ``ast``: no import cycle, no import
-from a lower floor to a higher one (a function-level, lazy one only with a ``lazy:`` comment
-saying why), no module over 600 lines.
+"""The layering of ``gpucheck/``, measured with ``ast``: no import cycle (type-only imports
+count), no import from a lower floor to a higher one (a function-level, lazy one only with a
+``lazy:`` comment saying why), the kernel wing fenced off from the harness, the model and the
+reports, no private name used outside its module, no module over the line limit.
 
 The floors are :data:`FLOORS`, the one table of them. The measuring functions are tested on a
 synthetic package too, so that these tests can fail.
@@ -32,32 +33,38 @@ FLOORS: dict[str, int] = {
     "gpucheck._resources": 0,
     # 1 data model: records, findings, modes, the run folder's layout, the worker contract
     "gpucheck.model": 1,
-    # 2 tools and kernels
+    # 2 tools
     "gpucheck.nvml": 2,
     "gpucheck.nvml_sampler": 2,
     "gpucheck.devices": 2,
     "gpucheck._cuda_probe": 2,
     "gpucheck.sanitizer": 2,
-    "gpucheck.reference": 2,
-    "gpucheck._csrc": 2,
-    "gpucheck.ops": 2,
-    "gpucheck.checkpoints": 2,
     "gpucheck.testing": 2,
     # 3 detectors
     "gpucheck.detectors": 3,
     "gpucheck.dist": 3,
-    # 4 worker side and outputs
-    "gpucheck.worker": 4,
-    "gpucheck.check": 4,
-    "gpucheck.report": 4,
-    # 5 controller
-    "gpucheck.controller": 5,
-    # 6 entry points
-    "gpucheck.pytest_plugin": 6,
-    "gpucheck.cli": 6,
-    "gpucheck.__main__": 6,
-    "gpucheck.selftest": 6,
+    # 4 the kernel wing: the bundled kernels, their oracles, checkpoint I/O (and its
+    # detectors, registered through the entry point group): the toolkit's test subjects
+    "gpucheck._csrc": 4,
+    "gpucheck.ops": 4,
+    "gpucheck.reference": 4,
+    "gpucheck.checkpoints": 4,
+    # 5 worker side and outputs
+    "gpucheck.worker": 5,
+    "gpucheck.check": 5,
+    "gpucheck.report": 5,
+    # 6 controller
+    "gpucheck.controller": 6,
+    # 7 entry points
+    "gpucheck.pytest_plugin": 7,
+    "gpucheck.cli": 7,
+    "gpucheck.__main__": 7,
+    "gpucheck.selftest": 7,
 }
+#: the kernel wing (floor 4), and the parts of the toolkit that never import it, not even in
+#: a function: the harness, the data model and the reports run without the bundled kernels
+WING = ("gpucheck._csrc", "gpucheck.ops", "gpucheck.reference", "gpucheck.checkpoints")
+FENCED = ("gpucheck.model", "gpucheck.worker", "gpucheck.controller", "gpucheck.report")
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,7 @@ class Import:
     target: str  # the imported module
     lazy: bool  # inside a function
     commented: bool  # a `lazy:` comment on its line(s) or the line just above
+    type_only: bool = False  # under ``if TYPE_CHECKING:``: still an edge of the graph
 
     def __str__(self) -> str:
         return f"{self.source}:{self.line} imports {self.target}"
@@ -105,24 +113,30 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _import_nodes(tree: ast.AST) -> Iterable[tuple[ast.Import | ast.ImportFrom, bool]]:
-    """The imports of a module with whether each is inside a function; ``if TYPE_CHECKING:``
-    bodies are left out (their ``else`` is not)."""
+def _import_nodes(
+    tree: ast.AST,
+) -> Iterable[tuple[ast.Import | ast.ImportFrom, bool, bool]]:
+    """The imports of a module with whether each is inside a function and whether it is
+    type-only (in an ``if TYPE_CHECKING:`` body; its ``else`` is not)."""
 
-    def walk(node: ast.AST, lazy: bool) -> Iterable[tuple[ast.Import | ast.ImportFrom, bool]]:
+    def walk(
+        node: ast.AST, lazy: bool, typing: bool
+    ) -> Iterable[tuple[ast.Import | ast.ImportFrom, bool, bool]]:
         for child in ast.iter_child_nodes(node):
             if not isinstance(child, (ast.stmt, ast.excepthandler, ast.match_case)):
                 continue  # an expression: no import statement inside
             if isinstance(child, (ast.Import, ast.ImportFrom)):
-                yield child, lazy
+                yield child, lazy, typing
             elif isinstance(child, ast.If) and _is_type_checking(child.test):
+                for sub in child.body:
+                    yield from walk(ast.Module(body=[sub], type_ignores=[]), lazy, True)
                 for sub in child.orelse:
-                    yield from walk(ast.Module(body=[sub], type_ignores=[]), lazy)
+                    yield from walk(ast.Module(body=[sub], type_ignores=[]), lazy, typing)
             else:
                 inner = lazy or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
-                yield from walk(child, inner)
+                yield from walk(child, inner, typing)
 
-    yield from walk(tree, False)
+    yield from walk(tree, False, False)
 
 
 def _existing(name: str, modules: Mapping[str, Path]) -> str:
@@ -144,7 +158,7 @@ def imports_of(module: str, path: Path, modules: Mapping[str, Path], package: st
     marks = _comment_lines(source)
     here = module if path.name == "__init__.py" else module.rpartition(".")[0]
     out: dict[tuple[int, str], Import] = {}
-    for node, lazy in _import_nodes(ast.parse(source, filename=str(path))):
+    for node, lazy, type_only in _import_nodes(ast.parse(source, filename=str(path))):
         targets: list[str] = []
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
@@ -165,7 +179,8 @@ def imports_of(module: str, path: Path, modules: Mapping[str, Path], package: st
                 continue
             found = _existing(target, modules)
             out.setdefault(
-                (node.lineno, found), Import(module, node.lineno, found, lazy, commented)
+                (node.lineno, found),
+                Import(module, node.lineno, found, lazy, commented, type_only),
             )
     return list(out.values())
 
@@ -180,8 +195,10 @@ def import_graph(package_dir: Path, package: str) -> tuple[dict[str, Path], list
 
 
 def find_cycles(imports: Iterable[Import]) -> list[list[Import]]:
-    """One import cycle per strongly connected set of modules, counting module-level imports
-    (an import of a module by itself aside), as the imports along it."""
+    """One import cycle per strongly connected set of modules, counting module-level imports,
+    type-only ones (``if TYPE_CHECKING:``) too (an import of a module by itself aside), as the
+    imports along it: a split that needs a type from the other side was cut in the wrong
+    place."""
     edges: dict[str, dict[str, Import]] = {}
     for imp in imports:
         if not imp.lazy and imp.source != imp.target:
@@ -257,14 +274,14 @@ def unlisted(modules: Iterable[str], floors: Mapping[str, int], package: str) ->
 def upward(
     imports: Iterable[Import], floors: Mapping[str, int], package: str
 ) -> tuple[list[Import], list[Import]]:
-    """Imports from a lower floor to a higher one: (module-level ones, lazy ones without a
-    ``lazy:`` comment)."""
+    """Imports from a lower floor to a higher one: (module-level ones, lazy or type-only ones
+    without a ``lazy:`` comment: they never run at import, but still need a reason)."""
     eager, lazy = [], []
     for imp in imports:
         src, dst = floor_of(imp.source, floors, package), floor_of(imp.target, floors, package)
         if src is None or dst is None or dst <= src:
             continue
-        if not imp.lazy:
+        if not imp.lazy and not imp.type_only:
             eager.append(imp)
         elif not imp.commented:
             lazy.append(imp)
@@ -278,6 +295,102 @@ def long_files(paths: Iterable[Path], limit: int = MAX_LINES) -> list[tuple[Path
         if n > limit:
             out.append((path, n))
     return out
+
+
+def _within(module: str, parts: Iterable[str]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in parts)
+
+
+def fence_crossings(
+    imports: Iterable[Import], wing: Iterable[str], fenced: Iterable[str]
+) -> list[Import]:
+    """Imports (module-level, lazy or type-only alike) of a module of ``wing`` by a module of
+    ``fenced``."""
+    wing, fenced = tuple(wing), tuple(fenced)
+    return [i for i in imports if _within(i.source, fenced) and _within(i.target, wing)]
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _defined(tree: ast.Module) -> set[str]:
+    """The names a module binds at its top level (definitions, assignments, imports)."""
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                names |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+@dataclass(frozen=True)
+class PrivateUse:
+    """A private name (one leading underscore) of one module used by another."""
+
+    source: str
+    line: int
+    target: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.line} uses {self.target}.{self.name}"
+
+
+def private_uses(modules: Mapping[str, Path], package: str) -> list[PrivateUse]:
+    """Private names a module of the package defines and another module uses: imported
+    (``from m import _x``) or reached through the module (``m._x``). A private module of the
+    package (``_resources``, a compiled ``_C``) is not a private name: only what a module
+    binds itself is."""
+    trees = {m: ast.parse(p.read_text(), filename=str(p)) for m, p in modules.items()}
+    defined = {m: _defined(t) for m, t in trees.items()}
+    out: list[PrivateUse] = []
+    for module, tree in trees.items():
+        here = module if modules[module].name == "__init__.py" else module.rpartition(".")[0]
+        bound: dict[str, str] = {}  # local name -> module of the package it is bound to
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    parts = here.split(".")
+                    parts = parts[: len(parts) - (node.level - 1)]
+                    base = ".".join([*parts, *([node.module] if node.module else [])])
+                else:
+                    base = node.module or ""
+                for alias in node.names:
+                    sub = f"{base}.{alias.name}"
+                    if sub in modules:
+                        bound[alias.asname or alias.name] = sub
+                    elif (
+                        base in modules
+                        and base != module
+                        and _private(alias.name)
+                        and alias.name in defined[base]
+                    ):
+                        out.append(PrivateUse(module, node.lineno, base, alias.name))
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name in modules:
+                        local = alias.asname or alias.name
+                        bound[local] = alias.name if alias.asname else local
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and _private(node.attr)):
+                continue
+            chain: list[str] = []
+            value: ast.expr = node.value
+            while isinstance(value, ast.Attribute):
+                chain.append(value.attr)
+                value = value.value
+            if not (isinstance(value, ast.Name) and value.id in bound):
+                continue
+            target = ".".join([bound[value.id], *reversed(chain)])
+            if target in modules and target != module and node.attr in defined[target]:
+                out.append(PrivateUse(module, node.lineno, target, node.attr))
+    return sorted(set(out), key=lambda u: (u.source, u.line, u.name))
 
 
 def _describe(imps: Iterable[Import], floors: Mapping[str, int], package: str) -> str:
@@ -342,6 +455,23 @@ def test_no_module_over_the_line_limit() -> None:
     )
 
 
+def test_the_kernel_wing_is_fenced_off() -> None:
+    _, imports = _gpucheck_graph()
+    crossings = fence_crossings(imports, WING, FENCED)
+    assert not crossings, (
+        f"{', '.join(FENCED)} import the kernel wing ({', '.join(WING)}), even lazily:\n"
+        + "\n".join(f"  {imp}" for imp in crossings)
+    )
+
+
+def test_no_private_name_is_used_across_modules() -> None:
+    uses = private_uses(module_files(PACKAGE_DIR, PACKAGE), PACKAGE)
+    assert not uses, (
+        "private names used outside their module (make them public, or move the user):\n"
+        + "\n".join(f"  {u}" for u in uses)
+    )
+
+
 # --- the measuring functions, on a synthetic package --------------------------------------
 
 
@@ -363,8 +493,7 @@ def test_synthetic_cycle_is_found(tmp_path: Path) -> None:
             "__init__.py": "",
             "low.py": "import os\nfrom pkg import high\n",
             "high.py": "from . import low\n",
-            "sub/__init__.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-            "    from pkg import high\n",
+            "sub/__init__.py": "",
         },
     )
     modules, imports = import_graph(pkg, "pkg")
@@ -373,8 +502,68 @@ def test_synthetic_cycle_is_found(tmp_path: Path) -> None:
     assert [[(i.source, i.line, i.target) for i in c] for c in cycles] == [
         [("pkg.high", 1, "pkg.low"), ("pkg.low", 2, "pkg.high")]
     ]
-    # the TYPE_CHECKING import is not an import
-    assert not [i for i in imports if i.source == "pkg.sub"]
+
+
+def test_synthetic_type_only_cycle_is_found(tmp_path: Path) -> None:
+    """A split whose halves import each other, one only for a type, is a cycle."""
+    pkg = _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "spec.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+            "    from pkg.api import Runner\nelse:\n    import os\n",
+            "api.py": "from pkg.spec import Spec\n",
+        },
+    )
+    _, imports = import_graph(pkg, "pkg")
+    [typed] = [i for i in imports if i.source == "pkg.spec"]
+    assert (typed.target, typed.type_only, typed.lazy) == ("pkg.api", True, False)
+    assert [[(i.source, i.target) for i in c] for c in find_cycles(imports)] == [
+        [("pkg.api", "pkg.spec"), ("pkg.spec", "pkg.api")]
+    ]
+    # upward, it is judged as a lazy one: it needs a `lazy:` comment saying why
+    assert upward(imports, {"pkg": 0, "pkg.spec": 1, "pkg.api": 2}, "pkg") == ([], [typed])
+
+
+def test_synthetic_fence(tmp_path: Path) -> None:
+    pkg = _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "kernels/__init__.py": "",
+            "kernels/op.py": "",
+            "harness.py": "def f():\n    from pkg.kernels import op  # lazy: still over\n",
+            "entry.py": "from pkg.kernels import op\n",
+        },
+    )
+    _, imports = import_graph(pkg, "pkg")
+    crossed = fence_crossings(imports, ["pkg.kernels"], ["pkg.harness"])
+    assert [(i.source, i.target) for i in crossed] == [("pkg.harness", "pkg.kernels.op")]
+
+
+def test_synthetic_private_names(tmp_path: Path) -> None:
+    pkg = _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "low.py": "_HIDDEN = 1\nPUBLIC = 2\ndef _helper():\n    return _HIDDEN\n",
+            "high.py": (
+                "from pkg.low import PUBLIC, _HIDDEN\n"  # 1: a private name imported
+                "from pkg import low, _ext\n"  # 2: a private module: fine
+                "import pkg.low as lo\n"
+                "x = low._helper()\n"  # 4: reached through the module
+                "y = lo._HIDDEN + _ext.f()\n"  # 5: through an alias; _ext's own: not defined
+                "z = low.__name__\n"  # 6: a dunder: fine
+            ),
+            "_ext.py": "",
+        },
+    )
+    uses = private_uses(module_files(pkg, "pkg"), "pkg")
+    assert [(u.source, u.line, u.target, u.name) for u in uses] == [
+        ("pkg.high", 1, "pkg.low", "_HIDDEN"),
+        ("pkg.high", 4, "pkg.low", "_helper"),
+        ("pkg.high", 5, "pkg.low", "_HIDDEN"),
+    ]
 
 
 def test_synthetic_lazy_import_makes_no_cycle(tmp_path: Path) -> None:

@@ -71,7 +71,7 @@ def shipped(src: Path) -> set[str]:
     """Every file the package must carry, as its path inside the installed package: the
     bundled folders' sources, the files of the defect builds and of the builds gpucheck
     compile-checks, the report's templates and schema."""
-    suffixes = {".py", ".h", ".cuh", ".cpp", ".cu", ".md", ".sh"}
+    suffixes = {".py", ".h", ".cuh", ".cpp", ".cu", ".md", ".sh", ".toml"}
     want = {
         f"gpucheck/{package}/{f.relative_to(src / folder).as_posix()}"
         for package, folder in _resources.BUNDLED.items()
@@ -109,6 +109,8 @@ def test_the_wheel_carries_sources_suites_example_and_templates(built):
         "gpucheck/csrc/registration.cpp",
         "gpucheck/csrc/knn/knn_cuda.cu",
         "gpucheck/suites/knn/test_knn.py",
+        "gpucheck/suites/knn/suite.toml",
+        "gpucheck/suites/dist/dist_checks.py",
         "gpucheck/suites/selftest/conftest.py",
         "gpucheck/suites/selftest/defects.cu",
         "gpucheck/examples/custom_rnn_extension/csrc/wkv_cuda.cu",

@@ -40,8 +40,10 @@ def cameras(count: int, size: int, seed: int) -> list[tuple[torch.Tensor, torch.
     out = []
     for i in range(count):
         angle = 2 * math.pi * (i + float(torch.rand(1, generator=gen))) / count
-        eye = torch.tensor([4 * math.sin(angle), 0.6 * float(torch.randn(1, generator=gen)),
-                            -4 * math.cos(angle)], dtype=torch.float64)
+        eye = torch.tensor(
+            [4 * math.sin(angle), 0.6 * float(torch.randn(1, generator=gen)), -4 * math.cos(angle)],
+            dtype=torch.float64,
+        )
         out.append((look_at(eye).float(), K.clone()))
     return out
 
@@ -80,33 +82,38 @@ class SplatModel(nn.Module):
     def activated(self) -> dict[str, torch.Tensor]:
         """Rasterizer inputs (float32 whatever autocast did to the colour head)."""
         colors = torch.sigmoid(self.head(self.features)).float()
-        return {"means": self.means, "scales": torch.exp(self.log_scales),
-                "rotations": self.quats, "opacities": torch.sigmoid(self.opacity_logits),
-                "colors": colors}
+        return {
+            "means": self.means,
+            "scales": torch.exp(self.log_scales),
+            "rotations": self.quats,
+            "opacities": torch.sigmoid(self.opacity_logits),
+            "colors": colors,
+        }
 
     def forward(self, viewmat: torch.Tensor, K: torch.Tensor, size: int) -> torch.Tensor:
         return render(self.activated(), viewmat, K, size)
 
 
-def render(g: dict[str, torch.Tensor], viewmat: torch.Tensor, K: torch.Tensor,
-           size: int) -> torch.Tensor:
+def render(
+    g: dict[str, torch.Tensor], viewmat: torch.Tensor, K: torch.Tensor, size: int
+) -> torch.Tensor:
     """[3, size, size] image of activated Gaussians ``g`` (CUDA kernels or CPU reference)."""
     dev = g["means"].device
-    kwargs: dict[str, Any] = dict(colors=g["colors"], viewmat=viewmat.to(dev), K=K.to(dev),
-                                  width=size, height=size)
+    kwargs: dict[str, Any] = dict(
+        colors=g["colors"], viewmat=viewmat.to(dev), K=K.to(dev), width=size, height=size
+    )
     if dev.type == "cuda":
         from gpucheck.ops import rasterize
 
-        return rasterize(g["means"], g["scales"], g["rotations"], g["opacities"],
-                         **kwargs).image
+        return rasterize(g["means"], g["scales"], g["rotations"], g["opacities"], **kwargs).image
     from gpucheck.reference import rasterize as ref_rasterize
 
-    return ref_rasterize(g["means"], g["scales"], g["rotations"], g["opacities"],
-                         **kwargs).image
+    return ref_rasterize(g["means"], g["scales"], g["rotations"], g["opacities"], **kwargs).image
 
 
-def ssim_loss(image: torch.Tensor, target: torch.Tensor, dtype: torch.dtype | None = None
-              ) -> torch.Tensor:
+def ssim_loss(
+    image: torch.Tensor, target: torch.Tensor, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """1 - SSIM of two [3, H, W] images, in ``dtype`` (default the image's)."""
     a = image[None].to(dtype or image.dtype)
     b = target[None].to(a.dtype)
@@ -119,8 +126,9 @@ def ssim_loss(image: torch.Tensor, target: torch.Tensor, dtype: torch.dtype | No
     return 1 - ref_ssim(a, b)
 
 
-def targets(views: list[tuple[torch.Tensor, torch.Tensor]], size: int, n: int = 64,
-            seed: int = 99) -> list[torch.Tensor]:
+def targets(
+    views: list[tuple[torch.Tensor, torch.Tensor]], size: int, n: int = 64, seed: int = 99
+) -> list[torch.Tensor]:
     """Target images of ``views``: a different scene, rendered by the CPU reference."""
     model = SplatModel(n, seed)
     with torch.no_grad():

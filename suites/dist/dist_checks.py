@@ -1,6 +1,6 @@
 """The distributed checks of the ``dist`` suite, as functions every rank calls.
 
-* :func:`ddp_step`: one training step of :class:`~gpucheck.dist.splat_model.SplatModel`
+* :func:`ddp_step`: one training step of :class:`splat_model.SplatModel`
   under ``DistributedDataParallel``, each rank on its own views; the averaged gradients (and
   the parameters after the SGD step) must equal one process's over the union of the views.
 * :func:`render_sharded`: Gaussians sharded across the ranks, gathered (sizes first, padded,
@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from splat_model import SplatModel, cameras, render, ssim_loss, targets
 
 from gpucheck.dist import collectives
-from gpucheck.dist.splat_model import SplatModel, cameras, render, ssim_loss, targets
 
 FIELDS = ("means", "scales", "rotations", "opacities", "colors")
 
@@ -46,9 +46,16 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.detach().double() - want.detach().double()).abs().max()) / scale
 
 
-def ddp_step(rank: Any, *, n: int = 48, size: int = 24, views_per_rank: int = 1,
-             amp: torch.dtype | None = None, lr: float = 0.05, sync: bool = True
-             ) -> StepResult:
+def ddp_step(
+    rank: Any,
+    *,
+    n: int = 48,
+    size: int = 24,
+    views_per_rank: int = 1,
+    amp: torch.dtype | None = None,
+    lr: float = 0.05,
+    sync: bool = True,
+) -> StepResult:
     """One DDP step on this rank's views vs one process on all views (same device, dtype).
 
     Args:
@@ -70,16 +77,18 @@ def ddp_step(rank: Any, *, n: int = 48, size: int = 24, views_per_rank: int = 1,
     mine = range(rank.rank * views_per_rank, (rank.rank + 1) * views_per_rank)
     base = SplatModel(n, seed=3).to(device)
     single = copy.deepcopy(base)
-    ddp = DDP(base, device_ids=[device.index] if device.type == "cuda" else None,
-              broadcast_buffers=False)
+    ddp = DDP(
+        base, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False
+    )
     ddp.register_comm_hook(None, collectives.ddp_comm_hook())
     log = collectives.current()
     before = log.seq if log is not None else 0
 
     def loss_over(model: Any, which: Any) -> torch.Tensor:
         with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
-            losses = [ssim_loss(model(views[i][0], views[i][1], size), wanted[i], amp)
-                      for i in which]
+            losses = [
+                ssim_loss(model(views[i][0], views[i][1], size), wanted[i], amp) for i in which
+            ]
         return torch.stack([x.float() for x in losses]).mean()
 
     opt = torch.optim.SGD(ddp.parameters(), lr=lr)
@@ -122,7 +131,7 @@ class _GatherShards(torch.autograd.Function):
         grad = grad.contiguous().clone()
         dist.all_reduce(grad)
         start = sum(ctx.sizes[: ctx.me])
-        return grad[start:start + ctx.sizes[ctx.me]], None, None
+        return grad[start : start + ctx.sizes[ctx.me]], None, None
 
 
 def _fingerprint(g: dict[str, torch.Tensor]) -> int:
@@ -133,8 +142,13 @@ def _fingerprint(g: dict[str, torch.Tensor]) -> int:
 _CALLS = [0]
 
 
-def render_sharded(g: dict[str, torch.Tensor], views: list[tuple[torch.Tensor, torch.Tensor]],
-                   size: int, *, distributed: bool) -> list[torch.Tensor]:
+def render_sharded(
+    g: dict[str, torch.Tensor],
+    views: list[tuple[torch.Tensor, torch.Tensor]],
+    size: int,
+    *,
+    distributed: bool,
+) -> list[torch.Tensor]:
     """Render ``views`` from this rank's activated Gaussians ``g`` (dict of FIELDS).
 
     ``distributed=True``: ``g`` is this rank's shard of ONE scene; the shards of all ranks
@@ -154,8 +168,7 @@ def render_sharded(g: dict[str, torch.Tensor], views: list[tuple[torch.Tensor, t
         log.tag = f"gpucheck.dist.render_sharded(distributed=True) call {_CALLS[0]}"
     try:
         dev = g["means"].device
-        head = torch.tensor([g["means"].shape[0], _fingerprint(g)], dtype=torch.int64,
-                            device=dev)
+        head = torch.tensor([g["means"].shape[0], _fingerprint(g)], dtype=torch.int64, device=dev)
         heads = [torch.empty_like(head) for _ in range(dist.get_world_size())]
         dist.all_gather(heads, head)
         sizes = [int(h[0]) for h in heads]
@@ -165,7 +178,8 @@ def render_sharded(g: dict[str, torch.Tensor], views: list[tuple[torch.Tensor, t
                 f"distributed=True, but all {len(heads)} ranks hold the same {sizes[0]} "
                 "Gaussians: that is a replicated (or per-rank) scene, not shards of one scene; "
                 "the gathered scene would hold every Gaussian once per rank. Render each "
-                "rank's own scene with distributed=False (no collective at all)")
+                "rank's own scene with distributed=False (no collective at all)"
+            )
         me = dist.get_rank()
         full = {k: _GatherShards.apply(g[k].contiguous(), sizes, me) for k in FIELDS}
     finally:
@@ -178,4 +192,4 @@ def shard(g: dict[str, torch.Tensor], rank: int, world: int) -> dict[str, torch.
     """Rank ``rank``'s part of ``g``: uneven contiguous blocks (sizes differ by design)."""
     n = g["means"].shape[0]
     cuts = [round(n * (i * i + i) / (world * world + world)) for i in range(world + 1)]
-    return {k: v[cuts[rank]:cuts[rank + 1]] for k, v in g.items()}
+    return {k: v[cuts[rank] : cuts[rank + 1]] for k, v in g.items()}

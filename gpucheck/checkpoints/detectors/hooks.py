@@ -1,0 +1,15 @@
+"""The checkpoint detectors' hook module: the entry point ``checkpoints`` in group
+``gpucheck`` (pyproject.toml) names it, as a third party's package names its own."""
+
+from __future__ import annotations
+
+from gpucheck.checkpoints.detectors.checkpoint_reads import CheckpointReads
+from gpucheck.checkpoints.detectors.double_activation import DoubleActivation
+from gpucheck.detectors.base import Detector
+from gpucheck.detectors.registry import hookimpl
+
+
+@hookimpl
+def gpucheck_worker_detectors() -> list[Detector]:
+    """Fresh checkpoint detectors for one worker process."""
+    return [DoubleActivation(), CheckpointReads()]
