@@ -333,16 +333,18 @@ def test_nvml_tracker_keeps_this_processes_memory_per_device():
     import threading
 
     tracker._lock = threading.Lock()
+    from gpucheck.model.timeline import DeviceRow
+
     me, other = str(os.getpid()), "1"
     tracker._on_sample(
         1.0,
         [
-            {"uuid": "GPU-a", "processes": {me: 100, other: 900}},
-            {"uuid": "GPU-b", "processes": {other: 5}},
+            DeviceRow(0, "GPU-a", None, {me: 100, other: 900}),
+            DeviceRow(1, "GPU-b", None, {other: 5}),
         ],
     )
     tracker._on_sample(
-        2.0, [{"uuid": "GPU-a", "processes": {me: 300}}, {"uuid": "GPU-b", "processes": {me: 7}}]
+        2.0, [DeviceRow(0, "GPU-a", None, {me: 300}), DeviceRow(1, "GPU-b", None, {me: 7})]
     )
     assert tracker.timeline == [(1.0, {"GPU-a": 100}), (2.0, {"GPU-a": 300, "GPU-b": 7})]
     assert tracker.peak() == 300 and tracker.peak("GPU-b") == 7
