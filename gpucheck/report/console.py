@@ -9,6 +9,7 @@ escape codes cannot retitle, clear or recolour the terminal.
 from __future__ import annotations
 
 import re
+import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from rich.text import Text
 
 from gpucheck.model.results import CaseRecord
 from gpucheck.report import Published
+from gpucheck.report.cost import cost_line, run_cost
 from gpucheck.report.groups import Group, Grouped
 from gpucheck.report.verdict import RAN, Verdict
 
@@ -158,6 +160,9 @@ def print_summary(
     console.print(Text(f"results: {results_path}  {written}"))
     if stopped is not None and stopped not in done.verdict.why:
         console.print(Text.assemble(("interrupted:", "yellow"), f" {stopped}"))
+    started = done.data.started()
+    if started is not None:  # what the checks cost: gpucheck's own share of the run
+        console.print(Text(cost_line(run_cost(records, time.time() - started)), style="dim"))
     print_verdict(console, done.verdict)
     line, _ = summary_line(records)
     style = "green" if done.verdict.ok else "red"

@@ -66,3 +66,25 @@ def test_the_busiest_device_decides_and_re_runs_are_gpucheck_s():
 def test_a_run_without_cases_or_time():
     assert run_cost([], wall=3.0).own == 3.0
     assert "unknown" in cost_line(Cost(wall=0.0, cases=0.0))
+
+
+def test_a_run_ends_saying_what_its_checks_cost(tmp_path):
+    """`gpucheck run` prints, at the end, one line: gpucheck's own seconds of the run, and
+    where they went; they are never more than the run's wall time."""
+    import re
+
+    from clirun import gpucheck
+
+    suite = tmp_path / "tiny"
+    suite.mkdir()
+    (suite / "test_tiny.py").write_text(
+        "def test_a():\n    assert 1\n\ndef test_b():\n    assert 2\n"
+    )
+    proc = gpucheck("run", "--cpu-only", "--suite", str(suite), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    found = re.search(
+        r"gpucheck's own time: ([\d.]+) s of ([\d.]+) s \((\d+) %\): detectors", proc.stdout
+    )
+    assert found, proc.stdout
+    own, wall = float(found[1]), float(found[2])
+    assert 0 < own <= wall and "records" in proc.stdout
