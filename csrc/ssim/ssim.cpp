@@ -1,5 +1,5 @@
 // Entry points of the fused SSIM kernels: device guard, input checks, allocation, launch.
-// Schemas are in csrc/registration.cpp; kernels in ssim_cuda.cu.
+// Schemas are in csrc/registration.cpp; kernels in ssim_cuda.cu and ssim_backward.cu.
 #include "ssim/ssim.h"
 
 #include <ATen/ATen.h>

@@ -1,6 +1,7 @@
 // Fused SSIM (11x11 Gaussian window, sigma 1.5, C1 = 0.01^2, C2 = 0.03^2): launcher
-// declarations shared by the entry points (ssim.cpp) and the kernels (ssim_cuda.cu).
-// No torch headers here: the .cu file stays free of them.
+// declarations shared by the entry points (ssim.cpp) and the kernels (ssim_cuda.cu: forward,
+// ssim_backward.cu: backward).
+// No torch headers here: the .cu files stay free of them.
 #pragma once
 
 #include <cstdint>

@@ -30,7 +30,13 @@
 // tree) and one block adds the partials in a fixed order in float64.
 //
 // Also here: the in-place scale of a gradient computed ahead (ssim_scale_kernel).
+//
+// This file: the forward kernel, the mean's second stage and the gradient scale, with their
+// launchers; the backward kernel is in ssim_backward.cu, the device functions both use in
+// ssim_device.cuh.
+
 #include "ssim/ssim.h"
+#include "ssim/ssim_device.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -42,194 +48,6 @@
 
 namespace gpucheck::ssim {
 namespace {
-
-constexpr int kHalf = 5;                       // window radius
-constexpr int kWin = 2 * kHalf + 1;            // 11
-constexpr int kMeanThreads = 256;
-
-
-// The normalized 1-D Gaussian, sigma 1.5 (the 2-D window is its outer product).
-__constant__ float kGaussF[kWin] = {
-    0.00102838008447911f, 0.007598758135239185f, 0.03600077212843083f, 0.10936068950970002f,
-    0.2130055377112537f,  0.26601172486179436f,  0.2130055377112537f,  0.10936068950970002f,
-    0.03600077212843083f, 0.007598758135239185f, 0.00102838008447911f};
-__constant__ double kGaussD[kWin] = {
-    0.00102838008447911, 0.007598758135239185, 0.03600077212843083, 0.10936068950970002,
-    0.2130055377112537,  0.26601172486179436,  0.2130055377112537,  0.10936068950970002,
-    0.03600077212843083, 0.007598758135239185, 0.00102838008447911};
-
-template <typename T>
-using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
-
-template <typename A>
-__device__ __forceinline__ A gauss(int k);
-template <>
-__device__ __forceinline__ float gauss<float>(int k) { return kGaussF[k]; }
-template <>
-__device__ __forceinline__ double gauss<double>(int k) { return kGaussD[k]; }
-
-// Explicit conversions (torch builds with __CUDA_NO_HALF_OPERATORS__ and friends).
-__device__ __forceinline__ float to_acc(float v) { return v; }
-__device__ __forceinline__ double to_acc(double v) { return v; }
-__device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ __forceinline__ T from_acc(acc_t<T> v);
-template <>
-__device__ __forceinline__ float from_acc<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ double from_acc<double>(double v) { return v; }
-template <>
-__device__ __forceinline__ __half from_acc<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-
-// Zero of the element type (torch builds with __CUDA_NO_HALF_CONVERSIONS__: no T(0) for the
-// 16-bit types).
-template <typename T>
-__device__ __forceinline__ T zero() { return T(0); }
-template <>
-__device__ __forceinline__ __half zero<__half>() { return __ushort_as_half(0); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 zero<__nv_bfloat16>() {
-  return __ushort_as_bfloat16(0);
-}
-
-template <typename A>
-struct SsimTerms {
-  A a1, a2, b1, b2;
-};
-
-// m = (mu1, mu2, E[x² + y²], E[xy]) under the window.
-template <typename A>
-__device__ __forceinline__ SsimTerms<A> ssim_terms(const A (&m)[4]) {
-  const A c1 = A(0.01 * 0.01);
-  const A c2 = A(0.03 * 0.03);
-  const A mu12 = m[0] * m[1];
-  const A musq = fma(m[0], m[0], m[1] * m[1]);
-  SsimTerms<A> t;
-  t.a1 = fma(A(2), mu12, c1);
-  t.a2 = fma(A(2), m[3] - mu12, c2);
-  t.b1 = musq + c1;
-  t.b2 = (m[2] - musq) + c2;
-  return t;
-}
-
-// Deterministic block sum of kN threads (fixed shuffle tree, then warps in order); valid in
-// thread 0.
-template <int kN, typename A>
-__device__ __forceinline__ A block_sum(A v) {
-  static_assert(kN % 32 == 0, "whole warps");
-  __shared__ A warp_sums[kN / 32];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = v;
-  __syncthreads();
-  A total = A(0);
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int w = 0; w < kN / 32; ++w) total += warp_sums[w];
-  }
-  return total;
-}
-
-struct TileGrid {
-  int tiles_x;
-  int tiles_y;
-};
-
-__host__ __device__ inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
-
-// Multiprocessors of the current device (cached per device; 132 on an H200).
-int multiprocessors() {
-  constexpr int kMaxDevices = 64;
-  static int cache[kMaxDevices] = {};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 132;
-  if (cache[dev] == 0) {
-    int sms = 0;
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        sms <= 0) {
-      sms = 132;
-    }
-    cache[dev] = sms;
-  }
-  return cache[dev];
-}
-
-// 16-byte (float: 4 lanes; double: 2 x 2 lanes) load of 4 consecutive accumulator values
-// from shared memory; `p` is 16-byte aligned.
-__device__ __forceinline__ void load4(const float* p, float* v) {
-  const float4 q = *reinterpret_cast<const float4*>(p);
-  v[0] = q.x;
-  v[1] = q.y;
-  v[2] = q.z;
-  v[3] = q.w;
-}
-__device__ __forceinline__ void load4(const double* p, double* v) {
-  const double2 a = *reinterpret_cast<const double2*>(p);
-  const double2 b = *reinterpret_cast<const double2*>(p + 2);
-  v[0] = a.x;
-  v[1] = a.y;
-  v[2] = b.x;
-  v[3] = b.y;
-}
-
-// The 11-tap Gaussian filter at 4 consecutive outputs: out[i] = sum_t g[t] src[i + t], from 16
-// values of shared memory read as four 16-byte loads (`src` is 16-byte aligned).
-template <typename A>
-__device__ __forceinline__ void filter4(const A* src, A* out) {
-  A w[16];
-#pragma unroll
-  for (int q = 0; q < 4; ++q) load4(src + 4 * q, w + 4 * q);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    A acc = gauss<A>(0) * w[i];
-#pragma unroll
-    for (int t = 1; t < kWin; ++t) acc = fma(gauss<A>(t), w[i + t], acc);
-    out[i] = acc;
-  }
-}
-
-// Stores 4 consecutive map values; `p` is aligned to 4 elements.
-__device__ __forceinline__ void store4(float* p, const float* v) {
-  *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
-}
-__device__ __forceinline__ void store4(double* p, const double* v) {
-  reinterpret_cast<double2*>(p)[0] = make_double2(v[0], v[1]);
-  reinterpret_cast<double2*>(p)[1] = make_double2(v[2], v[3]);
-}
-__device__ __forceinline__ void store4(__half* p, const float* v) {
-  __half2 a = __floats2half2_rn(v[0], v[1]);
-  __half2 b = __floats2half2_rn(v[2], v[3]);
-  uint2 u;
-  u.x = *reinterpret_cast<const unsigned*>(&a);
-  u.y = *reinterpret_cast<const unsigned*>(&b);
-  *reinterpret_cast<uint2*>(p) = u;
-}
-__device__ __forceinline__ void store4(__nv_bfloat16* p, const float* v) {
-  __nv_bfloat162 a = __floats2bfloat162_rn(v[0], v[1]);
-  __nv_bfloat162 b = __floats2bfloat162_rn(v[2], v[3]);
-  uint2 u;
-  u.x = *reinterpret_cast<const unsigned*>(&a);
-  u.y = *reinterpret_cast<const unsigned*>(&b);
-  *reinterpret_cast<uint2*>(p) = u;
-}
-
-template <typename A>
-__device__ __forceinline__ A fast_div(A a, A b) { return a / b; }
-template <>
-__device__ __forceinline__ float fast_div<float>(float a, float b) { return __fdividef(a, b); }
-
-// 1 / b: float uses the approximate hardware reciprocal (MUFU.RCP, <= 2 ulp; b >= C1 * C2 > 0)
-// instead of the IEEE division's subroutine.
-template <typename A>
-__device__ __forceinline__ A fast_rcp(A b) { return A(1) / b; }
-template <>
-__device__ __forceinline__ float fast_rcp<float>(float b) { return __fdividef(1.0f, b); }
 
 // Forward (vertical pass first, then horizontal).
 //
@@ -270,16 +88,13 @@ constexpr int kFRing = 12;                     // ring slots: >= 11, multiple of
 // strip 32 -> 64 rows 5 % faster, 96 no better (and 16 % slower at 1x3x1080x1920); 4 -> 5
 // forward blocks/SM (96 registers, spills) 10 % slower; third version: register prefetch
 // 12 -> 6 rows ahead 2 % faster (116 instead of 124 registers, fewer rematerialized
-// addresses), launch bound 4 -> 3 blocks/SM 0.5-2 % faster (same registers). Backward (its
-// second layout, 2026-11-24): 4 blocks/SM at 128 registers without spills.
+// addresses), launch bound 4 -> 3 blocks/SM 0.5-2 % faster (same registers). The
+// backward's knobs are in ssim_backward.cu.
 #ifndef GPUCHECK_SSIM_FSTRIP
 #define GPUCHECK_SSIM_FSTRIP 64
 #endif
 #ifndef GPUCHECK_SSIM_FBLOCKS
 #define GPUCHECK_SSIM_FBLOCKS 3
-#endif
-#ifndef GPUCHECK_SSIM_BBLOCKS
-#define GPUCHECK_SSIM_BBLOCKS 4
 #endif
 #ifndef GPUCHECK_SSIM_FPRE
 #define GPUCHECK_SSIM_FPRE 6
@@ -514,347 +329,6 @@ __global__ void __launch_bounds__(kFT<T>, kFMinBlocks<T>)
   }
 }
 
-// Backward, in the forward's layout. Block = (plane, strip of `strip_rows` gradient rows,
-// kBCols gradient columns), kBT threads; everything moves in batches of kBBatch rows, with
-// two barriers per batch:
-//   1. moments, vertical pass (thread t owns input column c0 - 10 + t): rows streamed from
-//      global memory (prefetched kBPre rows ahead), the last 11 rows' x, y, x² + y², xy in a
-//      register ring, the vertically filtered batch written to `vbuf`;
-//   2. moments, horizontal pass (thread (b, g): row b of the batch, partial columns
-//      4g .. 4g + 3, 16-byte shared loads), then the four weighted partials g dS/dmoment of
-//      those 4 pixels (zero outside the map), written to `pring`, a ring of kBPRows rows;
-//   3. partials, vertical pass (thread t owns partial column t), 4 gradient rows at once from
-//      the 14 partial rows they need, written to `v2`;
-//   4. partials, horizontal pass (thread (b, g): gradient row b of the batch, columns
-//      4g .. 4g + 3), then the gradient from the images at those pixels.
-// Iteration k runs 1 on batch k, barrier, 2 on batch k and 4 on gradient batch k - 4,
-// barrier, 3 on gradient batch k - 3. Streamed row s is image row r0 - 10 + s, partial row p
-// image row r0 - 5 + p, gradient row q image row r0 + q.
-constexpr int kBT = 128;                        // threads per block
-constexpr int kBCols = 104;                     // gradient columns per block (26 groups of 4)
-constexpr int kBGroups = kBCols / 4;            // 26
-constexpr int kBPCols = 116;                    // partial columns (>= kBCols + 10; 29 groups)
-constexpr int kBPGroups = kBPCols / 4;          // 29
-constexpr int kBInCols = kBPCols + 2 * kHalf;   // 126 input columns
-constexpr int kBBatch = 4;                      // rows per batch
-constexpr int kBRing = 12;                      // register ring slots (3 batches)
-constexpr int kBPre = 4;                        // rows of register prefetch
-constexpr int kBPRows = 16;                     // shared ring of partial rows
-constexpr int kBPitch = 128;                    // shared row pitch (columns)
-constexpr int kBBufElems = kBBatch * 4 * kBPitch;               // vbuf and v2
-constexpr int kBSmemElems = 2 * kBBufElems + kBPRows * 4 * kBPitch;
-static_assert(kBInCols <= kBT, "one input column per thread");
-static_assert(kBPCols >= kBCols + 2 * kHalf && kBPCols <= kBT, "partials of the gradient tile");
-static_assert(kBPGroups * kBBatch <= kBT && kBGroups * kBBatch <= kBT, "one group per thread");
-static_assert(4 * (kBPGroups - 1) + 16 <= kBPitch, "16-value reads stay in the row");
-static_assert(4 * (kBGroups - 1) + 16 <= kBPCols, "16-value reads stay in the partials");
-static_assert(kBRing == 3 * kBBatch && kBBatch % kBPre == 0, "ring slots");
-static_assert(kBPRows == 4 * kBBatch, "partial ring: 4 batches, slot of stage 3 per jb % 4");
-
-// float/half/bf16: <= 128 registers (4 blocks = 16 warps per SM); float64: twice the ring.
-template <typename T>
-constexpr int kBMinBlocks = std::is_same_v<T, double> ? 1 : GPUCHECK_SSIM_BBLOCKS;
-
-// 4 consecutive elements, loaded at once (16 bytes for float32); `p` aligned to 4 elements.
-template <typename T>
-struct alignas(4 * sizeof(T)) Vec4 {
-  T v[4];
-};
-
-template <typename T, bool kScalarGrad>
-__global__ void __launch_bounds__(kBT, kBMinBlocks<T>)
-    ssim_backward_kernel(const T* __restrict__ grad,  // [1], [planes, out_h, out_w] or null
-                         acc_t<T> scale,
-                         const T* __restrict__ img1,  // [planes, H, W]
-                         const T* __restrict__ img2,  // [planes, H, W]
-                         int height, int width, int out_h, int out_w, int offset, int tiles_x,
-                         int tiles_y, int strip_rows,
-                         T* __restrict__ grad1,   // [planes, H, W]
-                         T* __restrict__ grad2) {  // [planes, H, W] or null
-  using A = acc_t<T>;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  A* const vbuf = reinterpret_cast<A*>(smem_raw);  // [kBBatch][4 moments][kBPitch]
-  A* const v2 = vbuf + kBBufElems;                 // [kBBatch][4 partials][kBPitch]
-  A* const pring = v2 + kBBufElems;                // [kBPRows][4 partials][kBPitch]
-
-  const int64_t block = blockIdx.x;
-  const int tx = static_cast<int>(block % tiles_x);
-  const int64_t rest = block / tiles_x;
-  const int ty = static_cast<int>(rest % tiles_y);
-  const int64_t plane = rest / tiles_y;
-  const int c0 = tx * kBCols;
-  const int r0 = ty * strip_rows;
-  const int tid = threadIdx.x;
-  const int64_t plane_px = static_cast<int64_t>(height) * width;
-  const T* const x = img1 + plane * plane_px;
-  const T* const y = img2 + plane * plane_px;
-
-  // Role 1: input column ci.
-  const int ci = c0 - 2 * kHalf + tid;
-  const bool col_in = tid < kBInCols && ci >= 0 && ci < width;
-  const T* const xcol = x + (col_in ? ci : 0);
-  const T* const ycol = y + (col_in ? ci : 0);
-  // Role 2: row hb of a batch, partial columns 4 hg .. (map column of the first: pmc0).
-  const int hb = tid / kBPGroups;
-  const int hg = tid - hb * kBPGroups;
-  const bool on2 = tid < kBPGroups * kBBatch;
-  const int pmc0 = c0 - kHalf + 4 * hg - offset;
-  // Role 3: partial column tid. Role 4: gradient row gb of a batch, columns gcol ...
-  const bool on3 = tid < kBPCols;
-  const int gb = tid / kBGroups;
-  const int gg = tid - gb * kBGroups;
-  const bool on4 = tid < kBGroups * kBBatch;
-  const int gcol = c0 + 4 * gg;
-  // 4-element accesses: rows of whole groups and 4-element aligned tensors (an input may be
-  // a view with any storage offset).
-  constexpr uintptr_t kMisaligned = 4 * sizeof(T) - 1;
-  const bool aligned = ((reinterpret_cast<uintptr_t>(img1) | reinterpret_cast<uintptr_t>(img2) |
-                         reinterpret_cast<uintptr_t>(grad1) | reinterpret_cast<uintptr_t>(grad2)) &
-                        kMisaligned) == 0;
-  const bool g_vec = aligned && width % 4 == 0 && gcol + 3 < width;
-  const bool need2 = grad2 != nullptr;
-
-  const T* const grad_plane =
-      kScalarGrad ? grad : grad + plane * (static_cast<int64_t>(out_h) * out_w);
-  A g_scalar = scale;
-  if (kScalarGrad && grad != nullptr) g_scalar = to_acc(grad[0]) * scale;
-
-  // Rows are fetched in order: fr = image row of the next fetch, foff its offset.
-  int fr = r0 - 2 * kHalf;
-  int64_t foff = static_cast<int64_t>(fr) * width;
-  auto fetch = [&](T& vx, T& vy) {
-    vx = zero<T>();
-    vy = zero<T>();
-    if (col_in && static_cast<unsigned>(fr) < static_cast<unsigned>(height)) {
-      vx = xcol[foff];
-      vy = ycol[foff];
-    }
-    ++fr;
-    foff += width;
-  };
-  T px[kBPre];  // raw elements, converted when used (see the forward)
-  T py[kBPre];
-#pragma unroll
-  for (int u = 0; u < kBPre; ++u) fetch(px[u], py[u]);
-  A ring[kBRing][4];
-  // Streamed row s into ring slot s % kBRing; prefetch slot s % kBPre.
-  auto push = [&](int slot, int pre) {
-    const A xv = to_acc(px[pre]);
-    const A yv = to_acc(py[pre]);
-    fetch(px[pre], py[pre]);
-    ring[slot][0] = xv;
-    ring[slot][1] = yv;
-    ring[slot][2] = fma(xv, xv, yv * yv);
-    ring[slot][3] = xv * yv;
-  };
-#pragma unroll
-  for (int s = 0; s < 2 * kHalf; ++s) push(s, s % kBPre);
-  // Stage 1 of batch k (rows 10 + 4k + i): ring slots (10 + 4k + i) % 12, a compile-time
-  // constant for each value of k % 3.
-  auto stage1 = [&](auto kc) {
-    constexpr int kC = decltype(kc)::value;
-#pragma unroll
-    for (int i = 0; i < kBBatch; ++i) {
-      constexpr int kS0 = 2 * kHalf + kBBatch * kC;  // (10 + 4k) mod 12
-      const int slot = (kS0 + i) % kBRing;
-      push(slot, (2 * kHalf + i) % kBPre);
-      A v[4];
-#pragma unroll
-      for (int m = 0; m < 4; ++m) v[m] = gauss<A>(0) * ring[(slot + 2) % kBRing][m];
-#pragma unroll
-      for (int k = 1; k < kWin; ++k) {
-#pragma unroll
-        for (int m = 0; m < 4; ++m) {
-          v[m] = fma(gauss<A>(k), ring[(slot + 2 + k) % kBRing][m], v[m]);
-        }
-      }
-#pragma unroll
-      for (int m = 0; m < 4; ++m) vbuf[(i * 4 + m) * kBPitch + tid] = v[m];
-    }
-  };
-
-  // Stage 3 of gradient batch jb, whose first partial row sits in ring slot 4 (jb % 4): every
-  // slot a compile-time constant.
-  auto stage3 = [&](auto jc) {
-    constexpr int kBase = kBBatch * decltype(jc)::value;
-    const A* col = pring + tid;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      A acc[kBBatch];
-#pragma unroll
-      for (int i = 0; i < kBBatch + 2 * kHalf; ++i) {
-        const A v = col[(((kBase + i) & (kBPRows - 1)) * 4 + q) * kBPitch];
-#pragma unroll
-        for (int r = 0; r < kBBatch; ++r) {
-          const int t = i - r;
-          if (t == 0) acc[r] = gauss<A>(0) * v;
-          if (t > 0 && t < kWin) acc[r] = fma(gauss<A>(t), v, acc[r]);
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < kBBatch; ++r) v2[(r * 4 + q) * kBPitch + tid] = acc[r];
-    }
-  };
-
-  const int batches = strip_rows / kBBatch;  // gradient batches
-  const int last1 = batches + 3;             // stages 1, 2 run for k < last1
-  int kc = 0;                                // k % 3
-#pragma unroll 1
-  for (int k = 0; k < batches + 4; ++k) {
-    if (k < last1) {
-      if (kc == 0) {
-        stage1(std::integral_constant<int, 0>{});
-      } else if (kc == 1) {
-        stage1(std::integral_constant<int, 1>{});
-      } else {
-        stage1(std::integral_constant<int, 2>{});
-      }
-    }
-    kc = kc == 2 ? 0 : kc + 1;
-    __syncthreads();
-    if (on2 && k < last1) {  // stage 2: partial row p
-      const int p = kBBatch * k + hb;
-      A mom[4][4];  // [moment][pixel]
-#pragma unroll
-      for (int m = 0; m < 4; ++m) filter4(vbuf + (hb * 4 + m) * kBPitch + 4 * hg, mom[m]);
-      const int mr = r0 - kHalf + p - offset;  // map row
-      const bool row_ok = static_cast<unsigned>(mr) < static_cast<unsigned>(out_h);
-      A part[4][4];  // [partial][pixel]
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        A g = A(0);
-        const int mc = pmc0 + i;
-        if (row_ok && static_cast<unsigned>(mc) < static_cast<unsigned>(out_w)) {
-          g = kScalarGrad ? g_scalar
-                          : to_acc(grad_plane[static_cast<int64_t>(mr) * out_w + mc]);
-        }
-        const A m4[4] = {mom[0][i], mom[1][i], mom[2][i], mom[3][i]};
-        const SsimTerms<A> s = ssim_terms(m4);
-        const A inv = fast_rcp<A>(s.b1 * s.b2);
-        const A ssim = s.a1 * s.a2 * inv;
-        const A da = s.a2 - s.a1;
-        const A db = ssim * (s.b2 - s.b1);
-        const A ginv = g * inv;
-        part[0][i] = ginv * (A(2) * (m4[1] * da - m4[0] * db));  // g dS/dmu1
-        part[1][i] = ginv * (A(2) * (m4[0] * da - m4[1] * db));  // g dS/dmu2
-        part[2][i] = -ginv * ssim * s.b1;                        // g dS/dE[x² + y²]
-        part[3][i] = ginv * (A(2) * s.a1);                       // g dS/dE[xy]
-      }
-      A* dst = pring + (p & (kBPRows - 1)) * 4 * kBPitch + 4 * hg;
-#pragma unroll
-      for (int q = 0; q < 4; ++q) store4(dst + q * kBPitch, part[q]);
-    }
-    if (on4 && k >= 4) {  // stage 4: gradient row q of batch k - 4
-      const int row = r0 + kBBatch * (k - 4) + gb;
-      if (row < height) {
-        const int64_t idx = static_cast<int64_t>(row) * width + gcol;
-        T xr[4];
-        T yr[4];
-        if (g_vec) {
-          const Vec4<T> vx = *reinterpret_cast<const Vec4<T>*>(x + idx);
-          const Vec4<T> vy = *reinterpret_cast<const Vec4<T>*>(y + idx);
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            xr[i] = vx.v[i];
-            yr[i] = vy.v[i];
-          }
-        } else {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const bool in = gcol + i < width;
-            xr[i] = in ? x[idx + i] : zero<T>();
-            yr[i] = in ? y[idx + i] : zero<T>();
-          }
-        }
-        A f[4][4];  // [partial][pixel]
-#pragma unroll
-        for (int q = 0; q < 4; ++q) filter4(v2 + (gb * 4 + q) * kBPitch + 4 * gg, f[q]);
-        A d1[4];
-        A d2[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const A xv = to_acc(xr[i]);
-          const A yv = to_acc(yr[i]);
-          d1[i] = f[0][i] + A(2) * xv * f[2][i] + yv * f[3][i];
-          d2[i] = f[1][i] + A(2) * yv * f[2][i] + xv * f[3][i];
-        }
-        T* out1 = grad1 + plane * plane_px + idx;
-        T* out2 = need2 ? grad2 + plane * plane_px + idx : nullptr;
-        if (g_vec) {
-          store4(out1, d1);
-          if (need2) store4(out2, d2);
-        } else {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            if (gcol + i < width) {
-              out1[i] = from_acc<T>(d1[i]);
-              if (need2) out2[i] = from_acc<T>(d2[i]);
-            }
-          }
-        }
-      }
-    }
-#ifndef GPUCHECK_DEFECT_NO_SYNC
-    // Stage 3 reads partials of neighbouring rows and columns, which other threads wrote in
-    // stage 2. Building with -DGPUCHECK_DEFECT_NO_SYNC drops this barrier: a deliberate
-    // read-after-write race on shared memory for the sanitizer self-test (issue 9;
-    // compute-sanitizer racecheck reports it). Never define it in a release build.
-    __syncthreads();
-#endif
-    const int jb = k - 3;  // stage 3: gradient batch jb from partial rows 4 jb .. 4 jb + 13
-    if (on3 && jb >= 0 && jb < batches) {
-      switch (jb & (kBPRows / kBBatch - 1)) {
-        case 0: stage3(std::integral_constant<int, 0>{}); break;
-        case 1: stage3(std::integral_constant<int, 1>{}); break;
-        case 2: stage3(std::integral_constant<int, 2>{}); break;
-        default: stage3(std::integral_constant<int, 3>{}); break;
-      }
-    }
-  }
-}
-
-// Resident backward blocks per multiprocessor (float32/16-bit: the launch bound above).
-constexpr int kBResident = 4;
-constexpr int kBMaxRows = 128;
-
-// Gradient rows per backward block (a multiple of kBBatch). Model: a block's time is
-// proportional to the rows it streams (rows + 16: the 20-row halo less the last partial
-// batch, which only finishes the pipeline) and blocks run in waves of kBResident per
-// multiprocessor, so a call costs ceil(blocks / slots) * (rows + 16); the cheapest wins
-// (ties: the longer strip). E.g. on 132 multiprocessors: 120 rows at 5x3x1080x1920 (4.9
-// waves) and at 1x3x1080x1920 (513 blocks, one wave). Defining GPUCHECK_SSIM_BROWS fixes it.
-int backward_strip(const Geometry& g) {
-#ifdef GPUCHECK_SSIM_BROWS
-  static_assert(GPUCHECK_SSIM_BROWS % kBBatch == 0, "whole batches");
-  return GPUCHECK_SSIM_BROWS;
-#else
-  const int64_t slots = static_cast<int64_t>(multiprocessors()) * kBResident;
-  const int64_t columns = g.planes * ceil_div(g.width, kBCols);
-  int best_rows = kBMaxRows;
-  int64_t best_cost = -1;
-  for (int rows = kBMaxRows; rows >= kBBatch; rows -= kBBatch) {
-    const int64_t blocks = columns * ceil_div(g.height, rows);
-    const int64_t cost = (blocks + slots - 1) / slots * (rows + 16);
-    if (best_cost < 0 || cost < best_cost) {
-      best_cost = cost;
-      best_rows = rows;
-    }
-  }
-  return best_rows;
-#endif
-}
-
-struct BackwardGrid {
-  int tiles_x;
-  int tiles_y;
-  int rows;  // gradient rows per block
-};
-
-inline BackwardGrid backward_grid(const Geometry& g) {
-  const int rows = backward_strip(g);
-  return {ceil_div(g.width, kBCols), ceil_div(g.height, rows), rows};
-}
-
 template <typename T>
 __global__ void __launch_bounds__(kMeanThreads)
     ssim_mean_kernel(const acc_t<T>* __restrict__ partials,  // [count]
@@ -913,14 +387,6 @@ __global__ void __launch_bounds__(kScaleThreads)
   }
 }
 
-// Blocks with more than 48 KiB of dynamic shared memory need the attribute raised first.
-template <typename Kernel>
-cudaError_t prepare(Kernel kernel, size_t smem) {
-  if (smem <= 48 * 1024) return cudaSuccess;
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(smem));
-}
-
 template <typename T>
 cudaError_t forward_typed(const void* img1, const void* img2, const Geometry& geo, void* map,
                           void* partials, cudaStream_t stream) {
@@ -939,24 +405,6 @@ cudaError_t forward_typed(const void* img1, const void* img2, const Geometry& ge
         x, y, geo.height, geo.width, geo.out_height(), geo.out_width(), geo.offset(),
         grid.tiles_x, grid.tiles_y, static_cast<T*>(map), nullptr);
   }
-  return cudaSuccess;
-}
-
-template <typename T>
-cudaError_t backward_typed(const void* grad, bool grad_is_scalar, double scale, const void* img1,
-                           const void* img2, const Geometry& geo, void* grad1, void* grad2,
-                           cudaStream_t stream) {
-  using A = acc_t<T>;
-  const BackwardGrid grid = backward_grid(geo);
-  const int64_t blocks = geo.planes * grid.tiles_x * grid.tiles_y;
-  const size_t smem = kBSmemElems * sizeof(A);
-  const auto kernel = grad_is_scalar ? ssim_backward_kernel<T, true> : ssim_backward_kernel<T, false>;
-  if (const cudaError_t err = prepare(kernel, smem); err != cudaSuccess) return err;
-  kernel<<<static_cast<unsigned>(blocks), kBT, smem, stream>>>(
-      static_cast<const T*>(grad), static_cast<A>(scale), static_cast<const T*>(img1),
-      static_cast<const T*>(img2), geo.height, geo.width, geo.out_height(), geo.out_width(),
-      geo.offset(), grid.tiles_x, grid.tiles_y, grid.rows, static_cast<T*>(grad1),
-      static_cast<T*>(grad2));
   return cudaSuccess;
 }
 
@@ -999,11 +447,6 @@ int64_t forward_blocks(Dtype dtype, const Geometry& geo) {
   return geo.planes * g.tiles_x * g.tiles_y;
 }
 
-int64_t backward_blocks(const Geometry& geo) {
-  const BackwardGrid g = backward_grid(geo);
-  return geo.planes * g.tiles_x * g.tiles_y;
-}
-
 cudaError_t launch_forward(Dtype dtype, const void* img1, const void* img2, const Geometry& geo,
                            void* map, void* partials, cudaStream_t stream) {
   switch (dtype) {
@@ -1023,26 +466,6 @@ cudaError_t launch_mean(Dtype dtype, const void* partials, int64_t count, double
     case Dtype::kFloat16: return mean_typed<__half>(partials, count, scale, out, stream);
     case Dtype::kBFloat16: return mean_typed<__nv_bfloat16>(partials, count, scale, out, stream);
     case Dtype::kFloat64: return mean_typed<double>(partials, count, scale, out, stream);
-  }
-  return cudaErrorInvalidValue;
-}
-
-cudaError_t launch_backward(Dtype dtype, const void* grad, bool grad_is_scalar, double scale,
-                            const void* img1, const void* img2, const Geometry& geo, void* grad1,
-                            void* grad2, cudaStream_t stream) {
-  switch (dtype) {
-    case Dtype::kFloat32:
-      return backward_typed<float>(grad, grad_is_scalar, scale, img1, img2, geo, grad1, grad2,
-                                   stream);
-    case Dtype::kFloat16:
-      return backward_typed<__half>(grad, grad_is_scalar, scale, img1, img2, geo, grad1, grad2,
-                                    stream);
-    case Dtype::kBFloat16:
-      return backward_typed<__nv_bfloat16>(grad, grad_is_scalar, scale, img1, img2, geo, grad1,
-                                           grad2, stream);
-    case Dtype::kFloat64:
-      return backward_typed<double>(grad, grad_is_scalar, scale, img1, img2, geo, grad1, grad2,
-                                    stream);
   }
   return cudaErrorInvalidValue;
 }

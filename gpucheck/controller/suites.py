@@ -134,7 +134,10 @@ def available() -> dict[str, Path]:
 def distributed() -> tuple[str, ...]:
     """The suites of ``gpucheck run --distributed`` when none is named (those declared
     ``distributed``)."""
-    return tuple(n for n, p in available().items() if declared(p).distributed)
+    names = [
+        n for root in suite_roots() for n, p in _suites_in(root).items() if declared(p).distributed
+    ]
+    return tuple(dict.fromkeys(names))  # a name resolves as before: ./suites/ first
 
 
 def needs_kernels(path: Path) -> bool:

@@ -4,7 +4,7 @@ One result per distinct finding: a (kind, op or kernel) group of :mod:`gpucheck.
 split by message (addresses blanked) and place; how often, on which devices, in which modes
 and cases go into the result's ``properties``. The place is, in this order:
 
-* a compute-sanitizer record's source line (``ssim_cuda.cu:565``), with the Python frame of the
+* a compute-sanitizer record's source line (``ssim_backward.cu:73``), with the Python frame of the
   case that launched it (``test_selftest.py:64``) as a related location;
 * otherwise the case's test file (its suite folder + the case id's file part), at the line
   the finding's traceback or message names in that file (``test_x.py:41: AssertionError``,
@@ -13,7 +13,7 @@ and cases go into the result's ``properties``. The place is, in this order:
 Paths under ``base`` (the current folder by default: run gpucheck from the repository root)
 are written relative to it with ``uriBaseId`` ``%SRCROOT%``, which is what code hosts
 resolve; other paths as ``file://`` URIs. A sanitizer record names a source file without its
-folder (``ssim_cuda.cu``): it is looked up under ``base`` (hidden folders, virtual
+folder (``ssim_backward.cu``): it is looked up under ``base`` (hidden folders, virtual
 environments and ``reports`` skipped) and written as the one file of that name, the one
 closest to the case's suite when there are several, or as the bare name when there is none.
 The rules are the finding kinds. The invocation carries the run's verdict and exit code, with
@@ -44,7 +44,7 @@ LEVELS = {"error": "error", "warning": "warning", "info": "note"}
 SRCROOT = "%SRCROOT%"
 #: ``file.py:12`` in a traceback, a message or a sanitizer's Python frame
 _PY_LINE = re.compile(r"([\w./\\-]+\.py):(\d+)")
-#: ``ssim_cuda.cu:565``
+#: ``ssim_backward.cu:73``
 _SRC_LINE = re.compile(r"^(.+):(\d+)$")
 
 #: folders never searched for a source file
