@@ -630,3 +630,17 @@ def test_synthetic_unlisted_and_long(tmp_path: Path) -> None:
     # the package itself does not give its floor to its modules
     assert unlisted(modules, {"pkg": 0, "pkg.low": 1}, "pkg") == ["pkg.other"]
     assert long_files(modules.values()) == [(pkg / "low.py", MAX_LINES + 1)]
+
+
+def test_the_floor_table_of_docs_architecture_is_the_code_s():
+    """docs/architecture.md's floor table names each part of FLOORS once, on its floor."""
+    import re
+
+    doc = (PACKAGE_DIR.parent / "docs" / "architecture.md").read_text()
+    table: dict[str, int] = {}
+    for floor, parts in re.findall(r"^\| (\d+) \| ([^|]+) \|", doc, re.M):
+        for name in re.findall(r"`([\w.]+)`", parts):
+            full = PACKAGE if name == PACKAGE else f"{PACKAGE}.{name}"
+            assert full not in table, f"{name} is in the floor table twice"
+            table[full] = int(floor)
+    assert table == FLOORS
