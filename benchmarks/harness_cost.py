@@ -155,7 +155,7 @@ def main(argv: list[str]) -> int:
     }
     (args.out / "harness_cost.json").write_text(json.dumps(result, indent=1))
     print(table(result, args.cpu_only))
-    return 0 if all(c in (0,) for cs in codes.values() for c in cs) else 1
+    return 0 if all(c == 0 for cs in codes.values() for c in cs) else 1
 
 
 def device_name(cpu_only: bool) -> str:

@@ -344,31 +344,11 @@ class Run:
             only.parent.mkdir(parents=True, exist_ok=True)
             only.write_text("\n".join(mine) + "\n")
             args = [*spec.pytest_args, "--gpucheck-only", str(only)]
-            reruns.append(
-                replace(
-                    spec,
-                    mode=rerun,
-                    env=self.pass_env(label, TARGET_CURRENT),
-                    pytest_args=args,
-                    nvml_interval=0.0,
-                    sanitizer_tool=None,
-                    sanitizer=None,
-                )
-            )
+            reruns.append(_again(spec, rerun, self.pass_env(label, TARGET_CURRENT), args))
             # the control: the same arrangement as the first time, in a fresh worker; a
             # failure that does not come back (a random input, a race) is no evidence of a
             # device bug
-            controls.append(
-                replace(
-                    spec,
-                    mode=control,
-                    env=self.pass_env(label, OTHER_CURRENT),
-                    pytest_args=args,
-                    nvml_interval=0.0,
-                    sanitizer_tool=None,
-                    sanitizer=None,
-                )
-            )
+            controls.append(_again(spec, control, self.pass_env(label, OTHER_CURRENT), args))
         if not reruns:
             return False
         self.notes.append(
@@ -396,7 +376,8 @@ class Run:
             else None
         )
         self.end_record(stopped is not None, stopped, stopped_by)
-        diagnose(self.log, RunLog(RunFolder(self.out).rerun), self.run_id)
+        rerun_log = RunLog(RunFolder(self.out).rerun)
+        diagnose(self.log, rerun_log, self.run_id)
         done = publish(
             self.out,
             formats=self.cfg.report_formats,
@@ -404,8 +385,25 @@ class Run:
             stopped_by=stopped_by,
             log=self.log,
         )
-        print_summary(self.console, done, self.notes, self.not_runnable, self.results_path, stopped)
+        reruns = [r for r in rerun_log.cases if r.run_id == self.run_id]
+        print_summary(
+            self.console, done, self.notes, self.not_runnable, self.results_path, stopped, reruns
+        )
         return done.verdict.exit_code
+
+
+def _again(spec: WorkerSpec, mode: str, env: dict[str, str], args: list[str]) -> WorkerSpec:
+    """A worker that runs some of ``spec``'s cases again (``args`` name them) in ``mode``,
+    without NVML sampling or a sanitizer."""
+    return replace(
+        spec,
+        mode=mode,
+        env=env,
+        pytest_args=args,
+        nvml_interval=0.0,
+        sanitizer_tool=None,
+        sanitizer=None,
+    )
 
 
 def _has_mode(log: RunLog, run_id: str, mode: str) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 
 from rich.console import Console
@@ -145,10 +146,12 @@ def print_summary(
     not_runnable: dict[str, str],
     results_path: Path,
     stopped: str | None,
+    reruns: Iterable[CaseRecord] = (),
 ) -> None:
     """The end of a run on the console: counts per device and suite, notes, the findings
-    (diagnoses first), the files written, why the verdict is not a pass, and last the
-    verdict with the case counts."""
+    (diagnoses first), the files written, why the verdict is not a pass, what the checks
+    cost (``reruns``: the wrong-device re-runs' records), and last the verdict with the case
+    counts."""
     records = done.data.cases
     console.print(summary_table(records))
     for note in notes:
@@ -162,7 +165,9 @@ def print_summary(
         console.print(Text.assemble(("interrupted:", "yellow"), f" {stopped}"))
     started = done.data.started()
     if started is not None:  # what the checks cost: gpucheck's own share of the run
-        console.print(Text(cost_line(run_cost(records, time.time() - started)), style="dim"))
+        console.print(
+            Text(cost_line(run_cost(records, time.time() - started, reruns)), style="dim")
+        )
     print_verdict(console, done.verdict)
     line, _ = summary_line(records)
     style = "green" if done.verdict.ok else "red"

@@ -3,9 +3,9 @@
 A case's ``duration_s`` holds its body and fixtures (what plain pytest would spend too) and
 gpucheck's own seconds inside it (``cost_s``: each detector, the worker's bookkeeping). The
 rest of the wall time of a run is gpucheck's as well: starting the workers and finding the
-devices before the first case, the re-run passes that diagnose, the reports after the last
-case. Devices run at once, so the run is as long as its busiest device: the split is that
-device's.
+devices before the first case, a pass that runs cases an earlier pass ran (a sanitizer pass,
+the wrong-device re-runs), the reports after the last case. Passes run one after another;
+within a pass the devices run at once, so a pass is as long as its busiest device.
 """
 
 from __future__ import annotations
@@ -41,31 +41,36 @@ class Cost:
         return max(0.0, self.own - inside)
 
 
-def run_cost(records: Iterable[CaseRecord], wall: float) -> Cost:
-    """The split of a run of ``wall`` seconds, from its case records. The first mode a
-    device ran is its main pass; cases of later modes are re-runs (gpucheck's)."""
-    per_device: dict[str, list[CaseRecord]] = {}
+def run_cost(records: Iterable[CaseRecord], wall: float, reruns: Iterable[CaseRecord] = ()) -> Cost:
+    """The split of a run of ``wall`` seconds, from its case records (``reruns``: those of
+    the wrong-device re-runs, kept apart from the run's). A pass (a mode) whose cases an
+    earlier pass ran already repeats them for gpucheck's checks: it counts as re-runs."""
+    passes: dict[str, dict[str, list[CaseRecord]]] = {}  # mode -> device -> its records
     for r in records:
         if not r.harness_made:
-            per_device.setdefault(r.device, []).append(r)
-    best: Cost | None = None
-    for cases in per_device.values():
-        main_mode = cases[0].mode
-        cost = Cost(wall=wall, cases=0.0)
-        for r in cases:
+            passes.setdefault(r.mode, {}).setdefault(r.device, []).append(r)
+    cost = Cost(wall=wall, cases=0.0)
+    seen: set[tuple[str, str]] = set()
+    for by_device in passes.values():
+        cases = {(r.suite, r.case) for rs in by_device.values() for r in rs}
+        if cases & seen:  # the same cases again: gpucheck's
+            cost.reruns += max(sum(r.duration_s for r in rs) for rs in by_device.values())
+            continue
+        seen |= cases
+        busiest = max(by_device.values(), key=lambda rs: sum(r.duration_s for r in rs))
+        for r in busiest:
             spent = r.cost_s or {}
-            if r.mode != main_mode:
-                cost.reruns += r.duration_s
-                continue
             for name, seconds in spent.items():
                 if name == BOOKKEEPING:
                     cost.bookkeeping += seconds
                 else:
                     cost.detectors[name] = cost.detectors.get(name, 0.0) + seconds
             cost.cases += max(0.0, r.duration_s - sum(spent.values()))
-        if best is None or cost.cases + cost.reruns > best.cases + best.reruns:
-            best = cost
-    return best if best is not None else Cost(wall=wall, cases=0.0)
+    rerun_time: dict[str, float] = {}  # device -> its re-runs' seconds
+    for r in reruns:
+        rerun_time[r.device] = rerun_time.get(r.device, 0.0) + r.duration_s
+    cost.reruns += max(rerun_time.values(), default=0.0)
+    return cost
 
 
 def cost_line(cost: Cost) -> str:

@@ -47,20 +47,27 @@ def _case(device, case, mode, duration, cost_s=None):
     )
 
 
-def test_the_busiest_device_decides_and_re_runs_are_gpucheck_s():
+def test_passes_add_up_the_busiest_device_decides_and_repeats_are_gpucheck_s():
+    """Devices of a pass run at once (the busiest counts), passes one after another (they add
+    up); a pass of cases an earlier pass ran (a sanitizer pass) and the wrong-device re-runs
+    are gpucheck's."""
     records = [
         _case("cuda:0", "a", "blocking", 2.0, {"leak": 0.5, "record": 0.1}),
         _case("cuda:0", "b", "blocking", 1.0),
         _case("cuda:1", "a", "blocking", 1.0),
-        _case("cuda:1", "a", "wrong-device", 3.0, {"leak": 0.2}),  # a re-run pass
+        _case("cuda:1", "b", "blocking", 1.0),
+        _case("cuda:0", "a", "sanitizer:memcheck", 4.0),  # the same cases again
+        _case("cuda:1", "a", "sanitizer:memcheck", 5.0),
+        _case("rank0/cpu", "d", "dist", 3.0, {"record": 0.2}),  # other cases: the user's
         CaseRecord("r", "cuda:1", "s", "<worker>", "blocking", "crashed", duration_s=9.0),
     ]
-    cost = run_cost(records, wall=10.0)
-    assert cost.cases == 1.0 and cost.reruns == 3.0  # cuda:1: 1 + 3 > cuda:0's 2.4
-    assert cost.detectors == {} and cost.own == 9.0 and cost.outside_cases == 6.0
-    cost0 = run_cost(records[:2], wall=10.0)
-    assert cost0.detectors == {"leak": 0.5} and abs(cost0.bookkeeping - 0.1) < 1e-9
-    assert abs(cost0.cases - 2.4) < 1e-9
+    reruns = [_case("cuda:1", "a", "wrong-device", 0.5), _case("cuda:0", "a", "control", 0.25)]
+    cost = run_cost(records, wall=20.0, reruns=reruns)
+    assert abs(cost.cases - (2.4 + 2.8)) < 1e-9  # cuda:0's blocking pass + the dist pass
+    assert cost.detectors == {"leak": 0.5} and abs(cost.bookkeeping - 0.3) < 1e-9
+    assert cost.reruns == 5.0 + 0.5  # the sanitizer pass's busiest device + the re-runs'
+    assert abs(cost.own - (20.0 - 5.2)) < 1e-9
+    assert abs(cost.outside_cases - (cost.own - 0.5 - 0.3 - 5.5)) < 1e-9
 
 
 def test_a_run_without_cases_or_time():
