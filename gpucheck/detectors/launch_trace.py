@@ -43,11 +43,13 @@ The judgement is pure functions on plain data (:func:`attribute`, :func:`judge`,
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import sys
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from gpucheck.detectors import ext_watch, op_watch
@@ -249,8 +251,10 @@ def candidates(events: list[dict[str, Any]], log: list[dict[str, Any]]) -> list[
     were logged but on a stream none of them had current, and that are not torch's own: the
     kernels whose library is looked up when the window closes."""
     split = _split(events, log)
-    if split is None:
-        return []
+    return [] if split is None else _candidates(split)
+
+
+def _candidates(split: _Split) -> list[Work]:
     return [
         w
         for w in split.rest
@@ -325,11 +329,11 @@ def unclaimed(window: Window) -> list[Unclaimed]:
     """The kernels of a window that no watched call claims and that ran on a stream no
     caller had current (see the module text): those found in a watched extension's library,
     and those found nowhere that ran on the legacy default stream."""
-    split = _split(window.events, window.log)
+    split = window.split
     if split is None:
         return []
     found: dict[tuple[str, int], list[Work]] = {}
-    for w in candidates(window.events, window.log):
+    for w in _candidates(split):
         lib = window.libraries.get(w.name)
         if lib is not None and set(lib.split(ext_watch.LIBRARY_SEP)) <= set(window.unwatched):
             continue  # its module is opted out
@@ -360,6 +364,17 @@ class Window:
     #: kernel -> the compiled extension library that defines it (:func:`candidates` only)
     libraries: dict[str, str | None] = field(default_factory=dict)
     unwatched: list[str] = field(default_factory=list)  # libraries of opted-out modules
+
+    @cached_property
+    def split(self) -> _Split | None:
+        """The window's work split by its markers, once (every detector reads it): None when
+        the markers do not match the log. Read after the window closed."""
+        return _split(self.events, self.log)
+
+    def launches(self) -> list[OpLaunch]:
+        """:func:`attribute` of this window."""
+        split = self.split
+        return [] if split is None else split.claimed
 
 
 class LaunchTrace:
@@ -404,7 +419,7 @@ class LaunchTrace:
         dev = op_watch.input_device(call)
         if dev is None or op_watch.capturing():
             return
-        tensors = op_watch.tensors((call.args, call.kwargs))
+        tensors = call.inputs
         key = (call.op, *((str(t.dtype), tuple(t.shape)) for t in tensors))
         main = threading.current_thread() is threading.main_thread()
         with self.lock:
@@ -435,12 +450,11 @@ class LaunchTrace:
                 return
             self._mark(dict(entry, edge="end"))
             self.depth -= 1
-            main = threading.current_thread() is threading.main_thread()
-            if not main or self.depth:
+            if self.depth or threading.current_thread() is not threading.main_thread():
                 return
-            grads = any(t.requires_grad for t in op_watch.tensors(out)) or (
+            grads = any(t.requires_grad for t in call.outputs(out)) or (
                 call.autograd == "forward"  # its grad_fn comes when apply returns
-                and any(t.requires_grad for t in op_watch.tensors((call.args, call.kwargs)))
+                and any(t.requires_grad for t in call.inputs)
             )
             if not grads or all(n >= self.cap for n in self.counts.values()):
                 self._close()
@@ -457,7 +471,8 @@ class LaunchTrace:
     def _mark(self, entry: dict[str, Any]) -> None:
         torch = sys.modules["torch"]
         d = entry["device"]
-        with torch.cuda.device(d):
+        current = int(torch.cuda.current_device())
+        with contextlib.nullcontext() if d == current else torch.cuda.device(d):
             if d not in self.window.streams:  # the first marker on d: name its stream 0 too
                 with torch.cuda.stream(torch.cuda.default_stream(d)):
                     torch.cuda._sleep(0)
@@ -466,7 +481,7 @@ class LaunchTrace:
             torch.cuda._sleep(0)  # on d's current stream
         self.window.log.append(entry)
         self.devices.add(d)
-        self.devices.add(int(torch.cuda.current_device()))
+        self.devices.add(current)
 
     def _open(self) -> bool:
         torch = sys.modules["torch"]
@@ -513,7 +528,8 @@ class LaunchTrace:
             return
         self.window.events = gpu_events(_disable_profiler())
         self.windows.append(self.window)
-        names = sorted({w.name for w in candidates(self.window.events, self.window.log)})
+        split = self.window.split
+        names = sorted({w.name for w in _candidates(split)}) if split is not None else []
         if names:  # while the libraries are mapped: the judgement is on plain data
             self.window.libraries, self.window.unwatched = ext_watch.locate(names)
 

@@ -192,8 +192,7 @@ class MixedDevices(CallWatcher):
         self.persist = worker.persist
 
     def before(self, call: op_watch.Call) -> None:
-        tensors = op_watch.tensors((call.args, call.kwargs))
-        if len({t.device for t in tensors}) < 2:
+        if len({t.device for t in call.inputs}) < 2:
             return  # the common case, without naming anything
         found = mixed(labelled_tensors(call.args, call.kwargs, argument_names(call.fn)))
         if not found:

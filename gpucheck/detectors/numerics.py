@@ -193,7 +193,7 @@ class Numerics(CallWatcher):
         self.frames: dict[str, str | None] = {}  # op -> the Python line of its first call
 
     def before(self, call: op_watch.Call) -> None:
-        found = op_watch.tensors((call.args, call.kwargs))
+        found = call.inputs
         if not found or not all(_real(t) for t in found) or op_watch.capturing():
             return  # fake / meta tensors (opcheck, torch.compile) have no bits to hash
         key = (call.op, *((str(t.dtype), tuple(t.shape), str(t.device)) for t in found))

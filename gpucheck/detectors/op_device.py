@@ -34,10 +34,10 @@ ALLOC_HINT = (
 )
 
 
-def _tensor_devices(obj: Any) -> list[str]:
-    """The devices of the tensors in ``obj`` that hold data (placeholders left out: an empty
-    CPU tensor returned for an output that is not computed is a convention, not a device)."""
-    return [str(t.device) for t in op_watch.tensors(obj) if not op_watch.placeholder(t)]
+def _tensor_devices(found: list[Any]) -> list[str]:
+    """The devices of the tensors that hold data (placeholders left out: an empty CPU tensor
+    returned for an output that is not computed is a convention, not a device)."""
+    return [str(t.device) for t in found if not op_watch.placeholder(t)]
 
 
 def _current_device() -> int | None:
@@ -90,8 +90,8 @@ class OpDevice(CallWatcher):
         where = f" (called from {call.frame})" if call.frame else ""
         for kind, detail in op_events(
             call.op,
-            _tensor_devices((call.args, call.kwargs)),
-            _tensor_devices(out),
+            _tensor_devices(call.inputs),
+            _tensor_devices(call.outputs(out)),
             call.notes.get("op-device"),
             _current_device(),
         ):

@@ -32,6 +32,7 @@ import os
 import sys
 import threading
 from dataclasses import dataclass, field
+from functools import cached_property
 from types import CodeType, FrameType
 from typing import Any, Protocol
 
@@ -67,6 +68,21 @@ class Call:
     frame: str | None = None  # "file.py:12 in Rasterize.forward", the caller's line
     autograd: str | None = None  # "forward" | "backward" of an autograd.Function made the call
     fn: Any = None  # the op object or function called (its argument names)
+
+    @cached_property
+    def inputs(self) -> list[Any]:
+        """The tensors among the call's arguments (found once: every listener reads them)."""
+        return tensors((self.args, self.kwargs))
+
+    def outputs(self, out: Any) -> list[Any]:
+        """The tensors among what the call returned (``out``), found once per call."""
+        found = self.notes.get(_OUTPUTS)
+        if found is None or found[0] is not out:
+            found = self.notes[_OUTPUTS] = (out, tensors(out))
+        return found[1]
+
+
+_OUTPUTS = "op_watch.outputs"  # the notes key of Call.outputs
 
 
 class Listener(Protocol):
@@ -301,7 +317,7 @@ def input_device(call: Call) -> Any:
     """The device of the call's first real CUDA tensor argument (None: none, or a tensor of
     the call is fake/meta, e.g. under ``opcheck``)."""
     found = None
-    for t in tensors((call.args, call.kwargs)):
+    for t in call.inputs:
         if t.device.type == "cuda" and not real_cuda(t):
             return None
         if found is None and t.device.type == "cuda":

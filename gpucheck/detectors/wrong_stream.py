@@ -34,7 +34,6 @@ from gpucheck.detectors.launch_trace import (
     MisplacedLaunch,
     Unclaimed,
     Window,
-    attribute,
     judge,
     kernel_list,
     unclaimed,
@@ -54,7 +53,7 @@ HINT = (
 
 def misplaced(windows: list[Window], kind: str) -> list[tuple[MisplacedLaunch, Window]]:
     """The misplaced launches of ``kind`` in every window of a case, each with its window."""
-    return [(v, w) for w in windows for v in judge(attribute(w.events, w.log)) if v.kind == kind]
+    return [(v, w) for w in windows for v in judge(w.launches()) if v.kind == kind]
 
 
 def findings(case: CaseInfo, bad: list[tuple[MisplacedLaunch, Window]]) -> list[Finding]:
