@@ -333,7 +333,7 @@ def _run(ray: Any, cfg: RunConfig, previous: RunHeader | None, suites: dict[str,
         ]
         notes += [f"--resume: node {n} joined after the run started: not used" for n in extra]
     found = _found(ray, cfg, fleet, suites)
-    group = _group(cfg, fleet, found, suites) if cfg.distributed else None
+    group = plan_group(cfg, fleet, found, suites) if cfg.distributed else None
     if group is not None:
         notes.append(
             f"distributed: {group.world_size} rank(s) on {len(fleet)} node(s), backend "
@@ -414,7 +414,7 @@ def _run(ray: Any, cfg: RunConfig, previous: RunHeader | None, suites: dict[str,
         return run.finish(stopped_by)
 
 
-def _group(
+def plan_group(
     cfg: RunConfig, fleet: list[Node], found: list[NodeTargets], suites: dict[str, Path]
 ) -> GroupSpec:
     """The distributed group over the nodes: one rank per GPU of each (``--cpu-only``: one
