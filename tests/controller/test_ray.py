@@ -194,20 +194,15 @@ ROOT = Path(__file__).resolve().parents[2]
 RANKS = ("node-a/rank0/cpu", "node-a/rank1/cpu", "node-b/rank2/cpu")
 
 
+def _start_dist(cwd: Path, address: str, suite: str, *args: str) -> subprocess.Popen[str]:
+    return _run(
+        cwd, address, "--distributed", "--cpu-only", "--suite", suite, "--out", "run",
+        "--timeout", "60", *args,
+    )  # fmt: skip
+
+
 def _dist(cwd: Path, address: str, suite: str, *args: str) -> tuple[int, str, list[dict]]:
-    proc = _run(
-        cwd,
-        address,
-        "--distributed",
-        "--cpu-only",
-        "--suite",
-        str(ROOT / "suites" / suite),
-        "--out",
-        "run",
-        "--timeout",
-        "60",
-        *args,
-    )
+    proc = _start_dist(cwd, address, str(ROOT / "suites" / suite), *args)
     said, _ = proc.communicate(timeout=300)
     return proc.returncode, said, cases(cwd / "run")
 
@@ -271,6 +266,60 @@ def test_a_rank_that_dies_or_hangs_on_one_node_is_named_with_its_node(cluster, t
     assert clean == set(RANKS)
     assert all(r["status"] == "passed" for r in recs if r["case"].endswith("clean_after_defects"))
     assert took < 120
+
+
+#: every rank says it is in test_wait (nodes of a local cluster share the file system), then
+#: waits there for a file that never comes
+WAITING = {
+    "test_dist_wait.py": textwrap.dedent("""
+        import time
+        from pathlib import Path
+
+        def test_first(dist_rank):
+            pass
+
+        def test_wait(dist_rank):
+            (Path(__file__).parent / f"in-{dist_rank.rank}").write_text("here")
+            deadline = time.time() + 120
+            while not (Path(__file__).parent / "release").exists() and time.time() < deadline:
+                time.sleep(0.1)
+
+        def test_after(dist_rank):
+            pass
+    """)
+}
+
+
+def test_a_node_lost_mid_group_stops_the_other_nodes_ranks(cluster, tmp_path) -> None:
+    """node-b (rank 2) is lost while every rank is inside test_wait (test_first's records
+    at the head): the head stops node-a's
+    ranks at once (they would wait for rank 2 until the timeout), records node-b lost with
+    the cases it did not finish, and the run ends interrupted."""
+    c, nodes = cluster
+    folder = make_suite(tmp_path, WAITING)
+    out = tmp_path / "run"
+    proc = _start_dist(tmp_path, c.address, "demo")
+    deadline = time.time() + 180
+    while not all((folder / f"in-{r}").exists() for r in range(3)) or len(cases(out)) < 3:
+        assert proc.poll() is None, proc.communicate()[0]
+        assert time.time() < deadline, "the ranks did not reach test_wait"
+        time.sleep(0.2)
+    c.remove_node(nodes["node-b"])
+    t0 = time.monotonic()
+    said, _ = proc.communicate(timeout=300)
+    assert time.monotonic() - t0 < 30  # not the 60 s timeout, nor test_wait's 120 s
+    assert proc.returncode == 130, said
+    assert "Traceback" not in said
+    assert Counter(r["device"] for r in cases(out)) == dict.fromkeys(RANKS, 1)  # test_first
+    lost = _lost(out)
+    assert [x.node for x in lost] == ["node-b"]
+    assert sorted(case for _, _, case in lost[0].cases) == [
+        "test_dist_wait.py::test_after",
+        "test_dist_wait.py::test_wait",
+    ]
+    end = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()][-1]
+    assert end["record"] == "end" and end["interrupted"] and "node-b" in end["reason"]
+    assert "node-a: the group's ranks here were stopped: node node-b did not finish" in said
 
 
 def test_distributed_nodes_need_one_torch_and_the_world_size_the_gpus_make() -> None:
