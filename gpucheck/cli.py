@@ -189,7 +189,8 @@ def _print_inventory(inv: Inventory) -> None:
     is_flag=True,
     help="Run the suites (default: dist) as ONE torch.distributed group: one rank per "
     "target device (NCCL), or --world-size CPU ranks (gloo) with --cpu-only; "
-    "under torchrun, the rank torchrun gives this process.",
+    "under torchrun, the rank torchrun gives this process; with --ray, one rank per GPU "
+    "of every node.",
 )
 @click.option(
     "--world-size",

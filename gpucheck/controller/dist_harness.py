@@ -14,6 +14,12 @@ asks NCCL ranks for their flight recorder, kills every rank's process group, che
 NVML that none of the pids still holds a GPU context, writes ONE case record with one
 finding, and starts a fresh group (a new generation, a new port) for the cases not yet
 recorded.
+
+When the ranks of one group are owned by several gpucheck processes (torchrun's, one per rank;
+a Ray run's, one per node: :mod:`gpucheck.controller.fleet`), the owners meet through a
+:class:`Meeting`: the group's files (each rank's collective log, exit code, stacks; the
+rendezvous of each generation; the one finding an owner claimed). torchrun's owners share the
+``--out`` folder (:class:`Meeting` itself); a Ray run's owners send theirs through the head.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,8 +47,10 @@ from gpucheck.controller.spawning import (
 )
 from gpucheck.dist import analysis, collectives
 from gpucheck.dist import rank as rank_env
+from gpucheck.errors import EnvironmentProblem
 from gpucheck.model import clock, results, worker_state
 from gpucheck.model.contract import DEVICE_LABEL_ENV, NORMAL_EXITS
+from gpucheck.model.fleet import node_of, rank_of
 from gpucheck.model.layout import RunFolder, WorkerFiles
 from gpucheck.model.results import CaseRecord, Finding
 from gpucheck.model.runlog import RunLog
@@ -54,6 +62,9 @@ MAX_GENERATIONS = 25
 #: seconds to let the ranks write their stacks after SIGUSR1
 STACK_WAIT_S = 0.5
 STATUS_OF = {"hang": "hung", "rank-crash": "crashed"}
+#: seconds a diagnosis waits for the owners of other ranks to confirm it before it stands
+#: without them (:meth:`DistHarness._confirmed`)
+CONFIRM_MAX_S = 10.0
 
 
 @dataclass
@@ -73,8 +84,12 @@ class GroupSpec:
     mode: str
     env: dict[str, str] = field(default_factory=dict)
     pytest_args: list[str] = field(default_factory=list)
-    master_addr: str = "127.0.0.1"  # where the group meets when we own every rank
+    #: the host of the group's rendezvous (the store of rank 0's owner): None for this
+    #: machine (127.0.0.1 when we own every rank, else its name)
+    master_addr: str | None = None
     local_world_size: int | None = None
+    #: the label of every rank of the group, where other processes own some (a Ray run)
+    labels: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -89,10 +104,49 @@ class RankProc:
     state: WorkerState = field(default_factory=WorkerState)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` ("": on every interface, for ranks on other machines);
+    no free port is one sentence (:class:`EnvironmentProblem`)."""
+    try:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            return int(s.getsockname()[1])
+    except OSError as err:
+        raise EnvironmentProblem(
+            f"no free TCP port on {socket.gethostname()} for the distributed group's "
+            f"rendezvous ({err.strerror or err})"
+        ) from None
+
+
+class GroupStopped(Exception):
+    """The run stopped the group from outside (:meth:`Meeting.stopped`): a node was lost."""
+
+
+class Meeting:
+    """Where the owners of one group's ranks meet. This one is a folder every owner sees
+    (torchrun's ``--out``): what one writes, the others read; nothing to send. Another
+    (a Ray run's, :class:`gpucheck.controller.fleet.RayMeeting`) copies the files between
+    the owners' own folders."""
+
+    def push(self, paths: Iterable[Path]) -> None:
+        """Let the other owners see these files of ours as they are now."""
+
+    def pull(self, paths: Iterable[Path]) -> None:
+        """Bring here the latest the other owners pushed of these files."""
+
+    def create(self, path: Path, data: bytes) -> bool:
+        """Write ``path`` unless an owner did first; True when this call wrote it."""
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return True
+
+    def stopped(self) -> str | None:
+        """Why the run stopped the group from outside (as of the last pull), or None."""
+        return None
 
 
 class DistHarness:
@@ -106,8 +160,10 @@ class DistHarness:
         run_id: str,
         timeout: float,
         on_update: Callable[[str], None] | None = None,
+        meeting: Meeting | None = None,
     ) -> None:
-        """``results``: the file the ranks append to, or the controller's log of it."""
+        """``results``: the file the ranks append to, or the controller's log of it;
+        ``meeting``: where the owners of other ranks are met (default: ``out_dir`` is shared)."""
         self.group = group
         self.out_dir = out_dir
         self.wdir = RunFolder(out_dir).workers
@@ -120,6 +176,11 @@ class DistHarness:
         self.generation = 0
         self.diagnoses: list[tuple[analysis.GroupFault, float]] = []
         self.notes: list[str] = []
+        self.meeting = meeting or Meeting()
+        self.beat = 0  # looks at the ranks (each owner's, when several own them)
+        self._sighted: tuple[tuple[Any, ...], dict[int, int], float] | None = None
+        #: why the run stopped the group from outside (GroupStopped), else None
+        self.stopped_by: str | None = None
 
     # ---- processes -----------------------------------------------------------------------
     def _spawn(self, generation: int, skip: list[str]) -> None:
@@ -128,7 +189,7 @@ class DistHarness:
         self.procs = []
         self.generation = generation
         addr, port = self._rendezvous()
-        for r in g.ranks:
+        for local, r in enumerate(g.ranks):
             files = self._files(r.rank)
             skip_path = write_skip(files, skip)
             env = {
@@ -136,7 +197,7 @@ class DistHarness:
                 "RANK": str(r.rank),
                 "WORLD_SIZE": str(g.world_size),
                 "LOCAL_RANK": str(
-                    os.environ.get("LOCAL_RANK", r.rank) if len(g.ranks) == 1 else r.rank
+                    os.environ.get("LOCAL_RANK", local) if len(g.ranks) == 1 else local
                 ),
                 "LOCAL_WORLD_SIZE": str(g.local_world_size or len(g.ranks)),
                 "MASTER_ADDR": addr,
@@ -177,18 +238,21 @@ class DistHarness:
 
     def _rendezvous(self) -> tuple[str, int]:
         """Where this generation's group meets: a free port here when we own every rank;
-        otherwise (torchrun) the owner of rank 0 publishes its host and a free port of its
-        own in the shared folder, and the other owners read them."""
+        otherwise the owner of rank 0 publishes its host and a free port of its own to the
+        meeting, and the other owners read them."""
         g = self.group
         if len(g.ranks) == g.world_size:
-            return g.master_addr, free_port()
+            return g.master_addr or "127.0.0.1", free_port()
         path = RunFolder(self.out_dir).group_master(g.mode, self.generation)
         if any(r.rank == 0 for r in g.ranks):
             tmp = path.with_suffix(".tmp")
-            tmp.write_text(f"{socket.getfqdn()} {free_port()}")
+            tmp.write_text(f"{g.master_addr or socket.getfqdn()} {free_port('')}")
             os.replace(tmp, path)
+            self.meeting.push([path])
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
+            self.meeting.pull([path])
+            self._check_stopped()
             with contextlib.suppress(OSError, ValueError):
                 host, port = path.read_text().split()
                 return host, int(port)
@@ -197,30 +261,61 @@ class DistHarness:
             f"{path} did not appear within 120 s: --out must be a folder every node sees"
         )
 
+    def _check_stopped(self) -> None:
+        why = self.meeting.stopped()
+        if why is not None:
+            raise GroupStopped(why)
+
     def _files(self, rank: int) -> WorkerFiles:
         return RunFolder(self.out_dir).rank(rank, self.group.mode, self.generation)
 
+    def _others(self) -> list[int]:
+        """The ranks other gpucheck processes own (torchrun, Ray)."""
+        owned = {p.spec.rank for p in self.procs}
+        return [r for r in range(self.group.world_size) if r not in owned]
+
     def _views(self) -> list[analysis.RankView]:
+        """Every rank as this owner knows it now (the others' ranks as their owners last sent
+        them: :meth:`_confirmed` allows for that)."""
         views = []
+        others = self._others()
+        self.beat += 1
         for p in self.procs:
+            if others:  # written before the files it vouches for are read
+                WorkerFiles(self.wdir, p.stem).beat.write_text(str(self.beat))
             p.state = worker_state.read(p.state_path) or p.state
             rc = p.proc.poll()
             exit_file = WorkerFiles(self.wdir, p.stem).exit
             if rc is not None and not exit_file.exists():
-                exit_file.write_text(str(rc))  # for the owners of the other ranks (torchrun)
+                exit_file.write_text(str(rc))  # for the owners of the other ranks
             views.append(
                 analysis.RankView(p.spec.rank, collectives.read(p.log_path), rc, p.state.case)
             )
-        owned = {p.spec.rank for p in self.procs}
-        for r in range(self.group.world_size):  # ranks other gpucheck processes own
-            if r not in owned:
-                views.append(
-                    analysis.RankView(
-                        r,
-                        collectives.read(self._files(r).collectives),
-                        _read_exit(self._files(r).exit),
-                    )
+        if others:
+            self.meeting.push(
+                x
+                for p in self.procs
+                for f in [WorkerFiles(self.wdir, p.stem)]
+                for x in (p.log_path, f.exit, f.beat)
+            )
+            self.meeting.pull(
+                [self._claim_path()]
+                + [
+                    x
+                    for r in others
+                    for f in [self._files(r)]
+                    for x in (f.collectives, f.exit, f.beat)
+                ]
+            )
+            self._check_stopped()
+        for r in others:
+            views.append(
+                analysis.RankView(
+                    r,
+                    collectives.read(self._files(r).collectives),
+                    _read_exit(self._files(r).exit),
                 )
+            )
         return sorted(views, key=lambda v: v.rank)
 
     def interrupt(self) -> None:
@@ -244,7 +339,17 @@ class DistHarness:
 
     # ---- the loop ------------------------------------------------------------------------
     def run(self) -> list[tuple[analysis.GroupFault, float]]:
+        try:
+            return self._generations()
+        except GroupStopped as stop:
+            self.interrupt()
+            self.stopped_by = str(stop)
+            self.notes.append(f"the group's ranks here were stopped: {stop}")
+            return self.diagnoses
+
+    def _generations(self) -> list[tuple[analysis.GroupFault, float]]:
         skip = self._recorded() if self.results_path.exists() else []
+        found_in: set[str] = set()  # every owner's: the record may be another owner's
         for generation in range(MAX_GENERATIONS):
             self._spawn(generation, skip)
             found = self._watch()
@@ -253,7 +358,8 @@ class DistHarness:
             diagnosis, age, mine = found
             seen = time.time()
             self._handle(diagnosis, age, mine)
-            skip = self._recorded(diagnosis.case, seen)
+            found_in |= {diagnosis.case} if diagnosis.case else set()
+            skip = self._recorded(found_in, seen)
             if diagnosis.case is None:  # outside any case: a fresh group would fail again
                 return self.diagnoses
         self.notes.append(f"gave up after {MAX_GENERATIONS} groups")
@@ -265,39 +371,64 @@ class DistHarness:
     def _claim(self, d: analysis.GroupFault, age: float) -> tuple[analysis.GroupFault, float, bool]:
         """The group's one diagnosis of this generation: ours if we write the claim file
         first, else the one another owner (torchrun, another node) wrote."""
-        path = self._claim_path()
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
+        claim = json.dumps({"diagnosis": asdict(d), "age": age}).encode()
+        if not self.meeting.create(self._claim_path(), claim):
             theirs = self._claimed()
             return (theirs[0], theirs[1], False) if theirs else (d, age, False)
-        with os.fdopen(fd, "w") as f:
-            json.dump({"diagnosis": asdict(d), "age": age}, f)
         return d, age, True
 
-    def _claimed(self) -> tuple[analysis.GroupFault, float] | None:
+    def _claimed(self, pull: bool = True) -> tuple[analysis.GroupFault, float] | None:
+        if pull and self._others():
+            self.meeting.pull([self._claim_path()])
+            self._check_stopped()
         try:
             data = json.loads(self._claim_path().read_text())
             return analysis.GroupFault(**data["diagnosis"]), float(data["age"])
         except (OSError, ValueError, TypeError, KeyError):
             return None
 
+    def _confirmed(self, found: analysis.GroupFault | None) -> analysis.GroupFault | None:
+        """``found`` once it is sure. Where other processes own ranks, what this one knows
+        of theirs is as old as their last push: a diagnosis made on it holds only when it is
+        made again on what each of them read after it was first made (its beat 2 on: it read
+        after its push that came after the first sight), or when they are silent for
+        :data:`CONFIRM_MAX_S` (an owner gone)."""
+        others = self._others()
+        if found is None or not others:
+            self._sighted = None
+            return found
+        key = (found.kind, found.case, found.seq, tuple(found.cause_ranks))
+        beats = {r: _read_exit(self._files(r).beat) or 0 for r in others}
+        if self._sighted is None or self._sighted[0] != key:
+            self._sighted = (key, beats, time.monotonic())
+            return None
+        _, then, since = self._sighted
+        if all(beats[r] >= then[r] + 2 for r in others) or (
+            time.monotonic() - since > CONFIRM_MAX_S
+        ):
+            return found
+        return None
+
     def _watch(self) -> tuple[analysis.GroupFault, float, bool] | None:
+        self._sighted = None
         while True:
-            theirs = self._claimed()  # another owner's finding: stop our ranks too
+            views = self._views()
+            theirs = self._claimed(pull=False)  # another owner's finding: stop ours too
             if theirs is not None:
                 return theirs[0], theirs[1], False
-            views = self._views()
             age = self._case_age()
-            found = analysis.diagnose(views, timed_out=age > self._limit(views))
+            found = self._confirmed(analysis.diagnose(views, timed_out=age > self._limit(views)))
             if found is not None:
                 return self._claim(found, age)
             if all(not v.alive for v in views):
                 bad = [v for v in views if v.exit_code not in NORMAL_EXITS]
                 if bad and len(bad) < len(views):
-                    found = analysis.diagnose(views, timed_out=True)
+                    found = self._confirmed(analysis.diagnose(views, timed_out=True))
                     if found is not None:
                         return self._claim(found, age)
+                    if self._sighted is not None:  # to be confirmed: look again
+                        time.sleep(POLL_S)
+                        continue
                 if bad:  # every rank died (e.g. all at start-up)
                     v = bad[0]
                     return self._claim(
@@ -316,8 +447,9 @@ class DistHarness:
                 self.on_update(f"{len(views)} ranks, case {views[0].current_case() or '-'}")
             time.sleep(POLL_S)
 
-    def _recorded(self, also: str | None = None, before: float | None = None) -> list[str]:
-        """Cases of this group already recorded (by any rank), and ``also``. With ``before``,
+    def _recorded(self, also: set[str] | None = None, before: float | None = None) -> list[str]:
+        """Cases of this group already recorded (by any rank), and ``also`` (the cases of
+        the group's findings so far, whichever owner recorded them). With ``before``,
         only cases started before then: a rank whose peers were killed fails the cases after
         the finding in no time, and those records must not stop them from running again."""
         self.log.refresh()
@@ -326,11 +458,11 @@ class DistHarness:
             for r in self.log.cases
             if r.run_id == self.run_id
             and r.mode == self.group.mode
-            and r.device.startswith("rank")
+            and rank_of(r.device) is not None
             and not r.harness_made
             and (before is None or (clock.parse(r.started_at) or 0.0) < before)
         }
-        return sorted(done | ({also} if also else set()))
+        return sorted(done | (also or set()))
 
     # ---- a finding -----------------------------------------------------------------------
     def _handle(self, d: analysis.GroupFault, age: float, mine: bool = True) -> None:
@@ -343,9 +475,17 @@ class DistHarness:
                 os.kill((p.state.pid or p.proc.pid), signal.SIGUSR1)
             if self.group.backend == "nccl":
                 rank_env.request_path(p.trace_path).touch()
-        # faulthandler writes at once; the NCCL dump takes a moment; other owners (torchrun)
-        # see the claim within a poll and dump their ranks' stacks to the shared folder
-        time.sleep(STACK_WAIT_S * (1 if len(self.procs) == self.group.world_size else 3))
+        # faulthandler writes at once; the NCCL dump takes a moment; other owners see the
+        # claim within a poll and dump their ranks' stacks to the meeting, where the claimer
+        # reads them a little later
+        others = self._others()
+        time.sleep(STACK_WAIT_S * (1 if not others else 5 if mine else 3))
+        if others:
+            self.meeting.push(
+                x
+                for p in self.procs
+                for x in (WorkerFiles(self.wdir, p.stem).stacks, p.trace_path, p.stderr_path)
+            )
         if d.kind == "rank-crash":  # the others have reached their next collective by now
             again = analysis.diagnose(self._views())
             d = again if again is not None and again.kind == d.kind else d
@@ -366,25 +506,35 @@ class DistHarness:
             else None
         )
         if mine:  # one record per finding, by the owner that claimed it
+            self.meeting.pull(
+                x
+                for r in others
+                for f in [self._files(r)]
+                for x in (f.collectives, f.exit, f.stacks, f.nccl_trace, f.stderr)
+            )
             self.diagnoses.append((d, age))
             self._record(d, age, native, orphans)
 
     def _errors(self) -> list[tuple[int, dict[str, Any]]]:
         return [
-            (p.spec.rank, e)
-            for p in self.procs
-            for e in collectives.read(p.log_path)
+            (r, e)
+            for r in range(self.group.world_size)
+            for e in collectives.read(self._files(r).collectives)
             if e.get("ev") == "error"
         ]
 
+    def _exit_code(self, rank: int) -> int | None:
+        """How rank ``rank``'s process ended (None: running, or not known here)."""
+        owned = next((p for p in self.procs if p.spec.rank == rank), None)
+        return owned.proc.returncode if owned else _read_exit(self._files(rank).exit)
+
     def _evidence(self, d: analysis.GroupFault, native: dict[int, str], orphans: str | None) -> str:
         parts = [f"--- where each rank is ---\n{d.positions}"]
-        for p in self.procs:
-            r = p.spec.rank
-            if p.proc.returncode not in (None, -signal.SIGKILL, *NORMAL_EXITS):
+        for r in range(self.group.world_size):
+            if self._exit_code(r) not in (None, -signal.SIGKILL, *NORMAL_EXITS):
                 parts.append(
                     f"--- rank {r} stderr (why it ended) ---\n"
-                    f"{crash_digest(tail(p.stderr_path, 64_000))[:2500]}"
+                    f"{crash_digest(tail(self._files(r).stderr, 64_000))[:2500]}"
                 )
         errors = [
             f"rank {v_rank}: #{e.get('seq')} {e.get('op')}: {e.get('error')}"
@@ -423,27 +573,31 @@ class DistHarness:
         self, d: analysis.GroupFault, age: float, native: dict[int, str], orphans: str | None
     ) -> None:
         cause = d.cause_ranks[0] if d.cause_ranks else self.group.ranks[0].rank
-        owner = next((p for p in self.procs if p.spec.rank == cause), self.procs[0])
+        owned = next((p for p in self.procs if p.spec.rank == cause), None)
+        owner = owned or self.procs[0]
+        label = owned.spec.label if owned else self.group.labels.get(cause, owner.spec.label)
         suite = owner.state.suite or ",".join(self.group.suites)
         case = d.case or f"<rank {cause} start-up>"
         evidence = self._evidence(d, native, orphans)
-        message = f"{d.message} (found after {age:.1f} s)"
+        node = node_of(label)
+        where = f"rank {cause} is {label} on node {node}; " if node else ""
+        message = f"{d.message} ({where}found after {age:.1f} s)"
         finding = Finding(
             kind=d.kind,
             severity="error",
             message=message,
-            device=owner.spec.label,
+            device=label,
             suite=suite,
             case=case,
             op=d.op,
             evidence=evidence[:12000],
             hint=d.hint,
         )
-        rc = owner.proc.returncode
+        rc = self._exit_code(cause)
         record = CaseRecord(
             run_id=self.run_id,
-            device=owner.spec.label,
-            device_uuid=owner.spec.uuid,
+            device=label,
+            device_uuid=owned.spec.uuid if owned else None,
             suite=suite,
             case=case,
             mode=self.group.mode,

@@ -6,6 +6,8 @@ group (:class:`gpucheck.controller.dist_harness.DistHarness`). Started by torchr
 --nnodes N --nproc-per-node G -m gpucheck run --distributed --out SHARED``), each gpucheck
 process owns the rank torchrun gave it, on GPU ``LOCAL_RANK``; the run folder must be one
 every node sees, where global rank 0 writes the header, the end record and the reports.
+Over a Ray cluster (``--ray --distributed``) the head starts the ranks of every node
+(:mod:`gpucheck.controller.fleet`) with the same harness.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from gpucheck.dist import rank as rank_env
 from gpucheck.errors import UsageProblem
 from gpucheck.model import results
 from gpucheck.model.contract import CURRENT_ENV, TARGET_CURRENT
+from gpucheck.model.fleet import device_name
 from gpucheck.model.layout import RunFolder
 from gpucheck.model.runlog import RunHeader, RunLog
 
@@ -43,27 +46,44 @@ MODE = DIST_MODE
 BACKENDS = ("nccl", "gloo")
 
 
-def _ranks(cfg: RunConfig) -> tuple[list[RankSpec], int, str, list[Target], list[str], Any]:
-    """The ranks to start here, the world size, the backend, targets/notes/inventory."""
+def rank_spec(rank: int, index: int | None, uuid: str | None = None, node: str = "") -> RankSpec:
+    """Global rank ``rank`` on CUDA device ``index`` (None: a CPU rank), named
+    ``rank1/cuda:1`` (``node-a/rank1/cuda:1`` on node ``node`` of a Ray run)."""
+    label = f"rank{rank}/" + ("cpu" if index is None else f"cuda:{index}")
+    return RankSpec(rank, device_name(node, label) if node else label, index, uuid)
+
+
+def backend_of(cfg: RunConfig) -> str:
+    """The group's backend: ``--backend``, else nccl on GPUs and gloo with ``--cpu-only``."""
     backend = cfg.backend
     if backend is not None and backend not in BACKENDS:
         raise UsageProblem(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if cfg.cpu_only and backend == "nccl":
+        raise UsageProblem("--backend nccl needs GPUs; drop --cpu-only")
+    return "gloo" if cfg.cpu_only else backend or "nccl"
+
+
+def check_world(cfg: RunConfig, ranks: int, where: str) -> None:
+    """``--world-size``, when given, must be the one rank per device that a GPU run (or any
+    Ray run) has."""
+    if cfg.world_size is not None and cfg.world_size != ranks:
+        raise UsageProblem(
+            f"--world-size {cfg.world_size} but {ranks} {where}: a run on GPUs has one rank "
+            "per device"
+        )
+
+
+def _ranks(cfg: RunConfig) -> tuple[list[RankSpec], int, str, list[Target], list[str], Any]:
+    """The ranks to start here, the world size, the backend, targets/notes/inventory."""
+    backend = backend_of(cfg)
     targets, notes, _, inv = choose_targets(cfg)
     if cfg.cpu_only:
-        if backend == "nccl":
-            raise UsageProblem("--backend nccl needs GPUs; drop --cpu-only")
         world = cfg.world_size or 2
-        ranks = [RankSpec(r, f"rank{r}/cpu", None) for r in range(world)]
-        return ranks, world, "gloo", targets, notes, inv
-    if cfg.world_size is not None and cfg.world_size != len(targets):
-        raise UsageProblem(
-            f"--world-size {cfg.world_size} but {len(targets)} target device(s): "
-            "a GPU run has one rank per device (choose them with --device)"
-        )
-    ranks = [
-        RankSpec(r, f"rank{r}/cuda:{index}", index, u) for r, (_, index, u, _) in enumerate(targets)
-    ]
-    return ranks, len(ranks), backend or "nccl", targets, notes, inv
+        ranks = [rank_spec(r, None) for r in range(world)]
+        return ranks, world, backend, targets, notes, inv
+    check_world(cfg, len(targets), "target device(s) (choose them with --device)")
+    ranks = [rank_spec(r, index, u) for r, (_, index, u, _) in enumerate(targets)]
+    return ranks, len(ranks), backend, targets, notes, inv
 
 
 def run(cfg: RunConfig, previous: RunHeader | None) -> int:
@@ -121,7 +141,7 @@ class DistRun(Run):
             self.backend,
             self.requested,
             MODE,
-            _env(self.cfg),
+            group_env(self.cfg),
             self.cfg.pytest_args,
         )
         return self.watch(group)
@@ -155,8 +175,10 @@ def cpu_pass(cfg: RunConfig, out: Path, results_path: Path, run_id: str, notes: 
     already under way (the default suites of ``gpucheck run --cpu-only``): its records go
     into that run's results; the caller diagnoses and reports. True after Ctrl-C/SIGTERM."""
     requested = suites_mod.resolve(suites_mod.distributed())
-    ranks = [RankSpec(r, f"rank{r}/cpu", None) for r in range(CPU_PASS_WORLD)]
-    group = GroupSpec(ranks, CPU_PASS_WORLD, "gloo", requested, MODE, _env(cfg), cfg.pytest_args)
+    ranks = [rank_spec(r, None) for r in range(CPU_PASS_WORLD)]
+    group = GroupSpec(
+        ranks, CPU_PASS_WORLD, "gloo", requested, MODE, group_env(cfg), cfg.pytest_args
+    )
     log = RunLog(results_path)
     harness = DistHarness(group, out, log, run_id, cfg.timeout)
     console = make_console()
@@ -205,7 +227,8 @@ def rank_lines(console: Any, group: GroupSpec, log: RunLog, run_id: str, stopped
     return sum(recorded.values())
 
 
-def _env(cfg: RunConfig) -> dict[str, str]:
+def group_env(cfg: RunConfig) -> dict[str, str]:
+    """What every rank's environment gets besides the rendezvous."""
     env = {CURRENT_ENV: TARGET_CURRENT}
     if cfg.cpu_only:
         env["CUDA_VISIBLE_DEVICES"] = ""
@@ -254,7 +277,7 @@ def _run_torchrun(cfg: RunConfig) -> int:
         backend,
         requested,
         MODE,
-        _env(cfg),
+        group_env(cfg),
         cfg.pytest_args,
         local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
     )

@@ -15,6 +15,15 @@ the run ends interrupted; ``gpucheck run --resume DIR`` runs only what is missin
 its own devices' cases (a node is known again by its name). Each node holds its GPUs' locks
 (:mod:`gpucheck.controller.devlock`), so a second controller on the same fleet is refused.
 
+With ``--distributed`` the nodes' tasks run one torch.distributed group instead
+(:func:`gpucheck.controller.fleet_node.run_group`): one rank per GPU of every node (with
+``--cpu-only``, one gloo CPU rank per GPU a node declares), global ranks numbered node by
+node in name order, the env:// rendezvous on rank 0's node (its Ray address, a port free
+there). Each node's distributed harness watches its ranks and meets the other nodes' through
+a :class:`Board` actor on the head (:class:`RayMeeting`): the ranks' collective logs, exit
+codes and stacks, the rendezvous, the one finding claimed; a node lost stops the others'
+ranks (:meth:`Board.halt`).
+
 Ray is imported only here, only under ``--ray`` (the extra ``gpucheck[ray]``).
 """
 
@@ -23,25 +32,34 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gpucheck.controller import devlock, pipeline
+from gpucheck.controller import devlock, dist_pipeline, pipeline
 from gpucheck.controller import suites as suites_mod
 from gpucheck.controller.config import (
     RunConfig,
+    Target,
     check_same_devices,
     header,
     make_console,
     prepare_out,
 )
-from gpucheck.controller.fleet_node import NodeTargets, asked_modes, discover, passes, run_node
+from gpucheck.controller.dist_harness import GroupSpec, Meeting, RankSpec
+from gpucheck.controller.fleet_node import (
+    NodeTargets,
+    asked_modes,
+    discover,
+    passes,
+    run_group,
+    run_node,
+)
 from gpucheck.errors import EnvironmentProblem, GpucheckError, UsageProblem
 from gpucheck.model import clock, results
 from gpucheck.model.fleet import NodeLost, node_of
-from gpucheck.model.layout import RunFolder
+from gpucheck.model.layout import RunFolder, open_regular
 from gpucheck.model.runlog import Resume, RunHeader, RunLog
 
 #: the node label that names a node in device names (else its host name)
@@ -87,6 +105,85 @@ class Collector:
         return [(d, m, sorted(c)) for (d, m), c in sorted(self.plans.items())]
 
 
+class Board:
+    """Where a distributed group's owners meet (a Ray actor on the head): the group's files
+    by name, as each node's harness last sent them, and why the run stopped the group."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, bytes] = {}
+        self.why: str | None = None
+
+    def put(self, files: dict[str, bytes]) -> None:
+        self.files.update(files)
+
+    def get(self, names: list[str]) -> tuple[dict[str, bytes], str | None]:
+        return {n: self.files[n] for n in names if n in self.files}, self.why
+
+    def create(self, name: str, data: bytes) -> bool:
+        if name in self.files:
+            return False
+        self.files[name] = data
+        return True
+
+    def halt(self, why: str) -> None:
+        self.why = self.why or why
+
+
+#: the most of one file a node sends to the board (a rank's stderr can be long; its tail)
+BOARD_FILE_MAX = 4 << 20
+
+
+class RayMeeting(Meeting):
+    """A node's harness meeting the other nodes' through the head's :class:`Board`: the
+    files it pushes are sent by name (as they changed), those it pulls written into its
+    own run folder, where the harness reads them as it reads its own ranks'."""
+
+    def __init__(self, board: Any) -> None:
+        self.board = board
+        self.sent: dict[str, tuple[int, int]] = {}
+        self.why: str | None = None
+
+    def push(self, paths: Iterable[Path]) -> None:
+        files = {}
+        for path in paths:
+            f = open_regular(path)
+            if f is None:
+                continue
+            with f:
+                st = os.fstat(f.fileno())
+                if self.sent.get(path.name) == (st.st_size, st.st_mtime_ns):
+                    continue
+                f.seek(max(0, st.st_size - BOARD_FILE_MAX))
+                files[path.name] = f.read()
+            self.sent[path.name] = (st.st_size, st.st_mtime_ns)
+        if files:
+            self.board.put.remote(files)  # calls of one caller run in order: no wait
+
+    def pull(self, paths: Iterable[Path]) -> None:
+        wanted = {p.name: p for p in paths}
+        got, self.why = _ray().get(self.board.get.remote(list(wanted)))
+        for name, data in got.items():
+            path = wanted[name]
+            f = open_regular(path)
+            if f is not None:
+                with f:
+                    if f.read() == data:
+                        continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + ".pull")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+
+    def create(self, path: Path, data: bytes) -> bool:
+        if not _ray().get(self.board.create.remote(path.name, data)):
+            return False
+        path.write_bytes(data)
+        return True
+
+    def stopped(self) -> str | None:
+        return self.why
+
+
 @dataclass(frozen=True)
 class Node:
     """A node of the cluster with GPUs."""
@@ -94,6 +191,7 @@ class Node:
     node_id: str
     name: str
     gpus: int
+    address: str = ""  # its IP as Ray knows it
 
 
 def nodes(ray: Any) -> list[Node]:
@@ -108,6 +206,7 @@ def nodes(ray: Any) -> list[Node]:
             n["NodeID"],
             name if names.count(name) == 1 else f"{name}-{n['NodeID'][:6]}",
             int(n["Resources"]["GPU"]),
+            str(n.get("NodeManagerAddress") or ""),
         )
         for n, name in zip(alive, names, strict=True)
     ]
@@ -159,12 +258,15 @@ def _found(
     return out
 
 
-def _seed(head_line: dict[str, Any], log: RunLog | None, node: str) -> bytes:
-    """The header and the records a node's devices already have, as the node's run starts."""
+def _seed(head_line: dict[str, Any], log: RunLog | None, node: str | None) -> bytes:
+    """The header and the records a node's devices already have, as the node's run starts
+    (``node`` None: every node's, for a distributed group, whose ranks run the same cases)."""
     lines = [head_line]
     if log is not None:
         lines += [
-            r.to_json() for r in log.cases if not r.harness_made and node_of(r.device) == node
+            r.to_json()
+            for r in log.cases
+            if not r.harness_made and (node is None or node_of(r.device) == node)
         ]
     return b"".join(json.dumps(x, separators=(",", ":")).encode() + b"\n" for x in lines)
 
@@ -190,7 +292,6 @@ def run(cfg: RunConfig, previous: RunHeader | None = None) -> int:
     """Run the suites on every GPU of every node of the cluster at ``cfg.ray``; the exit
     code of the whole run."""
     for flag, given in (
-        ("--distributed", cfg.distributed),
         ("--shard", cfg.shard is not None),
         ("--device", bool(cfg.devices)),
     ):
@@ -204,6 +305,8 @@ def run(cfg: RunConfig, previous: RunHeader | None = None) -> int:
     requested = (
         cfg.suite_paths
         if cfg.suite_paths is not None
+        else suites_mod.resolve(cfg.suites or suites_mod.distributed())
+        if cfg.distributed
         else suites_mod.resolve(cfg.suites, cpu_only=cfg.cpu_only)
     )
     suites = {n: Path(p).resolve() for n, p in requested.items()}
@@ -230,7 +333,18 @@ def _run(ray: Any, cfg: RunConfig, previous: RunHeader | None, suites: dict[str,
         ]
         notes += [f"--resume: node {n} joined after the run started: not used" for n in extra]
     found = _found(ray, cfg, fleet, suites)
-    targets = [t for f in found for t in f.targets]
+    group = plan_group(cfg, fleet, found, suites) if cfg.distributed else None
+    if group is not None:
+        notes.append(
+            f"distributed: {group.world_size} rank(s) on {len(fleet)} node(s), backend "
+            f"{group.backend}, env:// rendezvous on node {fleet[0].name} "
+            f"({group.master_addr or 'its host name'}, a free port there)"
+        )
+    targets: list[Target] = (
+        [(r.label, r.device_index, r.uuid, None) for r in group.ranks]
+        if group is not None
+        else [t for f in found for t in f.targets]
+    )
     if previous is not None:
         check_same_devices(previous, targets)
     not_runnable = {k: v for f in found for k, v in f.not_runnable.items()}
@@ -243,7 +357,11 @@ def _run(ray: Any, cfg: RunConfig, previous: RunHeader | None, suites: dict[str,
         log: RunLog | None = None
         if previous is None:
             run_id = uuid.uuid4().hex[:12]
-            all_passes = list(dict.fromkeys(p for f in found for p in passes(cfg, f.visible)))
+            all_passes: list[tuple[str, str | None]] = (
+                [(dist_pipeline.MODE, None)]
+                if group is not None
+                else list(dict.fromkeys(p for f in found for p in passes(cfg, f.visible)))
+            )
             first = header(
                 cfg,
                 run_id,
@@ -253,7 +371,7 @@ def _run(ray: Any, cfg: RunConfig, previous: RunHeader | None, suites: dict[str,
                 all_passes,
                 notes,
                 not_runnable,
-                asked_modes(cfg),
+                (dist_pipeline.MODE,) if group is not None else asked_modes(cfg),
             )
             results.append(folder.results, first)
         else:
@@ -265,8 +383,24 @@ def _run(ray: Any, cfg: RunConfig, previous: RunHeader | None, suites: dict[str,
             )
         stopped: list[str] = []
         with pipeline.sigterm_as_interrupt(stopped):
-            failed = _run_tasks(
-                ray, cfg, out, run_id, first, log, fleet, found, suites, console, notes
+            node_task, group_task = ray.remote(run_node), ray.remote(run_group)
+            visible = {f.node: f.visible for f in found}
+
+            def start(n: Node, collector: Any, board: Any) -> Any:
+                if group is None:
+                    return node_task.options(**_on(ray, n)).remote(
+                        cfg, n.name, run_id, collector, _seed(first, log, n.name), suites,
+                        visible[n.name],
+                    )  # fmt: skip
+                return group_task.options(**_on(ray, n)).remote(
+                    cfg, n.name, run_id, collector, RayMeeting(board), _seed(first, log, None),
+                    _part(group, n.name),
+                )  # fmt: skip
+
+            failed = _run_tasks(ray, cfg, out, run_id, fleet, start, console, notes)
+        if group is not None and not cfg.quiet:
+            dist_pipeline.rank_lines(
+                console, group, RunLog(folder.results), run_id, bool(stopped or failed)
             )
         if stopped or failed.pop("", None) is not None:
             stopped_by = stopped[0] if stopped else "Ctrl-C"
@@ -280,36 +414,73 @@ def _run(ray: Any, cfg: RunConfig, previous: RunHeader | None, suites: dict[str,
         return run.finish(stopped_by)
 
 
+def plan_group(
+    cfg: RunConfig, fleet: list[Node], found: list[NodeTargets], suites: dict[str, Path]
+) -> GroupSpec:
+    """The distributed group over the nodes: one rank per GPU of each (``--cpu-only``: one
+    CPU rank per GPU it declares), global ranks node by node, the rendezvous on rank 0's
+    node. One torch on every node, else one sentence."""
+    versions = {f.node: f.torch for f in found}
+    if len(set(versions.values())) > 1:
+        raise EnvironmentProblem(
+            "--distributed needs the same torch on every node, and "
+            + ", ".join(f"{n} has {v}" for n, v in versions.items())
+        )
+    ranks: list[RankSpec] = []
+    for node, f in zip(fleet, found, strict=True):
+        devices = (
+            [(None, None)] * node.gpus if cfg.cpu_only else [(i, u) for _, i, u, _ in f.targets]
+        )
+        for index, uid in devices:
+            ranks.append(dist_pipeline.rank_spec(len(ranks), index, uid, node.name))
+    dist_pipeline.check_world(cfg, len(ranks), "GPU(s) on the cluster's nodes")
+    return GroupSpec(
+        ranks,
+        len(ranks),
+        dist_pipeline.backend_of(cfg),
+        suites,
+        dist_pipeline.MODE,
+        dist_pipeline.group_env(cfg),
+        cfg.pytest_args,
+        master_addr=fleet[0].address or None,
+        labels={r.rank: r.label for r in ranks},
+    )
+
+
+def _part(group: GroupSpec, node: str) -> GroupSpec:
+    """The ranks of ``group`` that node ``node`` starts."""
+    mine = [r for r in group.ranks if node_of(r.label) == node]
+    return replace(group, ranks=mine, local_world_size=len(mine))
+
+
+def _on_head(ray: Any, cls: type, *args: Any) -> Any:
+    """An actor of ``cls`` on this (the head's) node."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = ray.get_runtime_context().get_node_id()
+    return (
+        ray.remote(cls)
+        .options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False))
+        .remote(*args)
+    )
+
+
 def _run_tasks(
     ray: Any,
     cfg: RunConfig,
     out: Path,
     run_id: str,
-    first: dict[str, Any],
-    log: RunLog | None,
     fleet: list[Node],
-    found: list[NodeTargets],
-    suites: dict[str, Path],
+    start: Callable[[Node, Any, Any], Any],
     console: Any,
     notes: list[str],
 ) -> dict[str, str]:
-    """One task per node, watched to its end; the nodes that did not finish, with why (key
-    ``""``: the run was interrupted here)."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    here = ray.get_runtime_context().get_node_id()
-    collector = (
-        ray.remote(Collector)
-        .options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False))
-        .remote(str(out.resolve()))
-    )
-    task = ray.remote(run_node)
-    pending = {
-        task.options(**_on(ray, n)).remote(
-            cfg, n.name, run_id, collector, _seed(first, log, n.name), suites, f.visible
-        ): n
-        for n, f in zip(fleet, found, strict=True)
-    }
+    """One task per node (``start(node, collector, board)`` starts it), watched to its end;
+    the nodes that did not finish, with why (key ``""``: the run was interrupted here). A node
+    that fails halts the board, which stops the others' ranks of a distributed group."""
+    collector = _on_head(ray, Collector, str(out.resolve()))
+    board = _on_head(ray, Board)
+    pending = {start(n, collector, board): n for n in fleet}
     failed: dict[str, str] = {}
     lasts = []
     try:
@@ -329,6 +500,7 @@ def _run_tasks(
                     raise
                 except Exception as err:
                     failed[node.name] = _why(err)
+                    board.halt.remote(f"node {node.name} did not finish: {failed[node.name]}")
                     if not cfg.quiet:
                         console.print(f"node {node.name}: did not finish: {failed[node.name]}")
                     continue
@@ -342,6 +514,7 @@ def _run_tasks(
         planned = ray.get(collector.planned.remote())
     finally:
         ray.kill(collector)
+        ray.kill(board)
     if any(k for k in failed):
         recorded = (
             RunLog.read(RunFolder(out).results).cases + RunLog.read(RunFolder(out).rerun).cases

@@ -6,7 +6,9 @@ controller's passes on them (the same workers, isolation, modes, detectors and w
 re-runs as ``gpucheck run`` on one machine), in a run folder of its own on the node, holding
 the node's device locks; a :class:`Forwarder` thread sends every complete line the workers
 append (results, re-runs, NVML timeline) and every worker's plan to the head's collector as
-they are written. Only records go over the network.
+they are written. Only records go over the network. :func:`run_group` runs this node's ranks
+of a distributed group (``--ray --distributed``) with the distributed harness, meeting the
+other nodes' owners through the head.
 
 Nothing here imports Ray: the head wraps these functions into tasks
 (:mod:`gpucheck.controller.fleet`), and the collector is any object whose ``append`` and
@@ -30,6 +32,7 @@ from gpucheck.controller.config import (
     plan_passes,
     select_runnable,
 )
+from gpucheck.controller.dist_harness import DistHarness, GroupSpec, Meeting, free_port
 from gpucheck.errors import UsageProblem
 from gpucheck.model import modes
 from gpucheck.model.fleet import WorkerPlan, device_name
@@ -52,6 +55,7 @@ class NodeTargets:
     visible: int  # CUDA devices visible to the task (0 with --cpu-only)
     notes: list[str]
     not_runnable: dict[str, str]
+    torch: str = ""  # torch's version there (--distributed: every node needs the same)
 
 
 def asked_modes(cfg: RunConfig) -> tuple[str, ...]:
@@ -74,12 +78,23 @@ def discover(cfg: RunConfig, node: str, suites: dict[str, Path]) -> NodeTargets:
         )
     targets, notes, _, inv = choose_targets(cfg)
     _, not_runnable = select_runnable(cfg, suites)
+    torch = ""
+    if cfg.distributed:
+        free_port("")  # a rendezvous can be held here, else one sentence
+        try:
+            import torch as torch_mod
+        except ImportError:
+            raise UsageProblem(
+                f"node {node} has no torch: --distributed needs it on every node"
+            ) from None
+        torch = str(torch_mod.__version__)
     return NodeTargets(
         node,
         [(device_name(node, label), i, u, name) for label, i, u, name in targets],
         len(inv.devices) if inv else 0,
         [f"{node}: {n}" for n in notes],
         not_runnable,
+        torch,
     )
 
 
@@ -173,3 +188,37 @@ def run_node(
         last = forwarder.stop()
     notes.append(f"its workers' files (logs, state) are in {local} on that node")
     return {"notes": [f"{node}: {n}" for n in notes], "interrupted": interrupted, "last": last}
+
+
+def run_group(
+    cfg: RunConfig,
+    node: str,
+    run_id: str,
+    collector: Any,
+    meeting: Meeting,
+    seed: bytes,
+    group: GroupSpec,
+) -> dict[str, Any]:
+    """Run this node's ranks of a distributed group (``group.ranks``, global rank numbers)
+    with the distributed harness: its watchdog, its one finding per fault, meeting the other
+    nodes' owners through ``meeting``. Records go to ``collector`` as :func:`run_node`'s do;
+    returns the same."""
+    local = Path(tempfile.mkdtemp(prefix="gpucheck-node-"))
+    folder = RunFolder(local)
+    folder.results.write_bytes(seed)
+    notes: list[str] = []
+    targets = [(r.label, r.device_index, r.uuid, None) for r in group.ranks]
+    forwarder = Forwarder(local, collector, {"results": len(seed)}).start()
+    harness = DistHarness(group, local, folder.results, run_id, cfg.timeout, meeting=meeting)
+    try:
+        with devlock.held(targets, None, cfg.wait_for_devices, notes):
+            interrupted = pipeline.run_until_interrupted(harness)
+    finally:
+        last = forwarder.stop()
+    notes += harness.notes
+    notes.append(f"its ranks' files (logs, state, stacks) are in {local} on that node")
+    return {
+        "notes": [f"{node}: {n}" for n in notes],
+        "interrupted": interrupted,  # not when the head stopped it: the head knows why
+        "last": last,
+    }

@@ -2,12 +2,15 @@
 worker's plan (the cases it collected, ``WorkerFiles.plan``) and, in results.jsonl, a ``lost``
 record for each node that was lost mid-run, naming the node and the cases it did not finish.
 
-A device of such a run is named with its node: ``node-a/cuda:1`` (:func:`device_name`).
+A device of such a run is named with its node: ``node-a/cuda:1`` (:func:`device_name`); a rank
+of a distributed run is named with its global rank as well: ``rank1/cpu``, and over a Ray
+cluster ``node-a/rank1/cuda:1`` (:func:`rank_of`).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,10 +24,24 @@ def device_name(node: str, label: str) -> str:
     return f"{node}/{label}"
 
 
+_RANK = re.compile(r"rank(\d+)")
+
+
 def node_of(device: str) -> str | None:
-    """The node of a fleet run's device name (None for a device of a one-machine run)."""
-    node, sep, _ = device.rpartition("/")
-    return node if sep else None
+    """The node of a fleet run's device name (None for a device of a one-machine run, a rank
+    of a one-machine distributed run too: ``rank1/cpu``)."""
+    parts = device.split("/")
+    if len(parts) >= 2 and _RANK.fullmatch(parts[-2]):
+        del parts[-2]
+    return "/".join(parts[:-1]) or None
+
+
+def rank_of(device: str) -> int | None:
+    """The global rank of a distributed run's device name (``rank1/cpu``,
+    ``node-a/rank1/cuda:1``), None for any other device."""
+    parts = device.split("/")
+    found = _RANK.fullmatch(parts[-2]) if len(parts) >= 2 else None
+    return int(found.group(1)) if found else None
 
 
 @dataclass

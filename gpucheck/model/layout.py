@@ -207,6 +207,12 @@ class WorkerFiles:
         return self._f(".stacks.txt")
 
     @property
+    def beat(self) -> Path:
+        """How many times the rank's owner has looked at it (a distributed group whose ranks
+        several processes own: what one owner read of another's ranks is that recent)."""
+        return self._f(".beat")
+
+    @property
     def sanitizer_log_template(self) -> Path:
         """compute-sanitizer's per-process logs (``%p``: the pid; children get their own)."""
         return self._f(".sanitizer.%p.log")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -30,7 +31,10 @@ except ImportError:  # pragma: no cover - Ray is the extra gpucheck[ray]
         raise
     pytest.skip('Ray is not installed (pip install "gpucheck[ray]")', allow_module_level=True)
 
-from gpucheck.controller.fleet import NODE_LABEL, Collector
+from gpucheck.controller.config import RunConfig
+from gpucheck.controller.fleet import NODE_LABEL, Collector, Node, plan_group
+from gpucheck.controller.fleet_node import NodeTargets
+from gpucheck.errors import EnvironmentProblem, UsageProblem
 from gpucheck.model import results
 from gpucheck.model.fleet import NodeLost
 
@@ -182,3 +186,160 @@ def test_the_collector_appends_whole_batches_and_keeps_plans(tmp_path: Path) -> 
     collector.plan("node-a/cpu", "blocking", ["t.py::y"])
     assert (tmp_path / "results.jsonl").read_text() == '{"a":1}\n{"b":2}\n{"c":3}\n'
     assert collector.planned() == [("node-a/cpu", "blocking", ["t.py::x", "t.py::y"])]
+
+
+# ---- the distributed suite across nodes (--ray --distributed) -----------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+RANKS = ("node-a/rank0/cpu", "node-a/rank1/cpu", "node-b/rank2/cpu")
+
+
+def _start_dist(cwd: Path, address: str, suite: str, *args: str) -> subprocess.Popen[str]:
+    return _run(
+        cwd, address, "--distributed", "--cpu-only", "--suite", suite, "--out", "run",
+        "--timeout", "60", *args,
+    )  # fmt: skip
+
+
+def _dist(cwd: Path, address: str, suite: str, *args: str) -> tuple[int, str, list[dict]]:
+    proc = _start_dist(cwd, address, str(ROOT / "suites" / suite), *args)
+    said, _ = proc.communicate(timeout=300)
+    return proc.returncode, said, cases(cwd / "run")
+
+
+def test_the_distributed_suite_runs_as_one_group_over_the_nodes(cluster, tmp_path) -> None:
+    """node-a declares 2 GPUs, node-b 1: three gloo ranks, 0 and 1 on node-a, 2 on node-b,
+    one group (its collectives span the nodes), one run folder on the head."""
+    c, _ = cluster
+    code, said, recs = _dist(tmp_path, c.address, "dist")
+    assert code == 0, said
+    assert "Traceback" not in said
+    assert Counter(r["device"] for r in recs) == dict.fromkeys(RANKS, 5)
+    passed = {(r["device"], r["case"].split("::")[-1]) for r in recs if r["status"] == "passed"}
+    for rank in RANKS:
+        for case in (
+            "test_ddp_step_matches_one_process[None]",
+            "test_sharded_render_equals_single_render",
+            "test_independent_mode_issues_no_collective",
+        ):
+            assert (rank, case) in passed
+    assert all(r["mode"] == "dist" and not r["findings"] for r in recs)
+    out = tmp_path / "run"
+    header = json.loads((out / "results.jsonl").read_text().splitlines()[0])
+    assert [d["device"] for d in header["devices"]] == list(RANKS)
+    assert any("3 rank(s) on 2 node(s), backend gloo" in n for n in header["notes"])
+    summary = json.loads((out / "results.json").read_text())["summary"]
+    assert summary["devices"] == list(RANKS) and summary["verdict"] == "passed"
+    assert (out / "report.html").is_file()
+
+
+def test_a_rank_that_dies_or_hangs_on_one_node_is_named_with_its_node(cluster, tmp_path) -> None:
+    """Rank 2 (node-b) aborts in one case and sleeps outside any collective in another
+    (dist_timeout 10 s): each is ONE finding naming node-b and rank 2, found by the harness
+    of whichever node saw it first; the ranks of both nodes are stopped, a fresh group
+    runs the clean case after them on every rank, and the run ends."""
+    c, _ = cluster
+    t0 = time.monotonic()
+    code, said, recs = _dist(
+        tmp_path, c.address, "dist_selftest", "--", "-k", "crash_one_rank or stuck_rank or clean"
+    )
+    took = time.monotonic() - t0
+    assert code == 1, said
+    assert "Traceback" not in said
+    found = {r["case"].split("::")[-1]: r for r in recs if "distributed" in r}
+    assert sorted(found) == ["test_crash_one_rank", "test_stuck_rank"]
+    for case, kind in (("test_crash_one_rank", "rank-crash"), ("test_stuck_rank", "hang")):
+        record = found[case]
+        assert (record["distributed"]["kind"], record["distributed"]["cause_ranks"]) == (kind, [2])
+        assert record["device"] == "node-b/rank2/cpu"
+        finding = record["findings"][0]
+        assert finding["device"] == "node-b/rank2/cpu"
+        assert "rank 2 is node-b/rank2/cpu on node node-b" in finding["message"]
+    assert (
+        "--- rank 2 stderr (why it ended) ---"
+        in found["test_crash_one_rank"]["findings"][0]["evidence"]
+    )
+    stuck = found["test_stuck_rank"]
+    assert 10.0 <= stuck["distributed"]["time_to_finding_s"] < 20.0
+    assert "in test_stuck_rank" in stuck["findings"][0]["evidence"]  # node-b's stack, sent over
+    clean = {r["device"] for r in recs if r["case"].endswith("test_clean_after_defects")}
+    assert clean == set(RANKS)
+    assert all(r["status"] == "passed" for r in recs if r["case"].endswith("clean_after_defects"))
+    assert took < 120
+
+
+#: every rank says it is in test_wait (nodes of a local cluster share the file system), then
+#: waits there for a file that never comes
+WAITING = {
+    "test_dist_wait.py": textwrap.dedent("""
+        import time
+        from pathlib import Path
+
+        def test_first(dist_rank):
+            pass
+
+        def test_wait(dist_rank):
+            (Path(__file__).parent / f"in-{dist_rank.rank}").write_text("here")
+            deadline = time.time() + 120
+            while not (Path(__file__).parent / "release").exists() and time.time() < deadline:
+                time.sleep(0.1)
+
+        def test_after(dist_rank):
+            pass
+    """)
+}
+
+
+def test_a_node_lost_mid_group_stops_the_other_nodes_ranks(cluster, tmp_path) -> None:
+    """node-b (rank 2) is lost while every rank is inside test_wait (test_first's records
+    at the head): the head stops node-a's
+    ranks at once (they would wait for rank 2 until the timeout), records node-b lost with
+    the cases it did not finish, and the run ends interrupted."""
+    c, nodes = cluster
+    folder = make_suite(tmp_path, WAITING)
+    out = tmp_path / "run"
+    proc = _start_dist(tmp_path, c.address, "demo")
+    deadline = time.time() + 180
+    while not all((folder / f"in-{r}").exists() for r in range(3)) or len(cases(out)) < 3:
+        assert proc.poll() is None, proc.communicate()[0]
+        assert time.time() < deadline, "the ranks did not reach test_wait"
+        time.sleep(0.2)
+    c.remove_node(nodes["node-b"])
+    t0 = time.monotonic()
+    said, _ = proc.communicate(timeout=300)
+    assert time.monotonic() - t0 < 30  # not the 60 s timeout, nor test_wait's 120 s
+    assert proc.returncode == 130, said
+    assert "Traceback" not in said
+    assert Counter(r["device"] for r in cases(out)) == dict.fromkeys(RANKS, 1)  # test_first
+    lost = _lost(out)
+    assert [x.node for x in lost] == ["node-b"]
+    assert sorted(case for _, _, case in lost[0].cases) == [
+        "test_dist_wait.py::test_after",
+        "test_dist_wait.py::test_wait",
+    ]
+    end = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()][-1]
+    assert end["record"] == "end" and end["interrupted"] and "node-b" in end["reason"]
+    assert "node-a: the group's ranks here were stopped: node node-b did not finish" in said
+
+
+def test_distributed_nodes_need_one_torch_and_the_world_size_the_gpus_make() -> None:
+    fleet = [Node("a1", "node-a", 2, "10.0.0.1"), Node("b1", "node-b", 1, "10.0.0.2")]
+
+    def found(torch_b: str) -> list[NodeTargets]:
+        return [
+            NodeTargets("node-a", [], 0, [], {}, "2.13.0"),
+            NodeTargets("node-b", [], 0, [], {}, torch_b),
+        ]
+
+    cfg = RunConfig(cpu_only=True, distributed=True, ray="local")
+    with pytest.raises(
+        EnvironmentProblem,
+        match=re.escape("same torch on every node, and node-a has 2.13.0, node-b has 2.12.1"),
+    ):
+        plan_group(cfg, fleet, found("2.12.1"), {})
+    group = plan_group(cfg, fleet, found("2.13.0"), {})
+    assert [r.label for r in group.ranks] == list(RANKS) and group.master_addr == "10.0.0.1"
+    with pytest.raises(UsageProblem, match="--world-size 2 but 3 GPU"):
+        plan_group(
+            RunConfig(cpu_only=True, distributed=True, world_size=2), fleet, found("2.13.0"), {}
+        )
