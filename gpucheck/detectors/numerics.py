@@ -22,7 +22,9 @@ They are left out of the output fingerprint (still part of the inputs' when pass
 
 Ops tagged ``torch.Tag.nondeterministic_bitwise`` (float atomics, by design) and
 ``nondeterministic_seeded`` (random) are not judged. Fingerprints are taken for the first
-:data:`CAP` calls per (op, argument signature) of a case and, for tensors of more than
+:data:`CAP` calls per (op, argument signature) of a case, of the outermost watched calls
+only (an op registered with torch that calls a compiled extension's function is hashed once,
+not again for the function), and, for tensors of more than
 :data:`SAMPLE` elements, over an evenly strided sample of them (the first element included).
 """
 
@@ -62,8 +64,10 @@ def _bits(t: Any) -> tuple[Any, ...]:
         flat = torch.view_as_real(flat).reshape(-1)
     if flat.dtype == torch.bool:
         flat = flat.to(torch.uint8)
-    ints = flat.contiguous().view(getattr(torch, _INT[flat.element_size()])).to(torch.int64)
-    weights = torch.arange(1, ints.numel() + 1, device=ints.device, dtype=torch.int64) % 8191 + 1
+    # four kernels a tensor (run under CUDA_LAUNCH_BLOCKING, each is a round trip): integer
+    # sums are int64 in torch, and wrap around alike in any order of summation
+    ints = flat.contiguous().view(getattr(torch, _INT[flat.element_size()]))
+    weights = torch.arange(1, ints.numel() + 1, device=ints.device, dtype=torch.int64)
     return ints.sum(), (ints * weights).sum()
 
 
@@ -193,6 +197,8 @@ class Numerics(CallWatcher):
         self.frames: dict[str, str | None] = {}  # op -> the Python line of its first call
 
     def before(self, call: op_watch.Call) -> None:
+        if call.depth:
+            return  # inside another watched call: that call's fingerprints hold what it returns
         found = call.inputs
         if not found or not all(_real(t) for t in found) or op_watch.capturing():
             return  # fake / meta tensors (opcheck, torch.compile) have no bits to hash

@@ -68,6 +68,7 @@ class Call:
     frame: str | None = None  # "file.py:12 in Rasterize.forward", the caller's line
     autograd: str | None = None  # "forward" | "backward" of an autograd.Function made the call
     fn: Any = None  # the op object or function called (its argument names)
+    depth: int = 0  # watched calls of this thread under way around it (0: the outermost)
 
     @cached_property
     def inputs(self) -> list[Any]:
@@ -94,6 +95,7 @@ class Listener(Protocol):
 _listeners: list[Listener] = []
 _lock = threading.Lock()
 _installed = False
+_depth = threading.local()  # .n: watched calls under way on this thread
 #: exceptions raised by listeners (a listener must never fail the op), by listener
 errors: dict[int, BaseException] = {}
 
@@ -142,16 +144,28 @@ def _watched(
 ) -> Any:
     listeners = _listeners
     frame, autograd = caller()
-    call = Call(name, args, kwargs, threading.get_ident(), frame=frame, autograd=autograd, fn=fn)
+    depth = getattr(_depth, "n", 0)
+    call = Call(
+        name,
+        args,
+        kwargs,
+        threading.get_ident(),
+        frame=frame,
+        autograd=autograd,
+        fn=fn,
+        depth=depth,
+    )
     active = list(listeners)
     for li in active:
         try:
             li.before(call)
         except Exception as err:
             errors.setdefault(id(li), err)
+    _depth.n = depth + 1
     try:
         out = invoke()
     except BaseException as err:
+        _depth.n = depth
         call.error = err
         for li in reversed(active):
             try:
@@ -159,6 +173,7 @@ def _watched(
             except Exception as lerr:
                 errors.setdefault(id(li), lerr)
         raise
+    _depth.n = depth
     for li in reversed(active):
         try:
             li.after(call, out)

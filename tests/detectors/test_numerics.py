@@ -94,6 +94,20 @@ def test_numerics_quiet_on_deterministic_and_tagged_ops():
     assert ops.count("gpucheck_numerics::double") == 4 and "gpucheck_numerics::atomics" not in ops
 
 
+@torch.library.custom_op("gpucheck_numerics::outer", mutates_args=())
+def outer(x: torch.Tensor) -> torch.Tensor:
+    return torch.ops.gpucheck_numerics.jitter(x) + 0  # an op that calls another one
+
+
+def test_numerics_hashes_the_outermost_call_only_and_still_finds_the_inner_ops_jitter():
+    x = torch.rand(64)
+    found, data = _run_case(
+        Numerics(), lambda: [torch.ops.gpucheck_numerics.outer(x) for _ in range(2)]
+    )
+    assert [f.op for f in found] == ["gpucheck_numerics::outer"]
+    assert {parse(e)[0] for e in data["fingerprints"]} == {"gpucheck_numerics::outer"}
+
+
 def test_numerics_caps_fingerprints_per_signature():
     det = Numerics(cap=3)
     x = torch.rand(8)

@@ -111,3 +111,36 @@ def test_a_size_torch_does_not_know_yet_is_not_asked_about():
             return Symbolic()
 
     assert placeholder(Fake()) is False
+
+
+@torch.library.custom_op("gpucheck_watch::nested", mutates_args=())
+def nested(x: torch.Tensor) -> torch.Tensor:
+    return torch.ops.gpucheck_watch.double(x)
+
+
+def test_each_call_knows_how_deep_it_is_and_a_raising_call_leaves_no_depth_behind():
+    depths = []
+
+    class Depth:
+        def before(self, call):
+            depths.append((call.op, call.depth))
+
+        def after(self, call, out):
+            pass
+
+    listener = Depth()
+    assert op_watch.add(listener)
+    try:
+        x = torch.rand(4)
+        torch.ops.gpucheck_watch.nested(x)
+        with pytest.raises(ValueError):
+            torch.ops.gpucheck_watch.fails(x)
+        torch.ops.gpucheck_watch.double(x)
+    finally:
+        op_watch.remove(listener)
+    assert depths == [
+        ("gpucheck_watch::nested", 0),
+        ("gpucheck_watch::double", 1),
+        ("gpucheck_watch::fails", 0),
+        ("gpucheck_watch::double", 0),
+    ]
