@@ -34,6 +34,23 @@ def test_append_is_one_line_per_record_and_survives_a_torn_tail(tmp_path):
     assert [r["case"] for r in results.cases(path)] == ["a.py::t1", "a.py::t2"]
 
 
+def test_case_records_are_synced_at_most_once_a_second_every_other_record_at_once(
+    tmp_path, monkeypatch
+):
+    synced = []
+    monkeypatch.setattr(results.os, "fsync", lambda fd: synced.append(fd))
+    path = tmp_path / "results.jsonl"
+    for i in range(20):
+        results.append(path, _record(f"a.py::t{i}", "passed"))
+    assert len(synced) == 1  # the first case record: one fsync, not twenty
+    results.append(path, {"record": "end", "run_id": "r1"})
+    assert len(synced) == 2  # the end record (and every case record before it) on disk
+    monkeypatch.setattr(results, "SYNC_INTERVAL_S", 0.0)
+    results.append(path, _record("a.py::late", "passed"))
+    assert len(synced) == 3
+    assert len(path.read_text().splitlines()) == 22
+
+
 def _writer(path, worker):
     for i in range(50):
         results.append(
