@@ -243,7 +243,7 @@ def schema() -> dict[str, Any]:
 #: case records reach the disk (fsync) at most this often; every other record at once. A
 #: record is the kernel's as soon as it is written (a worker that dies after that loses
 #: nothing); only a machine going down can lose the case records of its last second, which
-#: ``--resume`` runs again. (An fsync a case cost ~15 ms a case on a GPU machine's disk.)
+#: ``--resume`` runs again (an fsync per case record was a disk round trip for every case).
 SYNC_INTERVAL_S = 1.0
 _synced: dict[str, float] = {}  # path -> when it was last synced (monotonic)
 
