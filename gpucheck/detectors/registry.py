@@ -88,13 +88,16 @@ class Builtin:
 
     @hookimpl
     def gpucheck_worker_detectors(self) -> list[Detector]:
+        # numerics before the launch trace's two: around a call, its hashing runs before
+        # the trace's window opens and after it closes (listeners run in this order before a
+        # call, in the reverse order after it), so its kernels are not collected with the op's
         return [
             MixedDevices(),
             DeviceStateLeak(),
             OpDevice(),
+            Numerics(),
             WrongStream(),
             KernelDevice(),
-            Numerics(),
             Leak(),
         ]
 

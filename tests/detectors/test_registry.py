@@ -144,3 +144,11 @@ def test_the_checkpoint_detectors_come_through_the_entry_point_group():
     names = [d.name for d in registry.worker_detectors()]
     assert names[-2:] == ["double-activation", "checkpoint-reads"]
     assert names.index("leak") < names.index("double-activation")
+
+
+def test_numerics_listens_outside_the_launch_traces_windows():
+    """Listeners run in the detectors' order before a call and in reverse after it: numerics
+    comes before the two detectors of the launch trace, so its hashing kernels run before a
+    window opens and after it closes, not inside the op's span."""
+    names = [d.name for d in registry.worker_detectors()]
+    assert names.index("numerics") < min(names.index("wrong-stream"), names.index("kernel-device"))
