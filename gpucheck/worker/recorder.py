@@ -55,6 +55,9 @@ class Recorder:
         self.results = Path(config.getoption("--gpucheck-results")).absolute()
         state = config.getoption("--gpucheck-state")
         self.state_path = Path(state).absolute() if state else None
+        self.state_file = (
+            None if self.state_path is None else worker_state.StateWriter(self.state_path)
+        )
         self.pid = os.getpid()
         guard.watch_controller()
         skip_file = config.getoption("--gpucheck-skip")
@@ -137,7 +140,7 @@ class Recorder:
         }
         if case is None:
             self.pending = []
-        if self.state_path is None:
+        if self.state_file is None:
             return
         try:
             self._write_state(case, exit_reason, current_device, op)
@@ -148,9 +151,8 @@ class Recorder:
     def _write_state(
         self, case: str | None, exit_reason: str | None, current_device: str | None, op: str | None
     ) -> None:
-        assert self.state_path is not None
-        worker_state.write(
-            self.state_path,
+        assert self.state_file is not None
+        self.state_file.write(
             WorkerState(
                 case=self.ids.get(case, case) if case else None,
                 suite=self.suite_of(self._path_of(case)) if case else None,
