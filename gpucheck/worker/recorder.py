@@ -59,6 +59,7 @@ class Recorder:
             None if self.state_path is None else worker_state.StateWriter(self.state_path)
         )
         self.pid = os.getpid()
+        self.wait_header = bool(config.getoption("--gpucheck-wait-header"))
         guard.watch_controller()
         skip_file = config.getoption("--gpucheck-skip")
         self.skip = set(Path(skip_file).read_text().split("\n")) if skip_file else set()
@@ -298,6 +299,9 @@ class Recorder:
     def _append(self, record: CaseRecord) -> None:
         """Write a record; when it cannot be written (disk full, read-only folder) the worker
         says so in one line and exits with EXIT_OUTPUT_ERROR: the controller stops the run."""
+        if self.wait_header:  # once: the header comes first, or not at all (a minute)
+            self.wait_header = False
+            _header_written(self.results)
         try:
             results.append(self.results, record.to_json())
         except OutputProblem as err:
@@ -540,6 +544,24 @@ class Recorder:
                 {**data.get("cost_s", {}), "record": self.bookkeeping.pop(nodeid, 0.0)}
             ),
         )
+
+
+#: seconds a worker waits for the run's header before its first record (the controller
+#: writes it a few milliseconds after starting the worker; it ends the worker if it fails)
+HEADER_WAIT_S = 60.0
+
+
+def _header_written(path: Path, timeout: float = HEADER_WAIT_S) -> bool:
+    """Wait until the results file holds something (the run's header, the controller's first
+    line: a record never comes before it); False when it still did not after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(OSError):
+            if os.stat(path).st_size > 0:
+                return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
 
 
 def _rounded(costs: dict[str, float]) -> dict[str, float]:
