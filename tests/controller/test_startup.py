@@ -7,10 +7,10 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from gpucheck.controller import harness as harness_mod
 from gpucheck.controller.harness import Harness, wait_any
