@@ -549,7 +549,8 @@ def _warm() -> None:
     with contextlib.suppress(Exception):
         from gpucheck import report
         from gpucheck.controller import reruns  # noqa: F401
-        from gpucheck.detectors import registry  # noqa: F401
+        from gpucheck.detectors import registry
         from gpucheck.report import console  # noqa: F401
 
+        registry.manager()  # the run-level detectors, from the installed packages too
         report.warm()
