@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import signal
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -103,7 +102,7 @@ class Run:
         self.out = Path()
         self.run_id = ""
         self.header_due = False  # a fresh run's header, written once its first workers run
-        self.warming: threading.Thread | None = None
+        self.warm = False  # what the end needs is imported, the page's templates compiled
         self.log = RunLog(Path())
         self.stopped: list[str] = []  # the signal that stopped the run (SIGTERM), if one did
         self.gpus: int | None = None  # GPUs seen, where not from the inventory (a Ray node)
@@ -248,13 +247,14 @@ class Run:
         )
 
     def workers_started(self) -> None:
-        """What waits for the first workers to start: the header, then (in a thread, while
-        the workers import and collect) what the end of the run needs imported, the HTML
-        page's templates compiled."""
+        """What waits for the first workers to start: the header, then what the end of the
+        run needs imported, the HTML page's templates compiled (while the workers import
+        pytest and collect: this process is idle until their first case anyway, and a
+        thread would import beside the progress lines' imports)."""
         self.flush_header()
-        if self.warming is None:
-            self.warming = threading.Thread(target=_warm, name="gpucheck-warm", daemon=True)
-            self.warming.start()
+        if not self.warm:
+            self.warm = True
+            _warm()
 
     def run_passes(self) -> bool:
         """Every pass; True when Ctrl-C or SIGTERM stopped the run. When the harness itself
@@ -430,8 +430,6 @@ class Run:
             if stopped_by is not None
             else None
         )
-        if self.warming is not None:
-            self.warming.join()  # what it imports and compiles, this needs now
         from gpucheck.report import publish
         from gpucheck.report.console import print_summary
 
@@ -544,8 +542,8 @@ def diagnose(log: RunLog, rerun_log: RunLog, run_id: str) -> list[Diagnosis]:
 
 
 def _warm() -> None:
-    """Import what the end of a run needs, and compile the HTML page's templates (in a thread,
-    while the workers run; the end does the same work itself where this did not finish)."""
+    """Import what the end of a run needs, and compile the HTML page's templates (while the
+    workers start; where this fails, the end meets the same failure and reports it)."""
     with contextlib.suppress(Exception):
         from gpucheck import report
         from gpucheck.controller import reruns  # noqa: F401
