@@ -337,12 +337,13 @@ class Run:
         timeline = TimelineWriter(RunFolder(self.out).timeline) if interval > 0 else None
         sampling: list[Sampler] = []
 
-        def started() -> None:  # the workers run: what can wait for them
-            self.workers_started()
+        def started() -> None:  # the workers run: what could wait for them
+            self.flush_header()
             if timeline is not None:
                 from gpucheck.nvml_sampler import Sampler
 
                 sampling.append(Sampler(interval, timeline).start())
+            self.workers_started()
 
         harness = Harness(
             specs,
