@@ -30,12 +30,12 @@ MAX_LINES_PER_RECORD = 5
 
 
 class Progress:
-    """Progress of the workers of every pass (see the module docstring). ``console``: makes
-    the run's console when the first line is shown (with rich, imported then)."""
+    """Progress of the workers of every pass (see the module docstring). ``console``: the
+    run's console, or what makes it when the first line is shown (rich imported then)."""
 
-    def __init__(self, console: Callable[[], Console], quiet: bool) -> None:
+    def __init__(self, console: Console | Callable[[], Console], quiet: bool) -> None:
         self.quiet = quiet
-        self.make_console = console
+        self.make_console: Callable[[], Console] = console if callable(console) else lambda: console
         self.bar: rp.Progress | None = None  # the live bars, from the first worker shown
         self.tasks: dict[str, rp.TaskID] = {}
         self.reported: set[str] = set()
