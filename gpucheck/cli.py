@@ -12,16 +12,15 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 import gpucheck
-from gpucheck.devices import Inventory
 from gpucheck.errors import EXIT_CLEAN, EXIT_USAGE, GpucheckError
+
+if TYPE_CHECKING:  # `gpucheck run` starts its workers before rich or NVML is imported
+    from gpucheck.devices import Inventory
 
 GIB = 1024**3
 #: report formats (gpucheck.report.FORMATS; kept here so that --help imports nothing heavy)
@@ -75,6 +74,9 @@ def devices(as_json: bool) -> int:
 
 
 def _print_inventory(inv: Inventory) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
     console = Console(soft_wrap=True)
     versions = (
         f"driver {inv.driver_version or 'N/A'}, CUDA (driver) "
@@ -454,6 +456,9 @@ def _need_gpu() -> None:
 
 
 def _print_matrix(rows: list[Any], false: list[dict[str, Any]]) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
     from gpucheck.controller.config import make_console
 
     console = make_console()  # a log gets the table unfolded, without markup
@@ -484,6 +489,9 @@ def _print_matrix(rows: list[Any], false: list[dict[str, Any]]) -> None:
 def _print_zoo(results: list[Any]) -> None:
     """The zoo's table: per row its recall (expected findings found / expected that could run
     here) and its unexpected findings; then the totals and every miss and unexpected finding."""
+    from rich.markup import escape
+    from rich.table import Table
+
     from gpucheck.controller.config import make_console
 
     console = make_console()
@@ -542,6 +550,9 @@ def _print_zoo(results: list[Any]) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def parse_sanitizer(log: Path, tool: str | None, as_json: bool) -> int:
     """Turn a compute-sanitizer --log-file into findings (exit 1 if any is an error)."""
+    from rich.console import Console
+    from rich.markup import escape
+
     from gpucheck.errors import UsageProblem
     from gpucheck.sanitizer import parse_file
 
@@ -588,6 +599,7 @@ def report(run_dir: Path, output: Path | None, formats: tuple[str, ...]) -> int:
     (or warnings), 1 findings of severity error, 2 nothing tested, interrupted, or lines of
     results.jsonl that could not be read (each named).
     """
+    from rich.console import Console
     from rich.text import Text
 
     from gpucheck.errors import UsageProblem

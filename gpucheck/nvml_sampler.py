@@ -28,8 +28,6 @@ from typing import Any
 from gpucheck import nvml
 from gpucheck.model.timeline import DeviceRow
 
-DEFAULT_INTERVAL_S = 0.05
-
 
 class Sampler:
     """Calls ``sample()`` on a daemon thread every ``interval`` seconds until ``stop()``."""

@@ -84,6 +84,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     # the worker's options under `gpucheck run` (the controller passes them)
     group.addoption("--gpucheck-results", default=None, help="append case records here")
     group.addoption("--gpucheck-state", default=None, help="worker state file (harness)")
+    group.addoption(
+        "--gpucheck-wait-header",
+        action="store_true",
+        help="append no record before the results file holds the run's header (the "
+        "controller writes it after starting the worker)",
+    )
     group.addoption("--gpucheck-run-id", default="adhoc")
     group.addoption("--gpucheck-mode", default=BARE)
     group.addoption("--gpucheck-device-uuid", default=None)

@@ -10,21 +10,21 @@ import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from rich.console import Console
+from typing import TYPE_CHECKING, Any
 
 import gpucheck
-from gpucheck import devices as devices_mod
 from gpucheck.controller import suites as suites_mod
-from gpucheck.detectors import registry
 from gpucheck.errors import EnvironmentProblem, UsageProblem
 from gpucheck.model import clock, modes, results
-from gpucheck.model.layout import RESULTS
+from gpucheck.model.layout import DEFAULT_REPORTS, RESULTS
 from gpucheck.model.modes import PLAIN, Mode, tool_of
 from gpucheck.model.runlog import RunHeader, RunLog
-from gpucheck.nvml_sampler import DEFAULT_INTERVAL_S
-from gpucheck.report import DEFAULT_FORMATS
+from gpucheck.model.timeline import DEFAULT_INTERVAL_S
+
+if TYPE_CHECKING:  # the run's first worker starts before these are imported (docs/architecture.md)
+    from rich.console import Console
+
+    from gpucheck.devices import Inventory
 
 DEFAULT_MODES = PLAIN
 #: the mode label of a distributed pass (records of gpucheck.controller.dist_pipeline)
@@ -49,7 +49,7 @@ class RunConfig:
     distributed: bool = False  # one rank per device through torch.distributed
     world_size: int | None = None  # ranks of a --distributed --cpu-only run (default 2)
     backend: str | None = None  # torch.distributed backend (default nccl on GPUs, else gloo)
-    formats: tuple[str, ...] = ()  # reports to write (default: report.DEFAULT_FORMATS)
+    formats: tuple[str, ...] = ()  # reports to write (default: layout.DEFAULT_REPORTS)
     #: seconds to wait for target GPUs another gpucheck run holds (0: refuse at once;
     #: gpucheck.controller.devlock); not a setting of the run, so --resume takes it too
     wait_for_devices: float = 0.0
@@ -65,7 +65,7 @@ class RunConfig:
 
     @property
     def report_formats(self) -> tuple[str, ...]:
-        return self.formats or DEFAULT_FORMATS
+        return self.formats or DEFAULT_REPORTS
 
 
 #: what ``[tool.gpucheck]`` of pyproject.toml may set: the defaults of ``gpucheck run``'s
@@ -338,7 +338,7 @@ Target = tuple[str, int | None, str | None, str | None]  # label, CUDA index, UU
 
 def choose_targets(
     cfg: RunConfig,
-) -> tuple[list[Target], list[str], str | None, devices_mod.Inventory | None]:
+) -> tuple[list[Target], list[str], str | None, Inventory | None]:
     """Each target, notes for the run header, the driver version, and the inventory of the
     visible devices (the targets are some of them; None with --cpu-only)."""
     if cfg.cpu_only:
@@ -348,6 +348,8 @@ def choose_targets(
             None,
             None,
         )
+    from gpucheck import devices as devices_mod
+
     inv = devices_mod.discover()
     if inv.environment_error:
         raise EnvironmentProblem(inv.environment_error)
@@ -434,7 +436,7 @@ def header(
     cfg: RunConfig,
     run_id: str,
     targets: list[Target],
-    inv: devices_mod.Inventory | None,
+    inv: Inventory | None,
     suites: dict[str, Path],
     passes: list[tuple[str, str | None]],
     notes: list[str],
@@ -460,6 +462,9 @@ def header(
         "durations": str(cfg.durations) if cfg.durations else None,
         "ray": cfg.ray,
     }
+    from gpucheck import devices as devices_mod
+    from gpucheck.detectors import registry
+
     memory = {d.uuid: d.memory_total for d in inv.devices} if inv else {}
     return {
         "schema": results.SCHEMA_ID,
@@ -536,6 +541,8 @@ LOG_WIDTH = 160
 def make_console() -> Console:
     """The console of a run: rich decides from the stream whether it is a terminal (colour,
     live progress) or a log (plain text, no redraws); long lines are never wrapped."""
+    from rich.console import Console
+
     console = Console(soft_wrap=True)
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console.width = LOG_WIDTH

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import subprocess
 import time
@@ -113,9 +114,17 @@ class Harness:
         run_id: str,
         timeout: float,
         on_update: Callable[[Worker], None] | None = None,
+        on_start: Callable[[], None] | None = None,
+        wait_header: bool = False,
     ) -> None:
-        """``results``: the file the workers append to, or the controller's log of it."""
+        """``results``: the file the workers append to, or the controller's log of it.
+        ``on_start``: called once the first workers are started (what the controller does
+        while they start: a worker takes a few hundred milliseconds to its first case).
+        ``wait_header``: the run's header is not written yet (``on_start`` writes it): the
+        first workers append no record before it is there."""
         self.specs = specs
+        self.on_start = on_start
+        self.wait_header = wait_header
         self.out_dir = out_dir
         self.log = results if isinstance(results, RunLog) else RunLog(results)
         self.results_path = self.log.path
@@ -128,13 +137,19 @@ class Harness:
         """One worker per spec; cases this run already recorded (``--resume``) are skipped."""
         for spec in self.specs:
             done = self._recorded_cases(spec) if self.results_path.exists() else []
-            worker = self._spawn(spec, 0, done)
+            worker = self._spawn(spec, 0, done, wait_header=self.wait_header)
             if done:
                 worker.total_offset = len(done)
             self.workers.append(worker)
+        if self.on_start is not None:
+            self.on_start()
 
     def _spawn(
-        self, spec: WorkerSpec, generation: int = 0, skip: list[str] | None = None
+        self,
+        spec: WorkerSpec,
+        generation: int = 0,
+        skip: list[str] | None = None,
+        wait_header: bool = False,
     ) -> Worker:
         files = RunFolder(self.out_dir).worker(spec.label, spec.mode, generation)
         env = {DEVICE_LABEL_ENV: spec.label, **spec.env}  # its records' device (node/cuda:1)
@@ -142,7 +157,9 @@ class Harness:
         if spec.sanitizer_tool:
             env.update(sanitizer_cmd.env())
         skip_path = write_skip(files, skip)
-        cmd = worker_command(spec, self.results_path, files.state, self.run_id, skip_path, san_log)
+        cmd = worker_command(
+            spec, self.results_path, files.state, self.run_id, skip_path, san_log, wait_header
+        )
         proc = spawn(cmd, env, files)
         return Worker(
             spec,
@@ -456,7 +473,26 @@ class Harness:
     def _wait(self) -> None:
         """Up to POLL_S, less when a worker ends first: the run's end is seen at once."""
         running = [w for w in self.workers if not w.finished]
-        if not running:
-            return
+        if running:
+            wait_any([w.proc for w in running], POLL_S)
+
+
+def wait_any(procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
+    """Until one of ``procs`` ends or ``timeout`` seconds pass: at once where the system
+    says when a process ends (a pidfd, Linux 5.3), else ``Popen.wait`` on the first, which
+    looks every few milliseconds (up to 50 ms late)."""
+    fds: list[int] = []
+    try:
+        for proc in procs:
+            fds.append(os.pidfd_open(proc.pid))
+    except (AttributeError, OSError):  # no pidfd here, or the process is reaped already
+        for fd in fds:
+            os.close(fd)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            running[0].proc.wait(timeout=POLL_S)
+            procs[0].wait(timeout=timeout)
+        return
+    try:
+        select.select(fds, [], [], timeout)
+    finally:
+        for fd in fds:
+            os.close(fd)

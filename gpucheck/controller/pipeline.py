@@ -10,14 +10,15 @@ The distributed controller (:mod:`~gpucheck.controller.dist_pipeline`) builds on
 from __future__ import annotations
 
 import contextlib
+import functools
 import signal
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpucheck.controller import devlock, reruns, sharding
+from gpucheck.controller import devlock, sharding
 from gpucheck.controller import suites as suites_mod
 from gpucheck.controller.config import (
     DEFAULT_MODES,
@@ -35,9 +36,6 @@ from gpucheck.controller.config import (
 from gpucheck.controller.harness import Harness
 from gpucheck.controller.progress import Progress
 from gpucheck.controller.spawning import WorkerSpec
-from gpucheck.detectors import registry
-from gpucheck.detectors.wrong_device import suspects
-from gpucheck.devices import Inventory
 from gpucheck.errors import GpucheckError, OutputProblem
 from gpucheck.model import clock, modes, results
 from gpucheck.model.contract import CURRENT_ENV, OTHER_CURRENT, TARGET_CURRENT
@@ -45,10 +43,17 @@ from gpucheck.model.layout import RunFolder
 from gpucheck.model.modes import Mode, tool_of
 from gpucheck.model.runlog import Diagnosis, Resume, RunEnd, RunHeader, RunLog
 from gpucheck.model.timeline import TimelineWriter
-from gpucheck.nvml_sampler import Sampler
-from gpucheck.report import publish
-from gpucheck.report.console import print_summary
 from gpucheck.sanitizer import command as sanitizer_cmd
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from gpucheck.devices import Inventory
+    from gpucheck.nvml_sampler import Sampler
+
+# What the run needs after its workers start (the reports, the run-level detectors, rich) is
+# imported then (:meth:`Run.workers_started`): a worker takes a few hundred milliseconds to
+# its first case, which the controller spends on it, not the worker on waiting for it.
 
 #: a pass a run adds after its own (the distributed suite as a CPU group, in the default run
 #: without a GPU): (cfg, run folder, results file, run id, notes) -> True when interrupted
@@ -96,7 +101,8 @@ class Run:
         self.cpu_defaults = False  # the default first run without a GPU (see plan_passes)
         self.out = Path()
         self.run_id = ""
-        self.console = make_console()
+        self.header_due = False  # a fresh run's header, written once its first workers run
+        self.warm = False  # what the end needs is imported, the page's templates compiled
         self.log = RunLog(Path())
         self.stopped: list[str] = []  # the signal that stopped the run (SIGTERM), if one did
         self.gpus: int | None = None  # GPUs seen, where not from the inventory (a Ray node)
@@ -117,6 +123,12 @@ class Run:
         run.not_runnable = dict(not_runnable or {})
         run.log = RunLog(run.results_path)
         return run
+
+    @functools.cached_property
+    def console(self) -> Console:
+        """The run's console (made when first used: rich is imported after the first workers
+        are started)."""
+        return make_console()
 
     @property
     def results_path(self) -> Path:
@@ -198,29 +210,51 @@ class Run:
 
     def write_header(self) -> None:
         """The ``run`` header (or, resumed, a ``resume`` record); the run's one log of its
-        results file from here on."""
+        results file from here on. A fresh run whose passes are this class's writes its
+        header once its first workers are started (:meth:`workers_started`): they wait for it
+        before their first record, and the header's parts (the detectors' settings, from the
+        installed packages) take imports of their own."""
         if self.previous is None:
             self.run_id = uuid.uuid4().hex[:12]
-            passes = self.passes + ([(DIST_MODE, None)] if self.cpu_defaults else [])
-            results.append(
-                self.results_path,
-                header(
-                    self.cfg,
-                    run_id=self.run_id,
-                    targets=self.targets,
-                    inv=self.inv,
-                    suites=self.requested,
-                    passes=passes,
-                    notes=self.notes,
-                    not_runnable=self.not_runnable,
-                    modes=self.asked,
-                ),
-            )
+            self.header_due = True
+            if type(self).run_passes is not Run.run_passes:  # passes that do not write it
+                self.flush_header()
         else:
             self.run_id = self.previous.run_id
             record = Resume(self.run_id, clock.now(), self.notes, self.not_runnable)
             results.append(self.results_path, record.to_json())
         self.log = RunLog(self.results_path)  # the controller's one reader of the records
+
+    def flush_header(self) -> None:
+        """The fresh run's ``run`` header, if it is not written yet."""
+        if not self.header_due:
+            return
+        self.header_due = False
+        passes = self.passes + ([(DIST_MODE, None)] if self.cpu_defaults else [])
+        results.append(
+            self.results_path,
+            header(
+                self.cfg,
+                run_id=self.run_id,
+                targets=self.targets,
+                inv=self.inv,
+                suites=self.requested,
+                passes=passes,
+                notes=self.notes,
+                not_runnable=self.not_runnable,
+                modes=self.asked,
+            ),
+        )
+
+    def workers_started(self) -> None:
+        """What waits for the first workers to start: the header, then what the end of the
+        run needs imported, the HTML page's templates compiled (while the workers import
+        pytest and collect: this process is idle until their first case anyway, and a
+        thread would import beside the progress lines' imports)."""
+        self.flush_header()
+        if not self.warm:
+            self.warm = True
+            _warm()
 
     def run_passes(self) -> bool:
         """Every pass; True when Ctrl-C or SIGTERM stopped the run. When the harness itself
@@ -232,6 +266,8 @@ class Run:
             with contextlib.suppress(OutputProblem):  # the disk that failed may fail again
                 self.end_record(True, f"the harness stopped: {err!r}")
             with contextlib.suppress(Exception):
+                from gpucheck.report import publish
+
                 publish(self.out, formats=self.cfg.report_formats, log=self.log)
             raise
 
@@ -253,7 +289,7 @@ class Run:
         """Every pass on every target; after a plain pass on 2+ GPUs, the wrong-device
         re-runs of its suspects. True when Ctrl-C stopped it."""
         rerun_log = RunLog(RunFolder(self.out).rerun)
-        with Progress(self.console, quiet=self.cfg.quiet) as progress:
+        with Progress(lambda: self.console, quiet=self.cfg.quiet) as progress:
             for label, tool in self.passes:
                 mode = Mode.parse(label)
                 interval = self.cfg.nvml_interval if mode.nvml else 0.0
@@ -298,15 +334,32 @@ class Run:
         """One pass of workers writing into ``log``'s file (with the NVML timeline when
         asked); True after Ctrl-C."""
         progress.follow(log)
-        harness = Harness(
-            specs, self.out, log, self.run_id, self.cfg.timeout, on_update=progress.update
-        )
         timeline = TimelineWriter(RunFolder(self.out).timeline) if interval > 0 else None
-        sampler = Sampler(interval, timeline).start() if timeline is not None else None
+        sampling: list[Sampler] = []
+
+        def started() -> None:  # the workers run: what could wait for them
+            self.flush_header()
+            if timeline is not None:
+                from gpucheck.nvml_sampler import Sampler
+
+                sampling.append(Sampler(interval, timeline).start())
+            self.workers_started()
+
+        harness = Harness(
+            specs,
+            self.out,
+            log,
+            self.run_id,
+            self.cfg.timeout,
+            on_update=progress.update,
+            on_start=started,
+            wait_header=self.header_due,
+        )
         try:
             return run_until_interrupted(harness)
         finally:
-            if sampler is not None and timeline is not None:
+            if sampling and timeline is not None:
+                sampler = sampling[0]
                 sampler.stop()
                 timeline.close()
                 self.notes.append(
@@ -328,6 +381,8 @@ class Run:
         """The wrong-device check: cases of this pass that went wrong with another device
         current run again with their target current, in fresh workers, records to
         rerun.jsonl. True after Ctrl-C."""
+        from gpucheck.detectors.wrong_device import suspects
+
         self.log.refresh()
         bad = suspects([r for r in self.log.cases if r.run_id == self.run_id], label)
         folder = RunFolder(self.out)
@@ -361,6 +416,7 @@ class Run:
     def end_record(
         self, interrupted: bool, reason: str | None, stopped_by: str | None = None
     ) -> None:
+        self.flush_header()  # a run stopped before its first workers started
         record = RunEnd(self.run_id, clock.now(), interrupted, reason, stopped_by)
         results.append(self.results_path, record.to_json())
 
@@ -375,6 +431,9 @@ class Run:
             if stopped_by is not None
             else None
         )
+        from gpucheck.report import publish
+        from gpucheck.report.console import print_summary
+
         self.end_record(stopped is not None, stopped, stopped_by)
         rerun_log = RunLog(RunFolder(self.out).rerun)
         diagnose(self.log, rerun_log, self.run_id)
@@ -452,6 +511,9 @@ def diagnose(log: RunLog, rerun_log: RunLog, run_id: str) -> list[Diagnosis]:
     (``rerun_log``), and what those re-runs found besides their outcome
     (:func:`~gpucheck.controller.reruns.carried`): their findings become diagnosis records
     of the cases they are about, appended to the results file."""
+    from gpucheck.controller import reruns
+    from gpucheck.detectors import registry
+
     log.refresh(final=True)
     rerun_log.refresh(final=True)
     records = [r for r in log.cases if r.run_id == run_id]
@@ -478,3 +540,16 @@ def diagnose(log: RunLog, rerun_log: RunLog, run_id: str) -> list[Diagnosis]:
         results.append(log.path, diagnosis.to_json())
         made.append(diagnosis)
     return made
+
+
+def _warm() -> None:
+    """Import what the end of a run needs, and compile the HTML page's templates (while the
+    workers start; where this fails, the end meets the same failure and reports it)."""
+    with contextlib.suppress(Exception):
+        from gpucheck import report
+        from gpucheck.controller import reruns  # noqa: F401
+        from gpucheck.detectors import registry
+        from gpucheck.report import console  # noqa: F401
+
+        registry.manager()  # the run-level detectors, from the installed packages too
+        report.warm()

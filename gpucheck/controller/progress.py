@@ -11,17 +11,18 @@ markup, so a case id such as ``test_x[cuda0]`` is printed as it is.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
-
-from rich import progress as rp
-from rich.console import Console
 
 from gpucheck.model.results import COLLECTION_ERROR
 from gpucheck.model.runlog import RunLog
-from gpucheck.report.console import finding_text, printable
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported once a line is shown (the first workers start before)
+    from rich import progress as rp
+    from rich.console import Console
+
     from gpucheck.controller.harness import Worker
 
 #: finding lines of one case record before "... and N more"
@@ -29,34 +30,50 @@ MAX_LINES_PER_RECORD = 5
 
 
 class Progress:
-    """Progress of the workers of every pass (see the module docstring)."""
+    """Progress of the workers of every pass (see the module docstring). ``console``: the
+    run's console, or what makes it when the first line is shown (rich imported then)."""
 
-    def __init__(self, console: Console, quiet: bool) -> None:
+    def __init__(self, console: Console | Callable[[], Console], quiet: bool) -> None:
         self.quiet = quiet
-        self.console = console
-        self.live = console.is_terminal and not quiet
-        self.bar = rp.Progress(
-            rp.TextColumn("[bold]{task.fields[label]}"),
-            rp.BarColumn(),
-            rp.MofNCompleteColumn(),
-            rp.TextColumn("findings {task.fields[findings]}"),
-            rp.TextColumn("{task.fields[case]}", markup=False),
-            console=console,
-            disable=not self.live,
-            transient=False,
-        )
+        self.make_console: Callable[[], Console] = console if callable(console) else lambda: console
+        self.bar: rp.Progress | None = None  # the live bars, from the first worker shown
         self.tasks: dict[str, rp.TaskID] = {}
         self.reported: set[str] = set()
         self.log: RunLog | None = None
         self.seen = 0  # the log's cursor: records already looked at
 
+    @functools.cached_property
+    def console(self) -> Console:
+        return self.make_console()
+
+    @functools.cached_property
+    def live(self) -> bool:
+        """Bars redrawn in place: on a terminal, not quiet."""
+        return not self.quiet and self.console.is_terminal
+
     def __enter__(self) -> Progress:
-        self.bar.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.bar.__exit__(*exc)
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
         self._findings()
+
+    def _bars(self) -> rp.Progress:
+        if self.bar is None:
+            from rich import progress as rp
+
+            self.bar = rp.Progress(
+                rp.TextColumn("[bold]{task.fields[label]}"),
+                rp.BarColumn(),
+                rp.MofNCompleteColumn(),
+                rp.TextColumn("findings {task.fields[findings]}"),
+                rp.TextColumn("{task.fields[case]}", markup=False),
+                console=self.console,
+                transient=False,
+            )
+            self.bar.__enter__()
+        return self.bar
 
     def follow(self, log: RunLog) -> None:
         """The results file the workers of the next pass append to (the controller's log of
@@ -68,8 +85,10 @@ class Progress:
 
     def _findings(self) -> None:
         """One line per finding recorded since the last look (no terminal, not quiet)."""
-        if self.live or self.quiet or self.log is None:
+        if self.quiet or self.log is None or self.live:
             return
+        from gpucheck.report.console import finding_text, printable
+
         self.log.refresh()
         new, self.seen = self.log.cases_since(self.seen)
         for r in new:
@@ -103,11 +122,10 @@ class Progress:
             case = (w.state.case or "").rsplit("::", 1)[-1][:60]
             if w.generation:
                 case = f"(worker {w.generation + 1}) {case}"
+            bar = self._bars()
             if label not in self.tasks:
-                self.tasks[label] = self.bar.add_task(
-                    "", total=None, label=label, findings=0, case=""
-                )
-            self.bar.update(
+                self.tasks[label] = bar.add_task("", total=None, label=label, findings=0, case="")
+            bar.update(
                 self.tasks[label],
                 total=w.planned,
                 completed=w.done,

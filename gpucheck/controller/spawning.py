@@ -6,7 +6,6 @@ when; this module knows how."""
 from __future__ import annotations
 
 import errno
-import importlib.metadata
 import os
 import subprocess
 import sys
@@ -39,9 +38,12 @@ class WorkerSpec:
     sanitizer: Path | None = None  # the compute-sanitizer executable
 
 
-def _plugin_autoloaded() -> bool:
-    eps = importlib.metadata.entry_points(group="pytest11")
-    return any(ep.value == "gpucheck.pytest_plugin" for ep in eps)
+#: gpucheck's pytest plugin: its module, and the name of its ``pytest11`` entry point
+#: (pyproject.toml). A worker blocks the entry point and loads the module by name, so the
+#: plugin is there once whether or not the entry point is installed (no look-up of the
+#: installed packages' entry points on the way to the first worker)
+PLUGIN_MODULE = "gpucheck.pytest_plugin"
+PLUGIN_ENTRY_POINT = "gpucheck"
 
 
 def worker_command(
@@ -51,7 +53,10 @@ def worker_command(
     run_id: str,
     skip_path: Path | None = None,
     sanitizer_log: Path | None = None,
+    wait_header: bool = False,
 ) -> list[str]:
+    """The worker's command line. ``wait_header``: the controller writes the run's header
+    after starting it, and the worker appends no record before the header is there."""
     cmd: list[str] = []
     if spec.sanitizer_tool and sanitizer_log is not None:
         cmd += sanitizer_cmd.prefix(spec.sanitizer_tool, sanitizer_log, spec.sanitizer)
@@ -64,8 +69,7 @@ def worker_command(
     # a file that cannot be collected (a syntax or import error) is a finding of its own
     # (the recorder's); the other files and suites still run
     cmd += ["--continue-on-collection-errors"]
-    if not _plugin_autoloaded():
-        cmd += ["-p", "gpucheck.pytest_plugin"]
+    cmd += ["-p", f"no:{PLUGIN_ENTRY_POINT}", "-p", PLUGIN_MODULE]
     cmd += [
         "--gpucheck-results",
         str(results_path),
@@ -76,6 +80,8 @@ def worker_command(
         "--gpucheck-mode",
         spec.mode,
     ]
+    if wait_header:
+        cmd += ["--gpucheck-wait-header"]
     if spec.device_index is not None:
         cmd += ["--gpucheck-device", str(spec.device_index)]
     if spec.uuid:

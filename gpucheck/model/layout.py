@@ -38,6 +38,8 @@ REPORTS = {
     "junit": "junit.xml",
     "sarif": "results.sarif",
 }
+#: what a run writes when no --format is given (gpucheck.report.DEFAULT_FORMATS)
+DEFAULT_REPORTS = ("html", "json", "junit")
 #: extra record files a suite may leave in the run folder, shown by the report
 EXTRAS = ("checkpoint_lint.jsonl", "benchmarks.jsonl")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_+-]")

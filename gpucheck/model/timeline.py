@@ -20,6 +20,8 @@ from typing import Any
 
 from gpucheck.model.layout import open_regular
 
+#: seconds between two samples of mode nvml (``--nvml-interval``; gpucheck.nvml_sampler)
+DEFAULT_INTERVAL_S = 0.05
 #: what reading a line someone else wrote may raise (not JSON, fields of other types,
 #: numbers out of range): the line is torn
 BAD_LINE = (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError)

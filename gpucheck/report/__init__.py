@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from gpucheck.model.layout import REPORTS
+from gpucheck.model.layout import DEFAULT_REPORTS, REPORTS
 from gpucheck.model.runlog import RunLog
 from gpucheck.report import document, groups, html, junit, rundata, sarif
 from gpucheck.report.rundata import RunData
@@ -28,7 +28,7 @@ from gpucheck.report.verdict import Verdict, decide
 #: every report format: name -> file in the run folder
 FORMATS = REPORTS
 #: what a run writes when no --format is given
-DEFAULT_FORMATS = ("html", "json", "junit")
+DEFAULT_FORMATS = DEFAULT_REPORTS
 
 
 @dataclass
@@ -120,6 +120,12 @@ def publish(
         paths["html"] = _write(html_path, html.render(data, doc, html_path, grouped, verdict))
     ordered = {fmt: paths[fmt] for fmt in FORMATS if fmt in paths}
     return Published(ordered, verdict, data, grouped)
+
+
+def warm() -> None:
+    """What the first :func:`publish` of this process would do before it reads the run:
+    compile the HTML page's templates (:func:`gpucheck.report.html.warm`)."""
+    html.warm()
 
 
 def write_all(

@@ -292,6 +292,13 @@ def _json_script(value: Any) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
+def warm() -> None:
+    """Compile the page's templates now (jinja keeps them): a controller does it while its
+    workers run, so that the page is only rendered at the run's end."""
+    for name in _ENV.list_templates(extensions=["j2"]):
+        _ENV.get_template(name)
+
+
 def render(
     data: RunData,
     doc: dict[str, Any],

@@ -118,29 +118,52 @@ def changed_state(before: ProcessState) -> list[str]:
 
 def live_children() -> dict[int, str]:
     """This process's running (not zombie) child processes: pid -> command line. Linux only
-    (``/proc``); elsewhere empty. Read twice a case: plain reads, no pathlib."""
+    (``/proc``); elsewhere empty. Read twice a case: from each thread's ``children`` list
+    where the kernel keeps one (a few small reads), else by scanning every process of
+    ``/proc`` for ours (plain reads, no pathlib)."""
     me = os.getpid()
-    found: dict[int, str] = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return found
-    for name in names:
-        if not name.isdigit():
-            continue
+    pids = _listed_children(me)
+    if pids is None:
         try:
-            with open(f"/proc/{name}/stat", "rb") as f:
+            pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+        except OSError:
+            return {}
+    found: dict[int, str] = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
                 stat = f.read()
             # pid (comm) state ppid ...: comm may hold spaces and parentheses
             state, ppid = stat[stat.rindex(b")") + 2 :].split(None, 2)[:2]
             if int(ppid) != me or state in (b"Z", b"X"):
                 continue
-            with open(f"/proc/{name}/cmdline", "rb") as f:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
         except (OSError, ValueError, IndexError):
             continue
-        found[int(name)] = cmd.strip()[:200]
+        found[pid] = cmd.strip()[:200]
     return found
+
+
+def _listed_children(me: int) -> list[int] | None:
+    """The pids in ``/proc/ME/task/TID/children`` of every thread of this process (a child
+    is listed under the thread that started it), or None where the kernel keeps no such
+    list (built without ``CONFIG_PROC_CHILDREN``, or no ``/proc``)."""
+    try:
+        threads = os.listdir(f"/proc/{me}/task")
+    except OSError:
+        return None
+    pids: list[int] = []
+    for tid in threads:
+        try:
+            with open(f"/proc/{me}/task/{tid}/children", "rb") as f:
+                pids += [int(p) for p in f.read().split()]
+        except FileNotFoundError:
+            if os.path.isdir(f"/proc/{me}/task/{tid}"):
+                return None  # the thread is there and its list is not: no lists here
+        except (OSError, ValueError):
+            continue  # the thread ended while we read
+    return pids
 
 
 def is_fork_of(pid: int) -> bool:

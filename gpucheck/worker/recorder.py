@@ -55,7 +55,11 @@ class Recorder:
         self.results = Path(config.getoption("--gpucheck-results")).absolute()
         state = config.getoption("--gpucheck-state")
         self.state_path = Path(state).absolute() if state else None
+        self.state_file = (
+            None if self.state_path is None else worker_state.StateWriter(self.state_path)
+        )
         self.pid = os.getpid()
+        self.wait_header = bool(config.getoption("--gpucheck-wait-header"))
         guard.watch_controller()
         skip_file = config.getoption("--gpucheck-skip")
         self.skip = set(Path(skip_file).read_text().split("\n")) if skip_file else set()
@@ -137,7 +141,7 @@ class Recorder:
         }
         if case is None:
             self.pending = []
-        if self.state_path is None:
+        if self.state_file is None:
             return
         try:
             self._write_state(case, exit_reason, current_device, op)
@@ -148,9 +152,8 @@ class Recorder:
     def _write_state(
         self, case: str | None, exit_reason: str | None, current_device: str | None, op: str | None
     ) -> None:
-        assert self.state_path is not None
-        worker_state.write(
-            self.state_path,
+        assert self.state_file is not None
+        self.state_file.write(
             WorkerState(
                 case=self.ids.get(case, case) if case else None,
                 suite=self.suite_of(self._path_of(case)) if case else None,
@@ -296,6 +299,9 @@ class Recorder:
     def _append(self, record: CaseRecord) -> None:
         """Write a record; when it cannot be written (disk full, read-only folder) the worker
         says so in one line and exits with EXIT_OUTPUT_ERROR: the controller stops the run."""
+        if self.wait_header:  # once: the header comes first, or not at all (a minute)
+            self.wait_header = False
+            _header_written(self.results)
         try:
             results.append(self.results, record.to_json())
         except OutputProblem as err:
@@ -538,6 +544,24 @@ class Recorder:
                 {**data.get("cost_s", {}), "record": self.bookkeeping.pop(nodeid, 0.0)}
             ),
         )
+
+
+#: seconds a worker waits for the run's header before its first record (the controller
+#: writes it a few milliseconds after starting the worker; it ends the worker if it fails)
+HEADER_WAIT_S = 60.0
+
+
+def _header_written(path: Path, timeout: float = HEADER_WAIT_S) -> bool:
+    """Wait until the results file holds something (the run's header, the controller's first
+    line: a record never comes before it); False when it still did not after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(OSError):
+            if os.stat(path).st_size > 0:
+                return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
 
 
 def _rounded(costs: dict[str, float]) -> dict[str, float]:

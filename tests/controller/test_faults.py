@@ -425,7 +425,8 @@ def test_os_exit_0_mid_case_is_a_crash_not_a_pass(tmp_path):
 
 def test_a_forked_child_neither_records_twice_nor_outlives_the_run(tmp_path):
     """os.fork() whose child returns into pytest (it would run every later case again and
-    write their records), and a subprocess the case leaves running."""
+    write their records), and a subprocess the case leaves running (a warning: not one a
+    module fixture started before the body, which outlives the case too)."""
     make_suite(
         tmp_path,
         "demo",
@@ -441,7 +442,21 @@ def test_a_forked_child_neither_records_twice_nor_outlives_the_run(tmp_path):
                 f.write(str(child.pid))
         def test_after():
             pass
-    """
+    """,
+            # a process a fixture started before the body (and ends after it) is not the case's
+            "test_served.py": """
+        import subprocess, sys, pytest
+        @pytest.fixture(scope="module")
+        def server():
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+            yield child
+            child.kill()
+            child.wait()
+        def test_served(server):
+            assert server.poll() is None
+        def test_served_again(server):
+            assert server.poll() is None
+    """,
         },
     )
     out, pid_file = tmp_path / "out", tmp_path / "pid"
@@ -449,12 +464,15 @@ def test_a_forked_child_neither_records_twice_nor_outlives_the_run(tmp_path):
     time.sleep(0.5)
     recs = by_case(out)  # each case exactly once: the fork wrote nothing
     assert {k: r["status"] for k, r in recs.items()} == dict.fromkeys(
-        ("test_forks", "test_leaves_a_process", "test_after"), "passed"
+        ("test_forks", "test_leaves_a_process", "test_after", "test_served", "test_served_again"),
+        "passed",
     )
     left = int(pid_file.read_text())
-    (stray,) = [
-        f for f in recs["test_leaves_a_process"]["findings"] if f["kind"] == "stray-process"
-    ]
+    strays = {
+        k: [f for f in r["findings"] if f["kind"] == "stray-process"] for k, r in recs.items()
+    }
+    assert [k for k, found in strays.items() if found] == ["test_leaves_a_process"]
+    (stray,) = strays["test_leaves_a_process"]
     assert stray["severity"] == "warning" and f"pid {left}" in stray["message"]
     wait_for(lambda: dead(left), timeout=10)  # ended with its worker
     assert proc.returncode == 0, proc.stdout + proc.stderr  # warnings only

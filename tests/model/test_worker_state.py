@@ -27,9 +27,10 @@ def test_state_round_trips_with_its_pending_findings(tmp_path):
         sanitizer_offsets={"/run/w.sanitizer.1.log": 120},
         pending_findings=[pending],
     )
-    worker_state.write(path, state)
+    writer = worker_state.StateWriter(path)
+    writer.write(state)
     assert worker_state.read(path) == state
-    assert not list(tmp_path.glob("*.tmp"))  # replaced in one step
+    writer.close()
 
 
 def test_state_reader_turns_bad_fields_into_defaults(tmp_path):
@@ -83,3 +84,54 @@ def test_clock_stamps_utc_and_reads_local_stamps():
     # a stamp an older gpucheck wrote in local time, and a Zulu one, read as the same moment
     assert clock.parse("2026-11-24T03:28:06.266+02:00") == clock.parse("2026-11-24T01:28:06.266Z")
     assert clock.parse("not a time") is None and clock.parse(None) is None
+
+
+def _state(case: str | None, done: int, pending: list[Finding] | None = None) -> WorkerState:
+    return WorkerState(case=case, done=done, total=9, pid=os.getpid(), started=1.5,
+                       pending_findings=pending or [])  # fmt: skip
+
+
+def test_the_worker_rewrites_its_state_in_place_and_skips_the_same_state(tmp_path):
+    path = tmp_path / "cpu.plain.state.json"
+    writer = worker_state.StateWriter(path)
+    big = [Finding("mixed-devices", "error", "x" * 500)]
+    writer.write(_state("test_a.py::test_long_name[case]", 1, big))
+    inode = path.stat().st_ino
+    writer.write(_state(None, 2))  # shorter: spaces over the rest, still one JSON object
+    assert worker_state.read(path) == _state(None, 2)
+    assert json.loads(path.read_text())["done"] == 2  # plain JSON for any reader
+    assert path.stat().st_ino == inode  # the same file: no rename
+    writer.write(_state(None, 2))  # nothing new: not written again
+    assert writer.count == 2
+    writer.write(_state("test_b.py::test_b", 2))
+    assert worker_state.read(path) == _state("test_b.py::test_b", 2)
+    writer.close()
+
+
+def test_a_state_much_shorter_than_the_last_one_cuts_the_padding(tmp_path):
+    path = tmp_path / "cpu.plain.state.json"
+    writer = worker_state.StateWriter(path)
+    writer.write(_state("t", 1, [Finding("k", "error", "x" * (worker_state.PAD_LIMIT + 10))]))
+    writer.write(_state(None, 1))
+    assert path.stat().st_size < 1000
+    assert worker_state.read(path) == _state(None, 1)
+
+
+def test_a_state_read_while_it_was_written_reads_as_none(tmp_path):
+    """Half the new state over half the old one: the write numbers at its two ends differ."""
+    path = tmp_path / "cpu.plain.state.json"
+    writer = worker_state.StateWriter(path)
+    writer.write(_state("test_a.py::test_1", 1))
+    old = path.read_bytes()
+    writer.write(_state("test_a.py::test_2", 2))
+    new = path.read_bytes()
+    assert len(old) == len(new)
+    for cut in range(1, len(new)):
+        path.write_bytes(new[:cut] + old[cut:])
+        state = worker_state.read(path)
+        assert state is None or state in (
+            _state("test_a.py::test_1", 1),
+            _state("test_a.py::test_2", 2),
+        )
+    path.write_bytes(new[:40] + old[40:])  # past the first number, before the last
+    assert worker_state.read(path) is None
