@@ -11,7 +11,9 @@ Each round runs every variant once, one after another, in an order rotated round
 - ``pytest-clb``: the same under ``CUDA_LAUNCH_BLOCKING=1`` (how gpucheck runs a case);
 - ``gpucheck``: ``gpucheck run`` on the first visible device (``--cpu-only`` without a GPU),
   the default modes, every detector on;
-- ``gpucheck-nodet``: the same with every detector off (what the harness costs by itself).
+- ``gpucheck-nodet``: the same with every detector off (what the harness costs by itself);
+- ``gpucheck-all``: ``gpucheck run --all-devices`` (every detector): N GPUs against one, the
+  same cases on each (its row also gives its wall over ``gpucheck``'s).
 
 The table gives the median wall time of each, the ratio the target is set on (gpucheck over
 ``pytest-clb`` on a GPU, over ``pytest`` without one), and where gpucheck's extra time went,
@@ -33,7 +35,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-VARIANTS = ("pytest", "pytest-clb", "gpucheck", "gpucheck-nodet")
+VARIANTS = ("pytest", "pytest-clb", "gpucheck", "gpucheck-nodet", "gpucheck-all")
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -60,7 +62,13 @@ def command(variant: str, args: argparse.Namespace, extra: list[str], out: Path)
     if variant.startswith("pytest"):
         paths = [str(p) for p in suite_paths(args.suite)]
         return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *paths, *extra]
-    where = ["--cpu-only"] if args.cpu_only else ["--device", "0"]
+    where = (
+        ["--cpu-only"]
+        if args.cpu_only
+        else ["--all-devices"]
+        if variant == "gpucheck-all"
+        else ["--device", "0"]
+    )
     suites = [x for s in args.suite for x in ("--suite", s)]
     tail = ["--", *extra] if extra else []
     return [
@@ -182,6 +190,8 @@ def table(result: dict[str, Any], cpu_only: bool) -> str:
     ]
     for v, w in med.items():
         ratio = f"{w / med[base]:.2f}x" if med.get(base) else ""
+        if v == "gpucheck-all" and med.get("gpucheck"):
+            ratio += f" ({w / med['gpucheck']:.2f}x of one GPU's gpucheck)"
         lines.append(f"| {v} | {w:.2f} | {ratio} |")
     runs = result["breakdown"].get("gpucheck", [])
     if runs:
