@@ -97,6 +97,8 @@ class DistRun(Run):
     """A run of one group of ranks started here: the steps of :class:`Run`, with the ranks
     as its plan and the group as its one pass."""
 
+    header_after_start = False  # its group's pass writes no header
+
     def __init__(self, cfg: RunConfig, previous: RunHeader | None = None) -> None:
         super().__init__(cfg, previous)
         self.ranks: list[RankSpec] = []

@@ -80,6 +80,10 @@ class Run:
     is one too, with its own plan and passes.
     """
 
+    #: its passes start workers through :meth:`harness_pass`, which writes a fresh run's
+    #: header once they are started (a run whose passes do not says False)
+    header_after_start = True
+
     def __init__(
         self,
         cfg: RunConfig,
@@ -217,7 +221,7 @@ class Run:
         if self.previous is None:
             self.run_id = uuid.uuid4().hex[:12]
             self.header_due = True
-            if type(self).run_passes is not Run.run_passes:  # passes that do not write it
+            if not self.header_after_start:
                 self.flush_header()
         else:
             self.run_id = self.previous.run_id
@@ -338,7 +342,6 @@ class Run:
         sampling: list[Sampler] = []
 
         def started() -> None:  # the workers run: what could wait for them
-            self.flush_header()
             if timeline is not None:
                 from gpucheck.nvml_sampler import Sampler
 
