@@ -334,3 +334,27 @@ def _port() -> int:
     from gpucheck.controller.dist_harness import free_port
 
     return free_port()
+
+
+def test_no_free_port_for_the_rendezvous_is_one_sentence(monkeypatch):
+    """A host with no port to bind gets one sentence naming it, not an OSError's traceback."""
+    import pytest
+
+    from gpucheck.controller import dist_harness
+    from gpucheck.errors import EnvironmentProblem
+
+    class NoPorts:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def bind(self, address):
+            raise OSError(98, "Address already in use")
+
+    monkeypatch.setattr(dist_harness.socket, "socket", lambda *a, **k: NoPorts())
+    with pytest.raises(EnvironmentProblem, match=r"no free TCP port on .* rendezvous"):
+        dist_harness.free_port()
+    monkeypatch.undo()
+    assert 0 < dist_harness.free_port() < 65536
