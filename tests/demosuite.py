@@ -4,7 +4,12 @@ DEMO_ABORT and DEMO_HANG are set."""
 
 from __future__ import annotations
 
+import subprocess
 import textwrap
+import time
+from pathlib import Path
+
+from clirun import start
 
 SUITE = textwrap.dedent("""
     import os, time, pytest
@@ -53,3 +58,25 @@ SUITE = textwrap.dedent("""
     def test_last():
         assert True
 """)
+
+
+def start_until_stuck(project: Path, out: Path) -> tuple[subprocess.Popen, Path]:
+    """`gpucheck run` in the background, returned once its worker is inside test_hang."""
+    proc = start(
+        "run",
+        "--cpu-only",
+        "--quiet",
+        "--out",
+        str(out),
+        "--timeout",
+        "300",
+        cwd=project,
+        env={"DEMO_HANG": "1"},
+    )
+    state = out / "workers" / "cpu.blocking.state.json"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if state.exists() and "test_hang" in state.read_text():
+            break
+        time.sleep(0.2)
+    return proc, state

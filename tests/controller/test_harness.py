@@ -11,8 +11,8 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from clirun import gpucheck, start
-from demosuite import SUITE
+from clirun import gpucheck
+from demosuite import SUITE, start_until_stuck
 
 from gpucheck.model import results
 
@@ -122,23 +122,7 @@ def test_hang_becomes_a_hung_record_with_every_threads_stack(project):
 
 def test_ctrl_c_keeps_finished_records_and_writes_junit(project):
     out = project / "out"
-    proc = start(
-        "run",
-        "--cpu-only",
-        "--quiet",
-        "--out",
-        str(out),
-        "--timeout",
-        "300",
-        cwd=project,
-        env={"DEMO_HANG": "1"},
-    )
-    state = out / "workers" / "cpu.blocking.state.json"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if state.exists() and "test_hang" in state.read_text():
-            break
-        time.sleep(0.2)
+    proc, _ = start_until_stuck(project, out)
     proc.send_signal(signal.SIGINT)
     stdout, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130

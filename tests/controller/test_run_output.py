@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import textwrap
 import time
 import types
@@ -19,6 +18,7 @@ import jsonschema
 import pytest
 import torch  # noqa: F401  (before pytester's in-process runs: torch cannot be imported twice)
 from clirun import gpucheck, start
+from demosuite import start_until_stuck
 
 from gpucheck import cli
 from gpucheck.controller import config
@@ -60,28 +60,6 @@ def gpucheck_run(cwd, *args, env=None, timeout=180):
 
 def records(out: Path) -> list[dict]:
     return list(results.read(out / "results.jsonl"))
-
-
-def start_until_stuck(project: Path, out: Path) -> tuple[subprocess.Popen, Path]:
-    """`gpucheck run` in the background, returned once its worker is inside test_hang."""
-    proc = start(
-        "run",
-        "--cpu-only",
-        "--quiet",
-        "--out",
-        str(out),
-        "--timeout",
-        "300",
-        cwd=project,
-        env={"DEMO_HANG": "1"},
-    )
-    state = out / "workers" / "cpu.blocking.state.json"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if state.exists() and "test_hang" in state.read_text():
-            break
-        time.sleep(0.2)
-    return proc, state
 
 
 def test_a_second_run_into_the_same_folder_is_refused_and_leaves_the_first_intact(project):
