@@ -42,6 +42,7 @@ from gpucheck.controller.spawning import (
     WorkerSpec,
     spawn,
     tail,
+    thread_share,
     worker_command,
     write_skip,
 )
@@ -193,6 +194,7 @@ class DistHarness:
             files = self._files(r.rank)
             skip_path = write_skip(files, skip)
             env = {
+                **thread_share(len(g.ranks)),  # the ranks on this machine share its CPUs
                 **g.env,
                 "RANK": str(r.rank),
                 "WORLD_SIZE": str(g.world_size),

@@ -35,7 +35,7 @@ from gpucheck.controller.config import (
 )
 from gpucheck.controller.harness import Harness
 from gpucheck.controller.progress import Progress
-from gpucheck.controller.spawning import WorkerSpec
+from gpucheck.controller.spawning import THREADS_ENV, WorkerSpec, thread_share
 from gpucheck.errors import GpucheckError, OutputProblem
 from gpucheck.model import clock, modes, results
 from gpucheck.model.contract import CURRENT_ENV, OTHER_CURRENT, TARGET_CURRENT
@@ -179,6 +179,12 @@ class Run:
             run_modes = tuple(m for m in asked if m != "nvml")
             self.notes.append("--cpu-only: mode 'nvml' has no GPU to sample")
         self.passes = plan_passes(run_modes, self.visible) or [(modes.BARE, None)]
+        if share := thread_share(len(self.targets)):
+            self.notes.append(
+                f"{len(self.targets)} workers at once: each runs torch's CPU operators on "
+                f"{THREADS_ENV}={share[THREADS_ENV]} threads (this machine's CPUs shared "
+                f"out; set {THREADS_ENV} to choose)"
+            )
         self.requested = (
             cfg.suite_paths
             if cfg.suite_paths is not None
@@ -325,7 +331,7 @@ class Run:
         return False
 
     def pass_env(self, label: str, current: str) -> dict[str, str]:
-        env = {CURRENT_ENV: current}
+        env = {CURRENT_ENV: current, **thread_share(len(self.targets))}
         if Mode.parse(label).blocking:
             env["CUDA_LAUNCH_BLOCKING"] = "1"
         if self.cfg.cpu_only:

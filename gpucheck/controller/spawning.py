@@ -44,6 +44,26 @@ class WorkerSpec:
 #: installed packages' entry points on the way to the first worker)
 PLUGIN_MODULE = "gpucheck.pytest_plugin"
 PLUGIN_ENTRY_POINT = "gpucheck"
+#: how many threads torch's CPU operators (OpenMP) use in a process
+THREADS_ENV = "OMP_NUM_THREADS"
+
+
+def thread_share(workers: int) -> dict[str, str]:
+    """The environment that gives each of ``workers`` processes running at once on this
+    machine (one per GPU, or per rank) its share of the CPUs this process may use.
+
+    Left alone, torch's CPU operators start one OpenMP thread per CPU in every process, and
+    N such pools on one machine spin against each other: a suite whose reference runs on
+    the CPU then slows down with every GPU added (torchrun gives each of its ranks one thread
+    for the same reason). Nothing when one process runs, or when ``OMP_NUM_THREADS`` is set:
+    the user's choice is passed on as it is."""
+    if workers < 2 or THREADS_ENV in os.environ:
+        return {}
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return {THREADS_ENV: str(max(1, cpus // workers))}
 
 
 def worker_command(

@@ -46,3 +46,48 @@ def test_target_current_passes_tell_their_workers(tmp_path, monkeypatch, two_gpu
         ("cuda:0", "sanitizer:memcheck|target-current"): "target",
         ("cuda:1", "sanitizer:memcheck|target-current"): "target",
     }
+
+
+def _run_mine(tmp_path, *extra):
+    from gpucheck import cli
+
+    suite = tmp_path / "mine"
+    suite.mkdir()
+    (suite / "test_x.py").write_text("def test_x():\n    pass\n")
+    cli.main(["run", "--suite", str(suite), "--out", str(tmp_path / "out"), *extra])
+
+
+def test_workers_on_two_gpus_share_the_cpus(tmp_path, monkeypatch, two_gpus, harness_specs):
+    """Two workers at once, each torch's default of one CPU thread per CPU, spin against each
+    other: each gets half of the CPUs this process may use."""
+    import os
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(32)), raising=False)
+    _run_mine(tmp_path)
+    shares = {(s.label, s.mode): s.env.get("OMP_NUM_THREADS") for p in harness_specs for s in p}
+    assert shares and set(shares.values()) == {"16"}, shares
+    assert {label for label, _ in shares} == {"cuda:0", "cuda:1"}
+    import json
+
+    header = json.loads((tmp_path / "out" / "results.jsonl").read_text().splitlines()[0])
+    assert any("OMP_NUM_THREADS=16" in n for n in header["notes"]), header["notes"]
+
+
+def test_the_users_thread_count_is_passed_on(tmp_path, monkeypatch, two_gpus, harness_specs):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    _run_mine(tmp_path)
+    specs = [s for p in harness_specs for s in p]
+    assert specs and all("OMP_NUM_THREADS" not in s.env for s in specs)
+
+
+def test_one_worker_keeps_every_cpu(monkeypatch):
+    import os
+
+    from gpucheck.controller.spawning import thread_share
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(3)), raising=False)
+    assert thread_share(1) == {}
+    assert thread_share(2) == {"OMP_NUM_THREADS": "1"}
+    assert thread_share(8) == {"OMP_NUM_THREADS": "1"}  # never none
