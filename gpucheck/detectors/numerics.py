@@ -80,8 +80,18 @@ def scratch(t: Any) -> bool:
 def fingerprint(obj: Any, results_only: bool = False) -> str | None:
     """A hex digest of the tensors and other values in ``obj``; None when a tensor has no
     memory behind it (fake, meta). ``results_only``: byte scratch (:func:`scratch`) left out
-    (an op's outputs: its scratch may differ call to call while its results do not)."""
+    (an op's outputs: its scratch may differ call to call while its results do not).
+
+    Its own torch calls run unseen by the torch-function and dispatch modes of the case
+    (``opcheck``'s schema check clones and compares the arguments of every op it sees, a
+    logging mode would log them): the tensors hashed are plain ones, and the case's modes
+    are there for the case's ops, not for gpucheck's."""
     torch = sys.modules["torch"]
+    with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
+        return _fingerprint(torch, obj, results_only)
+
+
+def _fingerprint(torch: Any, obj: Any, results_only: bool) -> str | None:
     from torch.utils._pytree import tree_leaves
 
     parts: list[Any] = []

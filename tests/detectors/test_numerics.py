@@ -160,3 +160,36 @@ def test_numerics_leaves_an_ops_byte_scratch_out():
         Numerics(), lambda: [torch.ops.gpucheck_numerics.jitter(x) for _ in range(2)]
     )
     assert [f.kind for f in found] == ["numerics"]
+
+
+def test_the_hashing_is_unseen_by_the_cases_modes():
+    """A case's dispatch and torch-function modes (opcheck's schema check, a logging mode) see
+    the op's own torch calls, never the fingerprinting's: it would pay (and log) for each."""
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Dispatched(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    class Functions(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.seen.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    x = torch.rand(64)
+    det = Numerics()
+    with Functions() as functions, Dispatched() as dispatched:
+        found, data = _run_case(det, lambda: torch.ops.gpucheck_numerics.double(x))
+    assert not found and len(data["fingerprints"]) == 1  # it was hashed
+    assert dispatched.seen == ["gpucheck_numerics.double.default"], dispatched.seen
+    assert not any(s in ("arange", "sum", "stack") for s in functions.seen), functions.seen
