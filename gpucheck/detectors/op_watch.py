@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import CodeType, FrameType
@@ -139,9 +140,26 @@ def watched(name: str, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     return _watched(name, lambda: fn(*args, **kwargs), args, kwargs, fn)
 
 
+#: seconds the watch and its listeners took around calls (every thread), since the last
+#: :func:`take_spent`: the per-call part of what the checks cost (``cost_s["op-watch"]``)
+_spent = [0.0]
+
+
+def spent() -> float:
+    """Seconds the watch took around calls since the last :func:`take_spent`."""
+    return _spent[0]
+
+
+def take_spent() -> float:
+    """Seconds the watch took around calls since the last call of this; starts again at 0."""
+    seconds, _spent[0] = _spent[0], 0.0
+    return seconds
+
+
 def _watched(
     name: str, invoke: Any, args: tuple[Any, ...], kwargs: dict[str, Any], fn: Any = None
 ) -> Any:
+    t0 = time.perf_counter()
     listeners = _listeners
     frame, autograd = caller()
     depth = getattr(_depth, "n", 0)
@@ -161,10 +179,12 @@ def _watched(
             li.before(call)
         except Exception as err:
             errors.setdefault(id(li), err)
+    t1 = time.perf_counter()
     _depth.n = depth + 1
     try:
         out = invoke()
     except BaseException as err:
+        t2 = time.perf_counter()
         _depth.n = depth
         call.error = err
         for li in reversed(active):
@@ -172,13 +192,16 @@ def _watched(
                 li.after(call, None)
             except Exception as lerr:
                 errors.setdefault(id(li), lerr)
+        _spent[0] += (t1 - t0) + (time.perf_counter() - t2)
         raise
+    t2 = time.perf_counter()
     _depth.n = depth
     for li in reversed(active):
         try:
             li.after(call, out)
         except Exception as err:
             errors.setdefault(id(li), err)
+    _spent[0] += (t1 - t0) + (time.perf_counter() - t2)
     return out
 
 
@@ -303,11 +326,31 @@ def remove(listener: Listener) -> BaseException | None:
 
 
 def tensors(obj: Any) -> list[Any]:
-    """The tensors in (nested) args, kwargs or outputs."""
+    """The tensors in (nested) args, kwargs or outputs, in pytree order. Tuples (named ones
+    too), lists and dicts are walked here (an op's arguments and results are nearly always
+    those, and this runs around every call); any other container torch's pytree knows is
+    left to it."""
     torch = sys.modules["torch"]
-    from torch.utils._pytree import tree_leaves
+    found: list[Any] = []
+    _collect(obj, torch.Tensor, found)
+    return found
 
-    return [t for t in tree_leaves(obj) if isinstance(t, torch.Tensor)]
+
+def _collect(obj: Any, tensor: type, found: list[Any]) -> None:
+    if isinstance(obj, tensor):
+        found.append(obj)
+    elif type(obj) in (tuple, list):
+        for x in obj:
+            _collect(x, tensor, found)
+    elif type(obj) is dict:
+        for x in obj.values():
+            _collect(x, tensor, found)
+    elif isinstance(obj, (str, int, float, bool, type(None))):
+        return
+    else:
+        from torch.utils._pytree import tree_leaves
+
+        found.extend(t for t in tree_leaves(obj) if isinstance(t, tensor))
 
 
 def placeholder(t: Any) -> bool:

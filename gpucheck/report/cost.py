@@ -1,10 +1,11 @@
 """What the checks cost: how much of a run was gpucheck's own time, not the cases'.
 
 A case's ``duration_s`` holds its body and fixtures (what plain pytest would spend too) and
-gpucheck's own seconds inside it (``cost_s``: each detector, the worker's bookkeeping). The
-rest of the wall time of a run is gpucheck's as well: starting the workers and finding the
-devices before the first case, a pass that runs cases an earlier pass ran (a sanitizer pass,
-the wrong-device re-runs), the reports after the last case. Passes run one after another;
+gpucheck's own seconds inside it (``cost_s``: each detector, the per-call watch of extension
+ops (``op-watch``, counted with the detectors), the worker's bookkeeping). The rest of the
+wall time of a run is gpucheck's as well: starting the workers and finding the devices before
+the first case, a pass that runs cases an earlier pass ran (a sanitizer pass, the
+wrong-device re-runs), the reports after the last case. Passes run one after another;
 within a pass the devices run at once, so a pass is as long as its busiest device.
 """
 

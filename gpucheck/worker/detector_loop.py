@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from gpucheck.detectors import op_watch
 from gpucheck.detectors.base import CaseInfo, Detector
 from gpucheck.model.results import Finding
 
@@ -24,6 +25,11 @@ def detector_error(name: str, err: BaseException, info: CaseInfo) -> Finding:
     )
 
 
+#: the ``cost_s`` key of the per-call watch (:mod:`gpucheck.detectors.op_watch`): its listeners
+#: around every extension-op call of the case, all detectors together
+WATCH_COST = "op-watch"
+
+
 class DetectorLoop:
     """Detectors around one case body: :meth:`start` before it, :meth:`finish` after it. A
     detector that raises never takes the case down with it: its error becomes a
@@ -38,15 +44,19 @@ class DetectorLoop:
 
     @contextmanager
     def _timed(self, name: str) -> Iterator[None]:
-        t0 = time.perf_counter()
+        """A detector's seconds, less the watch's around the calls it made (a repeated body's:
+        they count as ``op-watch``)."""
+        t0, watch0 = time.perf_counter(), op_watch.spent()
         try:
             yield
         finally:
-            self.cost[name] = self.cost.get(name, 0.0) + time.perf_counter() - t0
+            took = time.perf_counter() - t0 - (op_watch.spent() - watch0)
+            self.cost[name] = self.cost.get(name, 0.0) + max(0.0, took)
 
     def start(self, info: CaseInfo, found: list[Finding]) -> None:
         self.started = []
         self.cost = {}
+        op_watch.take_spent()
         for d in self.detectors:
             try:
                 with self._timed(d.name):
@@ -72,7 +82,7 @@ class DetectorLoop:
         (:func:`touches_gpu`) stand down: they are ended, and what they would say (read
         from a context that answers every call with the same error) is dropped. Returns
         their names, for the one note the case record gets. Each detector's seconds on the
-        case go to ``data["cost_s"]``."""
+        case go to ``data["cost_s"]``, the watch's around the case's calls under ``op-watch``."""
         stood_down = []
         for d in self.started:
             down = lost_context and touches_gpu(d)
@@ -91,6 +101,8 @@ class DetectorLoop:
         costs = data.setdefault("cost_s", {})
         for name, seconds in self.cost.items():
             costs[name] = costs.get(name, 0.0) + seconds
+        if watch := op_watch.take_spent():
+            costs[WATCH_COST] = costs.get(WATCH_COST, 0.0) + watch
         return stood_down
 
 

@@ -144,3 +144,32 @@ def test_each_call_knows_how_deep_it_is_and_a_raising_call_leaves_no_depth_behin
         ("gpucheck_watch::fails", 0),
         ("gpucheck_watch::double", 0),
     ]
+
+
+def test_tensors_are_found_in_pytree_order_whatever_holds_them():
+    """The watch's own walk of arguments and results finds what torch's pytree finds, in the
+    same order (the first one names the op's device): plain, named and torch's return-type
+    tuples, lists, dicts and containers only pytree knows."""
+    import collections
+
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    from gpucheck.detectors.op_watch import tensors
+
+    pair = collections.namedtuple("pair", "a b")
+    x, y, z = torch.rand(2), torch.rand(3), torch.rand(4)
+    for obj in (
+        ((x, 2.0), {}),
+        ((x, [y, z], {"k": y}), {"w": z}),
+        pair(x, (y, None)),
+        torch.return_types.max((x, y)),
+        ({"b": y, "a": x},),
+        collections.OrderedDict(b=y, a=x),
+        collections.deque([z, x]),
+        (1, "a", [x], None),
+        "text",
+    ):
+        want = [t for t in tree_leaves(obj) if isinstance(t, torch.Tensor)]
+        got = tensors(obj)
+        assert [id(t) for t in got] == [id(t) for t in want], obj

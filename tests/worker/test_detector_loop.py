@@ -152,3 +152,48 @@ def test_the_loop_times_each_detector_on_the_case(tmp_path):
     loop.finish(info, [], data)
     assert 1.06 <= data["cost_s"]["slow"] < 1.5
     assert 0 <= data["cost_s"]["idle"] < 0.01
+
+
+def test_the_watch_around_the_cases_op_calls_is_its_own_cost():
+    """``cost_s["op-watch"]``: the seconds the per-call listeners took around the case's
+    extension-op calls, the body's own time left out; a detector that repeats the body is
+    not charged for the watch around the repeated calls."""
+    import time
+
+    import torch  # noqa: F401  (the watch needs torch imported)
+
+    from gpucheck.detectors import op_watch
+    from gpucheck.detectors.base import BaseDetector, CaseInfo
+    from gpucheck.worker.detector_loop import DetectorLoop
+
+    class SlowListener:
+        def before(self, call):
+            time.sleep(0.01)
+
+        def after(self, call, out):
+            time.sleep(0.01)
+
+    class Repeats(BaseDetector):
+        name = "repeats"
+
+        def repeat(self, body, times):
+            for _ in range(times):
+                body()
+
+    def body():
+        op_watch.watch_call("ns::op", lambda: time.sleep(0.05))
+
+    info = CaseInfo("cpu", "s", "test_a.py::test_a")
+    loop = DetectorLoop([Repeats()])
+    data: dict = {}
+    listener = SlowListener()
+    assert op_watch.add(listener)
+    try:
+        loop.start(info, [])
+        body()  # the case's own call: 0.05 s of body, 0.02 s of watch
+        loop.repeat(body, 2)  # two more calls
+        loop.finish(info, [], data)
+    finally:
+        op_watch.remove(listener)
+    assert 0.06 <= data["cost_s"]["op-watch"] < 0.1  # 3 calls x 0.02 s
+    assert 0.1 <= data["cost_s"]["repeats"] < 0.14  # the two repeated bodies, watch left out
