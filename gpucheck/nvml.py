@@ -227,9 +227,11 @@ def compute_processes(h: Any) -> list[ProcessInfo]:
     return list_processes(h)[0]
 
 
-def list_processes(h: Any) -> tuple[list[ProcessInfo], str | None]:
+def list_processes(h: Any, names: bool = True) -> tuple[list[ProcessInfo], str | None]:
     """:func:`compute_processes`, and why NVML failed to list them (None: it did not fail;
-    an empty list then means none, or a device that cannot say)."""
+    an empty list then means none, or a device that cannot say). ``names=False``: each
+    process's name is left NA (one NVML call a process less, for a sampler that needs only
+    the memory)."""
     procs, failed = answer("nvmlDeviceGetComputeRunningProcesses", h)
     if procs is NA:
         return [], failed
@@ -240,7 +242,7 @@ def list_processes(h: Any) -> tuple[list[ProcessInfo], str | None]:
             ProcessInfo(
                 int(p.pid),
                 NA if used is None else int(used),
-                query("nvmlSystemGetProcessName", p.pid),
+                query("nvmlSystemGetProcessName", p.pid) if names else NA,
             )
         )
     return out, None

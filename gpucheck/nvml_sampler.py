@@ -65,7 +65,7 @@ class Sampler:
         rows = []
         failed = None
         for index, h, uuid in self.devices:
-            procs, why = nvml.list_processes(h)
+            procs, why = nvml.list_processes(h, names=False)  # the memory is all it keeps
             if self.pid is not None:
                 procs = [p for p in procs if p.pid == self.pid]
             mem = nvml.memory_info(h) if self.pid is None else None

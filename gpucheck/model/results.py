@@ -17,7 +17,7 @@ import os
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -214,12 +214,16 @@ class CaseRecord:
         )
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
+        """The record's line (its containers shared, not copied: it is written at once)."""
+        data = {name: getattr(self, name) for name in _CASE_FIELDS}
+        data["findings"] = [asdict(f) for f in self.findings]
         for optional in ("fingerprints", "numerics", "distributed", "cost_s"):
             if not data[optional]:
                 del data[optional]
-        data = {"schema": SCHEMA_ID, "record": "case", **data}
-        return data
+        return {"schema": SCHEMA_ID, "record": "case", **data}
+
+
+_CASE_FIELDS = tuple(f.name for f in fields(CaseRecord))
 
 
 def _costs(value: Any) -> dict[str, float]:

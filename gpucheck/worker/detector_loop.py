@@ -4,8 +4,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 from gpucheck.detectors import op_watch
@@ -42,28 +41,26 @@ class DetectorLoop:
         #: seconds each detector spent on the case under way (start, repeats, finish)
         self.cost: dict[str, float] = {}
 
-    @contextmanager
-    def _timed(self, name: str) -> Iterator[None]:
-        """A detector's seconds, less the watch's around the calls it made (a repeated body's:
-        they count as ``op-watch``)."""
-        t0, watch0 = time.perf_counter(), op_watch.spent()
-        try:
-            yield
-        finally:
-            took = time.perf_counter() - t0 - (op_watch.spent() - watch0)
-            self.cost[name] = self.cost.get(name, 0.0) + max(0.0, took)
+    def _charge(self, name: str, t0: float, watch0: float | None = None) -> None:
+        """A detector's seconds since ``t0``, less the watch's around the calls it made since
+        ``watch0`` (a repeated body's: they count as ``op-watch``)."""
+        took = time.perf_counter() - t0
+        if watch0 is not None:
+            took -= op_watch.spent() - watch0
+        self.cost[name] = self.cost.get(name, 0.0) + max(0.0, took)
 
     def start(self, info: CaseInfo, found: list[Finding]) -> None:
         self.started = []
         self.cost = {}
         op_watch.take_spent()
         for d in self.detectors:
+            t0 = time.perf_counter()
             try:
-                with self._timed(d.name):
-                    d.case_started(info)
+                d.case_started(info)
                 self.started.append(d)
             except Exception as err:
                 found.append(detector_error(d.name, err, info))
+            self._charge(d.name, t0)
 
     def repeat(self, body: Callable[[], object], times: int) -> None:
         """Run the body ``times`` times more for the detectors that measure across runs
@@ -71,8 +68,11 @@ class DetectorLoop:
         for d in self.started:
             again = getattr(d, "repeat", None)
             if again is not None:
-                with self._timed(d.name):
+                t0, watch0 = time.perf_counter(), op_watch.spent()
+                try:
                     again(body, times)
+                finally:
+                    self._charge(d.name, t0, watch0)
 
     def finish(
         self, info: CaseInfo, found: list[Finding], data: dict[str, Any], lost_context: bool = False
@@ -86,9 +86,10 @@ class DetectorLoop:
         stood_down = []
         for d in self.started:
             down = lost_context and touches_gpu(d)
+            t0 = time.perf_counter()
             try:
-                with self._timed(d.name):
-                    made = d.case_finished(info)
+                made = d.case_finished(info)
+                self._charge(d.name, t0)
                 if not down:
                     found.extend(made)
                     data.update(d.case_data())

@@ -84,6 +84,7 @@ class Recorder:
             self.suites.append((name, Path(path).resolve()))
         self.rootpath = Path(config.rootpath)
         self.paths: dict[str, Path] = {}  # node id -> test file
+        self._resolved: dict[str, Path] = {}  # test file as collected -> resolved
         self.ids: dict[str, str] = {}  # node id -> case id (relative to the suite root)
         self.reports: dict[str, list[pytest.TestReport]] = {}
         self.started: dict[str, tuple[float, str, float]] = {}  # monotonic, iso, epoch
@@ -175,10 +176,18 @@ class Recorder:
             return self.paths[nodeid]
         return (self.rootpath / nodeid.split("::")[0]).resolve()
 
+    def resolved(self, item: pytest.Item) -> Path:
+        """The item's file, resolved once per file (every case of a file asks)."""
+        key = str(item.path)
+        found = self._resolved.get(key)
+        if found is None:
+            found = self._resolved[key] = Path(item.path).resolve()
+        return found
+
     def case_id(self, item: pytest.Item) -> str:
         """The item's id relative to its suite's root (``test_knn.py::test_x[cuda0]``): the
         same wherever pytest put its rootdir, so records, resumes and restarts agree."""
-        path = Path(item.path).resolve()
+        path = self.resolved(item)
         _, _, rest = item.nodeid.partition("::")
         for _, root in self.suites:
             base = root if root.is_dir() else root.parent
@@ -217,7 +226,7 @@ class Recorder:
         self.ids.update({i.nodeid: self.case_id(i) for i in items})
         if self.shard is not None:
             keys = {
-                i.nodeid: case_key(self.suite_of(Path(i.path).resolve()), self.ids[i.nodeid])
+                i.nodeid: case_key(self.suite_of(self.resolved(i)), self.ids[i.nodeid])
                 for i in items
             }
             mine = self.shard.keep(keys.values())
@@ -240,7 +249,7 @@ class Recorder:
     @pytest.hookimpl(trylast=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.total = len(session.items)
-        self.paths = {item.nodeid: Path(item.path).resolve() for item in session.items}
+        self.paths = {item.nodeid: self.resolved(item) for item in session.items}
         if self.state_path is not None:  # what a lost node did not finish (gpucheck.model.fleet)
             with contextlib.suppress(OSError):
                 plan = [self.ids.get(i.nodeid, i.nodeid) for i in session.items]
@@ -335,7 +344,7 @@ class Recorder:
         t0 = time.perf_counter()
         info = CaseInfo(
             self.device,
-            self.suite_of(Path(item.path).resolve()),
+            self.suite_of(self.resolved(item)),
             self.ids.get(item.nodeid, item.nodeid),
         )
         current = dict(item.user_properties).get(contract.CURRENT_DEVICE_PROPERTY)
@@ -372,7 +381,7 @@ class Recorder:
         detectors' (one finding of each: :func:`gpucheck.worker.case.merge`)."""
         existing = self.detector_findings.setdefault(item.nodeid, [])
         new = merge(existing, attached, op)
-        suite = self.suite_of(Path(item.path).resolve())
+        suite = self.suite_of(self.resolved(item))
         case = self.ids.get(item.nodeid, item.nodeid)
         for f in new:
             f.device, f.suite, f.case = self.device, suite, case

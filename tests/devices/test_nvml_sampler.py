@@ -82,3 +82,16 @@ def test_sampler_without_nvml_does_nothing():
     assert not sampler.available
     sampler.stop()
     assert sampler.samples == 0
+
+
+def test_a_sample_asks_no_process_names(two_gpus, monkeypatch):
+    """A sample keeps each process's memory, never its name: it asks NVML one call per device,
+    not one more per process (every 50 ms, beside the cases)."""
+    asked = []
+    monkeypatch.setattr(pynvml, "nvmlSystemGetProcessName", lambda pid: asked.append(pid))
+    two_gpus[0] = 500
+    rows = Sampler(0.01, CasePeaks()).sample()
+    assert rows[0].processes == {str(os.getpid()): 500, "1": 7}
+    assert asked == []
+    assert [p.name for p in nvml.compute_processes(nvml.handle(0))] == [None, None]  # names asked
+    assert len(asked) == 2
