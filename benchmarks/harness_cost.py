@@ -4,7 +4,9 @@
         [--cpu-only] [--only VARIANT ...] [-- PYTEST_ARGS]
 
 Each round runs every variant once, one after another, in an order rotated round by round
-(so that a warmer disk or a clock ramp favours none), all in this one process tree:
+(so that a warmer disk or a clock ramp favours none), all in this one process tree, after
+one ``pytest --collect-only`` of the suites (a fresh machine reads torch and the suites from
+disk once, not in the first variant's time):
 
 - ``pytest``: ``python -m pytest SUITES`` with gpucheck's plugin loaded (it always is, by its
   entry point) and ``GPUCHECK_DISABLE_DETECTORS=all``;
@@ -93,7 +95,9 @@ def stamp(iso: str | None) -> float | None:
 
 
 def breakdown(run_dir: Path, launched: float, ended: float) -> dict[str, Any]:
-    """Where one gpucheck run's wall time went, from its results.jsonl (seconds)."""
+    """Where one gpucheck run's wall time went, from its results.jsonl (seconds). With
+    several devices (they run at once) the case time, the time between cases and the
+    detectors' are the busiest device's; the first and last case are any device's."""
     records = [json.loads(x) for x in (run_dir / "results.jsonl").read_text().splitlines() if x]
     header = next(r for r in records if r.get("record") == "run")
     end = next((r for r in reversed(records) if r.get("record") == "end"), {})
@@ -101,25 +105,31 @@ def breakdown(run_dir: Path, launched: float, ended: float) -> dict[str, Any]:
     first_mode = cases[0]["mode"] if cases else None
     main = [r for r in cases if r["mode"] == first_mode]
     again = [r for r in cases if r["mode"] != first_mode]
+    by_device: dict[str, list[dict[str, Any]]] = {}
+    for r in main:
+        by_device.setdefault(r["device"], []).append(r)
+    busiest = max(by_device.values(), key=lambda rs: sum(r["duration_s"] for r in rs), default=[])
     starts = [stamp(r["started_at"]) or 0.0 for r in main]
     ends = [(stamp(r["started_at"]) or 0.0) + r["duration_s"] for r in main]
+    own_starts = [stamp(r["started_at"]) or 0.0 for r in busiest]
+    own_ends = [(stamp(r["started_at"]) or 0.0) + r["duration_s"] for r in busiest]
     costs: dict[str, float] = {}
-    for r in cases:
+    for r in busiest:
         for name, s in (r.get("cost_s") or {}).items():
             costs[name] = costs.get(name, 0.0) + s
     record = costs.pop("record", 0.0)
     finished = stamp(end.get("finished_at")) or ended
+    case_time = sum(r["duration_s"] for r in busiest)
     return {
         "cases": len(main),
+        "devices": len(by_device),
         "to_header": (stamp(header.get("started_at")) or launched) - launched,
         "to_first_case": (min(starts) - launched) if starts else 0.0,
-        "case_time": sum(r["duration_s"] for r in main),
+        "case_time": case_time,
         "detectors": costs,
         "detectors_total": sum(costs.values()),
         "record": record,
-        "between_cases": (max(ends) - min(starts) - sum(r["duration_s"] for r in main))
-        if main
-        else 0.0,
+        "between_cases": (max(own_ends) - min(own_starts) - case_time) if busiest else 0.0,
         "rerun_passes": sum(r["duration_s"] for r in again),
         "after_last_case": finished - max(ends) if ends else 0.0,
         "after_end_record": ended - finished,
@@ -135,6 +145,11 @@ def main(argv: list[str]) -> int:
     walls: dict[str, list[float]] = {v: [] for v in variants}
     codes: dict[str, list[int]] = {v: [] for v in variants}
     parts: dict[str, list[dict[str, Any]]] = {v: [] for v in variants if v.startswith("gpu")}
+    # a fresh machine reads torch and the suites from disk once: not in the first variant's time
+    warm = [*command("pytest", args, extra, args.out), "--collect-only"]
+    subprocess.run(
+        warm, env=environment("pytest"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     for rnd in range(args.rounds):
         order = variants[rnd % len(variants) :] + variants[: rnd % len(variants)]
         for v in order:
