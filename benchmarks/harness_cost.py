@@ -3,7 +3,8 @@
     python benchmarks/harness_cost.py OUT_DIR [--rounds N] [--suite NAME_OR_PATH ...]
         [--cpu-only] [--only VARIANT ...] [-- PYTEST_ARGS]
 
-Each round runs every variant once, one after another, in an order rotated round by round
+Each round runs every variant once (the ``-all`` ones where more than one GPU is visible),
+one after another, in an order rotated round by round
 (so that a warmer disk or a clock ramp favours none), all in this one process tree, after
 one ``pytest --collect-only`` of the suites (a fresh machine reads torch and the suites from
 disk once, not in the first variant's time):
@@ -15,7 +16,10 @@ disk once, not in the first variant's time):
   the default modes, every detector on;
 - ``gpucheck-nodet``: the same with every detector off (what the harness costs by itself);
 - ``gpucheck-all``: ``gpucheck run --all-devices`` (every detector): N GPUs against one, the
-  same cases on each (its row also gives its wall over ``gpucheck``'s).
+  same cases on each (its row also gives its wall over ``gpucheck``'s);
+- ``pytest-clb-all``: ``pytest-clb`` on every visible GPU at once, one process each (its
+  own ``CUDA_VISIBLE_DEVICES``), the wall of the slowest: how the machine itself scales, to
+  set ``gpucheck-all`` against.
 
 The table gives the median wall time of each, the ratio the target is set on (gpucheck over
 ``pytest-clb`` on a GPU, over ``pytest`` without one), and where gpucheck's extra time went,
@@ -37,7 +41,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-VARIANTS = ("pytest", "pytest-clb", "gpucheck", "gpucheck-nodet", "gpucheck-all")
+VARIANTS = ("pytest", "pytest-clb", "pytest-clb-all", "gpucheck", "gpucheck-nodet", "gpucheck-all")
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -83,11 +87,39 @@ def environment(variant: str) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("GPUCHECK_DISABLE_DETECTORS", None)
     env.pop("CUDA_LAUNCH_BLOCKING", None)
-    if variant in ("pytest", "pytest-clb", "gpucheck-nodet"):
+    if variant in ("pytest", "pytest-clb", "pytest-clb-all", "gpucheck-nodet"):
         env["GPUCHECK_DISABLE_DETECTORS"] = "all"
-    if variant == "pytest-clb":
+    if variant in ("pytest-clb", "pytest-clb-all"):
         env["CUDA_LAUNCH_BLOCKING"] = "1"
     return env
+
+
+def visible_gpus() -> list[str]:
+    """What ``CUDA_VISIBLE_DEVICES`` names each visible GPU by (its index when unset)."""
+    named = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if named is not None:
+        return [x.strip() for x in named.split(",") if x.strip()]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def run_variant(cmd: list[str], variant: str, log_stem: Path) -> int:
+    """One variant's run (``pytest-clb-all``: one process per visible GPU, all at once, each
+    with its own log); its exit code (the worst of them)."""
+    if variant != "pytest-clb-all":
+        with open(f"{log_stem}.log", "w") as log:
+            return subprocess.run(cmd, env=environment(variant), stdout=log, stderr=log).returncode
+    procs = []
+    for gpu in visible_gpus():
+        env = {**environment(variant), "CUDA_VISIBLE_DEVICES": gpu}
+        log = open(f"{log_stem}.gpu{gpu}.log", "w")  # noqa: SIM115  (closed after the wait)
+        procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=log), log))
+    codes = []
+    for proc, log in procs:
+        codes.append(proc.wait())
+        log.close()
+    return max(codes, default=1)
 
 
 def stamp(iso: str | None) -> float | None:
@@ -140,7 +172,10 @@ def main(argv: list[str]) -> int:
     args, extra = parse(argv)
     trivial = str(Path(__file__).resolve().parent / "trivial")
     args.suite = args.suite or ([trivial] if args.cpu_only else ["ssim", "knn", "splat"])
-    variants = args.only or list(VARIANTS)
+    several = not args.cpu_only and len(visible_gpus()) > 1
+    variants = args.only or [v for v in VARIANTS if several or not v.endswith("-all")]
+    if args.cpu_only and any(v.endswith("-all") for v in variants):
+        sys.exit("--cpu-only: the -all variants need GPUs")
     args.out.mkdir(parents=True, exist_ok=True)
     walls: dict[str, list[float]] = {v: [] for v in variants}
     codes: dict[str, list[int]] = {v: [] for v in variants}
@@ -156,8 +191,7 @@ def main(argv: list[str]) -> int:
             out = args.out / f"{v}.{rnd}"
             cmd = command(v, args, extra, out)
             t0 = time.time()
-            with open(args.out / f"{v}.{rnd}.log", "w") as log:
-                code = subprocess.run(cmd, env=environment(v), stdout=log, stderr=log).returncode
+            code = run_variant(cmd, v, args.out / f"{v}.{rnd}")
             t1 = time.time()
             walls[v].append(t1 - t0)
             codes[v].append(code)

@@ -2,7 +2,8 @@
 # benchmarks/harness_cost.py: time to verdict, plain pytest (with and without CUDA_LAUNCH_BLOCKING) vs gpucheck run, side by side
 # HC_ROUNDS: rounds (default 3); HC_ARGS: its arguments after the rounds (default: the bundled
 # kernel suites, every variant). One device, the first visible one; the variant gpucheck-all
-# runs on every visible device (N GPUs against one: HC_ARGS='--only gpucheck --only gpucheck-all').
+# runs on every visible device (N GPUs against one, and the machine's own scaling: HC_ARGS='--only
+# pytest-clb --only pytest-clb-all --only gpucheck --only gpucheck-all').
 # shellcheck disable=SC2086  # HC_ARGS is split on purpose
 timeout -k 30 "$STEP_TIMEOUT" "$PY" benchmarks/harness_cost.py "$S/out" --rounds "${HC_ROUNDS:-3}" \
   ${HC_ARGS:-} >"$S/harness_cost.log" 2>&1
