@@ -31,6 +31,7 @@ cases (each detector's ``cost_s``, the worker's bookkeeping), between and after 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -110,15 +111,13 @@ def run_variant(cmd: list[str], variant: str, log_stem: Path) -> int:
     if variant != "pytest-clb-all":
         with open(f"{log_stem}.log", "w") as log:
             return subprocess.run(cmd, env=environment(variant), stdout=log, stderr=log).returncode
-    procs = []
-    for gpu in visible_gpus():
-        env = {**environment(variant), "CUDA_VISIBLE_DEVICES": gpu}
-        log = open(f"{log_stem}.gpu{gpu}.log", "w")  # noqa: SIM115  (closed after the wait)
-        procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=log), log))
-    codes = []
-    for proc, log in procs:
-        codes.append(proc.wait())
-        log.close()
+    with contextlib.ExitStack() as logs:
+        procs = []
+        for gpu in visible_gpus():
+            log = logs.enter_context(open(f"{log_stem}.gpu{gpu}.log", "w"))
+            env = {**environment(variant), "CUDA_VISIBLE_DEVICES": gpu}
+            procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=log))
+        codes = [proc.wait() for proc in procs]
     return max(codes, default=1)
 
 

@@ -89,13 +89,13 @@ class DetectorLoop:
             t0 = time.perf_counter()
             try:
                 made = d.case_finished(info)
-                self._charge(d.name, t0)
                 if not down:
                     found.extend(made)
                     data.update(d.case_data())
             except Exception as err:
                 if not lost_context:
                     found.append(detector_error(d.name, err, info))
+            self._charge(d.name, t0)
             if down:
                 stood_down.append(d.name)
         self.started = []
