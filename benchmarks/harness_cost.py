@@ -14,6 +14,8 @@ disk once, not in the first variant's time):
 - ``pytest-clb``: the same under ``CUDA_LAUNCH_BLOCKING=1`` (how gpucheck runs a case);
 - ``gpucheck``: ``gpucheck run`` on the first visible device (``--cpu-only`` without a GPU),
   the default modes, every detector on;
+- ``gpucheck-blocking``: the same with the mode ``blocking`` alone (no NVML sampling: its
+  share of the cost);
 - ``gpucheck-nodet``: the same with every detector off (what the harness costs by itself);
 - ``gpucheck-all``: ``gpucheck run --all-devices`` (every detector): N GPUs against one, the
   same cases on each (its row also gives its wall over ``gpucheck``'s);
@@ -25,7 +27,9 @@ The table gives the median wall time of each, the ratio the target is set on (gp
 ``pytest-clb`` on a GPU, over ``pytest`` without one), and where gpucheck's extra time went,
 from its own records (medians over rounds): before the first case (start-up), inside the
 cases (each detector's ``cost_s``, the worker's bookkeeping), between and after the cases
-(re-run passes, the report). Everything measured is written to OUT_DIR/harness_cost.json.
+(re-run passes, the report); then the cases that cost the most over plain pytest, each case's
+duration in gpucheck's records against pytest's own (its JUnit XML), medians over rounds.
+Everything measured is written to OUT_DIR/harness_cost.json.
 """
 
 from __future__ import annotations
@@ -42,7 +46,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-VARIANTS = ("pytest", "pytest-clb", "pytest-clb-all", "gpucheck", "gpucheck-nodet", "gpucheck-all")
+VARIANTS = (
+    "pytest",
+    "pytest-clb",
+    "pytest-clb-all",
+    "gpucheck",
+    "gpucheck-blocking",
+    "gpucheck-nodet",
+    "gpucheck-all",
+)
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -68,7 +80,10 @@ def suite_paths(names: list[str]) -> list[Path]:
 def command(variant: str, args: argparse.Namespace, extra: list[str], out: Path) -> list[str]:
     if variant.startswith("pytest"):
         paths = [str(p) for p in suite_paths(args.suite)]
-        return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *paths, *extra]
+        junit = [] if variant.endswith("-all") else [f"--junitxml={out}.junit.xml"]
+        return [
+            sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *junit, *paths, *extra
+        ]  # fmt: skip
     where = (
         ["--cpu-only"]
         if args.cpu_only
@@ -77,9 +92,10 @@ def command(variant: str, args: argparse.Namespace, extra: list[str], out: Path)
         else ["--device", "0"]
     )
     suites = [x for s in args.suite for x in ("--suite", s)]
+    modes = ["--mode", "blocking"] if variant == "gpucheck-blocking" else []
     tail = ["--", *extra] if extra else []
     return [
-        sys.executable, "-m", "gpucheck.cli", "run", "--quiet", *where, *suites,
+        sys.executable, "-m", "gpucheck.cli", "run", "--quiet", *where, *modes, *suites,
         "--out", str(out), *tail,
     ]  # fmt: skip
 
@@ -167,6 +183,66 @@ def breakdown(run_dir: Path, launched: float, ended: float) -> dict[str, Any]:
     }
 
 
+def junit_durations(path: Path) -> dict[str, float]:
+    """Each case's seconds in pytest's JUnit XML (setup, call and teardown), by the id gpucheck
+    gives it (``file.py::Class::test[params]``, the file relative to its suite's folder: the
+    XML names the module by its dotted path, so the ids are matched on their last parts)."""
+    import xml.etree.ElementTree as ET
+
+    if not path.exists():
+        return {}
+    out = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        out[f"{case.get('classname')}::{case.get('name')}"] = float(case.get("time") or 0.0)
+    return out
+
+
+def same_case(junit_id: str, case: str) -> bool:
+    classname, _, name = junit_id.partition("::")
+    file, *classes, func = case.split("::")
+    stem = file.rsplit("/", 1)[-1].removesuffix(".py")
+    want = [stem, *classes]
+    return name == func and classname.split(".")[-len(want) :] == want
+
+
+def per_case(result_runs: list[Path], junit_runs: list[Path], top: int = 15) -> dict[str, Any]:
+    """The cases gpucheck took longest over plain pytest (medians over rounds, seconds)."""
+    ours: dict[str, list[float]] = {}
+    for run_dir in result_runs:
+        lines = (run_dir / "results.jsonl").read_text().splitlines()
+        first_mode = None
+        for line in lines:
+            r = json.loads(line) if line else {}
+            if r.get("record") != "case" or not r.get("started_at"):
+                continue
+            first_mode = first_mode or r["mode"]
+            if r["mode"] == first_mode:
+                ours.setdefault(f"{r['suite']}/{r['case']}", []).append(r["duration_s"])
+    theirs: dict[str, list[float]] = {}
+    for path in junit_runs:
+        for jid, t in junit_durations(path).items():
+            theirs.setdefault(jid, []).append(t)
+    by_name: dict[str, list[str]] = {}
+    for jid in theirs:
+        by_name.setdefault(jid.partition("::")[2], []).append(jid)
+    rows = []
+    for key, ts in ours.items():
+        case = key.partition("/")[2]
+        match = [j for j in by_name.get(case.rsplit("::", 1)[-1], []) if same_case(j, case)]
+        if len(match) == 1:
+            mine, base = statistics.median(ts), statistics.median(theirs[match[0]])
+            rows.append({"case": key, "gpucheck_s": mine, "pytest_s": base, "extra_s": mine - base})
+    rows.sort(key=lambda r: -r["extra_s"])
+    return {
+        "matched": len(rows),
+        "cases": len(ours),
+        "extra_s": sum(r["extra_s"] for r in rows),
+        "gpucheck_s": sum(r["gpucheck_s"] for r in rows),
+        "pytest_s": sum(r["pytest_s"] for r in rows),
+        "top": rows[:top],
+    }
+
+
 def main(argv: list[str]) -> int:
     args, extra = parse(argv)
     trivial = str(Path(__file__).resolve().parent / "trivial")
@@ -209,6 +285,12 @@ def main(argv: list[str]) -> int:
         "median_wall": med,
         "breakdown": parts,
     }
+    base = "pytest" if args.cpu_only else "pytest-clb"
+    if "gpucheck" in variants and base in variants:
+        result["per_case"] = per_case(
+            [args.out / f"gpucheck.{r}" for r in range(args.rounds)],
+            [args.out / f"{base}.{r}.junit.xml" for r in range(args.rounds)],
+        )
     (args.out / "harness_cost.json").write_text(json.dumps(result, indent=1))
     print(table(result, args.cpu_only))
     return 0 if all(c == 0 for cs in codes.values() for c in cs) else 1
@@ -260,6 +342,21 @@ def table(result: dict[str, Any], cpu_only: bool) -> str:
         per = {n: statistics.median(r["detectors"].get(n, 0.0) for r in runs) for n in names}
         for n, s in sorted(per.items(), key=lambda x: -x[1]):
             lines.append(f"| detector {n} | {s:.2f} |")
+    pc = result.get("per_case")
+    if pc:
+        lines += [
+            "",
+            f"cases matched {pc['matched']} of {pc['cases']}: gpucheck {pc['gpucheck_s']:.2f} s, "
+            f"{base} {pc['pytest_s']:.2f} s, extra {pc['extra_s']:.2f} s; the most:",
+            "",
+            "| case | gpucheck s | " + base + " s | extra s |",
+            "|---|---|---|---|",
+        ]
+        for r in pc["top"]:
+            lines.append(
+                f"| {r['case']} | {r['gpucheck_s']:.3f} | {r['pytest_s']:.3f} | "
+                f"{r['extra_s']:.3f} |"
+            )
     return "\n".join(lines)
 
 

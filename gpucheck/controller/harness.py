@@ -158,7 +158,14 @@ class Harness:
             env.update(sanitizer_cmd.env())
         skip_path = write_skip(files, skip)
         cmd = worker_command(
-            spec, self.results_path, files.state, self.run_id, skip_path, san_log, wait_header
+            spec,
+            self.results_path,
+            files.state,
+            self.run_id,
+            skip_path,
+            san_log,
+            wait_header,
+            quick_exit=True,
         )
         proc = spawn(cmd, env, files)
         return Worker(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -18,6 +19,12 @@ from gpucheck.model.contract import LIFELINE_FD_ENV
 from gpucheck.model.layout import WorkerFiles
 from gpucheck.sanitizer import command as sanitizer_cmd
 
+#: a worker's process where nothing needs the interpreter's teardown: pytest, then
+#: gpucheck.worker.quick_exit (gpucheck is imported only after pytest: imported before, it
+#: would escape pytest's assertion rewriting with a warning, an error where warnings are)
+QUICK_EXIT = (
+    "import pytest; code = pytest.main(); from gpucheck.worker.quick_exit import end; end(code)"
+)
 #: a worker's stdout or stderr log longer than this is cut (a case printing gigabytes): its
 #: first and last LOG_KEEP bytes are kept, with a line saying how much was cut between them
 LOG_CAP = 16 << 20
@@ -74,13 +81,19 @@ def worker_command(
     skip_path: Path | None = None,
     sanitizer_log: Path | None = None,
     wait_header: bool = False,
+    quick_exit: bool = False,
 ) -> list[str]:
     """The worker's command line. ``wait_header``: the controller writes the run's header
-    after starting it, and the worker appends no record before the header is there."""
+    after starting it, and the worker appends no record before the header is there.
+    ``quick_exit``: the process ends without the interpreter's teardown once pytest is done
+    (:data:`QUICK_EXIT`; never under compute-sanitizer, whose leak report comes from that
+    teardown)."""
     cmd: list[str] = []
+    entry = ["-c", QUICK_EXIT] if quick_exit else ["-m", "pytest"]
     if spec.sanitizer_tool and sanitizer_log is not None:
         cmd += sanitizer_cmd.prefix(spec.sanitizer_tool, sanitizer_log, spec.sanitizer)
-    cmd += [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+        entry = ["-m", "pytest"]
+    cmd += [sys.executable, *entry, "-q", "-p", "no:cacheprovider"]
     if not any(a == "-s" or a.startswith("--capture") for a in spec.pytest_args):
         # Capture only Python's sys.stdout/err: what native code writes to the fd (libstdc++'s
         # "terminate called after throwing ...", CUDA messages) must reach the worker's
@@ -175,7 +188,7 @@ def spawn(
     less the variables in ``drop``."""
     try:
         files.folder.mkdir(parents=True, exist_ok=True)
-        files.cmd.write_text(" ".join(cmd) + "\n")
+        files.cmd.write_text(shlex.join(cmd) + "\n")  # to paste into a shell
     except OSError as problem:
         raise cannot_write(files.cmd, problem) from problem
     fd = lifeline()

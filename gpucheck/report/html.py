@@ -9,6 +9,7 @@ or were skipped are only counted in the page and listed on demand from an embedd
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -34,12 +35,32 @@ from gpucheck.report.verdict import Verdict
 MAX_COMPARE = 100
 STATUS_CHAR = {s: s[0] for s in SEVERITY_ORDER}
 
+
+class _TemplateCache(jinja2.FileSystemBytecodeCache):
+    """The compiled templates kept between runs, jinja's own cache (a folder of the user's
+    in the temporary directory, each entry checked against its template's source), so a run
+    does not compile them again; a cache that cannot be written costs a compile, never the
+    report."""
+
+    def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        with contextlib.suppress(OSError):
+            super().dump_bytecode(bucket)
+
+
+def _template_cache() -> jinja2.BytecodeCache | None:
+    try:
+        return _TemplateCache()
+    except (OSError, RuntimeError):  # no private folder of the user's in the temporary one
+        return None
+
+
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("gpucheck.report", "templates"),
     autoescape=True,
     trim_blocks=True,
     lstrip_blocks=True,
     undefined=jinja2.StrictUndefined,
+    bytecode_cache=_template_cache(),
 )
 
 

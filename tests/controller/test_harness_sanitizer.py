@@ -147,7 +147,13 @@ def test_worker_command_under_the_sanitizer(setup, tmp_path):
         sanitizer=tool,
     )
     cmd = worker_command(
-        spec, tmp_path / "r.jsonl", tmp_path / "s.json", "r1", None, tmp_path / "w.sanitizer.%p.log"
+        spec,
+        tmp_path / "r.jsonl",
+        tmp_path / "s.json",
+        "r1",
+        None,
+        tmp_path / "w.sanitizer.%p.log",
+        quick_exit=True,  # asked for, and refused: the tool's leak report needs the teardown
     )
     assert cmd[:4] == [str(tool), "--tool", "racecheck", "--log-file"]
     assert cmd[cmd.index("--error-exitcode") + 1] == "86"

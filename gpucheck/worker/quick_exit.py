@@ -1,0 +1,36 @@
+"""The end of a harness worker's process once pytest has returned: no interpreter teardown.
+
+When pytest returns, everything the worker writes is written: its records and state file (the
+plugin closes them at unconfigure), pytest's own output. What a normal interpreter exit does
+after that is joining the threads that are not daemons and running the ``atexit`` handlers
+(both done here, in that order), then tearing down every module and object and, where CUDA was
+used, freeing the caching allocator's blocks and the context one call at a time: seconds on a
+GPU (0.08 s for an idle CPU process), which the end of the process does at once. :func:`end`
+does the first two and ends the process with ``os._exit`` and pytest's exit code.
+
+The controller starts workers this way where nothing needs that teardown
+(:func:`gpucheck.controller.spawning.worker_command`): not under compute-sanitizer (its leak
+report comes from the context's teardown), not for distributed ranks (their process groups
+end there). What a test leaves open at the end (a file it never closed) is not flushed then.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import sys
+import threading
+
+
+def end(code: int) -> None:
+    """Join the non-daemon threads, run the ``atexit`` handlers, flush, exit with ``code``."""
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        if stream is not None:
+            with contextlib.suppress(Exception):
+                stream.flush()
+    os._exit(int(code))
