@@ -20,8 +20,9 @@ from gpucheck.model.layout import WorkerFiles
 from gpucheck.sanitizer import command as sanitizer_cmd
 
 #: a worker's process where nothing needs the interpreter's teardown: pytest, then
-#: gpucheck.worker.quick_exit (gpucheck is imported only after pytest: imported before, it
-#: would escape pytest's assertion rewriting with a warning, an error where warnings are)
+#: gpucheck.worker.quick_exit (gpucheck is imported only after pytest: run as ``python -m`` of
+#: a gpucheck module, every worker's output carried pytest's "Module already imported so
+#: cannot be rewritten; gpucheck" warning)
 QUICK_EXIT = (
     "import pytest; code = pytest.main(); from gpucheck.worker.quick_exit import end; end(code)"
 )
