@@ -1,0 +1,83 @@
+"""benchmarks/harness_cost.py's per-case comparison: each case of gpucheck's records matched to
+pytest's own duration of it in pytest's JUnit XML (which names modules by dotted path), on a
+recorded pair from an H200, and the commands of its variants."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE = ROOT / "tests" / "fixtures" / "run_h200_suites"
+
+
+@pytest.fixture(scope="module")
+def hc():
+    spec = importlib.util.spec_from_file_location(
+        "harness_cost", ROOT / "benchmarks" / "harness_cost.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def recorded(tmp_path):
+    run = tmp_path / "gpucheck.0"
+    run.mkdir()
+    (run / "results.jsonl").write_bytes(
+        gzip.decompress((FIXTURE / "results.jsonl.gz").read_bytes())
+    )
+    junit = tmp_path / "pytest-clb.0.junit.xml"
+    junit.write_bytes(gzip.decompress((FIXTURE / "pytest_clb.junit.xml.gz").read_bytes()))
+    return run, junit
+
+
+def test_every_recorded_case_finds_its_pytest_duration(hc, recorded):
+    run, junit = recorded
+    pc = hc.per_case([run], [junit], top=5)
+    assert pc["matched"] == pc["cases"] == 426
+    assert len(pc["top"]) == 5
+    extras = [r["extra_s"] for r in pc["top"]]
+    assert extras == sorted(extras, reverse=True)
+    for r in pc["top"]:
+        assert r["extra_s"] == pytest.approx(r["gpucheck_s"] - r["pytest_s"])
+    assert pc["extra_s"] == pytest.approx(pc["gpucheck_s"] - pc["pytest_s"])
+    durations = hc.junit_durations(junit)
+    assert len(durations) == 426 and all(t >= 0 for t in durations.values())
+
+
+def test_a_missing_junit_file_matches_nothing(hc, recorded, tmp_path):
+    run, _ = recorded
+    pc = hc.per_case([run], [tmp_path / "absent.xml"])
+    assert pc["matched"] == 0 and pc["cases"] == 426 and pc["top"] == []
+
+
+@pytest.mark.parametrize(
+    ("junit_id", "case", "same"),
+    [
+        ("suites.knn.test_knn::test_a[cuda0-1.5]", "test_knn.py::test_a[cuda0-1.5]", True),
+        ("tests.sub.test_m.TestC::test_y[0.5-a.b]", "sub/test_m.py::TestC::test_y[0.5-a.b]", True),
+        ("tests.sub.test_m.TestD::test_y[0.5-a.b]", "sub/test_m.py::TestC::test_y[0.5-a.b]", False),
+        ("tests.sub.test_n.TestC::test_y[1]", "sub/test_m.py::TestC::test_y[1]", False),
+        ("suites.knn.test_knn::test_a[1]", "test_knn.py::test_a[2]", False),
+    ],
+)
+def test_ids_are_matched_on_their_last_parts(hc, junit_id, case, same):
+    assert hc.same_case(junit_id, case) is same
+
+
+def test_the_variants_commands(hc, tmp_path):
+    args, extra = hc.parse([str(tmp_path), "--suite", "knn"])
+    plain = hc.command("pytest-clb", args, extra, tmp_path / "pytest-clb.0")
+    assert f"--junitxml={tmp_path / 'pytest-clb.0'}.junit.xml" in plain
+    assert plain[:3] == [sys.executable, "-m", "pytest"]
+    every = hc.command("pytest-clb-all", args, extra, tmp_path / "x")
+    assert not any(a.startswith("--junitxml") for a in every)  # one process per GPU, one file
+    blocking = hc.command("gpucheck-blocking", args, extra, tmp_path / "b")
+    assert blocking[blocking.index("--mode") + 1] == "blocking"
+    assert "--mode" not in hc.command("gpucheck", args, extra, tmp_path / "g")
