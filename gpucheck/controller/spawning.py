@@ -22,9 +22,11 @@ from gpucheck.sanitizer import command as sanitizer_cmd
 #: a worker's process where nothing needs the interpreter's teardown: pytest, then
 #: gpucheck.worker.quick_exit (gpucheck is imported only after pytest: run as ``python -m`` of
 #: a gpucheck module, every worker's output carried pytest's "Module already imported so
-#: cannot be rewritten; gpucheck" warning)
+#: cannot be rewritten; gpucheck" warning). The current folder goes first on sys.path by its
+#: absolute path, as ``python -m pytest`` puts it (``-c`` puts "", which follows a chdir).
 QUICK_EXIT = (
-    "import pytest; code = pytest.main(); from gpucheck.worker.quick_exit import end; end(code)"
+    "import os, sys; sys.path[0] = os.getcwd(); import pytest; code = pytest.main(); "
+    "from gpucheck.worker.quick_exit import end; end(code)"
 )
 #: a worker's stdout or stderr log longer than this is cut (a case printing gigabytes): its
 #: first and last LOG_KEEP bytes are kept, with a line saying how much was cut between them

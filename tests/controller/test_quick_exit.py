@@ -14,7 +14,7 @@ from gpucheck.model import results
 from gpucheck.model.runlog import RunLog
 
 SUITE = """
-import atexit, os, threading, time
+import atexit, os, sys, threading, time
 from pathlib import Path
 
 OUT = Path(os.environ["QUICK_EXIT_OUT"])
@@ -45,6 +45,10 @@ def test_leaves_a_thread_and_an_exit_handler():
 
 def test_fails():
     assert False
+
+
+def test_the_current_folder_is_on_the_path_as_under_python_m():
+    (OUT / "path").write_text(repr(("" in sys.path, os.getcwd() in sys.path)))
 """
 
 
@@ -75,7 +79,9 @@ def test_the_worker_ends_after_its_threads_and_exit_handlers_without_teardown(
     assert status == {
         "test_end.py::test_leaves_a_thread_and_an_exit_handler": "passed",
         "test_end.py::test_fails": "failed",
+        "test_end.py::test_the_current_folder_is_on_the_path_as_under_python_m": "passed",
     }
+    assert (seen / "path").read_text() == repr((False, True))
     assert (seen / "thread").read_text() == "joined"
     assert (seen / "atexit").read_text() == "ran"
     assert not (seen / "teardown").exists()  # the interpreter's teardown did not run
