@@ -141,17 +141,28 @@ def stamp(iso: str | None) -> float | None:
     return datetime.fromisoformat(iso).timestamp() if iso else None
 
 
+def read_records(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (run_dir / "results.jsonl").read_text().splitlines() if x]
+
+
+def passes(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The case records that ran of the first pass (its mode), and those of later passes."""
+    cases = [r for r in records if r.get("record") == "case" and r.get("started_at")]
+    first_mode = cases[0]["mode"] if cases else None
+    return (
+        [r for r in cases if r["mode"] == first_mode],
+        [r for r in cases if r["mode"] != first_mode],
+    )
+
+
 def breakdown(run_dir: Path, launched: float, ended: float) -> dict[str, Any]:
     """Where one gpucheck run's wall time went, from its results.jsonl (seconds). With
     several devices (they run at once) the case time, the time between cases and the
     detectors' are the busiest device's; the first and last case are any device's."""
-    records = [json.loads(x) for x in (run_dir / "results.jsonl").read_text().splitlines() if x]
+    records = read_records(run_dir)
     header = next(r for r in records if r.get("record") == "run")
     end = next((r for r in reversed(records) if r.get("record") == "end"), {})
-    cases = [r for r in records if r.get("record") == "case" and r.get("started_at")]
-    first_mode = cases[0]["mode"] if cases else None
-    main = [r for r in cases if r["mode"] == first_mode]
-    again = [r for r in cases if r["mode"] != first_mode]
+    main, again = passes(records)
     by_device: dict[str, list[dict[str, Any]]] = {}
     for r in main:
         by_device.setdefault(r["device"], []).append(r)
@@ -209,15 +220,8 @@ def per_case(result_runs: list[Path], junit_runs: list[Path], top: int = 15) -> 
     """The cases gpucheck took longest over plain pytest (medians over rounds, seconds)."""
     ours: dict[str, list[float]] = {}
     for run_dir in result_runs:
-        lines = (run_dir / "results.jsonl").read_text().splitlines()
-        first_mode = None
-        for line in lines:
-            r = json.loads(line) if line else {}
-            if r.get("record") != "case" or not r.get("started_at"):
-                continue
-            first_mode = first_mode or r["mode"]
-            if r["mode"] == first_mode:
-                ours.setdefault(f"{r['suite']}/{r['case']}", []).append(r["duration_s"])
+        for r in passes(read_records(run_dir))[0]:
+            ours.setdefault(f"{r['suite']}/{r['case']}", []).append(r["duration_s"])
     theirs: dict[str, list[float]] = {}
     for path in junit_runs:
         for jid, t in junit_durations(path).items():

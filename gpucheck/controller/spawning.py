@@ -92,10 +92,10 @@ def worker_command(
     (:data:`QUICK_EXIT`; never under compute-sanitizer, whose leak report comes from that
     teardown)."""
     cmd: list[str] = []
-    entry = ["-c", QUICK_EXIT] if quick_exit else ["-m", "pytest"]
     if spec.sanitizer_tool and sanitizer_log is not None:
         cmd += sanitizer_cmd.prefix(spec.sanitizer_tool, sanitizer_log, spec.sanitizer)
-        entry = ["-m", "pytest"]
+        quick_exit = False
+    entry = ["-c", QUICK_EXIT] if quick_exit else ["-m", "pytest"]
     cmd += [sys.executable, *entry, "-q", "-p", "no:cacheprovider"]
     if not any(a == "-s" or a.startswith("--capture") for a in spec.pytest_args):
         # Capture only Python's sys.stdout/err: what native code writes to the fd (libstdc++'s

@@ -2,11 +2,12 @@
 
 When pytest returns, everything the worker writes is written: its records and state file (the
 plugin closes them at unconfigure), pytest's own output. What a normal interpreter exit does
-after that is joining the threads that are not daemons and running the ``atexit`` handlers
-(both done here, in that order), then tearing down every module and object and, where CUDA was
-used, freeing the caching allocator's blocks and the context one call at a time: seconds on a
-GPU (0.08 s for an idle CPU process), which the end of the process does at once. :func:`end`
-does the first two and ends the process with ``os._exit`` and pytest's exit code.
+after that is ending the threads that are not daemons (``threading``'s shutdown) and running
+the ``atexit`` handlers (both done here, in that order), then tearing down every module and
+object and, where CUDA was used, freeing the caching allocator's blocks and the context one
+call at a time: seconds on a GPU (0.08 s for an idle CPU process), which the end of the
+process does at once. :func:`end` does the first two and ends the process with ``os._exit``
+and pytest's exit code.
 
 The controller starts workers this way where nothing needs that teardown
 (:func:`gpucheck.controller.spawning.worker_command`): not under compute-sanitizer (its leak
@@ -24,10 +25,11 @@ import threading
 
 
 def end(code: int) -> None:
-    """Join the non-daemon threads, run the ``atexit`` handlers, flush, exit with ``code``."""
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    """What the interpreter's exit does first, as it does it — ``threading``'s own shutdown
+    (its exit hooks, which tell idle pools such as a ``ThreadPoolExecutor`` left open to end,
+    then the joins of the non-daemon threads), the ``atexit`` handlers — then flush and exit
+    with ``code``."""
+    threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         if stream is not None:

@@ -5,6 +5,7 @@ daemons, the atexit handlers; its exit code is pytest's."""
 from __future__ import annotations
 
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -95,3 +96,15 @@ def test_worker_command_without_quick_exit_is_plain_pytest(tmp_path):
     assert plain[1:3] == ["-m", "pytest"]
     assert quick[1:3] == ["-c", QUICK_EXIT]
     assert plain[3:] == quick[3:]
+
+
+def test_an_executor_left_open_does_not_keep_the_worker_alive():
+    """A ``ThreadPoolExecutor`` a test never shut down: its idle thread is not a daemon and
+    ends only when ``threading``'s own exit hook tells it to (joining it alone waits forever)."""
+    code = (
+        "import concurrent.futures as f; pool = f.ThreadPoolExecutor(1); "
+        "pool.submit(print, 'ran').result(); "
+        "from gpucheck.worker.quick_exit import end; end(3)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (3, "ran\n")
