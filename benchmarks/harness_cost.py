@@ -95,9 +95,14 @@ def command(variant: str, args: argparse.Namespace, extra: list[str], out: Path)
     modes = ["--mode", "blocking"] if variant == "gpucheck-blocking" else []
     tail = ["--", *extra] if extra else []
     return [
-        sys.executable, "-m", "gpucheck.cli", "run", "--quiet", *where, *modes, *suites,
-        "--out", str(out), *tail,
+        *GPUCHECK, "run", "--quiet", *where, *modes, *suites, "--out", str(out), *tail,
     ]  # fmt: skip
+
+
+#: the ``gpucheck`` command as users type it: the script installed beside this Python (else
+#: ``python -m gpucheck``, the same entry point)
+_SCRIPT = Path(sys.executable).parent / "gpucheck"
+GPUCHECK = [str(_SCRIPT)] if _SCRIPT.is_file() else [sys.executable, "-m", "gpucheck"]
 
 
 def environment(variant: str) -> dict[str, str]:

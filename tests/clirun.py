@@ -1,6 +1,8 @@
-"""The one way the tests start gpucheck's CLI as a real process: ``python -m gpucheck.cli``
-with this interpreter, so that the gpucheck under test (the checkout, or the installed wheel
-in ``nox -s package``) is the one that runs."""
+"""The one way the tests start gpucheck's CLI as a real process: ``python -m gpucheck`` (the
+``gpucheck`` script's own entry point, :mod:`gpucheck.__main__`, with the first worker's
+interpreter started before the command line is read) with this interpreter, so that the
+gpucheck under test (the checkout, or the installed wheel in ``nox -s package``) is the one
+that runs."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 #: the command line that starts the CLI
-GPUCHECK = (sys.executable, "-m", "gpucheck.cli")
+GPUCHECK = (sys.executable, "-m", "gpucheck")
 
 
 def _environ(env: Mapping[str, str | None] | None) -> dict[str, str]:

@@ -13,21 +13,14 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpucheck.controller import prestart
 from gpucheck.controller.deaths import STDERR_TAIL
+from gpucheck.controller.prestart import QUICK_EXIT, lifeline
 from gpucheck.errors import OutputProblem
 from gpucheck.model.contract import LIFELINE_FD_ENV
 from gpucheck.model.layout import WorkerFiles
 from gpucheck.sanitizer import command as sanitizer_cmd
 
-#: a worker's process where nothing needs the interpreter's teardown: pytest, then
-#: gpucheck.worker.quick_exit (gpucheck is imported only after pytest: run as ``python -m`` of
-#: a gpucheck module, every worker's output carried pytest's "Module already imported so
-#: cannot be rewritten; gpucheck" warning). The current folder goes first on sys.path by its
-#: absolute path, as ``python -m pytest`` puts it (``-c`` puts "", which follows a chdir).
-QUICK_EXIT = (
-    "import os, sys; sys.path[0] = os.getcwd(); import pytest; code = pytest.main(); "
-    "from gpucheck.worker.quick_exit import end; end(code)"
-)
 #: a worker's stdout or stderr log longer than this is cut (a case printing gigabytes): its
 #: first and last LOG_KEEP bytes are kept, with a line saying how much was cut between them
 LOG_CAP = 16 << 20
@@ -171,24 +164,14 @@ def cannot_write(path: Path, err: OSError) -> OutputProblem:
     )
 
 
-_LIFELINE: list[int] = []  # this process's pipe (read end, write end), made once
-
-
-def lifeline() -> int:
-    """The read end of the pipe whose write end only this process holds: a worker given it
-    sees end-of-file when this process is gone, however it died (gpucheck.worker.guard)."""
-    if not _LIFELINE:
-        _LIFELINE.extend(os.pipe())  # not inherited, but by the workers it is passed to
-    return _LIFELINE[0]
-
-
 def spawn(
     cmd: list[str], env: dict[str, str], files: WorkerFiles, drop: tuple[str, ...] = ()
 ) -> subprocess.Popen[bytes]:
-    """Start one worker process (or rank): its own session (so a hang can be signalled as a
-    group), stdout/stderr into its files (appended: :func:`bound_log` cuts them), its command
-    line beside them, the controller's lifeline; ``env`` over this process's environment,
-    less the variables in ``drop``."""
+    """Start one worker process (or rank), or hand its command to the interpreter
+    :mod:`.prestart` started where that one can run it: its own session (so a hang can be
+    signalled as a group), stdout/stderr into its files (appended: :func:`bound_log` cuts
+    them), its command line beside them, the controller's lifeline; ``env`` over this
+    process's environment, less the variables in ``drop``."""
     try:
         files.folder.mkdir(parents=True, exist_ok=True)
         files.cmd.write_text(shlex.join(cmd) + "\n")  # to paste into a shell
@@ -199,14 +182,18 @@ def spawn(
     # may close it, and the number may then name another file in the worker
     full = {
         **os.environ,
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONFAULTHANDLER": "1",
+        **prestart.STARTUP_ENV,
         **env,
         LIFELINE_FD_ENV: f"{fd}:{os.fstat(fd).st_ino}:{os.getpid()}",
     }
     for name in drop:
         full.pop(name, None)
     with open(files.stdout, "ab") as out, open(files.stderr, "ab") as err:
+        waiting = prestart.take(
+            cmd, full, str(files.stdout.absolute()), str(files.stderr.absolute())
+        )
+        if waiting is not None:  # the interpreter started first thing, pytest imported
+            return waiting
         return subprocess.Popen(
             cmd,
             stdout=out,
