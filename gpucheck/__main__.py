@@ -1,20 +1,25 @@
 """The ``gpucheck`` command (its script, and ``python -m gpucheck`` where the script is not on
 PATH). For ``gpucheck run``, the first worker's interpreter starts before anything else is
-imported here (:mod:`gpucheck.controller.prestart`), then the command line is read."""
+imported here (:mod:`gpucheck.controller.prestart`), then the command line is read. The
+command ends as its workers do (:func:`gpucheck.worker.quick_exit.end`): its threads and
+``atexit`` handlers done, without the interpreter's teardown of every module it imported."""
 
 from __future__ import annotations
 
 import sys
+from typing import NoReturn
 
 
-def main() -> int:
-    """Entry point of the ``gpucheck`` script; returns the exit code."""
+def main() -> NoReturn:
+    """Entry point of the ``gpucheck`` script: runs the command and ends the process with its
+    exit code."""
     from gpucheck.controller import prestart
 
     prestart.start(sys.argv[1:])
     from gpucheck.cli import main as cli_main  # lazy: after the worker's interpreter started
+    from gpucheck.worker.quick_exit import end
 
-    return cli_main()
+    end(cli_main())
 
 
 if __name__ == "__main__":

@@ -12,7 +12,10 @@ and pytest's exit code.
 The controller starts workers this way where nothing needs that teardown
 (:func:`gpucheck.controller.spawning.worker_command`): not under compute-sanitizer (its leak
 report comes from the context's teardown), not for distributed ranks (their process groups
-end there). What a test leaves open at the end (a file it never closed) is not flushed then.
+end there). The ``gpucheck`` command itself ends this way too (:mod:`gpucheck.__main__`: its
+reports are written and closed by then; the teardown of click, rich, jinja and the rest took
+~0.03 s of every command). What a test leaves open at the end (a file it never closed) is
+not flushed then.
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ import contextlib
 import os
 import sys
 import threading
+from typing import NoReturn
 
 
-def end(code: int) -> None:
+def end(code: int) -> NoReturn:
     """What the interpreter's exit does first, as it does it — ``threading``'s own shutdown
     (its exit hooks, which tell idle pools such as a ``ThreadPoolExecutor`` left open to end,
     then the joins of the non-daemon threads), the ``atexit`` handlers — then flush and exit
