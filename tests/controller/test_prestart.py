@@ -11,13 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
+from clirun import gpucheck
+from workerkit import run_cpu_worker
 
 from gpucheck.controller import prestart
-from gpucheck.controller.harness import Harness
-from gpucheck.controller.spawning import WorkerSpec
-from gpucheck.model import results
-from gpucheck.model.runlog import RunLog
-from tests.clirun import gpucheck
 
 SUITE = """
 import json, os, sys
@@ -55,13 +52,8 @@ def _run(tmp_path: Path, name: str) -> tuple[dict, Path, int | None]:
     suite.mkdir(exist_ok=True)
     (suite / "test_sees.py").write_text(SUITE)
     out = tmp_path / name
-    out.mkdir()
-    path = out / "results.jsonl"
-    results.append(path, {"schema": results.SCHEMA_ID, "record": "run", "run_id": "r1"})
-    spec = WorkerSpec("cpu", None, None, {"s": suite}, "blocking", env={"CUDA_VISIBLE_DEVICES": ""})
-    harness = Harness([spec], out, RunLog(path), "r1", timeout=60)
-    harness.run()
-    status = [r["status"] for r in results.read_lines(path)[0] if r["record"] == "case"]
+    records, harness = run_cpu_worker(suite, out)
+    status = [r["status"] for r in records if r["record"] == "case"]
     assert status == ["passed"]
     return (
         json.loads((out / "seen.json").read_text()),

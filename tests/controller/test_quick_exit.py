@@ -9,10 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpucheck.controller.harness import Harness
+from workerkit import run_cpu_worker
+
 from gpucheck.controller.spawning import QUICK_EXIT, WorkerSpec, worker_command
-from gpucheck.model import results
-from gpucheck.model.runlog import RunLog
 
 SUITE = """
 import atexit, os, sys, threading, time
@@ -60,15 +59,9 @@ def _run(tmp_path: Path, monkeypatch) -> tuple[list[dict], Path, list[str], int 
     seen = tmp_path / "seen"
     seen.mkdir()
     monkeypatch.setenv("QUICK_EXIT_OUT", str(seen))
-    out = tmp_path / "out"
-    out.mkdir()
-    path = out / "results.jsonl"
-    results.append(path, {"schema": results.SCHEMA_ID, "record": "run", "run_id": "r1"})
-    spec = WorkerSpec("cpu", None, None, {"s": suite}, "blocking", env={"CUDA_VISIBLE_DEVICES": ""})
-    harness = Harness([spec], out, RunLog(path), "r1", timeout=60)
-    harness.run()
-    cmd = shlex.split(next((out / "workers").glob("*.cmd")).read_text())
-    return results.read_lines(path)[0], seen, cmd, harness.workers[0].proc.returncode
+    records, harness = run_cpu_worker(suite, tmp_path / "out")
+    cmd = shlex.split(next((tmp_path / "out" / "workers").glob("*.cmd")).read_text())
+    return records, seen, cmd, harness.workers[0].proc.returncode
 
 
 def test_the_worker_ends_after_its_threads_and_exit_handlers_without_teardown(
