@@ -89,7 +89,7 @@ def wanted(argv: list[str]) -> bool:
 def start(argv: list[str]) -> None:
     """Start the waiting interpreter when ``argv`` is a run that will want one; a system that
     cannot start it costs nothing but the wait (the worker starts afresh)."""
-    if _WAITING or not wanted(argv):
+    if _WAITING or not wanted(argv) or not sys.executable:  # "": an embedding interpreter
         return
     env = {**os.environ, **STARTUP_ENV}
     fd = lifeline()

@@ -140,6 +140,12 @@ def _waiting_with(mark: bytes) -> list[str]:
     return found
 
 
+def test_without_a_python_to_start_none_waits(monkeypatch, waiting):
+    monkeypatch.setattr(sys, "executable", "")
+    prestart.start(["run"])
+    assert waiting == []
+
+
 @pytest.mark.parametrize(
     ("argv", "wanted"),
     [
