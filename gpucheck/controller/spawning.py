@@ -15,7 +15,6 @@ from pathlib import Path
 
 from gpucheck.controller import prestart
 from gpucheck.controller.deaths import STDERR_TAIL
-from gpucheck.controller.prestart import QUICK_EXIT, lifeline
 from gpucheck.errors import OutputProblem
 from gpucheck.model.contract import LIFELINE_FD_ENV
 from gpucheck.model.layout import WorkerFiles
@@ -82,13 +81,13 @@ def worker_command(
     """The worker's command line. ``wait_header``: the controller writes the run's header
     after starting it, and the worker appends no record before the header is there.
     ``quick_exit``: the process ends without the interpreter's teardown once pytest is done
-    (:data:`QUICK_EXIT`; never under compute-sanitizer, whose leak report comes from that
+    (:data:`.prestart.QUICK_EXIT`; never under compute-sanitizer, whose leak report comes from that
     teardown)."""
     cmd: list[str] = []
     if spec.sanitizer_tool and sanitizer_log is not None:
         cmd += sanitizer_cmd.prefix(spec.sanitizer_tool, sanitizer_log, spec.sanitizer)
         quick_exit = False
-    entry = ["-c", QUICK_EXIT] if quick_exit else ["-m", "pytest"]
+    entry = ["-c", prestart.QUICK_EXIT] if quick_exit else ["-m", "pytest"]
     cmd += [sys.executable, *entry, "-q", "-p", "no:cacheprovider"]
     if not any(a == "-s" or a.startswith("--capture") for a in spec.pytest_args):
         # Capture only Python's sys.stdout/err: what native code writes to the fd (libstdc++'s
@@ -177,7 +176,7 @@ def spawn(
         files.cmd.write_text(shlex.join(cmd) + "\n")  # to paste into a shell
     except OSError as problem:
         raise cannot_write(files.cmd, problem) from problem
-    fd = lifeline()
+    fd = prestart.lifeline()
     # the descriptor and the pipe's inode: a tool between us and the worker (compute-sanitizer)
     # may close it, and the number may then name another file in the worker
     full = {

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from workerkit import run_cpu_worker
 
-from gpucheck.controller.spawning import QUICK_EXIT, WorkerSpec, worker_command
+from gpucheck.controller.prestart import QUICK_EXIT
+from gpucheck.controller.spawning import WorkerSpec, worker_command
 
 SUITE = """
 import atexit, os, sys, threading, time
