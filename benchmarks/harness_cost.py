@@ -222,7 +222,8 @@ def same_case(junit_id: str, case: str) -> bool:
 
 
 def per_case(result_runs: list[Path], junit_runs: list[Path], top: int = 15) -> dict[str, Any]:
-    """The cases gpucheck took longest over plain pytest (medians over rounds, seconds)."""
+    """Every case of one gpucheck variant against plain pytest's duration of it (medians over
+    rounds, seconds): their sums, the median extra a case, the cases with the most extra."""
     ours: dict[str, list[float]] = {}
     for run_dir in result_runs:
         for r in passes(read_records(run_dir))[0]:
@@ -246,6 +247,7 @@ def per_case(result_runs: list[Path], junit_runs: list[Path], top: int = 15) -> 
         "matched": len(rows),
         "cases": len(ours),
         "extra_s": sum(r["extra_s"] for r in rows),
+        "median_extra_s": statistics.median(r["extra_s"] for r in rows) if rows else 0.0,
         "gpucheck_s": sum(r["gpucheck_s"] for r in rows),
         "pytest_s": sum(r["pytest_s"] for r in rows),
         "top": rows[:top],
@@ -295,11 +297,15 @@ def main(argv: list[str]) -> int:
         "breakdown": parts,
     }
     base = "pytest" if args.cpu_only else "pytest-clb"
-    if "gpucheck" in variants and base in variants:
-        result["per_case"] = per_case(
-            [args.out / f"gpucheck.{r}" for r in range(args.rounds)],
-            [args.out / f"{base}.{r}.junit.xml" for r in range(args.rounds)],
-        )
+    if base in variants:  # each one-device gpucheck variant's cases against pytest's
+        result["per_case"] = {
+            v: per_case(
+                [args.out / f"{v}.{r}" for r in range(args.rounds)],
+                [args.out / f"{base}.{r}.junit.xml" for r in range(args.rounds)],
+            )
+            for v in variants
+            if v.startswith("gpucheck") and not v.endswith("-all")
+        }
     (args.out / "harness_cost.json").write_text(json.dumps(result, indent=1))
     print(table(result, args.cpu_only))
     return 0 if all(c == 0 for cs in codes.values() for c in cs) else 1
@@ -351,17 +357,33 @@ def table(result: dict[str, Any], cpu_only: bool) -> str:
         per = {n: statistics.median(r["detectors"].get(n, 0.0) for r in runs) for n in names}
         for n, s in sorted(per.items(), key=lambda x: -x[1]):
             lines.append(f"| detector {n} | {s:.2f} |")
-    pc = result.get("per_case")
-    if pc:
+    by_variant = result.get("per_case") or {}
+    if by_variant:
         lines += [
             "",
-            f"cases matched {pc['matched']} of {pc['cases']}: gpucheck {pc['gpucheck_s']:.2f} s, "
-            f"{base} {pc['pytest_s']:.2f} s, extra {pc['extra_s']:.2f} s; the most:",
+            f"each case against {base}'s own duration of it (its JUnit XML), medians over rounds:",
             "",
-            "| case | gpucheck s | " + base + " s | extra s |",
+            f"| variant | cases matched | its cases s | {base}'s s | extra s | "
+            "median extra a case ms |",
+            "|---|---|---|---|---|---|",
+        ]
+        for v, pc in by_variant.items():
+            lines.append(
+                f"| {v} | {pc['matched']} of {pc['cases']} | {pc['gpucheck_s']:.2f} | "
+                f"{pc['pytest_s']:.2f} | {pc['extra_s']:.2f} | {1000 * pc['median_extra_s']:.1f} |"
+            )
+    # the costliest cases of the default run (else of the first variant measured)
+    name = "gpucheck" if "gpucheck" in by_variant else next(iter(by_variant), None)
+    top = by_variant[name] if name else None
+    if top and top["top"]:
+        lines += [
+            "",
+            f"the cases {name} took longest over {base}:",
+            "",
+            f"| case | {name} s | {base} s | extra s |",
             "|---|---|---|---|",
         ]
-        for r in pc["top"]:
+        for r in top["top"]:
             lines.append(
                 f"| {r['case']} | {r['gpucheck_s']:.3f} | {r['pytest_s']:.3f} | "
                 f"{r['extra_s']:.3f} |"

@@ -47,6 +47,7 @@ def test_every_recorded_case_finds_its_pytest_duration(hc, recorded):
     for r in pc["top"]:
         assert r["extra_s"] == pytest.approx(r["gpucheck_s"] - r["pytest_s"])
     assert pc["extra_s"] == pytest.approx(pc["gpucheck_s"] - pc["pytest_s"])
+    assert 0 < pc["median_extra_s"] <= min(extras)  # a typical case, below the costliest
     durations = hc.junit_durations(junit)
     assert len(durations) == 426 and all(t >= 0 for t in durations.values())
 
@@ -81,3 +82,25 @@ def test_the_variants_commands(hc, tmp_path):
     blocking = hc.command("gpucheck-blocking", args, extra, tmp_path / "b")
     assert blocking[blocking.index("--mode") + 1] == "blocking"
     assert "--mode" not in hc.command("gpucheck", args, extra, tmp_path / "g")
+
+
+def test_the_table_compares_every_variant_case_by_case(hc, recorded, tmp_path):
+    """One line per gpucheck variant (its cases, pytest's, the extra, the median extra a case),
+    then the default run's costliest cases."""
+    run, junit = recorded
+    pc = hc.per_case([run], [junit], top=3)
+    blocking = dict(pc, extra_s=1.5, median_extra_s=0.0042)
+    result = {
+        "device": "NVIDIA H200",
+        "suites": ["knn"],
+        "rounds": 1,
+        "median_wall": {"pytest-clb": 70.0, "gpucheck-blocking": 75.0, "gpucheck": 80.0},
+        "breakdown": {},
+        "per_case": {"gpucheck-blocking": blocking, "gpucheck": pc},
+    }
+    lines = hc.table(result, cpu_only=False).splitlines()
+    rows = [x for x in lines if x.startswith(("| gpucheck-blocking | 426", "| gpucheck | 426"))]
+    assert rows[0].split(" | ")[-2:] == ["1.50", "4.2 |"]
+    assert rows[1].split(" | ")[3:5] == [f"{pc['pytest_s']:.2f}", f"{pc['extra_s']:.2f}"]
+    assert "the cases gpucheck took longest over pytest-clb:" in lines
+    assert lines[-1].startswith(f"| {pc['top'][-1]['case']} |")
