@@ -10,7 +10,9 @@ one ``pytest --collect-only`` of the suites (a fresh machine reads torch and the
 disk once, not in the first variant's time):
 
 - ``pytest``: ``python -m pytest SUITES`` with gpucheck's plugin loaded (it always is, by its
-  entry point) and ``GPUCHECK_DISABLE_DETECTORS=all``;
+  entry point) and ``GPUCHECK_DISABLE_DETECTORS=all``, on the first visible GPU
+  (``GPUCHECK_DEVICES=0``, every GPU still visible: the cases ``gpucheck run --device 0``
+  runs; left alone, plain pytest runs every case once per visible GPU);
 - ``pytest-clb``: the same under ``CUDA_LAUNCH_BLOCKING=1`` (how gpucheck runs a case);
 - ``gpucheck``: ``gpucheck run`` on the first visible device (``--cpu-only`` without a GPU),
   the default modes, every detector on;
@@ -20,7 +22,8 @@ disk once, not in the first variant's time):
 - ``gpucheck-all``: ``gpucheck run --all-devices`` (every detector): N GPUs against one, the
   same cases on each (its row also gives its wall over ``gpucheck``'s);
 - ``pytest-clb-all``: ``pytest-clb`` on every visible GPU at once, one process each (its
-  own ``CUDA_VISIBLE_DEVICES``), the wall of the slowest: how the machine itself scales, to
+  own ``CUDA_VISIBLE_DEVICES``, and the share of the CPUs ``gpucheck run`` gives each of its
+  workers: ``OMP_NUM_THREADS``), the wall of the slowest: how the machine itself scales, to
   set ``gpucheck-all`` against.
 
 The table gives the median wall time of each, the ratio the target is set on (gpucheck over
@@ -45,6 +48,9 @@ import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+from gpucheck.controller.spawning import thread_share
+from gpucheck.model.contract import DEVICES_ENV
 
 VARIANTS = (
     "pytest",
@@ -105,10 +111,15 @@ _SCRIPT = Path(sys.executable).parent / "gpucheck"
 GPUCHECK = [str(_SCRIPT)] if _SCRIPT.is_file() else [sys.executable, "-m", "gpucheck"]
 
 
-def environment(variant: str) -> dict[str, str]:
+def environment(variant: str, gpu: bool) -> dict[str, str]:
+    """A variant's environment; ``gpu``: a run on GPUs (the one-device pytest variants then
+    target the device ``gpucheck run --device 0`` does)."""
     env = dict(os.environ)
     env.pop("GPUCHECK_DISABLE_DETECTORS", None)
     env.pop("CUDA_LAUNCH_BLOCKING", None)
+    env.pop(DEVICES_ENV, None)
+    if gpu and variant in ("pytest", "pytest-clb"):
+        env[DEVICES_ENV] = "0"
     if variant in ("pytest", "pytest-clb", "pytest-clb-all", "gpucheck-nodet"):
         env["GPUCHECK_DISABLE_DETECTORS"] = "all"
     if variant in ("pytest-clb", "pytest-clb-all"):
@@ -126,17 +137,23 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())]
 
 
-def run_variant(cmd: list[str], variant: str, log_stem: Path) -> int:
+def run_variant(cmd: list[str], variant: str, log_stem: Path, gpu: bool) -> int:
     """One variant's run (``pytest-clb-all``: one process per visible GPU, all at once, each
-    with its own log); its exit code (the worst of them)."""
+    with its own log and share of the CPUs); its exit code (the worst of them)."""
     if variant != "pytest-clb-all":
         with open(f"{log_stem}.log", "w") as log:
-            return subprocess.run(cmd, env=environment(variant), stdout=log, stderr=log).returncode
+            env = environment(variant, gpu)
+            return subprocess.run(cmd, env=env, stdout=log, stderr=log).returncode
+    gpus = visible_gpus()
     with contextlib.ExitStack() as logs:
         procs = []
-        for gpu in visible_gpus():
-            log = logs.enter_context(open(f"{log_stem}.gpu{gpu}.log", "w"))
-            env = {**environment(variant), "CUDA_VISIBLE_DEVICES": gpu}
+        for g in gpus:
+            log = logs.enter_context(open(f"{log_stem}.gpu{g}.log", "w"))
+            env = {
+                **environment(variant, gpu),
+                **thread_share(len(gpus)),
+                "CUDA_VISIBLE_DEVICES": g,
+            }
             procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=log))
         codes = [proc.wait() for proc in procs]
     return max(codes, default=1)
@@ -269,7 +286,10 @@ def main(argv: list[str]) -> int:
     # a fresh machine reads torch and the suites from disk once: not in the first variant's time
     warm = [*command("pytest", args, extra, args.out), "--collect-only"]
     subprocess.run(
-        warm, env=environment("pytest"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        warm,
+        env=environment("pytest", not args.cpu_only),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     for rnd in range(args.rounds):
         order = variants[rnd % len(variants) :] + variants[: rnd % len(variants)]
@@ -277,7 +297,7 @@ def main(argv: list[str]) -> int:
             out = args.out / f"{v}.{rnd}"
             cmd = command(v, args, extra, out)
             t0 = time.time()
-            code = run_variant(cmd, v, args.out / f"{v}.{rnd}")
+            code = run_variant(cmd, v, args.out / f"{v}.{rnd}", not args.cpu_only)
             t1 = time.time()
             walls[v].append(t1 - t0)
             codes[v].append(code)

@@ -104,3 +104,45 @@ def test_the_table_compares_every_variant_case_by_case(hc, recorded, tmp_path):
     assert rows[1].split(" | ")[3:5] == [f"{pc['pytest_s']:.2f}", f"{pc['extra_s']:.2f}"]
     assert "the cases gpucheck took longest over pytest-clb:" in lines
     assert lines[-1].startswith(f"| {pc['top'][-1]['case']} |")
+
+
+def test_one_device_pytest_targets_the_device_gpucheck_runs_on(hc, monkeypatch):
+    """Left alone, plain pytest runs every case once per visible GPU (852 cases against
+    gpucheck's 426 on two H200s): its one-device variants target device 0, as ``gpucheck run
+    --device 0`` does; a GPUCHECK_DEVICES of the caller's reaches no variant; without a GPU
+    nothing is targeted (device 0 would not be visible)."""
+    monkeypatch.setenv("GPUCHECK_DEVICES", "1")
+    for v in ("pytest", "pytest-clb"):
+        assert hc.environment(v, gpu=True)["GPUCHECK_DEVICES"] == "0"
+        assert "GPUCHECK_DEVICES" not in hc.environment(v, gpu=False)
+    for v in ("pytest-clb-all", "gpucheck", "gpucheck-all", "gpucheck-nodet"):
+        assert "GPUCHECK_DEVICES" not in hc.environment(v, gpu=True)
+    clb = hc.environment("pytest-clb", gpu=True)
+    assert clb["CUDA_LAUNCH_BLOCKING"] == "1" and clb["GPUCHECK_DISABLE_DETECTORS"] == "all"
+    assert "GPUCHECK_DISABLE_DETECTORS" not in hc.environment("gpucheck", gpu=True)
+
+
+def test_plain_pytest_on_every_gpu_gets_gpucheck_workers_share_of_the_cpus(
+    hc, monkeypatch, tmp_path
+):
+    """``pytest-clb-all`` starts a process per visible GPU, each with its own
+    CUDA_VISIBLE_DEVICES and the OMP_NUM_THREADS gpucheck gives each of its workers (two
+    plain pytest processes with a thread per CPU each took 221 s where one took 65 s a
+    device, on two H200s)."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(hc, "visible_gpus", lambda: ["0", "1"])
+    seen = []
+
+    class Proc:
+        def __init__(self, cmd, env, stdout, stderr):
+            seen.append(env)
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(hc.subprocess, "Popen", Proc)
+    assert hc.run_variant(["true"], "pytest-clb-all", tmp_path / "x", gpu=True) == 0
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in seen] == ["0", "1"]
+    share = hc.thread_share(2)["OMP_NUM_THREADS"]
+    assert all(e["OMP_NUM_THREADS"] == share for e in seen)
+    assert (tmp_path / "x.gpu0.log").exists() and (tmp_path / "x.gpu1.log").exists()
