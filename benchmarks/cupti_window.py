@@ -135,7 +135,10 @@ def main(argv: list[str]) -> int:
         if teardown is not None:
             env["TEARDOWN_CUPTI"] = teardown
         cmd = [sys.executable, __file__, "--child", "--windows", str(args.windows)]
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        try:
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        except subprocess.TimeoutExpired:
+            sys.exit(f"cupti_window: the measuring process took over 300 s (CLB={clb})")
         if done.returncode != 0:
             print(done.stderr[-2000:], file=sys.stderr)
             sys.exit(f"cupti_window: the measuring process failed (exit {done.returncode})")
