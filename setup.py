@@ -46,7 +46,7 @@ def package_kwargs() -> dict[str, Any]:
         "packages": [*found, *bundled],
         "package_dir": bundled,
         "package_data": {
-            "gpucheck": ["model/*.json", "report/templates/*"],
+            "gpucheck": ["model/*.json", "report/templates/*", "detectors/*.cpp"],
             **{package: resources.BUNDLED_FILES for package in bundled},
         },
         "include_package_data": False,

@@ -4,10 +4,16 @@ Shared by two detectors (``wrong-stream`` and ``kernel-device``); not a detector
 
 How it works, and why it is cheap:
 
-- While a window is open the profiler records CUDA activity only (kernels, copies, memsets
-  with device, stream and CUPTI correlation id): no host ops, so torch's own ops cost no more
-  than their CUPTI launch records. The profiler names streams by ids of its own (CUPTI's), not
-  by ``cudaStream_t``.
+- While a window is open, every kernel launch, copy and memset is recorded with its device
+  and stream, in order. Two recorders: CUPTI's callback API
+  (:mod:`gpucheck.detectors.launch_callbacks`: at each launch call, the stream from its own
+  arguments as a handle, 0 the legacy default stream; markers are places in its sequence, no
+  kernel), used when its library builds and CUPTI is free; else kineto's profiler with CUDA
+  activity only (kernels, copies, memsets with device, stream and CUPTI correlation id; no
+  host ops), whose streams are CUPTI's ids and whose markers are kernels. Once a process has
+  had a kineto window CUPTI stays attached to it, which costs every later launch (see
+  ``benchmarks/cupti_window.py``); the callback recorder lets CUPTI go at each window's end.
+  What follows reads the same for both: work, markers, ids in launch order.
 - Around each call of an extension op (:mod:`gpucheck.detectors.op_watch`) the trace launches
   a marker, ``torch.cuda._sleep(0)`` (a kernel named ``spin_kernel`` that nothing else
   launches), on the current stream of the op's *input* device, before and after the call, and
@@ -52,7 +58,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from gpucheck.detectors import ext_watch, op_watch
+from gpucheck.detectors import ext_watch, launch_callbacks, op_watch
 from gpucheck.detectors.elf import name_path
 
 #: the marker kernel (``at::cuda::sleep`` launches ``spin_kernel``)
@@ -138,6 +144,29 @@ def gpu_events(result: Any) -> list[dict[str, Any]]:
         )
     rows.sort(key=lambda r: r["correlation"])
     return rows
+
+
+def _marker(seq: int, device: int, stream: int) -> dict[str, Any]:
+    """A marker of a callback window: a place in the recorder's sequence, as the GPU work of a
+    profiler window's marker kernel would read."""
+    return {
+        "name": MARKER_KERNEL,
+        "type": "kernel",
+        "device": device,
+        "stream": stream,
+        "correlation": seq,
+    }
+
+
+def _launch_event(launch: launch_callbacks.Launch) -> dict[str, Any]:
+    """A callback recorder's launch as the GPU work of a window (see :func:`gpu_events`)."""
+    return {
+        "name": launch.name,
+        "type": launch.kind,
+        "device": launch.device,
+        "stream": launch.stream,
+        "correlation": launch.seq,
+    }
 
 
 _Span = tuple[int, int, int, Work, dict[str, Any]]  # (start, end, call, begin marker, entry)
@@ -364,6 +393,9 @@ class Window:
     #: kernel -> the compiled extension library that defines it (:func:`candidates` only)
     libraries: dict[str, str | None] = field(default_factory=dict)
     unwatched: list[str] = field(default_factory=list)  # libraries of opted-out modules
+    #: what recorded it: "callbacks" (CUPTI's callback API: streams are handles, 0 the legacy
+    #: default stream) or "kineto" (profiler windows: streams are CUPTI's ids)
+    recorder: str = "kineto"
 
     @cached_property
     def split(self) -> _Split | None:
@@ -393,6 +425,7 @@ class LaunchTrace:
         self.calls = 0
         self.depth = 0
         self.backward_pending = False
+        self.callbacks: launch_callbacks.Recorder | None = None  # the open window's recorder
 
     # -- the case ---------------------------------------------------------------------------
     def acquire(self) -> None:
@@ -472,6 +505,17 @@ class LaunchTrace:
         torch = sys.modules["torch"]
         d = entry["device"]
         current = int(torch.cuda.current_device())
+        if self.callbacks is not None:  # markers are places in the recorder's sequence
+            if d not in self.window.streams:
+                self.window.events.append(_marker(self.callbacks.mark(), d, 0))
+                self.window.log.append({"edge": "legacy", "call": -1, "op": "", "device": d})
+                self.window.streams[d] = repr(torch.cuda.current_stream(d))
+            stream = int(torch.cuda.current_stream(d).cuda_stream)
+            self.window.events.append(_marker(self.callbacks.mark(), d, stream))
+            self.window.log.append(entry)
+            self.devices.add(d)
+            self.devices.add(current)
+            return
         with contextlib.nullcontext() if d == current else torch.cuda.device(d):
             if d not in self.window.streams:  # the first marker on d: name its stream 0 too
                 with torch.cuda.stream(torch.cuda.default_stream(d)):
@@ -487,6 +531,12 @@ class LaunchTrace:
         torch = sys.modules["torch"]
         if torch._C._autograd._profiler_enabled():
             return False  # someone else profiles (a test's own profiler): leave it alone
+        recorder = launch_callbacks.recorder()
+        if recorder is not None and recorder.open() == 0:
+            self._started(Window(recorder="callbacks"))
+            self.callbacks = recorder
+            return True
+        # no recorder, or CUPTI is held (a profiler of the test's, earlier in the process)
         from torch._C._profiler import (
             ProfilerActivity,
             ProfilerConfig,
@@ -504,18 +554,31 @@ class LaunchTrace:
         except Exception as err:
             self.failed = err
             return False
+        self._started(Window())
+        return True
+
+    def _started(self, window: Window) -> None:
         self.open = True
         self.backward_pending = False
-        self.window = Window()
+        self.window = window
+        self.callbacks = None
         self.devices = set()
         self.calls = 0
         self.depth = 0
-        return True
 
     def _close(self) -> None:
         if not self.open:
             return
         self.open = False
+        if self.callbacks is not None:  # recorded at each launch: nothing to wait for
+            recorder, self.callbacks = self.callbacks, None
+            recorder.close()
+            self.window.events = sorted(
+                self.window.events + [_launch_event(x) for x in recorder.take()],
+                key=lambda e: e["correlation"],
+            )
+            self._keep_window()
+            return
         torch = sys.modules["torch"]
         from torch.autograd.profiler import _disable_profiler
 
@@ -527,6 +590,9 @@ class LaunchTrace:
             self.failed = err
             return
         self.window.events = gpu_events(_disable_profiler())
+        self._keep_window()
+
+    def _keep_window(self) -> None:
         self.windows.append(self.window)
         split = self.window.split
         names = sorted({w.name for w in _candidates(split)}) if split is not None else []

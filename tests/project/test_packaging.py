@@ -98,6 +98,7 @@ def shipped(src: Path) -> set[str]:
         "gpucheck/model/report.schema.json",
         "gpucheck/_resources.py",
         "gpucheck/__main__.py",
+        "gpucheck/detectors/launch_callbacks.cpp",  # built on first use by the launch trace
     }
 
 

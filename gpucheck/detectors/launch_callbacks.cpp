@@ -1,0 +1,332 @@
+// The launch trace's recorder from CUPTI's callback API (gpucheck/detectors/launch_callbacks.py
+// builds and loads it; gpucheck/detectors/launch_trace.py reads it).
+//
+// While a window is open (gc_open .. gc_close) every kernel launch, copy and memset of the
+// process is recorded as it is made: its place in one sequence that the markers share
+// (gc_mark), the device of its context, its stream, its kind and its name. No activity record
+// is asked for, so CUPTI instruments no kernel; gc_close unsubscribes, which leaves CUPTI to a
+// test's own profiler between windows.
+//
+// Streams: the legacy default stream is 0 (a null handle or CU_STREAM_LEGACY), the per-thread
+// default stream 2 (CU_STREAM_PER_THREAD, or a null handle in a per-thread launch), every
+// other stream its handle: what torch's Stream.cuda_stream says for the same stream.
+//
+// A plain C ABI (ctypes): no Python or torch headers, a build of a second.
+
+#include <cupti.h>
+#include <cxxabi.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace {
+
+enum Kind : int32_t { KERNEL = 0, MEMCPY = 1, MEMSET = 2 };
+
+struct Record {
+  int64_t seq;
+  int64_t stream;
+  int32_t device;
+  int32_t kind;
+  std::string name;
+};
+
+constexpr int64_t LEGACY = 0;
+constexpr int64_t PER_THREAD = 2;
+
+CUpti_SubscriberHandle subscriber = nullptr;
+std::atomic<int64_t> sequence{0};
+std::mutex lock;
+std::vector<Record> records;
+thread_local int runtime_depth = 0;  // inside a runtime launch: its driver call is not recorded
+
+int64_t stream_id(const void* handle, bool per_thread) {
+  auto h = reinterpret_cast<uintptr_t>(handle);
+  if (h == 0) return per_thread ? PER_THREAD : LEGACY;
+  if (h == 1) return LEGACY;
+  if (h == 2) return PER_THREAD;
+  return static_cast<int64_t>(h);
+}
+
+std::string demangled(const char* name) {
+  if (name == nullptr) return "";
+  int status = 0;
+  char* out = abi::__cxa_demangle(name, nullptr, nullptr, &status);
+  std::string result = (status == 0 && out != nullptr) ? out : name;
+  std::free(out);
+  return result;
+}
+
+void record(const CUpti_CallbackData* info, const void* handle, bool per_thread, int32_t kind,
+            const char* name) {
+  uint32_t device = 0;
+  int32_t dev = cuptiGetDeviceId(info->context, &device) == CUPTI_SUCCESS
+                    ? static_cast<int32_t>(device)
+                    : -1;
+  Record r{sequence.fetch_add(1) + 1, stream_id(handle, per_thread), dev, kind,
+           kind == KERNEL ? demangled(name) : std::string(name)};
+  std::lock_guard<std::mutex> guard(lock);
+  records.push_back(std::move(r));
+}
+
+// The runtime's launches (what <<<>>>, cub and torch call), then the driver's own (what a
+// module loaded with cuModuleLoad launches); a runtime launch's own driver call is skipped.
+const CUpti_CallbackId RUNTIME_LAUNCHES[] = {
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_v9000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_ptsz_v9000,
+};
+
+const CUpti_CallbackId DRIVER_CALLS[] = {
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoHAsync_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoHAsync_v2_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoDAsync_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoDAsync_v2_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpy,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpy_ptds,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoD_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoD_v2_ptds,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoH_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoH_v2_ptds,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoD_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoD_v2_ptds,
+    CUPTI_DRIVER_TRACE_CBID_cuMemsetD8Async,
+    CUPTI_DRIVER_TRACE_CBID_cuMemsetD8Async_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuMemsetD16Async,
+    CUPTI_DRIVER_TRACE_CBID_cuMemsetD16Async_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async,
+    CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuMemsetD8_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuMemsetD8_v2_ptds,
+    CUPTI_DRIVER_TRACE_CBID_cuMemsetD16_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuMemsetD16_v2_ptds,
+    CUPTI_DRIVER_TRACE_CBID_cuMemsetD32_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuMemsetD32_v2_ptds,
+};
+
+void on_runtime(CUpti_CallbackId cbid, const CUpti_CallbackData* info) {
+  if (info->callbackSite == CUPTI_API_EXIT) {
+    --runtime_depth;
+    return;
+  }
+  ++runtime_depth;
+  const void* stream = nullptr;
+  bool per_thread = false;
+  switch (cbid) {
+    case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000:
+      per_thread = true;
+      [[fallthrough]];
+    case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000:
+      stream = static_cast<const cudaLaunchKernel_v7000_params*>(info->functionParams)->stream;
+      break;
+    case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060:
+      per_thread = true;
+      [[fallthrough]];
+    case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060:
+      stream = static_cast<const cudaLaunchKernelExC_v11060_params*>(info->functionParams)
+                   ->config->stream;
+      break;
+    case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_ptsz_v9000:
+      per_thread = true;
+      [[fallthrough]];
+    case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_v9000:
+      stream = static_cast<const cudaLaunchCooperativeKernel_v9000_params*>(info->functionParams)
+                   ->stream;
+      break;
+    default:
+      return;
+  }
+  record(info, stream, per_thread, KERNEL, info->symbolName);
+}
+
+void on_driver(CUpti_CallbackId cbid, const CUpti_CallbackData* info) {
+  if (info->callbackSite != CUPTI_API_ENTER || runtime_depth > 0) return;
+  const void* p = info->functionParams;
+  switch (cbid) {
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel:
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz:
+      return record(info, static_cast<const cuLaunchKernel_params*>(p)->hStream,
+                    cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz, KERNEL,
+                    info->symbolName);
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx:
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz:
+      return record(info, static_cast<const cuLaunchKernelEx_params*>(p)->config->hStream,
+                    cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz, KERNEL,
+                    info->symbolName);
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel:
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz:
+      return record(info, static_cast<const cuLaunchCooperativeKernel_params*>(p)->hStream,
+                    cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz, KERNEL,
+                    info->symbolName);
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync_ptsz:
+      return record(info, static_cast<const cuMemcpyAsync_params*>(p)->hStream,
+                    cbid == CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync_ptsz, MEMCPY, "Memcpy");
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2_ptsz:
+      return record(info, static_cast<const cuMemcpyHtoDAsync_v2_params*>(p)->hStream,
+                    cbid == CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2_ptsz, MEMCPY,
+                    "Memcpy HtoD");
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoHAsync_v2:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoHAsync_v2_ptsz:
+      return record(info, static_cast<const cuMemcpyDtoHAsync_v2_params*>(p)->hStream,
+                    cbid == CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoHAsync_v2_ptsz, MEMCPY,
+                    "Memcpy DtoH");
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoDAsync_v2:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoDAsync_v2_ptsz:
+      return record(info, static_cast<const cuMemcpyDtoDAsync_v2_params*>(p)->hStream,
+                    cbid == CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoDAsync_v2_ptsz, MEMCPY,
+                    "Memcpy DtoD");
+    case CUPTI_DRIVER_TRACE_CBID_cuMemsetD8Async:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemsetD8Async_ptsz:
+      return record(info, static_cast<const cuMemsetD8Async_params*>(p)->hStream,
+                    cbid == CUPTI_DRIVER_TRACE_CBID_cuMemsetD8Async_ptsz, MEMSET, "Memset");
+    case CUPTI_DRIVER_TRACE_CBID_cuMemsetD16Async:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemsetD16Async_ptsz:
+      return record(info, static_cast<const cuMemsetD16Async_params*>(p)->hStream,
+                    cbid == CUPTI_DRIVER_TRACE_CBID_cuMemsetD16Async_ptsz, MEMSET, "Memset");
+    case CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async_ptsz:
+      return record(info, static_cast<const cuMemsetD32Async_params*>(p)->hStream,
+                    cbid == CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async_ptsz, MEMSET, "Memset");
+    default:  // the synchronous copies and memsets: the legacy default stream, or the
+              // per-thread one for their _ptds variants
+      break;
+  }
+  bool per_thread = false;
+  int32_t kind = MEMCPY;
+  const char* name = "Memcpy";
+  switch (cbid) {
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpy_ptds:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoD_v2_ptds:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoH_v2_ptds:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoD_v2_ptds:
+      per_thread = true;
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuMemsetD8_v2_ptds:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemsetD16_v2_ptds:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemsetD32_v2_ptds:
+      per_thread = true;
+      [[fallthrough]];
+    case CUPTI_DRIVER_TRACE_CBID_cuMemsetD8_v2:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemsetD16_v2:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemsetD32_v2:
+      kind = MEMSET;
+      name = "Memset";
+      break;
+    default:
+      break;
+  }
+  record(info, nullptr, per_thread, kind, name);
+}
+
+void CUPTIAPI on_api(void*, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
+                     const void* data) {
+  const auto* info = static_cast<const CUpti_CallbackData*>(data);
+  if (domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
+    on_runtime(cbid, info);
+  } else if (domain == CUPTI_CB_DOMAIN_DRIVER_API) {
+    on_driver(cbid, info);
+  }
+}
+
+int enable(uint32_t on) {
+  for (auto id : RUNTIME_LAUNCHES) {
+    CUptiResult r = cuptiEnableCallback(on, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API, id);
+    if (r != CUPTI_SUCCESS) return static_cast<int>(r);
+  }
+  for (auto id : DRIVER_CALLS) {
+    CUptiResult r = cuptiEnableCallback(on, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, id);
+    if (r != CUPTI_SUCCESS) return static_cast<int>(r);
+  }
+  return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+// Subscribe and start recording: 0, or CUPTI's error (another subscriber: a profiler holds
+// CUPTI; no driver; ...), in which case nothing is held.
+int gc_open() {
+  if (subscriber != nullptr) return 0;
+  CUptiResult r = cuptiSubscribe(&subscriber, on_api, nullptr);
+  if (r != CUPTI_SUCCESS) {
+    subscriber = nullptr;
+    return static_cast<int>(r);
+  }
+  int failed = enable(1);
+  if (failed != 0) {
+    cuptiUnsubscribe(subscriber);
+    subscriber = nullptr;
+  }
+  return failed;
+}
+
+// Stop recording and let CUPTI go; the records stay until gc_clear.
+int gc_close() {
+  if (subscriber == nullptr) return 0;
+  enable(0);
+  CUptiResult r = cuptiUnsubscribe(subscriber);
+  subscriber = nullptr;
+  return static_cast<int>(r);
+}
+
+// The next place in the sequence (a marker's), shared with the records.
+int64_t gc_mark() { return sequence.fetch_add(1) + 1; }
+
+int64_t gc_count() {
+  std::lock_guard<std::mutex> guard(lock);
+  return static_cast<int64_t>(records.size());
+}
+
+// Record i: its sequence place, stream, device and kind; its name (NUL-terminated, cut to
+// cap - 1 bytes) into name. 0, or -1 past the end.
+int gc_read(int64_t i, int64_t* seq, int64_t* stream, int32_t* device, int32_t* kind, char* name,
+            int64_t cap) {
+  std::lock_guard<std::mutex> guard(lock);
+  if (i < 0 || i >= static_cast<int64_t>(records.size())) return -1;
+  const Record& r = records[static_cast<size_t>(i)];
+  *seq = r.seq;
+  *stream = r.stream;
+  *device = r.device;
+  *kind = r.kind;
+  if (cap > 0) {
+    size_t n = std::min(r.name.size(), static_cast<size_t>(cap - 1));
+    std::memcpy(name, r.name.data(), n);
+    name[n] = '\0';
+  }
+  return 0;
+}
+
+// The length of record i's name (to size the buffer), or -1 past the end.
+int64_t gc_name_length(int64_t i) {
+  std::lock_guard<std::mutex> guard(lock);
+  if (i < 0 || i >= static_cast<int64_t>(records.size())) return -1;
+  return static_cast<int64_t>(records[static_cast<size_t>(i)].name.size());
+}
+
+void gc_clear() {
+  std::lock_guard<std::mutex> guard(lock);
+  records.clear();
+}
+
+}  // extern "C"

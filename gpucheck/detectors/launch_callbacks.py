@@ -1,0 +1,181 @@
+"""The launch trace's recorder from CUPTI's callback API (``launch_callbacks.cpp`` beside this
+file): what :mod:`gpucheck.detectors.launch_trace` uses in place of kineto's profiler windows
+when it can.
+
+Why: a kineto window asks CUPTI for activity records, and once a process has had one, CUPTI
+stays attached to it with its kernels instrumented: every later launch of the worker costs a
+few microseconds more under ``CUDA_LAUNCH_BLOCKING`` and its GPU work ~1 % more, in every case
+that follows (``benchmarks/cupti_window.py``). The callback API tells the same things at the
+launch itself (the stream in the call's own arguments, the device of its context, the
+kernel's name) with no record from the GPU and no kernel instrumented, and the recorder lets
+CUPTI go when a window closes, so a test's own profiler can have it between windows.
+
+The library is built on first use (a C++ file and ``libcupti``, no Python or torch headers: a
+second) into gpucheck's build cache, and loaded with ctypes. Without a CUDA toolkit that has
+CUPTI's headers, a compiler, or when ``GPUCHECK_LAUNCH_TRACE=kineto`` asks for the profiler
+windows, :func:`recorder` is None (:data:`why_not` says why) and the trace uses kineto.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpucheck._csrc import toolchain
+
+SOURCE = Path(__file__).with_name("launch_callbacks.cpp")
+LIBRARY = "liblaunch_callbacks.so"
+#: ``GPUCHECK_LAUNCH_TRACE=kineto``: profiler windows, never the callback recorder
+BACKEND_ENV = "GPUCHECK_LAUNCH_TRACE"
+#: a record's kind (the library's enum) as the trace names GPU work
+KINDS = ("kernel", "gpu_memcpy", "gpu_memset")
+#: why there is no recorder in this process ("" while there is one or none was asked for)
+why_not = ""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One launch, copy or memset made while the recorder was open."""
+
+    seq: int  # its place in the sequence the markers share
+    stream: int  # 0: legacy default stream; 2: per-thread default stream; else the handle
+    device: int  # the device of the context it was made in (-1: unknown)
+    kind: str  # one of KINDS
+    name: str  # the kernel's demangled name; "Memcpy ..." / "Memset" for the others
+
+
+class Recorder:
+    """The loaded library (see the module text)."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        i64, i32 = ctypes.c_int64, ctypes.c_int32
+        lib.gc_open.restype = ctypes.c_int
+        lib.gc_close.restype = ctypes.c_int
+        lib.gc_mark.restype = i64
+        lib.gc_count.restype = i64
+        lib.gc_name_length.restype = i64
+        lib.gc_name_length.argtypes = [i64]
+        lib.gc_read.restype = ctypes.c_int
+        lib.gc_read.argtypes = [
+            i64,
+            ctypes.POINTER(i64),
+            ctypes.POINTER(i64),
+            ctypes.POINTER(i32),
+            ctypes.POINTER(i32),
+            ctypes.c_char_p,
+            i64,
+        ]
+        lib.gc_clear.restype = None
+        self.lib = lib
+
+    def open(self) -> int:
+        """Start recording: 0, or CUPTI's error code (nothing held then)."""
+        return int(self.lib.gc_open())
+
+    def close(self) -> int:
+        """Stop recording and let CUPTI go."""
+        return int(self.lib.gc_close())
+
+    def mark(self) -> int:
+        """The next place in the sequence (a marker's)."""
+        return int(self.lib.gc_mark())
+
+    def take(self) -> list[Launch]:
+        """The records so far, in the order they were made; the recorder forgets them."""
+        lib = self.lib
+        seq, stream = ctypes.c_int64(), ctypes.c_int64()
+        device, kind = ctypes.c_int32(), ctypes.c_int32()
+        out = []
+        for i in range(int(lib.gc_count())):
+            size = int(lib.gc_name_length(i)) + 1
+            name = ctypes.create_string_buffer(size)
+            if lib.gc_read(i, seq, stream, device, kind, name, size) != 0:
+                break
+            out.append(
+                Launch(
+                    seq.value,
+                    stream.value,
+                    device.value,
+                    KINDS[kind.value] if 0 <= kind.value < len(KINDS) else "kernel",
+                    name.value.decode("utf-8", "replace"),
+                )
+            )
+        lib.gc_clear()
+        return out
+
+
+def cupti_paths(home: Path | None, search: list[str] | None = None) -> tuple[Path, Path] | None:
+    """(folder of ``cupti.h``, folder of ``libcupti.so``): the CUDA toolkit's (``include`` or
+    ``extras/CUPTI/include``; ``lib64``, ``lib``, ``extras/CUPTI/lib64``), else a pip
+    ``nvidia`` package's on ``search`` (sys.path); None without both."""
+    roots: list[Path] = []
+    if home is not None:
+        roots += [home, home / "extras" / "CUPTI", *sorted(home.glob("targets/*"))]
+    for entry in sys.path if search is None else search:
+        base = Path(entry) / "nvidia"
+        if base.is_dir():
+            roots += sorted(p for p in base.iterdir() if p.is_dir())
+    for root in roots:
+        include = root / "include"
+        if not (include / "cupti.h").is_file():
+            continue
+        for lib in (root / "lib64", root / "lib"):
+            if any(lib.glob("libcupti.so*")):
+                return include, lib
+    return None
+
+
+def build() -> Path:
+    """The library, built into gpucheck's build cache unless it is there already (keyed by the
+    source and the CUPTI it is built against). OSError / CalledProcessError when it cannot be."""
+    found = cupti_paths(toolchain.cuda_home())
+    if found is None:
+        raise FileNotFoundError("no CUDA toolkit with CUPTI's headers and libcupti found")
+    include, libdir = found
+    key = hashlib.sha256(SOURCE.read_bytes() + f"{include}|{libdir}".encode()).hexdigest()[:16]
+    folder = toolchain.build_dir(f"launch_callbacks-{key}")
+    target = folder / LIBRARY
+    if target.is_file():
+        return target
+    env = {**os.environ, **toolchain.host_compiler_env()}
+    part = folder / f"{LIBRARY}.{os.getpid()}.part"
+    cmd = [
+        env.get("CXX", "c++"),
+        "-std=c++17",
+        "-O2",
+        "-shared",
+        "-fPIC",
+        f"-I{include}",
+        str(SOURCE),
+        f"-L{libdir}",
+        "-lcupti",
+        f"-Wl,-rpath,{libdir}",
+        "-o",
+        str(part),
+    ]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, timeout=300)
+    os.replace(part, target)  # another worker building at once: either file is whole
+    return target
+
+
+@functools.cache
+def recorder() -> Recorder | None:
+    """This process's recorder, built and loaded once; None (:data:`why_not` says why) when
+    it cannot be or ``GPUCHECK_LAUNCH_TRACE=kineto``."""
+    global why_not
+    if os.environ.get(BACKEND_ENV, "").strip().lower() == "kineto":
+        why_not = f"{BACKEND_ENV}=kineto"
+        return None
+    try:
+        return Recorder(ctypes.CDLL(str(build())))
+    except subprocess.CalledProcessError as err:
+        why_not = f"its build failed: {(err.stderr or '').strip().splitlines()[-1:]}"
+    except (OSError, subprocess.SubprocessError) as err:
+        why_not = f"{type(err).__name__}: {err}"
+    return None

@@ -1,0 +1,118 @@
+"""The launch trace's callback recorder (gpucheck/detectors/launch_callbacks.py and .cpp): where
+it finds CUPTI, its library built and loaded for real on this machine (no GPU: CUPTI refuses
+to start, and nothing is held), the opt-out, and a window it records judged as a profiler
+window is (its streams are handles)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpucheck._csrc import toolchain
+from gpucheck.detectors import launch_callbacks as lc
+from gpucheck.detectors import launch_trace as lt
+
+
+def _tree(root, include: str, lib: str):
+    (root / include).mkdir(parents=True)
+    (root / include / "cupti.h").write_text("")
+    (root / lib).mkdir(parents=True)
+    (root / lib / "libcupti.so.13").write_text("")
+
+
+def test_cupti_is_found_in_a_toolkit_or_a_pip_package(tmp_path):
+    home = tmp_path / "cuda"
+    _tree(home / "extras" / "CUPTI", "include", "lib64")
+    assert lc.cupti_paths(home, search=[]) == (
+        home / "extras" / "CUPTI" / "include",
+        home / "extras" / "CUPTI" / "lib64",
+    )
+    site = tmp_path / "site"
+    _tree(site / "nvidia" / "cu13", "include", "lib")
+    assert lc.cupti_paths(None, search=[str(site)]) == (
+        site / "nvidia" / "cu13" / "include",
+        site / "nvidia" / "cu13" / "lib",
+    )
+    headers_only = tmp_path / "half"
+    (headers_only / "include").mkdir(parents=True)
+    (headers_only / "include" / "cupti.h").write_text("")
+    assert lc.cupti_paths(headers_only, search=[]) is None
+    assert lc.cupti_paths(None, search=[]) is None
+
+
+@pytest.fixture
+def fresh_recorder(monkeypatch, tmp_path):
+    monkeypatch.setenv(toolchain.CACHE_ENV, str(tmp_path / "cache"))
+    lc.recorder.cache_clear()
+    yield
+    lc.recorder.cache_clear()
+
+
+def test_opting_out_gives_no_recorder(fresh_recorder, monkeypatch):
+    monkeypatch.setenv(lc.BACKEND_ENV, "kineto")
+    assert lc.recorder() is None
+    assert lc.why_not == "GPUCHECK_LAUNCH_TRACE=kineto"
+
+
+def test_the_library_builds_and_without_a_gpu_holds_nothing(fresh_recorder, monkeypatch):
+    if lc.cupti_paths(toolchain.cuda_home()) is None:
+        pytest.skip("no CUDA toolkit with CUPTI on this machine")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    rec = lc.recorder()
+    assert rec is not None, lc.why_not
+    assert (toolchain.cache_dir()).exists()
+    first = rec.mark()
+    assert rec.mark() == first + 1  # one sequence, shared with the records
+    assert rec.open() != 0  # no GPU: CUPTI does not start, and the recorder holds nothing
+    assert rec.take() == []
+    assert rec.close() == 0
+    lc.recorder.cache_clear()
+    again = lc.recorder()  # the cached build is loaded, not built again
+    assert again is not None
+
+
+HANDLE = 0x55D1_2000  # a stream made current by the test (a handle, as torch gives it)
+
+
+def _window(launches: list[lc.Launch]) -> lt.Window:
+    """One call of ``ext::op`` on device 0 with HANDLE current: markers at 1 (legacy), 2
+    (begin) and 10 (end), the launches between or after."""
+    events = [lt._marker(1, 0, 0), lt._marker(2, 0, HANDLE), lt._marker(10, 0, HANDLE)]
+    events += [lt._launch_event(x) for x in launches]
+    events.sort(key=lambda e: e["correlation"])
+    entry = {"call": 0, "op": "ext::op", "device": 0, "single_device": True, "frame": None}
+    log = [
+        {"edge": "legacy", "call": -1, "op": "", "device": 0},
+        dict(entry, edge="begin"),
+        dict(entry, edge="end"),
+    ]
+    return lt.Window(events, log, {0: "<stream>"}, recorder="callbacks")
+
+
+def test_a_callback_window_is_judged_on_its_stream_handles():
+    clean = _window([lc.Launch(3, HANDLE, 0, "kernel", "ext::k(float*)")])
+    assert lt.judge(clean.launches()) == []
+    legacy = _window(
+        [
+            lc.Launch(3, 0, 0, "kernel", "ext::k(float*)"),
+            lc.Launch(4, HANDLE, 0, "gpu_memcpy", "Memcpy DtoD"),
+        ]
+    )
+    (bad,) = lt.judge(legacy.launches())
+    assert (bad.kind, bad.op, bad.kernel, bad.ran_on, bad.expected) == (
+        "wrong-stream",
+        "ext::op",
+        "ext::k(float*)",
+        (0,),
+        HANDLE,
+    )
+    moved = _window([lc.Launch(3, HANDLE, 1, "kernel", "ext::k(float*)")])
+    (bad,) = lt.judge(moved.launches())
+    assert (bad.kind, bad.ran_on, bad.expected) == ("kernel-device", (1,), 0)
+
+
+def test_a_launch_outside_the_call_is_not_the_calls():
+    after = _window([lc.Launch(11, 0, 0, "kernel", "ext::late(float*)")])
+    assert after.launches() == []
+    split = after.split
+    assert split is not None and [w.name for w in split.rest] == ["ext::late(float*)"]
+    assert split.legacy == {0: 0} and split.current == {0: {HANDLE}}
