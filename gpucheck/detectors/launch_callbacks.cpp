@@ -2,7 +2,7 @@
 // builds and loads it; gpucheck/detectors/launch_trace.py reads it).
 //
 // While a window is open (gc_open .. gc_close) every kernel launch, copy and memset of the
-// process is recorded as it is made: its place in one sequence that the markers share
+// process (the runtime's calls, and the driver's made outside them) is recorded as it is made: its place in one sequence that the markers share
 // (gc_mark), the device of its context, its stream, its kind and its name. No activity record
 // is asked for, so CUPTI instruments no kernel; gc_close unsubscribes, which leaves CUPTI to a
 // test's own profiler between windows.
@@ -16,6 +16,7 @@
 #include <cupti.h>
 #include <cxxabi.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -43,7 +44,21 @@ CUpti_SubscriberHandle subscriber = nullptr;
 std::atomic<int64_t> sequence{0};
 std::mutex lock;
 std::vector<Record> records;
-thread_local int runtime_depth = 0;  // inside a runtime launch: its driver call is not recorded
+// Inside a runtime call this thread's driver calls are that call's own, not recorded again.
+// The depth is reset by a new window (generation): a window closed between a runtime call's
+// entry and exit never sees the exit.
+std::atomic<uint64_t> generation{0};
+struct Depth {
+  uint64_t generation = 0;
+  int depth = 0;
+};
+thread_local Depth runtime;
+
+int& runtime_depth() {
+  uint64_t now = generation.load();
+  if (runtime.generation != now) runtime = Depth{now, 0};
+  return runtime.depth;
+}
 
 int64_t stream_id(const void* handle, bool per_thread) {
   auto h = reinterpret_cast<uintptr_t>(handle);
@@ -74,16 +89,40 @@ void record(const CUpti_CallbackData* info, const void* handle, bool per_thread,
   records.push_back(std::move(r));
 }
 
-// The runtime's launches (what <<<>>>, cub and torch call), then the driver's own (what a
-// module loaded with cuModuleLoad launches); a runtime launch's own driver call is skipped.
-const CUpti_CallbackId RUNTIME_LAUNCHES[] = {
+// The runtime's launches, copies and memsets (what <<<>>>, cub, thrust and torch call), then
+// the driver's own (what a module loaded with cuModuleLoad launches, what cuMemcpy copies); a
+// runtime call's own driver calls are skipped.
+const CUpti_CallbackId RUNTIME_CALLS[] = {
     CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000,
     CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000,
     CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060,
     CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060,
     CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_v9000,
     CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_ptsz_v9000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_v3020,
+    CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_ptsz_v7000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaMemsetAsync_v3020,
+    CUPTI_RUNTIME_TRACE_CBID_cudaMemsetAsync_ptsz_v7000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy_v3020,
+    CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy_ptds_v7000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaMemset_v3020,
+    CUPTI_RUNTIME_TRACE_CBID_cudaMemset_ptds_v7000,
 };
+
+const char* copy_name(cudaMemcpyKind kind) {
+  switch (kind) {
+    case cudaMemcpyHostToDevice:
+      return "Memcpy HtoD";
+    case cudaMemcpyDeviceToHost:
+      return "Memcpy DtoH";
+    case cudaMemcpyDeviceToDevice:
+      return "Memcpy DtoD";
+    case cudaMemcpyHostToHost:
+      return "Memcpy HtoH";
+    default:
+      return "Memcpy";
+  }
+}
 
 const CUpti_CallbackId DRIVER_CALLS[] = {
     CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,
@@ -123,33 +162,56 @@ const CUpti_CallbackId DRIVER_CALLS[] = {
 };
 
 void on_runtime(CUpti_CallbackId cbid, const CUpti_CallbackData* info) {
+  int& depth = runtime_depth();
   if (info->callbackSite == CUPTI_API_EXIT) {
-    --runtime_depth;
+    if (depth > 0) --depth;
     return;
   }
-  ++runtime_depth;
+  ++depth;
+  const void* p = info->functionParams;
   const void* stream = nullptr;
   bool per_thread = false;
+  switch (cbid) {
+    case CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_v3020:
+    case CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_ptsz_v7000: {
+      const auto* a = static_cast<const cudaMemcpyAsync_v3020_params*>(p);  // same layout
+      return record(info, a->stream, cbid == CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_ptsz_v7000,
+                    MEMCPY, copy_name(a->kind));
+    }
+    case CUPTI_RUNTIME_TRACE_CBID_cudaMemsetAsync_v3020:
+    case CUPTI_RUNTIME_TRACE_CBID_cudaMemsetAsync_ptsz_v7000:
+      return record(info, static_cast<const cudaMemsetAsync_v3020_params*>(p)->stream,
+                    cbid == CUPTI_RUNTIME_TRACE_CBID_cudaMemsetAsync_ptsz_v7000, MEMSET,
+                    "Memset");
+    case CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy_v3020:
+    case CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy_ptds_v7000:
+      return record(info, nullptr, cbid == CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy_ptds_v7000,
+                    MEMCPY, copy_name(static_cast<const cudaMemcpy_v3020_params*>(p)->kind));
+    case CUPTI_RUNTIME_TRACE_CBID_cudaMemset_v3020:
+    case CUPTI_RUNTIME_TRACE_CBID_cudaMemset_ptds_v7000:
+      return record(info, nullptr, cbid == CUPTI_RUNTIME_TRACE_CBID_cudaMemset_ptds_v7000,
+                    MEMSET, "Memset");
+    default:
+      break;
+  }
   switch (cbid) {
     case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000:
       per_thread = true;
       [[fallthrough]];
     case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000:
-      stream = static_cast<const cudaLaunchKernel_v7000_params*>(info->functionParams)->stream;
+      stream = static_cast<const cudaLaunchKernel_v7000_params*>(p)->stream;
       break;
     case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060:
       per_thread = true;
       [[fallthrough]];
     case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060:
-      stream = static_cast<const cudaLaunchKernelExC_v11060_params*>(info->functionParams)
-                   ->config->stream;
+      stream = static_cast<const cudaLaunchKernelExC_v11060_params*>(p)->config->stream;
       break;
     case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_ptsz_v9000:
       per_thread = true;
       [[fallthrough]];
     case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_v9000:
-      stream = static_cast<const cudaLaunchCooperativeKernel_v9000_params*>(info->functionParams)
-                   ->stream;
+      stream = static_cast<const cudaLaunchCooperativeKernel_v9000_params*>(p)->stream;
       break;
     default:
       return;
@@ -158,7 +220,7 @@ void on_runtime(CUpti_CallbackId cbid, const CUpti_CallbackData* info) {
 }
 
 void on_driver(CUpti_CallbackId cbid, const CUpti_CallbackData* info) {
-  if (info->callbackSite != CUPTI_API_ENTER || runtime_depth > 0) return;
+  if (info->callbackSite != CUPTI_API_ENTER || runtime_depth() > 0) return;
   const void* p = info->functionParams;
   switch (cbid) {
     case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel:
@@ -249,7 +311,7 @@ void CUPTIAPI on_api(void*, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
 }
 
 int enable(uint32_t on) {
-  for (auto id : RUNTIME_LAUNCHES) {
+  for (auto id : RUNTIME_CALLS) {
     CUptiResult r = cuptiEnableCallback(on, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API, id);
     if (r != CUPTI_SUCCESS) return static_cast<int>(r);
   }
@@ -268,6 +330,7 @@ extern "C" {
 // CUPTI; no driver; ...), in which case nothing is held.
 int gc_open() {
   if (subscriber != nullptr) return 0;
+  generation.fetch_add(1);
   CUptiResult r = cuptiSubscribe(&subscriber, on_api, nullptr);
   if (r != CUPTI_SUCCESS) {
     subscriber = nullptr;
