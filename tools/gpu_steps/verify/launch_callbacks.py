@@ -1,0 +1,173 @@
+"""GPU verification of the launch trace's callback recorder (gpucheck/detectors/launch_callbacks):
+
+    python tools/gpu_steps/verify/launch_callbacks.py OUT_DIR  (`tools/gpu launch-callbacks`)
+
+Checks, each printed as PASS/FAIL with the evidence (OUT_DIR/launch_callbacks.json: every
+number):
+1. the recorder builds, loads and opens;
+2. a kernel on the legacy default stream, on a side stream and (2+ GPUs) on cuda:1 is recorded
+   with the stream torch names (``cuda_stream``) and the device, once each, a copy as a copy;
+3. a window of the trace itself: an extension op's call gives a "callbacks" window whose
+   launches the detectors attribute to it on the current stream;
+4. cost: a small launch under CUDA_LAUNCH_BLOCKING before any window, inside one, and after
+   200 windows (the recorder must leave launches as they were: within 10 %), and a window's
+   own time (open, a launch, close, take), medians;
+5. a test's own profiler still gets its GPU events after the windows, and while it holds
+   CUPTI the trace falls back to a kineto window.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("CUDA_LAUNCH_BLOCKING", "1")
+
+import torch
+
+from gpucheck.detectors import launch_callbacks as lc
+from gpucheck.detectors import launch_trace as lt
+
+OUT = Path(sys.argv[1] if len(sys.argv) > 1 else "verify-out")
+OUT.mkdir(parents=True, exist_ok=True)
+results: list[tuple[str, bool, str]] = []
+numbers: dict[str, object] = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
+
+
+def check(name: str, ok: bool, evidence: str) -> None:
+    results.append((name, ok, evidence))
+    print(f"{'PASS' if ok else 'FAIL'} {name}: {evidence}", flush=True)
+
+
+dev = torch.device("cuda", 0)
+x = torch.randn(4096, device=dev)
+
+
+def launch_us(n: int = 2000) -> float:
+    torch.cuda.synchronize(dev)
+    t = time.perf_counter()
+    for _ in range(n):
+        torch.add(x, 1.0)
+    torch.cuda.synchronize(dev)
+    return (time.perf_counter() - t) / n * 1e6
+
+
+def median_launch() -> float:
+    return statistics.median(launch_us() for _ in range(5))
+
+
+launch_us(200)
+before = median_launch()
+rec = lc.recorder()
+check("builds and loads", rec is not None, lc.why_not or "loaded")
+if rec is None:
+    sys.exit(1)
+rc = rec.open()
+check("opens", rc == 0, f"gc_open -> {rc}")
+
+side = torch.cuda.Stream(dev)
+torch.add(x, 1.0)
+with torch.cuda.stream(side):
+    torch.mul(x, 2.0)
+host = torch.empty(4096, pin_memory=True)
+host.copy_(x, non_blocking=True)
+torch.cuda.synchronize(dev)
+two = torch.cuda.device_count() > 1
+if two:
+    with torch.cuda.device(1):
+        torch.ones(8, device="cuda:1").add_(1)  # two kernels: a fill, an add
+rec.close()
+got = rec.take()
+numbers["records"] = [(r.device, r.stream, r.kind, r.name[:80]) for r in got]
+kernels = [r for r in got if r.kind == "kernel"]
+want = [(0, torch.cuda.default_stream(dev).cuda_stream), (0, side.cuda_stream)]
+check(
+    "streams and device of each launch",
+    [(r.device, r.stream) for r in kernels[:2]] == want,
+    f"{[(r.device, hex(r.stream)) for r in kernels[:2]]} against {want}",
+)
+check(
+    "a copy is a copy",
+    any(r.kind == "gpu_memcpy" and r.name.startswith("Memcpy DtoH") for r in got),
+    f"{[(r.kind, r.name) for r in got if r.kind != 'kernel']}",
+)
+check(
+    "each launch once (the runtime's call, not its driver call again)",
+    len(kernels) == (4 if two else 2) and kernels[-1].device == (1 if two else 0),
+    f"{len(kernels)} kernels: {[(r.device, r.name[:40]) for r in kernels]}",
+)
+
+# the trace itself on an extension op (the bundled ssim), a side stream current
+from gpucheck.detectors import op_watch  # noqa: E402
+from gpucheck.ops import ssim  # noqa: E402
+
+a = torch.rand(1, 3, 64, 64, device=dev)
+b = torch.rand(1, 3, 64, 64, device=dev)
+ssim(a, b, train=False)  # warm-up outside the window
+trace = lt.LaunchTrace()
+with torch.cuda.stream(side):
+    trace.acquire()
+    ssim(a, b, train=False)
+    windows = trace.finish()
+launches = [lc_ for w in windows for lc_ in w.launches()]
+check(
+    "an op's window is a callback window, its kernels on the current stream",
+    bool(windows)
+    and all(w.recorder == "callbacks" for w in windows)
+    and bool(launches)
+    and all(o.work.stream == side.cuda_stream for o in launches)
+    and lt.judge(launches) == [],
+    f"{[w.recorder for w in windows]}, {len(launches)} launches, judged {lt.judge(launches)}",
+)
+check("the watch has no listener errors", not op_watch.errors, str(op_watch.errors))
+
+rec.open()
+inside = median_launch()
+rec.close()
+rec.take()
+w = []
+for _ in range(200):
+    t = time.perf_counter()
+    rec.open()
+    torch.add(x, 1.0)
+    rec.close()
+    rec.take()
+    w.append((time.perf_counter() - t) * 1e3)
+after = median_launch()
+numbers.update(
+    launch_us={"before": before, "inside": inside, "after": after},
+    window_ms={"first": w[0], "median": statistics.median(w[1:])},
+)
+check(
+    "launches after 200 windows cost what they did before (within 10 %)",
+    after <= before * 1.10,
+    f"{before:.2f} -> {after:.2f} us a launch; inside a window {inside:.2f} us; "
+    f"a window {statistics.median(w[1:]):.3f} ms",
+)
+
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    torch.add(x, 1.0)
+    torch.cuda.synchronize(dev)
+kineto = sum(e.device_type == torch.autograd.DeviceType.CUDA for e in prof.events())
+check("a test's own profiler still gets its GPU events", kineto > 0, f"{kineto} events")
+held = rec.open()
+if held == 0:
+    rec.close()
+trace = lt.LaunchTrace()
+trace.acquire()
+ssim(a, b, train=False)
+windows = trace.finish()
+check(
+    "while kineto holds CUPTI the trace falls back to its windows",
+    held != 0 and bool(windows) and all(w.recorder == "kineto" for w in windows),
+    f"gc_open -> {held}; windows {[w.recorder for w in windows]}",
+)
+
+(OUT / "launch_callbacks.json").write_text(json.dumps(numbers, indent=1, default=str))
+failed = [n for n, ok, _ in results if not ok]
+print(f"{len(results) - len(failed)} PASS, {len(failed)} FAIL")
+sys.exit(1 if failed else 0)
