@@ -27,8 +27,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpucheck._csrc import toolchain
-
 SOURCE = Path(__file__).with_name("launch_callbacks.cpp")
 LIBRARY = "liblaunch_callbacks.so"
 #: ``GPUCHECK_LAUNCH_TRACE=kineto``: profiler windows, never the callback recorder
@@ -134,6 +132,10 @@ def cupti_paths(home: Path | None, search: list[str] | None = None) -> tuple[Pat
 def build() -> Path:
     """The library, built into gpucheck's build cache unless it is there already (keyed by the
     source and the CUPTI it is built against). OSError / CalledProcessError when it cannot be."""
+    # the build's toolchain and cache are the kernels' (a floor above the detectors)
+    # lazy: needed once, when the first window opens
+    from gpucheck._csrc import toolchain
+
     found = cupti_paths(toolchain.cuda_home())
     if found is None:
         raise FileNotFoundError("no CUDA toolkit with CUPTI's headers and libcupti found")
