@@ -8,7 +8,8 @@ How it works, and why it is cheap:
   and stream, in order. Two recorders: CUPTI's callback API
   (:mod:`gpucheck.detectors.launch_callbacks`: at each launch call, the stream from its own
   arguments as a handle, 0 the legacy default stream; markers are places in its sequence, no
-  kernel), used when its library builds and CUPTI is free; else kineto's profiler with CUDA
+  kernel), used when asked for (``GPUCHECK_LAUNCH_TRACE=callbacks``, until proven on GPUs),
+  its library builds and CUPTI is free; else kineto's profiler with CUDA
   activity only (kernels, copies, memsets with device, stream and CUPTI correlation id; no
   host ops), whose streams are CUPTI's ids and whose markers are kernels. Once a process has
   had a kineto window CUPTI stays attached to it, which costs every later launch (see

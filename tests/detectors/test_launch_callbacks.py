@@ -44,15 +44,22 @@ def test_cupti_is_found_in_a_toolkit_or_a_pip_package(tmp_path):
 @pytest.fixture
 def fresh_recorder(monkeypatch, tmp_path):
     monkeypatch.setenv(toolchain.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(lc.BACKEND_ENV, "callbacks")
     lc.recorder.cache_clear()
     yield
     lc.recorder.cache_clear()
 
 
-def test_opting_out_gives_no_recorder(fresh_recorder, monkeypatch):
-    monkeypatch.setenv(lc.BACKEND_ENV, "kineto")
-    assert lc.recorder() is None
-    assert lc.why_not == "GPUCHECK_LAUNCH_TRACE=kineto"
+def test_only_when_asked_for(fresh_recorder, monkeypatch):
+    """Until proven on GPUs the trace uses kineto unless GPUCHECK_LAUNCH_TRACE=callbacks."""
+    for value in (None, "kineto", "yes"):
+        if value is None:
+            monkeypatch.delenv(lc.BACKEND_ENV, raising=False)
+        else:
+            monkeypatch.setenv(lc.BACKEND_ENV, value)
+        lc.recorder.cache_clear()
+        assert lc.recorder() is None
+        assert lc.why_not == "not asked for (GPUCHECK_LAUNCH_TRACE=callbacks)"
 
 
 def test_the_library_builds_and_opens_only_with_a_driver(fresh_recorder):

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("CUDA_LAUNCH_BLOCKING", "1")
+os.environ["GPUCHECK_LAUNCH_TRACE"] = "callbacks"  # asked for (the default is kineto for now)
 
 import torch
 
