@@ -39,6 +39,19 @@ SETTINGS = [(clb, teardown) for clb in ("1", "0") for teardown in (None, "0", "1
 PHASES = ("prepare", "enable", "work", "sync", "disable", "events", "total")
 
 
+def launch_us(x: Any, n: int = 2000) -> float:
+    """Host microseconds a launch of a small kernel (``torch.add`` on ``x``), ``n`` in a row
+    between two synchronizations (``tools/gpu launch-callbacks`` measures with it too)."""
+    import torch
+
+    torch.cuda.synchronize(x.device)
+    t = time.perf_counter()
+    for _ in range(n):
+        torch.add(x, 1.0)
+    torch.cuda.synchronize(x.device)
+    return (time.perf_counter() - t) / n * 1e6
+
+
 def child(windows: int) -> dict[str, Any]:
     """The measurements in this process (its environment is the setting)."""
     import torch
@@ -55,14 +68,6 @@ def child(windows: int) -> dict[str, Any]:
     x = torch.randn(4096, device=dev)
     points = torch.randn(100_000, 3, device=dev)
 
-    def launch_us(n: int = 2000) -> float:
-        torch.cuda.synchronize(dev)
-        t = time.perf_counter()
-        for _ in range(n):
-            torch.add(x, 1.0)
-        torch.cuda.synchronize(dev)
-        return (time.perf_counter() - t) / n * 1e6
-
     def work_ms() -> float:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -73,8 +78,8 @@ def child(windows: int) -> dict[str, Any]:
         return start.elapsed_time(end)
 
     work_ms()  # warm-up: cuBLAS, the caching allocator
-    launch_us(200)
-    before = ([launch_us() for _ in range(5)], [work_ms() for _ in range(5)])
+    launch_us(x, 200)
+    before = ([launch_us(x) for _ in range(5)], [work_ms() for _ in range(5)])
     config = ProfilerConfig(
         ProfilerState.KINETO, False, False, False, False, False, _ExperimentalConfig()
     )
@@ -100,7 +105,7 @@ def child(windows: int) -> dict[str, Any]:
         for k, (a, b) in zip(PHASES[:-1], itertools.pairwise(stamps), strict=True):
             phases[k].append((b - a) * 1e3)
         phases["total"].append((t6 - t0) * 1e3)
-    after = ([launch_us() for _ in range(5)], [work_ms() for _ in range(5)])
+    after = ([launch_us(x) for _ in range(5)], [work_ms() for _ in range(5)])
     return {
         "first_window_ms": {k: v[0] for k, v in phases.items()},
         "window_ms": {k: statistics.median(v[1:]) for k, v in phases.items()},
