@@ -34,3 +34,43 @@ def test_bad_arguments_are_usage_errors(tmp_path):
         )
         assert done.returncode == 2
         assert "usage:" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_table_names_each_recorder_and_setting():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("cupti_window", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert {(r, t) for _, r, t in module.SETTINGS} == {
+        ("kineto", None),
+        ("kineto", "0"),
+        ("kineto", "1"),
+        ("callbacks", None),
+    }
+    row = {
+        "window_ms": dict.fromkeys(module.PHASES, 1.0),
+        "recorded_per_window": {"first": 3, "min_after_first": 0},
+        "launch_us": {"before": 14.0, "after": 20.3},
+        "work_ms": {"before": 167.25, "after": 169.37},
+    }
+    text = module.table(
+        {
+            "device": "NVIDIA H200",
+            "torch": "2.11.0",
+            "windows": 50,
+            "settings": [
+                {"cuda_launch_blocking": "1", "recorder": "kineto", "teardown_cupti": "1", **row},
+                {
+                    "cuda_launch_blocking": "1",
+                    "recorder": "callbacks",
+                    "teardown_cupti": None,
+                    **row,
+                },
+            ],
+        }
+    )
+    lines = text.splitlines()
+    assert lines[:2] == ["", "NVIDIA H200, torch 2.11.0, 50 windows a setting"]
+    assert "| 1 | kineto, TEARDOWN_CUPTI 1 | 1.00 (1.00 / 1.00 / 1.00 / 1.00) | 3 / 0 |" in text
+    assert "| 1 | callbacks |" in text and "14.00 -> 20.30" in text
