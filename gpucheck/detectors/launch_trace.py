@@ -505,7 +505,6 @@ class LaunchTrace:
     def _mark(self, entry: dict[str, Any]) -> None:
         torch = sys.modules["torch"]
         d = entry["device"]
-        current = int(torch.cuda.current_device())
         if self.callbacks is not None:  # markers are places in the recorder's sequence
             if d not in self.window.streams:
                 self.window.events.append(_marker(self.callbacks.mark(), d, 0))
@@ -514,9 +513,8 @@ class LaunchTrace:
             stream = int(torch.cuda.current_stream(d).cuda_stream)
             self.window.events.append(_marker(self.callbacks.mark(), d, stream))
             self.window.log.append(entry)
-            self.devices.add(d)
-            self.devices.add(current)
-            return
+            return  # nothing to synchronize at the close: the devices are not kept
+        current = int(torch.cuda.current_device())
         with contextlib.nullcontext() if d == current else torch.cuda.device(d):
             if d not in self.window.streams:  # the first marker on d: name its stream 0 too
                 with torch.cuda.stream(torch.cuda.default_stream(d)):
