@@ -17,7 +17,7 @@ from gpucheck.detectors.base import (
     Detector,
     WorkerContext,
 )
-from gpucheck.detectors.device_state import DeviceStateLeak
+from gpucheck.detectors.device_state import DeviceStateLeak, PendingError
 from gpucheck.detectors.imbalance import Imbalance
 from gpucheck.detectors.kernel_device import KernelDevice
 from gpucheck.detectors.leak import Leak
@@ -45,6 +45,7 @@ __all__ = [
     "Numerics",
     "OomAnomaly",
     "OpDevice",
+    "PendingError",
     "RunContext",
     "StrayContext",
     "WorkerContext",

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import pluggy
 
 from gpucheck.detectors.base import Detector, disabled
-from gpucheck.detectors.device_state import DeviceStateLeak
+from gpucheck.detectors.device_state import DeviceStateLeak, PendingError
 from gpucheck.detectors.imbalance import Imbalance
 from gpucheck.detectors.kernel_device import KernelDevice
 from gpucheck.detectors.leak import Leak
@@ -98,6 +98,7 @@ class Builtin:
             Numerics(),
             WrongStream(),
             KernelDevice(),
+            PendingError(),  # after the trace's windows close: its probe is no op's launch
             Leak(),
         ]
 
