@@ -120,7 +120,7 @@ class PendingError(BaseDetector):
             return []  # nothing pending, or a probe that could not launch (no CUDA error)
         if sticky_cuda_error_line(text) is not None:
             return []  # a lost context: the case's own record reports it
-        line = text.strip().splitlines()[0] if text.strip() else repr(text)
+        line = text.strip().splitlines()[0]
         code = re.search(r"cudaError\w+", text)
         return [
             Finding(
