@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from gpucheck.model import results
+
 #: the command line that starts the CLI
 GPUCHECK = (sys.executable, "-m", "gpucheck")
 
@@ -54,3 +56,20 @@ def start(
     kw.setdefault("stdout", subprocess.PIPE)
     kw.setdefault("stderr", subprocess.PIPE)
     return subprocess.Popen([*GPUCHECK, *args], cwd=cwd, env=_environ(env), text=True, **kw)
+
+
+def run_suite(
+    root: Path, suite: str, files: Mapping[str, str], *args: str, timeout: float = 180
+) -> tuple[subprocess.CompletedProcess[str], dict[str, dict[str, Any]]]:
+    """A suite of ``files`` (name: source) written to ``root/suites/<suite>`` and run there by
+    ``gpucheck run --cpu-only --quiet --out root/out ARGS``: the process, and the case records
+    by case id."""
+    folder = root / "suites" / suite
+    folder.mkdir(parents=True)
+    for name, source in files.items():
+        (folder / name).write_text(source)
+    out = root / "out"
+    proc = gpucheck(
+        "run", "--cpu-only", "--quiet", "--out", str(out), *args, cwd=root, timeout=timeout
+    )
+    return proc, {r["case"]: r for r in results.cases(out / "results.jsonl")}

@@ -7,10 +7,9 @@ import contextlib
 import textwrap
 
 import pytest
-from clirun import gpucheck
+from clirun import run_suite
 
 from gpucheck.detectors import CaseInfo, DeviceStateLeak, PendingError, device_state
-from gpucheck.model import results
 
 CASE = CaseInfo("cuda:1", "knn", "test_knn.py::test_x[cuda1]")
 
@@ -85,13 +84,8 @@ SUITE = textwrap.dedent('''
 
 
 def test_findings_flow_into_records_and_crashes_keep_the_current_device(tmp_path):
-    suite = tmp_path / "suites" / "leak"
-    suite.mkdir(parents=True)
-    (suite / "test_leak.py").write_text(SUITE)
-    out = tmp_path / "out"
-    proc = gpucheck("run", "--cpu-only", "--quiet", "--out", str(out), cwd=tmp_path, timeout=180)
+    proc, recs = run_suite(tmp_path, "leak", {"test_leak.py": SUITE})
     assert proc.returncode == 1, proc.stdout + proc.stderr  # the abort is an error
-    recs = {r["case"]: r for r in results.cases(out / "results.jsonl")}
     leak = recs["test_leak.py::test_leaks"]
     assert leak["status"] == "passed"  # a warning does not fail the case
     assert [f["kind"] for f in leak["findings"]] == ["device-state-leak"]
@@ -222,13 +216,8 @@ PENDING_SUITE = textwrap.dedent('''
 def test_a_pending_error_stays_with_the_case_that_left_it(tmp_path):
     """Through a real worker: the case that left the error gets the finding, the next case
     does not fail with it, and a passing case that left one is no longer clean."""
-    suite = tmp_path / "suites" / "pending"
-    suite.mkdir(parents=True)
-    (suite / "test_pending.py").write_text(PENDING_SUITE)
-    out = tmp_path / "out"
-    proc = gpucheck("run", "--cpu-only", "--quiet", "--out", str(out), cwd=tmp_path, timeout=180)
+    proc, recs = run_suite(tmp_path, "pending", {"test_pending.py": PENDING_SUITE})
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    recs = {r["case"]: r for r in results.cases(out / "results.jsonl")}
     threw = recs["test_pending.py::test_a_check_that_throws"]
     assert threw["status"] == "failed"
     assert "cuda-error" in [f["kind"] for f in threw["findings"]]

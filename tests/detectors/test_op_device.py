@@ -6,9 +6,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from clirun import gpucheck
-
-from gpucheck.model import results
+from clirun import run_suite
 
 
 @pytest.mark.parametrize(
@@ -54,13 +52,8 @@ OP_SUITE = textwrap.dedent("""
 
 
 def test_op_device_names_the_op_through_a_real_worker(tmp_path):
-    suite = tmp_path / "suites" / "ops"
-    suite.mkdir(parents=True)
-    (suite / "test_ops.py").write_text(OP_SUITE)
-    out = tmp_path / "out"
-    proc = gpucheck("run", "--cpu-only", "--quiet", "--out", str(out), cwd=tmp_path, timeout=180)
+    proc, recs = run_suite(tmp_path, "ops", {"test_ops.py": OP_SUITE})
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    recs = {r["case"]: r for r in results.cases(out / "results.jsonl")}
     assert recs["test_ops.py::test_good"]["findings"] == []
     bad = recs["test_ops.py::test_bad"]
     assert bad["status"] == "passed"  # the test itself cannot see it

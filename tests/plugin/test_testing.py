@@ -8,9 +8,8 @@ import textwrap
 
 import pytest
 import torch
-from clirun import gpucheck
+from clirun import run_suite
 
-from gpucheck.model import results
 from gpucheck.testing import assert_close, measure
 
 
@@ -56,13 +55,9 @@ SUITE = textwrap.dedent("""
 
 
 def test_a_worker_reports_the_measurement(tmp_path):
-    suite = tmp_path / "suites" / "num"
-    suite.mkdir(parents=True)
-    (suite / "test_num.py").write_text(SUITE)
-    out = tmp_path / "out"
-    proc = gpucheck("run", "--cpu-only", "--quiet", "--out", str(out), cwd=tmp_path, timeout=180)
+    proc, by_id = run_suite(tmp_path, "num", {"test_num.py": SUITE})
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    recs = {r["case"].rsplit("::", 1)[-1]: r for r in results.cases(out / "results.jsonl")}
+    recs = {case.rsplit("::", 1)[-1]: r for case, r in by_id.items()}
     close = recs["test_close"]
     assert close["status"] == "passed" and close["findings"] == []
     [m] = close["numerics"]

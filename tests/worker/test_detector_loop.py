@@ -5,30 +5,22 @@ from __future__ import annotations
 
 import textwrap
 
-from clirun import gpucheck
-
-from gpucheck.model import results
+from clirun import run_suite
 
 
 def _run_with_detector(tmp_path, detector: str, test: str) -> tuple[dict, str]:
     """``gpucheck run --cpu-only`` over one test file with one more worker detector
     (``detector``: a class body's source, named ``Extra``); the one case record, and the
     run's output."""
-    suite = tmp_path / "suites" / "d"
-    suite.mkdir(parents=True)
-    (suite / "conftest.py").write_text(
-        textwrap.dedent(detector)
-        + textwrap.dedent("""
+    conftest = textwrap.dedent(detector) + textwrap.dedent("""
         import gpucheck.worker.recorder as worker
 
         real = worker.worker_detectors
         worker.worker_detectors = lambda: [*real(), Extra()]
     """)
-    )
-    (suite / "test_d.py").write_text(textwrap.dedent(test))
-    out = tmp_path / "out"
-    proc = gpucheck("run", "--cpu-only", "--quiet", "--out", str(out), cwd=tmp_path, timeout=180)
-    [rec] = results.cases(out / "results.jsonl")
+    files = {"conftest.py": conftest, "test_d.py": textwrap.dedent(test)}
+    proc, recs = run_suite(tmp_path, "d", files)
+    [rec] = recs.values()
     return rec, proc.stdout + proc.stderr
 
 
