@@ -12,8 +12,9 @@ number):
 4. cost: a small launch under CUDA_LAUNCH_BLOCKING before any window, inside one, and after
    200 windows (the recorder must leave launches as they were: within 10 %), and a window's
    own time (open, a launch, close, take), medians;
-5. a test's own profiler still gets its GPU events after the windows, and while it holds
-   CUPTI the trace falls back to a kineto window.
+5. a test's own profiler gets its GPU events when it starts inside an open window (one kept
+   open for an op's backward) and after the windows, and while kineto holds CUPTI the trace
+   falls back to a kineto window.
 """
 
 from __future__ import annotations
@@ -151,10 +152,32 @@ check(
     f"a window {statistics.median(w[1:]):.3f} ms",
 )
 
-with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-    torch.add(x, 1.0)
-    torch.cuda.synchronize(dev)
-kineto = sum(e.device_type == torch.autograd.DeviceType.CUDA for e in prof.events())
+
+def profiled() -> int:
+    """A test's own profiler around one launch: the GPU events it got."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        torch.add(x, 1.0)
+        torch.cuda.synchronize(dev)
+    return sum(e.device_type == torch.autograd.DeviceType.CUDA for e in prof.events())
+
+
+# a window kept open for an op's backward while the test starts its own profiler (kineto's
+# first start in this process, with the recorder subscribed)
+rec.open()
+torch.add(x, 1.0)
+try:
+    events, why = profiled(), ""
+except Exception as err:  # the profiler refused to start: the FAIL says how
+    events, why = 0, f" ({type(err).__name__}: {err})"
+finally:
+    rec.close()
+seen = rec.take()
+check(
+    "a test's profiler started inside a callback window gets its GPU events",
+    events > 0,
+    f"{events} events{why}; the window recorded {len(seen)} launches",
+)
+kineto = profiled()
 check("a test's own profiler still gets its GPU events", kineto > 0, f"{kineto} events")
 held = rec.open()
 if held == 0:
