@@ -152,3 +152,12 @@ def test_numerics_listens_outside_the_launch_traces_windows():
     window opens and after it closes, not inside the op's span."""
     names = [d.name for d in registry.worker_detectors()]
     assert names.index("numerics") < min(names.index("wrong-stream"), names.index("kernel-device"))
+
+
+def test_the_pending_error_probe_runs_after_the_launch_traces_windows_close():
+    """Detectors finish a case in their order: pending-error's probe launch comes after the
+    launch trace's two have closed its windows, so no window records it as an op's launch."""
+    names = [d.name for d in registry.worker_detectors()]
+    assert names.index("pending-error") > max(
+        names.index("wrong-stream"), names.index("kernel-device")
+    )
