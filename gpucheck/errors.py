@@ -17,12 +17,14 @@ CUDA_ERROR_MARKERS = (
     "device-side assert",
 )
 #: CUDA errors after which the process's CUDA context is unusable: every later call fails too
+#: ("device-side assert triggered", not "device-side assert": torch ends every CUDA error's
+#: message with "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.")
 STICKY_CUDA_ERRORS = (
     "illegal memory access",
     "unspecified launch failure",
     "illegal instruction",
     "misaligned address",
-    "device-side assert",
+    "device-side assert triggered",
     "hardware stack error",
     "uncorrectable ECC",
     "launch timed out",

@@ -126,8 +126,17 @@ class Runtime:
             raise RuntimeError(error)
 
 
-INVALID = "CUDA error: invalid argument\nSearch for `cudaErrorInvalidValue' in https://docs..."
-ILLEGAL = "CUDA error: an illegal memory access was encountered\nCompile with ..."
+#: torch's messages as raised on an H100 (torch 2.11): every one ends with the DSA hint
+TORCH_TAIL = (
+    "CUDA kernel errors might be asynchronously reported at some other API call, so the "
+    "stacktrace below might be incorrect.\nFor debugging consider passing "
+    "CUDA_LAUNCH_BLOCKING=1\nCompile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n"
+)
+INVALID = (
+    "CUDA error: invalid argument\nSearch for `cudaErrorInvalidValue' in https://docs.nvidia.com/"
+    "cuda/cuda-runtime-api/group__CUDART__TYPES.html for more information.\n" + TORCH_TAIL
+)
+ILLEGAL = "CUDA error: an illegal memory access was encountered\n" + TORCH_TAIL
 
 
 def pending_after(monkeypatch, runtime, body=lambda rt: None):

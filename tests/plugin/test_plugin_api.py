@@ -144,12 +144,17 @@ def test_a_non_sticky_cuda_error_does_not_stop_later_tests(pytester):
         test_oom="""
         def test_a_oom(gpu_device):
             raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        def test_b_later(gpu_device):
+        def test_b_invalid(gpu_device):  # torch's whole message, its DSA hint included
+            raise RuntimeError(
+                "CUDA error: invalid argument\\n"
+                "For debugging consider passing CUDA_LAUNCH_BLOCKING=1\\n"
+                "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.")
+        def test_c_later(gpu_device):
             pass
     """
     )
     result = pytester.runpytest_subprocess()
-    result.assert_outcomes(failed=1, passed=1)
+    result.assert_outcomes(failed=2, passed=1)
     assert "context lost" not in result.stdout.str()
 
 
