@@ -8,8 +8,8 @@ How it works, and why it is cheap:
   and stream, in order. Two recorders: CUPTI's callback API
   (:mod:`gpucheck.detectors.launch_callbacks`: at each launch call, the stream from its own
   arguments as a handle, 0 the legacy default stream; markers are places in its sequence, no
-  kernel), used when asked for (``GPUCHECK_LAUNCH_TRACE=callbacks``, until proven on GPUs),
-  its library builds and CUPTI is free; else kineto's profiler with CUDA
+  kernel), the default where its library builds and CUPTI is free (not when
+  ``GPUCHECK_LAUNCH_TRACE=kineto``); else kineto's profiler with CUDA
   activity only (kernels, copies, memsets with device, stream and CUPTI correlation id; no
   host ops), whose streams are CUPTI's ids and whose markers are kernels. Once a process has
   had a kineto window CUPTI stays attached to it, which costs every later launch (see
@@ -29,7 +29,10 @@ How it works, and why it is cheap:
   ``torch.autograd.backward`` / ``grad`` returns (where the op's backward ran: calls from the
   autograd engine's threads are logged while the window is open), and at the latest at the
   end of the case. Kernels of torch's own that run between calls (a reference computed on
-  the GPU) are then not traced. Each (op, argument signature) is profiled for its first
+  the GPU) are then not traced. A callback window also closes, keeping what it recorded, when
+  a profiler of the test's is about to start (CUPTI takes one subscriber: kineto, refused,
+  would give that profiler and every later one of the process no GPU events); the op's
+  backward is then not traced. Each (op, argument signature) is profiled for its first
   :data:`CAP` calls per case: a gradcheck that calls an op thousands of times is judged on its
   first calls, not profiled throughout.
 - **Kernels without a caller** (:func:`unclaimed`): the first marker of a window on a device
@@ -436,7 +439,7 @@ class LaunchTrace:
                 self.windows, self.counts, self.failed = [], {}, None
                 self.active = op_watch.add(self)
                 if self.active:
-                    _watch_backward()
+                    _watch_torch()
 
     def finish(self) -> list[Window]:
         """A detector is done with the case: the first call stops the trace; every call
@@ -501,6 +504,12 @@ class LaunchTrace:
             if self.open and self.backward_pending and self.depth == 0:
                 self._close()
 
+    def let_cupti_go(self) -> None:
+        """A profiler (kineto) is about to start: close a callback window now."""
+        with self.lock:
+            if self.callbacks is not None:
+                self._close()
+
     # -- internals --------------------------------------------------------------------------
     def _mark(self, entry: dict[str, Any]) -> None:
         torch = sys.modules["torch"]
@@ -532,8 +541,9 @@ class LaunchTrace:
             return False  # someone else profiles (a test's own profiler): leave it alone
         recorder = launch_callbacks.recorder()
         if recorder is not None and recorder.open() == 0:
+            global _holder
             self._started(Window(recorder="callbacks"))
-            self.callbacks = recorder
+            self.callbacks, _holder = recorder, self
             return True
         # no recorder, or CUPTI is held (a profiler of the test's, earlier in the process)
         from torch._C._profiler import (
@@ -570,8 +580,11 @@ class LaunchTrace:
             return
         self.open = False
         if self.callbacks is not None:  # recorded at each launch: nothing to wait for
+            global _holder
             recorder, self.callbacks = self.callbacks, None
             recorder.close()
+            if _holder is self:
+                _holder = None
             self.window.events = sorted(
                 self.window.events + [_launch_event(x) for x in recorder.take()],
                 key=lambda e: e["correlation"],
@@ -601,18 +614,23 @@ class LaunchTrace:
 
 #: the worker's one trace, shared by the detectors that read it
 TRACE = LaunchTrace()
-_backward_watched = False
+#: the trace whose callback window holds CUPTI now (CUPTI takes one subscriber a process)
+_holder: LaunchTrace | None = None
+_torch_watched = False
 
 
-def _watch_backward() -> None:
-    """Wrap ``torch.autograd.backward`` and ``grad`` (once per process) so that a window kept
-    open for an op's backward closes when the backward pass returns."""
-    global _backward_watched
-    if _backward_watched:
+def _watch_torch() -> None:
+    """Wrap, once per process, ``torch.autograd.backward`` and ``grad`` (a window kept open for
+    an op's backward closes when the backward pass returns) and the profiler's
+    ``_prepare_profiler`` (where kineto takes CUPTI, for ``torch.profiler.profile`` and
+    ``torch.autograd.profiler.profile``: an open callback window lets it go first)."""
+    global _torch_watched
+    if _torch_watched:
         return
     import functools
 
     import torch.autograd
+    import torch.autograd.profiler
 
     for name in ("backward", "grad"):
         original = getattr(torch.autograd, name)
@@ -626,7 +644,18 @@ def _watch_backward() -> None:
                     TRACE.backward_done()
 
         setattr(torch.autograd, name, wrapped)
-    _backward_watched = True
+
+    prepare = torch.autograd.profiler._prepare_profiler
+
+    @functools.wraps(prepare)
+    def prepare_profiler(*args: Any, **kwargs: Any) -> Any:
+        holder = _holder
+        if holder is not None:
+            holder.let_cupti_go()
+        return prepare(*args, **kwargs)
+
+    torch.autograd.profiler._prepare_profiler = prepare_profiler
+    _torch_watched = True
 
 
 def kernel_list(names: list[str], shown: int = 3) -> str:

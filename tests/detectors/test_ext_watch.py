@@ -380,6 +380,65 @@ def test_a_window_opened_in_an_autograd_forward_stays_open_for_its_backward(ext,
     assert [e["edge"] for e in second] == ["begin", "end"]
 
 
+class _FakeRecorder:
+    """The callback recorder's calls, counted (no CUPTI here)."""
+
+    def __init__(self):
+        self.calls: list[str] = []
+        self.seq = 0
+
+    def open(self):
+        self.calls.append("open")
+        return 0
+
+    def close(self):
+        self.calls.append("close")
+        return 0
+
+    def mark(self):
+        self.seq += 1
+        return self.seq
+
+    def take(self):
+        return []
+
+
+def test_a_profiler_of_the_tests_closes_an_open_callback_window_first(ext, monkeypatch):
+    """CUPTI takes one subscriber: kineto, started beside an open callback window, would give
+    the test's profiler (and every later one) no GPU events. A window kept open for a
+    backward is closed, with what it recorded, before the profiler prepares, and nothing is
+    closed twice. (On a GPU the backward's calls come from autograd's threads and go
+    untraced; here, on the CPU, it runs on the main thread and opens a window of its own.)"""
+    from gpucheck.detectors import launch_callbacks
+    from gpucheck.detectors import launch_trace as lt
+
+    rec = _FakeRecorder()
+    monkeypatch.setattr(launch_callbacks, "recorder", lambda: rec)
+    monkeypatch.setattr(op_watch, "input_device", lambda call: _FakeDevice())
+    trace = lt.LaunchTrace()
+    monkeypatch.setattr(trace, "_mark", lambda entry: trace.window.log.append(entry))
+    trace.acquire()
+    try:
+        x = torch.rand(4, requires_grad=True)
+        y = Scale.apply(ext, x)
+        assert trace.open and trace.callbacks is rec and lt._holder is trace
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            z = y * 2
+        assert not trace.open and lt._holder is None and rec.calls == ["open", "close"]
+        assert any(e.name == "aten::mul" for e in prof.events())  # the test's profiler ran
+        z.sum().backward()
+    finally:
+        windows = trace.finish()
+    assert rec.calls == ["open", "close", "open", "close"]
+    first, second = windows
+    assert [(e["edge"], e["frame"].rsplit(" in ", 1)[1]) for e in first.log] == [
+        ("begin", "Scale.forward"),
+        ("end", "Scale.forward"),
+    ]
+    assert [e["frame"].rsplit(" in ", 1)[1] for e in second.log] == ["Scale.backward"] * 2
+    assert first.recorder == second.recorder == "callbacks"
+
+
 def test_an_unclaimed_kernel_is_found_in_its_library(ext):
     """The library lookup on a real extension: a kernel named like a function of the built
     module (its host symbol) is that module's; torch's is nobody's; the judgement names it."""

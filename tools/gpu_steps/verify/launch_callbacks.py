@@ -12,9 +12,9 @@ number):
 4. cost: a small launch under CUDA_LAUNCH_BLOCKING before any window, inside one, and after
    200 windows (the recorder must leave launches as they were: within 10 %), and a window's
    own time (open, a launch, close, take), medians;
-5. a test's own profiler gets its GPU events when it starts inside an open window (one kept
-   open for an op's backward) and after the windows, and while kineto holds CUPTI the trace
-   falls back to a kineto window.
+5. a test's own profiler gets its GPU events when it starts while the trace keeps a window
+   open for an op's backward (the trace lets CUPTI go first) and after the windows, and while
+   kineto holds CUPTI the trace falls back to a kineto window.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("CUDA_LAUNCH_BLOCKING", "1")
-os.environ["GPUCHECK_LAUNCH_TRACE"] = "callbacks"  # asked for (the default is kineto for now)
+os.environ["GPUCHECK_LAUNCH_TRACE"] = "callbacks"  # the one under test, whatever the caller set
 
 import torch
 
@@ -161,21 +161,25 @@ def profiled() -> int:
     return sum(e.device_type == torch.autograd.DeviceType.CUDA for e in prof.events())
 
 
-# a window kept open for an op's backward while the test starts its own profiler (kineto's
-# first start in this process, with the recorder subscribed)
-rec.open()
-torch.add(x, 1.0)
+# a window the trace keeps open for an op's backward while the test starts its own profiler
+# (kineto's first start in this process): the trace must let CUPTI go before kineto asks
+a1 = a.clone().requires_grad_(True)
+trace = lt.LaunchTrace()
+trace.acquire()
+loss = ssim(a1, b)  # train: its output requires grad, the window waits for the backward
+kept = trace.open and trace.callbacks is not None
 try:
     events, why = profiled(), ""
 except Exception as err:  # the profiler refused to start: the FAIL says how
     events, why = 0, f" ({type(err).__name__}: {err})"
-finally:
-    rec.close()
-seen = rec.take()
+loss.backward()
+windows = trace.finish()
+n = sum(len(w.launches()) for w in windows)
 check(
-    "a test's profiler started inside a callback window gets its GPU events",
-    events > 0,
-    f"{events} events{why}; the window recorded {len(seen)} launches",
+    "a test's profiler started while the trace keeps a callback window open gets its GPU events",
+    kept and events > 0 and [w.recorder for w in windows] == ["callbacks"] and n > 0,
+    f"kept open: {kept}; {events} events{why}; windows {[w.recorder for w in windows]}, "
+    f"{n} launches of the op",
 )
 kineto = profiled()
 check("a test's own profiler still gets its GPU events", kineto > 0, f"{kineto} events")
