@@ -11,11 +11,11 @@ kernel's name) with no record from the GPU and no kernel instrumented, and the r
 CUPTI go when a window closes, so a test's own profiler can have it between windows.
 
 The library is built on first use (a C++ file and ``libcupti``, no Python or torch headers: a
-second) into gpucheck's build cache, and loaded with ctypes. Until it has been proven on GPUs
-(``tools/gpu launch-callbacks`` and the self-test) it is used only when asked for,
-``GPUCHECK_LAUNCH_TRACE=callbacks``; otherwise, or without a CUDA toolkit that has CUPTI's
-headers, or a compiler, :func:`recorder` is None (:data:`why_not` says why) and the trace
-uses kineto.
+second) into gpucheck's build cache, and loaded with ctypes. It is the trace's recorder by
+default (proven on GPUs by ``tools/gpu launch-callbacks`` and the self-test);
+``GPUCHECK_LAUNCH_TRACE=kineto`` asks for kineto's windows instead. With that, an unknown
+value, or without a CUDA toolkit that has CUPTI's headers, or a compiler, :func:`recorder` is
+None (:data:`why_not` says why) and the trace uses kineto.
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ from pathlib import Path
 
 SOURCE = Path(__file__).with_name("launch_callbacks.cpp")
 LIBRARY = "liblaunch_callbacks.so"
-#: ``GPUCHECK_LAUNCH_TRACE=callbacks``: the callback recorder where it can be had (else, and by
-#: default for now, kineto's profiler windows)
+#: the trace's recorder: ``callbacks`` (the default: this one where it can be had, else kineto)
+#: or ``kineto`` (kineto's profiler windows)
 BACKEND_ENV = "GPUCHECK_LAUNCH_TRACE"
+BACKENDS = ("callbacks", "kineto")
 #: a record's kind (the library's enum) as the trace names GPU work
 KINDS = ("kernel", "gpu_memcpy", "gpu_memset")
 #: why there is no recorder in this process ("" while there is one or none was asked for)
@@ -171,11 +172,14 @@ def build() -> Path:
 
 @functools.cache
 def recorder() -> Recorder | None:
-    """This process's recorder, built and loaded once; None (:data:`why_not` says why) unless
-    ``GPUCHECK_LAUNCH_TRACE=callbacks`` and it can be built and loaded."""
+    """This process's recorder, built and loaded once; None (:data:`why_not` says why) when
+    ``GPUCHECK_LAUNCH_TRACE`` asks for kineto (or names no recorder) or it cannot be had."""
     global why_not
-    if os.environ.get(BACKEND_ENV, "").strip().lower() != "callbacks":
-        why_not = f"not asked for ({BACKEND_ENV}=callbacks)"
+    asked = os.environ.get(BACKEND_ENV, "").strip().lower() or BACKENDS[0]
+    if asked != "callbacks":
+        why_not = f"{BACKEND_ENV}={asked}" + (
+            "" if asked in BACKENDS else f" is not one of {', '.join(BACKENDS)}: kineto"
+        )
         return None
     try:
         return Recorder(ctypes.CDLL(str(build())))

@@ -50,16 +50,32 @@ def fresh_recorder(monkeypatch, tmp_path):
     lc.recorder.cache_clear()
 
 
-def test_only_when_asked_for(fresh_recorder, monkeypatch):
-    """Until proven on GPUs the trace uses kineto unless GPUCHECK_LAUNCH_TRACE=callbacks."""
-    for value in (None, "kineto", "yes"):
+def test_kineto_when_asked_for(fresh_recorder, monkeypatch):
+    """GPUCHECK_LAUNCH_TRACE=kineto keeps kineto's windows; a value that names no recorder
+    does too, and says so."""
+    for value, why in (
+        ("kineto", "GPUCHECK_LAUNCH_TRACE=kineto"),
+        (" Kineto ", "GPUCHECK_LAUNCH_TRACE=kineto"),
+        ("yes", "GPUCHECK_LAUNCH_TRACE=yes is not one of callbacks, kineto: kineto"),
+    ):
+        monkeypatch.setenv(lc.BACKEND_ENV, value)
+        lc.recorder.cache_clear()
+        assert lc.recorder() is None
+        assert lc.why_not == why
+
+
+def test_the_callback_recorder_is_the_default(fresh_recorder, monkeypatch):
+    """Unset or empty, the trace asks for the callback recorder: the build is tried (here
+    against a toolkit without CUPTI, so why_not names the build, not the setting)."""
+    monkeypatch.setattr(lc, "cupti_paths", lambda home, search=None: None)
+    for value in (None, "", "callbacks"):
         if value is None:
             monkeypatch.delenv(lc.BACKEND_ENV, raising=False)
         else:
             monkeypatch.setenv(lc.BACKEND_ENV, value)
         lc.recorder.cache_clear()
         assert lc.recorder() is None
-        assert lc.why_not == "not asked for (GPUCHECK_LAUNCH_TRACE=callbacks)"
+        assert lc.why_not.startswith("FileNotFoundError: no CUDA toolkit with CUPTI"), lc.why_not
 
 
 def test_the_library_builds_and_opens_only_with_a_driver(fresh_recorder):
