@@ -27,12 +27,15 @@ disk once, not in the first variant's time):
   set ``gpucheck-all`` against.
 
 The table gives the median wall time of each, the ratio the target is set on (gpucheck over
-``pytest-clb`` on a GPU, over ``pytest`` without one), and where gpucheck's extra time went,
-from its own records (medians over rounds): before the first case (start-up), inside the
-cases (each detector's ``cost_s``, the worker's bookkeeping), between and after the cases
-(re-run passes, the report); then the cases that cost the most over plain pytest, each case's
-duration in gpucheck's records against pytest's own (its JUnit XML), medians over rounds.
-Everything measured is written to OUT_DIR/harness_cost.json.
+``pytest-clb`` on a GPU, over ``pytest`` without one) for the medians and for each round (a
+round's variants run back to back: a pair), with the median of those, and where gpucheck's
+extra time went, from its own records (medians over rounds): before the first case
+(start-up), inside the cases (each detector's ``cost_s``, the worker's bookkeeping), between
+and after the cases (re-run passes, the report); then the cases that cost the most over plain
+pytest, each case's duration in gpucheck's records against pytest's own (its JUnit XML),
+medians over rounds.
+Everything measured is written to OUT_DIR/harness_cost.json, after every round (a run cut
+short keeps the rounds it finished).
 """
 
 from __future__ import annotations
@@ -243,6 +246,8 @@ def per_case(result_runs: list[Path], junit_runs: list[Path], top: int = 15) -> 
     rounds, seconds): their sums, the median extra a case, the cases with the most extra."""
     ours: dict[str, list[float]] = {}
     for run_dir in result_runs:
+        if not (run_dir / "results.jsonl").is_file():
+            continue  # a run that wrote no records (it failed to start): nothing to match
         for r in passes(read_records(run_dir))[0]:
             ours.setdefault(f"{r['suite']}/{r['case']}", []).append(r["duration_s"])
     theirs: dict[str, list[float]] = {}
@@ -291,6 +296,7 @@ def main(argv: list[str]) -> int:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    result: dict[str, Any] = {}
     for rnd in range(args.rounds):
         order = variants[rnd % len(variants) :] + variants[: rnd % len(variants)]
         for v in order:
@@ -304,31 +310,54 @@ def main(argv: list[str]) -> int:
             if v in parts and (out / "results.jsonl").exists():
                 parts[v].append(breakdown(out, t0, t1))
             print(f"round {rnd}: {v}: {t1 - t0:.2f} s, exit {code}", flush=True)
+        # after every round: a run cut short (a machine's time limit) keeps the rounds it ran
+        result = summary(args, extra, variants, walls, codes, parts, rnd + 1)
+        (args.out / "harness_cost.json").write_text(json.dumps(result, indent=1))
+    print(table(result, args.cpu_only))
+    return 0 if all(c == 0 for cs in codes.values() for c in cs) else 1
+
+
+def summary(
+    args: argparse.Namespace,
+    extra: list[str],
+    variants: list[str],
+    walls: dict[str, list[float]],
+    codes: dict[str, list[int]],
+    parts: dict[str, list[dict[str, Any]]],
+    rounds: int,
+) -> dict[str, Any]:
+    """What the first ``rounds`` rounds measured: medians, each round's ratio to the base
+    variant (the rounds are pairs: their ratios' median is the other statistic), the
+    breakdowns, each case against pytest's."""
     med = {v: statistics.median(w) for v, w in walls.items()}
+    base = "pytest" if args.cpu_only else "pytest-clb"
+    ratios = {
+        v: [w / b for w, b in zip(walls[v], walls[base], strict=True)]
+        for v in variants
+        if base in walls and v != base
+    }
     result: dict[str, Any] = {
         "date": datetime.now().astimezone().isoformat(timespec="seconds"),
         "device": device_name(args.cpu_only),
         "suites": args.suite,
         "pytest_args": extra,
-        "rounds": args.rounds,
+        "rounds": rounds,
         "walls": walls,
         "exit_codes": codes,
         "median_wall": med,
+        "round_ratios": ratios,
         "breakdown": parts,
     }
-    base = "pytest" if args.cpu_only else "pytest-clb"
     if base in variants:  # each one-device gpucheck variant's cases against pytest's
         result["per_case"] = {
             v: per_case(
-                [args.out / f"{v}.{r}" for r in range(args.rounds)],
-                [args.out / f"{base}.{r}.junit.xml" for r in range(args.rounds)],
+                [args.out / f"{v}.{r}" for r in range(rounds)],
+                [args.out / f"{base}.{r}.junit.xml" for r in range(rounds)],
             )
             for v in variants
             if v.startswith("gpucheck") and not v.endswith("-all")
         }
-    (args.out / "harness_cost.json").write_text(json.dumps(result, indent=1))
-    print(table(result, args.cpu_only))
-    return 0 if all(c == 0 for cs in codes.values() for c in cs) else 1
+    return result
 
 
 def device_name(cpu_only: bool) -> str:
@@ -350,14 +379,21 @@ def table(result: dict[str, Any], cpu_only: bool) -> str:
         f"\n{result['device']}, suites {', '.join(result['suites'])}, "
         f"{result['rounds']} rounds, medians",
         "",
-        "| variant | wall s | / " + base + " |",
-        "|---|---|---|",
+        "| variant | wall s | / " + base + " | each round / " + base + " (median) |",
+        "|---|---|---|---|",
     ]
+    by_round = result.get("round_ratios") or {}
     for v, w in med.items():
         ratio = f"{w / med[base]:.2f}x" if med.get(base) else ""
         if v == "gpucheck-all" and med.get("gpucheck"):
             ratio += f" ({w / med['gpucheck']:.2f}x of one GPU's gpucheck)"
-        lines.append(f"| {v} | {w:.2f} | {ratio} |")
+        rounds = by_round.get(v) or []
+        paired = (
+            f"{', '.join(f'{r:.2f}' for r in rounds)} ({statistics.median(rounds):.2f}x)"
+            if rounds
+            else ""
+        )
+        lines.append(f"| {v} | {w:.2f} | {ratio} | {paired} |")
     runs = result["breakdown"].get("gpucheck", [])
     if runs:
         lines += ["", "| gpucheck, where its time went | s |", "|---|---|"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -95,10 +96,12 @@ def test_the_table_compares_every_variant_case_by_case(hc, recorded, tmp_path):
         "suites": ["knn"],
         "rounds": 1,
         "median_wall": {"pytest-clb": 70.0, "gpucheck-blocking": 75.0, "gpucheck": 80.0},
+        "round_ratios": {"gpucheck-blocking": [1.07], "gpucheck": [1.14]},
         "breakdown": {},
         "per_case": {"gpucheck-blocking": blocking, "gpucheck": pc},
     }
     lines = hc.table(result, cpu_only=False).splitlines()
+    assert "| gpucheck | 80.00 | 1.14x | 1.14 (1.14x) |" in lines
     rows = [x for x in lines if x.startswith(("| gpucheck-blocking | 426", "| gpucheck | 426"))]
     assert rows[0].split(" | ")[-2:] == ["1.50", "4.2 |"]
     assert rows[1].split(" | ")[3:5] == [f"{pc['pytest_s']:.2f}", f"{pc['extra_s']:.2f}"]
@@ -146,3 +149,40 @@ def test_plain_pytest_on_every_gpu_gets_gpucheck_workers_share_of_the_cpus(
     share = hc.thread_share(2)["OMP_NUM_THREADS"]
     assert all(e["OMP_NUM_THREADS"] == share for e in seen)
     assert (tmp_path / "x.gpu0.log").exists() and (tmp_path / "x.gpu1.log").exists()
+
+
+def test_each_round_is_a_pair_and_every_round_is_kept(hc, monkeypatch, tmp_path, capsys):
+    """Runs stood in for (no GPU): the rounds' ratios are paired (each gpucheck run over the
+    pytest run of its round) with their median in the table; harness_cost.json is there after
+    the first round already, so a run cut in its second keeps the first."""
+    walls = iter([10.0, 11.0, 10.0, 12.5])  # round 0: pytest-clb, gpucheck; round 1: reversed
+    clock = [0.0]
+
+    def fake_time():
+        return clock[0]
+
+    def fake_run(cmd, variant, out, gpu):
+        clock[0] += next(walls)
+        return 0
+
+    monkeypatch.setattr(hc.time, "time", fake_time)
+    monkeypatch.setattr(hc, "run_variant", fake_run)
+    monkeypatch.setattr(hc.subprocess, "run", lambda *a, **k: None)  # the collect-only warm-up
+    monkeypatch.setattr(hc, "device_name", lambda cpu_only: "NVIDIA H100")
+    written = []
+    real_write = Path.write_text
+
+    def write_text(self, text, *a, **k):
+        if self.name == "harness_cost.json":
+            written.append(json.loads(text))
+        return real_write(self, text, *a, **k)
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    out = tmp_path / "hc"
+    hc.main([str(out), "--rounds", "2", "--only", "pytest-clb", "--only", "gpucheck"])
+    assert [w["rounds"] for w in written] == [1, 2]
+    assert written[0]["round_ratios"] == {"gpucheck": [1.1]}
+    last = written[-1]
+    assert last["walls"] == {"pytest-clb": [10.0, 12.5], "gpucheck": [11.0, 10.0]}
+    assert last["round_ratios"]["gpucheck"] == [1.1, 0.8]
+    assert "| gpucheck | 10.50 | 0.93x | 1.10, 0.80 (0.95x) |" in capsys.readouterr().out
