@@ -22,7 +22,6 @@ import re
 import sys
 from typing import Any
 
-from gpucheck.detectors import launch_trace
 from gpucheck.detectors.base import BaseDetector, CaseInfo
 from gpucheck.errors import CUDA_ERROR_MARKERS, sticky_cuda_error_line
 from gpucheck.model.results import Finding
@@ -116,15 +115,7 @@ class PendingError(BaseDetector):
         cuda = _cuda()
         if device is None or cuda is None:
             return []
-        # the launch trace's marker after a failing call may have read it first (kineto's
-        # windows launch marker kernels); the probe reads what is left either way
-        marked = launch_trace.TRACE.take_pending()
-        probed = read_pending(cuda, device)
-        text, by = (
-            (marked, "by the launch trace's marker kernel after an extension-op call")
-            if marked is not None
-            else (probed, f"by a launch on cuda:{device} after the case body")
-        )
+        text = read_pending(cuda, device)
         if text is None or not any(m in text for m in CUDA_ERROR_MARKERS):
             return []  # nothing pending, or a probe that could not launch (no CUDA error)
         if sticky_cuda_error_line(text) is not None:
@@ -142,7 +133,8 @@ class PendingError(BaseDetector):
                 device=case.device,
                 suite=case.suite,
                 case=case.case,
-                evidence=f"read {by} (torch raises the runtime's last error at a launch): {line}",
+                evidence=f"read by a launch on cuda:{device} after the case body (torch "
+                f"raises the runtime's last error at a launch): {line}",
                 hint=PENDING_HINT,
             )
         ]

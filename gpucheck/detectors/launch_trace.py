@@ -21,9 +21,7 @@ How it works, and why it is cheap:
   logs the call. Correlation ids grow with every CUDA API call of the process, so the GPU work
   whose id lies between a call's two markers was launched during that call (the innermost
   call, for nested ones); the marker's own stream is the stream the caller had made current
-  on that device. (A kineto marker after a call that left a CUDA error pending raises it,
-  since torch reads the last error after a launch: the trace keeps it for the
-  ``pending-error`` detector and goes on.)
+  on that device.
 - A window opens at an extension-op call (on the main thread) and closes as soon as it can:
   after the call when none of its outputs requires grad (and it was not made from an
   ``autograd.Function``'s forward with inputs that require grad: a pybind function's outputs
@@ -66,7 +64,6 @@ from typing import Any
 
 from gpucheck.detectors import ext_watch, launch_callbacks, op_watch
 from gpucheck.detectors.elf import name_path
-from gpucheck.errors import CUDA_ERROR_MARKERS, sticky_cuda_error_line
 
 #: the marker kernel (``at::cuda::sleep`` launches ``spin_kernel``)
 MARKER_KERNEL = "spin_kernel"
@@ -433,16 +430,13 @@ class LaunchTrace:
         self.depth = 0
         self.backward_pending = False
         self.callbacks: launch_callbacks.Recorder | None = None  # the open window's recorder
-        #: CUDA errors a call left pending that a marker's launch read (kineto's windows):
-        #: the case's, for ``pending-error`` (:meth:`take_pending`)
-        self.pending: list[str] = []
 
     # -- the case ---------------------------------------------------------------------------
     def acquire(self) -> None:
         """A detector starts reading the case (the first one starts the trace)."""
         with self.lock:
             if not self.active:
-                self.windows, self.counts, self.failed, self.pending = [], {}, None, []
+                self.windows, self.counts, self.failed = [], {}, None
                 self.active = op_watch.add(self)
                 if self.active:
                     _watch_torch()
@@ -533,33 +527,13 @@ class LaunchTrace:
         with contextlib.nullcontext() if d == current else torch.cuda.device(d):
             if d not in self.window.streams:  # the first marker on d: name its stream 0 too
                 with torch.cuda.stream(torch.cuda.default_stream(d)):
-                    self._marker()
+                    torch.cuda._sleep(0)
                 self.window.log.append({"edge": "legacy", "call": -1, "op": "", "device": d})
                 self.window.streams[d] = repr(torch.cuda.current_stream(d))
-            self._marker()  # on d's current stream
+            torch.cuda._sleep(0)  # on d's current stream
         self.window.log.append(entry)
         self.devices.add(d)
         self.devices.add(current)
-
-    def _marker(self) -> None:
-        """A marker kernel on the current stream. torch reads the runtime's last error after
-        the launch, so an error that the call before left pending surfaces here although the
-        marker ran: it is kept for ``pending-error`` and the window goes on, its markers and
-        log in step. A lost context's error is raised (the window is given up)."""
-        try:
-            sys.modules["torch"].cuda._sleep(0)
-        except Exception as err:
-            text = str(err)
-            if not any(m in text for m in CUDA_ERROR_MARKERS) or sticky_cuda_error_line(text):
-                raise
-            self.pending.append(text)
-
-    def take_pending(self) -> str | None:
-        """The first CUDA error a marker read in this case (and forget them all), or None."""
-        with self.lock:
-            first = self.pending[0] if self.pending else None
-            self.pending = []
-            return first
 
     def _open(self) -> bool:
         torch = sys.modules["torch"]

@@ -164,19 +164,6 @@ def test_pending_error_is_read_cleared_and_reported(monkeypatch):
     assert rt.current == 0  # and the case's own current device is left as it was
 
 
-def test_a_pending_error_a_trace_marker_read_is_reported(monkeypatch):
-    """kineto's windows: the trace's end marker after the failing call read the error first
-    (the runtime has nothing left); the finding comes from what the marker read."""
-    from gpucheck.detectors import launch_trace
-
-    monkeypatch.setattr(launch_trace.TRACE, "pending", [INVALID])
-    rt = Runtime()
-    (f,) = pending_after(monkeypatch, rt)
-    assert "left a CUDA error pending (CUDA error: invalid argument" in f.message
-    assert "the launch trace's marker kernel" in f.evidence
-    assert launch_trace.TRACE.pending == [] and rt.launched_on == [1]  # and the probe ran
-
-
 def test_no_pending_error_no_finding(monkeypatch):
     rt = Runtime()
     assert pending_after(monkeypatch, rt) == []

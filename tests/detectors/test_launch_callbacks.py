@@ -5,10 +5,7 @@ window is (its streams are handles)."""
 
 from __future__ import annotations
 
-import contextlib
 import ctypes.util
-import sys
-from types import SimpleNamespace
 
 import pytest
 
@@ -148,73 +145,3 @@ def test_a_launch_outside_the_call_is_not_the_calls():
     split = after.split
     assert split is not None and [w.name for w in split.rest] == ["ext::late(float*)"]
     assert split.legacy == {0: 0} and split.current == {0: {HANDLE}}
-
-
-class _KinetoCuda:
-    """torch.cuda as the kineto path's markers use it; ``_sleep`` raises what is pending once
-    (torch reads the runtime's last error after the launch, which ran)."""
-
-    def __init__(self, pending=None, sticky=False):
-        self.pending, self.sticky, self.launched = pending, sticky, 0
-
-    def current_device(self):
-        return 0
-
-    def device(self, d):
-        return contextlib.nullcontext()
-
-    def stream(self, s):
-        return contextlib.nullcontext()
-
-    def default_stream(self, d):
-        return "<legacy>"
-
-    def current_stream(self, d):
-        return "<current>"
-
-    def _sleep(self, cycles):
-        self.launched += 1
-        error, self.pending = self.pending, self.pending if self.sticky else None
-        if error is not None:
-            raise RuntimeError(error)
-
-
-INVALID = (
-    "CUDA error: invalid argument\nCompile with `TORCH_USE_CUDA_DSA` to enable device-side "
-    "assertions.\n"
-)
-
-
-def test_a_marker_that_reads_a_calls_pending_error_keeps_it_and_the_window_in_step(monkeypatch):
-    """kineto's windows: the end marker after a call that left an error pending raises it
-    (torch checks after the launch). The marker ran: its log entry is kept (markers and log
-    in step), the trace's depth comes back, and the error waits for pending-error."""
-    cuda = _KinetoCuda()
-    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=cuda))
-    trace = lt.LaunchTrace()
-    trace.open, trace.window = True, lt.Window()
-    entry = {"call": 0, "op": "ext::op", "device": 0, "single_device": True, "frame": None}
-    trace.depth = 1
-    trace._mark(dict(entry, edge="begin"))
-    cuda.pending = INVALID  # the call fails; its check throws without reading the error
-    call = SimpleNamespace(
-        notes={"launch-trace": entry}, outputs=lambda out: [], inputs=[], autograd=None
-    )
-    monkeypatch.setattr(trace, "_close", lambda: setattr(trace, "open", False))
-    trace.after(call, None)
-    assert [e["edge"] for e in trace.window.log] == ["legacy", "begin", "end"]
-    assert cuda.launched == 3 and trace.depth == 0 and not trace.open
-    assert trace.take_pending() == INVALID and trace.take_pending() is None
-
-
-def test_a_marker_raises_a_lost_context_and_what_is_no_cuda_error(monkeypatch):
-    for pending, sticky in (
-        ("CUDA error: an illegal memory access was encountered\n", True),
-        ("spin_kernel: bad argument", False),  # no CUDA error at all
-    ):
-        cuda = _KinetoCuda(pending, sticky)
-        monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=cuda))
-        trace = lt.LaunchTrace()
-        with pytest.raises(RuntimeError):
-            trace._marker()
-        assert trace.pending == []
