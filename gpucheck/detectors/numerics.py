@@ -43,7 +43,7 @@ from gpucheck.model.results import CaseRecord, Finding
 
 CAP = 16
 SAMPLE = 1 << 20
-CHUNK = 2 * SAMPLE  # elements summed at once (two rows of int64: 32 MiB at most)
+CHUNK = SAMPLE  # elements summed at once: two rows of int64, 16 MiB at most
 MAX_KEPT = 64  # fingerprints a case record keeps
 HINT = (
     "make the result a function of the input alone: no float atomics whose order varies "
