@@ -40,6 +40,23 @@ class CaseInfo:
     case: str  # case id, relative to the suite root
 
 
+def detector_error(
+    name: str, err: BaseException | str, info: CaseInfo, severity: str = "warning"
+) -> Finding:
+    """A detector that failed (``err``), or could only partly do its work (a sentence), is a
+    ``detector-error`` on the case (a warning by default, ``info`` for what costs time, not
+    coverage), never the case's failure."""
+    what = f"failed: {err!r}" if isinstance(err, BaseException) else err
+    return Finding(
+        kind="detector-error",
+        severity=severity,
+        message=f"detector {name} {what}",
+        device=info.device,
+        suite=info.suite,
+        case=info.case,
+    )
+
+
 class Detector(Protocol):
     """Where a detector runs is what it implements; every hook returns findings (or None).
 

@@ -13,7 +13,7 @@ with the Python line of the call.
 
 from __future__ import annotations
 
-from gpucheck.detectors.base import BaseDetector, CaseInfo
+from gpucheck.detectors.base import BaseDetector, CaseInfo, detector_error
 from gpucheck.detectors.launch_trace import TRACE, kernel_list
 from gpucheck.detectors.wrong_device import HINT
 from gpucheck.detectors.wrong_stream import misplaced
@@ -66,4 +66,5 @@ class KernelDevice(BaseDetector):
                     hint=HINT.format(where=f"the C++ function behind `{op}`"),
                 )
             )
-        return out
+        problems = self.trace.take_problems()
+        return out + [detector_error(self.name, what, case, sev) for sev, what in problems]

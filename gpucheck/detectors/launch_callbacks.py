@@ -170,21 +170,27 @@ def build() -> Path:
     return target
 
 
+def asked() -> str:
+    """The recorder ``GPUCHECK_LAUNCH_TRACE`` asks for (lower case; unset: the default)."""
+    return os.environ.get(BACKEND_ENV, "").strip().lower() or BACKENDS[0]
+
+
 @functools.cache
 def recorder() -> Recorder | None:
     """This process's recorder, built and loaded once; None (:data:`why_not` says why) when
     ``GPUCHECK_LAUNCH_TRACE`` asks for kineto (or names no recorder) or it cannot be had."""
     global why_not
-    asked = os.environ.get(BACKEND_ENV, "").strip().lower() or BACKENDS[0]
-    if asked != "callbacks":
-        why_not = f"{BACKEND_ENV}={asked}" + (
-            "" if asked in BACKENDS else f" is not one of {', '.join(BACKENDS)}: kineto"
+    asked_for = asked()
+    if asked_for != "callbacks":
+        why_not = f"{BACKEND_ENV}={asked_for}" + (
+            "" if asked_for in BACKENDS else f" is not one of {', '.join(BACKENDS)}: kineto"
         )
         return None
     try:
         return Recorder(ctypes.CDLL(str(build())))
     except subprocess.CalledProcessError as err:
-        why_not = f"its build failed: {(err.stderr or '').strip().splitlines()[-1:]}"
+        last = (err.stderr or "").strip().splitlines()[-1:] or [f"exit status {err.returncode}"]
+        why_not = f"its build failed: {last[0]}"
     except (OSError, subprocess.SubprocessError) as err:
         why_not = f"{type(err).__name__}: {err}"
     return None

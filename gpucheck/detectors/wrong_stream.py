@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 
-from gpucheck.detectors.base import BaseDetector, CaseInfo
+from gpucheck.detectors.base import BaseDetector, CaseInfo, detector_error
 from gpucheck.detectors.launch_trace import (
     TRACE,
     MisplacedLaunch,
@@ -174,6 +174,11 @@ class WrongStream(BaseDetector):
 
     def case_finished(self, case: CaseInfo) -> list[Finding]:
         windows = self.trace.finish()
-        return findings(case, misplaced(windows, "wrong-stream")) + unclaimed_findings(
-            case, windows
+        return (
+            findings(case, misplaced(windows, "wrong-stream"))
+            + unclaimed_findings(case, windows)
+            + [
+                detector_error(self.name, what, case, sev)
+                for sev, what in self.trace.take_problems()
+            ]
         )

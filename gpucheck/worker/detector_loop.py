@@ -8,21 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 from gpucheck.detectors import op_watch
-from gpucheck.detectors.base import CaseInfo, Detector
+from gpucheck.detectors.base import CaseInfo, Detector, detector_error
 from gpucheck.model.results import Finding
-
-
-def detector_error(name: str, err: BaseException, info: CaseInfo) -> Finding:
-    """A detector that failed is a warning on the case, never the case's failure."""
-    return Finding(
-        kind="detector-error",
-        severity="warning",
-        message=f"detector {name} failed: {err!r}",
-        device=info.device,
-        suite=info.suite,
-        case=info.case,
-    )
-
 
 #: the ``cost_s`` key of the per-call watch (:mod:`gpucheck.detectors.op_watch`): its listeners
 #: around every extension-op call of the case, all detectors together

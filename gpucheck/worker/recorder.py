@@ -23,7 +23,7 @@ import pytest
 from gpucheck import nvml
 from gpucheck.detectors import leak as leak_mod
 from gpucheck.detectors import op_watch
-from gpucheck.detectors.base import CaseInfo, WorkerContext
+from gpucheck.detectors.base import CaseInfo, WorkerContext, detector_error
 from gpucheck.detectors.registry import worker_detectors
 from gpucheck.errors import CUDA_ERROR_MARKERS, OutputProblem, sticky_cuda_error_line
 from gpucheck.model import clock, contract, results, worker_state
@@ -36,7 +36,7 @@ from gpucheck.nvml_sampler import CasePeaks, Sampler
 from gpucheck.sanitizer.findings import read_records, sanitizer_findings
 from gpucheck.worker import guard
 from gpucheck.worker.case import merge, sticky_cuda_error
-from gpucheck.worker.detector_loop import DetectorLoop, detector_error, stood_down_note
+from gpucheck.worker.detector_loop import DetectorLoop, stood_down_note
 
 
 def _torch_cuda() -> Any:

@@ -145,3 +145,70 @@ def test_a_launch_outside_the_call_is_not_the_calls():
     split = after.split
     assert split is not None and [w.name for w in split.rest] == ["ext::late(float*)"]
     assert split.legacy == {0: 0} and split.current == {0: {HANDLE}}
+
+
+def _kineto(monkeypatch, error: Exception | None = None) -> list[str]:
+    """kineto's start, recorded (and failing with ``error``) instead of run."""
+    import torch.autograd.profiler as profiler
+
+    started: list[str] = []
+
+    def prepare(config, activities):
+        if error is not None:
+            raise error
+        started.append("prepare")
+
+    monkeypatch.setattr(profiler, "_prepare_profiler", prepare)
+    monkeypatch.setattr(profiler, "_enable_profiler", lambda c, a: started.append("enable"))
+    return started
+
+
+def test_a_fallback_to_kineto_is_told_once_unless_asked_for(monkeypatch):
+    """Without the callback recorder (its build failed) the trace records with kineto, and
+    the first detector reading the case says so, once per process, as info: the checks are
+    the same, the cost is not. Asked for with GPUCHECK_LAUNCH_TRACE=kineto, nothing is told."""
+    from gpucheck.detectors import CaseInfo
+    from gpucheck.detectors.kernel_device import KernelDevice
+    from gpucheck.detectors.wrong_stream import WrongStream
+
+    started = _kineto(monkeypatch)
+    monkeypatch.setattr(lc, "recorder", lambda: None)
+    monkeypatch.setattr(lc, "why_not", "its build failed: cupti.h: No such file or directory")
+    monkeypatch.delenv(lc.BACKEND_ENV, raising=False)
+    trace = lt.LaunchTrace()
+    assert trace._open() and started == ["prepare", "enable"]
+    trace.open = False
+    assert trace._open()  # another window: told already
+    trace.open = False
+    case = CaseInfo("cuda:0", "s", "test_x.py::test_x")
+    stream, device = WrongStream(), KernelDevice()
+    stream.trace = device.trace = trace
+    (told,) = device.case_finished(case)
+    assert told.message.startswith("detector kernel-device ran with the launch trace on kineto")
+    assert "(its build failed: cupti.h: No such file or directory)" in told.message
+    assert stream.case_finished(case) == []  # taken by the first reader
+    trace = lt.LaunchTrace()
+    trace.problems = [("info", "ran with kineto (why)")]
+    stream.trace = device.trace = trace
+    (told,) = stream.case_finished(case)
+    assert (told.kind, told.severity, told.case) == ("detector-error", "info", case.case)
+    assert told.message == "detector wrong-stream ran with kineto (why)"
+
+    monkeypatch.setenv(lc.BACKEND_ENV, "kineto")
+    trace = lt.LaunchTrace()
+    assert trace._open() and trace.take_problems() == []
+
+
+def test_a_trace_that_cannot_start_says_what_was_not_traced(monkeypatch):
+    """kineto refusing to start leaves the case's later calls untraced: a warning that names
+    the error, not a silence that reads as a clean case."""
+    _kineto(monkeypatch, RuntimeError("CUPTI_ERROR_INSUFFICIENT_PRIVILEGES"))
+    monkeypatch.setattr(lc, "recorder", lambda: None)
+    monkeypatch.setenv(lc.BACKEND_ENV, "kineto")
+    trace = lt.LaunchTrace()
+    assert not trace._open()
+    assert isinstance(trace.failed, RuntimeError)
+    ((severity, what),) = trace.take_problems()
+    assert severity == "warning"
+    assert "RuntimeError: CUPTI_ERROR_INSUFFICIENT_PRIVILEGES" in what
+    assert "later op calls were not traced" in what
