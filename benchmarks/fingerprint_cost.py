@@ -1,4 +1,4 @@
-"""What the numerics detector's fingerprint of one op call costs (``op-watch`` in a record's
+"""What the numerics detector's fingerprint of one op call costs (``numerics`` in a record's
 ``cost_s``), on the arguments and results of the bundled ops.
 
     python benchmarks/fingerprint_cost.py [--device cuda|cpu] [--reps 200] [--json F]

@@ -416,6 +416,8 @@ class Window:
 class LaunchTrace:
     """The op_watch listener and profiler windows of one worker (see the module text)."""
 
+    name = "launch-trace"  # its seconds around the calls, in a case's ``cost_s``
+
     def __init__(self, cap: int = CAP) -> None:
         self.cap = cap
         self.lock = threading.RLock()

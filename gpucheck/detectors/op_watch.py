@@ -23,7 +23,9 @@ called the extension) and whether it was made from an ``autograd.Function``'s ``
 
 Listeners are objects with ``before(call)`` and ``after(call, out)``; ``after`` also runs
 (with ``out=None`` and ``call.error`` set) when the op raises. A listener must never raise:
-its exceptions are kept in :data:`errors` and reported by the detector that owns it.
+its exceptions are kept in :data:`errors` and reported by the detector that owns it. The
+seconds each listener takes are counted under its ``name`` (:func:`take_spent`: a case's
+``cost_s``), the watch's own under ``op-watch``.
 """
 
 from __future__ import annotations
@@ -140,20 +142,33 @@ def watched(name: str, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     return _watched(name, lambda: fn(*args, **kwargs), args, kwargs, fn)
 
 
-#: seconds the watch and its listeners took around calls (every thread), since the last
-#: :func:`take_spent`: the per-call part of what the checks cost (``cost_s["op-watch"]``)
-_spent = [0.0]
+#: the ``cost_s`` key of the watch's own part of a call (the caller's frame, the record of
+#: the call); each listener's part goes under its ``name`` (a detector's), else its class's
+WATCH = "op-watch"
+#: seconds taken around calls (every thread) since the last :func:`take_spent`, by whom: the
+#: per-call part of what the checks cost
+_spent: dict[str, float] = {}
 
 
 def spent() -> float:
-    """Seconds the watch took around calls since the last :func:`take_spent`."""
-    return _spent[0]
+    """Seconds taken around calls since the last :func:`take_spent`, all together."""
+    return sum(_spent.values())
 
 
-def take_spent() -> float:
-    """Seconds the watch took around calls since the last call of this; starts again at 0."""
-    seconds, _spent[0] = _spent[0], 0.0
-    return seconds
+def take_spent() -> dict[str, float]:
+    """Seconds taken around calls since the last call of this, by the listener that took
+    them (:data:`WATCH`: the watch's own); starts again at nothing."""
+    global _spent
+    taken, _spent = _spent, {}
+    return taken
+
+
+def _charge(who: str, seconds: float) -> None:
+    _spent[who] = _spent.get(who, 0.0) + seconds
+
+
+def _name(listener: Any) -> str:
+    return getattr(listener, "name", None) or type(listener).__name__
 
 
 def _watched(
@@ -174,35 +189,40 @@ def _watched(
         depth=depth,
     )
     active = list(listeners)
+    t = time.perf_counter()
+    _charge(WATCH, t - t0)
     for li in active:
         try:
             li.before(call)
         except Exception as err:
             errors.setdefault(id(li), err)
-    t1 = time.perf_counter()
+        now = time.perf_counter()
+        _charge(_name(li), now - t)
+        t = now
     _depth.n = depth + 1
     try:
         out = invoke()
     except BaseException as err:
-        t2 = time.perf_counter()
         _depth.n = depth
         call.error = err
-        for li in reversed(active):
-            try:
-                li.after(call, None)
-            except Exception as lerr:
-                errors.setdefault(id(li), lerr)
-        _spent[0] += (t1 - t0) + (time.perf_counter() - t2)
+        _after(active, call, None)
         raise
-    t2 = time.perf_counter()
     _depth.n = depth
+    _after(active, call, out)
+    return out
+
+
+def _after(active: list[Listener], call: Call, out: Any) -> None:
+    """The listeners' ``after``, last first, each charged for its time."""
+    t = time.perf_counter()
     for li in reversed(active):
         try:
             li.after(call, out)
         except Exception as err:
             errors.setdefault(id(li), err)
-    _spent[0] += (t1 - t0) + (time.perf_counter() - t2)
-    return out
+        now = time.perf_counter()
+        _charge(_name(li), now - t)
+        t = now
 
 
 # -- the caller's frame --------------------------------------------------------------------

@@ -131,6 +131,11 @@ def mixed_devices_hint(finding: Finding, what: str = "CUDA error") -> str:
     )
 
 
+#: the ``cost_s`` key of the worker's own bookkeeping (every other key is a detector's, or the
+#: per-call watch's ``op-watch``)
+BOOKKEEPING = "record"
+
+
 @dataclass
 class CaseRecord:
     run_id: str

@@ -1,8 +1,9 @@
 """What the checks cost: how much of a run was gpucheck's own time, not the cases'.
 
 A case's ``duration_s`` holds its body and fixtures (what plain pytest would spend too) and
-gpucheck's own seconds inside it (``cost_s``: each detector, the per-call watch of extension
-ops (``op-watch``, counted with the detectors), the worker's bookkeeping). The rest of the
+gpucheck's own seconds inside it (``cost_s``: each detector, its checks around extension-op
+calls included; the launch trace's and the watch's own part of those, ``launch-trace`` and
+``op-watch``, counted with the detectors; the worker's bookkeeping). The rest of the
 wall time of a run is gpucheck's as well: starting the workers and finding the devices before
 the first case, a pass that runs cases an earlier pass ran (a sanitizer pass, the
 wrong-device re-runs), the reports after the last case. Passes run one after another;
@@ -14,10 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from gpucheck.model.results import CaseRecord
-
-#: the ``cost_s`` key of the worker's own bookkeeping (every other key is a detector)
-BOOKKEEPING = "record"
+from gpucheck.model.results import BOOKKEEPING, CaseRecord
 
 
 @dataclass

@@ -11,10 +11,6 @@ from gpucheck.detectors import op_watch
 from gpucheck.detectors.base import CaseInfo, Detector, detector_error
 from gpucheck.model.results import Finding
 
-#: the ``cost_s`` key of the per-call watch (:mod:`gpucheck.detectors.op_watch`): its listeners
-#: around every extension-op call of the case, all detectors together
-WATCH_COST = "op-watch"
-
 
 class DetectorLoop:
     """Detectors around one case body: :meth:`start` before it, :meth:`finish` after it. A
@@ -30,7 +26,7 @@ class DetectorLoop:
 
     def _charge(self, name: str, t0: float, watch0: float | None = None) -> None:
         """A detector's seconds since ``t0``, less the watch's around the calls it made since
-        ``watch0`` (a repeated body's: they count as ``op-watch``)."""
+        ``watch0`` (a repeated body's: they count as the per-call watch's)."""
         took = time.perf_counter() - t0
         if watch0 is not None:
             took -= op_watch.spent() - watch0
@@ -69,7 +65,8 @@ class DetectorLoop:
         (:func:`touches_gpu`) stand down: they are ended, and what they would say (read
         from a context that answers every call with the same error) is dropped. Returns
         their names, for the one note the case record gets. Each detector's seconds on the
-        case go to ``data["cost_s"]``, the watch's around the case's calls under ``op-watch``."""
+        case go to ``data["cost_s"]``, and those taken around the case's op calls under the
+        name of whoever took them (:func:`gpucheck.detectors.op_watch.take_spent`)."""
         stood_down = []
         for d in self.started:
             down = lost_context and touches_gpu(d)
@@ -87,10 +84,8 @@ class DetectorLoop:
                 stood_down.append(d.name)
         self.started = []
         costs = data.setdefault("cost_s", {})
-        for name, seconds in self.cost.items():
+        for name, seconds in [*self.cost.items(), *op_watch.take_spent().items()]:
             costs[name] = costs.get(name, 0.0) + seconds
-        if watch := op_watch.take_spent():
-            costs[WATCH_COST] = costs.get(WATCH_COST, 0.0) + watch
         return stood_down
 
 

@@ -29,7 +29,7 @@ from gpucheck.errors import CUDA_ERROR_MARKERS, OutputProblem, sticky_cuda_error
 from gpucheck.model import clock, contract, results, worker_state
 from gpucheck.model.fleet import WorkerPlan
 from gpucheck.model.layout import WorkerFiles
-from gpucheck.model.results import EVIDENCE_CHARS, CaseRecord, Finding
+from gpucheck.model.results import BOOKKEEPING, EVIDENCE_CHARS, CaseRecord, Finding
 from gpucheck.model.shard import ShardError, ShardPlan, case_key
 from gpucheck.model.worker_state import WorkerState
 from gpucheck.nvml_sampler import CasePeaks, Sampler
@@ -550,7 +550,7 @@ class Recorder:
             fingerprints=fingerprints,
             numerics=list(data.get("numerics", [])),
             cost_s=_rounded(
-                {**data.get("cost_s", {}), "record": self.bookkeeping.pop(nodeid, 0.0)}
+                _with_bookkeeping(data.get("cost_s", {}), self.bookkeeping.pop(nodeid, 0.0))
             ),
         )
 
@@ -573,6 +573,12 @@ def _header_written(path: Path, timeout: float = HEADER_WAIT_S) -> bool:
         time.sleep(0.005)
 
 
+def _with_bookkeeping(costs: dict[str, float], seconds: float) -> dict[str, float]:
+    """``costs`` with the worker's bookkeeping added under ``record`` (its op tracker's
+    seconds around the calls are there already)."""
+    return {**costs, BOOKKEEPING: costs.get(BOOKKEEPING, 0.0) + seconds}
+
+
 def _rounded(costs: dict[str, float]) -> dict[str, float]:
     return {name: round(seconds, 6) for name, seconds in costs.items()}
 
@@ -580,6 +586,8 @@ def _rounded(costs: dict[str, float]) -> dict[str, float]:
 class _OpTracker:
     """Keeps the extension op being called in the state file, so that a crash or a hang
     inside it names the op (written when the op changes, not on every call)."""
+
+    name = BOOKKEEPING  # its seconds around the calls are the worker's bookkeeping
 
     def __init__(self, write: Any) -> None:
         self.write = write

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
 from clirun import run_suite
 
 
@@ -147,9 +148,9 @@ def test_the_loop_times_each_detector_on_the_case(tmp_path):
 
 
 def test_the_watch_around_the_cases_op_calls_is_its_own_cost():
-    """``cost_s["op-watch"]``: the seconds the per-call listeners took around the case's
-    extension-op calls, the body's own time left out; a detector that repeats the body is
-    not charged for the watch around the repeated calls."""
+    """The seconds each per-call listener took around the case's extension-op calls, under
+    its name (``op-watch``: the watch's own part), the body's own time left out; a detector
+    that repeats the body is not charged for the listeners around the repeated calls."""
     import time
 
     import torch  # noqa: F401  (the watch needs torch imported)
@@ -159,6 +160,8 @@ def test_the_watch_around_the_cases_op_calls_is_its_own_cost():
     from gpucheck.worker.detector_loop import DetectorLoop
 
     class SlowListener:
+        name = "slow-listener"
+
         def before(self, call):
             time.sleep(0.01)
 
@@ -187,5 +190,42 @@ def test_the_watch_around_the_cases_op_calls_is_its_own_cost():
         loop.finish(info, [], data)
     finally:
         op_watch.remove(listener)
-    assert 0.06 <= data["cost_s"]["op-watch"] < 0.1  # 3 calls x 0.02 s
+    assert 0.06 <= data["cost_s"]["slow-listener"] < 0.1  # 3 calls x 0.02 s
+    assert 0 < data["cost_s"]["op-watch"] < 0.01  # the watch's own part of the 3 calls
     assert 0.1 <= data["cost_s"]["repeats"] < 0.14  # the two repeated bodies, watch left out
+
+
+def test_a_listener_without_a_name_is_charged_under_its_class_also_when_the_op_raises():
+    import time
+
+    import torch  # noqa: F401  (the watch needs torch imported)
+
+    from gpucheck.detectors import op_watch
+    from gpucheck.detectors.base import CaseInfo
+    from gpucheck.worker.detector_loop import DetectorLoop
+
+    class Unnamed:
+        def before(self, call):
+            pass
+
+        def after(self, call, out):
+            if call.error is not None:
+                time.sleep(0.03)
+
+    def fails():
+        raise ValueError("the op refused")
+
+    info = CaseInfo("cpu", "s", "test_a.py::test_a")
+    loop = DetectorLoop([])
+    data: dict = {}
+    listener = Unnamed()
+    assert op_watch.add(listener)
+    try:
+        loop.start(info, [])
+        with pytest.raises(ValueError, match="refused"):
+            op_watch.watch_call("ns::op", fails)
+        loop.finish(info, [], data)
+    finally:
+        op_watch.remove(listener)
+    assert 0.03 <= data["cost_s"]["Unnamed"] < 0.06
+    assert op_watch.take_spent() == {}  # taken by the case
