@@ -81,21 +81,25 @@ def _sums(torch: Any, tensors: list[Any]) -> list[int]:
     elements the index of the ends, the second scan, the read of both rows and the copy back."""
     values: list[int] = []
     chunk: list[Any] = []
+    size = 0
     for flat in [_ints(torch, t) for t in tensors]:
-        if chunk and sum(f.numel() for f in chunk) + flat.numel() > CHUNK:
-            values += _scan(torch, chunk)
-            chunk = []
+        if chunk and size + flat.numel() > CHUNK:
+            values += _scan(torch, chunk, size)
+            chunk, size = [], 0
         chunk.append(flat)
-    return values + _scan(torch, chunk)
+        size += flat.numel()
+    return values + _scan(torch, chunk, size)
 
 
-def _scan(torch: Any, flats: list[Any]) -> list[int]:
-    rows = torch.empty(2, sum(f.numel() for f in flats), dtype=torch.int64, device=flats[0].device)
+def _scan(torch: Any, flats: list[Any], size: int) -> list[int]:
+    rows = torch.empty(2, size, dtype=torch.int64, device=flats[0].device)
     ends: list[int] = []
+    start = 0
     for flat in flats:
-        start = ends[-1] + 1 if ends else 0
-        torch.cumsum(flat, 0, dtype=torch.int64, out=rows[0, start : start + flat.numel()])
-        ends.append(start + flat.numel() - 1)
+        end = start + flat.numel()
+        torch.cumsum(flat, 0, dtype=torch.int64, out=rows[0, start:end])
+        ends.append(end - 1)
+        start = end
     torch.cumsum(rows[0], 0, out=rows[1])
     read = rows[:, torch.tensor(ends, device=rows.device)]
     return [v for pair in zip(*read.tolist(), strict=True) for v in pair]
