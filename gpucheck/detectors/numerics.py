@@ -43,6 +43,7 @@ from gpucheck.model.results import CaseRecord, Finding
 
 CAP = 16
 SAMPLE = 1 << 20
+CHUNK = SAMPLE  # elements summed at once: two rows of int64, 16 MiB at most
 MAX_KEPT = 64  # fingerprints a case record keeps
 HINT = (
     "make the result a function of the input alone: no float atomics whose order varies "
@@ -53,22 +54,55 @@ HINT = (
 _INT = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
 
 
-def _bits(t: Any) -> tuple[Any, ...]:
-    """Device-side sums of a tensor's bits (plain and position-weighted), one sample."""
-    torch = sys.modules["torch"]
+def _ints(torch: Any, t: Any) -> Any:
+    """The tensor's elements as integers of their width (its bits), flat, in logical order;
+    above :data:`SAMPLE` elements an evenly strided sample (the first element kept). A view
+    where the tensor allows one (no kernel)."""
     flat = t.detach().reshape(-1)
     n = flat.numel()
     if n > SAMPLE:
         flat = flat[:: -(-n // SAMPLE)]
     if flat.dtype.is_complex:
         flat = torch.view_as_real(flat).reshape(-1)
-    if flat.dtype == torch.bool:
-        flat = flat.to(torch.uint8)
-    # four kernels a tensor (run under CUDA_LAUNCH_BLOCKING, each is a round trip): integer
-    # sums are int64 in torch, and wrap around alike in any order of summation
-    ints = flat.contiguous().view(getattr(torch, _INT[flat.element_size()]))
-    weights = torch.arange(1, ints.numel() + 1, device=ints.device, dtype=torch.int64)
-    return ints.sum(), (ints * weights).sum()
+    return flat.view(getattr(torch, _INT[flat.element_size()]))
+
+
+def _sums(torch: Any, tensors: list[Any]) -> list[int]:
+    """Two sums of each tensor's bits (``tensors``: of one device), in order: the plain sum
+    and a sum weighted by position (so an order change shows), read back flat.
+
+    The tensors' integers are scanned one after another into a row of int64 (a running sum
+    that starts again at each tensor, whose last element is the tensor's sum); a scan of that
+    row sums the running sums (at a tensor's last element: every earlier element weighted by
+    its distance from there, the earlier tensors of the chunk included). Both rows are read at
+    each tensor's last element. int64 sums wrap around alike in any order of summation, so a
+    device's parallel scan gives the host's numbers. Under CUDA_LAUNCH_BLOCKING every kernel
+    is a round trip, so the count is the cost: one scan a tensor, then per :data:`CHUNK`
+    elements the index of the ends, the second scan, the read of both rows and the copy back."""
+    values: list[int] = []
+    chunk: list[Any] = []
+    size = 0
+    for flat in [_ints(torch, t) for t in tensors]:
+        if chunk and size + flat.numel() > CHUNK:
+            values += _scan(torch, chunk, size)
+            chunk, size = [], 0
+        chunk.append(flat)
+        size += flat.numel()
+    return values + _scan(torch, chunk, size)
+
+
+def _scan(torch: Any, flats: list[Any], size: int) -> list[int]:
+    rows = torch.empty(2, size, dtype=torch.int64, device=flats[0].device)
+    ends: list[int] = []
+    start = 0
+    for flat in flats:
+        end = start + flat.numel()
+        torch.cumsum(flat, 0, dtype=torch.int64, out=rows[0, start:end])
+        ends.append(end - 1)
+        start = end
+    torch.cumsum(rows[0], 0, out=rows[1])
+    read = rows[:, torch.tensor(ends, device=rows.device)]
+    return [v for pair in zip(*read.tolist(), strict=True) for v in pair]
 
 
 def scratch(t: Any) -> bool:
@@ -95,7 +129,7 @@ def _fingerprint(torch: Any, obj: Any, results_only: bool) -> str | None:
     from torch.utils._pytree import tree_leaves
 
     parts: list[Any] = []
-    sums: dict[Any, list[Any]] = {}  # device -> sums, read back with one copy per device
+    hashed: dict[Any, list[Any]] = {}  # device -> its tensors, summed with one copy back
     for leaf in tree_leaves(obj):
         if isinstance(leaf, torch.Tensor):
             if not _real(leaf):
@@ -105,10 +139,10 @@ def _fingerprint(torch: Any, obj: Any, results_only: bool) -> str | None:
                 continue
             parts.append((str(leaf.dtype), tuple(leaf.shape)))
             if leaf.numel():
-                sums.setdefault(leaf.device, []).extend(_bits(leaf))
+                hashed.setdefault(leaf.device, []).append(leaf)
         else:
             parts.append(repr(leaf))
-    values = [torch.stack(v).tolist() for _, v in sorted(sums.items(), key=lambda kv: str(kv[0]))]
+    values = [_sums(torch, v) for _, v in sorted(hashed.items(), key=lambda kv: str(kv[0]))]
     return f"{zlib.crc32(repr((parts, values)).encode()):08x}"
 
 
