@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from gpucheck.detectors import numerics
 from gpucheck.detectors.numerics import fingerprint
 
 
@@ -133,9 +134,11 @@ def main() -> None:
         "n": args.n,
         "side": args.side,
         "reps": args.reps,
+        "numerics": numerics.__file__,  # which checkout's fingerprint (BASE= in the step)
     }
     print(
         f"{machine['device']}, torch {machine['torch']}, CLB={machine['CUDA_LAUNCH_BLOCKING'] or 0}"
+        f", {machine['numerics']}"
     )
     print(
         "| tensor set | tensors | fingerprint µs | a one-tensor fingerprint µs |\n|---|---|---|---|"
