@@ -29,7 +29,6 @@ from typing import Any
 import torch
 
 from gpucheck.detectors import numerics
-from gpucheck.detectors.numerics import fingerprint
 
 
 def sets(device: str, n: int, side: int) -> dict[str, Any]:
@@ -113,9 +112,9 @@ def main() -> None:
     for name, obj in sets(args.device, args.n, args.side).items():
         tensors = [t for t in torch.utils._pytree.tree_leaves(obj) if isinstance(t, torch.Tensor)]
         with_data = [t for t in tensors if t.numel()]
-        whole = timed(lambda o=obj: fingerprint(o), args.reps, args.device)
+        whole = timed(lambda o=obj: numerics.fingerprint(o), args.reps, args.device)
         each = statistics.median(
-            timed(lambda t=t: fingerprint(t), args.reps, args.device) for t in with_data
+            timed(lambda t=t: numerics.fingerprint(t), args.reps, args.device) for t in with_data
         )
         rows.append(
             {

@@ -6,16 +6,11 @@
 rc=0
 for clb in 1 0; do
   for tree in ${BASE:+base} this; do
+    path=${PYTHONPATH:-}
+    [ "$tree" = base ] && path=$BASE${PYTHONPATH:+:$PYTHONPATH}
     log=$S/fingerprint_cost_clb${clb}${tree/this/}.log
-    json=${log%.log}.json
-    if [ "$tree" = base ]; then
-      PYTHONPATH="$BASE${PYTHONPATH:+:$PYTHONPATH}" CUDA_LAUNCH_BLOCKING=$clb timeout -k 30 \
-        "$STEP_TIMEOUT" "$PY" benchmarks/fingerprint_cost.py --json "$json" >"$log" 2>&1 || rc=$?
-      echo "BASE=$BASE"
-    else
-      CUDA_LAUNCH_BLOCKING=$clb timeout -k 30 "$STEP_TIMEOUT" "$PY" benchmarks/fingerprint_cost.py \
-        --json "$json" >"$log" 2>&1 || rc=$?
-    fi
+    PYTHONPATH=$path CUDA_LAUNCH_BLOCKING=$clb timeout -k 30 "$STEP_TIMEOUT" "$PY" \
+      benchmarks/fingerprint_cost.py --json "${log%.log}.json" >"$log" 2>&1 || rc=$?
     tail -10 "$log"
   done
 done
