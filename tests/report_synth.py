@@ -26,7 +26,7 @@ from clirun import gpucheck
 from gpucheck.model import results
 from gpucheck.model.results import CaseRecord, Finding
 from gpucheck.model.timeline import DeviceRow, TimelineWriter
-from gpucheck.worker.recorder import sanitizer_findings
+from gpucheck.sanitizer.findings import sanitizer_findings
 
 HERE = Path(__file__).resolve().parent
 SANITIZER_LOG = HERE / "fixtures" / "sanitizer" / "memcheck_unguarded_launch_h200x2.log"

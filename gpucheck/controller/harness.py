@@ -9,7 +9,11 @@ dies (signal, abort) becomes a ``crashed`` record for the case it was in, with t
 signal and the tail of its stderr. Either way a fresh worker is started for that device and
 continues with the cases not yet recorded. A worker whose CUDA context is lost (a sticky
 error such as an illegal address) records that case as failed and exits with
-EXIT_CONTEXT_LOST so that it, too, is replaced. Other devices' workers are not affected.
+EXIT_CONTEXT_LOST so that it, too, is replaced. Other devices' workers are not affected. A
+sanitizer pass's worker whose logs near compute-sanitizer's print limit exits with
+EXIT_SANITIZER_LIMIT after a case and is replaced too (not counted as a restart after a
+crash); when the limit was reached during its last case, the records the tool did not print
+(its summary) become a finding of that case (a diagnosis record).
 """
 
 from __future__ import annotations
@@ -47,14 +51,15 @@ from gpucheck.model.contract import (
     DEVICE_LABEL_ENV,
     EXIT_CONTEXT_LOST,
     EXIT_OUTPUT_ERROR,
+    EXIT_SANITIZER_LIMIT,
     NORMAL_EXITS,
 )
 from gpucheck.model.layout import RunFolder, WorkerFiles
 from gpucheck.model.results import CaseRecord, Finding
-from gpucheck.model.runlog import RunLog
+from gpucheck.model.runlog import Diagnosis, RunLog
 from gpucheck.model.worker_state import WorkerState
 from gpucheck.sanitizer import command as sanitizer_cmd
-from gpucheck.sanitizer.findings import read_records, sanitizer_findings
+from gpucheck.sanitizer.findings import dropped_finding, read_records, sanitizer_findings
 
 #: seconds a hung worker has to write its stacks (SIGUSR1) before it is killed
 STACK_WAIT_S = 1.0
@@ -84,6 +89,8 @@ class Worker:
     state: WorkerState = field(default_factory=WorkerState)
     #: workers of this spec killed by a signal in a row before they recorded a case
     startup_kills: int = 0
+    #: fresh workers of this spec started for a fresh compute-sanitizer (not after a crash)
+    limit_restarts: int = 0
 
     @property
     def done(self) -> int:
@@ -190,10 +197,11 @@ class Harness:
             and not r.harness_made
         ]
 
-    def _restart(self, w: Worker, startup_kills: int = 0) -> None:
-        """Replace a dead worker by a fresh one that runs the cases not yet recorded."""
+    def _restart(self, w: Worker, startup_kills: int = 0, limit: bool = False) -> None:
+        """Replace a dead worker by a fresh one that runs the cases not yet recorded
+        (``limit``: one that ended for a fresh compute-sanitizer, not after a crash)."""
         done = self._recorded_cases(w.spec)
-        if w.generation >= MAX_RESTARTS:
+        if w.generation - w.limit_restarts >= MAX_RESTARTS:
             total = w.planned
             left = "some" if total is None else str(max(0, total - len(done)))
             self._record(
@@ -209,6 +217,7 @@ class Harness:
         fresh = self._spawn(w.spec, w.generation + 1, done)
         fresh.total = w.planned
         fresh.startup_kills = startup_kills
+        fresh.limit_restarts = w.limit_restarts + int(limit)
         w.replaced = True
         self.workers.append(fresh)
 
@@ -272,6 +281,8 @@ class Harness:
             if rc == sanitizer_cmd.ERROR_EXIT:  # the tool's exit code hides the worker's:
                 if w.state.exit_reason == worker_state.CONTEXT_LOST:
                     rc = EXIT_CONTEXT_LOST
+                elif w.state.exit_reason == worker_state.SANITIZER_LIMIT:
+                    rc = EXIT_SANITIZER_LIMIT
                 elif not case:  # ended normally; its findings are in the case records
                     rc = 1
             if unclaimed and not (case and rc not in NORMAL_EXITS):
@@ -293,6 +304,10 @@ class Harness:
             self._restart(w)
         elif rc == EXIT_CONTEXT_LOST:
             self._restart(w)  # the case's own record already says what happened
+        elif rc == EXIT_SANITIZER_LIMIT and w.state.exit_reason == worker_state.SANITIZER_LIMIT:
+            self._limit_reached(w)
+            if w.planned is None or w.done < w.planned:
+                self._restart(w, limit=True)
         elif rc not in NORMAL_EXITS or case or tool:  # os._exit(0) in a case ends it, too
             sig = signal_name(rc)
             how = f"killed by {sig}" if sig else f"exited with code {rc}"
@@ -354,6 +369,21 @@ class Harness:
                 if again:
                     kills = w.startup_kills + (0 if w.state.done else 1)
                     self._restart(w, startup_kills=kills)
+
+    def _limit_reached(self, w: Worker) -> None:
+        """The records compute-sanitizer did not print during the case its worker's state
+        names (its logs' summaries), as a diagnosis record of that case."""
+        suite, case = w.state.limit_suite, w.state.limit_case
+        if not (suite and case):
+            return  # ended before the limit: nothing was dropped
+        texts = []
+        for log in WorkerFiles.of_state(w.state_path).sanitizer_logs():
+            with contextlib.suppress(OSError):
+                texts.append(read_records(log, 0, complete_only=False)[0])
+        finding = dropped_finding(texts, w.spec.label, suite, case)
+        if finding is not None:
+            diagnosis = Diagnosis(self.run_id, w.spec.label, suite, case, w.spec.mode, [finding])
+            results.append(self.results_path, diagnosis.to_json())
 
     def _unclaimed_sanitizer_findings(self, w: Worker) -> list[Finding]:
         """Records of the worker's sanitizer logs that no finished case claimed."""

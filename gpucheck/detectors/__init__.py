@@ -28,6 +28,7 @@ from gpucheck.detectors.oom_anomaly import OomAnomaly
 from gpucheck.detectors.op_device import OpDevice
 from gpucheck.detectors.registry import RunContext, hookimpl, run_detectors, worker_detectors
 from gpucheck.detectors.stray_context import StrayContext
+from gpucheck.detectors.unwritten_output import UnwrittenOutput
 from gpucheck.detectors.wrong_device import WrongDevice
 from gpucheck.detectors.wrong_stream import WrongStream
 
@@ -48,6 +49,7 @@ __all__ = [
     "PendingError",
     "RunContext",
     "StrayContext",
+    "UnwrittenOutput",
     "WorkerContext",
     "WrongDevice",
     "WrongStream",

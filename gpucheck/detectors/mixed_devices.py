@@ -62,7 +62,7 @@ def carries_data(t: Any) -> bool:
     return not (host_argument(t) or op_watch.placeholder(t))
 
 
-def _split_params(text: str) -> list[str]:
+def split_params(text: str) -> list[str]:
     """The top-level comma-separated parts of a signature's parameter list."""
     parts: list[str] = []
     cur: list[str] = []
@@ -96,7 +96,7 @@ def argument_names(fn: Any) -> list[str]:
     if found:
         names = [
             p.split(":")[0].split("=")[0].strip().lstrip("*")
-            for p in _split_params(found["params"])
+            for p in split_params(found["params"])
         ]
         return ["" if _DEFAULT_NAME.fullmatch(n) else n for n in names]
     try:

@@ -20,6 +20,15 @@ their geometry, binning and image state as opaque byte buffers for their backwar
 never written, so they differ call to call while the images and gradients are bitwise equal.
 They are left out of the output fingerprint (still part of the inputs' when passed back).
 
+Outputs an op leaves unwritten (:mod:`gpucheck.detectors.unwritten`, the evidence of the
+``unwritten-output`` probe) are not results either. A convention's rows (an output left
+unwritten where another output of the same call, its marker, is 0) are left out of every
+fingerprint of the op, per call from that call's own marker, so neither two calls nor two
+devices disagree over them. Where a call's probe found elements it never wrote by mistake,
+its entry also carries the fingerprint of what it did write (``outputs~written``): two calls
+of one input that differ only there are an ``unwritten-output`` finding naming the output, not
+non-determinism (and not a cross-device disagreement in the parent).
+
 Ops tagged ``torch.Tag.nondeterministic_bitwise`` (float atomics, by design) and
 ``nondeterministic_seeded`` (random) are not judged. Fingerprints are taken for the first
 :data:`CAP` calls per (op, argument signature) of a case, of the outermost watched calls
@@ -37,7 +46,7 @@ import zlib
 from collections.abc import Iterable
 from typing import Any
 
-from gpucheck.detectors import op_watch
+from gpucheck.detectors import op_watch, unwritten
 from gpucheck.detectors.base import CallWatcher, CaseInfo
 from gpucheck.model.results import CaseRecord, Finding
 
@@ -111,27 +120,37 @@ def scratch(t: Any) -> bool:
     return t.dtype == sys.modules["torch"].uint8
 
 
-def fingerprint(obj: Any, results_only: bool = False) -> str | None:
+def fingerprint(
+    obj: Any, results_only: bool = False, left_out: dict[int, Any] | None = None
+) -> str | None:
     """A hex digest of the tensors and other values in ``obj``; None when a tensor has no
     memory behind it (fake, meta). ``results_only``: byte scratch (:func:`scratch`) left out
     (an op's outputs: its scratch may differ call to call while its results do not).
+    ``left_out``: by the index of a tensor among ``obj``'s tensors, a bool mask (broadcast
+    over it) of elements hashed as 0 (elements the op never wrote).
 
     Its own torch calls run unseen by the torch-function and dispatch modes of the case
     (``opcheck``'s schema check clones and compares the arguments of every op it sees, a
     logging mode would log them): the tensors hashed are plain ones, and the case's modes
-    are there for the case's ops, not for gpucheck's."""
+    are there for the case's ops, not for gpucheck's. They run aside (:func:`op_watch.aside
+    <gpucheck.detectors.op_watch.aside>`): a sanitizer pass does not count its reads of
+    never-written elements as the case's."""
     torch = sys.modules["torch"]
-    with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
-        return _fingerprint(torch, obj, results_only)
+    with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch(), op_watch.aside():
+        return _fingerprint(torch, obj, results_only, left_out or {})
 
 
-def _fingerprint(torch: Any, obj: Any, results_only: bool) -> str | None:
+def _fingerprint(
+    torch: Any, obj: Any, results_only: bool, left_out: dict[int, Any]
+) -> str | None:
     from torch.utils._pytree import tree_leaves
 
     parts: list[Any] = []
     hashed: dict[Any, list[Any]] = {}  # device -> its tensors, summed with one copy back
+    index = -1
     for leaf in tree_leaves(obj):
         if isinstance(leaf, torch.Tensor):
+            index += 1
             if not _real(leaf):
                 return None
             if results_only and scratch(leaf):
@@ -139,6 +158,10 @@ def _fingerprint(torch: Any, obj: Any, results_only: bool) -> str | None:
                 continue
             parts.append((str(leaf.dtype), tuple(leaf.shape)))
             if leaf.numel():
+                mask = left_out.get(index)
+                if mask is not None and not leaf.is_complex():
+                    bits = leaf.detach().view(getattr(torch, _INT[leaf.element_size()]))
+                    leaf = bits.masked_fill(mask, 0)
                 hashed.setdefault(leaf.device, []).append(leaf)
         else:
             parts.append(repr(leaf))
@@ -163,6 +186,36 @@ def _judged(op: str) -> bool:
     except Exception:
         return True
     return not tags & {torch.Tag.nondeterministic_bitwise, torch.Tag.nondeterministic_seeded}
+
+
+#: joins an entry's output fingerprint and that of what the call wrote (``outputs~written``)
+WRITTEN = "~"
+
+
+def only_unwritten(outs: list[tuple[str, str]]) -> bool:
+    """Whether outputs that differ (``(device, outputs)``) agree in what the calls wrote:
+    every entry carries the fingerprint of its written elements, and those are one."""
+    written = {o.partition(WRITTEN)[2] for _, o in outs}
+    return all(WRITTEN in o for _, o in outs) and len(written) == 1
+
+
+def unwritten_finding(op: str, gaps: str, where: dict[str, Any], frame: str | None) -> Finding:
+    """Two calls of one input that differ only where the op never wrote: the elements the
+    probe found unwritten, named (``gaps``), not non-determinism."""
+    at = f" (called from {frame})" if frame else ""
+    return Finding(
+        kind=unwritten.KIND,
+        severity="error",
+        message=f"{op}: the same input gave different results only in elements the op never "
+        f"wrote ({gaps or 'see its unwritten-output finding'}): unwritten, not "
+        f"non-deterministic{at}",
+        op=op,
+        evidence="output fingerprints differ, and agree with the elements the probe found "
+        "unwritten left out: what differs is whatever the memory held there"
+        + (f"; called from {frame}" if frame else ""),
+        hint=unwritten.HINT,
+        **where,
+    )
 
 
 def parse(entry: str) -> tuple[str, str, str, str]:
@@ -239,6 +292,8 @@ class Numerics(CallWatcher):
         self.judged: dict[str, bool] = {}
         self.measured: list[Any] = []  # gpucheck.testing comparisons of the case
         self.frames: dict[str, str | None] = {}  # op -> the Python line of its first call
+        #: (op, inputs) -> the unwritten elements its probe found (a call that has them)
+        self.gaps: dict[tuple[str, str], str] = {}
 
     def before(self, call: op_watch.Call) -> None:
         if call.depth:
@@ -264,7 +319,18 @@ class Numerics(CallWatcher):
         noted = call.notes.get("numerics")
         if noted is None or call.error is not None:
             return
-        outputs = fingerprint(out, results_only=True)
+        outs = call.outputs(out)
+        left = unwritten.left_out(call.op, outs)  # a convention's rows, from this call's marker
+        outputs = fingerprint(out, results_only=True, left_out=left)
+        evidence = call.notes.get(unwritten.NOTE)
+        bugs = evidence.bugs if isinstance(evidence, unwritten.Evidence) else []
+        if outputs is not None and bugs:  # and without what the call never wrote
+            gaps = {g.index: g.mask | left[g.index] if g.index in left else g.mask for g in bugs}
+            outputs += f"{WRITTEN}{fingerprint(out, results_only=True, left_out={**left, **gaps})}"
+            with self.lock:
+                self.gaps[(call.op, noted[0])] = "; ".join(
+                    f"{g.label}: {g.count} of {g.numel} elements ({g.layout})" for g in bugs
+                )
         if outputs is not None:
             with self.lock:
                 self.entries.append((call.op, noted[0], outputs, noted[1]))
@@ -272,7 +338,7 @@ class Numerics(CallWatcher):
     def case_started(self, case: CaseInfo) -> None:
         from gpucheck import testing
 
-        self.counts, self.entries, self.frames = {}, [], {}
+        self.counts, self.entries, self.frames, self.gaps = {}, [], {}, {}
         testing.MEASURED.clear()
         self.measured = []
         self.start_watching()
@@ -303,7 +369,9 @@ class Numerics(CallWatcher):
         if not self.stop_watching():
             return found
         return found + [
-            _finding(op, inputs, outs, where, self.frames.get(op))
+            unwritten_finding(op, self.gaps.get((op, inputs), ""), where, self.frames.get(op))
+            if only_unwritten(outs)
+            else _finding(op, inputs, outs, where, self.frames.get(op))
             for op, inputs, outs in conflicts(self.entries)
         ]
 
@@ -334,6 +402,8 @@ def disagreements(records: Iterable[CaseRecord]) -> list[Finding]:
             continue
         if any(len({o for _, o, rr in seen if rr is r}) > 1 for _, _, r in seen):
             continue  # already a finding of that case
+        if only_unwritten([(d, o) for d, o, _ in seen]):
+            continue  # what differs was never written: each case's unwritten-output says so
         first = seen[0][2]
         cases = sorted({f"{r.device} {r.case}" for _, _, r in seen})
         f = _finding(

@@ -36,6 +36,7 @@ from gpucheck.detectors.numerics import Numerics
 from gpucheck.detectors.oom_anomaly import OomAnomaly
 from gpucheck.detectors.op_device import OpDevice
 from gpucheck.detectors.stray_context import StrayContext
+from gpucheck.detectors.unwritten_output import UnwrittenOutput
 from gpucheck.detectors.wrong_device import WrongDevice
 from gpucheck.detectors.wrong_stream import WrongStream
 from gpucheck.model.runlog import RunHeader
@@ -90,12 +91,15 @@ class Builtin:
     def gpucheck_worker_detectors(self) -> list[Detector]:
         # numerics before the launch trace's two: around a call, its hashing runs before
         # the trace's window opens and after it closes (listeners run in this order before a
-        # call, in the reverse order after it), so its kernels are not collected with the op's
+        # call, in the reverse order after it), so its kernels are not collected with the op's;
+        # the unwritten-output probe between them: its re-runs come after the trace's window
+        # of the call, and before numerics hashes the outputs (which reads the probe's evidence)
         return [
             MixedDevices(),
             DeviceStateLeak(),
             OpDevice(),
             Numerics(),
+            UnwrittenOutput(),
             WrongStream(),
             KernelDevice(),
             PendingError(),  # after the trace's windows close: its probe is no op's launch

@@ -31,6 +31,10 @@ LIFELINE_FD_ENV = "GPUCHECK_LIFELINE_FD"
 #: exit code of a worker that stopped because its CUDA context is lost (the controller
 #: replaces it with a fresh one)
 EXIT_CONTEXT_LOST = 75
+#: exit code of a sanitizer pass's worker that printed close to compute-sanitizer's
+#: ``--print-limit`` (its state file says which case reached it, if one did): the controller
+#: replaces it with a fresh one, so that no later case runs with too few records left
+EXIT_SANITIZER_LIMIT = 73
 #: exit code of a worker that could not write a record (disk full, folder read-only): the
 #: controller stops the run
 EXIT_OUTPUT_ERROR = 74

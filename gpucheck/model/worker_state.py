@@ -28,7 +28,10 @@ from gpucheck.model.results import Finding, text
 CONTEXT_LOST = "context-lost"
 #: it could not write a record or its state: it exits with ``EXIT_OUTPUT_ERROR``
 OUTPUT_ERROR = "output-error"
-EXIT_REASONS = (CONTEXT_LOST, OUTPUT_ERROR)
+#: its sanitizer logs are close to compute-sanitizer's print limit: it exits with
+#: ``EXIT_SANITIZER_LIMIT`` (``limit_case``: the case during which the limit was reached)
+SANITIZER_LIMIT = "sanitizer-limit"
+EXIT_REASONS = (CONTEXT_LOST, OUTPUT_ERROR, SANITIZER_LIMIT)
 
 #: bytes of a state file read (its pending findings are small; a bigger file is not ours)
 STATE_LIMIT = 16 << 20
@@ -60,6 +63,10 @@ class WorkerState:
     sanitizer_offsets: dict[str, int] = field(default_factory=dict)
     #: findings of the case under way saved before a call that may crash
     pending_findings: list[Finding] = field(default_factory=list)
+    #: (suite, case) during which compute-sanitizer reached its print limit (its later
+    #: records were not printed), with exit reason ``SANITIZER_LIMIT``
+    limit_suite: str | None = None
+    limit_case: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -75,6 +82,8 @@ class WorkerState:
             "exit_reason": self.exit_reason,
             "sanitizer_offsets": self.sanitizer_offsets,
             "pending_findings": [dict(f.__dict__) for f in self.pending_findings],
+            "limit_suite": self.limit_suite,
+            "limit_case": self.limit_case,
         }
 
     @classmethod
@@ -107,6 +116,8 @@ class WorkerState:
             pending_findings=[Finding.from_json(f) for f in pending]
             if isinstance(pending, list)
             else [],
+            limit_suite=_text(value.get("limit_suite"), 500),
+            limit_case=_text(value.get("limit_case")),
         )
 
 

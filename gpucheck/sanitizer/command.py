@@ -11,7 +11,12 @@ from gpucheck.errors import EnvironmentProblem
 #: exit code compute-sanitizer gives the process when it reported errors (--error-exitcode)
 ERROR_EXIT = 86
 #: records printed per process (the rest are only counted in ERROR SUMMARY)
-PRINT_LIMIT = 200
+PRINT_LIMIT = 1000
+#: records each case may print: a worker whose logs hold more than ``PRINT_LIMIT`` less this
+#: after a case ends, and a fresh one (a fresh compute-sanitizer) runs the next cases
+CASE_RECORDS = 200
+#: the finding of a case during which the print limit was reached (records were dropped)
+LIMIT_REACHED = "sanitizer-limit"
 #: the finding of a case during which compute-sanitizer itself crashed
 TOOL_CRASH = "sanitizer-crash"
 TOOL_CRASH_HINT = (

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from gpucheck.model.results import EVIDENCE_CHARS, Finding
-from gpucheck.sanitizer.parser import parse
+from gpucheck.sanitizer.command import LIMIT_REACHED, PRINT_LIMIT
+from gpucheck.sanitizer.parser import SanitizerFinding, parse
 
 #: the blank tool line that ends a compute-sanitizer record
 RECORD_END = re.compile(rb"^={9} ?\n", re.M)
@@ -44,12 +45,23 @@ def sanitizer_findings(
     """compute-sanitizer records (a slice of its log) as findings of one case
     (``other_current``: another device than the case's was current, so a memcheck error may
     be a missing device guard, and its hint says so)."""
-    report = parse(text, tool)
+    return record_findings(parse(text, tool).findings, device, suite, case, other_current)
+
+
+def record_findings(
+    records: list[SanitizerFinding],
+    device: str,
+    suite: str | None,
+    case: str | None,
+    other_current: bool = False,
+) -> list[Finding]:
+    """Parsed records (folded: :func:`~gpucheck.sanitizer.parser.fold`) as ``sanitizer``
+    findings of one case (see :func:`sanitizer_findings`)."""
     # One finding per (tool, kernel, kind of error): a missing barrier gives racecheck records
     # for every pair of instructions it leaves unordered (68 for one __syncthreads in SSIM's
     # backward), which are one bug; the evidence keeps the first record and lists the others.
     groups: dict[tuple[Any, ...], list[Any]] = {}
-    for f in report.findings:
+    for f in records:
         what = re.sub(r"\s+(at|in)\s.*", "", f.error) if f.tool == "racecheck" else f.error
         groups.setdefault((f.tool, f.kernel_name, f.api_call, f.severity, what), []).append(f)
     out = []
@@ -116,3 +128,39 @@ HINTS = {
     "initcheck": "the kernel reads device memory nothing wrote (e.g. torch.empty never filled)",
     "synccheck": "a barrier used wrongly (divergent __syncthreads, bad __syncwarp mask)",
 }
+
+
+def dropped_finding(logs: list[str], device: str, suite: str, case: str) -> Finding | None:
+    """The finding of a case during which compute-sanitizer reached its print limit, from the
+    whole logs of the worker that ran it (the worker ended after that case: the tool's
+    summary at the end counts what it did not print, all of it that case's); None when the
+    summary says nothing was dropped."""
+    reports = [parse(text) for text in logs]
+    printed = sum(r.errors_printed for r in reports)
+    if reports and all(r.summary_seen for r in reports):
+        dropped = sum(
+            r.errors_not_printed or max(0, (r.errors_reported or 0) - r.errors_printed)
+            for r in reports
+        )
+        if not dropped:
+            return None
+        how_many = f"{dropped} more record(s) it counted were not printed"
+    else:
+        how_many = "an unknown number of records were not printed (the tool wrote no summary)"
+    return Finding(
+        kind=LIMIT_REACHED,
+        severity="warning",
+        message=f"compute-sanitizer reached its print limit ({PRINT_LIMIT} records a process) "
+        f"during this case: {how_many}, so this case's findings may miss some; the cases after "
+        "it ran under a fresh worker",
+        device=device,
+        suite=suite,
+        case=case,
+        evidence=f"records printed by the worker's compute-sanitizer: {printed}; its summary: "
+        + "; ".join(
+            f"{r.errors_reported} error(s) reported, {r.errors_not_printed} not printed"
+            for r in reports
+        ),
+        hint="the records it printed are this case's first ones; run the case alone under the "
+        "tool (gpucheck run -k CASE --mode sanitizer:TOOL) to see the rest",
+    )

@@ -12,7 +12,7 @@ offset and source line) are folded into one finding with a count.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -284,16 +284,26 @@ def detect_tool(text: str) -> str | None:
     return None
 
 
-def parse(text: str, tool: str | None = None) -> SanitizerReport:
-    """Parse a whole log. ``tool`` overrides what the log's content suggests."""
-    tool = tool or detect_tool(text)
-    records: list[SanitizerFinding] = []
-    current: SanitizerFinding | None = None
+@dataclass
+class _Scan:
+    """One pass over a log: its records (unfolded) with the byte offset of each in the text,
+    and its summary lines."""
+
+    records: list[tuple[int, SanitizerFinding]] = field(default_factory=list)
     reported: int | None = None
-    not_printed = 0
-    summary = target_failed = False
+    not_printed: int = 0
+    summary: bool = False
+    target_failed: bool = False
     leaked: int | None = None
-    for raw in text.splitlines():
+
+
+def _scan(text: str, tool: str | None) -> _Scan:
+    scan = _Scan()
+    current: SanitizerFinding | None = None
+    at = 0  # bytes of the text before the line
+    for raw in text.splitlines(keepends=True):
+        start, at = at, at + len(raw.encode(errors="replace"))
+        raw = raw.rstrip("\r\n")
         if not PREFIX.match(raw):
             continue  # the program's own output
         line = raw[10:].rstrip() if len(raw) > 9 else ""
@@ -307,33 +317,65 @@ def parse(text: str, tool: str | None = None) -> SanitizerReport:
             continue
         current = None
         if m := NOT_PRINTED.match(line):
-            not_printed = _num(m["n"])
-            summary = True
+            scan.not_printed = _num(m["n"])
+            scan.summary = True
         elif m := ERR_SUMMARY.match(line):
-            reported = _num(m["n"]) if reported is None else max(reported, _num(m["n"]))
-            summary = True
+            n = _num(m["n"])
+            scan.reported = n if scan.reported is None else max(scan.reported, n)
+            scan.summary = True
         elif m := RACE_SUMMARY.match(line):
-            reported = _num(m["e"]) + _num(m["w"])
-            summary = True
+            scan.reported = _num(m["e"]) + _num(m["w"])
+            scan.summary = True
         elif m := LEAK_SUMMARY.match(line):
-            leaked = _num(m["bytes"])
+            scan.leaked = _num(m["bytes"])
         elif line.startswith("Target application returned an error"):
-            target_failed = True
+            scan.target_failed = True
         elif line.startswith(IGNORED):
             continue
         else:
             current = _start(line, tool)
             current.lines.append(line)
-            records.append(current)
+            scan.records.append((start, current))
+    return scan
+
+
+def placed(text: str, tool: str | None = None) -> list[tuple[int, SanitizerFinding]]:
+    """Every record of a slice of a log, unfolded, with the byte offset of its first line in
+    the slice (where the tool wrote it: :mod:`gpucheck.sanitizer.tracing` places it among the
+    calls of the case)."""
+    return _scan(text, tool or detect_tool(text)).records
+
+
+def fold(records: list[SanitizerFinding]) -> list[SanitizerFinding]:
+    """Identical records (same error, kernel, offset and source line) as one, with a count."""
     folded: dict[tuple[Any, ...], SanitizerFinding] = {}
     for rec in records:
         if rec.key() in folded:
-            folded[rec.key()].count += 1
+            folded[rec.key()].count += rec.count
         else:
-            folded[rec.key()] = rec
-    printed = sum(1 for r in records if r.access != "process")
+            folded[rec.key()] = replace(rec)  # a copy: the records given keep their counts
+    return list(folded.values())
+
+
+def printed(records: list[SanitizerFinding]) -> int:
+    """How many of the records count against the tool's ``--print-limit``."""
+    return sum(r.count for r in records if r.access != "process")
+
+
+def parse(text: str, tool: str | None = None) -> SanitizerReport:
+    """Parse a whole log. ``tool`` overrides what the log's content suggests."""
+    tool = tool or detect_tool(text)
+    scan = _scan(text, tool)
+    records = [r for _, r in scan.records]
     return SanitizerReport(
-        tool, reported, printed, not_printed, list(folded.values()), summary, target_failed, leaked
+        tool,
+        scan.reported,
+        printed(records),
+        scan.not_printed,
+        fold(records),
+        scan.summary,
+        scan.target_failed,
+        scan.leaked,
     )
 
 

@@ -33,10 +33,10 @@ from gpucheck.model.results import BOOKKEEPING, EVIDENCE_CHARS, CaseRecord, Find
 from gpucheck.model.shard import ShardError, ShardPlan, case_key
 from gpucheck.model.worker_state import WorkerState
 from gpucheck.nvml_sampler import CasePeaks, Sampler
-from gpucheck.sanitizer.findings import read_records, sanitizer_findings
 from gpucheck.worker import guard
 from gpucheck.worker.case import merge, sticky_cuda_error
 from gpucheck.worker.detector_loop import DetectorLoop, stood_down_note
+from gpucheck.worker.sanitizer_pass import SanitizerPass
 
 
 def _torch_cuda() -> Any:
@@ -105,11 +105,11 @@ class Recorder:
         self.total = 0
         self.findings = 0
         template = config.getoption("--gpucheck-sanitizer-log")
-        # compute-sanitizer names logs after a pid of its own choosing (not always ours), and
-        # a case's child processes get their own: follow every log of this worker.
-        self.san_glob = Path(template.replace("%p", "*")).absolute() if template else None
-        self.san_tool = config.getoption("--gpucheck-sanitizer-tool")
-        self.san_offsets: dict[str, int] = {}
+        self.sanitizer = (
+            SanitizerPass(template, config.getoption("--gpucheck-sanitizer-tool"))
+            if template
+            else None
+        )
         self.peaks: CasePeaks | None = None
         self.sampler: Sampler | None = None
         interval = config.getoption("--gpucheck-nvml-interval")
@@ -154,6 +154,7 @@ class Recorder:
         self, case: str | None, exit_reason: str | None, current_device: str | None, op: str | None
     ) -> None:
         assert self.state_file is not None
+        limited = self.sanitizer.limited if self.sanitizer else None
         self.state_file.write(
             WorkerState(
                 case=self.ids.get(case, case) if case else None,
@@ -166,8 +167,10 @@ class Recorder:
                 findings=self.findings,
                 pid=os.getpid(),
                 exit_reason=exit_reason,
-                sanitizer_offsets=self.san_offsets,
+                sanitizer_offsets=self.sanitizer.offsets if self.sanitizer else {},
                 pending_findings=self.pending,
+                limit_suite=limited[0] if limited else None,
+                limit_case=limited[1] if limited else None,
             ),
         )
 
@@ -195,23 +198,6 @@ class Recorder:
                 rel = path.relative_to(base).as_posix()
                 return f"{rel}::{rest}" if rest else rel
         return item.nodeid
-
-    def _sanitizer_findings(self, case: str, suite: str, other_current: bool) -> list[Finding]:
-        """Records compute-sanitizer wrote to this process's log while the case ran."""
-        cuda = _torch_cuda()
-        if cuda is not None:
-            with contextlib.suppress(RuntimeError):  # a lost context: the log is all there is
-                cuda.synchronize()
-        assert self.san_glob is not None
-        found: list[Finding] = []
-        for log in sorted(self.san_glob.parent.glob(self.san_glob.name)):
-            text, end = read_records(log, self.san_offsets.get(str(log), 0))
-            self.san_offsets[str(log)] = end
-            if text:
-                found += sanitizer_findings(
-                    text, self.san_tool, self.device, suite, case, other_current
-                )
-        return found
 
     def suite_of(self, item_path: Path) -> str:
         for name, root in self.suites:
@@ -356,6 +342,8 @@ class Recorder:
         self.children[item.nodeid] = set(guard.live_children())
         self._spent(item.nodeid, time.perf_counter() - t0)
         self.detectors.start(info, found)
+        if self.sanitizer is not None:  # a sanitizer pass: where each call's records lie
+            self.sanitizer.trace.begin()
         outcome = yield
         if guard.is_fork_of(self.pid):  # os.fork() in the case, and the child came back here
             os._exit(0)
@@ -363,6 +351,8 @@ class Recorder:
         if times > 1 and outcome.excinfo is None:
             self.detectors.repeat(item.runtest, times)
         op_watch.remove(tracker)
+        if self.sanitizer is not None:
+            self.sanitizer.trace.end()
         named = tracker.raised or tracker.last
         if named is not None:
             self.case_ops[item.nodeid] = named
@@ -403,6 +393,11 @@ class Recorder:
         self.done += 1
         self.findings += len(record.findings)
         self._state(None)
+        if self.sanitizer is not None and self.sanitizer.budget_spent():
+            # compute-sanitizer prints a limited number of records per process: the next
+            # cases get a fresh one (the controller tells how many records the last case lost)
+            self._state(None, exit_reason=worker_state.SANITIZER_LIMIT)
+            os._exit(contract.EXIT_SANITIZER_LIMIT)
         if _lost_context(reports):
             # Every later case in this process would fail with the same error: stop here and
             # let the harness continue in a fresh process.
@@ -507,8 +502,9 @@ class Recorder:
         self.case_ops.pop(nodeid, None)
         self.raising_ops.pop(nodeid, None)
         fingerprints = list(data.get("fingerprints", []))
-        if self.san_glob is not None:
-            found = self._sanitizer_findings(case, suite, current not in (None, self.device))
+        if self.sanitizer is not None:
+            info = CaseInfo(self.device, suite, case)
+            found = self.sanitizer.findings(info, current not in (None, self.device))
             findings.extend(found)
             if any(f.severity == "error" for f in found) and status in ("passed", "skipped"):
                 status, reason = "failed", f"compute-sanitizer: {found[0].message}"

@@ -260,7 +260,7 @@ def test_one_missing_barrier_is_one_finding():
     finding per kernel and kind, which lists where the others were."""
     import gzip
 
-    from gpucheck.worker.recorder import sanitizer_findings
+    from gpucheck.sanitizer.findings import sanitizer_findings
 
     log = FIXTURES / "racecheck_no_sync_ssim_h200x2.log.gz"
     text = gzip.decompress(log.read_bytes()).decode()

@@ -1,0 +1,179 @@
+"""compute-sanitizer records placed among the watched calls of a case: which call was under
+way when a record was written, and which tensor of which call its address lies in.
+
+Plain data in, plain data out (CI tests it on recorded logs): the worker's sanitizer passes
+note, for every watched call (:mod:`gpucheck.detectors.sanitizer_trace`), where its sanitizer
+log ended before and after the call (a :class:`Window`: under ``CUDA_LAUNCH_BLOCKING`` a
+kernel's records are written while the call that launched it runs) and where each of its
+tensors lies in device memory (a :class:`Span`). :func:`trace` then places every record of a
+case's slice of the log:
+
+- its **window**: the innermost call under way when it was written (the op that launched the
+  kernel a racecheck hazard or a memcheck access names);
+- its **span**: the tensor its ``Address`` lies in, of the latest call that had made it by then
+  (an initcheck read of an output the op never wrote, by torch's copy or any later kernel),
+  and the element there; or, for an access out of bounds, the tensor whose allocation the tool
+  names as the nearest (``and is 193 bytes after the nearest allocation at 0x...``);
+- records written while gpucheck did its own work around a call (an :class:`Aside`: the
+  unwritten-output probe's re-runs, numerics' hashing) are left out: they are not the case's.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from gpucheck.sanitizer.parser import SanitizerFinding, placed
+
+#: ``193 bytes after the nearest allocation at 0x7f... of size 40,000 bytes``
+NEAREST = re.compile(
+    r"(?P<n>[\d,]+) bytes? (?P<side>before|after) the nearest allocation at "
+    r"(?P<addr>0x[0-9a-fA-F]+)(?: of size (?P<size>[\d,]+) bytes?)?"
+)
+
+
+@dataclass(frozen=True)
+class Span:
+    """A tensor of a watched call in device memory: an output, or an argument."""
+
+    call: int  # the call's index in the case
+    op: str
+    label: str  # "output 1 (alpha)", "argument 0 (means)"
+    output: int | None  # its index among the call's outputs; None for an argument
+    name: str | None  # its name (schema, signature), where known
+    ptr: int  # data_ptr: its first element
+    base: int  # the start of its storage (the allocation, without the caching allocator)
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]  # in elements
+    itemsize: int
+    dtype: str
+
+    @property
+    def end(self) -> int:
+        """One past the last byte of its last element."""
+        if not self.shape or 0 in self.shape:
+            return self.ptr + (self.itemsize if not self.shape else 0)
+        last = sum((n - 1) * s for n, s in zip(self.shape, self.strides, strict=True))
+        return self.ptr + (last + 1) * self.itemsize
+
+    def holds(self, address: int) -> bool:
+        return self.ptr <= address < self.end
+
+    def element(self, address: int) -> tuple[int, ...] | None:
+        """The index of the element at ``address`` (None: between its elements, a view's
+        gap). Strides are taken largest first, as a permuted or sliced layout has them."""
+        offset, rest = divmod(address - self.ptr, self.itemsize)
+        if rest or offset < 0:
+            return None
+        index = [0] * len(self.shape)
+        for d in sorted(range(len(self.shape)), key=lambda d: -self.strides[d]):
+            if self.strides[d] <= 0:
+                continue
+            index[d], offset = divmod(offset, self.strides[d])
+            if index[d] >= self.shape[d]:
+                return None
+        return tuple(index) if offset == 0 else None
+
+    def describe(self) -> str:
+        return f"{self.label} of {self.op} (shape {list(self.shape)}, {self.dtype})"
+
+
+@dataclass
+class Window:
+    """A watched call between two places of each sanitizer log (bytes)."""
+
+    call: int
+    op: str
+    frame: str | None
+    start: dict[str, int]
+    end: dict[str, int] = field(default_factory=dict)  # empty while it runs
+
+    def encloses(self, log: str, offset: int) -> bool:
+        start = self.start.get(log)
+        end = self.end.get(log)
+        return start is not None and start <= offset and (end is None or offset < end)
+
+
+@dataclass
+class Aside:
+    """gpucheck's own work around a call, between two places of each log."""
+
+    start: dict[str, int]
+    end: dict[str, int] = field(default_factory=dict)
+
+    def encloses(self, log: str, offset: int) -> bool:
+        start, end = self.start.get(log), self.end.get(log)
+        return start is not None and start <= offset and (end is None or offset < end)
+
+
+@dataclass
+class Calls:
+    """What a sanitizer pass noted of a case's watched calls."""
+
+    windows: list[Window] = field(default_factory=list)
+    spans: list[Span] = field(default_factory=list)
+    asides: list[Aside] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Traced:
+    """One record of a case's log, placed."""
+
+    record: SanitizerFinding
+    window: Window | None  # the call under way when it was written
+    span: Span | None  # the tensor its address lies in (or, out of bounds, lies next to)
+    element: tuple[int, ...] | None  # the element of ``span`` at its address
+    nearest: str | None = None  # out of bounds: "193 bytes after output 0 of op (...)"
+
+
+def address(text: str | None) -> int | None:
+    try:
+        return int(text, 16) if text else None
+    except ValueError:
+        return None
+
+
+def trace(log: str, start: int, text: str, tool: str | None, calls: Calls) -> list[Traced]:
+    """Every record of ``text`` (the slice of ``log`` from byte ``start``), placed among
+    ``calls``; those written during an aside are left out."""
+    out = []
+    for at, record in placed(text, tool):
+        offset = start + at
+        if any(a.encloses(log, offset) for a in calls.asides):
+            continue
+        window = innermost(calls.windows, log, offset)
+        out.append(_place(record, window, calls, log, offset))
+    return out
+
+
+def innermost(windows: list[Window], log: str, offset: int) -> Window | None:
+    """The window under way at ``offset`` that started last."""
+    found = [w for w in windows if w.encloses(log, offset)]
+    return max(found, key=lambda w: w.start[log]) if found else None
+
+
+def _existing(calls: Calls, log: str, offset: int) -> list[Span]:
+    """The spans of calls that had started by ``offset``, latest call first, outputs first."""
+    started = {w.call for w in calls.windows if w.start.get(log, offset + 1) <= offset}
+    spans = [s for s in calls.spans if s.call in started]
+    return sorted(spans, key=lambda s: (-s.call, s.output is None))
+
+
+def _place(
+    record: SanitizerFinding, window: Window | None, calls: Calls, log: str, offset: int
+) -> Traced:
+    at = address(record.address)
+    if at is None or record.space not in (None, "global"):
+        return Traced(record, window, None, None)
+    spans = _existing(calls, log, offset)
+    for span in spans:
+        if span.holds(at):
+            return Traced(record, window, span, span.element(at))
+    near = NEAREST.search(record.address_relation or "")
+    if near is not None:
+        base = address(near["addr"])
+        for span in spans:
+            if span.base == base:
+                text = f"{near['n']} bytes {near['side']} {span.describe()}"
+                return Traced(record, window, span, None, text)
+    return Traced(record, window, None, None)
