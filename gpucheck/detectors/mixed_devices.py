@@ -95,8 +95,7 @@ def argument_names(fn: Any) -> list[str]:
     found = _DOC_SIGNATURE.match(doc[0]) if doc else None
     if found:
         names = [
-            p.split(":")[0].split("=")[0].strip().lstrip("*")
-            for p in split_params(found["params"])
+            p.split(":")[0].split("=")[0].strip().lstrip("*") for p in split_params(found["params"])
         ]
         return ["" if _DEFAULT_NAME.fullmatch(n) else n for n in names]
     try:

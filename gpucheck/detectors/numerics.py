@@ -140,9 +140,7 @@ def fingerprint(
         return _fingerprint(torch, obj, results_only, left_out or {})
 
 
-def _fingerprint(
-    torch: Any, obj: Any, results_only: bool, left_out: dict[int, Any]
-) -> str | None:
+def _fingerprint(torch: Any, obj: Any, results_only: bool, left_out: dict[int, Any]) -> str | None:
     from torch.utils._pytree import tree_leaves
 
     parts: list[Any] = []

@@ -177,10 +177,10 @@ class SanitizerTrace:
         for t in tracing.trace(log, start, text, tool, self.calls):
             r = t.record
             span = t.span
-            if r.tool == "initcheck" and span is not None and span.output is not None:
-                if t.element is not None:
-                    reads.setdefault((span.call, span.output), []).append(t)
-                    continue
+            initcheck = r.tool == "initcheck" and t.element is not None
+            if initcheck and span is not None and span.output is not None:
+                reads.setdefault((span.call, span.output), []).append(t)
+                continue
             raw.append(r)
             if r.tool == "racecheck" and r.kernel_name:
                 owner = t.window.op if t.window else _library(r.kernel or r.kernel_name)
@@ -297,9 +297,7 @@ def _read_finding(group: list[tracing.Traced], why: str | None, case: CaseInfo) 
     )
 
 
-def _race_finding(
-    owner: str, kernel: str, group: list[tracing.Traced], case: CaseInfo
-) -> Finding:
+def _race_finding(owner: str, kernel: str, group: list[tracing.Traced], case: CaseInfo) -> Finding:
     window = group[0].window
     records = [t.record for t in group]
     hazards = sum(r.hazards or 0 for r in records)

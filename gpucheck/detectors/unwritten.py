@@ -41,6 +41,7 @@ every later call of the op whose marker fits (:func:`left_out`).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -49,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpucheck.detectors import op_watch
+from gpucheck.detectors.element_sets import describe, samples
 from gpucheck.detectors.mixed_devices import argument_names, split_params
 
 #: the bytes the two re-runs fill fresh allocations with (neither 0: an unwritten integer
@@ -56,10 +58,6 @@ from gpucheck.detectors.mixed_devices import argument_names, split_params
 PATTERNS = (0xA5, 0x5A)
 #: outputs unwritten by design, named by their author: ``op[:output],...``
 UNWRITTEN_ENV = "GPUCHECK_UNWRITTEN"
-#: values of the case's own call shown from the unwritten elements
-MAX_SAMPLES = 5
-#: rows or elements named in a description
-MAX_SHOWN = 4
 #: the key of a call's :class:`Evidence` in ``Call.notes``
 NOTE = "unwritten"
 #: what allocates memory it does not write (the dispatcher's names)
@@ -87,7 +85,6 @@ CONVENTION_HINT = (
 )
 RESIZE = "aten::resize_"
 _INT = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
-TILES = (32, 16, 8)
 
 
 @dataclass(frozen=True)
@@ -191,16 +188,21 @@ def conventions(op: str) -> dict[int, Convention]:
 
 def output_names(fn: Any) -> list[str]:
     """The names of a watched callable's outputs where it tells them: a torch op schema's
-    return names, or the return part of a pybind11 signature line written with names
-    (``f(x: Tensor) -> tuple[color: Tensor, radii: Tensor]``); "" where unnamed."""
+    return names, or a line of a pybind11 function's docstring that names them
+    (``f(x) -> tuple[color: Tensor, radii: Tensor]``, or ``-> (Tensor color, Tensor radii)``);
+    "" where unnamed."""
     schema = _schema(fn)
     if schema is not None:
         return [str(r.name or "") for r in schema.returns]
-    doc = (getattr(fn, "__doc__", None) or "").strip().splitlines()
-    _, arrow, returns = (doc[0] if doc else "").partition("->")
-    if not arrow:
-        return []
-    text = returns.strip()
+    for line in (getattr(fn, "__doc__", None) or "").splitlines():
+        left, arrow, returns = line.rpartition("->")
+        names = _return_names(returns.strip()) if arrow and "(" in left else []
+        if any(names):
+            return names
+    return []
+
+
+def _return_names(text: str) -> list[str]:
     for opener, closer in (("tuple[", "]"), ("Tuple[", "]"), ("(", ")")):
         if text.startswith(opener) and text.endswith(closer):
             text = text[len(opener) : -len(closer)]
@@ -208,7 +210,10 @@ def output_names(fn: Any) -> list[str]:
     names = []
     for part in split_params(text):
         part = part.strip()
-        name = part.split(":")[0].strip() if ":" in part else part.split()[-1] if " " in part else ""
+        if ":" in part:  # "color: Tensor"
+            name = part.split(":")[0].strip()
+        else:  # "Tensor color"
+            name = part.split()[-1] if " " in part else ""
         names.append(name if name.isidentifier() else "")
     return names
 
@@ -302,9 +307,26 @@ def _written(fn: Any) -> set[str] | None:
     return {str(a.name) for a in schema.arguments if a.alias_info and a.alias_info.is_write}
 
 
+@contextlib.contextmanager
+def alone() -> Iterator[None]:
+    """gpucheck's own work around a call: aside (:func:`op_watch.aside
+    <gpucheck.detectors.op_watch.aside>`), unseen by the case's torch-function and dispatch
+    modes (a logging mode, ``opcheck``'s checks are there for the case's ops)."""
+    torch = sys.modules["torch"]
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with op_watch.aside(), torch._C.DisableTorchFunction(), _disable_current_modes():
+        yield
+
+
 def snapshot(call: op_watch.Call) -> Snapshot:
     """Before a call: copies of the tensors it may write (every tensor argument of a function
     that does not say), and the random generators' states."""
+    with alone():
+        return _snapshot(call)
+
+
+def _snapshot(call: op_watch.Call) -> Snapshot:
     written = _written(call.fn)
     if written == set():
         args, kwargs, copied = call.args, call.kwargs, False
@@ -381,10 +403,12 @@ def fill(t: Any, byte: int, start: int = 0) -> None:
         t.as_strided((count,), (1,), 0).view(torch.uint8)[start:].fill_(byte)
 
 
-def _keyset(device: Any) -> Any:
+def filling(byte: int, device: Any) -> Any:
+    """A context in which every fresh allocation of the calls made (an extension op's inside
+    its kernel for ``device`` too) is filled with ``byte`` (the probe's mode)."""
     torch = sys.modules["torch"]
     key = torch._C.DispatchKey.CUDA if device.type == "cuda" else torch._C.DispatchKey.CPU
-    return torch._C.DispatchKeySet(key)
+    return _fill_mode()(byte, torch._C.DispatchKeySet(key))
 
 
 def _bits(t: Any) -> Any:
@@ -431,6 +455,11 @@ def _marker_dtype(t: Any) -> bool:
 def probe(call: op_watch.Call, out: Any, snap: Snapshot) -> Evidence:
     """Re-run ``call`` twice (see the module text) and compare; the evidence of its outputs'
     unwritten elements. Records what it found in :data:`MEMORY`."""
+    with alone():
+        return _probe(call, out, snap)
+
+
+def _probe(call: op_watch.Call, out: Any, snap: Snapshot) -> Evidence:
     outs = call.outputs(out)
     inputs = {t.untyped_storage().data_ptr() for t in call.inputs}
     judged = [i for i, t in enumerate(outs) if _judged(t, inputs)]
@@ -467,14 +496,14 @@ def _rerun(call: op_watch.Call, snap: Snapshot, outs: list[Any]) -> list[list[An
     torch = sys.modules["torch"]
     fn = getattr(call.fn, op_watch.ORIGINAL, call.fn)
     device = next((t.device for t in call.inputs if t.device.type == "cuda"), None)
-    keyset = _keyset(device or call.inputs[0].device)
+    device = device or call.inputs[0].device
     after = _rng_states(call.inputs)
     runs = []
     try:
         for n, byte in enumerate(PATTERNS):
             args, kwargs = snap.fresh(last=n == len(PATTERNS) - 1)
             _set_rng(snap.rng)
-            with op_watch.aside(), torch.no_grad(), _fill_mode()(byte, keyset):
+            with torch.no_grad(), filling(byte, device):
                 runs.append(op_watch.tensors(fn(*args, **kwargs)))
     finally:
         _set_rng(after)
@@ -578,94 +607,3 @@ def left_out(op: str, outs: list[Any]) -> dict[int, Any]:
             if mask is not None:
                 found[i] = mask
     return found
-
-
-# -- describing a set of elements ----------------------------------------------------------
-
-
-def samples(t: Any, mask: Any, n: int = MAX_SAMPLES) -> list[str]:
-    """The first ``n`` values of ``t`` where ``mask`` holds, as text."""
-    index = mask.reshape(-1).nonzero().flatten()[:n]
-    values = t.detach().reshape(-1)[index].tolist()
-    return [f"{v:.3g}" if isinstance(v, float) else str(v) for v in values]
-
-
-def _listed(items: list[Any], total: int) -> str:
-    shown = ", ".join(str(tuple(x)) if isinstance(x, list) else str(x) for x in items)
-    return shown + (", …" if total > len(items) else "")
-
-
-def describe(mask: Any) -> str:
-    """The shape of a set of elements (``mask``: bool): every element, whole rows along dim
-    0, a pattern of square tiles over two adjacent dimensions, whole entries of the leading
-    dimensions, a tail, or scattered elements."""
-    n, k, shape = mask.numel(), int(mask.sum()), tuple(mask.shape)
-    if k == n:
-        return "every element"
-    if mask.dim() >= 2 and (rows := _whole_rows(mask, 1)) is not None:
-        return rows
-    tiles = _tiles(mask)
-    if tiles is not None:
-        return tiles
-    for dims in range(2, mask.dim()):
-        if (rows := _whole_rows(mask, dims)) is not None:
-            return rows
-    flat = mask.reshape(-1)
-    if bool(flat[n - k :].all()):
-        return f"a tail: the last {k} elements (from flat index {n - k})"
-    first = mask.nonzero()[:MAX_SHOWN].tolist() if len(shape) > 1 else None
-    if first is None:
-        first = flat.nonzero().flatten()[:MAX_SHOWN].tolist()
-    return f"{k} scattered elements ({_listed(first, k)})"
-
-
-def _whole_rows(mask: Any, dims: int) -> str | None:
-    shape = tuple(mask.shape)
-    rows = math.prod(shape[:dims])
-    per_row = mask.reshape(rows, -1)
-    full = per_row.all(1)
-    if not bool((full == per_row.any(1)).all()):
-        return None
-    index = full.nonzero().flatten()[:MAX_SHOWN].tolist()
-    count = int(full.sum())
-    if dims == 1:
-        return f"whole rows: {count} of {rows} rows along dim 0 ({_listed(index, count)})"
-    shown = [list(_unravel(i, shape[:dims])) for i in index]
-    return (
-        f"whole entries of the leading {dims} dims {list(shape[:dims])}: {count} of {rows} "
-        f"({_listed(shown, count)})"
-    )
-
-
-def _unravel(i: int, shape: tuple[int, ...]) -> Iterator[int]:
-    out = []
-    for size in reversed(shape):
-        out.append(i % size)
-        i //= size
-    return reversed(out)
-
-
-def _tiles(mask: Any) -> str | None:
-    """``16 of 64 tiles of 16×16 (dims 0, 1: 113×203)`` when the set is whole square tiles of
-    two adjacent dimensions (of at least 8 elements each), alike in every other dimension."""
-    torch = sys.modules["torch"]
-    for i in range(mask.dim() - 1):
-        h, w = int(mask.shape[i]), int(mask.shape[i + 1])
-        if h < 8 or w < 8:
-            continue
-        planes = mask.movedim((i, i + 1), (-2, -1)).reshape(-1, h, w)
-        image = planes.any(0)
-        if not torch.equal(image, planes.all(0)):
-            continue
-        for t in TILES:
-            hb, wb = -(-h // t), -(-w // t)
-            grid = torch.zeros(hb * t, wb * t, dtype=torch.int32, device=mask.device)
-            grid[:h, :w] = image.int()
-            inside = torch.zeros_like(grid)
-            inside[:h, :w] = 1
-            count = grid.reshape(hb, t, wb, t).sum((1, 3))
-            size = inside.reshape(hb, t, wb, t).sum((1, 3))
-            if bool(((count == 0) | (count == size)).all()):
-                tiles = int((count > 0).sum())
-                return f"{tiles} of {hb * wb} tiles of {t}×{t} (dims {i}, {i + 1}: {h}×{w})"
-    return None

@@ -117,9 +117,7 @@ class UnwrittenOutput(CallWatcher):
         return found
 
 
-def finding(
-    op: str, gap: unwritten.Gap, frame: str | None, calls: int, case: CaseInfo
-) -> Finding:
+def finding(op: str, gap: unwritten.Gap, frame: str | None, calls: int, case: CaseInfo) -> Finding:
     """The finding of one output's unwritten elements: an error, or a note for a convention
     or a declared output."""
     where = f" (called from {frame})" if frame else ""

@@ -14,6 +14,7 @@ import sys
 import textwrap
 import types
 
+import extkit
 import pytest
 import torch
 from clirun import gpucheck
@@ -58,13 +59,7 @@ CASE = CaseInfo("cpu", "s", "test_x.py::test_x")
 @pytest.fixture(scope="session")
 def ext(tmp_path_factory):
     """The module, built once per session (about 25 s) after the watch was installed."""
-    from torch.utils import cpp_extension
-
-    ext_watch.install()
-    build = tmp_path_factory.mktemp("ext_build")
-    return cpp_extension.load_inline(
-        name=NAME, cpp_sources=[SOURCE], build_directory=str(build), verbose=False
-    )
+    return extkit.build(NAME, SOURCE, tmp_path_factory.mktemp("ext_build"))
 
 
 class Log:

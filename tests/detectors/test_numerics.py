@@ -1,5 +1,6 @@
 """numerics: fingerprints of an op's results, a result that differs between runs of the same
-inputs (on real custom ops, on CPU, through op_watch), and disagreement across devices."""
+inputs (on real custom ops, on CPU, through op_watch), and disagreement across devices; what
+an op leaves unwritten (the unwritten-output probe's evidence) is not a result."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import itertools
 
 import torch
 
-from gpucheck.detectors import CaseInfo, Numerics, numerics
+from gpucheck.detectors import CaseInfo, Numerics, numerics, unwritten
 from gpucheck.detectors.numerics import conflicts, disagreements, fingerprint, parse
+from gpucheck.detectors.unwritten_output import UnwrittenOutput
 from gpucheck.model.results import CaseRecord
 
 CASE = CaseInfo("cpu", "s", "test_x.py::test_x")
@@ -244,3 +246,95 @@ def test_the_hashing_is_unseen_by_the_cases_modes():
     assert not found and len(data["fingerprints"]) == 1  # it was hashed
     assert dispatched.seen == ["gpucheck_numerics.double.default"], dispatched.seen
     assert not any(s in ("cumsum", "empty", "tensor") for s in functions.seen), functions.seen
+
+
+# -- outputs an op leaves unwritten (the unwritten-output probe's evidence) ------------------
+
+UNWRITTEN = torch.library.Library("gpucheck_numerics_unwritten", "DEF")
+UNWRITTEN.define("cull(Tensor means) -> (Tensor xy, Tensor radii)")
+UNWRITTEN.define("tail(Tensor x) -> Tensor out")
+
+
+@torch.library.impl(UNWRITTEN, "cull", "CPU")
+def _cull(means):
+    """The 3DGS projection's convention: a culled point's row is never written, radius 0."""
+    xy = torch.empty(means.shape[0], 2)
+    radii = torch.empty(means.shape[0], dtype=torch.int32)
+    keep = means[:, 2] > 0
+    xy[keep] = means[keep, :2]
+    radii.copy_(torch.where(keep, 3, 0))
+    return xy, radii
+
+
+@torch.library.impl(UNWRITTEN, "tail", "CPU")
+def _tail(x):
+    """A bug: the last five elements are never written, and nothing marks them."""
+    out = torch.empty_like(x)
+    out[:-5] = x[:-5] * 2
+    return out
+
+
+def _twice(op, x):
+    """Two calls of one input, their fresh memory holding other bytes each time (what a real
+    allocator's reuse does, made sure)."""
+    cpu = torch.device("cpu")
+    for byte in (0x11, 0x22):
+        with unwritten.filling(byte, cpu):
+            op(x)
+
+
+def _with_probe(body, probe=True):
+    """numerics, and the unwritten-output probe after it (their order in the registry)."""
+    unwritten.MEMORY.clear()
+    num, det = Numerics(), UnwrittenOutput()
+    num.case_started(CASE)
+    if probe:
+        det.case_started(CASE)
+    try:
+        body()
+        found = num.case_finished(CASE) + (det.case_finished(CASE) if probe else [])
+        return found, num.case_data()
+    finally:
+        unwritten.MEMORY.clear()
+
+
+def test_a_conventions_rows_left_unwritten_are_not_results():
+    means = torch.rand(6, 3) + 0.5
+    means[::2, 2] = -1.0
+    found, data = _with_probe(lambda: _twice(torch.ops.gpucheck_numerics_unwritten.cull, means))
+    assert [(f.kind, f.severity) for f in found] == [("unwritten-output", "info")]
+    assert len({parse(e)[2] for e in data["fingerprints"]}) == 1  # the culled rows left out
+    # without the probe's evidence, the same calls are what the field reported as a false error
+    found, _ = _with_probe(
+        lambda: _twice(torch.ops.gpucheck_numerics_unwritten.cull, means), probe=False
+    )
+    assert [f.kind for f in found] == ["numerics"] and "non-deterministic" in found[0].message
+
+
+def test_results_that_differ_only_where_the_op_never_wrote_are_unwritten_not_nondeterministic():
+    found, data = _with_probe(
+        lambda: _twice(torch.ops.gpucheck_numerics_unwritten.tail, torch.rand(20))
+    )
+    assert {(f.kind, f.severity) for f in found} == {("unwritten-output", "error")}
+    [said] = [f for f in found if "the same input gave different results" in f.message]
+    assert "only in elements the op never wrote (output 0 (out): 5 of 20 elements" in said.message
+    assert "a tail: the last 5 elements" in said.message and "not non-deterministic" in said.message
+    outputs = {parse(e)[2] for e in data["fingerprints"]}
+    assert len(outputs) == 2 and len({o.split(numerics.WRITTEN)[1] for o in outputs}) == 1
+
+
+def test_records_that_differ_only_where_calls_never_wrote_do_not_disagree():
+    def rec(dev, outs):
+        return CaseRecord(
+            run_id="r",
+            device=dev,
+            suite="s",
+            case=f"t[{dev}]",
+            mode="blocking",
+            status="passed",
+            fingerprints=[f"ext::op|in1|{outs}|{dev}"],
+        )
+
+    assert disagreements([rec("cuda:0", "a~w"), rec("cuda:1", "b~w")]) == []
+    [f] = disagreements([rec("cuda:0", "a~w1"), rec("cuda:1", "b~w2")])
+    assert "cross-device disagreement" in f.message

@@ -154,6 +154,14 @@ def test_numerics_listens_outside_the_launch_traces_windows():
     assert names.index("numerics") < min(names.index("wrong-stream"), names.index("kernel-device"))
 
 
+def test_the_unwritten_probe_runs_after_the_trace_and_before_numerics_reads_its_evidence():
+    """After a call, listeners run last first: the unwritten-output probe's re-runs come after
+    the launch trace marked the call's end, and before numerics hashes the call's outputs
+    (numerics reads the probe's evidence of that call)."""
+    names = [d.name for d in registry.worker_detectors()]
+    assert names.index("numerics") < names.index("unwritten-output") < names.index("wrong-stream")
+
+
 def test_the_pending_error_probe_runs_after_the_launch_traces_windows_close():
     """Detectors finish a case in their order: pending-error's probe launch comes after the
     launch trace's two have closed its windows, so no window records it as an op's launch."""
