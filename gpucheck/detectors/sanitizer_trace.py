@@ -139,8 +139,8 @@ class SanitizerTrace:
     def _span(
         self, call: int, op: str, label: str, output: int | None, name: str | None, t: Any
     ) -> bool:
-        if not op_watch.real_cuda(t) or op_watch.placeholder(t):
-            return False
+        if not unwritten.real(t) or op_watch.placeholder(t):
+            return False  # fake or meta: no memory (a CPU tensor's address never matches)
         span = tracing.Span(
             call,
             op,

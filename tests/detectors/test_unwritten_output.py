@@ -147,7 +147,7 @@ def _mask():
 
 
 def test_rows_a_zero_radius_marks_are_the_extensions_convention(ext, det):
-    xy, radii, _ = ext.project(_means())
+    _, radii, _ = ext.project(_means())
     line = sys._getframe().f_lineno - 1
     found = {f.message.split(":")[1].strip().split(" is ")[0]: f for f in det.case_finished(CASE)}
     assert set(found) == {"output 0 (xy)", "output 2 (depth)"}
@@ -172,7 +172,7 @@ def test_masked_tiles_left_unwritten_are_an_error_naming_the_output_and_the_tile
     for f in (alpha_f, last_f):
         assert (f.kind, f.severity, f.op) == ("unwritten-output", "error", f"{NAME}.rasterize")
         assert "3 of 30 tiles of 8×8 over dims 0, 1 (40×48)" in f.message
-        assert "this call: " in f.message and "0x{:02X}".format(unwritten.PATTERNS[1]) in f.evidence
+        assert "this call: " in f.message and f"0x{unwritten.PATTERNS[1]:02X}" in f.evidence
     assert "was never written at 192 of 1920 elements" in alpha_f.message
     # the values shown are those the case's own call left there
     shown = alpha_f.evidence.split("left there: ")[1].splitlines()[0].split(", ")
