@@ -183,3 +183,99 @@ def test_hang_under_the_sanitizer_dumps_the_workers_stacks(setup, tmp_path, monk
     assert hung["status"] == "hung"
     assert "in test_hang" in hung["findings"][-1]["evidence"]
     assert recs["test_last"]["status"] == "passed"
+
+
+# -- the print budget is per case --------------------------------------------------------
+
+#: a stand-in that, like compute-sanitizer, writes its summary into each log when the worker
+#: ends: the records printed, and those it counted but did not print (a case says how many in
+#: a file of $DROPPED named after its pid)
+COUNTING_TOOL = f"""#!{sys.executable}
+import glob, os, subprocess, sys
+args, env = sys.argv[1:], dict(os.environ)
+while args and args[0].startswith("--"):
+    if args[0] == "--log-file":
+        env["FAKE_SAN_LOG"] = args[1]
+    args = args[2:]
+rc = subprocess.call(args, env=env)
+errors = 0
+for log in glob.glob(env["FAKE_SAN_LOG"].replace("%p", "*")):
+    printed = open(log).read().count("========= Uninitialized")
+    pid = log.rsplit(".", 2)[-2]
+    extra = os.path.join(env["DROPPED"], pid)
+    dropped = int(open(extra).read()) if os.path.exists(extra) else 0
+    errors += printed + dropped
+    with open(log, "a") as f:
+        f.write(f"========= ERROR SUMMARY: {{printed + dropped}} errors\\n")
+        if dropped:
+            f.write(f"========= ERROR SUMMARY: {{dropped}} errors were not printed. Use "
+                    "--print-limit option to adjust the number of printed errors\\n")
+sys.exit(86 if errors else rc)
+"""
+
+BUDGET_SUITE = textwrap.dedent("""
+    import os, pytest
+    TEXT = open(os.path.join(os.environ["FIXTURES"], "initcheck_uninit_planted_h200.log")).read()
+    RECORDS = "".join(line for line in TEXT.splitlines(True) if "SUMMARY" not in line)  # 20
+
+    def write(times, dropped=0):
+        log = os.environ["FAKE_SAN_LOG"].replace("%p", str(os.getpid()))
+        with open(log, "a") as f:
+            f.write(RECORDS * times)
+        if dropped:
+            with open(os.path.join(os.environ["DROPPED"], str(os.getpid())), "w") as f:
+                f.write(str(dropped))
+
+    @pytest.mark.sanitizer
+    def test_a():
+        write(45)  # 900 records: fewer than a case's 200 left in this process
+
+    @pytest.mark.sanitizer
+    def test_b():
+        write(50, dropped=300)  # the process's 1000th record, and 300 more not printed
+
+    @pytest.mark.sanitizer
+    def test_c():
+        write(1)
+
+    @pytest.mark.sanitizer
+    def test_d():
+        assert True
+""")
+
+
+def test_no_case_runs_after_the_print_budget_is_spent_without_a_fresh_worker(tmp_path, monkeypatch):
+    from gpucheck.model.runlog import RunLog
+    from gpucheck.sanitizer import command
+
+    assert (command.PRINT_LIMIT, command.CASE_RECORDS) == (1000, 200)
+    tool = tmp_path / "compute-sanitizer"
+    tool.write_text(COUNTING_TOOL)
+    tool.chmod(0o755)
+    suite = tmp_path / "suites" / "budget"
+    suite.mkdir(parents=True)
+    (suite / "test_budget.py").write_text(BUDGET_SUITE)
+    (tmp_path / "dropped").mkdir()
+    monkeypatch.setenv("FIXTURES", str(FIXTURES))
+    monkeypatch.setenv("DROPPED", str(tmp_path / "dropped"))
+    out = tmp_path / "out"
+    out.mkdir()
+    spec = WorkerSpec(
+        "cpu", None, None, {"budget": suite}, "sanitizer:initcheck",
+        sanitizer_tool="initcheck", sanitizer=tool,
+    )  # fmt: skip
+    Harness([spec], out, out / "results.jsonl", "r1", timeout=120).run()
+    recs = {
+        r.case.rsplit("::", 1)[-1]: r for r in RunLog.read(out / "results.jsonl").diagnosed_cases()
+    }
+    assert sorted(recs) == ["test_a", "test_b", "test_c", "test_d"]  # none given up on
+    # a fresh worker after test_a (900 of its 1000 records printed) and after test_b (1000)
+    assert len(list((out / "workers").glob("*.state.json"))) == 3
+    assert [f.kind for f in recs["test_a"].findings] == ["sanitizer"]
+    limit = [f for f in recs["test_b"].findings if f.kind == "sanitizer-limit"]
+    [f] = limit
+    assert f.severity == "warning" and "300 more record(s) it counted were not printed" in f.message
+    # the next case ran under a fresh tool: its records are there
+    [c] = recs["test_c"].findings
+    assert c.kind == "sanitizer" and "x20" in c.message
+    assert recs["test_d"].findings == [] and recs["test_d"].status == "passed"

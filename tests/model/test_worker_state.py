@@ -135,3 +135,20 @@ def test_a_state_read_while_it_was_written_reads_as_none(tmp_path):
         )
     path.write_bytes(new[:40] + old[40:])  # past the first number, before the last
     assert worker_state.read(path) is None
+
+
+def test_a_sanitizer_workers_limit_names_the_case_that_reached_it(tmp_path):
+    path = tmp_path / "cuda0.sanitizer-initcheck.state.json"
+    state = WorkerState(
+        exit_reason=worker_state.SANITIZER_LIMIT,
+        limit_suite="splat",
+        limit_case="test_splat.py::test_masked[cuda0]",
+    )
+    writer = worker_state.StateWriter(path)
+    writer.write(state)
+    assert worker_state.read(path) == state
+    writer.close()
+    path.write_text(json.dumps({"exit_reason": "sanitizer-limit", "limit_case": 4}))
+    read = worker_state.read(path)
+    assert read is not None and read.exit_reason == worker_state.SANITIZER_LIMIT
+    assert read.limit_case is None

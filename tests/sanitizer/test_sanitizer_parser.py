@@ -339,3 +339,16 @@ def test_a_recorded_watched_call_is_located_at_the_tests_line(log, line):
     assert first.python_frame == line
     f = sanitizer_findings(text, "memcheck", "cuda:0", "s", "t.py::x")[0]
     assert f"(from {line})" in f.message and "op_watch" not in f.message
+
+
+def test_the_records_a_tool_did_not_print_are_counted_from_its_summary():
+    from gpucheck.sanitizer.findings import dropped_finding
+
+    text = (FIXTURES / "initcheck_uninit_planted_h200.log").read_text()  # --print-limit 20
+    f = dropped_finding([text], "cuda:0", "s", "t.py::x")
+    assert (f.kind, f.severity, f.case) == ("sanitizer-limit", "warning", "t.py::x")
+    assert "980 more record(s) it counted were not printed" in f.message
+    clean = (FIXTURES / "racecheck_race_planted_h200.log").read_text()  # printed them all
+    assert dropped_finding([clean], "cuda:0", "s", "t.py::x") is None
+    cut = text.split("========= ERROR SUMMARY")[0]  # the tool died before its summary
+    assert "an unknown number" in dropped_finding([cut], "cuda:0", "s", "t.py::x").message
