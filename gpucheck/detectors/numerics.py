@@ -29,6 +29,9 @@ its entry also carries the fingerprint of what it did write (``outputs~written``
 of one input that differ only there are an ``unwritten-output`` finding naming the output, not
 non-determinism (and not a cross-device disagreement in the parent).
 
+In an initcheck pass no fingerprint is taken: hashing reads every element of an output,
+and the tool would report each read of one never written as the case's.
+
 Ops tagged ``torch.Tag.nondeterministic_bitwise`` (float atomics, by design) and
 ``nondeterministic_seeded`` (random) are not judged. Fingerprints are taken for the first
 :data:`CAP` calls per (op, argument signature) of a case, of the outermost watched calls
@@ -47,7 +50,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from gpucheck.detectors import op_watch, unwritten
-from gpucheck.detectors.base import CallWatcher, CaseInfo
+from gpucheck.detectors.base import READS_REPORTED, CallWatcher, CaseInfo, WorkerContext
 from gpucheck.model.results import CaseRecord, Finding
 
 CAP = 16
@@ -290,11 +293,15 @@ class Numerics(CallWatcher):
         self.judged: dict[str, bool] = {}
         self.measured: list[Any] = []  # gpucheck.testing comparisons of the case
         self.frames: dict[str, str | None] = {}  # op -> the Python line of its first call
+        self.hashing = True  # not in an initcheck pass (see bind)
         #: (op, inputs) -> the unwritten elements its probe found (a call that has them)
         self.gaps: dict[tuple[str, str], str] = {}
 
+    def bind(self, worker: WorkerContext) -> None:
+        self.hashing = worker.sanitizer != READS_REPORTED  # see READS_REPORTED
+
     def before(self, call: op_watch.Call) -> None:
-        if call.depth:
+        if call.depth or not self.hashing:
             return  # inside another watched call: that call's fingerprints hold what it returns
         found = call.inputs
         if not found or not all(_real(t) for t in found) or op_watch.capturing():

@@ -261,7 +261,13 @@ def probeable(call: op_watch.Call) -> bool:
     found = call.inputs
     if not found or not all(real(t) for t in found) or op_watch.capturing():
         return False
-    return not _seeded(call.fn)
+    seeded = _SEEDED.get(call.op)
+    if seeded is None:
+        seeded = _SEEDED[call.op] = _seeded(call.fn)
+    return not seeded
+
+
+_SEEDED: dict[str, bool] = {}  # op -> tagged random (looked up once)
 
 
 def _seeded(fn: Any) -> bool:

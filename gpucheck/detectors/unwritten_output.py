@@ -23,7 +23,9 @@ first call (at most :data:`PROBES_PER_CASE` new signatures a case); a signature 
 an output unwritten by mistake is probed again on its first :data:`CAP` calls of every later
 case (the evidence of those calls: their findings, and what ``numerics`` needs to tell an
 unwritten difference from non-determinism). Its seconds are in each case's ``cost_s`` under
-``unwritten-output``.
+``unwritten-output``. In an initcheck pass the probe stands aside (its copies of arguments
+read what earlier calls never wrote, which the tool reports): that pass finds the reads
+itself, traced to the op (:mod:`gpucheck.detectors.sanitizer_trace`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,13 @@ from dataclasses import replace
 from typing import Any
 
 from gpucheck.detectors import op_watch, unwritten
-from gpucheck.detectors.base import CallWatcher, CaseInfo, detector_error
+from gpucheck.detectors.base import (
+    READS_REPORTED,
+    CallWatcher,
+    CaseInfo,
+    WorkerContext,
+    detector_error,
+)
 from gpucheck.model.results import Finding
 
 #: probes of call signatures not seen before, per case
@@ -63,9 +71,13 @@ class UnwrittenOutput(CallWatcher):
         self.seen: dict[tuple[str, int, bool], list[Any]] = {}
         self.problems: list[str] = []
         self.told: set[str] = set()  # ops whose probe could not run, told once a process
+        self.probing = True  # not in an initcheck pass (see bind)
+
+    def bind(self, worker: WorkerContext) -> None:
+        self.probing = worker.sanitizer != READS_REPORTED  # see READS_REPORTED
 
     def before(self, call: op_watch.Call) -> None:
-        if call.depth or not unwritten.probeable(call):
+        if call.depth or not self.probing or not unwritten.probeable(call):
             return
         key = unwritten.signature(call)
         state = unwritten.MEMORY.states.get(key)

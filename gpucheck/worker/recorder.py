@@ -92,7 +92,12 @@ class Recorder:
         self.detectors = DetectorLoop(worker_detectors())
         self.pending: list[Finding] = []  # findings made before a call that may crash
         self.last_state: dict[str, Any] = {}
-        context = WorkerContext(self.device_index, self.uuid, self._persist)
+        context = WorkerContext(
+            self.device_index,
+            self.uuid,
+            self._persist,
+            config.getoption("--gpucheck-sanitizer-tool"),
+        )
         for d in self.detectors.detectors:
             d.bind(context)
         self.detector_findings: dict[str, list[Finding]] = {}
