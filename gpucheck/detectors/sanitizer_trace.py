@@ -79,12 +79,12 @@ class SanitizerTrace:
         """The case body starts: note its calls from now on."""
         self.logs = [str(p) for p in self.find_logs()]
         self.calls, self.markers, self.open = tracing.Calls(), {}, {}
-        op_watch.add(self)  # type: ignore[arg-type]
+        op_watch.add(self)
         op_watch.ASIDE_OBSERVERS.append(self.aside)
 
     def end(self) -> None:
         """The case body ended (what was noted is kept for :meth:`findings`)."""
-        op_watch.remove(self)  # type: ignore[arg-type]
+        op_watch.remove(self)
         if self.aside in op_watch.ASIDE_OBSERVERS:
             op_watch.ASIDE_OBSERVERS.remove(self.aside)
 

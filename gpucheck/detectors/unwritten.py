@@ -374,7 +374,7 @@ def _fill_mode() -> Any:
         return _MODE[0]
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    class FillMode(TorchDispatchMode):  # type: ignore[misc]
+    class FillMode(TorchDispatchMode):
         def __init__(self, byte: int, keyset: Any) -> None:
             super().__init__()
             self.byte, self.keyset = byte, keyset
