@@ -241,21 +241,8 @@ def test_op_device_names_a_pybind_function_and_its_line(ext):
     assert f"test_ext_watch.py:{line} in test_op_device_names_a_pybind_function" in f.evidence
 
 
-SUITE = textwrap.dedent(
+SUITE = extkit.SUITE_LOADER + textwrap.dedent(
     '''
-    import importlib.util, os, pytest, torch
-
-    def _ext():
-        spec = importlib.util.spec_from_file_location(os.environ["EXT_NAME"],
-                                                      os.environ["EXT_PATH"])
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-
-    @pytest.fixture(scope="module")
-    def ext():
-        return _ext()  # loaded in a fixture, after the worker's watch was installed
-
     def test_background_on_the_cpu(ext):
         x = torch.empty(4, 3, device="meta")
         ext.render(x, torch.tensor([0.1, 0.2, 0.3]))

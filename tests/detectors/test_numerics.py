@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 
+import extkit
 import torch
 
 from gpucheck.detectors import CaseInfo, Numerics, numerics, unwritten
@@ -219,16 +220,6 @@ def test_the_hashing_is_unseen_by_the_cases_modes():
     """A case's dispatch and torch-function modes (opcheck's schema check, a logging mode) see
     the op's own torch calls, never the fingerprinting's: it would pay (and log) for each."""
     from torch.overrides import TorchFunctionMode
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Dispatched(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.seen = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.seen.append(str(func))
-            return func(*args, **(kwargs or {}))
 
     class Functions(TorchFunctionMode):
         def __init__(self):
@@ -241,7 +232,7 @@ def test_the_hashing_is_unseen_by_the_cases_modes():
 
     x = torch.rand(64)
     det = Numerics()
-    with Functions() as functions, Dispatched() as dispatched:
+    with Functions() as functions, extkit.Dispatched() as dispatched:
         found, data = _run_case(det, lambda: torch.ops.gpucheck_numerics.double(x))
     assert not found and len(data["fingerprints"]) == 1  # it was hashed
     assert dispatched.seen == ["gpucheck_numerics.double.default"], dispatched.seen
@@ -249,29 +240,6 @@ def test_the_hashing_is_unseen_by_the_cases_modes():
 
 
 # -- outputs an op leaves unwritten (the unwritten-output probe's evidence) ------------------
-
-UNWRITTEN = torch.library.Library("gpucheck_numerics_unwritten", "DEF")
-UNWRITTEN.define("cull(Tensor means) -> (Tensor xy, Tensor radii)")
-UNWRITTEN.define("tail(Tensor x) -> Tensor out")
-
-
-@torch.library.impl(UNWRITTEN, "cull", "CPU")
-def _cull(means):
-    """The 3DGS projection's convention: a culled point's row is never written, radius 0."""
-    xy = torch.empty(means.shape[0], 2)
-    radii = torch.empty(means.shape[0], dtype=torch.int32)
-    keep = means[:, 2] > 0
-    xy[keep] = means[keep, :2]
-    radii.copy_(torch.where(keep, 3, 0))
-    return xy, radii
-
-
-@torch.library.impl(UNWRITTEN, "tail", "CPU")
-def _tail(x):
-    """A bug: the last five elements are never written, and nothing marks them."""
-    out = torch.empty_like(x)
-    out[:-5] = x[:-5] * 2
-    return out
 
 
 def _twice(op, x):
@@ -301,20 +269,16 @@ def _with_probe(body, probe=True):
 def test_a_conventions_rows_left_unwritten_are_not_results():
     means = torch.rand(6, 3) + 0.5
     means[::2, 2] = -1.0
-    found, data = _with_probe(lambda: _twice(torch.ops.gpucheck_numerics_unwritten.cull, means))
+    found, data = _with_probe(lambda: _twice(torch.ops.gpucheck_tests.cull, means))
     assert [(f.kind, f.severity) for f in found] == [("unwritten-output", "info")]
     assert len({parse(e)[2] for e in data["fingerprints"]}) == 1  # the culled rows left out
     # without the probe's evidence, the same calls are what the field reported as a false error
-    found, _ = _with_probe(
-        lambda: _twice(torch.ops.gpucheck_numerics_unwritten.cull, means), probe=False
-    )
+    found, _ = _with_probe(lambda: _twice(torch.ops.gpucheck_tests.cull, means), probe=False)
     assert [f.kind for f in found] == ["numerics"] and "non-deterministic" in found[0].message
 
 
 def test_results_that_differ_only_where_the_op_never_wrote_are_unwritten_not_nondeterministic():
-    found, data = _with_probe(
-        lambda: _twice(torch.ops.gpucheck_numerics_unwritten.tail, torch.rand(20))
-    )
+    found, data = _with_probe(lambda: _twice(torch.ops.gpucheck_tests.tail, torch.rand(20)))
     assert {(f.kind, f.severity) for f in found} == {("unwritten-output", "error")}
     [said] = [f for f in found if "the same input gave different results" in f.message]
     assert "only in elements the op never wrote (output 0 (out): 5 of 20 elements" in said.message

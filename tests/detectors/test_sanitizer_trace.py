@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import extkit  # noqa: F401  (its ops: gpucheck_tests::cull)
 import pytest
 import torch
 
@@ -24,19 +25,8 @@ CASE = CaseInfo("cuda:0", "s", "test_x.py::test_masked")
 LOG: list[Path] = []  # the log the ops below write to while they run
 
 LIB = torch.library.Library("gpucheck_trace_test", "DEF")
-LIB.define("cull(Tensor means) -> (Tensor xy, Tensor radii)")
 LIB.define("race(Tensor x) -> Tensor")
 LIB.define("overrun(Tensor x) -> Tensor")
-
-
-@torch.library.impl(LIB, "cull", "CPU")
-def _cull(means):
-    xy = torch.empty(means.shape[0], 2)
-    radii = torch.empty(means.shape[0], dtype=torch.int32)
-    keep = means[:, 2] > 0
-    xy[keep] = means[keep, :2]
-    radii.copy_(torch.where(keep, 3, 0))
-    return xy, radii
 
 
 @torch.library.impl(LIB, "race", "CPU")
@@ -89,14 +79,14 @@ def _findings(trace, tool):
 
 
 def test_an_initcheck_read_of_an_output_never_written_names_op_output_and_reader(trace):
-    xy, _ = torch.ops.gpucheck_trace_test.cull(torch.rand(8, 3) + 0.5)  # no point culled
+    xy, _ = torch.ops.gpucheck_tests.cull(torch.rand(8, 3) + 0.5)  # no point culled
     _write(_rebased(COPY_READ, xy))  # then torch's copy reads 8 of its elements
     found = {f.kind: f for f in _findings(trace, "initcheck")}
     assert set(found) == {"unwritten-output", "sanitizer"}  # the diagnosis, and its records
     f = found["unwritten-output"]
-    assert (f.severity, f.op) == ("error", "gpucheck_trace_test::cull")
+    assert (f.severity, f.op) == ("error", "gpucheck_tests::cull")
     assert f.message == (
-        "output 0 (xy) of `gpucheck_trace_test::cull` was never written at 8 element(s) read "
+        "output 0 (xy) of `gpucheck_tests::cull` was never written at 8 element(s) read "
         "here ((0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1), …); read by torch's copy at "
         "test_x.py:94"
     )
@@ -107,10 +97,10 @@ def test_an_initcheck_read_of_an_output_never_written_names_op_output_and_reader
 def test_a_read_of_rows_the_calls_marker_marks_invalid_is_no_error(trace):
     means = torch.rand(8, 3) + 0.5
     means[:4, 2] = -1.0  # culled: rows 0-3, radius 0; the reads fall in rows 0-3
-    xy, radii = torch.ops.gpucheck_trace_test.cull(means)
+    xy, radii = torch.ops.gpucheck_tests.cull(means)
     _write(_rebased(COPY_READ, xy))
     [f] = _findings(trace, "initcheck")
-    assert (f.kind, f.severity, f.op) == ("unwritten-output", "info", "gpucheck_trace_test::cull")
+    assert (f.kind, f.severity, f.op) == ("unwritten-output", "info", "gpucheck_tests::cull")
     assert "8 initcheck read(s) of output 0 (xy)" in f.message
     assert "output 1 (radii) of the same call is 0 in every row read (4 row(s)" in f.message
     assert radii[:4].tolist() == [0] * 4

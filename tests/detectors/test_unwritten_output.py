@@ -94,27 +94,6 @@ SOURCE = textwrap.dedent("""
 """)
 CASE = CaseInfo("cpu", "s", "test_x.py::test_x")
 
-LIB = torch.library.Library("gpucheck_unwritten_test", "DEF")
-LIB.define("cull(Tensor means) -> (Tensor xy, Tensor radii)")
-LIB.define("tail(Tensor x) -> Tensor out")
-
-
-@torch.library.impl(LIB, "cull", "CPU")
-def _cull(means):
-    xy = torch.empty(means.shape[0], 2)
-    radii = torch.empty(means.shape[0], dtype=torch.int32)
-    keep = means[:, 2] > 0
-    xy[keep] = means[keep, :2]
-    radii.copy_(torch.where(keep, 3, 0))
-    return xy, radii
-
-
-@torch.library.impl(LIB, "tail", "CPU")
-def _tail(x):
-    out = torch.empty_like(x)
-    out[:-5] = x[:-5] * 2
-    return out
-
 
 @pytest.fixture(scope="module")
 def ext(tmp_path_factory):
@@ -215,13 +194,13 @@ def test_a_call_that_cannot_run_again_gets_a_note_not_a_finding(ext, det):
 
 
 def test_a_torch_op_is_probed_inside_its_kernel_and_named_from_its_schema(det):
-    torch.ops.gpucheck_unwritten_test.cull(_means())
-    torch.ops.gpucheck_unwritten_test.tail(torch.rand(20))
+    torch.ops.gpucheck_tests.cull(_means())
+    torch.ops.gpucheck_tests.tail(torch.rand(20))
     found = {f.op: f for f in det.case_finished(CASE)}
-    cull = found["gpucheck_unwritten_test::cull"]
+    cull = found["gpucheck_tests::cull"]
     assert cull.severity == "info" and "output 0 (xy)" in cull.message
     assert "output 1 (radii) is 0" in cull.message
-    tail = found["gpucheck_unwritten_test::tail"]
+    tail = found["gpucheck_tests::tail"]
     assert tail.severity == "error" and "output 0 (out)" in tail.message
     assert "a tail: the last 5 elements (from flat index 15)" in tail.message
 
@@ -229,21 +208,10 @@ def test_a_torch_op_is_probed_inside_its_kernel_and_named_from_its_schema(det):
 def test_the_probe_is_unseen_by_the_cases_modes(det):
     """A case's dispatch mode (a logging mode, opcheck's checks) sees the case's call, never
     the probe's copies, re-runs and comparisons."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Dispatched(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.seen = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.seen.append(str(func))
-            return func(*args, **(kwargs or {}))
-
     x = torch.rand(20)
-    with Dispatched() as dispatched:
-        torch.ops.gpucheck_unwritten_test.tail(x)
-    assert dispatched.seen == ["gpucheck_unwritten_test.tail.default"]
+    with extkit.Dispatched() as dispatched:
+        torch.ops.gpucheck_tests.tail(x)
+    assert dispatched.seen == ["gpucheck_tests.tail.default"]
     assert [f.severity for f in det.case_finished(CASE)] == ["error"]  # it was probed
 
 
@@ -297,18 +265,8 @@ def test_tiles_are_found_over_the_two_image_dimensions_whatever_the_channels():
     assert "scattered" in describe(m)
 
 
-SUITE = textwrap.dedent(
+SUITE = extkit.SUITE_LOADER + textwrap.dedent(
     """
-    import importlib.util, os, pytest, torch
-
-    @pytest.fixture(scope="module")
-    def ext():
-        spec = importlib.util.spec_from_file_location(os.environ["EXT_NAME"],
-                                                      os.environ["EXT_PATH"])
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-
     def _mask():
         mask = torch.ones(5, 6, dtype=torch.bool)
         mask[0, 0] = False
