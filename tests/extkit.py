@@ -7,8 +7,10 @@ and a dispatch mode that lists what a case's own mode would see."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -43,6 +45,34 @@ def _ext():
 def ext():
     return _ext()  # loaded in a fixture, after the worker's watch was installed
 """
+
+
+def run_suite(
+    tmp_path: Path, name: str, text: str, ext: ModuleType, **env: str
+) -> tuple[subprocess.CompletedProcess[str], dict[str, dict[str, Any]]]:
+    """``gpucheck run --cpu-only`` on a suite of one test file (``text``, which loads ``ext``
+    with :data:`SUITE_LOADER`), in ``tmp_path``: the process, and the case records by test
+    name."""
+    from clirun import gpucheck
+
+    from gpucheck.model import results
+
+    suite = tmp_path / "suites" / name
+    suite.mkdir(parents=True)
+    (suite / f"test_{name}.py").write_text(text)
+    out = tmp_path / "out"
+    proc = gpucheck(
+        "run",
+        "--cpu-only",
+        "--quiet",
+        "--out",
+        str(out),
+        cwd=tmp_path,
+        timeout=300,
+        env={"EXT_NAME": ext.__name__, "EXT_PATH": str(ext.__file__), **env},
+    )
+    recs = {r["case"].rsplit("::", 1)[-1]: r for r in results.cases(out / "results.jsonl")}
+    return proc, recs
 
 
 # -- torch.library ops with outputs left unwritten (Python kernels: nothing to build) ------

@@ -17,11 +17,9 @@ import types
 import extkit
 import pytest
 import torch
-from clirun import gpucheck
 
 from gpucheck.detectors import CaseInfo, MixedDevices, elf, ext_watch, op_watch
 from gpucheck.detectors.op_device import OpDevice
-from gpucheck.model import results
 
 NAME = "gpucheck_test_ext"
 LATE = "gpucheck_test_ext_late"  # a second module in the same library, loaded mid-case
@@ -273,22 +271,8 @@ SUITE = extkit.SUITE_LOADER + textwrap.dedent(
 
 
 def test_gpucheck_run_records_mixed_devices_and_names_the_argument_in_the_hint(ext, tmp_path):
-    suite = tmp_path / "suites" / "mixed"
-    suite.mkdir(parents=True)
-    (suite / "test_mixed.py").write_text(SUITE)
-    out = tmp_path / "out"
-    proc = gpucheck(
-        "run",
-        "--cpu-only",
-        "--quiet",
-        "--out",
-        str(out),
-        cwd=tmp_path,
-        timeout=300,
-        env={"EXT_NAME": NAME, "EXT_PATH": ext.__file__, "DEMO_ABORT": "1"},
-    )
+    proc, recs = extkit.run_suite(tmp_path, "mixed", SUITE, ext, DEMO_ABORT="1")
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    recs = {r["case"].rsplit("::", 1)[-1]: r for r in results.cases(out / "results.jsonl")}
     (mixed,) = [
         f for f in recs["test_background_on_the_cpu"]["findings"] if f["kind"] == "mixed-devices"
     ]
@@ -304,7 +288,7 @@ def test_gpucheck_run_records_mixed_devices_and_names_the_argument_in_the_hint(e
     # the finding made before the call outlives the crash in the worker's state file
     pending = [
         f
-        for state in (out / "workers").glob("*.state.json")
+        for state in (tmp_path / "out" / "workers").glob("*.state.json")
         for f in json.loads(state.read_text()).get("pending_findings") or []
     ]
     assert [(f["kind"], f["op"]) for f in pending] == [("mixed-devices", f"{NAME}.render")]

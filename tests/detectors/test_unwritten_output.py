@@ -13,13 +13,11 @@ import textwrap
 import extkit
 import pytest
 import torch
-from clirun import gpucheck
 
 from gpucheck.detectors import op_watch, unwritten
 from gpucheck.detectors.base import CaseInfo
 from gpucheck.detectors.element_sets import describe
 from gpucheck.detectors.unwritten_output import UnwrittenOutput
-from gpucheck.model import results
 
 NAME = "gpucheck_test_unwritten"
 SOURCE = textwrap.dedent("""
@@ -290,22 +288,8 @@ SUITE = extkit.SUITE_LOADER + textwrap.dedent(
 
 
 def test_gpucheck_run_reports_the_bug_and_keeps_the_convention_clean(ext, tmp_path):
-    suite = tmp_path / "suites" / "unwritten"
-    suite.mkdir(parents=True)
-    (suite / "test_unwritten.py").write_text(SUITE)
-    out = tmp_path / "out"
-    proc = gpucheck(
-        "run",
-        "--cpu-only",
-        "--quiet",
-        "--out",
-        str(out),
-        cwd=tmp_path,
-        timeout=300,
-        env={"EXT_NAME": NAME, "EXT_PATH": ext.__file__},
-    )
+    proc, recs = extkit.run_suite(tmp_path, "unwritten", SUITE, ext)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    recs = {r["case"].rsplit("::", 1)[-1]: r for r in results.cases(out / "results.jsonl")}
     projection = recs["test_projection"]
     assert projection["status"] == "passed"
     assert {(f["kind"], f["severity"]) for f in projection["findings"]} == {
