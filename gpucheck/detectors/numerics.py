@@ -325,7 +325,7 @@ class Numerics(CallWatcher):
         if noted is None or call.error is not None:
             return
         outs = call.outputs(out)
-        left = unwritten.left_out(call.op, outs)  # a convention's rows, from this call's marker
+        left = unwritten.left_out(call.op, outs, call.fn)  # a convention's rows, declared ones
         outputs = fingerprint(out, results_only=True, left_out=left)
         evidence = call.notes.get(unwritten.NOTE)
         bugs = evidence.bugs if isinstance(evidence, unwritten.Evidence) else []
@@ -334,7 +334,7 @@ class Numerics(CallWatcher):
             outputs += f"{WRITTEN}{fingerprint(out, results_only=True, left_out={**left, **gaps})}"
             with self.lock:
                 self.gaps[(call.op, noted[0])] = "; ".join(
-                    f"{g.label}: {g.count} of {g.numel} elements ({g.layout})" for g in bugs
+                    f"{g.label}: {g.count} of {g.numel} elements ({g.where})" for g in bugs
                 )
         if outputs is not None:
             with self.lock:

@@ -93,6 +93,8 @@ class SanitizerTrace:
         self.calls, self.markers, self.open = tracing.Calls(), {}, {}
 
     def _where(self) -> dict[str, int]:
+        if not self.logs:  # the tool had not made its log when the case began
+            self.logs = [str(p) for p in self.find_logs()]
         sizes = {}
         for log in self.logs:
             try:

@@ -111,7 +111,7 @@ class Gap:
     dtype: str
     count: int
     numel: int
-    layout: str  # "whole rows: 2 of 6 rows along dim 0 (1, 3)", "16 of 64 tiles of 16×16", ...
+    where: str  # "whole rows: 2 of 6 rows along dim 0 (1, 3)", "16 of 64 tiles of 16×16", ...
     samples: list[str]  # values the case's own call left there
     convention: Convention | None = None
     invalid_rows: int = 0  # rows the marker marks invalid (a convention's)
@@ -461,8 +461,12 @@ def _marker_dtype(t: Any) -> bool:
 def probe(call: op_watch.Call, out: Any, snap: Snapshot) -> Evidence:
     """Re-run ``call`` twice (see the module text) and compare; the evidence of its outputs'
     unwritten elements. Records what it found in :data:`MEMORY`."""
-    with alone():
-        return _probe(call, out, snap)
+    try:
+        with alone():
+            return _probe(call, out, snap)
+    except Exception as err:  # a comparison that failed (memory): this call is not judged
+        MEMORY.states[signature(call)] = FAILED
+        return Evidence(call.op, problem=f"{type(err).__name__}: {str(err)[:200]}")
 
 
 def _probe(call: op_watch.Call, out: Any, snap: Snapshot) -> Evidence:
@@ -602,14 +606,21 @@ def invalid_rows(m: Any, shape: tuple[int, ...], dims: int) -> Any:
     return invalid.reshape(*shape[:dims], *([1] * (len(shape) - dims)))
 
 
-def left_out(op: str, outs: list[Any]) -> dict[int, Any]:
-    """For a call of ``op`` with outputs ``outs``: the elements of each convention output that
-    its marker (in this call) marks invalid, by output index: what a comparison of results
-    leaves out."""
+def left_out(op: str, outs: list[Any], fn: Any = None) -> dict[int, Any]:
+    """For a call of ``op`` (the callable ``fn``) with outputs ``outs``: by output index, the
+    elements a comparison of results leaves out: those of each convention output that its
+    marker marks invalid in this call, and all of an output declared in
+    ``GPUCHECK_UNWRITTEN``."""
     found = {}
     for i, conv in conventions(op).items():
         if i < len(outs) and conv.marker < len(outs):
             mask = invalid_rows(outs[conv.marker], tuple(outs[i].shape), conv.dims)
             if mask is not None:
                 found[i] = mask
+    if os.environ.get(UNWRITTEN_ENV):
+        torch = sys.modules["torch"]
+        names = output_names(fn)
+        for i, t in enumerate(outs):
+            if declared(op, i, names[i] if i < len(names) and names[i] else None):
+                found[i] = torch.ones((), dtype=torch.bool, device=t.device)
     return found

@@ -90,7 +90,14 @@ class UnwrittenOutput(CallWatcher):
                 self.again[key] = self.again.get(key, 0) + 1
             else:
                 return
-        call.notes[_SNAPSHOT] = unwritten.snapshot(call)
+        try:
+            call.notes[_SNAPSHOT] = unwritten.snapshot(call)
+        except Exception as err:  # no memory for the copies: this call is not probed
+            with self.lock:
+                self.problems.append(
+                    f"could not copy the arguments of {call.op} to re-run it "
+                    f"({type(err).__name__}: {str(err)[:200]}): its outputs were not checked"
+                )
 
     def after(self, call: op_watch.Call, out: Any) -> None:
         snap = call.notes.pop(_SNAPSHOT, None)
@@ -136,7 +143,7 @@ def finding(op: str, gap: unwritten.Gap, frame: str | None, calls: int, case: Ca
     times = f" ({calls} calls)" if calls > 1 else ""
     lines = [
         f"{gap.label}: shape {list(gap.shape)}, {gap.dtype}; {gap.count} of {gap.numel} "
-        f"elements never written: {gap.layout}",
+        f"elements never written: {gap.where}",
         f"values the case's own call left there: {', '.join(gap.samples)}",
         _HOW,
     ]
@@ -155,7 +162,7 @@ def finding(op: str, gap: unwritten.Gap, frame: str | None, calls: int, case: Ca
     elif gap.declared:
         lines.append(f"declared unwritten by design in {unwritten.UNWRITTEN_ENV}")
         message = (
-            f"{op}: {gap.label} leaves {gap.count} elements unwritten ({gap.layout}), "
+            f"{op}: {gap.label} leaves {gap.count} elements unwritten ({gap.where}), "
             f"declared by design ({unwritten.UNWRITTEN_ENV}){where}"
         )
     else:
@@ -165,7 +172,7 @@ def finding(op: str, gap: unwritten.Gap, frame: str | None, calls: int, case: Ca
         )
         message = (
             f"{op}: {gap.label} was never written at {gap.count} of {gap.numel} elements "
-            f"({gap.layout}); they hold whatever the memory held (this call: "
+            f"({gap.where}); they hold whatever the memory held (this call: "
             f"{', '.join(gap.samples)}){times}{where}"
         )
     if frame:

@@ -302,3 +302,10 @@ def test_records_that_differ_only_where_calls_never_wrote_do_not_disagree():
     assert disagreements([rec("cuda:0", "a~w"), rec("cuda:1", "b~w")]) == []
     [f] = disagreements([rec("cuda:0", "a~w1"), rec("cuda:1", "b~w2")])
     assert "cross-device disagreement" in f.message
+
+
+def test_an_output_declared_unwritten_is_not_a_result(monkeypatch):
+    monkeypatch.setenv(unwritten.UNWRITTEN_ENV, "gpucheck_tests::tail:out")
+    found, data = _with_probe(lambda: _twice(torch.ops.gpucheck_tests.tail, torch.rand(20)))
+    assert [(f.kind, f.severity) for f in found] == [("unwritten-output", "info")]
+    assert len({parse(e)[2] for e in data["fingerprints"]}) == 1
