@@ -32,7 +32,11 @@ How it works, and why it is cheap:
   the GPU) are then not traced. A callback window also closes, keeping what it recorded, when
   a profiler of the test's is about to start (CUPTI takes one subscriber: kineto, refused,
   would give that profiler and every later one of the process no GPU events); the op's
-  backward is then not traced. Each (op, argument signature) is profiled for its first
+  backward is then not traced. gpucheck's own work around a call while a window is open
+  (:func:`op_watch.aside <gpucheck.detectors.op_watch.aside>`: the unwritten-output probe's
+  re-runs of the op, numerics' hashing) is fenced by markers like a call and left out of the
+  judgement: a re-run that launches on stream 0 is the op's finding already, not a kernel
+  without a caller. Each (op, argument signature) is profiled for its first
   :data:`CAP` calls per case: a gradcheck that calls an op thousands of times is judged on its
   first calls, not profiled throughout.
 - **Kernels without a caller** (:func:`unclaimed`): the first marker of a window on a device
@@ -92,6 +96,8 @@ TORCH_KERNELS = (
 )
 #: profiled calls per (op, argument signature) and case
 CAP = 16
+#: the op of a window's span of gpucheck's own work (an aside): none of its launches is judged
+ASIDE = "<gpucheck>"
 GPU_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
@@ -222,6 +228,8 @@ def _split(events: list[dict[str, Any]], log: list[dict[str, Any]]) -> _Split | 
             rest.append(w)  # torch's own work, or an unwatched caller's
             continue
         _, _, call, marker, entry = span
+        if entry["op"] == ASIDE:
+            continue  # gpucheck's own work around a call: neither an op's nor unclaimed
         claimed.append(
             OpLaunch(
                 str(entry["op"]),
@@ -436,6 +444,7 @@ class LaunchTrace:
         #: the first detector that reads the case (:meth:`take_problems`)
         self.problems: list[tuple[str, str]] = []
         self.told_recorder = False  # the fallback to kineto is told once per process
+        self.asides: dict[int, dict[str, Any]] = {}  # thread -> its aside's entry, under way
 
     # -- the case ---------------------------------------------------------------------------
     def acquire(self) -> None:
@@ -446,6 +455,7 @@ class LaunchTrace:
                 self.active = op_watch.add(self)
                 if self.active:
                     _watch_torch()
+                    op_watch.ASIDE_OBSERVERS.append(self.aside)
 
     def take_problems(self) -> list[tuple[str, str]]:
         """What kept the trace from its work since the last call (see ``problems``): the
@@ -461,6 +471,8 @@ class LaunchTrace:
             if self.active:
                 self.active = False
                 op_watch.remove(self)
+                if self.aside in op_watch.ASIDE_OBSERVERS:
+                    op_watch.ASIDE_OBSERVERS.remove(self.aside)
                 self._close()
             return self.windows
 
@@ -510,6 +522,24 @@ class LaunchTrace:
                 self._close()
             else:
                 self.backward_pending = True
+
+    def aside(self, started: bool) -> None:
+        """gpucheck's own work around a call starts or ends (an op_watch aside observer):
+        while a window is open, markers fence it like a call whose launches are not judged."""
+        torch = sys.modules["torch"]
+        thread = threading.get_ident()
+        with self.lock:
+            if not self.open or not torch.cuda.is_initialized():
+                self.asides.pop(thread, None)
+                return
+            if started:
+                entry = {"call": self.calls, "op": ASIDE, "device": torch.cuda.current_device()}
+                self.calls += 1
+                self.asides[thread] = entry
+                self._mark(dict(entry, edge="begin", single_device=True, frame=None))
+            elif thread in self.asides:
+                entry = self.asides.pop(thread)
+                self._mark(dict(entry, edge="end", single_device=True, frame=None))
 
     def backward_done(self) -> None:
         """``torch.autograd.backward`` / ``grad`` returned (on the main thread)."""

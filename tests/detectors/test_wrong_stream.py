@@ -230,3 +230,17 @@ def test_innermost_span_is_the_enclosing_one_that_began_last(spans, ids):
             assert i not in got
         else:
             assert got[i][0] == max(s[0] for s in inside)
+
+
+def test_gpuchecks_own_work_around_a_call_is_not_judged():
+    """The recorded window of an op on stream 0, its first call relabelled as gpucheck's own
+    work (an aside: the unwritten-output probe re-running the op): its kernels are neither the
+    op's launches nor kernels without a caller."""
+    w = windows("legacy_stream_ssim")[0]
+    first = next(e for e in w.log if e["edge"] == "begin")
+    log = [dict(e, op=lt.ASIDE) if e.get("call") == first["call"] else e for e in w.log]
+    launched = [lc for lc in attribute(w.events, w.log) if lc.call == first["call"]]
+    assert launched and judge(launched)  # as the op's: on the wrong stream
+    assert all(lc.call != first["call"] for lc in attribute(w.events, log))
+    unjudged = {lc.work.correlation for lc in launched}
+    assert not unjudged & {k.correlation for k in lt.candidates(w.events, log)}
