@@ -285,12 +285,15 @@ def _read_finding(group: list[tracing.Traced], why: str | None, case: CaseInfo) 
             hint=unwritten.CONVENTION_HINT,
             **where,
         )
+    if all(t.window is not None and t.window.call == span.call for t in group):
+        what = f"was read by its own kernel before it was written, at {n} element(s)"
+    else:
+        what = f"was never written at {n} element(s) read here"
     return Finding(
         kind=unwritten.KIND,
         severity="error",
-        message=f"{span.label} of `{span.op}` was never written at {n} element(s) read here "
-        f"({_elements(group)}); read by {readers[0]}"
-        + (f" (+{len(readers) - 1} other reader(s))" if len(readers) > 1 else ""),
+        message=f"{span.label} of `{span.op}` {what} ({_elements(group)}); read by "
+        f"{readers[0]}" + (f" (+{len(readers) - 1} other reader(s))" if len(readers) > 1 else ""),
         op=span.op,
         kernel=first.kernel_name,
         evidence=evidence,

@@ -27,6 +27,7 @@ LOG: list[Path] = []  # the log the ops below write to while they run
 LIB = torch.library.Library("gpucheck_trace_test", "DEF")
 LIB.define("race(Tensor x) -> Tensor")
 LIB.define("overrun(Tensor x) -> Tensor")
+LIB.define("reads_itself(Tensor x) -> Tensor")
 
 
 @torch.library.impl(LIB, "race", "CPU")
@@ -40,6 +41,13 @@ def _overrun(x):
     out = torch.empty_like(x)
     allocation = f"0x{out.untyped_storage().data_ptr():x}"
     _write(OOB.replace("0x7f5ce1096400", allocation))  # "193 bytes after ... allocation at"
+    return out.copy_(x)
+
+
+@torch.library.impl(LIB, "reads_itself", "CPU")
+def _reads_itself(x):
+    out = torch.empty_like(x)
+    _write(_rebased(COPY_READ, out))  # its kernel reads its output before it writes it
     return out.copy_(x)
 
 
@@ -141,3 +149,12 @@ def test_an_out_of_bounds_write_names_the_op_and_the_output_it_overran(trace):
     assert "`gpucheck_trace_test::overrun` launched <unnamed>::add_one, which made 1 invalid " \
         "global write(s): 193 bytes after output 0 of gpucheck_trace_test::overrun " \
         "(shape [10000], float32)" in f.message  # fmt: skip
+
+
+def test_an_op_that_reads_its_own_output_before_writing_it_is_named_so(trace):
+    torch.ops.gpucheck_trace_test.reads_itself(torch.rand(16))
+    found = {f.kind: f for f in _findings(trace, "initcheck")}
+    assert found["unwritten-output"].message.startswith(
+        "output 0 of `gpucheck_trace_test::reads_itself` was read by its own kernel before it "
+        "was written, at 8 element(s) (0, 1, 2, 3, 4, 5, …)"
+    )
