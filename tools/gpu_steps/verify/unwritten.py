@@ -25,7 +25,10 @@ printed as PASS/FAIL with the evidence:
 4. ``--mode sanitizer:memcheck``: the overrun is ``out-of-bounds`` naming the op and
    ``... bytes after output 0``.
 
-The messages found are printed, so the log shows what a user reads.
+The messages found are printed, so the log shows what a user reads. The suite reads the
+outputs through torch's copy kernel (a dtype conversion), as in the field's report; a plain
+``.cpu()`` of a contiguous tensor is a ``cudaMemcpy``, whose initcheck records are not yet
+traced (no recorded sample of their wording).
 """
 
 from __future__ import annotations
@@ -179,7 +182,7 @@ class Smooth(torch.autograd.Function):
 @pytest.mark.sanitizer(tools=("initcheck",))
 def test_1_projection(gpu_device):
     xy, radii, depth = ext.project(_means(gpu_device))
-    host = xy.cpu()  # torch's copy reads the culled rows too: the convention, not an error
+    host = xy.double().cpu()  # torch's copy reads the culled rows too: the convention
     assert torch.isfinite(host[radii.cpu() > 0]).all()
 
 
@@ -196,14 +199,14 @@ def test_2_projection_is_deterministic(gpu_device):
 def test_3_masked_many(gpu_device):
     alpha, _ = ext.rasterize(torch.rand(256, 256, 3, device=gpu_device),
                              _mask(gpu_device, 256, 256), 16, False)
-    alpha.cpu()  # 2,000+ unwritten pixels read: more records than the tool prints
+    alpha.double()  # 12,288 unwritten pixels read: more records than the tool prints
 
 
 @pytest.mark.sanitizer(tools=("initcheck",))
 def test_4_masked(gpu_device):
     alpha, _ = ext.rasterize(torch.rand(64, 48, 3, device=gpu_device),
                              _mask(gpu_device, 64, 48), 16, False)
-    assert alpha.cpu().shape == (64, 48, 1)
+    assert alpha.double().shape == (64, 48, 1)  # torch's copy kernel reads them
 
 
 @pytest.mark.sanitizer(tools=("initcheck",))
