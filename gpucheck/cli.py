@@ -331,16 +331,25 @@ def run(
     help="The merged run folder (default: a new reports/<timestamp>/).",
 )
 @click.option("--format", "formats", multiple=True, type=click.Choice(FORMATS), help=FORMAT_HELP)
-def merge(folders: tuple[Path, ...], out: Path | None, formats: tuple[str, ...]) -> int:
+@click.option(
+    "--allow-incomplete",
+    is_flag=True,
+    help="Merge even when a shard of the plan is missing or a planned case has no record: "
+    "the merged report's verdict is then incomplete (exit 2), never passed.",
+)
+def merge(
+    folders: tuple[Path, ...], out: Path | None, formats: tuple[str, ...], allow_incomplete: bool
+) -> int:
     """Merge the run folders of several jobs (the shards of --shard, the same suites on
     several machines) into one run folder and its reports; exits with its verdict.
 
     Refused, in one sentence: folders of different gpucheck versions or settings, an
-    unfinished run, a case on the same device in two folders.
+    unfinished run, a case on the same device in two folders, a shard of the plan missing or
+    a planned case without a record (unless --allow-incomplete).
     """
     from gpucheck.controller.merge import merge as merge_runs
 
-    return merge_runs(list(folders), out, tuple(dict.fromkeys(formats)))
+    return merge_runs(list(folders), out, tuple(dict.fromkeys(formats)), allow_incomplete)
 
 
 def _shard(value: str | None) -> tuple[int, int] | None:

@@ -197,11 +197,8 @@ class Run:
             if self.previous is not None
             else cfg.cpu_only and not cfg.suites and suites_mod.defaults_are_ours()
         )
-        if self.cpu_defaults and (gpu_only := suites_mod.left_out_without_gpu()):
-            self.notes.append(
-                f"--cpu-only: the suites {', '.join(gpu_only)} test CUDA kernels and "
-                "need a GPU; they were not run (`gpucheck run` on a machine with one)"
-            )
+        if self.cpu_defaults and (note := suites_mod.left_out_note()):
+            self.notes.append(note)
 
     def open_folder(self, lock: devlock.Held) -> None:
         """The run folder (a fresh one, or the one resumed), locked; the suites that can run."""
@@ -367,6 +364,7 @@ class Run:
         try:
             return run_until_interrupted(harness)
         finally:
+            self.notes.extend(harness.notes)
             if sampling and timeline is not None:
                 sampler = sampling[0]
                 sampler.stop()

@@ -60,6 +60,9 @@ class WorkerState:
     sanitizer_offsets: dict[str, int] = field(default_factory=dict)
     #: findings of the case under way saved before a call that may crash
     pending_findings: list[Finding] = field(default_factory=list)
+    #: (pid, start time in clock ticks) of the processes its cases started and left running,
+    #: as it last saw them (the controller ends them with it)
+    children: list[tuple[int, int]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -75,6 +78,7 @@ class WorkerState:
             "exit_reason": self.exit_reason,
             "sanitizer_offsets": self.sanitizer_offsets,
             "pending_findings": [dict(f.__dict__) for f in self.pending_findings],
+            "children": [list(c) for c in self.children],
         }
 
     @classmethod
@@ -88,6 +92,7 @@ class WorkerState:
         reason = value.get("exit_reason")
         offsets = value.get("sanitizer_offsets")
         pending = value.get("pending_findings")
+        children = value.get("children")
         return cls(
             case=_text(value.get("case")),
             suite=_text(value.get("suite"), 500),
@@ -107,6 +112,11 @@ class WorkerState:
             pending_findings=[Finding.from_json(f) for f in pending]
             if isinstance(pending, list)
             else [],
+            children=[
+                (c[0], c[1])
+                for c in (children if isinstance(children, list) else [])
+                if isinstance(c, list) and len(c) == 2 and all(_count(x) for x in c)
+            ],
         )
 
 
