@@ -494,7 +494,7 @@ class RunLog:
         on the culprit rank) stands for every rank of the group in that case."""
         recorded = {r.key for r in self.cases}
         group = {(r.suite, r.case, r.mode) for r in self.cases if r.distributed is not None}
-        missing = {}
+        missing: dict[tuple[str, str, str, str], None] = {}
         for plan in self.plans:
             for key in plan.planned():
                 _, suite, case, mode = key

@@ -162,9 +162,9 @@ class RunData:
         return parts + sum(end - start for start, end in spans)
 
     def started(self) -> float | None:
-        starts = [clock.parse(p.started_at) for p in self.header.parts] if self.header else []
-        if known := [t for t in starts if t is not None]:  # a merged run: its first part's
-            return min(known)
+        parts = self.header.parts if self.header else []
+        if known := [t for p in parts if (t := clock.parse(p.started_at)) is not None]:
+            return min(known)  # a merged run: its first part's start
         t = clock.parse(self.header.started_at if self.header else None)
         if t is not None:
             return t

@@ -84,7 +84,7 @@ def join_cgroup() -> bool:
     case starts a process: what the cases start is in it, and ends with it. False where there
     is none or it cannot be joined (the controller then ends what the worker recorded)."""
     path = os.environ.pop(CGROUP_ENV, None)  # not for the cases' own gpucheck runs
-    return bool(path) and processes.join(path)
+    return path is not None and processes.join(path)
 
 
 def adopt_orphans() -> bool:
