@@ -120,6 +120,20 @@ def _lost(out: Path) -> list[NodeLost]:
     return [x for x in found if x is not None]
 
 
+def _resumed_with_node_b(c, nodes, cwd: Path, verdict: str) -> Counter:
+    """node-b back (a rebooted node keeps its label), the run in ``cwd/run`` resumed: its
+    verdict last on the console; (device, mode, case) of every case record, each once."""
+    nodes["node-b"] = _node(c, "node-b", GPUS["node-b"])
+    c.wait_for_nodes()
+    proc = _run(cwd, c.address, "--resume", "run")
+    said, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, said
+    _verdict_last(said, verdict)
+    keys = Counter((r["device"], r["mode"], r["case"]) for r in cases(cwd / "run"))
+    assert set(keys.values()) == {1}, keys  # every case once
+    return keys
+
+
 def test_a_suite_runs_on_every_node_into_one_report(cluster, tmp_path: Path) -> None:
     c, _ = cluster
     make_suite(tmp_path)
@@ -181,18 +195,10 @@ def test_a_lost_node_is_named_and_resume_runs_only_what_it_missed(cluster, tmp_p
 
     _verdict_last(said, "interrupted (exit 130)")
 
-    nodes["node-b"] = _node(c, "node-b", 1)  # the node is back (rebooted): the run can finish
-    c.wait_for_nodes()
-    proc = _run(tmp_path, c.address, "--resume", "run")
-    said, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, said
-    _verdict_last(said, "passed (exit 0): 8 case(s)")
-    recs = cases(out)
-    keys = Counter((r["device"], r["case"], r["mode"]) for r in recs)
-    assert set(keys.values()) == {1}, keys  # every case once
-    assert Counter(r["device"] for r in recs) == {"node-a/cpu": 4, "node-b/cpu": 4}
-    added = set(keys) - {(r["device"], r["case"], r["mode"]) for r in before_recs}
-    assert sorted((d, m, c) for d, c, m in added) == sorted(lost[0].cases)  # exactly those
+    keys = _resumed_with_node_b(c, nodes, tmp_path, "passed (exit 0): 8 case(s)")
+    assert Counter(d for d, _, _ in keys) == {"node-a/cpu": 4, "node-b/cpu": 4}
+    added = set(keys) - {(r["device"], r["mode"], r["case"]) for r in before_recs}
+    assert sorted(added) == sorted(lost[0].cases)  # exactly what the lost record named
     summary = json.loads((out / "results.json").read_text())["summary"]
     assert summary["verdict"] == "passed"
 
@@ -381,16 +387,8 @@ def test_a_node_lost_mid_group_stops_the_group_and_resume_runs_each_ranks_cases(
     assert end["record"] == "end" and end["interrupted"] and "node-b" in end["reason"]
     assert "node-a: the group's ranks here were stopped: node node-b did not finish" in said
 
-    nodes["node-b"] = _node(c, "node-b", 1)
-    c.wait_for_nodes()
-    proc = _run(tmp_path, c.address, "--resume", "run")
-    said, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, said
-    _verdict_last(said, "passed (exit 0): 18 case(s)")
-    recs = cases(out)
-    keys = Counter((r["device"], r["mode"], r["case"]) for r in recs)
-    assert set(keys.values()) == {1}, keys  # every case once
-    assert Counter(r["device"] for r in recs) == dict.fromkeys(RANKS, 6)
+    keys = _resumed_with_node_b(c, nodes, tmp_path, "passed (exit 0): 18 case(s)")
+    assert Counter(d for d, _, _ in keys) == dict.fromkeys(RANKS, 6)
     assert sorted(set(keys) - before) == missing  # exactly what the lost record named
 
 
