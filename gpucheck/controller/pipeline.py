@@ -285,7 +285,7 @@ class Run:
             self.cpu_defaults
             and self.cpu_dist_pass is not None
             and not interrupted
-            and not _has_mode(self.log, self.run_id, DIST_MODE)
+            and not mode_done(self.log, self.run_id, DIST_MODE)
         ):
             interrupted = self.cpu_dist_pass(
                 self.cfg, self.out, self.results_path, self.run_id, self.notes
@@ -472,10 +472,13 @@ def _again(spec: WorkerSpec, mode: str, env: dict[str, str], args: list[str]) ->
     )
 
 
-def _has_mode(log: RunLog, run_id: str, mode: str) -> bool:
-    """Whether the run already recorded cases of ``mode`` (a resumed run skips that pass)."""
+def mode_done(log: RunLog, run_id: str, mode: str) -> bool:
+    """Whether the run already recorded the cases of ``mode``, each its workers planned (a
+    resumed run skips that pass; one stopped mid-way runs the cases it has no record of)."""
     log.refresh()
-    return any(r.run_id == run_id and r.mode == mode for r in log.cases)
+    return any(r.run_id == run_id and r.mode == mode for r in log.cases) and not any(
+        m == mode for _, _, _, m in log.unrecorded()
+    )
 
 
 @contextlib.contextmanager
