@@ -121,7 +121,8 @@ class Proc:
         return start_ticks(self.pid) == self.start
 
     def __str__(self) -> str:
-        return f"pid {self.pid} ({self.cmd or '?'})"
+        cmd = self.cmd if len(self.cmd) <= 60 else self.cmd[:59] + "…"
+        return f"pid {self.pid} ({cmd or '?'})"
 
 
 def end(procs: list[Proc]) -> list[Proc]:

@@ -140,9 +140,11 @@ def _missing(sources: list[Source]) -> str | None:
     parts = [s.part() for s in sources]
     shards = missing_shards(parts)
     if shards:
-        held = ", ".join(f"{s.shard} ({str(s.folder)!r})" for s in sources if s.shard)
+        held = [f"{s.shard} ({str(s.folder)!r})" for s in sources if s.shard]
+        plural = "s" if len(held) > 1 else ""
         return (
-            f"shard {', '.join(shards)} of the plan is missing: the folders hold shard {held} only"
+            f"shard {', '.join(shards)} of the plan is missing: the folders hold "
+            f"shard{plural} {', '.join(held)} only"
         )
     for s in sources:
         unrecorded = s.log.unrecorded()
