@@ -181,6 +181,9 @@ class Cgroup:
         own = _own_cgroup()
         if own is None:
             return None
+        if own not in _swept:
+            _swept.add(own)
+            _sweep(own)
         path = own / f"gpucheck-{os.getpid()}-{name}"
         try:
             path.mkdir()
@@ -221,6 +224,22 @@ class Cgroup:
                     break
                 time.sleep(0.01)
         return found
+
+
+#: the cgroup folders swept already by this process (:func:`_sweep`, once each)
+_swept: set[Path] = set()
+
+
+def _sweep(own: Path) -> None:
+    """End and remove the cgroups that gpucheck runs which are gone left in ``own``: a run
+    SIGKILLed (its workers die with it, by the kernel's parent-death signal) leaves its
+    workers' cgroups, and what their cases started in sessions of their own in them. A
+    cgroup names the run's pid; one whose pid runs (that run, or another process since) is
+    left alone."""
+    for path in own.glob("gpucheck-*-*"):
+        pid = path.name.split("-")[1]
+        if pid.isdigit() and start_ticks(int(pid)) is None:
+            Cgroup(path).kill(wait_s=0.5)
 
 
 def join(path: str) -> bool:

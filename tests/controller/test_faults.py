@@ -132,16 +132,26 @@ def test_a_worker_sigkilled_mid_case_is_a_crash_and_the_run_goes_on(tmp_path):
 
 
 def test_the_parent_sigkilled_mid_run_leaves_no_worker_and_resume_finishes(tmp_path):
+    """The worker ends with its controller; what a case started in a session of its own is
+    out of its process group and stays, in the worker's cgroup where it has one: the next
+    run (here the resume) ends what the cgroups of a run that is gone hold."""
+    from gpucheck.processes import Cgroup
+
+    probe = Cgroup.make("probe")  # (this process's sweep of stale cgroups happens here)
+    if probe is not None:
+        probe.kill()
     make_suite(
         tmp_path,
         "demo",
         {
             "test_parent.py": """
-        import os, time
+        import os, subprocess, time
         def test_a():
             pass
         def test_b():
-            pass
+            child = subprocess.Popen(["sleep", "301"], start_new_session=True)
+            with open(os.environ["FAULT_PID"], "w") as f:
+                f.write(str(child.pid))
         def test_slow():
             go = os.environ["FAULT_GO"]
             while not os.path.exists(go):
@@ -153,8 +163,8 @@ def test_the_parent_sigkilled_mid_run_leaves_no_worker_and_resume_finishes(tmp_p
     """
         },
     )
-    out, go = tmp_path / "out", tmp_path / "go"
-    env = {"FAULT_GO": str(go)}
+    out, go, pid_file = tmp_path / "out", tmp_path / "go", tmp_path / "pid"
+    env = {"FAULT_GO": str(go), "FAULT_PID": str(pid_file)}
     proc = start(tmp_path, "--out", str(out), env=env)
     wait_for(in_case(out, "test_slow"))
     worker = worker_pid(out)
@@ -166,7 +176,16 @@ def test_the_parent_sigkilled_mid_run_leaves_no_worker_and_resume_finishes(tmp_p
     kept = {r["case"] for r in results.cases(out / "results.jsonl")}
     assert kept == {"test_parent.py::test_a", "test_parent.py::test_b"}
 
-    resumed = run(tmp_path, "--resume", str(out), env=env)
+    # out of the worker's group, it stays when the kernel's parent-death signal ends the
+    # worker first (the worker ends it when its lifeline's thread gets there first)
+    left = int(pid_file.read_text())
+    try:
+        resumed = run(tmp_path, "--resume", str(out), env=env)
+        if probe is not None:  # the resumed run ended what the dead run's cgroup held
+            wait_for(lambda: dead(left), timeout=10)
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(left, signal.SIGKILL)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     recs = assert_kept(out)
     # a plan per worker: the first, and the resumed one's (what it had left)
