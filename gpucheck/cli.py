@@ -242,8 +242,8 @@ def _print_inventory(inv: Inventory) -> None:
     default=None,
     metavar="[ADDRESS]",
     help="Run on every GPU of every node of a Ray cluster (ADDRESS, e.g. ray://head:10001 "
-    "or auto; without it, a local Ray instance), into one run folder here. Needs "
-    'pip install "gpucheck[ray]".',
+    "or auto; without it, a local Ray instance), into one run folder here; with --cpu-only, "
+    'on a cluster without GPUs too. Needs pip install "gpucheck[ray]" (Ray and Ray Client).',
 )
 @click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
@@ -331,16 +331,25 @@ def run(
     help="The merged run folder (default: a new reports/<timestamp>/).",
 )
 @click.option("--format", "formats", multiple=True, type=click.Choice(FORMATS), help=FORMAT_HELP)
-def merge(folders: tuple[Path, ...], out: Path | None, formats: tuple[str, ...]) -> int:
+@click.option(
+    "--allow-incomplete",
+    is_flag=True,
+    help="Merge even when a shard of the plan is missing or a planned case has no record: "
+    "the merged report's verdict is then incomplete (exit 2), never passed.",
+)
+def merge(
+    folders: tuple[Path, ...], out: Path | None, formats: tuple[str, ...], allow_incomplete: bool
+) -> int:
     """Merge the run folders of several jobs (the shards of --shard, the same suites on
     several machines) into one run folder and its reports; exits with its verdict.
 
     Refused, in one sentence: folders of different gpucheck versions or settings, an
-    unfinished run, a case on the same device in two folders.
+    unfinished run, a case on the same device in two folders, a shard of the plan missing or
+    a planned case without a record (unless --allow-incomplete).
     """
     from gpucheck.controller.merge import merge as merge_runs
 
-    return merge_runs(list(folders), out, tuple(dict.fromkeys(formats)))
+    return merge_runs(list(folders), out, tuple(dict.fromkeys(formats)), allow_incomplete)
 
 
 def _shard(value: str | None) -> tuple[int, int] | None:

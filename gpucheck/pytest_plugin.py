@@ -121,6 +121,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="deselect the node ids listed in FILE (already recorded cases)",
     )
     group.addoption(
+        "--gpucheck-again",
+        default=None,
+        metavar="FILE",
+        help="run the case ids listed in FILE without recording them (a distributed rank "
+        "recorded them already; its peers need it in them)",
+    )
+    group.addoption(
         "--gpucheck-only",
         default=None,
         metavar="FILE",

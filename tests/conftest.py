@@ -48,6 +48,7 @@ def harness_specs(monkeypatch: pytest.MonkeyPatch) -> list[list[Any]]:
     class FakeHarness:
         def __init__(self, specs: list[Any], *args: Any, **kwargs: Any) -> None:
             passes.append(list(specs))
+            self.notes: list[str] = []
 
         def run(self) -> None:
             pass

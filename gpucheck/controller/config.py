@@ -10,7 +10,7 @@ import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import gpucheck
 from gpucheck.controller import suites as suites_mod
@@ -133,6 +133,28 @@ def _unwritable(path: Path, err: OSError) -> UsageProblem:
     return UsageProblem(f"cannot write to the output folder {str(path)!r}: {err.strerror or err}")
 
 
+def _used_out(path: Path, command: str) -> str:
+    """Why a new run or merge cannot write into ``path``, and only what would work."""
+    results_path = path / RESULTS
+    log = RunLog.read(results_path) if results_path.is_file() else None
+    held = "other files" if log is None else "a gpucheck run"
+    new = "a new merge" if command == "merge" else "a new run"
+    said = (
+        f"the output folder {str(path)!r} already holds {held}; {new} needs an empty "
+        "folder (omit --out for a new reports/<timestamp>/)"
+    )
+    end = log.end if log is not None else None
+    if (
+        command == "run"
+        and log is not None
+        and log.header is not None
+        and not log.header.config.get("merged_from")
+        and (end is None or end.interrupted)
+    ):
+        said += f", and `gpucheck run --resume {path}` continues its interrupted run"
+    return said
+
+
 def _new_default_out(base: Path) -> Path:
     """reports/<timestamp>/, made atomically: a run started in the same second gets -2, -3..."""
     stamp = clock.folder_stamp()
@@ -148,11 +170,13 @@ def _new_default_out(base: Path) -> Path:
     raise UsageProblem(f"cannot find a free output folder for {stamp} under {str(base)!r}")
 
 
-def prepare_out(out: Path | None) -> Path:
+def prepare_out(out: Path | None, command: str = "run") -> Path:
     """A fresh output folder for a new run (default reports/<timestamp>/), proven writable.
 
     A run never writes into a folder that holds anything already: results of two runs in one
-    results.jsonl would be counted together. ``--resume DIR`` is the way to continue a run.
+    results.jsonl would be counted together. ``--resume DIR`` is the way to continue an
+    interrupted run, and the refusal says so where it applies (``command`` ``"merge"``: a
+    merge is never resumed, nor a finished or merged run).
     """
     if out is None:
         path = _new_default_out(Path("reports"))
@@ -164,12 +188,7 @@ def prepare_out(out: Path | None) -> Path:
         except OSError as err:
             raise _unwritable(path, err) from err
         if used:
-            held = "a gpucheck run" if (path / RESULTS).exists() else "other files"
-            raise UsageProblem(
-                f"the output folder {str(path)!r} already holds {held}; a new run needs an "
-                f"empty folder (omit --out for a new reports/<timestamp>/), and "
-                f"`gpucheck run --resume {path}` continues an interrupted run"
-            )
+            raise UsageProblem(_used_out(path, command))
     try:
         probe = path / ".gpucheck-write-test"
         probe.write_text("ok")
@@ -538,12 +557,13 @@ def refuse_inapplicable(cfg: RunConfig) -> None:
 LOG_WIDTH = 160
 
 
-def make_console() -> Console:
-    """The console of a run: rich decides from the stream whether it is a terminal (colour,
-    live progress) or a log (plain text, no redraws); long lines are never wrapped."""
+def make_console(file: IO[str] | None = None) -> Console:
+    """The console of a run (on ``file``, default stdout): rich decides from the stream
+    whether it is a terminal (colour, live progress) or a log (plain text, no redraws); long
+    lines are never wrapped."""
     from rich.console import Console
 
-    console = Console(soft_wrap=True)
+    console = Console(soft_wrap=True, file=file)
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console.width = LOG_WIDTH
     return console

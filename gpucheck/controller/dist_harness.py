@@ -36,10 +36,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpucheck.controller import dist_cases
 from gpucheck.controller import stacks as dumps
 from gpucheck.controller.deaths import crash_digest
 from gpucheck.controller.spawning import (
     WorkerSpec,
+    end_left,
+    left_note,
     spawn,
     tail,
     thread_share,
@@ -51,11 +54,12 @@ from gpucheck.dist import rank as rank_env
 from gpucheck.errors import EnvironmentProblem
 from gpucheck.model import clock, results, worker_state
 from gpucheck.model.contract import DEVICE_LABEL_ENV, NORMAL_EXITS
-from gpucheck.model.fleet import node_of, rank_of
+from gpucheck.model.fleet import node_of
 from gpucheck.model.layout import RunFolder, WorkerFiles
 from gpucheck.model.results import CaseRecord, Finding
 from gpucheck.model.runlog import RunLog
 from gpucheck.model.worker_state import WorkerState
+from gpucheck.processes import Cgroup, Proc, descendants
 
 POLL_S = 0.2
 #: generations (fresh groups after a finding) before the harness gives up on the group
@@ -91,6 +95,9 @@ class GroupSpec:
     local_world_size: int | None = None
     #: the label of every rank of the group, where other processes own some (a Ray run)
     labels: dict[int, str] = field(default_factory=dict)
+    #: the number of the group's first generation (a resumed run continues after the
+    #: earlier invocations': :func:`~gpucheck.controller.dist_cases.first_generation`)
+    first_generation: int = 0
 
 
 @dataclass
@@ -103,6 +110,7 @@ class RankProc:
     stderr_path: Path
     trace_path: Path
     state: WorkerState = field(default_factory=WorkerState)
+    cgroup: Cgroup | None = None  # the one made for it (what its cases start is in it)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -184,15 +192,17 @@ class DistHarness:
         self.stopped_by: str | None = None
 
     # ---- processes -----------------------------------------------------------------------
-    def _spawn(self, generation: int, skip: list[str]) -> None:
-        self.wdir.mkdir(parents=True, exist_ok=True)
+    def _spawn(self, skip: list[str], again: dict[int, list[str]]) -> None:
+        """This generation's ranks: each skips ``skip`` and runs ``again[rank]`` without
+        recording it (:mod:`.dist_cases`)."""
         g = self.group
         self.procs = []
-        self.generation = generation
+        generation = self.generation
         addr, port = self._rendezvous()
         for local, r in enumerate(g.ranks):
             files = self._files(r.rank)
             skip_path = write_skip(files, skip)
+            again_path = write_skip(files, again.get(r.rank), files.again)
             env = {
                 **thread_share(len(g.ranks)),  # the ranks on this machine share its CPUs
                 **g.env,
@@ -224,8 +234,11 @@ class DistHarness:
                 )
                 env[rank_env.ENV_TRACE] = str(files.nccl_trace)
             spec = WorkerSpec(r.label, r.device_index, r.uuid, g.suites, g.mode, {}, g.pytest_args)
-            cmd = worker_command(spec, self.results_path, files.state, self.run_id, skip_path)
-            proc = spawn(cmd, env, files, drop=("TORCHELASTIC_USE_AGENT_STORE",))
+            cmd = worker_command(
+                spec, self.results_path, files.state, self.run_id, skip_path, again=again_path
+            )
+            cgroup = Cgroup.make(files.stem)
+            proc = spawn(cmd, env, files, drop=("TORCHELASTIC_USE_AGENT_STORE",), cgroup=cgroup)
             self.procs.append(
                 RankProc(
                     r,
@@ -235,6 +248,7 @@ class DistHarness:
                     files.collectives,
                     files.stderr,
                     files.nccl_trace,
+                    cgroup=cgroup,
                 )
             )
 
@@ -273,7 +287,7 @@ class DistHarness:
 
     def _others(self) -> list[int]:
         """The ranks other gpucheck processes own (torchrun, Ray)."""
-        owned = {p.spec.rank for p in self.procs}
+        owned = {r.rank for r in self.group.ranks}
         return [r for r in range(self.group.world_size) if r not in owned]
 
     def _views(self) -> list[analysis.RankView]:
@@ -321,11 +335,31 @@ class DistHarness:
         return sorted(views, key=lambda v: v.rank)
 
     def interrupt(self) -> None:
-        """Ctrl-C: stop every rank this process started."""
+        """Ctrl-C: stop every rank this process started, and what their cases left running."""
+        seen = self._descendants()
         for p in self.procs:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.proc.pid, signal.SIGKILL)
             p.proc.wait()
+        self._end_left(seen)
+
+    def _descendants(self) -> dict[int, list[Proc]]:
+        """Each running rank's processes and theirs, as they are now (before it is killed)."""
+        return {
+            p.spec.rank: [q for d in descendants(p.state.pid or p.proc.pid) if (q := Proc.of(d))]
+            for p in self.procs
+            if p.proc.poll() is None
+        }
+
+    def _end_left(self, seen: dict[int, list[Proc]] | None = None) -> None:
+        """End what the ranks' cases left running, in sessions of their own too (their
+        process groups are ended already); a note names each."""
+        for p in self.procs:
+            p.state = worker_state.read(p.state_path) or p.state
+            ended = end_left(p.cgroup, p.state, (seen or {}).get(p.spec.rank, []))
+            p.cgroup = None  # removed
+            if ended:
+                self.notes.append(left_note(p.spec.label, ended))
 
     def _limit(self, views: list[analysis.RankView]) -> float:
         """The current case's time limit: --timeout, or the shorter one the case declared
@@ -350,22 +384,43 @@ class DistHarness:
             return self.diagnoses
 
     def _generations(self) -> list[tuple[analysis.GroupFault, float]]:
-        skip = self._recorded() if self.results_path.exists() else []
+        self.wdir.mkdir(parents=True, exist_ok=True)
         found_in: set[str] = set()  # every owner's: the record may be another owner's
-        for generation in range(MAX_GENERATIONS):
-            self._spawn(generation, skip)
+        seen: float | None = None  # when the last finding was handled
+        first = self.group.first_generation
+        for generation in range(first, first + MAX_GENERATIONS):
+            self.generation = generation
+            self._spawn(*self._left(found_in, seen))
             found = self._watch()
             if found is None:
+                self._end_left()
                 return self.diagnoses
             diagnosis, age, mine = found
             seen = time.time()
             self._handle(diagnosis, age, mine)
             found_in |= {diagnosis.case} if diagnosis.case else set()
-            skip = self._recorded(found_in, seen)
             if diagnosis.case is None:  # outside any case: a fresh group would fail again
                 return self.diagnoses
         self.notes.append(f"gave up after {MAX_GENERATIONS} groups")
         return self.diagnoses
+
+    def _left(self, also: set[str], before: float | None) -> tuple[list[str], dict[int, list[str]]]:
+        """What this generation's ranks skip, and what each runs again unrecorded
+        (:mod:`.dist_cases`), from every rank's records (the others' as their owners
+        published them); ``also``: the cases of the findings so far; ``before``: when the last
+        was handled (records started after it do not count)."""
+        g = self.group
+        done = dist_cases.recorded(self.log, self.run_id, g.mode, [r.rank for r in g.ranks], before)
+        if self._others():
+            folder = RunFolder(self.out_dir)
+            done = dist_cases.exchange(
+                done,
+                g.world_size,
+                lambda rank: folder.group_recorded(g.mode, self.generation, rank),
+                self.meeting,
+                self._check_stopped,
+            )
+        return dist_cases.left(done, g.world_size, also)
 
     def _claim_path(self) -> Path:
         return RunFolder(self.out_dir).group_finding(self.group.mode, self.generation)
@@ -449,23 +504,6 @@ class DistHarness:
                 self.on_update(f"{len(views)} ranks, case {views[0].current_case() or '-'}")
             time.sleep(POLL_S)
 
-    def _recorded(self, also: set[str] | None = None, before: float | None = None) -> list[str]:
-        """Cases of this group already recorded (by any rank), and ``also`` (the cases of
-        the group's findings so far, whichever owner recorded them). With ``before``,
-        only cases started before then: a rank whose peers were killed fails the cases after
-        the finding in no time, and those records must not stop them from running again."""
-        self.log.refresh()
-        done = {
-            r.case
-            for r in self.log.cases
-            if r.run_id == self.run_id
-            and r.mode == self.group.mode
-            and rank_of(r.device) is not None
-            and not r.harness_made
-            and (before is None or (clock.parse(r.started_at) or 0.0) < before)
-        }
-        return sorted(done | (also or set()))
-
     # ---- a finding -----------------------------------------------------------------------
     def _handle(self, d: analysis.GroupFault, age: float, mine: bool = True) -> None:
         """Stacks, flight recorder, native frames, then every rank killed (frozen first, so
@@ -494,6 +532,7 @@ class DistHarness:
         # py-spy before the freeze: it stops each process itself while it reads it, and
         # cannot attach to one already stopped by SIGSTOP ("Failed to suspend process")
         native = dumps.py_spy_dumps({p.spec.rank: (p.state.pid or p.proc.pid) for p in alive})
+        left = self._descendants()
         for p in alive:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.proc.pid, signal.SIGSTOP)
@@ -502,6 +541,7 @@ class DistHarness:
                 os.killpg(p.proc.pid, signal.SIGKILL)
         for p in self.procs:
             p.proc.wait()
+        self._end_left(left)
         orphans = (
             _gpu_orphans(pids)
             if any(r.device_index is not None for r in self.group.ranks)

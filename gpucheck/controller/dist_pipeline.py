@@ -12,6 +12,7 @@ Over a Ray cluster (``--ray --distributed``) the head starts the ranks of every 
 
 from __future__ import annotations
 
+import datetime
 import os
 import time
 from collections import Counter
@@ -20,7 +21,7 @@ from typing import Any
 
 from rich.text import Text
 
-from gpucheck.controller import devlock
+from gpucheck.controller import devlock, dist_cases
 from gpucheck.controller import suites as suites_mod
 from gpucheck.controller.config import (
     DIST_MODE,
@@ -36,11 +37,11 @@ from gpucheck.controller.pipeline import Run, run_until_interrupted, sigterm_as_
 from gpucheck.dist import analysis
 from gpucheck.dist import rank as rank_env
 from gpucheck.errors import UsageProblem
-from gpucheck.model import results
+from gpucheck.model import clock, results
 from gpucheck.model.contract import CURRENT_ENV, TARGET_CURRENT
 from gpucheck.model.fleet import device_name
 from gpucheck.model.layout import RunFolder
-from gpucheck.model.runlog import RunHeader, RunLog
+from gpucheck.model.runlog import Resume, RunHeader, RunLog
 
 MODE = DIST_MODE
 BACKENDS = ("nccl", "gloo")
@@ -129,13 +130,6 @@ class DistRun(Run):
             "on this machine"
         )
 
-    def write_header(self) -> None:
-        if self.previous is None:
-            super().write_header()
-        else:  # a resumed group writes no resume record
-            self.run_id = self.previous.run_id
-            self.log = RunLog(self.results_path)
-
     def run_passes(self) -> bool:
         group = GroupSpec(
             self.ranks,
@@ -145,6 +139,7 @@ class DistRun(Run):
             MODE,
             group_env(self.cfg),
             self.cfg.pytest_args,
+            first_generation=dist_cases.first_generation(self.out, MODE, self.world),
         )
         return self.watch(group)
 
@@ -179,7 +174,14 @@ def cpu_pass(cfg: RunConfig, out: Path, results_path: Path, run_id: str, notes: 
     requested = suites_mod.resolve(suites_mod.distributed())
     ranks = [rank_spec(r, None) for r in range(CPU_PASS_WORLD)]
     group = GroupSpec(
-        ranks, CPU_PASS_WORLD, "gloo", requested, MODE, group_env(cfg), cfg.pytest_args
+        ranks,
+        CPU_PASS_WORLD,
+        "gloo",
+        requested,
+        MODE,
+        group_env(cfg),
+        cfg.pytest_args,
+        first_generation=dist_cases.first_generation(out, MODE, CPU_PASS_WORLD),
     )
     log = RunLog(results_path)
     harness = DistHarness(group, out, log, run_id, cfg.timeout)
@@ -265,6 +267,10 @@ def _run_torchrun(cfg: RunConfig) -> int:
                 results_path,
                 header(cfg, run_key, targets, None, requested, [(MODE, None)], notes, {}, (MODE,)),
             )
+        elif cfg.resume is not None:
+            previous = RunLog.read(results_path).header
+            run = previous.run_id if previous is not None else run_key
+            results.append(results_path, Resume(run, clock.now(), notes).to_json())
     deadline = time.monotonic() + 120
     while not results_path.exists():  # rank 0 (maybe on another node) writes the header
         if time.monotonic() > deadline:
@@ -273,6 +279,9 @@ def _run_torchrun(cfg: RunConfig) -> int:
                 "--out must be a folder every node sees"
             )
         time.sleep(0.5)
+    written = RunLog.read(results_path).header  # a resumed run's records keep its run id
+    run_id = written.run_id if written is not None else run_key
+    first = _first_generation(rank, out, world)
     group = GroupSpec(
         [RankSpec(rank, label, local if gpu else None)],
         world,
@@ -282,19 +291,41 @@ def _run_torchrun(cfg: RunConfig) -> int:
         group_env(cfg),
         cfg.pytest_args,
         local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+        first_generation=first,
     )
     owner = DistRun(cfg)  # this process's rank of the group, in the folder rank 0 made
-    owner.out, owner.run_id, owner.notes = out, run_key, notes
+    owner.out, owner.run_id, owner.notes = out, run_id, notes
     owner.log = RunLog(results_path)
-    owner.watch(group)
-    done = RunFolder(out).owner_done(rank)
+    stopped = owner.watch(group)
+    done = RunFolder(out).owner_done(rank, first)
     done.parent.mkdir(parents=True, exist_ok=True)
-    done.write_text("done\n")
+    done.write_text((owner.stopped[0] if owner.stopped else "Ctrl-C") if stopped else "")
     if rank != 0:  # its findings are in the shared results; global rank 0 gives the verdict
         return 0
     deadline = time.monotonic() + cfg.timeout + 120
-    while time.monotonic() < deadline and not all(
-        RunFolder(out).owner_done(r).exists() for r in range(world)
-    ):
+    ends = [RunFolder(out).owner_done(r, first) for r in range(world)]
+    while time.monotonic() < deadline and not all(e.exists() for e in ends):
         time.sleep(0.5)
-    return owner.finish(None)
+    signals = [s for e in ends for s in [e.read_text().strip() if e.exists() else ""] if s]
+    return owner.finish(signals[0] if signals else None)  # a stopped owner: resumable
+
+
+def _first_generation(rank: int, out: Path, world: int) -> int:
+    """The first generation of this invocation's group, the same for every owner: global
+    rank 0's owner reads it from the run folder (after every generation of the run's earlier
+    invocations: a resumed run's files are not taken for this one's) and hands it to the
+    others through torchrun's own store (one per torchrun invocation and restart)."""
+    if world == 1:
+        return dist_cases.first_generation(out, MODE, world)
+    from torch.distributed import TCPStore
+
+    store = TCPStore(
+        os.environ.get("MASTER_ADDR", "127.0.0.1"),
+        int(os.environ.get("MASTER_PORT", "29500")),
+        is_master=False,
+        timeout=datetime.timedelta(seconds=120),
+    )
+    key = f"gpucheck/first-generation/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    if rank == 0:
+        store.set(key, str(dist_cases.first_generation(out, MODE, world)))
+    return int(store.get(key))

@@ -1,30 +1,35 @@
 """``gpucheck run --ray [ADDRESS]``: the same run over every node of a Ray cluster that has
-GPUs, into one run folder on the head (the machine that runs this command).
+GPUs (with ``--cpu-only`` on a cluster without any, every node), into one run folder here (the
+machine that runs this command: the head, or a Ray Client's with ``ray://``).
 
 Ray places the work: one task per node (``NodeAffinitySchedulingStrategy``, the node's GPUs
 as ``num_gpus``) runs the local controller there (:mod:`gpucheck.controller.fleet_node`),
-whose workers' records stream to a :class:`Collector` actor on the head that appends them to
-the run folder as they arrive. Devices are named with their node (``node-a/cuda:1``); a node
-is named by its label ``gpucheck-node`` where it has one (``ray start --labels``), else by its
-host name. After the tasks, the run ends as on one machine: the run-level detectors over every
-record, the end record, the reports (:func:`gpucheck.controller.pipeline.finish`).
+whose workers' records stream to a :class:`Collector` actor on the head, from which this
+process takes them into the run folder as they arrive. Devices are named with their node
+(``node-a/cuda:1``); a node is named by its label ``gpucheck-node`` where it has one (``ray
+start --labels``), else by its host name. After the tasks, the run ends as on one machine: the
+run-level detectors over every record, the end record, the reports
+(:func:`gpucheck.controller.pipeline.finish`). Ray's own output goes to the run folder's
+``ray.log``, not the console (:mod:`.fleet_output`): the verdict is the console's last line.
 
 A node lost mid-run (its task fails as Ray sees the node die) leaves a ``lost`` record naming
-it and the cases it planned and did not record (:class:`~gpucheck.model.fleet.NodeLost`), and
-the run ends interrupted; ``gpucheck run --resume DIR`` runs only what is missing, each node
+it and the cases its loss left without a record, from the workers' ``plan`` records
+(:class:`~gpucheck.model.fleet.NodeLost`): its devices', and with ``--distributed`` every
+rank's; the run ends interrupted; ``gpucheck run --resume DIR`` runs exactly those, each node
 its own devices' cases (a node is known again by its name). Each node holds its GPUs' locks
 (:mod:`gpucheck.controller.devlock`), so a second controller on the same fleet is refused.
 
 With ``--distributed`` the nodes' tasks run one torch.distributed group instead
 (:func:`gpucheck.controller.fleet_node.run_group`): one rank per GPU of every node (with
-``--cpu-only``, one gloo CPU rank per GPU a node declares), global ranks numbered node by
-node in name order, the env:// rendezvous on rank 0's node (its Ray address, a port free
-there). Each node's distributed harness watches its ranks and meets the other nodes' through
-a :class:`Board` actor on the head (:class:`RayMeeting`): the ranks' collective logs, exit
-codes and stacks, the rendezvous, the one finding claimed; a node lost stops the others'
-ranks (:meth:`Board.halt`).
+``--cpu-only``, one gloo CPU rank per GPU a node declares, one where it declares none),
+global ranks numbered node by node in name order, the env:// rendezvous on rank 0's node (its
+Ray address, a port free there). Each node's distributed harness watches its ranks and meets
+the other nodes' through a :class:`Board` actor on the head (:class:`RayMeeting`): the ranks'
+collective logs, exit codes and stacks, what each rank recorded, the rendezvous, the one
+finding claimed; a node lost stops the others' ranks (:meth:`Board.halt`).
 
-Ray is imported only here, only under ``--ray`` (the extra ``gpucheck[ray]``).
+Ray is imported only here, only under ``--ray`` (the extra ``gpucheck[ray]``, which brings
+Ray Client for ``ray://`` addresses).
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ from gpucheck.controller.fleet_node import (
     run_group,
     run_node,
 )
+from gpucheck.controller.fleet_output import FleetOutput
 from gpucheck.errors import EnvironmentProblem, GpucheckError, UsageProblem
 from gpucheck.model import clock, results
 from gpucheck.model.fleet import NodeLost, node_of
@@ -79,17 +85,30 @@ def _ray() -> Any:
 
 
 class Collector:
-    """The head's end of the records' stream (a Ray actor on the head's node): appends each
-    batch of complete lines a node sends to the run folder's file of that kind, and keeps
-    the workers' plans."""
+    """The records' stream from the nodes to this controller (a Ray actor on the head): keeps
+    each batch of complete lines a node sends until this process takes them
+    (:meth:`take`) and appends them to its run folder. The folder is this process's, on the
+    machine that runs ``gpucheck run --ray``, which need not be a node of the cluster (a Ray
+    Client, ``ray://``)."""
 
-    def __init__(self, folder: str) -> None:
-        run = RunFolder(Path(folder))
-        self.paths = {"results": run.results, "rerun": run.rerun, "timeline": run.timeline}
-        self.plans: dict[tuple[str, str], set[str]] = {}
+    def __init__(self) -> None:
+        self.batches: list[tuple[str, bytes]] = []
 
     def append(self, kind: str, data: bytes) -> None:
-        fd = os.open(self.paths[kind], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.batches.append((kind, data))
+
+    def take(self) -> list[tuple[str, bytes]]:
+        """The batches sent since the last take, in order."""
+        out, self.batches = self.batches, []
+        return out
+
+
+def write_batches(folder: RunFolder, batches: Iterable[tuple[str, bytes]]) -> None:
+    """Append each batch of lines (:meth:`Collector.take`) to the run folder's file of its
+    kind (results, re-runs, NVML timeline), whole lines in one write each."""
+    paths = {"results": folder.results, "rerun": folder.rerun, "timeline": folder.timeline}
+    for kind, data in batches:
+        fd = os.open(paths[kind], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             view = memoryview(data)
             while view:
@@ -97,12 +116,6 @@ class Collector:
             os.fsync(fd)
         finally:
             os.close(fd)
-
-    def plan(self, device: str, mode: str, cases: list[str]) -> None:
-        self.plans.setdefault((device, mode), set()).update(cases)
-
-    def planned(self) -> list[tuple[str, str, list[str]]]:
-        return [(d, m, sorted(c)) for (d, m), c in sorted(self.plans.items())]
 
 
 class Board:
@@ -186,17 +199,28 @@ class RayMeeting(Meeting):
 
 @dataclass(frozen=True)
 class Node:
-    """A node of the cluster with GPUs."""
+    """A node of the cluster that takes part: one with GPUs (with ``--cpu-only`` on a
+    cluster where none has any, every node)."""
 
     node_id: str
     name: str
     gpus: int
     address: str = ""  # its IP as Ray knows it
 
+    @property
+    def ranks(self) -> int:
+        """Its CPU ranks of a ``--distributed --cpu-only`` group: one per GPU it declares,
+        one where it declares none."""
+        return self.gpus or 1
 
-def nodes(ray: Any) -> list[Node]:
-    """The live nodes that have GPUs, named (a name two nodes share gets their id)."""
-    alive = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("GPU", 0) > 0]
+
+def nodes(ray: Any, cpu_only: bool = False) -> list[Node]:
+    """The live nodes that have GPUs (``cpu_only``: every live node where none has any),
+    named (a name two nodes share gets their id)."""
+    live = [n for n in ray.nodes() if n.get("Alive")]
+    alive = [n for n in live if n.get("Resources", {}).get("GPU", 0) > 0]
+    if cpu_only and not alive:
+        alive = live
     names = [
         (n.get("Labels") or {}).get(NODE_LABEL) or n.get("NodeManagerHostname") or "node"
         for n in alive
@@ -205,7 +229,7 @@ def nodes(ray: Any) -> list[Node]:
         Node(
             n["NodeID"],
             name if names.count(name) == 1 else f"{name}-{n['NodeID'][:6]}",
-            int(n["Resources"]["GPU"]),
+            int(n.get("Resources", {}).get("GPU", 0)),
             str(n.get("NodeManagerAddress") or ""),
         )
         for n, name in zip(alive, names, strict=True)
@@ -231,17 +255,22 @@ def _why(err: BaseException) -> str:
     if isinstance(cause, GpucheckError):
         return str(cause)
     first = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {first[0] if first else ''}".strip()
+    sentence = first[0].split(". ", 1)[0].rstrip(".") if first else ""  # not Ray's advice
+    return f"{type(err).__name__}: {sentence}".strip()
 
 
 def _connect(ray: Any, address: str) -> None:
+    os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # its forwarded lines go to a log file
     options: dict[str, Any] = {"logging_level": "WARNING", "configure_logging": True}
     if address == "local":
         options["include_dashboard"] = False
     try:
         ray.init(address=address, **options)
     except (ConnectionError, RuntimeError, ValueError) as err:
-        raise EnvironmentProblem(f"--ray {address}: cannot reach the Ray cluster: {err}") from err
+        first = str(err).strip().splitlines()
+        raise EnvironmentProblem(
+            f"--ray {address}: cannot reach the Ray cluster: {first[0] if first else err!r}"
+        ) from err
 
 
 def _found(
@@ -271,21 +300,27 @@ def _seed(head_line: dict[str, Any], log: RunLog | None, node: str | None) -> by
     return b"".join(json.dumps(x, separators=(",", ":")).encode() + b"\n" for x in lines)
 
 
-def _lost(
-    planned: Iterable[tuple[str, str, list[str]]],
-    done: set[tuple[str, str, str]],
-    run_id: str,
-    node: str,
-    reason: str,
-) -> NodeLost:
-    cases = [
+def _lost(log: RunLog, node: str, reason: str, group: bool) -> NodeLost:
+    """The ``lost`` record of ``node``: the cases its loss left without a record, exactly what
+    ``--resume`` runs: those its devices planned; for a distributed group (whose ranks on the
+    other nodes stopped with it), those every rank of the group planned, on every rank."""
+    plans = [p for p in log.plans if group or node_of(p.device) == node]
+    if group:  # the group's ranks run the same cases: a rank lost before it planned too
+        every = {c for p in plans for c in p.planned()}
+        devices = {p.device for p in plans} | {
+            d.device for d in (log.header.devices if log.header else [])
+        }
+        planned = {(d, suite, case, mode) for d in devices for _, suite, case, mode in every}
+    else:
+        planned = {c for p in plans for c in p.planned()}
+    recorded = {r.key for r in log.cases}
+    faults = {(r.suite, r.case, r.mode) for r in log.cases if r.distributed is not None}
+    cases = sorted(
         (device, mode, case)
-        for device, mode, cases in planned
-        if node_of(device) == node
-        for case in cases
-        if (device, mode, case) not in done
-    ]
-    return NodeLost(run_id, node, reason, cases)
+        for device, suite, case, mode in planned
+        if (device, suite, case, mode) not in recorded and (suite, case, mode) not in faults
+    )
+    return NodeLost(log.run_id or "", node, reason, cases)
 
 
 def run(cfg: RunConfig, previous: RunHeader | None = None) -> int:
@@ -310,18 +345,45 @@ def run(cfg: RunConfig, previous: RunHeader | None = None) -> int:
         else suites_mod.resolve(cfg.suites, cpu_only=cfg.cpu_only)
     )
     suites = {n: Path(p).resolve() for n, p in requested.items()}
-    _connect(ray, cfg.ray)
-    try:
-        return _run(ray, cfg, previous, suites)
-    finally:
-        ray.shutdown()
+    with FleetOutput() as output:  # Ray's own lines to the run folder's ray.log
+        _connect(ray, cfg.ray)
+        try:
+            return _run(ray, cfg, previous, suites, output)
+        finally:
+            ray.shutdown()  # its last forwarded lines: into the log, before the console's end
 
 
-def _run(ray: Any, cfg: RunConfig, previous: RunHeader | None, suites: dict[str, Path]) -> int:
-    notes: list[str] = []
-    fleet = nodes(ray)
+def _left_out(cfg: RunConfig, previous: RunHeader | None) -> list[str]:
+    """What the default ``--ray --cpu-only`` run leaves out of the local one's suites, and
+    why, one line each: the suites that need a GPU, and the distributed suite (one group over
+    the nodes is ``--ray --distributed``'s; a group per node would test no node's link)."""
+    if not cfg.cpu_only or cfg.distributed or cfg.suites or previous is not None:
+        return []
+    if not suites_mod.defaults_are_ours():
+        return []
+    gpu = suites_mod.left_out_note()
+    names = ", ".join(suites_mod.distributed())
+    return [
+        *([gpu] if gpu else []),
+        f"--ray --cpu-only: the distributed suite ({names}) was not run: it runs as one "
+        "group over the nodes with `gpucheck run --ray --distributed --cpu-only`",
+    ]
+
+
+def _run(
+    ray: Any,
+    cfg: RunConfig,
+    previous: RunHeader | None,
+    suites: dict[str, Path],
+    output: FleetOutput,
+) -> int:
+    notes: list[str] = _left_out(cfg, previous)
+    fleet = nodes(ray, cfg.cpu_only)
     if not fleet:
-        raise EnvironmentProblem(f"--ray {cfg.ray}: no node of the Ray cluster has a GPU")
+        raise EnvironmentProblem(
+            f"--ray {cfg.ray}: no node of the Ray cluster has a GPU (--cpu-only runs on "
+            "nodes without one)"
+        )
     missing: list[str] = []
     if previous is not None:  # the nodes of the run, known by their names
         before = {node_of(d.device) for d in previous.devices}
@@ -349,11 +411,13 @@ def _run(ray: Any, cfg: RunConfig, previous: RunHeader | None, suites: dict[str,
         check_same_devices(previous, targets)
     not_runnable = {k: v for f in found for k, v in f.not_runnable.items()}
     notes += [n for f in found for n in f.notes]
-    console = make_console()
+    console = make_console(output.console)
     with devlock.held([], cfg.resume, cfg.wait_for_devices, notes) as lock:
         out = cfg.resume if cfg.resume is not None else prepare_out(cfg.out)
         lock.note_folder(out)
         folder = RunFolder(out)
+        output.into(folder.ray_log)
+        notes.append(f"Ray's own output (its log lines, its tasks' output) is in {folder.ray_log}")
         log: RunLog | None = None
         if previous is None:
             run_id = uuid.uuid4().hex[:12]
@@ -418,8 +482,8 @@ def plan_group(
     cfg: RunConfig, fleet: list[Node], found: list[NodeTargets], suites: dict[str, Path]
 ) -> GroupSpec:
     """The distributed group over the nodes: one rank per GPU of each (``--cpu-only``: one
-    CPU rank per GPU it declares), global ranks node by node, the rendezvous on rank 0's
-    node. One torch on every node, else one sentence."""
+    CPU rank per GPU it declares, one on a node without), global ranks node by node, the
+    rendezvous on rank 0's node. One torch on every node, else one sentence."""
     versions = {f.node: f.torch for f in found}
     if len(set(versions.values())) > 1:
         raise EnvironmentProblem(
@@ -429,7 +493,7 @@ def plan_group(
     ranks: list[RankSpec] = []
     for node, f in zip(fleet, found, strict=True):
         devices = (
-            [(None, None)] * node.gpus if cfg.cpu_only else [(i, u) for _, i, u, _ in f.targets]
+            [(None, None)] * node.ranks if cfg.cpu_only else [(i, u) for _, i, u, _ in f.targets]
         )
         for index, uid in devices:
             ranks.append(dist_pipeline.rank_spec(len(ranks), index, uid, node.name))
@@ -475,11 +539,13 @@ def _run_tasks(
     console: Any,
     notes: list[str],
 ) -> dict[str, str]:
-    """One task per node (``start(node, collector, board)`` starts it), watched to its end;
-    the nodes that did not finish, with why (key ``""``: the run was interrupted here). A node
-    that fails halts the board, which stops the others' ranks of a distributed group."""
-    collector = _on_head(ray, Collector, str(out.resolve()))
+    """One task per node (``start(node, collector, board)`` starts it), watched to its end,
+    the records it sends appended to the run folder as they come; the nodes that did not
+    finish, with why (key ``""``: the run was interrupted here). A node that fails halts the
+    board, which stops the others' ranks of a distributed group; it gets a ``lost`` record."""
+    collector = _on_head(ray, Collector)
     board = _on_head(ray, Board)
+    folder = RunFolder(out)
     pending = {start(n, collector, board): n for n in fleet}
     failed: dict[str, str] = {}
     lasts = []
@@ -487,6 +553,7 @@ def _run_tasks(
         while pending:
             try:
                 ready, _ = ray.wait(list(pending), num_returns=1, timeout=WAIT_S)
+                write_batches(folder, ray.get(collector.take.remote()))
             except KeyboardInterrupt:
                 failed[""] = "interrupted"
                 for ref in pending:
@@ -511,18 +578,13 @@ def _run_tasks(
                 if not cfg.quiet:
                     console.print(f"node {node.name}: finished")
         ray.get([x for x in lasts if x is not None])
-        planned = ray.get(collector.planned.remote())
+        write_batches(folder, ray.get(collector.take.remote()))
     finally:
         ray.kill(collector)
         ray.kill(board)
-    if any(k for k in failed):
-        recorded = (
-            RunLog.read(RunFolder(out).results).cases + RunLog.read(RunFolder(out).rerun).cases
-        )
-        done_keys = {(r.device, r.mode, r.case) for r in recorded}
-        for name, why in sorted(failed.items()):
-            if not name:
-                continue
-            lost = _lost(planned, done_keys, run_id, name, why)
-            results.append(RunFolder(out).results, lost.to_json())
+    log = RunLog.read(folder.results)
+    for name, why in sorted(failed.items()):
+        if name:
+            lost = _lost(log, name, why, group=bool(cfg.distributed))
+            results.append(folder.results, lost.to_json())
     return failed

@@ -5,14 +5,14 @@
 controller's passes on them (the same workers, isolation, modes, detectors and wrong-device
 re-runs as ``gpucheck run`` on one machine), in a run folder of its own on the node, holding
 the node's device locks; a :class:`Forwarder` thread sends every complete line the workers
-append (results, re-runs, NVML timeline) and every worker's plan to the head's collector as
+append (results, their plans among them, re-runs, NVML timeline) to the head's collector as
 they are written. Only records go over the network. :func:`run_group` runs this node's ranks
 of a distributed group (``--ray --distributed``) with the distributed harness, meeting the
 other nodes' owners through the head.
 
 Nothing here imports Ray: the head wraps these functions into tasks
-(:mod:`gpucheck.controller.fleet`), and the collector is any object whose ``append`` and
-``plan`` methods have a ``.remote``.
+(:mod:`gpucheck.controller.fleet`), and the collector is any object whose ``append`` method
+has a ``.remote``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from gpucheck.controller.config import (
 from gpucheck.controller.dist_harness import DistHarness, GroupSpec, Meeting, free_port
 from gpucheck.errors import UsageProblem
 from gpucheck.model import modes
-from gpucheck.model.fleet import WorkerPlan, device_name
+from gpucheck.model.fleet import device_name
 from gpucheck.model.layout import RunFolder, open_regular
 from gpucheck.model.modes import tool_of
 from gpucheck.sanitizer import command as sanitizer_cmd
@@ -105,15 +105,13 @@ def passes(cfg: RunConfig, visible: int) -> list[tuple[str, str | None]]:
 
 class Forwarder:
     """Sends what the node's workers append to the head's collector, line by line as they
-    complete, and each worker's plan once (a thread; :meth:`stop` sends the rest)."""
+    complete (a thread; :meth:`stop` sends the rest)."""
 
     def __init__(self, folder: Path, collector: Any, start: dict[str, int]) -> None:
         run = RunFolder(folder)
         self.paths = {"results": run.results, "rerun": run.rerun, "timeline": run.timeline}
-        self.workers = run.workers
         self.collector = collector
         self.offsets = {k: start.get(k, 0) for k in FORWARDED}
-        self.sent_plans: set[str] = set()
         self.last: Any = None  # the last call sent (waited for at the end: calls keep order)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="gpucheck-forward", daemon=True)
@@ -138,13 +136,6 @@ class Forwarder:
             if whole:
                 self.offsets[kind] += len(whole)
                 self.last = self.collector.append.remote(kind, whole)
-        for path in sorted(self.workers.glob("*.plan.json")):
-            if path.name in self.sent_plans:
-                continue
-            plan = WorkerPlan.read(path)
-            if plan is not None:
-                self.sent_plans.add(path.name)
-                self.last = self.collector.plan.remote(plan.device, plan.mode, plan.cases)
 
     def stop(self) -> Any:
         """Stop the thread, send what is left; the last call's reference (to wait for)."""

@@ -40,6 +40,8 @@ from gpucheck.controller.spawning import (
     WorkerSpec,
     alive,
     bound_log,
+    end_left,
+    left_note,
     spawn,
     tail,
     worker_command,
@@ -58,6 +60,7 @@ from gpucheck.model.layout import RunFolder, WorkerFiles
 from gpucheck.model.results import CaseRecord, Finding
 from gpucheck.model.runlog import Diagnosis, RunLog
 from gpucheck.model.worker_state import WorkerState
+from gpucheck.processes import Cgroup, Proc, descendants
 from gpucheck.sanitizer import command as sanitizer_cmd
 from gpucheck.sanitizer.findings import dropped_finding, read_records, sanitizer_findings
 
@@ -79,6 +82,7 @@ class Worker:
     stderr_path: Path
     started: float
     generation: int = 0
+    first_generation: int = 0  # its chain's first (a resumed run's continue the run's)
     base_done: int = 0  # cases of this spec recorded before this worker started
     total: int | None = None  # cases of the first generation
     total_offset: int = 0  # cases recorded before the first generation started (--resume)
@@ -91,10 +95,18 @@ class Worker:
     startup_kills: int = 0
     #: fresh workers of this spec started for a fresh compute-sanitizer (not after a crash)
     limit_restarts: int = 0
+    cgroup: Cgroup | None = None  # the one made for it (what its cases start is in it)
+    #: its descendants as the controller saw them before it killed it (a hang, Ctrl-C)
+    seen: list[Proc] = field(default_factory=list)
 
     @property
     def done(self) -> int:
         return self.base_done + self.state.done
+
+    @property
+    def restarts(self) -> int:
+        """Fresh workers of its chain before it (in this invocation of the run)."""
+        return self.generation - self.first_generation
 
     @property
     def planned(self) -> int | None:
@@ -139,12 +151,16 @@ class Harness:
         self.timeout = timeout
         self.on_update = on_update
         self.workers: list[Worker] = []
+        self.notes: list[str] = []  # what the run's notes say of this harness's workers
 
     def start(self) -> None:
-        """One worker per spec; cases this run already recorded (``--resume``) are skipped."""
+        """One worker per spec; cases this run already recorded (``--resume``) are skipped,
+        and its files are numbered after those of the run's earlier workers."""
         for spec in self.specs:
             done = self._recorded_cases(spec) if self.results_path.exists() else []
-            worker = self._spawn(spec, 0, done, wait_header=self.wait_header)
+            first = RunFolder(self.out_dir).next_generation(spec.label, spec.mode)
+            worker = self._spawn(spec, first, done, wait_header=self.wait_header)
+            worker.first_generation = first
             if done:
                 worker.total_offset = len(done)
             self.workers.append(worker)
@@ -164,6 +180,7 @@ class Harness:
         if spec.sanitizer_tool:
             env.update(sanitizer_cmd.env())
         skip_path = write_skip(files, skip)
+        cgroup = Cgroup.make(files.stem)
         cmd = worker_command(
             spec,
             self.results_path,
@@ -174,7 +191,7 @@ class Harness:
             wait_header,
             quick_exit=True,
         )
-        proc = spawn(cmd, env, files)
+        proc = spawn(cmd, env, files, cgroup=cgroup)
         return Worker(
             spec,
             proc,
@@ -184,6 +201,7 @@ class Harness:
             time.monotonic(),
             generation,
             base_done=len(skip or []),
+            cgroup=cgroup,
         )
 
     def _recorded_cases(self, spec: WorkerSpec) -> list[str]:
@@ -201,7 +219,7 @@ class Harness:
         """Replace a dead worker by a fresh one that runs the cases not yet recorded
         (``limit``: one that ended for a fresh compute-sanitizer, not after a crash)."""
         done = self._recorded_cases(w.spec)
-        if w.generation - w.limit_restarts >= MAX_RESTARTS:
+        if w.restarts - w.limit_restarts >= MAX_RESTARTS:
             total = w.planned
             left = "some" if total is None else str(max(0, total - len(done)))
             self._record(
@@ -215,6 +233,7 @@ class Harness:
             )
             return
         fresh = self._spawn(w.spec, w.generation + 1, done)
+        fresh.first_generation = w.first_generation
         fresh.total = w.planned
         fresh.startup_kills = startup_kills
         fresh.limit_restarts = w.limit_restarts + int(limit)
@@ -251,6 +270,7 @@ class Harness:
                 os.kill(pid, signal.SIGUSR1)  # faulthandler: every thread's Python stack
             w.native = dumps.py_spy_dump(pid)  # the native frames under them, or why not
             time.sleep(max(0.0, STACK_WAIT_S - (time.monotonic() - asked)))
+        w.seen = _descendants(w)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(w.proc.pid, signal.SIGKILL)
         w.proc.wait()
@@ -272,6 +292,7 @@ class Harness:
         for log in (w.stdout_path, w.stderr_path):
             bound_log(log)
         w.state = worker_state.read(w.state_path) or w.state
+        self._end_left(w)
         case: str | None = w.hung_case or w.state.case
         if rc == EXIT_OUTPUT_ERROR:  # it could not write a record: neither can the others
             raise OutputProblem(output_fault(tail(w.stderr_path), self.out_dir, w.spec.label))
@@ -488,11 +509,13 @@ class Harness:
         results.append(self.results_path, record.to_json())
 
     def interrupt(self) -> None:
-        """Ctrl-C: ask every worker to stop (pytest finishes its current record), then wait."""
-        for w in self.workers:
-            if w.proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(w.proc.pid, signal.SIGINT)
+        """Ctrl-C: ask every worker to stop (pytest finishes its current record), then wait;
+        then end what their cases left running."""
+        running = [w for w in self.workers if w.proc.poll() is None]
+        for w in running:
+            w.seen = _descendants(w)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(w.proc.pid, signal.SIGINT)
         deadline = time.monotonic() + 10
         for w in self.workers:
             try:
@@ -500,7 +523,17 @@ class Harness:
             except subprocess.TimeoutExpired:
                 os.killpg(w.proc.pid, signal.SIGKILL)
                 w.proc.wait()
+            if not w.finished:
+                w.state = worker_state.read(w.state_path) or w.state
+                self._end_left(w)
             w.finished = True
+
+    def _end_left(self, w: Worker) -> None:
+        """End what the worker's cases left running, in sessions of their own too (its
+        process group is ended already); a note names each."""
+        ended = end_left(w.cgroup, w.state, w.seen)
+        if ended:
+            self.notes.append(left_note(f"{w.spec.label} {w.spec.mode}", ended))
 
     def run(self) -> None:
         self.start()
@@ -512,6 +545,12 @@ class Harness:
         running = [w for w in self.workers if not w.finished]
         if running:
             wait_any([w.proc for w in running], POLL_S)
+
+
+def _descendants(w: Worker) -> list[Proc]:
+    """The worker's processes and theirs, as they are now (before it is killed)."""
+    pid = w.state.pid or w.proc.pid
+    return [p for d in descendants(pid) if (p := Proc.of(d)) is not None]
 
 
 def wait_any(procs: list[subprocess.Popen[bytes]], timeout: float) -> None:

@@ -5,7 +5,12 @@ several machines).
 The folders must be runs of one gpucheck with one set of settings (:data:`SETTINGS`: the
 modes, the suites, the detectors, the pytest arguments...), each finished (an interrupted one
 is resumed first), and no case may be in two of them on the same device: each refusal is one
-sentence naming the difference and the folders. Where the folders come from different hosts
+sentence naming the difference and the folders. The merge must be complete as well: every
+shard of the plan (the shard count the folders recorded) and a record of every case each
+folder planned (its workers' ``plan`` records); what is missing is named in one sentence, or,
+with ``allow_incomplete``, merged into a run whose verdict is ``incomplete``: the merged header
+names its parts (:class:`~gpucheck.model.runlog.RunPart`), so the missing shard is a fact of
+the merged run's record, not a guess. Where the folders come from different hosts
 that name a device alike (``cuda:0`` on every CI runner), each device is named with its host
 (``runner-3/cuda:0``). The merged folder holds a new run: one header, every case record and
 re-run record of the folders (under the new run id), their NVML timelines and extra records;
@@ -25,10 +30,10 @@ import gpucheck
 from gpucheck.controller import pipeline
 from gpucheck.controller.config import RunConfig, prepare_out
 from gpucheck.errors import UsageProblem
-from gpucheck.model import results
+from gpucheck.model import clock, results
 from gpucheck.model.layout import EXTRAS, RESULTS, TIMELINE, RunFolder, open_regular
 from gpucheck.model.results import CaseRecord
-from gpucheck.model.runlog import RunHeader, RunLog
+from gpucheck.model.runlog import RunHeader, RunLog, RunPart, missing_shards
 
 #: settings of a run header's ``config`` that folders to merge must share (what was asked
 #: to run and how); the devices, the output folder and the shard index may differ
@@ -63,6 +68,21 @@ class Source:
     def host(self) -> str:
         return self.header.field("host") or "unknown-host"
 
+    @property
+    def shard(self) -> str | None:
+        shard = self.header.config.get("shard")
+        return shard if isinstance(shard, str) else None
+
+    def part(self) -> RunPart:
+        """The folder as a part of the merged run (its header names each)."""
+        return RunPart(
+            str(self.folder.resolve()),
+            self.host,
+            self.shard,
+            self.header.started_at,
+            round(sum(end - start for start, end in self.log.invocations()), 3),
+        )
+
     def setting(self, name: str) -> Any:
         """A setting of :data:`SETTINGS`, the shard count, the version or the detectors."""
         if name == "gpucheck version":
@@ -83,10 +103,12 @@ def _read(folder: Path) -> Source:
     end = log.end
     if end is None or end.interrupted:
         how = "was interrupted" if end is not None else "has not finished (or its controller died)"
-        raise UsageProblem(
-            f"cannot merge {str(folder)!r}: its run {how}; `gpucheck run --resume {folder}` "
-            "finishes it, then merge"
+        fix = (
+            "merge the folders it was merged from again"
+            if log.header.config.get(MERGED_FROM)
+            else f"`gpucheck run --resume {folder}` finishes it, then merge"
         )
+        raise UsageProblem(f"cannot merge {str(folder)!r}: its run {how}; {fix}")
     return Source(folder, log, log.header, RunLog.read(RunFolder(folder).rerun), {})
 
 
@@ -112,6 +134,31 @@ def _refuse_differences(sources: list[Source]) -> None:
             seen[shard] = s.folder
 
 
+def _missing(sources: list[Source]) -> str | None:
+    """What the merge would be without, in one sentence (None: nothing): a shard of the plan
+    no folder holds, or cases a folder planned and holds no record of."""
+    parts = [s.part() for s in sources]
+    shards = missing_shards(parts)
+    if shards:
+        held = [f"{s.shard} ({str(s.folder)!r})" for s in sources if s.shard]
+        plural = "s" if len(held) > 1 else ""
+        return (
+            f"shard {', '.join(shards)} of the plan is missing: the folders hold "
+            f"shard{plural} {', '.join(held)} only"
+        )
+    for s in sources:
+        unrecorded = s.log.unrecorded()
+        if unrecorded:
+            device, _, case, mode = unrecorded[0]
+            more = f" and {len(unrecorded) - 1} more" if len(unrecorded) > 1 else ""
+            return (
+                f"{len(unrecorded)} case(s) that {str(s.folder)!r} planned have no record "
+                f"({case} on {device}, mode {mode}{more}): its run is incomplete, run it "
+                "again into a new folder"
+            )
+    return None
+
+
 def _name_devices(sources: list[Source]) -> None:
     """Each device's name in the merged run: its own, or ``host/label`` where two hosts
     name a device alike."""
@@ -125,9 +172,11 @@ def _name_devices(sources: list[Source]) -> None:
 
 
 def _labels(s: Source) -> set[str]:
-    return {d.device for d in s.header.devices} | {
-        r.device for log in (s.log, s.rerun) for r in log.cases
-    }
+    return (
+        {d.device for d in s.header.devices}
+        | {r.device for log in (s.log, s.rerun) for r in log.cases}
+        | {p.device for p in s.log.plans}
+    )
 
 
 def _refuse_duplicates(sources: list[Source]) -> None:
@@ -174,7 +223,6 @@ def _header(sources: list[Source], run_id: str, out: Path) -> dict[str, Any]:
         + " (their worker logs stay there)"
     )
     hosts = list(dict.fromkeys(s.host for s in sources))
-    started = sorted(s.header.started_at for s in sources if s.header.started_at)
     config = {
         **first.config,
         "shard": None,
@@ -186,7 +234,7 @@ def _header(sources: list[Source], run_id: str, out: Path) -> dict[str, Any]:
         "schema": results.SCHEMA_ID,
         "record": "run",
         "run_id": run_id,
-        "started_at": started[0] if started else first.started_at,
+        "started_at": clock.now(),  # the merge's: its parts' are in "parts"
         "gpucheck_version": gpucheck.__version__,
         "host": ", ".join(hosts),
         "devices": list(devices.values()),
@@ -196,6 +244,7 @@ def _header(sources: list[Source], run_id: str, out: Path) -> dict[str, Any]:
         "not_runnable": {k: v for s in sources for k, v in s.header.not_runnable.items()},
         "command": ["gpucheck", "merge", *(str(s.folder) for s in sources), "--out", str(out)],
         "config": config,
+        "parts": [s.part().to_json() for s in sources],
     }
 
 
@@ -214,26 +263,52 @@ def _copy_lines(sources: list[Source], name: str, out: Path) -> None:
         (out / name).write_bytes(b"".join(chunks))
 
 
-def merge(folders: list[Path], out: Path | None, formats: tuple[str, ...] = ()) -> int:
+def _refuse_twice(folders: list[Path]) -> None:
+    seen: dict[Path, Path] = {}
+    for f in folders:
+        same = seen.setdefault(f.resolve(), f)
+        if same is not f:
+            also = "" if str(same) == str(f) else f" (as {str(same)!r} and {str(f)!r})"
+            raise UsageProblem(
+                f"cannot merge: the run folder {str(f)!r} is named twice{also}; name each once"
+            )
+
+
+def merge(
+    folders: list[Path],
+    out: Path | None,
+    formats: tuple[str, ...] = (),
+    allow_incomplete: bool = False,
+) -> int:
     """Merge the runs in ``folders`` into a new run folder ``out`` (default a new
     ``reports/<timestamp>/``) and write its reports; returns the merged run's exit code.
+    ``allow_incomplete``: merge what is there when a shard or a planned case is missing (the
+    merged run's verdict is then ``incomplete``).
 
     Raises:
-        UsageProblem: a folder is not a finished run, the folders differ in a setting, or a
-            case is in two of them (one sentence each, before anything is written).
+        UsageProblem: a folder is not a finished run, the folders differ in a setting, a
+            case is in two of them, or (without ``allow_incomplete``) a shard or a planned
+            case is missing (one sentence each, before anything is written).
     """
-    unique = list(dict.fromkeys(f.resolve() for f in folders))
-    if len(unique) < len(folders):
-        raise UsageProblem("cannot merge: a run folder is named twice")
+    _refuse_twice(folders)
     sources = [_read(f) for f in folders]
     _refuse_differences(sources)
+    missing = _missing(sources)
+    if missing is not None and not allow_incomplete:
+        raise UsageProblem(
+            f"cannot merge: {missing}; merge every shard's finished folder, or pass "
+            "--allow-incomplete for a merged report whose verdict is incomplete (exit 2)"
+        )
     _name_devices(sources)
     _refuse_duplicates(sources)
-    target = prepare_out(out)
+    target = prepare_out(out, "merge")
     run_id = uuid.uuid4().hex[:12]
     folder = RunFolder(target)
     results.append(folder.results, _header(sources, run_id, target))
     for s in sources:
+        for plan in s.log.plans:
+            device = s.names.get(plan.device, plan.device)
+            results.append(folder.results, replace(plan, run_id=run_id, device=device).to_json())
         for r in s.log.cases:
             results.append(folder.results, _renamed(r, run_id, s.names).to_json())
         for r in s.rerun.cases:
@@ -242,4 +317,6 @@ def merge(folders: list[Path], out: Path | None, formats: tuple[str, ...] = ()) 
         _copy_lines(sources, name, target)
     cfg = RunConfig(formats=formats, allow_empty=bool(sources[0].setting("allow_empty")))
     notes = [f"merged {len(sources)} run folder(s) at {datetime.now():%Y-%m-%d %H:%M:%S}"]
+    if missing is not None:
+        notes.append(f"--allow-incomplete: {missing}")
     return pipeline.Run.in_folder(cfg, target, run_id, notes).finish(None)

@@ -197,11 +197,8 @@ class Run:
             if self.previous is not None
             else cfg.cpu_only and not cfg.suites and suites_mod.defaults_are_ours()
         )
-        if self.cpu_defaults and (gpu_only := suites_mod.left_out_without_gpu()):
-            self.notes.append(
-                f"--cpu-only: the suites {', '.join(gpu_only)} test CUDA kernels and "
-                "need a GPU; they were not run (`gpucheck run` on a machine with one)"
-            )
+        if self.cpu_defaults and (note := suites_mod.left_out_note()):
+            self.notes.append(note)
 
     def open_folder(self, lock: devlock.Held) -> None:
         """The run folder (a fresh one, or the one resumed), locked; the suites that can run."""
@@ -288,7 +285,7 @@ class Run:
             self.cpu_defaults
             and self.cpu_dist_pass is not None
             and not interrupted
-            and not _has_mode(self.log, self.run_id, DIST_MODE)
+            and not mode_done(self.log, self.run_id, DIST_MODE)
         ):
             interrupted = self.cpu_dist_pass(
                 self.cfg, self.out, self.results_path, self.run_id, self.notes
@@ -367,6 +364,7 @@ class Run:
         try:
             return run_until_interrupted(harness)
         finally:
+            self.notes.extend(harness.notes)
             if sampling and timeline is not None:
                 sampler = sampling[0]
                 sampler.stop()
@@ -474,10 +472,13 @@ def _again(spec: WorkerSpec, mode: str, env: dict[str, str], args: list[str]) ->
     )
 
 
-def _has_mode(log: RunLog, run_id: str, mode: str) -> bool:
-    """Whether the run already recorded cases of ``mode`` (a resumed run skips that pass)."""
+def mode_done(log: RunLog, run_id: str, mode: str) -> bool:
+    """Whether the run already recorded the cases of ``mode``, each its workers planned (a
+    resumed run skips that pass; one stopped mid-way runs the cases it has no record of)."""
     log.refresh()
-    return any(r.run_id == run_id and r.mode == mode for r in log.cases)
+    return any(r.run_id == run_id and r.mode == mode for r in log.cases) and not any(
+        m == mode for _, _, _, m in log.unrecorded()
+    )
 
 
 @contextlib.contextmanager

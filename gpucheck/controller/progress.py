@@ -120,8 +120,8 @@ class Progress:
         done = w.finished and not w.replaced
         if self.live:
             case = (w.state.case or "").rsplit("::", 1)[-1][:60]
-            if w.generation:
-                case = f"(worker {w.generation + 1}) {case}"
+            if w.restarts:
+                case = f"(worker {w.restarts + 1}) {case}"
             bar = self._bars()
             if label not in self.tasks:
                 self.tasks[label] = bar.add_task("", total=None, label=label, findings=0, case="")
@@ -136,7 +136,7 @@ class Progress:
         self._findings()
         if done and label not in self.reported:
             self.reported.add(label)
-            restarts = f", {w.generation} restart(s)" if w.generation else ""
+            restarts = f", {w.restarts} restart(s)" if w.restarts else ""
             self.console.print(
                 f"{label}: {w.done}/{w.planned or '?'} cases{restarts}, exit {w.proc.returncode}",
                 soft_wrap=True,

@@ -7,17 +7,22 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpucheck.controller import prestart
 from gpucheck.controller.deaths import STDERR_TAIL
 from gpucheck.errors import OutputProblem
-from gpucheck.model.contract import LIFELINE_FD_ENV
+from gpucheck.model.contract import CGROUP_ENV, LIFELINE_FD_ENV
 from gpucheck.model.layout import WorkerFiles
+from gpucheck.model.worker_state import WorkerState
+from gpucheck.processes import Cgroup, Proc
+from gpucheck.processes import end as end_procs
 from gpucheck.sanitizer import command as sanitizer_cmd
 
 #: a worker's stdout or stderr log longer than this is cut (a case printing gigabytes): its
@@ -77,8 +82,11 @@ def worker_command(
     sanitizer_log: Path | None = None,
     wait_header: bool = False,
     quick_exit: bool = False,
+    again: Path | None = None,
 ) -> list[str]:
-    """The worker's command line. ``wait_header``: the controller writes the run's header
+    """The worker's command line. ``skip_path``: the cases it does not run (recorded);
+    ``again``: those it runs without recording them (a distributed rank that recorded what
+    its peers have not). ``wait_header``: the controller writes the run's header
     after starting it, and the worker appends no record before the header is there.
     ``quick_exit``: the process ends without the interpreter's teardown once pytest is done
     (:data:`.prestart.QUICK_EXIT`; never under compute-sanitizer, whose leak report comes from that
@@ -116,6 +124,8 @@ def worker_command(
         cmd += ["--gpucheck-device-uuid", spec.uuid]
     if skip_path is not None:
         cmd += ["--gpucheck-skip", str(skip_path)]
+    if again is not None:
+        cmd += ["--gpucheck-again", str(again)]
     if spec.nvml_interval > 0:
         cmd += ["--gpucheck-nvml-interval", str(spec.nvml_interval)]
     if spec.sanitizer_tool and sanitizer_log is not None:
@@ -134,16 +144,18 @@ def worker_command(
     return cmd
 
 
-def write_skip(files: WorkerFiles, skip: list[str] | None) -> Path | None:
-    """The file of case ids a fresh worker deselects (already recorded), or None."""
+def write_skip(files: WorkerFiles, skip: list[str] | None, path: Path | None = None) -> Path | None:
+    """The file of case ids a fresh worker deselects (already recorded), or None; ``path``:
+    another list of case ids of the worker's (:attr:`WorkerFiles.again`)."""
+    path = path or files.skip
     if not skip:
         return None
     try:
-        files.skip.parent.mkdir(parents=True, exist_ok=True)  # a resumed folder may lack it
-        files.skip.write_text("\n".join(skip) + "\n")
+        path.parent.mkdir(parents=True, exist_ok=True)  # a resumed folder may lack it
+        path.write_text("\n".join(skip) + "\n")
     except OSError as err:
-        raise cannot_write(files.skip, err) from err
-    return files.skip
+        raise cannot_write(path, err) from err
+    return path
 
 
 def cannot_write(path: Path, err: OSError) -> OutputProblem:
@@ -164,12 +176,17 @@ def cannot_write(path: Path, err: OSError) -> OutputProblem:
 
 
 def spawn(
-    cmd: list[str], env: dict[str, str], files: WorkerFiles, drop: tuple[str, ...] = ()
+    cmd: list[str],
+    env: dict[str, str],
+    files: WorkerFiles,
+    drop: tuple[str, ...] = (),
+    cgroup: Cgroup | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start one worker process (or rank), or hand its command to the interpreter
     :mod:`.prestart` started where that one can run it: its own session (so a hang can be
     signalled as a group), stdout/stderr into its files (appended: :func:`bound_log` cuts
-    them), its command line beside them, the controller's lifeline; ``env`` over this
+    them), its command line beside them, the controller's lifeline, the ``cgroup`` made for
+    it (it joins it: :func:`end_left` ends what its cases leave in it); ``env`` over this
     process's environment, less the variables in ``drop``."""
     try:
         files.folder.mkdir(parents=True, exist_ok=True)
@@ -184,6 +201,7 @@ def spawn(
         **prestart.STARTUP_ENV,
         **env,
         LIFELINE_FD_ENV: f"{fd}:{os.fstat(fd).st_ino}:{os.getpid()}",
+        **({CGROUP_ENV: str(cgroup.path)} if cgroup is not None else {}),
     }
     for name in drop:
         full.pop(name, None)
@@ -204,19 +222,49 @@ def spawn(
         )
 
 
+def end_left(cgroup: Cgroup | None, state: WorkerState, seen: Iterable[Proc] = ()) -> list[Proc]:
+    """End what a worker (or rank) that ended left running, in a session of its own too:
+    every process of its ``cgroup``; the processes its state file last listed (the cases'
+    children, as it saw them at the end of each case and of its session) and ``seen`` (its
+    descendants as the controller saw them before it killed the worker), each only while it
+    is still that process. The processes ended, for the run's notes."""
+    ended = cgroup.kill() if cgroup is not None else []
+    recorded = [Proc(pid, start, "") for pid, start in state.children]
+    ended += end_procs([*recorded, *seen])
+    return list({p.pid: p for p in ended}.values())
+
+
+def left_note(who: str, ended: list[Proc]) -> str:
+    """The run's note on what a worker left running and gpucheck ended."""
+    return (
+        f"{who}: ended {len(ended)} process(es) its cases left running: "
+        + "; ".join(str(p) for p in ended[:5])
+        + (f" and {len(ended) - 5} more" if len(ended) > 5 else "")
+    )
+
+
+#: the line a cut leaves (its count, read back when the log is cut again)
+_CUT = re.compile(rb"\n\[gpucheck: (\d+) bytes of output cut here;")
+
+
 def bound_log(path: Path, cap: int = LOG_CAP, keep: int = LOG_KEEP) -> None:
     """Cut a log past ``cap`` bytes to its first and last ``keep`` bytes (the worker appends,
-    so it goes on writing at the new end; what it writes while this cuts may be lost)."""
+    so it goes on writing at the new end; what it writes while this cuts may be lost). The
+    cut line says how many bytes were cut in all: a log cut again (a case that goes on
+    printing) adds to the count its earlier cut's line held."""
     try:
         size = path.stat().st_size
         if size <= cap:
             return
         with open(path, "r+b") as f:
+            f.seek(keep)  # an earlier cut's line, cut again with what follows it: its count
+            earlier = _CUT.match(f.read(200))
+            cut = size - 2 * keep + (int(earlier.group(1)) if earlier else 0)
             f.seek(size - keep)
             last = f.read(keep)
             f.seek(keep)
             f.write(
-                f"\n[gpucheck: {size - 2 * keep} bytes of output cut here; a log is kept "
+                f"\n[gpucheck: {cut} bytes of output cut here; a log is kept "
                 f"to its first and last {keep} bytes]\n".encode()
                 + last
             )

@@ -172,6 +172,17 @@ def left_out_without_gpu() -> list[str]:
     return sorted(n for n, p in default().items() if not cpu_only_suite(p))
 
 
+def left_out_note() -> str | None:
+    """The note of a default ``--cpu-only`` run on the suites it leaves out (None: none)."""
+    gpu_only = left_out_without_gpu()
+    if not gpu_only:
+        return None
+    return (
+        f"--cpu-only: the suites {', '.join(gpu_only)} test CUDA kernels and need a GPU; "
+        "they were not run (`gpucheck run` on a machine with one)"
+    )
+
+
 def cpu_only_suite(path: Path) -> bool:
     """Whether the suite ``path`` declares it holds no GPU case."""
     return declared(path).needs == "cpu-only"

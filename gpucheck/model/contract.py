@@ -26,6 +26,10 @@ NVML_INTERVAL_ENV = "GPUCHECK_NVML_INTERVAL"
 #: asks the kernel for SIGKILL when its parent dies: that needs no GIL, which a hang in C code
 #: may hold forever
 LIFELINE_FD_ENV = "GPUCHECK_LIFELINE_FD"
+#: the cgroup (a folder of the cgroup2 file system) the controller made for a worker, where it
+#: could make one: the worker joins it before its first case, so that whatever its cases
+#: start, in a session of their own too, is in it and ends with it (gpucheck.processes)
+CGROUP_ENV = "GPUCHECK_CGROUP"
 
 # --- a worker's exit ----------------------------------------------------------------------
 #: exit code of a worker that stopped because its CUDA context is lost (the controller

@@ -1,6 +1,7 @@
-"""What a run over a Ray cluster (``gpucheck run --ray``) writes besides case records: each
-worker's plan (the cases it collected, ``WorkerFiles.plan``) and, in results.jsonl, a ``lost``
-record for each node that was lost mid-run, naming the node and the cases it did not finish.
+"""What a run over a Ray cluster (``gpucheck run --ray``) writes besides case records: in
+results.jsonl, a ``lost`` record for each node that was lost mid-run, naming the node and the
+cases its loss left without a record (of its devices; of every rank, for a distributed group,
+whose ranks on the other nodes stop with it): exactly what ``--resume`` runs.
 
 A device of such a run is named with its node: ``node-a/cuda:1`` (:func:`device_name`); a rank
 of a distributed run is named with its global rank as well: ``rank1/cpu``, and over a Ray
@@ -9,13 +10,10 @@ cluster ``node-a/rank1/cuda:1`` (:func:`rank_of`).
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from gpucheck.model.layout import read_regular
 from gpucheck.model.results import SCHEMA_ID, text
 
 
@@ -45,36 +43,9 @@ def rank_of(device: str) -> int | None:
 
 
 @dataclass
-class WorkerPlan:
-    """The cases one worker (a device in a mode) collected to run, in its order."""
-
-    device: str
-    mode: str
-    cases: list[str] = field(default_factory=list)
-
-    def write(self, path: Path) -> None:
-        path.write_text(json.dumps({"device": self.device, "mode": self.mode, "cases": self.cases}))
-
-    @classmethod
-    def read(cls, path: Path) -> WorkerPlan | None:
-        """The plan in ``path``, or None when it is missing or not one gpucheck writes."""
-        raw = read_regular(path, 256 << 20)
-        try:
-            value = json.loads(raw) if raw is not None else None
-        except json.JSONDecodeError:
-            return None
-        if not isinstance(value, dict):
-            return None
-        device, mode, cases = value.get("device"), value.get("mode"), value.get("cases")
-        if not isinstance(device, str) or not isinstance(mode, str) or not isinstance(cases, list):
-            return None
-        return cls(device, mode, [c for c in cases if isinstance(c, str)])
-
-
-@dataclass
 class NodeLost:
-    """A ``lost`` record: node ``node`` was lost (killed, unreachable) and these cases of its
-    devices, planned, have no record; ``--resume`` runs them."""
+    """A ``lost`` record: node ``node`` was lost (killed, unreachable) and these cases,
+    planned, have no record; ``--resume`` runs them."""
 
     run_id: str
     node: str

@@ -6,6 +6,7 @@
     RUN/rerun.jsonl            the wrong-device check's re-runs
     RUN/nvml_timeline.jsonl    the NVML samples of the run
     RUN/shard.json             the shard of a ``--shard I/N`` run (gpucheck.model.shard)
+    RUN/ray.log                Ray's own output in a ``--ray`` run (not the console's)
     RUN/workers/STEM.*         one worker process's files (WorkerFiles)
     RUN/workers/group.*, owner*.done   a distributed group's meeting point, claimed finding,
                                and its owners' ends (RunFolder.group_master, ...)
@@ -30,6 +31,7 @@ RESULTS = "results.jsonl"
 RERUN = "rerun.jsonl"
 TIMELINE = "nvml_timeline.jsonl"
 SHARD = "shard.json"
+RAY_LOG = "ray.log"
 WORKERS = "workers"
 #: the reports a run writes: format -> file in the run folder (gpucheck.report.FORMATS)
 REPORTS = {
@@ -75,6 +77,10 @@ class RunFolder:
     def shard(self) -> Path:
         return self.path / SHARD
 
+    @property
+    def ray_log(self) -> Path:
+        return self.path / RAY_LOG
+
     def worker(self, device: str, mode: str, generation: int = 0) -> WorkerFiles:
         return WorkerFiles(self.workers, stem(device, mode, generation))
 
@@ -83,6 +89,23 @@ class RunFolder:
 
     def state_files(self) -> list[Path]:
         return sorted(self.workers.glob("*" + WorkerFiles.STATE))
+
+    def next_generation(self, device: str, mode: str) -> int:
+        """The generation of a worker (or rank: ``rank1``) of ``device`` in ``mode`` that
+        starts now: 0 in a new run; after every one an earlier invocation of the run left
+        (``--resume``), so that the last state of each chain is this invocation's."""
+        chain = stem(device, mode)
+        gens = [-1]
+        for path in self.state_files():
+            name, mode_part, generation = parse_stem(WorkerFiles.of_state(path).stem)
+            if f"{name}.{mode_part}" == chain:
+                gens.append(generation)
+        return max(gens) + 1
+
+    def group_recorded(self, mode: str, generation: int, rank: int) -> Path:
+        """What rank ``rank`` had recorded when the group of this generation started, as its
+        owner published it for the owners of the other ranks (JSON)."""
+        return self.workers / f"group.{mode}.{generation}.rank{rank}.recorded.json"
 
     # a distributed group's files (every gpucheck process that owns ranks of it reads them)
     def group_master(self, mode: str, generation: int) -> Path:
@@ -94,9 +117,10 @@ class RunFolder:
         """What the first owner that found a fault in the group claimed (JSON)."""
         return self.workers / f"group.{mode}.{generation}.finding.json"
 
-    def owner_done(self, rank: int) -> Path:
-        """Written by the process that owns ``rank`` (under torchrun) when its part ended."""
-        return self.workers / f"owner{rank}.done"
+    def owner_done(self, rank: int, generation: int = 0) -> Path:
+        """Written by the process that owns ``rank`` (under torchrun) when its part of the
+        invocation whose group started at ``generation`` ended."""
+        return self.workers / f"owner{rank}.{generation}.done"
 
 
 def open_regular(path: Path) -> BinaryIO | None:
@@ -182,9 +206,10 @@ class WorkerFiles:
         return self._f(".skip.txt")
 
     @property
-    def plan(self) -> Path:
-        """The cases the worker collected to run (gpucheck.model.fleet.WorkerPlan)."""
-        return self._f(".plan.json")
+    def again(self) -> Path:
+        """Case ids a rank recorded already and runs again, unrecorded, for its group (a
+        resumed distributed run whose other ranks have no record of them)."""
+        return self._f(".again.txt")
 
     @property
     def only(self) -> Path:

@@ -8,6 +8,10 @@ what was appended since the last look, and a line still being written waits for 
 the controller follows a file with one log while its workers append to it (progress, re-runs,
 diagnoses), and a report reads a finished file in one look (:meth:`RunLog.read`).
 
+Completeness is a fact of the record: each worker writes a ``plan`` record of the cases it
+collected (:class:`CasePlan`), and :meth:`RunLog.unrecorded` names every planned case that has
+no record, so a run (or a merge of runs) that lost some says so instead of passing.
+
 The reader never trusts the file: a folder may come from someone else, torn, reordered,
 duplicated or edited by hand. A line that is not a JSON object, a record without the fields a
 reader needs, or a line longer than :data:`MAX_LINE` is counted in ``unreadable`` and left
@@ -24,6 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from gpucheck.model import clock
 from gpucheck.model.layout import open_regular
 from gpucheck.model.results import BAD_STATUSES, SCHEMA_ID, CaseRecord, Finding, text
 
@@ -68,6 +73,54 @@ class DeviceEntry:
 
 
 @dataclass
+class RunPart:
+    """One run folder a merged run was made from (``gpucheck merge``): where it was, its host
+    and shard, when it started and how long gpucheck worked on it."""
+
+    folder: str
+    host: str = ""
+    shard: str | None = None  # "I/N" of a --shard run
+    started_at: str | None = None
+    active_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, value: Any) -> RunPart | None:
+        if not isinstance(value, dict) or not isinstance(value.get("folder"), str):
+            return None
+        shard, active = value.get("shard"), value.get("active_s")
+        return cls(
+            text(value["folder"], 2000),
+            text(value.get("host") or "", 200),
+            text(shard, 20) if isinstance(shard, str) else None,
+            _maybe(value.get("started_at")),
+            float(active)
+            if isinstance(active, int | float) and not isinstance(active, bool) and active >= 0
+            else 0.0,
+        )
+
+    @property
+    def shard_of(self) -> tuple[int, int] | None:
+        """(index, count) of the part's shard, None for a run that was not a shard."""
+        index, _, count = (self.shard or "").partition("/")
+        return (int(index), int(count)) if index.isdigit() and count.isdigit() else None
+
+
+def missing_shards(parts: list[RunPart]) -> list[str]:
+    """The shards (``I/N``) of the plan that ``parts`` lack: the shard count they name, and
+    every shard of it should be among them (none for parts that are not shards)."""
+    shards = [s for p in parts if (s := p.shard_of) is not None]
+    counts = {n for _, n in shards}
+    if len(counts) != 1:
+        return []
+    count = counts.pop()
+    present = {i for i, _ in shards}
+    return [f"{i}/{count}" for i in range(1, count + 1) if i not in present]
+
+
+@dataclass
 class RunHeader:
     """The ``run`` record: the devices, suites and modes of the run and the settings
     ``--resume`` replays (``config``); ``raw`` is the record as written (``results.json``
@@ -82,11 +135,14 @@ class RunHeader:
     not_runnable: dict[str, str] = field(default_factory=dict)
     command: list[str] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)
+    #: the run folders a merged run was made from (empty for any other run)
+    parts: list[RunPart] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, value: dict[str, Any]) -> RunHeader:
         config = value.get("config")
+        parts = value.get("parts")
         return cls(
             run_id=text(value.get("run_id") or "", 200),
             started_at=_maybe(value.get("started_at")),
@@ -101,8 +157,16 @@ class RunHeader:
             not_runnable=_text_map(value.get("not_runnable")),
             command=_texts(value.get("command") or value.get("argv")),
             config=config if isinstance(config, dict) else {},
+            parts=[p for p in map(RunPart.from_json, parts) if p is not None]
+            if isinstance(parts, list)
+            else [],
             raw=value,
         )
+
+    def missing_shards(self) -> list[str]:
+        """The shards of the plan that a merged run was made without (:func:`missing_shards`
+        of its parts)."""
+        return missing_shards(self.parts)
 
     def field(self, *names: str) -> str | None:
         """The first of ``names`` the header holds, as text (None when none does)."""
@@ -155,6 +219,43 @@ class RunEnd:
             value.get("interrupted") is True,
             _maybe(value.get("reason")),
             _maybe(value.get("stopped_by")),
+        )
+
+
+@dataclass
+class CasePlan:
+    """A ``plan`` record: the cases one worker (a device in a mode, or a rank of a group)
+    collected to run, suite by suite, as it starts. A run is complete when each has a record
+    (:meth:`RunLog.unrecorded`); a fresh worker that replaces one writes the plan of what it
+    has left, and the plans of a (device, mode) add up."""
+
+    run_id: str
+    device: str
+    mode: str
+    #: suite -> its case ids, in the order collected
+    cases: dict[str, list[str]] = field(default_factory=dict)
+
+    def planned(self) -> list[tuple[str, str, str, str]]:
+        """(device, suite, case, mode) of every case planned."""
+        return [(self.device, s, case, self.mode) for s, ids in self.cases.items() for case in ids]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": SCHEMA_ID, "record": "plan", **asdict(self)}
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> CasePlan | None:
+        device, mode, cases = value.get("device"), value.get("mode"), value.get("cases")
+        if not isinstance(device, str) or not isinstance(mode, str) or not isinstance(cases, dict):
+            return None
+        return cls(
+            text(value.get("run_id") or "", 200),
+            text(device, 200),
+            text(mode, 200),
+            {
+                text(suite, 500): [text(c, 2000) for c in ids if isinstance(c, str)]
+                for suite, ids in cases.items()
+                if isinstance(ids, list)
+            },
         )
 
 
@@ -220,6 +321,7 @@ class RunLog:
         self._resumes: list[Resume] = []
         self._ends: list[RunEnd] = []
         self._diagnoses: list[Diagnosis] = []
+        self._plans: list[CasePlan] = []
 
     @classmethod
     def read(cls, path: Path) -> RunLog:
@@ -294,6 +396,12 @@ class RunLog:
             self._resumes.append(Resume.from_json(value))
         elif kind == "end":
             self._ends.append(RunEnd.from_json(value))
+        elif kind == "plan":
+            plan = CasePlan.from_json(value)
+            if plan is None:
+                self.unreadable += 1
+            else:
+                self._plans.append(plan)
         elif kind == "diagnosis":
             diagnosis = Diagnosis.from_json(value)
             if diagnosis is None:
@@ -346,10 +454,53 @@ class RunLog:
         return [r for r in self._resumes if self._mine(r.run_id)]
 
     @property
+    def ends(self) -> list[RunEnd]:
+        """The run's end records, one per invocation that ended (``--resume`` adds one)."""
+        return [r for r in self._ends if self._mine(r.run_id)]
+
+    @property
     def end(self) -> RunEnd | None:
         """The run's last end record."""
-        ends = [r for r in self._ends if self._mine(r.run_id)]
+        ends = self.ends
         return ends[-1] if ends else None
+
+    def invocations(self) -> list[tuple[float, float]]:
+        """(start, end) in epoch seconds of each invocation of the run: the first from its
+        header, each ``--resume`` from its resume record, to its end record (where it has
+        none, its controller died: to its last case record). The time between them, when
+        nothing ran, is no invocation's."""
+        header = self.header
+        starts = [clock.parse(header.started_at if header else None)]
+        starts += [clock.parse(r.resumed_at) for r in self.resumes]
+        known = sorted(t for t in starts if t is not None)
+        ends = sorted(t for e in self.ends if (t := clock.parse(e.finished_at)) is not None)
+        cases = [t + r.duration_s for r in self.cases if (t := clock.parse(r.started_at))]
+        out = []
+        for i, start in enumerate(known):
+            until = known[i + 1] if i + 1 < len(known) else float("inf")
+            inside = [t for t in ends if start <= t < until]
+            inside = inside or [t for t in cases if start <= t < until] or [start]
+            out.append((start, max(inside)))
+        return out
+
+    @property
+    def plans(self) -> list[CasePlan]:
+        """The run's ``plan`` records (one per worker started)."""
+        return [p for p in self._plans if self._mine(p.run_id)]
+
+    def unrecorded(self) -> list[tuple[str, str, str, str]]:
+        """(device, suite, case, mode) of every case a worker of the run planned that has no
+        record, in the order planned. A distributed group's record of a fault (written once,
+        on the culprit rank) stands for every rank of the group in that case."""
+        recorded = {r.key for r in self.cases}
+        group = {(r.suite, r.case, r.mode) for r in self.cases if r.distributed is not None}
+        missing: dict[tuple[str, str, str, str], None] = {}
+        for plan in self.plans:
+            for key in plan.planned():
+                _, suite, case, mode = key
+                if key not in recorded and (suite, case, mode) not in group:
+                    missing[key] = None
+        return list(missing)
 
     @property
     def diagnoses(self) -> list[Diagnosis]:

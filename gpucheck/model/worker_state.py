@@ -67,6 +67,9 @@ class WorkerState:
     #: records were not printed), with exit reason ``SANITIZER_LIMIT``
     limit_suite: str | None = None
     limit_case: str | None = None
+    #: (pid, start time in clock ticks) of the processes its cases started and left running,
+    #: as it last saw them (the controller ends them with it)
+    children: list[tuple[int, int]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -84,6 +87,7 @@ class WorkerState:
             "pending_findings": [dict(f.__dict__) for f in self.pending_findings],
             "limit_suite": self.limit_suite,
             "limit_case": self.limit_case,
+            "children": [list(c) for c in self.children],
         }
 
     @classmethod
@@ -97,6 +101,7 @@ class WorkerState:
         reason = value.get("exit_reason")
         offsets = value.get("sanitizer_offsets")
         pending = value.get("pending_findings")
+        children = value.get("children")
         return cls(
             case=_text(value.get("case")),
             suite=_text(value.get("suite"), 500),
@@ -118,6 +123,11 @@ class WorkerState:
             else [],
             limit_suite=_text(value.get("limit_suite"), 500),
             limit_case=_text(value.get("limit_case")),
+            children=[
+                (c[0], c[1])
+                for c in (children if isinstance(children, list) else [])
+                if isinstance(c, list) and len(c) == 2 and all(_count(x) for x in c)
+            ],
         )
 
 

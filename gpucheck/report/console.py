@@ -163,11 +163,10 @@ def print_summary(
     console.print(Text(f"results: {results_path}  {written}"))
     if stopped is not None and stopped not in done.verdict.why:
         console.print(Text.assemble(("interrupted:", "yellow"), f" {stopped}"))
-    started = done.data.started()
-    if started is not None:  # what the checks cost: gpucheck's own share of the run
-        console.print(
-            Text(cost_line(run_cost(records, time.time() - started, reruns)), style="dim")
-        )
+    if done.data.invocations:  # what the checks cost: gpucheck's own share of the run
+        wall = done.data.active_seconds(time.time())
+        merged = done.data.header is not None and bool(done.data.header.parts)
+        console.print(Text(cost_line(run_cost(records, wall, reruns, merged)), style="dim"))
     print_verdict(console, done.verdict)
     line, _ = summary_line(records)
     style = "green" if done.verdict.ok else "red"

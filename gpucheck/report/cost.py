@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from gpucheck.model.fleet import node_of
 from gpucheck.model.results import BOOKKEEPING, CaseRecord
 
 
@@ -40,10 +41,17 @@ class Cost:
         return max(0.0, self.own - inside)
 
 
-def run_cost(records: Iterable[CaseRecord], wall: float, reruns: Iterable[CaseRecord] = ()) -> Cost:
+def run_cost(
+    records: Iterable[CaseRecord],
+    wall: float,
+    reruns: Iterable[CaseRecord] = (),
+    merged: bool = False,
+) -> Cost:
     """The split of a run of ``wall`` seconds, from its case records (``reruns``: those of
     the wrong-device re-runs, kept apart from the run's). A pass (a mode) whose cases an
-    earlier pass ran already repeats them for gpucheck's checks: it counts as re-runs."""
+    earlier pass ran already repeats them for gpucheck's checks: it counts as re-runs.
+    ``merged``: the run was merged from runs of several machines (``host/cuda:0``), whose
+    wall times add up: the busiest device of each machine counts."""
     passes: dict[str, dict[str, list[CaseRecord]]] = {}  # mode -> device -> its records
     for r in records:
         if not r.harness_made:
@@ -56,7 +64,14 @@ def run_cost(records: Iterable[CaseRecord], wall: float, reruns: Iterable[CaseRe
             cost.reruns += max(sum(r.duration_s for r in rs) for rs in by_device.values())
             continue
         seen |= cases
-        busiest = max(by_device.values(), key=lambda rs: sum(r.duration_s for r in rs))
+        machines: dict[str | None, list[list[CaseRecord]]] = {}
+        for device, rs in by_device.items():
+            machines.setdefault(node_of(device) if merged else None, []).append(rs)
+        busiest = [
+            r
+            for lists in machines.values()
+            for r in max(lists, key=lambda rs: sum(r.duration_s for r in rs))
+        ]
         for r in busiest:
             spent = r.cost_s or {}
             for name, seconds in spent.items():

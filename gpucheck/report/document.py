@@ -6,7 +6,9 @@ Shape (``schema: gpucheck.report/1``)::
       "schema": "gpucheck.report/1",
       "generated_at": ISO time, "run_dir": str,
       "run": the run header record of results.jsonl, or null when the run has none,
-      "state": {"complete": bool, "interrupted": [why, ...], "problems": [note, ...]},
+      "state": {"complete": bool (a header, not interrupted, every line read, every planned
+                case recorded: no shard missing), "interrupted": [why, ...],
+                "problems": [note, ...]},
       "summary": {"verdict": "passed" | "warnings" | "failed" | "interrupted" |
                              "incomplete" | "nothing-tested"   (see ``verdict``),
                   "exit_code": int, "why": [sentence, ...],
@@ -161,7 +163,10 @@ def build(data: RunData, verdict: Verdict, grouped: Grouped) -> dict[str, Any]:
         "run_dir": str(data.run_dir),
         "run": data.header.raw if data.header else None,
         "state": {
-            "complete": data.header is not None and not interrupted and not data.torn_lines,
+            "complete": data.header is not None
+            and not interrupted
+            and not data.torn_lines
+            and not data.missing,
             "interrupted": interrupted,
             "problems": data.problems,
         },

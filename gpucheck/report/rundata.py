@@ -69,6 +69,10 @@ class RunData:
     cases: list[CaseRecord]
     end: RunEnd | None = None  # an end-of-run record, where the runner writes one
     resumes: list[Resume] = field(default_factory=list)  # ``--resume`` records
+    #: (start, end) epoch seconds of each invocation of the run (RunLog.invocations)
+    invocations: list[tuple[float, float]] = field(default_factory=list)
+    #: (device, suite, case, mode) of each case a worker planned that has no record
+    unrecorded: list[tuple[str, str, str, str]] = field(default_factory=list)
     extras: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     workers: list[WorkerProgress] = field(default_factory=list)
     #: every worker's last state (``workers/STEM.state.json``), by stem
@@ -125,7 +129,42 @@ class RunData:
                 why.append(f"worker {w.stem} stopped after {w.done} of {w.total} cases")
         return why
 
+    @property
+    def missing(self) -> list[str]:
+        """What the run planned and holds no record of, one sentence each (empty when every
+        planned case was recorded): the shards a merged run was made without, and per
+        device and mode the planned cases without a record."""
+        why = []
+        if self.header is not None and (shards := self.header.missing_shards()):
+            why.append(
+                f"shard {', '.join(shards)} of the plan is missing from this merged run: its "
+                "cases were not run or not merged (`gpucheck merge` every shard's folder)"
+            )
+        by_worker: dict[tuple[str, str], list[str]] = defaultdict(list)
+        for device, _, case, mode in self.unrecorded:
+            by_worker[(device, mode)].append(case)
+        for (device, mode), cases in sorted(by_worker.items()):
+            more = f" and {len(cases) - 1} more" if len(cases) > 1 else ""
+            why.append(
+                f"{len(cases)} case(s) that {device} planned in mode {mode} have no record "
+                f"({cases[0]}{more})"
+            )
+        return why
+
+    def active_seconds(self, now: float | None = None) -> float:
+        """Seconds gpucheck worked on the run: each invocation from its start to its end (the
+        last one to ``now`` where given: the run's reports), the parts' of a merged run
+        added; the time between invocations, when nothing ran, is not counted."""
+        spans = list(self.invocations)
+        if now is not None and spans:
+            spans[-1] = (spans[-1][0], max(spans[-1][1], now))
+        parts = sum(p.active_s for p in self.header.parts) if self.header else 0.0
+        return parts + sum(end - start for start, end in spans)
+
     def started(self) -> float | None:
+        parts = self.header.parts if self.header else []
+        if known := [t for p in parts if (t := clock.parse(p.started_at)) is not None]:
+            return min(known)  # a merged run: its first part's start
         t = clock.parse(self.header.started_at if self.header else None)
         if t is not None:
             return t
@@ -196,6 +235,8 @@ def load(run_dir: Path, log: RunLog | None = None) -> RunData:
         cases=log.diagnosed_cases(),
         end=log.end,
         resumes=log.resumes,
+        invocations=log.invocations(),
+        unrecorded=log.unrecorded(),
         extras=log.extras,
         torn_lines=log.unreadable,
     )

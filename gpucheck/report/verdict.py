@@ -12,8 +12,10 @@ verdict            when                                                        e
                    crashed or hung
 ``interrupted``    the run was stopped (Ctrl-C, SIGTERM, the harness died)     2 [#]_
                    before every case ran
-``incomplete``     lines of results.jsonl could not be read, or a suite        2
-                   could not run at all
+``incomplete``     lines of results.jsonl could not be read, a suite could     2
+                   not run at all, or a case a worker planned has no record
+                   (a shard missing from a merged run, a rank that did not
+                   record its cases)
 ``nothing-tested`` no case ran (every case skipped, or none selected)          2, or 0
                                                                                with
                                                                                --allow-empty
@@ -150,10 +152,11 @@ def decide(
     elif data.interrupted:
         name, code = "interrupted", EXIT_USAGE
         why += data.interrupted
-    elif problems or skipped_suites:
+    elif problems or skipped_suites or data.missing:
         name, code = "incomplete", EXIT_USAGE
         why += problems
         why += [f"suite {suite} did not run: {reason}" for suite, reason in skipped_suites.items()]
+        why += data.missing
     elif ran == 0:
         name, code = "nothing-tested", EXIT_CLEAN if allow_empty else EXIT_USAGE
         why.append(

@@ -5,7 +5,10 @@
   group, so nothing goes on writing records into a folder that ``--resume`` continues.
 * A case that changed the process's working folder or the CUDA environment variables: the
   change is undone before the next case and becomes a warning (:func:`changed_state`).
-* Processes a case started and left running (:func:`live_children`).
+* Processes a case started and left running (:func:`live_children`), in a session of their
+  own too: the worker joins the cgroup the controller made for it, where one could be made
+  (:func:`join_cgroup`), and adopts what its cases' children leave orphaned
+  (:func:`adopt_orphans`), so that each is its child until the controller ends it.
 * A process forked by a case that returned into pytest (``os.fork()`` without exec): it must
   not run the later cases again nor write their records (:func:`is_fork_of`).
 * Bytes that are not UTF-8 written to ``sys.stdout.buffer``: pytest's capture of the workers
@@ -24,7 +27,8 @@ import sys
 import threading
 from dataclasses import dataclass
 
-from gpucheck.model.contract import LIFELINE_FD_ENV
+from gpucheck import processes
+from gpucheck.model.contract import CGROUP_ENV, LIFELINE_FD_ENV
 
 #: environment variables a case must leave as it found them
 WATCHED_ENV = (
@@ -66,9 +70,32 @@ def watch_controller() -> bool:
 
 
 def _stop() -> None:
+    """The controller is gone: end what the cases left running (in sessions of their own
+    too), then this worker's process group, this process with it."""
+    found = [p for pid in processes.children(os.getpid()) if (p := processes.Proc.of(pid))]
+    processes.end(found)
     with contextlib.suppress(OSError):
         os.killpg(os.getpgrp(), signal.SIGKILL)
     os._exit(1)
+
+
+def join_cgroup() -> bool:
+    """Join the cgroup the controller made for this worker (:data:`CGROUP_ENV`), before any
+    case starts a process: what the cases start is in it, and ends with it. False where there
+    is none or it cannot be joined (the controller then ends what the worker recorded)."""
+    path = os.environ.pop(CGROUP_ENV, None)  # not for the cases' own gpucheck runs
+    return path is not None and processes.join(path)
+
+
+def adopt_orphans() -> bool:
+    """Make this worker the parent of whatever its cases' processes leave orphaned (a
+    daemon's double fork): ``PR_SET_CHILD_SUBREAPER``, Linux only. Its children are what it
+    records, and what the controller ends."""
+    if not sys.platform.startswith("linux"):
+        return False
+    with contextlib.suppress(OSError, AttributeError):
+        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0
+    return False
 
 
 def _die_with_parent(controller: int) -> None:
@@ -118,52 +145,8 @@ def changed_state(before: ProcessState) -> list[str]:
 
 def live_children() -> dict[int, str]:
     """This process's running (not zombie) child processes: pid -> command line. Linux only
-    (``/proc``); elsewhere empty. Read twice a case: from each thread's ``children`` list
-    where the kernel keeps one (a few small reads), else by scanning every process of
-    ``/proc`` for ours (plain reads, no pathlib)."""
-    me = os.getpid()
-    pids = _listed_children(me)
-    if pids is None:
-        try:
-            pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
-        except OSError:
-            return {}
-    found: dict[int, str] = {}
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                stat = f.read()
-            # pid (comm) state ppid ...: comm may hold spaces and parentheses
-            state, ppid = stat[stat.rindex(b")") + 2 :].split(None, 2)[:2]
-            if int(ppid) != me or state in (b"Z", b"X"):
-                continue
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, ValueError, IndexError):
-            continue
-        found[pid] = cmd.strip()[:200]
-    return found
-
-
-def _listed_children(me: int) -> list[int] | None:
-    """The pids in ``/proc/ME/task/TID/children`` of every thread of this process (a child
-    is listed under the thread that started it), or None where the kernel keeps no such
-    list (built without ``CONFIG_PROC_CHILDREN``, or no ``/proc``)."""
-    try:
-        threads = os.listdir(f"/proc/{me}/task")
-    except OSError:
-        return None
-    pids: list[int] = []
-    for tid in threads:
-        try:
-            with open(f"/proc/{me}/task/{tid}/children", "rb") as f:
-                pids += [int(p) for p in f.read().split()]
-        except FileNotFoundError:
-            if os.path.isdir(f"/proc/{me}/task/{tid}"):
-                return None  # the thread is there and its list is not: no lists here
-        except (OSError, ValueError):
-            continue  # the thread ended while we read
-    return pids
+    (``/proc``); elsewhere empty. Read twice a case (:func:`gpucheck.processes.children`)."""
+    return {pid: processes.cmdline(pid) for pid in processes.children(os.getpid())}
 
 
 def is_fork_of(pid: int) -> bool:

@@ -20,16 +20,16 @@ from typing import Any
 
 import pytest
 
-from gpucheck import nvml
+from gpucheck import nvml, processes
 from gpucheck.detectors import leak as leak_mod
 from gpucheck.detectors import op_watch
 from gpucheck.detectors.base import CaseInfo, WorkerContext, detector_error
 from gpucheck.detectors.registry import worker_detectors
 from gpucheck.errors import CUDA_ERROR_MARKERS, OutputProblem, sticky_cuda_error_line
 from gpucheck.model import clock, contract, results, worker_state
-from gpucheck.model.fleet import WorkerPlan
 from gpucheck.model.layout import WorkerFiles
 from gpucheck.model.results import BOOKKEEPING, EVIDENCE_CHARS, CaseRecord, Finding
+from gpucheck.model.runlog import CasePlan
 from gpucheck.model.shard import ShardError, ShardPlan, case_key
 from gpucheck.model.worker_state import WorkerState
 from gpucheck.nvml_sampler import CasePeaks, Sampler
@@ -61,8 +61,16 @@ class Recorder:
         self.pid = os.getpid()
         self.wait_header = bool(config.getoption("--gpucheck-wait-header"))
         guard.watch_controller()
+        guard.join_cgroup()  # before any case starts a process
+        guard.adopt_orphans()
+        #: pid -> start time of the processes the cases left running (the controller ends them)
+        self.left: dict[int, int] = {}
         skip_file = config.getoption("--gpucheck-skip")
         self.skip = set(Path(skip_file).read_text().split("\n")) if skip_file else set()
+        # a rank's cases its peers run (they have no record of theirs): it recorded them, and
+        # runs them again, unrecorded, so that the group meets in each
+        again_file = config.getoption("--gpucheck-again")
+        self.again = set(Path(again_file).read_text().split("\n")) if again_file else set()
         shard_file = config.getoption("--gpucheck-shard")
         try:  # --shard I/N: this worker runs only its shard's cases (gpucheck.model.shard)
             self.shard = ShardPlan.read(Path(shard_file)) if shard_file else None
@@ -176,6 +184,7 @@ class Recorder:
                 pending_findings=self.pending,
                 limit_suite=limited[0] if limited else None,
                 limit_case=limited[1] if limited else None,
+                children=sorted(self.left.items()),
             ),
         )
 
@@ -241,13 +250,19 @@ class Recorder:
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.total = len(session.items)
         self.paths = {item.nodeid: self.resolved(item) for item in session.items}
-        if self.state_path is not None:  # what a lost node did not finish (gpucheck.model.fleet)
-            with contextlib.suppress(OSError):
-                plan = [self.ids.get(i.nodeid, i.nodeid) for i in session.items]
-                WorkerPlan(self.device, self.mode, plan).write(
-                    WorkerFiles.of_state(self.state_path).plan
-                )
+        self._append_plan(session.items)
         self._state(None)
+
+    def _append_plan(self, items: list[pytest.Item]) -> None:
+        """The ``plan`` record: the cases this worker is about to run (those it will record:
+        not the ones it runs again only for its group's sake), before the first of them.
+        A run is complete when each has a record (gpucheck.model.runlog)."""
+        plan = CasePlan(self.run_id, self.device, self.mode)
+        for item in items:
+            case = self.ids.get(item.nodeid, item.nodeid)
+            if case not in self.again:
+                plan.cases.setdefault(self.suite_of(self.paths[item.nodeid]), []).append(case)
+        self._append(plan.to_json())
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         """A file of a suite that cannot be collected (a syntax or import error) is a finding
@@ -294,16 +309,16 @@ class Recorder:
                 )
             ],
         )
-        self._append(record)
+        self._append(record.to_json())
 
-    def _append(self, record: CaseRecord) -> None:
+    def _append(self, record: dict[str, Any]) -> None:
         """Write a record; when it cannot be written (disk full, read-only folder) the worker
         says so in one line and exits with EXIT_OUTPUT_ERROR: the controller stops the run."""
         if self.wait_header:  # once: the header comes first, or not at all (a minute)
             self.wait_header = False
             _header_written(self.results)
         try:
-            results.append(self.results, record.to_json())
+            results.append(self.results, record)
         except OutputProblem as err:
             self._output_failed(str(err))
 
@@ -394,7 +409,8 @@ class Recorder:
         self._process_findings(nodeid)
         self._spent(nodeid, time.perf_counter() - t1)
         record = self.build(nodeid, reports, time.monotonic() - t0, started_at)
-        self._append(record)
+        if record.case not in self.again:  # recorded already: run for the group's sake
+            self._append(record.to_json())
         self.done += 1
         self.findings += len(record.findings)
         self._state(None)
@@ -433,11 +449,9 @@ class Recorder:
                 )
             )
         earlier = self.children.pop(nodeid, None)
-        stray = {
-            p: c
-            for p, c in guard.live_children().items()
-            if earlier is not None and p not in earlier
-        }
+        live = guard.live_children()
+        self._remember(live)
+        stray = {p: c for p, c in live.items() if earlier is not None and p not in earlier}
         if stray:
             found.append(
                 Finding(
@@ -454,6 +468,21 @@ class Recorder:
             for f in found:
                 f.device, f.suite, f.case = self.device, suite, case
             self.detector_findings.setdefault(nodeid, []).extend(found)
+
+    def _remember(self, live: dict[int, str]) -> None:
+        """Keep the processes running now in the state file (written with the case's end):
+        what the controller ends when this worker ends, wherever they moved (a session of
+        their own) and however the worker ends."""
+        self.left = {
+            pid: start for pid in live if (start := processes.start_ticks(pid)) is not None
+        }
+
+    @pytest.hookimpl(trylast=True)  # after the session's fixtures are torn down
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if guard.is_fork_of(self.pid):
+            return
+        self._remember(guard.live_children())
+        self._state(None)
 
     def build(
         self, nodeid: str, reports: list[pytest.TestReport], duration: float, started_at: str

@@ -227,7 +227,7 @@ def test_resuming_a_run_that_is_still_going_is_refused(tmp_path):
     assert "still running" in line
     going.communicate(timeout=60)
     assert going.returncode == 0
-    assert [r["record"] for r in assert_kept(out)] == ["run", "case", "end"]  # no resume
+    assert [r["record"] for r in assert_kept(out)] == ["run", "plan", "case", "end"]  # no resume
 
 
 # --- a hang in C code that holds the GIL ------------------------------------------------------

@@ -1,17 +1,23 @@
 """``gpucheck merge``: the shards of a plan merged are the unsharded run (its cases, counts
 and verdict); folders that differ in version or settings, unfinished runs and a case on one
-device twice are refused in one sentence naming the difference and the folders."""
+device twice are refused in one sentence naming the difference and the folders; a merge
+without every shard of the plan, or without a record of every case a shard planned, is
+refused naming what is missing, or with --allow-incomplete is incomplete (exit 2), never
+passed; its own time is its parts' and its own, not the time between."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import time
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from fleet import gpucheck, keys, make_suite
+from fleet import cases, gpucheck, keys, make_suite
 
 from gpucheck import cli
+from gpucheck.model.runlog import RunLog
 
 RUN = ("run", "--quiet", "--cpu-only", "--suite", "demo")
 
@@ -124,3 +130,91 @@ def test_a_merged_run_cannot_be_resumed(runs: Path, tmp_path, capsys) -> None:
     capsys.readouterr()
     assert cli.main(["run", "--resume", str(out)]) == 2
     assert "was made by `gpucheck merge`" in capsys.readouterr().err
+
+
+def _without(src: Path, dst: Path, drop) -> Path:
+    """A copy of run folder ``src`` without the records ``drop`` (a function of a record)
+    says to leave out."""
+    shutil.copytree(src, dst)
+    lines = [json.loads(x) for x in (dst / "results.jsonl").read_text().splitlines()]
+    (dst / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines if not drop(r)))
+    return dst
+
+
+def test_a_missing_shard_is_refused_or_merged_as_incomplete(runs: Path, tmp_path, capsys):
+    """A CI job whose artifact never came: the merge of shard 2/2 alone (its cases all pass)
+    names shard 1/2 in one sentence and writes nothing; with --allow-incomplete its report
+    says incomplete (exit 2), never passed, and results.json's state is not complete."""
+    out = tmp_path / "m"
+    assert cli.main(["merge", str(runs / "s2"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("gpucheck: cannot merge: shard 1/2 of the plan is missing: the ")
+    assert f"2/2 ({str(runs / 's2')!r})" in err and "--allow-incomplete" in err
+    assert not out.exists()
+    proc = gpucheck(runs, "merge", "s2", "--out", str(out), "--allow-incomplete")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout.strip().splitlines()[-1].startswith("incomplete (exit 2): ")
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["summary"]["verdict"] == "incomplete" and doc["state"]["complete"] is False
+    assert any("shard 1/2 of the plan is missing" in why for why in doc["summary"]["why"])
+    header = json.loads((out / "results.jsonl").read_text().splitlines()[0])
+    assert [p["shard"] for p in header["parts"]] == ["2/2"]  # the fact, in the record
+    again = gpucheck(runs, "report", str(out))  # the folder's verdict, whoever reads it
+    assert again.returncode == 2 and "shard 1/2" in again.stdout
+
+
+def test_a_planned_case_without_a_record_is_refused_or_merged_as_incomplete(runs, tmp_path):
+    """A shard whose folder lost a case record (its worker planned it: its plan record says
+    so) is named with the case; with --allow-incomplete the merged run is not complete (and
+    never passed)."""
+    (lost,) = [r["case"] for r in cases(runs / "s2") if r["status"] == "passed"][:1]
+    lossy = _without(runs / "s2", tmp_path / "s2", lambda r: r.get("case") == lost)
+    proc = gpucheck(runs, "merge", "s1", str(lossy), "--out", str(tmp_path / "m"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    said = proc.stderr.strip()
+    assert "1 case(s) that" in said and str(lossy) in said and lost in said, said
+    assert "--resume" not in said  # a finished run cannot be resumed: not suggested
+    proc = gpucheck(
+        runs, "merge", "s1", str(lossy), "--out", str(tmp_path / "m"), "--allow-incomplete"
+    )
+    assert proc.returncode in (1, 2), proc.stdout + proc.stderr  # s1's failure, or incomplete
+    doc = json.loads((tmp_path / "m" / "results.json").read_text())
+    assert doc["state"]["complete"] is False and doc["summary"]["verdict"] != "passed"
+
+
+def test_merge_messages_name_the_folder_and_suggest_only_what_works(runs, tmp_path, capsys):
+    again = str(runs / "s1") + "/"
+    assert cli.main(["merge", str(runs / "s1"), str(runs / "s2"), again]) == 2
+    err = capsys.readouterr().err
+    assert "the run folder" in err and str(runs / "s1") in err and "named twice" in err
+    out = tmp_path / "m"
+    assert cli.main(["merge", str(runs / "s1"), str(runs / "s2"), "--out", str(out)]) == 1
+    capsys.readouterr()
+    assert cli.main(["merge", str(runs / "s1"), str(runs / "s2"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "already holds a gpucheck run; a new merge needs an empty folder" in err
+    assert "--resume" not in err  # a merged folder is never resumed
+
+
+def test_the_own_time_of_a_merge_counts_its_parts_not_the_time_between(runs, tmp_path):
+    """The shards ran an hour before the merge: the merged run's own-time line counts the
+    shards' run time and the merge's, not the hour (it said "618.4 s of 620.7 s" for a
+    0.3 s merge ten minutes after its shards)."""
+
+    def hour_earlier(record: dict) -> None:
+        for key in ("started_at", "finished_at", "resumed_at"):
+            if isinstance(record.get(key), str):
+                t = datetime.fromisoformat(record[key]) - timedelta(hours=1)
+                record[key] = t.isoformat(timespec="milliseconds")
+
+    old = [_edit(runs / s, tmp_path / s, hour_earlier) for s in ("s1", "s2")]
+    active = sum(RunLog.read(f / "results.jsonl").invocations()[0][1] for f in old) - sum(
+        RunLog.read(f / "results.jsonl").invocations()[0][0] for f in old
+    )
+    t0 = time.monotonic()
+    proc = gpucheck(runs, "merge", *map(str, old), "--out", str(tmp_path / "m"))
+    took = time.monotonic() - t0
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("gpucheck's own time:"))
+    wall = float(line.split(" of ")[1].split(" s")[0])
+    assert active <= wall <= active + took + 1.0, (line, active, took)

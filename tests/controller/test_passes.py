@@ -91,3 +91,24 @@ def test_one_worker_keeps_every_cpu(monkeypatch):
     assert thread_share(1) == {}
     assert thread_share(2) == {"OMP_NUM_THREADS": "1"}
     assert thread_share(8) == {"OMP_NUM_THREADS": "1"}  # never none
+
+
+def test_a_resumed_run_runs_a_pass_stopped_mid_way_and_skips_a_finished_one(tmp_path):
+    """The default --cpu-only run's distributed pass: a resume skips it once every case its
+    ranks planned has a record, not as soon as one has (a run stopped inside it said passed
+    with its cases missing)."""
+    from gpucheck.controller.pipeline import mode_done
+    from gpucheck.model import results
+    from gpucheck.model.results import CaseRecord
+    from gpucheck.model.runlog import CasePlan, RunLog
+
+    path = tmp_path / "results.jsonl"
+    results.append(path, {"schema": results.SCHEMA_ID, "record": "run", "run_id": "r"})
+    assert not mode_done(RunLog(path), "r", "dist")  # not started
+    for rank in (0, 1):
+        results.append(path, CasePlan("r", f"rank{rank}/cpu", "dist", {"d": ["a", "b"]}).to_json())
+    for device, case in (("rank0/cpu", "a"), ("rank0/cpu", "b"), ("rank1/cpu", "a")):
+        results.append(path, CaseRecord("r", device, "d", case, "dist", "passed").to_json())
+    assert not mode_done(RunLog(path), "r", "dist")  # rank 1 has no record of b
+    results.append(path, CaseRecord("r", "rank1/cpu", "d", "b", "dist", "passed").to_json())
+    assert mode_done(RunLog(path), "r", "dist")

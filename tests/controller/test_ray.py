@@ -1,7 +1,9 @@
 """``gpucheck run --ray``: on a local multi-node Ray cluster (``ray.cluster_utils.Cluster``,
-nodes that declare GPUs, CPU-only cases) a suite runs on every node into one run folder and
-one report; a node killed mid-run leaves a ``lost`` record naming it and its unfinished cases,
-and ``--resume`` runs only those, each case once.
+nodes that declare GPUs, CPU-only cases; one for the module, its nodes put back after a test
+that removes one) a suite runs on every node into one run folder and one report; a node killed
+mid-run leaves a ``lost`` record naming it and the cases its loss left without a record, and
+``--resume`` runs exactly those, each case once; the console's last line is the verdict, Ray's
+own lines are in the run folder's ray.log; ``--cpu-only`` runs on a Ray instance without GPUs.
 
 Ray is an optional extra (``gpucheck[ray]``); nox's tests session (what CI runs) installs it
 and sets ``$GPUCHECK_RAY_TESTS``, so there (or with ``$CI`` set) a missing Ray fails these
@@ -32,11 +34,12 @@ except ImportError:  # pragma: no cover - Ray is the extra gpucheck[ray]
     pytest.skip('Ray is not installed (pip install "gpucheck[ray]")', allow_module_level=True)
 
 from gpucheck.controller.config import RunConfig
-from gpucheck.controller.fleet import NODE_LABEL, Collector, Node, plan_group
+from gpucheck.controller.fleet import NODE_LABEL, Collector, Node, plan_group, write_batches
 from gpucheck.controller.fleet_node import NodeTargets
 from gpucheck.errors import EnvironmentProblem, UsageProblem
 from gpucheck.model import results
 from gpucheck.model.fleet import NodeLost
+from gpucheck.model.layout import RunFolder
 
 #: test_block waits for the file RELEASE (the nodes' processes do not get the test's env)
 BLOCKING = {
@@ -66,14 +69,38 @@ def _node(cluster: Cluster, name: str, gpus: int):
     return cluster.add_node(num_cpus=1, num_gpus=gpus, labels={NODE_LABEL: name})
 
 
-@pytest.fixture
-def cluster():
-    """A head without GPUs and two nodes that declare some (node-a: 2, node-b: 1)."""
+GPUS = {"node-a": 2, "node-b": 1}
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A head without GPUs and two nodes that declare some (node-a: 2, node-b: 1), for the
+    module (a cluster takes seconds to start)."""
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    nodes = {"node-a": _node(c, "node-a", 2), "node-b": _node(c, "node-b", 1)}
+    nodes = {name: _node(c, name, gpus) for name, gpus in GPUS.items()}
     c.wait_for_nodes()
     yield c, nodes
     c.shutdown()
+
+
+@pytest.fixture
+def cluster(ray_cluster):
+    """The module's cluster with both its nodes (one a test removed is added again)."""
+    c, nodes = ray_cluster
+    for name, node in list(nodes.items()):
+        if node not in c.list_all_nodes():
+            nodes[name] = _node(c, name, GPUS[name])
+    c.wait_for_nodes()
+    return c, nodes
+
+
+def _verdict_last(said: str, verdict: str) -> None:
+    """The console's last line is gpucheck's verdict; no line of Ray's own is on it (they
+    are in the run folder's ray.log)."""
+    lines = said.strip().splitlines()
+    assert lines[-1].startswith(verdict), lines[-3:]
+    for noise in ("(run_node", "(run_group", "\x1b[", "(raylet", "Check failed", "(pid="):
+        assert noise not in said, (noise, said)
 
 
 def _run(cwd: Path, address: str, *args: str):
@@ -91,6 +118,20 @@ def _lost(out: Path) -> list[NodeLost]:
     lines = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     found = [NodeLost.from_json(r) for r in lines if r.get("record") == "lost"]
     return [x for x in found if x is not None]
+
+
+def _resumed_with_node_b(c, nodes, cwd: Path, verdict: str) -> Counter:
+    """node-b back (a rebooted node keeps its label), the run in ``cwd/run`` resumed: its
+    verdict last on the console; (device, mode, case) of every case record, each once."""
+    nodes["node-b"] = _node(c, "node-b", GPUS["node-b"])
+    c.wait_for_nodes()
+    proc = _run(cwd, c.address, "--resume", "run")
+    said, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, said
+    _verdict_last(said, verdict)
+    keys = Counter((r["device"], r["mode"], r["case"]) for r in cases(cwd / "run"))
+    assert set(keys.values()) == {1}, keys  # every case once
+    return keys
 
 
 def test_a_suite_runs_on_every_node_into_one_report(cluster, tmp_path: Path) -> None:
@@ -116,6 +157,8 @@ def test_a_suite_runs_on_every_node_into_one_report(cluster, tmp_path: Path) -> 
     assert header["config"]["ray"] == c.address
     assert {d["device"] for d in header["devices"]} == {"node-a/cpu", "node-b/cpu"}
     assert not _lost(out)
+    _verdict_last(said, "failed (exit 1): 16 case(s)")
+    assert "(run_node" in (out / "ray.log").read_text()  # the nodes' own lines, kept there
 
 
 def test_a_lost_node_is_named_and_resume_runs_only_what_it_missed(cluster, tmp_path) -> None:
@@ -147,18 +190,15 @@ def test_a_lost_node_is_named_and_resume_runs_only_what_it_missed(cluster, tmp_p
     end = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()][-1]
     assert end["record"] == "end" and end["interrupted"]
     assert "node-b" in end["reason"]
-    before = Counter(r["device"] for r in cases(out))
-    assert before == {"node-a/cpu": 4, "node-b/cpu": 2}
+    before_recs = cases(out)
+    assert Counter(r["device"] for r in before_recs) == {"node-a/cpu": 4, "node-b/cpu": 2}
 
-    _node(c, "node-b", 1)  # the node is back (rebooted): the run can finish
-    c.wait_for_nodes()
-    proc = _run(tmp_path, c.address, "--resume", "run")
-    said, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, said
-    recs = cases(out)
-    keys = Counter((r["device"], r["case"], r["mode"]) for r in recs)
-    assert set(keys.values()) == {1}, keys  # every case once
-    assert Counter(r["device"] for r in recs) == {"node-a/cpu": 4, "node-b/cpu": 4}
+    _verdict_last(said, "interrupted (exit 130)")
+
+    keys = _resumed_with_node_b(c, nodes, tmp_path, "passed (exit 0): 8 case(s)")
+    assert Counter(d for d, _, _ in keys) == {"node-a/cpu": 4, "node-b/cpu": 4}
+    added = set(keys) - {(r["device"], r["mode"], r["case"]) for r in before_recs}
+    assert sorted(added) == sorted(lost[0].cases)  # exactly what the lost record named
     summary = json.loads((out / "results.json").read_text())["summary"]
     assert summary["verdict"] == "passed"
 
@@ -178,14 +218,37 @@ def test_without_ray_the_run_says_how_to_get_it(tmp_path: Path) -> None:
     assert not (tmp_path / "reports").exists()
 
 
-def test_the_collector_appends_whole_batches_and_keeps_plans(tmp_path: Path) -> None:
-    collector = Collector(str(tmp_path))
+def test_the_collector_keeps_batches_until_they_are_taken_into_the_run_folder(tmp_path):
+    collector = Collector()
     collector.append("results", b'{"a":1}\n')
+    collector.append("rerun", b'{"r":1}\n')
     collector.append("results", b'{"b":2}\n{"c":3}\n')
-    collector.plan("node-a/cpu", "blocking", ["t.py::x", "t.py::y"])
-    collector.plan("node-a/cpu", "blocking", ["t.py::y"])
+    write_batches(RunFolder(tmp_path), collector.take())
+    assert collector.take() == []
     assert (tmp_path / "results.jsonl").read_text() == '{"a":1}\n{"b":2}\n{"c":3}\n'
-    assert collector.planned() == [("node-a/cpu", "blocking", ["t.py::x", "t.py::y"])]
+    assert (tmp_path / "rerun.jsonl").read_text() == '{"r":1}\n'
+
+
+def test_cpu_only_runs_on_a_ray_instance_without_gpus_and_says_what_it_leaves_out(tmp_path):
+    """``--ray`` without an address starts a local Ray instance: here one without any GPU,
+    where ``--cpu-only`` runs on its one node (it was refused: "no node has a GPU"). The
+    default suites, as the local --cpu-only run's, each left out named in one line (those
+    that need a GPU; the distributed suite, which is --ray --distributed's); the console ends
+    with the verdict."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpucheck.cli", "run", "--quiet", "--ray", "--cpu-only",
+         "--out", "run", "--", "-k", "truncated_file"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "RAY_ADDRESS": ""},
+    )  # fmt: skip
+    said, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, said
+    _verdict_last(said, "passed (exit 0): 1 case(s)")
+    (device,) = {r["device"] for r in cases(tmp_path / "run")}
+    assert device.endswith("/cpu")
+    notes = [line for line in said.splitlines() if line.startswith("note: --")]
+    assert any("suites knn, splat, ssim test CUDA kernels" in n for n in notes), notes
+    assert any("the distributed suite (dist) was not run" in n for n in notes), notes
 
 
 # ---- the distributed suite across nodes (--ray --distributed) -----------------------------
@@ -268,58 +331,65 @@ def test_a_rank_that_dies_or_hangs_on_one_node_is_named_with_its_node(cluster, t
     assert took < 120
 
 
-#: every rank says it is in test_wait (nodes of a local cluster share the file system), then
-#: waits there for a file that never comes
-WAITING = {
-    "test_dist_wait.py": textwrap.dedent("""
-        import time
-        from pathlib import Path
+#: the group meets in test_first and test_last (dist_rank: a case boundary of the group); in
+#: between, rank 2 (node-b) takes 10x longer a case than ranks 0 and 1, which then wait for
+#: it at test_last's start
+SKEWED = {
+    "test_dist_skew.py": textwrap.dedent("""
+        import os, time, pytest
 
         def test_first(dist_rank):
             pass
 
-        def test_wait(dist_rank):
-            (Path(__file__).parent / f"in-{dist_rank.rank}").write_text("here")
-            deadline = time.time() + 120
-            while not (Path(__file__).parent / "release").exists() and time.time() < deadline:
-                time.sleep(0.1)
+        @pytest.mark.parametrize("i", range(4))
+        def test_skew(i):
+            time.sleep(1.5 if os.environ["RANK"] == "2" else 0.1)
 
-        def test_after(dist_rank):
+        def test_last(dist_rank):
             pass
     """)
 }
 
 
-def test_a_node_lost_mid_group_stops_the_other_nodes_ranks(cluster, tmp_path) -> None:
-    """node-b (rank 2) is lost while every rank is inside test_wait (test_first's records
-    at the head): the head stops node-a's
-    ranks at once (they would wait for rank 2 until the timeout), records node-b lost with
-    the cases it did not finish, and the run ends interrupted."""
+def test_a_node_lost_mid_group_stops_the_group_and_resume_runs_each_ranks_cases(
+    cluster, tmp_path
+) -> None:
+    """node-b (rank 2) is lost while rank 2 is behind in test_skew and ranks 0 and 1 wait
+    for it at test_last: the head stops node-a's ranks at once (they would wait for rank 2
+    until the timeout), and records node-b lost with the cases its loss left without a
+    record, every rank's (the group stopped with it); the run ends interrupted. node-b back,
+    --resume runs exactly those: each rank's six cases recorded once, passed."""
     c, nodes = cluster
-    folder = make_suite(tmp_path, WAITING)
+    make_suite(tmp_path, SKEWED)
     out = tmp_path / "run"
     proc = _start_dist(tmp_path, c.address, "demo")
     deadline = time.time() + 180
-    while not all((folder / f"in-{r}").exists() for r in range(3)) or len(cases(out)) < 3:
+    while True:  # ranks 0 and 1 at test_last, rank 2 in its second test_skew or later
+        done = Counter(r["device"] for r in cases(out))
+        if done[RANKS[0]] == done[RANKS[1]] == 5 and 2 <= done[RANKS[2]] < 5:
+            break
         assert proc.poll() is None, proc.communicate()[0]
-        assert time.time() < deadline, "the ranks did not reach test_wait"
-        time.sleep(0.2)
+        assert time.time() < deadline, f"the ranks did not get apart: {done}"
+        time.sleep(0.1)
     c.remove_node(nodes["node-b"])
     t0 = time.monotonic()
     said, _ = proc.communicate(timeout=300)
-    assert time.monotonic() - t0 < 30  # not the 60 s timeout, nor test_wait's 120 s
+    assert time.monotonic() - t0 < 30  # not the 60 s timeout
     assert proc.returncode == 130, said
-    assert "Traceback" not in said
-    assert Counter(r["device"] for r in cases(out)) == dict.fromkeys(RANKS, 1)  # test_first
+    _verdict_last(said, "interrupted (exit 130)")
+    before = {(r["device"], r["mode"], r["case"]) for r in cases(out)}
     lost = _lost(out)
     assert [x.node for x in lost] == ["node-b"]
-    assert sorted(case for _, _, case in lost[0].cases) == [
-        "test_dist_wait.py::test_after",
-        "test_dist_wait.py::test_wait",
-    ]
+    missing = sorted(lost[0].cases)
+    assert {d for d, _, _ in missing} == set(RANKS)
+    assert [c for d, _, c in missing if d != RANKS[2]] == ["test_dist_skew.py::test_last"] * 2
     end = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()][-1]
     assert end["record"] == "end" and end["interrupted"] and "node-b" in end["reason"]
     assert "node-a: the group's ranks here were stopped: node node-b did not finish" in said
+
+    keys = _resumed_with_node_b(c, nodes, tmp_path, "passed (exit 0): 18 case(s)")
+    assert Counter(d for d, _, _ in keys) == dict.fromkeys(RANKS, 6)
+    assert sorted(set(keys) - before) == missing  # exactly what the lost record named
 
 
 def test_distributed_nodes_need_one_torch_and_the_world_size_the_gpus_make() -> None:

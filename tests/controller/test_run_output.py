@@ -73,7 +73,7 @@ def test_a_second_run_into_the_same_folder_is_refused_and_leaves_the_first_intac
     assert second.returncode == 2
     assert "Traceback" not in second.stderr
     assert "already holds a gpucheck run" in second.stderr
-    assert f"--resume {out}" in second.stderr
+    assert "--resume" not in second.stderr  # it finished: only what works is suggested
     assert (out / "results.jsonl").read_bytes() == before  # nothing appended
 
 
@@ -109,7 +109,7 @@ def test_two_runs_started_together_get_their_own_folders(project):
     assert len(folders) == 2
     for folder in folders:  # each holds exactly one run with its one case
         recs = records(folder)
-        assert [r["record"] for r in recs] == ["run", "case", "end"]
+        assert [r["record"] for r in recs] == ["run", "plan", "case", "end"]
 
 
 def test_resume_runs_only_what_an_interrupted_run_did_not_record(project):
@@ -122,19 +122,22 @@ def test_resume_runs_only_what_an_interrupted_run_did_not_record(project):
     assert "stopped by Ctrl-C" in (out / "report.html").read_text()  # reports after Ctrl-C
     done_before = {r["case"] for r in results.cases(out / "results.jsonl")}
     assert done_before == {"test_mix.py::test_a", "test_mix.py::test_b"}
+    again = gpucheck_run(project, "--cpu-only", "--out", str(out))  # refused: resume it
+    assert again.returncode == 2 and f"`gpucheck run --resume {out}` continues" in again.stderr
 
     resumed = gpucheck_run(project, "--resume", str(out))  # no DEMO_HANG: test_hang passes
     assert resumed.returncode == 1, resumed.stdout + resumed.stderr  # test_b's failure counts
     recs = records(out)
     kinds = Counter(r["record"] for r in recs)
-    assert kinds == {"run": 1, "resume": 1, "case": 5, "end": 2}
+    assert kinds == {"run": 1, "resume": 1, "plan": 2, "case": 5, "end": 2}
     ends = [r for r in recs if r["record"] == "end"]
     assert [e["interrupted"] for e in ends] == [True, False]
     run_ids = {r["run_id"] for r in recs}
     assert len(run_ids) == 1  # the same run, continued
     cases = Counter(r["case"] for r in recs if r["record"] == "case")
     assert all(n == 1 for n in cases.values()), cases  # nothing ran twice
-    skip = (out / "workers" / "cpu.blocking.skip.txt").read_text().split()
+    # the resumed worker's files come after the first one's (its state is the chain's last)
+    skip = (out / "workers" / "cpu.blocking.1.skip.txt").read_text().split()
     assert sorted(skip) == sorted(done_before)
     # the summary counts this run's five cases once
     assert "5 case(s): 4 ran (3 passed, 1 failed), 1 skipped" in resumed.stdout

@@ -50,8 +50,8 @@ def test_records_wait_for_a_header_written_after_the_worker_started(tmp_path):
         [spec], out, RunLog(path), "r1", timeout=60, on_start=late_header, wait_header=True
     ).run()
     lines = results.read_lines(path)[0]
-    assert [r["record"] for r in lines] == ["run", "case", "case"]
-    assert {r["case"] for r in lines[1:]} == {"test_broken.py", "test_ok.py::test_ok"}
+    assert [r["record"] for r in lines] == ["run", "case", "plan", "case"]
+    assert {r.get("case") for r in lines[1:]} == {"test_broken.py", None, "test_ok.py::test_ok"}
     cmd = next((out / "workers").glob("*.cmd")).read_text().split()
     assert "--gpucheck-wait-header" in cmd
     assert cmd[cmd.index(f"no:{PLUGIN_ENTRY_POINT}") + 2] == PLUGIN_MODULE

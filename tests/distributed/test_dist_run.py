@@ -7,9 +7,11 @@ collective log itself is checked in a one-rank group.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -17,7 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import clirun
 from clirun import gpucheck
+
+from gpucheck.model import results
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFECTS = ROOT / "suites" / "dist_selftest"
@@ -358,3 +363,103 @@ def test_no_free_port_for_the_rendezvous_is_one_sentence(monkeypatch):
         dist_harness.free_port()
     monkeypatch.undo()
     assert 0 < dist_harness.free_port() < 65536
+
+
+#: ranks run at their own pace between collectives: the last rank takes 10x longer a case
+SKEW = {
+    "test_skew.py": textwrap.dedent("""
+        import os, time, pytest
+
+        @pytest.mark.parametrize("i", range(6))
+        def test_skew(i):
+            last = int(os.environ["RANK"]) == int(os.environ["WORLD_SIZE"]) - 1
+            time.sleep(1.0 if last else 0.1)
+    """)
+}
+
+
+def _skew_suite(root: Path) -> Path:
+    folder = root / "suites" / "skew"
+    folder.mkdir(parents=True)
+    for name, text in SKEW.items():
+        (folder / name).write_text(text)
+    return folder
+
+
+def _by_rank(out: Path) -> dict[str, list[str]]:
+    """device -> the cases it recorded (each once: a second record of a case is an error)."""
+    found: dict[str, list[str]] = {}
+    for r in results.cases(out / "results.jsonl"):
+        found.setdefault(r["device"], []).append(r["case"])
+    for device, cases in found.items():
+        assert len(cases) == len(set(cases)), (device, cases)
+    return found
+
+
+def _stop_when_skewed(proc: subprocess.Popen[str], out: Path) -> None:
+    """SIGTERM once rank 0 recorded its six cases and the last rank one or two."""
+    deadline = time.monotonic() + RUN_LIMIT_S
+    while True:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the ranks did not get apart"
+        with contextlib.suppress(OSError, ValueError):
+            done = _by_rank(out)
+            if len(done.get("rank0/cpu", [])) == 6 and 1 <= len(done.get("rank1/cpu", [])) < 6:
+                break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+
+
+def test_a_skewed_rank_stopped_by_sigterm_resumes_its_own_cases(tmp_path: Path) -> None:
+    """Rank 1 falls behind rank 0 (no collective holds them together); SIGTERM stops the run
+    with rank 0 done and rank 1 not: the run ends interrupted (143), and --resume runs rank
+    1's cases (rank 0 runs them again with it, unrecorded): six records per rank, each once,
+    passed. It passed with rank 1's cases missing when any rank's record counted for all."""
+    suite, out = _skew_suite(tmp_path), tmp_path / "run"
+    proc = clirun.start(
+        "run", "--distributed", "--cpu-only", "--quiet", "--suite", str(suite),
+        "--out", str(out), cwd=tmp_path, env={"CUDA_VISIBLE_DEVICES": ""},
+    )  # fmt: skip
+    _stop_when_skewed(proc, out)
+    said, _ = proc.communicate(timeout=RUN_LIMIT_S)
+    assert proc.returncode == 143, said
+    before = _by_rank(out)
+    resumed = gpucheck("run", "--resume", str(out), cwd=tmp_path, timeout=RUN_LIMIT_S)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    after = _by_rank(out)
+    assert {d: len(c) for d, c in after.items()} == {"rank0/cpu": 6, "rank1/cpu": 6}
+    assert after["rank0/cpu"] == before["rank0/cpu"]  # rank 0's were not run into records
+    last = resumed.stdout.strip().splitlines()[-1]
+    assert last.startswith("passed (exit 0): 12 case(s)"), last
+
+
+def test_under_torchrun_a_skewed_rank_stopped_by_sigterm_resumes_its_own_cases(tmp_path):
+    """The same under torchrun: each rank's owner is its own gpucheck process; the resumed
+    group starts after the first invocation's files (torchrun's store hands rank 0's owner's
+    first generation to the other), and each owner runs its rank's cases."""
+    suite, out = _skew_suite(tmp_path), tmp_path / "run"
+
+    def torchrun(*args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+             "--nproc-per-node", "2", "--master-port", str(_port()), "-m", "gpucheck.cli",
+             "run", "--quiet", *args],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+        )  # fmt: skip
+
+    proc = torchrun("--distributed", "--cpu-only", "--suite", str(suite), "--out", str(out))
+    _stop_when_skewed(proc, out)
+    said, _ = proc.communicate(timeout=RUN_LIMIT_S)
+    assert proc.returncode != 0, said
+    end = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()][-1]
+    assert end["record"] == "end" and end["interrupted"], end  # resumable
+    before = _by_rank(out)
+    proc = torchrun("--resume", str(out))
+    said, _ = proc.communicate(timeout=RUN_LIMIT_S)
+    assert proc.returncode == 0, said
+    after = _by_rank(out)
+    assert {d: len(c) for d, c in after.items()} == {"rank0/cpu": 6, "rank1/cpu": 6}
+    assert after["rank0/cpu"] == before["rank0/cpu"]
+    report = json.loads((out / "results.json").read_text())
+    assert report["summary"]["verdict"] == "passed" and report["state"]["complete"]

@@ -40,6 +40,7 @@ FLOORS: dict[str, int] = {
     "gpucheck._cuda_probe": 2,
     "gpucheck.sanitizer": 2,
     "gpucheck.testing": 2,
+    "gpucheck.processes": 2,
     # 3 detectors
     "gpucheck.detectors": 3,
     "gpucheck.dist": 3,

@@ -141,7 +141,7 @@ def test_interrupted_run_torn_line_no_header_no_timeline(run_copy):
     paths = write_all(run_copy)
     doc = json.loads(paths["json"].read_text())
     assert doc["run"] is None and doc["state"]["complete"] is False
-    assert doc["summary"]["cases"] == len(lines) - 2
+    assert doc["summary"]["cases"] == sum('"record":"case"' in x for x in lines[1:-1])
     assert any("no run header" in p for p in doc["state"]["problems"])
     assert any("could not be read" in p for p in doc["state"]["problems"])
     assert doc["state"]["interrupted"] == [

@@ -15,6 +15,7 @@ from clirun import gpucheck
 
 from gpucheck.model import results
 from gpucheck.model.results import CaseRecord, Finding
+from gpucheck.model.runlog import CasePlan
 from gpucheck.report import rundata
 
 
@@ -57,6 +58,9 @@ def _end(interrupted: bool = False) -> dict:
 
 
 PASS = _case("t.py::ok", "passed")
+#: the worker planned t.py::ok and t.py::never: a run whose record of t.py::never is missing
+PLANNED = CasePlan("r", "cpu", "blocking", {"demo": ["t.py::ok", "t.py::never"]}).to_json()
+PLANNED_OK = CasePlan("r", "cpu", "blocking", {"demo": ["t.py::ok"]}).to_json()
 FAIL = _case("t.py::bad", "failed", Finding("test-failure", "error", "assert 1 == 2"))
 SKIP = _case("t.py::gpu", "skipped")
 WARN = _case("t.py::leaky", "passed", Finding("device-state-leak", "warning", "moved"))
@@ -96,6 +100,11 @@ UNCOLLECTABLE = _case(
         ([_header(), UNCOLLECTABLE, _end()], {}, "incomplete", 2),
         # one uncollectable file among cases that ran: that file is a finding of the run
         ([_header(), PASS, UNCOLLECTABLE, _end()], {}, "failed", 1),
+        # a case a worker planned and nothing recorded: not a pass (a rank that stopped, a
+        # record lost on the way)
+        ([_header(), PLANNED_OK, PASS, _end()], {}, "passed", 0),
+        ([_header(), PLANNED, PASS, _end()], {}, "incomplete", 2),
+        ([_header(), PLANNED, FAIL, _end()], {}, "failed", 1),
     ],
     ids=lambda v: v if isinstance(v, str) else None,
 )
@@ -116,6 +125,10 @@ def test_the_verdict_table(tmp_path, lines, kwargs, name, code):
         assert verdict.why  # a reason to read, always
     if "TORN" in lines:
         assert any(str(path) in p for p in verdict.problems)  # the file is named
+    if name == "incomplete" and PLANNED in lines:
+        assert verdict.why == [
+            "1 case(s) that cpu planned in mode blocking have no record (t.py::never)"
+        ]
     if name == "incomplete" and UNCOLLECTABLE in lines:
         assert verdict.why == [
             "suite demo did not run: /src/demo/t_syntax.py:3: t_syntax.py "
