@@ -22,13 +22,14 @@ def disabled() -> set[str]:
 @dataclass
 class WorkerContext:
     """What a worker tells its detectors once, before the first case: its target device
-    (index and NVML UUID, None without a GPU) and ``persist``, which writes findings made
+    (index and NVML UUID, None without a GPU), ``persist``, which writes findings made
     before a call that may crash into the worker's state file at once (the controller puts
-    them on the crash record)."""
+    them on the crash record), and the compute-sanitizer tool it runs under (None: none)."""
 
     device_index: int | None = None
     uuid: str | None = None
     persist: Callable[[list[Finding]], None] | None = None
+    sanitizer_tool: str | None = None
 
 
 @dataclass(frozen=True)

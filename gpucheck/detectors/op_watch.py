@@ -30,10 +30,12 @@ seconds each listener takes are counted under its ``name`` (:func:`take_spent`: 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import CodeType, FrameType
@@ -98,7 +100,7 @@ class Listener(Protocol):
 _listeners: list[Listener] = []
 _lock = threading.Lock()
 _installed = False
-_depth = threading.local()  # .n: watched calls under way on this thread
+_depth = threading.local()  # .n: watched calls under way on this thread; .quiet: see quiet()
 #: exceptions raised by listeners (a listener must never fail the op), by listener
 errors: dict[int, BaseException] = {}
 
@@ -113,7 +115,7 @@ def _op_name(obj: Any) -> tuple[str, str]:
 
 def _run(obj: Any, original: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     ns, name = _op_name(obj)
-    if not _listeners or ns in TORCH_NAMESPACES:
+    if not _listeners or ns in TORCH_NAMESPACES or getattr(_depth, "quiet", False):
         return original(obj, *args, **kwargs)
     return _watched(name, lambda: original(obj, *args, **kwargs), args, kwargs, obj)
 
@@ -123,8 +125,20 @@ ORIGINAL = "__gpucheck_original__"
 
 
 def watching() -> bool:
-    """Whether any listener is active (a wrapper's fast path when not)."""
-    return bool(_listeners)
+    """Whether any listener is active on this thread (a wrapper's fast path when not)."""
+    return bool(_listeners) and not getattr(_depth, "quiet", False)
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Extension calls made on this thread inside the block are not watched: a detector's
+    own re-run of a call (the memory-layout check's) is no call of the case."""
+    before = getattr(_depth, "quiet", False)
+    _depth.quiet = True
+    try:
+        yield
+    finally:
+        _depth.quiet = before
 
 
 def watch_call(name: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -132,7 +146,7 @@ def watch_call(name: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
     the watch cannot see by itself: Python wrappers; a compiled extension's function that
     :mod:`~gpucheck.detectors.ext_watch` wraps is called unwrapped here, watched once)."""
     fn = getattr(fn, ORIGINAL, fn)
-    if not _listeners:
+    if not watching():
         return fn(*args, **kwargs)
     return _watched(name, lambda: fn(*args, **kwargs), args, kwargs, fn)
 

@@ -31,6 +31,7 @@ from gpucheck.detectors.imbalance import Imbalance
 from gpucheck.detectors.kernel_device import KernelDevice
 from gpucheck.detectors.leak import Leak
 from gpucheck.detectors.memory_growth import MemoryGrowth
+from gpucheck.detectors.memory_layout import MemoryLayout
 from gpucheck.detectors.mixed_devices import MixedDevices
 from gpucheck.detectors.numerics import Numerics
 from gpucheck.detectors.oom_anomaly import OomAnomaly
@@ -90,7 +91,10 @@ class Builtin:
     def gpucheck_worker_detectors(self) -> list[Detector]:
         # numerics before the launch trace's two: around a call, its hashing runs before
         # the trace's window opens and after it closes (listeners run in this order before a
-        # call, in the reverse order after it), so its kernels are not collected with the op's
+        # call, in the reverse order after it), so its kernels are not collected with the op's;
+        # memory-layout after them: its re-runs of a call run inside the call's window, where
+        # their launches count as the op's (between two calls a defect build's kernel on
+        # stream 0 would read as a kernel no call launched)
         return [
             MixedDevices(),
             DeviceStateLeak(),
@@ -98,6 +102,7 @@ class Builtin:
             Numerics(),
             WrongStream(),
             KernelDevice(),
+            MemoryLayout(),
             PendingError(),  # after the trace's windows close: its probe is no op's launch
             Leak(),
         ]
