@@ -50,8 +50,10 @@ EXPLAINING_WARNINGS = ("not-reproducible",)
 SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
 #: root causes before what follows from them, when several kinds fire on one case: a missing
 #: guard (or a CPU argument) makes the kernel fault, which a stream bug or a leak never
-#: explains; a case's symptoms are folded under the first of its diagnoses in this order
-#: (kinds not listed, a user's own, come after these)
+#: explains; an output never written, a tensor read as if contiguous and a shared-memory race
+#: give wrong values (a failing assert) that a launch on the legacy stream, always right under
+#: CUDA_LAUNCH_BLOCKING, does not; a case's symptoms are folded under the first of its
+#: diagnoses in this order (kinds not listed, a user's own, come after these)
 PRECEDENCE = (
     "wrong-device",
     "mixed-devices",
@@ -59,6 +61,9 @@ PRECEDENCE = (
     "stray-context",
     "double-activation",
     "oom-anomaly",
+    "unwritten-output",
+    "memory-layout",
+    "data-race",
     "wrong-stream",
     "leak",
     "memory-growth",
@@ -218,10 +223,35 @@ class Group:
 @dataclass
 class Grouped:
     """The findings of a run: diagnoses (each with what it explains), then the symptoms no
-    diagnosis explains."""
+    diagnosis explains; and for each case (device, suite, case) the diagnosis that explains
+    its symptoms, the one every format leads with."""
 
     diagnoses: list[Group]
     symptoms: list[Group]
+    leads: dict[tuple[str, str, str], Group] = field(default_factory=dict)
+
+    def lead(self, record: CaseRecord) -> Group | None:
+        """The diagnosis that explains the symptoms of ``record``'s case (its crash, CUDA
+        error, failing assert, sanitizer records, in any mode), or None."""
+        return self.leads.get((record.device, record.suite, record.case))
+
+    def reading(self, record: CaseRecord) -> list[tuple[str, Finding]]:
+        """The findings of ``record`` in the order a diagnosis-first text gives them, each
+        with its place: ``"lead"`` (the case's leading diagnosis, its finding on another
+        record of the case first where this record has none), ``"diagnosis"``, ``"symptom"``
+        (one the lead explains), ``"unexplained"``."""
+        lead = self.lead(record)
+        out: list[tuple[str, Finding]] = []
+        if lead is not None:
+            key = (record.device, record.suite, record.case)
+            mine = [f for f in record.findings if (f.kind, subject(f)) == (lead.kind, lead.subject)]
+            other = next(o.finding for o in lead.occurrences if o.case_key == key)
+            out += [("lead", f) for f in mine or [other]]
+        rest = [f for f in record.findings if all(f is not g for _, g in out)]
+        out += [("diagnosis", f) for f in rest if role(f, record) == "diagnosis"]
+        where = "symptom" if lead is not None else "unexplained"
+        out += [(where, f) for f in rest if role(f, record) == "symptom"]
+        return out
 
     def all(self) -> list[Group]:
         """Diagnoses, then unexplained symptoms (the order of the report)."""
@@ -304,4 +334,4 @@ def build(cases: list[CaseRecord]) -> Grouped:
             folded.setdefault(id(explained_by), []).append(o)
     for g in diagnoses:
         g.explains = _group(folded.get(id(g), []), "symptom")
-    return Grouped(diagnoses, _group(rest, "symptom"))
+    return Grouped(diagnoses, _group(rest, "symptom"), owner)
