@@ -243,17 +243,17 @@ def _results(
             result["message"]["text"] = f"symptom of {explained_by.title()}: {text}"
         if primary is not None:
             result["locations"] = [_physical(primary, base)]
-        related: list[dict[str, Any]] = [
+        linked: list[dict[str, Any]] = [
             _physical(loc, base) for loc in dict.fromkeys(loc for _, rel in occ for loc in rel)
         ]
         explains = _symptoms(g, {o.case_key for o, _ in occ}, suite_paths, sources)
         if explains:
             result["properties"]["explains"] = [m for _, m in explains]
-            related += [
+            linked += [
                 {**_physical(loc, base), "message": {"text": m}} for loc, m in explains if loc
             ]
-        if related:
-            result["relatedLocations"] = [{"id": n, **r} for n, r in enumerate(related)]
+        if linked:
+            result["relatedLocations"] = [{"id": n, **r} for n, r in enumerate(linked)]
         out.append(result)
     return out
 
