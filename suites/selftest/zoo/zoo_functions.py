@@ -147,32 +147,9 @@ def rasterize_with_alpha(
     return color, alpha, radii
 
 
-def rasterize(
-    ext: Any,
-    means2D: torch.Tensor,
-    depths: torch.Tensor,
-    sigmas: torch.Tensor,
-    opacities: torch.Tensor,
-    background: torch.Tensor,
-    height: int,
-    width: int,
-    *,
-    colors: torch.Tensor | None = None,
-    sh_dc: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(image [3, H, W], radii [P]): :func:`rasterize_with_alpha` of every tile."""
-    image, _alpha, radii = rasterize_with_alpha(
-        ext,
-        means2D,
-        depths,
-        sigmas,
-        opacities,
-        background,
-        height,
-        width,
-        colors=colors,
-        sh_dc=sh_dc,
-    )
+def rasterize(ext: Any, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """(image [3, H, W], radii [P]): :func:`rasterize_with_alpha` (its arguments) of every tile."""
+    image, _alpha, radii = rasterize_with_alpha(ext, *args, **kwargs)
     return image, radii
 
 
