@@ -247,7 +247,7 @@ class Grouped:
             mine = [f for f in record.findings if (f.kind, subject(f)) == (lead.kind, lead.subject)]
             other = next(o.finding for o in lead.occurrences if o.case_key == key)
             out += [("lead", f) for f in mine or [other]]
-        rest = [f for f in record.findings if all(f is not g for _, g in out)]
+        rest = [f for f in in_order(record) if all(f is not g for _, g in out)]
         out += [("diagnosis", f) for f in rest if role(f, record) == "diagnosis"]
         where = "symptom" if lead is not None else "unexplained"
         out += [(where, f) for f in rest if role(f, record) == "symptom"]
@@ -303,6 +303,23 @@ def _group(occurrences: list[Occurrence], role_: str) -> list[Group]:
             g.subject or "",
         ),
     )
+
+
+def in_order(record: CaseRecord) -> list[Finding]:
+    """The findings of one record in the order every text about it gives them: the diagnoses
+    that explain a failure (errors; root causes first, :data:`PRECEDENCE`), the other
+    diagnoses, then the symptoms (a failing assert after the diagnosis that explains it)."""
+
+    def key(f: Finding) -> tuple[bool, bool, int, int]:
+        diagnosis = role(f, record) == "diagnosis"
+        return (
+            not (diagnosis and (f.severity == "error" or f.kind in EXPLAINING_WARNINGS)),
+            not diagnosis,
+            SEVERITY_RANK.get(f.severity, 3),
+            precedence(f.kind),
+        )
+
+    return sorted(record.findings, key=key)
 
 
 def precedence(kind: str) -> int:

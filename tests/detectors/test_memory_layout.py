@@ -408,7 +408,6 @@ def test_gpucheck_run_explains_the_failing_assert_by_the_layout(ext, tmp_path):
     proc = gpucheck(
         "run",
         "--cpu-only",
-        "--quiet",
         "--out",
         str(out),
         *("--format", "html", "--format", "json", "--format", "junit", "--format", "sarif"),
@@ -420,16 +419,20 @@ def test_gpucheck_run_explains_the_failing_assert_by_the_layout(ext, tmp_path):
     recs = {r["case"].rsplit("::", 1)[-1]: r for r in results.cases(out / "results.jsonl")}
     bad = recs["test_row_sums_of_a_transposed_image"]
     assert bad["status"] == "failed"
-    assert {f["kind"] for f in bad["findings"]} == {KIND, "test-failure"}
+    # the record keeps the worker's order: the assert, then what the detectors found
+    assert [f["kind"] for f in bad["findings"]] == ["test-failure", KIND]
     layout = next(f for f in bad["findings"] if f["kind"] == KIND)
     assert "argument 0 (x) contiguous" in layout["message"]
     assert "memory-layout" in bad["cost_s"]
     for twin in ("test_the_fixed_twin", "test_the_refusing_twin"):
         assert recs[twin]["status"] == "passed" and recs[twin]["findings"] == [], twin
     # every report leads with the diagnosis and lists the assert as its symptom
-    console = proc.stdout
-    (line,) = [x for x in console.splitlines() if KIND in x and "explains" in x]
+    console = proc.stdout.splitlines()
+    (line,) = [x for x in console if KIND in x and "explains" in x]  # the summary
     assert line.strip().startswith(f"{KIND} {NAME}.row_sums") and "1 test-failure" in line
+    # the lines printed as the case's record came in: the diagnosis, then the assert
+    case = [x for x in console if "test_row_sums_of_a_transposed_image" in x and ": " in x]
+    assert case[0].startswith(f"{KIND}: cpu ") and case[1].startswith("test-failure: cpu ")
     doc = json.loads((out / "results.json").read_text())
     (diag,) = doc["diagnoses"]
     assert diag["kind"] == KIND and [e["kind"] for e in diag["explains"]] == ["test-failure"]
