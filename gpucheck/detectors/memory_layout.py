@@ -114,6 +114,7 @@ def candidate(t: Any) -> bool:
     return (
         type(t) in (torch.Tensor, torch.nn.Parameter)
         and t.layout == torch.strided
+        and not t.is_quantized
         and t.device.type in ("cpu", "cuda")
         and t.dim() >= 2
         and isinstance(n, int)

@@ -4,8 +4,10 @@ A *diagnosis* names a cause: a detector that knows what went wrong made it (``wr
 ``wrong-stream``, ``device-state-leak``, ``mixed-devices`` (a call's tensor arguments on two
 devices: it explains the CUDA error of its case), ``double-activation``, ``oom-anomaly``,
 ``leak``, ``memory-growth``, ``stray-context``, ``numerics`` that found a non-deterministic or
-cross-device result, the distributed watchdog's ``collective-mismatch``, ``rank-crash``...,
-and any kind a user's detector attaches). A *symptom* is what a failure looks like from
+cross-device result, ``unwritten-output``, ``memory-layout`` and ``data-race`` (a call's
+output never written, an argument read as if contiguous, a race in its kernel: each explains
+a failing assert), the distributed watchdog's ``collective-mismatch``, ``rank-crash``..., and
+any kind a user's detector attaches). A *symptom* is what a failure looks like from
 outside: a ``crash``, a ``hang``, a ``cuda-error``, a raw ``sanitizer`` record, a
 ``test-failure``, an ``oom``, a ``numerics`` mismatch against the reference.
 
@@ -16,7 +18,9 @@ suite, case; any mode) that has a diagnosis of severity error is folded under th
 the wrong-device diagnosis of ``test_x[cuda1]`` explains its crash, its CUDA error and the
 memcheck records of the same case. Where several diagnoses fire on one case, the root cause
 takes its symptoms (:data:`PRECEDENCE`: a guard before a stream before a leak). The symptoms
-no diagnosis explains are grouped the same way.
+no diagnosis explains are grouped the same way. Every format leads a case with its diagnosis
+(:meth:`Grouped.lead`, :meth:`Grouped.reading`, :func:`in_order`) and lists the case's own
+failure as its symptom.
 """
 
 from __future__ import annotations

@@ -6,11 +6,10 @@ passed but carries a finding of severity error (a diagnosis such as wrong-device
 whose own assertions held) -> <failure type="finding">. A case whose failure a diagnosis
 explains (:meth:`gpucheck.report.groups.Grouped.lead`: a tensor read as if contiguous behind
 a failing assert) leads with it: the message is the diagnosis's, the test's own error follows
-as its symptom. When the run's verdict does not
-pass but no case says so (nothing tested, interrupted, incomplete), a last
-<testsuite name="gpucheck"> holds one failing <testcase name="verdict"> with the reasons and
-the properties ``gpucheck.verdict`` and ``gpucheck.exit_code``: a CI that reads only
-junit.xml agrees with the command's exit code.
+as its symptom. When the run's verdict does not pass but no case says so (nothing tested,
+interrupted, incomplete), a last <testsuite name="gpucheck"> holds one failing
+<testcase name="verdict"> with the reasons and the properties ``gpucheck.verdict`` and
+``gpucheck.exit_code``: a CI that reads only junit.xml agrees with the command's exit code.
 """
 
 from __future__ import annotations
