@@ -176,21 +176,9 @@ def pixel_mask(tile_mask: torch.Tensor, height: int, width: int) -> torch.Tensor
     return tile_mask.repeat_interleave(TILE, 0).repeat_interleave(TILE, 1)[:height, :width].bool()
 
 
-def render_reference(
-    means2D: torch.Tensor,
-    depths: torch.Tensor,
-    sigmas: torch.Tensor,
-    opacities: torch.Tensor,
-    colors: torch.Tensor,
-    background: torch.Tensor,
-    height: int,
-    width: int,
-) -> torch.Tensor:
-    """zoo_raster.cu's image in float64 on the CPU: every Gaussian in front of NEAR, front to
-    back by depth, blended into every pixel (differentiable in ``colors`` [P, 3])."""
-    image, _alpha = render_reference_alpha(
-        means2D, depths, sigmas, opacities, colors, background, height, width
-    )
+def render_reference(*args: Any, **kwargs: Any) -> torch.Tensor:
+    """The image of :func:`render_reference_alpha` (its arguments)."""
+    image, _alpha = render_reference_alpha(*args, **kwargs)
     return image
 
 
@@ -205,8 +193,9 @@ def render_reference_alpha(
     width: int,
     tile_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(image [3, H, W], alpha [H, W]) of :func:`render_reference`; the tiles ``tile_mask``
-    leaves out hold the background and alpha 0."""
+    """(image [3, H, W], alpha [H, W]) of zoo_raster.cu in float64 on the CPU: every Gaussian
+    in front of NEAR, front to back by depth, blended into every pixel (differentiable in
+    ``colors`` [P, 3]); the tiles ``tile_mask`` leaves out hold the background and alpha 0."""
     f = {
         n: t.detach().double().cpu()
         for n, t in dict(m=means2D, d=depths, s=sigmas, o=opacities.reshape(-1)).items()
