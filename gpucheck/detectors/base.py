@@ -24,12 +24,13 @@ class WorkerContext:
     """What a worker tells its detectors once, before the first case: its target device
     (index and NVML UUID, None without a GPU), ``persist``, which writes findings made
     before a call that may crash into the worker's state file at once (the controller puts
-    them on the crash record), and the compute-sanitizer tool it runs under (None: none)."""
+    them on the crash record), and the compute-sanitizer tool its pass runs under (None
+    outside sanitizer passes)."""
 
     device_index: int | None = None
     uuid: str | None = None
     persist: Callable[[list[Finding]], None] | None = None
-    sanitizer_tool: str | None = None
+    sanitizer: str | None = None
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,12 @@ class CaseInfo:
     device: str  # the target, "cuda:N" or "cpu"
     suite: str
     case: str  # case id, relative to the suite root
+
+
+#: the compute-sanitizer tool that reports every read of never-written memory: a detector
+#: that reads all of an op's outputs (a hash, a comparison) stands aside in its passes, where
+#: its reads would be reported (and use up the tool's records) as the case's
+READS_REPORTED = "initcheck"
 
 
 def detector_error(

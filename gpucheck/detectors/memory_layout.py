@@ -50,8 +50,10 @@ are counted under ``memory-layout`` in each case's ``cost_s``.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,11 +68,12 @@ KIND = "memory-layout"
 #: tensor arguments of a call probed at most (bytes, together)
 MAX_BYTES = 1 << 30
 MAX_EVIDENCE = 3000
-#: the key of :class:`op_watch.Call.notes` where the unwritten-output check leaves, after the
-#: call, ``{index of a returned tensor (as in Call.outputs): bool tensor of its shape, True
-#: where the call never wrote}``; its listener must come after this one's (``after`` runs in
-#: reverse order)
-UNWRITTEN_NOTE = "unwritten-output"
+#: the key of :class:`op_watch.Call.notes` where the unwritten-output check leaves its
+#: evidence of a call: an object whose ``gaps`` each have ``index`` (of a returned tensor, as
+#: in ``Call.outputs``) and ``mask`` (bool, that output's shape: True where the call never
+#: wrote). Read when that listener's ``after`` ran first (it comes after this one's in the
+#: registry: ``after`` runs in reverse order)
+UNWRITTEN_NOTE = "unwritten"
 HINT = (
     "the kernel indexes the tensor as if it were contiguous: call `.contiguous()` on it in "
     "the entry point before taking its data pointer (or index it with its strides and storage "
@@ -178,6 +181,27 @@ def _cuda_error(err: BaseException) -> bool:
     return any(m in str(err) for m in CUDA_ERROR_MARKERS)
 
 
+@contextlib.contextmanager
+def _alone() -> Iterator[None]:
+    """gpucheck's own work around a call (copies, re-runs): aside (:func:`op_watch.aside`: the
+    calls made there are not watched, and what they launch is not the case's), unseen by the
+    case's torch-function and dispatch modes."""
+    torch = sys.modules["torch"]
+    with op_watch.aside(), torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
+        yield
+
+
+def _unwritten(call: op_watch.Call) -> dict[int, Any]:
+    """Where the unwritten-output check left, for this call, which elements of each returned
+    tensor it never wrote (:data:`UNWRITTEN_NOTE`): output index -> bool mask."""
+    evidence = call.notes.get(UNWRITTEN_NOTE)
+    return {
+        int(gap.index): gap.mask
+        for gap in getattr(evidence, "gaps", None) or ()
+        if getattr(gap, "mask", None) is not None
+    }
+
+
 class MemoryLayout(CallWatcher):
     """Re-runs the first call per (op, argument signature) of a case in other layouts."""
 
@@ -194,7 +218,7 @@ class MemoryLayout(CallWatcher):
         self.too_big = 0
 
     def bind(self, worker: WorkerContext) -> None:
-        self.off = worker.sanitizer_tool is not None
+        self.off = worker.sanitizer is not None
 
     # -- op_watch listener ------------------------------------------------------------------
     def before(self, call: op_watch.Call) -> None:
@@ -222,7 +246,7 @@ class MemoryLayout(CallWatcher):
         writes = _written_keys(call.fn)
         keyed: list[tuple[int | str, Any]] = [*enumerate(call.args), *call.kwargs.items()]
         args = []
-        with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch(), torch.no_grad():
+        with _alone(), torch.no_grad():
             for key, value in keyed:
                 if not isinstance(value, torch.Tensor):
                     continue
@@ -239,8 +263,7 @@ class MemoryLayout(CallWatcher):
             return
         torch = sys.modules["torch"]
         with (
-            torch._C.DisableTorchFunction(),
-            torch._C._DisableTorchDispatch(),
+            _alone(),
             torch.no_grad(),
             torch.random.fork_rng(devices=self._devices(probe), device_type="cuda"),
         ):
@@ -296,7 +319,7 @@ class MemoryLayout(CallWatcher):
         returned = call.outputs(out)
         probe.count = len(returned)
         args = {id(a.value) for a in probe.args}
-        unwritten = call.notes.get(UNWRITTEN_NOTE) or {}
+        unwritten = _unwritten(call)
         for i, t in enumerate(returned):
             if _compared(t) and id(t) not in args:
                 probe.returned.append(i)
@@ -337,8 +360,7 @@ class MemoryLayout(CallWatcher):
                 args[a.key] = value
             else:
                 kwargs[a.key] = value
-        with op_watch.quiet():
-            out = call.fn(*args, **kwargs)
+        out = call.fn(*args, **kwargs)  # aside (see after): not watched
         returned = op_watch.tensors(out)
         if len(returned) != probe.count:
             raise _Shape(f"it returned {len(returned)} tensors instead of {probe.count}")

@@ -26,6 +26,12 @@ Listeners are objects with ``before(call)`` and ``after(call, out)``; ``after`` 
 its exceptions are kept in :data:`errors` and reported by the detector that owns it. The
 seconds each listener takes are counted under its ``name`` (:func:`take_spent`: a case's
 ``cost_s``), the watch's own under ``op-watch``.
+
+A listener's own work around a call that runs the GPU (a re-run of the call on copies of its
+arguments, a hash of its outputs) runs inside :func:`aside`: watched calls made there are not
+watched (the re-run is not the case's call), and :data:`ASIDE_OBSERVERS` are told where it
+starts and ends (a sanitizer pass leaves out what compute-sanitizer reported in between: it is
+gpucheck's work, not the case's).
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import CodeType, FrameType
@@ -100,7 +106,7 @@ class Listener(Protocol):
 _listeners: list[Listener] = []
 _lock = threading.Lock()
 _installed = False
-_depth = threading.local()  # .n: watched calls under way on this thread; .quiet: see quiet()
+_depth = threading.local()  # .n: watched calls under way on this thread; .aside: see aside()
 #: exceptions raised by listeners (a listener must never fail the op), by listener
 errors: dict[int, BaseException] = {}
 
@@ -115,7 +121,7 @@ def _op_name(obj: Any) -> tuple[str, str]:
 
 def _run(obj: Any, original: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     ns, name = _op_name(obj)
-    if not _listeners or ns in TORCH_NAMESPACES or getattr(_depth, "quiet", False):
+    if not _listeners or ns in TORCH_NAMESPACES:
         return original(obj, *args, **kwargs)
     return _watched(name, lambda: original(obj, *args, **kwargs), args, kwargs, obj)
 
@@ -125,20 +131,8 @@ ORIGINAL = "__gpucheck_original__"
 
 
 def watching() -> bool:
-    """Whether any listener is active on this thread (a wrapper's fast path when not)."""
-    return bool(_listeners) and not getattr(_depth, "quiet", False)
-
-
-@contextlib.contextmanager
-def quiet() -> Iterator[None]:
-    """Extension calls made on this thread inside the block are not watched: a detector's
-    own re-run of a call (the memory-layout check's) is no call of the case."""
-    before = getattr(_depth, "quiet", False)
-    _depth.quiet = True
-    try:
-        yield
-    finally:
-        _depth.quiet = before
+    """Whether any listener is active (a wrapper's fast path when not)."""
+    return bool(_listeners)
 
 
 def watch_call(name: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -146,7 +140,7 @@ def watch_call(name: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
     the watch cannot see by itself: Python wrappers; a compiled extension's function that
     :mod:`~gpucheck.detectors.ext_watch` wraps is called unwrapped here, watched once)."""
     fn = getattr(fn, ORIGINAL, fn)
-    if not watching():
+    if not _listeners:
         return fn(*args, **kwargs)
     return _watched(name, lambda: fn(*args, **kwargs), args, kwargs, fn)
 
@@ -185,9 +179,39 @@ def _name(listener: Any) -> str:
     return getattr(listener, "name", None) or type(listener).__name__
 
 
+#: called with True when a thread enters :func:`aside` (the outermost) and False when it
+#: leaves: a callable that must not raise (what it raises is dropped)
+ASIDE_OBSERVERS: list[Callable[[bool], None]] = []
+
+
+@contextlib.contextmanager
+def aside() -> Iterator[None]:
+    """A listener's own work around a call (a re-run outside the case's result, a hash of its
+    outputs): extension calls made inside it on this thread are not watched, and
+    :data:`ASIDE_OBSERVERS` are told where it starts and ends."""
+    depth = getattr(_depth, "aside", 0)
+    _depth.aside = depth + 1
+    if not depth:
+        _tell(True)
+    try:
+        yield
+    finally:
+        _depth.aside = depth
+        if not depth:
+            _tell(False)
+
+
+def _tell(started: bool) -> None:
+    for observer in list(ASIDE_OBSERVERS):
+        with contextlib.suppress(Exception):
+            observer(started)
+
+
 def _watched(
     name: str, invoke: Any, args: tuple[Any, ...], kwargs: dict[str, Any], fn: Any = None
 ) -> Any:
+    if getattr(_depth, "aside", 0):
+        return invoke()  # a listener's own re-run of a call: not the case's
     t0 = time.perf_counter()
     listeners = _listeners
     frame, autograd = caller()

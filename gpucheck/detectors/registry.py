@@ -91,10 +91,7 @@ class Builtin:
     def gpucheck_worker_detectors(self) -> list[Detector]:
         # numerics before the launch trace's two: around a call, its hashing runs before
         # the trace's window opens and after it closes (listeners run in this order before a
-        # call, in the reverse order after it), so its kernels are not collected with the op's;
-        # memory-layout after them: its re-runs of a call run inside the call's window, where
-        # their launches count as the op's (between two calls a defect build's kernel on
-        # stream 0 would read as a kernel no call launched)
+        # call, in the reverse order after it), so its kernels are not collected with the op's
         return [
             MixedDevices(),
             DeviceStateLeak(),
@@ -102,7 +99,7 @@ class Builtin:
             Numerics(),
             WrongStream(),
             KernelDevice(),
-            MemoryLayout(),
+            MemoryLayout(),  # after the trace's two: its re-runs inside the call's window
             PendingError(),  # after the trace's windows close: its probe is no op's launch
             Leak(),
         ]

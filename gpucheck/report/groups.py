@@ -4,10 +4,10 @@ A *diagnosis* names a cause: a detector that knows what went wrong made it (``wr
 ``wrong-stream``, ``device-state-leak``, ``mixed-devices`` (a call's tensor arguments on two
 devices: it explains the CUDA error of its case), ``double-activation``, ``oom-anomaly``,
 ``leak``, ``memory-growth``, ``stray-context``, ``numerics`` that found a non-deterministic or
-cross-device result, ``unwritten-output``, ``memory-layout`` and ``data-race`` (a call's
-output never written, an argument read as if contiguous, a race in its kernel: each explains
-a failing assert), the distributed watchdog's ``collective-mismatch``, ``rank-crash``..., and
-any kind a user's detector attaches). A *symptom* is what a failure looks like from
+cross-device result, ``unwritten-output``, ``memory-layout`` (a call whose result depends on
+its arguments' layout), and the sanitizer records traced to the op that launched their kernel
+(``data-race``, ``out-of-bounds``), the distributed watchdog's ``collective-mismatch``,
+``rank-crash``..., and any kind a user's detector attaches). A *symptom* is what a failure looks like from
 outside: a ``crash``, a ``hang``, a ``cuda-error``, a raw ``sanitizer`` record, a
 ``test-failure``, an ``oom``, a ``numerics`` mismatch against the reference.
 
@@ -45,6 +45,7 @@ SYMPTOM_KINDS = (
     "oom",
     "detector-error",
     "sanitizer-crash",
+    "sanitizer-limit",
     "nvml-error",
 )
 #: a numerics finding with this in its message says the result is off, not why: a symptom
@@ -61,6 +62,7 @@ SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
 PRECEDENCE = (
     "wrong-device",
     "mixed-devices",
+    "out-of-bounds",
     "device-state-leak",
     "stray-context",
     "double-activation",

@@ -92,8 +92,12 @@ class Recorder:
         self.detectors = DetectorLoop(worker_detectors())
         self.pending: list[Finding] = []  # findings made before a call that may crash
         self.last_state: dict[str, Any] = {}
-        self.san_tool = config.getoption("--gpucheck-sanitizer-tool")
-        context = WorkerContext(self.device_index, self.uuid, self._persist, self.san_tool)
+        context = WorkerContext(
+            self.device_index,
+            self.uuid,
+            self._persist,
+            config.getoption("--gpucheck-sanitizer-tool"),
+        )
         for d in self.detectors.detectors:
             d.bind(context)
         self.detector_findings: dict[str, list[Finding]] = {}
@@ -109,6 +113,7 @@ class Recorder:
         # compute-sanitizer names logs after a pid of its own choosing (not always ours), and
         # a case's child processes get their own: follow every log of this worker.
         self.san_glob = Path(template.replace("%p", "*")).absolute() if template else None
+        self.san_tool = config.getoption("--gpucheck-sanitizer-tool")
         self.san_offsets: dict[str, int] = {}
         self.peaks: CasePeaks | None = None
         self.sampler: Sampler | None = None

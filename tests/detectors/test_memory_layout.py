@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import textwrap
 import xml.etree.ElementTree as ET
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -236,14 +237,16 @@ def test_unwritten_entries_are_left_out_a_real_difference_is_not(ext):
 
 
 class _Unwritten:
-    """What the unwritten-output check leaves on a call for this one: the culled rows."""
+    """What the unwritten-output check leaves on a call for this one: its evidence, each gap
+    an output's index and the mask of its elements never written (here: the culled rows)."""
 
     def before(self, call):
         pass
 
     def after(self, call, out):
         if call.op.endswith(".project"):
-            call.notes[UNWRITTEN_NOTE] = {0: (out[1] == 0)[:, None].expand(-1, 2)}
+            culled = SimpleNamespace(index=0, mask=(out[1] == 0)[:, None].expand(-1, 2))
+            call.notes[UNWRITTEN_NOTE] = SimpleNamespace(gaps=[culled])
 
 
 def test_the_unwritten_output_checks_mask_is_left_out_from_the_start(ext):
@@ -274,7 +277,7 @@ def test_byte_scratch_is_no_result(ext):
 
 def test_nothing_in_a_sanitizer_pass(ext):
     det = MemoryLayout()
-    det.bind(WorkerContext(sanitizer_tool="memcheck"))
+    det.bind(WorkerContext(sanitizer="memcheck"))
     before = ext.calls()
     assert judged(lambda: ext.row_sums(torch.rand(5, 7)), det) == []
     assert ext.calls() - before == 1

@@ -265,7 +265,8 @@ def test_a_warning_a_suite_attached_never_ranks_above_the_cases_own_failure():
     ]
 
 
-#: per-call diagnoses that explain a case's failing assert
+#: per-call diagnoses that explain a case's failing assert (the last two: sanitizer records
+#: traced to the call that launched the kernel)
 PER_CALL = (
     "unwritten-output",
     "memory-layout",
@@ -273,6 +274,7 @@ PER_CALL = (
     "wrong-device",
     "mixed-devices",
     "data-race",
+    "out-of-bounds",
 )
 ASSERT = "AssertionError: Tensor-likes are not close!"
 
