@@ -7,9 +7,9 @@ devices: it explains the CUDA error of its case), ``double-activation``, ``oom-a
 cross-device result, ``unwritten-output``, ``memory-layout`` (a call whose result depends on
 its arguments' layout), and the sanitizer records traced to the op that launched their kernel
 (``data-race``, ``out-of-bounds``), the distributed watchdog's ``collective-mismatch``,
-``rank-crash``..., and any kind a user's detector attaches). A *symptom* is what a failure looks like from
-outside: a ``crash``, a ``hang``, a ``cuda-error``, a raw ``sanitizer`` record, a
-``test-failure``, an ``oom``, a ``numerics`` mismatch against the reference.
+``rank-crash``..., and any kind a user's detector attaches). A *symptom* is what a failure
+looks like from outside: a ``crash``, a ``hang``, a ``cuda-error``, a raw ``sanitizer``
+record, a ``test-failure``, an ``oom``, a ``numerics`` mismatch against the reference.
 
 Findings are grouped by (kind, subject): the subject is the op the finding names, or the
 kernel (a sanitizer record's kernel first: its op is the Python call, its kernel the bug).
