@@ -377,3 +377,12 @@ def test_a_case_without_a_diagnosis_keeps_its_assert_first(tmp_path):
     (failure,) = ET.parse(run / "junit.xml").getroot().iter("failure")
     assert failure.get("message") == ASSERT
     assert (failure.text or "").startswith(f"[error] test-failure: {ASSERT}")
+
+
+def test_each_kind_has_one_place_in_the_precedence():
+    assert len(set(groups.PRECEDENCE)) == len(groups.PRECEDENCE)
+    # what gives wrong values comes before a launch on the legacy stream (always right under
+    # CUDA_LAUNCH_BLOCKING), after what makes the kernel fault
+    order = [groups.precedence(k) for k in ("mixed-devices", "memory-layout", "wrong-stream")]
+    assert order == sorted(order)
+    assert max(groups.precedence(k) for k in ("unwritten-output", "data-race")) < order[2]
