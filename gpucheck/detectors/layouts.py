@@ -186,3 +186,23 @@ def compare(label: str, base: Any, other: Any, keep: Any = None) -> Gap:
     compared, differing, max_abs, max_rel, tolerance = numbers
     mask = diff.any(-1) if base.dtype.is_complex else diff
     return Gap(label, int(compared), int(differing), max_abs, max_rel, tolerance, mask)
+
+
+def disagree(a: Any, b: Any) -> Any:
+    """Where two outputs of one call (one shape and dtype) disagree, a bool tensor: other
+    values beyond the dtype's rounding, or a value finite in one and not in the other bits;
+    None when their shapes or dtypes differ."""
+    torch = sys.modules["torch"]
+    gap = compare("", a, b)
+    if gap.mask is None:
+        return None
+    x, y = a.detach(), b.detach().to(a.device)
+    if not (x.dtype.is_floating_point or x.dtype.is_complex):
+        return gap.mask
+    if x.dtype.is_complex:
+        x, y = torch.view_as_real(x), torch.view_as_real(y)
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]
+    odd = ~(torch.isfinite(x) & torch.isfinite(y)) & (x.view(ints) != y.view(ints))
+    if a.dtype.is_complex:
+        odd = odd.any(-1)
+    return gap.mask | odd

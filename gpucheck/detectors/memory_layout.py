@@ -29,9 +29,12 @@ What the outputs are: the tensors the call returned, and the tensor arguments it
 changed). Left out: byte scratch (``uint8``, :func:`gpucheck.detectors.numerics.scratch`),
 placeholders (no elements), elements not finite in either call, and elements the call leaves
 unwritten or computes differently each time: when the outputs differ, the call is made again
-in the case's layout (and in the other layout again), and only elements on which each pair
-agrees are compared. Where the unwritten-output check has said which elements a call never
-wrote (:data:`UNWRITTEN_NOTE`), those are left out from the start.
+in the case's layout (and in the other layout again), each time with torch's deterministic mode
+(warnings only, kept from the case) and ``fill_uninitialized_memory`` on, so that what it never
+writes holds NaN (an integer type's largest value), not what a freed tensor left there, and
+only elements on which each pair agrees are compared. Where the unwritten-output check has
+said which elements a call never wrote (:data:`UNWRITTEN_NOTE`), those are left out from the
+start.
 
 Not checked: calls inside another watched call (the outer one is), calls made while a CUDA
 graph is captured, ops tagged ``torch.Tag.nondeterministic_seeded``, fake or meta tensors
@@ -53,6 +56,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -189,6 +193,27 @@ def _alone() -> Iterator[None]:
     torch = sys.modules["torch"]
     with op_watch.aside(), torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
         yield
+
+
+@contextlib.contextmanager
+def _filled() -> Iterator[None]:
+    """torch's deterministic mode around a re-run, warnings only (and kept from the case), with
+    ``torch.utils.deterministic.fill_uninitialized_memory``: the re-run's fresh allocations
+    (``at::empty``) hold NaN, or an integer type's largest value, where it never writes, not
+    the values a freed tensor left there (the same in two runs as often as not)."""
+    torch = sys.modules["torch"]
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+        torch.utils.deterministic.fill_uninitialized_memory = fill
 
 
 def _unwritten(call: op_watch.Call) -> dict[int, Any]:
@@ -343,9 +368,16 @@ class MemoryLayout(CallWatcher):
     def _other(self, a: _Arg) -> Any:
         return lambda: layouts.other_layout(self._source(a))
 
-    def _run(self, call: op_watch.Call, probe: _Probe, given: dict[int | str, Any]) -> list[Any]:
+    def _run(
+        self,
+        call: op_watch.Call,
+        probe: _Probe,
+        given: dict[int | str, Any],
+        filled: bool = False,
+    ) -> list[Any]:
         """The call made again: ``given`` arguments (key -> a tensor-making function) in other
-        layouts, the others as before the call; returns its outputs, as the probe's base."""
+        layouts, the others as before the call (``filled``: its fresh memory filled,
+        :func:`_filled`); returns its outputs, as the probe's base."""
         args, kwargs = list(call.args), dict(call.kwargs)
         passed: dict[int | str, Any] = {}
         for a in probe.args:
@@ -360,7 +392,8 @@ class MemoryLayout(CallWatcher):
                 args[a.key] = value
             else:
                 kwargs[a.key] = value
-        out = call.fn(*args, **kwargs)  # aside (see after): not watched
+        with _filled() if filled else contextlib.nullcontext():
+            out = call.fn(*args, **kwargs)  # aside (see after): not watched
         returned = op_watch.tensors(out)
         if len(returned) != probe.count:
             raise _Shape(f"it returned {len(returned)} tensors instead of {probe.count}")
@@ -373,17 +406,21 @@ class MemoryLayout(CallWatcher):
         ]
 
     def _stabilize(self, call: op_watch.Call, probe: _Probe) -> None:
-        """Leave out the elements a second call in the case's own layout disagrees on."""
+        """Leave out the elements on which the call made again in the case's own layout, its
+        fresh memory filled, disagrees with the case's call (what it never writes holds NaN
+        there, and whatever the memory held in the case's call)."""
         if probe.stable:
             return
         probe.stable = True
-        outs = self._run(call, probe, {})
-        for i, gap in enumerate(self._gaps(probe, outs, probe.keep)):
-            if gap.mask is None:
+        outs = self._run(call, probe, {}, filled=True)
+        for i, (b, o) in enumerate(zip(probe.base, outs, strict=True)):
+            odd = layouts.disagree(b, o)
+            if odd is None:
                 continue
-            probe.excluded += gap.differing
             keep = probe.keep[i]
-            probe.keep[i] = ~gap.mask if keep is None else keep & ~gap.mask
+            now = ~odd if keep is None else keep & ~odd
+            probe.excluded += int((keep.sum() if keep is not None else b.numel()) - now.sum())
+            probe.keep[i] = now
 
     def _differs(
         self, call: op_watch.Call, probe: _Probe, given: dict[int | str, Any]
@@ -401,17 +438,13 @@ class MemoryLayout(CallWatcher):
             return [], None
         try:
             self._stabilize(call, probe)
-            again = self._run(call, probe, given)
+            again = self._run(call, probe, given, filled=True)
         except Exception:
             return [], None  # not repeatable: nothing to say
-        repeat = [
-            layouts.compare(label, o, a)
-            for label, o, a in zip(probe.labels, outs, again, strict=True)
-        ]
-        keep = [
-            k if g.mask is None else (~g.mask if k is None else k & ~g.mask)
-            for k, g in zip(probe.keep, repeat, strict=True)
-        ]
+        keep = []
+        for k, o, a in zip(probe.keep, outs, again, strict=True):
+            odd = layouts.disagree(o, a)
+            keep.append(k if odd is None else (~odd if k is None else k & ~odd))
         return [g for g in self._gaps(probe, outs, keep) if g.differing], None
 
     def _phrase(self, call: op_watch.Call, probe: _Probe, a: _Arg) -> str:
@@ -438,8 +471,8 @@ class MemoryLayout(CallWatcher):
             lines += [f"  {g.text()}" for g in gaps]
         if probe.excluded:
             lines.append(
-                f"left out: {probe.excluded} element(s) on which a second call in the case's "
-                "own layout disagreed with the first (unwritten, or not deterministic)"
+                f"left out: {probe.excluded} element(s) on which the call, made again in the "
+                "case's own layout, disagreed with itself (unwritten, or not deterministic)"
             )
         lines += probe.tried
         where = f" (called from {call.frame})" if call.frame else ""

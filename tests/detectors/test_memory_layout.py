@@ -108,6 +108,36 @@ SOURCE = textwrap.dedent("""
       at::Tensor bytes = at::full({16}, ++k, x.options().dtype(at::kByte));
       return {row_sums_fixed(x), bytes};
     }
+    // (alpha [H, W, 1], last [H, W]) of colors [H, W, 3] (indexed by its strides): the pixels
+    // of the tiles `mask` leaves out are never written (at::empty); `raw`: colors read as if
+    // contiguous
+    Pair masked_alpha_impl(const at::Tensor& colors, const at::Tensor& mask, int64_t tile,
+                           bool raw) {
+      ++n_calls;
+      const int64_t h = colors.size(0), w = colors.size(1);
+      at::Tensor alpha = at::empty({h, w, 1}, colors.options());
+      at::Tensor last = at::empty({h, w}, colors.options().dtype(at::kInt));
+      auto c = colors.accessor<float, 3>();
+      const float* flat = colors.data_ptr<float>();
+      auto k = mask.accessor<bool, 2>();
+      auto a = alpha.accessor<float, 3>();
+      auto l = last.accessor<int, 2>();
+      for (int64_t y = 0; y < h; ++y)
+        for (int64_t x = 0; x < w; ++x) {
+          if (!k[y / tile][x / tile]) continue;
+          const float* p = flat + (y * w + x) * 3;
+          const float sum = raw ? p[0] + p[1] + p[2] : c[y][x][0] + c[y][x][1] + c[y][x][2];
+          a[y][x][0] = sum / 3;
+          l[y][x] = static_cast<int>(x);
+        }
+      return {alpha, last};
+    }
+    Pair masked_alpha(const at::Tensor& colors, const at::Tensor& mask, int64_t tile) {
+      return masked_alpha_impl(colors, mask, tile, false);
+    }
+    Pair masked_alpha_raw(const at::Tensor& colors, const at::Tensor& mask, int64_t tile) {
+      return masked_alpha_impl(colors, mask, tile, true);
+    }
     int64_t calls() { return n_calls; }
     PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       m.def("row_sums", &row_sums, py::arg("x"));
@@ -119,6 +149,8 @@ SOURCE = textwrap.dedent("""
       m.def("project_raw", &project_raw);
       m.def("faults", &faults, py::arg("x"));
       m.def("with_scratch", &with_scratch, py::arg("x"));
+      m.def("masked_alpha", &masked_alpha);
+      m.def("masked_alpha_raw", &masked_alpha_raw);
       m.def("calls", &calls);
     }
 """)
@@ -233,7 +265,33 @@ def test_unwritten_entries_are_left_out_a_real_difference_is_not(ext):
     (f,) = judged(lambda: ext.project_raw(x))
     assert f"{NAME}.project_raw gives other results" in f.message
     assert "argument 0 stored with dimensions 0 and 1 swapped" in f.message  # no py::arg
-    assert "on which a second call in the case's own layout disagreed" in f.evidence
+    assert "made again in the case's own layout, disagreed with itself" in f.evidence
+
+
+def _tiles():
+    mask = torch.ones(5, 6, dtype=torch.bool)
+    mask[0, 0] = mask[3, 2] = False
+    return mask
+
+
+def test_masked_tiles_never_written_are_no_layout_difference(ext):
+    """Real ``at::empty`` outputs: the masked tiles hold what the memory held, in the case's
+    call and in each re-run; case after case (the allocator reusing what the last one freed),
+    nothing is reported; the same kernel reading its input as if contiguous still is."""
+    colors = torch.rand(40, 48, 3)
+    for _ in range(5):
+        assert judged(lambda: ext.masked_alpha(colors, _tiles(), 8)) == []
+        assert (
+            judged(
+                lambda: ext.masked_alpha(
+                    colors.permute(1, 0, 2).contiguous().permute(1, 0, 2), _tiles(), 8
+                )
+            )
+            == []
+        )
+    (f,) = judged(lambda: ext.masked_alpha_raw(colors, _tiles(), 8))
+    assert "argument 0 stored with dimensions 1 and 2 swapped" in f.message
+    assert "left out:" in f.evidence
 
 
 class _Unwritten:
@@ -372,6 +430,9 @@ def test_the_rerun_leaves_the_random_state_and_autograd_alone():
     (f,) = judged(body)
     assert f.kind == KIND and torch.equal(seen["next"], expected)
     assert x.grad is None and not seen["out"].requires_grad
+    # the re-runs' deterministic mode and memory fill are torch's settings again
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert torch.utils.deterministic.fill_uninitialized_memory
 
 
 # -- through gpucheck run's worker, with the reports --------------------------------------------
