@@ -88,6 +88,7 @@ class Progress:
         if self.quiet or self.log is None or self.live:
             return
         from gpucheck.report.console import finding_text, printable
+        from gpucheck.report.groups import in_order
 
         self.log.refresh()
         new, self.seen = self.log.cases_since(self.seen)
@@ -101,7 +102,7 @@ class Progress:
                     if (f.kind == COLLECTION_ERROR and f.place)
                     else f.message,
                 )
-                for f in r.findings
+                for f in in_order(r)  # the diagnosis before the assert it explains
             )
             for n, ((kind, severity, message), count) in enumerate(same.items()):
                 if n == MAX_LINES_PER_RECORD:

@@ -22,6 +22,7 @@ from gpucheck.detectors.imbalance import Imbalance
 from gpucheck.detectors.kernel_device import KernelDevice
 from gpucheck.detectors.leak import Leak
 from gpucheck.detectors.memory_growth import MemoryGrowth
+from gpucheck.detectors.memory_layout import MemoryLayout
 from gpucheck.detectors.mixed_devices import MixedDevices
 from gpucheck.detectors.numerics import Numerics
 from gpucheck.detectors.oom_anomaly import OomAnomaly
@@ -42,6 +43,7 @@ __all__ = [
     "KernelDevice",
     "Leak",
     "MemoryGrowth",
+    "MemoryLayout",
     "MixedDevices",
     "Numerics",
     "OomAnomaly",

@@ -31,6 +31,7 @@ from gpucheck.detectors.imbalance import Imbalance
 from gpucheck.detectors.kernel_device import KernelDevice
 from gpucheck.detectors.leak import Leak
 from gpucheck.detectors.memory_growth import MemoryGrowth
+from gpucheck.detectors.memory_layout import MemoryLayout
 from gpucheck.detectors.mixed_devices import MixedDevices
 from gpucheck.detectors.numerics import Numerics
 from gpucheck.detectors.oom_anomaly import OomAnomaly
@@ -102,6 +103,7 @@ class Builtin:
             UnwrittenOutput(),
             WrongStream(),
             KernelDevice(),
+            MemoryLayout(),  # after the trace's two: its re-runs inside the call's window
             PendingError(),  # after the trace's windows close: its probe is no op's launch
             Leak(),
         ]

@@ -104,7 +104,7 @@ def publish(
             run_dir / FORMATS["json"], json.dumps(doc, separators=(",", ":"), default=str) + "\n"
         )
     if "junit" in formats:
-        tree = junit.to_xml(data.cases, verdict)
+        tree = junit.to_xml(data.cases, verdict, grouped)
         paths["junit"] = _write(
             run_dir / FORMATS["junit"],
             lambda f: tree.write(f, encoding="utf-8", xml_declaration=True),

@@ -4,12 +4,12 @@ A *diagnosis* names a cause: a detector that knows what went wrong made it (``wr
 ``wrong-stream``, ``device-state-leak``, ``mixed-devices`` (a call's tensor arguments on two
 devices: it explains the CUDA error of its case), ``double-activation``, ``oom-anomaly``,
 ``leak``, ``memory-growth``, ``stray-context``, ``numerics`` that found a non-deterministic or
-cross-device result, ``unwritten-output``, and the sanitizer records traced to the op that
-launched their kernel (``data-race``, ``out-of-bounds``), the distributed watchdog's
-``collective-mismatch``, ``rank-crash``...,
-and any kind a user's detector attaches). A *symptom* is what a failure looks like from
-outside: a ``crash``, a ``hang``, a ``cuda-error``, a raw ``sanitizer`` record, a
-``test-failure``, an ``oom``, a ``numerics`` mismatch against the reference.
+cross-device result, ``unwritten-output``, ``memory-layout`` (a call whose result depends on
+its arguments' layout), and the sanitizer records traced to the op that launched their kernel
+(``data-race``, ``out-of-bounds``), the distributed watchdog's ``collective-mismatch``,
+``rank-crash``..., and any kind a user's detector attaches). A *symptom* is what a failure
+looks like from outside: a ``crash``, a ``hang``, a ``cuda-error``, a raw ``sanitizer``
+record, a ``test-failure``, an ``oom``, a ``numerics`` mismatch against the reference.
 
 Findings are grouped by (kind, subject): the subject is the op the finding names, or the
 kernel (a sanitizer record's kernel first: its op is the Python call, its kernel the bug).
@@ -18,7 +18,9 @@ suite, case; any mode) that has a diagnosis of severity error is folded under th
 the wrong-device diagnosis of ``test_x[cuda1]`` explains its crash, its CUDA error and the
 memcheck records of the same case. Where several diagnoses fire on one case, the root cause
 takes its symptoms (:data:`PRECEDENCE`: a guard before a stream before a leak). The symptoms
-no diagnosis explains are grouped the same way.
+no diagnosis explains are grouped the same way. Every format leads a case with its diagnosis
+(:meth:`Grouped.lead`, :meth:`Grouped.reading`, :func:`in_order`) and lists the case's own
+failure as its symptom.
 """
 
 from __future__ import annotations
@@ -53,8 +55,10 @@ EXPLAINING_WARNINGS = ("not-reproducible",)
 SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
 #: root causes before what follows from them, when several kinds fire on one case: a missing
 #: guard (or a CPU argument) makes the kernel fault, which a stream bug or a leak never
-#: explains; a case's symptoms are folded under the first of its diagnoses in this order
-#: (kinds not listed, a user's own, come after these)
+#: explains; an output never written, a tensor read as if contiguous and a shared-memory race
+#: give wrong values (a failing assert) that a launch on the legacy stream, always right under
+#: CUDA_LAUNCH_BLOCKING, does not; a case's symptoms are folded under the first of its
+#: diagnoses in this order (kinds not listed, a user's own, come after these)
 PRECEDENCE = (
     "wrong-device",
     "mixed-devices",
@@ -63,9 +67,10 @@ PRECEDENCE = (
     "stray-context",
     "double-activation",
     "oom-anomaly",
-    "wrong-stream",
-    "data-race",
     "unwritten-output",
+    "memory-layout",
+    "data-race",
+    "wrong-stream",
     "leak",
     "memory-growth",
     "numerics",
@@ -224,10 +229,35 @@ class Group:
 @dataclass
 class Grouped:
     """The findings of a run: diagnoses (each with what it explains), then the symptoms no
-    diagnosis explains."""
+    diagnosis explains; and for each case (device, suite, case) the diagnosis that explains
+    its symptoms, the one every format leads with."""
 
     diagnoses: list[Group]
     symptoms: list[Group]
+    leads: dict[tuple[str, str, str], Group] = field(default_factory=dict)
+
+    def lead(self, record: CaseRecord) -> Group | None:
+        """The diagnosis that explains the symptoms of ``record``'s case (its crash, CUDA
+        error, failing assert, sanitizer records, in any mode), or None."""
+        return self.leads.get((record.device, record.suite, record.case))
+
+    def reading(self, record: CaseRecord) -> list[tuple[str, Finding]]:
+        """The findings of ``record`` in the order a diagnosis-first text gives them, each
+        with its place: ``"lead"`` (the case's leading diagnosis, its finding on another
+        record of the case first where this record has none), ``"diagnosis"``, ``"symptom"``
+        (one the lead explains), ``"unexplained"``."""
+        lead = self.lead(record)
+        out: list[tuple[str, Finding]] = []
+        if lead is not None:
+            key = (record.device, record.suite, record.case)
+            mine = [f for f in record.findings if (f.kind, subject(f)) == (lead.kind, lead.subject)]
+            other = next(o.finding for o in lead.occurrences if o.case_key == key)
+            out += [("lead", f) for f in mine or [other]]
+        rest = [f for f in in_order(record) if all(f is not g for _, g in out)]
+        out += [("diagnosis", f) for f in rest if role(f, record) == "diagnosis"]
+        where = "symptom" if lead is not None else "unexplained"
+        out += [(where, f) for f in rest if role(f, record) == "symptom"]
+        return out
 
     def all(self) -> list[Group]:
         """Diagnoses, then unexplained symptoms (the order of the report)."""
@@ -281,6 +311,23 @@ def _group(occurrences: list[Occurrence], role_: str) -> list[Group]:
     )
 
 
+def in_order(record: CaseRecord) -> list[Finding]:
+    """The findings of one record in the order every text about it gives them: the diagnoses
+    that explain a failure (errors; root causes first, :data:`PRECEDENCE`), the other
+    diagnoses, then the symptoms (a failing assert after the diagnosis that explains it)."""
+
+    def key(f: Finding) -> tuple[bool, bool, int, int]:
+        diagnosis = role(f, record) == "diagnosis"
+        return (
+            not (diagnosis and (f.severity == "error" or f.kind in EXPLAINING_WARNINGS)),
+            not diagnosis,
+            SEVERITY_RANK.get(f.severity, 3),
+            precedence(f.kind),
+        )
+
+    return sorted(record.findings, key=key)
+
+
 def precedence(kind: str) -> int:
     """Where a kind stands in :data:`PRECEDENCE` (root causes first)."""
     return PRECEDENCE.index(kind) if kind in PRECEDENCE else len(PRECEDENCE)
@@ -310,4 +357,4 @@ def build(cases: list[CaseRecord]) -> Grouped:
             folded.setdefault(id(explained_by), []).append(o)
     for g in diagnoses:
         g.explains = _group(folded.get(id(g), []), "symptom")
-    return Grouped(diagnoses, _group(rest, "symptom"))
+    return Grouped(diagnoses, _group(rest, "symptom"), owner)

@@ -3,11 +3,13 @@
 One <testsuite> per (device, suite, mode); one <testcase> per record; failed -> <failure>,
 error/crashed/hung -> <error> (with the kind in ``type``), skipped -> <skipped>; a case that
 passed but carries a finding of severity error (a diagnosis such as wrong-device on a case
-whose own assertions held) -> <failure type="finding">. When the run's verdict does not
-pass but no case says so (nothing tested, interrupted, incomplete), a last
-<testsuite name="gpucheck"> holds one failing <testcase name="verdict"> with the reasons and
-the properties ``gpucheck.verdict`` and ``gpucheck.exit_code``: a CI that reads only
-junit.xml agrees with the command's exit code.
+whose own assertions held) -> <failure type="finding">. A case whose failure a diagnosis
+explains (:meth:`gpucheck.report.groups.Grouped.lead`: a tensor read as if contiguous behind
+a failing assert) leads with it: the message is the diagnosis's, the test's own error follows
+as its symptom. When the run's verdict does not pass but no case says so (nothing tested,
+interrupted, incomplete), a last <testsuite name="gpucheck"> holds one failing
+<testcase name="verdict"> with the reasons and the properties ``gpucheck.verdict`` and
+``gpucheck.exit_code``: a CI that reads only junit.xml agrees with the command's exit code.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 
 from gpucheck.model.results import CaseRecord
 from gpucheck.model.runlog import RunLog
+from gpucheck.report.groups import Grouped, build
 from gpucheck.report.verdict import Verdict
 
 #: what XML 1.0 cannot hold (control characters, surrogates, U+FFFE/U+FFFF): a test id or
@@ -32,12 +35,24 @@ def xml_text(value: object) -> str:
     return _NOT_XML.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value))
 
 
-def _describe(record: CaseRecord) -> tuple[str, str]:
-    findings = record.findings
-    message = record.reason or (findings[0].message if findings else record.status)
+def _describe(record: CaseRecord, grouped: Grouped) -> tuple[str, str]:
+    """The message and text of a record's <failure>/<error>: the diagnosis that explains the
+    case first (its message is the message), then the symptoms it explains, each said to be
+    one (a failing assert, a CUDA error), then what no diagnosis explains."""
+    reading = grouped.reading(record)
+    lead = grouped.lead(record)
+    first = next((f for place, f in reading if place == "lead"), None)
+    if first is not None:
+        message = f"{first.kind}: {first.message}"
+        if record.reason:
+            message += f" (symptom: {record.reason})"
+    else:
+        findings = record.findings
+        message = record.reason or (findings[0].message if findings else record.status)
     parts = []
-    for f in findings:
-        parts.append(f"[{f.severity}] {f.kind}: {f.message}")
+    for place, f in reading:
+        intro = f"symptom of {lead.title()}: " if place == "symptom" and lead else ""
+        parts.append(f"{intro}[{f.severity}] {f.kind}: {f.message}")
         if f.evidence:
             parts.append(f.evidence)
         if f.hint:
@@ -62,7 +77,12 @@ def _verdict_suite(root: ET.Element, verdict: Verdict) -> dict[str, int]:
     return counts
 
 
-def to_xml(records: list[CaseRecord], verdict: Verdict | None = None) -> ET.ElementTree:
+def to_xml(
+    records: list[CaseRecord], verdict: Verdict | None = None, grouped: Grouped | None = None
+) -> ET.ElementTree:
+    """The JUnit XML of ``records`` (their diagnoses attached), with ``grouped`` their
+    findings grouped (:func:`gpucheck.report.groups.build`; made here when not given)."""
+    grouped = grouped if grouped is not None else build(records)
     groups: dict[tuple[str, str, str], list[CaseRecord]] = defaultdict(list)
     for r in records:
         groups[(r.device, r.suite, r.mode)].append(r)
@@ -83,7 +103,7 @@ def to_xml(records: list[CaseRecord], verdict: Verdict | None = None) -> ET.Elem
                 time=f"{r.duration_s:.3f}",
             )
             status = r.status
-            message, text = _describe(r)
+            message, text = _describe(r, grouped)
             if status == "failed":
                 counts["failures"] += 1
                 ET.SubElement(tc, "failure", message=message, type="failed").text = text
@@ -110,8 +130,8 @@ def to_xml(records: list[CaseRecord], verdict: Verdict | None = None) -> ET.Elem
 
 
 def write(results_path: Path, junit_path: Path) -> Path:
-    """Write JUnit XML for every case record of ``results_path``."""
-    to_xml(RunLog.read(results_path).cases).write(
+    """Write JUnit XML for every case record of ``results_path`` (diagnoses attached)."""
+    to_xml(RunLog.read(results_path).diagnosed_cases()).write(
         junit_path, encoding="utf-8", xml_declaration=True
     )
     return junit_path

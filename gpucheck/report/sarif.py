@@ -16,8 +16,11 @@ resolve; other paths as ``file://`` URIs. A sanitizer record names a source file
 folder (``ssim_backward.cu``): it is looked up under ``base`` (hidden folders, virtual
 environments and ``reports`` skipped) and written as the one file of that name, the one
 closest to the case's suite when there are several, or as the bare name when there is none.
-The rules are the finding kinds. The invocation carries the run's verdict and exit code, with
-the verdict's reasons as notifications.
+The rules are the finding kinds. A diagnosis's result lists the symptoms it explains in
+``properties.explains`` and places them (a failing assert's line) among its related
+locations; the result of each symptom it explains says so first (``symptom of memory-layout
+X._C.fn: AssertionError ...``) and names it in ``properties.explainedBy``. The invocation
+carries the run's verdict and exit code, with the verdict's reasons as notifications.
 """
 
 from __future__ import annotations
@@ -237,15 +240,36 @@ def _results(
         }
         if explained_by is not None:
             result["properties"]["explainedBy"] = explained_by.title()
+            result["message"]["text"] = f"symptom of {explained_by.title()}: {text}"
         if primary is not None:
             result["locations"] = [_physical(primary, base)]
-        related = list(dict.fromkeys(loc for _, rel in occ for loc in rel))
-        if related:
-            result["relatedLocations"] = [
-                {"id": n, **_physical(loc, base)} for n, loc in enumerate(related)
+        linked: list[dict[str, Any]] = [
+            _physical(loc, base) for loc in dict.fromkeys(loc for _, rel in occ for loc in rel)
+        ]
+        explains = _symptoms(g, {o.case_key for o, _ in occ}, suite_paths, sources)
+        if explains:
+            result["properties"]["explains"] = [m for _, m in explains]
+            linked += [
+                {**_physical(loc, base), "message": {"text": m}} for loc, m in explains if loc
             ]
+        if linked:
+            result["relatedLocations"] = [{"id": n, **r} for n, r in enumerate(linked)]
         out.append(result)
     return out
+
+
+def _symptoms(
+    g: Group, cases: set[tuple[str, str, str]], suite_paths: dict[str, str], sources: _Sources
+) -> list[tuple[Location | None, str]]:
+    """The symptoms a diagnosis explains in ``cases`` (its result's), each once: where it
+    is (a failing assert's line) and ``symptom: <kind>: <first line of its message>``."""
+    found: dict[tuple[Location | None, str], None] = {}
+    for e in g.explains:
+        for o in e.occurrences:
+            if o.case_key in cases:
+                first = (signature(o.finding.message).splitlines() or [""])[0]
+                found[(_places(o, suite_paths, sources)[0], f"symptom: {e.kind}: {first}")] = None
+    return list(found)
 
 
 def _utc(t: float | None) -> str | None:

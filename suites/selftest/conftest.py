@@ -63,18 +63,12 @@ def sanitizer_defect_ops(
 
 
 @pytest.fixture(scope="session")
-def zoo_ext(request: pytest.FixtureRequest) -> Callable[[str], Any]:
-    """``zoo_ext(build)``: the module of a build of the zoo (a name of
-    ``gpucheck._csrc.zoo.ZOO_BUILDS``), JIT-built on first use into gpucheck's build cache. The zoo
-    runs in the plain pass only: its rows state what the per-call detectors and the
-    wrong-device check must find (compute-sanitizer's rows are the defect builds')."""
+def zoo_builds() -> Callable[[str], Any]:
+    """``zoo_builds(build)``: the module of a build of the zoo (a name of
+    ``gpucheck._csrc.zoo.ZOO_BUILDS``), JIT-built on first use into gpucheck's build cache."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device visible")
-    if request.config.getoption("--gpucheck-sanitizer-tool", None):
-        pytest.skip(
-            "the zoo is judged in the plain pass (its rows expect the per-call detectors' findings)"
-        )
     from gpucheck._csrc.zoo import build_zoo
 
     loaded: dict[str, Any] = {}
@@ -83,6 +77,37 @@ def zoo_ext(request: pytest.FixtureRequest) -> Callable[[str], Any]:
         if build not in loaded:
             loaded[build] = build_zoo(build)
         return loaded[build]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def zoo_ext(
+    zoo_builds: Callable[[str], Any], request: pytest.FixtureRequest
+) -> Callable[[str], Any]:
+    """``zoo_ext(build)``: :func:`zoo_builds` for the cases judged in the plain pass: their rows
+    state what the per-call detectors and the wrong-device check must find."""
+    if request.config.getoption("--gpucheck-sanitizer-tool", None):
+        pytest.skip(
+            "the zoo is judged in the plain pass (its rows expect the per-call detectors' findings)"
+        )
+    return zoo_builds
+
+
+@pytest.fixture
+def sanitizer_zoo_ext(
+    zoo_builds: Callable[[str], Any], request: pytest.FixtureRequest
+) -> Callable[[str], Any]:
+    """:func:`zoo_builds` for the zoo's cases only compute-sanitizer judges: the build is made
+    (in the plain pass, so the sanitizer passes find it cached), then the case is skipped
+    outside the sanitizer passes of the tools it is marked for."""
+    tool = request.config.getoption("--gpucheck-sanitizer-tool", None)
+
+    def get(build: str) -> Any:
+        ext = zoo_builds(build)
+        if tool is None:
+            pytest.skip("its row is judged by compute-sanitizer: it runs in the sanitizer passes")
+        return ext
 
     return get
 

@@ -263,3 +263,126 @@ def test_a_warning_a_suite_attached_never_ranks_above_the_cases_own_failure():
         ("symptoms no diagnosis explains", ["test-failure"]),
         ("warnings and notes", ["slow-path"]),
     ]
+
+
+#: per-call diagnoses that explain a case's failing assert (the last two: sanitizer records
+#: traced to the call that launched the kernel)
+PER_CALL = (
+    "unwritten-output",
+    "memory-layout",
+    "wrong-stream",
+    "wrong-device",
+    "mixed-devices",
+    "data-race",
+    "out-of-bounds",
+)
+ASSERT = "AssertionError: Tensor-likes are not close!"
+
+
+def _failed_assert(tmp_path, *diagnoses: Finding) -> Path:
+    """A run folder of one case that failed its own assert (test_ssim.py:41) and carries the
+    per-call ``diagnoses``; the assert is recorded first, as the recorder does."""
+    path = tmp_path / "results.jsonl"
+    failure = Finding(
+        "test-failure",
+        "error",
+        ASSERT,
+        evidence="test_ssim.py:41: in test_grad\n    torch.testing.assert_close(grad, ref)\n"
+        + ASSERT,
+    )
+    record = _rec("test_ssim.py::test_grad[cuda0]", "cuda:0", "blocking+nvml", "failed", failure)
+    record["reason"] = ASSERT
+    record["findings"] += [f.__dict__ for f in diagnoses]
+    results.append(path, record)
+    return tmp_path
+
+
+@pytest.mark.parametrize("kind", PER_CALL)
+def test_a_failing_assert_is_the_symptom_of_the_per_call_finding_in_every_format(tmp_path, kind):
+    import io
+    import xml.etree.ElementTree as ET
+
+    from rich.console import Console
+
+    from gpucheck.report import console
+
+    op = "ssim._C.fusedssim_backward"
+    message = f"{op}: {kind} of argument 2 (img1)"
+    run = _failed_assert(tmp_path, Finding(kind, "error", message, op=op, hint="the fix"))
+    done = publish(run, formats=("html", "json", "junit", "sarif"))
+    g = done.grouped
+    # console: the diagnosis leads, the assert is what it explains
+    out = io.StringIO()
+    console.print_findings(Console(file=out, width=300), g)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("diagnoses: 1 group(s)")
+    assert lines[1].strip().startswith(f"{kind} {op}") and "explains 1 test-failure" in lines[1]
+    assert not any("symptoms no diagnosis explains" in x for x in lines)
+    # results.json: one diagnosis, the assert folded under it
+    doc = json.loads((run / "results.json").read_text())
+    assert [(d["kind"], [e["kind"] for e in d["explains"]]) for d in doc["diagnoses"]] == [
+        (kind, ["test-failure"])
+    ]
+    assert doc["symptoms"] == []
+    # report.html: the diagnosis card holds the assert, with its evidence
+    html = done.paths["html"].read_text()
+    cards = re.findall(r'<article class="card sev-\w+ role-(\w+)" id="([^"]+)"', html)
+    assert cards == [("diagnosis", "d-0")]  # the assert has no card of its own: folded in
+    card = html[html.index('id="d-0"') :]
+    assert "explains 1 symptom finding(s)" in card and "Tensor-likes are not close!" in card
+    # junit.xml: the diagnosis is the failure's message, the assert its symptom
+    (failure,) = ET.parse(run / "junit.xml").getroot().iter("failure")
+    assert failure.get("message") == f"{kind}: {message} (symptom: {ASSERT})"
+    text = failure.text or ""
+    assert text.startswith(f"[error] {kind}: {message}")
+    assert f"symptom of {kind} {op}: [error] test-failure: {ASSERT}" in text
+    # results.sarif: the diagnosis first, placed with its symptom; the assert says whose it is
+    found = json.loads((run / "results.sarif").read_text())["runs"][0]["results"]
+    assert [r["ruleId"] for r in found] == [kind, "test-failure"]
+    assert found[0]["properties"]["explains"] == [f"symptom: test-failure: {ASSERT}"]
+    (related,) = found[0]["relatedLocations"]
+    assert related["physicalLocation"]["region"]["startLine"] == 41
+    assert found[1]["message"]["text"].startswith(f"symptom of {kind} {op}: {ASSERT}")
+    assert found[1]["properties"]["explainedBy"] == f"{kind} {op}"
+
+
+def test_a_wrong_value_is_explained_by_the_layout_not_by_the_stream(tmp_path):
+    """A case whose op launches on the legacy stream and reads a permuted input as if
+    contiguous: under CUDA_LAUNCH_BLOCKING the stream bug cannot make the assert fail, the
+    layout can; both stay diagnoses, the layout leads."""
+    op = "ssim._C.fusedssim_backward"
+    run = _failed_assert(
+        tmp_path,
+        Finding("wrong-stream", "error", "kernel on stream 0", op=op),
+        Finding("memory-layout", "error", "reads img1 as if contiguous", op=op),
+    )
+    g = groups.build(rundata.load(run).cases)
+    assert [(d.kind, [e.kind for e in d.explains]) for d in g.diagnoses] == [
+        ("memory-layout", ["test-failure"]),
+        ("wrong-stream", []),
+    ]
+    (record,) = rundata.load(run).cases
+    assert [(place, f.kind) for place, f in g.reading(record)] == [
+        ("lead", "memory-layout"),
+        ("diagnosis", "wrong-stream"),
+        ("symptom", "test-failure"),
+    ]
+
+
+def test_a_case_without_a_diagnosis_keeps_its_assert_first(tmp_path):
+    import xml.etree.ElementTree as ET
+
+    run = _failed_assert(tmp_path)
+    publish(run, formats=("junit",))
+    (failure,) = ET.parse(run / "junit.xml").getroot().iter("failure")
+    assert failure.get("message") == ASSERT
+    assert (failure.text or "").startswith(f"[error] test-failure: {ASSERT}")
+
+
+def test_each_kind_has_one_place_in_the_precedence():
+    assert len(set(groups.PRECEDENCE)) == len(groups.PRECEDENCE)
+    # what gives wrong values comes before a launch on the legacy stream (always right under
+    # CUDA_LAUNCH_BLOCKING), after what makes the kernel fault
+    order = [groups.precedence(k) for k in ("mixed-devices", "memory-layout", "wrong-stream")]
+    assert order == sorted(order)
+    assert max(groups.precedence(k) for k in ("unwritten-output", "data-race")) < order[2]

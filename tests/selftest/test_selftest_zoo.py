@@ -256,21 +256,128 @@ def test_selftest_command_prints_the_zoo(tmp_path, monkeypatch, capsys, two_gpus
     assert f"unexpected: cuda:0 {case}[cuda0] ({PLAIN}): numerics" in out
 
 
+#: the record mode of each pass a zoo expectation names
+PASS_MODES = {"plain": PLAIN, "sanitizer:racecheck": "sanitizer:racecheck"}
+
+
 @pytest.mark.parametrize("row", ZOO, ids=lambda r: r.name)
 def test_each_row_found_from_its_own_findings_has_nothing_unexpected(row):
-    """Every row, given exactly the findings it expects (symptoms beside its errors), is
-    found in full with nothing unexpected on two GPUs."""
+    """Every row, given exactly the findings it expects in the pass each is expected in
+    (symptoms beside its errors), is found in full with nothing unexpected on two GPUs."""
     records = []
     for dev in ("cuda:0", "cuda:1"):
         for case in row.cases:
-            fs = [
-                _finding(e.kind, dev, e.severity, op=e.op) for e in row.expected if e.case == case
-            ]
-            if any(e.kind == "wrong-device" for e in row.expected if e.case == case):
-                fs.append(_finding("cuda-error", dev))
-            records.append(_rec(case, dev, PLAIN, *fs))
+            modes = {e.mode for e in row.expected if e.case == case} or {"plain"}
+            for mode in sorted(modes):
+                mine = [e for e in row.expected if e.case == case and e.mode == mode]
+                fs = [_finding(e.kind, dev, e.severity, op=e.op) for e in mine]
+                if any(e.kind == "wrong-device" for e in mine):
+                    fs.append(_finding("cuda-error", dev))
+                records.append(_rec(case, dev, PASS_MODES[mode], *fs))
     z = by_name(zoo_matrix(typed(records), 2))[row.name]
     assert z.recall == (len(row.expected), len(row.expected)) and z.unexpected == []
+
+
+RACE_ROW = row_named("read before its barrier")
+TWO_ROW = row_named("loss in HWC: alphas never written")
+LAYOUT_ROW = row_named("reads the saved permuted image")
+CONVENTION_ROW = row_named("radius 0 (the convention)")
+RACECHECK = "sanitizer:racecheck"
+
+
+def test_the_new_kinds_have_rows_with_clean_twins():
+    kinds = {e.kind for r in ZOO for e in r.expected}
+    assert {"unwritten-output", "memory-layout", "data-race"} <= kinds
+    assert len({e.kind for e in TWO_ROW.expected}) == 2
+    assert [e.mode for e in RACE_ROW.expected] == [RACECHECK]
+    assert RACECHECK in selftest.SANITIZER_MODES
+    twins = {c for r in ZOO if not r.expected for c in r.cases}
+    assert {
+        "zoo/test_zoo_raster.py::test_raster_clean_mask_train",
+        "zoo/test_zoo_raster.py::test_project_clean_determinism",
+        "zoo/test_zoo_ssim.py::test_ssim_clean_permuted_grad",
+        "zoo/test_zoo_ssim.py::test_ssim_clean_sanitized_train",
+    } <= twins
+
+
+def test_the_race_is_judged_in_the_racecheck_passes_only():
+    case = RACE_ROW.cases[0]
+    op = "gpucheck_zoo_ssim_nosync.fusedssim_backward"
+    skipped = [_rec(case, "cuda:0", PLAIN, status="skipped")]
+    z = _judge(skipped, 1)[RACE_ROW.name]
+    assert z.recall == (0, 0) and [why for _, why in z.not_run] == [
+        "no sanitizer:racecheck pass in this run"
+    ]
+    # both arrangements of the pass: the data race on the op, the raw records and the failed
+    # assert its symptoms
+    found = skipped + [
+        _rec(
+            case,
+            "cuda:0",
+            mode,
+            _finding("data-race", "cuda:0", op=op),
+            _finding("sanitizer", "cuda:0", kernel="ssim_backward_kernel"),
+            _finding("test-failure", "cuda:0"),
+            status="failed",
+        )
+        for mode in (RACECHECK, f"{RACECHECK}|target-current")
+    ]
+    z = _judge(found, 1)[RACE_ROW.name]
+    assert z.recall == (1, 1) and z.unexpected == []
+    # a race named only by its kernel (no op) in one arrangement is a miss there
+    found[2]["findings"] = [_finding("sanitizer", "cuda:0", kernel="ssim_backward_kernel")]
+    z = _judge(found, 1)[RACE_ROW.name]
+    assert z.recall == (0, 1) and [u["kind"] for u in z.unexpected] == ["sanitizer"]
+
+
+def test_unwritten_alphas_and_a_contiguous_read_in_one_case():
+    case = TWO_ROW.cases[0]
+    mod = "gpucheck_zoo_raster_unwritten_assume_contiguous"
+    unwritten = _finding("unwritten-output", "cuda:0", op=f"{mod}.rasterize_gaussians")
+    layout = _finding("memory-layout", "cuda:0", op=f"{mod}.rasterize_gaussians_backward")
+    failure = _finding("test-failure", "cuda:0")
+    z = _judge([_rec(case, "cuda:0", PLAIN, unwritten, layout, failure, status="failed")], 1)
+    assert z[TWO_ROW.name].recall == (2, 2) and z[TWO_ROW.name].unexpected == []
+    z = _judge([_rec(case, "cuda:0", PLAIN, unwritten, failure, status="failed")], 1)
+    assert z[TWO_ROW.name].recall == (1, 2)
+    assert [e.kind for e, _ in z[TWO_ROW.name].missed] == ["memory-layout"]
+
+
+def test_the_layout_finding_must_name_the_backward():
+    case = LAYOUT_ROW.cases[0]
+    mod = "gpucheck_zoo_ssim_assume_contiguous"
+    records = [
+        _rec(
+            case,
+            "cuda:0",
+            PLAIN,
+            _finding("memory-layout", "cuda:0", op=f"{mod}.fusedssim_backward"),
+            _finding("memory-layout", "cuda:0", op=f"{mod}.fusedssim"),  # the forward copies
+            _finding("test-failure", "cuda:0"),
+            status="failed",
+        )
+    ]
+    z = _judge(records, 1)[LAYOUT_ROW.name]
+    assert z.recall == (1, 1)
+    assert [(u["kind"], u["op"]) for u in z.unexpected] == [("memory-layout", f"{mod}.fusedssim")]
+
+
+@pytest.mark.parametrize(
+    ("finding", "unexpected"),
+    [
+        (_finding("unwritten-output", "cuda:0", "info", op="gpucheck_zoo_raster_clean"), []),
+        (
+            _finding("unwritten-output", "cuda:0", op="gpucheck_zoo_raster_clean"),
+            ["unwritten-output"],
+        ),
+        (_finding("numerics", "cuda:0", op="gpucheck_zoo_raster_clean"), ["numerics"]),
+    ],
+    ids=["a note", "an error", "non-deterministic"],
+)
+def test_the_projections_convention_allows_a_note_at_most(finding, unexpected):
+    case = CONVENTION_ROW.cases[0]
+    z = _judge([_rec(case, "cuda:0", PLAIN, finding)], 1)[CONVENTION_ROW.name]
+    assert [u["kind"] for u in z.unexpected] == unexpected and z.ran
 
 
 def test_the_recorded_two_gpu_zoo_run_finds_every_row_and_nothing_else():

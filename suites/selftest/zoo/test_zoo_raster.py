@@ -1,9 +1,12 @@
 """The zoo's 3DGS-shaped rasterizer (zoo_raster.cpp / .cu) through its autograd Function,
 against the pure-PyTorch render of zoo_functions.py. Builds ``gpucheck_zoo_raster_<build>``:
 ``clean`` (the twin: placeholders, byte buffers, cub on the current stream, cudaMalloc
-freed), ``noguard``, ``legacy_leak`` (render kernel on stream 0; the backward's cudaMalloc
-never freed), ``sort0_outdev`` (cub's sort on stream 0; the image on the current device).
-What each case must draw: ``gpucheck.selftest.ZOO``.
+freed, every output of a masked tile written, a projection whose culled entries are left
+unwritten with radius 0: the convention), ``noguard``, ``legacy_leak`` (render kernel on
+stream 0; the backward's cudaMalloc never freed), ``sort0_outdev`` (cub's sort on stream 0;
+the image on the current device), ``mask_unwritten`` (the masked tiles' alpha and last index
+never written), ``unwritten_assume_contiguous`` (that, and the backward reading the image's
+gradient as if contiguous). What each case must draw: ``gpucheck.selftest.ZOO``.
 """
 
 from __future__ import annotations
@@ -193,3 +196,116 @@ def test_raster_sort0_outdev(zoo_ext, zoo_fn, gpu_device):
         )
     ref = zoo_fn.render_reference(**scene, colors=colors, background=bg, height=HEIGHT, width=WIDTH)
     _close(image, ref)
+
+
+# --- tile masks and the projection (gsplat's shape) -------------------------------------------
+
+#: the object a mask-aware step trains on: an ellipse in the middle of the image
+CENTER, AXES = (WIDTH / 2, HEIGHT / 2), (WIDTH / 3, HEIGHT / 3)
+
+
+def _object(device):
+    """(object [H, W] bool, tile_mask [tiles_y, tiles_x] bool): the pixels of the object and
+    the tiles that touch it (the tiles gsplat's masked rasterization renders)."""
+    ys, xs = torch.meshgrid(torch.arange(HEIGHT), torch.arange(WIDTH), indexing="ij")
+    inside = ((xs - CENTER[0]) / AXES[0]) ** 2 + ((ys - CENTER[1]) / AXES[1]) ** 2 <= 1
+    tiles = (-(-HEIGHT // 16), -(-WIDTH // 16))
+    padded = torch.zeros(tiles[0] * 16, tiles[1] * 16, dtype=torch.bool)
+    padded[:HEIGHT, :WIDTH] = inside
+    tile_mask = padded.reshape(tiles[0], 16, tiles[1], 16).any(3).any(1)
+    assert 0 < int(tile_mask.sum()) < tile_mask.numel()
+    return inside.to(device), tile_mask.to(device)
+
+
+def _masked_loss(image, alpha, gt, inside, hwc):
+    """The photometric error on the object and its alpha pulled to 0 around it (a mask-aware
+    3DGS loss); ``hwc``: computed on the image laid out [H, W, 3], as image libraries do."""
+    weight = inside.to(image.dtype)
+    if hwc:
+        image, gt, color_weight = image.permute(1, 2, 0), gt.permute(1, 2, 0), weight[..., None]
+    else:
+        color_weight = weight
+    return ((image - gt).abs() * color_weight).mean() + 0.1 * (alpha * (1 - weight)).mean()
+
+
+def _mask_step(zoo_fn, ext, device, *, hwc):
+    """One training step of the colors with tile masks, checked against the reference: the
+    loss (the alphas around the object feed it) and the colors' gradient."""
+    scene = _scene(device)
+    inside, tile_mask = _object(device)
+    bg = torch.rand(3, device=device)
+    colors = torch.rand(P, 3, device=device).requires_grad_(True)
+    gt = torch.rand(3, HEIGHT, WIDTH, device=device)
+    image, alpha, _ = zoo_fn.rasterize_with_alpha(
+        ext, **scene, background=bg, height=HEIGHT, width=WIDTH, colors=colors, tile_mask=tile_mask
+    )
+    loss = _masked_loss(image, alpha, gt, inside, hwc)
+    loss.backward()
+
+    ref_colors = colors.detach().double().cpu().requires_grad_(True)
+    ref_image, ref_alpha = zoo_fn.render_reference_alpha(
+        **scene, colors=ref_colors, background=bg, height=HEIGHT, width=WIDTH, tile_mask=tile_mask
+    )
+    ref_loss = _masked_loss(ref_image, ref_alpha, gt.double().cpu(), inside.cpu(), hwc)
+    ref_loss.backward()
+    assert torch.isfinite(loss), f"loss {float(loss.detach())}"
+    torch.testing.assert_close(
+        loss.detach().double().cpu(), ref_loss.detach(), rtol=2e-3, atol=1e-6
+    )
+    _close(image, ref_image.detach())
+    _close(colors.grad, ref_colors.grad)
+
+
+@pytest.mark.parametrize("hwc", [False, True], ids=["chw", "hwc"])
+def test_raster_clean_mask_train(zoo_ext, zoo_fn, gpu_device, hwc):
+    _mask_step(zoo_fn, zoo_ext("raster_clean"), gpu_device, hwc=hwc)
+
+
+def test_raster_mask_unwritten_train(zoo_ext, zoo_fn, gpu_device):
+    """The masked tiles' alphas are whatever the memory held: the loss reads them."""
+    _mask_step(zoo_fn, zoo_ext("raster_mask_unwritten"), gpu_device, hwc=False)
+
+
+def test_raster_unwritten_assume_contiguous_train(zoo_ext, zoo_fn, gpu_device):
+    """The same step with the loss in HWC: the image's gradient reaches the backward permuted,
+    and this build reads it as if contiguous."""
+    _mask_step(zoo_fn, zoo_ext("raster_unwritten_assume_contiguous"), gpu_device, hwc=True)
+
+
+def test_project_clean_determinism(zoo_ext, zoo_fn, gpu_device):
+    """Project and render the same scene twice: the images are bitwise equal. The projection
+    culls Gaussians behind the camera and off the image (radius 0, their entries never
+    written); the render takes the visible ones, as 3DGS's ``radii > 0`` does."""
+    ext = zoo_ext("raster_clean")
+    n = 400
+    means3D = torch.randn(n, 3) * torch.tensor([2.0, 1.5, 3.0]) + torch.tensor([0.0, 0.0, 4.0])
+    means3D[:10, 2] = -1.0  # behind the camera
+    means3D[10:20, 0] = 500.0  # far off the image
+    scene = {
+        "means3D": means3D.to(gpu_device).contiguous(),
+        "log_scales": (torch.rand(n, 3) - 3).to(gpu_device),
+    }
+    opacities = (torch.rand(n, 1) * 0.8 + 0.2).to(gpu_device)
+    colors = torch.rand(n, 3, device=gpu_device)
+    bg = torch.rand(3, device=gpu_device)
+    images = []
+    for _ in range(2):
+        means2D, depths, conics, radii = zoo_fn.project_gaussians(
+            ext, **scene, focal=FOCAL, height=HEIGHT, width=WIDTH
+        )
+        visible = radii > 0
+        assert not visible[:20].any() and int(visible.sum()) > 100
+        with torch.no_grad():
+            image, _ = zoo_fn.rasterize(
+                ext,
+                means2D[visible].contiguous(),
+                depths[visible].contiguous(),
+                conics[visible, 0].rsqrt().contiguous(),
+                opacities[visible].contiguous(),
+                bg,
+                HEIGHT,
+                WIDTH,
+                colors=colors[visible].contiguous(),
+            )
+        images.append(image)
+    assert torch.equal(images[0], images[1])

@@ -20,8 +20,9 @@ import torch
 #: an empty tensor for "not given", as the 3DGS wrappers pass it
 PLACEHOLDER = torch.Tensor([])
 SH_C0 = 0.28209479177387814
-#: zoo_raster.cu's weight: exp(power) - CUT, clamped to [0, 0.99]; NEAR: its culling depth
-CUT, NEAR = math.exp(-0.5 * 3.3**2), 0.2
+#: zoo_raster.cu's weight: exp(power) - CUT, clamped to [0, 0.99]; NEAR: its culling depth;
+#: TILE: its tiles' side in pixels
+CUT, NEAR, TILE = math.exp(-0.5 * 3.3**2), 0.2, 16
 
 
 def _ready(*tensors: torch.Tensor) -> None:
@@ -46,20 +47,24 @@ class _RasterizeGaussians(torch.autograd.Function):
         background: torch.Tensor,
         height: int,
         width: int,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        tile_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         args = (background, means2D, depths, sigmas, opacities, colors_precomp, sh_dc)
         _ready(*args)
-        num_rendered, color, radii, geom, binning, img = ext.rasterize_gaussians(
-            *args, height, width
+        num_rendered, color, radii, geom, binning, img, alpha, last_ids = ext.rasterize_gaussians(
+            *args, height, width, tile_mask
         )
         _ready(color, geom)
         ctx.ext, ctx.num_rendered = ext, num_rendered
-        ctx.save_for_backward(*args, geom, binning, img)
-        ctx.mark_non_differentiable(radii)
-        return color, radii
+        ctx.save_for_backward(*args, geom, binning, img, tile_mask)
+        ctx.mark_non_differentiable(radii, last_ids)
+        return color, radii, alpha, last_ids
 
     @staticmethod
-    def backward(ctx: Any, grad_color: torch.Tensor, _grad_radii: Any) -> tuple[Any, ...]:
+    def backward(
+        ctx: Any, grad_color: torch.Tensor, _grad_radii: Any, _grad_alpha: Any, _grad_last: Any
+    ) -> tuple[Any, ...]:
+        # the alpha depends on no color: its gradient reaches nothing differentiated here
         (
             background,
             means2D,
@@ -71,8 +76,8 @@ class _RasterizeGaussians(torch.autograd.Function):
             geom,
             binning,
             img,
+            tile_mask,
         ) = ctx.saved_tensors
-        grad_color = grad_color.contiguous()
         _ready(grad_color, geom)
         dL_dcolors, dL_dsh = ctx.ext.rasterize_gaussians_backward(
             background,
@@ -82,11 +87,12 @@ class _RasterizeGaussians(torch.autograd.Function):
             opacities,
             colors_precomp,
             sh_dc,
-            grad_color,
+            grad_color,  # as autograd hands it (the extension makes it contiguous)
             ctx.num_rendered,
             geom,
             binning,
             img,
+            tile_mask,
         )
         _ready(dL_dcolors, dL_dsh)
         return (
@@ -100,10 +106,11 @@ class _RasterizeGaussians(torch.autograd.Function):
             None,
             None,
             None,
+            None,
         )
 
 
-def rasterize(
+def rasterize_with_alpha(
     ext: Any,
     means2D: torch.Tensor,
     depths: torch.Tensor,
@@ -115,13 +122,16 @@ def rasterize(
     *,
     colors: torch.Tensor | None = None,
     sh_dc: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(image [3, H, W], radii [P]) of P projected Gaussians (``means2D`` [P, 2] pixels,
-    ``depths`` [P], ``sigmas`` [P] pixels, ``opacities`` [P, 1]) with either ``colors``
-    [P, 3] or degree-0 SH ``sh_dc`` [P, 3]; differentiable in the colors given."""
+    tile_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(image [3, H, W], alpha [H, W], radii [P]) of P projected Gaussians (``means2D`` [P, 2]
+    pixels, ``depths`` [P], ``sigmas`` [P] pixels, ``opacities`` [P, 1]) with either
+    ``colors`` [P, 3] or degree-0 SH ``sh_dc`` [P, 3]; differentiable in the colors given.
+    ``tile_mask`` [ceil(H / TILE), ceil(W / TILE)] bool: the tiles rendered (the others hold
+    the background, alpha 0)."""
     if (colors is None) == (sh_dc is None):
         raise ValueError("give exactly one of colors and sh_dc")
-    return _RasterizeGaussians.apply(  # type: ignore[no-any-return]
+    color, radii, alpha, _last = _RasterizeGaussians.apply(
         ext,
         means2D,
         depths,
@@ -132,10 +142,47 @@ def rasterize(
         background,
         height,
         width,
+        PLACEHOLDER if tile_mask is None else tile_mask,
     )
+    return color, alpha, radii
 
 
-def render_reference(
+def rasterize(ext: Any, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """(image [3, H, W], radii [P]): :func:`rasterize_with_alpha` (its arguments) of every tile."""
+    image, _alpha, radii = rasterize_with_alpha(ext, *args, **kwargs)
+    return image, radii
+
+
+def project_gaussians(
+    ext: Any,
+    means3D: torch.Tensor,
+    log_scales: torch.Tensor,
+    focal: float,
+    height: int,
+    width: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(means2D [P, 2], depths [P], conics [P, 3], radii [P]) of Gaussians at ``means3D``
+    [P, 3] with ``log_scales`` [P, 3] through zoo_raster.cu's pinhole camera (the shape of
+    gsplat's projection): where radii is 0 the Gaussian is culled and its other entries hold
+    whatever the memory held."""
+    _ready(means3D, log_scales)
+    out = ext.project_gaussians(means3D, log_scales, focal, height, width)
+    _ready(*out)
+    return out  # type: ignore[no-any-return]
+
+
+def pixel_mask(tile_mask: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """[H, W] bool: the pixels of the tiles ``tile_mask`` renders."""
+    return tile_mask.repeat_interleave(TILE, 0).repeat_interleave(TILE, 1)[:height, :width].bool()
+
+
+def render_reference(*args: Any, **kwargs: Any) -> torch.Tensor:
+    """The image of :func:`render_reference_alpha` (its arguments)."""
+    image, _alpha = render_reference_alpha(*args, **kwargs)
+    return image
+
+
+def render_reference_alpha(
     means2D: torch.Tensor,
     depths: torch.Tensor,
     sigmas: torch.Tensor,
@@ -144,9 +191,11 @@ def render_reference(
     background: torch.Tensor,
     height: int,
     width: int,
-) -> torch.Tensor:
-    """zoo_raster.cu's image in float64 on the CPU: every Gaussian in front of NEAR, front to
-    back by depth, blended into every pixel (differentiable in ``colors`` [P, 3])."""
+    tile_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(image [3, H, W], alpha [H, W]) of zoo_raster.cu in float64 on the CPU: every Gaussian
+    in front of NEAR, front to back by depth, blended into every pixel (differentiable in
+    ``colors`` [P, 3]); the tiles ``tile_mask`` leaves out hold the background and alpha 0."""
     f = {
         n: t.detach().double().cpu()
         for n, t in dict(m=means2D, d=depths, s=sigmas, o=opacities.reshape(-1)).items()
@@ -168,7 +217,14 @@ def render_reference(
         )
         image = image + colors[i][:, None, None] * (alpha * T)
         T = T * (1 - alpha)
-    return image + T * background.double().cpu()[:, None, None]
+    bg = background.double().cpu()[:, None, None]
+    image = image + T * bg
+    alpha = 1 - T
+    if tile_mask is not None:
+        inside = pixel_mask(tile_mask.cpu(), height, width)
+        image = torch.where(inside, image, bg.expand_as(image))
+        alpha = torch.where(inside, alpha, 0.0)
+    return image, alpha
 
 
 def sh_colors(sh_dc: torch.Tensor) -> torch.Tensor:

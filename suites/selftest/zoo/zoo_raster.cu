@@ -3,6 +3,8 @@
 //   GPUCHECK_ZOO_LEGACY_STREAM   the render kernel launched with <<<grid, block>>>
 //   GPUCHECK_ZOO_SORT_STREAM0    cub::DeviceRadixSort::SortPairs without its stream argument
 //   GPUCHECK_ZOO_LEAK            the backward's staging buffer (raw cudaMalloc) never freed
+//   GPUCHECK_ZOO_MASK_UNWRITTEN  the tiles a mask leaves out get the background but their
+//                                alpha and last index are never written (at::empty's bytes)
 #include "zoo_raster.h"
 #include "zoo_stream.cuh"
 
@@ -160,14 +162,30 @@ __global__ void identify_tile_ranges_kernel(int L, const uint64_t* keys, uint2* 
   if (i == L - 1) ranges[tile].y = L;
 }
 
+__device__ __forceinline__ bool masked(const RasterArgs& a, int tile) {
+  return a.tile_mask != nullptr && !a.tile_mask[tile];
+}
+
 // One thread per pixel, one block per tile: front to back over the tile's sorted list.
 __global__ void render_kernel(RasterArgs a, int grid_x, const uint2* ranges,
                               const uint32_t* point_list, GeometryState g, float* final_T,
-                              float* out_color) {
+                              float* out_color, float* out_alpha, int* out_last) {
   const int px = blockIdx.x * kTile + threadIdx.x, py = blockIdx.y * kTile + threadIdx.y;
   if (px >= a.width || py >= a.height) return;
-  const uint2 range = ranges[blockIdx.y * grid_x + blockIdx.x];
+  const int tile = blockIdx.y * grid_x + blockIdx.x;
+  const int pix = py * a.width + px;
+  if (masked(a, tile)) {  // not rendered: the background
+    final_T[pix] = 1.f;
+    for (int c = 0; c < 3; ++c) out_color[c * a.height * a.width + pix] = a.background[c];
+#ifndef GPUCHECK_ZOO_MASK_UNWRITTEN
+    out_alpha[pix] = 0.f;
+    out_last[pix] = -1;
+#endif  // Defect (GPUCHECK_ZOO_MASK_UNWRITTEN): alpha and last index left as at::empty made them
+    return;
+  }
+  const uint2 range = ranges[tile];
   float T = 1.f, C[3] = {0.f, 0.f, 0.f};
+  int last = -1;
   for (uint32_t k = range.x; k < range.y; ++k) {
     const uint32_t i = point_list[k];
     const float alpha = weight(px - a.means2D[2 * i], py - a.means2D[2 * i + 1], a.sigmas[i],
@@ -175,12 +193,14 @@ __global__ void render_kernel(RasterArgs a, int grid_x, const uint2* ranges,
     if (alpha <= 0.f) continue;
     for (int c = 0; c < 3; ++c) C[c] += g.rgb[3 * i + c] * alpha * T;
     T *= 1.f - alpha;
+    last = static_cast<int>(k);
   }
-  const int pix = py * a.width + px;
   final_T[pix] = T;
   for (int c = 0; c < 3; ++c) {
     out_color[c * a.height * a.width + pix] = C[c] + T * a.background[c];
   }
+  out_alpha[pix] = 1.f - T;
+  out_last[pix] = last;
 }
 
 // One thread per Gaussian: a gather over the pixels of its tiles (no atomics: the gradient
@@ -195,6 +215,7 @@ __global__ void backward_kernel(RasterArgs a, int grid_x, const uint2* ranges,
     const int4 r = g.rect[i];
     for (int py = r.y * kTile; py < min(r.w * kTile, a.height); ++py) {
       for (int px = r.x * kTile; px < min(r.z * kTile, a.width); ++px) {
+        if (masked(a, (py / kTile) * grid_x + px / kTile)) continue;  // not rendered
         const float mine = weight(px - a.means2D[2 * i], py - a.means2D[2 * i + 1],
                                   a.sigmas[i], a.opacities[i]);
         if (mine <= 0.f) continue;
@@ -245,19 +266,48 @@ cudaError_t sort_pairs(BinningState& b, int L, int end_bit, cudaStream_t stream)
 
 cudaError_t render(const RasterArgs& a, dim3 tile_grid, const ImageState& img,
                    const BinningState& b, const GeometryState& g, float* out_color,
-                   cudaStream_t stream) {
+                   float* out_alpha, int* out_last, cudaStream_t stream) {
   const dim3 block(kTile, kTile);
 #ifdef GPUCHECK_ZOO_LEGACY_STREAM
   ZOO_TRY(zoo_legacy_enter(stream));
   render_kernel<<<tile_grid, block>>>(a, tile_grid.x, img.ranges, b.values, g, img.final_T,
-                                      out_color);  // Defect: the legacy default stream
+                                      out_color, out_alpha,
+                                      out_last);  // Defect: the legacy default stream
   ZOO_TRY(cudaGetLastError());
   return zoo_legacy_exit();
 #else
   render_kernel<<<tile_grid, block, 0, stream>>>(a, tile_grid.x, img.ranges, b.values, g,
-                                                 img.final_T, out_color);
+                                                 img.final_T, out_color, out_alpha, out_last);
   return cudaGetLastError();
 #endif
+}
+
+// One thread per Gaussian (gsplat's fully fused projection, isotropic): a Gaussian behind
+// kNear or whose footprint misses the image is culled: radius 0, and its means2D, depth and
+// conic are never written.
+__global__ void project_kernel(ProjectArgs a, float* means2D, float* depths, float* conics,
+                               int* radii) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= a.P) return;
+  radii[i] = 0;
+  const float x = a.means3D[3 * i], y = a.means3D[3 * i + 1], z = a.means3D[3 * i + 2];
+  if (!(z > kNear)) return;
+  const float scale = (__expf(a.log_scales[3 * i]) + __expf(a.log_scales[3 * i + 1]) +
+                       __expf(a.log_scales[3 * i + 2])) / 3.f;
+  const float sigma = fminf(a.focal * scale / z, 1e4f);
+  const float u = a.focal * x / z + 0.5f * a.width, v = a.focal * y / z + 0.5f * a.height;
+  const float r = ceilf(3.5f * sigma);
+  if (!(sigma > 0.f) || u + r < 0.f || u - r > a.width || v + r < 0.f || v - r > a.height) {
+    return;
+  }
+  means2D[2 * i] = u;
+  means2D[2 * i + 1] = v;
+  depths[i] = z;
+  const float inv = 1.f / (sigma * sigma);
+  conics[3 * i] = inv;
+  conics[3 * i + 1] = 0.f;
+  conics[3 * i + 2] = inv;
+  radii[i] = max(1, static_cast<int>(r));
 }
 
 void check(cudaError_t err, const char* what) {
@@ -271,8 +321,8 @@ void check(cudaError_t err, const char* what) {
 
 int rasterize_forward(const RasterArgs& a, std::function<char*(size_t)> geometry_buffer,
                       std::function<char*(size_t)> binning_buffer,
-                      std::function<char*(size_t)> image_buffer, float* out_color, int* radii,
-                      cudaStream_t stream) {
+                      std::function<char*(size_t)> image_buffer, float* out_color,
+                      float* out_alpha, int* out_last, int* radii, cudaStream_t stream) {
   const dim3 tile_grid((a.width + kTile - 1) / kTile, (a.height + kTile - 1) / kTile);
   const int tiles = static_cast<int>(tile_grid.x * tile_grid.y);
   char* geom_chunk = geometry_buffer(required<GeometryState>(static_cast<size_t>(a.P)));
@@ -305,8 +355,14 @@ int rasterize_forward(const RasterArgs& a, std::function<char*(size_t)> geometry
     identify_tile_ranges_kernel<<<blocks(L, 256), 256, 0, stream>>>(L, b.keys, img.ranges);
     check(cudaGetLastError(), "identify_tile_ranges");
   }
-  check(render(a, tile_grid, img, b, g, out_color, stream), "render");
+  check(render(a, tile_grid, img, b, g, out_color, out_alpha, out_last, stream), "render");
   return L;
+}
+
+void project_forward(const ProjectArgs& a, float* means2D, float* depths, float* conics,
+                     int* radii, cudaStream_t stream) {
+  project_kernel<<<blocks(a.P, 256), 256, 0, stream>>>(a, means2D, depths, conics, radii);
+  check(cudaGetLastError(), "project");
 }
 
 void rasterize_backward(const RasterArgs& a, int num_rendered, char* geometry_buffer,
