@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpucheck import _distribution
 from gpucheck.controller import prestart
 from gpucheck.controller.deaths import STDERR_TAIL
 from gpucheck.errors import OutputProblem
@@ -45,7 +46,7 @@ class WorkerSpec:
 #: plugin is there once whether or not the entry point is installed (no look-up of the
 #: installed packages' entry points on the way to the first worker)
 PLUGIN_MODULE = "gpucheck.pytest_plugin"
-PLUGIN_ENTRY_POINT = "gpucheck"
+PLUGIN_ENTRY_POINT = _distribution.NAME
 #: how many threads torch's CPU operators (OpenMP) use in a process
 THREADS_ENV = "OMP_NUM_THREADS"
 
