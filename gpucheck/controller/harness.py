@@ -84,6 +84,8 @@ class Worker:
     state: WorkerState = field(default_factory=WorkerState)
     #: workers of this spec killed by a signal in a row before they recorded a case
     startup_kills: int = 0
+    #: it ended outside any case in a way that is recorded as a ``worker-error``
+    worker_error: bool = False
 
     @property
     def done(self) -> int:
@@ -340,6 +342,7 @@ class Harness:
                 # start-up that fails the same way every time) or a second kill in a row ends
                 # this device's part of the run
                 again = sig is not None and w.startup_kills < MAX_STARTUP_KILLS
+                w.worker_error = True
                 self._record(
                     w,
                     f"<worker {w.spec.label}>",
