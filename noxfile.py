@@ -1,23 +1,32 @@
 """Sessions for gpucheck's CI and maintainers: `nox -s tests lint typecheck compile` (CPU,
-the default), `nox -s quick` (CPU: a subset for the edit loop), `nox -s package` (CPU: the
-wheel and sdist, a smoke set of tests run installed), `nox -s gpu sanitize` (need GPUs).
+the default), `nox -s quick` (CPU: a subset for the edit loop), `nox -s readme` (CPU: README's
+runnable blocks, each as written in a fresh venv of a fresh copy of the checkout), `nox -s
+package` (CPU: the wheel and sdist, a smoke set of tests run installed), `nox -s gpu sanitize`
+(need GPUs).
 
 Sessions see the packages of the Python that runs nox, so an installed torch (a CUDA build on
 GPU machines) is used as it is and never reinstalled: the base interpreter's through
 --system-site-packages, and, where nox runs inside a virtual environment (a user's venv
 with torch), that environment's through a .pth file in the session's venv (after the
-session's own packages). Where no torch is found at all, $GPUCHECK_TORCH (default
-torch==2.13.0, a CPU build on our CI machines) is installed.
+session's own packages) naming a folder of links to them, gpucheck's own left out (the
+session installs the checkout's, which must be the one imported). Where no torch is found
+at all, $GPUCHECK_TORCH (default torch==2.13.0, a CPU build on our CI machines) is installed.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import re
+import shutil
+import subprocess
 import sys
 import sysconfig
 import tempfile
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import nox
 from nox.virtualenv import VirtualEnv
@@ -31,8 +40,14 @@ TORCH_SPEC = os.environ.get("GPUCHECK_TORCH", "torch==2.13.0")
 RAY_NEEDED = "GPUCHECK_RAY_TESTS"
 VENV = {"venv_params": ["--system-site-packages"]}
 ROOT = Path(__file__).resolve().parent
-#: the file that shows a session's venv the packages of the venv nox runs in
+#: the file that shows a session's venv the packages of the venv nox runs in, and the folder
+#: of links to them it names (beside it, in the session's site-packages)
 OUTER_PTH = "gpucheck-outer-venv.pth"
+OUTER_LINKS = "gpucheck-outer-venv"
+#: the entries of a site-packages folder that are gpucheck's own, whichever way it was
+#: installed: its package, its metadata under its distribution's name (torch-gpucheck,
+#: gpucheck/_distribution.py) or the older one, an editable install's files
+OWN_ENTRIES = re.compile(r"(gpucheck|(torch_)?gpucheck-.*|__editable__.*|.*\.pth)", re.I)
 #: what the session's interpreter reports: its version and where its packages go
 _PROBE = (
     "import json, sys, sysconfig; print(json.dumps([list(sys.version_info[:2]), "
@@ -50,15 +65,22 @@ def outer_site_packages() -> list[str]:
 
 
 def write_outer_pth(site_packages: Path, outer: list[str]) -> Path | None:
-    """Make a venv whose site-packages is ``site_packages`` see the folders ``outer`` after
-    its own, through a .pth file (removed when there is nothing to show). Not where one of
-    them holds gpucheck itself: it would shadow the session's editable install in processes
-    started outside the checkout. Returns the .pth file written, if any."""
-    pth = site_packages / OUTER_PTH
-    if not outer or any((Path(p) / "gpucheck" / "__init__.py").exists() for p in outer):
+    """Make a venv whose site-packages is ``site_packages`` see the packages of the folders
+    ``outer`` after its own: a .pth file naming a folder of links to their entries, gpucheck's
+    own left out (:data:`OWN_ENTRIES`: it would shadow the session's editable install of the
+    checkout in processes started outside the checkout). Returns the .pth file written, or
+    None where there is nothing to show (an earlier one removed)."""
+    pth, links = site_packages / OUTER_PTH, site_packages / OUTER_LINKS
+    shutil.rmtree(links, ignore_errors=True)  # links only: what they point to stays
+    if not outer:
         pth.unlink(missing_ok=True)
         return None
-    pth.write_text("".join(f"{p}\n" for p in outer))
+    links.mkdir()
+    for folder in map(Path, outer):
+        for entry in sorted(folder.iterdir()) if folder.is_dir() else []:
+            if not OWN_ENTRIES.fullmatch(entry.name) and not (links / entry.name).exists():
+                (links / entry.name).symlink_to(entry)
+    pth.write_text(f"{links}\n")
     return pth
 
 
@@ -75,9 +97,10 @@ def _share_outer_venv(session: nox.Session) -> None:
     version, purelib, _ = _probe(session)
     outer = outer_site_packages() if version == sys.version_info[:2] else []
     if write_outer_pth(purelib, outer) is not None:
-        session.log(f"sharing the packages of {sys.prefix} (after the session's own)")
-    elif outer:
-        session.log(f"not sharing the packages of {sys.prefix}: it has gpucheck installed")
+        session.log(
+            f"sharing the packages of {sys.prefix} (after the session's own; gpucheck's own "
+            "left out)"
+        )
 
 
 def _ensure_torch(session: nox.Session) -> None:
@@ -101,13 +124,24 @@ def _install(session: nox.Session, extras: str, build_extension: bool = False) -
         session.install("-e", f".[{extras}]", env={"GPUCHECK_NO_EXTENSION": "1"})
 
 
+def pytest_targets(posargs: list[str], default: tuple[str, ...]) -> list[str]:
+    """What pytest runs: the files, folders or node ids among ``posargs`` (``nox -s tests --
+    FILE``: that file alone, not every test and it once more), else ``default``."""
+    named = [a for a in posargs if not a.startswith("-") and Path(a.split("::")[0]).exists()]
+    return [] if named else list(default)
+
+
 @nox.session(**VENV)
 def tests(session: nox.Session) -> None:
-    """CPU tests: parsers, detectors, references, harness and report on real outputs."""
+    """CPU tests: parsers, detectors, references, harness and report on real outputs, on
+    every core (pytest-xdist: ``-- -n 0`` runs them in one process)."""
     # the extra ray too (a ~79 MB wheel): the --ray tests start a local Ray cluster, and
     # here a missing Ray fails them instead of skipping them (tests/test_ray.py)
     _install(session, "test,ray")
-    session.run("python", "-m", "pytest", "tests", *session.posargs, env={RAY_NEEDED: "1"})
+    targets = pytest_targets(session.posargs, ("tests",))
+    session.run(
+        "python", "-m", "pytest", "-n", "auto", *targets, *session.posargs, env={RAY_NEEDED: "1"}
+    )
 
 
 #: the quick subset for the edit loop (`nox -s quick`, under 2 minutes on two cores): the
@@ -168,7 +202,112 @@ SMOKE = (
 def quick(session: nox.Session) -> None:
     """The quick subset of the CPU tests for the edit loop (the full set: `nox -s tests`)."""
     _install(session, "test")
-    session.run("python", "-m", "pytest", "-n", "2", *QUICK, *session.posargs)
+    targets = pytest_targets(session.posargs, QUICK)
+    session.run("python", "-m", "pytest", "-n", "auto", *targets, *session.posargs)
+
+
+#: what gpucheck says where no GPU is usable (gpucheck/devices.py): a README block for GPUs
+#: that ends on it, with exit 2, ran as far as a machine without a GPU allows
+NO_GPU = "No NVIDIA GPU is usable"
+
+
+def readme_blocks() -> ModuleType:
+    """tools/readme_blocks.py: README's runnable blocks (loaded by path: no package)."""
+    spec = importlib.util.spec_from_file_location("readme_blocks", ROOT / "tools/readme_blocks.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def fresh_copy(where: Path) -> Path:
+    """The checkout as a fresh clone of it has it (its tracked files and those git does not
+    ignore, uncommitted edits included), copied to ``where``."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout
+    for name in filter(None, listed.split(b"\0")):
+        source = ROOT / os.fsdecode(name)
+        if source.is_file():  # not a tracked file deleted in the worktree
+            (where / os.fsdecode(name)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, where / os.fsdecode(name), follow_symlinks=False)
+    return where
+
+
+def torch_constraint(spec: str) -> str:
+    """The pip constraint that holds every ``torch`` a README block asks for (a bare
+    ``python -m pip install torch`` too) to ``spec``'s build: ``torch==X`` itself."""
+    if not re.fullmatch(r"torch\s*==\s*[\w.+!]+", spec):
+        raise ValueError(f"GPUCHECK_TORCH must pin one torch (torch==X) here, not {spec!r}")
+    return spec
+
+
+@nox.session(venv_backend="none", default=False)
+def readme(session: nox.Session) -> None:
+    """README's shell blocks as a newcomer runs them: each in a fresh venv (made with the
+    Python running nox) of a fresh copy of the checkout, as written (``bash -e``). Those
+    marked ``cpu`` must pass. Those marked ``gpu`` run here with torch held to the CPU build
+    $GPUCHECK_TORCH (installed first, as a GPU user's CUDA torch is, and kept by the block):
+    they must pass or end in gpucheck's sentence that no GPU is usable (exit 2); on a GPU
+    machine, ``tools/gpu readme`` runs them. No block resolves a torch of its own: a pip
+    constraint (``PIP_CONSTRAINT``) holds every ``torch`` to $GPUCHECK_TORCH."""
+    blocks = readme_blocks()
+    try:
+        constraint = torch_constraint(TORCH_SPEC)
+    except ValueError as err:
+        session.error(str(err))
+    chosen = [*blocks.to_run("cpu"), *blocks.to_run("gpu")]
+    with tempfile.TemporaryDirectory(prefix="gpucheck-readme-") as tmp:
+        constraints = Path(tmp) / "constraints.txt"
+        constraints.write_text(f"{constraint}\n")
+        for block in chosen:
+            _run_readme_block(session, block, Path(tmp) / f"line{block.line}", constraints)
+
+
+def _run_readme_block(session: nox.Session, block: Any, work: Path, constraints: Path) -> None:
+    session.log(f"README.md:{block.line} ({block.kind}): a fresh copy, a fresh venv")
+    clone = fresh_copy(work / "clone")
+    venv = work / "venv"
+    session.run(sys.executable, "-m", "venv", str(venv), external=True, silent=True)
+    python = str(venv / "bin" / "python")
+    env = {
+        "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+        "VIRTUAL_ENV": str(venv),
+        "PIP_CONSTRAINT": str(constraints),
+        "PYTHONNOUSERSITE": "1",
+    }
+    version = (python, "-c", "import torch; print(torch.__version__)")
+    if block.kind == "gpu":  # the CUDA torch a GPU user has: here its CPU build
+        session.run(python, "-m", "pip", "install", "-q", TORCH_SPEC, env=env, external=True)
+        before = str(session.run(*version, env=env, external=True, silent=True)).strip()
+    script = work / "block.sh"
+    script.write_text(block.code)
+    with session.chdir(clone):
+        if block.kind == "cpu":
+            session.run("bash", "-ex", str(script), env=env, external=True)
+        else:
+            ran = subprocess.run(
+                ["bash", "-ex", str(script)],
+                env={**os.environ, **env},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            tail = ran.stdout.strip().splitlines()[-2:]
+            session.log(f"exit {ran.returncode}: " + " / ".join(tail))
+            refused = ran.returncode == 2 and any(NO_GPU in line for line in tail)
+            if ran.returncode != 0 and not refused:
+                session.error(f"README.md:{block.line}: the block failed:\n{ran.stdout[-4000:]}")
+            after = str(session.run(*version, env=env, external=True, silent=True)).strip()
+            if after != before:  # gpucheck keeps the torch it finds
+                session.error(f"README.md:{block.line}: torch {before} became {after}")
+    if (venv / "bin" / "gpucheck").exists():  # installed: it runs from any folder
+        with session.chdir(work):
+            session.run(str(venv / "bin" / "gpucheck"), "--version", env=env, external=True)
 
 
 @nox.session(**VENV)
@@ -217,7 +356,7 @@ def package(session: nox.Session) -> None:
         work = Path(tmp)
         # with build isolation (which must not pull torch): the sdist, then the wheel from it
         session.run("python", "-m", "build", "--outdir", str(work / "dist"), ".")
-        wheel = next((work / "dist").glob("gpucheck-*.whl"))
+        wheel = next((work / "dist").glob("torch_gpucheck-*.whl"))
         if not wheel.name.endswith("-py3-none-any.whl"):  # the isolated build saw a torch
             session.error(f"expected a wheel without kernels, built {wheel.name}")
         venv = work / "venv"

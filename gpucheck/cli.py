@@ -243,7 +243,7 @@ def _print_inventory(inv: Inventory) -> None:
     metavar="[ADDRESS]",
     help="Run on every GPU of every node of a Ray cluster (ADDRESS, e.g. ray://head:10001 "
     "or auto; without it, a local Ray instance), into one run folder here. Needs "
-    'pip install "gpucheck[ray]".',
+    'python -m pip install "ray>=2.40" (the extra [ray]).',
 )
 @click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context

@@ -24,7 +24,7 @@ a :class:`Board` actor on the head (:class:`RayMeeting`): the ranks' collective 
 codes and stacks, the rendezvous, the one finding claimed; a node lost stops the others'
 ranks (:meth:`Board.halt`).
 
-Ray is imported only here, only under ``--ray`` (the extra ``gpucheck[ray]``).
+Ray is imported only here, only under ``--ray`` (the extra ``torch-gpucheck[ray]``).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def _ray() -> Any:
         import ray
     except ImportError as err:
         raise EnvironmentProblem(
-            '--ray needs Ray, which is not installed: pip install "gpucheck[ray]"'
+            '--ray needs Ray, which is not installed: python -m pip install "ray>=2.40"'
         ) from err
     return ray
 
