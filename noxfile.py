@@ -278,6 +278,9 @@ def _run_readme_block(session: nox.Session, block: Any, work: Path, constraints:
         "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
         "VIRTUAL_ENV": str(venv),
         "PIP_CONSTRAINT": str(constraints),
+        # one retry: where an index cannot be reached (PyTorch's from CI machines, which take
+        # the CPU torch from their own disk), pip's five cost minutes a block
+        "PIP_RETRIES": "1",
         "PYTHONNOUSERSITE": "1",
     }
     version = (python, "-c", "import torch; print(torch.__version__)")
