@@ -22,7 +22,6 @@ import re
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tempfile
 from pathlib import Path
 from types import ModuleType
@@ -40,14 +39,6 @@ TORCH_SPEC = os.environ.get("GPUCHECK_TORCH", "torch==2.13.0")
 RAY_NEEDED = "GPUCHECK_RAY_TESTS"
 VENV = {"venv_params": ["--system-site-packages"]}
 ROOT = Path(__file__).resolve().parent
-#: the file that shows a session's venv the packages of the venv nox runs in, and the folder
-#: of links to them it names (beside it, in the session's site-packages)
-OUTER_PTH = "gpucheck-outer-venv.pth"
-OUTER_LINKS = "gpucheck-outer-venv"
-#: the entries of a site-packages folder that are gpucheck's own, whichever way it was
-#: installed: its package, its metadata under its distribution's name (torch-gpucheck,
-#: gpucheck/_distribution.py) or the older one, an editable install's files
-OWN_ENTRIES = re.compile(r"(gpucheck|(torch_)?gpucheck-.*|__editable__.*|.*\.pth)", re.I)
 #: what the session's interpreter reports: its version and where its packages go
 _PROBE = (
     "import json, sys, sysconfig; print(json.dumps([list(sys.version_info[:2]), "
@@ -55,33 +46,21 @@ _PROBE = (
 )
 
 
-def outer_site_packages() -> list[str]:
-    """The site-packages of the virtual environment this Python runs in; none outside one
-    (then --system-site-packages already shows its packages)."""
-    if sys.prefix == sys.base_prefix:
-        return []
-    paths = sysconfig.get_paths()
-    return list(dict.fromkeys([paths["purelib"], paths["platlib"]]))
+def tool(name: str) -> ModuleType:
+    """tools/<name>.py (standard library only), loaded by path: tools/ is no package."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # a dataclass looks its module up
+    spec.loader.exec_module(module)
+    return module
 
 
-def write_outer_pth(site_packages: Path, outer: list[str]) -> Path | None:
-    """Make a venv whose site-packages is ``site_packages`` see the packages of the folders
-    ``outer`` after its own: a .pth file naming a folder of links to their entries, gpucheck's
-    own left out (:data:`OWN_ENTRIES`: it would shadow the session's editable install of the
-    checkout in processes started outside the checkout). Returns the .pth file written, or
-    None where there is nothing to show (an earlier one removed)."""
-    pth, links = site_packages / OUTER_PTH, site_packages / OUTER_LINKS
-    shutil.rmtree(links, ignore_errors=True)  # links only: what they point to stays
-    if not outer:
-        pth.unlink(missing_ok=True)
-        return None
-    links.mkdir()
-    for folder in map(Path, outer):
-        for entry in sorted(folder.iterdir()) if folder.is_dir() else []:
-            if not OWN_ENTRIES.fullmatch(entry.name) and not (links / entry.name).exists():
-                (links / entry.name).symlink_to(entry)
-    pth.write_text(f"{links}\n")
-    return pth
+#: how a session's venv sees the packages of the venv nox runs in (tools/fresh_venv.py)
+_FRESH_VENV = tool("fresh_venv")
+OUTER_PTH, OUTER_LINKS = _FRESH_VENV.OUTER_PTH, _FRESH_VENV.OUTER_LINKS
+outer_site_packages = _FRESH_VENV.outer_site_packages
+write_outer_pth = _FRESH_VENV.write_outer_pth
 
 
 def _probe(session: nox.Session, python: str = "python") -> tuple[tuple[int, int], Path, list[str]]:
@@ -211,16 +190,6 @@ def quick(session: nox.Session) -> None:
 NO_GPU = "No NVIDIA GPU is usable"
 
 
-def readme_blocks() -> ModuleType:
-    """tools/readme_blocks.py: README's runnable blocks (loaded by path: no package)."""
-    spec = importlib.util.spec_from_file_location("readme_blocks", ROOT / "tools/readme_blocks.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up
-    spec.loader.exec_module(module)
-    return module
-
-
 def fresh_copy(where: Path) -> Path:
     """The checkout as a fresh clone of it has it (its tracked files and those git does not
     ignore, uncommitted edits included), copied to ``where``."""
@@ -255,7 +224,7 @@ def readme(session: nox.Session) -> None:
     they must pass or end in gpucheck's sentence that no GPU is usable (exit 2); on a GPU
     machine, ``tools/gpu readme`` runs them. No block resolves a torch of its own: a pip
     constraint (``PIP_CONSTRAINT``) holds every ``torch`` to $GPUCHECK_TORCH."""
-    blocks = readme_blocks()
+    blocks = tool("readme_blocks")
     try:
         constraint = torch_constraint(TORCH_SPEC)
     except ValueError as err:

@@ -183,6 +183,7 @@ def spawn(
     full = {
         **os.environ,
         **prestart.STARTUP_ENV,
+        **prestart.package_env(),
         **env,
         LIFELINE_FD_ENV: f"{fd}:{os.fstat(fd).st_ino}:{os.getpid()}",
     }

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from clirun import gpucheck
@@ -108,6 +110,33 @@ def test_in_a_checkout_of_gpucheck_its_suites_folder_is_gpucheck_s_own(
     monkeypatch.chdir(tmp_path)
     assert suites.suite_roots() == [suites.PROJECT_SUITES.resolve()]
     assert set(suites.default(cpu_only=True)) == {"reference", "checkpoints"}
+
+
+def test_in_a_checkout_of_gpucheck_the_workers_run_the_installed_gpucheck_too(
+    tmp_path: Path,
+) -> None:
+    """The gpucheck command imports the installed package (its script does not put the
+    current folder on sys.path); its workers, which do (as pytest does), run that one too,
+    not the checkout's gpucheck/ beside them."""
+    (tmp_path / "gpucheck").mkdir()
+    (tmp_path / "gpucheck" / "__init__.py").write_text(
+        'raise ImportError("the checkout\'s gpucheck, not the one gpucheck runs")\n'
+    )
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "test_mine.py").write_text(
+        "import gpucheck.testing\n\ndef test_x():\n    assert gpucheck.check_op\n"
+    )
+    script = "import sys; sys.path.pop(0); from gpucheck.__main__ import main; main()"
+    proc = subprocess.run(
+        [sys.executable, "-c", script, "run", "--cpu-only", "--suite", "mine", "--out", "out"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ran = [(r["case"], r["status"]) for r in results.cases(tmp_path / "out" / "results.jsonl")]
+    assert ran == [("test_mine.py::test_x", "passed")]
 
 
 class _StoppedAtOnce:
