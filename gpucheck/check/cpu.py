@@ -226,20 +226,31 @@ def lowered(
     from gpucheck.check.runner import flat_tensors
 
     below = {getattr(torch, n): n for n, bits in MANTISSA.items() if bits < MANTISSA[name]}
-    casts = {torch.Tensor.float: torch.float32, torch.Tensor.half: torch.float16,
-             torch.Tensor.bfloat16: torch.bfloat16}  # fmt: skip
+    casts: dict[Any, Any] = {
+        torch.Tensor.float: torch.float32,
+        torch.Tensor.half: torch.float16,
+        torch.Tensor.bfloat16: torch.bfloat16,
+    }
     seen: list[Any] = []
 
     class KeepFloat64(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        def __torch_function__(
+            self,
+            func: Any,
+            types: Any,
+            args: tuple[Any, ...] = (),
+            kwargs: dict[str, Any] | None = None,
+        ) -> Any:
             if func in casts and casts[func] in below:
                 seen.append(casts[func])
-                return args[0]
-            keep = [a for a in (*args, *(kwargs or {}).values()) if a in below]
-            seen.extend(keep)
-            args = tuple(torch.float64 if a in below else a for a in args)
-            kwargs = {k: torch.float64 if v in below else v for k, v in (kwargs or {}).items()}
+                return args[0].to(torch.float64)
+            seen.extend(a for a in (*args, *(kwargs or {}).values()) if lower(a))
+            args = tuple(torch.float64 if lower(a) else a for a in args)
+            kwargs = {k: torch.float64 if lower(v) else v for k, v in (kwargs or {}).items()}
             return func(*args, **kwargs)
+
+    def lower(value: Any) -> bool:
+        return isinstance(value, torch.dtype) and value in below
 
     upcast = [
         a.detach().to(torch.float64) if isinstance(a, torch.Tensor) and a.is_floating_point() else a

@@ -50,7 +50,7 @@ for line in $lines; do
     (cd / && PATH=$D/venv/bin:$PATH gpucheck devices && "$D/venv/bin/python" -c \
       "import torch, gpucheck._C as c; print('kernels built at install:', c.__file__)") 2>&1 | tail -3
   fi
-  for run in "$D"/clone/reports/*/; do [ -d "$run" ] && tables counts "$run"; done
+  for run in "$D"/clone/reports/*/results.jsonl; do [ -f "$run" ] && tables counts "${run%/*}"; done
   case $where in "$D/venv/"*) ;; *) bad "gpucheck is not the venv's" ;; esac
   [ "${torch_after%% *}" = "$torch_before" ] || bad "torch was replaced"
   note "readme: README.md:$line rc=$rc in $((SECONDS - t0)) s; $(grep -E '^(passed|failed|warnings|incomplete|nothing-tested|interrupted) \(exit' "$D/block.log" | tail -1)"
