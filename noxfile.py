@@ -123,9 +123,10 @@ def tests(session: nox.Session) -> None:
     )
 
 
-#: the quick subset for the edit loop (`nox -s quick`, under 2 minutes on two cores): the
+#: the quick subset for the edit loop (`nox -s quick`, under a minute on two cores): the
 #: tests of the model, the report, the verdict, the CLI's refusals, check_op and the
 #: references, without the ones that start runs of the harness, build packages or kernels
+#: (whole files here, single tests in QUICK_LEAVES_OUT)
 QUICK = (
     "tests/model/test_results.py",
     "tests/report/test_report_verdict.py",
@@ -165,6 +166,41 @@ QUICK = (
     "tests/detectors/test_op_watch.py",
     "tests/detectors/test_numerics.py",
 )
+#: the tests of QUICK's files that start a run of gpucheck or a worker, or fuzz (each takes
+#: seconds on two cores; `nox -s tests` runs them): deselected by `nox -s quick`
+QUICK_LEAVES_OUT = (
+    "tests/check/test_check_op.py::test_a_users_file_collects_one_case_per_device_and_check",
+    "tests/check/test_check_op.py::test_a_correct_torch_op_passes_every_check_that_runs_on_cpu",
+    "tests/check/test_check_op.py::test_gpucheck_run_cpu_only_dry_runs_a_users_check_op_suite",
+    "tests/report/test_report_verdict.py::test_a_run_that_tested_nothing_is_not_clean_anywhere",
+    "tests/report/test_report_verdict.py::test_every_output_states_the_same_verdict_as_the_exit_code",
+    "tests/report/test_report_verdict.py::test_report_names_a_torn_results_file_and_fails",
+    "tests/report/test_report_verdict.py::test_a_suite_whose_only_file_has_a_syntax_error_is_"
+    "incomplete_naming_file_and_line",
+    "tests/report/test_report_verdict.py::test_collection_errors_name_their_files_in_one_style_"
+    "relative_to_the_folder_run_from",
+    "tests/report/test_report_sarif.py::test_run_and_report_write_only_the_formats_asked",
+    "tests/detectors/test_device_state.py::test_findings_flow_into_records_and_crashes_keep_the_"
+    "current_device",
+    "tests/detectors/test_device_state.py::test_a_pending_error_stays_with_the_case_that_left_it",
+    "tests/detectors/test_double_activation.py::test_selftest_double_activation_row_on_cpu",
+    "tests/detectors/test_op_device.py::test_op_device_names_the_op_through_a_real_worker",
+    "tests/detectors/test_wrong_device.py::test_the_differential_rerun_runs_only_the_suspects_"
+    "and_names_the_device_bug",
+    "tests/detectors/test_wrong_device.py::test_no_rerun_without_a_second_device",
+    "tests/distributed/test_dist_analysis.py::test_any_log_is_read_and_judged_without_raising",
+    "tests/reference/test_reference_splat.py::test_full_size_scene_forward_and_backward",
+    "tests/reference/test_reference_splat.py::test_max_bytes_catches_double_activation",
+    "tests/plugin/test_testing.py::test_a_worker_reports_the_measurement",
+    "tests/worker/test_detector_loop.py::test_a_case_that_lost_the_context_gets_one_note_and_no_"
+    "detector_error",
+    "tests/worker/test_detector_loop.py::test_a_failing_detector_is_a_warning_not_a_broken_case",
+    "tests/checkpoints/test_checkpoint_lint.py::test_roundtrip_of_correct_code_passes",
+    "tests/cli/test_cli.py::test_options_given_override_pyproject_settings",
+    "tests/cli/test_cli.py::test_pyproject_tool_gpucheck_sets_the_runs_defaults",
+    "tests/cli/test_cli.py::test_usage_errors_exit_2",
+    "tests/ops/test_ops_splat.py::test_reference_gradients_match_finite_differences",
+)
 #: what the package session runs against the installed wheel, besides `gpucheck run` and
 #: `gpucheck selftest` (the full tests run once, in the tests session): the CLI, the
 #: verdict, the plugin and check_op, the packaged suites' collection
@@ -182,7 +218,8 @@ def quick(session: nox.Session) -> None:
     """The quick subset of the CPU tests for the edit loop (the full set: `nox -s tests`)."""
     _install(session, "test")
     targets = pytest_targets(session.posargs, QUICK)
-    session.run("python", "-m", "pytest", "-n", "auto", *targets, *session.posargs)
+    leave_out = [f"--deselect={n}" for n in QUICK_LEAVES_OUT] if targets else []
+    session.run("python", "-m", "pytest", "-n", "auto", *targets, *leave_out, *session.posargs)
 
 
 #: what gpucheck says where no GPU is usable (gpucheck/devices.py): a README block for GPUs
@@ -252,10 +289,10 @@ def _run_readme_block(session: nox.Session, block: Any, work: Path, constraints:
         "PIP_RETRIES": "1",
         "PYTHONNOUSERSITE": "1",
     }
-    version = (python, "-c", "import torch; print(torch.__version__)")
+    version = (python, "-W", "ignore", "-c", "import torch; print(torch.__version__)")
     if block.kind == "gpu":  # the CUDA torch a GPU user has: here its CPU build
         session.run(python, "-m", "pip", "install", "-q", TORCH_SPEC, env=env, external=True)
-        before = str(session.run(*version, env=env, external=True, silent=True)).strip()
+        before = str(session.run(*version, env=env, external=True, silent=True)).split()[-1]
     script = work / "block.sh"
     script.write_text(block.code)
     with session.chdir(clone):
@@ -274,7 +311,7 @@ def _run_readme_block(session: nox.Session, block: Any, work: Path, constraints:
             refused = ran.returncode == 2 and any(NO_GPU in line for line in tail)
             if ran.returncode != 0 and not refused:
                 session.error(f"README.md:{block.line}: the block failed:\n{ran.stdout[-4000:]}")
-            after = str(session.run(*version, env=env, external=True, silent=True)).strip()
+            after = str(session.run(*version, env=env, external=True, silent=True)).split()[-1]
             if after != before:  # gpucheck keeps the torch it finds
                 session.error(f"README.md:{block.line}: torch {before} became {after}")
     if (venv / "bin" / "gpucheck").exists():  # installed: it runs from any folder

@@ -162,5 +162,8 @@ def test_the_quick_and_smoke_sets_name_test_files_that_exist_and_are_documented(
         "tests/controller/test_faults.py",
     }
     assert not slowest & set(noxfile.QUICK)  # each takes minutes on two cores
+    for node in noxfile.QUICK_LEAVES_OUT:  # single slow tests of the quick files, deselected
+        file, _, test = node.partition("::")
+        assert file in noxfile.QUICK and f"def {test}(" in (root / file).read_text(), node
     readme = (root / "README.md").read_text()
     assert "python -m nox -s quick" in readme and "| `quick` |" in readme
