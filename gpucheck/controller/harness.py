@@ -81,11 +81,10 @@ class Worker:
     replaced: bool = False
     hung_case: str | None = None
     native: str = ""  # py-spy's native frames of a hung worker, or why there are none
+    worker_error: bool = False  # it ended outside any case: a ``worker-error`` record says why
     state: WorkerState = field(default_factory=WorkerState)
     #: workers of this spec killed by a signal in a row before they recorded a case
     startup_kills: int = 0
-    #: it ended outside any case in a way that is recorded as a ``worker-error``
-    worker_error: bool = False
 
     @property
     def done(self) -> int:

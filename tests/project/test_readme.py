@@ -230,8 +230,8 @@ def test_the_install_section_says_where_the_wheel_lands_and_what_the_other_gpuch
 
 
 #: a measured number as the docs quote one: a share, a ratio, a time of milliseconds or
-#: microseconds (``~`` and a sign are how it is quoted, not part of it)
-_MEASURED = re.compile(r"(?<![\w.])[~+]?(\d+(?:\.\d+)?)\s?(%|×|x\b|ms\b|µs\b)")
+#: microseconds (``~`` and a sign are how it is quoted, not part of it; 16×16 is a size)
+_MEASURED = re.compile(r"(?<![\w.])[~+]?(\d+(?:\.\d+)?)\s?(%|×(?!\s?\d)|x\b|ms\b|µs\b)")
 #: numbers of those units in the docs that are settings, not measurements: (page, as written)
 _SETTINGS = {("check_op.md", "10 ms")}  # the NVML sampling interval's default
 
