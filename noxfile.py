@@ -78,8 +78,10 @@ def _share_outer_venv(session: nox.Session) -> None:
     if write_outer_pth(purelib, outer) is not None:
         session.log(
             f"sharing the packages of {sys.prefix} (after the session's own; gpucheck's own "
-            "left out)"
+            "left out) and its commands"
         )
+        scripts = _FRESH_VENV.outer_scripts()  # py-spy, ninja, ...: after the session's own
+        session.env["PATH"] = os.pathsep.join(filter(None, [scripts, os.environ.get("PATH")]))
 
 
 def _ensure_torch(session: nox.Session) -> None:

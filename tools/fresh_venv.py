@@ -24,15 +24,22 @@ import sys
 import sysconfig
 from pathlib import Path
 
-#: the file that shows a venv the packages of another, and the folder of links to them it
-#: names (both in the venv's site-packages)
+#: the file that shows a venv the packages of another (in the venv's site-packages), and the
+#: folder of links to them it names (in the venv's own folder: a short path, as the frames of
+#: a traceback through it show it)
 OUTER_PTH = "gpucheck-outer-venv.pth"
-OUTER_LINKS = "gpucheck-outer-venv"
+OUTER_LINKS = "outer-site-packages"
 #: the entries of a site-packages folder that are gpucheck's own, whichever way it was
 #: installed: its package, its metadata under its distribution's name (torch-gpucheck,
 #: gpucheck/_distribution.py) or the older one, an editable install's files; and .pth files,
 #: which a folder named by a .pth file does not run
 OWN_ENTRIES = re.compile(r"(gpucheck|(torch_)?gpucheck-.*|__editable__.*|.*\.pth)", re.I)
+
+
+def outer_scripts() -> str | None:
+    """The scripts folder of the virtual environment this Python runs in (py-spy, ninja, ...:
+    what its packages run as commands), or None outside one."""
+    return sysconfig.get_paths()["scripts"] if sys.prefix != sys.base_prefix else None
 
 
 def outer_site_packages() -> list[str]:
@@ -48,7 +55,8 @@ def write_outer_pth(site_packages: Path, outer: list[str]) -> Path | None:
     """Make a venv whose site-packages is ``site_packages`` see the packages of the folders
     ``outer`` after its own (see the module's docstring). Returns the .pth file written, or
     None where there is nothing to show (an earlier one removed)."""
-    pth, links = site_packages / OUTER_PTH, site_packages / OUTER_LINKS
+    lib = site_packages.parent.parent  # venv/lib/pythonX.Y/site-packages
+    pth, links = site_packages / OUTER_PTH, (lib.parent if lib.name == "lib" else lib) / OUTER_LINKS
     shutil.rmtree(links, ignore_errors=True)  # links only: what they point to stays
     if not outer:
         pth.unlink(missing_ok=True)

@@ -124,7 +124,7 @@ def test_a_venv_holding_gpucheck_is_shared_without_gpucheck(tmp_path):
     assert pth is not None
     assert _where(session, "outer_only") == ["outer"]
     assert _where(session, "gpucheck") == ["ImportError"]
-    links = session_lib / _noxfile().OUTER_LINKS
+    links = tmp_path / "session" / _noxfile().OUTER_LINKS
     assert sorted(p.name for p in links.iterdir()) == ["outer_only.py"]
     (outer_lib / "outer_only.py").unlink()  # written again each time: nothing stale
     assert _noxfile().write_outer_pth(session_lib, [str(outer_lib)]) is not None
