@@ -203,7 +203,9 @@ def resolve(requested: tuple[str, ...] | list[str], cpu_only: bool = False) -> d
     chosen: dict[str, Path] = {}
     for item in requested:
         path = Path(item)
-        if path.exists():
+        # a folder of that name here that holds no test file (`python -m build`'s dist/)
+        # does not hide the suite of that name
+        if path.exists() and (item not in known or path.is_file() or _holds_tests(path)):
             name = path.stem if path.is_file() else path.resolve().name
             chosen[name] = path.resolve()
         elif item in known:
@@ -228,6 +230,10 @@ def resolve(requested: tuple[str, ...] | list[str], cpu_only: bool = False) -> d
                 "importable module"
             )
     return chosen
+
+
+def _holds_tests(folder: Path) -> bool:
+    return any(folder.rglob("test_*.py")) or any(folder.rglob("*_test.py"))
 
 
 _DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")

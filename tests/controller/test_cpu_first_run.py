@@ -139,6 +139,18 @@ def test_in_a_checkout_of_gpucheck_the_workers_run_the_installed_gpucheck_too(
     assert ran == [("test_mine.py::test_x", "passed")]
 
 
+def test_a_folder_without_tests_does_not_hide_the_suite_of_its_name(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """`python -m build` leaves dist/ in a checkout: `dist` is still the distributed suite."""
+    (tmp_path / "dist").mkdir()
+    (tmp_path / "dist" / "torch_gpucheck-0.1.0-py3-none-any.whl").write_text("")
+    (tmp_path / "mine").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert suites.resolve(("dist",)) == {"dist": suites.available()["dist"]}
+    assert suites.resolve(("mine",)) == {"mine": (tmp_path / "mine").resolve()}  # no suite
+
+
 class _StoppedAtOnce:
     """A distributed harness stopped by Ctrl-C before any rank finished a case."""
 
