@@ -70,18 +70,23 @@ def write_outer_pth(site_packages: Path, outer: list[str]) -> Path | None:
     return pth
 
 
-def make(where: Path) -> Path:
-    """The venv ``where``, made with this Python and --system-site-packages, seeing this
-    Python's own venv too; returns its python."""
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(where)], check=True)
-    python = where / "bin" / "python"
+def site_packages(python: Path | str) -> Path:
+    """The site-packages folder of the Python ``python`` (a venv's)."""
     purelib = subprocess.run(
         [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True,
         text=True,
         check=True,
-    ).stdout.strip()
-    write_outer_pth(Path(purelib), outer_site_packages())
+    )
+    return Path(purelib.stdout.strip())
+
+
+def make(where: Path) -> Path:
+    """The venv ``where``, made with this Python and --system-site-packages, seeing this
+    Python's own venv too; returns its python."""
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(where)], check=True)
+    python = where / "bin" / "python"
+    write_outer_pth(site_packages(python), outer_site_packages())
     return python
 
 

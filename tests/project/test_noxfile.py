@@ -38,13 +38,7 @@ def _venv(where: Path, *options: str) -> tuple[Path, Path]:
         timeout=120,
     )
     python = where / "bin" / "python"
-    purelib = subprocess.run(
-        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return python, Path(purelib.stdout.strip())
+    return python, _noxfile().tool("fresh_venv").site_packages(python)
 
 
 def _shared_by_noxfile(python: Path | str) -> list[str]:
