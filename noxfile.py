@@ -273,7 +273,9 @@ def readme(session: nox.Session) -> None:
         constraints = Path(tmp) / "constraints.txt"
         constraints.write_text(f"{constraint}\n")
         for block in chosen:
-            _run_readme_block(session, block, Path(tmp) / f"line{block.line}", constraints)
+            work = Path(tmp) / f"line{block.line}"
+            _run_readme_block(session, block, work, constraints)
+            shutil.rmtree(work, ignore_errors=True)  # a venv with torch: a gigabyte each
 
 
 def _run_readme_block(session: nox.Session, block: Any, work: Path, constraints: Path) -> None:

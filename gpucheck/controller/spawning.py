@@ -88,7 +88,8 @@ def worker_command(
     if spec.sanitizer_tool and sanitizer_log is not None:
         cmd += sanitizer_cmd.prefix(spec.sanitizer_tool, sanitizer_log, spec.sanitizer)
         quick_exit = False
-    entry = ["-c", prestart.QUICK_EXIT] if quick_exit else ["-m", "pytest"]
+    plain = ["-c", prestart.PLAIN] if prestart.package_env() else ["-m", "pytest"]
+    entry = ["-c", prestart.QUICK_EXIT] if quick_exit else plain
     cmd += [sys.executable, *entry, "-q", "-p", "no:cacheprovider"]
     if not any(a == "-s" or a.startswith("--capture") for a in spec.pytest_args):
         # Capture only Python's sys.stdout/err: what native code writes to the fd (libstdc++'s

@@ -126,17 +126,22 @@ def test_in_a_checkout_of_gpucheck_the_workers_run_the_installed_gpucheck_too(
     (tmp_path / "mine" / "test_mine.py").write_text(
         "import gpucheck.testing\n\ndef test_x():\n    assert gpucheck.check_op\n"
     )
-    script = "import sys; sys.path.pop(0); from gpucheck.__main__ import main; main()"
-    proc = subprocess.run(
-        [sys.executable, "-c", script, "run", "--cpu-only", "--suite", "mine", "--out", "out"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=180,
+    (tmp_path / "ranks").mkdir()
+    (tmp_path / "ranks" / "test_ranks.py").write_text(
+        "import gpucheck.testing\n\ndef test_y(dist_rank):\n    assert gpucheck.check_op\n"
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    ran = [(r["case"], r["status"]) for r in results.cases(tmp_path / "out" / "results.jsonl")]
-    assert ran == [("test_mine.py::test_x", "passed")]
+    script = "import sys; sys.path.pop(0); from gpucheck.__main__ import main; main()"
+    for how in (["--suite", "mine"], ["--distributed", "--suite", "ranks"]):  # rank: -m pytest
+        proc = subprocess.run(
+            [sys.executable, "-c", script, "run", "--cpu-only", *how, "--out", f"out-{how[-1]}"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        ran = {r["status"] for r in results.cases(tmp_path / f"out-{how[-1]}" / "results.jsonl")}
+        assert ran == {"passed"}, proc.stdout
 
 
 def test_a_folder_without_tests_does_not_hide_the_suite_of_its_name(
