@@ -83,8 +83,11 @@ def site_packages(python: Path | str) -> Path:
 
 def make(where: Path) -> Path:
     """The venv ``where``, made with this Python and --system-site-packages, seeing this
-    Python's own venv too; returns its python."""
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(where)], check=True)
+    Python's own venv too; returns its python. Where this Python's base has no ensurepip
+    (a venv made by another tool), the venv is made without pip: the shared one's serves."""
+    made = [sys.executable, "-m", "venv", "--system-site-packages", str(where)]
+    if subprocess.run(made).returncode != 0:
+        subprocess.run([*made, "--without-pip"], check=True)
     python = where / "bin" / "python"
     write_outer_pth(site_packages(python), outer_site_packages())
     return python
