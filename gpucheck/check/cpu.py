@@ -219,7 +219,7 @@ def lowered(
     """``fn`` on ``args`` upcast to float64, computed in float64 throughout: every cast to a
     floating dtype below ``name`` (``.float()``, ``.to(torch.float16)``, ``dtype=`` of a
     factory or a reduction) kept in float64. Returns the lowest dtype it cast to and its
-    floating outputs so computed; None where it casts to none."""
+    floating outputs so computed; None where it casts to none, or cannot be computed so."""
     import torch
     from torch.overrides import TorchFunctionMode
 
@@ -256,8 +256,11 @@ def lowered(
         a.detach().to(torch.float64) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
         for a in args
     ]
-    with torch.no_grad(), KeepFloat64():
-        out = [t for t in flat_tensors(fn(upcast)) if t.is_floating_point()]
+    try:
+        with torch.no_grad(), KeepFloat64():
+            out = [t for t in flat_tensors(fn(upcast)) if t.is_floating_point()]
+    except Exception:  # it cannot be computed so (an op of that dtype only): no judgement
+        return None
     if not seen:
         return None
     return below[min(seen, key=lambda d: MANTISSA[below[d]])], out
