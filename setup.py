@@ -65,9 +65,14 @@ def _say(message: str, loud: bool = False) -> None:
             pass
 
 
+#: what the temporary folders of an isolated build environment are named: pip's and
+#: ``python -m build``'s (they hold the build's requirements only, never your torch)
+ISOLATED_ENVS = ("pip-build-env-", "build-env-")
+
+
 def _isolated() -> bool:
-    """Whether pip builds this in its isolated build environment (where your torch is not)."""
-    return any("pip-build-env" in p for p in sys.path)
+    """Whether this build runs in an isolated build environment (where your torch is not)."""
+    return any(m in p for p in [sys.prefix, *sys.path] for m in ISOLATED_ENVS)
 
 
 def _skip(reason: str) -> dict[str, Any]:
@@ -113,8 +118,9 @@ def extension_kwargs() -> dict[str, Any]:
     except ImportError:
         if _isolated():
             return _skip(
-                "pip's isolated build environment has no torch: install torch "
-                "first, then gpucheck with --no-build-isolation"
+                "this build runs in an isolated build environment (pip's or `python -m "
+                "build`'s), which does not see your torch; to build them at install, install "
+                "torch first, then gpucheck with --no-build-isolation"
             )
         return _skip("torch is not installed in this environment: install torch first")
     if torch.version.cuda is None:

@@ -12,7 +12,16 @@ from typing import NoReturn
 
 def main() -> NoReturn:
     """Entry point of the ``gpucheck`` script: runs the command and ends the process with its
-    exit code."""
+    exit code (2 at once, in one sentence, where another distribution's ``gpucheck`` module
+    is installed over this one: :func:`gpucheck._distribution.conflict`)."""
+    from gpucheck import _distribution
+
+    problem = _distribution.conflict()
+    if problem is not None:
+        from gpucheck.errors import EXIT_USAGE
+
+        print(f"gpucheck: {problem}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
     from gpucheck.controller import prestart
 
     prestart.start(sys.argv[1:])

@@ -33,16 +33,21 @@ EXAMPLE = "custom_rnn_extension"
 
 
 def path(name: str) -> Path:
-    """The folder of the bundled ``name`` (a key of :data:`BUNDLED`) in the installed package.
+    """The folder of the bundled ``name`` (a key of :data:`BUNDLED`) in the installed package;
+    where gpucheck is imported from a checkout's ``gpucheck/`` instead (a process started in
+    a checkout, whose folder comes first on ``sys.path``, beside a wheel installed from it),
+    the checkout's own folder.
 
     Raises:
-        gpucheck.errors.EnvironmentProblem: gpucheck is imported from a checkout that is not
-            installed (the folders are only mapped into the package by an install).
+        gpucheck.errors.EnvironmentProblem: neither is there.
     """
     package = f"gpucheck.{name}"
     try:
         root = importlib.resources.files(package)
     except ModuleNotFoundError as err:
+        checkout = Path(__file__).resolve().parent.parent / BUNDLED[name]
+        if (checkout / "__init__.py").is_file():
+            return checkout
         from gpucheck.errors import EnvironmentProblem
 
         raise EnvironmentProblem(

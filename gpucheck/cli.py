@@ -243,7 +243,8 @@ def _print_inventory(inv: Inventory) -> None:
     metavar="[ADDRESS]",
     help="Run on every GPU of every node of a Ray cluster (ADDRESS, e.g. ray://head:10001 "
     "or auto; without it, a local Ray instance), into one run folder here; with --cpu-only, "
-    'on a cluster without GPUs too. Needs pip install "gpucheck[ray]" (Ray and Ray Client).',
+    "on a cluster without GPUs too. Needs "
+    'python -m pip install "ray[client]>=2.40" (the extra [ray]).',
 )
 @click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context

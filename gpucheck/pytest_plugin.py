@@ -43,6 +43,7 @@ from typing import Any
 
 import pytest
 
+from gpucheck import _distribution
 from gpucheck.detectors import ext_watch
 from gpucheck.model.modes import BARE
 from gpucheck.worker import case as case_mod
@@ -148,6 +149,10 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if not config.getoption("--gpucheck-results"):  # a worker: its controller checked
+        problem = _distribution.conflict()
+        if problem is not None:
+            raise pytest.UsageError(f"gpucheck: {problem}")
     ext_watch.install_unless_disabled()  # no-op when pytest_load_initial_conftests did it
     for name, doc in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {doc}")

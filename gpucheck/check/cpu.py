@@ -10,7 +10,11 @@ spent on it. The op itself is never called (it is a CUDA kernel):
 - ``numerics-<dtype>``: the reference runs on those inputs in float64 (forward, and backward
   when gradients are checked), gives finite outputs, the same bits when called twice, the
   same output shapes when run in ``dtype``; in float32 / float64 its own error (run in
-  ``dtype`` against float64) fits the check's ``rtol`` / ``atol``, or no kernel could pass;
+  ``dtype`` against float64) fits the check's ``rtol`` / ``atol``, or no kernel could pass,
+  and, run in float64, it is as accurate as ``dtype`` asks: compared with itself computed in
+  float64 throughout (its casts to precisions below ``dtype``, a ``x.float()`` inside, kept in
+  float64: :func:`lowered`), it is within ``rtol`` / ``atol``, or a correct ``dtype`` kernel
+  fails against it;
 - every other check waits for a GPU (skipped, saying so).
 
 A failure names the user's function and the line of the user's file it points at.
@@ -29,6 +33,9 @@ import pytest
 from gpucheck import testing
 from gpucheck.check.runner import LOW_PRECISION, Runner, Step
 from gpucheck.check.spec import OpSpec
+
+#: floating dtypes by precision, finest first, and their mantissa bits
+MANTISSA = {"float64": 52, "float32": 23, "float16": 10, "bfloat16": 7}
 
 #: the reason every check that needs the op on a GPU is skipped with (one reason: the run's
 #: summary counts them together)
@@ -178,3 +185,82 @@ def _reference(spec: OpSpec, runner: Runner, args: tuple[Any, ...], dtype: Any, 
                 f"float64 result by more than rtol={rtol:g}, atol={atol:g} ({first}): no "
                 f"{name} kernel can pass numerics-{name}; loosen rtol/atol for {name}"
             )
+    _as_accurate_as(spec, args, want.outputs, name)
+
+
+def _as_accurate_as(spec: OpSpec, args: tuple[Any, ...], want: list[Any], name: str) -> None:
+    """The reference run in float64 (``want``) against itself computed in float64
+    throughout (:func:`lowered`), within ``name``'s tolerances."""
+    reference = spec.reference
+    assert reference is not None
+    kept = lowered(lambda a: reference(*a), args, name)
+    if kept is None:
+        return
+    lower, full = kept
+    rtol, atol = spec.rtol[name], spec.atol[name]
+    for i, (g, w) in enumerate(zip(want, full, strict=True)):
+        if not g.is_floating_point():
+            continue
+        m = testing.measure(g, w, rtol=rtol, atol=atol, what=f"output {i}")
+        if not m.ok:
+            raise AssertionError(
+                f"{spec.name}: the reference ({where(reference)}), run in float64, computes "
+                f"in {lower} inside, so it is only {lower}-accurate (off from itself computed "
+                f"in float64 by more than rtol={rtol:g}, atol={atol:g}: "
+                f"{m.message().splitlines()[0]}) and a correct {name} kernel fails "
+                f"numerics-{name} against it: compute in the inputs' dtype where it is {name} "
+                "(e.g. x.to(torch.promote_types(x.dtype, torch.float32)), not x.float())"
+            )
+
+
+def lowered(
+    fn: Callable[[list[Any]], Any], args: tuple[Any, ...], name: str
+) -> tuple[str, list[Any]] | None:
+    """``fn`` on ``args`` upcast to float64, computed in float64 throughout: every cast to a
+    floating dtype below ``name`` (``.float()``, ``.to(torch.float16)``, ``dtype=`` of a
+    factory or a reduction) kept in float64. Returns the lowest dtype it cast to and its
+    floating outputs so computed; None where it casts to none, or cannot be computed so."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    from gpucheck.check.runner import flat_tensors
+
+    below = {getattr(torch, n): n for n, bits in MANTISSA.items() if bits < MANTISSA[name]}
+    casts: dict[Any, Any] = {
+        torch.Tensor.float: torch.float32,
+        torch.Tensor.half: torch.float16,
+        torch.Tensor.bfloat16: torch.bfloat16,
+    }
+    seen: list[Any] = []
+
+    class KeepFloat64(TorchFunctionMode):
+        def __torch_function__(
+            self,
+            func: Any,
+            types: Any,
+            args: tuple[Any, ...] = (),
+            kwargs: dict[str, Any] | None = None,
+        ) -> Any:
+            if func in casts and casts[func] in below:
+                seen.append(casts[func])
+                return args[0].to(torch.float64)
+            seen.extend(a for a in (*args, *(kwargs or {}).values()) if lower(a))
+            args = tuple(torch.float64 if lower(a) else a for a in args)
+            kwargs = {k: torch.float64 if lower(v) else v for k, v in (kwargs or {}).items()}
+            return func(*args, **kwargs)
+
+    def lower(value: Any) -> bool:
+        return isinstance(value, torch.dtype) and value in below
+
+    upcast = [
+        a.detach().to(torch.float64) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+        for a in args
+    ]
+    try:
+        with torch.no_grad(), KeepFloat64():
+            out = [t for t in flat_tensors(fn(upcast)) if t.is_floating_point()]
+    except Exception:  # it cannot be computed so (an op of that dtype only): no judgement
+        return None
+    if not seen:
+        return None
+    return below[min(seen, key=lambda d: MANTISSA[below[d]])], out

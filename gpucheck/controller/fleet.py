@@ -28,7 +28,7 @@ the other nodes' through a :class:`Board` actor on the head (:class:`RayMeeting`
 collective logs, exit codes and stacks, what each rank recorded, the rendezvous, the one
 finding claimed; a node lost stops the others' ranks (:meth:`Board.halt`).
 
-Ray is imported only here, only under ``--ray`` (the extra ``gpucheck[ray]``, which brings
+Ray is imported only here, only under ``--ray`` (the extra ``torch-gpucheck[ray]``, which brings
 Ray Client for ``ray://`` addresses).
 """
 
@@ -79,7 +79,7 @@ def _ray() -> Any:
         import ray
     except ImportError as err:
         raise EnvironmentProblem(
-            '--ray needs Ray, which is not installed: pip install "gpucheck[ray]"'
+            '--ray needs Ray, which is not installed: python -m pip install "ray[client]>=2.40"'
         ) from err
     return ray
 

@@ -90,6 +90,7 @@ class Worker:
     replaced: bool = False
     hung_case: str | None = None
     native: str = ""  # py-spy's native frames of a hung worker, or why there are none
+    worker_error: bool = False  # it ended outside any case: a ``worker-error`` record says why
     state: WorkerState = field(default_factory=WorkerState)
     #: workers of this spec killed by a signal in a row before they recorded a case
     startup_kills: int = 0
@@ -376,6 +377,7 @@ class Harness:
                 # start-up that fails the same way every time) or a second kill in a row ends
                 # this device's part of the run
                 again = sig is not None and w.startup_kills < MAX_STARTUP_KILLS
+                w.worker_error = True
                 self._record(
                     w,
                     f"<worker {w.spec.label}>",

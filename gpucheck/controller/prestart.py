@@ -29,10 +29,24 @@ import sys
 #: a gpucheck module, every worker's output carried pytest's "Module already imported so
 #: cannot be rewritten; gpucheck" warning). The current folder goes first on sys.path by its
 #: absolute path, as ``python -m pytest`` puts it (``-c`` puts "", which follows a chdir).
+_PATH = (
+    "import os, sys; sys.path[0] = os.getcwd(); "
+    "sys.path[:0] = [p for p in [os.environ.get('GPUCHECK_PACKAGE_PATH')] if p]; "
+)
 QUICK_EXIT = (
-    "import os, sys; sys.path[0] = os.getcwd(); import pytest; code = pytest.main(); "
+    _PATH + "import pytest; code = pytest.main(); "
     "from gpucheck.worker.quick_exit import end; end(code)"
 )
+#: a worker that ends the usual way (under compute-sanitizer; a rank), where the current
+#: folder holds another gpucheck (:data:`PACKAGE_PATH_ENV`): ``python -m pytest`` as
+#: :data:`QUICK_EXIT` puts sys.path (elsewhere it is ``python -m pytest`` itself)
+PLAIN = _PATH + "import pytest; sys.exit(pytest.main())"
+#: the folder that holds the gpucheck package the controller runs, given to its workers
+#: where the current folder holds another one (a checkout of gpucheck, with a wheel built
+#: from it installed): :data:`QUICK_EXIT` and :data:`PLAIN` put it first on sys.path, so
+#: that the worker runs the same gpucheck as the controller, not the checkout's (which lacks
+#: what only an install maps into the package: its suites, its CUDA sources)
+PACKAGE_PATH_ENV = "GPUCHECK_PACKAGE_PATH"
 #: what the waiting interpreter does once pytest is imported: read its job, or end when
 #: nobody sends one; then its logs on descriptors 1 and 2 (the controller opened them
 #: already: a folder it cannot write is its error, as for a fresh worker), nothing on 0, the
@@ -67,6 +81,16 @@ NO_WORKER = ("--distributed", "--ray", "--help", "-h")
 
 _LIFELINE: list[int] = []  # this process's pipe (read end, write end), made once
 _WAITING: list[tuple[subprocess.Popen[bytes], dict[str, str]]] = []  # (process, its env)
+
+
+def package_env() -> dict[str, str]:
+    """``{PACKAGE_PATH_ENV: folder}`` where the current folder holds a gpucheck package other
+    than this one (see :data:`PACKAGE_PATH_ENV`); else nothing."""
+    package = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    here = os.path.join(os.getcwd(), "gpucheck")
+    if os.path.isfile(os.path.join(here, "__init__.py")) and os.path.realpath(here) != package:
+        return {PACKAGE_PATH_ENV: os.path.dirname(package)}
+    return {}
 
 
 def lifeline() -> int:

@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from gpucheck.model.results import COLLECTION_ERROR
+from gpucheck.model.results import COLLECTION_ERROR, shown_path
 from gpucheck.model.runlog import RunLog
 
 if TYPE_CHECKING:  # imported once a line is shown (the first workers start before)
@@ -27,6 +27,20 @@ if TYPE_CHECKING:  # imported once a line is shown (the first workers start befo
 
 #: finding lines of one case record before "... and N more"
 MAX_LINES_PER_RECORD = 5
+
+
+def ending(w: Worker) -> str:
+    """What a finished worker's end means for the run, for its line (pytest's exit code says
+    whether its own cases passed, which the run's verdict says for all): every case it
+    planned recorded, some not, none collected, or an end outside any case."""
+    if w.worker_error:
+        return "stopped outside any case (its worker-error record says why)"
+    if w.planned is None:  # it ended before it collected (its plan is written then)
+        return f"collected no case (its stderr: {shown_path(str(w.stderr_path))})"
+    if not w.planned:
+        return "collected no case"
+    missing = w.planned - w.done
+    return "every case recorded" if missing <= 0 else f"{missing} case(s) not recorded"
 
 
 class Progress:
@@ -139,7 +153,7 @@ class Progress:
             self.reported.add(label)
             restarts = f", {w.restarts} restart(s)" if w.restarts else ""
             self.console.print(
-                f"{label}: {w.done}/{w.planned or '?'} cases{restarts}, exit {w.proc.returncode}",
+                f"{label}: {w.done}/{w.planned or '?'} cases{restarts}, {ending(w)}",
                 soft_wrap=True,
                 markup=False,
             )

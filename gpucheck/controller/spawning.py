@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpucheck import _distribution
 from gpucheck.controller import prestart
 from gpucheck.controller.deaths import STDERR_TAIL
 from gpucheck.errors import OutputProblem
@@ -50,7 +51,7 @@ class WorkerSpec:
 #: plugin is there once whether or not the entry point is installed (no look-up of the
 #: installed packages' entry points on the way to the first worker)
 PLUGIN_MODULE = "gpucheck.pytest_plugin"
-PLUGIN_ENTRY_POINT = "gpucheck"
+PLUGIN_ENTRY_POINT = _distribution.NAME
 #: how many threads torch's CPU operators (OpenMP) use in a process
 THREADS_ENV = "OMP_NUM_THREADS"
 
@@ -95,7 +96,8 @@ def worker_command(
     if spec.sanitizer_tool and sanitizer_log is not None:
         cmd += sanitizer_cmd.prefix(spec.sanitizer_tool, sanitizer_log, spec.sanitizer)
         quick_exit = False
-    entry = ["-c", prestart.QUICK_EXIT] if quick_exit else ["-m", "pytest"]
+    plain = ["-c", prestart.PLAIN] if prestart.package_env() else ["-m", "pytest"]
+    entry = ["-c", prestart.QUICK_EXIT] if quick_exit else plain
     cmd += [sys.executable, *entry, "-q", "-p", "no:cacheprovider"]
     if not any(a == "-s" or a.startswith("--capture") for a in spec.pytest_args):
         # Capture only Python's sys.stdout/err: what native code writes to the fd (libstdc++'s
@@ -199,6 +201,7 @@ def spawn(
     full = {
         **os.environ,
         **prestart.STARTUP_ENV,
+        **prestart.package_env(),
         **env,
         LIFELINE_FD_ENV: f"{fd}:{os.fstat(fd).st_ino}:{os.getpid()}",
         **({CGROUP_ENV: str(cgroup.path)} if cgroup is not None else {}),

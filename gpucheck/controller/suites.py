@@ -14,6 +14,7 @@ The controller knows no suite by name: it reads their declarations.
 
 from __future__ import annotations
 
+import fnmatch
 import importlib
 import importlib.util
 import os
@@ -105,21 +106,31 @@ PROJECT_SUITES = _resources.suites()
 
 
 def suite_roots() -> list[Path]:
-    """Where suites are looked for by name: ./suites/, then gpucheck's own."""
-    roots = [Path.cwd() / "suites", PROJECT_SUITES]
+    """Where suites are looked for by name: ./suites/, then gpucheck's own. In a checkout
+    of gpucheck (a wheel built from it installed), its ./suites/ is gpucheck's own suites:
+    the installed copy of them is used, the one root of gpucheck's own."""
+    here = Path.cwd()
+    checkout = (here / "gpucheck" / "_resources.py").is_file()
+    roots = [] if checkout else [here / "suites"]
     seen: list[Path] = []
-    for r in roots:
+    for r in [*roots, PROJECT_SUITES]:
         if r.is_dir() and r.resolve() not in seen:
             seen.append(r.resolve())
     return seen
 
 
 def _suites_in(root: Path) -> dict[str, Path]:
-    return {
-        d.name: d
-        for d in sorted(root.iterdir())
-        if d.is_dir() and not d.name.startswith((".", "_")) and any(d.rglob("test_*.py"))
-    }
+    """The suites of a folder of suites, by name: each folder in it that holds test_*.py
+    files, and each test_*.py file directly in it (a suite of one file, named by its stem)."""
+    found: dict[str, Path] = {}
+    for entry in sorted(root.iterdir()):
+        if entry.name.startswith((".", "_")):
+            continue
+        if entry.is_dir() and any(entry.rglob("test_*.py")):
+            found[entry.name] = entry
+        elif entry.is_file() and fnmatch.fnmatch(entry.name, "test_*.py"):
+            found.setdefault(entry.stem, entry)
+    return found
 
 
 def available() -> dict[str, Path]:
@@ -203,7 +214,9 @@ def resolve(requested: tuple[str, ...] | list[str], cpu_only: bool = False) -> d
     chosen: dict[str, Path] = {}
     for item in requested:
         path = Path(item)
-        if path.exists():
+        # a folder of that name here that holds no test file (`python -m build`'s dist/)
+        # does not hide the suite of that name
+        if path.exists() and (item not in known or path.is_file() or _holds_tests(path)):
             name = path.stem if path.is_file() else path.resolve().name
             chosen[name] = path.resolve()
         elif item in known:
@@ -228,6 +241,10 @@ def resolve(requested: tuple[str, ...] | list[str], cpu_only: bool = False) -> d
                 "importable module"
             )
     return chosen
+
+
+def _holds_tests(folder: Path) -> bool:
+    return any(folder.rglob("test_*.py")) or any(folder.rglob("*_test.py"))
 
 
 _DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import pluggy
 
+from gpucheck import _distribution
 from gpucheck.detectors.base import Detector, disabled
 from gpucheck.detectors.device_state import DeviceStateLeak, PendingError
 from gpucheck.detectors.imbalance import Imbalance
@@ -133,7 +134,8 @@ def manager() -> pluggy.PluginManager:
         # gpucheck's own entry points first (from its metadata, else from OWN_ENTRY_POINTS),
         # so that its detectors come before every other package's, in one order
         for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-            if ep.dist is not None and ep.dist.name == PROJECT and pm.get_plugin(ep.name) is None:
+            own = ep.dist is not None and ep.dist.name == _distribution.NAME
+            if own and pm.get_plugin(ep.name) is None:
                 pm.register(ep.load(), ep.name)
         for name, module in OWN_ENTRY_POINTS.items():
             if pm.get_plugin(name) is None:

@@ -113,12 +113,25 @@ class Finding:
     @property
     def place(self) -> str | None:
         """``path:line`` of the last ``File "...", line N`` in the evidence (a syntax or
-        import error in a suite's file), or None."""
+        import error in a suite's file), or None. The path in one style: relative to the
+        current folder (the one the run was started from), as pytest gives an import
+        error's (Python gives a syntax error's absolute)."""
         found = _FILE_LINE.findall(self.evidence or "")
         if not found:
             return None
         path, line, mpath, mline = found[-1]
-        return f"{path or mpath}:{line or mline}"
+        return f"{shown_path(path or mpath)}:{line or mline}"
+
+
+def shown_path(path: str) -> str:
+    """``path`` relative to the current folder, as pytest shows the files of a traceback
+    (an absolute path only on another drive)."""
+    if not os.path.isabs(path):
+        return path
+    try:
+        return os.path.relpath(path)
+    except ValueError:  # another drive
+        return path
 
 
 def mixed_devices_hint(finding: Finding, what: str = "CUDA error") -> str:

@@ -456,6 +456,55 @@ def test_without_a_gpu_a_broken_suite_fails_naming_the_users_file_and_line(
     assert all(c.startswith(case.split("-")[0]) or c.startswith("numerics") for c in others)
 
 
+def _make_3d(device, dtype):
+    return (torch.randn(3, 97, 67, device=device, dtype=dtype),)
+
+
+def _float32_inside(x):
+    return x.float().cumsum(1).to(x.dtype)  # float64 inputs summed in float32
+
+
+def _promoted(x):
+    return x.to(torch.promote_types(x.dtype, torch.float32)).cumsum(1).to(x.dtype)
+
+
+def _float32_mask(x):
+    return torch.where(x.float() > 0, x, -x).cumsum(1)  # a cast that changes no value
+
+
+def _cumsum_op(x):
+    raise RuntimeError("a CUDA kernel: never called without a GPU")
+
+
+@pytest.mark.parametrize("ref", [_promoted, _float32_mask])
+def test_without_a_gpu_a_reference_as_accurate_as_its_dtype_passes(ref):
+    got = _dry(check_op(_cumsum_op, _make_3d, ref, dtypes=("float32", "bfloat16", "float64")))
+    assert all(got[f"{c}-{d}"] == "passed" for c in ("devices", "numerics") for d in DTYPES), got
+
+
+def test_without_a_gpu_a_float64_reference_computed_in_float32_is_named_in_one_sentence():
+    """docs/check_op.md's example once: float64 claimed, a reference that sums in float32.
+    Its float64 result is off from itself computed in float64 by ~1e-6, where float64's
+    tolerance allows 1e-7: no correct float64 kernel passes against it."""
+    got = _dry(check_op(_cumsum_op, _make_3d, _float32_inside, dtypes=DTYPES))
+    assert got["numerics-float32"] == got["numerics-bfloat16"] == "passed"  # float32 is claimed
+    said = got["numerics-float64"]
+    import inspect
+    import os
+
+    here = os.path.relpath(__file__)
+    here = os.path.abspath(__file__) if here.startswith("..") else here
+    line = inspect.getsourcelines(_float32_inside)[1]
+    assert said.startswith(
+        f"failed: test_check_op._cumsum_op: the reference ({here}:{line}), run in float64, "
+        "computes in "
+        "float32 inside, so it is only float32-accurate (off from itself computed in "
+        "float64 by more than rtol=1e-07, atol=1e-07: "
+    ), said
+    assert "a correct float64 kernel fails numerics-float64 against it" in said
+    assert "\n" not in said
+
+
 USER_SUITE = """
 import torch
 

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from clirun import gpucheck
 
 from gpucheck.controller import suites
+from gpucheck.model import results
 
 
 def test_cpu_only_first_run_tests_something_and_names_the_gpu_suites(tmp_path: Path) -> None:
@@ -75,6 +79,81 @@ def test_a_users_own_suites_stay_the_default_without_gpu(tmp_path: Path, monkeyp
     monkeypatch.chdir(tmp_path)
     assert set(suites.default(cpu_only=True)) == {"mine"} == set(suites.default())
     assert suites.left_out_without_gpu() == []
+
+
+def test_a_test_file_directly_in_suites_is_a_suite_of_its_own(tmp_path: Path) -> None:
+    """A file put straight into ./suites/ (beside a suite folder) runs, named by its stem;
+    gpucheck's own suites are not run instead."""
+    (tmp_path / "suites" / "mine").mkdir(parents=True)
+    (tmp_path / "suites" / "mine" / "test_mine.py").write_text("def test_x():\n    pass\n")
+    (tmp_path / "suites" / "test_loose.py").write_text("def test_a():\n    pass\n")
+    (tmp_path / "suites" / "helper.py").write_text("def test_no():\n    raise AssertionError\n")
+    proc = gpucheck(
+        "run", "--cpu-only", "--quiet", "--out", str(tmp_path / "out"), cwd=tmp_path, timeout=180
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == (
+        "passed (exit 0): 2 case(s): 2 ran (2 passed, 0 failed), 0 skipped"
+    )
+    ran = {(r["suite"], r["case"]) for r in results.cases(tmp_path / "out" / "results.jsonl")}
+    assert ran == {("mine", "test_mine.py::test_x"), ("test_loose", "test_loose.py::test_a")}
+
+
+def test_in_a_checkout_of_gpucheck_its_suites_folder_is_gpucheck_s_own(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """From a checkout with a wheel built from it installed, ./suites/ is the installed
+    package's own suites (their CPU subset under --cpu-only), not a user's."""
+    (tmp_path / "gpucheck").mkdir()
+    (tmp_path / "gpucheck" / "_resources.py").write_text("")
+    shutil.copytree(suites.PROJECT_SUITES / "reference", tmp_path / "suites" / "reference")
+    monkeypatch.chdir(tmp_path)
+    assert suites.suite_roots() == [suites.PROJECT_SUITES.resolve()]
+    assert set(suites.default(cpu_only=True)) == {"reference", "checkpoints"}
+
+
+def test_in_a_checkout_of_gpucheck_the_workers_run_the_installed_gpucheck_too(
+    tmp_path: Path,
+) -> None:
+    """The gpucheck command imports the installed package (its script does not put the
+    current folder on sys.path); its workers, which do (as pytest does), run that one too,
+    not the checkout's gpucheck/ beside them."""
+    (tmp_path / "gpucheck").mkdir()
+    (tmp_path / "gpucheck" / "__init__.py").write_text(
+        'raise ImportError("the checkout\'s gpucheck, not the one gpucheck runs")\n'
+    )
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "test_mine.py").write_text(
+        "import gpucheck.testing\n\ndef test_x():\n    assert gpucheck.check_op\n"
+    )
+    (tmp_path / "ranks").mkdir()
+    (tmp_path / "ranks" / "test_ranks.py").write_text(
+        "import gpucheck.testing\n\ndef test_y(dist_rank):\n    assert gpucheck.check_op\n"
+    )
+    script = "import sys; sys.path.pop(0); from gpucheck.__main__ import main; main()"
+    for how in (["--suite", "mine"], ["--distributed", "--suite", "ranks"]):  # rank: -m pytest
+        proc = subprocess.run(
+            [sys.executable, "-c", script, "run", "--cpu-only", *how, "--out", f"out-{how[-1]}"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        ran = {r["status"] for r in results.cases(tmp_path / f"out-{how[-1]}" / "results.jsonl")}
+        assert ran == {"passed"}, proc.stdout
+
+
+def test_a_folder_without_tests_does_not_hide_the_suite_of_its_name(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """`python -m build` leaves dist/ in a checkout: `dist` is still the distributed suite."""
+    (tmp_path / "dist").mkdir()
+    (tmp_path / "dist" / "torch_gpucheck-0.1.0-py3-none-any.whl").write_text("")
+    (tmp_path / "mine").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert suites.resolve(("dist",)) == {"dist": suites.available()["dist"]}
+    assert suites.resolve(("mine",)) == {"mine": (tmp_path / "mine").resolve()}  # no suite
 
 
 class _StoppedAtOnce:

@@ -5,7 +5,7 @@ mid-run leaves a ``lost`` record naming it and the cases its loss left without a
 ``--resume`` runs exactly those, each case once; the console's last line is the verdict, Ray's
 own lines are in the run folder's ray.log; ``--cpu-only`` runs on a Ray instance without GPUs.
 
-Ray is an optional extra (``gpucheck[ray]``); nox's tests session (what CI runs) installs it
+Ray is an optional extra (``torch-gpucheck[ray]``); nox's tests session (what CI runs) installs it
 and sets ``$GPUCHECK_RAY_TESTS``, so there (or with ``$CI`` set) a missing Ray fails these
 tests instead of skipping them.
 """
@@ -28,10 +28,10 @@ from fleet import cases, make_suite
 
 try:
     from ray.cluster_utils import Cluster
-except ImportError:  # pragma: no cover - Ray is the extra gpucheck[ray]
+except ImportError:  # pragma: no cover - Ray is the extra [ray]
     if os.environ.get("CI") or os.environ.get("GPUCHECK_RAY_TESTS"):
         raise
-    pytest.skip('Ray is not installed (pip install "gpucheck[ray]")', allow_module_level=True)
+    pytest.skip('Ray is not installed (python -m pip install "ray[client]>=2.40")', allow_module_level=True)
 
 from gpucheck.controller.config import RunConfig
 from gpucheck.controller.fleet import NODE_LABEL, Collector, Node, plan_group, write_batches
@@ -214,7 +214,7 @@ def test_without_ray_the_run_says_how_to_get_it(tmp_path: Path) -> None:
         timeout=120,
     )
     assert proc.returncode == 2, proc.stderr
-    assert 'pip install "gpucheck[ray]"' in proc.stderr
+    assert 'python -m pip install "ray[client]>=2.40"' in proc.stderr
     assert not (tmp_path / "reports").exists()
 
 

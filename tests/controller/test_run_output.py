@@ -141,6 +141,8 @@ def test_resume_runs_only_what_an_interrupted_run_did_not_record(project):
     assert sorted(skip) == sorted(done_before)
     # the summary counts this run's five cases once
     assert "5 case(s): 4 ran (3 passed, 1 failed), 1 skipped" in resumed.stdout
+    # the worker's line says what its end means for the run, not pytest's exit code
+    assert "cpu blocking: 5/5 cases, every case recorded" in resumed.stdout.splitlines()
     schema = results.schema()
     for line in recs:  # the resume record is part of the format
         jsonschema.validate(line, schema)
@@ -464,7 +466,7 @@ def test_without_a_terminal_every_line_is_plain_and_printed_once(tmp_path):
     # live: the findings as recorded, then the worker (restarted after the abort) once
     finding = "test-failure: cpu blocking test_logs.py::test_fails[cuda1]: assert [1] == [2]"
     crash = "crash: cpu blocking test_logs.py::test_dies: worker killed by SIGABRT"
-    worker = "cpu blocking: 5/5 cases, 1 restart(s), exit 0"
+    worker = "cpu blocking: 5/5 cases, 1 restart(s), every case recorded"
     assert lines.index(finding) < lines.index(worker)
     assert any(line.startswith(crash) for line in lines[: lines.index(worker)])
     # the summary: the findings grouped, then the verdict with the counts, last
@@ -474,6 +476,31 @@ def test_without_a_terminal_every_line_is_plain_and_printed_once(tmp_path):
     )
     table = out[out.index("gpucheck summary") :]
     assert "logs" in table and "…" not in table  # a log is not folded to 80 columns
+
+
+@pytest.mark.parametrize(
+    ("worker", "said"),
+    [
+        ({"planned": 5, "done": 5}, "every case recorded"),
+        ({"planned": 5, "done": 3}, "2 case(s) not recorded"),
+        ({"planned": 0, "done": 0}, "collected no case"),
+        ({"planned": None, "done": 0}, "collected no case (its stderr: w/cpu.err.log)"),
+        (
+            {"planned": 5, "done": 2, "worker_error": True},
+            "stopped outside any case (its worker-error record says why)",
+        ),
+    ],
+)
+def test_a_worker_line_says_what_the_workers_end_means_for_the_run(
+    tmp_path, monkeypatch, worker, said
+):
+    from gpucheck.controller.progress import ending
+
+    monkeypatch.chdir(tmp_path)
+    w = types.SimpleNamespace(
+        **{"worker_error": False, "stderr_path": tmp_path / "w" / "cpu.err.log", **worker}
+    )
+    assert ending(w) == said  # type: ignore[arg-type]
 
 
 def test_resume_of_a_finished_run_is_refused_in_one_line_and_adds_nothing(project):

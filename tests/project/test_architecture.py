@@ -31,6 +31,7 @@ FLOORS: dict[str, int] = {
     "gpucheck": 0,
     "gpucheck.errors": 0,
     "gpucheck._resources": 0,
+    "gpucheck._distribution": 0,
     # 1 data model: records, findings, modes, the run folder's layout, the worker contract
     "gpucheck.model": 1,
     # 2 tools

@@ -1,6 +1,8 @@
 """`python -m nox -s tests` from a user's venv that has torch: the session's venv sees that
 venv's packages (after its own), so torch is not downloaded again; outside a venv (CI) there
-is nothing to share; a venv that holds gpucheck itself is not shared."""
+is nothing to share; of a venv that holds gpucheck itself (the wheel README installs),
+everything but gpucheck is shared. `nox -s tests -- FILE` runs FILE alone; the README
+session holds every torch to the CPU build."""
 
 from __future__ import annotations
 
@@ -13,7 +15,6 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-import nox
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,21 +38,18 @@ def _venv(where: Path, *options: str) -> tuple[Path, Path]:
         timeout=120,
     )
     python = where / "bin" / "python"
-    purelib = subprocess.run(
-        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return python, Path(purelib.stdout.strip())
+    return python, _noxfile().tool("fresh_venv").site_packages(python)
 
 
 def _shared_by_noxfile(python: Path | str) -> list[str]:
-    """What the noxfile shares when nox runs under ``python`` (nox importable through
-    PYTHONPATH, as if installed there)."""
+    """What the noxfile shares when nox runs under ``python`` (nox and what it needs
+    importable through PYTHONPATH, as if installed there: every folder this interpreter
+    imports from, wherever the base interpreter keeps nox's dependencies)."""
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), str(Path(nox.__file__).resolve().parents[1])]),
+        "PYTHONPATH": os.pathsep.join(
+            [str(ROOT), *(p for p in sys.path if p and Path(p).is_dir())]
+        ),
     }
     out = subprocess.run(
         [
@@ -105,13 +103,43 @@ def test_outside_a_venv_there_is_nothing_to_share(tmp_path):
     assert _noxfile().write_outer_pth(session_lib, []) is None and not stale.exists()
 
 
-def test_a_venv_holding_gpucheck_is_not_shared(tmp_path):
+def test_a_venv_holding_gpucheck_is_shared_without_gpucheck(tmp_path):
+    """The venv README's Install made holds torch and gpucheck's wheel: the session sees its
+    torch, never its gpucheck (which would shadow the session's editable install of the
+    checkout), under the distribution's name or the older one."""
     _, outer_lib = _venv(tmp_path / "outer")
-    (outer_lib / "gpucheck").mkdir()
-    (outer_lib / "gpucheck" / "__init__.py").write_text("")
-    _, session_lib = _venv(tmp_path / "session")
-    assert _noxfile().write_outer_pth(session_lib, [str(outer_lib)]) is None
-    assert not (session_lib / _noxfile().OUTER_PTH).exists()
+    (outer_lib / "outer_only.py").write_text("WHERE = 'outer'\n")  # stands in for torch
+    for name in ("gpucheck", "torch_gpucheck-0.1.0.dist-info", "gpucheck-0.1.0.dist-info"):
+        (outer_lib / name).mkdir()
+    (outer_lib / "gpucheck" / "__init__.py").write_text("WHERE = 'outer'\n")
+    (outer_lib / "__editable___torch_gpucheck_0_1_0_finder.py").write_text("")
+    session, session_lib = _venv(tmp_path / "session")
+    pth = _noxfile().write_outer_pth(session_lib, [str(outer_lib)])
+    assert pth is not None
+    assert _where(session, "outer_only") == ["outer"]
+    assert _where(session, "gpucheck") == ["ImportError"]
+    links = tmp_path / "session" / _noxfile().OUTER_LINKS
+    assert sorted(p.name for p in links.iterdir()) == ["outer_only.py"]
+    (outer_lib / "outer_only.py").unlink()  # written again each time: nothing stale
+    assert _noxfile().write_outer_pth(session_lib, [str(outer_lib)]) is not None
+    assert not list(links.iterdir()) and (outer_lib / "gpucheck").is_dir()  # links only
+
+
+def test_nox_tests_with_a_file_runs_that_file_alone(tmp_path, monkeypatch):
+    targets = _noxfile().pytest_targets
+    monkeypatch.chdir(ROOT)
+    assert targets([], ("tests",)) == ["tests"]
+    assert targets(["-x", "-k", "readme"], ("tests",)) == ["tests"]
+    assert targets(["tests/project/test_noxfile.py"], ("tests",)) == []
+    assert targets(["tests/cli/test_cli.py::test_version", "-x"], ("tests",)) == []
+
+
+def test_the_readme_session_holds_every_torch_to_one_pinned_build():
+    constraint = _noxfile().torch_constraint
+    assert constraint("torch==2.13.0") == "torch==2.13.0"
+    for loose in ("torch", "torch>=2.4", "/wheels/torch.whl", "torch==2.13.0; numpy"):
+        with pytest.raises(ValueError, match="must pin one torch"):
+            constraint(loose)
 
 
 def test_the_quick_and_smoke_sets_name_test_files_that_exist_and_are_documented():
@@ -128,5 +156,8 @@ def test_the_quick_and_smoke_sets_name_test_files_that_exist_and_are_documented(
         "tests/controller/test_faults.py",
     }
     assert not slowest & set(noxfile.QUICK)  # each takes minutes on two cores
+    for node in noxfile.QUICK_LEAVES_OUT:  # single slow tests of the quick files, deselected
+        file, _, test = node.partition("::")
+        assert file in noxfile.QUICK and f"def {test}(" in (root / file).read_text(), node
     readme = (root / "README.md").read_text()
     assert "python -m nox -s quick" in readme and "| `quick` |" in readme

@@ -62,8 +62,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    wheel = next((work / "dist").glob("gpucheck-*.whl"))
-    sdist = next((work / "dist").glob("gpucheck-*.tar.gz"))
+    wheel = next((work / "dist").glob("torch_gpucheck-*.whl"))
+    sdist = next((work / "dist").glob("torch_gpucheck-*.tar.gz"))
     return wheel, sdist, src
 
 
@@ -290,13 +290,19 @@ class _CudaTorch(ModuleType):
 @pytest.mark.parametrize(
     ("torch", "path", "env", "said"),
     [
-        (
-            None,
-            ["/tmp/pip-build-env-x1/overlay/lib"],
-            {},
-            "pip's isolated build environment has no torch: install torch first, "
-            "then gpucheck with "
-            "--no-build-isolation",
+        *(
+            (
+                None,
+                [isolated],
+                {},
+                "this build runs in an isolated build environment (pip's or `python -m "
+                "build`'s), which does not see your torch; to build them at install, install "
+                "torch first, then gpucheck with --no-build-isolation",
+            )
+            for isolated in (
+                "/tmp/pip-build-env-x1/overlay/lib",  # pip install . / pip wheel .
+                "/tmp/build-env-x2/lib/python3.11/site-packages",  # python -m build
+            )
         ),
         (None, [], {}, "torch is not installed in this environment: install torch first"),
         (

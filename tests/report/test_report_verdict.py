@@ -108,8 +108,10 @@ UNCOLLECTABLE = _case(
     ],
     ids=lambda v: v if isinstance(v, str) else None,
 )
-def test_the_verdict_table(tmp_path, lines, kwargs, name, code):
+def test_the_verdict_table(tmp_path, monkeypatch, lines, kwargs, name, code):
     from gpucheck.report.verdict import decide
+
+    monkeypatch.chdir("/")  # paths are shown relative to the folder run from
 
     path = tmp_path / "results.jsonl"
     for line in lines:
@@ -131,7 +133,7 @@ def test_the_verdict_table(tmp_path, lines, kwargs, name, code):
         ]
     if name == "incomplete" and UNCOLLECTABLE in lines:
         assert verdict.why == [
-            "suite demo did not run: /src/demo/t_syntax.py:3: t_syntax.py "
+            "suite demo did not run: src/demo/t_syntax.py:3: t_syntax.py "
             "of suite demo cannot be collected: SyntaxError"
         ]
 
@@ -153,12 +155,40 @@ def test_a_suite_whose_only_file_has_a_syntax_error_is_incomplete_naming_file_an
         env={"CUDA_VISIBLE_DEVICES": ""},
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    where = f"{suite / 'test_mine.py'}:3"
+    where = "mine/test_mine.py:3"  # relative to the folder the run was started from
     # the live line (no terminal) and the verdict's reason both say where the error is
     assert f"collection-error: cpu blocking test_mine.py: {where}: " in proc.stdout
     assert f"incomplete: suite test_mine did not run: {where}: " in proc.stdout
     assert proc.stdout.strip().splitlines()[-1].startswith("incomplete (exit 2): ")
     assert json.loads((out / "results.json").read_text())["summary"]["verdict"] == "incomplete"
+
+
+def test_collection_errors_name_their_files_in_one_style_relative_to_the_folder_run_from(
+    tmp_path,
+):
+    """A syntax error (Python names the file by its absolute path) and an import error
+    (pytest names it relative to the current folder) are shown alike."""
+    suite = tmp_path / "mine"
+    suite.mkdir()
+    (suite / "test_syntax.py").write_text("def test_x(:\n    pass\n")
+    (suite / "test_import.py").write_text("import no_such_module_of_gpucheck_tests\n")
+    (suite / "test_fine.py").write_text("def test_fine():\n    pass\n")
+    (tmp_path / "here").mkdir()
+    proc = gpucheck(
+        "run",
+        "--cpu-only",
+        "--suite",
+        "../mine",
+        "--out",
+        str(tmp_path / "out"),
+        timeout=180,
+        cwd=tmp_path / "here",
+        env={"CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    for name in ("test_syntax.py", "test_import.py"):
+        assert f"collection-error: cpu blocking {name}: ../mine/{name}:1: " in proc.stdout
+    assert str(tmp_path) not in proc.stdout.split("gpucheck summary")[0]
 
 
 SUITE = textwrap.dedent("""
