@@ -31,7 +31,9 @@ try:
 except ImportError:  # pragma: no cover - Ray is the extra [ray]
     if os.environ.get("CI") or os.environ.get("GPUCHECK_RAY_TESTS"):
         raise
-    pytest.skip('Ray is not installed (python -m pip install "ray[client]>=2.40")', allow_module_level=True)
+    pytest.skip(
+        'Ray is not installed (python -m pip install "ray[client]>=2.40")', allow_module_level=True
+    )
 
 from gpucheck.controller.config import RunConfig
 from gpucheck.controller.fleet import NODE_LABEL, Collector, Node, plan_group, write_batches
