@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpucheck.dist import collectives
+from gpucheck.distributed import collectives
 
 ENV_BACKEND = "GPUCHECK_DIST_BACKEND"
 ENV_DEVICE = "GPUCHECK_DIST_DEVICE"  # CUDA index of this rank, or "cpu"

@@ -1,6 +1,6 @@
 """Parent side: from every rank's collective log and process state to one diagnosis.
 
-Pure functions over what the workers left on disk (:mod:`gpucheck.dist.collectives` logs,
+Pure functions over what the workers left on disk (:mod:`gpucheck.distributed.collectives` logs,
 state files, exit codes), so that the same logic runs in the watchdog while the ranks are
 alive and in tests on recorded logs. :func:`diagnose` answers, at one moment, whether the
 group is stuck or broken and why:

@@ -10,10 +10,11 @@ backend, one JSON line goes to the rank's log file::
 
 and after it returns ``{"ev": "done", "seq": 3, ...}`` (or ``{"ev": "error", ...}`` with the
 exception's first line). ``seq`` counts this rank's collectives in its process group: matching
-collectives of all ranks carry the same ``seq``, so the parent (:mod:`gpucheck.dist.analysis`)
-can say which rank did not arrive at which collective, or which ranks entered one collective
-with different ops or shapes. Each line is one ``write`` on a file opened with O_APPEND: a
-rank killed while blocked leaves every line it wrote.
+collectives of all ranks carry the same ``seq``, so the parent
+(:mod:`gpucheck.distributed.analysis`) can say which rank did not arrive at which collective,
+or which ranks entered one collective with different ops or shapes. Each line is one
+``write`` on a file opened with O_APPEND: a rank killed while blocked leaves every line it
+wrote.
 
 Before entering, every tensor argument must be on this rank's device (``expected_device``):
 a CPU tensor (or one on another GPU) passed to an NCCL collective otherwise raises on one

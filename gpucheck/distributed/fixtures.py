@@ -1,7 +1,7 @@
 """The ``dist_rank`` fixture (registered by gpucheck's pytest plugin).
 
 A test that takes ``dist_rank`` runs on every rank of the group at once: the fixture joins the
-process group once per worker (env://, see :mod:`gpucheck.dist.rank`), meets the other ranks
+process group once per worker (env://, see :mod:`gpucheck.distributed.rank`), meets the other ranks
 at the start of the case, logs the case's collectives, and at the end writes the case's
 outcome to the collective log and meets the others again. Outside a distributed run (no
 ``RANK``/``WORLD_SIZE``) such tests are skipped with the reason.
@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from gpucheck.dist.analysis import GROUP_LOST_EXIT
+from gpucheck.distributed.analysis import GROUP_LOST_EXIT
 
 _CALL_REPORT = pytest.StashKey[pytest.TestReport]()
 MARKER = "dist_timeout"
@@ -55,7 +55,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def _dist_group() -> Iterator[Any]:
-    from gpucheck.dist import rank as rank_mod
+    from gpucheck.distributed import rank as rank_mod
 
     if rank_mod.env_ranks() is None:
         pytest.skip("not a rank of a distributed run: run it with `gpucheck run --distributed` "
@@ -72,7 +72,7 @@ def _case_id(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def dist_rank(_dist_group: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
-    """This process's :class:`gpucheck.dist.rank.Rank` for one distributed case."""
+    """This process's :class:`gpucheck.distributed.rank.Rank` for one distributed case."""
     rank = _dist_group
     case = _case_id(request)
     _meet(rank, case, "start")
@@ -94,7 +94,7 @@ def _meet(rank: Any, case: str, phase: str) -> None:
     """The case boundary; when the rendezvous store is gone (a peer, maybe the store's host,
     died) this rank stops at once: racing on through the next cases would fail each of them
     for a reason that is not theirs."""
-    from gpucheck.dist.rank import DistSetupError
+    from gpucheck.distributed.rank import DistSetupError
 
     try:
         rank.boundary(case, phase)
