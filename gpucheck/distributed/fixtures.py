@@ -29,8 +29,10 @@ MARKER = "dist_timeout"
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", f"{MARKER}(seconds): the distributed watchdog's time limit for this case, "
-        "when shorter than --timeout (gpucheck run --distributed)")
+        "markers",
+        f"{MARKER}(seconds): the distributed watchdog's time limit for this case, "
+        "when shorter than --timeout (gpucheck run --distributed)",
+    )
 
 
 def case_timeout(item: pytest.Item) -> float | None:
@@ -40,8 +42,9 @@ def case_timeout(item: pytest.Item) -> float | None:
         return None
     seconds = marker.args[0] if marker.args else marker.kwargs.get("seconds")
     if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds <= 0:
-        raise pytest.UsageError(f"{item.nodeid}: {MARKER} takes a positive number of "
-                                f"seconds, got {seconds!r}")
+        raise pytest.UsageError(
+            f"{item.nodeid}: {MARKER} takes a positive number of seconds, got {seconds!r}"
+        )
     return float(seconds)
 
 
@@ -58,8 +61,10 @@ def _dist_group() -> Iterator[Any]:
     from gpucheck.distributed import rank as rank_mod
 
     if rank_mod.env_ranks() is None:
-        pytest.skip("not a rank of a distributed run: run it with `gpucheck run --distributed` "
-                    "or under torchrun")
+        pytest.skip(
+            "not a rank of a distributed run: run it with `gpucheck run --distributed` "
+            "or under torchrun"
+        )
     yield rank_mod.init()
     rank_mod.shutdown()
 
@@ -103,7 +108,9 @@ def _meet(rank: Any, case: str, phase: str) -> None:
     except Exception as err:
         if rank.log is not None:
             rank.log.write(ev="group-lost", case=case, phase=phase, error=str(err)[:300])
-        sys.stderr.write(f"gpucheck: rank {rank.rank}: the other ranks are gone at the "
-                         f"{phase} of {case} ({err}); this rank stops\n")
+        sys.stderr.write(
+            f"gpucheck: rank {rank.rank}: the other ranks are gone at the "
+            f"{phase} of {case} ({err}); this rank stops\n"
+        )
         sys.stderr.flush()
         os._exit(GROUP_LOST_EXIT)
