@@ -69,7 +69,7 @@ MARKERS = {
 KERNELS_MARKER = "gpucheck_kernels"
 #: the fixtures (gpucheck.worker.fixtures) and the ``dist_rank`` fixture of distributed cases
 #: (gpucheck run --distributed, torchrun)
-pytest_plugins = ("gpucheck.worker.fixtures", "gpucheck.dist.fixtures")
+pytest_plugins = ("gpucheck.worker.fixtures", "gpucheck.distributed.fixtures")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -2,11 +2,11 @@
 
 Each rank is a pytest worker (the same worker as ``gpucheck run``) started with the env://
 rendezvous variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
-``MASTER_PORT``) and the ``GPUCHECK_DIST_*`` ones (:mod:`gpucheck.dist.rank`). Under torchrun,
-each gpucheck process owns the one rank torchrun gave it and starts it the same way; the
+``MASTER_PORT``) and the ``GPUCHECK_DIST_*`` ones (:mod:`gpucheck.distributed.rank`). Under
+torchrun, each gpucheck process owns the one rank torchrun gave it and starts it the same way; the
 ranks' files live in one shared ``--out`` folder, so every owner sees every rank's log.
 
-Every poll, :func:`gpucheck.dist.analysis.diagnose` reads all ranks' collective logs and
+Every poll, :func:`gpucheck.distributed.analysis.diagnose` reads all ranks' collective logs and
 exit codes. When it names a problem (a mismatch, a crash, a rank that left a case without a
 collective the others wait in, or the per-case timeout), the watchdog dumps every rank's
 Python stacks (SIGUSR1 -> faulthandler; ``py-spy dump --native`` as well when installed),
@@ -49,8 +49,8 @@ from gpucheck.controller.spawning import (
     worker_command,
     write_skip,
 )
-from gpucheck.dist import analysis, collectives
-from gpucheck.dist import rank as rank_env
+from gpucheck.distributed import analysis, collectives
+from gpucheck.distributed import rank as rank_env
 from gpucheck.errors import EnvironmentProblem
 from gpucheck.model import clock, results, worker_state
 from gpucheck.model.contract import DEVICE_LABEL_ENV, NORMAL_EXITS

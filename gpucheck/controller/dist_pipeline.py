@@ -34,8 +34,8 @@ from gpucheck.controller.config import (
 )
 from gpucheck.controller.dist_harness import DistHarness, GroupSpec, RankSpec
 from gpucheck.controller.pipeline import Run, run_until_interrupted, sigterm_as_interrupt
-from gpucheck.dist import analysis
-from gpucheck.dist import rank as rank_env
+from gpucheck.distributed import analysis
+from gpucheck.distributed import rank as rank_env
 from gpucheck.errors import UsageProblem
 from gpucheck.model import clock, results
 from gpucheck.model.contract import CURRENT_ENV, TARGET_CURRENT

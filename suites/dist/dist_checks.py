@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from splat_model import SplatModel, cameras, render, ssim_loss, targets
 
-from gpucheck.dist import collectives
+from gpucheck.distributed import collectives
 
 FIELDS = ("means", "scales", "rotations", "opacities", "colors")
 
@@ -59,7 +59,7 @@ def ddp_step(
     """One DDP step on this rank's views vs one process on all views (same device, dtype).
 
     Args:
-        rank: this process's :class:`gpucheck.dist.rank.Rank`.
+        rank: this process's :class:`gpucheck.distributed.rank.Rank`.
         n: Gaussians of the model.
         size: image side in pixels.
         views_per_rank: cameras each rank trains on (rank r takes the r-th block).
@@ -165,7 +165,7 @@ def render_sharded(
     _CALLS[0] += 1
     log = collectives.current()
     if log is not None:
-        log.tag = f"gpucheck.dist.render_sharded(distributed=True) call {_CALLS[0]}"
+        log.tag = f"gpucheck.distributed.render_sharded(distributed=True) call {_CALLS[0]}"
     try:
         dev = g["means"].device
         head = torch.tensor([g["means"].shape[0], _fingerprint(g)], dtype=torch.int64, device=dev)

@@ -8,7 +8,7 @@ import torch
 from dist_checks import FIELDS, render_sharded, shard
 from splat_model import SplatModel, cameras, render, ssim_loss, targets
 
-from gpucheck.dist import collectives
+from gpucheck.distributed import collectives
 from gpucheck.testing import assert_close
 
 SIZE = 24

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import clirun
 
-from gpucheck.dist.rank import read_trace
+from gpucheck.distributed.rank import read_trace
 from gpucheck.model import results
 from gpucheck.model.runlog import RunLog
 

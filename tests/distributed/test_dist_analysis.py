@@ -1,4 +1,4 @@
-"""gpucheck.dist.analysis on collective logs as the ranks write them: which rank did not
+"""gpucheck.distributed.analysis on collective logs as the ranks write them: which rank did not
 arrive at which collective, mismatches, crashes, failures, timeouts, and a healthy group."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpucheck.dist.analysis import RankView, diagnose, positions
-from gpucheck.dist.collectives import read
+from gpucheck.distributed.analysis import RankView, diagnose, positions
+from gpucheck.distributed.collectives import read
 
 
 def enter(
@@ -178,7 +178,7 @@ def test_timeout_without_any_collective_pending() -> None:
 
 
 def test_distributed_render_hang_says_the_mode_is_wrong() -> None:
-    tag = "gpucheck.dist.render(distributed=True) call 4"
+    tag = "gpucheck.distributed.render(distributed=True) call 4"
     views = [
         RankView(0, [start(), enter(4, "all_gather", tag=tag)]),
         RankView(1, [start(), enter(3, "all_gather", tag=tag), done(3), end(3)]),

@@ -229,7 +229,7 @@ def test_stuck_rank_is_found_within_its_own_limit_not_the_default_timeout(tmp_pa
 LOG_SCRIPT = textwrap.dedent("""
     import json, os, sys, torch, torch.distributed as dist
     from pathlib import Path
-    from gpucheck.dist import collectives
+    from gpucheck.distributed import collectives
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2], RANK="0",
                       WORLD_SIZE="1")
     log = collectives.install(Path(sys.argv[1]), 0, "cpu")
@@ -249,7 +249,7 @@ LOG_SCRIPT = textwrap.dedent("""
 
 def test_collective_log_entries(tmp_path: Path) -> None:
     from gpucheck.controller.dist_harness import free_port
-    from gpucheck.dist import collectives
+    from gpucheck.distributed import collectives
 
     script = tmp_path / "log.py"
     script.write_text(LOG_SCRIPT)

@@ -44,7 +44,7 @@ FLOORS: dict[str, int] = {
     "gpucheck.processes": 2,
     # 3 detectors
     "gpucheck.detectors": 3,
-    "gpucheck.dist": 3,
+    "gpucheck.distributed": 3,
     # 4 the kernel wing: the bundled kernels, their oracles, checkpoint I/O (and its
     # detectors, registered through the entry point group): the toolkit's test subjects
     "gpucheck._csrc": 4,

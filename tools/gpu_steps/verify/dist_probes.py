@@ -35,7 +35,7 @@ def main() -> int:
     import torch
     import torch.distributed as dist
 
-    from gpucheck.dist.rank import read_trace
+    from gpucheck.distributed.rank import read_trace
 
     dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
     t = torch.ones(1000, device="cuda")

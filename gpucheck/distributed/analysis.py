@@ -1,6 +1,6 @@
 """Parent side: from every rank's collective log and process state to one diagnosis.
 
-Pure functions over what the workers left on disk (:mod:`gpucheck.dist.collectives` logs,
+Pure functions over what the workers left on disk (:mod:`gpucheck.distributed.collectives` logs,
 state files, exit codes), so that the same logic runs in the watchdog while the ranks are
 alive and in tests on recorded logs. :func:`diagnose` answers, at one moment, whether the
 group is stuck or broken and why:
@@ -23,8 +23,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 #: ops whose tensors must have the same shapes and dtypes on every rank
-SHAPE_STRICT = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "reduce",
-                "reduce_scatter", "reduce_scatter_tensor")
+SHAPE_STRICT = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "broadcast",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+)
 #: exit codes of a worker that ended normally (pytest: 0 ok, 1 failures, 5 no tests)
 NORMAL_EXITS = (0, 1, 5)
 #: exit code of a rank that stopped because its peers were gone (never the cause)
@@ -63,8 +70,14 @@ class RankView:
 
     def case_end(self, case: str | None) -> dict[str, Any] | None:
         """The case-end line of ``case`` (the rank finished it), if written."""
-        return next((e for e in reversed(self.entries) if e.get("ev") == "case-end"
-                     and (case is None or e.get("case") == case)), None)
+        return next(
+            (
+                e
+                for e in reversed(self.entries)
+                if e.get("ev") == "case-end" and (case is None or e.get("case") == case)
+            ),
+            None,
+        )
 
     def case_timeout(self) -> float | None:
         """The time limit the current case declared (``dist_timeout``), if any."""
@@ -122,16 +135,27 @@ def position(v: RankView) -> str:
     """One line: where rank ``v`` is."""
     opened = v.opened()
     last = v.entered().get(v.last_seq())
-    failed = next((e for e in reversed(v.entries) if e.get("ev") == "error"
-                   and last is not None and e.get("seq") == last.get("seq")), None)
-    last_text = "none" if last is None else describe(last) + (
-        f" (failed: {failed.get('error')})" if failed else "")
+    failed = next(
+        (
+            e
+            for e in reversed(v.entries)
+            if e.get("ev") == "error" and last is not None and e.get("seq") == last.get("seq")
+        ),
+        None,
+    )
+    last_text = (
+        "none"
+        if last is None
+        else describe(last) + (f" (failed: {failed.get('error')})" if failed else "")
+    )
     if opened:
         where = f"waits in {describe(opened[min(opened)])}"
     elif v.entries and v.entries[-1].get("ev") == "case-end":
         end = v.entries[-1]
-        where = (f"finished the case ({end.get('outcome')}) and waits for the others at the "
-                 f"case boundary; last collective: {last_text}")
+        where = (
+            f"finished the case ({end.get('outcome')}) and waits for the others at the "
+            f"case boundary; last collective: {last_text}"
+        )
     else:
         where = f"runs outside any collective; last collective: {last_text}"
     if not v.alive:
@@ -150,8 +174,10 @@ def _ranks(rs: list[int]) -> str:
 def _still_coming(views: list[RankView], seq: int, case: str | None) -> bool:
     """Whether a rank that has not entered collective ``seq`` yet may still enter it: alive,
     inside ``case`` (or not started), not finished with it."""
-    return any(v.alive and v.last_seq() < seq and not _at_boundary(v)
-               and v.current_case() in (None, case) for v in views)
+    return any(
+        v.alive and v.last_seq() < seq and not _at_boundary(v) and v.current_case() in (None, case)
+        for v in views
+    )
 
 
 def mismatch(views: list[RankView], *, timed_out: bool = False) -> GroupFault | None:
@@ -164,9 +190,17 @@ def mismatch(views: list[RankView], *, timed_out: bool = False) -> GroupFault | 
     for v in views:
         for e in v.entries:
             if e.get("ev") == "error" and e.get("kind") == "device":
-                return GroupFault("collective-device", str(e["error"]), _case_of(v, e),
-                                 [v.rank], [u.rank for u in views if u is not v],
-                                 int(e["seq"]), e.get("op"), DEVICE_HINT, positions(views))
+                return GroupFault(
+                    "collective-device",
+                    str(e["error"]),
+                    _case_of(v, e),
+                    [v.rank],
+                    [u.rank for u in views if u is not v],
+                    int(e["seq"]),
+                    e.get("op"),
+                    DEVICE_HINT,
+                    positions(views),
+                )
     by_seq: dict[int, dict[int, dict[str, Any]]] = {}
     for v in views:
         for seq, e in v.entered().items():
@@ -176,33 +210,53 @@ def mismatch(views: list[RankView], *, timed_out: bool = False) -> GroupFault | 
         case = next(iter(got.values())).get("case")
         if not timed_out and _still_coming(views, seq, case):
             return None
-        kinds = {r: tuple(sorted({d.split(":")[0] for d in e.get("devices", [])}))
-                 for r, e in got.items()}
+        kinds = {
+            r: tuple(sorted({d.split(":")[0] for d in e.get("devices", [])}))
+            for r, e in got.items()
+        }
         if len(set(kinds.values())) > 1:
             groups = _group(kinds)
             odd = min(groups, key=len)
             return GroupFault(
                 "collective-device",
                 f"collective #{seq} was entered with tensors on different kinds of device: "
-                + "; ".join(f"{_ranks(rs)}: {describe(got[rs[0]])} on "
-                            f"{', '.join(got[rs[0]].get('devices', []))}" for rs in groups),
-                got[odd[0]].get("case"), odd, [r for r in got if r not in odd], seq,
-                got[odd[0]].get("op"), DEVICE_HINT, positions(views))
+                + "; ".join(
+                    f"{_ranks(rs)}: {describe(got[rs[0]])} on "
+                    f"{', '.join(got[rs[0]].get('devices', []))}"
+                    for rs in groups
+                ),
+                got[odd[0]].get("case"),
+                odd,
+                [r for r in got if r not in odd],
+                seq,
+                got[odd[0]].get("op"),
+                DEVICE_HINT,
+                positions(views),
+            )
         sigs = {r: signature(e) for r, e in got.items()}
         if len(set(sigs.values())) > 1:
             groups = _group(sigs)
             odd = min(groups, key=len) if len(groups[0]) != len(groups[-1]) else groups[-1]
             ops = {e.get("op") for e in got.values()}
             what = "different collectives" if len(ops) > 1 else "different shapes or dtypes"
-            hint = (SKIP_HINT if len(ops) > 1 else
-                    "every rank must pass tensors of the same shape and dtype to this "
-                    "collective (pad variable-sized data, or all_gather the sizes first)")
+            hint = (
+                SKIP_HINT
+                if len(ops) > 1
+                else "every rank must pass tensors of the same shape and dtype to this "
+                "collective (pad variable-sized data, or all_gather the sizes first)"
+            )
             return GroupFault(
                 "collective-mismatch",
                 f"ranks entered collective #{seq} with {what}: "
                 + "; ".join(f"{_ranks(rs)}: {describe(got[rs[0]])}" for rs in groups),
-                got[odd[0]].get("case"), odd, [r for r in got if r not in odd], seq,
-                got[odd[0]].get("op"), hint, positions(views))
+                got[odd[0]].get("case"),
+                odd,
+                [r for r in got if r not in odd],
+                seq,
+                got[odd[0]].get("op"),
+                hint,
+                positions(views),
+            )
     return None
 
 
@@ -245,40 +299,65 @@ def diagnose(views: list[RankView], *, timed_out: bool = False) -> GroupFault | 
     found = mismatch(views, timed_out=timed_out)
     if found is not None:
         return found
-    dead = [v for v in views if not v.alive
-            and v.exit_code not in (*NORMAL_EXITS, GROUP_LOST_EXIT)]
+    dead = [v for v in views if not v.alive and v.exit_code not in (*NORMAL_EXITS, GROUP_LOST_EXIT)]
     blocked = _blocked(views)
     if dead and len(dead) < len(views):
         v = dead[0]
-        cause = f"rank {v.rank}'s process died ({_exit(v.exit_code)}) after collective " \
-                f"#{v.last_seq()}"
-        later = {u.rank: u.entered()[u.last_seq()] for u in views
-                 if u is not v and u.last_seq() > v.last_seq()}
+        cause = (
+            f"rank {v.rank}'s process died ({_exit(v.exit_code)}) after collective #{v.last_seq()}"
+        )
+        later = {
+            u.rank: u.entered()[u.last_seq()]
+            for u in views
+            if u is not v and u.last_seq() > v.last_seq()
+        }
         if later:
             entry = later[min(later)]
-            msg = (f"{cause}; {_ranks(sorted(later))} {_verb(later, 'went', 'went')} on to "
-                   f"{describe(entry)}, which rank {v.rank} never entered: the crash on rank "
-                   f"{v.rank} is the cause, the others are stuck (or fail) because of it")
+            msg = (
+                f"{cause}; {_ranks(sorted(later))} {_verb(later, 'went', 'went')} on to "
+                f"{describe(entry)}, which rank {v.rank} never entered: the crash on rank "
+                f"{v.rank} is the cause, the others are stuck (or fail) because of it"
+            )
         else:
             entry = {}
             msg = f"{cause}; the other ranks can no longer finish their collectives"
-        return GroupFault("rank-crash", msg, v.current_case(), [v.rank], sorted(later),
-                         entry.get("seq"), entry.get("op"), CRASH_HINT, positions(views))
+        return GroupFault(
+            "rank-crash",
+            msg,
+            v.current_case(),
+            [v.rank],
+            sorted(later),
+            entry.get("seq"),
+            entry.get("op"),
+            CRASH_HINT,
+            positions(views),
+        )
     if blocked is None:
         if timed_out:
             stuck = [v.rank for v in views if v.alive and not _at_boundary(v)]
             return GroupFault(
-                "hang", f"no collective is pending, but {_ranks(stuck or [v.rank for v in views])}"
-                f" did not finish the case within the timeout", _first_case(views),
-                stuck, [], None, None, "the stacks show where each rank is", positions(views))
+                "hang",
+                f"no collective is pending, but {_ranks(stuck or [v.rank for v in views])}"
+                f" did not finish the case within the timeout",
+                _first_case(views),
+                stuck,
+                [],
+                None,
+                None,
+                "the stacks show where each rank is",
+                positions(views),
+            )
         return None
     seq, entry, waiting = blocked
     missing = [v for v in views if v.rank not in waiting and v.last_seq() < seq]
     if not missing:
         return None
     case = entry.get("case")
-    gone = [v for v in missing if not v.alive or _at_boundary(v) or
-            (v.current_case() not in (None, case))]
+    gone = [
+        v
+        for v in missing
+        if not v.alive or _at_boundary(v) or (v.current_case() not in (None, case))
+    ]
     failed = [v for v in gone if (v.case_end(case) or {}).get("outcome") not in (None, "passed")]
     names = [v.rank for v in missing]
     if failed:
@@ -289,10 +368,16 @@ def diagnose(views: list[RankView], *, timed_out: bool = False) -> GroupFault | 
             f"rank {v.rank} failed the case before {describe(entry)} "
             f"({end.get('error') or end.get('outcome')}); {_ranks(waiting)} {_verb(waiting)} "
             "in it for ever",
-            case, [v.rank], waiting, seq, entry.get("op"),
+            case,
+            [v.rank],
+            waiting,
+            seq,
+            entry.get("op"),
             "an exception on one rank leaves the others in the next collective: fix the error "
             "of that rank (it is in its record), and make failures collective "
-            "(e.g. all_reduce an error flag) in training code", positions(views))
+            "(e.g. all_reduce an error flag) in training code",
+            positions(views),
+        )
     if gone:
         left = [v.rank for v in gone]
         others = [r for r in names if r not in left]
@@ -301,15 +386,30 @@ def diagnose(views: list[RankView], *, timed_out: bool = False) -> GroupFault | 
             f"{_ranks(left)} did not arrive at {describe(entry)}: "
             f"{'it' if len(left) == 1 else 'they'} left the case after collective "
             f"#{max(v.last_seq() for v in gone)}; {_ranks(waiting)} {_verb(waiting)} in it for "
-            "ever" + (f" ({_ranks(others)} not there yet)" if others else "")
+            "ever"
+            + (f" ({_ranks(others)} not there yet)" if others else "")
             + (RENDER_MODE if _skip_hint(entry) == RENDER_HINT else ""),
-            case, left, waiting, seq, entry.get("op"), _skip_hint(entry), positions(views))
+            case,
+            left,
+            waiting,
+            seq,
+            entry.get("op"),
+            _skip_hint(entry),
+            positions(views),
+        )
     if timed_out:
         return GroupFault(
             "hang",
             f"{_ranks(names)} did not arrive at {describe(entry)} within the timeout; "
-            f"{_ranks(waiting)} {_verb(waiting)} in it", case, names, waiting, seq, entry.get("op"),
-            _skip_hint(entry), positions(views))
+            f"{_ranks(waiting)} {_verb(waiting)} in it",
+            case,
+            names,
+            waiting,
+            seq,
+            entry.get("op"),
+            _skip_hint(entry),
+            positions(views),
+        )
     return None
 
 
@@ -342,18 +442,28 @@ def _exit(code: int | None) -> str:
     return f"exit code {code}"
 
 
-SKIP_HINT = ("every rank must issue the same collectives in the same order: a branch on the "
-             "rank (or on rank-local data such as a batch size or an early exit) skipped one "
-             "on the ranks named; move the collective out of the branch")
-DEVICE_HINT = ("move the tensor to this rank's device before the collective (NCCL needs every "
-               "tensor on the rank's own GPU; a CPU tensor there raises on that rank only and "
-               "leaves the others waiting)")
-CRASH_HINT = ("the crashed rank's stderr tail holds its last words; the other ranks only wait "
-              "for it, their stacks are evidence, not causes")
-RENDER_MODE = (". The ranks called distributed rendering a different number of times, so each "
-               "renders its own data: distributed=True is the wrong mode for this use "
-               "(independent per-rank scenes need distributed=False)")
-RENDER_HINT = ("distributed rendering (distributed=True) gathers the Gaussians of every rank on "
-               "each call: every rank must call it as often as the others, with shards of ONE "
-               "scene. With an independent scene per GPU the mode is wrong for this use: render "
-               "with distributed=False (no collective at all)")
+SKIP_HINT = (
+    "every rank must issue the same collectives in the same order: a branch on the "
+    "rank (or on rank-local data such as a batch size or an early exit) skipped one "
+    "on the ranks named; move the collective out of the branch"
+)
+DEVICE_HINT = (
+    "move the tensor to this rank's device before the collective (NCCL needs every "
+    "tensor on the rank's own GPU; a CPU tensor there raises on that rank only and "
+    "leaves the others waiting)"
+)
+CRASH_HINT = (
+    "the crashed rank's stderr tail holds its last words; the other ranks only wait "
+    "for it, their stacks are evidence, not causes"
+)
+RENDER_MODE = (
+    ". The ranks called distributed rendering a different number of times, so each "
+    "renders its own data: distributed=True is the wrong mode for this use "
+    "(independent per-rank scenes need distributed=False)"
+)
+RENDER_HINT = (
+    "distributed rendering (distributed=True) gathers the Gaussians of every rank on "
+    "each call: every rank must call it as often as the others, with shards of ONE "
+    "scene. With an independent scene per GPU the mode is wrong for this use: render "
+    "with distributed=False (no collective at all)"
+)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpucheck.dist import collectives
+from gpucheck.distributed import collectives
 
 ENV_BACKEND = "GPUCHECK_DIST_BACKEND"
 ENV_DEVICE = "GPUCHECK_DIST_DEVICE"  # CUDA index of this rank, or "cpu"
@@ -74,18 +74,21 @@ class Rank:
         self.store.set(key + str(self.rank), f"{seq}|{case}")
         limit = datetime.timedelta(seconds=self.timeout + PG_TIMEOUT_MARGIN)
         self.store.wait([key + str(r) for r in range(self.world_size)], limit)
-        got = {r: self.store.get(key + str(r)).decode().split("|", 1)
-               for r in range(self.world_size)}
+        got = {
+            r: self.store.get(key + str(r)).decode().split("|", 1) for r in range(self.world_size)
+        }
         if phase == "start" and len({c for _, c in got.values()}) > 1:
             raise DistSetupError(
                 "the ranks run different cases at the same step (a case collected or "
-                "deselected on some ranks only): " + "; ".join(
-                    f"rank {r}: {c}" for r, (_, c) in got.items()))
+                "deselected on some ranks only): "
+                + "; ".join(f"rank {r}: {c}" for r, (_, c) in got.items())
+            )
         if phase == "end" and len({n for n, _ in got.values()}) > 1:
             time.sleep(limit.total_seconds())
             raise DistSetupError(
-                f"the ranks issued different numbers of collectives in {case}: " + "; ".join(
-                    f"rank {r}: {n}" for r, (n, _) in got.items()))
+                f"the ranks issued different numbers of collectives in {case}: "
+                + "; ".join(f"rank {r}: {n}" for r, (n, _) in got.items())
+            )
 
 
 def env_ranks() -> tuple[int, int, int] | None:
@@ -118,8 +121,10 @@ def init() -> Rank:
 
     found = env_ranks()
     if found is None:
-        raise DistSetupError("not started as a rank: RANK and WORLD_SIZE are not set (run "
-                             "under `gpucheck run --distributed` or torchrun)")
+        raise DistSetupError(
+            "not started as a rank: RANK and WORLD_SIZE are not set (run "
+            "under `gpucheck run --distributed` or torchrun)"
+        )
     rank, world, local = found
     device_env = os.environ.get(ENV_DEVICE)
     cuda = torch.cuda.is_available() and device_env != "cpu"
@@ -132,16 +137,30 @@ def init() -> Rank:
         device = torch.device("cpu")
     timeout = float(os.environ.get(ENV_TIMEOUT, "900"))
     log_path = os.environ.get(ENV_LOG)
-    log = (collectives.install(Path(log_path), rank, str(device)) if log_path else None)
+    log = collectives.install(Path(log_path), rank, str(device)) if log_path else None
     kwargs: dict[str, Any] = {}
     if backend == "nccl":
         kwargs["device_id"] = device
-    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout + PG_TIMEOUT_MARGIN),
-                            **kwargs)
+    dist.init_process_group(
+        backend,
+        init_method="env://",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=timeout + PG_TIMEOUT_MARGIN),
+        **kwargs,
+    )
     store = dist.distributed_c10d._get_default_store()
-    _RANK = Rank(rank, world, local, backend, device, timeout,
-                 int(os.environ.get(ENV_GENERATION, "0")), log, store)
+    _RANK = Rank(
+        rank,
+        world,
+        local,
+        backend,
+        device,
+        timeout,
+        int(os.environ.get(ENV_GENERATION, "0")),
+        log,
+        store,
+    )
     if backend == "nccl" and os.environ.get(ENV_TRACE):
         _start_trace_dumper(Path(os.environ[ENV_TRACE]))
     return _RANK
@@ -195,8 +214,10 @@ def read_trace(path: Path) -> list[dict[str, Any]]:
 
     # what TorchScript's pickler names around plain lists (torch.jit._pickle: each returns its
     # first argument), done here without importing torch
-    builders = {("torch.jit._pickle", n): same for n in (
-        "build_intlist", "build_doublelist", "build_boollist", "restore_type_tag")}
+    builders = {
+        ("torch.jit._pickle", n): same
+        for n in ("build_intlist", "build_doublelist", "build_boollist", "restore_type_tag")
+    }
 
     class PlainData(pickle.Unpickler):
         """Containers, strings and numbers only: a pickle that names any other class or
@@ -213,7 +234,13 @@ def read_trace(path: Path) -> list[dict[str, Any]]:
         return []
     out = []
     for e in data.get("entries", []) if isinstance(data, dict) else []:
-        out.append({"seq": e.get("collective_seq_id"), "op": e.get("profiling_name"),
-                    "state": e.get("state"), "input_sizes": e.get("input_sizes"),
-                    "pg": e.get("process_group")})
+        out.append(
+            {
+                "seq": e.get("collective_seq_id"),
+                "op": e.get("profiling_name"),
+                "state": e.get("state"),
+                "input_sizes": e.get("input_sizes"),
+                "pg": e.get("process_group"),
+            }
+        )
     return out

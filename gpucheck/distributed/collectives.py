@@ -10,10 +10,11 @@ backend, one JSON line goes to the rank's log file::
 
 and after it returns ``{"ev": "done", "seq": 3, ...}`` (or ``{"ev": "error", ...}`` with the
 exception's first line). ``seq`` counts this rank's collectives in its process group: matching
-collectives of all ranks carry the same ``seq``, so the parent (:mod:`gpucheck.dist.analysis`)
-can say which rank did not arrive at which collective, or which ranks entered one collective
-with different ops or shapes. Each line is one ``write`` on a file opened with O_APPEND: a
-rank killed while blocked leaves every line it wrote.
+collectives of all ranks carry the same ``seq``, so the parent
+(:mod:`gpucheck.distributed.analysis`) can say which rank did not arrive at which collective,
+or which ranks entered one collective with different ops or shapes. Each line is one
+``write`` on a file opened with O_APPEND: a rank killed while blocked leaves every line it
+wrote.
 
 Before entering, every tensor argument must be on this rank's device (``expected_device``):
 a CPU tensor (or one on another GPU) passed to an NCCL collective otherwise raises on one
@@ -41,11 +42,25 @@ from pathlib import Path
 from typing import Any
 
 #: the collectives wrapped; ``*_object`` calls are logged once (not the collectives they make)
-COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",
-               "broadcast", "broadcast_object_list", "reduce", "reduce_scatter",
-               "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "barrier",
-               "gather", "gather_object", "scatter", "scatter_object_list",
-               "monitored_barrier")
+COLLECTIVES = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "broadcast",
+    "broadcast_object_list",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "gather",
+    "gather_object",
+    "scatter",
+    "scatter_object_list",
+    "monitored_barrier",
+)
 
 
 class CollectiveDeviceError(RuntimeError):
@@ -101,18 +116,27 @@ class CollectiveLog:
             with self._lock:
                 self.seq += 1
                 seq = self.seq
-            entry = {"ev": "enter", "seq": seq, "op": op, "rank": self.rank,
-                     "shapes": [list(t.shape) for t in tensors],
-                     "dtypes": [str(t.dtype).removeprefix("torch.") for t in tensors],
-                     "devices": [str(t.device) for t in tensors], "case": self.case,
-                     "where": _caller(), "tag": self.tag,
-                     "async": bool(kwargs.get("async_op"))}
+            entry = {
+                "ev": "enter",
+                "seq": seq,
+                "op": op,
+                "rank": self.rank,
+                "shapes": [list(t.shape) for t in tensors],
+                "dtypes": [str(t.dtype).removeprefix("torch.") for t in tensors],
+                "devices": [str(t.device) for t in tensors],
+                "case": self.case,
+                "where": _caller(),
+                "tag": self.tag,
+                "async": bool(kwargs.get("async_op")),
+            }
             self.write(**entry)
             wrong = self._wrong_device(tensors)
             if wrong is not None:
-                msg = (f"rank {self.rank}: {op} #{seq} got a tensor on {wrong}, but this rank "
-                       f"runs on {self.expected_device}: every rank must pass tensors on its "
-                       f"own device, or the other ranks wait in this collective for ever")
+                msg = (
+                    f"rank {self.rank}: {op} #{seq} got a tensor on {wrong}, but this rank "
+                    f"runs on {self.expected_device}: every rank must pass tensors on its "
+                    f"own device, or the other ranks wait in this collective for ever"
+                )
                 self.write(ev="error", seq=seq, op=op, error=msg, kind="device", case=self.case)
                 raise CollectiveDeviceError(msg)
             self._local.depth = 1
@@ -120,8 +144,13 @@ class CollectiveLog:
                 out = fn(*args, **kwargs)
             except Exception as err:
                 first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-                self.write(ev="error", seq=seq, op=op, case=self.case,
-                           error=f"{type(err).__name__}: {first}"[:2000])
+                self.write(
+                    ev="error",
+                    seq=seq,
+                    op=op,
+                    case=self.case,
+                    error=f"{type(err).__name__}: {first}"[:2000],
+                )
                 raise
             finally:
                 self._local.depth = 0
@@ -200,12 +229,19 @@ def ddp_comm_hook() -> Callable[[Any, Any], Any]:
             with log._lock:
                 log.seq += 1
                 seq = log.seq
-            log.write(ev="enter", seq=seq, op="all_reduce", rank=log.rank,
-                      shapes=[list(tensor.shape)],
-                      dtypes=[str(tensor.dtype).removeprefix("torch.")],
-                      devices=[str(tensor.device)], case=log.case,
-                      where=f"DDP gradient bucket {bucket.index()}", tag="ddp",
-                      **{"async": True})
+            log.write(
+                ev="enter",
+                seq=seq,
+                op="all_reduce",
+                rank=log.rank,
+                shapes=[list(tensor.shape)],
+                dtypes=[str(tensor.dtype).removeprefix("torch.")],
+                devices=[str(tensor.device)],
+                case=log.case,
+                where=f"DDP gradient bucket {bucket.index()}",
+                tag="ddp",
+                **{"async": True},
+            )
         tensor.div_(dist.get_world_size())
         raw_all_reduce = getattr(dist.all_reduce, "__wrapped__", dist.all_reduce)
         fut = raw_all_reduce(tensor, async_op=True).get_future()
@@ -218,17 +254,30 @@ def ddp_comm_hook() -> Callable[[Any, Any], Any]:
         return fut.then(done)
 
     # DDP checks these annotations as objects (this module's are strings)
-    hook.__annotations__ = {"state": object, "bucket": dist.GradBucket,
-                            "return": torch.futures.Future[torch.Tensor]}
+    hook.__annotations__ = {
+        "state": object,
+        "bucket": dist.GradBucket,
+        "return": torch.futures.Future[torch.Tensor],
+    }
     return hook
 
 
 #: what each field of an entry must be, when present (the watchdog reads nothing else)
 _FIELDS: dict[str, tuple[type, ...]] = {
-    "ev": (str,), "seq": (int,), "op": (str,), "case": (str, type(None)),
-    "where": (str, type(None)), "tag": (str, type(None)), "error": (str, type(None)),
-    "kind": (str, type(None)), "outcome": (str, type(None)), "shapes": (list,),
-    "dtypes": (list,), "devices": (list,), "timeout": (int, float)}
+    "ev": (str,),
+    "seq": (int,),
+    "op": (str,),
+    "case": (str, type(None)),
+    "where": (str, type(None)),
+    "tag": (str, type(None)),
+    "error": (str, type(None)),
+    "kind": (str, type(None)),
+    "outcome": (str, type(None)),
+    "shapes": (list,),
+    "dtypes": (list,),
+    "devices": (list,),
+    "timeout": (int, float),
+}
 
 
 def _valid(entry: Any) -> bool:
@@ -239,10 +288,14 @@ def _valid(entry: Any) -> bool:
             return False
     if entry["ev"] in ("enter", "done", "error") and "seq" not in entry:
         return False
-    return (all(isinstance(d, str) for d in entry.get("devices", []))
-            and all(isinstance(d, str) for d in entry.get("dtypes", []))
-            and all(isinstance(s, list) and all(isinstance(n, int) for n in s)
-                    for s in entry.get("shapes", [])))
+    return (
+        all(isinstance(d, str) for d in entry.get("devices", []))
+        and all(isinstance(d, str) for d in entry.get("dtypes", []))
+        and all(
+            isinstance(s, list) and all(isinstance(n, int) for n in s)
+            for s in entry.get("shapes", [])
+        )
+    )
 
 
 def read(path: Path) -> list[dict[str, Any]]:

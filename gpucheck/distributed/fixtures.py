@@ -1,7 +1,7 @@
 """The ``dist_rank`` fixture (registered by gpucheck's pytest plugin).
 
 A test that takes ``dist_rank`` runs on every rank of the group at once: the fixture joins the
-process group once per worker (env://, see :mod:`gpucheck.dist.rank`), meets the other ranks
+process group once per worker (env://, see :mod:`gpucheck.distributed.rank`), meets the other ranks
 at the start of the case, logs the case's collectives, and at the end writes the case's
 outcome to the collective log and meets the others again. Outside a distributed run (no
 ``RANK``/``WORLD_SIZE``) such tests are skipped with the reason.
@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from gpucheck.dist.analysis import GROUP_LOST_EXIT
+from gpucheck.distributed.analysis import GROUP_LOST_EXIT
 
 _CALL_REPORT = pytest.StashKey[pytest.TestReport]()
 MARKER = "dist_timeout"
@@ -29,8 +29,10 @@ MARKER = "dist_timeout"
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", f"{MARKER}(seconds): the distributed watchdog's time limit for this case, "
-        "when shorter than --timeout (gpucheck run --distributed)")
+        "markers",
+        f"{MARKER}(seconds): the distributed watchdog's time limit for this case, "
+        "when shorter than --timeout (gpucheck run --distributed)",
+    )
 
 
 def case_timeout(item: pytest.Item) -> float | None:
@@ -40,8 +42,9 @@ def case_timeout(item: pytest.Item) -> float | None:
         return None
     seconds = marker.args[0] if marker.args else marker.kwargs.get("seconds")
     if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds <= 0:
-        raise pytest.UsageError(f"{item.nodeid}: {MARKER} takes a positive number of "
-                                f"seconds, got {seconds!r}")
+        raise pytest.UsageError(
+            f"{item.nodeid}: {MARKER} takes a positive number of seconds, got {seconds!r}"
+        )
     return float(seconds)
 
 
@@ -55,11 +58,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def _dist_group() -> Iterator[Any]:
-    from gpucheck.dist import rank as rank_mod
+    from gpucheck.distributed import rank as rank_mod
 
     if rank_mod.env_ranks() is None:
-        pytest.skip("not a rank of a distributed run: run it with `gpucheck run --distributed` "
-                    "or under torchrun")
+        pytest.skip(
+            "not a rank of a distributed run: run it with `gpucheck run --distributed` "
+            "or under torchrun"
+        )
     yield rank_mod.init()
     rank_mod.shutdown()
 
@@ -72,7 +77,7 @@ def _case_id(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def dist_rank(_dist_group: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
-    """This process's :class:`gpucheck.dist.rank.Rank` for one distributed case."""
+    """This process's :class:`gpucheck.distributed.rank.Rank` for one distributed case."""
     rank = _dist_group
     case = _case_id(request)
     _meet(rank, case, "start")
@@ -94,7 +99,7 @@ def _meet(rank: Any, case: str, phase: str) -> None:
     """The case boundary; when the rendezvous store is gone (a peer, maybe the store's host,
     died) this rank stops at once: racing on through the next cases would fail each of them
     for a reason that is not theirs."""
-    from gpucheck.dist.rank import DistSetupError
+    from gpucheck.distributed.rank import DistSetupError
 
     try:
         rank.boundary(case, phase)
@@ -103,7 +108,9 @@ def _meet(rank: Any, case: str, phase: str) -> None:
     except Exception as err:
         if rank.log is not None:
             rank.log.write(ev="group-lost", case=case, phase=phase, error=str(err)[:300])
-        sys.stderr.write(f"gpucheck: rank {rank.rank}: the other ranks are gone at the "
-                         f"{phase} of {case} ({err}); this rank stops\n")
+        sys.stderr.write(
+            f"gpucheck: rank {rank.rank}: the other ranks are gone at the "
+            f"{phase} of {case} ({err}); this rank stops\n"
+        )
         sys.stderr.flush()
         os._exit(GROUP_LOST_EXIT)
