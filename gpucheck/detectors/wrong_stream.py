@@ -38,6 +38,7 @@ from gpucheck.detectors.launch_trace import (
     kernel_list,
     unclaimed,
 )
+from gpucheck.model.kinds import Kind
 from gpucheck.model.results import Finding
 
 #: kernels an op's finding lists one by one in its evidence
@@ -161,10 +162,16 @@ def unclaimed_findings(case: CaseInfo, windows: list[Window]) -> list[Finding]:
     return out
 
 
+#: work launched on another stream than the caller's current one (always right under
+#: CUDA_LAUNCH_BLOCKING: after what gives wrong values)
+WRONG_STREAM = Kind("wrong-stream", precedence=110)
+
+
 class WrongStream(BaseDetector):
     """Reads the launch trace of each case (see :mod:`gpucheck.detectors.launch_trace`)."""
 
     name = "wrong-stream"
+    kinds = (WRONG_STREAM,)
 
     def __init__(self) -> None:
         self.trace = TRACE

@@ -37,9 +37,10 @@ from gpucheck.model import clock
 from gpucheck.model.results import CaseRecord
 from gpucheck.model.runlog import RunHeader
 from gpucheck.report import evidence
-from gpucheck.report.groups import Group, Grouped, Occurrence, sanitizer_record, signature
+from gpucheck.report.groups import Group, Grouped, Occurrence, signature
 from gpucheck.report.rundata import RunData
 from gpucheck.report.verdict import Verdict
+from gpucheck.sanitizer.findings import SANITIZER
 
 SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
 VERSION = "2.1.0"
@@ -126,8 +127,8 @@ def _places(
         None if case_file is None else (case_file, _line_in(case_file, f.evidence, f.message))
     )
     related: list[Location] = []
-    if f.kind == "sanitizer":
-        parsed = sanitizer_record(f)
+    if f.kind == SANITIZER.name:
+        parsed = o.sanitizer
         if parsed is not None and parsed.python_frame:
             m = _PY_LINE.search(parsed.python_frame)
             if m:
