@@ -18,13 +18,15 @@ import click
 
 import gpucheck
 from gpucheck.errors import EXIT_CLEAN, EXIT_USAGE, GpucheckError
+from gpucheck.model.layout import REPORTS
 
 if TYPE_CHECKING:  # `gpucheck run` starts its workers before rich or NVML is imported
     from gpucheck.devices import Inventory
 
 GIB = 1024**3
-#: report formats (gpucheck.report.FORMATS; kept here so that --help imports nothing heavy)
-FORMATS = ("html", "json", "junit", "sarif")
+#: report formats (gpucheck.report.FORMATS: the run folder's table, so that --help imports
+#: no report)
+FORMATS = tuple(REPORTS)
 MODES = (
     "blocking",
     "nvml",
