@@ -37,7 +37,7 @@ from typing import Any
 
 from gpucheck.detectors import ext_watch, op_watch, unwritten
 from gpucheck.detectors.base import CaseInfo
-from gpucheck.detectors.launch_trace import kernel_list, torch_kernel
+from gpucheck.detectors.launch_windows import kernel_list, torch_kernel
 from gpucheck.detectors.mixed_devices import argument_names, labelled_tensors
 from gpucheck.model.kinds import Kind
 from gpucheck.model.results import EVIDENCE_CHARS, Finding
