@@ -61,9 +61,11 @@ from gpucheck.controller.spawning import (
 )
 from gpucheck.distributed import analysis, collectives
 from gpucheck.distributed import rank as rank_env
+from gpucheck.distributed.kinds import RANK_CRASH
 from gpucheck.model import clock, results, worker_state
 from gpucheck.model.contract import NORMAL_EXITS
 from gpucheck.model.fleet import node_of
+from gpucheck.model.kinds import HANG
 from gpucheck.model.layout import RunFolder, WorkerFiles
 from gpucheck.model.results import CaseRecord, Finding
 from gpucheck.model.runlog import RunLog
@@ -75,7 +77,7 @@ POLL_S = 0.2
 MAX_GENERATIONS = 25
 #: seconds to let the ranks write their stacks after SIGUSR1
 STACK_WAIT_S = 0.5
-STATUS_OF = {"hang": "hung", "rank-crash": "crashed"}
+STATUS_OF = {HANG.name: "hung", RANK_CRASH.name: "crashed"}
 #: seconds a diagnosis waits for the owners of other ranks to confirm it before it stands
 #: without them (:meth:`DistHarness._confirmed`)
 CONFIRM_MAX_S = 10.0
@@ -397,7 +399,7 @@ class DistHarness:
                     v = bad[0]
                     return self._claim(
                         analysis.GroupFault(
-                            "rank-crash",
+                            RANK_CRASH.name,
                             f"rank {v.rank}'s process died ({analysis.exit_text(v)})",
                             v.current_case(),
                             [v.rank],
@@ -433,7 +435,7 @@ class DistHarness:
                 for p in self.procs
                 for x in (WorkerFiles(self.wdir, p.stem).stacks, p.trace_path, p.stderr_path)
             )
-        if d.kind == "rank-crash":  # the others have reached their next collective by now
+        if d.kind == RANK_CRASH.name:  # the others have reached their next collective by now
             again = analysis.diagnose(self._views())
             d = again if again is not None and again.kind == d.kind else d
         # py-spy before the freeze: it stops each process itself while it reads it, and
