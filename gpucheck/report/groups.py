@@ -93,9 +93,9 @@ class Occurrence:
     index: int  # the record's index in RunData.cases
     finding: Finding
     record: CaseRecord
-    role: Role = DIAGNOSIS
-    sanitizer: SanitizerFinding | None = None
-    subject: str | None = None
+    role: Role
+    sanitizer: SanitizerFinding | None  # the record of a ``sanitizer`` finding, else None
+    subject: str | None
 
     @classmethod
     def of(cls, index: int, finding: Finding, record: CaseRecord, table: Kinds) -> Occurrence:
