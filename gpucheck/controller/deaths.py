@@ -1,17 +1,27 @@
-"""What a worker's death means: the lines of its stderr that say why, the hint of a crash
-record (what a crash of this kind usually means, and what to do next), the signal that
-killed it, the evidence of a hang (its threads' stacks), and the one line of a run stopped
-because a worker could not write its output."""
+"""What a worker's end means: how it ended, read once (:class:`WorkerEnd`, its
+:data:`Ending`), the lines of its stderr that say why, the hint of a crash record (what a
+crash of this kind usually means, and what to do next), the signal that killed it, the
+evidence of a hang (its threads' stacks), and the one line of a run stopped because a worker
+could not write its output."""
 
 from __future__ import annotations
 
 import os
 import signal
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from gpucheck.controller import stacks as dumps
 from gpucheck.errors import CUDA_ERROR_MARKERS, sticky_cuda_error_line
-from gpucheck.model.contract import NORMAL_EXITS
+from gpucheck.model import worker_state
+from gpucheck.model.contract import (
+    EXIT_CONTEXT_LOST,
+    EXIT_OUTPUT_ERROR,
+    EXIT_SANITIZER_LIMIT,
+    NORMAL_EXITS,
+)
+from gpucheck.model.worker_state import WorkerState
 from gpucheck.sanitizer import command as sanitizer_cmd
 
 #: characters of a dead worker's stderr a record keeps
@@ -31,6 +41,120 @@ CRASH_MARKERS = (
     "gpucheck:",
     *CUDA_ERROR_MARKERS,
 )
+
+
+#: what a worker's end means to the run, as the harness acts on it
+Ending = Literal[
+    "finished",  # it ran its cases to the end (each has its record)
+    "output-error",  # it could not write a record: neither can the others, the run stops
+    "hung",  # it was killed in a case that ran past the timeout
+    "context-lost",  # its CUDA context was lost: its case's record says so, a fresh one goes on
+    "sanitizer-limit",  # compute-sanitizer's print limit is near: a fresh one goes on
+    "tool-crash",  # compute-sanitizer itself ended in a case: the case's outcome is unknown
+    "crashed",  # it died in a case
+    "worker-error",  # it died outside any case (collection, start-up)
+]
+#: endings that make a record of the case it was in
+DEATHS: tuple[Ending, ...] = ("hung", "tool-crash", "crashed")
+
+
+@dataclass(frozen=True)
+class WorkerEnd:
+    """How one worker process ended, as the harness sees it once what it left is killed.
+
+    Attributes:
+        rc: the worker's exit code; where compute-sanitizer's own (``ERROR_EXIT``) hides it,
+            what the worker's state says it was.
+        state: the worker's last state file.
+        case: the case it was in (the one it hung in, else its state's), or None.
+        hung: the harness killed it for running past the timeout.
+        sanitizer: it ran under compute-sanitizer (the process watched is the tool).
+        tool_crashed: compute-sanitizer ended while the worker under it still ran.
+        tool_pid: the process the harness started (the worker, or compute-sanitizer).
+        worker_pid: the Python worker's own pid (0: it never said).
+        stderr: the tail of its stderr.
+    """
+
+    rc: int
+    state: WorkerState
+    case: str | None
+    hung: bool
+    sanitizer: bool
+    tool_crashed: bool
+    tool_pid: int
+    worker_pid: int
+    stderr: str
+
+    @classmethod
+    def of(
+        cls,
+        rc: int,
+        state: WorkerState,
+        hung_case: str | None,
+        sanitizer: bool,
+        tool_crashed: bool,
+        tool_pid: int,
+        stderr: str,
+    ) -> WorkerEnd:
+        case = hung_case or state.case
+        if sanitizer and rc == sanitizer_cmd.ERROR_EXIT:  # the tool's exit code hides the worker's
+            if state.exit_reason == worker_state.CONTEXT_LOST:
+                rc = EXIT_CONTEXT_LOST
+            elif state.exit_reason == worker_state.SANITIZER_LIMIT:
+                rc = EXIT_SANITIZER_LIMIT
+            elif not case:  # ended normally; its findings are in the case records
+                rc = 1
+        return cls(
+            rc,
+            state,
+            case,
+            hung_case is not None,
+            sanitizer,
+            tool_crashed,
+            tool_pid,
+            state.pid or 0,
+            stderr,
+        )
+
+    @property
+    def ending(self) -> Ending:
+        """What the end means (the first that applies, in :data:`Ending`'s order)."""
+        rc = self.rc
+        if rc == EXIT_OUTPUT_ERROR:
+            return "output-error"
+        if self.hung:
+            return "hung"
+        if rc == EXIT_CONTEXT_LOST:
+            return "context-lost"
+        if rc == EXIT_SANITIZER_LIMIT and self.state.exit_reason == worker_state.SANITIZER_LIMIT:
+            return "sanitizer-limit"
+        if rc not in NORMAL_EXITS or self.case or self.tool_crashed:  # os._exit(0) in a case
+            if self.case:
+                return "tool-crash" if self.tool_crashed else "crashed"
+            return "worker-error"
+        return "finished"
+
+    @property
+    def in_case(self) -> bool:
+        """It ended abnormally inside a case: what it left goes on that case's record."""
+        return bool(self.case) and self.rc not in NORMAL_EXITS
+
+    @property
+    def how(self) -> str:
+        """How it ended, for a record's message (``killed by SIGSEGV``)."""
+        if self.rc == sanitizer_cmd.ERROR_EXIT and self.sanitizer and not self.tool_crashed:
+            return "was ended by compute-sanitizer after a fatal error"
+        sig = signal_name(self.rc)
+        return f"killed by {sig}" if sig else f"exited with code {self.rc}"
+
+    @property
+    def who(self) -> str:
+        """Which process ended, for a record's message."""
+        if self.tool_crashed:
+            return f"compute-sanitizer (pid {self.tool_pid})"
+        if self.sanitizer and not self.worker_pid:
+            return f"compute-sanitizer (pid {self.tool_pid}) or the worker under it"
+        return "worker"
 
 
 def crash_digest(stderr: str, limit: int = STDERR_TAIL) -> str:

@@ -10,7 +10,7 @@ meets in every case it runs: each rank's records then hold each case once. This 
 
 Where several gpucheck processes own the group's ranks (torchrun's, a Ray run's nodes), each
 knows the records of its own ranks only: before a generation starts, each publishes what its
-ranks recorded through the group's :class:`~gpucheck.controller.dist_harness.Meeting` and
+ranks recorded through the group's :class:`~gpucheck.controller.dist_group.Meeting` and
 reads the others', so that every owner starts the same cases.
 """
 
@@ -32,7 +32,7 @@ from gpucheck.model.runlog import RunLog
 
 class Meeting(Protocol):
     """Where the owners of a group's ranks show each other files
-    (:class:`gpucheck.controller.dist_harness.Meeting`)."""
+    (:class:`gpucheck.controller.dist_group.Meeting`)."""
 
     def push(self, paths: Iterable[Path]) -> None: ...
 

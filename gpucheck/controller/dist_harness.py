@@ -17,9 +17,11 @@ recorded.
 
 When the ranks of one group are owned by several gpucheck processes (torchrun's, one per rank;
 a Ray run's, one per node: :mod:`gpucheck.controller.fleet`), the owners meet through a
-:class:`Meeting`: the group's files (each rank's collective log, exit code, stacks; the
-rendezvous of each generation; the one finding an owner claimed). torchrun's owners share the
-``--out`` folder (:class:`Meeting` itself); a Ray run's owners send theirs through the head.
+:class:`~gpucheck.controller.dist_group.Meeting`: the group's files (each rank's collective
+log, exit code, stacks; the rendezvous of each generation; the one finding an owner claimed).
+torchrun's owners share the ``--out`` folder (the ``Meeting`` itself); a Ray run's owners
+send theirs through the head. The group's plan (:class:`~.dist_group.GroupSpec`) and its
+meeting point are :mod:`.dist_group`.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,22 +41,31 @@ from typing import Any
 from gpucheck.controller import dist_cases
 from gpucheck.controller import stacks as dumps
 from gpucheck.controller.deaths import crash_digest
+from gpucheck.controller.dist_group import (
+    GroupSpec,
+    GroupStopped,
+    Meeting,
+    RankSpec,
+    free_port,
+    read_exit,
+)
 from gpucheck.controller.spawning import (
     WorkerSpec,
     end_left,
+    gpu_orphans,
     left_note,
     spawn,
     tail,
-    thread_share,
     worker_command,
     write_skip,
 )
 from gpucheck.distributed import analysis, collectives
 from gpucheck.distributed import rank as rank_env
-from gpucheck.errors import EnvironmentProblem
+from gpucheck.distributed.kinds import RANK_CRASH
 from gpucheck.model import clock, results, worker_state
-from gpucheck.model.contract import DEVICE_LABEL_ENV, NORMAL_EXITS
+from gpucheck.model.contract import NORMAL_EXITS
 from gpucheck.model.fleet import node_of
+from gpucheck.model.kinds import HANG
 from gpucheck.model.layout import RunFolder, WorkerFiles
 from gpucheck.model.results import CaseRecord, Finding
 from gpucheck.model.runlog import RunLog
@@ -66,38 +77,10 @@ POLL_S = 0.2
 MAX_GENERATIONS = 25
 #: seconds to let the ranks write their stacks after SIGUSR1
 STACK_WAIT_S = 0.5
-STATUS_OF = {"hang": "hung", "rank-crash": "crashed"}
+STATUS_OF = {HANG.name: "hung", RANK_CRASH.name: "crashed"}
 #: seconds a diagnosis waits for the owners of other ranks to confirm it before it stands
 #: without them (:meth:`DistHarness._confirmed`)
 CONFIRM_MAX_S = 10.0
-
-
-@dataclass
-class RankSpec:
-    rank: int
-    label: str  # "rank0/cuda:0", "rank1/cpu"
-    device_index: int | None  # CUDA index, None on CPU
-    uuid: str | None = None
-
-
-@dataclass
-class GroupSpec:
-    ranks: list[RankSpec]  # the ranks this process starts (all of them unless torchrun)
-    world_size: int
-    backend: str
-    suites: dict[str, Path]
-    mode: str
-    env: dict[str, str] = field(default_factory=dict)
-    pytest_args: list[str] = field(default_factory=list)
-    #: the host of the group's rendezvous (the store of rank 0's owner): None for this
-    #: machine (127.0.0.1 when we own every rank, else its name)
-    master_addr: str | None = None
-    local_world_size: int | None = None
-    #: the label of every rank of the group, where other processes own some (a Ray run)
-    labels: dict[int, str] = field(default_factory=dict)
-    #: the number of the group's first generation (a resumed run continues after the
-    #: earlier invocations': :func:`~gpucheck.controller.dist_cases.first_generation`)
-    first_generation: int = 0
 
 
 @dataclass
@@ -111,51 +94,6 @@ class RankProc:
     trace_path: Path
     state: WorkerState = field(default_factory=WorkerState)
     cgroup: Cgroup | None = None  # the one made for it (what its cases start is in it)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` ("": on every interface, for ranks on other machines);
-    no free port is one sentence (:class:`EnvironmentProblem`)."""
-    try:
-        with socket.socket() as s:
-            s.bind((host, 0))
-            return int(s.getsockname()[1])
-    except OSError as err:
-        raise EnvironmentProblem(
-            f"no free TCP port on {socket.gethostname()} for the distributed group's "
-            f"rendezvous ({err.strerror or err})"
-        ) from None
-
-
-class GroupStopped(Exception):
-    """The run stopped the group from outside (:meth:`Meeting.stopped`): a node was lost."""
-
-
-class Meeting:
-    """Where the owners of one group's ranks meet. This one is a folder every owner sees
-    (torchrun's ``--out``): what one writes, the others read; nothing to send. Another
-    (a Ray run's, :class:`gpucheck.controller.fleet.RayMeeting`) copies the files between
-    the owners' own folders."""
-
-    def push(self, paths: Iterable[Path]) -> None:
-        """Let the other owners see these files of ours as they are now."""
-
-    def pull(self, paths: Iterable[Path]) -> None:
-        """Bring here the latest the other owners pushed of these files."""
-
-    def create(self, path: Path, data: bytes) -> bool:
-        """Write ``path`` unless an owner did first; True when this call wrote it."""
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            return False
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        return True
-
-    def stopped(self) -> str | None:
-        """Why the run stopped the group from outside (as of the last pull), or None."""
-        return None
 
 
 class DistHarness:
@@ -203,36 +141,7 @@ class DistHarness:
             files = self._files(r.rank)
             skip_path = write_skip(files, skip)
             again_path = write_skip(files, again.get(r.rank), files.again)
-            env = {
-                **thread_share(len(g.ranks)),  # the ranks on this machine share its CPUs
-                **g.env,
-                "RANK": str(r.rank),
-                "WORLD_SIZE": str(g.world_size),
-                "LOCAL_RANK": str(
-                    os.environ.get("LOCAL_RANK", local) if len(g.ranks) == 1 else local
-                ),
-                "LOCAL_WORLD_SIZE": str(g.local_world_size or len(g.ranks)),
-                "MASTER_ADDR": addr,
-                "MASTER_PORT": str(port),
-                rank_env.ENV_BACKEND: g.backend,
-                rank_env.ENV_LOG: str(files.collectives),
-                rank_env.ENV_TIMEOUT: str(self.timeout),
-                rank_env.ENV_GENERATION: str(generation),
-                rank_env.ENV_DEVICE: "cpu" if r.device_index is None else str(r.device_index),
-                DEVICE_LABEL_ENV: r.label,
-            }
-            # TORCH_DISTRIBUTED_DEBUG=DETAIL (the user's choice, passed on) adds torch's own
-            # fingerprint check of every collective; not set by default: with it, torch 2.13
-            # (CPU, gloo) segfaults in DistributedDataParallel's constructor
-            if g.backend == "nccl":
-                # the flight recorder (TORCH_FR_BUFFER_SIZE since torch 2.11; the old name
-                # for older versions)
-                fr = os.environ.get("TORCH_FR_BUFFER_SIZE", "2000")
-                env["TORCH_FR_BUFFER_SIZE"] = fr
-                env["TORCH_NCCL_TRACE_BUFFER_SIZE"] = os.environ.get(
-                    "TORCH_NCCL_TRACE_BUFFER_SIZE", fr
-                )
-                env[rank_env.ENV_TRACE] = str(files.nccl_trace)
+            env = g.environment(local, r, files, (addr, port), self.timeout, generation)
             spec = WorkerSpec(r.label, r.device_index, r.uuid, g.suites, g.mode, {}, g.pytest_args)
             cmd = worker_command(
                 spec, self.results_path, files.state, self.run_id, skip_path, again=again_path
@@ -329,7 +238,7 @@ class DistHarness:
                 analysis.RankView(
                     r,
                     collectives.read(self._files(r).collectives),
-                    _read_exit(self._files(r).exit),
+                    read_exit(self._files(r).exit),
                 )
             )
         return sorted(views, key=lambda v: v.rank)
@@ -455,7 +364,7 @@ class DistHarness:
             self._sighted = None
             return found
         key = (found.kind, found.case, found.seq, tuple(found.cause_ranks))
-        beats = {r: _read_exit(self._files(r).beat) or 0 for r in others}
+        beats = {r: read_exit(self._files(r).beat) or 0 for r in others}
         if self._sighted is None or self._sighted[0] != key:
             self._sighted = (key, beats, time.monotonic())
             return None
@@ -490,7 +399,7 @@ class DistHarness:
                     v = bad[0]
                     return self._claim(
                         analysis.GroupFault(
-                            "rank-crash",
+                            RANK_CRASH.name,
                             f"rank {v.rank}'s process died ({analysis.exit_text(v)})",
                             v.current_case(),
                             [v.rank],
@@ -526,7 +435,7 @@ class DistHarness:
                 for p in self.procs
                 for x in (WorkerFiles(self.wdir, p.stem).stacks, p.trace_path, p.stderr_path)
             )
-        if d.kind == "rank-crash":  # the others have reached their next collective by now
+        if d.kind == RANK_CRASH.name:  # the others have reached their next collective by now
             again = analysis.diagnose(self._views())
             d = again if again is not None and again.kind == d.kind else d
         # py-spy before the freeze: it stops each process itself while it reads it, and
@@ -543,9 +452,7 @@ class DistHarness:
             p.proc.wait()
         self._end_left(left)
         orphans = (
-            _gpu_orphans(pids)
-            if any(r.device_index is not None for r in self.group.ranks)
-            else None
+            gpu_orphans(pids) if any(r.device_index is not None for r in self.group.ranks) else None
         )
         if mine:  # one record per finding, by the owner that claimed it
             self.meeting.pull(
@@ -568,7 +475,7 @@ class DistHarness:
     def _exit_code(self, rank: int) -> int | None:
         """How rank ``rank``'s process ended (None: running, or not known here)."""
         owned = next((p for p in self.procs if p.spec.rank == rank), None)
-        return owned.proc.returncode if owned else _read_exit(self._files(rank).exit)
+        return owned.proc.returncode if owned else read_exit(self._files(rank).exit)
 
     def _evidence(self, d: analysis.GroupFault, native: dict[int, str], orphans: str | None) -> str:
         parts = [f"--- where each rank is ---\n{d.positions}"]
@@ -661,40 +568,3 @@ class DistHarness:
             },
         )
         results.append(self.results_path, record.to_json())
-
-
-def _read_exit(path: Path) -> int | None:
-    try:
-        return int(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _gpu_orphans(pids: list[int], wait_s: float = 10.0) -> str:
-    """Whether NVML still lists any of ``pids`` with a context on a GPU after the kill."""
-    from gpucheck import nvml
-
-    if not nvml.status().ok:
-        return "NVML orphan check: NVML not available"
-    deadline = time.monotonic() + wait_s
-    while True:
-        held = {}
-        for i in range(nvml.device_count()):
-            procs, failed = nvml.list_processes(nvml.handle(i))
-            if failed:
-                return (
-                    f"NVML orphan check: NVML failed on device {i} ({failed}): whether a "
-                    "rank still holds a GPU context is not known"
-                )
-            for proc in procs:
-                if proc.pid in pids:
-                    held[proc.pid] = i
-        if not held or time.monotonic() > deadline:
-            break
-        time.sleep(0.25)
-    if held:
-        return (
-            "NVML orphan check: FAILED, still holding a GPU context after the kill: "
-            + ", ".join(f"pid {p} on NVML device {i}" for p, i in held.items())
-        )
-    return f"NVML orphan check: none of the {len(pids)} rank pids holds a GPU context"

@@ -32,7 +32,8 @@ from gpucheck.controller.config import (
     make_console,
     prepare_out,
 )
-from gpucheck.controller.dist_harness import DistHarness, GroupSpec, RankSpec
+from gpucheck.controller.dist_group import GroupSpec, RankSpec
+from gpucheck.controller.dist_harness import DistHarness
 from gpucheck.controller.pipeline import Run, run_until_interrupted, sigterm_as_interrupt
 from gpucheck.distributed import analysis
 from gpucheck.distributed import rank as rank_env

@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -52,7 +52,8 @@ from gpucheck.controller.config import (
     make_console,
     prepare_out,
 )
-from gpucheck.controller.dist_harness import GroupSpec, Meeting, RankSpec
+from gpucheck.controller.dist_group import GroupSpec, RankSpec
+from gpucheck.controller.fleet_head import Board, Collector, RayMeeting, ray_module, write_batches
 from gpucheck.controller.fleet_node import (
     NodeTargets,
     asked_modes,
@@ -65,136 +66,13 @@ from gpucheck.controller.fleet_output import FleetOutput
 from gpucheck.errors import EnvironmentProblem, GpucheckError, UsageProblem
 from gpucheck.model import clock, results
 from gpucheck.model.fleet import NodeLost, node_of
-from gpucheck.model.layout import RunFolder, open_regular
+from gpucheck.model.layout import RunFolder
 from gpucheck.model.runlog import Resume, RunHeader, RunLog
 
 #: the node label that names a node in device names (else its host name)
 NODE_LABEL = "gpucheck-node"
 #: seconds between two looks at the nodes' tasks
 WAIT_S = 0.5
-
-
-def _ray() -> Any:
-    try:
-        import ray
-    except ImportError as err:
-        raise EnvironmentProblem(
-            '--ray needs Ray, which is not installed: python -m pip install "ray[client]>=2.40"'
-        ) from err
-    return ray
-
-
-class Collector:
-    """The records' stream from the nodes to this controller (a Ray actor on the head): keeps
-    each batch of complete lines a node sends until this process takes them
-    (:meth:`take`) and appends them to its run folder. The folder is this process's, on the
-    machine that runs ``gpucheck run --ray``, which need not be a node of the cluster (a Ray
-    Client, ``ray://``)."""
-
-    def __init__(self) -> None:
-        self.batches: list[tuple[str, bytes]] = []
-
-    def append(self, kind: str, data: bytes) -> None:
-        self.batches.append((kind, data))
-
-    def take(self) -> list[tuple[str, bytes]]:
-        """The batches sent since the last take, in order."""
-        out, self.batches = self.batches, []
-        return out
-
-
-def write_batches(folder: RunFolder, batches: Iterable[tuple[str, bytes]]) -> None:
-    """Append each batch of lines (:meth:`Collector.take`) to the run folder's file of its
-    kind (results, re-runs, NVML timeline), whole lines in one write each."""
-    paths = {"results": folder.results, "rerun": folder.rerun, "timeline": folder.timeline}
-    for kind, data in batches:
-        fd = os.open(paths[kind], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-class Board:
-    """Where a distributed group's owners meet (a Ray actor on the head): the group's files
-    by name, as each node's harness last sent them, and why the run stopped the group."""
-
-    def __init__(self) -> None:
-        self.files: dict[str, bytes] = {}
-        self.why: str | None = None
-
-    def put(self, files: dict[str, bytes]) -> None:
-        self.files.update(files)
-
-    def get(self, names: list[str]) -> tuple[dict[str, bytes], str | None]:
-        return {n: self.files[n] for n in names if n in self.files}, self.why
-
-    def create(self, name: str, data: bytes) -> bool:
-        if name in self.files:
-            return False
-        self.files[name] = data
-        return True
-
-    def halt(self, why: str) -> None:
-        self.why = self.why or why
-
-
-#: the most of one file a node sends to the board (a rank's stderr can be long; its tail)
-BOARD_FILE_MAX = 4 << 20
-
-
-class RayMeeting(Meeting):
-    """A node's harness meeting the other nodes' through the head's :class:`Board`: the
-    files it pushes are sent by name (as they changed), those it pulls written into its
-    own run folder, where the harness reads them as it reads its own ranks'."""
-
-    def __init__(self, board: Any) -> None:
-        self.board = board
-        self.sent: dict[str, tuple[int, int]] = {}
-        self.why: str | None = None
-
-    def push(self, paths: Iterable[Path]) -> None:
-        files = {}
-        for path in paths:
-            f = open_regular(path)
-            if f is None:
-                continue
-            with f:
-                st = os.fstat(f.fileno())
-                if self.sent.get(path.name) == (st.st_size, st.st_mtime_ns):
-                    continue
-                f.seek(max(0, st.st_size - BOARD_FILE_MAX))
-                files[path.name] = f.read()
-            self.sent[path.name] = (st.st_size, st.st_mtime_ns)
-        if files:
-            self.board.put.remote(files)  # calls of one caller run in order: no wait
-
-    def pull(self, paths: Iterable[Path]) -> None:
-        wanted = {p.name: p for p in paths}
-        got, self.why = _ray().get(self.board.get.remote(list(wanted)))
-        for name, data in got.items():
-            path = wanted[name]
-            f = open_regular(path)
-            if f is not None:
-                with f:
-                    if f.read() == data:
-                        continue
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + ".pull")
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
-
-    def create(self, path: Path, data: bytes) -> bool:
-        if not _ray().get(self.board.create.remote(path.name, data)):
-            return False
-        path.write_bytes(data)
-        return True
-
-    def stopped(self) -> str | None:
-        return self.why
 
 
 @dataclass(frozen=True)
@@ -336,7 +214,7 @@ def run(cfg: RunConfig, previous: RunHeader | None = None) -> int:
                 f"apply there: drop {flag}"
             )
     assert cfg.ray is not None
-    ray = _ray()
+    ray = ray_module()
     requested = (
         cfg.suite_paths
         if cfg.suite_paths is not None
@@ -370,13 +248,23 @@ def _left_out(cfg: RunConfig, previous: RunHeader | None) -> list[str]:
     ]
 
 
-def _run(
-    ray: Any,
-    cfg: RunConfig,
-    previous: RunHeader | None,
-    suites: dict[str, Path],
-    output: FleetOutput,
-) -> int:
+@dataclass
+class _Plan:
+    """What a Ray run runs: its nodes, the targets each found and the group over them (with
+    ``--distributed``), the nodes of a resumed run no longer there, the run's notes."""
+
+    fleet: list[Node]
+    found: list[NodeTargets]
+    group: GroupSpec | None
+    targets: list[Target]
+    missing: list[str]
+    notes: list[str]
+    not_runnable: dict[str, str]
+
+
+def _plan(ray: Any, cfg: RunConfig, previous: RunHeader | None, suites: dict[str, Path]) -> _Plan:
+    """The nodes that take part (a resumed run's, known by their names), what each finds
+    to run, and the group over them (with ``--distributed``)."""
     notes: list[str] = _left_out(cfg, previous)
     fleet = nodes(ray, cfg.cpu_only)
     if not fleet:
@@ -411,71 +299,111 @@ def _run(
         check_same_devices(previous, targets)
     not_runnable = {k: v for f in found for k, v in f.not_runnable.items()}
     notes += [n for f in found for n in f.notes]
+    return _Plan(fleet, found, group, targets, missing, notes, not_runnable)
+
+
+def _begin(
+    cfg: RunConfig,
+    plan: _Plan,
+    folder: RunFolder,
+    previous: RunHeader | None,
+    suites: dict[str, Path],
+) -> tuple[str, dict[str, Any], RunLog | None]:
+    """The run's first line in its folder (a fresh run's header, a resumed one's ``resume``
+    record): its run id, its header (each node's run starts from it) and a resumed run's
+    records."""
+    if previous is not None:
+        log = RunLog.read(folder.results)
+        resume = Resume(previous.run_id, clock.now(), plan.notes, plan.not_runnable)
+        results.append(folder.results, resume.to_json())
+        return previous.run_id, previous.raw, log
+    run_id = uuid.uuid4().hex[:12]
+    all_passes: list[tuple[str, str | None]] = (
+        [(dist_pipeline.MODE, None)]
+        if plan.group is not None
+        else list(dict.fromkeys(p for f in plan.found for p in passes(cfg, f.visible)))
+    )
+    first = header(
+        cfg,
+        run_id,
+        plan.targets,
+        None,
+        suites,
+        all_passes,
+        plan.notes,
+        plan.not_runnable,
+        (dist_pipeline.MODE,) if plan.group is not None else asked_modes(cfg),
+    )
+    results.append(folder.results, first)
+    return run_id, first, None
+
+
+def _starter(
+    ray: Any,
+    cfg: RunConfig,
+    plan: _Plan,
+    run_id: str,
+    first: dict[str, Any],
+    log: RunLog | None,
+    suites: dict[str, Path],
+) -> Callable[[Node, Any, Any], Any]:
+    """What starts a node's task: its local run, or its part of the distributed group."""
+    node_task, group_task = ray.remote(run_node), ray.remote(run_group)
+    visible = {f.node: f.visible for f in plan.found}
+    group = plan.group
+
+    def start(n: Node, collector: Any, board: Any) -> Any:
+        if group is None:
+            return node_task.options(**_on(ray, n)).remote(
+                cfg, n.name, run_id, collector, _seed(first, log, n.name), suites,
+                visible[n.name],
+            )  # fmt: skip
+        return group_task.options(**_on(ray, n)).remote(
+            cfg, n.name, run_id, collector, RayMeeting(board), _seed(first, log, None),
+            _part(group, n.name),
+        )  # fmt: skip
+
+    return start
+
+
+def _stopped_by(stopped: list[str], failed: dict[str, str], missing: list[str]) -> str | None:
+    """Why the run did not run to its end: a signal, Ctrl-C, the loss of nodes; None."""
+    if stopped or failed.pop("", None) is not None:
+        return stopped[0] if stopped else "Ctrl-C"
+    if failed or missing:
+        return f"the loss of node {', '.join(sorted([*failed, *missing]))}"
+    return None
+
+
+def _run(
+    ray: Any,
+    cfg: RunConfig,
+    previous: RunHeader | None,
+    suites: dict[str, Path],
+    output: FleetOutput,
+) -> int:
+    plan = _plan(ray, cfg, previous, suites)
     console = make_console(output.console)
-    with devlock.held([], cfg.resume, cfg.wait_for_devices, notes) as lock:
+    with devlock.held([], cfg.resume, cfg.wait_for_devices, plan.notes) as lock:
         out = cfg.resume if cfg.resume is not None else prepare_out(cfg.out)
         lock.note_folder(out)
         folder = RunFolder(out)
         output.into(folder.ray_log)
-        notes.append(f"Ray's own output (its log lines, its tasks' output) is in {folder.ray_log}")
-        log: RunLog | None = None
-        if previous is None:
-            run_id = uuid.uuid4().hex[:12]
-            all_passes: list[tuple[str, str | None]] = (
-                [(dist_pipeline.MODE, None)]
-                if group is not None
-                else list(dict.fromkeys(p for f in found for p in passes(cfg, f.visible)))
-            )
-            first = header(
-                cfg,
-                run_id,
-                targets,
-                None,
-                suites,
-                all_passes,
-                notes,
-                not_runnable,
-                (dist_pipeline.MODE,) if group is not None else asked_modes(cfg),
-            )
-            results.append(folder.results, first)
-        else:
-            run_id = previous.run_id
-            first = previous.raw
-            log = RunLog.read(folder.results)
-            results.append(
-                folder.results, Resume(run_id, clock.now(), notes, not_runnable).to_json()
-            )
+        plan.notes.append(
+            f"Ray's own output (its log lines, its tasks' output) is in {folder.ray_log}"
+        )
+        run_id, first, log = _begin(cfg, plan, folder, previous, suites)
         stopped: list[str] = []
         with pipeline.sigterm_as_interrupt(stopped):
-            node_task, group_task = ray.remote(run_node), ray.remote(run_group)
-            visible = {f.node: f.visible for f in found}
-
-            def start(n: Node, collector: Any, board: Any) -> Any:
-                if group is None:
-                    return node_task.options(**_on(ray, n)).remote(
-                        cfg, n.name, run_id, collector, _seed(first, log, n.name), suites,
-                        visible[n.name],
-                    )  # fmt: skip
-                return group_task.options(**_on(ray, n)).remote(
-                    cfg, n.name, run_id, collector, RayMeeting(board), _seed(first, log, None),
-                    _part(group, n.name),
-                )  # fmt: skip
-
-            failed = _run_tasks(ray, cfg, out, run_id, fleet, start, console, notes)
-        if group is not None and not cfg.quiet:
+            start = _starter(ray, cfg, plan, run_id, first, log, suites)
+            failed = _run_tasks(ray, cfg, out, run_id, plan.fleet, start, console, plan.notes)
+        if plan.group is not None and not cfg.quiet:
             dist_pipeline.rank_lines(
-                console, group, RunLog(folder.results), run_id, bool(stopped or failed)
+                console, plan.group, RunLog(folder.results), run_id, bool(stopped or failed)
             )
-        if stopped or failed.pop("", None) is not None:
-            stopped_by = stopped[0] if stopped else "Ctrl-C"
-        elif failed or missing:
-            gone = sorted([*failed, *missing])
-            stopped_by = f"the loss of node {', '.join(gone)}"
-        else:
-            stopped_by = None
-        run = pipeline.Run.in_folder(cfg, out, run_id, notes, not_runnable)
+        run = pipeline.Run.in_folder(cfg, out, run_id, plan.notes, plan.not_runnable)
         run.console = console
-        return run.finish(stopped_by)
+        return run.finish(_stopped_by(stopped, failed, plan.missing))
 
 
 def plan_group(

@@ -32,7 +32,8 @@ from gpucheck.controller.config import (
     plan_passes,
     select_runnable,
 )
-from gpucheck.controller.dist_harness import DistHarness, GroupSpec, Meeting, free_port
+from gpucheck.controller.dist_group import GroupSpec, Meeting, free_port
+from gpucheck.controller.dist_harness import DistHarness
 from gpucheck.errors import UsageProblem
 from gpucheck.model import modes
 from gpucheck.model.fleet import device_name

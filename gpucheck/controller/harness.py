@@ -27,9 +27,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Literal
 
 from gpucheck.controller import stacks as dumps
 from gpucheck.controller.deaths import (
+    DEATHS,
+    WorkerEnd,
     crash_digest,
     crash_hint,
     hang_evidence,
@@ -49,19 +52,15 @@ from gpucheck.controller.spawning import (
 )
 from gpucheck.errors import OutputProblem
 from gpucheck.model import clock, results, worker_state
-from gpucheck.model.contract import (
-    DEVICE_LABEL_ENV,
-    EXIT_CONTEXT_LOST,
-    EXIT_OUTPUT_ERROR,
-    EXIT_SANITIZER_LIMIT,
-    NORMAL_EXITS,
-)
+from gpucheck.model.contract import DEVICE_LABEL_ENV
+from gpucheck.model.kinds import CRASH, HANG, WORKER_ERROR
 from gpucheck.model.layout import RunFolder, WorkerFiles
 from gpucheck.model.results import CaseRecord, Finding
 from gpucheck.model.runlog import Diagnosis, RunLog
 from gpucheck.model.worker_state import WorkerState
 from gpucheck.processes import Cgroup, Proc, descendants
 from gpucheck.sanitizer import command as sanitizer_cmd
+from gpucheck.sanitizer.command import SANITIZER_CRASH
 from gpucheck.sanitizer.findings import dropped_finding, read_records, sanitizer_findings
 
 #: seconds a hung worker has to write its stacks (SIGUSR1) before it is killed
@@ -71,6 +70,12 @@ POLL_S = 0.2
 MAX_STARTUP_KILLS = 1
 #: fresh workers started for one device after crashes before the harness gives up on it
 MAX_RESTARTS = 25
+#: the status of the record the harness writes for a worker's death
+DeathStatus = Literal["hung", "crashed", "error"]
+HANG_HINT = (
+    "the case did not finish within --timeout; the evidence holds every thread's Python "
+    "stack at the moment it was stopped and, with py-spy, the native frames under them"
+)
 
 
 @dataclass
@@ -216,7 +221,9 @@ class Harness:
             and not r.harness_made
         ]
 
-    def _restart(self, w: Worker, startup_kills: int = 0, limit: bool = False) -> None:
+    def _restart(
+        self, w: Worker, end: WorkerEnd, startup_kills: int = 0, limit: bool = False
+    ) -> None:
         """Replace a dead worker by a fresh one that runs the cases not yet recorded
         (``limit``: one that ended for a fresh compute-sanitizer, not after a crash)."""
         done = self._recorded_cases(w.spec)
@@ -228,8 +235,8 @@ class Harness:
                 f"<worker {w.spec.label}>",
                 "error",
                 f"gave up after {MAX_RESTARTS} restarts; {left} case(s) did not run",
-                0,
-                "worker-error",
+                replace(end, rc=0),
+                WORKER_ERROR.name,
                 "every restart crashed again: run the suite alone",
             )
             return
@@ -277,9 +284,35 @@ class Harness:
         w.proc.wait()
 
     def _finish(self, w: Worker, rc: int) -> None:
+        """What the worker's end means (:class:`~.deaths.WorkerEnd`), acted on: a record of
+        the case it died or hung in, or of its death outside any case, and a fresh worker
+        for the cases not yet recorded."""
         w.finished = True
-        w.state = worker_state.read(w.state_path) or w.state
-        worker_pid = w.state.pid or 0
+        end = self._ended(w, rc)
+        ending = end.ending
+        if ending == "output-error":  # it could not write a record: neither can the others
+            raise OutputProblem(output_fault(end.stderr, self.out_dir, w.spec.label))
+        unclaimed = self._unclaimed_sanitizer_findings(w) if w.spec.sanitizer_tool else []
+        if unclaimed and not end.in_case:  # else they go on the record of its case
+            self._unclaimed_record(w, unclaimed)
+            unclaimed = []
+        if ending in DEATHS:
+            self._record_death(w, end, unclaimed)
+            self._restart(w, end)
+        elif ending == "context-lost":
+            self._restart(w, end)  # the case's own record already says what happened
+        elif ending == "sanitizer-limit":
+            self._limit_reached(w)
+            if w.planned is None or w.done < w.planned:
+                self._restart(w, end, limit=True)
+        elif ending == "worker-error":
+            self._worker_error(w, end, unclaimed)
+
+    def _ended(self, w: Worker, rc: int) -> WorkerEnd:
+        """End what the worker left (its process group; under compute-sanitizer, the worker
+        the tool left running when the tool itself ended), then read its last state and its
+        stderr once."""
+        worker_pid = w.state.pid or 0  # its state as the poll that saw it end read it
         # under compute-sanitizer w.proc is the tool: it ended while the worker under it still
         # runs (the tool crashed)
         tool = (
@@ -294,104 +327,57 @@ class Harness:
             bound_log(log)
         w.state = worker_state.read(w.state_path) or w.state
         self._end_left(w)
-        case: str | None = w.hung_case or w.state.case
-        if rc == EXIT_OUTPUT_ERROR:  # it could not write a record: neither can the others
-            raise OutputProblem(output_fault(tail(w.stderr_path), self.out_dir, w.spec.label))
-        unclaimed: list[Finding] = []
-        if w.spec.sanitizer_tool:
-            unclaimed = self._unclaimed_sanitizer_findings(w)
-            if rc == sanitizer_cmd.ERROR_EXIT:  # the tool's exit code hides the worker's:
-                if w.state.exit_reason == worker_state.CONTEXT_LOST:
-                    rc = EXIT_CONTEXT_LOST
-                elif w.state.exit_reason == worker_state.SANITIZER_LIMIT:
-                    rc = EXIT_SANITIZER_LIMIT
-                elif not case:  # ended normally; its findings are in the case records
-                    rc = 1
-            if unclaimed and not (case and rc not in NORMAL_EXITS):
-                self._unclaimed_record(w, unclaimed)
-                unclaimed = []
-        if w.hung_case:
-            self._record(
-                w,
-                w.hung_case,
-                "hung",
-                f"no progress for {self.timeout:g} s; killed",
-                rc,
-                "hang",
-                "the case did not finish within --timeout; the evidence holds "
-                "every thread's Python stack at the moment it was stopped and, with "
-                "py-spy, the native frames under them",
-                unclaimed,
+        return WorkerEnd.of(
+            rc,
+            w.state,
+            w.hung_case,
+            bool(w.spec.sanitizer_tool),
+            tool,
+            w.proc.pid,
+            tail(w.stderr_path, 64_000),
+        )
+
+    def _record_death(self, w: Worker, end: WorkerEnd, unclaimed: list[Finding]) -> None:
+        """The record of the case the worker hung or died in (``unclaimed``: sanitizer
+        records the tool wrote before it ended the case)."""
+        case = end.case or ""
+        if end.hung:
+            status: DeathStatus = "hung"
+            message = f"no progress for {self.timeout:g} s; killed"
+            kind, hint = HANG.name, HANG_HINT
+        elif end.tool_crashed:  # the case's outcome is unknown, not a crash
+            status, kind, hint = "error", SANITIZER_CRASH.name, sanitizer_cmd.TOOL_CRASH_HINT
+            message = (
+                f"{end.who} {end.how} while this case ran (the worker "
+                f"under it, pid {end.worker_pid}, was still running)"
             )
-            self._restart(w)
-        elif rc == EXIT_CONTEXT_LOST:
-            self._restart(w)  # the case's own record already says what happened
-        elif rc == EXIT_SANITIZER_LIMIT and w.state.exit_reason == worker_state.SANITIZER_LIMIT:
-            self._limit_reached(w)
-            if w.planned is None or w.done < w.planned:
-                self._restart(w, limit=True)
-        elif rc not in NORMAL_EXITS or case or tool:  # os._exit(0) in a case ends it, too
-            sig = signal_name(rc)
-            how = f"killed by {sig}" if sig else f"exited with code {rc}"
-            who = (
-                f"compute-sanitizer (pid {w.proc.pid})"
-                if tool
-                else f"compute-sanitizer (pid {w.proc.pid}) or the worker under it"
-                if w.spec.sanitizer_tool and not worker_pid
-                else "worker"
-            )
-            if rc == sanitizer_cmd.ERROR_EXIT and w.spec.sanitizer_tool and not tool:
-                how = "was ended by compute-sanitizer after a fatal error"
-            if case and tool:  # the tool crashed: the case's outcome is unknown, not a crash
-                self._record(
-                    w,
-                    case,
-                    "error",
-                    f"{who} {how} while this case ran (the worker "
-                    f"under it, pid {worker_pid}, was still running)",
-                    rc,
-                    sanitizer_cmd.TOOL_CRASH,
-                    sanitizer_cmd.TOOL_CRASH_HINT,
-                    unclaimed,
-                )
-                self._restart(w)
-            elif case:
-                other = w.state.current_device not in (None, w.spec.label)
-                hint = crash_hint(
-                    rc, tail(w.stderr_path, 64_000), bool(w.spec.sanitizer_tool), other
-                )
-                self._record(
-                    w,
-                    case,
-                    "crashed",
-                    f"worker {how} while running this case",
-                    rc,
-                    "crash",
-                    hint,
-                    unclaimed,
-                )
-                self._restart(w)
-            else:
-                # killed by a signal (the OOM killer, a user) while starting or between cases:
-                # a fresh worker runs the cases once more; an exit code (a usage error, a
-                # start-up that fails the same way every time) or a second kill in a row ends
-                # this device's part of the run
-                again = sig is not None and w.startup_kills < MAX_STARTUP_KILLS
-                w.worker_error = True
-                self._record(
-                    w,
-                    f"<worker {w.spec.label}>",
-                    "error",
-                    f"{who} {how} outside any case (collection or start-up)"
-                    + ("; a fresh worker ran the cases not yet recorded" if again else ""),
-                    rc,
-                    "worker-error",
-                    "see the worker's stderr tail",
-                    unclaimed,
-                )
-                if again:
-                    kills = w.startup_kills + (0 if w.state.done else 1)
-                    self._restart(w, startup_kills=kills)
+        else:
+            other = w.state.current_device not in (None, w.spec.label)
+            status, kind = "crashed", CRASH.name
+            hint = crash_hint(end.rc, end.stderr, end.sanitizer, other)
+            message = f"worker {end.how} while running this case"
+        self._record(w, case, status, message, end, kind, hint, unclaimed)
+
+    def _worker_error(self, w: Worker, end: WorkerEnd, unclaimed: list[Finding]) -> None:
+        """A worker that died outside any case: killed by a signal (the OOM killer, a user)
+        while starting or between cases, a fresh worker runs the cases once more; an exit
+        code (a usage error, a start-up that fails the same way every time) or a second kill
+        in a row ends this device's part of the run."""
+        again = signal_name(end.rc) is not None and w.startup_kills < MAX_STARTUP_KILLS
+        w.worker_error = True
+        self._record(
+            w,
+            f"<worker {w.spec.label}>",
+            "error",
+            f"{end.who} {end.how} outside any case (collection or start-up)"
+            + ("; a fresh worker ran the cases not yet recorded" if again else ""),
+            end,
+            WORKER_ERROR.name,
+            "see the worker's stderr tail",
+            unclaimed,
+        )
+        if again:
+            self._restart(w, end, startup_kills=w.startup_kills + (0 if w.state.done else 1))
 
     def _limit_reached(self, w: Worker) -> None:
         """The records compute-sanitizer did not print during the case its worker's state
@@ -444,18 +430,20 @@ class Harness:
         self,
         w: Worker,
         case: str,
-        status: str,
+        status: DeathStatus,
         message: str,
-        rc: int,
+        end: WorkerEnd,
         kind: str,
         hint: str,
         extra: list[Finding] | None = None,
     ) -> None:
+        """The record of a worker's death: ``end`` says how it ended (``rc`` as recorded)."""
+        rc = end.rc
         started = _started(w.state)
         suite = w.state.suite or ",".join(w.spec.suites)
         for f in extra or []:  # sanitizer records the tool wrote before it ended the case
             f.suite, f.case = f.suite or suite, f.case or case
-        digest = crash_digest(tail(w.stderr_path, 64_000))
+        digest = crash_digest(end.stderr)
         mine = w.state.case == case
         op = w.state.op if mine else None
         if op:  # the last extension op the case called (the worker's op tracker)
@@ -468,7 +456,7 @@ class Harness:
             if mine
         ]
         mixed = next((f for f in pending if f.kind == results.MIXED_DEVICES), None)
-        if mixed is not None and kind == "crash":
+        if mixed is not None and kind == CRASH.name:
             hint = results.mixed_devices_hint(mixed, "crash")
         evidence = digest[-2500:]
         if status == "hung":  # stacks first: they say where it hung

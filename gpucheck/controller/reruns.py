@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from gpucheck.model import modes
+from gpucheck.model.kinds import DIAGNOSIS
 from gpucheck.model.modes import try_parse
 from gpucheck.model.results import CaseRecord, Finding
 from gpucheck.report.groups import role, subject
@@ -41,7 +42,7 @@ def carried(records: Iterable[CaseRecord]) -> list[Finding]:
         if seen is None:
             continue  # the case's own record is not in this run
         for f in r.findings:
-            if role(f, r) != "diagnosis" or _what(f) in seen:
+            if role(f, r) != DIAGNOSIS or _what(f) in seen:
                 continue
             seen.add(_what(f))
             note = (

@@ -11,6 +11,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -311,3 +312,33 @@ def alive(pid: int) -> bool:
             pass
         return True
     return stat[stat.rindex(")") + 2] not in "ZX"
+
+
+def gpu_orphans(pids: list[int], wait_s: float = 10.0) -> str:
+    """Whether NVML still lists any of ``pids`` with a context on a GPU after the kill."""
+    from gpucheck import nvml
+
+    if not nvml.status().ok:
+        return "NVML orphan check: NVML not available"
+    deadline = time.monotonic() + wait_s
+    while True:
+        held = {}
+        for i in range(nvml.device_count()):
+            procs, failed = nvml.list_processes(nvml.handle(i))
+            if failed:
+                return (
+                    f"NVML orphan check: NVML failed on device {i} ({failed}): whether a "
+                    "rank still holds a GPU context is not known"
+                )
+            for proc in procs:
+                if proc.pid in pids:
+                    held[proc.pid] = i
+        if not held or time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
+    if held:
+        return (
+            "NVML orphan check: FAILED, still holding a GPU context after the kill: "
+            + ", ".join(f"pid {p} on NVML device {i}" for p, i in held.items())
+        )
+    return f"NVML orphan check: none of the {len(pids)} rank pids holds a GPU context"

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gpucheck.model.kinds import SYMPTOM, Kind
 from gpucheck.model.results import CaseRecord, Finding
 
 #: comma-separated names of worker detectors to leave out, or ``all`` (e.g. to measure their
@@ -41,6 +42,9 @@ class CaseInfo:
     suite: str
     case: str  # case id, relative to the suite root
 
+
+#: a detector that failed, or could only partly do its work (:func:`detector_error`)
+DETECTOR_ERROR = Kind("detector-error", SYMPTOM)
 
 #: the compute-sanitizer tool that reports every read of never-written memory: a detector
 #: that reads all of an op's outputs (a hash, a comparison) stands aside in its passes, where
@@ -96,6 +100,10 @@ class BaseDetector:
 
     name = "base"
     touches_gpu = True
+    #: the kinds of finding it declares (:class:`gpucheck.model.kinds.Kind`), collected by
+    #: the registry: each kind declared once, by the detector that makes it (another that
+    #: makes it too uses that declaration)
+    kinds: tuple[Kind, ...] = ()
 
     def bind(self, worker: WorkerContext) -> None:
         return None

@@ -24,6 +24,7 @@ from typing import Any
 
 from gpucheck.detectors.base import BaseDetector, CaseInfo
 from gpucheck.errors import CUDA_ERROR_MARKERS, sticky_cuda_error_line
+from gpucheck.model.kinds import Kind
 from gpucheck.model.results import Finding
 
 HINT = (
@@ -41,10 +42,15 @@ def _cuda() -> Any:
     return torch.cuda
 
 
+#: a case that leaves another device current than it found
+DEVICE_STATE_LEAK = Kind("device-state-leak", precedence=40)
+
+
 class DeviceStateLeak(BaseDetector):
     """Warns when the current device after a case's body differs from before it."""
 
     name = "device-state-leak"
+    kinds = (DEVICE_STATE_LEAK,)
 
     def __init__(self) -> None:
         self.before: int | None = None

@@ -23,6 +23,7 @@ import re
 from collections.abc import Iterable
 
 from gpucheck.detectors.base import BaseDetector
+from gpucheck.model.kinds import Kind
 from gpucheck.model.modes import try_parse
 from gpucheck.model.results import CaseRecord, Finding
 
@@ -124,10 +125,15 @@ def imbalances(records: Iterable[CaseRecord]) -> list[Finding]:
     return found
 
 
+#: one device's case using far more memory than the same case on the others
+IMBALANCE = Kind("imbalance")
+
+
 class Imbalance(BaseDetector):
     """Parent side, over the case records of the plain passes."""
 
     name = "imbalance"
+    kinds = (IMBALANCE,)
 
     def run_finished(self, records: list[CaseRecord]) -> list[Finding]:
         return imbalances(records)

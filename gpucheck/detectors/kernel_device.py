@@ -14,7 +14,8 @@ with the Python line of the call.
 from __future__ import annotations
 
 from gpucheck.detectors.base import BaseDetector, CaseInfo, detector_error
-from gpucheck.detectors.launch_trace import TRACE, kernel_list
+from gpucheck.detectors.launch_trace import TRACE
+from gpucheck.detectors.launch_windows import kernel_list
 from gpucheck.detectors.wrong_device import HINT
 from gpucheck.detectors.wrong_stream import misplaced
 from gpucheck.model.results import Finding

@@ -30,6 +30,7 @@ from typing import Any
 
 from gpucheck import nvml
 from gpucheck.detectors.base import BaseDetector, CaseInfo, WorkerContext
+from gpucheck.model.kinds import Kind
 from gpucheck.model.results import Finding
 
 __all__ = ["DEFAULT_REPEATS", "MARKER", "Leak", "judge", "repeats"]
@@ -114,10 +115,15 @@ def judge(
     return found
 
 
+#: memory a repeated case keeps
+LEAK = Kind("leak", precedence=120)
+
+
 class Leak(BaseDetector):
     """Worker side: measures between the repetitions of cases marked ``gpucheck_repeat``."""
 
     name = "leak"
+    kinds = (LEAK,)
 
     def __init__(self, device_index: int | None = None, uuid: str | None = None) -> None:
         self.device_index = device_index

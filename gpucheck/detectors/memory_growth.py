@@ -17,6 +17,7 @@ from typing import Any
 
 from gpucheck.detectors.base import BaseDetector
 from gpucheck.detectors.oom_anomaly import gib
+from gpucheck.model.kinds import Kind
 from gpucheck.model.results import CaseRecord, Finding
 
 __all__ = ["MemoryGrowth", "growth", "size_of"]
@@ -132,10 +133,15 @@ def growth(records: Iterable[CaseRecord], totals: dict[str, int] | None = None) 
     return found
 
 
+#: peak memory that grows faster than the case's size across its parameters
+MEMORY_GROWTH = Kind("memory-growth", precedence=130)
+
+
 class MemoryGrowth(BaseDetector):
     """Parent side: peak memory over the sizes of size-parametrized cases."""
 
     name = "memory-growth"
+    kinds = (MEMORY_GROWTH,)
 
     def __init__(self, totals: dict[str, int] | None = None) -> None:
         self.totals = totals or {}

@@ -66,6 +66,7 @@ from gpucheck.detectors.base import CallWatcher, CaseInfo, WorkerContext, detect
 from gpucheck.detectors.mixed_devices import argument_names
 from gpucheck.detectors.numerics import scratch
 from gpucheck.errors import CUDA_ERROR_MARKERS
+from gpucheck.model.kinds import Kind
 from gpucheck.model.results import Finding
 
 KIND = "memory-layout"
@@ -227,10 +228,16 @@ def _unwritten(call: op_watch.Call) -> dict[int, Any]:
     }
 
 
+#: a call whose result depends on its arguments' layout (gives wrong values: before a launch
+#: on the legacy stream)
+MEMORY_LAYOUT = Kind(KIND, precedence=90)
+
+
 class MemoryLayout(CallWatcher):
     """Re-runs the first call per (op, argument signature) of a case in other layouts."""
 
     name = KIND
+    kinds = (MEMORY_LAYOUT,)
     touches_gpu = False  # its findings are made after each call; the case end reads nothing
 
     def __init__(self) -> None:

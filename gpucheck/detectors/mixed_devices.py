@@ -38,6 +38,7 @@ from typing import Any
 from gpucheck.detectors import op_watch
 from gpucheck.detectors.base import CallWatcher, CaseInfo, WorkerContext
 from gpucheck.errors import CUDA_ERROR_MARKERS
+from gpucheck.model.kinds import Kind
 from gpucheck.model.results import MIXED_DEVICES, Finding
 
 #: integer / bool CPU tensors up to this many elements are host-side arguments (sizes)
@@ -172,10 +173,15 @@ def hint(found: list[tuple[str, str, tuple[int, ...], str]]) -> str:
     )
 
 
+#: a call's tensor arguments on two devices: it explains the CUDA error of its case
+MIXED = Kind(MIXED_DEVICES, precedence=20)
+
+
 class MixedDevices(CallWatcher):
     """Looks at every watched call's tensor arguments before it runs; one finding per op."""
 
     name = MIXED_DEVICES
+    kinds = (MIXED,)
     touches_gpu = False  # what it saw of the calls before an error stands
 
     def __init__(self) -> None:

@@ -51,6 +51,7 @@ from typing import Any
 
 from gpucheck.detectors import op_watch, unwritten
 from gpucheck.detectors.base import READS_REPORTED, CallWatcher, CaseInfo, WorkerContext
+from gpucheck.model.kinds import DIAGNOSIS, SYMPTOM, Kind, Role
 from gpucheck.model.results import CaseRecord, Finding
 
 CAP = 16
@@ -279,10 +280,24 @@ COVERAGE_HINT = (
 )
 
 
+#: a numerics finding with this in its message says the result is off, not why: a symptom
+REFERENCE_MISMATCH = "mismatch against the reference"
+
+
+def _role(finding: Finding, record: CaseRecord) -> Role:
+    return SYMPTOM if REFERENCE_MISMATCH in finding.message else DIAGNOSIS
+
+
+#: a result that differs between runs of a call or between devices (a diagnosis; a mismatch
+#: against the reference only says the result is off: a symptom)
+NUMERICS = Kind("numerics", precedence=140, refine=_role)
+
+
 class Numerics(CallWatcher):
     """Fingerprints extension-op calls; judges a case's calls, and keeps them for the run."""
 
     name = "numerics"
+    kinds = (NUMERICS,)
 
     def __init__(self, cap: int = CAP) -> None:
         self.cap = cap

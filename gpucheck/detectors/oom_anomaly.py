@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpucheck.detectors.base import BaseDetector
+from gpucheck.model.kinds import SYMPTOM, Kind
 from gpucheck.model.modes import try_parse
 from gpucheck.model.results import CaseRecord, Finding
 
@@ -330,10 +331,17 @@ def oom_findings(
     return found
 
 
+#: an allocation far beyond what the case should need (its cause), and an out-of-memory error
+#: nothing explains (how it looked)
+OOM_ANOMALY = Kind("oom-anomaly", precedence=70)
+OOM = Kind("oom", SYMPTOM)
+
+
 class OomAnomaly(BaseDetector):
     """Parent side: OOM messages and preflight errors of failed cases."""
 
     name = "oom-anomaly"
+    kinds = (OOM_ANOMALY, OOM)
 
     def __init__(self, totals: dict[str, int] | None = None) -> None:
         self.totals = totals or {}

@@ -1,18 +1,22 @@
-"""The one registry of detectors: gpucheck's own and those other packages add.
+"""The one registry of detectors and of the kinds of finding they make: gpucheck's own and
+those other packages add.
 
-Two hooks (pluggy, the plugin system pytest is built on), each returning a list:
+Three hooks (pluggy, the plugin system pytest is built on), each returning a list:
 
 * ``gpucheck_worker_detectors()``: detectors a worker runs around the body of every case
   (``bind``, ``case_started``, ``case_finished``, ``case_data``);
 * ``gpucheck_run_detectors(context)``: detectors the controller runs over the finished
-  records of a run (``run_finished``), given a :class:`RunContext`.
+  records of a run (``run_finished``), given a :class:`RunContext`;
+* ``gpucheck_finding_kinds()``: the kinds of finding the plugin's detectors make, each
+  declared once (:class:`gpucheck.model.kinds.Kind`: diagnosis or symptom, its place among
+  the root causes, its hint); :func:`kinds` collects them for the report and the controller.
 
 A package adds detectors with an entry point in group ``gpucheck``::
 
     [project.entry-points.gpucheck]
     my_detectors = "my_package.gpucheck_hooks"
 
-where ``my_package/gpucheck_hooks.py`` implements either hook with ``@hookimpl``
+where ``my_package/gpucheck_hooks.py`` implements any of the hooks with ``@hookimpl``
 (``from gpucheck.detectors.registry import hookimpl``). ``$GPUCHECK_DISABLE_DETECTORS``
 (comma-separated names, or ``all``) leaves worker detectors out by their ``name``.
 """
@@ -22,11 +26,13 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import pluggy
 
 from gpucheck import _distribution
-from gpucheck.detectors.base import Detector, disabled
+from gpucheck.detectors import sanitizer_trace
+from gpucheck.detectors.base import DETECTOR_ERROR, Detector, disabled
 from gpucheck.detectors.device_state import DeviceStateLeak, PendingError
 from gpucheck.detectors.imbalance import Imbalance
 from gpucheck.detectors.kernel_device import KernelDevice
@@ -41,7 +47,11 @@ from gpucheck.detectors.stray_context import StrayContext
 from gpucheck.detectors.unwritten_output import UnwrittenOutput
 from gpucheck.detectors.wrong_device import WrongDevice
 from gpucheck.detectors.wrong_stream import WrongStream
+from gpucheck.distributed import kinds as distributed_kinds
+from gpucheck.model import kinds as recorded_kinds
+from gpucheck.model.kinds import Kind, Kinds
 from gpucheck.model.runlog import RunHeader
+from gpucheck.sanitizer import findings as sanitizer_findings
 
 PROJECT = "gpucheck"
 #: the entry point group other packages register their hook modules under
@@ -52,6 +62,7 @@ ENTRY_POINT_GROUP = "gpucheck"
 #: from here, so that a run finds the same detectors either way.
 OWN_ENTRY_POINTS = {"checkpoints": "gpucheck.checkpoints.detectors.hooks"}
 
+T = TypeVar("T")
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
@@ -84,6 +95,10 @@ class Hooks:
     @hookspec
     def gpucheck_run_detectors(self, context: RunContext) -> list[Detector]:  # type: ignore[empty-body]
         """Detectors the controller runs over every record of a finished run."""
+
+    @hookspec
+    def gpucheck_finding_kinds(self) -> list[Kind]:  # type: ignore[empty-body]
+        """The kinds of finding the plugin's detectors make, each declared once."""
 
 
 class Builtin:
@@ -120,6 +135,20 @@ class Builtin:
             Imbalance(),
         ]
 
+    @hookimpl
+    def gpucheck_finding_kinds(self) -> list[Kind]:
+        # what the makers above the registry record (the worker's case, the harness's death,
+        # check_op), then what the sanitizer, the watchdog and each detector declare
+        detectors = [*self.gpucheck_worker_detectors(), *self.gpucheck_run_detectors(RunContext())]
+        return [
+            *recorded_kinds.RECORDED,
+            *sanitizer_findings.KINDS,
+            *distributed_kinds.KINDS,
+            DETECTOR_ERROR,
+            *sanitizer_trace.KINDS,
+            *(kind for d in detectors for kind in getattr(d, "kinds", ())),
+        ]
+
 
 _MANAGER: list[pluggy.PluginManager] = []
 
@@ -145,7 +174,7 @@ def manager() -> pluggy.PluginManager:
     return _MANAGER[0]
 
 
-def _flat(lists: list[list[Detector]]) -> list[Detector]:
+def _flat(lists: list[list[T]]) -> list[T]:
     # pluggy calls the last registered first: the built-in ones go first in the result
     return [d for group in reversed(lists) for d in (group or [])]
 
@@ -175,3 +204,19 @@ def settings() -> dict[str, list[str]]:
 def run_detectors(context: RunContext) -> list[Detector]:
     """The run-level detectors, in order."""
     return _flat(manager().hook.gpucheck_run_detectors(context=context))
+
+
+_KINDS: list[Kinds] = []
+
+
+def kinds() -> Kinds:
+    """Every kind of finding declared (made once): gpucheck's own first, then the installed
+    packages'; where a package's hook module cannot be loaded, gpucheck's own alone (a
+    report is still written; the run's end, which runs the packages' detectors, says why)."""
+    if not _KINDS:
+        try:
+            declared = _flat(manager().hook.gpucheck_finding_kinds())
+        except Exception:  # a package's entry point that fails to load
+            declared = Builtin().gpucheck_finding_kinds()
+        _KINDS.append(Kinds(declared))
+    return _KINDS[0]

@@ -37,8 +37,9 @@ from typing import Any
 
 from gpucheck.detectors import ext_watch, op_watch, unwritten
 from gpucheck.detectors.base import CaseInfo
-from gpucheck.detectors.launch_trace import kernel_list, torch_kernel
+from gpucheck.detectors.launch_windows import kernel_list, torch_kernel
 from gpucheck.detectors.mixed_devices import argument_names, labelled_tensors
+from gpucheck.model.kinds import Kind
 from gpucheck.model.results import EVIDENCE_CHARS, Finding
 from gpucheck.sanitizer import tracing
 from gpucheck.sanitizer.findings import HINTS, record_findings
@@ -46,6 +47,10 @@ from gpucheck.sanitizer.parser import SanitizerFinding, fold
 
 DATA_RACE = "data-race"
 OUT_OF_BOUNDS = "out-of-bounds"
+#: the sanitizer's records traced to the op that launched their kernel: an access out of
+#: bounds (it makes the kernel fault: early in the precedence) and a shared-memory race (it
+#: gives wrong values)
+KINDS = (Kind(OUT_OF_BOUNDS, precedence=30), Kind(DATA_RACE, precedence=100))
 #: integer/bool outputs up to this many elements are kept for the convention's rule
 MAX_MARKER = 1 << 24
 NOTE = "sanitizer-trace"

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from gpucheck.detectors.base import BaseDetector
+from gpucheck.model.kinds import Kind
 from gpucheck.model.modes import try_parse
 from gpucheck.model.results import CaseRecord, Finding
 
@@ -67,10 +68,15 @@ def stray(records: Iterable[CaseRecord], names: dict[str, str] | None = None) ->
     return found
 
 
+#: a worker's process held memory on a GPU it was not started for
+STRAY_CONTEXT = Kind("stray-context", precedence=50)
+
+
 class StrayContext(BaseDetector):
     """Parent side, over the records of the target-current passes."""
 
     name = "stray-context"
+    kinds = (STRAY_CONTEXT,)
 
     def __init__(self, names: dict[str, str] | None = None) -> None:
         self.names = names or {}

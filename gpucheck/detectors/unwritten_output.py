@@ -42,6 +42,7 @@ from gpucheck.detectors.base import (
     WorkerContext,
     detector_error,
 )
+from gpucheck.model.kinds import Kind
 from gpucheck.model.results import Finding
 
 #: probes of call signatures not seen before, per case
@@ -56,10 +57,15 @@ _HOW = (
 ).format(*unwritten.PATTERNS)
 
 
+#: an output the op left unwritten (numerics and the sanitizer's trace find it too)
+UNWRITTEN_OUTPUT = Kind(unwritten.KIND, precedence=80)
+
+
 class UnwrittenOutput(CallWatcher):
     """Probes watched calls within its budget; one finding per (op, output) a case."""
 
     name = unwritten.KIND
+    kinds = (UNWRITTEN_OUTPUT,)
     touches_gpu = True
 
     def __init__(self) -> None:

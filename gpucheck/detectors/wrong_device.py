@@ -21,6 +21,7 @@ from collections.abc import Iterable
 
 from gpucheck.detectors.base import BaseDetector
 from gpucheck.model import modes
+from gpucheck.model.kinds import Kind
 from gpucheck.model.modes import Mode, try_parse
 from gpucheck.model.results import CaseRecord, Finding
 
@@ -192,10 +193,19 @@ def diagnose(
     return found
 
 
+#: a case that fails only with another device current: its op runs on the wrong device (the
+#: root cause of its kernel's fault, first in the precedence)
+WRONG_DEVICE = Kind("wrong-device", precedence=10)
+#: a failure on two GPUs that the re-runs do not reproduce: it explains the case's failure
+#: although a warning
+NOT_REPRODUCIBLE = Kind("not-reproducible", precedence=150, explains_as_warning=True)
+
+
 class WrongDevice(BaseDetector):
     """Parent side: pairs every other-device-current mode with its target-current twin."""
 
     name = "wrong-device"
+    kinds = (WRONG_DEVICE, NOT_REPRODUCIBLE)
 
     def run_finished(self, records: list[CaseRecord]) -> list[Finding]:
         by_mode = {r.mode: try_parse(r.mode) for r in records}

@@ -16,7 +16,7 @@ name ``package._C.function`` (:mod:`gpucheck.detectors.ext_watch`), with the Pyt
 that called them. A kernel that no watched call launched (a caller the watch does not see:
 a function reference taken before gpucheck was loaded, ``ctypes``, C++) but that ran on a
 stream no caller had current is a case-level finding naming the kernel and the extension
-library that defines it (:func:`gpucheck.detectors.launch_trace.unclaimed`).
+library that defines it (:func:`gpucheck.detectors.launch_windows.unclaimed`).
 
 A private stream that the op orders after the caller's with an event is correct but is
 reported too: the profiler's kernel records do not show events. Such an op is rare; the
@@ -29,8 +29,8 @@ from __future__ import annotations
 import os
 
 from gpucheck.detectors.base import BaseDetector, CaseInfo, detector_error
-from gpucheck.detectors.launch_trace import (
-    TRACE,
+from gpucheck.detectors.launch_trace import TRACE
+from gpucheck.detectors.launch_windows import (
     MisplacedLaunch,
     Unclaimed,
     Window,
@@ -38,6 +38,7 @@ from gpucheck.detectors.launch_trace import (
     kernel_list,
     unclaimed,
 )
+from gpucheck.model.kinds import Kind
 from gpucheck.model.results import Finding
 
 #: kernels an op's finding lists one by one in its evidence
@@ -107,7 +108,7 @@ def findings(case: CaseInfo, bad: list[tuple[MisplacedLaunch, Window]]) -> list[
 def unclaimed_findings(case: CaseInfo, windows: list[Window]) -> list[Finding]:
     """One error finding per library (and device) for the kernels that no watched call
     launched, on a stream no caller had current
-    (:func:`~gpucheck.detectors.launch_trace.unclaimed`); the evidence lists each kernel."""
+    (:func:`~gpucheck.detectors.launch_windows.unclaimed`); the evidence lists each kernel."""
     per_lib: dict[tuple[str | None, int], dict[str, tuple[Unclaimed, int]]] = {}
     for w in windows:
         for u in unclaimed(w):
@@ -161,10 +162,16 @@ def unclaimed_findings(case: CaseInfo, windows: list[Window]) -> list[Finding]:
     return out
 
 
+#: work launched on another stream than the caller's current one (always right under
+#: CUDA_LAUNCH_BLOCKING: after what gives wrong values)
+WRONG_STREAM = Kind("wrong-stream", precedence=110)
+
+
 class WrongStream(BaseDetector):
     """Reads the launch trace of each case (see :mod:`gpucheck.detectors.launch_trace`)."""
 
     name = "wrong-stream"
+    kinds = (WRONG_STREAM,)
 
     def __init__(self) -> None:
         self.trace = TRACE

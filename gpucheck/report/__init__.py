@@ -4,31 +4,35 @@
 them with the run's verdict (:mod:`gpucheck.report.verdict`, the one rule every output
 states): ``report.html`` (one self-contained page), ``results.json`` (one JSON document, see
 ``document``), ``junit.xml`` and, when asked, ``results.sarif`` (SARIF 2.1.0, see ``sarif``).
-It works on an interrupted run too (torn last line, no header, no timeline) and never raises
-on the folder's content. ``write_all`` is the same, returning only the paths.
+Each format is a writer (:class:`gpucheck.report.writer.Writer`) registered in
+:data:`WRITERS`, its file named in :data:`gpucheck.model.layout.REPORTS`. It works on an
+interrupted run too (torn last line, no header, no timeline) and never raises on the
+folder's content. ``write_all`` is the same, returning only the paths.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 from gpucheck.model.layout import DEFAULT_REPORTS, REPORTS
 from gpucheck.model.runlog import RunLog
 from gpucheck.report import document, groups, html, junit, rundata, sarif
 from gpucheck.report.rundata import RunData
 from gpucheck.report.verdict import Verdict, decide
+from gpucheck.report.writer import Report, Writer, write_file
 
 #: every report format: name -> file in the run folder
 FORMATS = REPORTS
 #: what a run writes when no --format is given
 DEFAULT_FORMATS = DEFAULT_REPORTS
+#: every report format's writer, in the order they are written: one line a format
+WRITERS: dict[str, Writer] = {
+    "json": document.render,
+    "junit": junit.render,
+    "sarif": sarif.render,
+    "html": html.render,
+}
 
 
 @dataclass
@@ -39,31 +43,6 @@ class Published:
     verdict: Verdict
     data: RunData
     grouped: groups.Grouped
-
-
-def _write(path: Path, write: str | Callable[[BinaryIO], None]) -> Path:
-    """Write through a fresh temporary file beside ``path`` (created, never opened through a
-    link a folder someone else made may hold), then put it in place: a reader never sees half
-    a report, and nothing outside the folder is written."""
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as err:  # name the report, not the temporary file
-        raise OSError(err.errno, err.strerror or str(err), str(path)) from err
-    try:
-        with os.fdopen(fd, "wb") as f:
-            if isinstance(write, str):
-                f.write(write.encode("utf-8"))
-            else:
-                write(f)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException as err:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(err, OSError):  # name the report, not the temporary file
-            raise OSError(err.errno, err.strerror or str(err), str(path)) from err
-        raise
-    return path
 
 
 def publish(
@@ -90,36 +69,23 @@ def publish(
     Returns:
         The paths written, the verdict, the run's data and its grouped findings.
     """
-    unknown = [f for f in formats if f not in FORMATS]
+    unknown = [f for f in formats if f not in FORMATS or f not in WRITERS]
     if unknown:
         raise ValueError(f"unknown report format(s) {unknown}; known: {', '.join(FORMATS)}")
     run_dir = Path(run_dir)
     data = rundata.load(run_dir, log)
-    verdict = decide(data, allow_empty=allow_empty, stopped_by=stopped_by)
-    grouped = groups.build(data.cases)
-    doc = document.build(data, verdict, grouped)
+    report = Report.of(data, decide(data, allow_empty=allow_empty, stopped_by=stopped_by))
+    elsewhere = {"html": Path(out)} if out is not None else {}  # what may go outside run_dir
     paths: dict[str, Path] = {}
-    if "json" in formats:
-        paths["json"] = _write(
-            run_dir / FORMATS["json"], json.dumps(doc, separators=(",", ":"), default=str) + "\n"
-        )
-    if "junit" in formats:
-        tree = junit.to_xml(data.cases, verdict, grouped)
-        paths["junit"] = _write(
-            run_dir / FORMATS["junit"],
-            lambda f: tree.write(f, encoding="utf-8", xml_declaration=True),
-        )
-    if "sarif" in formats:
-        paths["sarif"] = _write(
-            run_dir / FORMATS["sarif"],
-            json.dumps(sarif.build(data, grouped, verdict), indent=1, default=str) + "\n",
-        )
-    if "html" in formats:
-        html_path = Path(out) if out is not None else run_dir / FORMATS["html"]
-        html_path.parent.mkdir(parents=True, exist_ok=True)
-        paths["html"] = _write(html_path, html.render(data, doc, html_path, grouped, verdict))
+    for fmt, writer in WRITERS.items():
+        if fmt not in formats:
+            continue
+        path = elsewhere.get(fmt, run_dir / FORMATS[fmt])
+        if fmt in elsewhere:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        paths[fmt] = write_file(path, writer(report, path))
     ordered = {fmt: paths[fmt] for fmt in FORMATS if fmt in paths}
-    return Published(ordered, verdict, data, grouped)
+    return Published(ordered, report.verdict, data, report.grouped)
 
 
 def warm() -> None:

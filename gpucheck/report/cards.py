@@ -13,9 +13,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from gpucheck.model.results import CaseRecord, Finding
 from gpucheck.report import evidence
-from gpucheck.report.groups import Group, Grouped, signature
+from gpucheck.report.groups import Group, Grouped, Occurrence, signature
 from gpucheck.report.rundata import RunData
 
 #: occurrences of a group shown with their evidence (only ones whose evidence differs)
@@ -65,12 +64,10 @@ def cut(text: str, limit: int = MAX_TEXT) -> str:
     )
 
 
-def _blocks(
-    finding: Finding, record: CaseRecord, labels: dict[str, str], tails: set[int]
-) -> list[dict[str, Any]]:
+def _blocks(o: Occurrence, labels: dict[str, str], tails: set[int]) -> list[dict[str, Any]]:
     """Evidence blocks of one occurrence; a worker's stderr tail is shown once per card."""
     out = []
-    for b in evidence.blocks(finding, record, labels):
+    for b in evidence.blocks(o, labels):
         if b["type"] == "pre":
             if b["title"] == "worker stderr (tail)":
                 key = hash(signature(b["text"]))
@@ -100,7 +97,7 @@ def _samples(g: Group, labels: dict[str, str], limit: int) -> tuple[list[dict[st
                     "status": o.record.status,
                     "case": o.record.case,
                     "message": o.finding.message,
-                    "blocks": _blocks(o.finding, o.record, labels, tails),
+                    "blocks": _blocks(o, labels, tails),
                 }
             )
     return shown, len(seen) - len(shown)

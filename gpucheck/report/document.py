@@ -30,59 +30,33 @@ Shape (``schema: gpucheck.report/1``)::
 
 ``case_index`` is the finding's case in ``cases``. Field order and names of case records and
 findings are those of results.schema.json. The JSON Schema of the document ships as
-``gpucheck/model/report.schema.json`` (:func:`schema`).
+``gpucheck/model/report.schema.json`` (:func:`schema`). The format's writer is :func:`render`.
 """
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+import json
+from collections import defaultdict
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
-from gpucheck.model import clock
 from gpucheck.model.layout import TIMELINE
-from gpucheck.report.groups import Grouped
 from gpucheck.report.rundata import RunData
+from gpucheck.report.summary import iso
 from gpucheck.report.timeline import Timeline
-from gpucheck.report.verdict import Verdict
+from gpucheck.report.writer import Report
 
 SCHEMA = "gpucheck.report/1"
-#: worst first: the colour of a matrix cell is its worst case
-SEVERITY_ORDER = ("crashed", "hung", "failed", "error", "passed", "skipped")
 
 
 def schema() -> dict[str, Any]:
     """The JSON Schema of results.json (``gpucheck/model/report.schema.json``)."""
-    import json
     from importlib import resources
 
     text = resources.files("gpucheck.model").joinpath("report.schema.json").read_text()
     loaded: dict[str, Any] = json.loads(text)
     return loaded
-
-
-def worst(statuses: Counter[str] | dict[str, int]) -> str:
-    present = [s for s in SEVERITY_ORDER if statuses.get(s)]
-    unknown = [s for s in statuses if s not in SEVERITY_ORDER and statuses[s]]
-    return (unknown or present or ["empty"])[0]
-
-
-def _iso(t: float | None) -> str | None:
-    if t is None:
-        return None
-    return clock.iso(t, "seconds")
-
-
-def matrix(data: RunData) -> list[dict[str, Any]]:
-    counts: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
-    for r in data.cases:
-        counts[(r.device, r.suite)][r.status] += 1
-    return [
-        {"device": d, "suite": s, "worst": worst(counts[(d, s)]), "counts": dict(counts[(d, s)])}
-        for d in data.devices
-        for s in data.suites
-        if (d, s) in counts
-    ]
 
 
 def findings_by_kind(data: RunData) -> dict[str, list[dict[str, Any]]]:
@@ -103,31 +77,6 @@ def findings_by_kind(data: RunData) -> dict[str, list[dict[str, Any]]]:
     return dict(sorted(out.items()))
 
 
-def summary(data: RunData, verdict: Verdict) -> dict[str, Any]:
-    started, finished = data.started(), data.finished()
-    findings = [f for r in data.cases for f in r.findings]
-    modes = list(data.header.modes) if data.header else []
-    modes += [m for m in dict.fromkeys(r.mode for r in data.cases) if m not in modes]
-    return {
-        "verdict": verdict.name,
-        "exit_code": verdict.exit_code,
-        "why": verdict.why,
-        "started_at": _iso(started),
-        "finished_at": _iso(finished),
-        "duration_s": None
-        if started is None or finished is None
-        else round(max(0.0, finished - started), 3),
-        "devices": data.devices,
-        "suites": data.suites,
-        "modes": modes,
-        "cases": len(data.cases),
-        "by_status": dict(Counter(r.status for r in data.cases)),
-        "findings": len(findings),
-        "by_kind": dict(Counter(f.kind for f in findings)),
-        "by_severity": dict(Counter(f.severity for f in findings)),
-    }
-
-
 def timeline_summary(tl: Timeline | None) -> dict[str, Any] | None:
     if tl is None:
         return None
@@ -136,8 +85,8 @@ def timeline_summary(tl: Timeline | None) -> dict[str, Any] | None:
         "file": TIMELINE,
         "samples": tl.samples,
         "interval_s": None if tl.interval_s is None else round(tl.interval_s, 4),
-        "start": _iso(tl.t0),
-        "end": _iso(tl.t1),
+        "start": iso(tl.t0),
+        "end": iso(tl.t1),
         "devices": [
             {
                 "label": d.label,
@@ -154,12 +103,13 @@ def timeline_summary(tl: Timeline | None) -> dict[str, Any] | None:
     }
 
 
-def build(data: RunData, verdict: Verdict, grouped: Grouped) -> dict[str, Any]:
+def build(report: Report) -> dict[str, Any]:
     """The results.json document of a run."""
+    data = report.data
     interrupted = data.interrupted
     return {
         "schema": SCHEMA,
-        "generated_at": clock.now("seconds"),
+        "generated_at": report.generated_at,
         "run_dir": str(data.run_dir),
         "run": data.header.raw if data.header else None,
         "state": {
@@ -170,11 +120,16 @@ def build(data: RunData, verdict: Verdict, grouped: Grouped) -> dict[str, Any]:
             "interrupted": interrupted,
             "problems": data.problems,
         },
-        "summary": summary(data, verdict),
-        "matrix": matrix(data),
-        **grouped.to_json(),
+        "summary": report.summary.to_json(),
+        "matrix": [c.to_json() for c in report.matrix],
+        **report.grouped.to_json(),
         "findings": findings_by_kind(data),
         "cases": [r.to_json() for r in data.cases],
         "timeline": timeline_summary(data.timeline),
         "extras": data.extras,
     }
+
+
+def render(report: Report, path: Path) -> str:
+    """results.json: the document, compact."""
+    return json.dumps(build(report), separators=(",", ":"), default=str) + "\n"

@@ -2,71 +2,24 @@
 
 A block is ``{"type": "fields", "title", "rows": [(name, value, flag)]}``, ``{"type": "pre",
 "title", "text", "open"}`` or ``{"type": "frames", "title", "frames": [(frame, own)]}``. Known
-kinds get a reading of their evidence (a sanitizer record's kernel, access, thread and frames;
-a crash's signal and the lines that explain it; a hang's stacks); any kind, known or not, gets
-its op, kernel, evidence text and the case's memory, so a new kind needs no template change.
+kinds get a reading of their evidence (a sanitizer record's kernel, access, thread and frames,
+as read once: :class:`gpucheck.report.groups.Occurrence`; a crash's signal and the lines that
+explain it; a hang's stacks); any kind, known or not, gets its op, kernel, evidence text and
+the case's memory, so a new kind needs no template change. A kind's title, what it means and
+its hint are its maker's declaration (:mod:`gpucheck.model.kinds`).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
+from gpucheck.model.kinds import CRASH, CUDA_ERROR, HANG, NO_HINT, TEST_FAILURE, WORKER_ERROR
 from gpucheck.model.results import CaseRecord, Finding
-from gpucheck.sanitizer import parse as parse_sanitizer
+from gpucheck.report.groups import Occurrence, kinds
+from gpucheck.sanitizer.findings import SANITIZER, head_cut
+from gpucheck.sanitizer.parser import SanitizerFinding
 
-#: kind -> (title, what it means, hint when the finding carries none)
-KINDS: dict[str, tuple[str, str, str]] = {
-    "crash": (
-        "Crashes",
-        "the worker process died inside a case (abort, segfault, lost context)",
-        "run the case alone under compute-sanitizer memcheck; an abort with "
-        "'terminate called' is a C++ exception escaping the extension",
-    ),
-    "hang": (
-        "Hangs",
-        "a case made no progress within --timeout and was killed",
-        "read the stacks: a thread waiting in a collective or a synchronize names the "
-        "call that never returned",
-    ),
-    "sanitizer": (
-        "compute-sanitizer",
-        "records of compute-sanitizer attached to the case",
-        "fix the access the record names; an access on another GPU's memory while "
-        "another device was current is a missing OptionalCUDAGuard(device_of(input)) "
-        "(the wrong-device check tells)",
-    ),
-    "cuda-error": (
-        "CUDA errors",
-        "a CUDA error raised while the case ran",
-        "under CUDA_LAUNCH_BLOCKING=1 the error is raised at the failing launch; "
-        "an illegal address only while another device is current is a missing "
-        "device guard (the wrong-device check re-runs the case to tell)",
-    ),
-    "test-failure": (
-        "Test failures",
-        "an assertion or exception of the test itself",
-        "compare the op with its reference on this device; if it passes on "
-        "another device, suspect device handling rather than the math",
-    ),
-    "worker-error": (
-        "Worker errors",
-        "a worker failed outside any case (collection, start-up)",
-        "read the worker's stderr log: an import or build error of the suite",
-    ),
-    "sanitizer-crash": (
-        "compute-sanitizer crashes",
-        "compute-sanitizer itself ended while its worker ran: the case's outcome is unknown",
-        "run the case alone under compute-sanitizer; the tool's crash hides the "
-        "case's result, it is not the case's own",
-    ),
-    "nvml-error": (
-        "NVML errors",
-        "NVML failed while the case ran: its NVML memory checks were not made",
-        "check the driver (nvidia-smi -q); the case's own result stands",
-    ),
-}
 HOST_NOISE = (
     "in python3",
     "in libtorch",
@@ -80,24 +33,28 @@ HOST_NOISE = (
     "pybind11::",
 )
 MAX_FRAMES = 12
-#: the end of a host frame line ("... [0x7f8e3] in libc10.so"), never of a record's first line
-FRAME_END = re.compile(r"\[0x[0-9a-fA-F]+\] in \S+$")
 GIB = 1024**3
+#: kinds whose evidence text is shown unfolded (besides those without a reading of their own)
+OPEN = (HANG.name, TEST_FAILURE.name, CUDA_ERROR.name, WORKER_ERROR.name)
+#: the title of the evidence text of a kind (default: "evidence")
+TEXT_TITLES = {
+    HANG.name: "every thread's Python stack, then stderr",
+    CRASH.name: "stderr (tail)",
+    SANITIZER.name: "the sanitizer's record",
+}
 
 
 def kind_title(kind: str) -> str:
-    if kind in KINDS:
-        return KINDS[kind][0]
-    return kind.replace("-", " ").replace("_", " ").capitalize()
+    return kinds().of(kind).heading
 
 
 def kind_about(kind: str) -> str:
-    return KINDS[kind][1] if kind in KINDS else ""
+    return kinds().of(kind).about
 
 
 def kind_hint(kind: str) -> str:
     """What to do about findings of ``kind``."""
-    return KINDS[kind][2] if kind in KINDS else "no hint recorded for this kind of finding"
+    return kinds().of(kind).hint or NO_HINT
 
 
 def hint_for(finding: Finding) -> str:
@@ -119,19 +76,12 @@ def fmt_value(value: Any) -> str:
     return str(value)
 
 
-def _sanitizer(text: str, finding: Finding) -> list[dict[str, Any]]:
-    lines = text.splitlines()
-    cut = bool(lines) and (lines[0][:1] in (" ", "") or bool(FRAME_END.search(lines[0])))
-    if cut:
-        # The head of the record was cut off (the worker keeps the *last* EVIDENCE_CHARS of a
-        # record whose C++ host frames are long): restart it from the finding's message, which
-        # holds the record's first line, and keep the indented lines that survived.
-        lines = [finding.message or "record"] + [line for line in lines[1:] if line.startswith(" ")]
-    report = parse_sanitizer("\n".join(f"========= {line}" for line in lines))
-    if not report.findings:
+def _sanitizer(f: SanitizerFinding | None, finding: Finding) -> list[dict[str, Any]]:
+    """The record ``f`` of a sanitizer ``finding`` (as read back: its head restarted from the
+    finding's message where it was cut off), field by field."""
+    if f is None:
         return []
-    f = report.findings[0]
-    f.kernel_name = f.kernel_name or finding.kernel
+    cut = head_cut(finding.evidence or "")
     access = None
     if f.access:
         access = " ".join(
@@ -144,7 +94,7 @@ def _sanitizer(text: str, finding: Finding) -> list[dict[str, Any]]:
         (name, value, False)
         for name, value in (
             ("error", f.error),
-            ("kernel", f.kernel_name or f.kernel),
+            ("kernel", f.kernel_name or finding.kernel or f.kernel),
             ("access", access),
             ("thread", f.thread),
             ("block", f.block),
@@ -228,14 +178,15 @@ def _memory(record: CaseRecord, labels: dict[str, str]) -> dict[str, Any] | None
     return {"type": "fields", "title": "memory", "rows": rows} if rows else None
 
 
-def blocks(finding: Finding, record: CaseRecord, labels: dict[str, str]) -> list[dict[str, Any]]:
+def blocks(o: Occurrence, labels: dict[str, str]) -> list[dict[str, Any]]:
     """Evidence blocks of one finding of one case record."""
+    finding, record = o.finding, o.record
     kind = finding.kind
     text = finding.evidence or ""
     out: list[dict[str, Any]] = []
-    if kind == "sanitizer" and text:
-        out += _sanitizer(text, finding)
-    elif kind == "crash":
+    if kind == SANITIZER.name and text:
+        out += _sanitizer(o.sanitizer, finding)
+    elif kind == CRASH.name:
         out += _crash(text, record)
     # a sanitizer block names the kernel already
     extra = [
@@ -249,22 +200,16 @@ def blocks(finding: Finding, record: CaseRecord, labels: dict[str, str]) -> list
     if mem is not None:
         out.append(mem)
     if text:
-        title = {
-            "hang": "every thread's Python stack, then stderr",
-            "crash": "stderr (tail)",
-            "sanitizer": "the sanitizer's record",
-        }.get(kind, "evidence")
         out.append(
             {
                 "type": "pre",
-                "title": title,
+                "title": TEXT_TITLES.get(kind, "evidence"),
                 "text": text,
-                "open": kind in ("hang", "test-failure", "cuda-error", "worker-error")
-                or kind not in KINDS,
+                "open": kind in OPEN or not kinds().of(kind).title,
             }
         )
     tail = record.stderr_tail
-    if tail and tail != text and kind not in ("crash", "hang"):
+    if tail and tail != text and kind not in (CRASH.name, HANG.name):
         out.append({"type": "pre", "title": "worker stderr (tail)", "text": tail, "open": False})
     for b in out:  # values as text, whatever type the record held
         if b["type"] == "fields":

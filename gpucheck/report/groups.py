@@ -17,10 +17,14 @@ One group holds every case, device and mode it occurred on. A symptom on a case 
 suite, case; any mode) that has a diagnosis of severity error is folded under that diagnosis:
 the wrong-device diagnosis of ``test_x[cuda1]`` explains its crash, its CUDA error and the
 memcheck records of the same case. Where several diagnoses fire on one case, the root cause
-takes its symptoms (:data:`PRECEDENCE`: a guard before a stream before a leak). The symptoms
+takes its symptoms (:func:`precedence`: a guard before a stream before a leak). The symptoms
 no diagnosis explains are grouped the same way. Every format leads a case with its diagnosis
 (:meth:`Grouped.lead`, :meth:`Grouped.reading`, :func:`in_order`) and lists the case's own
 failure as its symptom.
+
+Which kinds are diagnoses, which symptoms, and their places among the root causes are
+declared by the detectors and the other makers of findings (:mod:`gpucheck.model.kinds`,
+collected by :func:`gpucheck.detectors.registry.kinds`); nothing here names a kind.
 """
 
 from __future__ import annotations
@@ -31,51 +35,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from gpucheck.model.kinds import DIAGNOSIS, SYMPTOM, Kinds, Role
 from gpucheck.model.results import CaseRecord, Finding
-from gpucheck.sanitizer import parse as parse_sanitizer
+from gpucheck.sanitizer.findings import SANITIZER, read_back
+from gpucheck.sanitizer.parser import SanitizerFinding
 
-#: kinds that only say how a failure looked (every other kind is a diagnosis)
-SYMPTOM_KINDS = (
-    "crash",
-    "hang",
-    "cuda-error",
-    "sanitizer",
-    "test-failure",
-    "worker-error",
-    "oom",
-    "detector-error",
-    "sanitizer-crash",
-    "sanitizer-limit",
-    "nvml-error",
-)
-#: a numerics finding with this in its message says the result is off, not why: a symptom
-REFERENCE_MISMATCH = "mismatch against the reference"
-#: warning-severity diagnoses that still explain the symptoms of their case
-EXPLAINING_WARNINGS = ("not-reproducible",)
 SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
-#: root causes before what follows from them, when several kinds fire on one case: a missing
-#: guard (or a CPU argument) makes the kernel fault, which a stream bug or a leak never
-#: explains; an output never written, a tensor read as if contiguous and a shared-memory race
-#: give wrong values (a failing assert) that a launch on the legacy stream, always right under
-#: CUDA_LAUNCH_BLOCKING, does not; a case's symptoms are folded under the first of its
-#: diagnoses in this order (kinds not listed, a user's own, come after these)
-PRECEDENCE = (
-    "wrong-device",
-    "mixed-devices",
-    "out-of-bounds",
-    "device-state-leak",
-    "stray-context",
-    "double-activation",
-    "oom-anomaly",
-    "unwritten-output",
-    "memory-layout",
-    "data-race",
-    "wrong-stream",
-    "leak",
-    "memory-growth",
-    "numerics",
-    "not-reproducible",
-)
 _HEX = re.compile(r"0x[0-9a-fA-F]+")
 _DIGITS = re.compile(r"(\d+)")
 
@@ -85,31 +50,30 @@ def natural(label: str) -> list[Any]:
     return [int(part) if part.isdigit() else part for part in _DIGITS.split(label)]
 
 
-def role(finding: Finding, record: CaseRecord) -> str:
+def kinds() -> Kinds:
+    """Every kind's declaration (:func:`gpucheck.detectors.registry.kinds`), loaded on first
+    use: the controller imports this module before its workers start, the detectors at the
+    run's end."""
+    from gpucheck.detectors.registry import kinds as declared
+
+    return declared()
+
+
+def role(finding: Finding, record: CaseRecord) -> Role:
     """``"diagnosis"`` or ``"symptom"`` for one finding of one case record."""
-    kind = finding.kind
-    if kind == "numerics":
-        return "symptom" if REFERENCE_MISMATCH in finding.message else "diagnosis"
-    if kind == "hang" and record.distributed:  # the watchdog named the rank at fault
-        return "diagnosis"
-    return "symptom" if kind in SYMPTOM_KINDS else "diagnosis"
+    return kinds().role(finding, record)
 
 
-def sanitizer_record(finding: Finding) -> Any:
-    """The compute-sanitizer record of a ``sanitizer`` finding, parsed again from its evidence
-    (the current parser: older runs recorded a few kernel names wrongly), or None."""
-    text = finding.evidence or ""
-    if not text:
-        return None
-    report = parse_sanitizer("\n".join(f"========= {line}" for line in text.splitlines()))
-    return report.findings[0] if report.findings else None
+def sanitizer_record(finding: Finding) -> SanitizerFinding | None:
+    """The compute-sanitizer record of a ``sanitizer`` finding (None for any other)."""
+    return read_back(finding) if finding.kind == SANITIZER.name else None
 
 
-def subject(finding: Finding) -> str | None:
-    """What the finding is about: its op, else its kernel (a sanitizer record: its kernel,
-    else the CUDA API call it names)."""
-    if finding.kind == "sanitizer":
-        parsed = sanitizer_record(finding)
+def subject(finding: Finding, record: SanitizerFinding | None = None) -> str | None:
+    """What the finding is about: its op, else its kernel (a sanitizer record, ``record``
+    where it is read already: its kernel, else the CUDA API call it names)."""
+    if finding.kind == SANITIZER.name:
+        parsed = record if record is not None else sanitizer_record(finding)
         if parsed is not None and (parsed.kernel_name or parsed.api_call):
             return str(parsed.kernel_name or parsed.api_call)
         return finding.kernel or finding.op or None
@@ -123,11 +87,22 @@ def signature(text: Any) -> str:
 
 @dataclass
 class Occurrence:
-    """One finding of one case record."""
+    """One finding of one case record, read once: its role, its subject and, for a
+    compute-sanitizer record, the record itself (what every format shows of it)."""
 
     index: int  # the record's index in RunData.cases
     finding: Finding
     record: CaseRecord
+    role: Role
+    sanitizer: SanitizerFinding | None  # the record of a ``sanitizer`` finding, else None
+    subject: str | None
+
+    @classmethod
+    def of(cls, index: int, finding: Finding, record: CaseRecord, table: Kinds) -> Occurrence:
+        parsed = sanitizer_record(finding)
+        return cls(
+            index, finding, record, table.role(finding, record), parsed, subject(finding, parsed)
+        )
 
     @property
     def case_key(self) -> tuple[str, str, str]:
@@ -138,7 +113,7 @@ class Occurrence:
 class Group:
     """Every occurrence of one (kind, subject), and for a diagnosis the symptoms it explains."""
 
-    role: str
+    role: Role
     kind: str
     subject: str | None
     occurrences: list[Occurrence]
@@ -235,6 +210,13 @@ class Grouped:
     diagnoses: list[Group]
     symptoms: list[Group]
     leads: dict[tuple[str, str, str], Group] = field(default_factory=dict)
+    #: every finding grouped, read once: id(finding) -> its occurrence
+    read: dict[int, Occurrence] = field(default_factory=dict)
+
+    def subject(self, finding: Finding) -> str | None:
+        """:func:`subject` of a finding, as it was read when it was grouped."""
+        o = self.read.get(id(finding))
+        return o.subject if o is not None and o.finding is finding else subject(finding)
 
     def lead(self, record: CaseRecord) -> Group | None:
         """The diagnosis that explains the symptoms of ``record``'s case (its crash, CUDA
@@ -250,13 +232,15 @@ class Grouped:
         out: list[tuple[str, Finding]] = []
         if lead is not None:
             key = (record.device, record.suite, record.case)
-            mine = [f for f in record.findings if (f.kind, subject(f)) == (lead.kind, lead.subject)]
+            mine = [
+                f for f in record.findings if (f.kind, self.subject(f)) == (lead.kind, lead.subject)
+            ]
             other = next(o.finding for o in lead.occurrences if o.case_key == key)
             out += [("lead", f) for f in mine or [other]]
         rest = [f for f in in_order(record) if all(f is not g for _, g in out)]
-        out += [("diagnosis", f) for f in rest if role(f, record) == "diagnosis"]
+        out += [("diagnosis", f) for f in rest if role(f, record) == DIAGNOSIS]
         where = "symptom" if lead is not None else "unexplained"
-        out += [(where, f) for f in rest if role(f, record) == "symptom"]
+        out += [(where, f) for f in rest if role(f, record) == SYMPTOM]
         return out
 
     def all(self) -> list[Group]:
@@ -269,8 +253,10 @@ class Grouped:
         other warning and note. A warning never ranks above a case's own failure: a warning a
         suite attached itself is not the diagnosis of its failing assert."""
 
+        table = kinds()
+
         def leads(g: Group) -> bool:
-            return g.severity == "error" or g.kind in EXPLAINING_WARNINGS
+            return g.severity == "error" or table.of(g.kind).explains_as_warning
 
         return [
             (title, groups)
@@ -289,21 +275,16 @@ class Grouped:
         }
 
 
-def _explains(o: Occurrence) -> bool:
-    f = o.finding
-    return f.severity == "error" or f.kind in EXPLAINING_WARNINGS
-
-
-def _group(occurrences: list[Occurrence], role_: str) -> list[Group]:
+def _group(occurrences: list[Occurrence], role_: Role, table: Kinds) -> list[Group]:
     by: dict[tuple[str, str | None], list[Occurrence]] = {}
     for o in occurrences:
-        by.setdefault((o.finding.kind, subject(o.finding)), []).append(o)
+        by.setdefault((o.finding.kind, o.subject), []).append(o)
     groups = [Group(role_, kind, subj, occ) for (kind, subj), occ in by.items()]
     return sorted(
         groups,
         key=lambda g: (
             SEVERITY_RANK.get(g.severity, 3),
-            precedence(g.kind),
+            table.rank(g.kind),
             -g.count,
             g.kind,
             g.subject or "",
@@ -313,39 +294,43 @@ def _group(occurrences: list[Occurrence], role_: str) -> list[Group]:
 
 def in_order(record: CaseRecord) -> list[Finding]:
     """The findings of one record in the order every text about it gives them: the diagnoses
-    that explain a failure (errors; root causes first, :data:`PRECEDENCE`), the other
+    that explain a failure (errors; root causes first, :func:`precedence`), the other
     diagnoses, then the symptoms (a failing assert after the diagnosis that explains it)."""
+    table = kinds()
 
     def key(f: Finding) -> tuple[bool, bool, int, int]:
-        diagnosis = role(f, record) == "diagnosis"
+        diagnosis = table.role(f, record) == DIAGNOSIS
         return (
-            not (diagnosis and (f.severity == "error" or f.kind in EXPLAINING_WARNINGS)),
+            not (diagnosis and table.explains(f)),
             not diagnosis,
             SEVERITY_RANK.get(f.severity, 3),
-            precedence(f.kind),
+            table.rank(f.kind),
         )
 
     return sorted(record.findings, key=key)
 
 
 def precedence(kind: str) -> int:
-    """Where a kind stands in :data:`PRECEDENCE` (root causes first)."""
-    return PRECEDENCE.index(kind) if kind in PRECEDENCE else len(PRECEDENCE)
+    """Where a kind stands among the root causes (0 first; the kinds its maker gave no place
+    after every one with a place): a missing guard (or a CPU argument) makes the kernel
+    fault, which a stream bug or a leak never explains; an output never written, a tensor
+    read as if contiguous and a shared-memory race give wrong values (a failing assert) that
+    a launch on the legacy stream, always right under CUDA_LAUNCH_BLOCKING, does not. A
+    case's symptoms are folded under the first of its diagnoses in this order."""
+    return kinds().rank(kind)
 
 
 def build(cases: list[CaseRecord]) -> Grouped:
     """Group every finding of ``cases`` (the case records of a run, diagnoses attached)."""
-    diagnosed: list[Occurrence] = []
-    seen: list[Occurrence] = []
-    for i, r in enumerate(cases):
-        for f in r.findings:
-            o = Occurrence(i, f, r)
-            (diagnosed if role(f, r) == "diagnosis" else seen).append(o)
-    diagnoses = _group(diagnosed, "diagnosis")
+    table = kinds()
+    every = [Occurrence.of(i, f, r, table) for i, r in enumerate(cases) for f in r.findings]
+    diagnosed = [o for o in every if o.role == DIAGNOSIS]
+    seen = [o for o in every if o.role == SYMPTOM]
+    diagnoses = _group(diagnosed, DIAGNOSIS, table)
     owner: dict[tuple[str, str, str], Group] = {}
     for g in diagnoses:  # worst first, root causes first: a case's symptoms go to its first
         for o in g.occurrences:
-            if _explains(o):
+            if table.explains(o.finding):
                 owner.setdefault(o.case_key, g)
     folded: dict[int, list[Occurrence]] = {}
     rest: list[Occurrence] = []
@@ -356,5 +341,6 @@ def build(cases: list[CaseRecord]) -> Grouped:
         else:
             folded.setdefault(id(explained_by), []).append(o)
     for g in diagnoses:
-        g.explains = _group(folded.get(id(g), []), "symptom")
-    return Grouped(diagnoses, _group(rest, "symptom"), owner)
+        g.explains = _group(folded.get(id(g), []), SYMPTOM, table)
+    read = {id(o.finding): o for o in every}
+    return Grouped(diagnoses, _group(rest, SYMPTOM, table), owner, read)

@@ -4,7 +4,9 @@ The page is rendered from the jinja2 templates beside this module. What a mainta
 first is rendered on the server side: the verdict, the device x suite matrix, every case that
 did not pass, every finding with its evidence and a hint, the NVML timelines. Cases that passed
 or were skipped are only counted in the page and listed on demand from an embedded JSON table
-(a run of 40,000 cases stays a page of a few MB that opens in about a second).
+(a run of 40,000 cases stays a page of a few MB that opens in about a second). It is
+rendered from the run's :class:`~gpucheck.report.writer.Report` (:func:`render`, the format's
+writer), never from another format's document.
 """
 
 from __future__ import annotations
@@ -25,11 +27,10 @@ from gpucheck.model.results import BAD_STATUSES, CaseRecord
 from gpucheck.model.runlog import RunHeader
 from gpucheck.report import cards, evidence
 from gpucheck.report import plots as plots_mod
-from gpucheck.report.document import SEVERITY_ORDER
-from gpucheck.report.groups import Grouped
 from gpucheck.report.rundata import EXTRA_TITLES, RunData
+from gpucheck.report.summary import SEVERITY_ORDER, Cell, Summary
 from gpucheck.report.timeline import BUCKETS
-from gpucheck.report.verdict import Verdict
+from gpucheck.report.writer import Report
 
 #: rows of the cross-device comparison
 MAX_COMPARE = 100
@@ -86,9 +87,8 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]+", "-", text).strip("-") or "x"
 
 
-def _header(data: RunData, doc: dict[str, Any], plots: list[dict[str, Any]]) -> dict[str, Any]:
+def _header(data: RunData, s: Summary, plots: list[dict[str, Any]]) -> dict[str, Any]:
     h = data.header if data.header is not None else RunHeader(run_id="")
-    s = doc["summary"]
     peaks = {p["label"]: p["used_peak"] for p in plots}
     gpus = [
         {
@@ -101,15 +101,15 @@ def _header(data: RunData, doc: dict[str, Any], plots: list[dict[str, Any]]) -> 
         for d in h.devices
     ]
     rows = [
-        ("started", s["started_at"] or "unknown"),
-        ("took", _duration(s["duration_s"])),
+        ("started", s.started_at or "unknown"),
+        ("took", _duration(s.duration_s)),
         ("host", h.field("host", "hostname") or "not recorded"),
         ("driver", h.field("driver_version") or "not recorded"),
         ("CUDA", h.field("cuda_version", "cuda_driver_version") or "not recorded"),
         ("torch", h.field("torch_version") or "not recorded"),
         ("gpucheck", h.field("gpucheck_version") or "not recorded"),
-        ("modes", ", ".join(s["modes"]) or "none recorded"),
-        ("suites", ", ".join(s["suites"]) or "none recorded"),
+        ("modes", ", ".join(s.modes) or "none recorded"),
+        ("suites", ", ".join(s.suites) or "none recorded"),
         ("command", " ".join(h.command) or "not recorded"),
         ("run id", data.run_id or "unknown"),
         ("CUDA_VISIBLE_DEVICES", h.field("cuda_visible_devices")),
@@ -191,9 +191,9 @@ def _cells(
     return cells, table
 
 
-def _matrix(data: RunData, doc: dict[str, Any], cells: list[dict[str, Any]]) -> dict[str, Any]:
+def _matrix(data: RunData, matrix: list[Cell], cells: list[dict[str, Any]]) -> dict[str, Any]:
     ids = {(c["device"], c["suite"]): c["id"] for c in cells}
-    by = {(m["device"], m["suite"]): m for m in doc["matrix"]}
+    by = {(m.device, m.suite): m for m in matrix}
     rows = []
     for device in data.devices:
         row = []
@@ -202,13 +202,13 @@ def _matrix(data: RunData, doc: dict[str, Any], cells: list[dict[str, Any]]) -> 
             if m is None:
                 row.append({"worst": "empty", "text": "no cases", "href": None, "title": ""})
                 continue
-            counts = m["counts"]
+            counts = m.counts
             bad = sum(v for k, v in counts.items() if k in BAD_STATUSES)
             text = f"{bad} not passed" if bad else f"{counts.get('passed', 0)} passed"
             title = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
             row.append(
                 {
-                    "worst": m["worst"],
+                    "worst": m.worst,
                     "text": text,
                     "title": title,
                     "href": "#" + ids[(device, suite)],
@@ -320,43 +320,48 @@ def warm() -> None:
         _ENV.get_template(name)
 
 
-def render(
-    data: RunData,
-    doc: dict[str, Any],
-    out: Path,
-    grouped: Grouped,
-    verdict: Verdict,
-) -> str:
-    """The HTML page of a run (``out`` is where it will be written: links are relative)."""
+def _timeline(data: RunData) -> dict[str, Any] | None:
+    """How the NVML timeline was sampled (None: the run has none)."""
+    tl = data.timeline
+    if tl is None:
+        return None
+    return {
+        "samples": tl.samples,
+        "interval_s": None if tl.interval_s is None else round(tl.interval_s, 4),
+    }
+
+
+def render(report: Report, path: Path) -> str:
+    """The HTML page of a run (``path`` is where it will be written: links are relative)."""
     t0 = time.perf_counter()
+    data, verdict, s = report.data, report.verdict, report.summary
     plots = plots_mod.plots(data)
     cell_groups = _cell_groups(data)
     cell_of = {i: cell_id for cell_id, _, _, indices in cell_groups for i in indices}
-    findings, card_of_case = cards.sections(data, grouped, cell_of)
+    findings, card_of_case = cards.sections(data, report.grouped, cell_of)
     cells, table = _cells(data, card_of_case, cell_groups)
-    s = doc["summary"]
-    interrupted = doc["state"]["interrupted"]
     ctx = {
-        "doc": doc,
         "summary": s,
+        "generated_at": report.generated_at,
+        "run_dir": str(data.run_dir),
         "run_id": data.run_id or "(unknown)",
         "verdict": verdict.name,
         "why": verdict.why,
-        "interrupted": interrupted,
-        "problems": doc["state"]["problems"],
-        "header": _header(data, doc, plots),
-        "matrix": _matrix(data, doc, cells),
+        "interrupted": data.interrupted,
+        "problems": data.problems,
+        "header": _header(data, s, plots),
+        "matrix": _matrix(data, report.matrix, cells),
         "cells": cells,
         "findings": findings,
         "plots": plots,
-        "timeline": doc["timeline"],
+        "timeline": _timeline(data),
         "buckets": BUCKETS,
         "compare": _compare(data),
         "extras": _extras(data),
-        "logs": _logs(data, out),
-        "statuses": [st for st in SEVERITY_ORDER if s["by_status"].get(st)],
+        "logs": _logs(data, path),
+        "statuses": [st for st in SEVERITY_ORDER if s.by_status.get(st)],
         "kinds": list(dict.fromkeys(b["kind"] for sec in findings for b in sec["kinds"])),
-        "severities": [sv for sv in ("error", "warning", "info") if s["by_severity"].get(sv)],
+        "severities": [sv for sv in ("error", "warning", "info") if s.by_severity.get(sv)],
         "data_json": _json_script(table),
         "title": f"gpucheck {verdict.name}: {data.run_id or data.run_dir.name}",
     }

@@ -10,10 +10,12 @@ as its symptom. When the run's verdict does not pass but no case says so (nothin
 interrupted, incomplete), a last <testsuite name="gpucheck"> holds one failing
 <testcase name="verdict"> with the reasons and the properties ``gpucheck.verdict`` and
 ``gpucheck.exit_code``: a CI that reads only junit.xml agrees with the command's exit code.
+The format's writer is :func:`render`.
 """
 
 from __future__ import annotations
 
+import io
 import re
 import xml.etree.ElementTree as ET
 from collections import defaultdict
@@ -23,6 +25,7 @@ from gpucheck.model.results import CaseRecord
 from gpucheck.model.runlog import RunLog
 from gpucheck.report.groups import Grouped, build
 from gpucheck.report.verdict import Verdict
+from gpucheck.report.writer import Report
 
 #: what XML 1.0 cannot hold (control characters, surrogates, U+FFFE/U+FFFF): a test id or
 #: message with terminal escape codes or bytes that were not UTF-8 would make junit.xml
@@ -135,3 +138,12 @@ def write(results_path: Path, junit_path: Path) -> Path:
         junit_path, encoding="utf-8", xml_declaration=True
     )
     return junit_path
+
+
+def render(report: Report, path: Path) -> bytes:
+    """junit.xml of a run."""
+    out = io.BytesIO()
+    to_xml(report.data.cases, report.verdict, report.grouped).write(
+        out, encoding="utf-8", xml_declaration=True
+    )
+    return out.getvalue()

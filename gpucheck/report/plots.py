@@ -10,12 +10,13 @@ process on two GPUs is always flagged.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from gpucheck.model.layout import device_in_stem, mode_in_stem, parse_stem
 from gpucheck.model.results import BAD_STATUSES
 from gpucheck.report.rundata import RunData, case_span
-from gpucheck.report.timeline import BUCKETS, Series
+from gpucheck.report.timeline import BUCKETS, DeviceTimeline, Series, Timeline
 
 WIDTH, HEIGHT = 1000.0, 200.0
 LEFT, RIGHT, TOP, BOTTOM = 58.0, 8.0, 10.0, 22.0
@@ -84,6 +85,62 @@ def expected_devices(data: RunData) -> dict[int, set[str]]:
     return out
 
 
+def _process_lines(
+    dev: DeviceTimeline,
+    pid_devices: dict[str, list[str]],
+    meant: dict[int, set[str]],
+    colours: dict[str, str],
+    x: Callable[[float], float],
+    y: Callable[[float], float],
+) -> list[dict[str, Any]]:
+    """One line per process that held memory on the GPU ``dev``: where else it held memory,
+    and on which of those GPUs the harness did not mean it to (a stray context)."""
+    lines = []
+    for pid, series in sorted(dev.processes.items()):
+        others = [lab for lab in pid_devices[pid] if lab != dev.label]
+        mine = meant.get(int(pid) if pid.isdigit() else -1, set())
+        lines.append(
+            {
+                "pid": pid,
+                "colour": colours[pid],
+                "peak": _fmt_gib(series.peak),
+                "points": _polylines(series, x, y),
+                "others": others,
+                "stray": [lab for lab in others if lab not in mine],
+            }
+        )
+    return lines
+
+
+def _case_marks(
+    data: RunData, dev: DeviceTimeline, timeline: Timeline, tx: Callable[[float], float]
+) -> tuple[list[dict[str, Any]], str]:
+    """The marks of the cases that ran on ``dev`` along the bottom of its plot (only those
+    that did not pass where there are too many), and a note when some are left out."""
+    cases = [r for r in data.cases if r.device == dev.label]
+    bad = [r for r in cases if r.status in BAD_STATUSES]
+    shown = cases if len(cases) <= MAX_BOUNDARIES else bad
+    marks = []
+    for r in shown:
+        s = case_span(r)
+        if s is None or s[1] < timeline.t0 or s[0] > timeline.t1:
+            continue
+        marks.append(
+            {
+                "x": round(tx(s[0]), 1),
+                "w": round(max(0.6, tx(s[1]) - tx(s[0])), 1),
+                "status": r.status,
+                "title": f"{r.status}: {r.case} ({r.mode}, {r.duration_s:.2f} s)",
+            }
+        )
+    note = (
+        ""
+        if shown is cases
+        else f"{len(cases)} cases: only the {len(bad)} that did not pass are marked"
+    )
+    return marks, note
+
+
 def plots(data: RunData, buckets: int = BUCKETS) -> list[dict[str, Any]]:
     """Geometry of one plot per GPU of the run's timeline, for the template (none without
     a timeline)."""
@@ -109,37 +166,8 @@ def plots(data: RunData, buckets: int = BUCKETS) -> list[dict[str, Any]]:
         def tx(t: float) -> float:
             return LEFT + pw * min(1.0, max(0.0, (t - timeline.t0) / span))
 
-        lines = []
-        for pid, series in sorted(dev.processes.items()):
-            others = [lab for lab in pid_devices[pid] if lab != dev.label]
-            mine = meant.get(int(pid) if pid.isdigit() else -1, set())
-            stray = [lab for lab in others if lab not in mine]
-            lines.append(
-                {
-                    "pid": pid,
-                    "colour": colours[pid],
-                    "peak": _fmt_gib(series.peak),
-                    "points": _polylines(series, x, y),
-                    "others": others,
-                    "stray": stray,
-                }
-            )
-        cases = [r for r in data.cases if r.device == dev.label]
-        bad = [r for r in cases if r.status in BAD_STATUSES]
-        shown = cases if len(cases) <= MAX_BOUNDARIES else bad
-        marks = []
-        for r in shown:
-            s = case_span(r)
-            if s is None or s[1] < timeline.t0 or s[0] > timeline.t1:
-                continue
-            marks.append(
-                {
-                    "x": round(tx(s[0]), 1),
-                    "w": round(max(0.6, tx(s[1]) - tx(s[0])), 1),
-                    "status": r.status,
-                    "title": f"{r.status}: {r.case} ({r.mode}, {r.duration_s:.2f} s)",
-                }
-            )
+        lines = _process_lines(dev, pid_devices, meant, colours, x, y)
+        marks, marks_note = _case_marks(data, dev, timeline, tx)
         yticks = [
             {"y": round(y(top * f / 1.08), 1), "label": _fmt_gib(top * f / 1.08)}
             for f in (0.0, 0.5, 1.0)
@@ -160,9 +188,7 @@ def plots(data: RunData, buckets: int = BUCKETS) -> list[dict[str, Any]]:
                 "marks": marks,
                 "yticks": yticks,
                 "xticks": xticks,
-                "marks_note": ""
-                if shown is cases
-                else f"{len(cases)} cases: only the {len(bad)} that did not pass are marked",
+                "marks_note": marks_note,
                 "stray": any(line["stray"] for line in lines),
                 "width": WIDTH,
                 "height": HEIGHT,

@@ -20,12 +20,14 @@ The rules are the finding kinds. A diagnosis's result lists the symptoms it expl
 ``properties.explains`` and places them (a failing assert's line) among its related
 locations; the result of each symptom it explains says so first (``symptom of memory-layout
 X._C.fn: AssertionError ...``) and names it in ``properties.explainedBy``. The invocation
-carries the run's verdict and exit code, with the verdict's reasons as notifications.
+carries the run's verdict and exit code, with the verdict's reasons as notifications. The
+format's writer is :func:`render`.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from pathlib import Path, PurePosixPath
@@ -37,9 +39,11 @@ from gpucheck.model import clock
 from gpucheck.model.results import CaseRecord
 from gpucheck.model.runlog import RunHeader
 from gpucheck.report import evidence
-from gpucheck.report.groups import Group, Grouped, Occurrence, sanitizer_record, signature
+from gpucheck.report.groups import Group, Grouped, Occurrence, signature
 from gpucheck.report.rundata import RunData
 from gpucheck.report.verdict import Verdict
+from gpucheck.report.writer import Report
+from gpucheck.sanitizer.findings import SANITIZER
 
 SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
 VERSION = "2.1.0"
@@ -126,8 +130,8 @@ def _places(
         None if case_file is None else (case_file, _line_in(case_file, f.evidence, f.message))
     )
     related: list[Location] = []
-    if f.kind == "sanitizer":
-        parsed = sanitizer_record(f)
+    if f.kind == SANITIZER.name:
+        parsed = o.sanitizer
         if parsed is not None and parsed.python_frame:
             m = _PY_LINE.search(parsed.python_frame)
             if m:
@@ -346,3 +350,10 @@ def build(
         },
     }
     return {"$schema": SCHEMA_URI, "version": VERSION, "runs": [run]}
+
+
+def render(report: Report, path: Path) -> str:
+    """results.sarif of a run (its paths relative to the current folder)."""
+    return (
+        json.dumps(build(report.data, report.grouped, report.verdict), indent=1, default=str) + "\n"
+    )

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 from gpucheck.errors import EnvironmentProblem
+from gpucheck.model.kinds import SYMPTOM, Kind
 
 #: exit code compute-sanitizer gives the process when it reported errors (--error-exitcode)
 ERROR_EXIT = 86
@@ -25,6 +26,14 @@ TOOL_CRASH_HINT = (
     "not yet recorded. Run the case alone under compute-sanitizer: a tool that "
     "crashes on it again is a compute-sanitizer bug (try another CUDA "
     "toolkit's); the tool's last words are in the worker's stderr tail"
+)
+SANITIZER_CRASH = Kind(
+    TOOL_CRASH,
+    SYMPTOM,
+    hint="run the case alone under compute-sanitizer; the tool's crash hides the case's "
+    "result, it is not the case's own",
+    title="compute-sanitizer crashes",
+    about="compute-sanitizer itself ended while its worker ran: the case's outcome is unknown",
 )
 
 

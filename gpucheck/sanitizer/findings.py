@@ -1,6 +1,7 @@
 """compute-sanitizer's records as findings of the case that made them: the one place that
 turns a slice of a worker's sanitizer log into findings (the worker, per case, and the
-controller, for what a worker that died left in its log)."""
+controller, for what a worker that died left in its log), and that reads a finding's record
+back (:func:`read_back`, what the report shows)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,31 @@ import re
 from pathlib import Path
 from typing import Any
 
+from gpucheck.model.kinds import SYMPTOM, Kind
 from gpucheck.model.results import EVIDENCE_CHARS, Finding
-from gpucheck.sanitizer.command import LIMIT_REACHED, PRINT_LIMIT
-from gpucheck.sanitizer.parser import SanitizerFinding, parse
+from gpucheck.sanitizer.command import LIMIT_REACHED, PRINT_LIMIT, SANITIZER_CRASH
+from gpucheck.sanitizer.parser import SanitizerFinding, parse, parse_record
 
 #: the blank tool line that ends a compute-sanitizer record
 RECORD_END = re.compile(rb"^={9} ?\n", re.M)
+#: the end of a host frame line ("... [0x7f8e3] in libc10.so"), never of a record's first line
+FRAME_END = re.compile(r"\[0x[0-9a-fA-F]+\] in \S+$")
+
+#: a compute-sanitizer record of the case (a symptom: the record of the op that launched its
+#: kernel, :mod:`gpucheck.detectors.sanitizer_trace`, is the diagnosis)
+SANITIZER = Kind(
+    "sanitizer",
+    SYMPTOM,
+    hint="fix the access the record names; an access on another GPU's memory while "
+    "another device was current is a missing OptionalCUDAGuard(device_of(input)) "
+    "(the wrong-device check tells)",
+    title="compute-sanitizer",
+    about="records of compute-sanitizer attached to the case",
+)
+#: the case during which the tool reached its print limit: its findings may miss some
+SANITIZER_LIMIT = Kind(LIMIT_REACHED, SYMPTOM)
+#: the kinds of compute-sanitizer's findings
+KINDS = (SANITIZER, SANITIZER_LIMIT, SANITIZER_CRASH)
 
 
 def read_records(log: Path, offset: int, complete_only: bool = True) -> tuple[str, int]:
@@ -87,7 +107,7 @@ def record_findings(
         )
         out.append(
             Finding(
-                kind="sanitizer",
+                kind=SANITIZER.name,
                 severity=f.severity,
                 message=f"{f.error}{count} {where}".strip(),
                 device=device,
@@ -108,6 +128,28 @@ def record_findings(
             )
         )
     return out
+
+
+def head_cut(evidence: str) -> bool:
+    """Whether the head of a record kept as a finding's evidence was cut off (an older
+    worker kept the *last* EVIDENCE_CHARS of a record whose C++ host frames are long)."""
+    lines = evidence.splitlines()
+    return bool(lines) and (lines[0][:1] in (" ", "") or bool(FRAME_END.search(lines[0])))
+
+
+def read_back(finding: Finding) -> SanitizerFinding | None:
+    """The compute-sanitizer record of a ``sanitizer`` finding as read back: its evidence
+    (the record's lines, :func:`record_findings`) parsed with the current parser (older runs
+    recorded a few kernel names wrongly). A record whose head was cut off (:func:`head_cut`)
+    restarts from the finding's message, which holds its first line, with the indented lines
+    that survived. None: no evidence, or no record in it."""
+    text = finding.evidence or ""
+    if not text:
+        return None
+    lines = text.splitlines()
+    if head_cut(text):
+        lines = [finding.message or "record"] + [line for line in lines[1:] if line.startswith(" ")]
+    return parse_record(lines)
 
 
 def hint(tool: str, other_current: bool) -> str | None:

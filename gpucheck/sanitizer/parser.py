@@ -295,48 +295,59 @@ class _Scan:
     summary: bool = False
     target_failed: bool = False
     leaked: int | None = None
+    current: SanitizerFinding | None = None  # the record the next indented line continues
+
+    def line(self, line: str, start: int, tool: str | None) -> None:
+        """One of the tool's lines, without its ``========= `` prefix (``start``: the byte
+        offset of the line in the text)."""
+        if not line.strip():
+            self.current = None
+            return
+        if line[0] == " ":
+            if self.current is not None:
+                self.current.lines.append(line)
+                _continue(self.current, line)
+            return
+        self.current = None
+        if m := NOT_PRINTED.match(line):
+            self.not_printed = _num(m["n"])
+            self.summary = True
+        elif m := ERR_SUMMARY.match(line):
+            n = _num(m["n"])
+            self.reported = n if self.reported is None else max(self.reported, n)
+            self.summary = True
+        elif m := RACE_SUMMARY.match(line):
+            self.reported = _num(m["e"]) + _num(m["w"])
+            self.summary = True
+        elif m := LEAK_SUMMARY.match(line):
+            self.leaked = _num(m["bytes"])
+        elif line.startswith("Target application returned an error"):
+            self.target_failed = True
+        elif not line.startswith(IGNORED):
+            self.current = _start(line, tool)
+            self.current.lines.append(line)
+            self.records.append((start, self.current))
 
 
 def _scan(text: str, tool: str | None) -> _Scan:
     scan = _Scan()
-    current: SanitizerFinding | None = None
     at = 0  # bytes of the text before the line
     for raw in text.splitlines(keepends=True):
         start, at = at, at + len(raw.encode(errors="replace"))
         raw = raw.rstrip("\r\n")
-        if not PREFIX.match(raw):
-            continue  # the program's own output
-        line = raw[10:].rstrip() if len(raw) > 9 else ""
-        if not line.strip():
-            current = None
-            continue
-        if line[0] == " ":
-            if current is not None:
-                current.lines.append(line)
-                _continue(current, line)
-            continue
-        current = None
-        if m := NOT_PRINTED.match(line):
-            scan.not_printed = _num(m["n"])
-            scan.summary = True
-        elif m := ERR_SUMMARY.match(line):
-            n = _num(m["n"])
-            scan.reported = n if scan.reported is None else max(scan.reported, n)
-            scan.summary = True
-        elif m := RACE_SUMMARY.match(line):
-            scan.reported = _num(m["e"]) + _num(m["w"])
-            scan.summary = True
-        elif m := LEAK_SUMMARY.match(line):
-            scan.leaked = _num(m["bytes"])
-        elif line.startswith("Target application returned an error"):
-            scan.target_failed = True
-        elif line.startswith(IGNORED):
-            continue
-        else:
-            current = _start(line, tool)
-            current.lines.append(line)
-            scan.records.append((start, current))
+        if PREFIX.match(raw):  # else the program's own output
+            scan.line(raw[10:].rstrip() if len(raw) > 9 else "", start, tool)
     return scan
+
+
+def parse_record(lines: list[str], tool: str | None = None) -> SanitizerFinding | None:
+    """One record as a finding keeps it (:func:`gpucheck.sanitizer.findings.read_back`): its
+    lines without the ``========= `` prefix, the first one unindented. None: no record."""
+    scan = _Scan()
+    tool = tool or detect_tool("\n".join(lines))
+    for line in lines:
+        scan.line(line.rstrip(), 0, tool)
+    return scan.records[0][1] if scan.records else None
 
 
 def placed(text: str, tool: str | None = None) -> list[tuple[int, SanitizerFinding]]:

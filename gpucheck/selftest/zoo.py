@@ -8,8 +8,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from gpucheck.detectors.registry import kinds
+from gpucheck.model.kinds import SYMPTOM
 from gpucheck.model.results import CaseRecord, Finding
-from gpucheck.report.groups import SYMPTOM_KINDS
 from gpucheck.selftest.matrix import Defect, base_case, names_defect, pass_of
 
 RACECHECK = "sanitizer:racecheck"
@@ -301,7 +302,7 @@ def _judge_zoo(row: ZooRow, recs: list[CaseRecord], devices: int, passes: set[st
                 continue
             if any(_matches_expect(e, r, f) for e in here):
                 continue
-            if explained and f.kind in SYMPTOM_KINDS:
+            if explained and kinds().of(f.kind).role == SYMPTOM:
                 continue
             unexpected.append(
                 {
@@ -325,8 +326,8 @@ def zoo_matrix(records: Iterable[CaseRecord], devices: int) -> list[ZooResult]:
     severity, on that device, whose op or kernel contains its ``op``; it is not run with
     fewer GPUs than it needs. A finding of severity warning or error on a record of the
     row's cases is unexpected unless an expectation of that case (that can run here) has its
-    kind and, where the finding names an op or kernel, its op; a symptom
-    (``SYMPTOM_KINDS``: crash, cuda-error, test-failure, ...) is explained by an expected
+    kind and, where the finding names an op or kernel, its op; a symptom (a kind its maker
+    declares one: crash, cuda-error, test-failure, ...) is explained by an expected
     diagnosis of severity error found on the same record."""
     recs = list(records)
     passes = {m for r in recs if (m := pass_of(r.mode)) is not None}

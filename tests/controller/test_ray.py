@@ -36,7 +36,8 @@ except ImportError:  # pragma: no cover - Ray is the extra [ray]
     )
 
 from gpucheck.controller.config import RunConfig
-from gpucheck.controller.fleet import NODE_LABEL, Collector, Node, plan_group, write_batches
+from gpucheck.controller.fleet import NODE_LABEL, Node, plan_group
+from gpucheck.controller.fleet_head import Collector, write_batches
 from gpucheck.controller.fleet_node import NodeTargets
 from gpucheck.errors import EnvironmentProblem, UsageProblem
 from gpucheck.model import results

@@ -408,7 +408,7 @@ def test_a_profiler_of_the_tests_closes_an_open_callback_window_first(ext, monke
 def test_an_unclaimed_kernel_is_found_in_its_library(ext):
     """The library lookup on a real extension: a kernel named like a function of the built
     module (its host symbol) is that module's; torch's is nobody's; the judgement names it."""
-    from gpucheck.detectors.launch_trace import Window
+    from gpucheck.detectors.launch_windows import Window
     from gpucheck.detectors.wrong_stream import unclaimed_findings
 
     kernel = "blend(at::Tensor const&, at::Tensor const&)"  # the profiler's form

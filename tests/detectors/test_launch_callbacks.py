@@ -12,6 +12,7 @@ import pytest
 from gpucheck._csrc import toolchain
 from gpucheck.detectors import launch_callbacks as lc
 from gpucheck.detectors import launch_trace as lt
+from gpucheck.detectors import launch_windows as lw
 
 
 def _tree(root, include: str, lib: str):
@@ -102,7 +103,7 @@ def test_the_library_builds_and_opens_only_with_a_driver(fresh_recorder):
 HANDLE = 0x55D1_2000  # a stream made current by the test (a handle, as torch gives it)
 
 
-def _window(launches: list[lc.Launch]) -> lt.Window:
+def _window(launches: list[lc.Launch]) -> lw.Window:
     """One call of ``ext::op`` on device 0 with HANDLE current: markers at 1 (legacy), 2
     (begin) and 10 (end), the launches between or after."""
     events = [lt._marker(1, 0, 0), lt._marker(2, 0, HANDLE), lt._marker(10, 0, HANDLE)]
@@ -114,19 +115,19 @@ def _window(launches: list[lc.Launch]) -> lt.Window:
         dict(entry, edge="begin"),
         dict(entry, edge="end"),
     ]
-    return lt.Window(events, log, {0: "<stream>"}, recorder="callbacks")
+    return lw.Window(events, log, {0: "<stream>"}, recorder="callbacks")
 
 
 def test_a_callback_window_is_judged_on_its_stream_handles():
     clean = _window([lc.Launch(3, HANDLE, 0, "kernel", "ext::k(float*)")])
-    assert lt.judge(clean.launches()) == []
+    assert lw.judge(clean.launches()) == []
     legacy = _window(
         [
             lc.Launch(3, 0, 0, "kernel", "ext::k(float*)"),
             lc.Launch(4, HANDLE, 0, "gpu_memcpy", "Memcpy DtoD"),
         ]
     )
-    (bad,) = lt.judge(legacy.launches())
+    (bad,) = lw.judge(legacy.launches())
     assert (bad.kind, bad.op, bad.kernel, bad.ran_on, bad.expected) == (
         "wrong-stream",
         "ext::op",
@@ -135,7 +136,7 @@ def test_a_callback_window_is_judged_on_its_stream_handles():
         HANDLE,
     )
     moved = _window([lc.Launch(3, HANDLE, 1, "kernel", "ext::k(float*)")])
-    (bad,) = lt.judge(moved.launches())
+    (bad,) = lw.judge(moved.launches())
     assert (bad.kind, bad.ran_on, bad.expected) == ("kernel-device", (1,), 0)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from gpucheck.detectors import CaseInfo
-from gpucheck.detectors.launch_trace import Window, attribute, candidates, judge, unclaimed
+from gpucheck.detectors.launch_windows import Window, attribute, candidates, judge, unclaimed
 from gpucheck.detectors.wrong_stream import findings, misplaced, unclaimed_findings
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "launches"

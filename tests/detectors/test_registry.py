@@ -1,18 +1,25 @@
-"""The detector registry: gpucheck's own detectors, and those another package adds through the
-``gpucheck`` entry point group (here: a real distribution on sys.path, found by
-importlib.metadata the way an installed package is)."""
+"""The detector registry: gpucheck's own detectors and the kinds of finding they declare, and
+those another package adds through the ``gpucheck`` entry point group (here: a real
+distribution on sys.path, found by importlib.metadata the way an installed package is)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
+import xml.etree.ElementTree as ET
 from pathlib import Path
+
+from clirun import gpucheck
 
 from gpucheck.detectors import registry, worker_detectors
 from gpucheck.detectors.base import DISABLE_ENV, BaseDetector, CaseInfo
-from gpucheck.model.results import Finding
+from gpucheck.model.kinds import DIAGNOSIS, SYMPTOM, Kind
+from gpucheck.model.results import CaseRecord, Finding
 from gpucheck.model.runlog import RunHeader
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_builtin_worker_and_run_detectors_have_distinct_names():
@@ -114,7 +121,7 @@ def test_an_installed_package_adds_a_detector_through_its_entry_point(tmp_path: 
         "from gpucheck.detectors import registry; "
         "print(','.join(d.name for d in registry.worker_detectors()))"
     )
-    env = {"PYTHONPATH": f"{site}:{Path(__file__).resolve().parents[2]}", "PATH": "/usr/bin"}
+    env = {"PYTHONPATH": f"{site}:{REPO}", "PATH": "/usr/bin"}
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
     )
@@ -169,3 +176,119 @@ def test_the_pending_error_probe_runs_after_the_launch_traces_windows_close():
     assert names.index("pending-error") > max(
         names.index("wrong-stream"), names.index("kernel-device")
     )
+
+
+def _package(site: Path, name: str, hooks: str) -> None:
+    """An installed distribution ``name`` (a dist-info folder on sys.path, as pip leaves it)
+    whose entry point in group ``gpucheck`` is its hook module ``hooks``."""
+    (site / name).mkdir(parents=True)
+    (site / name / "__init__.py").write_text(textwrap.dedent(hooks))
+    info = site / f"{name}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[gpucheck]\n{name} = {name}\n")
+
+
+#: a package's detector and the kind it declares: a cause that explains its case's failure
+#: even as a warning, before every built-in root cause, with a hint of its own
+TOY_HOOKS = """
+    from gpucheck.detectors import BaseDetector, hookimpl
+    from gpucheck.model.kinds import Kind
+    from gpucheck.model.results import Finding
+
+    TOY_CAUSE = Kind(
+        "toy-cause",
+        precedence=1,
+        explains_as_warning=True,
+        hint="look at the toy op's bounds",
+        title="Toy causes",
+    )
+
+    class Toy(BaseDetector):
+        name = "toy"
+        kinds = (TOY_CAUSE,)
+
+        def case_finished(self, case):
+            if "bad" not in case.case:
+                return []
+            return [Finding(TOY_CAUSE.name, "warning", "the toy op misbehaved", device=case.device,
+                            suite=case.suite, case=case.case, op="toy.op")]
+
+    @hookimpl
+    def gpucheck_worker_detectors():
+        return [Toy()]
+
+    @hookimpl
+    def gpucheck_finding_kinds():
+        return list(Toy.kinds)
+"""
+TOY_SUITE = """
+def test_fine():
+    assert 1 + 1 == 2
+
+def test_bad():
+    assert 1 + 1 == 3
+"""
+
+
+def test_every_builtin_kind_is_declared_once_with_one_place():
+    """Each kind has one declaration (a second one of a name is never gpucheck's own), and no
+    two kinds with a place share it."""
+    declared = registry.Builtin().gpucheck_finding_kinds()
+    by_name: dict[str, Kind] = {}
+    for kind in declared:
+        assert by_name.setdefault(kind.name, kind) is kind, f"{kind.name} declared twice"
+    places = [k.precedence for k in by_name.values() if k.precedence is not None]
+    assert len(places) == len(set(places))
+    table = registry.kinds()
+    assert all(table.of(name) is kind for name, kind in by_name.items())
+    assert {n for n, k in by_name.items() if k.role == SYMPTOM} == {
+        "crash",
+        "hang",
+        "cuda-error",
+        "sanitizer",
+        "test-failure",
+        "worker-error",
+        "oom",
+        "detector-error",
+        "sanitizer-crash",
+        "sanitizer-limit",
+        "nvml-error",
+    }
+    assert "double-activation" in table.precedence  # the kernel wing's, through its entry point
+
+
+def test_a_kind_nobody_declares_is_a_diagnosis_without_a_place():
+    record = CaseRecord("r", "cpu", "s", "t.py::x", "blocking", "failed")
+    table = registry.kinds()
+    assert table.role(Finding("my-own-check", "error", "x"), record) == DIAGNOSIS
+    assert table.rank("my-own-check") == len(table.precedence)
+    assert table.of("my-own-check").heading == "My own check"
+
+
+def test_a_package_declares_its_kind_and_the_report_ranks_by_it(tmp_path: Path):
+    """A package's detector (through the entry point group) makes a finding of a kind it
+    declares: a warning that explains its case's failure, first among the root causes. A real
+    CPU run records it in the worker, and the reports lead the failing case with it and fold
+    the failing assert under it, with the kind's hint where the finding has none."""
+    site = tmp_path / "site"
+    _package(site, "toy_hooks", TOY_HOOKS)
+    suite = tmp_path / "suites" / "toy"
+    suite.mkdir(parents=True)
+    (suite / "test_toy.py").write_text(TOY_SUITE)
+    out = tmp_path / "out"
+    proc = gpucheck(
+        "run", "--cpu-only", "--quiet", "--out", out, "--format", "json", "--format", "junit",
+        "--format", "sarif", cwd=tmp_path, env={"PYTHONPATH": f"{site}:{REPO}"},
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads((out / "results.json").read_text())
+    (lead,) = doc["diagnoses"]
+    assert (lead["kind"], lead["subject"], lead["severity"]) == ("toy-cause", "toy.op", "warning")
+    assert [s["kind"] for s in lead["explains"]] == ["test-failure"]
+    assert doc["symptoms"] == []
+    failure = next(ET.parse(out / "junit.xml").getroot().iter("failure"))
+    assert failure.get("message", "").startswith("toy-cause: the toy op misbehaved")
+    rules = json.loads((out / "results.sarif").read_text())["runs"][0]["tool"]["driver"]
+    toy = next(r for r in rules["rules"] if r["id"] == "toy-cause")
+    assert (toy["name"], toy["help"]["text"]) == ("Toy causes", "look at the toy op's bounds")

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from gpucheck.detectors import CaseInfo, KernelDevice, WrongStream, worker_detectors
 from gpucheck.detectors import launch_trace as lt
-from gpucheck.detectors.launch_trace import Window, attribute, judge
+from gpucheck.detectors import launch_windows as lw
+from gpucheck.detectors.launch_windows import Window, attribute, judge
 from gpucheck.detectors.wrong_stream import findings, misplaced
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "launches"
@@ -28,7 +29,7 @@ def windows(name: str) -> list[Window]:
     ]
 
 
-def launches(name: str) -> list[lt.OpLaunch]:
+def launches(name: str) -> list[lw.OpLaunch]:
     return [lc for w in windows(name) for lc in attribute(w.events, w.log)]
 
 
@@ -43,7 +44,7 @@ def test_markers_give_each_call_its_current_stream():
     assert ops == {"gpucheck::ssim_forward", "gpucheck::ssim_backward"}
     for lc in launches("clean_ssim"):
         assert (lc.work.device, lc.work.stream) == (lc.device, lc.stream)  # the poisoned stream
-        assert lt.MARKER_KERNEL not in lc.work.name
+        assert lw.MARKER_KERNEL not in lc.work.name
 
 
 def test_clean_ssim_has_no_finding():
@@ -133,7 +134,7 @@ def test_calls_across_devices_are_not_judged_for_kernel_device():
 
 def test_a_lost_marker_means_no_judgement():
     [w] = windows("legacy_stream_ssim")
-    first = next(i for i, e in enumerate(w.events) if lt.MARKER_KERNEL in e["name"])
+    first = next(i for i, e in enumerate(w.events) if lw.MARKER_KERNEL in e["name"])
     events = w.events[:first] + w.events[first + 1 :]
     assert attribute(events, w.log) == []
 
@@ -219,7 +220,7 @@ def test_poisoned_stream_keeps_the_poisoned_device(monkeypatch):
 def test_innermost_span_is_the_enclosing_one_that_began_last(spans, ids):
     """The sweep that gives each kernel its call agrees with the plain definition: of the
     spans with ``start < id < end``, the one with the latest start (nested or overlapping)."""
-    from gpucheck.detectors.launch_trace import Work, innermost
+    from gpucheck.detectors.launch_windows import Work, innermost
 
     made = [(a, a + n, i, Work("spin_kernel", 0, 7, a), {}) for i, (a, n) in enumerate(spans)]
     work = [Work("k", 0, 7, c) for c in ids]
@@ -238,9 +239,9 @@ def test_gpuchecks_own_work_around_a_call_is_not_judged():
     op's launches nor kernels without a caller."""
     w = windows("legacy_stream_ssim")[0]
     first = next(e for e in w.log if e["edge"] == "begin")
-    log = [dict(e, op=lt.ASIDE) if e.get("call") == first["call"] else e for e in w.log]
+    log = [dict(e, op=lw.ASIDE) if e.get("call") == first["call"] else e for e in w.log]
     launched = [lc for lc in attribute(w.events, w.log) if lc.call == first["call"]]
     assert launched and judge(launched)  # as the op's: on the wrong stream
     assert all(lc.call != first["call"] for lc in attribute(w.events, log))
     unjudged = {lc.work.correlation for lc in launched}
-    assert not unjudged & {k.correlation for k in lt.candidates(w.events, log)}
+    assert not unjudged & {k.correlation for k in lw.candidates(w.events, log)}

@@ -248,7 +248,7 @@ LOG_SCRIPT = textwrap.dedent("""
 
 
 def test_collective_log_entries(tmp_path: Path) -> None:
-    from gpucheck.controller.dist_harness import free_port
+    from gpucheck.controller.dist_group import free_port
     from gpucheck.distributed import collectives
 
     script = tmp_path / "log.py"
@@ -336,7 +336,7 @@ def test_under_torchrun_each_process_owns_its_rank(tmp_path: Path) -> None:
 
 
 def _port() -> int:
-    from gpucheck.controller.dist_harness import free_port
+    from gpucheck.controller.dist_group import free_port
 
     return free_port()
 
@@ -345,7 +345,7 @@ def test_no_free_port_for_the_rendezvous_is_one_sentence(monkeypatch):
     """A host with no port to bind gets one sentence naming it, not an OSError's traceback."""
     import pytest
 
-    from gpucheck.controller import dist_harness
+    from gpucheck.controller import dist_group
     from gpucheck.errors import EnvironmentProblem
 
     class NoPorts:
@@ -358,11 +358,11 @@ def test_no_free_port_for_the_rendezvous_is_one_sentence(monkeypatch):
         def bind(self, address):
             raise OSError(98, "Address already in use")
 
-    monkeypatch.setattr(dist_harness.socket, "socket", lambda *a, **k: NoPorts())
+    monkeypatch.setattr(dist_group.socket, "socket", lambda *a, **k: NoPorts())
     with pytest.raises(EnvironmentProblem, match=r"no free TCP port on .* rendezvous"):
-        dist_harness.free_port()
+        dist_group.free_port()
     monkeypatch.undo()
-    assert 0 < dist_harness.free_port() < 65536
+    assert 0 < dist_group.free_port() < 65536
 
 
 #: ranks run at their own pace between collectives: the last rank takes 10x longer a case

@@ -379,8 +379,34 @@ def test_a_case_without_a_diagnosis_keeps_its_assert_first(tmp_path):
     assert (failure.text or "").startswith(f"[error] test-failure: {ASSERT}")
 
 
+#: the root causes first, as the detectors declare them (what each explains: groups.precedence)
+ROOT_CAUSES_FIRST = (
+    "wrong-device",
+    "mixed-devices",
+    "out-of-bounds",
+    "device-state-leak",
+    "stray-context",
+    "double-activation",
+    "oom-anomaly",
+    "unwritten-output",
+    "memory-layout",
+    "data-race",
+    "wrong-stream",
+    "leak",
+    "memory-growth",
+    "numerics",
+    "not-reproducible",
+)
+
+
 def test_each_kind_has_one_place_in_the_precedence():
-    assert len(set(groups.PRECEDENCE)) == len(groups.PRECEDENCE)
+    declared = groups.kinds()
+    places = [k.precedence for k in declared.by_name.values() if k.precedence is not None]
+    assert len(set(places)) == len(places), "two kinds declare one place"
+    assert declared.precedence == ROOT_CAUSES_FIRST
+    assert [groups.precedence(k) for k in ROOT_CAUSES_FIRST] == list(range(len(ROOT_CAUSES_FIRST)))
+    # a kind without a place (a user's, an undeclared one) comes after every one with a place
+    assert groups.precedence("imbalance") == groups.precedence("my-own-check") == len(places)
     # what gives wrong values comes before a launch on the legacy stream (always right under
     # CUDA_LAUNCH_BLOCKING), after what makes the kernel fault
     order = [groups.precedence(k) for k in ("mixed-devices", "memory-layout", "wrong-stream")]

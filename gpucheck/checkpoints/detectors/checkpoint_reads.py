@@ -50,6 +50,7 @@ from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any
 
 from gpucheck.detectors.base import BaseDetector, CaseInfo
+from gpucheck.model.kinds import Kind
 from gpucheck.model.results import Finding
 
 if TYPE_CHECKING:
@@ -163,10 +164,15 @@ class _ImportWatch(importlib.abc.MetaPathFinder):
         return spec
 
 
+#: a checkpoint a case read whose parameters look neither raw nor activated
+CHECKPOINT_SUSPICIOUS = Kind("checkpoint-suspicious")
+
+
 class CheckpointReads(BaseDetector):
     """Lints the 3DGS checkpoints a case reads through plyfile or ``torch.load``."""
 
     name = "checkpoint-reads"
+    kinds = (CHECKPOINT_SUSPICIOUS,)
     touches_gpu = False  # what it saw of the calls before an error stands
 
     def __init__(self) -> None:

@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 from gpucheck.detectors.base import BaseDetector, CaseInfo
+from gpucheck.model.kinds import Kind
 from gpucheck.model.results import Finding
 
 __all__ = ["DoubleActivation"]
@@ -33,10 +34,17 @@ def _outcomes() -> list[Any] | None:
     return None if module is None else module.OUTCOMES
 
 
+#: a checkpoint stored activated, which a 3DGS loader activates again (wrong values from the
+#: start: a root cause before what follows from them); a round trip that changed a checkpoint
+DOUBLE_ACTIVATION = Kind("double-activation", precedence=60)
+CHECKPOINT_ROUNDTRIP = Kind("checkpoint-roundtrip")
+
+
 class DoubleActivation(BaseDetector):
     """Turns the failed checkpoint round trips of a case into findings."""
 
     name = "double-activation"
+    kinds = (DOUBLE_ACTIVATION, CHECKPOINT_ROUNDTRIP)
     touches_gpu = False  # what it saw of the calls before an error stands
 
     def case_started(self, case: CaseInfo) -> None:

@@ -28,7 +28,7 @@ dist.destroy_process_group()
 
 
 def main() -> int:
-    from gpucheck.controller.dist_harness import free_port
+    from gpucheck.controller.dist_group import free_port
 
     env = {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
     os.environ.update(env, MASTER_PORT=str(free_port()), TORCH_NCCL_TRACE_BUFFER_SIZE="100")

@@ -34,6 +34,7 @@ import torch
 
 from gpucheck.detectors import launch_callbacks as lc
 from gpucheck.detectors import launch_trace as lt
+from gpucheck.detectors import launch_windows as lw
 
 OUT = Path(sys.argv[1] if len(sys.argv) > 1 else "verify-out")
 OUT.mkdir(parents=True, exist_ok=True)
@@ -123,8 +124,8 @@ check(
     and all(w.recorder == "callbacks" for w in windows)
     and bool(launches)
     and all(o.work.stream == side.cuda_stream for o in launches)
-    and lt.judge(launches) == [],
-    f"{[w.recorder for w in windows]}, {len(launches)} launches, judged {lt.judge(launches)}",
+    and lw.judge(launches) == [],
+    f"{[w.recorder for w in windows]}, {len(launches)} launches, judged {lw.judge(launches)}",
 )
 check("the watch has no listener errors", not op_watch.errors, str(op_watch.errors))
 
