@@ -271,6 +271,28 @@ print(extension.load().__name__)
 """
 
 
+def test_an_op_the_build_does_not_hold_is_one_sentence(monkeypatch):
+    """A build made with GPUCHECK_KERNELS naming other kernels holds no schema of the op a
+    wrapper asks for (each kernel declares its own): one sentence, not torch's AttributeError
+    or a missing CUDA kernel at the first call."""
+    monkeypatch.setattr(extension, "load", lambda: None)  # the build loaded: here, none at all
+
+    def asked() -> str:
+        with pytest.raises(ExtensionNotBuilt) as err:
+            extension.registered_op("gpucheck::knn_mean_sq_dist", lambda points, k=3: points)
+        return str(err.value)
+
+    monkeypatch.setenv("GPUCHECK_KERNELS", "ssim")
+    assert asked() == (
+        "gpucheck's CUDA extension is not available: its build holds no op "
+        "gpucheck::knn_mean_sq_dist: GPUCHECK_KERNELS=ssim leaves its kernel out"
+    )
+    monkeypatch.delenv("GPUCHECK_KERNELS")
+    said = asked()
+    assert "its build holds no op gpucheck::knn_mean_sq_dist" in said and "\n" not in said
+    assert said.endswith(extension.BUILD_HINT)
+
+
 def test_processes_starting_at_once_build_once_and_all_load(tmp_path, monkeypatch):
     library = _fake_library(tmp_path)
     monkeypatch.setenv(toolchain.CACHE_ENV, str(tmp_path / "cache"))
