@@ -146,9 +146,9 @@ QUICK = (
     "tests/checkpoints/test_checkpoint_lint.py",
     "tests/checkpoints/test_checkpoints.py",
     "tests/distributed/test_dist_analysis.py",
-    "tests/reference/test_reference_knn.py",
-    "tests/reference/test_reference_splat.py",
-    "tests/ops/test_ops_splat.py",
+    "tests/kernels/test_knn_reference.py",
+    "tests/kernels/test_splat_reference.py",
+    "tests/kernels/test_splat_op.py",
     "tests/cli/test_cli.py",
     "tests/detectors/test_device_state.py",
     "tests/detectors/test_op_device.py",
@@ -191,8 +191,8 @@ QUICK_LEAVES_OUT = (
     "and_names_the_device_bug",
     "tests/detectors/test_wrong_device.py::test_no_rerun_without_a_second_device",
     "tests/distributed/test_dist_analysis.py::test_any_log_is_read_and_judged_without_raising",
-    "tests/reference/test_reference_splat.py::test_full_size_scene_forward_and_backward",
-    "tests/reference/test_reference_splat.py::test_max_bytes_catches_double_activation",
+    "tests/kernels/test_splat_reference.py::test_full_size_scene_forward_and_backward",
+    "tests/kernels/test_splat_reference.py::test_max_bytes_catches_double_activation",
     "tests/plugin/test_testing.py::test_a_worker_reports_the_measurement",
     "tests/worker/test_detector_loop.py::test_a_case_that_lost_the_context_gets_one_note_and_no_"
     "detector_error",
@@ -201,7 +201,7 @@ QUICK_LEAVES_OUT = (
     "tests/cli/test_cli.py::test_options_given_override_pyproject_settings",
     "tests/cli/test_cli.py::test_pyproject_tool_gpucheck_sets_the_runs_defaults",
     "tests/cli/test_cli.py::test_usage_errors_exit_2",
-    "tests/ops/test_ops_splat.py::test_reference_gradients_match_finite_differences",
+    "tests/kernels/test_splat_op.py::test_reference_gradients_match_finite_differences",
 )
 #: what the package session runs against the installed wheel, besides `gpucheck run` and
 #: `gpucheck selftest` (the full tests run once, in the tests session): the CLI, the

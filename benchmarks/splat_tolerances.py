@@ -45,8 +45,8 @@ sys.path.insert(0, str(ROOT / "suites" / "splat"))
 import splat_scenes  # noqa: E402
 from splat_grads import decision_pixels, errors, gradients  # noqa: E402
 
+from gpucheck.kernels.splat.op import ops  # noqa: E402
 from gpucheck.ops import rasterize  # noqa: E402
-from gpucheck.ops.splat import ops  # noqa: E402
 from gpucheck.reference import rasterize as reference  # noqa: E402
 
 ATOL = 1e-4

@@ -31,8 +31,8 @@ from typing import Any
 import torch
 
 import gpucheck
-from gpucheck.ops.ssim_op import load_ops, ssim
-from gpucheck.reference.ssim_torch import ssim as ref_ssim
+from gpucheck.kernels.ssim.op import load_ops, ssim
+from gpucheck.kernels.ssim.reference import ssim as ref_ssim
 
 SIZES = [(5, 3, 1080, 1920), (1, 3, 1080, 1920), (5, 1, 1500, 1500)]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

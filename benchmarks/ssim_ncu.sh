@@ -22,7 +22,7 @@ import sys
 
 import torch
 
-from gpucheck.ops.ssim_op import ssim
+from gpucheck.kernels.ssim.op import ssim
 
 shape = tuple(int(v) for v in sys.argv[1].split("x"))
 dtype = getattr(torch, os.environ.get("DTYPE", "float32"))

@@ -44,8 +44,8 @@ import knn_clouds  # noqa: E402
 import test_knn  # noqa: E402
 import test_ssim  # noqa: E402
 
+from gpucheck.kernels.ssim.op import load_ops  # noqa: E402
 from gpucheck.ops import knn_mean_sq_dist  # noqa: E402
-from gpucheck.ops.ssim_op import load_ops  # noqa: E402
 from gpucheck.reference import knn_mean_sq_dist as knn_reference  # noqa: E402
 from gpucheck.testing import measure  # noqa: E402
 

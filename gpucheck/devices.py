@@ -201,16 +201,7 @@ def discover(probe: dict[str, Any] | None = None) -> Inventory:
                 else "No CUDA device is visible to the CUDA driver."
             )
             return inv
-        chosen = parse_visible_devices(visible, nvml_uuids)
-        nvml_idx = list(chosen)
-        cuda_entries = [{"cuda_index": c, "uuid": nvml_uuids[n]} for c, n in enumerate(chosen)]
-        peer = [
-            [
-                None if a == b else nvml.na_to_none(nvml.p2p_read_ok(handles[a], handles[b]))
-                for b in chosen
-            ]
-            for a in chosen
-        ]
+        cuda_entries, nvml_idx, peer = _by_visible_devices(visible, handles, nvml_uuids)
         inv.mapping = VISIBLE_ENV
         inv.notes.append(
             f"libcuda could not be asked ({answer.get('message')}); the mapping "
@@ -232,6 +223,25 @@ def discover(probe: dict[str, Any] | None = None) -> Inventory:
             f"{len(handles)} GPU(s) NVML sees."
         )
     return inv
+
+
+def _by_visible_devices(
+    visible: str | None, handles: list[Any], nvml_uuids: list[str]
+) -> tuple[list[dict[str, Any]], list[int | None], list[list[bool | None]]]:
+    """Where libcuda cannot be asked: the CUDA devices as :data:`VISIBLE_ENV` names them among
+    NVML's (in PCI bus order), their NVML indices and NVML's peer-to-peer answers."""
+    chosen = parse_visible_devices(visible, nvml_uuids)
+    entries: list[dict[str, Any]] = [
+        {"cuda_index": c, "uuid": nvml_uuids[n]} for c, n in enumerate(chosen)
+    ]
+    peer = [
+        [
+            None if a == b else nvml.na_to_none(nvml.p2p_read_ok(handles[a], handles[b]))
+            for b in chosen
+        ]
+        for a in chosen
+    ]
+    return entries, list(chosen), peer
 
 
 def _device(

@@ -222,11 +222,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     if not target_devices(config):
         return  # no GPU: those cases are skipped for that reason
+    from gpucheck._csrc import extension
     from gpucheck.errors import ExtensionNotBuilt
-    from gpucheck.ops import _ext
 
     try:
-        _ext.load()
+        extension.load()
     except ExtensionNotBuilt as err:
         raise pytest.UsageError(f"gpucheck: {err}") from None
 

@@ -142,6 +142,49 @@ class DtypeOutcome:
     detail: str
 
 
+#: how torch's own messages name a dtype, besides its name (``Half`` for float16)
+_DTYPE_WORDS = {"float16": "Half", "bfloat16": "BFloat16", "float64": "Double"}
+
+
+def _dtype_outcome(
+    run: Any, make_inputs: Any, name: str, supported: tuple[str, ...]
+) -> DtypeOutcome:
+    """How ``run(*make_inputs(dtype))`` treats the dtype ``name``: for one it claims
+    (``supported``), ran with finite results or not; for any other, rejected with an error
+    that names the dtype, or not."""
+    import torch
+
+    dtype = getattr(torch, name)
+    claimed = name in supported
+    try:
+        out = run(*make_inputs(dtype))
+    except (TypeError, ValueError, RuntimeError, NotImplementedError) as err:
+        said = str(err)
+        msg = said.split("\n", 1)[0]
+        if claimed:
+            return DtypeOutcome(name, True, "wrong-error", f"raised: {msg}")
+        words = {name, str(dtype), name.replace("float", "Float"), _DTYPE_WORDS.get(name, name)}
+        if any(w in said for w in words):
+            return DtypeOutcome(name, False, "rejected", msg)
+        return DtypeOutcome(name, False, "wrong-error", f"error does not name {name}: {msg}")
+    if not claimed:
+        return DtypeOutcome(
+            name,
+            False,
+            "accepted",
+            f"accepted {name} although it claims {', '.join(supported)} only",
+        )
+    tensors = [
+        t
+        for t in (out if isinstance(out, (tuple, list)) else (out,))
+        if isinstance(t, torch.Tensor)
+    ]
+    finite = all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point())
+    return DtypeOutcome(
+        name, True, "ran" if finite else "bad-result", "" if finite else "non-finite output"
+    )
+
+
 def check_dtypes(
     run: Any,
     make_inputs: Any,
@@ -156,59 +199,7 @@ def check_dtypes(
     it, not a crash or a silent cast). Raises AssertionError listing every dtype that broke
     the rule (and reports it as a ``numerics`` finding under the harness); returns the
     outcome per dtype."""
-    import torch
-
-    outcomes = []
-    for name in dtypes:
-        dtype = getattr(torch, name)
-        claimed = name in supported
-        try:
-            out = run(*make_inputs(dtype))
-        except (TypeError, ValueError, RuntimeError, NotImplementedError) as err:
-            msg = str(err).split("\n", 1)[0]
-            named = (
-                name in str(err)
-                or str(dtype) in str(err)
-                or name.replace("float", "Float") in str(err)
-                or {"float16": "Half", "bfloat16": "BFloat16", "float64": "Double"}.get(name, "?")
-                in str(err)
-            )
-            if claimed:
-                outcomes.append(DtypeOutcome(name, True, "wrong-error", f"raised: {msg}"))
-            else:
-                outcomes.append(
-                    DtypeOutcome(
-                        name,
-                        False,
-                        "rejected" if named else "wrong-error",
-                        msg if named else f"error does not name {name}: {msg}",
-                    )
-                )
-            continue
-        tensors = [
-            t
-            for t in (out if isinstance(out, (tuple, list)) else (out,))
-            if isinstance(t, torch.Tensor)
-        ]
-        finite = all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point())
-        if not claimed:
-            outcomes.append(
-                DtypeOutcome(
-                    name,
-                    False,
-                    "accepted",
-                    f"accepted {name} although it claims {', '.join(supported)} only",
-                )
-            )
-        else:
-            outcomes.append(
-                DtypeOutcome(
-                    name,
-                    True,
-                    "ran" if finite else "bad-result",
-                    "" if finite else "non-finite output",
-                )
-            )
+    outcomes = [_dtype_outcome(run, make_inputs, name, supported) for name in dtypes]
     broken = [o for o in outcomes if o.outcome not in ("ran", "rejected")]
     m = Measured(
         what=f"{what}: dtype coverage",

@@ -17,6 +17,8 @@ from gpucheck.model import results
 
 #: the command line that starts the CLI
 GPUCHECK = (sys.executable, "-m", "gpucheck")
+#: ``env`` of a run that must see no GPU, whatever this machine has
+NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
 
 
 def _environ(env: Mapping[str, str | None] | None) -> dict[str, str]:

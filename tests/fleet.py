@@ -1,12 +1,9 @@
 """What the tests of runs spread over jobs or nodes share (shards and merge, Ray): a small
-suite written on the fly and `gpucheck` started as a real process, and the case records of
-a run folder."""
+suite written on the fly and the case records of a run folder (they start `gpucheck` with
+:mod:`clirun`)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -44,18 +41,6 @@ def make_suite(root: Path, files: dict[str, str] | None = None) -> Path:
     for name, text in (files or SUITE).items():
         (folder / name).write_text(text)
     return folder
-
-
-def gpucheck(cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """``gpucheck ARGS`` as a process in ``cwd``, without a GPU."""
-    return subprocess.run(
-        [sys.executable, "-m", "gpucheck.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
-    )
 
 
 def cases(out: Path) -> list[dict]:

@@ -258,6 +258,11 @@ at::Tensor knn_mean_sq_dist_cuda(const at::Tensor& points,  // [N, 3] float32, C
 #endif
 }
 
+// The schemas of its ops.
+GPUCHECK_TORCH_LIBRARY_FRAGMENT(m) {
+  m.def("knn_mean_sq_dist(Tensor points, int k=3) -> Tensor");
+}
+
 GPUCHECK_TORCH_LIBRARY_IMPL(CUDA, m) {
   m.impl("knn_mean_sq_dist", &knn_mean_sq_dist_cuda);
 }

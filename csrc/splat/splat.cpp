@@ -1,4 +1,4 @@
-// Entry points of the Gaussian-splatting rasterizer's ops (schemas in registration.cpp):
+// Entry points of the Gaussian-splatting rasterizer's ops (schemas at the end):
 //   splat_project           per Gaussian projection + validation + the binning-memory preflight
 //                           (failure 3 of docs/failures.md) + tile binning (sort, ranges); its
 //                           Gaussian parameters float32, bfloat16 or float16 (all one dtype),
@@ -40,8 +40,8 @@ namespace gpucheck::splat {
 namespace {
 
 constexpr const char* kOp = "splat_project";
-// The message prefix by which gpucheck.ops.splat recognises a failed preflight (raised here
-// as torch.OutOfMemoryError) and turns it into gpucheck.errors.BudgetExceeded.
+// The message prefix by which gpucheck.kernels.splat.op recognises a failed preflight (raised
+// here as torch.OutOfMemoryError) and turns it into gpucheck.errors.BudgetExceeded.
 constexpr const char* kBudgetPrefix = "splat_project: binning budget exceeded: ";
 // A Gaussian "covers most of the image" when its tile rectangle holds more than this share of
 // the tiles; when many do, the scales were most likely activated twice (story 3).
@@ -540,6 +540,37 @@ splat_render_backward_cuda(
   launch_render_backward(in, g, c10::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {g_means2d, g_conics, g_opacities, g_rgb, g_depths};
+}
+
+// The schemas of its ops (splat_project_backward's: in splat_project_backward.cpp).
+GPUCHECK_TORCH_LIBRARY_FRAGMENT(m) {
+  // splat_project: per Gaussian projection, colour (colors: [N, 3] RGB with sh_degree -1, or
+  // SH [N, K, 3] with sh_degree 0..3), validation, memory preflight and tile binning. The
+  // Gaussian parameters are float32, bfloat16 or float16 (one dtype), viewmat and K float32;
+  // every output float32 / int32. render_opacities / render_background: with 16-bit
+  // parameters their float32 copies, which splat_render takes; [0] for float32 parameters.
+  m.def(
+      "splat_project(Tensor means, Tensor scales, Tensor rotations, Tensor opacities, "
+      "Tensor colors, Tensor viewmat, Tensor K, Tensor background, int width, int height, "
+      "int sh_degree, int? max_bytes=None) -> (Tensor means2d, Tensor conics, Tensor rgb, "
+      "Tensor depths, Tensor radii, Tensor tiles, Tensor tile_ranges, Tensor ids, "
+      "Tensor render_opacities, Tensor render_background)");
+  // splat_render: per tile compositing of what splat_project returned.
+  m.def(
+      "splat_render(Tensor means2d, Tensor conics, Tensor opacities, Tensor rgb, "
+      "Tensor depths, Tensor background, Tensor tile_ranges, Tensor ids, int width, "
+      "int height) -> (Tensor image, Tensor alpha, Tensor depth, Tensor final_T, "
+      "Tensor n_contrib)");
+  // Float atomics sum the per-Gaussian gradients in an order that varies between runs: the
+  // tag tells gpucheck's numerics detector (and torch) that its bits may differ.
+  m.def(
+      static_cast<const char*>(
+      "splat_render_backward(Tensor means2d, Tensor conics, Tensor opacities, Tensor rgb, "
+      "Tensor depths, Tensor background, Tensor tile_ranges, Tensor ids, Tensor alpha, "
+      "Tensor depth, Tensor final_T, Tensor n_contrib, Tensor grad_image, Tensor grad_alpha, "
+      "Tensor grad_depth, int width, int height) -> (Tensor grad_means2d, Tensor grad_conics, "
+      "Tensor grad_opacities, Tensor grad_rgb, Tensor grad_depths)"),
+      {at::Tag::nondeterministic_bitwise});
 }
 
 // Through the macro (library.h): a defect build registers under its own namespace, never over

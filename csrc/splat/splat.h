@@ -6,7 +6,7 @@
 // colour, depth, radius, plus the tile binning) and `render` (per tile compositing); each has
 // its backward (splat_backward.cu).
 // Conventions (camera, pixel centres, culling, radius, tile rectangle, compositing) are those
-// of gpucheck/reference/splat.py, which is the oracle of this kernel.
+// of gpucheck/kernels/splat/reference.py, which is the oracle of this kernel.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -95,7 +95,7 @@ __device__ bool camera_ok(const PreprocessArgs& a) {
 //  * the render's mean is the float32 rounding of (mx, my), at most u |mx| away:
 //    kBoxSlackMean = 2^-22 times |mx| on the extent covers it (4x) and the float64 rounding
 //    of mx -+ ex.
-// The reference (gpucheck/reference/splat.py) computes the same box in float64.
+// The reference (gpucheck/kernels/splat/reference.py) computes the same box in float64.
 __device__ __forceinline__ bool tile_box(double ca, double cc, double det, double opacity,
                                          double mx, double my, double& ex, double& ey) {
   if (opacity < kOpacityMin) return false;

@@ -1,4 +1,4 @@
-// Entry point of splat_project_backward (schema in registration.cpp): from d loss / d (means2d,
+// Entry point of splat_project_backward (its schema at the end): from d loss / d (means2d,
 // conics, rgb, depths) to d loss / d (means, scales, rotations, colours or SH), and with 16-bit
 // parameters the opacities' and background's (from the float32 copies render took), every
 // gradient in the parameters' dtype. Device guard,
@@ -112,6 +112,17 @@ splat_project_backward_cuda(
   launch_project_backward(g, c10::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {g_means, g_scales, g_rotations, g_colors, g_opacities, g_background};
+}
+
+// The schemas of its ops.
+GPUCHECK_TORCH_LIBRARY_FRAGMENT(m) {
+  m.def(
+      "splat_project_backward(Tensor means, Tensor scales, Tensor rotations, Tensor colors, "
+      "Tensor viewmat, Tensor K, Tensor radii, Tensor grad_means2d, Tensor grad_conics, "
+      "Tensor grad_rgb, Tensor grad_depths, Tensor grad_opacities, Tensor grad_background, "
+      "int width, int height, int sh_degree) -> (Tensor grad_means, Tensor grad_scales, "
+      "Tensor grad_rotations, Tensor grad_colors, Tensor grad_opacities, "
+      "Tensor grad_background)");
 }
 
 // Through the macro (library.h): a defect build registers under its own namespace.

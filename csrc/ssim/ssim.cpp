@@ -1,5 +1,5 @@
 // Entry points of the fused SSIM kernels: device guard, input checks, allocation, launch.
-// Schemas are in csrc/registration.cpp; kernels in ssim_cuda.cu and ssim_backward.cu.
+// Schemas and registrations at the end; kernels in ssim_cuda.cu and ssim_backward.cu.
 #include "ssim/ssim.h"
 
 #include <ATen/ATen.h>
@@ -391,6 +391,20 @@ at::Tensor ssim_forward_autograd(const at::Tensor& img1,  // [B, C, H, W]
 
 }  // namespace
 }  // namespace gpucheck
+
+// The schemas of its ops.
+GPUCHECK_TORCH_LIBRARY_FRAGMENT(m) {
+  m.def("ssim_forward(Tensor img1, Tensor img2, str padding, str reduction) -> Tensor");
+  m.def(
+      "ssim_backward(Tensor grad, Tensor img1, Tensor img2, str padding, str reduction, "
+      "bool need_grad2) -> (Tensor, Tensor)");
+  // The training step with reduction = mean: (mean, grad_scale * d mean / d img1, the same
+  // for img2 or an empty [0] tensor), and the in-place scale of such a gradient.
+  m.def(
+      "ssim_train(Tensor img1, Tensor img2, str padding, float grad_scale, bool need_grad2) "
+      "-> (Tensor, Tensor, Tensor)");
+  m.def("ssim_scale_(Tensor(a!) grad, Tensor upstream, float factor) -> ()");
+}
 
 GPUCHECK_TORCH_LIBRARY_IMPL(CUDA, m) {
   m.impl("ssim_forward", &gpucheck::ssim_forward);

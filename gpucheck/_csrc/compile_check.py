@@ -89,6 +89,18 @@ def check_units(defects: str = "with") -> tuple[list[tuple[Path, list[str], str]
     return units, missing
 
 
+def _command(
+    nvcc: str, src: Path, obj: Path, flags: list[str], includes: list[str], torch_nvcc: list[str]
+) -> list[str]:
+    """The command that compiles (not links) ``src`` into ``obj`` for sm_90 with ``flags``: a
+    .cu file as CUDA, with the flags torch adds for extensions, anything else as C++."""
+    if src.suffix == ".cu":
+        head = ["-c", str(src), "-o", str(obj), *CHECK_ARCH, *NVCC_FLAGS, *torch_nvcc]
+    else:
+        head = ["-x", "c++", "-c", str(src), "-o", str(obj), *CXX_FLAGS]
+    return [nvcc, *head, *includes, *flags, "-Xcompiler", "-fPIC"]
+
+
 def compile_check(jobs: int = 2, defects: str = "with") -> int:
     """Compile (not link) every source for sm_90 against torch's headers, and again every
     source a defect macro changes under that macro (see :func:`check_units`). Returns an exit
@@ -118,36 +130,7 @@ def compile_check(jobs: int = 2, defects: str = "with") -> int:
             while pending and len(procs) < jobs:
                 i, (src, flags, label) = pending.pop(0)
                 obj = Path(tmp) / f"{i}_{src.stem}{src.suffix.replace('.', '_')}.o"
-                if src.suffix == ".cu":
-                    cmd = [
-                        nvcc,
-                        "-c",
-                        str(src),
-                        "-o",
-                        str(obj),
-                        *CHECK_ARCH,
-                        *NVCC_FLAGS,
-                        *torch_nvcc,
-                        *includes,
-                        *flags,
-                        "-Xcompiler",
-                        "-fPIC",
-                    ]
-                else:
-                    cmd = [
-                        nvcc,
-                        "-x",
-                        "c++",
-                        "-c",
-                        str(src),
-                        "-o",
-                        str(obj),
-                        *CXX_FLAGS,
-                        *includes,
-                        *flags,
-                        "-Xcompiler",
-                        "-fPIC",
-                    ]
+                cmd = _command(nvcc, src, obj, flags, includes, torch_nvcc)
                 procs.append(
                     (
                         src,

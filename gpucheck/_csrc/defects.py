@@ -1,5 +1,6 @@
 """The deliberate defects of the bundled kernels (csrc/README.md): each compiled from the same
-sources behind one ``GPUCHECK_DEFECT_*`` macro, JIT-built for the self-test; and the worked
+sources behind one ``GPUCHECK_DEFECT_*`` macro, declared in its kernel's home
+(``gpucheck/kernels/<kernel>/defects.py``), JIT-built for the self-test; and the worked
 example's defect builds, which only the compile check compiles."""
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpucheck import kernels
 from gpucheck._csrc.sources import csrc_dir, example_csrc_dir, mentions
 from gpucheck._csrc.toolchain import CXX_FLAGS, NVCC_FLAGS, build_dir, torch_build_env
 
@@ -19,21 +21,29 @@ class DefectBuild:
     kernel: str
 
 
-#: Deliberate defects compiled from the same sources (csrc/README.md), by name. One macro may
-#: plant its defect in several kernels (one build each). A build's ops register as
-#: ``torch.ops.gpucheck_defect_<name>.*`` (:func:`defect_library`).
-DEFECTS: dict[str, DefectBuild] = {
-    "legacy_stream": DefectBuild("GPUCHECK_DEFECT_LEGACY_STREAM", "ssim"),
-    "no_guard_ssim": DefectBuild("GPUCHECK_DEFECT_NO_GUARD", "ssim"),
-    "shared_oob": DefectBuild("GPUCHECK_DEFECT_SHARED_OOB", "ssim"),
-    "no_sync": DefectBuild("GPUCHECK_DEFECT_NO_SYNC", "ssim"),
-    "no_guard_knn": DefectBuild("GPUCHECK_DEFECT_NO_GUARD", "knn"),
-    "set_device": DefectBuild("GPUCHECK_DEFECT_SET_DEVICE", "knn"),
-    "output_current_device": DefectBuild("GPUCHECK_DEFECT_OUTPUT_CURRENT_DEVICE", "knn"),
-    "uninit_read": DefectBuild("GPUCHECK_DEFECT_UNINIT_READ", "knn"),
-    "nondeterminism": DefectBuild("GPUCHECK_DEFECT_NONDETERMINISM", "knn"),
-    "buffers_current_device": DefectBuild("GPUCHECK_DEFECT_BUFFERS_CURRENT_DEVICE", "splat"),
-}
+def planted() -> dict[str, DefectBuild]:
+    """Every kernel home's ``DEFECTS`` (``gpucheck/kernels/<kernel>/defects.py``), each build
+    with the kernel folder it is built from.
+
+    Raises:
+        ValueError: two homes name a build alike.
+    """
+    found: dict[str, DefectBuild] = {}
+    for kernel in kernels.names():
+        module = kernels.part(kernel, "defects")
+        for name, macro in getattr(module, "DEFECTS", {}).items():
+            if name in found:
+                raise ValueError(
+                    f"defect build {name!r} is planted in both {found[name].kernel} and {kernel}"
+                )
+            found[name] = DefectBuild(macro, kernel)
+    return found
+
+
+#: Deliberate defects compiled from the same sources (csrc/README.md), by name, from the kernel
+#: homes. One macro may plant its defect in several kernels (one build each). A build's ops
+#: register as ``torch.ops.gpucheck_defect_<name>.*`` (:func:`defect_library`).
+DEFECTS: dict[str, DefectBuild] = planted()
 
 
 def defect_name(defect: str) -> str:

@@ -1,6 +1,6 @@
 """How the CUDA sources are compiled: the flags, the host compiler, the CUDA toolkit
 (:func:`cuda_home`), the architectures to compile for, and gpucheck's build cache. The one
-place setup.py, the JIT builds (gpucheck.ops._ext, the self-test's builds) and the
+place setup.py, the JIT builds (gpucheck._csrc.extension, the self-test's builds) and the
 compile-only check read.
 
 This module must not import torch or gpucheck at import time: setup.py loads it by path.

@@ -8,7 +8,7 @@ import gc
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -58,6 +58,14 @@ def flat_tensors(out: Any) -> list[Any]:
     from torch.utils._pytree import tree_leaves
 
     return [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+
+
+class DeviceProblem(NamedTuple):
+    """What the devices check found: a finding's kind, its message and its hint."""
+
+    kind: str
+    message: str
+    hint: str
 
 
 @dataclass
@@ -141,10 +149,11 @@ class Runner:
     # --- checks ---
 
     def devices(self, device: Any, other: Any, dtype: Any) -> None:
+        """Outputs and gradients on the inputs' device, and the caller's current device as it
+        was after forward and after backward (``other`` current, where there is one)."""
         import torch
 
         args = self.inputs(device, dtype)
-        problems: list[tuple[str, str, str]] = []  # (kind, message, hint)
         before = _current_device()
         positions = self.diff_positions(args)
         step_args = [
@@ -156,92 +165,102 @@ class Runner:
             except RuntimeError as err:
                 _cuda_error(self.spec, err, other)
                 raise
-        after_forward = _current_device()
         outputs = flat_tensors(out)
-        for i, o in enumerate(outputs):
-            if o.device != device:
-                problems.append(
-                    (
-                        "wrong-device",
-                        f"{self.spec.name}: output {i} is on {o.device}, its inputs on {device}",
-                        ALLOC_HINT,
-                    )
-                )
-        if after_forward != before:
-            problems.append(
-                (
-                    "device-state-leak",
-                    f"{self.spec.name}: forward changed the "
-                    f"current device from cuda:{before} to cuda:{after_forward}",
-                    LEAK_HINT,
-                )
+        problems = [
+            DeviceProblem(
+                "wrong-device",
+                f"{self.spec.name}: output {i} is on {o.device}, its inputs on {device}",
+                ALLOC_HINT,
             )
-            torch.cuda.set_device(before)
+            for i, o in enumerate(outputs)
+            if o.device != device
+        ]
+        problems += self._left_current(before, "forward")
         diff = [o for o in outputs if o.requires_grad]
         if positions and not diff:
             raise AssertionError(_NO_GRAD.format(name=self.spec.name))
-        if positions and diff:
-            gouts = [torch.ones_like(o) for o in diff]
-            try:
-                grads = torch.autograd.grad(
-                    diff, [step_args[i] for i in positions], gouts, allow_unused=True
-                )
-            except RuntimeError as err:
-                m = _ENGINE_DEVICE.search(str(err))
-                if m is None:
-                    _cuda_error(self.spec, err, other)
-                    raise
-                grads = ()
-                problems.append(
-                    (
-                        "wrong-device",
-                        f"{self.spec.name}: backward returned the "
-                        f"gradient {m.group(1)} on {m.group(3)}, its input is on "
-                        f"{m.group(2)} (the autograd engine refused it)",
-                        ALLOC_HINT,
-                    )
-                )
-            for i, g in zip(positions, grads, strict=False):
-                if g is not None and g.device != step_args[i].device:
-                    problems.append(
-                        (
-                            "wrong-device",
-                            f"{self.spec.name}: the gradient of "
-                            f"argument {i} is on {g.device}, the argument on "
-                            f"{step_args[i].device}",
-                            ALLOC_HINT,
-                        )
-                    )
-            after_backward = _current_device()
-            if after_backward != before:
-                problems.append(
-                    (
-                        "device-state-leak",
-                        f"{self.spec.name}: backward changed "
-                        f"the current device from cuda:{before} to "
-                        f"cuda:{after_backward}",
-                        LEAK_HINT,
-                    )
-                )
-                torch.cuda.set_device(before)
+        if positions:
+            problems += self._gradient_devices(diff, step_args, positions, other)
+            problems += self._left_current(before, "backward")
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        for kind, message, hint in problems:
-            attach(
-                kind,
-                message,
-                op=self.spec.name,
-                severity="warning" if kind == "device-state-leak" else "error",
-                hint=hint,
-                evidence=f"target {device}, current device before the call cuda:{before}"
-                + (
-                    f" (another device, {other}, was made current)"
-                    if other
-                    else " (the only visible device)"
-                ),
-            )
         if problems:
-            raise AssertionError("; ".join(m for _, m, _ in problems))
+            self._attach_device_problems(problems, device, before, other)
+            raise AssertionError("; ".join(p.message for p in problems))
+
+    def _left_current(self, before: int | None, what: str) -> list[DeviceProblem]:
+        """The current device changed by the op's ``what`` (forward, backward) since it was
+        ``before``: the problem, and the caller's device made current again."""
+        import torch
+
+        after = _current_device()
+        if after == before:
+            return []
+        torch.cuda.set_device(before)
+        return [
+            DeviceProblem(
+                "device-state-leak",
+                f"{self.spec.name}: {what} changed the current device from cuda:{before} to "
+                f"cuda:{after}",
+                LEAK_HINT,
+            )
+        ]
+
+    def _gradient_devices(
+        self, diff: list[Any], step_args: list[Any], positions: list[int], other: Any
+    ) -> list[DeviceProblem]:
+        """Backward from the outputs ``diff``: each gradient on its argument's device (one the
+        autograd engine refused is named from its message)."""
+        import torch
+
+        gouts = [torch.ones_like(o) for o in diff]
+        try:
+            grads = torch.autograd.grad(
+                diff, [step_args[i] for i in positions], gouts, allow_unused=True
+            )
+        except RuntimeError as err:
+            m = _ENGINE_DEVICE.search(str(err))
+            if m is None:
+                _cuda_error(self.spec, err, other)
+                raise
+            return [
+                DeviceProblem(
+                    "wrong-device",
+                    f"{self.spec.name}: backward returned the gradient {m.group(1)} on "
+                    f"{m.group(3)}, its input is on {m.group(2)} (the autograd engine refused "
+                    "it)",
+                    ALLOC_HINT,
+                )
+            ]
+        return [
+            DeviceProblem(
+                "wrong-device",
+                f"{self.spec.name}: the gradient of argument {i} is on {g.device}, the "
+                f"argument on {step_args[i].device}",
+                ALLOC_HINT,
+            )
+            for i, g in zip(positions, grads, strict=False)
+            if g is not None and g.device != step_args[i].device
+        ]
+
+    def _attach_device_problems(
+        self, problems: list[DeviceProblem], device: Any, before: int | None, other: Any
+    ) -> None:
+        """Each problem as a finding of the case, with the devices it was seen with."""
+        evidence = f"target {device}, current device before the call cuda:{before}" + (
+            f" (another device, {other}, was made current)"
+            if other
+            else " (the only visible device)"
+        )
+        for problem in problems:
+            attach(
+                problem.kind,
+                problem.message,
+                op=self.spec.name,
+                severity="warning" if problem.kind == "device-state-leak" else "error",
+                hint=problem.hint,
+                evidence=evidence,
+            )
 
     def numerics(self, device: Any, other: Any, dtype: Any) -> None:
         import torch

@@ -3,15 +3,16 @@
 ``lint-checkpoint --render WxH`` frames the scene with a camera (60° horizontal field of view,
 on the scene's median centre, backed off until the 2nd..98th percentile box fits) and counts
 the Gaussian-tile overlaps a tiled rasterizer bins, and the bytes its binning buffers need
-(``gpucheck.reference.splat.BYTES_PER_INTERSECTION`` per overlap), for two loads of the same
-stored values: *3DGS load* (``exp`` of the stored scales) and *as stored* (the scales taken as
-already activated). The lint's verdict says which one is the correct load.
+(``gpucheck.kernels.splat.reference.BYTES_PER_INTERSECTION`` per overlap), for two loads of
+the same stored values: *3DGS load* (``exp`` of the stored scales) and *as stored* (the scales
+taken as already activated). The lint's verdict says which one is the correct load.
 
 Where a CUDA device and gpucheck's compiled rasterizer are available, the count comes from the
 rasterizer's own memory preflight (``gpucheck.ops.rasterize`` with a 0-byte budget: it counts
 the overlaps on the GPU and raises ``MemoryAnomalyError`` before allocating anything);
-otherwise from the pure-PyTorch projection of :mod:`gpucheck.reference.splat` on the CPU (the
-same radius and tile rules), a block of Gaussians at a time. The report names the method used.
+otherwise from the pure-PyTorch projection of :mod:`gpucheck.kernels.splat.reference` on the
+CPU (the same radius and tile rules), a block of Gaussians at a time. The report names the
+method used.
 Both count every Gaussian as opaque (``OPACITY``): the largest binning any opacities give.
 """
 
@@ -23,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpucheck.reference.splat import (
+from gpucheck.kernels.splat.reference import (
     BYTES_PER_INTERSECTION,
     TILE_SIZE,
     estimate_binning_bytes,
@@ -41,7 +42,7 @@ HUGE_SHARE = 0.25
 #: largest count (an upper bound over the file's real opacities, which neither load changes).
 OPACITY = 1.0
 METHOD = (
-    "CPU estimate: gpucheck.reference.splat.project (pure PyTorch, same radius and tile "
+    "CPU estimate: gpucheck.kernels.splat.reference.project (pure PyTorch, same radius and tile "
     "rules as the CUDA kernel's preflight)"
 )
 PREFLIGHT = "the splat rasterizer's memory preflight on {device} (gpucheck.ops.rasterize)"
@@ -139,11 +140,11 @@ def _preflight(
     if not torch.cuda.is_available():
         return None
     try:
+        from gpucheck._csrc import extension
         from gpucheck.errors import MemoryAnomalyError
-        from gpucheck.ops import _ext
-        from gpucheck.ops.splat import rasterize
+        from gpucheck.kernels.splat.op import rasterize
 
-        if not _ext.available():
+        if not extension.available():
             return None
         dev = torch.device("cuda", torch.cuda.current_device())
         ok = (

@@ -5,7 +5,7 @@ installed extension ships).
 A suite folder says what it needs next to its tests, in ``suite.toml`` (:class:`Declared`)::
 
     needs = "kernels"                               # "gpu" (default), "kernels", "cpu-only"
-    probe = "gpucheck.ops._ext:problem_in_child"    # why it cannot run now, or None
+    probe = "gpucheck._csrc.extension:problem_in_child"  # why it cannot run now, or None
     named-only = true                               # only run when named (default false)
     distributed = true                              # a default of ``run --distributed``
 

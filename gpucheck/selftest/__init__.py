@@ -125,7 +125,7 @@ def prebuild(
         ]
         for name in names
     }
-    builds[KERNELS] = ["from gpucheck.ops import _ext; sys.exit(_ext.child_main())"]
+    builds[KERNELS] = ["from gpucheck._csrc import extension; sys.exit(extension.child_main())"]
     every = (PYBIND_CLEAN, *PYBIND_DEFECTS)
     for build in every if pybind is None else pybind:
         builds[f"pybind_{build}"] = [

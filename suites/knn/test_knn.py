@@ -232,7 +232,7 @@ def test_side_stream(gpu_device: torch.device) -> None:
 
 @pytest.mark.sanitizer
 def test_opcheck(gpu_device: torch.device) -> None:
-    from gpucheck.ops.knn import op
+    from gpucheck.kernels.knn.op import op
 
     points = knn_clouds.make("uniform", 777, fresh_seed(), gpu_device)
     torch.library.opcheck(op(), (points, 5))
@@ -353,7 +353,7 @@ def test_bad_input(gpu_device: torch.device, make, exc: type[Exception], pattern
 # test instead of killing the suite (a segfault was seen here once on the GPU machine).
 _CPP_CASES = r"""
 import json, sys, torch
-from gpucheck.ops.knn import knn_mean_sq_dist, op
+from gpucheck.kernels.knn.op import knn_mean_sq_dist, op
 from gpucheck.worker.poison import make_other_device_current
 dev = torch.device("cuda", int(sys.argv[1]))
 make_other_device_current(dev)

@@ -33,9 +33,9 @@ def defect_ops() -> Callable[[str], Any]:
 def clean_ops() -> Any:
     """``torch.ops.gpucheck``: the real extension (clean twins of the defect cases)."""
     torch = pytest.importorskip("torch")
-    from gpucheck.ops import _ext
+    from gpucheck._csrc import extension
 
-    if not _ext.available():
+    if not extension.available():
         pytest.skip("gpucheck's extension is not built")
     return torch.ops.gpucheck
 

@@ -152,7 +152,7 @@ def test_double_activation_render(gpu_device, tmp_path):
 @pytest.mark.gpu
 def test_clean_render(gpu_device, tmp_path):
     ck = _checkpoints()
-    from gpucheck.ops.splat import BYTES_PER_INTERSECTION
+    from gpucheck.kernels.splat.reference import BYTES_PER_INTERSECTION
 
     got = _resume_and_render(ck.write_ply, tmp_path, gpu_device)
     assert 0 < got.n_intersections * BYTES_PER_INTERSECTION < USER_GPU_BYTES

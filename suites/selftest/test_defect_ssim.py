@@ -26,7 +26,7 @@ pytestmark = pytest.mark.gpu
 
 def _step(ops, device, shape=(1, 3, 45, 67)):
     """Forward and backward of the SSIM loss, checked against the float64 reference."""
-    from gpucheck.reference.ssim_torch import ssim as ref_ssim
+    from gpucheck.kernels.ssim.reference import ssim as ref_ssim
 
     x = torch.rand(shape, device=device)
     y = (0.7 * x + 0.3 * torch.rand_like(x)).clamp(0, 1)

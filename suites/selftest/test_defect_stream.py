@@ -34,7 +34,7 @@ def _images(device):
 
 
 def _check(ops, device):
-    from gpucheck.reference.ssim_torch import ssim as ref_ssim
+    from gpucheck.kernels.ssim.reference import ssim as ref_ssim
 
     x, y = _images(device)
     torch.cuda.synchronize(device)  # the defect is not ordered after these: make them ready
@@ -53,8 +53,8 @@ def test_legacy_stream_ssim(defect_ops, gpu_device):
 
 @pytest.mark.gpu
 def test_clean_ssim(gpu_device):
-    from gpucheck.ops import _ext
+    from gpucheck._csrc import extension
 
-    if not _ext.available():
+    if not extension.available():
         pytest.skip("gpucheck's extension is not built")
     _check(torch.ops.gpucheck, gpu_device)

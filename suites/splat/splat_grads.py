@@ -7,9 +7,7 @@ from typing import Any
 
 import torch
 
-from gpucheck.ops import rasterize
-from gpucheck.reference import rasterize as reference
-from gpucheck.reference.splat import (
+from gpucheck.kernels.splat.reference import (
     ALPHA_MAX,
     ALPHA_MIN,
     T_MIN,
@@ -17,6 +15,8 @@ from gpucheck.reference.splat import (
     compositing_order,
     project,
 )
+from gpucheck.ops import rasterize
+from gpucheck.reference import rasterize as reference
 
 #: Inputs that take a gradient (those of them that a scene has).
 LEAVES = ("means", "scales", "rotations", "opacities", "colors", "sh", "background")

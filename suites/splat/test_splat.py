@@ -33,10 +33,10 @@ import pytest
 import splat_scenes
 import torch
 
-import gpucheck.reference.splat as reference_splat
+import gpucheck.kernels.splat.reference as reference_splat
 from gpucheck.errors import BudgetExceeded, MemoryAnomalyError
+from gpucheck.kernels.splat.op import ops
 from gpucheck.ops import rasterize
-from gpucheck.ops.splat import ops
 from gpucheck.reference import rasterize as reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.gpucheck_kernels]

@@ -42,8 +42,8 @@ import splat_scenes
 import torch
 from splat_grads import decision_pixels, errors, gradients
 
+from gpucheck.kernels.splat.op import ops
 from gpucheck.ops import rasterize
-from gpucheck.ops.splat import ops
 from gpucheck.reference import rasterize as reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.gpucheck_kernels]

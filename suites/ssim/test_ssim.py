@@ -5,7 +5,7 @@ initialized (failure 1 of docs/failures.md: an unguarded SSIM extension crashed 
 Inputs are fresh random images each run; the seed is printed so a failure can be replayed.
 Two kinds of images: noise (large local variance) and smooth fields at any brightness, where
 the variances a fused kernel forms as E[x²] - mu² cancel and its rounding error is largest
-(the bounds scale with :func:`gpucheck.reference.ssim_torch.rounding_sensitivity`).
+(the bounds scale with :func:`gpucheck.kernels.ssim.reference.rounding_sensitivity`).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpucheck.ops.ssim_op import load_ops, ssim
-from gpucheck.reference.ssim_torch import rounding_sensitivity
-from gpucheck.reference.ssim_torch import ssim as ref_ssim
+from gpucheck.kernels.ssim.op import load_ops, ssim
+from gpucheck.kernels.ssim.reference import rounding_sensitivity
+from gpucheck.kernels.ssim.reference import ssim as ref_ssim
 
 pytestmark = [pytest.mark.gpu, pytest.mark.gpucheck_kernels]
 
@@ -468,7 +468,7 @@ def test_bad_inputs_raise_clear_errors(
 # whole suite.
 _KERNEL_CHECKS = r"""
 import sys, torch
-import gpucheck.ops.ssim_op as m
+import gpucheck.kernels.ssim.op as m
 m.load_ops()
 dev = torch.device("cuda", int(sys.argv[1]))
 other = torch.device("cuda", int(sys.argv[2])) if len(sys.argv) > 2 else None

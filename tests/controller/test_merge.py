@@ -14,7 +14,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from fleet import cases, gpucheck, keys, make_suite
+from clirun import NO_GPU, gpucheck
+from fleet import cases, keys, make_suite
 
 from gpucheck import cli
 from gpucheck.model.runlog import RunLog
@@ -28,7 +29,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("merge")
     make_suite(root)
     for out, extra in (("all", ()), ("s1", ("--shard", "1/2")), ("s2", ("--shard", "2/2"))):
-        proc = gpucheck(root, *RUN, "--out", out, *extra)
+        proc = gpucheck(*RUN, "--out", out, *extra, cwd=root, env=NO_GPU, timeout=300)
         assert proc.returncode in (0, 1), proc.stdout + proc.stderr
     return root
 
@@ -49,7 +50,7 @@ def _edit(src: Path, dst: Path, edit) -> Path:
 
 
 def test_merged_shards_equal_the_unsharded_run(runs: Path) -> None:
-    proc = gpucheck(runs, "merge", "s1", "s2", "--out", "merged")
+    proc = gpucheck("merge", "s1", "s2", "--out", "merged", cwd=runs, env=NO_GPU)
     assert proc.returncode == 1, proc.stdout + proc.stderr  # test_fails fails, as unsharded
     assert "Traceback" not in proc.stderr
     merged = runs / "merged"
@@ -152,7 +153,7 @@ def test_a_missing_shard_is_refused_or_merged_as_incomplete(runs: Path, tmp_path
     assert err.startswith("gpucheck: cannot merge: shard 1/2 of the plan is missing: the ")
     assert f"2/2 ({str(runs / 's2')!r})" in err and "--allow-incomplete" in err
     assert not out.exists()
-    proc = gpucheck(runs, "merge", "s2", "--out", str(out), "--allow-incomplete")
+    proc = gpucheck("merge", "s2", "--out", str(out), "--allow-incomplete", cwd=runs, env=NO_GPU)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stdout.strip().splitlines()[-1].startswith("incomplete (exit 2): ")
     doc = json.loads((out / "results.json").read_text())
@@ -160,7 +161,8 @@ def test_a_missing_shard_is_refused_or_merged_as_incomplete(runs: Path, tmp_path
     assert any("shard 1/2 of the plan is missing" in why for why in doc["summary"]["why"])
     header = json.loads((out / "results.jsonl").read_text().splitlines()[0])
     assert [p["shard"] for p in header["parts"]] == ["2/2"]  # the fact, in the record
-    again = gpucheck(runs, "report", str(out))  # the folder's verdict, whoever reads it
+    # the folder's verdict, whoever reads it
+    again = gpucheck("report", str(out), cwd=runs, env=NO_GPU)
     assert again.returncode == 2 and "shard 1/2" in again.stdout
 
 
@@ -170,13 +172,15 @@ def test_a_planned_case_without_a_record_is_refused_or_merged_as_incomplete(runs
     never passed)."""
     (lost,) = [r["case"] for r in cases(runs / "s2") if r["status"] == "passed"][:1]
     lossy = _without(runs / "s2", tmp_path / "s2", lambda r: r.get("case") == lost)
-    proc = gpucheck(runs, "merge", "s1", str(lossy), "--out", str(tmp_path / "m"))
+    proc = gpucheck("merge", "s1", str(lossy), "--out", str(tmp_path / "m"), cwd=runs, env=NO_GPU)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     said = proc.stderr.strip()
     assert "1 case(s) that" in said and str(lossy) in said and lost in said, said
     assert "--resume" not in said  # a finished run cannot be resumed: not suggested
     proc = gpucheck(
-        runs, "merge", "s1", str(lossy), "--out", str(tmp_path / "m"), "--allow-incomplete"
+        *("merge", "s1", str(lossy), "--out", str(tmp_path / "m"), "--allow-incomplete"),
+        cwd=runs,
+        env=NO_GPU,
     )
     assert proc.returncode in (1, 2), proc.stdout + proc.stderr  # s1's failure, or incomplete
     doc = json.loads((tmp_path / "m" / "results.json").read_text())
@@ -213,7 +217,7 @@ def test_the_own_time_of_a_merge_counts_its_parts_not_the_time_between(runs, tmp
         RunLog.read(f / "results.jsonl").invocations()[0][0] for f in old
     )
     t0 = time.monotonic()
-    proc = gpucheck(runs, "merge", *map(str, old), "--out", str(tmp_path / "m"))
+    proc = gpucheck("merge", *map(str, old), "--out", str(tmp_path / "m"), cwd=runs, env=NO_GPU)
     took = time.monotonic() - t0
     line = next(x for x in proc.stdout.splitlines() if x.startswith("gpucheck's own time:"))
     wall = float(line.split(" of ")[1].split(" s")[0])

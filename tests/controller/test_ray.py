@@ -16,7 +16,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import textwrap
 import time
 from collections import Counter
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from clirun import NO_GPU, gpucheck, start
 from fleet import cases, make_suite
 
 try:
@@ -106,14 +106,11 @@ def _verdict_last(said: str, verdict: str) -> None:
         assert noise not in said, (noise, said)
 
 
-def _run(cwd: Path, address: str, *args: str):
-    return subprocess.Popen(
-        [sys.executable, "-m", "gpucheck.cli", "run", "--quiet", "--ray", address, *args],
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+def _run(cwd: Path, address: str, *args: str) -> subprocess.Popen[str]:
+    """``gpucheck run --quiet --ray ADDRESS ARGS`` started without a GPU, its output and
+    errors on one pipe."""
+    return start(
+        "run", "--quiet", "--ray", address, *args, cwd=cwd, env=NO_GPU, stderr=subprocess.STDOUT
     )
 
 
@@ -208,13 +205,12 @@ def test_a_lost_node_is_named_and_resume_runs_only_what_it_missed(cluster, tmp_p
 
 def test_without_ray_the_run_says_how_to_get_it(tmp_path: Path) -> None:
     make_suite(tmp_path)
-    code = "import sys; sys.modules['ray'] = None; from gpucheck.cli import main; sys.exit(main())"
-    proc = subprocess.run(
-        [sys.executable, "-c", code, "run", "--cpu-only", "--ray", "--suite", "demo"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    hidden = tmp_path / "no_ray" / "ray"  # `import ray` fails, as where it is not installed
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ImportError('No module named ray')\n")
+    path = os.pathsep.join(p for p in (str(hidden.parent), os.environ.get("PYTHONPATH")) if p)
+    proc = gpucheck(
+        "run", "--cpu-only", "--ray", "--suite", "demo", cwd=tmp_path, env={"PYTHONPATH": path}
     )
     assert proc.returncode == 2, proc.stderr
     assert 'python -m pip install "ray[client]>=2.40"' in proc.stderr
@@ -238,11 +234,9 @@ def test_cpu_only_runs_on_a_ray_instance_without_gpus_and_says_what_it_leaves_ou
     default suites, as the local --cpu-only run's, each left out named in one line (those
     that need a GPU; the distributed suite, which is --ray --distributed's); the console ends
     with the verdict."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gpucheck.cli", "run", "--quiet", "--ray", "--cpu-only",
-         "--out", "run", "--", "-k", "truncated_file"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "RAY_ADDRESS": ""},
+    proc = start(
+        "run", "--quiet", "--ray", "--cpu-only", "--out", "run", "--", "-k", "truncated_file",
+        cwd=tmp_path, env={**NO_GPU, "RAY_ADDRESS": ""}, stderr=subprocess.STDOUT,
     )  # fmt: skip
     said, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, said

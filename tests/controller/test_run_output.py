@@ -196,9 +196,9 @@ def test_the_last_line_counts_every_status_and_the_skip_reasons(project):
 
 
 def test_the_kernel_suites_probe_names_the_fix_when_the_extension_is_not_built():
-    from gpucheck.ops import _ext
+    from gpucheck._csrc import extension
 
-    if _ext.available():
+    if extension.available():
         pytest.skip("gpucheck's extension is built in this environment")
     problem = config.suite_problem(declared(PROJECT_SUITES / "knn").probe or "")
     assert problem is not None
@@ -290,8 +290,8 @@ def test_a_suite_declares_its_needs_and_probe_next_to_itself(tmp_path, monkeypat
 def test_both_kernel_suites_stop_once_under_plain_pytest(pytester, monkeypatch, suite):
     """On a GPU without the extension, our suites give one usage error with the fix, the same
     way for both (today knn failed each case and ssim skipped them)."""
+    from gpucheck._csrc import extension
     from gpucheck.errors import ExtensionNotBuilt
-    from gpucheck.ops import _ext
 
     def missing():
         raise ExtensionNotBuilt("gpucheck's CUDA extension is not available (no _C); build it")
@@ -299,7 +299,7 @@ def test_both_kernel_suites_stop_once_under_plain_pytest(pytester, monkeypatch, 
     from gpucheck.worker import targets
 
     monkeypatch.setattr(targets, "visible_cuda_count", lambda: 2)
-    monkeypatch.setattr(_ext, "load", missing)
+    monkeypatch.setattr(extension, "load", missing)
     result = pytester.runpytest_inprocess(
         str(PROJECT_SUITES / suite), "--collect-only", "-q", "-p", "no:cacheprovider"
     )

@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-from fleet import gpucheck, keys, make_suite
+from clirun import NO_GPU, gpucheck
+from fleet import keys, make_suite
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -110,16 +111,14 @@ def test_durations_without_shard_or_without_a_run_are_refused(tmp_path: Path, ca
 
 def test_sharded_runs_split_a_suite_and_record_their_shard(tmp_path: Path) -> None:
     make_suite(tmp_path)
-    whole = gpucheck(tmp_path, "run", "--quiet", "--cpu-only", "--suite", "demo", "--out", "all")
+    run = ("run", "--quiet", "--cpu-only", "--suite", "demo")
+    whole = gpucheck(*run, "--out", "all", cwd=tmp_path, env=NO_GPU, timeout=300)
     assert whole.returncode == 1, whole.stdout + whole.stderr  # test_fails
     runs = []
     for i in (1, 2):
         out = f"s{i}"
-        proc = gpucheck(
-            tmp_path,
-            *("run", "--quiet", "--cpu-only", "--suite", "demo", "--out", out),
-            *("--shard", f"{i}/2", "--durations", "all"),
-        )
+        shard = ("--shard", f"{i}/2", "--durations", "all")
+        proc = gpucheck(*run, "--out", out, *shard, cwd=tmp_path, env=NO_GPU, timeout=300)
         assert proc.returncode in (0, 1), proc.stdout + proc.stderr
         runs.append(keys(tmp_path / out))
         header = json.loads((tmp_path / out / "results.jsonl").read_text().splitlines()[0])

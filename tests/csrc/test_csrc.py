@@ -107,8 +107,8 @@ def test_every_registration_goes_through_the_namespace_macros():
     """A defect build loads next to the real extension in one process (the self-test's clean
     twins): a source registering with a literal ``gpucheck`` namespace would, in the defect
     build, put the defect's kernels over the real ones (and leave the defect's namespace
-    without any). Every TORCH_LIBRARY / TORCH_LIBRARY_IMPL in csrc/ goes through library.h's
-    GPUCHECK_ macros."""
+    without any). Every TORCH_LIBRARY / TORCH_LIBRARY_FRAGMENT / TORCH_LIBRARY_IMPL in csrc/
+    goes through library.h's GPUCHECK_ macros; each kernel declares its schemas in a fragment."""
     import re
 
     raw = re.compile(r"^\s*TORCH_LIBRARY(_IMPL|_FRAGMENT)?\s*\(", re.M)
@@ -121,9 +121,10 @@ def test_every_registration_goes_through_the_namespace_macros():
                 f"{path.relative_to(csrc)}:{text[: m.start()].count(chr(10)) + 1}"
                 for m in raw.finditer(text)
             ]
-    assert offenders == [], f"register through GPUCHECK_TORCH_LIBRARY(_IMPL): {offenders}"
-    impls = [p.name for p in csrc.rglob("*.cpp") if "GPUCHECK_TORCH_LIBRARY_IMPL(" in p.read_text()]
-    assert {"ssim.cpp", "knn.cpp", "splat.cpp"} <= set(impls), impls
+    assert offenders == [], f"register through GPUCHECK_TORCH_LIBRARY(_FRAGMENT|_IMPL): {offenders}"
+    for macro in ("GPUCHECK_TORCH_LIBRARY_IMPL(", "GPUCHECK_TORCH_LIBRARY_FRAGMENT("):
+        found = [p.name for p in csrc.rglob("*.cpp") if macro in p.read_text()]
+        assert {"ssim.cpp", "knn.cpp", "splat.cpp", "splat_project_backward.cpp"} <= set(found)
 
 
 def test_the_pybind_extension_is_compile_checked_clean_and_with_each_defect():

@@ -18,9 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpucheck._csrc import toolchain
+from gpucheck._csrc import extension, toolchain
 from gpucheck.errors import ExtensionNotBuilt
-from gpucheck.ops import _ext
 
 #: `nvcc --list-gpu-arch` of CUDA 13.0 (as recorded) and of CUDA 11.8
 NVCC_13_0 = (
@@ -153,17 +152,17 @@ def test_the_cache_honours_its_variable_then_xdg(tmp_path):
 
 @pytest.fixture
 def fresh(monkeypatch, tmp_path):
-    """_ext.load() tried anew (it remembers its outcome per process), building into a
+    """extension.load() tried anew (it remembers its outcome per process), building into a
     private cache."""
     monkeypatch.setenv(toolchain.CACHE_ENV, str(tmp_path / "cache"))
-    _ext._attempt.cache_clear()
+    extension._attempt.cache_clear()
     yield tmp_path / "cache"
-    _ext._attempt.cache_clear()
+    extension._attempt.cache_clear()
 
 
 def _sentence() -> str:
     with pytest.raises(ExtensionNotBuilt) as err:
-        _ext.load()
+        extension.load()
     message = str(err.value)
     assert "\n" not in message and message.startswith(
         "gpucheck's CUDA extension is not available: "
@@ -178,7 +177,7 @@ def test_a_cpu_only_torch_is_one_sentence(fresh):
     assert f"torch {torch.__version__} is a CPU-only build" in message
     assert "docs/install.md" in message
     assert not fresh.exists()  # nothing was built
-    assert _ext.problem_in_child() == message  # the same, from the harness's child check
+    assert extension.problem_in_child() == message  # the same, from the harness's child check
 
 
 def test_no_nvcc_anywhere_is_one_sentence(fresh, monkeypatch, tmp_path):
@@ -257,9 +256,9 @@ from pathlib import Path
 import torch
 torch.version.cuda = "13.0"  # taken for a CUDA build: its build is replaced below
 from gpucheck._csrc import toolchain
-from gpucheck.ops import _ext
+from gpucheck._csrc import extension
 toolchain.cuda_home = lambda: Path("/opt/cuda")
-_ext._build_tools = lambda torch, home: Path("/opt/cuda")  # nvcc and ninja: not used below
+extension._build_tools = lambda torch, home: Path("/opt/cuda")  # nvcc and ninja: not used below
 
 def build(sources, archs, folder, cuda_home, label):  # stands in for the compile
     with open(sys.argv[2], "a") as f:
@@ -267,9 +266,31 @@ def build(sources, archs, folder, cuda_home, label):  # stands in for the compil
     time.sleep(2)
     shutil.copy(sys.argv[1], folder / "_C.so")
 
-_ext._build = build
-print(_ext.load().__name__)
+extension._build = build
+print(extension.load().__name__)
 """
+
+
+def test_an_op_the_build_does_not_hold_is_one_sentence(monkeypatch):
+    """A build made with GPUCHECK_KERNELS naming other kernels holds no schema of the op a
+    wrapper asks for (each kernel declares its own): one sentence, not torch's AttributeError
+    or a missing CUDA kernel at the first call."""
+    monkeypatch.setattr(extension, "load", lambda: None)  # the build loaded: here, none at all
+
+    def asked() -> str:
+        with pytest.raises(ExtensionNotBuilt) as err:
+            extension.registered_op("gpucheck::knn_mean_sq_dist", lambda points, k=3: points)
+        return str(err.value)
+
+    monkeypatch.setenv("GPUCHECK_KERNELS", "ssim")
+    assert asked() == (
+        "gpucheck's CUDA extension is not available: its build holds no op "
+        "gpucheck::knn_mean_sq_dist: GPUCHECK_KERNELS=ssim leaves its kernel out"
+    )
+    monkeypatch.delenv("GPUCHECK_KERNELS")
+    said = asked()
+    assert "its build holds no op gpucheck::knn_mean_sq_dist" in said and "\n" not in said
+    assert said.endswith(extension.BUILD_HINT)
 
 
 def test_processes_starting_at_once_build_once_and_all_load(tmp_path, monkeypatch):
@@ -308,12 +329,12 @@ LOAD_ONLY = """\
 import torch
 torch.version.cuda = "13.0"
 from gpucheck._csrc import toolchain
-from gpucheck.ops import _ext
+from gpucheck._csrc import extension
 toolchain.cuda_home = lambda: None  # no toolkit: this machine's /usr/local/cuda cannot be hidden
 def build(*args):
     raise AssertionError("a build was started")
-_ext._build = build
-print(_ext.load().__name__)
+extension._build = build
+print(extension.load().__name__)
 """
 
 
@@ -357,8 +378,8 @@ def test_a_killed_build_leaves_no_lock_behind(tmp_path):
             textwrap.dedent(f"""\
         import time
         from pathlib import Path
-        from gpucheck.ops import _ext
-        with _ext._locked(Path({str(lock)!r}), exclusive=True):
+        from gpucheck._csrc import extension
+        with extension._locked(Path({str(lock)!r}), exclusive=True):
             print("held", flush=True)
             time.sleep(600)
         """),
@@ -370,7 +391,7 @@ def test_a_killed_build_leaves_no_lock_behind(tmp_path):
     holder.send_signal(signal.SIGKILL)
     holder.wait(timeout=60)
     start = time.monotonic()
-    with _ext._locked(lock, exclusive=True):
+    with extension._locked(lock, exclusive=True):
         assert time.monotonic() - start < 5
 
 
@@ -383,35 +404,35 @@ def test_a_load_check_that_passed_is_remembered_until_something_changes(fresh, m
     module = fresh.parent / "_C.so"
     module.write_bytes(b"\x7fELF")
     children = []
-    answer = {"code": 0, "out": f"{_ext.LOADED}{module}\n"}
+    answer = {"code": 0, "out": f"{extension.LOADED}{module}\n"}
 
     def child(cmd, **kwargs):
         children.append(cmd)
         return subprocess.CompletedProcess(cmd, answer["code"], answer["out"], None)
 
-    monkeypatch.setattr(_ext.subprocess, "run", child)
-    assert _ext.problem_in_child() is None
-    assert _ext.problem_in_child() is None
+    monkeypatch.setattr(extension.subprocess, "run", child)
+    assert extension.problem_in_child() is None
+    assert extension.problem_in_child() is None
     assert len(children) == 1  # the second run read the first one's answer
     module.write_bytes(b"\x7fELF rebuilt")  # another module file: checked again
-    assert _ext.problem_in_child() is None
+    assert extension.problem_in_child() is None
     assert len(children) == 2
     monkeypatch.setenv("GPUCHECK_KERNELS", "ssim")  # other kernels asked for: checked again
     answer.update(code=3, out="gpucheck's CUDA extension is not available: no nvcc\n")
-    assert _ext.problem_in_child() == "gpucheck's CUDA extension is not available: no nvcc"
-    assert _ext.problem_in_child() is not None
+    assert extension.problem_in_child() == "gpucheck's CUDA extension is not available: no nvcc"
+    assert extension.problem_in_child() is not None
     assert len(children) == 4  # a failure is asked again every time
 
 
 def test_the_load_check_imports_no_torch_in_the_harness():
-    """The controller asks ``gpucheck.ops._ext`` whether the kernels load: reading that
+    """The controller asks ``gpucheck._csrc.extension`` whether the kernels load: reading that
     module must not import torch (seconds before any worker starts), while the wrappers
     are still there on first use."""
     import subprocess
     import sys
 
     code = (
-        "import sys; from gpucheck.ops import _ext; assert 'torch' not in sys.modules, 1; "
+        "import sys; from gpucheck._csrc import extension; assert 'torch' not in sys.modules, 1; "
         "import gpucheck.ops as ops; assert 'torch' not in sys.modules, 2; "
         "ops.ssim; assert 'torch' in sys.modules, 3"
     )

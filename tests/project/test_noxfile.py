@@ -151,7 +151,7 @@ def test_the_quick_and_smoke_sets_name_test_files_that_exist_and_are_documented(
         "tests/controller/test_run_output.py",
         "tests/distributed/test_dist_run.py",
         "tests/project/test_packaging.py",
-        "tests/reference/test_reference_ssim.py",
+        "tests/kernels/test_ssim_reference.py",
         "tests/detectors/test_ext_watch.py",
         "tests/controller/test_faults.py",
     }

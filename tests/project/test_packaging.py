@@ -68,9 +68,9 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
 
 
 def shipped(src: Path) -> set[str]:
-    """Every file the package must carry, as its path inside the installed package: the
-    bundled folders' sources, the files of the defect builds and of the builds gpucheck
-    compile-checks, the report's templates and schema."""
+    """Every file the package must carry, as its path inside the installed package: its
+    modules, the bundled folders' sources, the files of the defect builds and of the builds
+    gpucheck compile-checks, the report's templates and schema."""
     suffixes = {".py", ".h", ".cuh", ".cpp", ".cu", ".md", ".sh", ".toml"}
     want = {
         f"gpucheck/{package}/{f.relative_to(src / folder).as_posix()}"
@@ -88,6 +88,11 @@ def shipped(src: Path) -> set[str]:
         f"gpucheck/{f.relative_to(csrc.parent).as_posix()}"
         for f in compile_check.check_only_sources()
     }  # the selftest's and the example's
+    want |= {  # the package's own modules, the kernels' homes among them
+        f.relative_to(src).as_posix()
+        for f in (src / "gpucheck").rglob("*.py")
+        if "__pycache__" not in f.parts
+    }
     want |= {
         f"gpucheck/report/templates/{f.name}"
         for f in (src / "gpucheck/report/templates").iterdir()
@@ -109,6 +114,8 @@ def test_the_wheel_carries_sources_suites_example_and_templates(built):
     for must in (
         "gpucheck/csrc/registration.cpp",
         "gpucheck/csrc/knn/knn_cuda.cu",
+        "gpucheck/kernels/knn/op.py",
+        "gpucheck/kernels/knn/defects.py",
         "gpucheck/suites/knn/test_knn.py",
         "gpucheck/suites/knn/suite.toml",
         "gpucheck/suites/dist/dist_checks.py",

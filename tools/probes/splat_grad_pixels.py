@@ -32,8 +32,8 @@ import splat_grads  # noqa: E402
 import splat_scenes  # noqa: E402
 from test_splat_backward import EDGE_CASES  # noqa: E402
 
-from gpucheck.ops.splat import ops  # noqa: E402
-from gpucheck.reference import splat  # noqa: E402
+from gpucheck.kernels.splat import reference as splat  # noqa: E402
+from gpucheck.kernels.splat.op import ops  # noqa: E402
 
 
 def _float64_order(depths: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "suites" / "splat"))
 
 import splat_scenes  # noqa: E402
 
-import gpucheck.ops.splat as splat_ops  # noqa: E402
+import gpucheck.kernels.splat.op as splat_ops  # noqa: E402
 from gpucheck.ops import rasterize  # noqa: E402
 
 PARAMS = ("means", "scales", "rotations", "opacities", "sh")

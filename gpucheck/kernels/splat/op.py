@@ -49,21 +49,23 @@ This module imports without the compiled extension; it is loaded on first call.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import torch
 
+from gpucheck._csrc.extension import registered_op
 from gpucheck.errors import MemoryAnomalyError
-from gpucheck.ops._ext import registered_op
-from gpucheck.reference.splat import (
-    BYTES_PER_INTERSECTION,
+from gpucheck.kernels.splat.reference import (
     TILE_SIZE,
     RasterizeResult,
     sh_degree_of,
 )
 
-__all__ = ["BYTES_PER_INTERSECTION", "PARAMETER_DTYPES", "RasterizeResult", "ops", "rasterize"]
+#: the names gpucheck.ops exports of this kernel (gpucheck/kernels/__init__.py)
+__all__ = ["rasterize"]
 
 #: The dtypes the Gaussian parameters may have (all of them the same one).
 PARAMETER_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -391,7 +393,7 @@ def rasterize(
         background = torch.zeros(3, dtype=means.dtype, device=means.device)
     values = colors if degree < 0 else sh
     found = ops()
-    try:
+    with _preflight_as_memory_anomaly():
         means2d, conics, rgb, depths, radii, tiles, ranges, ids, opac32, bg32 = found.project(
             means,
             scales,
@@ -406,11 +408,6 @@ def rasterize(
             degree,
             max_bytes,
         )
-    except torch.OutOfMemoryError as err:
-        msg = str(err).split("\nException raised from")[0]
-        if BUDGET_PREFIX in msg:
-            raise MemoryAnomalyError(msg[msg.index(BUDGET_PREFIX) :]) from None
-        raise
     if means2d.requires_grad:
         means2d.retain_grad()
     if means.dtype != torch.float32:  # render (float32) takes the projection's copies
@@ -430,6 +427,19 @@ def rasterize(
         tiles=tiles,
         n_intersections=int(ids.shape[0]),
     )
+
+
+@contextlib.contextmanager
+def _preflight_as_memory_anomaly() -> Iterator[None]:
+    """The projection's failed memory preflight (a torch.OutOfMemoryError whose message holds
+    :data:`BUDGET_PREFIX`) raised as what it means: :class:`gpucheck.MemoryAnomalyError`."""
+    try:
+        yield
+    except torch.OutOfMemoryError as err:
+        msg = str(err).split("\nException raised from")[0]
+        if BUDGET_PREFIX in msg:
+            raise MemoryAnomalyError(msg[msg.index(BUDGET_PREFIX) :]) from None
+        raise
 
 
 def _check_python_side(

@@ -14,9 +14,10 @@ import functools
 
 import torch
 
-from gpucheck.ops._ext import registered_op
+from gpucheck._csrc.extension import registered_op
 
-__all__ = ["MAX_K", "knn_mean_sq_dist"]
+#: the names gpucheck.ops exports of this kernel (gpucheck/kernels/__init__.py)
+__all__ = ["knn_mean_sq_dist"]
 
 #: Largest supported ``k`` (the per-point top-k lives in registers).
 MAX_K = 16

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+#: the names gpucheck.reference exports of this kernel (gpucheck/kernels/__init__.py)
 __all__ = ["knn_mean_sq_dist"]
 
 #: Elements of one chunk's [rows, N] float64 distance matrix (2^24 * 8 bytes = 128 MiB).

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from gpucheck.errors import BudgetExceeded
-from gpucheck.reference import rasterize, splat
-from gpucheck.reference.splat_sh import SH_C0, SH_C1, sh_basis
+from gpucheck.kernels.splat import reference as splat
+from gpucheck.kernels.splat.reference_sh import SH_C0, SH_C1, sh_basis
+from gpucheck.reference import rasterize
 
 F64 = torch.float64
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpucheck.reference.ssim_torch import (
+from gpucheck.kernels.ssim.reference import (
     C1,
     C2,
     Moments,

@@ -10,8 +10,8 @@ import random
 import pytest
 import torch
 
+from gpucheck.kernels.knn.reference import knn_mean_sq_dist as direct
 from gpucheck.reference import knn_mean_sq_dist
-from gpucheck.reference.knn import knn_mean_sq_dist as direct
 
 
 def brute_force(points: list[tuple[float, float, float]], k: int) -> list[float]:

@@ -11,7 +11,7 @@ inputs (nothing saved but references to them). Autograd is registered in C++
 Accuracy: float32 arithmetic (float64 for float64 images; 16-bit images are computed in
 float32 and rounded once). Like every SSIM that forms the variances as E[x²] - mu², it loses
 digits where the images are smooth (sigma ~ 0).
-:func:`gpucheck.reference.ssim_torch.rounding_sensitivity` estimates the error per pixel; the
+:func:`gpucheck.kernels.ssim.reference.rounding_sensitivity` estimates the error per pixel; the
 kernels' measured error is <= 2.9 u times that estimate, which puts it at up to ~8e-4 on the
 map of bright, flat images in [0, 1] (local standard deviation ~0.013 around 0.95) against
 ~5e-6 on uniform noise. The suite's bounds are a multiple of the estimate.
@@ -26,8 +26,11 @@ from typing import Any
 
 import torch
 
-from gpucheck.ops import _ext
-from gpucheck.reference.ssim_torch import check_args
+from gpucheck._csrc.extension import registered_op
+from gpucheck.kernels.ssim.reference import check_args
+
+#: the names gpucheck.ops exports of this kernel (gpucheck/kernels/__init__.py)
+__all__ = ["ssim"]
 
 PADDINGS = ("same", "valid")
 REDUCTIONS = ("mean", "none")
@@ -95,12 +98,10 @@ def load_ops() -> Any:
     Raises:
         gpucheck.errors.ExtensionNotBuilt: the compiled extension is not installed.
     """
-    _ext.load()
-    torch.library.register_fake("gpucheck::ssim_forward")(_forward_fake)
-    torch.library.register_fake("gpucheck::ssim_backward")(_backward_fake)
-    torch.library.register_fake("gpucheck::ssim_train")(_train_fake)
-    torch.library.register_fake("gpucheck::ssim_scale_")(_scale_fake)
-    return torch.ops.gpucheck.ssim_forward.default
+    registered_op("gpucheck::ssim_backward", _backward_fake)
+    registered_op("gpucheck::ssim_train", _train_fake)
+    registered_op("gpucheck::ssim_scale_", _scale_fake)
+    return registered_op("gpucheck::ssim_forward", _forward_fake)
 
 
 def ssim(
@@ -148,6 +149,3 @@ def ssim(
         return forward(img1, img2, padding, reduction)
     with torch.no_grad():
         return forward(img1, img2, padding, reduction)
-
-
-__all__ = ["load_ops", "ssim"]

@@ -55,16 +55,10 @@ from typing import NamedTuple, NoReturn
 import torch
 
 from gpucheck.errors import BudgetExceeded
-from gpucheck.reference.splat_sh import MAX_SH_DEGREE, sh_to_color
+from gpucheck.kernels.splat.reference_sh import MAX_SH_DEGREE, sh_to_color
 
-__all__ = [
-    "Projection",
-    "RasterizeResult",
-    "compositing_order",
-    "estimate_binning_bytes",
-    "project",
-    "rasterize",
-]
+#: the names gpucheck.reference exports of this kernel (gpucheck/kernels/__init__.py)
+__all__ = ["RasterizeResult", "rasterize"]
 
 NEAR_PLANE = 0.2
 TILE_SIZE = 16
@@ -424,6 +418,72 @@ def _composite_rows(
     return weights @ colors, t_final, weights @ depths
 
 
+def _within_budget(proj: Projection, max_bytes: int | None) -> int:
+    """The (Gaussian, tile) pairs of ``proj``; raises BudgetExceeded where binning them would
+    take more than ``max_bytes``."""
+    touched = (proj.tiles[:, 2] - proj.tiles[:, 0]) * (proj.tiles[:, 3] - proj.tiles[:, 1])
+    n_intersections = int(touched.sum())
+    if max_bytes is not None and estimate_binning_bytes(n_intersections) > max_bytes:
+        raise BudgetExceeded(
+            f"rasterize: {proj.radii.shape[0]} Gaussians touch {n_intersections} tiles in "
+            f"total, binning needs {estimate_binning_bytes(n_intersections)} bytes > max_bytes "
+            f"{max_bytes}; largest radius {int(proj.radii.max())} px (are the scales "
+            f"activated twice?)"
+        )
+    return n_intersections
+
+
+def _colors(
+    colors: torch.Tensor | None,
+    sh: torch.Tensor | None,
+    degree: int,
+    means: torch.Tensor,
+    viewmat: torch.Tensor,
+) -> torch.Tensor:
+    """``[N, 3]`` float64 colour per Gaussian: ``colors`` as given (``degree`` -1), else ``sh``
+    evaluated to ``degree`` in the direction from the camera centre to each mean (float64
+    ``means`` and ``viewmat``)."""
+    if degree < 0:
+        assert colors is not None
+        return colors.to(torch.float64)
+    assert sh is not None
+    campos = -viewmat[:3, :3].T @ viewmat[:3, 3]
+    dirs = torch.nn.functional.normalize(means - campos, dim=-1)
+    return sh_to_color(sh.to(torch.float64), dirs, degree)
+
+
+def _composite(
+    proj: Projection, opacities: torch.Tensor, rgb: torch.Tensor, width: int, height: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The image of the visible Gaussians of ``proj`` composited front to back: ``[H * W, 3]``
+    colour (background not included), ``[H * W]`` final transmittance and accumulated depth,
+    in row-major pixel order; one tile row at a time over the Gaussians that reach it, in
+    chunks of at most ``_CHUNK_ELEMENTS`` pixel-Gaussian pairs."""
+    visible = (proj.radii > 0).nonzero().squeeze(1)
+    order = compositing_order(proj.depths, visible)
+    image, trans, depth_acc = [], [], []
+    for y0 in range(0, height, TILE_SIZE):
+        band = range(y0, min(y0 + TILE_SIZE, height))
+        ty = y0 // TILE_SIZE
+        sel = order[(proj.tiles[order, 1] <= ty) & (proj.tiles[order, 3] > ty)]
+        step = max(1, _CHUNK_ELEMENTS // max(1, sel.numel() * width))
+        for r0 in range(band.start, band.stop, step):
+            c, t, d = _composite_rows(
+                range(r0, min(r0 + step, band.stop)),
+                width,
+                proj.means2d[sel],
+                proj.conics[sel],
+                opacities[sel],
+                rgb[sel],
+                proj.depths[sel],
+                proj.tiles[sel],
+            )
+            image.append(c)
+            trans.append(t)
+            depth_acc.append(d)
+    return torch.cat(image), torch.cat(trans), torch.cat(depth_acc)
+
+
 def rasterize(
     means: torch.Tensor,
     scales: torch.Tensor,
@@ -496,54 +556,14 @@ def rasterize(
     means2d = proj.means2d
     if means2d.requires_grad:
         means2d.retain_grad()
-    touched = (proj.tiles[:, 2] - proj.tiles[:, 0]) * (proj.tiles[:, 3] - proj.tiles[:, 1])
-    n_intersections = int(touched.sum())
-    if max_bytes is not None and estimate_binning_bytes(n_intersections) > max_bytes:
-        raise BudgetExceeded(
-            f"rasterize: {means.shape[0]} Gaussians touch {n_intersections} tiles in total, "
-            f"binning needs {estimate_binning_bytes(n_intersections)} bytes > max_bytes "
-            f"{max_bytes}; largest radius {int(proj.radii.max())} px (are the scales "
-            f"activated twice?)"
-        )
-
-    if degree < 0:
-        assert colors is not None
-        rgb = colors.to(f64)
-    else:
-        assert sh is not None
-        campos = -viewmat[:3, :3].T @ viewmat[:3, 3]
-        dirs = torch.nn.functional.normalize(means - campos, dim=-1)
-        rgb = sh_to_color(sh.to(f64), dirs, degree)
+    n_intersections = _within_budget(proj, max_bytes)
+    rgb = _colors(colors, sh, degree, means, viewmat)
     bg = (
         torch.zeros(3, dtype=f64, device=means.device) if background is None else background.to(f64)
     )
-
-    visible = (proj.radii > 0).nonzero().squeeze(1)
-    order = compositing_order(proj.depths, visible)
-    image, trans, depth_acc = [], [], []
-    for y0 in range(0, height, TILE_SIZE):  # one tile row at a time ...
-        band = range(y0, min(y0 + TILE_SIZE, height))
-        ty = y0 // TILE_SIZE  # ... over the Gaussians that reach it
-        sel = order[(proj.tiles[order, 1] <= ty) & (proj.tiles[order, 3] > ty)]
-        step = max(1, _CHUNK_ELEMENTS // max(1, sel.numel() * width))
-        for r0 in range(band.start, band.stop, step):
-            c, t, d = _composite_rows(
-                range(r0, min(r0 + step, band.stop)),
-                width,
-                means2d[sel],
-                proj.conics[sel],
-                opacities[sel],
-                rgb[sel],
-                proj.depths[sel],
-                proj.tiles[sel],
-            )
-            image.append(c)
-            trans.append(t)
-            depth_acc.append(d)
-    t_final = torch.cat(trans)  # [H * W]
+    color, t_final, acc_depth = _composite(proj, opacities, rgb, width, height)
     alpha = 1 - t_final
-    img = torch.cat(image) + t_final[:, None] * bg  # [H * W, 3]
-    acc_depth = torch.cat(depth_acc)
+    img = color + t_final[:, None] * bg  # [H * W, 3]
     has = alpha > 0
     depth = torch.where(has, acc_depth / torch.where(has, alpha, torch.ones_like(alpha)), 0.0)
     return RasterizeResult(

@@ -356,7 +356,7 @@ def problem_in_child(timeout: float = CHILD_TIMEOUT_S) -> str | None:
     key = _check_key()
     if _checked_before(key):
         return None
-    code = "import sys; from gpucheck.ops import _ext; sys.exit(_ext.child_main())"
+    code = "import sys; from gpucheck._csrc import extension; sys.exit(extension.child_main())"
     try:
         proc = subprocess.run(
             [sys.executable, "-c", code],
@@ -388,11 +388,25 @@ def registered_op(qualname: str, fake: Callable[..., Any]) -> Any:
     implementation registered (callers cache it: registration happens once).
 
     Raises:
-        gpucheck.errors.ExtensionNotBuilt: the kernels cannot be loaded.
+        gpucheck.errors.ExtensionNotBuilt: the kernels cannot be loaded, or their build does
+            not hold the op (its kernel was left out: GPUCHECK_KERNELS).
     """
     import torch
 
     load()
-    torch.library.register_fake(qualname)(fake)
     namespace, name = qualname.split("::")
-    return getattr(getattr(torch.ops, namespace), name).default
+    library = getattr(torch.ops, namespace)
+    if not hasattr(library, name):  # the op's schema was not registered: no such op here
+        wanted = os.environ.get(kernel_sources.KERNELS_ENV)
+        if wanted:
+            raise _unavailable(
+                f"its build holds no op {qualname}: {kernel_sources.KERNELS_ENV}={wanted} "
+                "leaves its kernel out",
+                hint=False,
+            )
+        raise _unavailable(
+            f"its build holds no op {qualname} (built with {kernel_sources.KERNELS_ENV} "
+            "naming other kernels): build it again"
+        )
+    torch.library.register_fake(qualname)(fake)
+    return getattr(library, name).default

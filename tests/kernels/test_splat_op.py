@@ -13,7 +13,7 @@ import torch
 import gpucheck
 from gpucheck import _resources
 from gpucheck.errors import BudgetExceeded
-from gpucheck.ops import splat
+from gpucheck.kernels.splat import op as splat
 from gpucheck.reference import rasterize as reference
 
 sys.path.insert(0, str(_resources.suites() / "splat"))  # the installed suite's
@@ -331,7 +331,7 @@ def test_reference_gradients_match_finite_differences() -> None:
 
 
 def test_kernel_and_oracle_return_one_result_type() -> None:
-    from gpucheck.reference.splat import RasterizeResult
+    from gpucheck.kernels.splat.reference import RasterizeResult
 
     assert splat.RasterizeResult is RasterizeResult
     assert isinstance(reference(**_scene()), splat.RasterizeResult)
