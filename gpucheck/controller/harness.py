@@ -57,7 +57,7 @@ from gpucheck.model.contract import (
     NORMAL_EXITS,
 )
 from gpucheck.model.layout import RunFolder, WorkerFiles
-from gpucheck.model.results import CaseRecord, Finding
+from gpucheck.model.results import CaseRecord, Finding, Status
 from gpucheck.model.runlog import Diagnosis, RunLog
 from gpucheck.model.worker_state import WorkerState
 from gpucheck.processes import Cgroup, Proc, descendants
@@ -444,7 +444,7 @@ class Harness:
         self,
         w: Worker,
         case: str,
-        status: str,
+        status: Status,
         message: str,
         rc: int,
         kind: str,

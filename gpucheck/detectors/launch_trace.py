@@ -68,6 +68,7 @@ from typing import Any
 
 from gpucheck.detectors import ext_watch, launch_callbacks, op_watch
 from gpucheck.detectors.elf import name_path
+from gpucheck.model.results import Severity
 
 #: the marker kernel (``at::cuda::sleep`` launches ``spin_kernel``)
 MARKER_KERNEL = "spin_kernel"
@@ -442,7 +443,7 @@ class LaunchTrace:
         self.callbacks: launch_callbacks.Recorder | None = None  # the open window's recorder
         #: (severity, sentence) of what kept the trace from its work or its fast recorder, for
         #: the first detector that reads the case (:meth:`take_problems`)
-        self.problems: list[tuple[str, str]] = []
+        self.problems: list[tuple[Severity, str]] = []
         self.told_recorder = False  # the fallback to kineto is told once per process
         self.asides: dict[int, dict[str, Any]] = {}  # thread -> its aside's entry, under way
 
@@ -457,7 +458,7 @@ class LaunchTrace:
                     _watch_torch()
                     op_watch.ASIDE_OBSERVERS.append(self.aside)
 
-    def take_problems(self) -> list[tuple[str, str]]:
+    def take_problems(self) -> list[tuple[Severity, str]]:
         """What kept the trace from its work since the last call (see ``problems``): the
         first detector reading the case reports it, once."""
         with self.lock:

@@ -177,13 +177,10 @@ def finding(op: str, gap: unwritten.Gap, frame: str | None, calls: int, case: Ca
         )
     if frame:
         lines.append(f"called from {frame}")
-    return Finding(
-        kind=unwritten.KIND,
-        severity="info" if gap.by_design else "error",
-        message=message,
-        device=case.device,
-        suite=case.suite,
-        case=case.case,
+    return case.finding(
+        unwritten.KIND,
+        "info" if gap.by_design else "error",
+        message,
         op=op,
         evidence="\n".join(lines),
         hint=unwritten.CONVENTION_HINT if gap.by_design else unwritten.HINT,

@@ -125,24 +125,37 @@ def test_cost_seconds_round_trip_and_bad_values_are_left_out():
 
 
 def test_a_case_record_line_is_its_every_field_and_reads_back_the_same():
-    """``to_json`` (shared containers, not deep copies): every field, findings as objects,
-    the optional lists left out when empty; it reads back as the record it was."""
+    """``to_json`` (shared containers, not deep copies): every field, findings and the typed
+    payload (memory, comparisons, a group fault) as objects, the optional lists left out when
+    empty; it reads back as the record it was."""
     import dataclasses
     import json
 
+    from gpucheck.model.group import GroupRecord
+    from gpucheck.model.memory import Memory
+    from gpucheck.model.numerics import Measured
     from gpucheck.model.results import CaseRecord, Finding
 
+    measured = Measured("x", False, [4], "float32", 1e-5, 1e-8, 0.5, 2.0, [3], 1.5, 1.0, 1, 4, 0)
     full = CaseRecord(
         "r1", "cuda:1", "s", "t.py::t", "blocking", "failed", reason="boom", duration_s=1.5,
         started_at="2026-11-29T00:00:00+00:00", device_uuid="GPU-1", current_device="cuda:0",
-        memory={"peak": 3}, exit_code=1, signal="SIGSEGV", stderr_tail="tail",
+        memory=Memory(torch_peak_allocated=3, nvml_peak_other_devices={}), exit_code=1,
+        signal="SIGSEGV", stderr_tail="tail",
         findings=[Finding("numerics", "error", "differs", op="ns::op", evidence="e", hint="h")],
-        fingerprints=["ns::op|a|b|cuda:1"], numerics=[{"what": "x", "ok": False}],
-        distributed={"kind": "stall"}, cost_s={"record": 0.1, "op-watch": 0.2},
+        fingerprints=["ns::op|a|b|cuda:1"], numerics=[measured],
+        distributed=GroupRecord("hang", [1], [0], 3, "all_reduce", 2.5, 2),
+        cost_s={"record": 0.1, "op-watch": 0.2},
     )  # fmt: skip
     line = full.to_json()
-    assert line == {"schema": line["schema"], "record": "case", **dataclasses.asdict(full)}
+    assert line == {
+        "schema": line["schema"],
+        "record": "case",
+        **dataclasses.asdict(full),
+        "memory": {"torch_peak_allocated": 3, "nvml_peak_other_devices": {}},
+    }
+    assert line["numerics"][0]["worst_index"] == [3] and line["distributed"]["seq"] == 3
     assert CaseRecord.from_json(json.loads(json.dumps(line))) == full
     bare = CaseRecord("r1", "cpu", "s", "t.py::t", "plain", "passed").to_json()
     assert not {"fingerprints", "numerics", "distributed", "cost_s"} & set(bare)
-    assert bare["findings"] == [] and bare["memory"] == {}
+    assert bare["findings"] == [] and bare["memory"] == {}  # nothing measured: nothing said
