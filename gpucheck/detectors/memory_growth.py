@@ -2,11 +2,11 @@
 
 Parent side, over the case records of a run: cases parametrized by a size (the one integer
 parameter that varies among the cases of one test function on one device) have their own peak
-memory (:attr:`~gpucheck.model.memory.Memory.own_peak`) fitted over the sizes (:func:`growth`): a log-log slope above :data:`SUPERLINEAR`
-between the two largest sizes is a ``memory-growth`` warning; when the next size (the same
-step again, for steps of at most :data:`MAX_STEP`: a sweep, not a list of unrelated shapes)
-would need more than the device holds, an error.
-"""
+memory (:attr:`~gpucheck.model.memory.Memory.own_peak`) fitted over the sizes
+(:func:`growth`): a log-log slope above :data:`SUPERLINEAR` between the two largest sizes is a
+``memory-growth`` warning; when the next size (the same step again, for steps of at most
+:data:`MAX_STEP`: a sweep, not a list of unrelated shapes) would need more than the device
+holds, an error."""
 
 from __future__ import annotations
 

@@ -49,7 +49,7 @@ import zlib
 from collections.abc import Iterable
 from typing import Any
 
-from gpucheck.detectors import op_watch, unwritten
+from gpucheck.detectors import op_watch, unwritten, unwritten_rule
 from gpucheck.detectors.base import READS_REPORTED, CallWatcher, CaseInfo, WorkerContext
 from gpucheck.model.numerics import Measured
 from gpucheck.model.results import CaseData, CaseRecord, Finding
@@ -324,7 +324,7 @@ class Numerics(CallWatcher):
         if noted is None or call.error is not None:
             return
         outs = call.outputs(out)
-        left = unwritten.left_out(call.op, outs, call.fn)  # a convention's rows, declared ones
+        left = unwritten_rule.left_out(call.op, outs, call.fn)  # a convention's rows, declared ones
         outputs = fingerprint(out, results_only=True, left_out=left)
         evidence = call.notes.get(unwritten.NOTE)
         bugs = evidence.bugs if isinstance(evidence, unwritten.Evidence) else []

@@ -35,7 +35,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from gpucheck.detectors import ext_watch, op_watch, unwritten
+from gpucheck.detectors import ext_watch, op_watch, unwritten, unwritten_probe, unwritten_rule
 from gpucheck.detectors.base import CaseInfo
 from gpucheck.detectors.launch_trace import kernel_list, torch_kernel
 from gpucheck.detectors.mixed_devices import argument_names, labelled_tensors
@@ -141,7 +141,7 @@ class SanitizerTrace:
     def _span(
         self, call: int, op: str, label: str, output: int | None, name: str | None, t: Any
     ) -> bool:
-        if not unwritten.real(t) or op_watch.placeholder(t):
+        if not unwritten_probe.real(t) or op_watch.placeholder(t):
             return False  # fake or meta: no memory (a CPU tensor's address never matches)
         span = tracing.Span(
             call,
@@ -205,7 +205,7 @@ class SanitizerTrace:
         declared, or one integer/bool output of the same call is 0 in every row read."""
         span = group[0].span
         assert span is not None and span.output is not None
-        if unwritten.declared(span.op, span.output, span.name):
+        if unwritten_rule.declared(span.op, span.output, span.name):
             return f"declared unwritten by design in {unwritten.UNWRITTEN_ENV}"
         known = unwritten.conventions(span.op).get(span.output)
         markers = self.markers.get(span.call, {})
@@ -218,7 +218,7 @@ class SanitizerTrace:
             for dims in range(1, min(m.dim(), len(span.shape)) + 1):
                 if tuple(m.shape[:dims]) != span.shape[:dims]:
                     break
-                valid = unwritten.rows_valid(m, dims).cpu().tolist()
+                valid = unwritten_rule.rows_valid(m, dims).cpu().tolist()
                 rows = {_ravel(e[:dims], span.shape[:dims]) for e in elements}
                 if not any(valid[r] for r in rows):
                     return (

@@ -34,7 +34,7 @@ import threading
 from dataclasses import replace
 from typing import Any
 
-from gpucheck.detectors import op_watch, unwritten
+from gpucheck.detectors import op_watch, unwritten, unwritten_probe
 from gpucheck.detectors.base import (
     READS_REPORTED,
     CallWatcher,
@@ -53,7 +53,7 @@ _HOW = (
     "found by re-running the call twice (on copies of its arguments, outside the case's "
     "result) with its fresh allocations filled with 0x{:02X} bytes, then 0x{:02X}: these "
     "elements held the fill, bitwise, after both runs"
-).format(*unwritten.PATTERNS)
+).format(*unwritten_probe.PATTERNS)
 
 
 class UnwrittenOutput(CallWatcher):
@@ -77,7 +77,7 @@ class UnwrittenOutput(CallWatcher):
         self.probing = worker.sanitizer != READS_REPORTED  # see READS_REPORTED
 
     def before(self, call: op_watch.Call) -> None:
-        if call.depth or not self.probing or not unwritten.probeable(call):
+        if call.depth or not self.probing or not unwritten_probe.probeable(call):
             return
         key = unwritten.signature(call)
         state = unwritten.MEMORY.states.get(key)
@@ -91,7 +91,7 @@ class UnwrittenOutput(CallWatcher):
             else:
                 return
         try:
-            call.notes[_SNAPSHOT] = unwritten.snapshot(call)
+            call.notes[_SNAPSHOT] = unwritten_probe.snapshot(call)
         except Exception as err:  # no memory for the copies: this call is not probed
             with self.lock:
                 self.problems.append(
@@ -103,7 +103,7 @@ class UnwrittenOutput(CallWatcher):
         snap = call.notes.pop(_SNAPSHOT, None)
         if snap is None or call.error is not None:
             return
-        evidence = unwritten.probe(call, out, snap)
+        evidence = unwritten_probe.probe(call, out, snap)
         call.notes[unwritten.NOTE] = evidence
         with self.lock:
             if evidence.problem is not None and call.op not in self.told:
