@@ -159,3 +159,78 @@ def test_a_case_record_line_is_its_every_field_and_reads_back_the_same():
     bare = CaseRecord("r1", "cpu", "s", "t.py::t", "plain", "passed").to_json()
     assert not {"fingerprints", "numerics", "distributed", "cost_s"} & set(bare)
     assert bare["findings"] == [] and bare["memory"] == {}  # nothing measured: nothing said
+
+
+RECORDED_RUNS = [
+    "run_h200_selftest/results.jsonl",
+    "run_h200x2_selftest/results.jsonl",
+    "run_h200x2_zoo/results.jsonl",
+    "run_h200_suites/results.jsonl.gz",
+]
+
+
+@pytest.mark.parametrize("run", RECORDED_RUNS)
+def test_every_recorded_case_record_reads_back_and_is_written_again_as_it_was(run):
+    """The case records of runs recorded on GPUs: each reads back typed and writes the line
+    it was, but for the memory peaks left unknown (``null`` then, left out now)."""
+    import gzip
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "fixtures" / run
+    with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as f:
+        lines = [r for line in f if (r := json.loads(line)).get("record") == "case"]
+    assert lines
+    for line in lines:
+        record = CaseRecord.from_json(line)
+        assert record is not None
+        memory = {k: v for k, v in line["memory"].items() if v is not None}
+        assert record.to_json() == {**line, "memory": memory}, record.key
+        assert CaseRecord.from_json(json.loads(json.dumps(record.to_json()))) == record
+
+
+def test_a_cases_finding_is_placed_in_the_case():
+    from gpucheck.model.results import CaseInfo
+
+    info = CaseInfo("cuda:1", "knn", "test_knn.py::test_x[cuda1]")
+    f = info.finding("leak", "warning", "grows", op="ns::op", evidence="e", hint="h")
+    assert f == Finding(
+        "leak", "warning", "grows", "cuda:1", "knn", "test_knn.py::test_x[cuda1]", "ns::op", None,
+        "e", "h",
+    )  # fmt: skip
+    record = CaseRecord("r", "cuda:1", "knn", "test_knn.py::test_x[cuda1]", "plain", "passed")
+    assert record.info == info
+
+
+def test_a_workers_record_is_made_in_one_place():
+    from gpucheck.model.memory import Memory
+    from gpucheck.model.results import CaseData, Origin
+
+    origin = Origin("r1", "rank1/cuda:1", "dist", "GPU-1")
+    data = CaseData(["ns::op|a|b|cuda:1"], [], {"numerics": 0.25})
+    found = origin.at("s", "t.py::t").finding("numerics", "error", "differs")
+    record = origin.record(
+        "s", "t.py::t", "failed", reason="differs", duration_s=1.5, memory=Memory(5),
+        findings=[found], data=data,
+    )  # fmt: skip
+    assert record.key == ("rank1/cuda:1", "s", "t.py::t", "dist")
+    assert (record.run_id, record.device_uuid, record.status) == ("r1", "GPU-1", "failed")
+    assert record.started_at and record.findings == [found] and record.memory == Memory(5)
+    assert record.fingerprints == data.fingerprints and record.cost_s == {"numerics": 0.25}
+    bare = origin.record("s", "<rank1 after the last case>", "error", started_at="then")
+    assert bare.started_at == "then" and bare.memory == Memory() and bare.findings == []
+
+
+def test_case_data_adds_up_and_a_plugins_dict_is_read_tolerantly():
+    from gpucheck.model.numerics import Measured
+    from gpucheck.model.results import CaseData
+
+    m = Measured("x", True, [2], "float32", 0.0, 0.0, 0.0, 0.0, None, None, None, 0, 2, 0)
+    data = CaseData(cost_s={"a": 1.0})
+    data.add(CaseData(["f1"], [m], {"a": 0.5, "b": 2.0}))
+    data.add(CaseData.of({"fingerprints": ["f2"], "numerics": [m.to_json(), "junk"]}))
+    assert data == CaseData(["f1", "f2"], [m, m], {"a": 1.5, "b": 2.0})
+    assert data.to_json()["numerics"] == [m.to_json(), m.to_json()]
+    assert CaseData().to_json() == {}
+    for junk in (None, [], {"fingerprints": "x", "numerics": 3, "cost_s": {"a": -1, "b": "2"}}):
+        assert CaseData.of(junk) == CaseData()
