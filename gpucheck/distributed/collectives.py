@@ -115,6 +115,10 @@ class CollectiveLog:
         self.write(CollectiveEntry("case-end", self.seq, case=case, outcome=outcome, error=error))
         self.case = None
 
+    def group_lost(self, case: str, phase: str, error: str) -> None:
+        """The other ranks were gone at the ``phase`` (start or end) boundary of ``case``."""
+        self.write(CollectiveEntry("group-lost", self.seq, case=case, phase=phase, error=error))
+
     @property
     def inside(self) -> bool:
         return bool(getattr(self._local, "depth", 0))

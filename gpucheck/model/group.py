@@ -12,7 +12,8 @@ the file may come from a rank killed mid-write::
     {"ev": "done", "seq": 3, "op": "all_reduce", "t": 1732412345.2}
 
 ``error`` lines name the exception (``kind: "device"`` when the wrapper refused a tensor on
-another device), ``case-end`` lines the case's ``outcome``. :class:`CollectiveEntry` writes a
+another device), ``case-end`` lines the case's ``outcome``, a ``group-lost`` line the
+boundary (``phase``) where the rank found the others gone. :class:`CollectiveEntry` writes a
 line and reads it back; :func:`read_log` reads a rank's file, leaving out every line that is
 not an entry as the writer writes it.
 
@@ -28,11 +29,11 @@ from pathlib import Path
 from typing import Any, Literal, TypeGuard, get_args
 
 #: what a line of the collective log says: a case began, a collective was entered, returned
-#: or raised, a case ended
-Event = Literal["case", "enter", "done", "error", "case-end"]
+#: or raised, a case ended, the other ranks were gone at a case's boundary (the rank stops)
+Event = Literal["case", "enter", "done", "error", "case-end", "group-lost"]
 EVENTS: tuple[Event, ...] = get_args(Event)
 #: the fields of an entry that are texts when present (``None`` allowed)
-_TEXTS = ("op", "case", "where", "tag", "error", "kind", "outcome")
+_TEXTS = ("op", "case", "where", "tag", "error", "kind", "outcome", "phase")
 
 
 def _int(value: Any) -> TypeGuard[int]:
@@ -67,6 +68,7 @@ class CollectiveEntry:
     error: str | None = None
     kind: str | None = None  # an error's: ``device`` (the wrapper refused a tensor)
     outcome: str | None = None  # a case-end's
+    phase: str | None = None  # a group-lost's: the boundary (``start`` or ``end`` of the case)
     timeout: float | None = None  # a case's own limit (``dist_timeout``)
     t: float | None = None  # epoch seconds
 

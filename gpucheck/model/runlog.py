@@ -31,7 +31,7 @@ from typing import Any
 from gpucheck.model import clock
 from gpucheck.model.layout import open_regular
 from gpucheck.model.results import BAD_STATUSES, SCHEMA_ID, CaseRecord, Finding, text
-from gpucheck.model.settings import RunSettings
+from gpucheck.model.settings import RunSettings, shard_of
 
 #: a line longer than this is not parsed (a folder someone else made): it counts as unreadable
 MAX_LINE = 64 * 1024 * 1024
@@ -105,8 +105,7 @@ class RunPart:
     @property
     def shard_of(self) -> tuple[int, int] | None:
         """(index, count) of the part's shard, None for a run that was not a shard."""
-        index, _, count = (self.shard or "").partition("/")
-        return (int(index), int(count)) if index.isdigit() and count.isdigit() else None
+        return shard_of(self.shard)
 
 
 def missing_shards(parts: list[RunPart]) -> list[str]:

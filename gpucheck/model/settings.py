@@ -15,6 +15,12 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 
+def shard_of(shard: str | None) -> tuple[int, int] | None:
+    """(index, count) of a shard as recorded (``"I/N"``), None for none (or not one)."""
+    index, _, count = (shard or "").partition("/")
+    return (int(index), int(count)) if index.isdigit() and count.isdigit() else None
+
+
 @dataclass
 class RunSettings:
     """The settings of a run as ``gpucheck run`` was asked (its targets themselves are the
@@ -48,8 +54,7 @@ class RunSettings:
     @property
     def shard_of(self) -> tuple[int, int] | None:
         """(index, count) of ``--shard I/N``, None for a run that was not a shard."""
-        index, _, count = (self.shard or "").partition("/")
-        return (int(index), int(count)) if index.isdigit() and count.isdigit() else None
+        return shard_of(self.shard)
 
     def to_json(self) -> dict[str, Any]:
         """The header's ``config`` object (``merged_from`` only for a merged run)."""

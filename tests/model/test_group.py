@@ -16,7 +16,7 @@ from gpucheck.model.group import CollectiveEntry, GroupRecord, read_log
 
 def _logged(tmp_path: Path) -> tuple[Path, list[CollectiveEntry]]:
     """A log the real writer wrote: a case, a collective that returned, one that raised, one
-    it refused (a tensor on another device), the case's end."""
+    it refused (a tensor on another device), the case's end, the group lost at its end."""
     path = tmp_path / "rank1.jsonl"
     log = CollectiveLog(path, 1, expected_device="cpu")
     log.case_started("t.py::c", timeout=30)
@@ -30,6 +30,7 @@ def _logged(tmp_path: Path) -> tuple[Path, list[CollectiveEntry]]:
     with pytest.raises(CollectiveDeviceError):
         log.wrap("all_gather", lambda t: t)(torch.ones(1, device="meta"))
     log.case_finished("t.py::c", "failed", "RuntimeError: peer gone")
+    log.group_lost("t.py::c", "end", "the store is gone")
     return path, read_log(path)
 
 
@@ -44,6 +45,7 @@ def test_a_log_the_writer_wrote_reads_back_typed(tmp_path: Path) -> None:
         ("enter", 3, "all_gather"),
         ("error", 3, "all_gather"),
         ("case-end", 3, None),
+        ("group-lost", 3, None),
     ]
     case, enter = entries[0], entries[1]
     assert case.case == "t.py::c" and case.timeout == 30.0
@@ -57,6 +59,7 @@ def test_a_log_the_writer_wrote_reads_back_typed(tmp_path: Path) -> None:
     assert entries[4].error == "RuntimeError: peer gone"
     assert entries[6].kind == "device" and "got a tensor on meta" in (entries[6].error or "")
     assert (entries[7].outcome, entries[7].error) == ("failed", "RuntimeError: peer gone")
+    assert (entries[8].phase, entries[8].error) == ("end", "the store is gone")
 
 
 def test_each_entry_is_written_again_as_the_writer_wrote_it(tmp_path: Path) -> None:

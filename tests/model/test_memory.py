@@ -4,27 +4,13 @@ fields someone else wrote read as unknown, never as 0 or a crash."""
 
 from __future__ import annotations
 
-import gzip
 import json
-from pathlib import Path
 
 import pytest
+from recordkit import RUNS
+from recordkit import cases as recorded_cases
 
 from gpucheck.model.memory import Memory
-
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-RUNS = [
-    "run_h200_selftest/results.jsonl",
-    "run_h200x2_selftest/results.jsonl",
-    "run_h200x2_zoo/results.jsonl",
-    "run_h200_suites/results.jsonl.gz",
-]
-
-
-def recorded_cases(name: str) -> list[dict]:
-    path = FIXTURES / name
-    with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as f:
-        return [r for line in f if (r := json.loads(line)).get("record") == "case"]
 
 
 @pytest.mark.parametrize("run", RUNS)

@@ -7,6 +7,7 @@ import xml.etree.ElementTree as ET
 
 import jsonschema
 import pytest
+import recordkit
 
 from gpucheck.model import results
 from gpucheck.model.results import CaseRecord, Finding
@@ -161,25 +162,13 @@ def test_a_case_record_line_is_its_every_field_and_reads_back_the_same():
     assert bare["findings"] == [] and bare["memory"] == {}  # nothing measured: nothing said
 
 
-RECORDED_RUNS = [
-    "run_h200_selftest/results.jsonl",
-    "run_h200x2_selftest/results.jsonl",
-    "run_h200x2_zoo/results.jsonl",
-    "run_h200_suites/results.jsonl.gz",
-]
-
-
-@pytest.mark.parametrize("run", RECORDED_RUNS)
+@pytest.mark.parametrize("run", recordkit.RUNS)
 def test_every_recorded_case_record_reads_back_and_is_written_again_as_it_was(run):
     """The case records of runs recorded on GPUs: each reads back typed and writes the line
     it was, but for the memory peaks left unknown (``null`` then, left out now)."""
-    import gzip
     import json
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "fixtures" / run
-    with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as f:
-        lines = [r for line in f if (r := json.loads(line)).get("record") == "case"]
+    lines = recordkit.cases(run)
     assert lines
     for line in lines:
         record = CaseRecord.from_json(line)

@@ -4,27 +4,16 @@ sentence each, in the order ``--resume`` refuses them."""
 
 from __future__ import annotations
 
-import gzip
 import json
-from pathlib import Path
 
 import pytest
+from recordkit import RUNS, lines
 
 from gpucheck.model.settings import RunSettings
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-RUNS = [
-    "run_h200_selftest/results.jsonl",
-    "run_h200x2_selftest/results.jsonl",
-    "run_h200x2_zoo/results.jsonl",
-    "run_h200_suites/results.jsonl.gz",
-]
 
-
-def recorded_config(name: str) -> dict:
-    path = FIXTURES / name
-    with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as f:
-        return json.loads(f.readline())["config"]
+def recorded_config(run: str) -> dict:
+    return lines(run)[0]["config"]
 
 
 @pytest.mark.parametrize("run", RUNS)

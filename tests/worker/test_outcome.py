@@ -16,7 +16,7 @@ CUDA_ERROR = "RuntimeError: CUDA error: an illegal memory access was encountered
 def reports_of(pytester: pytest.Pytester, body: str) -> list[pytest.TestReport]:
     """The reports pytest makes for the one test of ``body``, setup to teardown."""
     pytester.makepyfile(test_o=body)
-    recorded = pytester.inline_run("-p", "no:cacheprovider", "-p", "no:gpucheck")
+    recorded = pytester.inline_run("-p", "no:cacheprovider", "-p", "no:torch-gpucheck")
     return [r for r in recorded.getreports("pytest_runtest_logreport") if r.when]
 
 
