@@ -12,62 +12,14 @@ tolerance. Without the harness it is a plain assertion with a measured message.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
+
+from gpucheck.model.numerics import Measured
 
 #: comparisons of the case under way, drained by the numerics detector
 MEASURED: list[Measured] = []
 MAX_KEPT = 32
-
-
-@dataclass
-class Measured:
-    """One comparison against a reference."""
-
-    what: str
-    ok: bool
-    shape: list[int]
-    dtype: str
-    rtol: float
-    atol: float
-    max_abs: float
-    max_rel: float
-    worst_index: list[int] | None
-    got_at_worst: float | None
-    want_at_worst: float | None
-    mismatched: int
-    total: int
-    nan_mismatch: int
-
-    @property
-    def coverage(self) -> bool:
-        """A dtype-coverage check (:func:`check_dtypes`), not a comparison of values."""
-        return not self.shape and not self.dtype
-
-    def message(self) -> str:
-        if self.coverage:
-            return self.what
-        if self.ok:
-            return f"{self.what}: within tolerance (max abs error {self.max_abs:.3g})"
-        where = (
-            f" at {tuple(self.worst_index)} (got {self.got_at_worst!r}, reference "
-            f"{self.want_at_worst!r})"
-            if self.worst_index is not None
-            else ""
-        )
-        nans = (
-            f"; {self.nan_mismatch} NaN where the reference has none (or the reverse)"
-            if self.nan_mismatch
-            else ""
-        )
-        return (
-            f"{self.what}: {self.mismatched} of {self.total} elements out of tolerance "
-            f"(rtol {self.rtol:g}, atol {self.atol:g}); max abs error {self.max_abs:.3g}"
-            f"{where}, max rel error {self.max_rel:.3g}{nans}"
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def measure(got: Any, want: Any, *, rtol: float, atol: float, what: str = "result") -> Measured:

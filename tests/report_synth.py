@@ -24,6 +24,7 @@ from typing import Any
 from clirun import gpucheck
 
 from gpucheck.model import results
+from gpucheck.model.memory import Memory
 from gpucheck.model.results import CaseRecord, Finding
 from gpucheck.model.timeline import DeviceRow, TimelineWriter
 from gpucheck.sanitizer.findings import sanitizer_findings
@@ -108,14 +109,14 @@ def make_run(
                 device_uuid=uuids[d],
                 current_device=f"cuda:{(d + 1) % devices}",
             )
-            record.memory = {
-                "torch_peak_allocated": peak,
-                "torch_peak_reserved": peak + 2 * MIB,
-                "nvml_peak_used": peak + 520 * MIB,
-                "nvml_peak_other_devices": {},
-            }
+            record.memory = Memory(
+                torch_peak_allocated=peak,
+                torch_peak_reserved=peak + 2 * MIB,
+                nvml_peak_used=peak + 520 * MIB,
+                nvml_peak_other_devices={},
+            )
             if d == stray[0] and stray[1] <= now - t0 <= stray[2] and devices > 1:
-                record.memory["nvml_peak_other_devices"] = {uuids[0]: 530 * MIB}
+                record.memory.nvml_peak_other_devices = {uuids[0]: 530 * MIB}
             if kind == "cuda-error":
                 msg = "RuntimeError: CUDA error: an illegal memory access was encountered"
                 findings = [

@@ -19,6 +19,7 @@ from gpucheck.model import clock, modes, results
 from gpucheck.model.layout import DEFAULT_REPORTS, RESULTS
 from gpucheck.model.modes import PLAIN, Mode, tool_of
 from gpucheck.model.runlog import RunHeader, RunLog
+from gpucheck.model.settings import RunSettings
 from gpucheck.model.timeline import DEFAULT_INTERVAL_S
 
 if TYPE_CHECKING:  # the run's first worker starts before these are imported (docs/architecture.md)
@@ -148,7 +149,7 @@ def _used_out(path: Path, command: str) -> str:
         command == "run"
         and log is not None
         and log.header is not None
-        and not log.header.config.get("merged_from")
+        and not log.header.config.merged_from
         and (end is None or end.interrupted)
     ):
         said += f", and `gpucheck run --resume {path}` continues its interrupted run"
@@ -232,7 +233,7 @@ def load_resume(folder: Path, cfg: RunConfig) -> tuple[RunConfig, RunHeader]:
         raise UsageProblem(
             f"{str(folder)!r} holds no gpucheck run to resume (no results.jsonl with a run header)"
         )
-    if header.config.get("merged_from"):
+    if header.config.merged_from:
         raise UsageProblem(
             f"{str(folder)!r} was made by `gpucheck merge`: resume the run folders it was "
             "merged from, then merge again"
@@ -245,61 +246,38 @@ def load_resume(folder: Path, cfg: RunConfig) -> tuple[RunConfig, RunHeader]:
             f"resume (`gpucheck report {folder}` writes its reports again)"
         )
     saved = header.config
-    if not saved:
+    if not saved.recorded:
         raise UsageProblem(
             f"the run in {str(folder)!r} was written by a gpucheck that did not "
             "record its settings; it cannot be resumed"
         )
     _check_resumable(folder, saved)
     resumed = RunConfig(
-        all_devices=bool(saved.get("all_devices")),
-        devices=tuple(saved.get("devices") or ()),
-        suites=tuple(saved.get("suites") or ()),
-        modes=tuple(saved.get("modes") or ()),
+        all_devices=saved.all_devices,
+        devices=tuple(saved.devices),
+        suites=tuple(saved.suites),
+        modes=tuple(saved.modes),
         out=folder,
-        timeout=float(saved.get("timeout", cfg.timeout)),
+        timeout=cfg.timeout if saved.timeout is None else saved.timeout,
         quiet=cfg.quiet,
-        cpu_only=bool(saved.get("cpu_only")),
-        pytest_args=list(saved.get("pytest_args") or []),
-        nvml_interval=float(saved.get("nvml_interval", cfg.nvml_interval)),
-        allow_empty=bool(saved.get("allow_empty")),
+        cpu_only=saved.cpu_only,
+        pytest_args=list(saved.pytest_args),
+        nvml_interval=cfg.nvml_interval if saved.nvml_interval is None else saved.nvml_interval,
+        allow_empty=saved.allow_empty,
         resume=folder,
-        distributed=bool(saved.get("distributed")),
-        world_size=saved.get("world_size"),
-        backend=saved.get("backend"),
+        distributed=saved.distributed,
+        world_size=saved.world_size,
+        backend=saved.backend,
         formats=cfg.formats,
         wait_for_devices=cfg.wait_for_devices,
-        suite_paths={n: Path(p) for n, p in dict(saved.get("suite_paths") or {}).items()},
-        shard=_saved_shard(saved.get("shard")),
-        ray=cfg.ray or (saved["ray"] if isinstance(saved.get("ray"), str) else None),
+        suite_paths={n: Path(p) for n, p in saved.suite_paths.items()},
+        shard=saved.shard_of,
+        ray=cfg.ray or saved.ray,
     )
     return resumed, header
 
 
-def _saved_shard(value: Any) -> tuple[int, int] | None:
-    """The ``--shard`` a run header recorded (``"I/N"``), or None."""
-    if not isinstance(value, str):
-        return None
-    index, _, count = value.partition("/")
-    return (int(index), int(count)) if index.isdigit() and count.isdigit() else None
-
-
-#: the types of the settings a run header records (what ``--resume`` replays)
-_SETTING_TYPES: dict[str, tuple[type, ...]] = {
-    "all_devices": (bool,),
-    "cpu_only": (bool,),
-    "allow_empty": (bool,),
-    "distributed": (bool,),
-    "timeout": (int, float),
-    "nvml_interval": (int, float),
-    "world_size": (int, type(None)),
-    "backend": (str, type(None)),
-}
-#: settings that are lists, and the type of their items
-_SETTING_LISTS: dict[str, type] = {"devices": int, "suites": str, "modes": str, "pytest_args": str}
-
-
-def _check_resumable(folder: Path, saved: dict[str, Any]) -> None:
+def _check_resumable(folder: Path, saved: RunSettings) -> None:
     """``--resume`` runs code: the suites the header names, with its pytest arguments, and
     writes into the folder. A folder someone else produced is refused, in one sentence, when
     its settings are not what gpucheck writes, when a suite it names lies inside the folder
@@ -312,25 +290,10 @@ def _check_resumable(folder: Path, saved: dict[str, Any]) -> None:
             "run folder (start a new run instead)"
         )
 
-    for name, types in _SETTING_TYPES.items():
-        value = saved.get(name)
-        if value is not None and (
-            not isinstance(value, types) or (bool not in types and isinstance(value, bool))
-        ):
-            raise refuse(f"its recorded setting {name!r} is {value!r}")
-    for name, item in _SETTING_LISTS.items():
-        value = saved.get(name) or []
-        if not isinstance(value, list) or not all(
-            isinstance(v, item) and not isinstance(v, bool) for v in value
-        ):
-            raise refuse(f"its recorded setting {name!r} is {value!r}")
-    paths = saved.get("suite_paths") or {}
-    if not isinstance(paths, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in paths.items()
-    ):
-        raise refuse(f"its recorded suite paths are {paths!r}")
+    if saved.problems:  # settings of types gpucheck does not write (model.settings)
+        raise refuse(saved.problems[0])
     inside = folder.resolve()
-    for name, where in paths.items():
+    for name, where in saved.suite_paths.items():
         resolved = Path(where).resolve()
         if resolved == inside or inside in resolved.parents:
             raise refuse(f"suite {name!r} lies inside the run folder ({where})")
@@ -462,25 +425,24 @@ def header(
     not_runnable: dict[str, str],
     modes: tuple[str, ...],
 ) -> dict[str, Any]:
-    config = {
-        # as asked (the targets themselves are under "devices" of the header)
-        "all_devices": cfg.all_devices,
-        "devices": list(cfg.devices),
-        "suites": list(cfg.suites),
-        "suite_paths": {n: str(p) for n, p in suites.items()},
-        "modes": list(modes),
-        "timeout": cfg.timeout,
-        "cpu_only": cfg.cpu_only,
-        "pytest_args": list(cfg.pytest_args),
-        "nvml_interval": cfg.nvml_interval,
-        "allow_empty": cfg.allow_empty,
-        "distributed": cfg.distributed,
-        "world_size": cfg.world_size,
-        "backend": cfg.backend,
-        "shard": f"{cfg.shard[0]}/{cfg.shard[1]}" if cfg.shard else None,
-        "durations": str(cfg.durations) if cfg.durations else None,
-        "ray": cfg.ray,
-    }
+    config = RunSettings(  # as asked (the targets themselves are the header's "devices")
+        all_devices=cfg.all_devices,
+        devices=list(cfg.devices),
+        suites=list(cfg.suites),
+        suite_paths={n: str(p) for n, p in suites.items()},
+        modes=list(modes),
+        timeout=cfg.timeout,
+        cpu_only=cfg.cpu_only,
+        pytest_args=list(cfg.pytest_args),
+        nvml_interval=cfg.nvml_interval,
+        allow_empty=cfg.allow_empty,
+        distributed=cfg.distributed,
+        world_size=cfg.world_size,
+        backend=cfg.backend,
+        shard=f"{cfg.shard[0]}/{cfg.shard[1]}" if cfg.shard else None,
+        durations=str(cfg.durations) if cfg.durations else None,
+        ray=cfg.ray,
+    )
     from gpucheck import devices as devices_mod
     from gpucheck.detectors import registry
 
@@ -506,7 +468,7 @@ def header(
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "detectors": registry.settings(),
         "command": ["gpucheck", *sys.argv[1:]],
-        "config": config,
+        "config": config.to_json(),
     }
 
 

@@ -65,9 +65,10 @@ from gpucheck.distributed.kinds import RANK_CRASH
 from gpucheck.model import clock, results, worker_state
 from gpucheck.model.contract import NORMAL_EXITS
 from gpucheck.model.fleet import node_of
+from gpucheck.model.group import CollectiveEntry, GroupRecord
 from gpucheck.model.kinds import HANG
 from gpucheck.model.layout import RunFolder, WorkerFiles
-from gpucheck.model.results import CaseRecord, Finding
+from gpucheck.model.results import CaseRecord, Finding, Status
 from gpucheck.model.runlog import RunLog
 from gpucheck.model.worker_state import WorkerState
 from gpucheck.processes import Cgroup, Proc, descendants
@@ -77,7 +78,7 @@ POLL_S = 0.2
 MAX_GENERATIONS = 25
 #: seconds to let the ranks write their stacks after SIGUSR1
 STACK_WAIT_S = 0.5
-STATUS_OF = {HANG.name: "hung", RANK_CRASH.name: "crashed"}
+STATUS_OF: dict[str, Status] = {HANG.name: "hung", RANK_CRASH.name: "crashed"}
 #: seconds a diagnosis waits for the owners of other ranks to confirm it before it stands
 #: without them (:meth:`DistHarness._confirmed`)
 CONFIRM_MAX_S = 10.0
@@ -464,12 +465,12 @@ class DistHarness:
             self.diagnoses.append((d, age))
             self._record(d, age, native, orphans)
 
-    def _errors(self) -> list[tuple[int, dict[str, Any]]]:
+    def _errors(self) -> list[tuple[int, CollectiveEntry]]:
         return [
             (r, e)
             for r in range(self.group.world_size)
             for e in collectives.read(self._files(r).collectives)
-            if e.get("ev") == "error"
+            if e.ev == "error"
         ]
 
     def _exit_code(self, rank: int) -> int | None:
@@ -485,10 +486,7 @@ class DistHarness:
                     f"--- rank {r} stderr (why it ended) ---\n"
                     f"{crash_digest(tail(self._files(r).stderr, 64_000))[:2500]}"
                 )
-        errors = [
-            f"rank {v_rank}: #{e.get('seq')} {e.get('op')}: {e.get('error')}"
-            for v_rank, e in self._errors()
-        ]
+        errors = [f"rank {v_rank}: #{e.seq} {e.op}: {e.error}" for v_rank, e in self._errors()]
         if errors:
             parts.append(
                 "--- collectives that raised (TORCH_DISTRIBUTED_DEBUG=DETAIL checks "
@@ -557,14 +555,14 @@ class DistHarness:
             exit_code=rc if rc is not None and rc >= 0 else None,
             stderr_tail=evidence[-4000:],
             findings=[finding],
-            distributed={
-                "kind": d.kind,
-                "cause_ranks": d.cause_ranks,
-                "waiting_ranks": d.waiting_ranks,
-                "seq": d.seq,
-                "op": d.op,
-                "time_to_finding_s": round(age, 3),
-                "world_size": self.group.world_size,
-            },
+            distributed=GroupRecord(
+                d.kind,
+                d.cause_ranks,
+                d.waiting_ranks,
+                d.seq,
+                d.op,
+                round(age, 3),
+                self.group.world_size,
+            ),
         )
         results.append(self.results_path, record.to_json())

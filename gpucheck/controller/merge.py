@@ -49,8 +49,6 @@ SETTINGS = (
     "world_size",
     "backend",
 )
-#: the key of a merged run's ``config`` that lists the folders it was made from
-MERGED_FROM = "merged_from"
 
 
 @dataclass
@@ -70,8 +68,7 @@ class Source:
 
     @property
     def shard(self) -> str | None:
-        shard = self.header.config.get("shard")
-        return shard if isinstance(shard, str) else None
+        return self.header.config.shard
 
     def part(self) -> RunPart:
         """The folder as a part of the merged run (its header names each)."""
@@ -90,9 +87,9 @@ class Source:
         if name == "detectors":
             return self.header.raw.get("detectors")
         if name == "shard count":
-            shard = self.header.config.get("shard")
-            return shard.partition("/")[2] if isinstance(shard, str) else None
-        return self.header.config.get(name)
+            shard = self.header.config.shard
+            return shard.partition("/")[2] if shard is not None else None
+        return getattr(self.header.config, name)
 
 
 def _read(folder: Path) -> Source:
@@ -105,7 +102,7 @@ def _read(folder: Path) -> Source:
         how = "was interrupted" if end is not None else "has not finished (or its controller died)"
         fix = (
             "merge the folders it was merged from again"
-            if log.header.config.get(MERGED_FROM)
+            if log.header.config.merged_from
             else f"`gpucheck run --resume {folder}` finishes it, then merge"
         )
         raise UsageProblem(f"cannot merge {str(folder)!r}: its run {how}; {fix}")
@@ -124,8 +121,8 @@ def _refuse_differences(sources: list[Source]) -> None:
                 )
     seen: dict[str, Path] = {}
     for s in sources:
-        shard = s.header.config.get("shard")
-        if isinstance(shard, str):
+        shard = s.header.config.shard
+        if shard is not None:
             if shard in seen:
                 raise UsageProblem(
                     f"cannot merge: shard {shard} is in both {str(seen[shard])!r} and "
@@ -223,12 +220,12 @@ def _header(sources: list[Source], run_id: str, out: Path) -> dict[str, Any]:
         + " (their worker logs stay there)"
     )
     hosts = list(dict.fromkeys(s.host for s in sources))
-    config = {
-        **first.config,
-        "shard": None,
-        "durations": None,
-        MERGED_FROM: [str(s.folder.resolve()) for s in sources],
-    }
+    config = replace(
+        first.config,
+        shard=None,
+        durations=None,
+        merged_from=[str(s.folder.resolve()) for s in sources],
+    )
     return {
         **first.raw,
         "schema": results.SCHEMA_ID,
@@ -243,7 +240,7 @@ def _header(sources: list[Source], run_id: str, out: Path) -> dict[str, Any]:
         "notes": notes,
         "not_runnable": {k: v for s in sources for k, v in s.header.not_runnable.items()},
         "command": ["gpucheck", "merge", *(str(s.folder) for s in sources), "--out", str(out)],
-        "config": config,
+        "config": config.to_json(),
         "parts": [s.part().to_json() for s in sources],
     }
 

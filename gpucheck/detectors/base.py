@@ -5,10 +5,22 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from gpucheck.model.kinds import SYMPTOM, Kind
-from gpucheck.model.results import CaseRecord, Finding
+from gpucheck.model.results import CaseData, CaseInfo, CaseRecord, Finding, Severity
+
+__all__ = [
+    "READS_REPORTED",
+    "BaseDetector",
+    "CallWatcher",
+    "CaseData",
+    "CaseInfo",
+    "Detector",
+    "WorkerContext",
+    "detector_error",
+    "disabled",
+]
 
 #: comma-separated names of worker detectors to leave out, or ``all`` (e.g. to measure their
 #: cost, or to rule them out)
@@ -34,15 +46,6 @@ class WorkerContext:
     sanitizer: str | None = None
 
 
-@dataclass(frozen=True)
-class CaseInfo:
-    """The case a worker-side detector watches."""
-
-    device: str  # the target, "cuda:N" or "cpu"
-    suite: str
-    case: str  # case id, relative to the suite root
-
-
 #: a detector that failed, or could only partly do its work (:func:`detector_error`)
 DETECTOR_ERROR = Kind("detector-error", SYMPTOM)
 
@@ -53,20 +56,13 @@ READS_REPORTED = "initcheck"
 
 
 def detector_error(
-    name: str, err: BaseException | str, info: CaseInfo, severity: str = "warning"
+    name: str, err: BaseException | str, info: CaseInfo, severity: Severity = "warning"
 ) -> Finding:
     """A detector that failed (``err``), or could only partly do its work (a sentence), is a
     ``detector-error`` on the case (a warning by default, ``info`` for what costs time, not
     coverage), never the case's failure."""
     what = f"failed: {err!r}" if isinstance(err, BaseException) else err
-    return Finding(
-        kind="detector-error",
-        severity=severity,
-        message=f"detector {name} {what}",
-        device=info.device,
-        suite=info.suite,
-        case=info.case,
-    )
+    return info.finding("detector-error", severity, f"detector {name} {what}")
 
 
 class Detector(Protocol):
@@ -74,7 +70,9 @@ class Detector(Protocol):
 
     Worker side: ``bind`` once with the worker's context, then around the body of each
     case (its ``call`` phase): ``case_started`` just before, ``case_finished`` just after,
-    then ``case_data`` (fields the case record keeps, e.g. ``fingerprints``). Controller
+    then ``case_data`` (what the case record keeps besides findings: a
+    :class:`~gpucheck.model.results.CaseData`; a plain dict of its fields is read through
+    :meth:`CaseData.from_json <gpucheck.model.results.CaseData.from_json>`). Controller
     side: ``run_finished`` over every case record of the run, as read back
     (:class:`~gpucheck.model.results.CaseRecord`).
     """
@@ -92,7 +90,7 @@ class Detector(Protocol):
 
     def run_finished(self, records: list[CaseRecord]) -> list[Finding]: ...
 
-    def case_data(self) -> dict[str, Any]: ...
+    def case_data(self) -> CaseData: ...
 
 
 class BaseDetector:
@@ -117,8 +115,8 @@ class BaseDetector:
     def run_finished(self, records: list[CaseRecord]) -> list[Finding]:
         return []
 
-    def case_data(self) -> dict[str, Any]:
-        return {}
+    def case_data(self) -> CaseData:
+        return CaseData()
 
 
 class CallWatcher(BaseDetector):

@@ -68,14 +68,11 @@ class DeviceStateLeak(BaseDetector):
         if after == before:
             return []
         return [
-            Finding(
-                kind=self.name,
-                severity="warning",
-                message=f"the current CUDA device changed from cuda:{before} to cuda:{after} "
+            case.finding(
+                self.name,
+                "warning",
+                f"the current CUDA device changed from cuda:{before} to cuda:{after} "
                 "during the case and was not restored",
-                device=case.device,
-                suite=case.suite,
-                case=case.case,
                 evidence=f"torch.cuda.current_device() before the case body: {before}, "
                 f"after it: {after} (target {case.device})",
                 hint=HINT,
@@ -129,16 +126,13 @@ class PendingError(BaseDetector):
         line = text.strip().splitlines()[0]
         code = re.search(r"cudaError\w+", text)
         return [
-            Finding(
-                kind="cuda-error",
-                severity="error",
-                message=f"the case left a CUDA error pending ({line}"
+            case.finding(
+                "cuda-error",
+                "error",
+                f"the case left a CUDA error pending ({line}"
                 f"{f', {code.group(0)}' if code else ''}): a CUDA call in it failed and "
                 "nothing read the error, so the process's next CUDA launch fails with it "
                 "(gpucheck read it: the next case starts clean)",
-                device=case.device,
-                suite=case.suite,
-                case=case.case,
                 evidence=f"read by a launch on cuda:{device} after the case body (torch "
                 f"raises the runtime's last error at a launch): {line}",
                 hint=PENDING_HINT,

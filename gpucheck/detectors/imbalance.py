@@ -24,6 +24,7 @@ from collections.abc import Iterable
 
 from gpucheck.detectors.base import BaseDetector
 from gpucheck.model.kinds import Kind
+from gpucheck.model.memory import Memory
 from gpucheck.model.modes import try_parse
 from gpucheck.model.results import CaseRecord, Finding
 
@@ -44,18 +45,12 @@ def _key(r: CaseRecord) -> tuple[str, str, str]:
     return (r.suite, _DEVICE_TOKEN.sub("cuda*", r.case), r.mode)
 
 
-def _allocated(memory: dict) -> int | None:
-    value = memory.get("torch_peak_allocated")
-    return value if isinstance(value, int) else None
+def _allocated(memory: Memory) -> int | None:
+    return memory.torch_peak_allocated
 
 
-def _outside_pool(memory: dict) -> int | None:
-    """The NVML peak less PyTorch's peak reserved pool (0 at least: the sampler may miss)."""
-    nvml = memory.get("nvml_peak_used")
-    if not isinstance(nvml, int):
-        return None
-    reserved = memory.get("torch_peak_reserved")
-    return max(0, nvml - reserved) if isinstance(reserved, int) else nvml
+def _outside_pool(memory: Memory) -> int | None:
+    return memory.outside_pool
 
 
 def _compare(tol: tuple[float, int], peaks: dict[str, int]) -> tuple[str, str, int, int] | None:
@@ -80,7 +75,6 @@ def imbalances(records: Iterable[CaseRecord]) -> list[Finding]:
             or mode.sanitizer_tool
             or mode.variant
             or r.status not in ("passed", "failed")
-            or not r.memory
         ):
             continue
         groups.setdefault(_key(r), []).append(r)
@@ -108,14 +102,11 @@ def imbalances(records: Iterable[CaseRecord]) -> list[Finding]:
         if where is None:
             continue
         found.append(
-            Finding(
-                kind="imbalance",
-                severity="warning",
-                message=f"the same case needs more memory on {where.device} than on the "
+            where.info.finding(
+                "imbalance",
+                "warning",
+                f"the same case needs more memory on {where.device} than on the "
                 f"other device(s): {lines[0].split(': ', 1)[1]}",
-                device=where.device,
-                suite=where.suite,
-                case=where.case,
                 evidence="\n".join(lines) + f"\n(tolerances: PyTorch x{TORCH_TOL[0]} and "
                 f"+{TORCH_TOL[1] >> 20} MiB; outside the pool x{NVML_TOL[0]} and "
                 f"+{NVML_TOL[1] >> 20} MiB)",

@@ -47,23 +47,18 @@ class KernelDevice(BaseDetector):
             on = ", ".join(f"cuda:{d}" for d in sorted(ran))
             where = f"; called from {frame}" if frame else ""
             out.append(
-                Finding(
-                    kind="wrong-device",
-                    severity="error",
-                    message=f"{op} launched {what}{times} on {on}, but all its tensor arguments "
+                case.finding(
+                    "wrong-device",
+                    "error",
+                    f"{op} launched {what}{times} on {on}, but all its tensor arguments "
                     f"are on cuda:{dev} (missing device guard: the kernel ran on the "
                     f"current device{where})",
-                    device=case.device,
-                    suite=case.suite,
-                    case=case.case,
                     op=op,
                     kernel=names[0],
-                    evidence=(
-                        f"profiler: kernels of {op} ran on {on}; its inputs are on "
-                        f"cuda:{dev} (with peer access enabled such a kernel reads the other "
-                        "GPU's memory silently and slowly; without it, it faults):\n"
-                        + "\n".join(f"{k}: {c} launch(es)" for k, c in list(kernels.items())[:12])
-                    ),
+                    evidence=f"profiler: kernels of {op} ran on {on}; its inputs are on "
+                    f"cuda:{dev} (with peer access enabled such a kernel reads the other "
+                    "GPU's memory silently and slowly; without it, it faults):\n"
+                    + "\n".join(f"{k}: {c} launch(es)" for k, c in list(kernels.items())[:12]),
                     hint=HINT.format(where=f"the C++ function behind `{op}`"),
                 )
             )

@@ -72,6 +72,7 @@ from gpucheck.detectors.launch_windows import (
     candidates_of,
     work_kind,
 )
+from gpucheck.model.results import Severity
 
 #: profiled calls per (op, argument signature) and case
 CAP = 16
@@ -143,7 +144,7 @@ class LaunchTrace:
         self.callbacks: launch_callbacks.Recorder | None = None  # the open window's recorder
         #: (severity, sentence) of what kept the trace from its work or its fast recorder, for
         #: the first detector that reads the case (:meth:`take_problems`)
-        self.problems: list[tuple[str, str]] = []
+        self.problems: list[tuple[Severity, str]] = []
         self.told_recorder = False  # the fallback to kineto is told once per process
         self.asides: dict[int, dict[str, Any]] = {}  # thread -> its aside's entry, under way
 
@@ -158,7 +159,7 @@ class LaunchTrace:
                     _watch_torch()
                     op_watch.ASIDE_OBSERVERS.append(self.aside)
 
-    def take_problems(self) -> list[tuple[str, str]]:
+    def take_problems(self) -> list[tuple[Severity, str]]:
         """What kept the trace from its work since the last call (see ``problems``): the
         first detector reading the case reports it, once."""
         with self.lock:

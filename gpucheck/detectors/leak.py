@@ -76,31 +76,29 @@ def judge(
     torch_alloc: list[int], outside: list[int] | None, case: CaseInfo, outside_how: str
 ) -> list[Finding]:
     """Findings for one repeated case from its measurements after each run."""
-    where = {"device": case.device, "suite": case.suite, "case": case.case}
     runs = len(torch_alloc)
     found = []
     if _grew(torch_alloc, TORCH_TOL, exact=True):
         grow = torch_alloc[-1] - torch_alloc[0]
         found.append(
-            Finding(
-                kind="leak",
-                severity="error",
-                message=f"PyTorch memory grows with every run: +{grow / (1 << 20):.2f} MiB "
+            case.finding(
+                "leak",
+                "error",
+                f"PyTorch memory grows with every run: +{grow / (1 << 20):.2f} MiB "
                 f"allocated after {runs} runs ({grow / (runs - 1) / (1 << 20):.2f} MiB per "
                 f"run)",
                 evidence="torch.cuda.memory_allocated after each run: "
                 + ", ".join(map(str, torch_alloc)),
                 hint=HINT_TORCH,
-                **where,
             )
         )
     if outside is not None and _grew(outside, RAW_TOL, exact=False):
         grow = outside[-1] - outside[0]
         found.append(
-            Finding(
-                kind="leak",
-                severity="error",
-                message=f"memory outside PyTorch's allocator grows with every run: "
+            case.finding(
+                "leak",
+                "error",
+                f"memory outside PyTorch's allocator grows with every run: "
                 f"+{grow / (1 << 20):.1f} MiB after {runs} runs "
                 f"({grow / (runs - 1) / (1 << 20):.1f} MiB per run): raw cudaMalloc "
                 f"without free?",
@@ -109,7 +107,6 @@ def judge(
                 + "\ntorch.cuda.memory_allocated after each run: "
                 + ", ".join(map(str, torch_alloc)),
                 hint=HINT_RAW,
-                **where,
             )
         )
     return found
@@ -192,13 +189,10 @@ class Leak(BaseDetector):
         )
         if self.failure:
             found.append(
-                Finding(
-                    kind="test-failure",
-                    severity="error",
-                    message=f"the case passed once and failed when repeated: {self.failure}",
-                    device=case.device,
-                    suite=case.suite,
-                    case=case.case,
+                case.finding(
+                    "test-failure",
+                    "error",
+                    f"the case passed once and failed when repeated: {self.failure}",
                     hint="state left behind by the previous run (a cache, a buffer reused with "
                     "another size, a stream or device left current)",
                 )

@@ -1,12 +1,12 @@
 """memory-growth: peak memory that grows too fast over a test's sizes, before any failure.
 
 Parent side, over the case records of a run: cases parametrized by a size (the one integer
-parameter that varies among the cases of one test function on one device) have their peak
-memory fitted over the sizes (:func:`growth`): a log-log slope above :data:`SUPERLINEAR`
-between the two largest sizes is a ``memory-growth`` warning; when the next size (the same
-step again, for steps of at most :data:`MAX_STEP`: a sweep, not a list of unrelated shapes)
-would need more than the device holds, an error.
-"""
+parameter that varies among the cases of one test function on one device) have their own peak
+memory (:attr:`~gpucheck.model.memory.Memory.own_peak`) fitted over the sizes
+(:func:`growth`): a log-log slope above :data:`SUPERLINEAR` between the two largest sizes is a
+``memory-growth`` warning; when the next size (the same step again, for steps of at most
+:data:`MAX_STEP`: a sweep, not a list of unrelated shapes) would need more than the device
+holds, an error."""
 
 from __future__ import annotations
 
@@ -29,11 +29,6 @@ MIN_GROWTH_PEAK = 8 << 20
 #: the next size is predicted only when the two largest sizes are at most this far apart (a
 #: suite's 1x1, 11x11, 1080x1920 images are shapes, not a sweep to extrapolate 226x further)
 MAX_STEP = 4.0
-
-
-def _bytes(r: CaseRecord, key: str) -> int:
-    value = r.memory.get(key)
-    return value if isinstance(value, int) else 0
 
 
 _PARAMS = re.compile(r"^(?P<base>[^\[]+)\[(?P<params>.*)\]$")
@@ -75,23 +70,13 @@ def _sized(records: Iterable[CaseRecord]) -> dict[tuple[Any, ...], list[tuple[in
     return out
 
 
-def _peak(r: CaseRecord) -> int | None:
-    """The case's own PyTorch peak: the peak allocated minus what was allocated when the case
-    started (tensors earlier cases left behind would flatten the fit)."""
-    value = _bytes(r, "torch_peak_allocated")
-    if not value:
-        return None
-    own = value - _bytes(r, "torch_allocated_at_start")
-    return own if own > 0 else None
-
-
 def growth(records: Iterable[CaseRecord], totals: dict[str, int] | None = None) -> list[Finding]:
     """``memory-growth`` findings for size-parametrized cases whose peak memory grows faster
     than :data:`SUPERLINEAR` in the size, or whose next size would not fit the device."""
     totals = totals or {}
     found = []
     for key, members in _sized(records).items():
-        points = sorted({s: p for s, r in members if s > 0 and (p := _peak(r))}.items())
+        points = sorted({s: p for s, r in members if s > 0 and (p := r.memory.own_peak)}.items())
         if len(points) < 2:
             continue
         (s1, p1), (s2, p2) = points[-2], points[-1]
@@ -116,18 +101,15 @@ def growth(records: Iterable[CaseRecord], totals: dict[str, int] | None = None) 
                 f"{gib(int(predicted))}, more than the device's {gib(total)}"
             )
         found.append(
-            Finding(
-                kind="memory-growth",
-                severity="error" if beyond else "warning",
-                message=message,
+            largest.info.finding(
+                "memory-growth",
+                "error" if beyond else "warning",
+                message,
                 evidence=f"log-log slope between the two largest sizes {s1:,} and {s2:,}: "
                 f"{slope:.3f}; peaks: {fit}; predicted at {next_size:,.0f}: "
                 f"{int(predicted)} bytes" + (f" (device total {total})" if total else ""),
                 hint="a buffer sized by size^2 (a pairwise matrix, a dense scratch) where a "
                 "linear one would do; tile it, or bound it by a budget",
-                device=largest.device,
-                suite=largest.suite,
-                case=largest.case,
             )
         )
     return found

@@ -465,9 +465,11 @@ class MemoryLayout(CallWatcher):
         return f"{a.label} {layouts.other_layout(source)[1]}"
 
     # -- findings ---------------------------------------------------------------------------
-    def _where(self) -> dict[str, Any]:
-        c = self.case
-        return {"device": c.device, "suite": c.suite, "case": c.case} if c else {}
+    @property
+    def _case(self) -> CaseInfo:
+        """The case under way (its findings' place; calls are watched only in one)."""
+        assert self.case is not None
+        return self.case
 
     def _finding(
         self, call: op_watch.Call, probe: _Probe, bad: list[tuple[str, list[layouts.Gap]]]
@@ -488,17 +490,14 @@ class MemoryLayout(CallWatcher):
             f"{worst.differing} of {worst.compared} elements differ, largest absolute error "
             f"{worst.max_abs:.3g}"
         )
-        return Finding(
-            kind=KIND,
-            severity="error",
-            message=(
-                f"{call.op} gives other results for the same values in another memory "
-                f"layout: {'; '.join(p for p, _ in bad)} ({worst.label}: {how}){where}"
-            ),
+        return self._case.finding(
+            KIND,
+            "error",
+            f"{call.op} gives other results for the same values in another memory "
+            f"layout: {'; '.join(p for p, _ in bad)} ({worst.label}: {how}){where}",
             op=call.op,
             evidence="\n".join(lines)[:MAX_EVIDENCE],
             hint=HINT,
-            **self._where(),
         )
 
     def _fault(
@@ -506,19 +505,16 @@ class MemoryLayout(CallWatcher):
     ) -> Finding:
         where = f" (called from {call.frame})" if call.frame else ""
         which = ", ".join(f"{a.label} {layouts.other_layout(self._source(a))[1]}" for a in args)
-        return Finding(
-            kind=KIND,
-            severity="error",
-            message=(
-                f"{call.op} failed with a CUDA error when given the same values in another "
-                f"memory layout: {which}{where}"
-            ),
+        return self._case.finding(
+            KIND,
+            "error",
+            f"{call.op} failed with a CUDA error when given the same values in another "
+            f"memory layout: {which}{where}",
             op=call.op,
             evidence=f"the case's call: {self._passed(probe)}\nthe re-run's error: {err}"[
                 :MAX_EVIDENCE
             ],
             hint=HINT,
-            **self._where(),
         )
 
     @staticmethod

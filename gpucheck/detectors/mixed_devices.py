@@ -238,19 +238,18 @@ class MixedDevices(CallWatcher):
     def findings(self) -> list[Finding]:
         """The case's findings so far."""
         case = self.case
+        if case is None:  # no case under way: nothing was watched
+            return []
         out = []
         for op, (detail, evidence, fix, frame, calls) in sorted(self.seen.items()):
             where = f" (called from {frame})" if frame else ""
             times = f" ({calls} calls)" if calls > 1 else ""
             out.append(
-                Finding(
-                    kind=self.name,
-                    severity="error",
-                    message=f"{op} was called with tensor arguments on different devices: "
+                case.finding(
+                    self.name,
+                    "error",
+                    f"{op} was called with tensor arguments on different devices: "
                     f"{detail}{times}{where}",
-                    device=case.device if case else None,
-                    suite=case.suite if case else None,
-                    case=case.case if case else None,
                     op=op,
                     evidence=(
                         f"tensor arguments (looked at before the call ran):\n{evidence}"

@@ -49,10 +49,11 @@ import zlib
 from collections.abc import Iterable
 from typing import Any
 
-from gpucheck.detectors import op_watch, unwritten
+from gpucheck.detectors import op_watch, unwritten, unwritten_rule
 from gpucheck.detectors.base import READS_REPORTED, CallWatcher, CaseInfo, WorkerContext
 from gpucheck.model.kinds import DIAGNOSIS, SYMPTOM, Kind, Role
-from gpucheck.model.results import CaseRecord, Finding
+from gpucheck.model.numerics import Measured
+from gpucheck.model.results import CaseData, CaseRecord, Finding
 
 CAP = 16
 SAMPLE = 1 << 20
@@ -201,14 +202,14 @@ def only_unwritten(outs: list[tuple[str, str]]) -> bool:
     return all(WRITTEN in o for _, o in outs) and len(written) == 1
 
 
-def unwritten_finding(op: str, gaps: str, where: dict[str, Any], frame: str | None) -> Finding:
+def unwritten_finding(op: str, gaps: str, where: CaseInfo, frame: str | None) -> Finding:
     """Two calls of one input that differ only where the op never wrote: the elements the
     probe found unwritten, named (``gaps``), not non-determinism."""
     at = f" (called from {frame})" if frame else ""
-    return Finding(
-        kind=unwritten.KIND,
-        severity="error",
-        message=f"{op}: the same input gave different results only in elements the op never "
+    return where.finding(
+        unwritten.KIND,
+        "error",
+        f"{op}: the same input gave different results only in elements the op never "
         f"wrote ({gaps or 'see its unwritten-output finding'}): unwritten, not "
         f"non-deterministic{at}",
         op=op,
@@ -216,7 +217,6 @@ def unwritten_finding(op: str, gaps: str, where: dict[str, Any], frame: str | No
         "unwritten left out: what differs is whatever the memory held there"
         + (f"; called from {frame}" if frame else ""),
         hint=unwritten.HINT,
-        **where,
     )
 
 
@@ -245,7 +245,7 @@ def _finding(
     op: str,
     inputs: str,
     outs: list[tuple[str, str]],
-    where: dict[str, Any],
+    where: CaseInfo,
     frame: str | None = None,
 ) -> Finding:
     devices = sorted({d for d, _ in outs})
@@ -257,10 +257,10 @@ def _finding(
         else f"cross-device disagreement: the same input gave different results "
         f"on {' and '.join(devices)}"
     )
-    return Finding(
-        kind="numerics",
-        severity="error",
-        message=f"{op}: {what}",
+    return where.finding(
+        "numerics",
+        "error",
+        f"{op}: {what}",
         op=op,
         evidence=(
             f"input fingerprint {inputs}; output fingerprints: "
@@ -269,7 +269,6 @@ def _finding(
             f"{SAMPLE} elements)" + (f"; called from {frame}" if frame else "")
         ),
         hint=HINT,
-        **where,
     )
 
 
@@ -306,7 +305,7 @@ class Numerics(CallWatcher):
         self.entries: list[tuple[str, str, str, str]] = []
         self.lock = threading.Lock()
         self.judged: dict[str, bool] = {}
-        self.measured: list[Any] = []  # gpucheck.testing comparisons of the case
+        self.measured: list[Measured] = []  # gpucheck.testing comparisons of the case
         self.frames: dict[str, str | None] = {}  # op -> the Python line of its first call
         self.hashing = True  # not in an initcheck pass (see bind)
         #: (op, inputs) -> the unwritten elements its probe found (a call that has them)
@@ -340,7 +339,7 @@ class Numerics(CallWatcher):
         if noted is None or call.error is not None:
             return
         outs = call.outputs(out)
-        left = unwritten.left_out(call.op, outs, call.fn)  # a convention's rows, declared ones
+        left = unwritten_rule.left_out(call.op, outs, call.fn)  # a convention's rows, declared ones
         outputs = fingerprint(out, results_only=True, left_out=left)
         evidence = call.notes.get(unwritten.NOTE)
         bugs = evidence.bugs if isinstance(evidence, unwritten.Evidence) else []
@@ -368,20 +367,16 @@ class Numerics(CallWatcher):
 
         self.measured = list(testing.MEASURED)
         testing.MEASURED.clear()
-        where = {"device": case.device, "suite": case.suite, "case": case.case}
         found = [
-            Finding(
-                kind="numerics",
-                severity="error",
-                message=m.message()
-                if m.coverage
-                else f"mismatch against the reference: {m.message()}",
+            case.finding(
+                "numerics",
+                "error",
+                m.message() if m.coverage else f"mismatch against the reference: {m.message()}",
                 evidence=json.dumps(m.to_json()),
                 hint=COVERAGE_HINT
                 if m.coverage
                 else "the kernel's result is off by more than the suite's tolerance "
                 "for this check; the evidence has the worst element",
-                **where,
             )
             for m in self.measured
             if not m.ok
@@ -389,22 +384,19 @@ class Numerics(CallWatcher):
         if not self.stop_watching():
             return found
         return found + [
-            unwritten_finding(op, self.gaps.get((op, inputs), ""), where, self.frames.get(op))
+            unwritten_finding(op, self.gaps.get((op, inputs), ""), case, self.frames.get(op))
             if only_unwritten(outs)
-            else _finding(op, inputs, outs, where, self.frames.get(op))
+            else _finding(op, inputs, outs, case, self.frames.get(op))
             for op, inputs, outs in conflicts(self.entries)
         ]
 
     def run_finished(self, records: list[CaseRecord]) -> list[Finding]:
         return disagreements(records)
 
-    def case_data(self) -> dict[str, Any]:
-        """What the case record keeps: its distinct fingerprints (``fingerprints``)."""
+    def case_data(self) -> CaseData:
+        """What the case record keeps: its distinct fingerprints and its comparisons."""
         kept = list(dict.fromkeys("|".join(e) for e in self.entries))[:MAX_KEPT]
-        data: dict[str, Any] = {"fingerprints": kept} if kept else {}
-        if self.measured:
-            data["numerics"] = [m.to_json() for m in self.measured]
-        return data
+        return CaseData(fingerprints=kept, numerics=list(self.measured))
 
 
 def disagreements(records: Iterable[CaseRecord]) -> list[Finding]:
@@ -426,12 +418,7 @@ def disagreements(records: Iterable[CaseRecord]) -> list[Finding]:
             continue  # what differs was never written: each case's unwritten-output says so
         first = seen[0][2]
         cases = sorted({f"{r.device} {r.case}" for _, _, r in seen})
-        f = _finding(
-            op,
-            inputs,
-            [(d, o) for d, o, _ in seen],
-            {"device": first.device, "suite": first.suite, "case": first.case},
-        )
+        f = _finding(op, inputs, [(d, o) for d, o, _ in seen], first.info)
         f.evidence = f"{f.evidence}\ncases: {'; '.join(cases)}"
         found.append(f)
     return found

@@ -23,7 +23,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from gpucheck.detectors.base import BaseDetector
 from gpucheck.model.kinds import SYMPTOM, Kind
@@ -190,17 +189,8 @@ def _failure_text(r: CaseRecord) -> str:
     )
 
 
-def _where(r: CaseRecord) -> dict[str, Any]:
-    return {"device": r.device, "suite": r.suite, "case": r.case}
-
-
-def _memory(r: CaseRecord, key: str) -> int:
-    value = r.memory.get(key)
-    return value if isinstance(value, int) else 0
-
-
 def _footprint(r: CaseRecord, m: OomMessage) -> int:
-    return max(_memory(r, "torch_peak_allocated"), m.allocated or 0)
+    return max(r.memory.torch_peak_allocated or 0, m.allocated or 0)
 
 
 def _oom_finding(r: CaseRecord, m: OomMessage, totals: dict[str, int]) -> Finding:
@@ -209,25 +199,23 @@ def _oom_finding(r: CaseRecord, m: OomMessage, totals: dict[str, int]) -> Findin
     numbers = json_numbers(m)
     req = m.requested
     if req is not None and total and req > total:
-        return Finding(
-            kind="oom-anomaly",
-            severity="error",
-            message=f"out of memory: a single request of {gib(req)} on a device of "
+        return r.info.finding(
+            "oom-anomaly",
+            "error",
+            f"out of memory: a single request of {gib(req)} on a device of "
             f"{gib(total)} in total, {req / total:.1f}x the whole device",
             evidence=f"{numbers}\n{m.text}",
             hint=_HINT_HUGE,
-            **_where(r),
         )
     if req is not None and req >= MIN_ANOMALY and req > FAR_BEYOND * max(footprint, 1):
-        return Finding(
-            kind="oom-anomaly",
-            severity="error",
-            message=f"out of memory: a request of {gib(req)}, {req / max(footprint, 1):.0f}x "
+        return r.info.finding(
+            "oom-anomaly",
+            "error",
+            f"out of memory: a request of {gib(req)}, {req / max(footprint, 1):.0f}x "
             f"the case's measured footprint of {gib(footprint)}",
             evidence=f"{numbers}\ncase footprint (PyTorch peak allocated): {footprint} "
             f"bytes\n{m.text}",
             hint=_HINT_HUGE,
-            **_where(r),
         )
     holes = m.unallocated
     headroom = m.free
@@ -239,10 +227,10 @@ def _oom_finding(r: CaseRecord, m: OomMessage, totals: dict[str, int]) -> Findin
         and holes >= req / 4
         and holes + max(headroom or 0, 0) >= req
     ):
-        return Finding(
-            kind="oom",
-            severity="warning",
-            message=f"out of memory from fragmentation: {gib(holes)} reserved by PyTorch but "
+        return r.info.finding(
+            "oom",
+            "warning",
+            f"out of memory from fragmentation: {gib(holes)} reserved by PyTorch but "
             f"unallocated (holes in its cached segments), which with the "
             f"{gib(max(headroom or 0, 0))} still available would have held the "
             f"{gib(req)} requested",
@@ -250,13 +238,12 @@ def _oom_finding(r: CaseRecord, m: OomMessage, totals: dict[str, int]) -> Findin
             hint="the cached segments have holes that no single request fits: set "
             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, or allocate long-lived "
             "buffers first and reuse them",
-            **_where(r),
         )
     cap = f", the process limited to {gib(m.allowed)}" if m.allowed is not None else ""
-    return Finding(
-        kind="oom",
-        severity="info",
-        message=(
+    return r.info.finding(
+        "oom",
+        "info",
+        (
             f"out of memory: {gib(req)} requested, {gib(m.free)} free of {gib(total)}"
             f"{cap} ({gib(m.allocated)} allocated by PyTorch)"
         )
@@ -265,7 +252,6 @@ def _oom_finding(r: CaseRecord, m: OomMessage, totals: dict[str, int]) -> Findin
         evidence=f"{numbers}\n{m.text}",
         hint="the device (or the process's share of it) was full: a smaller batch or "
         "resolution, or another process's memory",
-        **_where(r),
     )
 
 
@@ -296,14 +282,13 @@ def _anomaly_finding(r: CaseRecord, a: MemoryAnomaly) -> Finding:
         )
     else:
         what, extra = "the rasterizer's memory preflight refused the render", ""
-    return Finding(
-        kind="oom-anomaly",
-        severity="error",
-        message=f"memory anomaly before the render: {what}{extra}",
+    return r.info.finding(
+        "oom-anomaly",
+        "error",
+        f"memory anomaly before the render: {what}{extra}",
         evidence=a.text,
         hint=a.hint or _HINT_HUGE,
         op=None,
-        **_where(r),
     )
 
 

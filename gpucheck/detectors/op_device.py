@@ -108,18 +108,12 @@ class OpDevice(CallWatcher):
         for (kind, op), details in sorted(self.seen.items()):
             calls = f" ({len(details)} calls)" if len(details) > 1 else ""
             found.append(
-                Finding(
-                    kind=kind,
-                    severity="error" if kind == "wrong-device" else "warning",
-                    message=(
-                        f"op {op} returned a tensor on another device than its inputs{calls}"
-                        if kind == "wrong-device"
-                        else f"op {op} changed the current CUDA device and did not restore it"
-                        f"{calls}"
-                    ),
-                    device=case.device,
-                    suite=case.suite,
-                    case=case.case,
+                case.finding(
+                    kind,
+                    "error" if kind == "wrong-device" else "warning",
+                    f"op {op} returned a tensor on another device than its inputs{calls}"
+                    if kind == "wrong-device"
+                    else f"op {op} changed the current CUDA device and did not restore it{calls}",
                     op=op,
                     evidence="\n".join(dict.fromkeys(details))[:2000],
                     hint=ALLOC_HINT if kind == "wrong-device" else LEAK_HINT,

@@ -35,7 +35,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from gpucheck.detectors import ext_watch, op_watch, unwritten
+from gpucheck.detectors import ext_watch, op_watch, unwritten, unwritten_probe, unwritten_rule
 from gpucheck.detectors.base import CaseInfo
 from gpucheck.detectors.launch_windows import kernel_list, torch_kernel
 from gpucheck.detectors.mixed_devices import argument_names, labelled_tensors
@@ -146,7 +146,7 @@ class SanitizerTrace:
     def _span(
         self, call: int, op: str, label: str, output: int | None, name: str | None, t: Any
     ) -> bool:
-        if not unwritten.real(t) or op_watch.placeholder(t):
+        if not unwritten_probe.real(t) or op_watch.placeholder(t):
             return False  # fake or meta: no memory (a CPU tensor's address never matches)
         span = tracing.Span(
             call,
@@ -210,7 +210,7 @@ class SanitizerTrace:
         declared, or one integer/bool output of the same call is 0 in every row read."""
         span = group[0].span
         assert span is not None and span.output is not None
-        if unwritten.declared(span.op, span.output, span.name):
+        if unwritten_rule.declared(span.op, span.output, span.name):
             return f"declared unwritten by design in {unwritten.UNWRITTEN_ENV}"
         known = unwritten.conventions(span.op).get(span.output)
         markers = self.markers.get(span.call, {})
@@ -223,7 +223,7 @@ class SanitizerTrace:
             for dims in range(1, min(m.dim(), len(span.shape)) + 1):
                 if tuple(m.shape[:dims]) != span.shape[:dims]:
                     break
-                valid = unwritten.rows_valid(m, dims).cpu().tolist()
+                valid = unwritten_rule.rows_valid(m, dims).cpu().tolist()
                 rows = {_ravel(e[:dims], span.shape[:dims]) for e in elements}
                 if not any(valid[r] for r in rows):
                     return (
@@ -272,7 +272,6 @@ def _read_finding(group: list[tracing.Traced], why: str | None, case: CaseInfo) 
     first, span = group[0].record, group[0].span
     assert span is not None
     n = sum(t.record.count for t in group)
-    where = {"device": case.device, "suite": case.suite, "case": case.case}
     readers = sorted({_reader(t.record) for t in group})
     evidence = (
         f"initcheck: {n} read(s) of never-written memory inside {span.describe()}, strides "
@@ -280,30 +279,28 @@ def _read_finding(group: list[tracing.Traced], why: str | None, case: CaseInfo) 
         f"{'; '.join(readers)}\nfirst record:\n" + "\n".join(first.lines[:20])
     )[:EVIDENCE_CHARS]
     if why is not None:
-        return Finding(
-            kind=unwritten.KIND,
-            severity="info",
-            message=f"{n} initcheck read(s) of {span.label} of `{span.op}` fell where it is "
+        return case.finding(
+            unwritten.KIND,
+            "info",
+            f"{n} initcheck read(s) of {span.label} of `{span.op}` fell where it is "
             f"left unwritten by design ({why}): the extension's convention, not errors",
             op=span.op,
             evidence=evidence,
             hint=unwritten.CONVENTION_HINT,
-            **where,
         )
     if all(t.window is not None and t.window.call == span.call for t in group):
         what = f"was read by its own kernel before it was written, at {n} element(s)"
     else:
         what = f"was never written at {n} element(s) read here"
-    return Finding(
-        kind=unwritten.KIND,
-        severity="error",
-        message=f"{span.label} of `{span.op}` {what} ({_elements(group)}); read by "
+    return case.finding(
+        unwritten.KIND,
+        "error",
+        f"{span.label} of `{span.op}` {what} ({_elements(group)}); read by "
         f"{readers[0]}" + (f" (+{len(readers) - 1} other reader(s))" if len(readers) > 1 else ""),
         op=span.op,
         kernel=first.kernel_name,
         evidence=evidence,
         hint=unwritten.HINT,
-        **where,
     )
 
 
@@ -314,10 +311,10 @@ def _race_finding(owner: str, kernel: str, group: list[tracing.Traced], case: Ca
     sources = sorted({r.source for r in records if r.source})
     frame = f" (called from {window.frame})" if window and window.frame else ""
     who = f"`{owner}` launched {kernel}" if window else f"{kernel} of {owner}"
-    return Finding(
-        kind=DATA_RACE,
-        severity="error" if any(r.severity == "error" for r in records) else "warning",
-        message=f"{who}, which races on shared memory ({len(records)} racecheck record(s)"
+    return case.finding(
+        DATA_RACE,
+        "error" if any(r.severity == "error" for r in records) else "warning",
+        f"{who}, which races on shared memory ({len(records)} racecheck record(s)"
         + (f", {hazards} hazards" if hazards else "")
         + f"){frame}",
         op=owner if window else None,
@@ -332,9 +329,6 @@ def _race_finding(owner: str, kernel: str, group: list[tracing.Traced], case: Ca
             + "\n".join(records[0].lines[:12])
         )[:EVIDENCE_CHARS],
         hint=RACE_HINT,
-        device=case.device,
-        suite=case.suite,
-        case=case.case,
     )
 
 
@@ -345,10 +339,10 @@ def _oob_finding(op: str, kernel: str, group: list[tracing.Traced], case: CaseIn
     frame = f" (called from {window.frame})" if window and window.frame else ""
     accesses = sorted({f"{r.space or 'global'} {r.access}" for r in records})
     n = sum(r.count for r in records)
-    return Finding(
-        kind=OUT_OF_BOUNDS,
-        severity="error",
-        message=f"`{op}` launched {kernel_list([kernel])}, which made {n} invalid "
+    return case.finding(
+        OUT_OF_BOUNDS,
+        "error",
+        f"`{op}` launched {kernel_list([kernel])}, which made {n} invalid "
         f"{'/'.join(accesses)}(s)" + (f": {near}" if near else "") + frame,
         op=op,
         kernel=kernel,
@@ -356,7 +350,4 @@ def _oob_finding(op: str, kernel: str, group: list[tracing.Traced], case: CaseIn
             f"memcheck, while {op} ran{frame}\nfirst record:\n" + "\n".join(records[0].lines[:12])
         )[:EVIDENCE_CHARS],
         hint=OOB_HINT,
-        device=case.device,
-        suite=case.suite,
-        case=case.case,
     )

@@ -25,13 +25,6 @@ HINT = (
 )
 
 
-def _other(r: CaseRecord) -> dict[str, int]:
-    others = r.memory.get("nvml_peak_other_devices")  # a crashed case has no NVML sample
-    if not isinstance(others, dict):
-        return {}
-    return {str(u): b for u, b in others.items() if isinstance(b, int) and b > 0}
-
-
 def stray(records: Iterable[CaseRecord], names: dict[str, str] | None = None) -> list[Finding]:
     """Findings for the cases where a target-current worker first held memory on another GPU
     (``names``: GPU UUID -> "cuda:N" from the run header)."""
@@ -44,21 +37,18 @@ def stray(records: Iterable[CaseRecord], names: dict[str, str] | None = None) ->
         if parsed is None or not parsed.target_current:
             continue
         key = (r.device, mode)
-        other = _other(r)
+        other = r.memory.other_devices  # a crashed case has no NVML sample
         new = sorted(set(other) - before.get(key, set()))
         before[key] = set(other)  # a new worker starts with none: what it gains is new again
         if not new:
             continue
         where = ", ".join(f"{names.get(u, u)} ({other[u] / 2**20:.0f} MiB)" for u in new)
         found.append(
-            Finding(
-                kind="stray-context",
-                severity="warning",
-                message=f"with only {r.device} in use, the worker created a CUDA context on "
+            r.info.finding(
+                "stray-context",
+                "warning",
+                f"with only {r.device} in use, the worker created a CUDA context on "
                 f"{', '.join(names.get(u, u) for u in new)} during this case",
-                device=r.device,
-                suite=r.suite,
-                case=r.case,
                 evidence=f"NVML: this worker's memory on other GPUs at the end of the case: "
                 f"{where} "
                 f"({mode}: the target current, no other device initialized)",

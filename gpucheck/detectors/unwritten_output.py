@@ -34,7 +34,7 @@ import threading
 from dataclasses import replace
 from typing import Any
 
-from gpucheck.detectors import op_watch, unwritten
+from gpucheck.detectors import op_watch, unwritten, unwritten_probe
 from gpucheck.detectors.base import (
     READS_REPORTED,
     CallWatcher,
@@ -54,7 +54,7 @@ _HOW = (
     "found by re-running the call twice (on copies of its arguments, outside the case's "
     "result) with its fresh allocations filled with 0x{:02X} bytes, then 0x{:02X}: these "
     "elements held the fill, bitwise, after both runs"
-).format(*unwritten.PATTERNS)
+).format(*unwritten_probe.PATTERNS)
 
 
 #: an output the op left unwritten (numerics and the sanitizer's trace find it too)
@@ -83,7 +83,7 @@ class UnwrittenOutput(CallWatcher):
         self.probing = worker.sanitizer != READS_REPORTED  # see READS_REPORTED
 
     def before(self, call: op_watch.Call) -> None:
-        if call.depth or not self.probing or not unwritten.probeable(call):
+        if call.depth or not self.probing or not unwritten_probe.probeable(call):
             return
         key = unwritten.signature(call)
         state = unwritten.MEMORY.states.get(key)
@@ -97,7 +97,7 @@ class UnwrittenOutput(CallWatcher):
             else:
                 return
         try:
-            call.notes[_SNAPSHOT] = unwritten.snapshot(call)
+            call.notes[_SNAPSHOT] = unwritten_probe.snapshot(call)
         except Exception as err:  # no memory for the copies: this call is not probed
             with self.lock:
                 self.problems.append(
@@ -109,7 +109,7 @@ class UnwrittenOutput(CallWatcher):
         snap = call.notes.pop(_SNAPSHOT, None)
         if snap is None or call.error is not None:
             return
-        evidence = unwritten.probe(call, out, snap)
+        evidence = unwritten_probe.probe(call, out, snap)
         call.notes[unwritten.NOTE] = evidence
         with self.lock:
             if evidence.problem is not None and call.op not in self.told:
@@ -183,13 +183,10 @@ def finding(op: str, gap: unwritten.Gap, frame: str | None, calls: int, case: Ca
         )
     if frame:
         lines.append(f"called from {frame}")
-    return Finding(
-        kind=unwritten.KIND,
-        severity="info" if gap.by_design else "error",
-        message=message,
-        device=case.device,
-        suite=case.suite,
-        case=case.case,
+    return case.finding(
+        unwritten.KIND,
+        "info" if gap.by_design else "error",
+        message,
         op=op,
         evidence="\n".join(lines),
         hint=unwritten.CONVENTION_HINT if gap.by_design else unwritten.HINT,

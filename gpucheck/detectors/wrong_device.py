@@ -139,17 +139,14 @@ def diagnose(
         ctrl = None if checked is None else checked.get(_key(r))
         if ctrl is not None and not _went_wrong(ctrl):
             found.append(
-                Finding(
-                    kind="not-reproducible",
-                    severity="warning",
-                    message=(
+                r.info.finding(
+                    "not-reproducible",
+                    "warning",
+                    (
                         f"went wrong once on {device} with {current} current, but passed when "
                         f"run again both ways (fresh processes): not a device bug as far as "
                         "the re-runs show; a random input or a race?"
                     ),
-                    device=device,
-                    suite=r.suite,
-                    case=r.case,
                     evidence=(
                         f"first, with {current} current ({r.mode}): {_outcome(r)}\n"
                         f"again with {device} current ({other.mode}): "
@@ -169,17 +166,14 @@ def diagnose(
             else f"\nagain with {current} current, fresh process ({ctrl.mode}): {_outcome(ctrl)}"
         )
         found.append(
-            Finding(
-                kind="wrong-device",
-                severity="error",
-                message=(
+            r.info.finding(
+                "wrong-device",
+                "error",
+                (
                     f"goes wrong on {device} only while {current} is current, and passes with "
                     f"{device} current: {'`' + fn + '`' if fn else 'the op'} launches on the "
                     "current device instead of its inputs' device (missing device guard)"
                 ),
-                device=device,
-                suite=r.suite,
-                case=r.case,
                 op=fn,
                 kernel=kernel,
                 evidence=(

@@ -83,22 +83,17 @@ def findings(case: CaseInfo, bad: list[tuple[MisplacedLaunch, Window]]) -> list[
         if len(items) > MAX_KERNELS:
             lines.append(f"... and {len(items) - MAX_KERNELS} more kernels")
         out.append(
-            Finding(
-                kind="wrong-stream",
-                severity="error",
-                message=f"{op} launched {what}{times} on cuda:{device} on a stream that was "
+            case.finding(
+                "wrong-stream",
+                "error",
+                f"{op} launched {what}{times} on cuda:{device} on a stream that was "
                 f"not the caller's current stream{where}",
-                device=case.device,
-                suite=case.suite,
-                case=case.case,
                 op=op,
                 kernel=v.kernel,
-                evidence=(
-                    f"profiler stream ids on cuda:{device}: the stream current there when "
-                    f"{op} was called is {v.expected}{f' ({named})' if named else ''} (a "
-                    "marker kernel launched on it just before the call); its launches "
-                    "elsewhere:\n" + "\n".join(lines) + (f"\ncalled from {frame}" if frame else "")
-                ),
+                evidence=f"profiler stream ids on cuda:{device}: the stream current there when "
+                f"{op} was called is {v.expected}{f' ({named})' if named else ''} (a "
+                "marker kernel launched on it just before the call); its launches "
+                "elsewhere:\n" + "\n".join(lines) + (f"\ncalled from {frame}" if frame else ""),
                 hint=HINT,
             )
         )
@@ -132,30 +127,25 @@ def unclaimed_findings(case: CaseInfo, windows: list[Window]) -> list[Finding]:
         if len(items) > MAX_KERNELS:
             lines.append(f"... and {len(items) - MAX_KERNELS} more kernels")
         out.append(
-            Finding(
-                kind="wrong-stream",
-                severity="error",
-                message=f"{what}{times}"
+            case.finding(
+                "wrong-stream",
+                "error",
+                f"{what}{times}"
                 + (f" of {lib}" if lib else "")
                 + f" ran on cuda:{device} on stream {', '.join(map(str, streams))}"
                 f"{stream0}, not the caller's current stream, and no watched call "
                 "launched it",
-                device=case.device,
-                suite=case.suite,
-                case=case.case,
                 kernel=u.kernel,
-                evidence=(
-                    f"profiler stream ids on cuda:{device}; the watched calls around them "
-                    f"had {', '.join(map(str, u.current))} current; library: "
-                    + (
-                        library
-                        or "not found among the compiled torch extensions of the "
-                        "process (the profiler does not name a kernel's library)"
-                    )
-                    + "; no watched call's markers enclose the launches (a caller the watch "
-                    "does not see: a reference taken before gpucheck was loaded, ctypes, "
-                    "or C++):\n" + "\n".join(lines)
-                ),
+                evidence=f"profiler stream ids on cuda:{device}; the watched calls around them "
+                f"had {', '.join(map(str, u.current))} current; library: "
+                + (
+                    library
+                    or "not found among the compiled torch extensions of the "
+                    "process (the profiler does not name a kernel's library)"
+                )
+                + "; no watched call's markers enclose the launches (a caller the watch "
+                "does not see: a reference taken before gpucheck was loaded, ctypes, "
+                "or C++):\n" + "\n".join(lines),
                 hint=HINT,
             )
         )

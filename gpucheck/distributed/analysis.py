@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpucheck.model.group import CollectiveEntry
+
 #: ops whose tensors must have the same shapes and dtypes on every rank
 SHAPE_STRICT = (
     "all_reduce",
@@ -43,7 +45,7 @@ class RankView:
     """What the parent knows about one rank at one moment."""
 
     rank: int
-    entries: list[dict[str, Any]] = field(default_factory=list)
+    entries: list[CollectiveEntry] = field(default_factory=list)
     exit_code: int | None = None  # None while the process runs
     case: str | None = None  # the case its state file says it runs
     stderr: str = ""
@@ -52,29 +54,29 @@ class RankView:
     def alive(self) -> bool:
         return self.exit_code is None
 
-    def opened(self) -> dict[int, dict[str, Any]]:
+    def opened(self) -> dict[int, CollectiveEntry]:
         """Collectives entered and not (yet) left, by seq."""
-        open_: dict[int, dict[str, Any]] = {}
+        open_: dict[int, CollectiveEntry] = {}
         for e in self.entries:
-            if e.get("ev") == "enter":
-                open_[int(e["seq"])] = e
-            elif e.get("ev") in ("done", "error"):
-                open_.pop(int(e.get("seq", -1)), None)
+            if e.ev == "enter":
+                open_[e.seq] = e
+            elif e.ev in ("done", "error"):
+                open_.pop(e.seq, None)
         return open_
 
-    def entered(self) -> dict[int, dict[str, Any]]:
-        return {int(e["seq"]): e for e in self.entries if e.get("ev") == "enter"}
+    def entered(self) -> dict[int, CollectiveEntry]:
+        return {e.seq: e for e in self.entries if e.ev == "enter"}
 
     def last_seq(self) -> int:
         return max(self.entered(), default=0)
 
-    def case_end(self, case: str | None) -> dict[str, Any] | None:
+    def case_end(self, case: str | None) -> CollectiveEntry | None:
         """The case-end line of ``case`` (the rank finished it), if written."""
         return next(
             (
                 e
                 for e in reversed(self.entries)
-                if e.get("ev") == "case-end" and (case is None or e.get("case") == case)
+                if e.ev == "case-end" and (case is None or e.case == case)
             ),
             None,
         )
@@ -82,15 +84,14 @@ class RankView:
     def case_timeout(self) -> float | None:
         """The time limit the current case declared (``dist_timeout``), if any."""
         for e in reversed(self.entries):
-            if e.get("ev") == "case":
-                value = e.get("timeout")
-                return float(value) if isinstance(value, (int, float)) else None
+            if e.ev == "case":
+                return e.timeout
         return None
 
     def current_case(self) -> str | None:
         for e in reversed(self.entries):
-            if e.get("ev") in ("case", "enter"):
-                return str(e.get("case")) if e.get("case") else None
+            if e.ev in ("case", "enter"):
+                return e.case or None
         return self.case
 
 
@@ -110,24 +111,23 @@ class GroupFault:
     positions: str = ""  # one line per rank: where it is
 
 
-def signature(e: dict[str, Any]) -> tuple[Any, ...]:
+def signature(e: CollectiveEntry) -> tuple[Any, ...]:
     """What must agree between the ranks' entries of one collective."""
-    op = e.get("op")
-    if op in SHAPE_STRICT:
-        return (op, tuple(map(tuple, e.get("shapes", []))), tuple(e.get("dtypes", [])))
-    return (op,)
+    if e.op in SHAPE_STRICT:
+        return (e.op, tuple(map(tuple, e.shapes)), tuple(e.dtypes))
+    return (e.op,)
 
 
-def describe(e: dict[str, Any]) -> str:
-    shapes = " ".join(f"[{', '.join(map(str, s))}]" for s in e.get("shapes", []))
-    dtypes = ",".join(sorted(set(e.get("dtypes", []))))
-    bits = [f"{e.get('op')} #{e.get('seq')}"]
+def describe(e: CollectiveEntry) -> str:
+    shapes = " ".join(f"[{', '.join(map(str, s))}]" for s in e.shapes)
+    dtypes = ",".join(sorted(set(e.dtypes)))
+    bits = [f"{e.op} #{e.seq}"]
     if shapes:
         bits.append(f"{shapes} {dtypes}")
-    if e.get("where"):
-        bits.append(f"at {e['where']}")
-    if e.get("tag"):
-        bits.append(f"issued by {e['tag']}")
+    if e.where:
+        bits.append(f"at {e.where}")
+    if e.tag:
+        bits.append(f"issued by {e.tag}")
     return " ".join(bits)
 
 
@@ -139,21 +139,21 @@ def position(v: RankView) -> str:
         (
             e
             for e in reversed(v.entries)
-            if e.get("ev") == "error" and last is not None and e.get("seq") == last.get("seq")
+            if e.ev == "error" and last is not None and e.seq == last.seq
         ),
         None,
     )
     last_text = (
         "none"
         if last is None
-        else describe(last) + (f" (failed: {failed.get('error')})" if failed else "")
+        else describe(last) + (f" (failed: {failed.error})" if failed else "")
     )
     if opened:
         where = f"waits in {describe(opened[min(opened)])}"
-    elif v.entries and v.entries[-1].get("ev") == "case-end":
+    elif v.entries and v.entries[-1].ev == "case-end":
         end = v.entries[-1]
         where = (
-            f"finished the case ({end.get('outcome')}) and waits for the others at the "
+            f"finished the case ({end.outcome}) and waits for the others at the "
             f"case boundary; last collective: {last_text}"
         )
     else:
@@ -189,31 +189,28 @@ def mismatch(views: list[RankView], *, timed_out: bool = False) -> GroupFault | 
     three ranks, ranks 0 and 2 differing says nothing until rank 1 sides with one of them."""
     for v in views:
         for e in v.entries:
-            if e.get("ev") == "error" and e.get("kind") == "device":
+            if e.ev == "error" and e.kind == "device":
                 return GroupFault(
                     "collective-device",
-                    str(e["error"]),
+                    str(e.error),
                     _case_of(v, e),
                     [v.rank],
                     [u.rank for u in views if u is not v],
-                    int(e["seq"]),
-                    e.get("op"),
+                    e.seq,
+                    e.op,
                     DEVICE_HINT,
                     positions(views),
                 )
-    by_seq: dict[int, dict[int, dict[str, Any]]] = {}
+    by_seq: dict[int, dict[int, CollectiveEntry]] = {}
     for v in views:
         for seq, e in v.entered().items():
             by_seq.setdefault(seq, {})[v.rank] = e
     for seq in sorted(by_seq):
         got = by_seq[seq]
-        case = next(iter(got.values())).get("case")
+        case = next(iter(got.values())).case
         if not timed_out and _still_coming(views, seq, case):
             return None
-        kinds = {
-            r: tuple(sorted({d.split(":")[0] for d in e.get("devices", [])}))
-            for r, e in got.items()
-        }
+        kinds = {r: tuple(sorted({d.split(":")[0] for d in e.devices})) for r, e in got.items()}
         if len(set(kinds.values())) > 1:
             groups = _group(kinds)
             odd = min(groups, key=len)
@@ -221,15 +218,14 @@ def mismatch(views: list[RankView], *, timed_out: bool = False) -> GroupFault | 
                 "collective-device",
                 f"collective #{seq} was entered with tensors on different kinds of device: "
                 + "; ".join(
-                    f"{_ranks(rs)}: {describe(got[rs[0]])} on "
-                    f"{', '.join(got[rs[0]].get('devices', []))}"
+                    f"{_ranks(rs)}: {describe(got[rs[0]])} on {', '.join(got[rs[0]].devices)}"
                     for rs in groups
                 ),
-                got[odd[0]].get("case"),
+                got[odd[0]].case,
                 odd,
                 [r for r in got if r not in odd],
                 seq,
-                got[odd[0]].get("op"),
+                got[odd[0]].op,
                 DEVICE_HINT,
                 positions(views),
             )
@@ -237,7 +233,7 @@ def mismatch(views: list[RankView], *, timed_out: bool = False) -> GroupFault | 
         if len(set(sigs.values())) > 1:
             groups = _group(sigs)
             odd = min(groups, key=len) if len(groups[0]) != len(groups[-1]) else groups[-1]
-            ops = {e.get("op") for e in got.values()}
+            ops = {e.op for e in got.values()}
             what = "different collectives" if len(ops) > 1 else "different shapes or dtypes"
             hint = (
                 SKIP_HINT
@@ -249,11 +245,11 @@ def mismatch(views: list[RankView], *, timed_out: bool = False) -> GroupFault | 
                 "collective-mismatch",
                 f"ranks entered collective #{seq} with {what}: "
                 + "; ".join(f"{_ranks(rs)}: {describe(got[rs[0]])}" for rs in groups),
-                got[odd[0]].get("case"),
+                got[odd[0]].case,
                 odd,
                 [r for r in got if r not in odd],
                 seq,
-                got[odd[0]].get("op"),
+                got[odd[0]].op,
                 hint,
                 positions(views),
             )
@@ -271,11 +267,11 @@ def _group(values: dict[int, Any]) -> list[list[int]]:
     return sorted(groups.values(), key=lambda rs: (-len(rs), rs))
 
 
-def _case_of(v: RankView, e: dict[str, Any]) -> str | None:
-    return e.get("case") or v.current_case()
+def _case_of(v: RankView, e: CollectiveEntry) -> str | None:
+    return e.case or v.current_case()
 
 
-def _blocked(views: list[RankView]) -> tuple[int, dict[str, Any], list[int]] | None:
+def _blocked(views: list[RankView]) -> tuple[int, CollectiveEntry, list[int]] | None:
     """The first collective some rank entered and another did not: (seq, its entry, the
     ranks that entered it). Entered, not necessarily still inside: an NCCL collective returns
     to Python once it is queued, and its rank runs on until something waits for the GPU."""
@@ -300,127 +296,133 @@ def diagnose(views: list[RankView], *, timed_out: bool = False) -> GroupFault | 
     if found is not None:
         return found
     dead = [v for v in views if not v.alive and v.exit_code not in (*NORMAL_EXITS, GROUP_LOST_EXIT)]
-    blocked = _blocked(views)
     if dead and len(dead) < len(views):
-        v = dead[0]
-        cause = (
-            f"rank {v.rank}'s process died ({_exit(v.exit_code)}) after collective #{v.last_seq()}"
-        )
-        later = {
-            u.rank: u.entered()[u.last_seq()]
-            for u in views
-            if u is not v and u.last_seq() > v.last_seq()
-        }
-        if later:
-            entry = later[min(later)]
-            msg = (
-                f"{cause}; {_ranks(sorted(later))} {_verb(later, 'went', 'went')} on to "
-                f"{describe(entry)}, which rank {v.rank} never entered: the crash on rank "
-                f"{v.rank} is the cause, the others are stuck (or fail) because of it"
-            )
-        else:
-            entry = {}
-            msg = f"{cause}; the other ranks can no longer finish their collectives"
-        return GroupFault(
-            "rank-crash",
-            msg,
-            v.current_case(),
-            [v.rank],
-            sorted(later),
-            entry.get("seq"),
-            entry.get("op"),
-            CRASH_HINT,
-            positions(views),
-        )
+        return _crash(views, dead[0])
+    blocked = _blocked(views)
     if blocked is None:
-        if timed_out:
-            stuck = [v.rank for v in views if v.alive and not _at_boundary(v)]
-            return GroupFault(
-                "hang",
-                f"no collective is pending, but {_ranks(stuck or [v.rank for v in views])}"
-                f" did not finish the case within the timeout",
-                _first_case(views),
-                stuck,
-                [],
-                None,
-                None,
-                "the stacks show where each rank is",
-                positions(views),
-            )
-        return None
-    seq, entry, waiting = blocked
+        return _stuck_outside(views) if timed_out else None
+    return _not_arrived(views, *blocked, timed_out=timed_out)
+
+
+def _crash(views: list[RankView], v: RankView) -> GroupFault:
+    """Rank ``v``'s process died while the others ran: the cause."""
+    cause = f"rank {v.rank}'s process died ({_exit(v.exit_code)}) after collective #{v.last_seq()}"
+    later = {
+        u.rank: u.entered()[u.last_seq()]
+        for u in views
+        if u is not v and u.last_seq() > v.last_seq()
+    }
+    entry = later[min(later)] if later else None
+    if entry is not None:
+        msg = (
+            f"{cause}; {_ranks(sorted(later))} {_verb(later, 'went', 'went')} on to "
+            f"{describe(entry)}, which rank {v.rank} never entered: the crash on rank "
+            f"{v.rank} is the cause, the others are stuck (or fail) because of it"
+        )
+    else:
+        msg = f"{cause}; the other ranks can no longer finish their collectives"
+    return GroupFault(
+        "rank-crash",
+        msg,
+        v.current_case(),
+        [v.rank],
+        sorted(later),
+        entry.seq if entry is not None else None,
+        entry.op if entry is not None else None,
+        CRASH_HINT,
+        positions(views),
+    )
+
+
+def _stuck_outside(views: list[RankView]) -> GroupFault:
+    """The case timed out with no collective pending."""
+    stuck = [v.rank for v in views if v.alive and not _at_boundary(v)]
+    return GroupFault(
+        "hang",
+        f"no collective is pending, but {_ranks(stuck or [v.rank for v in views])}"
+        f" did not finish the case within the timeout",
+        _first_case(views),
+        stuck,
+        [],
+        None,
+        None,
+        "the stacks show where each rank is",
+        positions(views),
+    )
+
+
+def _not_arrived(
+    views: list[RankView],
+    seq: int,
+    entry: CollectiveEntry,
+    waiting: list[int],
+    *,
+    timed_out: bool,
+) -> GroupFault | None:
+    """Ranks ``waiting`` entered collective ``seq``; the others did not: a rank that failed
+    the case, ranks that left it without the collective, or (``timed_out``) ranks still
+    elsewhere."""
     missing = [v for v in views if v.rank not in waiting and v.last_seq() < seq]
     if not missing:
         return None
-    case = entry.get("case")
+    case = entry.case
     gone = [
         v
         for v in missing
         if not v.alive or _at_boundary(v) or (v.current_case() not in (None, case))
     ]
-    failed = [v for v in gone if (v.case_end(case) or {}).get("outcome") not in (None, "passed")]
-    names = [v.rank for v in missing]
+    failed = [v for v in gone if (end := v.case_end(case)) and end.outcome not in (None, "passed")]
     if failed:
         v = failed[0]
-        end = v.case_end(case) or {}
+        end = v.case_end(case)
+        why = end.error or end.outcome if end is not None else None
         return GroupFault(
             "rank-failure",
             f"rank {v.rank} failed the case before {describe(entry)} "
-            f"({end.get('error') or end.get('outcome')}); {_ranks(waiting)} {_verb(waiting)} "
-            "in it for ever",
+            f"({why}); {_ranks(waiting)} {_verb(waiting)} in it for ever",
             case,
             [v.rank],
             waiting,
             seq,
-            entry.get("op"),
+            entry.op,
             "an exception on one rank leaves the others in the next collective: fix the error "
             "of that rank (it is in its record), and make failures collective "
             "(e.g. all_reduce an error flag) in training code",
             positions(views),
         )
+    names = [v.rank for v in missing]
     if gone:
         left = [v.rank for v in gone]
         others = [r for r in names if r not in left]
-        return GroupFault(
-            "hang",
+        message = (
             f"{_ranks(left)} did not arrive at {describe(entry)}: "
             f"{'it' if len(left) == 1 else 'they'} left the case after collective "
             f"#{max(v.last_seq() for v in gone)}; {_ranks(waiting)} {_verb(waiting)} in it for "
             "ever"
             + (f" ({_ranks(others)} not there yet)" if others else "")
-            + (RENDER_MODE if _skip_hint(entry) == RENDER_HINT else ""),
-            case,
-            left,
-            waiting,
-            seq,
-            entry.get("op"),
-            _skip_hint(entry),
-            positions(views),
+            + (RENDER_MODE if _skip_hint(entry) == RENDER_HINT else "")
         )
-    if timed_out:
-        return GroupFault(
-            "hang",
+    elif timed_out:
+        left = names
+        message = (
             f"{_ranks(names)} did not arrive at {describe(entry)} within the timeout; "
-            f"{_ranks(waiting)} {_verb(waiting)} in it",
-            case,
-            names,
-            waiting,
-            seq,
-            entry.get("op"),
-            _skip_hint(entry),
-            positions(views),
+            f"{_ranks(waiting)} {_verb(waiting)} in it"
         )
-    return None
+    else:
+        return None
+    return GroupFault(
+        "hang", message, case, left, waiting, seq, entry.op, _skip_hint(entry), positions(views)
+    )
 
 
-def _skip_hint(entry: dict[str, Any]) -> str:
-    if entry.get("tag") and "distributed=True" in str(entry.get("tag")):
+def _skip_hint(entry: CollectiveEntry) -> str:
+    if entry.tag and "distributed=True" in entry.tag:
         return RENDER_HINT
     return SKIP_HINT
 
 
 def _at_boundary(v: RankView) -> bool:
-    return bool(v.entries) and v.entries[-1].get("ev") == "case-end"
+    return bool(v.entries) and v.entries[-1].ev == "case-end"
 
 
 def _first_case(views: list[RankView]) -> str | None:

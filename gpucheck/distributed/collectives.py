@@ -2,7 +2,8 @@
 
 :func:`install` wraps the collectives of ``torch.distributed`` (``all_reduce``,
 ``all_gather``, ``broadcast``, ``barrier``, ...) in this process. Before a call enters the
-backend, one JSON line goes to the rank's log file::
+backend, one JSON line goes to the rank's log file (a
+:class:`~gpucheck.model.group.CollectiveEntry`, read back by :func:`read`)::
 
     {"ev": "enter", "seq": 3, "op": "all_reduce", "shapes": [[4]], "dtypes": ["float32"],
      "devices": ["cuda:1"], "case": "test_ddp.py::test_step", "where": "test_ddp.py:41",
@@ -31,7 +32,6 @@ all-reduces, and the NCCL flight recorder sees the rest on GPUs. Point-to-point 
 from __future__ import annotations
 
 import functools
-import json
 import os
 import sys
 import threading
@@ -41,6 +41,18 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from gpucheck.model.group import CollectiveEntry
+from gpucheck.model.group import read_log as read
+
+__all__ = [
+    "COLLECTIVES",
+    "CollectiveDeviceError",
+    "CollectiveLog",
+    "current",
+    "ddp_comm_hook",
+    "install",
+    "read",
+]
 #: the collectives wrapped; ``*_object`` calls are logged once (not the collectives they make)
 COLLECTIVES = (
     "all_reduce",
@@ -82,9 +94,10 @@ class CollectiveLog:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
-    def write(self, **entry: Any) -> None:
-        entry.setdefault("t", round(time.time(), 4))
-        line = (json.dumps(entry, separators=(",", ":"), default=str) + "\n").encode()
+    def write(self, entry: CollectiveEntry) -> None:
+        if entry.t is None:
+            entry.t = round(time.time(), 4)
+        line = entry.line()
         with self._lock:
             os.write(self._fd, line)
 
@@ -92,14 +105,19 @@ class CollectiveLog:
         """A case begins; ``timeout``: its own time limit in seconds (``dist_timeout``
         marker), which the watchdog applies when shorter than ``--timeout``."""
         self.case = case
-        if timeout is None:
-            self.write(ev="case", case=case, seq=self.seq)
-        else:
-            self.write(ev="case", case=case, seq=self.seq, timeout=float(timeout))
+        self.write(
+            CollectiveEntry(
+                "case", self.seq, case=case, timeout=None if timeout is None else float(timeout)
+            )
+        )
 
     def case_finished(self, case: str, outcome: str, error: str | None = None) -> None:
-        self.write(ev="case-end", case=case, seq=self.seq, outcome=outcome, error=error)
+        self.write(CollectiveEntry("case-end", self.seq, case=case, outcome=outcome, error=error))
         self.case = None
+
+    def group_lost(self, case: str, phase: str, error: str) -> None:
+        """The other ranks were gone at the ``phase`` (start or end) boundary of ``case``."""
+        self.write(CollectiveEntry("group-lost", self.seq, case=case, phase=phase, error=error))
 
     @property
     def inside(self) -> bool:
@@ -116,20 +134,21 @@ class CollectiveLog:
             with self._lock:
                 self.seq += 1
                 seq = self.seq
-            entry = {
-                "ev": "enter",
-                "seq": seq,
-                "op": op,
-                "rank": self.rank,
-                "shapes": [list(t.shape) for t in tensors],
-                "dtypes": [str(t.dtype).removeprefix("torch.") for t in tensors],
-                "devices": [str(t.device) for t in tensors],
-                "case": self.case,
-                "where": _caller(),
-                "tag": self.tag,
-                "async": bool(kwargs.get("async_op")),
-            }
-            self.write(**entry)
+            self.write(
+                CollectiveEntry(
+                    "enter",
+                    seq,
+                    op,
+                    self.rank,
+                    shapes=[list(t.shape) for t in tensors],
+                    dtypes=[str(t.dtype).removeprefix("torch.") for t in tensors],
+                    devices=[str(t.device) for t in tensors],
+                    case=self.case,
+                    where=_caller(),
+                    tag=self.tag,
+                    is_async=bool(kwargs.get("async_op")),
+                )
+            )
             wrong = self._wrong_device(tensors)
             if wrong is not None:
                 msg = (
@@ -137,7 +156,9 @@ class CollectiveLog:
                     f"runs on {self.expected_device}: every rank must pass tensors on its "
                     f"own device, or the other ranks wait in this collective for ever"
                 )
-                self.write(ev="error", seq=seq, op=op, error=msg, kind="device", case=self.case)
+                self.write(
+                    CollectiveEntry("error", seq, op, error=msg, kind="device", case=self.case)
+                )
                 raise CollectiveDeviceError(msg)
             self._local.depth = 1
             try:
@@ -145,16 +166,18 @@ class CollectiveLog:
             except Exception as err:
                 first = (str(err).strip().splitlines() or [type(err).__name__])[0]
                 self.write(
-                    ev="error",
-                    seq=seq,
-                    op=op,
-                    case=self.case,
-                    error=f"{type(err).__name__}: {first}"[:2000],
+                    CollectiveEntry(
+                        "error",
+                        seq,
+                        op,
+                        case=self.case,
+                        error=f"{type(err).__name__}: {first}"[:2000],
+                    )
                 )
                 raise
             finally:
                 self._local.depth = 0
-            self.write(ev="done", seq=seq, op=op)
+            self.write(CollectiveEntry("done", seq, op))
             return out
 
         logged.__gpucheck_logged__ = True  # type: ignore[attr-defined]
@@ -224,23 +247,25 @@ def ddp_comm_hook() -> Callable[[Any, Any], Any]:
     def hook(state: Any, bucket: Any) -> Any:
         log = _LOG
         tensor = bucket.buffer()
-        seq = None
+        seq = 0
         if log is not None:
             with log._lock:
                 log.seq += 1
                 seq = log.seq
             log.write(
-                ev="enter",
-                seq=seq,
-                op="all_reduce",
-                rank=log.rank,
-                shapes=[list(tensor.shape)],
-                dtypes=[str(tensor.dtype).removeprefix("torch.")],
-                devices=[str(tensor.device)],
-                case=log.case,
-                where=f"DDP gradient bucket {bucket.index()}",
-                tag="ddp",
-                **{"async": True},
+                CollectiveEntry(
+                    "enter",
+                    seq,
+                    "all_reduce",
+                    log.rank,
+                    shapes=[list(tensor.shape)],
+                    dtypes=[str(tensor.dtype).removeprefix("torch.")],
+                    devices=[str(tensor.device)],
+                    case=log.case,
+                    where=f"DDP gradient bucket {bucket.index()}",
+                    tag="ddp",
+                    is_async=True,
+                )
             )
         tensor.div_(dist.get_world_size())
         raw_all_reduce = getattr(dist.all_reduce, "__wrapped__", dist.all_reduce)
@@ -248,7 +273,7 @@ def ddp_comm_hook() -> Callable[[Any, Any], Any]:
 
         def done(f: Any) -> Any:
             if log is not None:
-                log.write(ev="done", seq=seq, op="all_reduce")
+                log.write(CollectiveEntry("done", seq, "all_reduce"))
             return f.value()[0]
 
         return fut.then(done)
@@ -260,57 +285,3 @@ def ddp_comm_hook() -> Callable[[Any, Any], Any]:
         "return": torch.futures.Future[torch.Tensor],
     }
     return hook
-
-
-#: what each field of an entry must be, when present (the watchdog reads nothing else)
-_FIELDS: dict[str, tuple[type, ...]] = {
-    "ev": (str,),
-    "seq": (int,),
-    "op": (str,),
-    "case": (str, type(None)),
-    "where": (str, type(None)),
-    "tag": (str, type(None)),
-    "error": (str, type(None)),
-    "kind": (str, type(None)),
-    "outcome": (str, type(None)),
-    "shapes": (list,),
-    "dtypes": (list,),
-    "devices": (list,),
-    "timeout": (int, float),
-}
-
-
-def _valid(entry: Any) -> bool:
-    if not isinstance(entry, dict) or "ev" not in entry:
-        return False
-    for key, types in _FIELDS.items():
-        if key in entry and (not isinstance(entry[key], types) or isinstance(entry[key], bool)):
-            return False
-    if entry["ev"] in ("enter", "done", "error") and "seq" not in entry:
-        return False
-    return (
-        all(isinstance(d, str) for d in entry.get("devices", []))
-        and all(isinstance(d, str) for d in entry.get("dtypes", []))
-        and all(
-            isinstance(s, list) and all(isinstance(n, int) for n in s)
-            for s in entry.get("shapes", [])
-        )
-    )
-
-
-def read(path: Path) -> list[dict[str, Any]]:
-    """The entries of one rank's log. A torn last line (a rank killed in the middle of a
-    write), or any line that is not an entry as :class:`CollectiveLog` writes it, is skipped."""
-    out = []
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return []
-    for line in text.splitlines():
-        try:
-            entry = json.loads(line)
-        except (json.JSONDecodeError, RecursionError):
-            continue
-        if _valid(entry):
-            out.append(entry)
-    return out

@@ -107,7 +107,7 @@ def _meet(rank: Any, case: str, phase: str) -> None:
         raise
     except Exception as err:
         if rank.log is not None:
-            rank.log.write(ev="group-lost", case=case, phase=phase, error=str(err)[:300])
+            rank.log.group_lost(case, phase, str(err)[:300])
         sys.stderr.write(
             f"gpucheck: rank {rank.rank}: the other ranks are gone at the "
             f"{phase} of {case} ({err}); this rank stops\n"

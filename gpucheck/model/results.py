@@ -20,16 +20,23 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from gpucheck.errors import OutputProblem
+from gpucheck.model import clock
+from gpucheck.model.group import GroupRecord
 from gpucheck.model.layout import open_regular
+from gpucheck.model.memory import Memory
+from gpucheck.model.numerics import Measured
 
 SCHEMA_ID = "gpucheck.results/1"
-STATUSES = ("passed", "failed", "error", "crashed", "hung", "skipped")
-SEVERITIES = ("error", "warning", "info")
+#: a case's outcome: ``crashed`` and ``hung`` are the controller's (the worker died in it)
+Status = Literal["passed", "failed", "error", "crashed", "hung", "skipped"]
+Severity = Literal["error", "warning", "info"]
+STATUSES: tuple[Status, ...] = get_args(Status)
+SEVERITIES: tuple[Severity, ...] = get_args(Severity)
 #: statuses that make a run unclean (each carries at least one error finding)
-BAD_STATUSES = ("failed", "error", "crashed", "hung")
+BAD_STATUSES: tuple[Status, ...] = ("failed", "error", "crashed", "hung")
 #: characters of a log, a traceback or a tool's record kept as a finding's evidence
 EVIDENCE_CHARS = 4000
 #: characters of one text field kept when a record is read (a folder someone else produced
@@ -78,7 +85,7 @@ def _integer(value: Any) -> int | None:
 @dataclass
 class Finding:
     kind: str
-    severity: str  # "error" | "warning" | "info"
+    severity: Severity
     message: str
     device: str | None = None
     suite: str | None = None
@@ -144,6 +151,40 @@ def mixed_devices_hint(finding: Finding, what: str = "CUDA error") -> str:
     )
 
 
+@dataclass(frozen=True)
+class CaseInfo:
+    """Where a finding is: the case a worker-side detector watches, or a record's case."""
+
+    device: str  # the target, "cuda:N" or "cpu" (a rank's "rank1/cuda:1")
+    suite: str
+    case: str  # case id, relative to the suite root
+
+    def finding(
+        self,
+        kind: str,
+        severity: Severity,
+        message: str,
+        *,
+        op: str | None = None,
+        kernel: str | None = None,
+        evidence: str | None = None,
+        hint: str | None = None,
+    ) -> Finding:
+        """A finding about this case (its device, suite and case filled in)."""
+        return Finding(
+            kind,
+            severity,
+            message,
+            device=self.device,
+            suite=self.suite,
+            case=self.case,
+            op=op,
+            kernel=kernel,
+            evidence=evidence,
+            hint=hint,
+        )
+
+
 #: the ``cost_s`` key of the worker's own bookkeeping (every other key is a detector's, or the
 #: per-call watch's ``op-watch``)
 BOOKKEEPING = "record"
@@ -156,13 +197,13 @@ class CaseRecord:
     suite: str
     case: str
     mode: str
-    status: str
+    status: Status
     reason: str | None = None
     duration_s: float = 0.0
     started_at: str | None = None
     device_uuid: str | None = None
     current_device: str | None = None
-    memory: dict[str, Any] = field(default_factory=dict)
+    memory: Memory = field(default_factory=Memory)
     exit_code: int | None = None
     signal: str | None = None
     stderr_tail: str | None = None
@@ -170,9 +211,9 @@ class CaseRecord:
     #: ``op|inputs|outputs|device`` of extension-op calls (detectors/numerics.py)
     fingerprints: list[str] = field(default_factory=list)
     #: comparisons against a reference (gpucheck.testing.assert_close): measured errors
-    numerics: list[dict[str, Any]] = field(default_factory=list)
+    numerics: list[Measured] = field(default_factory=list)
     #: a distributed group's record: what the watchdog found (kind, cause and waiting ranks)
-    distributed: dict[str, Any] | None = None
+    distributed: GroupRecord | None = None
     #: gpucheck's own seconds within ``duration_s``, by what spent them: each detector by its
     #: name (its repeats of the body included), ``record`` (the worker's bookkeeping)
     cost_s: dict[str, float] = field(default_factory=dict)
@@ -181,6 +222,11 @@ class CaseRecord:
     def key(self) -> tuple[str, str, str, str]:
         """(device, suite, case, mode): what one record is about."""
         return (self.device, self.suite, self.case, self.mode)
+
+    @property
+    def info(self) -> CaseInfo:
+        """Where the record's case is (its findings' device, suite and case)."""
+        return CaseInfo(self.device, self.suite, self.case)
 
     @property
     def harness_made(self) -> bool:
@@ -198,11 +244,9 @@ class CaseRecord:
         device, suite, case, status = (value.get(k) for k in ("device", "suite", "case", "status"))
         if not all(isinstance(v, str) for v in (device, suite, case)) or status not in STATUSES:
             return None
-        memory = value.get("memory")
         findings = value.get("findings")
         numerics = value.get("numerics")
         fingerprints = value.get("fingerprints")
-        distributed = value.get("distributed")
         mode = value.get("mode")
         return cls(
             run_id=text(value.get("run_id") or "", 200),
@@ -216,7 +260,7 @@ class CaseRecord:
             started_at=_optional_text(value.get("started_at")),
             device_uuid=_optional_text(value.get("device_uuid")),
             current_device=_optional_text(value.get("current_device")),
-            memory=memory if isinstance(memory, dict) else {},
+            memory=Memory.from_json(value.get("memory")),
             exit_code=_integer(value.get("exit_code")),
             signal=_optional_text(value.get("signal")),
             stderr_tail=_optional_text(value.get("stderr_tail")),
@@ -224,17 +268,20 @@ class CaseRecord:
             fingerprints=[text(x, 2000) for x in fingerprints]
             if isinstance(fingerprints, list)
             else [],
-            numerics=[m for m in numerics if isinstance(m, dict)]
+            numerics=[m for m in map(Measured.from_json, numerics) if m is not None]
             if isinstance(numerics, list)
             else [],
-            distributed=distributed if isinstance(distributed, dict) else None,
+            distributed=GroupRecord.from_json(value.get("distributed")),
             cost_s=_costs(value.get("cost_s")),
         )
 
     def to_json(self) -> dict[str, Any]:
         """The record's line (its containers shared, not copied: it is written at once)."""
         data = {name: getattr(self, name) for name in _CASE_FIELDS}
+        data["memory"] = self.memory.to_json()
         data["findings"] = [asdict(f) for f in self.findings]
+        data["numerics"] = [m.to_json() for m in self.numerics]
+        data["distributed"] = self.distributed.to_json() if self.distributed else None
         for optional in ("fingerprints", "numerics", "distributed", "cost_s"):
             if not data[optional]:
                 del data[optional]
@@ -242,6 +289,123 @@ class CaseRecord:
 
 
 _CASE_FIELDS = tuple(f.name for f in fields(CaseRecord))
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Who records cases: one worker (a device, or a rank's ``rank1/cuda:1``, in a mode) of
+    one run. The one way a :class:`CaseRecord` is made: the worker's recorder for the cases it
+    ran, the controller's harnesses for a worker that died in a case or left records outside
+    any."""
+
+    run_id: str
+    device: str
+    mode: str
+    device_uuid: str | None = None
+
+    def at(self, suite: str, case: str) -> CaseInfo:
+        """Where a case of this worker is (its findings' place)."""
+        return CaseInfo(self.device, suite, case)
+
+    def record(
+        self,
+        suite: str,
+        case: str,
+        status: Status,
+        *,
+        reason: str | None = None,
+        started_at: str | None = None,
+        duration_s: float = 0.0,
+        current_device: str | None = None,
+        memory: Memory | None = None,
+        exit_code: int | None = None,
+        signal: str | None = None,
+        stderr_tail: str | None = None,
+        findings: list[Finding] | None = None,
+        data: CaseData | None = None,
+        distributed: GroupRecord | None = None,
+    ) -> CaseRecord:
+        """The record of case (``suite``, ``case``) of this worker, started now unless
+        ``started_at`` says when; ``data``: what its detectors added (fingerprints,
+        comparisons, seconds)."""
+        data = data or CaseData()
+        return CaseRecord(
+            run_id=self.run_id,
+            device=self.device,
+            device_uuid=self.device_uuid,
+            suite=suite,
+            case=case,
+            mode=self.mode,
+            status=status,
+            reason=reason,
+            duration_s=duration_s,
+            started_at=started_at or clock.now(),
+            current_device=current_device,
+            memory=memory or Memory(),
+            exit_code=exit_code,
+            signal=signal,
+            stderr_tail=stderr_tail,
+            findings=findings or [],
+            fingerprints=data.fingerprints,
+            numerics=data.numerics,
+            distributed=distributed,
+            cost_s=data.cost_s,
+        )
+
+
+@dataclass
+class CaseData:
+    """What the worker-side detectors add to a case's record besides findings (each one's
+    ``case_data()``, added up by the worker's detector loop): the fingerprints of the case's
+    calls, its comparisons against references, and the seconds gpucheck spent, by who spent
+    them."""
+
+    fingerprints: list[str] = field(default_factory=list)
+    numerics: list[Measured] = field(default_factory=list)
+    cost_s: dict[str, float] = field(default_factory=dict)
+
+    def add(self, other: CaseData) -> None:
+        """``other``'s data added to this (lists after this one's, seconds summed)."""
+        self.fingerprints += other.fingerprints
+        self.numerics += other.numerics
+        self.charge(other.cost_s)
+
+    def charge(self, costs: dict[str, float]) -> None:
+        """Seconds spent on the case, added by name."""
+        for name, seconds in costs.items():
+            self.cost_s[name] = self.cost_s.get(name, 0.0) + seconds
+
+    def to_json(self) -> dict[str, Any]:
+        """The data as the record's fields (the empty ones left out)."""
+        out: dict[str, Any] = {}
+        if self.fingerprints:
+            out["fingerprints"] = self.fingerprints
+        if self.numerics:
+            out["numerics"] = [m.to_json() for m in self.numerics]
+        if self.cost_s:
+            out["cost_s"] = self.cost_s
+        return out
+
+    @classmethod
+    def of(cls, value: Any) -> CaseData:
+        """A detector's ``case_data()`` as the worker takes it: as is, or read from the dict
+        a detector of another package returns (:meth:`from_json`)."""
+        return value if isinstance(value, cls) else cls.from_json(value)
+
+    @classmethod
+    def from_json(cls, value: Any) -> CaseData:
+        """Tolerant: what is not of its type is left out (a detector's data never takes the
+        case's record down)."""
+        if not isinstance(value, dict):
+            return cls()
+        fingerprints, numerics = value.get("fingerprints"), value.get("numerics")
+        return cls(
+            [text(x, 2000) for x in fingerprints] if isinstance(fingerprints, list) else [],
+            [m for m in map(Measured.from_json, numerics) if m is not None]
+            if isinstance(numerics, list)
+            else [],
+            _costs(value.get("cost_s")),
+        )
 
 
 def _costs(value: Any) -> dict[str, float]:

@@ -31,6 +31,7 @@ from typing import Any
 from gpucheck.model import clock
 from gpucheck.model.layout import open_regular
 from gpucheck.model.results import BAD_STATUSES, SCHEMA_ID, CaseRecord, Finding, text
+from gpucheck.model.settings import RunSettings, shard_of
 
 #: a line longer than this is not parsed (a folder someone else made): it counts as unreadable
 MAX_LINE = 64 * 1024 * 1024
@@ -104,8 +105,7 @@ class RunPart:
     @property
     def shard_of(self) -> tuple[int, int] | None:
         """(index, count) of the part's shard, None for a run that was not a shard."""
-        index, _, count = (self.shard or "").partition("/")
-        return (int(index), int(count)) if index.isdigit() and count.isdigit() else None
+        return shard_of(self.shard)
 
 
 def missing_shards(parts: list[RunPart]) -> list[str]:
@@ -134,14 +134,13 @@ class RunHeader:
     notes: list[str] = field(default_factory=list)
     not_runnable: dict[str, str] = field(default_factory=dict)
     command: list[str] = field(default_factory=list)
-    config: dict[str, Any] = field(default_factory=dict)
+    config: RunSettings = field(default_factory=lambda: RunSettings(recorded=False))
     #: the run folders a merged run was made from (empty for any other run)
     parts: list[RunPart] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, value: dict[str, Any]) -> RunHeader:
-        config = value.get("config")
         parts = value.get("parts")
         return cls(
             run_id=text(value.get("run_id") or "", 200),
@@ -156,7 +155,7 @@ class RunHeader:
             notes=_texts(value.get("notes")),
             not_runnable=_text_map(value.get("not_runnable")),
             command=_texts(value.get("command") or value.get("argv")),
-            config=config if isinstance(config, dict) else {},
+            config=RunSettings.from_json(value.get("config")),
             parts=[p for p in map(RunPart.from_json, parts) if p is not None]
             if isinstance(parts, list)
             else [],

@@ -155,16 +155,15 @@ def _crash(text: str, record: CaseRecord) -> list[dict[str, Any]]:
 def _memory(record: CaseRecord, labels: dict[str, str]) -> dict[str, Any] | None:
     mem = record.memory
     rows = [
-        (name, fmt_bytes(mem.get(key)), False)
-        for name, key in (
-            ("torch peak allocated", "torch_peak_allocated"),
-            ("torch peak reserved", "torch_peak_reserved"),
-            (f"NVML peak on {record.device}", "nvml_peak_used"),
+        (name, fmt_bytes(value), False)
+        for name, value in (
+            ("torch peak allocated", mem.torch_peak_allocated),
+            ("torch peak reserved", mem.torch_peak_reserved),
+            (f"NVML peak on {record.device}", mem.nvml_peak_used),
         )
-        if mem.get(key) is not None
+        if value is not None
     ]
-    others = mem.get("nvml_peak_other_devices")
-    for uuid, used in others.items() if isinstance(others, dict) else ():
+    for uuid, used in (mem.nvml_peak_other_devices or {}).items():
         rows.append(
             (
                 f"NVML peak on {labels.get(uuid, uuid)} (another GPU: stray context)",

@@ -77,10 +77,7 @@ def _duration(seconds: float | None) -> str:
 
 def _peak(record: CaseRecord) -> int | None:
     mem = record.memory
-    for key in ("torch_peak_allocated", "nvml_peak_used"):
-        if isinstance(mem.get(key), int):
-            return int(mem[key])
-    return None
+    return mem.torch_peak_allocated if mem.torch_peak_allocated is not None else mem.nvml_peak_used
 
 
 def _slug(text: str) -> str:

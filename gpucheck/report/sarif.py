@@ -298,8 +298,7 @@ def build(
     """
     base = Path.cwd() if base is None else base
     header = data.header if data.header is not None else RunHeader(run_id="")
-    paths = header.config.get("suite_paths")
-    suite_paths = {str(k): str(v) for k, v in paths.items()} if isinstance(paths, dict) else {}
+    suite_paths = header.config.suite_paths
     every = [
         *grouped.diagnoses,
         *(e for g in grouped.diagnoses for e in g.explains),

@@ -34,13 +34,13 @@ from typing import Any
 
 from gpucheck.errors import EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE
 from gpucheck.model.layout import RunFolder
-from gpucheck.model.results import BAD_STATUSES, COLLECTION_ERROR, CaseRecord
+from gpucheck.model.results import BAD_STATUSES, COLLECTION_ERROR, CaseRecord, Status
 from gpucheck.report.rundata import RunData
 
 #: every verdict, worst first
 VERDICTS = ("failed", "interrupted", "incomplete", "nothing-tested", "warnings", "passed")
 #: statuses of a case that ran (a skipped case did not)
-RAN = ("passed", "failed", "error", "crashed", "hung")
+RAN: tuple[Status, ...] = ("passed", "failed", "error", "crashed", "hung")
 #: exit codes of a run stopped by a signal
 SIGNAL_EXITS = {"SIGTERM": 143}
 EXIT_INTERRUPTED = 130
@@ -102,7 +102,7 @@ def uncollectable(cases: list[CaseRecord]) -> dict[str, str]:
 
 
 def _allow_empty(data: RunData) -> bool:
-    return data.header is not None and data.header.config.get("allow_empty") is True
+    return data.header is not None and data.header.config.allow_empty
 
 
 def decide(

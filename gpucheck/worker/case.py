@@ -20,7 +20,7 @@ from gpucheck.detectors.base import CaseInfo
 from gpucheck.detectors.registry import worker_detectors
 from gpucheck.errors import sticky_cuda_error_line
 from gpucheck.model.contract import CONTEXT_LOST_PROPERTY, FINDING_PROPERTY, RECORDER
-from gpucheck.model.results import Finding
+from gpucheck.model.results import CaseData, Finding, Severity
 from gpucheck.worker.detector_loop import DetectorLoop
 from gpucheck.worker.targets import xdist_worker
 
@@ -61,7 +61,7 @@ def attach(
     kind: str,
     message: str,
     *,
-    severity: str = "error",
+    severity: Severity = "error",
     op: str | None = None,
     kernel: str | None = None,
     evidence: str | None = None,
@@ -123,7 +123,7 @@ class Findings:
         kind: str,
         message: str,
         *,
-        severity: str = "error",
+        severity: Severity = "error",
         op: str | None = None,
         kernel: str | None = None,
         evidence: str | None = None,
@@ -205,7 +205,7 @@ def watch_plain(item: pytest.Item) -> Generator[None, Any, None]:
     outcome = yield
     raised = outcome.excinfo
     lost = raised is not None and sticky_cuda_error(raised[1]) is not None
-    loop.finish(info, found, {}, lost_context=lost)
+    loop.finish(info, found, CaseData(), lost_context=lost)
 
 
 def drain(item: pytest.Item) -> None:

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 from gpucheck.detectors import op_watch
 from gpucheck.detectors.base import CaseInfo, Detector, detector_error
-from gpucheck.model.results import Finding
+from gpucheck.model.results import CaseData, Finding
 
 
 class DetectorLoop:
@@ -58,14 +57,14 @@ class DetectorLoop:
                     self._charge(d.name, t0, watch0)
 
     def finish(
-        self, info: CaseInfo, found: list[Finding], data: dict[str, Any], lost_context: bool = False
+        self, info: CaseInfo, found: list[Finding], data: CaseData, lost_context: bool = False
     ) -> list[str]:
         """Each started detector's findings and data after the body. After a CUDA error that
         lost the process's context (``lost_context``) the detectors that need the GPU
         (:func:`touches_gpu`) stand down: they are ended, and what they would say (read
         from a context that answers every call with the same error) is dropped. Returns
         their names, for the one note the case record gets. Each detector's seconds on the
-        case go to ``data["cost_s"]``, and those taken around the case's op calls under the
+        case go to ``data.cost_s``, and those taken around the case's op calls under the
         name of whoever took them (:func:`gpucheck.detectors.op_watch.take_spent`)."""
         stood_down = []
         for d in self.started:
@@ -75,7 +74,7 @@ class DetectorLoop:
                 made = d.case_finished(info)
                 if not down:
                     found.extend(made)
-                    data.update(d.case_data())
+                    data.add(CaseData.of(d.case_data()))
             except Exception as err:
                 if not lost_context:
                     found.append(detector_error(d.name, err, info))
@@ -83,9 +82,8 @@ class DetectorLoop:
             if down:
                 stood_down.append(d.name)
         self.started = []
-        costs = data.setdefault("cost_s", {})
-        for name, seconds in [*self.cost.items(), *op_watch.take_spent().items()]:
-            costs[name] = costs.get(name, 0.0) + seconds
+        data.charge(self.cost)
+        data.charge(op_watch.take_spent())
         return stood_down
 
 

@@ -1,10 +1,14 @@
 """The recorder: under ``gpucheck run``, one results.jsonl record per case.
 
 Registered by the plugin when pytest gets ``--gpucheck-results FILE`` (the controller passes
-it). The worker
-also keeps a small state file (current case, its start time, progress) that the parent reads
-to attribute a crash or a hang to the case that was running, and the findings a detector made
-before a call that may crash (``pending_findings``: mixed-device arguments).
+it). Each case is one :class:`~gpucheck.worker.case_state.CaseState` in its item's stash, from
+pytest's start of the item to its end, when :meth:`Recorder.build` turns it into the case's
+record: the outcome of its phases and its findings reconciled (:mod:`gpucheck.worker.outcome`),
+its compute-sanitizer records in a sanitizer pass (:mod:`gpucheck.worker.sanitizer_pass`), its
+memory peaks (:mod:`gpucheck.worker.peaks`). The worker also keeps a small state file (current
+case, its start time, progress) that the parent reads to attribute a crash or a hang to the
+case that was running, and the findings a detector made before a call that may crash
+(``pending_findings``: mixed-device arguments).
 """
 
 from __future__ import annotations
@@ -16,35 +20,44 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
-from gpucheck import nvml, processes
+from gpucheck import processes
 from gpucheck.detectors import leak as leak_mod
 from gpucheck.detectors import op_watch
 from gpucheck.detectors.base import CaseInfo, WorkerContext, detector_error
 from gpucheck.detectors.registry import worker_detectors
-from gpucheck.errors import CUDA_ERROR_MARKERS, OutputProblem, sticky_cuda_error_line
-from gpucheck.model import clock, contract, results, worker_state
+from gpucheck.errors import OutputProblem
+from gpucheck.model import contract, results, worker_state
 from gpucheck.model.layout import WorkerFiles
-from gpucheck.model.results import BOOKKEEPING, EVIDENCE_CHARS, CaseRecord, Finding
+from gpucheck.model.results import BOOKKEEPING, EVIDENCE_CHARS, CaseRecord, Finding, Origin
 from gpucheck.model.runlog import CasePlan
 from gpucheck.model.shard import ShardError, ShardPlan, case_key
 from gpucheck.model.worker_state import WorkerState
-from gpucheck.nvml_sampler import CasePeaks, Sampler
 from gpucheck.worker import guard
 from gpucheck.worker.case import merge, sticky_cuda_error
-from gpucheck.worker.detector_loop import DetectorLoop, stood_down_note
+from gpucheck.worker.case_state import CASE, CaseState
+from gpucheck.worker.detector_loop import DetectorLoop
+from gpucheck.worker.outcome import lost_context, outcome, reconcile
+from gpucheck.worker.peaks import MemoryWatch
 from gpucheck.worker.sanitizer_pass import SanitizerPass
 
 
-def _torch_cuda() -> Any:
-    """torch.cuda if this process already initialized CUDA, else None (never initializes it)."""
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_initialized():
-        return None
-    return torch.cuda
+class _Shown(NamedTuple):
+    """What the state file says now (written again when a detector persists findings)."""
+
+    case: CaseState | None
+    exit_reason: str | None = None
+    current_device: str | None = None
+    op: str | None = None
+
+
+def _lines(config: pytest.Config, option: str) -> set[str]:
+    """The lines of the file an option names (none without the option)."""
+    path = config.getoption(option)
+    return set(Path(path).read_text().split("\n")) if path else set()
 
 
 class Recorder:
@@ -65,94 +78,72 @@ class Recorder:
         guard.adopt_orphans()
         #: pid -> start time of the processes the cases left running (the controller ends them)
         self.left: dict[int, int] = {}
-        skip_file = config.getoption("--gpucheck-skip")
-        self.skip = set(Path(skip_file).read_text().split("\n")) if skip_file else set()
+        self.skip = _lines(config, "--gpucheck-skip")
         # a rank's cases its peers run (they have no record of theirs): it recorded them, and
         # runs them again, unrecorded, so that the group meets in each
-        again_file = config.getoption("--gpucheck-again")
-        self.again = set(Path(again_file).read_text().split("\n")) if again_file else set()
+        self.again = _lines(config, "--gpucheck-again")
         shard_file = config.getoption("--gpucheck-shard")
         try:  # --shard I/N: this worker runs only its shard's cases (gpucheck.model.shard)
             self.shard = ShardPlan.read(Path(shard_file)) if shard_file else None
         except ShardError as err:
             raise pytest.UsageError(f"gpucheck: {err}") from None
-        self.process_state: dict[str, guard.ProcessState] = {}
-        self.children: dict[str, set[int]] = {}  # node id -> children before its body ran
-        self.run_id = config.getoption("--gpucheck-run-id")
-        self.mode = config.getoption("--gpucheck-mode")
-        self.uuid = config.getoption("--gpucheck-device-uuid")
         devices = config.getoption("--gpucheck-device") or []
-        self.device = os.environ.get(contract.DEVICE_LABEL_ENV) or (
-            f"cuda:{devices[0]}" if devices else "cpu"
-        )  # distributed runs: "rank1/cuda:1"
+        self.origin = Origin(
+            config.getoption("--gpucheck-run-id"),
+            # distributed runs: "rank1/cuda:1"
+            os.environ.get(contract.DEVICE_LABEL_ENV)
+            or (f"cuda:{devices[0]}" if devices else "cpu"),
+            config.getoption("--gpucheck-mode"),
+            config.getoption("--gpucheck-device-uuid"),
+        )
+        self.device = self.origin.device
         self.device_index: int | None = devices[0] if devices else None
         self.suites = []
         for spec in config.getoption("--gpucheck-suite"):
             name, _, path = spec.partition("=")
             self.suites.append((name, Path(path).resolve()))
         self.rootpath = Path(config.rootpath)
-        self.paths: dict[str, Path] = {}  # node id -> test file
+        self.items: dict[str, pytest.Item] = {}  # node id -> the item collected
         self._resolved: dict[str, Path] = {}  # test file as collected -> resolved
         self.ids: dict[str, str] = {}  # node id -> case id (relative to the suite root)
-        self.reports: dict[str, list[pytest.TestReport]] = {}
-        self.started: dict[str, tuple[float, str, float]] = {}  # monotonic, iso, epoch
-        self.allocated_at_start: dict[str, int] = {}  # PyTorch allocated on the target
-        self.detectors = DetectorLoop(worker_detectors())
         self.pending: list[Finding] = []  # findings made before a call that may crash
-        self.last_state: dict[str, Any] = {}
+        self.shown = _Shown(None)
+        self.detectors = DetectorLoop(worker_detectors())
+        sanitizer_tool = config.getoption("--gpucheck-sanitizer-tool")
         context = WorkerContext(
-            self.device_index,
-            self.uuid,
-            self._persist,
-            config.getoption("--gpucheck-sanitizer-tool"),
+            self.device_index, self.origin.device_uuid, self._persist, sanitizer_tool
         )
         for d in self.detectors.detectors:
             d.bind(context)
-        self.detector_findings: dict[str, list[Finding]] = {}
-        self.detector_data: dict[str, dict[str, Any]] = {}  # node id -> fields of its record
-        self.case_ops: dict[str, str] = {}  # node id -> the last extension op it called
-        self.stood_down: dict[str, list[str]] = {}  # node id -> detectors that stood down
-        self.raising_ops: dict[str, str] = {}  # node id -> the extension op that raised
-        self.bookkeeping: dict[str, float] = {}  # node id -> seconds of the recorder's own
         self.done = 0
         self.total = 0
         self.findings = 0
         template = config.getoption("--gpucheck-sanitizer-log")
-        self.sanitizer = (
-            SanitizerPass(template, config.getoption("--gpucheck-sanitizer-tool"))
-            if template
-            else None
+        self.sanitizer = SanitizerPass(template, sanitizer_tool) if template else None
+        self.memory = MemoryWatch(
+            self.device_index, self.origin.device_uuid, config.getoption("--gpucheck-nvml-interval")
         )
-        self.peaks: CasePeaks | None = None
-        self.sampler: Sampler | None = None
-        interval = config.getoption("--gpucheck-nvml-interval")
-        if interval > 0 and nvml.status().ok:
-            self.peaks = CasePeaks()
-            self.sampler = Sampler(interval, self.peaks, pid=os.getpid()).start()
         if hasattr(signal, "SIGUSR1") and self.state_path is not None:
             # On a hang the parent sends SIGUSR1: every thread's stack goes to this file
             # (pytest captures sys.stderr, so it cannot go there).
             self._stacks = open(WorkerFiles.of_state(self.state_path).stacks, "w")  # noqa: SIM115
             faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True)
 
+    # -- the state file -------------------------------------------------------------------
+
     def _persist(self, findings: list[Finding]) -> None:
         """A detector's findings of the case under way, into the state file now."""
         self.pending = list(findings)
-        self._state(**self.last_state)
+        self._state(*self.shown)
 
     def _state(
         self,
-        case: str | None,
+        case: CaseState | None,
         exit_reason: str | None = None,
         current_device: str | None = None,
         op: str | None = None,
     ) -> None:
-        self.last_state = {
-            "case": case,
-            "exit_reason": exit_reason,
-            "current_device": current_device,
-            "op": op,
-        }
+        self.shown = _Shown(case, exit_reason, current_device, op)
         if case is None:
             self.pending = []
         if self.state_file is None:
@@ -164,17 +155,21 @@ class Recorder:
                 self._output_failed(f"cannot write {self.state_path}: {err.strerror or err}")
 
     def _write_state(
-        self, case: str | None, exit_reason: str | None, current_device: str | None, op: str | None
+        self,
+        case: CaseState | None,
+        exit_reason: str | None,
+        current_device: str | None,
+        op: str | None,
     ) -> None:
         assert self.state_file is not None
         limited = self.sanitizer.limited if self.sanitizer else None
         self.state_file.write(
             WorkerState(
-                case=self.ids.get(case, case) if case else None,
-                suite=self.suite_of(self._path_of(case)) if case else None,
+                case=case.info.case if case else None,
+                suite=case.info.suite if case else None,
                 current_device=current_device,
                 op=op,
-                started=self.started[case][2] if case in self.started else time.time(),
+                started=case.started_epoch if case else time.time(),
                 done=self.done,
                 total=self.total,
                 findings=self.findings,
@@ -188,9 +183,12 @@ class Recorder:
             ),
         )
 
+    # -- where a case is ------------------------------------------------------------------
+
     def _path_of(self, nodeid: str) -> Path:
-        if nodeid in self.paths:
-            return self.paths[nodeid]
+        item = self.items.get(nodeid)
+        if item is not None:
+            return self.resolved(item)
         return (self.rootpath / nodeid.split("::")[0]).resolve()
 
     def resolved(self, item: pytest.Item) -> Path:
@@ -218,6 +216,38 @@ class Recorder:
             if item_path == root or root in item_path.parents:
                 return name
         return item_path.parent.name
+
+    def info(self, nodeid: str) -> CaseInfo:
+        """Where case ``nodeid``'s findings go: this worker's device, its suite and id."""
+        return self.origin.at(self.suite_of(self._path_of(nodeid)), self.ids.get(nodeid, nodeid))
+
+    def _case(self, nodeid: str) -> CaseState:
+        """The case ``nodeid`` under way, in its item's stash (made when first asked for)."""
+        item = self.items.get(nodeid)
+        if item is not None and CASE in item.stash:
+            return item.stash[CASE]
+        case = CaseState(nodeid, self.info(nodeid))
+        if item is not None:
+            item.stash[CASE] = case
+        return case
+
+    def _start(self, nodeid: str) -> CaseState:
+        """A fresh case ``nodeid``, started now, in its item's stash."""
+        case = CaseState(nodeid, self.info(nodeid))
+        item = self.items.get(nodeid)
+        if item is not None:
+            item.stash[CASE] = case
+        return case
+
+    def _end(self, nodeid: str) -> CaseState:
+        """The case ``nodeid``, out of its item's stash: pytest is done with it."""
+        case = self._case(nodeid)
+        item = self.items.get(nodeid)
+        if item is not None:
+            del item.stash[CASE]
+        return case
+
+    # -- collection -----------------------------------------------------------------------
 
     @pytest.hookimpl(tryfirst=True)  # the shard is split from the whole collection (-k aside)
     def pytest_collection_modifyitems(
@@ -249,7 +279,7 @@ class Recorder:
     @pytest.hookimpl(trylast=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.total = len(session.items)
-        self.paths = {item.nodeid: self.resolved(item) for item in session.items}
+        self.items = {item.nodeid: item for item in session.items}
         self._append_plan(session.items)
         self._state(None)
 
@@ -257,11 +287,11 @@ class Recorder:
         """The ``plan`` record: the cases this worker is about to run (those it will record:
         not the ones it runs again only for its group's sake), before the first of them.
         A run is complete when each has a record (gpucheck.model.runlog)."""
-        plan = CasePlan(self.run_id, self.device, self.mode)
+        plan = CasePlan(self.origin.run_id, self.device, self.origin.mode)
         for item in items:
             case = self.ids.get(item.nodeid, item.nodeid)
             if case not in self.again:
-                plan.cases.setdefault(self.suite_of(self.paths[item.nodeid]), []).append(case)
+                plan.cases.setdefault(self.suite_of(self.resolved(item)), []).append(case)
         self._append(plan.to_json())
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
@@ -285,31 +315,18 @@ class Recorder:
         )
         error = (last if isinstance(last, str) else last[0]).removeprefix("E").strip()
         message = f"{case} of suite {suite} cannot be collected: {error}"
-        record = CaseRecord(
-            run_id=self.run_id,
-            device=self.device,
-            device_uuid=self.uuid,
-            suite=suite,
-            case=case,
-            mode=self.mode,
-            status="error",
-            reason=message,
-            started_at=clock.now(),
-            findings=[
-                Finding(
-                    kind="collection-error",
-                    severity="error",
-                    message=message,
-                    device=self.device,
-                    suite=suite,
-                    case=case,
-                    evidence=text[-EVIDENCE_CHARS:],
-                    hint="none of this file's cases ran: fix the error (a syntax "
-                    "error, a missing import) and run the suite again",
-                )
-            ],
+        finding = self.origin.at(suite, case).finding(
+            results.COLLECTION_ERROR,
+            "error",
+            message,
+            evidence=text[-EVIDENCE_CHARS:],
+            hint="none of this file's cases ran: fix the error (a syntax error, a missing "
+            "import) and run the suite again",
         )
+        record = self.origin.record(suite, case, "error", reason=message, findings=[finding])
         self._append(record.to_json())
+
+    # -- writing --------------------------------------------------------------------------
 
     def _append(self, record: dict[str, Any]) -> None:
         """Write a record; when it cannot be written (disk full, read-only folder) the worker
@@ -329,86 +346,67 @@ class Recorder:
             self._state(None, exit_reason=worker_state.OUTPUT_ERROR)
         os._exit(contract.EXIT_OUTPUT_ERROR)
 
+    # -- a case ---------------------------------------------------------------------------
+
     def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
-        self.started[nodeid] = (time.monotonic(), clock.now(), time.time())
+        case = self._start(nodeid)
         t0 = time.perf_counter()
-        self.process_state[nodeid] = guard.ProcessState.now()
-        cuda = _torch_cuda()
-        if cuda is not None and self.device_index is not None:
-            cuda.reset_peak_memory_stats(self.device_index)  # the target's, whatever is current
-            # what earlier cases left allocated: the case's own peak is the peak above it
-            self.allocated_at_start[nodeid] = int(cuda.memory_allocated(self.device_index))
-        if self.peaks is not None and self.sampler is not None:
-            self.peaks.reset()
-            self.peaks(time.time(), self.sampler.sample())
-        self._state(nodeid)
-        self.bookkeeping[nodeid] = time.perf_counter() - t0
+        case.process_state = guard.ProcessState.now()
+        case.allocated_at_start = self.memory.case_started()
+        self._state(case)
+        case.spent(time.perf_counter() - t0)
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Any:
         """The detectors watch the body of the case (fixtures have set the stage by then)."""
         t0 = time.perf_counter()
-        info = CaseInfo(
-            self.device,
-            self.suite_of(self.resolved(item)),
-            self.ids.get(item.nodeid, item.nodeid),
-        )
+        case = self._case(item.nodeid)
+        info = case.info
         current = dict(item.user_properties).get(contract.CURRENT_DEVICE_PROPERTY)
         current = None if current is None else str(current)
-        self._state(item.nodeid, current_device=current)
-        tracker = _OpTracker(lambda op: self._state(item.nodeid, current_device=current, op=op))
+        self._state(case, current_device=current)
+        tracker = _OpTracker(lambda op: self._state(case, current_device=current, op=op))
         op_watch.add(tracker)
-        found = self.detector_findings.setdefault(item.nodeid, [])
-        self.children[item.nodeid] = set(guard.live_children())
-        self._spent(item.nodeid, time.perf_counter() - t0)
-        self.detectors.start(info, found)
+        case.children = set(guard.live_children())
+        case.spent(time.perf_counter() - t0)
+        self.detectors.start(info, case.findings)
         if self.sanitizer is not None:  # a sanitizer pass: where each call's records lie
             self.sanitizer.trace.begin()
-        outcome = yield
+        result = yield
         if guard.is_fork_of(self.pid):  # os.fork() in the case, and the child came back here
             os._exit(0)
-        times = _repeats(item, found, info)
-        if times > 1 and outcome.excinfo is None:
+        times = _repeats(item, case.findings, info)
+        if times > 1 and result.excinfo is None:
             self.detectors.repeat(item.runtest, times)
         op_watch.remove(tracker)
         if self.sanitizer is not None:
             self.sanitizer.trace.end()
-        named = tracker.raised or tracker.last
-        if named is not None:
-            self.case_ops[item.nodeid] = named
-        if tracker.raised is not None:
-            self.raising_ops[item.nodeid] = tracker.raised
-        lost = outcome.excinfo is not None and sticky_cuda_error(outcome.excinfo[1]) is not None
-        stood_down = self.detectors.finish(
-            info, found, self.detector_data.setdefault(item.nodeid, {}), lost_context=lost
-        )
-        if stood_down:
-            self.stood_down[item.nodeid] = stood_down
-        del outcome
+        case.op = tracker.raised or tracker.last
+        case.raising_op = tracker.raised
+        lost = result.excinfo is not None and sticky_cuda_error(result.excinfo[1]) is not None
+        case.stood_down = self.detectors.finish(info, case.findings, case.data, lost_context=lost)
+        del result
 
     def add_attached(self, item: pytest.Item, attached: list[Finding], op: str | None) -> None:
         """Findings the case attached (``gpucheck_findings``, ``check_op``), beside its
         detectors' (one finding of each: :func:`gpucheck.worker.case.merge`)."""
-        existing = self.detector_findings.setdefault(item.nodeid, [])
-        new = merge(existing, attached, op)
-        suite = self.suite_of(self.resolved(item))
-        case = self.ids.get(item.nodeid, item.nodeid)
+        case = self._case(item.nodeid)
+        new = merge(case.findings, attached, op)
         for f in new:
-            f.device, f.suite, f.case = self.device, suite, case
-        existing.extend(new)
+            f.device, f.suite, f.case = case.info.device, case.info.suite, case.info.case
+        case.findings.extend(new)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        self.reports.setdefault(report.nodeid, []).append(report)
+        self._case(report.nodeid).reports.append(report)
 
     def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> None:
         if guard.is_fork_of(self.pid):  # a fork of this worker writes no record
             os._exit(0)
-        reports = self.reports.pop(nodeid, [])
-        t0, started_at, _ = self.started.pop(nodeid, (time.monotonic(), clock.now(), 0.0))
+        case = self._end(nodeid)
         t1 = time.perf_counter()
-        self._process_findings(nodeid)
-        self._spent(nodeid, time.perf_counter() - t1)
-        record = self.build(nodeid, reports, time.monotonic() - t0, started_at)
+        self._process_findings(case)
+        case.spent(time.perf_counter() - t1)
+        record = self.build(case)
         if record.case not in self.again:  # recorded already: run for the group's sake
             self._append(record.to_json())
         self.done += 1
@@ -419,7 +417,7 @@ class Recorder:
             # cases get a fresh one (the controller tells how many records the last case lost)
             self._state(None, exit_reason=worker_state.SANITIZER_LIMIT)
             os._exit(contract.EXIT_SANITIZER_LIMIT)
-        if _lost_context(reports):
+        if lost_context(case.reports):
             # Every later case in this process would fail with the same error: stop here and
             # let the harness continue in a fresh process.
             sys.stderr.write(f"gpucheck: CUDA context lost in {nodeid}; worker exits\n")
@@ -427,47 +425,37 @@ class Recorder:
             self._state(None, exit_reason=worker_state.CONTEXT_LOST)
             os._exit(contract.EXIT_CONTEXT_LOST)
 
-    def _spent(self, nodeid: str, seconds: float) -> None:
-        """Seconds of the worker's own bookkeeping on a case (``cost_s["record"]``)."""
-        self.bookkeeping[nodeid] = self.bookkeeping.get(nodeid, 0.0) + seconds
-
-    def _process_findings(self, nodeid: str) -> None:
+    def _process_findings(self, case: CaseState) -> None:
         """Warnings for what the case did to the worker process: a working folder or a CUDA
         variable it changed (put back here, so later cases are not affected), processes its
         body started and left running."""
-        found = []
-        before = self.process_state.pop(nodeid, None)
+        before = case.process_state
         changes = guard.changed_state(before) if before is not None else []
         if changes:
-            found.append(
-                Finding(
-                    kind="process-state",
-                    severity="warning",
-                    message=f"the case changed {'; '.join(changes)} and did not put it back",
+            case.findings.append(
+                case.info.finding(
+                    "process-state",
+                    "warning",
+                    f"the case changed {'; '.join(changes)} and did not put it back",
                     hint="gpucheck put it back before the next case; use monkeypatch.chdir / "
                     "monkeypatch.setenv, which undo themselves",
                 )
             )
-        earlier = self.children.pop(nodeid, None)
         live = guard.live_children()
         self._remember(live)
+        earlier = case.children
         stray = {p: c for p, c in live.items() if earlier is not None and p not in earlier}
         if stray:
-            found.append(
-                Finding(
-                    kind="stray-process",
-                    severity="warning",
-                    message=f"the case left {len(stray)} process(es) running: "
+            case.findings.append(
+                case.info.finding(
+                    "stray-process",
+                    "warning",
+                    f"the case left {len(stray)} process(es) running: "
                     + "; ".join(f"pid {p}: {c}" for p, c in sorted(stray.items())),
-                    hint="wait for (or end) the processes a test starts; gpucheck ends them with "
-                    "the worker",
+                    hint="wait for (or end) the processes a test starts; gpucheck ends them "
+                    "with the worker",
                 )
             )
-        if found:
-            suite, case = self.suite_of(self._path_of(nodeid)), self.ids.get(nodeid, nodeid)
-            for f in found:
-                f.device, f.suite, f.case = self.device, suite, case
-            self.detector_findings.setdefault(nodeid, []).extend(found)
 
     def _remember(self, live: dict[int, str]) -> None:
         """Keep the processes running now in the state file (written with the case's end):
@@ -484,104 +472,34 @@ class Recorder:
         self._remember(guard.live_children())
         self._state(None)
 
-    def build(
-        self, nodeid: str, reports: list[pytest.TestReport], duration: float, started_at: str
-    ) -> CaseRecord:
-        suite = self.suite_of(self._path_of(nodeid))
-        case = self.ids.get(nodeid, nodeid)
-        status, reason = "passed", None
-        findings: list[Finding] = []
-        call_failure: Finding | None = None
-        current = None
-        for i, rep in enumerate(reports):
-            for key, value in rep.user_properties:
-                if key == contract.CURRENT_DEVICE_PROPERTY:
-                    current = None if value is None else str(value)
-            if rep.skipped:
-                if hasattr(rep, "wasxfail"):
-                    status, reason = "skipped", f"expected failure: {rep.wasxfail}"
-                elif status == "passed":
-                    status, reason = "skipped", _skip_reason(rep)
-            elif rep.failed:
-                if rep.when == "teardown" and _lost_context(reports[:i]):
-                    continue  # the teardown only met the context the case already lost
-                status = "failed" if rep.when == "call" else "error"
-                findings.append(
-                    _failure_finding(
-                        rep,
-                        self.device,
-                        suite,
-                        case,
-                        other_current=current not in (None, self.device),
-                    )
-                )
-                if rep.when == "call":
-                    call_failure = findings[-1]
-                    if call_failure.kind == "cuda-error":  # raised in or after that op
-                        call_failure.op = self.case_ops.get(nodeid)
-                    else:  # an extension's own error ("invalid argument"): the op it came from
-                        call_failure.op = self.raising_ops.get(nodeid)
-                reason = reason or findings[-1].message
-        attached = self.detector_findings.pop(nodeid, [])
-        if call_failure is not None and _said_by(call_failure, attached):
-            findings.remove(call_failure)
-        mixed = next((f for f in attached if f.kind == results.MIXED_DEVICES), None)
-        if call_failure is not None and call_failure.kind == "cuda-error" and mixed:
-            call_failure.hint = results.mixed_devices_hint(mixed)  # not a device guard
-        stood_down = self.stood_down.pop(nodeid, None)
-        if stood_down and call_failure is not None:  # one note, on the error that caused it
-            call_failure.evidence = f"{stood_down_note(stood_down)}\n{call_failure.evidence or ''}"
-        findings.extend(attached)
-        data = self.detector_data.pop(nodeid, {})
-        self.case_ops.pop(nodeid, None)
-        self.raising_ops.pop(nodeid, None)
-        fingerprints = list(data.get("fingerprints", []))
+    def build(self, case: CaseState) -> CaseRecord:
+        """The case's record, in one place: the outcome of its phases with its findings
+        reconciled, its compute-sanitizer records (a sanitizer pass), its memory peaks, what
+        its detectors added and the worker's own seconds on it."""
+        duration = time.monotonic() - case.started
+        info = case.info
+        out = outcome(case.reports, info, case.op, case.raising_op)
+        findings = reconcile(out, case.findings, case.stood_down)
         if self.sanitizer is not None:
-            info = CaseInfo(self.device, suite, case)
-            found = self.sanitizer.findings(info, current not in (None, self.device))
+            found = self.sanitizer.findings(info, out.other_current(self.device))
             findings.extend(found)
-            if any(f.severity == "error" for f in found) and status in ("passed", "skipped"):
-                status, reason = "failed", f"compute-sanitizer: {found[0].message}"
-        memory: dict[str, Any] = {
-            "torch_peak_allocated": None,
-            "torch_peak_reserved": None,
-            "nvml_peak_used": None,
-        }
-        if self.peaks is not None and self.sampler is not None:
-            self.peaks(time.time(), self.sampler.sample())  # catch cases shorter than a period
-            peaks = self.peaks.snapshot()
-            failed = self.peaks.error()
-            if failed:  # a peak NVML did not see is unknown, not 0
-                findings.append(_nvml_failed(failed, self.device, suite, case))
-            else:
-                memory["nvml_peak_used"] = peaks.get(self.uuid or "", 0)
-                memory["nvml_peak_other_devices"] = {
-                    u: b for u, b in peaks.items() if u != self.uuid and b
-                }
-        cuda = _torch_cuda()
-        if cuda is not None and self.device_index is not None:
-            memory["torch_peak_allocated"] = int(cuda.max_memory_allocated(self.device_index))
-            memory["torch_peak_reserved"] = int(cuda.max_memory_reserved(self.device_index))
-            memory["torch_allocated_at_start"] = self.allocated_at_start.pop(nodeid, None)
-        return CaseRecord(
-            run_id=self.run_id,
-            device=self.device,
-            device_uuid=self.uuid,
-            suite=suite,
-            case=case,
-            mode=self.mode,
-            status=status,
-            reason=reason,
+            out.fail(found, "compute-sanitizer")
+        memory, nvml_failed = self.memory.case_finished(info, case.allocated_at_start)
+        if nvml_failed is not None:
+            findings.append(nvml_failed)
+        case.data.charge({BOOKKEEPING: case.bookkeeping})
+        case.data.cost_s = {name: round(s, 6) for name, s in case.data.cost_s.items()}
+        return self.origin.record(
+            info.suite,
+            info.case,
+            out.status,
+            reason=out.reason,
+            started_at=case.started_at,
             duration_s=round(duration, 6),
-            started_at=started_at,
-            current_device=current,
+            current_device=out.current,
             memory=memory,
-            findings=[f for f in findings if f is not None],
-            fingerprints=fingerprints,
-            numerics=list(data.get("numerics", [])),
-            cost_s=_rounded(
-                _with_bookkeeping(data.get("cost_s", {}), self.bookkeeping.pop(nodeid, 0.0))
-            ),
+            findings=findings,
+            data=case.data,
         )
 
 
@@ -601,16 +519,6 @@ def _header_written(path: Path, timeout: float = HEADER_WAIT_S) -> bool:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.005)
-
-
-def _with_bookkeeping(costs: dict[str, float], seconds: float) -> dict[str, float]:
-    """``costs`` with the worker's bookkeeping added under ``record`` (its op tracker's
-    seconds around the calls are there already)."""
-    return {**costs, BOOKKEEPING: costs.get(BOOKKEEPING, 0.0) + seconds}
-
-
-def _rounded(costs: dict[str, float]) -> dict[str, float]:
-    return {name: round(seconds, 6) for name, seconds in costs.items()}
 
 
 class _OpTracker:
@@ -641,94 +549,3 @@ def _repeats(item: pytest.Item, found: list[Finding], info: CaseInfo) -> int:
     except ValueError as err:
         found.append(detector_error("leak", err, info))
         return 1
-
-
-def _said_by(failure: Finding, others: list[Finding]) -> bool:
-    """Whether a detector's or an attached finding already says what the test's failure says
-    (a ``check_op`` case attaches its finding, then raises with the same text): it then
-    stands for the failure, and takes the failure's evidence and hint where it has none. A
-    CUDA error stays a ``cuda-error`` finding unless the other one is of that kind too."""
-    text = failure.message.split(": ", 1)[-1]  # without the exception's type
-    for other in others:
-        if (
-            failure.kind in ("test-failure", other.kind)
-            and len(text) >= 12
-            and text in other.message
-        ):
-            other.evidence = other.evidence or failure.evidence
-            other.hint = other.hint or failure.hint
-            return True
-    return False
-
-
-def _lost_context(reports: list[pytest.TestReport]) -> bool:
-    """Whether a phase of the case failed with a CUDA error that lost the process's context
-    (however the test wrapped it: ``check_dtypes`` quotes it in an AssertionError)."""
-    return any(
-        rep.failed and sticky_cuda_error_line(str(rep.longrepr)) is not None for rep in reports
-    )
-
-
-def _skip_reason(rep: pytest.TestReport) -> str:
-    longrepr = rep.longrepr
-    if isinstance(longrepr, tuple) and len(longrepr) == 3:
-        return str(longrepr[2]).removeprefix("Skipped: ")
-    return str(longrepr)
-
-
-def _nvml_failed(why: str, device: str, suite: str, case: str) -> Finding:
-    """The warning of a case during which NVML failed (mode nvml): its peaks are unknown."""
-    return Finding(
-        kind="nvml-error",
-        severity="warning",
-        message=f"NVML failed while this case ran ({why}): its NVML memory peak is unknown, and "
-        "memory it held on other GPUs (a stray context) could not be seen",
-        device=device,
-        suite=suite,
-        case=case,
-        hint="the case's own result stands; NVML answered before and then failed (a driver "
-        "problem: nvidia-smi and the kernel log say more); the run's notes say since when",
-    )
-
-
-def _failure_finding(
-    rep: pytest.TestReport, device: str, suite: str, case: str, other_current: bool = False
-) -> Finding:
-    """The finding of a failed phase: ``cuda-error`` or ``test-failure``. The CUDA error's
-    hint names a missing device guard only when another device was current (``other_current``):
-    with the case's own device current a guard changes nothing."""
-    text = str(rep.longrepr)
-    crash = getattr(rep.longrepr, "reprcrash", None)
-    message = (
-        crash.message.strip().splitlines()[0]
-        if crash and crash.message
-        else (text.strip().splitlines()[-1] if text.strip() else f"{rep.when} failed")
-    )
-    cuda_error = any(m in text for m in CUDA_ERROR_MARKERS)
-    where = "" if rep.when == "call" else f" (in {rep.when})"
-    return Finding(
-        kind="cuda-error" if cuda_error else "test-failure",
-        severity="error",
-        message=message + where,
-        device=device,
-        suite=suite,
-        case=case,
-        evidence=text[-EVIDENCE_CHARS:],
-        hint=(
-            (
-                "a CUDA error: under CUDA_LAUNCH_BLOCKING=1 it is raised at the launch that "
-                "failed; "
-                + (
-                    "with another device current, an illegal memory access is the "
-                    "classic missing device guard (OptionalCUDAGuard(device_of("
-                    "input))): the wrong-device check re-runs the case with its own "
-                    "device current to tell"
-                    if other_current
-                    else "its own device was current, so it is not a device guard: look "
-                    "at the kernel's indexing and its arguments' devices and sizes"
-                )
-            )
-            if cuda_error
-            else None
-        ),
-    )

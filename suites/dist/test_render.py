@@ -60,10 +60,10 @@ def test_independent_mode_issues_no_collective(dist_rank) -> None:  # type: igno
     before, mark = log.seq, log.path.stat().st_size
     images = render_sharded(scene, views, SIZE, distributed=False)
     sum(im.mean() for im in images).backward()  # type: ignore[union-attr]
-    entered = [e for e in collectives.read(log.path) if e.get("ev") == "enter"]
+    entered = [e for e in collectives.read(log.path) if e.ev == "enter"]
     new = log.path.read_text()[mark:]
     assert log.seq == before and '"ev":"enter"' not in new, (
-        f"distributed=False issued collectives: {[e['op'] for e in entered][-5:]}"
+        f"distributed=False issued collectives: {[e.op for e in entered][-5:]}"
     )
     for (v, k), im in zip(views, images, strict=True):
         assert torch.equal(im.detach(), render(scene, v, k, SIZE).detach())

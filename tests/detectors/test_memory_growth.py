@@ -23,11 +23,11 @@ def test_growth_is_fitted_on_the_cases_own_peak():
     at_start = 84 * (1 << 20)
     recs = [sized(n, at_start + 4 * n * n) for n in (1024, 2048, 4096)]
     for r in recs:
-        r.memory["torch_allocated_at_start"] = at_start
+        r.memory.torch_allocated_at_start = at_start
     [f] = growth(recs)
     assert "size^2.00" in f.message and "4,096: 64.0 MiB" in f.message
     for r in recs:
-        del r.memory["torch_allocated_at_start"]
+        r.memory.torch_allocated_at_start = None
     assert growth(recs) == []  # what the detector saw before it subtracted the start
 
 

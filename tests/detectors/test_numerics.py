@@ -9,7 +9,7 @@ import itertools
 import extkit
 import torch
 
-from gpucheck.detectors import CaseInfo, Numerics, numerics, unwritten
+from gpucheck.detectors import CaseInfo, Numerics, numerics, unwritten, unwritten_probe
 from gpucheck.detectors.numerics import conflicts, disagreements, fingerprint, parse
 from gpucheck.detectors.unwritten_output import UnwrittenOutput
 from gpucheck.model.results import CaseRecord
@@ -125,7 +125,7 @@ def test_numerics_finds_a_result_that_differs_between_runs():
     [f] = found
     assert (f.kind, f.severity, f.op) == ("numerics", "error", "gpucheck_numerics::jitter")
     assert "non-deterministic" in f.message and "tag it" in f.hint
-    assert len(data["fingerprints"]) == 2 and {parse(e)[3] for e in data["fingerprints"]} == {"cpu"}
+    assert len(data.fingerprints) == 2 and {parse(e)[3] for e in data.fingerprints} == {"cpu"}
 
 
 def test_numerics_quiet_on_deterministic_and_tagged_ops():
@@ -144,7 +144,7 @@ def test_numerics_quiet_on_deterministic_and_tagged_ops():
     assert found == []
     # double: x (three times, kept once) and three fresh inputs; atomics (tagged
     # nondeterministic_bitwise): not judged
-    ops = [parse(e)[0] for e in data["fingerprints"]]
+    ops = [parse(e)[0] for e in data.fingerprints]
     assert ops.count("gpucheck_numerics::double") == 4 and "gpucheck_numerics::atomics" not in ops
 
 
@@ -159,14 +159,14 @@ def test_numerics_hashes_the_outermost_call_only_and_still_finds_the_inner_ops_j
         Numerics(), lambda: [torch.ops.gpucheck_numerics.outer(x) for _ in range(2)]
     )
     assert [f.op for f in found] == ["gpucheck_numerics::outer"]
-    assert {parse(e)[0] for e in data["fingerprints"]} == {"gpucheck_numerics::outer"}
+    assert {parse(e)[0] for e in data.fingerprints} == {"gpucheck_numerics::outer"}
 
 
 def test_numerics_caps_fingerprints_per_signature():
     det = Numerics(cap=3)
     x = torch.rand(8)
     _, data = _run_case(det, lambda: [torch.ops.gpucheck_numerics.double(x + i) for i in range(10)])
-    assert len(data["fingerprints"]) == 3
+    assert len(data.fingerprints) == 3
 
 
 def test_cross_device_disagreement_across_records():
@@ -208,7 +208,7 @@ def test_numerics_leaves_an_ops_byte_scratch_out():
         Numerics(), lambda: [torch.ops.gpucheck_numerics.render_with_scratch(x) for _ in range(3)]
     )
     assert found == []  # the images are bitwise equal; the byte buffers are not results
-    assert len({parse(e)[2] for e in data["fingerprints"]}) == 1
+    assert len({parse(e)[2] for e in data.fingerprints}) == 1
     # a float result that differs call to call is still a finding
     found, _ = _run_case(
         Numerics(), lambda: [torch.ops.gpucheck_numerics.jitter(x) for _ in range(2)]
@@ -234,7 +234,7 @@ def test_the_hashing_is_unseen_by_the_cases_modes():
     det = Numerics()
     with Functions() as functions, extkit.Dispatched() as dispatched:
         found, data = _run_case(det, lambda: torch.ops.gpucheck_numerics.double(x))
-    assert not found and len(data["fingerprints"]) == 1  # it was hashed
+    assert not found and len(data.fingerprints) == 1  # it was hashed
     assert dispatched.seen == ["gpucheck_numerics.double.default"], dispatched.seen
     assert not any(s in ("cumsum", "empty", "tensor") for s in functions.seen), functions.seen
 
@@ -247,7 +247,7 @@ def _twice(op, x):
     allocator's reuse does, made sure)."""
     cpu = torch.device("cpu")
     for byte in (0x11, 0x22):
-        with unwritten.filling(byte, cpu):
+        with unwritten_probe.filling(byte, cpu):
             op(x)
 
 
@@ -271,7 +271,7 @@ def test_a_conventions_rows_left_unwritten_are_not_results():
     means[::2, 2] = -1.0
     found, data = _with_probe(lambda: _twice(torch.ops.gpucheck_tests.cull, means))
     assert [(f.kind, f.severity) for f in found] == [("unwritten-output", "info")]
-    assert len({parse(e)[2] for e in data["fingerprints"]}) == 1  # the culled rows left out
+    assert len({parse(e)[2] for e in data.fingerprints}) == 1  # the culled rows left out
     # without the probe's evidence, the same calls are what the field reported as a false error
     found, _ = _with_probe(lambda: _twice(torch.ops.gpucheck_tests.cull, means), probe=False)
     assert [f.kind for f in found] == ["numerics"] and "non-deterministic" in found[0].message
@@ -283,7 +283,7 @@ def test_results_that_differ_only_where_the_op_never_wrote_are_unwritten_not_non
     [said] = [f for f in found if "the same input gave different results" in f.message]
     assert "only in elements the op never wrote (output 0 (out): 5 of 20 elements" in said.message
     assert "a tail: the last 5 elements" in said.message and "not non-deterministic" in said.message
-    outputs = {parse(e)[2] for e in data["fingerprints"]}
+    outputs = {parse(e)[2] for e in data.fingerprints}
     assert len(outputs) == 2 and len({o.split(numerics.WRITTEN)[1] for o in outputs}) == 1
 
 
@@ -308,4 +308,4 @@ def test_an_output_declared_unwritten_is_not_a_result(monkeypatch):
     monkeypatch.setenv(unwritten.UNWRITTEN_ENV, "gpucheck_tests::tail:out")
     found, data = _with_probe(lambda: _twice(torch.ops.gpucheck_tests.tail, torch.rand(20)))
     assert [(f.kind, f.severity) for f in found] == [("unwritten-output", "info")]
-    assert len({parse(e)[2] for e in data["fingerprints"]}) == 1
+    assert len({parse(e)[2] for e in data.fingerprints}) == 1

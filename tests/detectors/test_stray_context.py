@@ -23,19 +23,19 @@ def target_current_records():
 
 def test_the_recorded_run_has_no_stray_context():
     recs = target_current_records()
-    assert recs and any("nvml_peak_other_devices" in r.memory for r in recs)
+    assert recs and any(r.memory.nvml_peak_other_devices is not None for r in recs)
     assert stray(recs) == []
     # and the other-device-current passes are never judged (a context there is by design)
     plain = RunLog.read(RUN).cases
     for r in plain:
-        r.memory["nvml_peak_other_devices"] = {OTHER: 500 << 20}
+        r.memory.nvml_peak_other_devices = {OTHER: 500 << 20}
     assert stray(plain) == []
 
 
 def test_first_case_that_touches_another_gpu_is_named_once():
     recs = target_current_records()
     for r in recs[2:]:
-        r.memory["nvml_peak_other_devices"] = {OTHER: 504 << 20}
+        r.memory.nvml_peak_other_devices = {OTHER: 504 << 20}
     [f] = StrayContext({OTHER: "cuda:1"}).run_finished(recs)
     assert (f.kind, f.severity, f.case, f.device) == (
         "stray-context",
@@ -49,6 +49,6 @@ def test_first_case_that_touches_another_gpu_is_named_once():
 
 def test_a_fresh_worker_that_touches_it_again_is_named_again():
     recs = target_current_records()
-    recs[1].memory["nvml_peak_other_devices"] = {OTHER: 1 << 20}
-    recs[3].memory["nvml_peak_other_devices"] = {OTHER: 1 << 20}  # after a restart (none at 2)
+    recs[1].memory.nvml_peak_other_devices = {OTHER: 1 << 20}
+    recs[3].memory.nvml_peak_other_devices = {OTHER: 1 << 20}  # after a restart (none at 2)
     assert [f.case for f in stray(recs)] == [recs[1].case, recs[3].case]

@@ -14,7 +14,7 @@ import extkit
 import pytest
 import torch
 
-from gpucheck.detectors import op_watch, unwritten
+from gpucheck.detectors import op_watch, unwritten, unwritten_probe
 from gpucheck.detectors.base import CaseInfo
 from gpucheck.detectors.element_sets import describe
 from gpucheck.detectors.unwritten_output import UnwrittenOutput
@@ -149,7 +149,7 @@ def test_masked_tiles_left_unwritten_are_an_error_naming_the_output_and_the_tile
     for f in (alpha_f, last_f):
         assert (f.kind, f.severity, f.op) == ("unwritten-output", "error", f"{NAME}.rasterize")
         assert "3 of 30 tiles of 8×8 over dims 0, 1 (40×48)" in f.message
-        assert "this call: " in f.message and f"0x{unwritten.PATTERNS[1]:02X}" in f.evidence
+        assert "this call: " in f.message and f"0x{unwritten_probe.PATTERNS[1]:02X}" in f.evidence
     assert "was never written at 192 of 1920 elements" in alpha_f.message
     # the values shown are those the case's own call left there
     shown = alpha_f.evidence.split("left there: ")[1].splitlines()[0].split(", ")
@@ -168,8 +168,8 @@ def test_a_value_that_equals_one_fill_pattern_is_not_unwritten(ext, det):
     # one pattern alone would call these elements unwritten; both runs tell them apart
     assert bool((out.view(torch.int32) == first[0]).all())
     second = torch.full((4,), 0x5A5A5A5A, dtype=torch.int32)
-    assert not unwritten.unwritten(first, first).any()
-    assert unwritten.unwritten(first, second).all()
+    assert not unwritten_probe.unwritten(first, first).any()
+    assert unwritten_probe.unwritten(first, second).all()
 
 
 def test_the_probe_leaves_the_arguments_and_the_random_stream_as_the_call_left_them(ext, det):

@@ -12,6 +12,14 @@ from hypothesis import strategies as st
 
 from gpucheck.distributed.analysis import RankView, diagnose, positions
 from gpucheck.distributed.collectives import read
+from gpucheck.model.group import EVENTS, CollectiveEntry
+
+
+def entry(line: dict[str, Any]) -> CollectiveEntry:
+    """A log line as the watchdog reads it."""
+    read_back = CollectiveEntry.from_json(line)
+    assert read_back is not None, line
+    return read_back
 
 
 def enter(
@@ -22,32 +30,34 @@ def enter(
     case: str = "t.py::c",
     where: str = "t.py:10",
     tag: str | None = None,
-) -> dict[str, Any]:
-    return {
-        "ev": "enter",
-        "seq": seq,
-        "op": op,
-        "shapes": [list(shape)],
-        "dtypes": ["float32"],
-        "devices": [dev],
-        "case": case,
-        "where": where,
-        "tag": tag,
-    }
+) -> CollectiveEntry:
+    return entry(
+        {
+            "ev": "enter",
+            "seq": seq,
+            "op": op,
+            "shapes": [list(shape)],
+            "dtypes": ["float32"],
+            "devices": [dev],
+            "case": case,
+            "where": where,
+            "tag": tag,
+        }
+    )
 
 
-def done(seq: int) -> dict[str, Any]:
-    return {"ev": "done", "seq": seq}
+def done(seq: int) -> CollectiveEntry:
+    return entry({"ev": "done", "seq": seq})
 
 
-def start(seq: int = 0, case: str = "t.py::c") -> dict[str, Any]:
-    return {"ev": "case", "case": case, "seq": seq}
+def start(seq: int = 0, case: str = "t.py::c") -> CollectiveEntry:
+    return entry({"ev": "case", "case": case, "seq": seq})
 
 
 def end(
     seq: int, outcome: str = "passed", error: str | None = None, case: str = "t.py::c"
-) -> dict[str, Any]:
-    return {"ev": "case-end", "case": case, "seq": seq, "outcome": outcome, "error": error}
+) -> CollectiveEntry:
+    return entry({"ev": "case-end", "case": case, "seq": seq, "outcome": outcome, "error": error})
 
 
 def test_healthy_group_in_flight_is_not_a_problem() -> None:
@@ -131,13 +141,15 @@ def test_tensor_on_another_kind_of_device() -> None:
 
 
 def test_refused_tensor_names_the_rank() -> None:
-    err = {
-        "ev": "error",
-        "seq": 1,
-        "op": "all_reduce",
-        "kind": "device",
-        "error": "rank 1: all_reduce #1 got a tensor on cpu, but this rank runs on cuda:1",
-    }
+    err = entry(
+        {
+            "ev": "error",
+            "seq": 1,
+            "op": "all_reduce",
+            "kind": "device",
+            "error": "rank 1: all_reduce #1 got a tensor on cpu, but this rank runs on cuda:1",
+        }
+    )
     views = [
         RankView(0, [start(), enter(1, dev="cuda:0")]),
         RankView(1, [start(), enter(1, dev="cpu"), err]),
@@ -247,8 +259,8 @@ _ENTRIES = st.one_of(
 @st.composite
 def _log_lines(draw: Any) -> list[str]:
     lines = []
-    for entry in draw(st.lists(_ENTRIES, max_size=8)):
-        line = json.dumps(entry)
+    for drawn in draw(st.lists(_ENTRIES, max_size=8)):
+        line = json.dumps(drawn.to_json() if isinstance(drawn, CollectiveEntry) else drawn)
         how = draw(st.sampled_from(["whole", "whole", "whole", "torn", "junk", "json"]))
         if how == "torn":
             line = line[: draw(st.integers(0, len(line)))]
@@ -275,7 +287,7 @@ def test_any_log_is_read_and_judged_without_raising(
         path = folder / f"rank{rank}.jsonl"
         path.write_text("\n".join(lines) + "\n")
         entries = read(path)
-        assert all(isinstance(e, dict) and isinstance(e["ev"], str) for e in entries)
+        assert all(isinstance(e, CollectiveEntry) and e.ev in EVENTS for e in entries)
         views.append(RankView(rank, entries, exits[rank]))
     d = diagnose(views, timed_out=timed_out)
     assert d is None or (
@@ -296,14 +308,14 @@ def test_read_keeps_the_entries_and_drops_what_is_not_one(tmp_path: Path) -> Non
         '{"ev": "done", "seq": "2"}',
         '{"ev": "enter", "seq": true}',
         '{"ev": "enter", "seq": 3, "devices": [0]}',
-        json.dumps(enter(3))[:40],
+        json.dumps(enter(3).to_json())[:40],
     ]
     path = tmp_path / "rank0.jsonl"
     path.write_text(
         "\n".join(
-            [json.dumps(e) for e in good[:2]]
+            [json.dumps(e.to_json()) for e in good[:2]]
             + bad[:4]
-            + [json.dumps(e) for e in good[2:]]
+            + [json.dumps(e.to_json()) for e in good[2:]]
             + bad[4:]
         )
         + "\n"

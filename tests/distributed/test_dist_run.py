@@ -264,7 +264,7 @@ def test_collective_log_entries(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "refused: rank 0: all_reduce #3 got a tensor on meta" in proc.stdout
     entries = collectives.read(path)
-    assert [(e["ev"], e.get("seq"), e.get("op")) for e in entries] == [
+    assert [(e.ev, e.seq, e.op) for e in entries] == [
         ("case", 0, None),
         ("enter", 1, "all_reduce"),
         ("done", 1, "all_reduce"),
@@ -275,10 +275,10 @@ def test_collective_log_entries(tmp_path: Path) -> None:
         ("case-end", 3, None),
     ]
     first = entries[1]
-    assert first["shapes"] == [[3]] and first["dtypes"] == ["float64"]
-    assert first["devices"] == ["cpu"] and first["case"] == "c"
-    assert first["where"].startswith("log.py:")
-    assert entries[6]["kind"] == "device" and entries[6]["case"] == "c"
+    assert first.shapes == [[3]] and first.dtypes == ["float64"]
+    assert first.devices == ["cpu"] and first.case == "c"
+    assert first.where is not None and first.where.startswith("log.py:")
+    assert entries[6].kind == "device" and entries[6].case == "c"
 
 
 def test_under_torchrun_each_process_owns_its_rank(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import jsonschema
 
 from gpucheck.model import clock, results
+from gpucheck.model.group import GroupRecord
 from gpucheck.model.results import CaseRecord
 from gpucheck.model.runlog import CasePlan, Resume, RunEnd, RunLog, RunPart, missing_shards
 
@@ -52,7 +53,7 @@ def test_a_case_planned_and_not_recorded_is_named_and_a_group_record_stands_for_
     for device, case in (("rank0/cpu", "t::a"), ("rank1/cpu", "t::a"), ("rank0/cpu", "t::c")):
         results.append(path, _case(device, case))
     # the watchdog's one record of a fault in t::b, on the culprit rank: done for both
-    results.append(path, _case("rank1/cpu", "t::b", distributed={"kind": "hang"}))
+    results.append(path, _case("rank1/cpu", "t::b", distributed=GroupRecord("hang", [1], [0])))
     assert RunLog.read(path).unrecorded() == [("rank1/cpu", "s", "t::c", "dist")]
 
 

@@ -2,7 +2,8 @@
 count), no import from a lower floor to a higher one (a function-level, lazy one only with a
 ``lazy:`` comment saying why), the kernel wing fenced off from the harness, the model and the
 reports, no private name used outside its module, no module or function over its line limit
-(but those still listed, each with the area that owns it).
+(but those still listed, each with the area that owns it), no record's payload read as a dict
+past its reader in ``model/``.
 
 The floors are :data:`FLOORS`, the one table of them. The measuring functions are tested on a
 synthetic package too, so that these tests can fail.
@@ -27,13 +28,7 @@ MAX_LINES = 600
 MAX_FUNCTION_LINES = 80
 #: what is still over those limits, each with the area that owns it: the list only shrinks (an
 #: entry no longer over must go). A module by its path, a function as ``path::qualified.name``.
-OVER_THE_LIMITS: dict[str, str] = {
-    "gpucheck/detectors/unwritten.py": "detectors (unwritten)",
-    "gpucheck/distributed/analysis.py::diagnose": "distributed (the collective log)",
-    "gpucheck/worker/recorder.py": "worker (the case as one object)",
-    "gpucheck/worker/recorder.py::Recorder.__init__": "worker (the case as one object)",
-    "gpucheck/worker/recorder.py::Recorder.build": "worker (the case as one object)",
-}
+OVER_THE_LIMITS: dict[str, str] = {}
 LAZY_MARK = "lazy:"
 
 #: floor of each part of gpucheck, low to high: a module may import from its own floor and
@@ -554,6 +549,131 @@ def test_no_private_name_is_used_across_modules() -> None:
         "private names used outside their module (make them public, or move the user):\n"
         + "\n".join(f"  {u}" for u in uses)
     )
+
+
+# --- records typed past their reader -----------------------------------------------------
+#
+# A record that crosses a process boundary is read once, by its reader in ``model/``
+# (``from_json``: where a record someone else wrote is judged), into typed objects; past that
+# reader nobody indexes its payload as a dict. Measured on the code: a ``.get(key)`` or
+# ``.setdefault(key)`` call, or a ``.pop("...")`` call or a ``["..."]`` subscript with a
+# string constant for a key, on an attribute named like a payload field of a model record
+# (``record.memory``,
+# ``header.config``, ``record.findings``...), in any module outside ``gpucheck/model/``. The
+# payload fields are found, not listed: every field of a dataclass of ``gpucheck.model`` whose
+# type is (a list, a dict or an optional of) another dataclass of ``gpucheck.model``. Dicts
+# that are data, not records (``cost_s``: names to seconds), are of no model type, and
+# ``RunHeader.raw`` is the record as written, read through ``RunHeader.field``.
+
+
+def model_records(package: str) -> set[type]:
+    """The dataclasses the modules of ``<package>.model`` define."""
+    import dataclasses
+    import importlib
+    import pkgutil
+
+    model = importlib.import_module(f"{package}.model")
+    found = set()
+    for info in pkgutil.iter_modules(model.__path__):
+        module = importlib.import_module(f"{model.__name__}.{info.name}")
+        for obj in vars(module).values():
+            if (
+                isinstance(obj, type)
+                and dataclasses.is_dataclass(obj)
+                and obj.__module__ == module.__name__
+            ):
+                found.add(obj)
+    return found
+
+
+def payload_fields(records: set[type]) -> set[str]:
+    """The names of the fields of ``records`` whose type names another of ``records``."""
+    import dataclasses
+    import typing
+
+    def names_a_record(tp: object) -> bool:
+        if isinstance(tp, (list, tuple)):  # a Callable's parameters
+            return any(names_a_record(a) for a in tp)
+        return tp in records or any(names_a_record(a) for a in typing.get_args(tp))
+
+    out = set()
+    for cls in records:
+        hints = typing.get_type_hints(cls)
+        out |= {f.name for f in dataclasses.fields(cls) if names_a_record(hints[f.name])}
+    return out
+
+
+@dataclass(frozen=True)
+class PayloadLookup:
+    """A string-keyed lookup on a record's payload outside the model's readers."""
+
+    path: Path
+    line: int
+    text: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.text}"
+
+
+def payload_lookups(paths: Iterable[Path], fields: set[str]) -> list[PayloadLookup]:
+    """``X.<field>.get(k)``, ``.setdefault(k)``, ``.pop("k")`` and ``X.<field>["k"]`` in
+    ``paths``, for every field name of ``fields``."""
+
+    def on_payload(node: ast.expr) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr in fields
+
+    def keyed(node: ast.expr) -> bool:
+        return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+    out = []
+    for path in paths:
+        source = path.read_text()
+        for node in ast.walk(ast.parse(source, filename=str(path))):
+            found = (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and on_payload(node.func.value)
+                and bool(node.args)
+                and (
+                    node.func.attr in ("get", "setdefault")
+                    or (node.func.attr == "pop" and keyed(node.args[0]))
+                )
+            ) or (isinstance(node, ast.Subscript) and on_payload(node.value) and keyed(node.slice))
+            if found:
+                text = ast.get_source_segment(source, node) or ""
+                out.append(PayloadLookup(path, node.lineno, text))
+    return out
+
+
+def test_no_record_payload_is_read_as_a_dict_past_its_reader() -> None:
+    fields = payload_fields(model_records(PACKAGE))
+    assert {"memory", "numerics", "distributed", "config", "findings"} <= fields
+    model = PACKAGE_DIR / "model"
+    paths = [p for p in module_files(PACKAGE_DIR, PACKAGE).values() if model not in p.parents]
+    found = payload_lookups(paths, fields)
+    assert not found, (
+        "a record's payload read as a dict past its reader in gpucheck/model/ (give the "
+        "model's class the attribute, and read that):\n" + "\n".join(f"  {x}" for x in found)
+    )
+
+
+def test_synthetic_payload_lookups_are_found(tmp_path: Path) -> None:
+    path = tmp_path / "reader.py"
+    path.write_text(
+        "def f(record, header, item, costs):\n"
+        "    a = record.memory.get('torch_peak_allocated')\n"
+        "    b = header.config['suites']\n"
+        "    c = record.memory.torch_peak_allocated\n"  # typed: fine
+        "    d = item.config.getoption('x')\n"  # not a lookup
+        "    e = record.cost_s['record'] + record.memory.get(k)\n"  # data; any key
+        "    return record.findings[0], a, b, c, d, e\n"  # an index, not a key
+    )
+    found = payload_lookups([path], {"memory", "config", "findings"})
+    assert [(x.line, x.text) for x in found] == [
+        (2, "record.memory.get('torch_peak_allocated')"),
+        (3, "header.config['suites']"),
+        (6, "record.memory.get(k)"),
+    ]
 
 
 # --- the measuring functions, on a synthetic package --------------------------------------

@@ -8,6 +8,8 @@ import textwrap
 import pytest
 from clirun import run_suite
 
+from gpucheck.model.results import CaseData
+
 
 def _run_with_detector(tmp_path, detector: str, test: str) -> tuple[dict, str]:
     """``gpucheck run --cpu-only`` over one test file with one more worker detector
@@ -75,14 +77,14 @@ def test_after_a_lost_context_the_gpu_detectors_stand_down_with_one_note():
     loop = DetectorLoop([Trace(), Numbers(), Args()])
     found: list[Finding] = []
     loop.start(info, found)
-    down = loop.finish(info, found, {}, lost_context=True)
+    down = loop.finish(info, found, CaseData(), lost_context=True)
     assert [f.kind for f in found] == ["mixed-devices"]
     assert down == ["wrong-stream", "numerics"]
     assert "stood down for this case (wrong-stream, numerics)" in stood_down_note(down)
     # with the context intact the same failure is a warning, and every finding counts
     found = []
     loop.start(info, found)
-    assert loop.finish(info, found, {}) == []
+    assert loop.finish(info, found, CaseData()) == []
     assert [f.kind for f in found] == ["detector-error", "numerics", "mixed-devices"]
 
 
@@ -139,12 +141,12 @@ def test_the_loop_times_each_detector_on_the_case(tmp_path):
 
     info = CaseInfo("cuda:0", "s", "test_a.py::test_a")
     loop = DetectorLoop([Slow(), Idle()])
-    data: dict = {"cost_s": {"slow": 1.0}}
+    data = CaseData(cost_s={"slow": 1.0})
     loop.start(info, [])
     loop.repeat(lambda: time.sleep(0.01), 2)
     loop.finish(info, [], data)
-    assert 1.06 <= data["cost_s"]["slow"] < 1.5
-    assert 0 <= data["cost_s"]["idle"] < 0.01
+    assert 1.06 <= data.cost_s["slow"] < 1.5
+    assert 0 <= data.cost_s["idle"] < 0.01
 
 
 def test_the_watch_around_the_cases_op_calls_is_its_own_cost():
@@ -180,7 +182,7 @@ def test_the_watch_around_the_cases_op_calls_is_its_own_cost():
 
     info = CaseInfo("cpu", "s", "test_a.py::test_a")
     loop = DetectorLoop([Repeats()])
-    data: dict = {}
+    data = CaseData()
     listener = SlowListener()
     assert op_watch.add(listener)
     try:
@@ -190,9 +192,9 @@ def test_the_watch_around_the_cases_op_calls_is_its_own_cost():
         loop.finish(info, [], data)
     finally:
         op_watch.remove(listener)
-    assert 0.06 <= data["cost_s"]["slow-listener"] < 0.1  # 3 calls x 0.02 s
-    assert 0 < data["cost_s"]["op-watch"] < 0.01  # the watch's own part of the 3 calls
-    assert 0.1 <= data["cost_s"]["repeats"] < 0.14  # the two repeated bodies, watch left out
+    assert 0.06 <= data.cost_s["slow-listener"] < 0.1  # 3 calls x 0.02 s
+    assert 0 < data.cost_s["op-watch"] < 0.01  # the watch's own part of the 3 calls
+    assert 0.1 <= data.cost_s["repeats"] < 0.14  # the two repeated bodies, watch left out
 
 
 def test_a_listener_without_a_name_is_charged_under_its_class_also_when_the_op_raises():
@@ -217,7 +219,7 @@ def test_a_listener_without_a_name_is_charged_under_its_class_also_when_the_op_r
 
     info = CaseInfo("cpu", "s", "test_a.py::test_a")
     loop = DetectorLoop([])
-    data: dict = {}
+    data = CaseData()
     listener = Unnamed()
     assert op_watch.add(listener)
     try:
@@ -227,5 +229,5 @@ def test_a_listener_without_a_name_is_charged_under_its_class_also_when_the_op_r
         loop.finish(info, [], data)
     finally:
         op_watch.remove(listener)
-    assert 0.03 <= data["cost_s"]["Unnamed"] < 0.06
+    assert 0.03 <= data.cost_s["Unnamed"] < 0.06
     assert op_watch.take_spent() == {}  # taken by the case

@@ -205,14 +205,7 @@ class CheckpointReads(BaseDetector):
             )
         found = [f for r in reads if (f := _finding(r, case)) is not None]
         found += [
-            Finding(
-                kind="detector-error",
-                severity="warning",
-                message=f"detector {self.name} failed: {e}",
-                device=case.device,
-                suite=case.suite,
-                case=case.case,
-            )
+            case.finding("detector-error", "warning", f"detector {self.name} failed: {e}")
             for e in errors
         ]
         return found
@@ -320,25 +313,15 @@ def _finding(r: _Read, case: CaseInfo) -> Finding | None:
             f"{r.path}: the case read a checkpoint whose {' and '.join(fields)} are "
             f"stored activated; a 3DGS loader activates them again"
         )
-        return Finding(
-            kind="double-activation",
-            severity="error",
-            message=message,
-            device=case.device,
-            suite=case.suite,
-            case=case.case,
-            evidence=evidence,
-            hint=report.fix,
+        return case.finding(
+            "double-activation", "error", message, evidence=evidence, hint=report.fix
         )
     odd = [p.name for p in report.params if p.verdict == "suspicious"]
-    return Finding(
-        kind="checkpoint-suspicious",
-        severity="warning",
-        message=f"{r.path}: the case read a checkpoint whose {', '.join(odd)} look "
+    return case.finding(
+        "checkpoint-suspicious",
+        "warning",
+        f"{r.path}: the case read a checkpoint whose {', '.join(odd)} look "
         f"suspicious to `gpucheck lint-checkpoint`",
-        device=case.device,
-        suite=case.suite,
-        case=case.case,
         evidence=evidence,
         hint=report.fix,
     )

@@ -63,13 +63,10 @@ class DoubleActivation(BaseDetector):
                 continue
             fields = "; ".join(f"{k}: {v}" for k, v in r.fields.items())
             found.append(
-                Finding(
-                    kind="double-activation" if r.activated else "checkpoint-roundtrip",
-                    severity="error",
-                    message=r.message.split("; ")[0] if r.activated else r.message,
-                    device=case.device,
-                    suite=case.suite,
-                    case=case.case,
+                case.finding(
+                    "double-activation" if r.activated else "checkpoint-roundtrip",
+                    "error",
+                    r.message.split("; ")[0] if r.activated else r.message,
                     evidence=f"{fields}\n{r.render or ''}".strip(),
                     hint=HINT if r.activated else "load(save(x)) must give back x exactly",
                 )
