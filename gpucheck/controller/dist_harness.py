@@ -62,13 +62,13 @@ from gpucheck.controller.spawning import (
 from gpucheck.distributed import analysis, collectives
 from gpucheck.distributed import rank as rank_env
 from gpucheck.distributed.kinds import RANK_CRASH
-from gpucheck.model import clock, results, worker_state
+from gpucheck.model import results, worker_state
 from gpucheck.model.contract import NORMAL_EXITS
 from gpucheck.model.fleet import node_of
 from gpucheck.model.group import CollectiveEntry, GroupRecord
 from gpucheck.model.kinds import HANG
 from gpucheck.model.layout import RunFolder, WorkerFiles
-from gpucheck.model.results import CaseRecord, Finding, Status
+from gpucheck.model.results import Origin, Status
 from gpucheck.model.runlog import RunLog
 from gpucheck.model.worker_state import WorkerState
 from gpucheck.processes import Cgroup, Proc, descendants
@@ -529,29 +529,17 @@ class DistHarness:
         node = node_of(label)
         where = f"rank {cause} is {label} on node {node}; " if node else ""
         message = f"{d.message} ({where}found after {age:.1f} s)"
-        finding = Finding(
-            kind=d.kind,
-            severity="error",
-            message=message,
-            device=label,
-            suite=suite,
-            case=case,
-            op=d.op,
-            evidence=evidence[:12000],
-            hint=d.hint,
+        origin = Origin(self.run_id, label, self.group.mode, owned.spec.uuid if owned else None)
+        finding = origin.at(suite, case).finding(
+            d.kind, "error", message, op=d.op, evidence=evidence[:12000], hint=d.hint
         )
         rc = self._exit_code(cause)
-        record = CaseRecord(
-            run_id=self.run_id,
-            device=label,
-            device_uuid=owned.spec.uuid if owned else None,
-            suite=suite,
-            case=case,
-            mode=self.group.mode,
-            status=STATUS_OF.get(d.kind, "failed"),
+        record = origin.record(
+            suite,
+            case,
+            STATUS_OF.get(d.kind, "failed"),
             reason=d.message,
             duration_s=round(age, 3),
-            started_at=clock.now(),
             exit_code=rc if rc is not None and rc >= 0 else None,
             stderr_tail=evidence[-4000:],
             findings=[finding],

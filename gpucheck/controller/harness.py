@@ -51,11 +51,11 @@ from gpucheck.controller.spawning import (
     write_skip,
 )
 from gpucheck.errors import OutputProblem
-from gpucheck.model import clock, results, worker_state
+from gpucheck.model import results, worker_state
 from gpucheck.model.contract import DEVICE_LABEL_ENV
 from gpucheck.model.kinds import CRASH, HANG, WORKER_ERROR
 from gpucheck.model.layout import RunFolder, WorkerFiles
-from gpucheck.model.results import CaseRecord, Finding
+from gpucheck.model.results import Finding, Origin
 from gpucheck.model.runlog import Diagnosis, RunLog
 from gpucheck.model.worker_state import WorkerState
 from gpucheck.processes import Cgroup, Proc, descendants
@@ -407,21 +407,20 @@ class Harness:
             ]
         return found
 
+    def _origin(self, w: Worker) -> Origin:
+        """Who records ``w``'s cases (its device and mode in this run)."""
+        return Origin(self.run_id, w.spec.label, w.spec.mode, w.spec.uuid)
+
     def _unclaimed_record(self, w: Worker, findings: list[Finding]) -> None:
         suite = w.state.suite or ",".join(w.spec.suites)
         case = f"<{w.spec.label} {w.spec.mode}: after the last case>"
         for f in findings:
             f.suite, f.case = suite, case
-        record = CaseRecord(
-            run_id=self.run_id,
-            device=w.spec.label,
-            device_uuid=w.spec.uuid,
-            suite=suite,
-            case=case,
-            mode=w.spec.mode,
-            status="error",
+        record = self._origin(w).record(
+            suite,
+            case,
+            "error",
             reason="compute-sanitizer records outside any case (start-up, shutdown)",
-            started_at=clock.now(),
             findings=findings,
         )
         results.append(self.results_path, record.to_json())
@@ -465,17 +464,13 @@ class Harness:
             except OSError:
                 stacks = ""
             evidence, digest = hang_evidence(stacks, w.native, digest)
-        record = CaseRecord(
-            run_id=self.run_id,
-            device=w.spec.label,
-            device_uuid=w.spec.uuid,
-            suite=suite,
-            case=case,
-            mode=w.spec.mode,
-            status=status,
+        origin = self._origin(w)
+        record = origin.record(
+            suite,
+            case,
+            status,
             reason=message,
             duration_s=round(max(0.0, time.time() - started), 3),
-            started_at=clock.now(),
             current_device=w.state.current_device,
             exit_code=rc if rc >= 0 else None,
             signal=signal_name(rc),
@@ -483,16 +478,8 @@ class Harness:
             findings=[
                 *(extra or []),
                 *pending,
-                Finding(
-                    kind=kind,
-                    severity="error",
-                    message=message,
-                    device=w.spec.label,
-                    suite=suite,
-                    case=case,
-                    op=op,
-                    evidence=evidence or None,
-                    hint=hint,
+                origin.at(suite, case).finding(
+                    kind, "error", message, op=op, evidence=evidence or None, hint=hint
                 ),
             ],
         )
