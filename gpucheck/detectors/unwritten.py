@@ -33,10 +33,13 @@ radius is 0. Otherwise they are a bug. An author can also declare an output unwr
 design: ``GPUCHECK_UNWRITTEN=op:output,...`` (:data:`UNWRITTEN_ENV`; the op as gpucheck names
 it, the output by index or by name, all outputs when left out).
 
-**Memory.** Per worker process: each (op, argument signature) is probed on its first call;
-one found leaving outputs unwritten by mistake is probed again on later calls (the detector's
-budget); a convention, once found for an (op, output), is kept for the process and applied to
-every later call of the op whose marker fits (:func:`left_out`).
+**Memory.** Per worker process: a signature (op, dtypes, shapes) is probed on its first call
+where its family (op, dtypes, ranks, placeholders) has not been probed on a shape of its tail
+pattern yet (:func:`wanted`: at most a few shapes a family, :mod:`~gpucheck.detectors.budget`);
+one found leaving outputs unwritten by mistake is probed again on later calls, and its family
+on every shape (the detector's budget); a convention, once found for an (op, output), is kept
+for the process and applied to every later call of the op whose marker fits
+(:func:`left_out`).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpucheck.detectors import op_watch
+from gpucheck.detectors.budget import Families, tails
 from gpucheck.detectors.element_sets import describe, samples
 from gpucheck.detectors.mixed_devices import argument_names, split_params
 
@@ -154,14 +158,17 @@ CLEAN, UNWRITTEN, BY_DESIGN, FAILED = "clean", "unwritten", "by design", "failed
 
 @dataclass
 class Memory:
-    """What the probes of this process found, by call signature, and the conventions by op."""
+    """What the probes of this process found, by call signature, the conventions by op, and
+    the shapes of each family of signatures probed (:mod:`~gpucheck.detectors.budget`)."""
 
     states: dict[tuple[Any, ...], str] = field(default_factory=dict)
     conventions: dict[str, dict[int, Convention]] = field(default_factory=dict)
+    shapes: Families = field(default_factory=Families)
 
     def clear(self) -> None:
         self.states.clear()
         self.conventions.clear()
+        self.shapes.clear()
 
 
 MEMORY = Memory()
@@ -176,6 +183,25 @@ def signature(call: op_watch.Call) -> tuple[Any, ...]:
         tuple((str(t.dtype), tuple(t.shape), t.device.type) for t in call.inputs),
         flags,
     )
+
+
+def family(call: op_watch.Call) -> tuple[Any, ...]:
+    """(op, each tensor argument's dtype, rank, device type and whether it is a placeholder,
+    each bool argument): the signatures whose probes stand for each other but for their
+    shapes' tails (:mod:`~gpucheck.detectors.budget`)."""
+    flags = tuple(a for a in (*call.args, *call.kwargs.values()) if isinstance(a, bool))
+    return (
+        call.op,
+        tuple((str(t.dtype), t.dim(), t.device.type, op_watch.placeholder(t)) for t in call.inputs),
+        flags,
+    )
+
+
+def wanted(call: op_watch.Call) -> bool:
+    """Whether a call of a signature not probed yet is probed: the first shapes of each tail
+    pattern of its family, every shape of a family found leaving outputs unwritten by
+    mistake (:class:`~gpucheck.detectors.budget.Families`)."""
+    return MEMORY.shapes.take(family(call), tails(call.inputs))
 
 
 def conventions(op: str) -> dict[int, Convention]:
@@ -381,9 +407,7 @@ def _fill_mode() -> Any:
             super().__init__()
             self.byte, self.keyset, self.seen = byte, keyset, seen
 
-    def dispatch(
-        self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None
-    ) -> Any:
+    def dispatch(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if getattr(func, "namespace", "aten") not in op_watch.TORCH_NAMESPACES:
             with FillMode(self.byte, self.keyset, self.seen):  # an extension op: its kernel
@@ -520,7 +544,7 @@ def _probe(call: op_watch.Call, out: Any, snap: Snapshot) -> Evidence:
         count = int(mask.sum()) if mask is not None else 0
         if count:
             gaps.append(_gap(call, outs, runs[0], masks, i, count, names))
-    _remember(call.op, key, gaps)
+    _remember(call, key, gaps)
     return Evidence(call.op, gaps)
 
 
@@ -586,9 +610,11 @@ def _gap(
     return gap
 
 
-def _remember(op: str, key: tuple[Any, ...], gaps: list[Gap]) -> None:
+def _remember(call: op_watch.Call, key: tuple[Any, ...], gaps: list[Gap]) -> None:
+    op = call.op
     if any(not g.by_design for g in gaps):
         MEMORY.states[key] = UNWRITTEN
+        MEMORY.shapes.bug(family(call))
     else:
         MEMORY.states[key] = BY_DESIGN if gaps else CLEAN
     for g in gaps:
