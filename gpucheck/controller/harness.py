@@ -62,7 +62,13 @@ from gpucheck.model.runlog import Diagnosis, RunLog
 from gpucheck.model.worker_state import WorkerState
 from gpucheck.processes import Cgroup, Proc, descendants
 from gpucheck.sanitizer import command as sanitizer_cmd
-from gpucheck.sanitizer.findings import dropped_finding, read_records, sanitizer_findings
+from gpucheck.sanitizer import open_calls
+from gpucheck.sanitizer.findings import (
+    crash_findings,
+    dropped_finding,
+    read_records,
+    sanitizer_findings,
+)
 
 #: seconds a hung worker has to write its stacks (SIGUSR1) before it is killed
 STACK_WAIT_S = 1.0
@@ -299,7 +305,7 @@ class Harness:
             raise OutputProblem(output_fault(tail(w.stderr_path), self.out_dir, w.spec.label))
         unclaimed: list[Finding] = []
         if w.spec.sanitizer_tool:
-            unclaimed = self._unclaimed_sanitizer_findings(w)
+            unclaimed = self._unclaimed_sanitizer_findings(w, case)
             if rc == sanitizer_cmd.ERROR_EXIT:  # the tool's exit code hides the worker's:
                 if w.state.exit_reason == worker_state.CONTEXT_LOST:
                     rc = EXIT_CONTEXT_LOST
@@ -408,15 +414,23 @@ class Harness:
             diagnosis = Diagnosis(self.run_id, w.spec.label, suite, case, w.spec.mode, [finding])
             results.append(self.results_path, diagnosis.to_json())
 
-    def _unclaimed_sanitizer_findings(self, w: Worker) -> list[Finding]:
-        """Records of the worker's sanitizer logs that no finished case claimed."""
+    def _unclaimed_sanitizer_findings(self, w: Worker, case: str | None) -> list[Finding]:
+        """Records of the worker's sanitizer logs that no finished case claimed; where it
+        ended inside ``case``, the invalid accesses among them traced to the calls it had
+        under way (a memcheck pass writes them beside its logs)."""
         offsets = w.state.sanitizer_offsets
+        files = WorkerFiles.of_state(w.state_path)
+        under_way = (
+            open_calls.read(open_calls.path_for(files.sanitizer_log_template)) if case else []
+        )
         found: list[Finding] = []
-        for log in WorkerFiles.of_state(w.state_path).sanitizer_logs():
+        for log in files.sanitizer_logs():
             text, _ = read_records(log, offsets.get(str(log), 0), complete_only=False)
+            tool = w.spec.sanitizer_tool
+            found += crash_findings(str(log), text, tool, under_way, w.spec.label)
             found += [
                 f
-                for f in sanitizer_findings(text, w.spec.sanitizer_tool, w.spec.label, None, None)
+                for f in sanitizer_findings(text, tool, w.spec.label, None, None)
                 if f.severity in ("error", "warning")
             ]
         return found

@@ -1,16 +1,29 @@
 """compute-sanitizer's records as findings of the case that made them: the one place that
 turns a slice of a worker's sanitizer log into findings (the worker, per case, and the
-controller, for what a worker that died left in its log)."""
+controller, for what a worker that died left in its log: its records, and the out-of-bounds
+access it died of, traced to the call it had under way: :func:`crash_findings`)."""
 
 from __future__ import annotations
 
+import os
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from gpucheck.model.results import EVIDENCE_CHARS, Finding
+from gpucheck.sanitizer import tracing
 from gpucheck.sanitizer.command import LIMIT_REACHED, PRINT_LIMIT
+from gpucheck.sanitizer.open_calls import OpenCall
 from gpucheck.sanitizer.parser import SanitizerFinding, parse
+
+OUT_OF_BOUNDS = "out-of-bounds"
+OOB_HINT = (
+    "the kernel indexes past the tensor it was given: check its bounds against the sizes it "
+    "receives (the element count, the row stride) and the grid's tail block"
+)
+#: the memcheck records that are an invalid access by a kernel (not an API error, a leak)
+ACCESSES = ("read", "write", "atomic", "access")
 
 #: the blank tool line that ends a compute-sanitizer record
 RECORD_END = re.compile(rb"^={9} ?\n", re.M)
@@ -164,3 +177,76 @@ def dropped_finding(logs: list[str], device: str, suite: str, case: str) -> Find
         hint="the records it printed are this case's first ones; run the case alone under the "
         "tool (gpucheck run -k CASE --mode sanitizer:TOOL) to see the rest",
     )
+
+
+def out_of_bounds(
+    op: str,
+    kernel: str,
+    group: list[tracing.Traced],
+    device: str,
+    suite: str | None,
+    case: str | None,
+    died: bool = False,
+) -> Finding:
+    """The ``out-of-bounds`` finding of memcheck's invalid accesses by ``kernel``, launched
+    by a call of ``op`` (``died``: the worker died inside that call)."""
+    window = group[0].window
+    records = [t.record for t in group]
+    near = next((t.nearest for t in group if t.nearest), None)
+    frame = f" (called from {window.frame})" if window and window.frame else ""
+    accesses = sorted({f"{r.space or 'global'} {r.access}" for r in records})
+    n = sum(r.count for r in records)
+    how = "the worker died inside the call (the tool ended it)" if died else f"while {op} ran"
+    return Finding(
+        kind=OUT_OF_BOUNDS,
+        severity="error",
+        message=f"`{op}` launched {kernel}, which made {n} invalid {'/'.join(accesses)}(s)"
+        + (f": {near}" if near else "")
+        + frame,
+        op=op,
+        kernel=kernel,
+        evidence=(f"memcheck, {how}{frame}\nfirst record:\n" + "\n".join(records[0].lines[:12]))[
+            :EVIDENCE_CHARS
+        ],
+        hint=OOB_HINT,
+        device=device,
+        suite=suite,
+        case=case,
+    )
+
+
+def crash_findings(
+    log: str, text: str, tool: str | None, calls: list[OpenCall], device: str
+) -> list[Finding]:
+    """The ``out-of-bounds`` findings of a worker that died during a case (its case named
+    later by the controller): memcheck's invalid accesses in ``text`` (the slice of ``log``
+    no finished case claimed) traced to the calls it had under way (:mod:`~gpucheck.
+    sanitizer.open_calls`, innermost last), each one's access named against that call's
+    tensors. A record whose Python line is another than the call's is left out."""
+    if not calls:
+        return []
+    found = tracing.Calls()
+    for i, call in enumerate(calls):  # all under way from before the slice, the last innermost
+        found.windows.append(tracing.Window(i, call.op, call.frame, {log: i - len(calls)}))
+        found.spans += [replace(s, call=i) for s in call.spans]
+    groups: dict[tuple[str, str], list[tracing.Traced]] = {}
+    for t in tracing.trace(log, 0, text, tool, found):
+        r = t.record
+        if r.tool != "memcheck" or r.access not in ACCESSES or not r.kernel_name:
+            continue
+        if t.window is None or not _same_line(r.python_frame, t.window.frame):
+            continue
+        groups.setdefault((t.window.op, r.kernel_name), []).append(t)
+    return [
+        out_of_bounds(op, kernel, g, device, None, None, died=True)
+        for (op, kernel), g in groups.items()
+    ]
+
+
+def _same_line(record_frame: str | None, call_frame: str | None) -> bool:
+    """Whether a record's Python line (``test_x.py:76``, the file's name only) is the call's
+    (``path/test_x.py:76 in test_overrun``); a record without one may be the call's."""
+    if not record_frame or not call_frame:
+        return True
+    where = call_frame.split(" in ")[0]
+    return os.path.basename(where) == os.path.basename(record_frame)
