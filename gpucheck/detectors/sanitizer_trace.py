@@ -163,10 +163,11 @@ class SanitizerTrace:
         if call.error is not None:
             return
         names = unwritten.output_names(call.fn)
-        for i, t in enumerate(call.outputs(out)):
+        outs = call.outputs(out)
+        for i, t in enumerate(outs):
             name = names[i] if i < len(names) and names[i] else None
             span = self._span(window.call, call.op, unwritten.label(i, name), i, name, t)
-            if span is not None and self.tool == READS_REPORTED and _marker_like(t):
+            if span is not None and self.tool == READS_REPORTED and _marker_like(t, outs):
                 self._read_marker(window.call, i, t)
 
     def aside(self, started: bool) -> None:
@@ -329,9 +330,16 @@ class SanitizerTrace:
         return None
 
 
-def _marker_like(t: Any) -> bool:
-    """An output that may mark rows of another: integer or bool, of a size worth keeping."""
-    return not (t.is_floating_point() or t.is_complex()) and 0 < t.numel() <= MAX_MARKER
+def _marker_like(t: Any, outs: list[Any]) -> bool:
+    """An output that may mark rows of another of ``outs``: integer or bool, of a size worth
+    keeping, sharing its first dimension with another output (the others are not read: a read
+    of memory never written costs the case's print budget)."""
+    return (
+        not (t.is_floating_point() or t.is_complex())
+        and t.dim() > 0
+        and 0 < t.numel() <= MAX_MARKER
+        and any(u is not t and u.dim() and u.shape[0] == t.shape[0] for u in outs)
+    )
 
 
 def _span_of(
