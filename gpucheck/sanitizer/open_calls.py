@@ -96,7 +96,7 @@ def _span(value: Any) -> Span | None:
     ):
         return None
     given = {f.name: value[f.name] for f in fields(Span) if f.name in value}
-    return Span(**{**given, "shape": tuple(shape), "strides": tuple(strides)})
+    return Span(**{**given, "shape": tuple(shape or ()), "strides": tuple(strides or ())})
 
 
 def _int(value: Any) -> bool:
