@@ -227,14 +227,16 @@ def _filled() -> Iterator[None]:
     enabled = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     fill = torch.utils.deterministic.fill_uninitialized_memory
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    # the flag itself: torch.use_deterministic_algorithms also sets inductor's, whose import
+    # imports torch._dynamo (seconds, once a worker), and no re-run here compiles anything
+    torch._C._set_deterministic_algorithms(True, warn_only=True)
     torch.utils.deterministic.fill_uninitialized_memory = True
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
-        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+        torch._C._set_deterministic_algorithms(enabled, warn_only=warn_only)
         torch.utils.deterministic.fill_uninitialized_memory = fill
 
 
