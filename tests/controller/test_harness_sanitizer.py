@@ -9,6 +9,7 @@ import shutil
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -93,21 +94,28 @@ def setup(tmp_path, monkeypatch):
     return tool, suite
 
 
-def test_sanitizer_records_are_attributed_to_their_case(setup, tmp_path):
-    tool, suite = setup
+def _run(
+    tmp_path: Path, suites: dict[str, Path], name: str, tool: Path, timeout: float, **spec: Any
+) -> Path:
+    """One worker on CPU under the stand-in ``tool`` in a pass of the sanitizer tool ``name``;
+    its run folder (``tmp_path/out``)."""
     out = tmp_path / "out"
     out.mkdir()
-    spec = WorkerSpec(
-        "cpu",
-        None,
-        None,
-        {"san": suite},
-        "sanitizer:memcheck",
-        sanitizer_tool="memcheck",
-        sanitizer=tool,
+    worker = WorkerSpec(
+        "cpu", None, None, suites, f"sanitizer:{name}", sanitizer_tool=name, sanitizer=tool, **spec
     )
-    Harness([spec], out, out / "results.jsonl", "r1", timeout=60).run()
-    recs = {r["case"].rsplit("::", 1)[-1]: r for r in results.cases(out / "results.jsonl")}
+    Harness([worker], out, out / "results.jsonl", "r1", timeout=timeout).run()
+    return out
+
+
+def _cases(out: Path) -> dict[str, dict[str, Any]]:
+    """The case records of a run folder by test name."""
+    return {r["case"].rsplit("::", 1)[-1]: r for r in results.cases(out / "results.jsonl")}
+
+
+def test_sanitizer_records_are_attributed_to_their_case(setup, tmp_path):
+    tool, suite = setup
+    recs = _cases(_run(tmp_path, {"san": suite}, "memcheck", tool, 60))
     # only the cases marked `sanitizer` ran
     assert "test_not_small_enough_for_the_sanitizer" not in recs
     assert "test_racecheck_only" not in recs  # marked for another tool's pass
@@ -172,14 +180,7 @@ def test_an_overrun_that_kills_the_worker_is_out_of_bounds_of_the_call_under_way
     )
     text = CRASH_SUITE.replace("LOG)", '"memcheck_overrun_crash_h100.log.gz")')
     (suite / "test_crash.py").write_text(text.replace("{LINE}", str(line + 1)))
-    out = tmp_path / "out"
-    out.mkdir()
-    spec = WorkerSpec(
-        "cpu", None, None, {"crash": suite}, "sanitizer:memcheck",
-        sanitizer_tool="memcheck", sanitizer=tool,
-    )  # fmt: skip
-    Harness([spec], out, out / "results.jsonl", "r1", timeout=120).run()
-    recs = {r["case"].rsplit("::", 1)[-1]: r for r in results.cases(out / "results.jsonl")}
+    recs = _cases(_run(tmp_path, {"crash": suite}, "memcheck", tool, 120))
     crashed = recs["test_overrun"]
     assert crashed["status"] == "crashed"
     kinds = [f["kind"] for f in crashed["findings"]]
@@ -227,20 +228,9 @@ def test_hang_under_the_sanitizer_dumps_the_workers_stacks(setup, tmp_path, monk
     """The tool is the worker's parent: the stack request must reach the Python worker."""
     tool, suite = setup
     monkeypatch.setenv("DEMO_HANG", "1")
-    out = tmp_path / "out"
-    out.mkdir()
-    spec = WorkerSpec(
-        "cpu",
-        None,
-        None,
-        {"san": suite},
-        "sanitizer:memcheck",
-        pytest_args=["-k", "test_hang or test_last"],
-        sanitizer_tool="memcheck",
-        sanitizer=tool,
-    )
-    Harness([spec], out, out / "results.jsonl", "r1", timeout=3).run()
-    recs = {r["case"].rsplit("::", 1)[-1]: r for r in results.cases(out / "results.jsonl")}
+    pytest_args = ["-k", "test_hang or test_last"]
+    out = _run(tmp_path, {"san": suite}, "memcheck", tool, 3, pytest_args=pytest_args)
+    recs = _cases(out)
     hung = recs["test_hang"]
     assert hung["status"] == "hung"
     assert "in test_hang" in hung["findings"][-1]["evidence"]
@@ -320,13 +310,7 @@ def test_no_case_runs_after_the_print_budget_is_spent_without_a_fresh_worker(tmp
     (tmp_path / "dropped").mkdir()
     monkeypatch.setenv("FIXTURES", str(FIXTURES))
     monkeypatch.setenv("DROPPED", str(tmp_path / "dropped"))
-    out = tmp_path / "out"
-    out.mkdir()
-    spec = WorkerSpec(
-        "cpu", None, None, {"budget": suite}, "sanitizer:initcheck",
-        sanitizer_tool="initcheck", sanitizer=tool,
-    )  # fmt: skip
-    Harness([spec], out, out / "results.jsonl", "r1", timeout=120).run()
+    out = _run(tmp_path, {"budget": suite}, "initcheck", tool, 120)
     recs = {
         r.case.rsplit("::", 1)[-1]: r for r in RunLog.read(out / "results.jsonl").diagnosed_cases()
     }
