@@ -24,8 +24,9 @@
 //    screen mean's and the conic's gradients are summed as moments of d loss / d exponent
 //    (undo_gaussian) and turned into gradients once per tile in the flush. Static SASS of the
 //    inner loop (sm_90, a Gaussian that some pixel of the warp took / that none took): one
-//    pixel a thread, 8 warps, as before: 180 / 68 instructions per 32 pixels; P = 2: 172 / 61
-//    per 64; P = 4: 282 / 104 per 128. sm_90's vector atomics (two float4 and a float2 a
+//    pixel a thread, 8 warps, as before: 180 / 68 instructions per 32 pixels; P = 2: 148 / 37
+//    per 64; P = 4: 235 / 57 per 128 (with the natural-base exponent and expf, before
+//    exponent2: 172 / 61 and 282 / 104). sm_90's vector atomics (two float4 and a float2 a
 //    Gaussian into a packed [n, 12] buffer, split afterwards) were tried with one pixel a
 //    thread: no faster (issue-bound: ncu 88 % SM throughput either way, 1.48 vs 1.50 ms on an
 //    H200).
@@ -159,25 +160,28 @@ __device__ __forceinline__ PixelWalk start_walk(const SplatInputs& in, const Ren
 // One Gaussian at one pixel: the forward's alpha, formed by the forward's operations (the
 // same bits: the same skip decisions), and whether the forward composited it there.
 struct PixelAlpha {
-  float dx, dy;  // mean - pixel centre
-  float G;       // exp(power)
-  float og;      // opacity G, before the clamp
-  float a;       // alpha
+  float dy;  // mean_y - pixel centre (dx: the column's)
+  float G;   // exp(power)
+  float og;  // opacity G, before the clamp
+  float a;   // alpha
   bool take;
 };
 
-__device__ __forceinline__ PixelAlpha pixel_alpha(const PixelWalk& p, float cx, float2 xy,
-                                                  float4 co, int pos) {
+// col, coef: the column's terms and the coefficients of the exponent (splat_device.cuh), the
+// Gaussian at list position pos with screen mean y mean_y.
+__device__ __forceinline__ PixelAlpha pixel_alpha(const PixelWalk& p, const ExponentColumn& col,
+                                                  float4 coef, float mean_y, int pos) {
   PixelAlpha e;
-  const float power = gaussian_power(xy, co.x, co.y, co.z, cx, p.cy, e.dx, e.dy);
-  e.G = expf(power);
-  e.og = __fmul_rn(co.w, e.G);
+  const float power2 = exponent2(col, coef, mean_y, p.cy, e.dy);
+  e.G = exp2_approx(power2);
+  e.og = __fmul_rn(coef.w, e.G);
   e.a = fminf(kAlphaMax, e.og);
-  e.take = pos < p.last && power <= 0.0f && e.a >= kAlphaMin;
+  e.take = pos < p.last && power2 <= 0.0f && e.a >= kAlphaMin;
   return e;
 }
 
-// Undoes the Gaussian (e: its alpha here; cd: its colour and depth) at pixel p where e.take,
+// Undoes the Gaussian (e: its alpha here; dx: mean_x - the pixel's centre; cd: its colour and
+// depth) at pixel p where e.take,
 // and gives its 10 values there (0 where not e.take) to v: stored when `first`, else added.
 // The values, in kGradValues's order: with h = -d loss / d power (power = -(a dx^2 +
 // c dy^2) / 2 - b dx dy, (a, b, c) the conic) the moments h dx, h dy, h dx^2, h dx dy, h dy^2,
@@ -187,8 +191,8 @@ __device__ __forceinline__ PixelAlpha pixel_alpha(const PixelWalk& p, float cx, 
 // d loss / d (rgb, depth, opacity). Without branches: the warp runs this for all its lanes once
 // any of them takes the Gaussian, so selects (of finite values: alpha <= 0.99) cost less than
 // divergent paths and the zeros they need.
-__device__ __forceinline__ void undo_gaussian(PixelWalk& p, const PixelAlpha& e, float4 cd,
-                                              bool first, float (&v)[kGradValues]) {
+__device__ __forceinline__ void undo_gaussian(PixelWalk& p, const PixelAlpha& e, float dx,
+                                              float4 cd, bool first, float (&v)[kGradValues]) {
   // one reciprocal (correctly rounded) for both divisions by 1 - alpha
   const float inv_one_minus = rcp_rn_normal(1.0f - e.a);
   if (e.take) p.T = p.T * inv_one_minus;  // transmittance in front of this Gaussian
@@ -198,11 +202,11 @@ __device__ __forceinline__ void undo_gaussian(PixelWalk& p, const PixelAlpha& e,
   p.R += gc * w;
   const bool free = e.take && e.og <= kAlphaMax;  // not clamped: gradients to opacity, power
   const float h = free ? -(g_alpha * e.a) : 0.0f;
-  const float hx = h * e.dx, hy = h * e.dy;
+  const float hx = h * dx, hy = h * e.dy;
   const float u[kGradValues] = {
       hx,
       hy,
-      hx * e.dx,
+      hx * dx,
       hx * e.dy,
       hy * e.dy,
       p.g[0] * w,
@@ -230,16 +234,18 @@ __device__ __forceinline__ float flush_value(int k, float sum, float pair, float
 // One Gaussian of the batch being walked, in shared memory (one base address for the three
 // loads of an iteration).
 struct StagedGaussian {
-  float4 conic;  // a, b, c, opacity
+  float4 coef;   // exponent_coefficients: the scaled conic and the opacity
   float4 color;  // r, g, b, depth
   float2 xy;     // screen mean
   int32_t id;
   int32_t unused;
+  float4 conic;  // a, b, c (and the opacity): flush_value's
 };
 
 // Blocks an SM runs of render_backward_kernel<P>: as many as its registers allow without
-// spills (P 2: 64 registers, 4: 80).
-constexpr int backward_blocks_per_sm(int pixels) { return pixels == 2 ? 7 : 12; }
+// spills (P 2: 61 registers, 8 blocks of 4 warps; P 4: 93, 10 blocks of 2 warps; 12 of them
+// would spill 12 bytes).
+constexpr int backward_blocks_per_sm(int pixels) { return pixels == 2 ? 8 : 10; }
 
 // One block a 16x16 tile, each thread P vertically adjacent pixels of one column (a warp:
 // 16 x 2P pixels).
@@ -291,7 +297,9 @@ __global__ void __launch_bounds__(kBlockPixels / P, backward_blocks_per_sm(P))
       StagedGaussian& sg = s_gauss[tid];
       sg.id = id;
       sg.xy = in.means2d[id];
-      sg.conic = make_float4(co[0], co[1], co[2], in.opacities[id]);
+      const float opacity = in.opacities[id];
+      sg.coef = exponent_coefficients(co, opacity);
+      sg.conic = make_float4(co[0], co[1], co[2], opacity);
       sg.color = make_float4(c[0], c[1], c[2], in.depths[id]);
     }
     __syncthreads();
@@ -308,19 +316,20 @@ __global__ void __launch_bounds__(kBlockPixels / P, backward_blocks_per_sm(P))
         float sum = 0.0f;
         if (pos < warp_last) {  // uniform over the warp
           const float2 xy = sg->xy;
-          const float4 co = sg->conic;
+          const float4 coef = sg->coef;
+          const ExponentColumn col = exponent_column(coef, xy.x, cx);
           PixelAlpha e[P];
           bool took = false;
 #pragma unroll
           for (int k = 0; k < P; ++k) {
-            e[k] = pixel_alpha(pix[k], cx, xy, co, pos);
+            e[k] = pixel_alpha(pix[k], col, coef, xy.y, pos);
             took |= e[k].take;
           }
           if (__any_sync(kFullMask, took)) {
             const float4 cd = sg->color;
             float v[kGradValues];
 #pragma unroll
-            for (int k = 0; k < P; ++k) undo_gaussian(pix[k], e[k], cd, k == 0, v);
+            for (int k = 0; k < P; ++k) undo_gaussian(pix[k], e[k], col.dx, cd, k == 0, v);
             sum = warp_reduce_scatter(v, lane);
           }
         }

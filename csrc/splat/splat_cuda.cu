@@ -30,6 +30,10 @@
 //  7. render: one 16x16 block per tile; the tile's Gaussians are staged through shared memory
 //     256 at a time and each thread composites its pixel front to back, stopping when its
 //     transmittance would fall below 1e-4; the block leaves when all its pixels are done.
+//     alpha = opacity 2^p with the exponent p in base 2 (exponent2 in splat_device.cuh: 7
+//     operations and ex2.approx a pixel, where the natural-base exponent and expf took 11 and
+//     9; the inner loop 43 instructions a composited Gaussian, was 56), bit for bit what the
+//     backward forms.
 //     (Warps of 8x4 pixels that pass over the Gaussians whose reach misses them were tried:
 //     slower, HISTORY.md "Splatting training step 1.5x gsplat".)
 //     Each pixel keeps its final transmittance and the list position of its last
@@ -81,17 +85,19 @@ __device__ bool camera_ok(const PreprocessArgs& a) {
 // The margins make that hold for the float32 render too, so the tiles the box drops held no
 // pixel the Gaussian reached, and image, alpha, depth and gradients do not change. With
 // u = 2^-24 and d now taken about the float32 mean:
-//  * alpha = fl(opacity * expf(power)) >= fl(1/255) > 1/255, expf within 2 ulp: -2 power
-//    <= t + 2^-20;
-//  * gaussian_power rounds the conic, dx, dy and every product and sum (<= 6 roundings on the
-//    diagonal terms, 5 on the cross term, 1 on the result), so with [a b; b c] = S^-1 and
-//    |2 b dx dy| <= a dx^2 + c dy^2: -2 power >= (1 - u) (q - 11 u (a dx^2 + c dy^2)). That
-//    quadratic form <= (t + 2^-20) / (1 - u) < t + 2^-19 has its box at sqrt(Sxx /
-//    (1 - 22 u k)) per unit of t along x (Syy along y), k = Sxx Syy / det >= 1 (large for
-//    thin, tilted ellipses). kBoxSlackT = 2^-17 on t (4x) and kBoxSlackQuad = 2^-18 on k
-//    (2.9x 22 u) cover both, with room for the float64 rounding of S, its inverse and this
-//    function (far smaller). Above k = kBoxMaxSkew = 2^17 (an ellipse ~700 times longer
-//    than wide at 45 degrees) the denominator could reach 0: the square alone is used;
+//  * alpha = fl(opacity * 2^p) >= fl(1/255) > 1/255, p the float32 exponent in base 2
+//    (exponent2 in splat_device.cuh) and 2^p within 2 ulp (ex2.approx): E = -2 ln(2) p, the
+//    quadratic form as the render evaluates it, is <= t + 2^-20;
+//  * each of p's three terms carries at most 8 roundings (the conic, the constant log2(e) / 2,
+//    the scaled coefficient, dx and dy, the products, the two fmas), so with [a b; b c] =
+//    S^-1 and |2 b dx dy| <= a dx^2 + c dy^2: E >= q - 16 u (a dx^2 + c dy^2). That quadratic
+//    form <= t + 2^-20 has its box at sqrt(Sxx / (1 - 32 u k)) per unit of t along x (Syy
+//    along y), k = Sxx Syy / det >= 1 (large for thin, tilted ellipses). kBoxSlackT = 2^-17
+//    on t (8x) and kBoxSlackQuad = 2^-18 on k (2x 32 u) cover both, with room for the float64
+//    rounding of S, its inverse and this function (far smaller). (The natural-base exponent
+//    with expf that exponent2 replaced: 11 u, 2.9x.) Above k = kBoxMaxSkew = 2^17 (an
+//    ellipse ~700 times longer than wide at 45 degrees) the denominator could reach 0: the
+//    square alone is used;
 //  * the render's mean is the float32 rounding of (mx, my), at most u |mx| away:
 //    kBoxSlackMean = 2^-22 times |mx| on the extent covers it (4x) and the float64 rounding
 //    of mx -+ ex.
@@ -381,7 +387,7 @@ __global__ void __launch_bounds__(kBlockPixels)
                   float* __restrict__ depth_out, float* __restrict__ final_T,
                   int32_t* __restrict__ n_contrib) {
   __shared__ float2 s_xy[kBlockPixels];
-  __shared__ float4 s_conic[kBlockPixels];
+  __shared__ float4 s_coef[kBlockPixels];  // exponent_coefficients
   __shared__ float4 s_color[kBlockPixels];
 
   const int tid = threadIdx.x;
@@ -407,17 +413,18 @@ __global__ void __launch_bounds__(kBlockPixels)
       const float* co = in.conics + 3 * static_cast<int64_t>(g);
       const float* c = in.rgb + 3 * static_cast<int64_t>(g);
       s_xy[tid] = in.means2d[g];
-      s_conic[tid] = make_float4(co[0], co[1], co[2], in.opacities[g]);
+      s_coef[tid] = exponent_coefficients(co, in.opacities[g]);
       s_color[tid] = make_float4(c[0], c[1], c[2], in.depths[g]);
     }
     __syncthreads();
     const int batch = min(kBlockPixels, range.y - start);
     for (int j = 0; !done && j < batch; ++j) {
-      const float4 co = s_conic[j];
-      float dx, dy;
-      const float power = gaussian_power(s_xy[j], co.x, co.y, co.z, cx, cy, dx, dy);
-      if (!(power <= 0.0f)) continue;
-      const float a = fminf(kAlphaMax, __fmul_rn(co.w, expf(power)));
+      const float4 coef = s_coef[j];
+      const float2 xy = s_xy[j];
+      float dy;
+      const float power2 = exponent2(exponent_column(coef, xy.x, cx), coef, xy.y, cy, dy);
+      if (!(power2 <= 0.0f)) continue;
+      const float a = fminf(kAlphaMax, __fmul_rn(coef.w, exp2_approx(power2)));
       if (a < kAlphaMin) continue;
       const float next_T = T * (1.0f - a);
       if (next_T < kTransmittanceMin) {

@@ -1,6 +1,6 @@
 // Device functions shared by the forward (splat_cuda.cu) and backward (splat_backward.cu)
 // kernels of the Gaussian-splatting rasterizer: world -> camera with the pinhole quantities and
-// the EWA Jacobian, the SH view direction and basis, quaternion rotation, and the one alpha
+// the EWA Jacobian, the SH view direction and basis, quaternion rotation, and the one exponent
 // formula that both compositing passes must evaluate to the same bits.
 #pragma once
 
@@ -271,15 +271,47 @@ __device__ __forceinline__ void warp_copy_rows(G* __restrict__ global,
   }
 }
 
-// Exponent -0.5 d^T conic d at pixel centre (px, py), d = mean - centre. Explicitly rounded
-// operations (no FMA contraction), so that the forward and the backward kernel take every
-// skip / stop decision the same way.
-__device__ __forceinline__ float gaussian_power(float2 m, float ca, float cb, float cc, float px,
-                                                float py, float& dx, float& dy) {
-  dx = __fsub_rn(m.x, px);
-  dy = __fsub_rn(m.y, py);
-  const float quad = __fadd_rn(__fmul_rn(__fmul_rn(ca, dx), dx), __fmul_rn(__fmul_rn(cc, dy), dy));
-  return __fsub_rn(__fmul_rn(-0.5f, quad), __fmul_rn(__fmul_rn(cb, dx), dy));
+// The exponent of a Gaussian at a pixel centre, in base 2: alpha = opacity 2^p, p = -(log2 e /
+// 2) (a dx^2 + 2 b dx dy + c dy^2), d = (dx, dy) = screen mean - centre, (a, b, c) its conic.
+// render and render_backward must form the same bits (they take every skip decision alike),
+// so every operation is explicitly rounded (an fma only where one is written), and they split
+// the work the same way: the coefficients scaled once per Gaussian (exponent_coefficients),
+// the terms of dx once per pixel column (exponent_column: a thread of render_backward walks
+// several pixels of one column), per pixel two fmas (exponent2) and ex2.approx (exp2_approx).
+// 7 operations and ex2 a pixel (3 where a column's 4 are shared), where the natural-base
+// exponent and expf took 11 and 9.
+// Rounding (for tile_box's margins in splat_cuda.cu): at most 8 roundings on each of the three
+// terms, the constant log2(e) / 2 included.
+constexpr float kHalfLog2e = 0.721347520444481703680f;  // log2(e) / 2
+
+// (-log2(e) / 2 a, -log2(e) b, -log2(e) / 2 c, opacity) from the conic (a, b, c).
+__device__ __forceinline__ float4 exponent_coefficients(const float* conic, float opacity) {
+  return make_float4(__fmul_rn(-kHalfLog2e, conic[0]), __fmul_rn(-2.0f * kHalfLog2e, conic[1]),
+                     __fmul_rn(-kHalfLog2e, conic[2]), opacity);
+}
+
+// What the exponent takes from a pixel column: dx, A dx^2 and B dx (coef: exponent_coefficients).
+struct ExponentColumn {
+  float dx, axx, bx;
+};
+
+__device__ __forceinline__ ExponentColumn exponent_column(float4 coef, float mean_x, float px) {
+  const float dx = __fsub_rn(mean_x, px);
+  return {dx, __fmul_rn(__fmul_rn(coef.x, dx), dx), __fmul_rn(coef.y, dx)};
+}
+
+// The exponent (base 2) at the pixel of column col and centre py; dy receives mean_y - py.
+__device__ __forceinline__ float exponent2(const ExponentColumn& col, float4 coef, float mean_y,
+                                           float py, float& dy) {
+  dy = __fsub_rn(mean_y, py);
+  return __fmaf_rn(dy, __fmaf_rn(coef.z, dy, col.bx), col.axx);
+}
+
+// 2^x, the hardware's approximation (within 2 ulp; 0 below 2^-126).
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
 
 }  // namespace gpucheck::splat
