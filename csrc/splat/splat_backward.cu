@@ -38,8 +38,10 @@
 //    determinant as a sum of non-negative terms, see covariance_backward). Each warp stages
 //    the SH rows of its 32 Gaussians through shared memory, so that SH coefficients are read
 //    and their gradients written as coalesced chunks (not 48 accesses of stride 192 bytes a
-//    thread). float64 throughout took 164 registers (12.5 % occupancy) and 0.83 ms at 1M
-//    Gaussians on an H200; this is 83 registers and 0.44 ms. With bfloat16 / float16
+//    thread), 8 values a lane in flight at a time (warp_copy_rows). float64 throughout took
+//    164 registers (12.5 % occupancy) and 0.83 ms at 1M Gaussians on an H200; this took 80
+//    registers and 0.44-0.46 ms with one value a lane at a time in the copies, and takes 96
+//    (5 blocks of 4 warps an SM, was 6). With bfloat16 / float16
 //    parameters (a template on the type) it reads them as such, computes the same float32
 //    gradients and rounds each once, at its store, into the parameters' dtype; the opacity
 //    and background gradients (summed in float32 by render backward's atomics, for render's
