@@ -182,17 +182,16 @@ __device__ __forceinline__ PixelAlpha pixel_alpha(const PixelWalk& p, const Expo
   return e;
 }
 
-// Undoes the Gaussian (e: its alpha here; dx: mean_x - the pixel's centre; cd: its colour and
-// depth) at pixel p where e.take,
-// and gives its 10 values there (0 where not e.take) to v: stored when `first`, else added.
-// The values, in kGradValues's order: with h = -d loss / d power (power = -(a dx^2 +
-// c dy^2) / 2 - b dx dy, (a, b, c) the conic) the moments h dx, h dy, h dx^2, h dx dy, h dy^2,
-// whose sums m over the tile's pixels give the gradients of the screen mean, (a m_x + b m_y,
-// b m_x + c m_y), and of the conic, (m_xx / 2, m_xy, m_yy / 2) (flush_value: the conic is the
-// same at every pixel, so it multiplies the sums once, not every pixel's terms); then
-// d loss / d (rgb, depth, opacity). Without branches: the warp runs this for all its lanes once
-// any of them takes the Gaussian, so selects (of finite values: alpha <= 0.99) cost less than
-// divergent paths and the zeros they need.
+// Undoes the Gaussian (e: its alpha here; dx: mean_x - the pixel's centre x; cd: its colour
+// and depth) at pixel p where e.take, and gives its 10 values there (0 where not e.take) to v:
+// stored when `first`, else added. The values, in kGradValues's order: with h = -d loss /
+// d power (power = -(a dx^2 + c dy^2) / 2 - b dx dy, (a, b, c) the conic) the moments h dx,
+// h dy, h dx^2, h dx dy, h dy^2, whose sums m over the tile's pixels give the gradients of the
+// screen mean, (a m_x + b m_y, b m_x + c m_y), and of the conic, (m_xx / 2, m_xy, m_yy / 2)
+// (flush_value: the conic is the same at every pixel, so it multiplies the sums once, not
+// every pixel's terms); then d loss / d (rgb, depth, opacity). Without branches: the warp runs
+// this for all its lanes once any of them takes the Gaussian, so selects (of finite values:
+// alpha <= 0.99) cost less than divergent paths and the zeros they need.
 __device__ __forceinline__ void undo_gaussian(PixelWalk& p, const PixelAlpha& e, float dx,
                                               float4 cd, bool first, float (&v)[kGradValues]) {
   // one reciprocal (correctly rounded) for both divisions by 1 - alpha
@@ -215,7 +214,7 @@ __device__ __forceinline__ void undo_gaussian(PixelWalk& p, const PixelAlpha& e,
       p.g[1] * w,
       p.g[2] * w,
       p.g_depth * w,
-      free ? g_alpha * e.G : 0.0f,  // opacity (G is inf where power > 0: not taken)
+      free ? g_alpha * e.G : 0.0f,  // opacity (G may be inf where power > 0: not taken)
   };
 #pragma unroll
   for (int k = 0; k < kGradValues; ++k) v[k] = first ? u[k] : v[k] + u[k];
