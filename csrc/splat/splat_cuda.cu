@@ -32,8 +32,9 @@
 //     transmittance would fall below 1e-4; the block leaves when all its pixels are done.
 //     alpha = opacity 2^p with the exponent p in base 2 (exponent2 in splat_device.cuh: 7
 //     operations and ex2.approx a pixel, where the natural-base exponent and expf took 11 and
-//     9; the inner loop 43 instructions a composited Gaussian, was 56), bit for bit what the
-//     backward forms.
+//     9), bit for bit what the backward forms; a staged Gaussian is one struct (one base
+//     address for an iteration's loads, not three rebuilt every iteration). The inner loop:
+//     38 instructions a composited Gaussian, 17 one whose exponent is > 0 (were 56 and 27).
 //     (Warps of 8x4 pixels that pass over the Gaussians whose reach misses them were tried:
 //     slower, HISTORY.md "Splatting training step 1.5x gsplat".)
 //     Each pixel keeps its final transmittance and the list position of its last
@@ -382,13 +383,20 @@ __global__ void __launch_bounds__(kThreads)
   if (k == items - 1) ranges[tile].y = items;
 }
 
+// One Gaussian of the batch being composited, in shared memory (one base address for an
+// iteration's loads).
+struct RenderGaussian {
+  float4 coef;   // exponent_coefficients: the scaled conic and the opacity
+  float4 color;  // r, g, b, depth
+  float2 xy;     // screen mean
+  float2 unused;
+};
+
 __global__ void __launch_bounds__(kBlockPixels)
     render_kernel(const SplatInputs in, float* __restrict__ image, float* __restrict__ alpha_out,
                   float* __restrict__ depth_out, float* __restrict__ final_T,
                   int32_t* __restrict__ n_contrib) {
-  __shared__ float2 s_xy[kBlockPixels];
-  __shared__ float4 s_coef[kBlockPixels];  // exponent_coefficients
-  __shared__ float4 s_color[kBlockPixels];
+  __shared__ RenderGaussian s_gauss[kBlockPixels];
 
   const int tid = threadIdx.x;
   const int px = blockIdx.x * kTileSize + tid % kTileSize;
@@ -412,15 +420,17 @@ __global__ void __launch_bounds__(kBlockPixels)
       const int g = in.ids[k];
       const float* co = in.conics + 3 * static_cast<int64_t>(g);
       const float* c = in.rgb + 3 * static_cast<int64_t>(g);
-      s_xy[tid] = in.means2d[g];
-      s_coef[tid] = exponent_coefficients(co, in.opacities[g]);
-      s_color[tid] = make_float4(c[0], c[1], c[2], in.depths[g]);
+      RenderGaussian& sg = s_gauss[tid];
+      sg.xy = in.means2d[g];
+      sg.coef = exponent_coefficients(co, in.opacities[g]);
+      sg.color = make_float4(c[0], c[1], c[2], in.depths[g]);
     }
     __syncthreads();
     const int batch = min(kBlockPixels, range.y - start);
-    for (int j = 0; !done && j < batch; ++j) {
-      const float4 coef = s_coef[j];
-      const float2 xy = s_xy[j];
+    const RenderGaussian* sg = s_gauss;
+    for (int j = 0; !done && j < batch; ++j, ++sg) {
+      const float4 coef = sg->coef;
+      const float2 xy = sg->xy;
       float dy;
       const float power2 = exponent2(exponent_column(coef, xy.x, cx), coef, xy.y, cy, dy);
       if (!(power2 <= 0.0f)) continue;
@@ -431,7 +441,7 @@ __global__ void __launch_bounds__(kBlockPixels)
         done = true;
         break;
       }
-      const float4 cd = s_color[j];
+      const float4 cd = sg->color;
       const float w = a * T;
       rgb[0] += cd.x * w;
       rgb[1] += cd.y * w;
