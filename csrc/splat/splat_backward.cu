@@ -24,9 +24,9 @@
 //    screen mean's and the conic's gradients are summed as moments of d loss / d exponent
 //    (undo_gaussian) and turned into gradients once per tile in the flush. Static SASS of the
 //    inner loop (sm_90, a Gaussian that some pixel of the warp took / that none took): one
-//    pixel a thread, 8 warps, as before: 180 / 68 instructions per 32 pixels; P = 2: 148 / 37
-//    per 64; P = 4: 235 / 57 per 128 (with the natural-base exponent and expf, before
-//    exponent2: 172 / 61 and 282 / 104). sm_90's vector atomics (two float4 and a float2 a
+//    pixel a thread, 8 warps, as before: 180 / 68 instructions per 32 pixels; P = 2: 150 / 39
+//    per 64; P = 4: 239 / 61 per 128 (with the exponent without fmas and expf: 172 / 61 and
+//    282 / 104). sm_90's vector atomics (two float4 and a float2 a
 //    Gaussian into a packed [n, 12] buffer, split afterwards) were tried with one pixel a
 //    thread: no faster (issue-bound: ncu 88 % SM throughput either way, 1.48 vs 1.50 ms on an
 //    H200).
@@ -174,11 +174,11 @@ struct PixelAlpha {
 __device__ __forceinline__ PixelAlpha pixel_alpha(const PixelWalk& p, const ExponentColumn& col,
                                                   float4 coef, float mean_y, int pos) {
   PixelAlpha e;
-  const float power2 = exponent2(col, coef, mean_y, p.cy, e.dy);
-  e.G = exp2_approx(power2);
+  const float power = gaussian_power(col, coef, mean_y, p.cy, e.dy);
+  e.G = gaussian_exp(power);
   e.og = __fmul_rn(coef.w, e.G);
   e.a = fminf(kAlphaMax, e.og);
-  e.take = pos < p.last && power2 <= 0.0f && e.a >= kAlphaMin;
+  e.take = pos < p.last && power <= 0.0f && e.a >= kAlphaMin;
   return e;
 }
 
@@ -235,7 +235,7 @@ __device__ __forceinline__ float flush_value(int k, float sum, float pair, float
 // One Gaussian of the batch being walked, in shared memory (one base address for the three
 // loads of an iteration).
 struct StagedGaussian {
-  float4 coef;   // exponent_coefficients: the scaled conic and the opacity
+  float4 coef;   // exponent_coefficients: -a / 2, -b, -c / 2 and the opacity
   float4 color;  // r, g, b, depth
   float2 xy;     // screen mean
   int32_t id;

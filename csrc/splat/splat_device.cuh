@@ -300,23 +300,23 @@ __device__ __forceinline__ void warp_copy_rows(G* __restrict__ global,
   }
 }
 
-// The exponent of a Gaussian at a pixel centre, in base 2: alpha = opacity 2^p, p = -(log2 e /
-// 2) (a dx^2 + 2 b dx dy + c dy^2), d = (dx, dy) = screen mean - centre, (a, b, c) its conic.
-// render and render_backward must form the same bits (they take every skip decision alike),
-// so every operation is explicitly rounded (an fma only where one is written), and they split
-// the work the same way: the coefficients scaled once per Gaussian (exponent_coefficients),
-// the terms of dx once per pixel column (exponent_column: a thread of render_backward walks
-// several pixels of one column), per pixel two fmas (exponent2) and ex2.approx (exp2_approx).
-// 7 operations and ex2 a pixel (3 where a column's 4 are shared), where the natural-base
-// exponent and expf took 11 and 9.
-// Rounding (for tile_box's margins in splat_cuda.cu): at most 8 roundings on each of the three
-// terms, the constant log2(e) / 2 included.
-constexpr float kHalfLog2e = 0.721347520444481703680f;  // log2(e) / 2
+// The exponent of a Gaussian at a pixel centre, power = -(a dx^2 + c dy^2) / 2 - b dx dy
+// (d = (dx, dy) = screen mean - centre, (a, b, c) its conic), and G = exp(power) = 2^(power
+// log2 e) by ex2.approx. render and render_backward must form the same bits (they take every
+// skip decision alike), so every operation is explicitly rounded (an fma only where one is
+// written), and they split the work the same way: the coefficients (-a / 2, -b, -c / 2, exact)
+// once per Gaussian (exponent_coefficients), the terms of dx once per pixel column
+// (exponent_column: a thread of render_backward walks several pixels of one column), per pixel
+// dy and two fmas (gaussian_power), then one multiply and ex2 (gaussian_exp). 8 operations and
+// ex2 a pixel (4 where a column's 4 are shared), where the exponent without fmas and expf
+// took 11 and 9. Rounding (for tile_box's margins in splat_cuda.cu): at most 6 roundings on
+// each of the exponent's three terms (the conic's, dx and dy, the products, the two fmas), as
+// many as before; the multiply by log2 e adds one relative to the exponent itself.
+constexpr float kLog2e = 1.442695040888963407360f;
 
-// (-log2(e) / 2 a, -log2(e) b, -log2(e) / 2 c, opacity) from the conic (a, b, c).
+// (-a / 2, -b, -c / 2, opacity) from the conic (a, b, c): exact (powers of 2).
 __device__ __forceinline__ float4 exponent_coefficients(const float* conic, float opacity) {
-  return make_float4(__fmul_rn(-kHalfLog2e, conic[0]), __fmul_rn(-2.0f * kHalfLog2e, conic[1]),
-                     __fmul_rn(-kHalfLog2e, conic[2]), opacity);
+  return make_float4(-0.5f * conic[0], -conic[1], -0.5f * conic[2], opacity);
 }
 
 // What the exponent takes from a pixel column: dx, A dx^2 and B dx (coef: exponent_coefficients).
@@ -329,17 +329,18 @@ __device__ __forceinline__ ExponentColumn exponent_column(float4 coef, float mea
   return {dx, __fmul_rn(__fmul_rn(coef.x, dx), dx), __fmul_rn(coef.y, dx)};
 }
 
-// The exponent (base 2) at the pixel of column col and centre py; dy receives mean_y - py.
-__device__ __forceinline__ float exponent2(const ExponentColumn& col, float4 coef, float mean_y,
-                                           float py, float& dy) {
+// The exponent at the pixel of column col and centre py; dy receives mean_y - py.
+__device__ __forceinline__ float gaussian_power(const ExponentColumn& col, float4 coef,
+                                                float mean_y, float py, float& dy) {
   dy = __fsub_rn(mean_y, py);
   return __fmaf_rn(dy, __fmaf_rn(coef.z, dy, col.bx), col.axx);
 }
 
-// 2^x, the hardware's approximation (within 2 ulp; 0 below 2^-126).
-__device__ __forceinline__ float exp2_approx(float x) {
+// exp(power) as 2^(power log2 e), the hardware's approximation (ex2.approx: within 2 ulp, 0
+// below 2^-126).
+__device__ __forceinline__ float gaussian_exp(float power) {
   float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(__fmul_rn(power, kLog2e)));
   return y;
 }
 
