@@ -16,6 +16,7 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 import textwrap
 import time
 from collections import Counter
@@ -75,15 +76,26 @@ def _node(cluster: Cluster, name: str, gpus: int):
 GPUS = {"node-a": 2, "node-b": 1}
 
 
+def _node_temp(folder: Path) -> dict[str, str]:
+    """The environment that puts the temporary folders of gpucheck's node tasks (their
+    workers' files) in ``folder``, not the machine's /tmp, which Ray keeps for its own (the
+    paths of its sockets must stay short)."""
+    return {"TMPDIR": str(folder), "RAY_TMPDIR": tempfile.gettempdir()}
+
+
 @pytest.fixture(scope="module")
-def ray_cluster():
+def ray_cluster(tmp_path_factory):
     """A head without GPUs and two nodes that declare some (node-a: 2, node-b: 1), for the
-    module (a cluster takes seconds to start)."""
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    nodes = {name: _node(c, name, gpus) for name, gpus in GPUS.items()}
-    c.wait_for_nodes()
-    yield c, nodes
-    c.shutdown()
+    module (a cluster takes seconds to start); its processes (node-b's, when it is added
+    again, too) put their temporary folders in one of the tests'."""
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in _node_temp(tmp_path_factory.mktemp("ray_nodes")).items():
+            env.setenv(name, value)
+        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+        nodes = {name: _node(c, name, gpus) for name, gpus in GPUS.items()}
+        c.wait_for_nodes()
+        yield c, nodes
+        c.shutdown()
 
 
 @pytest.fixture
@@ -236,7 +248,8 @@ def test_cpu_only_runs_on_a_ray_instance_without_gpus_and_says_what_it_leaves_ou
     with the verdict."""
     proc = start(
         "run", "--quiet", "--ray", "--cpu-only", "--out", "run", "--", "-k", "truncated_file",
-        cwd=tmp_path, env={**NO_GPU, "RAY_ADDRESS": ""}, stderr=subprocess.STDOUT,
+        cwd=tmp_path, env={**NO_GPU, "RAY_ADDRESS": "", **_node_temp(tmp_path)},
+        stderr=subprocess.STDOUT,
     )  # fmt: skip
     said, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, said
