@@ -16,6 +16,11 @@ pytest_plugins = ["pytester"]
 # rewrote their asserts (pytest marks the plugin's distribution for that) from source again,
 # about a second of CPU a process. Theirs are written to __pycache__ once and read back after.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+# The xdist workers and the processes they start run at once: each with torch's default of an
+# OpenMP thread per CPU, their pools spin against each other (a CPU reference or gradcheck took
+# several times as long beside another test). One thread each, as gpucheck's own share gives
+# its workers on a machine of two CPUs (tests/controller/test_passes.py tests that share).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session", autouse=True)
