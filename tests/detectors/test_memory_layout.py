@@ -12,11 +12,12 @@ import textwrap
 import xml.etree.ElementTree as ET
 from types import SimpleNamespace
 
+import extkit
 import pytest
 import torch
 from clirun import gpucheck
 
-from gpucheck.detectors import CaseInfo, ext_watch, layouts, op_watch
+from gpucheck.detectors import CaseInfo, layouts, op_watch
 from gpucheck.detectors.base import WorkerContext
 from gpucheck.detectors.memory_layout import FAMILIES, KIND, UNWRITTEN_NOTE, MemoryLayout
 from gpucheck.model import results
@@ -159,13 +160,7 @@ SOURCE = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def ext(tmp_path_factory):
     """The module, built once (about 25 s) after the watch was installed."""
-    from torch.utils import cpp_extension
-
-    ext_watch.install()
-    build = tmp_path_factory.mktemp("layout_build")
-    return cpp_extension.load_inline(
-        name=NAME, cpp_sources=[SOURCE], build_directory=str(build), verbose=False
-    )
+    return extkit.build(NAME, SOURCE, tmp_path_factory)
 
 
 @pytest.fixture(autouse=True)

@@ -244,7 +244,7 @@ TRACE_SOURCE = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def trace_ext(tmp_path_factory):
-    return extkit.build(TRACE_EXT, TRACE_SOURCE, tmp_path_factory.mktemp("trace_build"))
+    return extkit.build(TRACE_EXT, TRACE_SOURCE, tmp_path_factory)
 
 
 def test_a_race_written_after_the_call_returned_is_that_calls_data_race(

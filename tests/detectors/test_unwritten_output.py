@@ -95,7 +95,7 @@ CASE = CaseInfo("cpu", "s", "test_x.py::test_x")
 
 @pytest.fixture(scope="module")
 def ext(tmp_path_factory):
-    return extkit.build(NAME, SOURCE, tmp_path_factory.mktemp("unwritten_build"))
+    return extkit.build(NAME, SOURCE, tmp_path_factory)
 
 
 @pytest.fixture
