@@ -31,9 +31,11 @@ The table gives the median wall time of each, the ratio the target is set on (gp
 round's variants run back to back: a pair), with the median of those, and where gpucheck's
 extra time went, from its own records (medians over rounds): before the first case
 (start-up), inside the cases (each detector's ``cost_s``, the worker's bookkeeping), between
-and after the cases (re-run passes, the report); then the cases that cost the most over plain
-pytest, each case's duration in gpucheck's records against pytest's own (its JUnit XML),
-medians over rounds.
+and after the cases (re-run passes, the report); then each case's duration in gpucheck's
+records against pytest's own (its JUnit XML), medians over rounds: their sums, the extra by
+suite split into what the records count (``cost_s``) and the rest, beside pytest's own sum of
+those cases in each round (a rest within that spread is the baseline's noise, not gpucheck),
+and the cases that cost the most over plain pytest, the same way.
 Everything measured is written to OUT_DIR/harness_cost.json, after every round (a run cut
 short keeps the rounds it finished).
 """
@@ -186,7 +188,7 @@ def breakdown(run_dir: Path, launched: float, ended: float) -> dict[str, Any]:
     detectors' are the busiest device's; the first and last case are any device's."""
     records = read_records(run_dir)
     header = next(r for r in records if r.get("record") == "run")
-    end = next((r for r in reversed(records) if r.get("record") == "end"), {})
+    end: dict[str, Any] = next((r for r in reversed(records) if r.get("record") == "end"), {})
     main, again = passes(records)
     by_device: dict[str, list[dict[str, Any]]] = {}
     for r in main:
@@ -243,36 +245,76 @@ def same_case(junit_id: str, case: str) -> bool:
 
 def per_case(result_runs: list[Path], junit_runs: list[Path], top: int = 15) -> dict[str, Any]:
     """Every case of one gpucheck variant against plain pytest's duration of it (medians over
-    rounds, seconds): their sums, the median extra a case, the cases with the most extra."""
-    ours: dict[str, list[float]] = {}
+    rounds, seconds): their sums, the median extra a case, the cases with the most extra; of
+    each case's extra, what its record counts (``counted_s``: its ``cost_s``, the detectors'
+    and the worker's bookkeeping) and the rest (``uncounted_s``); the same by suite, with
+    pytest's own sum of the suite's cases in each round (``pytest_rounds_s``: how far the
+    baseline itself moves from one round to the next)."""
+    ours: dict[str, list[tuple[float, float]]] = {}
     for run_dir in result_runs:
         if not (run_dir / "results.jsonl").is_file():
             continue  # a run that wrote no records (it failed to start): nothing to match
         for r in passes(read_records(run_dir))[0]:
-            ours.setdefault(f"{r['suite']}/{r['case']}", []).append(r["duration_s"])
+            counted = sum((r.get("cost_s") or {}).values())
+            ours.setdefault(f"{r['suite']}/{r['case']}", []).append((r["duration_s"], counted))
+    rounds = [junit_durations(path) for path in junit_runs]
     theirs: dict[str, list[float]] = {}
-    for path in junit_runs:
-        for jid, t in junit_durations(path).items():
+    for durations in rounds:
+        for jid, t in durations.items():
             theirs.setdefault(jid, []).append(t)
     by_name: dict[str, list[str]] = {}
     for jid in theirs:
         by_name.setdefault(jid.partition("::")[2], []).append(jid)
-    rows = []
-    for key, ts in ours.items():
+    rows: list[dict[str, Any]] = []
+    for key, runs in ours.items():
         case = key.partition("/")[2]
         match = [j for j in by_name.get(case.rsplit("::", 1)[-1], []) if same_case(j, case)]
         if len(match) == 1:
-            mine, base = statistics.median(ts), statistics.median(theirs[match[0]])
-            rows.append({"case": key, "gpucheck_s": mine, "pytest_s": base, "extra_s": mine - base})
+            mine = statistics.median(d for d, _ in runs)
+            counted = statistics.median(c for _, c in runs)
+            base = statistics.median(theirs[match[0]])
+            rows.append(
+                {
+                    "case": key,
+                    "junit": match[0],
+                    "gpucheck_s": mine,
+                    "pytest_s": base,
+                    "extra_s": mine - base,
+                    "counted_s": counted,
+                    "uncounted_s": mine - base - counted,
+                    "pytest_range_s": [min(theirs[match[0]]), max(theirs[match[0]])],
+                }
+            )
     rows.sort(key=lambda r: -r["extra_s"])
     return {
         "matched": len(rows),
         "cases": len(ours),
-        "extra_s": sum(r["extra_s"] for r in rows),
+        **_sums(rows),
         "median_extra_s": statistics.median(r["extra_s"] for r in rows) if rows else 0.0,
-        "gpucheck_s": sum(r["gpucheck_s"] for r in rows),
-        "pytest_s": sum(r["pytest_s"] for r in rows),
+        "suites": by_suite(rows, rounds),
         "top": rows[:top],
+    }
+
+
+def _sums(rows: list[dict[str, Any]]) -> dict[str, float]:
+    keys = ("gpucheck_s", "pytest_s", "extra_s", "counted_s", "uncounted_s")
+    return {k: sum(r[k] for r in rows) for k in keys}
+
+
+def by_suite(rows: list[dict[str, Any]], rounds: list[dict[str, float]]) -> dict[str, Any]:
+    """The matched cases' sums by suite, and pytest's sum of them in each round."""
+    suites: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        suites.setdefault(r["case"].partition("/")[0], []).append(r)
+    return {
+        name: {
+            "cases": len(mine),
+            **_sums(mine),
+            "pytest_rounds_s": [
+                sum(d[r["junit"]] for r in mine if r["junit"] in d) for d in rounds if d
+            ],
+        }
+        for name, mine in sorted(suites.items())
     }
 
 
@@ -360,6 +402,28 @@ def summary(
     return result
 
 
+def suite_lines(name: str, suites: dict[str, Any], base: str) -> list[str]:
+    """The table's lines of the extra by suite: what the records count (``cost_s``) and the
+    rest, beside how far pytest's own sum of those cases moved over the rounds."""
+    lines = [
+        "",
+        f"{name}'s extra by suite: counted, its records' cost_s (detectors, bookkeeping); "
+        f"uncounted, the rest (within the spread of {base}'s own sums over the rounds, it is "
+        "noise):",
+        "",
+        f"| suite | cases | {name} s | {base} s | extra s | counted s | uncounted s | "
+        f"{base} each round s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for suite, x in suites.items():
+        each = ", ".join(f"{t:.2f}" for t in x["pytest_rounds_s"])
+        lines.append(
+            f"| {suite} | {x['cases']} | {x['gpucheck_s']:.2f} | {x['pytest_s']:.2f} | "
+            f"{x['extra_s']:.2f} | {x['counted_s']:.2f} | {x['uncounted_s']:.2f} | {each} |"
+        )
+    return lines
+
+
 def device_name(cpu_only: bool) -> str:
     if cpu_only:
         return f"CPU ({os.cpu_count()} cores)"
@@ -431,18 +495,22 @@ def table(result: dict[str, Any], cpu_only: bool) -> str:
     # the costliest cases of the default run (else of the first variant measured)
     name = "gpucheck" if "gpucheck" in by_variant else next(iter(by_variant), None)
     top = by_variant[name] if name else None
+    if name and top and top["suites"]:
+        lines += suite_lines(name, top["suites"], base)
     if top and top["top"]:
         lines += [
             "",
             f"the cases {name} took longest over {base}:",
             "",
-            f"| case | {name} s | {base} s | extra s |",
-            "|---|---|---|---|",
+            f"| case | {name} s | {base} s (rounds' range) | extra s | counted s | uncounted s |",
+            "|---|---|---|---|---|---|",
         ]
         for r in top["top"]:
+            low, high = r["pytest_range_s"]
             lines.append(
-                f"| {r['case']} | {r['gpucheck_s']:.3f} | {r['pytest_s']:.3f} | "
-                f"{r['extra_s']:.3f} |"
+                f"| {r['case']} | {r['gpucheck_s']:.3f} | {r['pytest_s']:.3f} "
+                f"({low:.3f}-{high:.3f}) | {r['extra_s']:.3f} | {r['counted_s']:.3f} | "
+                f"{r['uncounted_s']:.3f} |"
             )
     return "\n".join(lines)
 

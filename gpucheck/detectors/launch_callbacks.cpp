@@ -7,6 +7,12 @@
 // is asked for, so CUPTI instruments no kernel; gc_close unsubscribes, which leaves CUPTI to a
 // test's own profiler between windows.
 //
+// What a launch costs inside a window is kept small, and counted: each name is demangled once
+// a process (records hold an index into one table of names, gc_name), the launches of a thread
+// inside gpucheck's own work around a call (gc_aside: its re-runs and hashes, which the
+// judgement leaves out anyway) are not recorded, and the time the recorder takes at the
+// launches is summed (gc_spent_ns: the trace puts it in the case's cost).
+//
 // Streams: the legacy default stream is 0 (a null handle or CU_STREAM_LEGACY), the per-thread
 // default stream 2 (CU_STREAM_PER_THREAD, or a null handle in a per-thread launch), every
 // other stream its handle: what torch's Stream.cuda_stream says for the same stream.
@@ -18,11 +24,15 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <vector>
 
 namespace {
@@ -34,7 +44,7 @@ struct Record {
   int64_t stream;
   int32_t device;
   int32_t kind;
-  std::string name;
+  int32_t name;  // index into names
 };
 
 constexpr int64_t LEGACY = 0;
@@ -42,8 +52,14 @@ constexpr int64_t PER_THREAD = 2;
 
 CUpti_SubscriberHandle subscriber = nullptr;
 std::atomic<int64_t> sequence{0};
-std::mutex lock;
+std::mutex lock;  // records and the name table
 std::vector<Record> records;
+// The name table: each name as recorded (a mangled kernel name, a copy's label) once, its
+// index, and what a record reads (the kernel's demangled name). Kept for the process.
+std::deque<std::string> raw_names;  // stable storage for the keys below
+std::unordered_map<std::string_view, int32_t> name_ids;
+std::vector<std::string> names;
+std::atomic<int64_t> spent_ns{0};  // the recorder's time at the launches since gc_spent_ns
 // Inside a runtime call this thread's driver calls are that call's own, not recorded again.
 // The depth is reset by a new window (generation): a window closed between a runtime call's
 // entry and exit never sees the exit.
@@ -59,6 +75,12 @@ int& runtime_depth() {
   if (runtime.generation != now) runtime = Depth{now, 0};
   return runtime.depth;
 }
+
+// gpucheck's own work on this thread (gc_aside), for the window of that generation only: a
+// flag a closed window left behind never hides a later window's launches.
+thread_local Depth aside;
+
+bool aside_thread() { return aside.depth > 0 && aside.generation == generation.load(); }
 
 int64_t stream_id(const void* handle, bool per_thread) {
   auto h = reinterpret_cast<uintptr_t>(handle);
@@ -77,16 +99,42 @@ std::string demangled(const char* name) {
   return result;
 }
 
+// The index of a name in the table (demangled there once, for a kernel). Under lock.
+int32_t name_id(const char* raw, int32_t kind) {
+  std::string_view key(raw == nullptr ? "" : raw);
+  auto found = name_ids.find(key);
+  if (found != name_ids.end()) return found->second;
+  raw_names.emplace_back(key);
+  auto id = static_cast<int32_t>(names.size());
+  names.push_back(kind == KERNEL ? demangled(raw) : raw_names.back());
+  name_ids.emplace(raw_names.back(), id);
+  return id;
+}
+
+void keep(int32_t device, int64_t stream, int32_t kind, const char* name) {
+  int64_t seq = sequence.fetch_add(1) + 1;
+  std::lock_guard<std::mutex> guard(lock);
+  records.push_back(Record{seq, stream, device, kind, name_id(name, kind)});
+}
+
+// The time from its making to its end, added to spent_ns.
+struct Timed {
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  ~Timed() {
+    auto took = std::chrono::steady_clock::now() - start;
+    spent_ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(took).count());
+  }
+};
+
 void record(const CUpti_CallbackData* info, const void* handle, bool per_thread, int32_t kind,
             const char* name) {
+  if (aside_thread()) return;
+  Timed timed;
   uint32_t device = 0;
   int32_t dev = cuptiGetDeviceId(info->context, &device) == CUPTI_SUCCESS
                     ? static_cast<int32_t>(device)
                     : -1;
-  Record r{sequence.fetch_add(1) + 1, stream_id(handle, per_thread), dev, kind,
-           kind == KERNEL ? demangled(name) : std::string(name)};
-  std::lock_guard<std::mutex> guard(lock);
-  records.push_back(std::move(r));
+  keep(dev, stream_id(handle, per_thread), kind, name);
 }
 
 // The runtime's launches, copies and memsets (what <<<>>>, cub, thrust and torch call), then
@@ -361,30 +409,71 @@ int64_t gc_count() {
   return static_cast<int64_t>(records.size());
 }
 
-// Record i: its sequence place, stream, device and kind; its name (NUL-terminated, cut to
-// cap - 1 bytes) into name. 0, or -1 past the end.
-int gc_read(int64_t i, int64_t* seq, int64_t* stream, int32_t* device, int32_t* kind, char* name,
-            int64_t cap) {
+// The first n records (fewer when there are fewer): their sequence places, streams, devices,
+// kinds and names (indices into the name table, gc_name) into the arrays; how many were copied.
+int64_t gc_read(int64_t n, int64_t* seq, int64_t* stream, int32_t* device, int32_t* kind,
+                int32_t* name) {
   std::lock_guard<std::mutex> guard(lock);
-  if (i < 0 || i >= static_cast<int64_t>(records.size())) return -1;
-  const Record& r = records[static_cast<size_t>(i)];
-  *seq = r.seq;
-  *stream = r.stream;
-  *device = r.device;
-  *kind = r.kind;
+  int64_t count = std::min(n, static_cast<int64_t>(records.size()));
+  for (int64_t i = 0; i < count; ++i) {
+    const Record& r = records[static_cast<size_t>(i)];
+    seq[i] = r.seq;
+    stream[i] = r.stream;
+    device[i] = r.device;
+    kind[i] = r.kind;
+    name[i] = r.name;
+  }
+  return count;
+}
+
+// How many names the table holds (a record's name is an index below it).
+int64_t gc_names() {
+  std::lock_guard<std::mutex> guard(lock);
+  return static_cast<int64_t>(names.size());
+}
+
+// The length of name i (to size the buffer), or -1 past the end.
+int64_t gc_name_length(int64_t i) {
+  std::lock_guard<std::mutex> guard(lock);
+  if (i < 0 || i >= static_cast<int64_t>(names.size())) return -1;
+  return static_cast<int64_t>(names[static_cast<size_t>(i)].size());
+}
+
+// Name i (NUL-terminated, cut to cap - 1 bytes) into out: 0, or -1 past the end.
+int gc_name(int64_t i, char* out, int64_t cap) {
+  std::lock_guard<std::mutex> guard(lock);
+  if (i < 0 || i >= static_cast<int64_t>(names.size())) return -1;
   if (cap > 0) {
-    size_t n = std::min(r.name.size(), static_cast<size_t>(cap - 1));
-    std::memcpy(name, r.name.data(), n);
-    name[n] = '\0';
+    const std::string& s = names[static_cast<size_t>(i)];
+    size_t n = std::min(s.size(), static_cast<size_t>(cap - 1));
+    std::memcpy(out, s.data(), n);
+    out[n] = '\0';
   }
   return 0;
 }
 
-// The length of record i's name (to size the buffer), or -1 past the end.
-int64_t gc_name_length(int64_t i) {
-  std::lock_guard<std::mutex> guard(lock);
-  if (i < 0 || i >= static_cast<int64_t>(records.size())) return -1;
-  return static_cast<int64_t>(records[static_cast<size_t>(i)].name.size());
+// Nanoseconds the recorder took at the launches it recorded since the last call.
+int64_t gc_spent_ns() { return spent_ns.exchange(0); }
+
+// gpucheck's own work around a call starts (1) or ends (0) on this thread: while it runs, this
+// thread's launches are not recorded (those of the other threads are).
+void gc_aside(int on) {
+  uint64_t now = generation.load();
+  if (aside.generation != now) aside = Depth{now, 0};
+  if (on != 0) {
+    ++aside.depth;
+  } else if (aside.depth > 0) {
+    --aside.depth;
+  }
+}
+
+// A record as a launch callback makes it, without CUPTI (the CPU tests: no callback comes
+// without a driver): 0, or 1 where this thread is aside.
+int gc_inject(int32_t device, int64_t stream, int32_t kind, const char* name) {
+  if (aside_thread()) return 1;
+  Timed timed;
+  keep(device, stream, kind, name);
+  return 0;
 }
 
 void gc_clear() {

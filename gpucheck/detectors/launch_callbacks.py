@@ -10,6 +10,13 @@ launch itself (the stream in the call's own arguments, the device of its context
 kernel's name) with no record from the GPU and no kernel instrumented, and the recorder lets
 CUPTI go when a window closes, so a test's own profiler can have it between windows.
 
+What it costs inside a window, kept small and counted: a launch is recorded in C++ (its name
+demangled once a process, into a table the records index); a thread's launches inside
+gpucheck's own work around a call (:meth:`Recorder.aside`) are not recorded at all (the
+judgement leaves them out anyway); the window is read back in one call (:meth:`Recorder.take`);
+and the time the recorder took at the launches (:meth:`Recorder.spent`) goes into the
+trace's ``cost_s`` (those launches are the case's own, where no listener's time is counted).
+
 The library is built on first use (a C++ file and ``libcupti``, no Python or torch headers: a
 second) into gpucheck's build cache, and loaded with ctypes. It is the trace's recorder by
 default (proven on GPUs by ``tools/gpu launch-callbacks`` and the self-test);
@@ -26,8 +33,8 @@ import hashlib
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 SOURCE = Path(__file__).with_name("launch_callbacks.cpp")
 LIBRARY = "liblaunch_callbacks.so"
@@ -41,8 +48,7 @@ KINDS = ("kernel", "gpu_memcpy", "gpu_memset")
 why_not = ""
 
 
-@dataclass(frozen=True)
-class Launch:
+class Launch(NamedTuple):
     """One launch, copy or memset made while the recorder was open."""
 
     seq: int  # its place in the sequence the markers share
@@ -61,20 +67,28 @@ class Recorder:
         lib.gc_close.restype = ctypes.c_int
         lib.gc_mark.restype = i64
         lib.gc_count.restype = i64
-        lib.gc_name_length.restype = i64
-        lib.gc_name_length.argtypes = [i64]
-        lib.gc_read.restype = ctypes.c_int
+        lib.gc_read.restype = i64
         lib.gc_read.argtypes = [
             i64,
             ctypes.POINTER(i64),
             ctypes.POINTER(i64),
             ctypes.POINTER(i32),
             ctypes.POINTER(i32),
-            ctypes.c_char_p,
-            i64,
+            ctypes.POINTER(i32),
         ]
+        lib.gc_names.restype = i64
+        lib.gc_name_length.restype = i64
+        lib.gc_name_length.argtypes = [i64]
+        lib.gc_name.restype = ctypes.c_int
+        lib.gc_name.argtypes = [i64, ctypes.c_char_p, i64]
+        lib.gc_spent_ns.restype = i64
+        lib.gc_aside.restype = None
+        lib.gc_aside.argtypes = [ctypes.c_int]
+        lib.gc_inject.restype = ctypes.c_int
+        lib.gc_inject.argtypes = [i32, i64, i32, ctypes.c_char_p]
         lib.gc_clear.restype = None
         self.lib = lib
+        self.names: list[str] = []  # the library's name table, as read so far
 
     def open(self) -> int:
         """Start recording: 0, or CUPTI's error code (nothing held then)."""
@@ -88,28 +102,42 @@ class Recorder:
         """The next place in the sequence (a marker's)."""
         return int(self.lib.gc_mark())
 
+    def aside(self, started: bool) -> None:
+        """gpucheck's own work around a call starts or ends on this thread: its launches are
+        not recorded meanwhile (the judgement leaves them out anyway; other threads' are)."""
+        self.lib.gc_aside(1 if started else 0)
+
+    def spent(self) -> float:
+        """Seconds the recorder took at the launches it recorded since the last call."""
+        return int(self.lib.gc_spent_ns()) / 1e9
+
     def take(self) -> list[Launch]:
         """The records so far, in the order they were made; the recorder forgets them."""
         lib = self.lib
-        seq, stream = ctypes.c_int64(), ctypes.c_int64()
-        device, kind = ctypes.c_int32(), ctypes.c_int32()
-        out = []
-        for i in range(int(lib.gc_count())):
-            size = int(lib.gc_name_length(i)) + 1
-            name = ctypes.create_string_buffer(size)
-            if lib.gc_read(i, seq, stream, device, kind, name, size) != 0:
-                break
-            out.append(
-                Launch(
-                    seq.value,
-                    stream.value,
-                    device.value,
-                    KINDS[kind.value] if 0 <= kind.value < len(KINDS) else "kernel",
-                    name.value.decode("utf-8", "replace"),
-                )
-            )
+        n = int(lib.gc_count())
+        if n <= 0:
+            lib.gc_clear()
+            return []
+        seq, stream = (ctypes.c_int64 * n)(), (ctypes.c_int64 * n)()
+        device, kind, name = (ctypes.c_int32 * n)(), (ctypes.c_int32 * n)(), (ctypes.c_int32 * n)()
+        got = int(lib.gc_read(n, seq, stream, device, kind, name))
         lib.gc_clear()
-        return out
+        names = self._names()
+        rows = zip(seq[:got], stream[:got], device[:got], kind[:got], name[:got], strict=True)
+        return [
+            Launch(s, st, d, KINDS[k] if 0 <= k < len(KINDS) else "kernel", names[i])
+            for s, st, d, k, i in rows
+        ]
+
+    def _names(self) -> list[str]:
+        """The library's name table, the names it learnt since the last read added."""
+        lib = self.lib
+        for i in range(len(self.names), int(lib.gc_names())):
+            size = int(lib.gc_name_length(i)) + 1
+            buf = ctypes.create_string_buffer(size)
+            lib.gc_name(i, buf, size)
+            self.names.append(buf.value.decode("utf-8", "replace"))
+        return self.names
 
 
 def cupti_paths(home: Path | None, search: list[str] | None = None) -> tuple[Path, Path] | None:

@@ -36,9 +36,10 @@ How it works, and why it is cheap:
   (:func:`op_watch.aside <gpucheck.detectors.op_watch.aside>`: the unwritten-output probe's
   re-runs of the op, numerics' hashing) is fenced by markers like a call and left out of the
   judgement: a re-run that launches on stream 0 is the op's finding already, not a kernel
-  without a caller. Each (op, argument signature) is profiled for its first
-  :data:`CAP` calls per case: a gradcheck that calls an op thousands of times is judged on its
-  first calls, not profiled throughout.
+  without a caller (the callback recorder does not even record that thread's launches
+  meanwhile: nothing to read back and split). Each (op, argument signature) is profiled for
+  its first :data:`CAP` calls per case: a gradcheck that calls an op thousands of times is
+  judged on its first calls, not profiled throughout.
 - **Kernels without a caller** (:func:`~.launch_windows.unclaimed`): the first marker of a window
   on a device is preceded by one on that device's legacy default stream (stream 0), which tells
   its profiler id. A kernel of the window that no logged call's markers enclose, on a stream that
@@ -51,6 +52,11 @@ How it works, and why it is cheap:
   judged so, and neither are copies and memsets. A launch made while no window is open is not
   seen.
 
+What it costs goes under ``launch-trace`` in each case's ``cost_s``: its listener's time around
+the calls, and what it takes where no listener's time is counted: the callback recorder's own
+time at the case's launches, and a window closed at a backward's end or a profiler's start
+(its read and split).
+
 This module records the windows; what a window saw and the judgement on it, pure functions on
 plain data (:func:`~.launch_windows.attribute`, :func:`~.launch_windows.judge`,
 :func:`~.launch_windows.unclaimed`), are :mod:`gpucheck.detectors.launch_windows`, so CI tests
@@ -62,6 +68,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+import time
 from typing import Any
 
 from gpucheck.detectors import ext_watch, launch_callbacks, op_watch
@@ -147,6 +154,8 @@ class LaunchTrace:
         self.problems: list[tuple[Severity, str]] = []
         self.told_recorder = False  # the fallback to kineto is told once per process
         self.asides: dict[int, dict[str, Any]] = {}  # thread -> its aside's entry, under way
+        #: thread -> the callback recorder told that the thread's aside started (told its end)
+        self.skipping: dict[int, launch_callbacks.Recorder] = {}
 
     # -- the case ---------------------------------------------------------------------------
     def acquire(self) -> None:
@@ -227,10 +236,14 @@ class LaunchTrace:
 
     def aside(self, started: bool) -> None:
         """gpucheck's own work around a call starts or ends (an op_watch aside observer):
-        while a window is open, markers fence it like a call whose launches are not judged."""
+        while a window is open, markers fence it like a call whose launches are not judged
+        (the callback recorder does not even record this thread's launches meanwhile)."""
         torch = sys.modules["torch"]
         thread = threading.get_ident()
         with self.lock:
+            told = None if started else self.skipping.pop(thread, None)
+            if told is not None:  # its end, whether the window is still open or not
+                told.aside(False)
             if not self.open or not torch.cuda.is_initialized():
                 self.asides.pop(thread, None)
                 return
@@ -239,6 +252,9 @@ class LaunchTrace:
                 self.calls += 1
                 self.asides[thread] = entry
                 self._mark(dict(entry, edge="begin", single_device=True, frame=None))
+                if self.callbacks is not None:
+                    self.callbacks.aside(True)
+                    self.skipping[thread] = self.callbacks
             elif thread in self.asides:
                 entry = self.asides.pop(thread)
                 self._mark(dict(entry, edge="end", single_device=True, frame=None))
@@ -247,13 +263,22 @@ class LaunchTrace:
         """``torch.autograd.backward`` / ``grad`` returned (on the main thread)."""
         with self.lock:
             if self.open and self.backward_pending and self.depth == 0:
-                self._close()
+                self._close_outside()
 
     def let_cupti_go(self) -> None:
         """A profiler (kineto) is about to start: close a callback window now."""
         with self.lock:
             if self.callbacks is not None:
-                self._close()
+                self._close_outside()
+
+    def _close_outside(self) -> None:
+        """Close the window where no listener's time is counted (the backward's end, a
+        profiler's start): its seconds go to the trace's ``cost_s`` all the same."""
+        t0 = time.perf_counter()
+        try:
+            self._close()
+        finally:
+            op_watch.charge(self.name, time.perf_counter() - t0)
 
     # -- internals --------------------------------------------------------------------------
     def _mark(self, entry: dict[str, Any]) -> None:
@@ -349,6 +374,9 @@ class LaunchTrace:
             recorder.close()
             if _holder is self:
                 _holder = None
+            # what the recorder took at the case's own launches (inside the calls and torch's
+            # work between them, where no listener's time is counted)
+            op_watch.charge(self.name, recorder.spent())
             self.window.events = sorted(
                 self.window.events + [_launch_event(x) for x in recorder.take()],
                 key=lambda e: e["correlation"],

@@ -25,7 +25,8 @@ Listeners are objects with ``before(call)`` and ``after(call, out)``; ``after`` 
 (with ``out=None`` and ``call.error`` set) when the op raises. A listener must never raise:
 its exceptions are kept in :data:`errors` and reported by the detector that owns it. The
 seconds each listener takes are counted under its ``name`` (:func:`take_spent`: a case's
-``cost_s``), the watch's own under ``op-watch``.
+``cost_s``), the watch's own under ``op-watch``; what a listener spends elsewhere in the case
+(outside its ``before`` / ``after``) it counts itself with :func:`charge`.
 
 A listener's own work around a call that runs the GPU (a re-run of the call on copies of its
 arguments, a hash of its outputs) runs inside :func:`aside`: watched calls made there are not
@@ -171,7 +172,10 @@ def take_spent() -> dict[str, float]:
     return taken
 
 
-def _charge(who: str, seconds: float) -> None:
+def charge(who: str, seconds: float) -> None:
+    """Count ``seconds`` taken for the watch's listeners under ``who`` (what a listener spends
+    outside its ``before`` / ``after``, e.g. the launch trace's window read at a backward's
+    end): they go into the case's ``cost_s`` with the rest (:func:`take_spent`)."""
     _spent[who] = _spent.get(who, 0.0) + seconds
 
 
@@ -228,14 +232,14 @@ def _watched(
     )
     active = list(listeners)
     t = time.perf_counter()
-    _charge(WATCH, t - t0)
+    charge(WATCH, t - t0)
     for li in active:
         try:
             li.before(call)
         except Exception as err:
             errors.setdefault(id(li), err)
         now = time.perf_counter()
-        _charge(_name(li), now - t)
+        charge(_name(li), now - t)
         t = now
     _depth.n = depth + 1
     try:
@@ -259,7 +263,7 @@ def _after(active: list[Listener], call: Call, out: Any) -> None:
         except Exception as err:
             errors.setdefault(id(li), err)
         now = time.perf_counter()
-        _charge(_name(li), now - t)
+        charge(_name(li), now - t)
         t = now
 
 

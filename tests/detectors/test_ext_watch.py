@@ -368,6 +368,12 @@ class _FakeRecorder:
     def take(self):
         return []
 
+    def spent(self):
+        return 0.0
+
+    def aside(self, started):
+        self.calls.append(f"aside {started}")
+
 
 def test_a_profiler_of_the_tests_closes_an_open_callback_window_first(ext, monkeypatch):
     """CUPTI takes one subscriber: kineto, started beside an open callback window, would give

@@ -6,6 +6,7 @@ window is (its streams are handles)."""
 from __future__ import annotations
 
 import ctypes.util
+import threading
 
 import pytest
 
@@ -100,6 +101,67 @@ def test_the_library_builds_and_opens_only_with_a_driver(fresh_recorder):
     assert again is not None
 
 
+#: a kernel of torch's as CUPTI names it at the launch (mangled), and as a record reads it
+FILL = (
+    b"_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_11FillFunctorIfEESt5arrayIPcLm1EEEEvi"
+    b"T0_T1_"
+)
+FILL_NAME = (
+    "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, "
+    "std::array<char*, 1ul> >(int, at::native::FillFunctor<float>, std::array<char*, 1ul>)"
+)
+
+
+def test_records_read_back_in_order_each_name_demangled_once(fresh_recorder):
+    """What a launch callback records (injected here: no callback comes without a driver) is
+    read back in one call, in order, kernels demangled, a copy by its label; the library keeps
+    each name once and the recorder reads it once; the time taken at the launches is summed
+    and handed over once."""
+    if lc.cupti_paths(toolchain.cuda_home()) is None:
+        pytest.skip("no CUDA toolkit with CUPTI on this machine")
+    rec = lc.recorder()
+    assert rec is not None, lc.why_not
+    rec.spent()
+    assert rec.lib.gc_inject(0, HANDLE, 0, FILL) == 0
+    assert rec.lib.gc_inject(1, 0, 1, b"Memcpy DtoH") == 0
+    assert rec.lib.gc_inject(0, 2, 0, FILL) == 0
+    first, copy, again = rec.take()
+    assert (first.stream, first.device, first.kind, first.name) == (HANDLE, 0, "kernel", FILL_NAME)
+    assert (copy.stream, copy.device, copy.kind, copy.name) == (0, 1, "gpu_memcpy", "Memcpy DtoH")
+    assert (again.stream, again.name) == (2, FILL_NAME)
+    assert first.seq < copy.seq < again.seq
+    assert rec.take() == []  # forgotten once read
+    assert rec.names.count(FILL_NAME) == 1 and int(rec.lib.gc_names()) == len(rec.names)
+    assert rec.spent() > 0 and rec.spent() == 0
+
+
+def test_a_threads_own_work_is_not_recorded_for_that_window_only(fresh_recorder):
+    """Inside gpucheck's own work around a call (aside) this thread's launches are not
+    recorded, another thread's are; an aside a closed window left open hides nothing of the
+    next window (a window's open starts a new generation, even one that fails here)."""
+    if lc.cupti_paths(toolchain.cuda_home()) is None:
+        pytest.skip("no CUDA toolkit with CUPTI on this machine")
+    rec = lc.recorder()
+    assert rec is not None, lc.why_not
+    rec.take()
+    rec.aside(True)
+    assert rec.lib.gc_inject(0, 0, 0, b"_Z4hashPf") == 1
+    other: list[int] = []
+    thread = threading.Thread(target=lambda: other.append(rec.lib.gc_inject(0, 7, 0, b"_Z3oddv")))
+    thread.start()
+    thread.join()
+    assert other == [0]
+    rec.aside(False)
+    assert rec.lib.gc_inject(0, 0, 0, b"_Z4mineid") == 0
+    assert [x.name for x in rec.take()] == ["odd()", "mine(int, double)"]
+    rec.aside(True)
+    rec.open()
+    rec.close()
+    assert rec.lib.gc_inject(0, 0, 0, b"_Z4nextv") == 0
+    assert [x.name for x in rec.take()] == ["next()"]
+    rec.aside(False)
+
+
 HANDLE = 0x55D1_2000  # a stream made current by the test (a handle, as torch gives it)
 
 
@@ -146,6 +208,70 @@ def test_a_launch_outside_the_call_is_not_the_calls():
     split = after.split
     assert split is not None and [w.name for w in split.rest] == ["ext::late(float*)"]
     assert split.legacy == {0: 0} and split.current == {0: {HANDLE}}
+
+
+class _Recorder:
+    """A callback recorder without CUPTI: what the trace tells it, and one launch it holds."""
+
+    def __init__(self) -> None:
+        self.told: list[bool] = []
+
+    def aside(self, started: bool) -> None:
+        self.told.append(started)
+
+    def close(self) -> int:
+        return 0
+
+    def spent(self) -> float:
+        return 0.25  # seconds taken at the launches: no listener counted them
+
+    def take(self) -> list[lc.Launch]:
+        return [lc.Launch(3, HANDLE, 0, "kernel", "ext::k(float*)")]
+
+
+def _callback_window(monkeypatch) -> tuple[lt.LaunchTrace, _Recorder]:
+    """A trace with a callback window open on device 0 (CUDA and the markers faked: no GPU)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    trace = lt.LaunchTrace()
+    monkeypatch.setattr(trace, "_mark", lambda entry: trace.window.log.append(entry))
+    rec = _Recorder()
+    trace._started(lt.Window(recorder="callbacks"))
+    trace.callbacks = rec  # type: ignore[assignment]
+    return trace, rec
+
+
+def test_gpuchecks_own_work_in_a_window_is_not_recorded_and_its_end_always_told(monkeypatch):
+    """An aside while a callback window is open is fenced by markers and the recorder is told
+    to leave the thread's launches out until it ends; its end is told even when the window
+    closed meanwhile (the recorder must not keep skipping that thread)."""
+    from gpucheck.detectors import op_watch
+
+    trace, rec = _callback_window(monkeypatch)
+    monkeypatch.setattr(op_watch, "ASIDE_OBSERVERS", [trace.aside])
+    with op_watch.aside():
+        assert rec.told == [True]
+    assert rec.told == [True, False]
+    assert [e["edge"] for e in trace.window.log] == ["begin", "end"]
+    with op_watch.aside():
+        trace._close()
+    assert rec.told == [True, False, True, False] and not trace.skipping
+
+
+def test_a_window_closed_at_a_backwards_end_is_counted_under_the_trace(monkeypatch):
+    """A window kept open for a backward closes when ``backward`` returns, where no listener's
+    time is counted: its read, and what the recorder took at the launches, go to the trace's
+    cost all the same."""
+    from gpucheck.detectors import op_watch
+
+    trace, _ = _callback_window(monkeypatch)
+    trace.backward_pending = True
+    op_watch.take_spent()
+    trace.backward_done()
+    assert not trace.open and len(trace.windows) == 1
+    assert op_watch.take_spent().get(trace.name, 0.0) >= 0.25
 
 
 def _kineto(monkeypatch, error: Exception | None = None) -> list[str]:

@@ -53,6 +53,31 @@ def test_every_recorded_case_finds_its_pytest_duration(hc, recorded):
     assert len(durations) == 426 and all(t >= 0 for t in durations.values())
 
 
+def test_each_cases_extra_is_split_into_what_its_record_counts_and_the_rest(hc, recorded):
+    """Counted: the record's ``cost_s`` (detectors and bookkeeping); uncounted: the rest of the
+    extra. By suite, the same sums, and pytest's own sum of the suite's cases each round."""
+    run, junit = recorded
+    pc = hc.per_case([run, run], [junit, junit], top=426)
+    costs = {
+        f"{r['suite']}/{r['case']}": sum(r["cost_s"].values())
+        for r in hc.passes(hc.read_records(run))[0]
+    }
+    assert 0 < pc["counted_s"] == pytest.approx(sum(costs.values()))
+    for r in pc["top"]:
+        assert r["counted_s"] == pytest.approx(costs[r["case"]])
+        assert r["uncounted_s"] == pytest.approx(r["extra_s"] - r["counted_s"])
+        assert r["pytest_range_s"] == [r["pytest_s"], r["pytest_s"]]
+    suites = pc["suites"]
+    assert sum(x["cases"] for x in suites.values()) == 426
+    for key in ("extra_s", "counted_s", "uncounted_s", "pytest_s"):
+        assert sum(x[key] for x in suites.values()) == pytest.approx(pc[key])
+    for x in suites.values():
+        assert x["pytest_rounds_s"] == pytest.approx([x["pytest_s"], x["pytest_s"]])
+    lines = hc.suite_lines("gpucheck", suites, "pytest-clb")
+    knn = suites["knn"]
+    assert f"| knn | {knn['cases']} | {knn['gpucheck_s']:.2f} |" in "\n".join(lines)
+
+
 def test_a_missing_junit_file_matches_nothing(hc, recorded, tmp_path):
     run, _ = recorded
     pc = hc.per_case([run], [tmp_path / "absent.xml"])

@@ -8,7 +8,7 @@
 timeout -k 30 "$STEP_TIMEOUT" "$PY" benchmarks/harness_cost.py "$S/out" --rounds "${HC_ROUNDS:-3}" \
   ${HC_ARGS:-} >"$S/harness_cost.log" 2>&1
 rc=$?
-tail -40 "$S/harness_cost.log"
+tail -70 "$S/harness_cost.log"
 cp "$S/out/harness_cost.json" "$S/" 2>/dev/null
 note "harness_cost: rc=$rc $(grep -m1 '^| gpucheck |' "$S/harness_cost.log")"
 exit "$rc"
