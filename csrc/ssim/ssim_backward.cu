@@ -16,50 +16,63 @@
 namespace gpucheck::ssim {
 namespace {
 
-// Resident backward blocks per multiprocessor bound (measured on H200, 2026-11-24: 4 blocks
-// per SM at 128 registers without spills).
+// Resident backward blocks per multiprocessor bound (2 blocks of 256 threads at <= 128
+// registers: 16 warps per SM, as the 4 blocks of 128 threads measured best on H200,
+// 2026-11-24).
 #ifndef GPUCHECK_SSIM_BBLOCKS
-#define GPUCHECK_SSIM_BBLOCKS 4
+#define GPUCHECK_SSIM_BBLOCKS 2
 #endif
 
 // Backward, in the forward's layout. Block = (plane, strip of `strip_rows` gradient rows,
-// kBCols gradient columns), kBT threads; everything moves in batches of kBBatch rows, with
-// two barriers per batch:
+// kBCols = 232 gradient columns: two cells of the mean), kBT = 256 threads; everything moves
+// in batches of kBBatch rows, with two barriers per batch:
 //   1. moments, vertical pass (thread t owns input column c0 - 10 + t): rows streamed from
-//      global memory (prefetched kBPre rows ahead), the last 11 rows' x, y, x² + y², xy in a
-//      register ring, the vertically filtered batch written to `vbuf`;
+//      global memory (prefetched kBPre rows ahead), the last 11 rows' quantities in a register
+//      ring, the vertically filtered batch written to `vbuf`;
 //   2. moments, horizontal pass (thread (b, g): row b of the batch, partial columns
 //      4g .. 4g + 3, 16-byte shared loads), then the four weighted partials g dS/dmoment of
-//      those 4 pixels (zero outside the map), written to `pring`, a ring of kBPRows rows;
+//      those 4 pixels (zero outside the map), written to `pring`, a ring of kBPRows rows, and
+//      with `partials` their SSIM values to `sring`;
 //   3. partials, vertical pass (thread t owns partial column t), 4 gradient rows at once from
 //      the 14 partial rows they need, written to `v2`;
 //   4. partials, horizontal pass (thread (b, g): gradient row b of the batch, columns
-//      4g .. 4g + 3), then the gradient from the images at those pixels.
+//      4g .. 4g + 3), then the gradient from the images at those pixels;
+//   5. with `partials`: the SSIM values of a batch of gradient rows (window centres) added up
+//      for the two cells of the mean in the cells' order (ssim_device.cuh; lane l = 29 b + g
+//      of warps 4c .. 4c + 3 for cell c), each warp's sum kept in shared memory, the cells
+//      written at the end.
 // Iteration k runs 1 on batch k, barrier, 2 on batch k and 4 on gradient batch k - 4,
-// barrier, 3 on gradient batch k - 3. Streamed row s is image row r0 - 10 + s, partial row p
-// image row r0 - 5 + p, gradient row q image row r0 + q.
-constexpr int kBT = 128;                        // threads per block
-constexpr int kBCols = 104;                     // gradient columns per block (26 groups of 4)
-constexpr int kBGroups = kBCols / 4;            // 26
-constexpr int kBPCols = 116;                    // partial columns (>= kBCols + 10; 29 groups)
-constexpr int kBPGroups = kBPCols / 4;          // 29
-constexpr int kBInCols = kBPCols + 2 * kHalf;   // 126 input columns
-constexpr int kBBatch = 4;                      // rows per batch
-constexpr int kBRing = 12;                      // register ring slots (3 batches)
+// barrier, 5 on gradient batch k - 2 and 3 on gradient batch k - 3. Streamed row s is image
+// row r0 - 10 + s, partial row p image row r0 - 5 + p, gradient row q image row r0 + q.
+constexpr int kBT = 256;                        // threads per block
+constexpr int kBWarps = kBT / 32;
+constexpr int kBCells = 2;                      // cells of the mean across the block
+constexpr int kBCols = kBCells * kCellCols;     // gradient columns per block (232)
+constexpr int kBGroups = kBCols / 4;            // 58
+constexpr int kBPCols = 244;                    // partial columns (>= kBCols + 10; 61 groups)
+constexpr int kBPGroups = kBPCols / 4;          // 61
+constexpr int kBInCols = kBPCols + 2 * kHalf;   // 254 input columns
+constexpr int kBBatch = kBatchRows;             // rows per batch
 constexpr int kBPre = 4;                        // rows of register prefetch
 constexpr int kBPRows = 16;                     // shared ring of partial rows
-constexpr int kBPitch = 128;                    // shared row pitch (columns)
+constexpr int kBSRows = 8;                      // shared ring of SSIM rows (for the cells)
+constexpr int kBPitch = 256;                    // shared row pitch (columns)
+constexpr int kBMaxRows = 128;                  // gradient rows per block, at most
 constexpr int kBBufElems = kBBatch * 4 * kBPitch;               // vbuf and v2
-constexpr int kBSmemElems = 2 * kBBufElems + kBPRows * 4 * kBPitch;
+constexpr int kBWarpSums = kBMaxRows / kBBatch * kBWarps;       // [batch][warp]
+constexpr int kBSmemElems =
+    2 * kBBufElems + kBPRows * 4 * kBPitch + kBSRows * kBPitch + kBWarpSums;
 static_assert(kBInCols <= kBT, "one input column per thread");
 static_assert(kBPCols >= kBCols + 2 * kHalf && kBPCols <= kBT, "partials of the gradient tile");
 static_assert(kBPGroups * kBBatch <= kBT && kBGroups * kBBatch <= kBT, "one group per thread");
 static_assert(4 * (kBPGroups - 1) + 16 <= kBPitch, "16-value reads stay in the row");
 static_assert(4 * (kBGroups - 1) + 16 <= kBPCols, "16-value reads stay in the partials");
-static_assert(kBRing == 3 * kBBatch && kBBatch % kBPre == 0, "ring slots");
+static_assert(kRing == 3 * kBBatch && kBBatch % kBPre == 0, "ring slots");
 static_assert(kBPRows == 4 * kBBatch, "partial ring: 4 batches, slot of stage 3 per jb % 4");
+static_assert(kBT == kBCells * 32 * kCellWarps, "one cell's lanes per 128 threads");
+static_assert(kBMaxRows % kCellRows == 0, "whole cells");
 
-// float/half/bf16: <= 128 registers (4 blocks = 16 warps per SM); float64: twice the ring.
+// float/half/bf16: <= 128 registers (2 blocks = 16 warps per SM); float64: twice the ring.
 template <typename T>
 constexpr int kBMinBlocks = std::is_same_v<T, double> ? 1 : GPUCHECK_SSIM_BBLOCKS;
 
@@ -76,14 +89,17 @@ __global__ void __launch_bounds__(kBT, kBMinBlocks<T>)
                          const T* __restrict__ img1,  // [planes, H, W]
                          const T* __restrict__ img2,  // [planes, H, W]
                          int height, int width, int out_h, int out_w, int offset, int tiles_x,
-                         int tiles_y, int strip_rows,
-                         T* __restrict__ grad1,   // [planes, H, W]
-                         T* __restrict__ grad2) {  // [planes, H, W] or null
+                         int tiles_y, int strip_rows, int bands, int segs,
+                         T* __restrict__ grad1,             // [planes, H, W]
+                         T* __restrict__ grad2,             // [planes, H, W] or null
+                         acc_t<T>* __restrict__ partials) {  // [planes, bands, segs] or null
   using A = acc_t<T>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   A* const vbuf = reinterpret_cast<A*>(smem_raw);  // [kBBatch][4 moments][kBPitch]
   A* const v2 = vbuf + kBBufElems;                 // [kBBatch][4 partials][kBPitch]
   A* const pring = v2 + kBBufElems;                // [kBPRows][4 partials][kBPitch]
+  A* const sring = pring + kBPRows * 4 * kBPitch;  // [kBSRows][kBPitch]
+  A* const wsum = sring + kBSRows * kBPitch;       // [batch][warp]
 
   const int64_t block = blockIdx.x;
   const int tx = static_cast<int>(block % tiles_x);
@@ -100,8 +116,6 @@ __global__ void __launch_bounds__(kBT, kBMinBlocks<T>)
   // Role 1: input column ci.
   const int ci = c0 - 2 * kHalf + tid;
   const bool col_in = tid < kBInCols && ci >= 0 && ci < width;
-  const T* const xcol = x + (col_in ? ci : 0);
-  const T* const ycol = y + (col_in ? ci : 0);
   // Role 2: row hb of a batch, partial columns 4 hg .. (map column of the first: pmc0).
   const int hb = tid / kBPGroups;
   const int hg = tid - hb * kBPGroups;
@@ -113,6 +127,13 @@ __global__ void __launch_bounds__(kBT, kBMinBlocks<T>)
   const int gg = tid - gb * kBGroups;
   const bool on4 = tid < kBGroups * kBBatch;
   const int gcol = c0 + 4 * gg;
+  // Role 5: lane l = 29 sb + sg of cell sc (gradient row sb of a batch, its columns
+  // c0 + 116 sc + 4 sg ..).
+  const int sc = tid / (32 * kCellWarps);
+  const int sl = tid - sc * 32 * kCellWarps;
+  const int sb = sl / kCellGroups;
+  const int sg = sl - sb * kCellGroups;
+  const bool on5 = sl < kCellGroups * kBBatch;
   // 4-element accesses: rows of whole groups and 4-element aligned tensors (an input may be
   // a view with any storage offset).
   constexpr uintptr_t kMisaligned = 4 * sizeof(T) - 1;
@@ -121,64 +142,61 @@ __global__ void __launch_bounds__(kBT, kBMinBlocks<T>)
                         kMisaligned) == 0;
   const bool g_vec = aligned && width % 4 == 0 && gcol + 3 < width;
   const bool need2 = grad2 != nullptr;
+  const bool cells = partials != nullptr;
 
   const T* const grad_plane =
       kScalarGrad ? grad : grad + plane * (static_cast<int64_t>(out_h) * out_w);
-  A g_scalar = scale;
-  if (kScalarGrad && grad != nullptr) g_scalar = to_acc(grad[0]) * scale;
+  // Twice the upstream gradient per map pixel (the partials' factor 2, exact).
+  A g2_scalar = A(2) * scale;
+  if (kScalarGrad && grad != nullptr) g2_scalar = A(2) * (to_acc(grad[0]) * scale);
 
-  // Rows are fetched in order: fr = image row of the next fetch, foff its offset.
+  // Rows are fetched in order: fr = image row of the next fetch, xf / yf its column pointers
+  // (hidden from the optimizer: one 64-bit add each per row).
   int fr = r0 - 2 * kHalf;
-  int64_t foff = static_cast<int64_t>(fr) * width;
+  const T* xf = opaque(x + (col_in ? ci : 0) + static_cast<int64_t>(fr) * width);
+  const T* yf = opaque(y + (col_in ? ci : 0) + static_cast<int64_t>(fr) * width);
   auto fetch = [&](T& vx, T& vy) {
     vx = zero<T>();
     vy = zero<T>();
     if (col_in && static_cast<unsigned>(fr) < static_cast<unsigned>(height)) {
-      vx = xcol[foff];
-      vy = ycol[foff];
+      vx = __ldg(xf);
+      vy = __ldg(yf);
     }
     ++fr;
-    foff += width;
+    xf += width;
+    yf += width;
   };
   T px[kBPre];  // raw elements, converted when used (see the forward)
   T py[kBPre];
 #pragma unroll
   for (int u = 0; u < kBPre; ++u) fetch(px[u], py[u]);
-  A ring[kBRing][4];
-  // Streamed row s into ring slot s % kBRing; prefetch slot s % kBPre.
+  A ring[kRing][4];
+  // Streamed row s into ring slot s % kRing; prefetch slot s % kBPre.
   auto push = [&](int slot, int pre) {
-    const A xv = to_acc(px[pre]);
-    const A yv = to_acc(py[pre]);
+    A q[4];
+    quantities(to_acc(px[pre]), to_acc(py[pre]), q);
     fetch(px[pre], py[pre]);
-    ring[slot][0] = xv;
-    ring[slot][1] = yv;
-    ring[slot][2] = fma(xv, xv, yv * yv);
-    ring[slot][3] = xv * yv;
+#pragma unroll
+    for (int m = 0; m < 4; ++m) ring[slot][m] = q[m];
   };
 #pragma unroll
   for (int s = 0; s < 2 * kHalf; ++s) push(s, s % kBPre);
   // Stage 1 of batch k (rows 10 + 4k + i): ring slots (10 + 4k + i) % 12, a compile-time
   // constant for each value of k % 3.
   auto stage1 = [&](auto kc) {
-    constexpr int kC = decltype(kc)::value;
+    constexpr int kS0 = 2 * kHalf + kBBatch * decltype(kc)::value;  // (10 + 4k) mod 12
+    [&]<int... kI>(std::integer_sequence<int, kI...>) {
+      (
+          [&] {
+            constexpr int kSlot = (kS0 + kI) % kRing;
+            push(kSlot, (2 * kHalf + kI) % kBPre);
+            A v[4];
+            vertical_filter<kSlot + kRing - 2 * kHalf>(ring, v);
 #pragma unroll
-    for (int i = 0; i < kBBatch; ++i) {
-      constexpr int kS0 = 2 * kHalf + kBBatch * kC;  // (10 + 4k) mod 12
-      const int slot = (kS0 + i) % kBRing;
-      push(slot, (2 * kHalf + i) % kBPre);
-      A v[4];
-#pragma unroll
-      for (int m = 0; m < 4; ++m) v[m] = gauss<A>(0) * ring[(slot + 2) % kBRing][m];
-#pragma unroll
-      for (int k = 1; k < kWin; ++k) {
-#pragma unroll
-        for (int m = 0; m < 4; ++m) {
-          v[m] = fma(gauss<A>(k), ring[(slot + 2 + k) % kBRing][m], v[m]);
-        }
-      }
-#pragma unroll
-      for (int m = 0; m < 4; ++m) vbuf[(i * 4 + m) * kBPitch + tid] = v[m];
-    }
+            for (int m = 0; m < 4; ++m) vbuf[(kI * 4 + m) * kBPitch + tid] = v[m];
+          }(),
+          ...);
+    }(std::make_integer_sequence<int, kBBatch>{});
   };
 
   // Stage 3 of gradient batch jb, whose first partial row sits in ring slot 4 (jb % 4): every
@@ -195,7 +213,7 @@ __global__ void __launch_bounds__(kBT, kBMinBlocks<T>)
 #pragma unroll
         for (int r = 0; r < kBBatch; ++r) {
           const int t = i - r;
-          if (t == 0) acc[r] = gauss<A>(0) * v;
+          if (t == 0) acc[r] = mul(gauss<A>(0), v);
           if (t > 0 && t < kWin) acc[r] = fma(gauss<A>(t), v, acc[r]);
         }
       }
@@ -228,29 +246,33 @@ __global__ void __launch_bounds__(kBT, kBMinBlocks<T>)
       const int mr = r0 - kHalf + p - offset;  // map row
       const bool row_ok = static_cast<unsigned>(mr) < static_cast<unsigned>(out_h);
       A part[4][4];  // [partial][pixel]
+      A val[4];      // SSIM, zero outside the map
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        A g = A(0);
         const int mc = pmc0 + i;
-        if (row_ok && static_cast<unsigned>(mc) < static_cast<unsigned>(out_w)) {
-          g = kScalarGrad ? g_scalar
-                          : to_acc(grad_plane[static_cast<int64_t>(mr) * out_w + mc]);
+        const bool in_map = row_ok && static_cast<unsigned>(mc) < static_cast<unsigned>(out_w);
+        A g2 = A(0);
+        if (in_map) {
+          g2 = kScalarGrad ? g2_scalar
+                           : A(2) * to_acc(grad_plane[static_cast<int64_t>(mr) * out_w + mc]);
         }
         const A m4[4] = {mom[0][i], mom[1][i], mom[2][i], mom[3][i]};
-        const SsimTerms<A> s = ssim_terms(m4);
-        const A inv = fast_rcp<A>(s.b1 * s.b2);
-        const A ssim = s.a1 * s.a2 * inv;
-        const A da = s.a2 - s.a1;
-        const A db = ssim * (s.b2 - s.b1);
-        const A ginv = g * inv;
-        part[0][i] = ginv * (A(2) * (m4[1] * da - m4[0] * db));  // g dS/dmu1
-        part[1][i] = ginv * (A(2) * (m4[0] * da - m4[1] * db));  // g dS/dmu2
-        part[2][i] = -ginv * ssim * s.b1;                        // g dS/dE[x² + y²]
-        part[3][i] = ginv * (A(2) * s.a1);                       // g dS/dE[xy]
+        const SsimTerms<A> t = ssim_terms(m4);
+        const A inv = ssim_inverse(t);
+        const A ssim = ssim_value(t, inv);
+        const A da = t.a2 - t.a1;
+        const A db = ssim * (t.b2 - t.b1);
+        const A gi2 = g2 * inv;
+        part[0][i] = gi2 * (m4[1] * da - m4[0] * db);  // g dS/dmu1
+        part[1][i] = gi2 * (m4[0] * da - m4[1] * db);  // g dS/dmu2
+        part[2][i] = -gi2 * (ssim * t.b1);             // 2 g dS/dE[x² + y²]
+        part[3][i] = gi2 * t.a1;                       // g dS/dE[xy]
+        val[i] = in_map ? ssim : A(0);
       }
       A* dst = pring + (p & (kBPRows - 1)) * 4 * kBPitch + 4 * hg;
 #pragma unroll
       for (int q = 0; q < 4; ++q) store4(dst + q * kBPitch, part[q]);
+      if (cells) store4(sring + (p & (kBSRows - 1)) * kBPitch + 4 * hg, val);
     }
     if (on4 && k >= 4) {  // stage 4: gradient row q of batch k - 4
       const int row = r0 + kBBatch * (k - 4) + gb;
@@ -283,8 +305,8 @@ __global__ void __launch_bounds__(kBT, kBMinBlocks<T>)
         for (int i = 0; i < 4; ++i) {
           const A xv = to_acc(xr[i]);
           const A yv = to_acc(yr[i]);
-          d1[i] = f[0][i] + A(2) * xv * f[2][i] + yv * f[3][i];
-          d2[i] = f[1][i] + A(2) * yv * f[2][i] + xv * f[3][i];
+          d1[i] = fma(yv, f[3][i], fma(xv, f[2][i], f[0][i]));
+          d2[i] = fma(xv, f[3][i], fma(yv, f[2][i], f[1][i]));
         }
         T* out1 = grad1 + plane * plane_px + idx;
         T* out2 = need2 ? grad2 + plane * plane_px + idx : nullptr;
@@ -309,6 +331,17 @@ __global__ void __launch_bounds__(kBT, kBMinBlocks<T>)
     // compute-sanitizer racecheck reports it). Never define it in a release build.
     __syncthreads();
 #endif
+    const int jc = k - 2;  // stage 5: the cells' share of gradient batch jc (every thread)
+    if (cells && jc >= 0 && jc < batches) {
+      A s = A(0);
+      if (on5) {
+        const A* src = sring + ((kBBatch * jc + kHalf + sb) & (kBSRows - 1)) * kBPitch + kHalf +
+                       kCellCols * sc + 4 * sg;
+        s = add(add(src[0], src[1]), add(src[2], src[3]));
+      }
+      s = warp_tree(s);
+      if ((tid & 31) == 0) wsum[jc * kBWarps + (tid >> 5)] = s;
+    }
     const int jb = k - 3;  // stage 3: gradient batch jb from partial rows 4 jb .. 4 jb + 13
     if (on3 && jb >= 0 && jb < batches) {
       switch (jb & (kBPRows / kBBatch - 1)) {
@@ -319,13 +352,23 @@ __global__ void __launch_bounds__(kBT, kBMinBlocks<T>)
       }
     }
   }
+  if (cells) {  // the strip's cells, from their batches' warp sums
+    __syncthreads();
+    const int j = tid / kBCells;  // cell row of the strip
+    const int c = tid - j * kBCells;
+    const int band = r0 / kCellRows + j;
+    const int seg = kBCells * tx + c;
+    if (j < strip_rows / kCellRows && band < bands && seg < segs) {
+      partials[(plane * bands + band) * segs + seg] =
+          cell_sum(wsum + j * kCellBatches * kBWarps + c * kCellWarps, kBWarps);
+    }
+  }
 }
 
 // Resident backward blocks per multiprocessor (float32/16-bit: the launch bound above).
-constexpr int kBResident = 4;
-constexpr int kBMaxRows = 128;
+constexpr int kBResident = GPUCHECK_SSIM_BBLOCKS;
 
-// Gradient rows per backward block (a multiple of kBBatch). Model: a block's time is
+// Gradient rows per backward block (a multiple of kCellRows). Model: a block's time is
 // proportional to the rows it streams (rows + 16: the 20-row halo less the last partial
 // batch, which only finishes the pipeline) and blocks run in waves of kBResident per
 // multiprocessor, so a call costs ceil(blocks / slots) * (rows + 16); the cheapest wins
@@ -333,14 +376,15 @@ constexpr int kBMaxRows = 128;
 // waves) and at 1x3x1080x1920 (513 blocks, one wave). Defining GPUCHECK_SSIM_BROWS fixes it.
 int backward_strip(const Geometry& g) {
 #ifdef GPUCHECK_SSIM_BROWS
-  static_assert(GPUCHECK_SSIM_BROWS % kBBatch == 0, "whole batches");
+  static_assert(GPUCHECK_SSIM_BROWS % kCellRows == 0 && GPUCHECK_SSIM_BROWS <= kBMaxRows,
+                "whole cells");
   return GPUCHECK_SSIM_BROWS;
 #else
   const int64_t slots = static_cast<int64_t>(multiprocessors()) * kBResident;
   const int64_t columns = g.planes * ceil_div(g.width, kBCols);
   int best_rows = kBMaxRows;
   int64_t best_cost = -1;
-  for (int rows = kBMaxRows; rows >= kBBatch; rows -= kBBatch) {
+  for (int rows = kBMaxRows; rows >= kCellRows; rows -= kCellRows) {
     const int64_t blocks = columns * ceil_div(g.height, rows);
     const int64_t cost = (blocks + slots - 1) / slots * (rows + 16);
     if (best_cost < 0 || cost < best_cost) {
@@ -363,20 +407,13 @@ inline BackwardGrid backward_grid(const Geometry& g) {
   return {ceil_div(g.width, kBCols), ceil_div(g.height, rows), rows};
 }
 
-// Blocks with more than 48 KiB of dynamic shared memory need the attribute raised first.
-template <typename Kernel>
-cudaError_t prepare(Kernel kernel, size_t smem) {
-  if (smem <= 48 * 1024) return cudaSuccess;
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(smem));
-}
-
 template <typename T>
 cudaError_t backward_typed(const void* grad, bool grad_is_scalar, double scale, const void* img1,
                            const void* img2, const Geometry& geo, void* grad1, void* grad2,
-                           cudaStream_t stream) {
+                           void* partials, cudaStream_t stream) {
   using A = acc_t<T>;
   const BackwardGrid grid = backward_grid(geo);
+  const CellGrid cells = cell_grid(geo);
   const int64_t blocks = geo.planes * grid.tiles_x * grid.tiles_y;
   const size_t smem = kBSmemElems * sizeof(A);
   const auto kernel = grad_is_scalar ? ssim_backward_kernel<T, true> : ssim_backward_kernel<T, false>;
@@ -384,8 +421,8 @@ cudaError_t backward_typed(const void* grad, bool grad_is_scalar, double scale, 
   kernel<<<static_cast<unsigned>(blocks), kBT, smem, stream>>>(
       static_cast<const T*>(grad), static_cast<A>(scale), static_cast<const T*>(img1),
       static_cast<const T*>(img2), geo.height, geo.width, geo.out_height(), geo.out_width(),
-      geo.offset(), grid.tiles_x, grid.tiles_y, grid.rows, static_cast<T*>(grad1),
-      static_cast<T*>(grad2));
+      geo.offset(), grid.tiles_x, grid.tiles_y, grid.rows, cells.bands, cells.segs,
+      static_cast<T*>(grad1), static_cast<T*>(grad2), static_cast<A*>(partials));
   return cudaSuccess;
 }
 
@@ -398,20 +435,20 @@ int64_t backward_blocks(const Geometry& geo) {
 
 cudaError_t launch_backward(Dtype dtype, const void* grad, bool grad_is_scalar, double scale,
                             const void* img1, const void* img2, const Geometry& geo, void* grad1,
-                            void* grad2, cudaStream_t stream) {
+                            void* grad2, void* partials, cudaStream_t stream) {
   switch (dtype) {
     case Dtype::kFloat32:
       return backward_typed<float>(grad, grad_is_scalar, scale, img1, img2, geo, grad1, grad2,
-                                   stream);
+                                   partials, stream);
     case Dtype::kFloat16:
       return backward_typed<__half>(grad, grad_is_scalar, scale, img1, img2, geo, grad1, grad2,
-                                    stream);
+                                    partials, stream);
     case Dtype::kBFloat16:
       return backward_typed<__nv_bfloat16>(grad, grad_is_scalar, scale, img1, img2, geo, grad1,
-                                           grad2, stream);
+                                           grad2, partials, stream);
     case Dtype::kFloat64:
       return backward_typed<double>(grad, grad_is_scalar, scale, img1, img2, geo, grad1, grad2,
-                                    stream);
+                                    partials, stream);
   }
   return cudaErrorInvalidValue;
 }
