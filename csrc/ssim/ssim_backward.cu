@@ -31,19 +31,22 @@ namespace {
 //      ring, the vertically filtered batch written to `vbuf`;
 //   2. moments, horizontal pass (thread (b, g): row b of the batch, partial columns
 //      4g .. 4g + 3, 16-byte shared loads), then the four weighted partials g dS/dmoment of
-//      those 4 pixels (zero outside the map), written to `pring`, a ring of kBPRows rows, and
-//      with `partials` their SSIM values to `sring`;
+//      those 4 pixels (zero outside the map), written to `pring`, a ring of kBPRows rows of
+//      partial columns, each column's 4 partials in 16 bytes (at column swizzled(c), so that
+//      neither the stores of 4 consecutive columns per thread nor stage 3's loads of one column
+//      per thread conflict on shared-memory banks); with
+//      `partials`, their SSIM values added up for the two cells of the mean in the cells' order
+//      (ssim_device.cuh: the cells' groups are these groups, and lane l = 29 b + g of threads
+//      128 c .. 128 c + 127 holds group g of cell c; the 12 groups right of the cells go to
+//      threads 116 .. 127), each warp's sum kept in shared memory, the cells written at the end;
 //   3. partials, vertical pass (thread t owns partial column t), 4 gradient rows at once from
-//      the 14 partial rows they need, written to `v2`;
+//      the 14 partial rows they need (one 16-byte load each), written to `v2`;
 //   4. partials, horizontal pass (thread (b, g): gradient row b of the batch, columns
-//      4g .. 4g + 3), then the gradient from the images at those pixels;
-//   5. with `partials`: the SSIM values of a batch of gradient rows (window centres) added up
-//      for the two cells of the mean in the cells' order (ssim_device.cuh; lane l = 29 b + g
-//      of warps 4c .. 4c + 3 for cell c), each warp's sum kept in shared memory, the cells
-//      written at the end.
+//      4g .. 4g + 3), then the gradient from the images at those pixels.
 // Iteration k runs 1 on batch k, barrier, 2 on batch k and 4 on gradient batch k - 4,
-// barrier, 5 on gradient batch k - 2 and 3 on gradient batch k - 3. Streamed row s is image
-// row r0 - 10 + s, partial row p image row r0 - 5 + p, gradient row q image row r0 + q.
+// barrier, 3 on gradient batch k - 3. Streamed row s is image row r0 - 10 + s, partial row p
+// image row r0 - 5 + p (batch k of partial rows: row k / 4 of the block's cells), gradient row
+// q image row r0 + q.
 constexpr int kBT = 256;                        // threads per block
 constexpr int kBWarps = kBT / 32;
 constexpr int kBCells = 2;                      // cells of the mean across the block
@@ -53,15 +56,14 @@ constexpr int kBPCols = 244;                    // partial columns (>= kBCols + 
 constexpr int kBPGroups = kBPCols / 4;          // 61
 constexpr int kBInCols = kBPCols + 2 * kHalf;   // 254 input columns
 constexpr int kBBatch = kBatchRows;             // rows per batch
+constexpr int kRing = 12;                       // register ring of input rows (>= kWin)
 constexpr int kBPre = 4;                        // rows of register prefetch
 constexpr int kBPRows = 16;                     // shared ring of partial rows
-constexpr int kBSRows = 8;                      // shared ring of SSIM rows (for the cells)
 constexpr int kBPitch = 256;                    // shared row pitch (columns)
 constexpr int kBMaxRows = 128;                  // gradient rows per block, at most
 constexpr int kBBufElems = kBBatch * 4 * kBPitch;               // vbuf and v2
-constexpr int kBWarpSums = kBMaxRows / kBBatch * kBWarps;       // [batch][warp]
-constexpr int kBSmemElems =
-    2 * kBBufElems + kBPRows * 4 * kBPitch + kBSRows * kBPitch + kBWarpSums;
+constexpr int kBWarpSums = kBMaxRows / kCellRows * kBWarps;     // [cell row][warp]
+constexpr int kBSmemElems = 2 * kBBufElems + kBPRows * 4 * kBPitch + kBWarpSums;
 static_assert(kBInCols <= kBT, "one input column per thread");
 static_assert(kBPCols >= kBCols + 2 * kHalf && kBPCols <= kBT, "partials of the gradient tile");
 static_assert(kBPGroups * kBBatch <= kBT && kBGroups * kBBatch <= kBT, "one group per thread");
@@ -70,11 +72,22 @@ static_assert(4 * (kBGroups - 1) + 16 <= kBPCols, "16-value reads stay in the pa
 static_assert(kRing == 3 * kBBatch && kBBatch % kBPre == 0, "ring slots");
 static_assert(kBPRows == 4 * kBBatch, "partial ring: 4 batches, slot of stage 3 per jb % 4");
 static_assert(kBT == kBCells * 32 * kCellWarps, "one cell's lanes per 128 threads");
+static_assert(kBPCols == kBCols + 4 * (32 * kCellWarps - kCellGroups * kBBatch) / kBBatch &&
+                  kHalf == -kCellShift,
+              "stage 2: the cells' groups from partial column 0, 12 groups more in lanes "
+              "116 .. 127 of the first cell");
 static_assert(kBMaxRows % kCellRows == 0, "whole cells");
 
 // float/half/bf16: <= 128 registers (2 blocks = 16 warps per SM); float64: twice the ring.
 template <typename T>
 constexpr int kBMinBlocks = std::is_same_v<T, double> ? 1 : GPUCHECK_SSIM_BBLOCKS;
+
+// Where partial column c sits in its row of `pring` (16-byte units): c with its two low bits
+// XORed by bits 3-4, a permutation within each aligned group of 8 columns. Stage 2 stores
+// columns 4 g .. 4 g + 3 from thread g, stage 3 loads column t in thread t: in both, the 8
+// threads of a quarter warp (one shared-memory wavefront of 16-byte accesses) reach 8 different
+// groups of 4 banks.
+__device__ __forceinline__ int swizzled(int c) { return c ^ ((c >> 3) & 3); }
 
 // 4 consecutive elements, loaded at once (16 bytes for float32); `p` aligned to 4 elements.
 template <typename T>
@@ -97,9 +110,8 @@ __global__ void __launch_bounds__(kBT, kBMinBlocks<T>)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   A* const vbuf = reinterpret_cast<A*>(smem_raw);  // [kBBatch][4 moments][kBPitch]
   A* const v2 = vbuf + kBBufElems;                 // [kBBatch][4 partials][kBPitch]
-  A* const pring = v2 + kBBufElems;                // [kBPRows][4 partials][kBPitch]
-  A* const sring = pring + kBPRows * 4 * kBPitch;  // [kBSRows][kBPitch]
-  A* const wsum = sring + kBSRows * kBPitch;       // [batch][warp]
+  A* const pring = v2 + kBBufElems;                // [kBPRows][kBPitch swizzled][4 partials]
+  A* const wsum = pring + kBPRows * 4 * kBPitch;   // [cell row][cell][warp of the cell]
 
   const int64_t block = blockIdx.x;
   const int tx = static_cast<int>(block % tiles_x);
@@ -117,9 +129,15 @@ __global__ void __launch_bounds__(kBT, kBMinBlocks<T>)
   const int ci = c0 - 2 * kHalf + tid;
   const bool col_in = tid < kBInCols && ci >= 0 && ci < width;
   // Role 2: row hb of a batch, partial columns 4 hg .. (map column of the first: pmc0).
-  const int hb = tid / kBPGroups;
-  const int hg = tid - hb * kBPGroups;
-  const bool on2 = tid < kBPGroups * kBBatch;
+  // Thread 128 c + l: lane l = 29 b + g of cell c (hb = b, hg = 29 c + g) for l < 116, and
+  // l = 116 + 3 b + j (c = 0) group 58 + j, right of the cells.
+  const int c2 = tid / (32 * kCellWarps);
+  const int l2 = tid - c2 * 32 * kCellWarps;
+  const bool in_cell = l2 < kCellGroups * kBBatch;
+  const int extra = l2 - kCellGroups * kBBatch;
+  const int hb = in_cell ? l2 / kCellGroups : extra / 3;
+  const int hg = in_cell ? kCellGroups * c2 + l2 % kCellGroups : kBCells * kCellGroups + extra % 3;
+  const bool on2 = in_cell || c2 == 0;
   const int pmc0 = c0 - kHalf + 4 * hg - offset;
   // Role 3: partial column tid. Role 4: gradient row gb of a batch, columns gcol ...
   const bool on3 = tid < kBPCols;
@@ -127,13 +145,7 @@ __global__ void __launch_bounds__(kBT, kBMinBlocks<T>)
   const int gg = tid - gb * kBGroups;
   const bool on4 = tid < kBGroups * kBBatch;
   const int gcol = c0 + 4 * gg;
-  // Role 5: lane l = 29 sb + sg of cell sc (gradient row sb of a batch, its columns
-  // c0 + 116 sc + 4 sg ..).
-  const int sc = tid / (32 * kCellWarps);
-  const int sl = tid - sc * 32 * kCellWarps;
-  const int sb = sl / kCellGroups;
-  const int sg = sl - sb * kCellGroups;
-  const bool on5 = sl < kCellGroups * kBBatch;
+  CellLane<A> lane;  // with partials: the thread's lane of its cell
   // 4-element accesses: rows of whole groups and 4-element aligned tensors (an input may be
   // a view with any storage offset).
   constexpr uintptr_t kMisaligned = 4 * sizeof(T) - 1;
@@ -201,24 +213,28 @@ __global__ void __launch_bounds__(kBT, kBMinBlocks<T>)
 
   // Stage 3 of gradient batch jb, whose first partial row sits in ring slot 4 (jb % 4): every
   // slot a compile-time constant.
+  const A* const col3 = pring + 4 * swizzled(tid);
   auto stage3 = [&](auto jc) {
     constexpr int kBase = kBBatch * decltype(jc)::value;
-    const A* col = pring + tid;
+    A acc[4][kBBatch];  // [partial][row]
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      A acc[kBBatch];
+    for (int i = 0; i < kBBatch + 2 * kHalf; ++i) {
+      A v[4];
+      load4(col3 + ((kBase + i) & (kBPRows - 1)) * 4 * kBPitch, v);
 #pragma unroll
-      for (int i = 0; i < kBBatch + 2 * kHalf; ++i) {
-        const A v = col[(((kBase + i) & (kBPRows - 1)) * 4 + q) * kBPitch];
+      for (int r = 0; r < kBBatch; ++r) {
+        const int t = i - r;
 #pragma unroll
-        for (int r = 0; r < kBBatch; ++r) {
-          const int t = i - r;
-          if (t == 0) acc[r] = mul(gauss<A>(0), v);
-          if (t > 0 && t < kWin) acc[r] = fma(gauss<A>(t), v, acc[r]);
+        for (int q = 0; q < 4; ++q) {
+          if (t == 0) acc[q][r] = mul(gauss<A>(0), v[q]);
+          if (t > 0 && t < kWin) acc[q][r] = fma(gauss<A>(t), v[q], acc[q][r]);
         }
       }
+    }
 #pragma unroll
-      for (int r = 0; r < kBBatch; ++r) v2[(r * 4 + q) * kBPitch + tid] = acc[r];
+    for (int r = 0; r < kBBatch; ++r) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) v2[(r * 4 + q) * kBPitch + tid] = acc[q][r];
     }
   };
 
@@ -238,6 +254,7 @@ __global__ void __launch_bounds__(kBT, kBMinBlocks<T>)
     }
     kc = kc == 2 ? 0 : kc + 1;
     __syncthreads();
+    A cell_s = A(0);         // the lane's SSIM sum of this batch (zero unless in a cell)
     if (on2 && k < last1) {  // stage 2: partial row p
       const int p = kBBatch * k + hb;
       A mom[4][4];  // [moment][pixel]
@@ -269,10 +286,18 @@ __global__ void __launch_bounds__(kBT, kBMinBlocks<T>)
         part[3][i] = gi2 * t.a1;                       // g dS/dE[xy]
         val[i] = in_map ? ssim : A(0);
       }
-      A* dst = pring + (p & (kBPRows - 1)) * 4 * kBPitch + 4 * hg;
+      A* dst = pring + ((p & (kBPRows - 1)) * kBPitch + 4 * hg) * 4;  // swizzled(4 hg + i) =
+      const int sw = (hg >> 1) & 3;                                     // 4 hg + (i ^ sw)
 #pragma unroll
-      for (int q = 0; q < 4; ++q) store4(dst + q * kBPitch, part[q]);
-      if (cells) store4(sring + (p & (kBSRows - 1)) * kBPitch + 4 * hg, val);
+      for (int i = 0; i < 4; ++i) {
+        const A v[4] = {part[0][i], part[1][i], part[2][i], part[3][i]};
+        store4(dst + 4 * (i ^ sw), v);
+      }
+      if (in_cell) cell_s = add(add(val[0], val[1]), add(val[2], val[3]));
+    }
+    if (cells && k < batches) {  // every thread: its lane's share of cell row k / 4
+      lane.add(k % kCellBatches, cell_s, wsum + k / kCellBatches * kBWarps + c2 * kCellWarps,
+                     l2 >> 5);
     }
     if (on4 && k >= 4) {  // stage 4: gradient row q of batch k - 4
       const int row = r0 + kBBatch * (k - 4) + gb;
@@ -331,17 +356,6 @@ __global__ void __launch_bounds__(kBT, kBMinBlocks<T>)
     // compute-sanitizer racecheck reports it). Never define it in a release build.
     __syncthreads();
 #endif
-    const int jc = k - 2;  // stage 5: the cells' share of gradient batch jc (every thread)
-    if (cells && jc >= 0 && jc < batches) {
-      A s = A(0);
-      if (on5) {
-        const A* src = sring + ((kBBatch * jc + kHalf + sb) & (kBSRows - 1)) * kBPitch + kHalf +
-                       kCellCols * sc + 4 * sg;
-        s = add(add(src[0], src[1]), add(src[2], src[3]));
-      }
-      s = warp_tree(s);
-      if ((tid & 31) == 0) wsum[jc * kBWarps + (tid >> 5)] = s;
-    }
     const int jb = k - 3;  // stage 3: gradient batch jb from partial rows 4 jb .. 4 jb + 13
     if (on3 && jb >= 0 && jb < batches) {
       switch (jb & (kBPRows / kBBatch - 1)) {
@@ -356,11 +370,10 @@ __global__ void __launch_bounds__(kBT, kBMinBlocks<T>)
     __syncthreads();
     const int j = tid / kBCells;  // cell row of the strip
     const int c = tid - j * kBCells;
-    const int band = r0 / kCellRows + j;
+    const int band = r0 / kCellRows + j;  // partial rows from r0 - 5 = 16 band + kCellShift
     const int seg = kBCells * tx + c;
     if (j < strip_rows / kCellRows && band < bands && seg < segs) {
-      partials[(plane * bands + band) * segs + seg] =
-          cell_sum(wsum + j * kCellBatches * kBWarps + c * kCellWarps, kBWarps);
+      partials[(plane * bands + band) * segs + seg] = cell_sum(wsum + j * kBWarps + c * kCellWarps);
     }
   }
 }
@@ -381,11 +394,11 @@ int backward_strip(const Geometry& g) {
   return GPUCHECK_SSIM_BROWS;
 #else
   const int64_t slots = static_cast<int64_t>(multiprocessors()) * kBResident;
-  const int64_t columns = g.planes * ceil_div(g.width, kBCols);
+  const int64_t columns = g.planes * ceil_div(g.width - kCellShift, kBCols);
   int best_rows = kBMaxRows;
   int64_t best_cost = -1;
   for (int rows = kBMaxRows; rows >= kCellRows; rows -= kCellRows) {
-    const int64_t blocks = columns * ceil_div(g.height, rows);
+    const int64_t blocks = columns * ceil_div(g.height - kCellShift, rows);
     const int64_t cost = (blocks + slots - 1) / slots * (rows + 16);
     if (best_cost < 0 || cost < best_cost) {
       best_cost = cost;
@@ -404,7 +417,9 @@ struct BackwardGrid {
 
 inline BackwardGrid backward_grid(const Geometry& g) {
   const int rows = backward_strip(g);
-  return {ceil_div(g.width, kBCols), ceil_div(g.height, rows), rows};
+  // Over every window centre and cell: from image column -5 (kCellShift) on (a block's cells
+  // start 5 columns left of its gradient columns).
+  return {ceil_div(g.width - kCellShift, kBCols), ceil_div(g.height - kCellShift, rows), rows};
 }
 
 template <typename T>

@@ -54,100 +54,98 @@ namespace {
 // Block = (plane, strip of kFStrip map rows, kFCols = 116 map columns), kFT = 128 threads. The
 // block's tile is placed in window-centre (image) coordinates: its map pixels are centred on
 // image rows R0 .. R0 + kFStrip - 1 and columns C0 .. C0 + 115, with (R0, C0) = (kFStrip ty,
-// 116 tx) + `base`; base = 0 with reduction = mean (the tiles are then the cells of the mean,
-// ssim_device.cuh), the padding's offset for the map (its columns then start at a multiple of
-// 116, for aligned 16-byte stores). Map pixels whose centre lies outside the map are skipped.
+// 116 tx) + `base`; base = kCellShift with reduction = mean (the tile is then a column of cells
+// of the mean, ssim_device.cuh), the padding's offset for the map (its columns then start at a
+// multiple of 116, for aligned 16-byte stores). Map pixels whose centre lies outside the map
+// are skipped.
 //   * Vertical: thread t owns input column C0 - 5 + t (126 of 128 threads used), streams the
 //     strip's rows plus the 5-row halo straight from global memory (coalesced across the warp;
-//     prefetched kFPre rows ahead into registers), keeps the four quantities of the last 12
-//     rows in a register ring and writes the vertically filtered row to shared memory.
+//     fetched kFPre rows ahead) and keeps the four quantities of the last 16 rows in a register
+//     ring; it writes the vertically filtered row to shared memory.
 //   * Horizontal: every kFBatch = 4 map rows, thread (b, g) of 4 x 29 filters map row b of the
 //     batch, columns 4g..4g+3, reading 16 values per moment with four 16-byte shared loads, and
-//     stores 4 map values, or adds them up for the cell of the mean (ssim_device.cuh).
-// The rows are streamed in a prologue (the first 10 rows: quantities only), kFCycles cycles of
-// 12 rows (a runtime loop whose body is unrolled: every ring slot, prefetch slot and shared
-// buffer index is a compile-time constant) and a tail of kFTail rows. Three shared buffers of
-// 4 filtered rows (batch j in buffer j % 3, a constant in each unrolled position): one barrier
-// per batch. Blocks away from the top and bottom image edges stream their rows without row
-// bounds checks (a pointer advanced by one add per row); out-of-image columns (a per-thread,
-// loop-invariant predicate) and rows read as zero (zero padding).
+//     stores 4 map values, or adds them up for its lane of the cell (ssim_device.cuh).
+// The rows are streamed in a prologue (the first 10 rows: quantities only), then one cycle per
+// cell, 16 map rows each: a runtime loop whose body is unrolled, so that every ring slot, shared
+// buffer and batch of the cell is a compile-time constant. A fetched row goes straight into its
+// ring slot (16-bit rows into a ring of kFPre raw rows, converted when the row becomes current):
+// the slot of row t + 6 is that of row t - 10, free once row t has been filtered; no register
+// moves. Two shared buffers of 4 filtered rows (batch j in buffer j % 2): one barrier per batch.
+// Blocks inside the image take a path without row, column or map bounds checks (a pointer and
+// a 32-bit offset per row); elsewhere out-of-image rows and columns read as zero (zero padding).
 //
 // Measured before this layout (H200, 2026-11-21..24, fp32 5x3x1080x1920): strip 32 -> 64 rows
 // 5 % faster, 96 no better (and 16 % slower at 1x3x1080x1920); 5 blocks/SM (96 registers,
 // spills) 10 % slower; 256-thread blocks (244 columns) 3 % faster at 5x3 but 16 % slower at
-// 5x1x1500x1500 (wave quantization). The backward's knobs are in ssim_backward.cu.
+// 5x1x1500x1500 (wave quantization); float32 rows fetched 12 instead of 6 rows ahead 7-9 %
+// slower (136 registers), 16-bit rows 6 -> 12 rows ahead 3 % faster (their long-scoreboard
+// stalls were 3.5x float32's); converting 16-bit rows when loaded instead of when used 40 %
+// slower (the wait moves right after the load). The backward's knobs are in ssim_backward.cu.
 constexpr int kFT = 128;
 constexpr int kFCols = kCellCols;              // map columns per block: one cell (116)
 constexpr int kFGroups = kCellGroups;          // 29 groups of 4 columns
 constexpr int kFBatch = kBatchRows;            // map rows per horizontal pass (4)
-constexpr int kFBufs = 3;                      // shared buffers of one batch each
+constexpr int kFRing = kCellRows;              // ring slots = map rows of a cycle (16)
+constexpr int kFBufs = 2;                      // shared buffers of one batch each
 #ifndef GPUCHECK_SSIM_FSTRIP
 #define GPUCHECK_SSIM_FSTRIP 64
 #endif
-#ifndef GPUCHECK_SSIM_FBLOCKS
-#define GPUCHECK_SSIM_FBLOCKS 3
-#endif
-#ifndef GPUCHECK_SSIM_FPRE
-#define GPUCHECK_SSIM_FPRE 6
-#endif
-// 16-bit images: measured on H200 (2026-11-24, forward + mean, 6 -> 12 rows): bfloat16
-// 5x3x1080x1920 0.249-0.254 -> 0.242-0.244 ms, 1x3x1080x1920 0.069-0.072 -> 0.068-0.070,
-// 5x1x1500x1500 0.097-0.098 -> 0.095 (more loads in flight: ncu measured 3.5x float32's
-// long-scoreboard stalls per instruction in the 16-bit forward with 6 rows); float32 with 12
-// rows was 7-9 % slower, so it keeps 6. Converting 16-bit rows when loaded instead of when used
-// puts the wait right after the load: 0.338 ms.
-#ifndef GPUCHECK_SSIM_FPRE16
-#define GPUCHECK_SSIM_FPRE16 12
-#endif
 constexpr int kFStrip = GPUCHECK_SSIM_FSTRIP;
-constexpr int kFCycles = kFStrip / kRing;      // full cycles of 12 map rows (5)
-constexpr int kFTail = kFStrip % kRing;        // map rows after them (4)
+constexpr int kFCells = kFStrip / kCellRows;   // cycles of the row loop (4)
 constexpr int kFStream = kFStrip + 2 * kHalf;  // input rows streamed per block (74)
-// Rows of register prefetch ahead of the row being filtered (divides kRing).
+// Rows fetched ahead of the row being filtered: at most kFRing - 10 where rows go straight into
+// the ring (float32, float64); 16-bit rows wait in a ring of their own (its size divides 16).
 template <typename T>
-constexpr int kFPre = sizeof(T) == 2 ? GPUCHECK_SSIM_FPRE16 : GPUCHECK_SSIM_FPRE;
-// Input rows a block fetches: the cycles fetch kFPre rows ahead unconditionally, the tail only
-// what is streamed.
+constexpr int kFPre = sizeof(T) == 2 ? 8 : kFRing - 2 * kHalf;
+// Input rows a block fetches: the cycles fetch kFPre rows ahead unconditionally.
 template <typename T>
-constexpr int kFFetched = std::max(kFStream, 2 * kHalf + kRing * kFCycles + kFPre<T>);
+constexpr int kFFetched = std::max(kFStream, 2 * kHalf + kFStrip + kFPre<T>);
 constexpr int kFPitch = kFT;                   // shared row pitch (columns)
 constexpr int kFBufElems = kFBatch * 4 * kFPitch;  // [row in batch][moment][column]
-constexpr int kFWarpSums = kFStrip / kFBatch * kCellWarps;
+constexpr int kFWarpSums = kFCells * kCellWarps;
 template <typename T>
 constexpr size_t kFSmemBytes = (kFBufs * kFBufElems + kFWarpSums) * sizeof(acc_t<T>);
 static_assert(kFCols + 2 * kHalf <= kFT, "one input column per thread");
 static_assert(kFGroups * kFBatch <= kFT && kFT == 32 * kCellWarps, "the cell's lanes");
 static_assert(4 * (kFGroups - 1) + 16 <= kFPitch, "16-value reads stay in the row");
 static_assert(kFStrip % kCellRows == 0, "whole cells");
-static_assert(kRing % kFBatch == 0 && kRing / kFBatch == kFBufs,
-              "batch j of the strip in buffer j % 3");
-static_assert(kRing % kFPre<float> == 0 && kRing % kFPre<__half> == 0,
-              "prefetch slot of a ring slot is a compile-time constant");
+static_assert(kFRing % kFBatch == 0 && (kFRing / kFBatch) % kFBufs == 0,
+              "batch j in buffer j % 2, a constant in each position of the cycle");
+static_assert(kFRing % kFPre<__half> == 0 && kFPre<float> + 2 * kHalf <= kFRing,
+              "ring and prefetch slots are compile-time constants");
 
-// float/half/bf16: <= 168 registers (3 blocks = 12 warps per SM); float64 needs twice the
+// Resident blocks per multiprocessor the registers must allow: 4 (<= 128 registers, 16 warps
+// per SM) for float32 and for 16-bit with reduction = mean (the kernels timed; without the
+// bound ptxas takes 148); 3 for the 16-bit map (at 4 it spills); float64 needs twice the
 // registers for the same ring.
-template <typename T>
-constexpr int kFMinBlocks = std::is_same_v<T, double> ? 2 : GPUCHECK_SSIM_FBLOCKS;
+template <typename T, bool kMean>
+constexpr int kFMinBlocks = std::is_same_v<T, double> ? 2 : sizeof(T) == 2 && !kMean ? 3 : 4;
 
 template <typename T>
 TileGrid forward_grid(const Geometry& g, bool mean) {
-  if (mean) {  // tiles = cells, over every window centre of the image
+  if (mean) {  // tiles of cells, over every window centre of the image
     const CellGrid c = cell_grid(g);
-    return {c.segs, ceil_div(g.height, kFStrip)};
+    return {c.segs, ceil_div(c.bands * kCellRows, kFStrip)};
   }
   return {ceil_div(g.out_width(), kFCols), ceil_div(g.out_height(), kFStrip)};
 }
 
-// The streamed rows of one forward block (see above). kInside: every fetched row lies inside
-// the image and the plane has < 2^31 pixels, so a fetch is two loads (predicated on the
-// loop-invariant col_in) and one 32-bit add; otherwise each fetch checks its row. Returns nothing: writes the map or, with
-// kMean, the warp sums of the block's cells (`smem` after the buffers, [batch][warp]).
-template <typename T, bool kMean, bool kInside>
+// Where a forward block lies: inside the image (every fetched row and column, every map pixel
+// of its tile) or at an edge, and whether its plane has < 2^31 pixels (32-bit row offsets).
+enum class Tile { kInterior, kEdge, kHugeEdge };
+
+// The streamed rows of one forward block (see above). kInterior: a fetch is two loads and one
+// 32-bit add, and nothing is masked. Edges: each fetch checks its row and column (predicated
+// loads), and the map pixels their place in the map. Writes the map or, with kMean, the warp
+// sums of the block's cells (`smem` after the buffers, [cell][warp]).
+template <typename T, bool kMean, Tile kTile>
 __device__ __forceinline__ void forward_rows(const T* xcol, const T* ycol, bool col_in, int ri0,
                                              int height, int width, int R0, int C0, int offset,
                                              int out_h, int out_w, T* __restrict__ map_plane,
                                              acc_t<T>* __restrict__ smem) {
   using A = acc_t<T>;
+  constexpr bool kInterior = kTile == Tile::kInterior;
+  constexpr bool kDirect = std::is_same_v<T, A>;  // rows fetched straight into the ring
   constexpr int kPre = kFPre<T>;
   const int tid = threadIdx.x;
   // Horizontal role: map row hb of each batch, map columns mc0 .. mc0 + 3.
@@ -156,32 +154,37 @@ __device__ __forceinline__ void forward_rows(const T* xcol, const T* ycol, bool 
   const bool h_on = tid < kFGroups * kFBatch;
   const int mc0 = C0 + 4 * hg - offset;
   const int mr0 = R0 + hb - offset;  // map row in batch 0
-  const bool cols_ok = mc0 >= 0 && mc0 + 3 < out_w;
+  const bool cols_ok = kInterior || (mc0 >= 0 && mc0 + 3 < out_w);
   const bool h_vec = !kMean && cols_ok && out_w % 4 == 0;
   A* const vdst = smem + tid;                                // + ((buf 4 + row) 4 + m) pitch
   const A* const hsrc = smem + hb * 4 * kFPitch + 4 * hg;    // + buf elems + m pitch
-  A* const wsum = smem + kFBufs * kFBufElems;                // [batch][warp]
+  A* const wsum = smem + kFBufs * kFBufElems;                // [cell][warp]
+  CellLane<A> lane;
 
-  // Prefetched rows as raw elements, converted when used (see ChunkLoader). kInside: the
-  // element offset of the next row to fetch from the column pointers (the plane has < 2^31
-  // pixels: one 32-bit add per row, and each load's address one multiply-add).
-  T px[kPre];
-  T py[kPre];
-  if constexpr (kInside) {
+  // Planes of < 2^31 pixels: the element offset of the next row to fetch from the column
+  // pointers, one 32-bit add per row, each load's address one multiply-add (modulo 2^32 above
+  // and below the image, where edge blocks load nothing).
+  if constexpr (kTile != Tile::kHugeEdge) {
     xcol = opaque(xcol);
     ycol = opaque(ycol);
   }
-  unsigned off = kInside ? static_cast<unsigned>(ri0) * static_cast<unsigned>(width) : 0u;
+  unsigned off = static_cast<unsigned>(ri0) * static_cast<unsigned>(width);
   auto fetch = [&](int t, T& vx, T& vy) {  // streamed row t
-    vx = zero<T>();
-    vy = zero<T>();
-    if constexpr (kInside) {
-      if (col_in) {
+    if constexpr (kInterior) {
+      vx = __ldg(xcol + off);
+      vy = __ldg(ycol + off);
+      off += static_cast<unsigned>(width);
+    } else if constexpr (kTile == Tile::kEdge) {
+      vx = zero<T>();
+      vy = zero<T>();
+      if (col_in && static_cast<unsigned>(ri0 + t) < static_cast<unsigned>(height)) {
         vx = __ldg(xcol + off);
         vy = __ldg(ycol + off);
       }
       off += static_cast<unsigned>(width);
     } else {
+      vx = zero<T>();
+      vy = zero<T>();
       const int r = ri0 + t;
       if (col_in && static_cast<unsigned>(r) < static_cast<unsigned>(height)) {
         const int64_t idx = static_cast<int64_t>(r) * width;
@@ -190,27 +193,38 @@ __device__ __forceinline__ void forward_rows(const T* xcol, const T* ycol, bool 
       }
     }
   };
-#pragma unroll
-  for (int u = 0; u < kPre; ++u) fetch(u, px[u], py[u]);
 
-  A ring[kRing][4];
-  // Streamed row t = kPhase + 12 c: its quantities into ring slot kPhase % 12, and the fetch of
-  // row t + kPre into its prefetch slot (when kFetch).
-  auto push = [&](auto phase, int t, bool fetch_next) {
+  A ring[kFRing][4];               // quantities of streamed row t in slot t % 16
+  T raw[kDirect ? 1 : kPre][2];    // 16-bit: fetched rows, in slot t % kPre until current
+  // Fetch streamed row t (kPhase = t mod 16, a multiple of 16 away) into its slot.
+  auto fetch_row = [&](auto phase, int t) {
     constexpr int kPhase = decltype(phase)::value;
-    constexpr int pre = kPhase % kPre;
+    if constexpr (kDirect) {
+      fetch(t, ring[kPhase % kFRing][0], ring[kPhase % kFRing][1]);
+    } else {
+      fetch(t, raw[kPhase % kPre][0], raw[kPhase % kPre][1]);
+    }
+  };
+  // Streamed row t (kPhase as above) becomes current: its four quantities into slot t % 16.
+  auto push = [&](auto phase) {
+    constexpr int kPhase = decltype(phase)::value;
+    constexpr int kSlot = kPhase % kFRing;
     A q[4];
-    quantities(to_acc(px[pre]), to_acc(py[pre]), q);
-    if (fetch_next) fetch(t + kPre, px[pre], py[pre]);
+    if constexpr (kDirect) {
+      quantities(ring[kSlot][0], ring[kSlot][1], q);
+    } else {
+      quantities(to_acc(raw[kPhase % kPre][0]), to_acc(raw[kPhase % kPre][1]), q);
+    }
 #pragma unroll
-    for (int m = 0; m < 4; ++m) ring[kPhase % kRing][m] = q[m];
+    for (int m = 0; m < 4; ++m) ring[kSlot][m] = q[m];
   };
 
-  // The horizontal pass of batch jb (buffer kBuf): 4 map pixels per thread.
-  auto horizontal = [&](int jb, auto bufc) {
+  // The horizontal pass of batch jb (shared buffer kBuf, batch kQ of its cell): 4 map pixels
+  // per thread.
+  auto horizontal = [&](int jb, auto bufc, auto qc) {
     constexpr int kBuf = decltype(bufc)::value;
     const int mr = mr0 + kFBatch * jb;
-    const bool row_ok = static_cast<unsigned>(mr) < static_cast<unsigned>(out_h);
+    const bool row_ok = kInterior || static_cast<unsigned>(mr) < static_cast<unsigned>(out_h);
     [[maybe_unused]] A s = A(0);
     if (h_on && row_ok) {
       A mom[4][4];  // [moment][pixel]
@@ -245,48 +259,52 @@ __device__ __forceinline__ void forward_rows(const T* xcol, const T* ycol, bool 
         }
       }
     }
-    if constexpr (kMean) {  // every thread: the warp's share of the batch's cell
-      s = warp_tree(s);
-      if ((tid & 31) == 0) wsum[jb * kCellWarps + (tid >> 5)] = s;
+    if constexpr (kMean) {  // every thread: its lane's share of the batch's cell
+      lane.template add<decltype(qc)::value>(s, wsum + jb / kCellBatches * kCellWarps, tid >> 5);
     }
   };
 
-  // Map row o = 12 c + u (streamed row t = o + 10): quantities, vertical filter of rows
-  // t - 10 .. t into batch o / 4's buffer; after a batch's last row, the horizontal pass.
-  auto row = [&](auto uc, int c, bool fetch_next) {
+  // Map row o = 16 c + u (streamed row t = o + 10, ring slot (10 + u) % 16): quantities,
+  // vertical filter of rows t - 10 .. t (slots u .. u + 10) into batch o / 4's buffer, then the
+  // fetch of row t + kPre into the slot of row t - 10 (free now); after a batch's last row, the
+  // horizontal pass.
+  auto row = [&](auto uc, int c) {
     constexpr int kU = decltype(uc)::value;
     constexpr int kPhase = 2 * kHalf + kU;
-    push(std::integral_constant<int, kPhase>{}, kPhase + kRing * c, fetch_next);
+    push(std::integral_constant<int, kPhase>{});
     A v[4];
-    vertical_filter<kPhase + kRing - 2 * kHalf>(ring, v);
-    constexpr int kBuf = kU / kFBatch;
+    vertical_filter<kU>(ring, v);
+    constexpr int kBatch = kU / kFBatch;  // batch of the cell
+    constexpr int kBuf = kBatch % kFBufs;
     constexpr int kRow = kU % kFBatch;
 #pragma unroll
     for (int m = 0; m < 4; ++m) vdst[((kBuf * kFBatch + kRow) * 4 + m) * kFPitch] = v[m];
+    fetch_row(std::integral_constant<int, kPhase + kPre>{}, kPhase + kFRing * c + kPre);
     if constexpr (kRow == kFBatch - 1) {
       __syncthreads();
-      horizontal(kFBufs * c + kBuf, std::integral_constant<int, kBuf>{});
+      horizontal(kCellBatches * c + kBatch, std::integral_constant<int, kBuf>{},
+                 std::integral_constant<int, kBatch>{});
     }
   };
 
+  [&]<int... kT>(std::integer_sequence<int, kT...>) {  // rows 0 .. kPre - 1 ahead
+    (fetch_row(std::integral_constant<int, kT>{}, kT), ...);
+  }(std::make_integer_sequence<int, kPre>{});
   [&]<int... kT>(std::integer_sequence<int, kT...>) {  // prologue: rows 0 .. 9
-    (push(std::integral_constant<int, kT>{}, kT, true), ...);
+    ((push(std::integral_constant<int, kT>{}),
+      fetch_row(std::integral_constant<int, kT + kPre>{}, kT + kPre)),
+     ...);
   }(std::make_integer_sequence<int, 2 * kHalf>{});
 #pragma unroll 1
-  for (int c = 0; c < kFCycles; ++c) {
+  for (int c = 0; c < kFCells; ++c) {
     [&]<int... kU>(std::integer_sequence<int, kU...>) {
-      (row(std::integral_constant<int, kU>{}, c, true), ...);
-    }(std::make_integer_sequence<int, kRing>{});
+      (row(std::integral_constant<int, kU>{}, c), ...);
+    }(std::make_integer_sequence<int, kFRing>{});
   }
-  [&]<int... kU>(std::integer_sequence<int, kU...>) {  // tail: fetch only streamed rows
-    (row(std::integral_constant<int, kU>{}, kFCycles,
-         2 * kHalf + kRing * kFCycles + kU + kPre < kFStream),
-     ...);
-  }(std::make_integer_sequence<int, kFTail>{});
 }
 
 template <typename T, bool kMean>
-__global__ void __launch_bounds__(kFT, kFMinBlocks<T>)
+__global__ void __launch_bounds__(kFT, kFMinBlocks<T, kMean>)
     ssim_forward_kernel(const T* __restrict__ img1,  // [planes, H, W]
                         const T* __restrict__ img2,  // [planes, H, W]
                         int height, int width, int out_h, int out_w, int offset, int base,
@@ -325,21 +343,28 @@ __global__ void __launch_bounds__(kFT, kFMinBlocks<T>)
   const T* ycol = img2 + plane * plane_px + (col_in ? ci : 0);
   const int ri0 = R0 - kHalf;
   T* map_plane = kMean ? nullptr : map + plane * (static_cast<int64_t>(out_h) * out_w);
-  // Blocks whose fetched rows all lie inside the image (all but the top and bottom strips)
-  // take the unchecked path.
-  if (ri0 >= 0 && ri0 + kFFetched<T> <= height && plane_px <= int64_t{0x7fffffff}) {
-    forward_rows<T, kMean, true>(xcol, ycol, col_in, ri0, height, width, R0, C0, offset, out_h,
-                                 out_w, map_plane, smem);
+  // Blocks inside the image (all but those of the edges) take the unchecked path: every row
+  // they fetch lies inside (which with kHalf >= the padding's offset also keeps every map row of
+  // the tile inside the map), and so does every column their threads read (and so every map
+  // column).
+  const bool small = plane_px <= int64_t{0x7fffffff};
+  if (small && ri0 >= 0 && ri0 + kFFetched<T> <= height && C0 - kHalf >= 0 &&
+      C0 - kHalf + kFT <= width) {
+    forward_rows<T, kMean, Tile::kInterior>(xcol, ycol, col_in, ri0, height, width, R0, C0,
+                                            offset, out_h, out_w, map_plane, smem);
+  } else if (small) {
+    forward_rows<T, kMean, Tile::kEdge>(xcol, ycol, col_in, ri0, height, width, R0, C0, offset,
+                                        out_h, out_w, map_plane, smem);
   } else {
-    forward_rows<T, kMean, false>(xcol, ycol, col_in, ri0, height, width, R0, C0, offset,
-                                  out_h, out_w, map_plane, smem);
+    forward_rows<T, kMean, Tile::kHugeEdge>(xcol, ycol, col_in, ri0, height, width, R0, C0,
+                                            offset, out_h, out_w, map_plane, smem);
   }
   if constexpr (kMean) {  // the strip's cells, from their batches' warp sums
     __syncthreads();
-    const int band = R0 / kCellRows + tid;
+    const int band = (R0 - kCellShift) / kCellRows + tid;
     if (tid < kFStrip / kCellRows && band < bands) {
       partials[(plane * bands + band) * segs + tx] =
-          cell_sum(smem + kFBufs * kFBufElems + tid * kCellBatches * kCellWarps, kCellWarps);
+          cell_sum(smem + kFBufs * kFBufElems + tid * kCellWarps);
     }
   }
 }
@@ -422,7 +447,7 @@ cudaError_t forward_typed(const void* img1, const void* img2, const Geometry& ge
   if (const cudaError_t err = prepare(kernel, kFSmemBytes<T>); err != cudaSuccess) return err;
   kernel<<<blocks, kFT, kFSmemBytes<T>, stream>>>(
       x, y, geo.height, geo.width, geo.out_height(), geo.out_width(), geo.offset(),
-      mean ? 0 : geo.offset(), grid.tiles_x, grid.tiles_y, cells.bands, cells.segs,
+      mean ? kCellShift : geo.offset(), grid.tiles_x, grid.tiles_y, cells.bands, cells.segs,
       static_cast<T*>(map), static_cast<A*>(partials));
   return cudaSuccess;
 }

@@ -26,7 +26,6 @@ namespace {
 
 constexpr int kHalf = 5;                       // window radius
 constexpr int kWin = 2 * kHalf + 1;            // 11
-constexpr int kRing = 12;                      // register ring of input rows (>= kWin)
 
 // The normalized 1-D Gaussian, sigma 1.5 (the 2-D window is its outer product), and twice it
 // (exact: a power of two), the vertical weights of the xy moment (see vertical_filter).
@@ -131,20 +130,20 @@ __device__ __forceinline__ void quantities(A x, A y, A (&q)[4]) {
 }
 
 // The vertical 11-tap filter of the four quantities held in ring slots kFirst, kFirst + 1, ...
-// (mod kRing; the oldest row first). The filtered moments come out in SSIM's "folded" form
-// (see ssim_terms): G*x, G*y, G*(x² + y²) + C1 + C2 and 2 G*(xy) + C2. The constants ride on
-// the first tap's multiply (an FMA instead of a product: no extra instruction) and pass the
+// (mod the ring's size; the oldest row first). The filtered moments come out in SSIM's "folded"
+// form (see ssim_terms): G*x, G*y, G*(x² + y²) + C1 + C2 and 2 G*(xy) + C2. The constants ride
+// on the first tap's multiply (an FMA instead of a product: no extra instruction) and pass the
 // horizontal filter, whose weights sum to 1; the factor 2 is in the weights (exact).
-template <int kFirst, typename A>
-__device__ __forceinline__ void vertical_filter(const A (&ring)[kRing][4], A (&v)[4]) {
-  constexpr int s0 = kFirst % kRing;
+template <int kFirst, typename A, int kN>
+__device__ __forceinline__ void vertical_filter(const A (&ring)[kN][4], A (&v)[4]) {
+  constexpr int s0 = kFirst % kN;
   v[0] = mul(gauss<A>(0), ring[s0][0]);
   v[1] = mul(gauss<A>(0), ring[s0][1]);
   v[2] = fma(gauss<A>(0), ring[s0][2], kC1<A> + kC2<A>);
   v[3] = fma(gauss2<A>(0), ring[s0][3], kC2<A>);
 #pragma unroll
   for (int k = 1; k < kWin; ++k) {
-    const int s = (kFirst + k) % kRing;
+    const int s = (kFirst + k) % kN;
     v[0] = fma(gauss<A>(k), ring[s][0], v[0]);
     v[1] = fma(gauss<A>(k), ring[s][1], v[1]);
     v[2] = fma(gauss<A>(k), ring[s][2], v[2]);
@@ -192,15 +191,18 @@ __device__ __forceinline__ A ssim_value(const SsimTerms<A>& t, A inv) {
 }
 
 // The cells of the mean. The map is summed per cell of kCellRows x kCellCols pixels, in window
-// centre (image) coordinates: cell (band, seg) holds the map pixels centred on image rows
-// 16 band .. 16 band + 15 and columns 116 seg .. 116 seg + 115 (pixels outside the map count as
-// zero), and its sum is formed in one fixed order. Per batch of 4 rows: lane l = 29 b + g
-// (b < 4, g < 29) of four warps holds ((v0 + v1) + (v2 + v3)) of the 4 pixels of row b,
-// columns 4 g .. 4 g + 3; warp_tree sums each warp; the batch is ((w0 + w1) + (w2 + w3)); the
-// cell is ((B0 + B1) + (B2 + B3)) over its 4 batches (cell_sum). The forward kernel's tiles
-// are one cell wide and 4 cells tall, the backward kernel's two cells wide and any number of
-// cells tall; both form each cell this way and the mean is the sum of all cells in a fixed
-// order (ssim_mean_kernel), so it does not depend on which kernel computed it.
+// centre (image) coordinates shifted by kCellShift = -5: cell (band, seg) holds the map pixels
+// centred on image rows 16 band - 5 .. 16 band + 10 and columns 116 seg - 5 .. 116 seg + 110
+// (pixels outside the map count as zero; the shift puts the backward kernel's own groups of
+// partial pixels on the cells' groups), and its sum is formed in one fixed order. Lane
+// l = 29 b + g (b < 4, g < 29) of four warps holds, for each batch q (rows 4q .. 4q + 3 of the
+// cell), s_q = ((v0 + v1) + (v2 + v3)) of the 4 pixels of row b, columns 4 g .. 4 g + 3, and
+// adds them up as ((s_0 + s_1) + (s_2 + s_3)) (CellLane); warp_tree sums each warp; the cell
+// is ((w0 + w1) + (w2 + w3)) (cell_sum). The forward kernel's tiles are one cell wide and 4
+// cells tall, the backward kernel's two cells wide and any number of cells tall; both form each
+// cell this way and the mean is the sum of all cells in a fixed order (ssim_mean_kernel), so it
+// does not depend on which kernel computed it.
+constexpr int kCellShift = -5;
 constexpr int kBatchRows = 4;               // rows of a batch (both kernels)
 constexpr int kCellBatches = 4;
 constexpr int kCellRows = kCellBatches * kBatchRows;  // 16
@@ -210,13 +212,14 @@ constexpr int kCellWarps = 4;               // 128 lanes, 116 of them used
 
 __host__ __device__ inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
-// Cells of the mean per plane: bands (rows) and segments (columns).
+// Cells of the mean per plane: bands (rows) and segments (columns), over every window centre
+// of the image.
 struct CellGrid {
   int bands;
   int segs;
 };
 inline CellGrid cell_grid(const Geometry& g) {
-  return {ceil_div(g.height, kCellRows), ceil_div(g.width, kCellCols)};
+  return {ceil_div(g.height - kCellShift, kCellRows), ceil_div(g.width - kCellShift, kCellCols)};
 }
 
 // Sum of the 32 lanes' values in a fixed order (shuffle tree); valid in lane 0.
@@ -227,19 +230,45 @@ __device__ __forceinline__ A warp_tree(A v) {
   return v;
 }
 
-// A cell's sum from the warp sums of its batches: w[q * stride + k] is warp k's sum of batch q
-// (q < kCellBatches, k < kCellWarps).
+// One lane's share of a cell, batch by batch: add<q>(s) for q = 0, 1, 2, 3 (the batch within
+// the cell; every thread of the block calls it for every batch); after q = 3 the warps' sums
+// are in `wsum[0..3]` (lane 0 of each of the cell's four warps writes its own; `warp` < 4 is
+// the thread's warp within the cell). add(q, s) when q is known only at run time.
 template <typename A>
-__device__ __forceinline__ A cell_sum(const A* w, int stride) {
-  A b[kCellBatches];
-#pragma unroll
-  for (int q = 0; q < kCellBatches; ++q) {
-    const A* v = w + q * stride;
-    b[q] = add(add(v[0], v[1]), add(v[2], v[3]));
+struct CellLane {
+  A s01 = A(0);
+  A s2 = A(0);
+  template <int kQ>
+  __device__ __forceinline__ void add(A s, A* wsum, int warp) {
+    if constexpr (kQ == 0) {
+      s01 = s;
+    } else if constexpr (kQ == 1) {
+      s01 = ::gpucheck::ssim::add(s01, s);
+    } else if constexpr (kQ == 2) {
+      s2 = s;
+    } else {
+      const A w = warp_tree(::gpucheck::ssim::add(s01, ::gpucheck::ssim::add(s2, s)));
+      if ((threadIdx.x & 31) == 0) wsum[warp] = w;
+    }
   }
-  return add(add(b[0], b[1]), add(b[2], b[3]));
+  __device__ __forceinline__ void add(int q, A s, A* wsum, int warp) {
+    if (q == 0) {
+      add<0>(s, wsum, warp);
+    } else if (q == 1) {
+      add<1>(s, wsum, warp);
+    } else if (q == 2) {
+      add<2>(s, wsum, warp);
+    } else {
+      add<3>(s, wsum, warp);
+    }
+  }
+};
+
+// A cell's sum from its four warp sums.
+template <typename A>
+__device__ __forceinline__ A cell_sum(const A* w) {
+  return add(add(w[0], w[1]), add(w[2], w[3]));
 }
-static_assert(kCellBatches == 4 && kCellWarps == 4, "cell_sum's tree");
 
 struct TileGrid {
   int tiles_x;
