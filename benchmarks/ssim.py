@@ -42,6 +42,20 @@ PEERS = {
     (1, 3, 1080, 1920): (0.133, 0.365),
     (5, 1, 1500, 1500): (0.227, 0.618),
 }
+# Issue 61's targets per card model: float32 inference of 5x3x1080x1920 at >= this share of the
+# read floor (the two images at half the read+write copy rate), and training steps >= 2x as
+# fast as fused-ssim's, measured side by side on that card model (train ms: one H100,
+# 2026-12-07; one H200, 2026-11-28).
+TARGETS = {
+    "H100": {
+        "floor_share": 0.75,
+        "fused_train": {(5, 3, 1080, 1920): 1.824, (1, 3, 1080, 1920): 0.529},
+    },
+    "H200": {
+        "floor_share": 0.60,
+        "fused_train": {(5, 3, 1080, 1920): 1.753, (1, 3, 1080, 1920): 0.608},
+    },
+}
 
 
 def time_ms(fn: Callable[[int], Any], reps: int, warmup: int) -> float:
@@ -271,6 +285,37 @@ def host_breakdown(device: torch.device, shape: tuple[int, ...], rounds: int = 2
     return 0
 
 
+def print_targets(rows: list[dict[str, Any]], rate: float, card: str) -> None:
+    """Print issue 61's target lines for this card model (float32 rows), met or not."""
+    model = next((m for m in TARGETS if m in card), None)
+    if model is None:
+        print(f"\nno issue-61 targets for {card} (H100 and H200 only)")
+        return
+    goal = TARGETS[model]
+    print(f"\nissue-61 targets ({model}):")
+    for r in rows:
+        shape = tuple(r["shape"])
+        if r["dtype"] != "float32":
+            continue
+        name = "x".join(map(str, shape))
+        if shape == (5, 3, 1080, 1920):
+            floor = 2 * math.prod(shape) * 4 / (rate / 2) * 1e3
+            share = floor / r["infer_ms"]
+            met = "met" if share >= goal["floor_share"] else "MISSED"
+            print(
+                f"  {name} float32 inference {r['infer_ms']:.3f} ms = {100 * share:.0f} % of the "
+                f"read floor {floor:.3f} ms; target >= {100 * goal['floor_share']:.0f} %: {met}"
+            )
+        fused = goal["fused_train"].get(shape)
+        if fused is not None:
+            ratio = fused / r["train_ms"]
+            met = "met" if ratio >= 2 else "MISSED"
+            print(
+                f"  {name} float32 train {r['train_ms']:.3f} ms = {ratio:.2f}x fused-ssim "
+                f"({fused} ms on an {model}); target >= 2x: {met}"
+            )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", default=None, help="write all numbers to this file")
@@ -372,6 +417,7 @@ def main() -> int:
             f"{peer[0]} / {peer[1]}" if peer else "-",
         ]
         print("| " + " | ".join(cells) + " |")
+    print_targets(rows, rate, props.name)
     return 0
 
 
