@@ -34,7 +34,7 @@ int64_t forward_blocks(Dtype dtype, const Geometry& geo, bool mean);
 // Thread blocks of the backward kernel.
 int64_t backward_blocks(const Geometry& geo);
 // Cells of the mean (ssim_device.cuh): the partial sums that either kernel writes with
-// reduction = mean, [planes, ceil(height / 4), ceil(width / 116)].
+// reduction = mean, [planes, ceil((height + 5) / 16), ceil((width + 5) / 116)].
 int64_t mean_cells(const Geometry& geo);
 
 // Forward pass in one kernel. Exactly one of `map` (dtype, [planes, out_h, out_w]) and

@@ -385,8 +385,9 @@ constexpr int kBResident = GPUCHECK_SSIM_BBLOCKS;
 // proportional to the rows it streams (rows + 16: the 20-row halo less the last partial
 // batch, which only finishes the pipeline) and blocks run in waves of kBResident per
 // multiprocessor, so a call costs ceil(blocks / slots) * (rows + 16); the cheapest wins
-// (ties: the longer strip). E.g. on 132 multiprocessors: 120 rows at 5x3x1080x1920 (4.9
-// waves) and at 1x3x1080x1920 (513 blocks, one wave). Defining GPUCHECK_SSIM_BROWS fixes it.
+// (ties: the longer strip). E.g. on 132 multiprocessors: 128 rows at 5x3x1080x1920 (1215
+// blocks, 4.6 waves) and at 1x3x1080x1920 (243 blocks, one wave). Defining
+// GPUCHECK_SSIM_BROWS fixes it.
 int backward_strip(const Geometry& g) {
 #ifdef GPUCHECK_SSIM_BROWS
   static_assert(GPUCHECK_SSIM_BROWS % kCellRows == 0 && GPUCHECK_SSIM_BROWS <= kBMaxRows,

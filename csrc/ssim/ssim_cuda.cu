@@ -1,18 +1,25 @@
-// Fused SSIM kernels: forward (map or per-block sums) and backward (recomputing), plus the
-// deterministic second stage of the mean.
+// Fused SSIM kernels: forward (map or the sums of the map's cells) and backward (recomputing;
+// in the training step also the cells' sums), plus the deterministic second stage of the mean.
 //
 // Only four windowed moments enter SSIM: mu1 = G*x, mu2 = G*y, G*(x² + y²) (the two variances
 // appear only as their sum) and G*(xy). Out-of-image pixels read as zero (zero padding), so
 // tiles need not divide the image.
 //
+// Arithmetic: the SSIM constants ride on the vertical filter's first tap and the factor 2 of
+// the xy moment on its weights, so that the SSIM terms take six operations (ssim_terms); the
+// forward and the backward kernel form each map value with the same operations in the same
+// order (ssim_device.cuh), bit for bit.
+//
 // Forward: vertical pass first, in registers, one input column per thread, rows streamed
-// straight from global memory; horizontal pass from shared memory, 4 map columns per thread
-// with 16-byte shared loads. See ssim_forward_kernel.
+// straight from global memory into a 16-row register ring; horizontal pass from shared memory,
+// 4 map columns per thread with 16-byte shared loads. See ssim_forward_kernel.
 //
 // Backward: the forward's layout twice over, in batches of 4 rows: moments vertically in a
 // register ring, horizontally from shared memory (16-byte loads), the four weighted partials
 // into a shared ring of rows, then the partials vertically (4 rows per thread from that ring)
-// and horizontally (16-byte loads), and the gradient. See ssim_backward_kernel.
+// and horizontally (16-byte loads), and the gradient. See ssim_backward_kernel. The training
+// step (reduction = mean, ssim_train) runs only this kernel: it also adds up the map values it
+// computes anyway for the partials, cell by cell, as the forward does.
 //
 // Backward math. With zero padding the window is symmetric, so the adjoint of the filter is
 // the filter itself. For a loss L = sum_p g(p) S(p), with the moments mu1 = G*x, mu2 = G*y,
@@ -26,8 +33,9 @@
 // memory (475 MiB at 5x3x1080x1920) and 32 bytes per pixel of traffic (write + read),
 // about as much time as the recomputation.
 //
-// Determinism: no atomics. With reduction = mean each block writes its sum (fixed shuffle
-// tree) and one block adds the partials in a fixed order in float64.
+// Determinism: no atomics. With reduction = mean the kernels write the sum of each cell of the
+// map (16 x 116 window centres, summed in one fixed order: ssim_device.cuh) and one block adds
+// the cells in a fixed order in float64: the same mean from either kernel.
 //
 // Also here: the in-place scale of a gradient computed ahead (ssim_scale_kernel).
 //
