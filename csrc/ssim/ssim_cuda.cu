@@ -122,12 +122,17 @@ static_assert(kFRing % kFBatch == 0 && (kFRing / kFBatch) % kFBufs == 0,
 static_assert(kFRing % kFPre<__half> == 0 && kFPre<float> + 2 * kHalf <= kFRing,
               "ring and prefetch slots are compile-time constants");
 
-// Resident blocks per multiprocessor the registers must allow: 4 (<= 128 registers, 16 warps
-// per SM) for float32 and for 16-bit with reduction = mean (the kernels timed; without the
-// bound ptxas takes 148); 3 for the 16-bit map (at 4 it spills); float64 needs twice the
-// registers for the same ring.
+// Resident blocks per multiprocessor the registers must allow: GPUCHECK_SSIM_FBLOCKS = 4
+// (<= 128 registers, 16 warps per SM) for float32 and for 16-bit with reduction = mean (the
+// kernels timed; without the bound ptxas takes 148 registers, i.e. 3 blocks); 3 for the 16-bit
+// map (at 4 it spills); float64 needs twice the registers for the same ring.
+#ifndef GPUCHECK_SSIM_FBLOCKS
+#define GPUCHECK_SSIM_FBLOCKS 4
+#endif
 template <typename T, bool kMean>
-constexpr int kFMinBlocks = std::is_same_v<T, double> ? 2 : sizeof(T) == 2 && !kMean ? 3 : 4;
+constexpr int kFMinBlocks = std::is_same_v<T, double>     ? 2
+                            : sizeof(T) == 2 && !kMean ? 3
+                                                       : GPUCHECK_SSIM_FBLOCKS;
 
 template <typename T>
 TileGrid forward_grid(const Geometry& g, bool mean) {
