@@ -318,16 +318,16 @@ double ahead_grad_scale(const at::Tensor& img,  // [B, C, H, W]
 // Forward saves references to the two images (no memory: they are inputs) and the two options. With
 // reduction = mean (the training loss), the upstream gradient is a scalar, so the forward (one op,
 // ssim_train) launches the backward kernel, which also sums the map for the mean, for an upstream
-// gradient of grad_scale = -ahead_grad_scale (-1, or minus a power of two for float16): the upstream
-// gradient of the usual loss, 1 - ssim, is -1. The backward pass then only scales that gradient by
-// the actual upstream gradient / grad_scale (ssim_scale_: an elementwise kernel whose threads
-// return at once when that factor is 1, i.e. for 1 - ssim in float32, bfloat16 and float64). The
-// GPU runs the backward kernel while the host goes through the autograd engine (about 0.15-0.2 ms
-// of host time per step on the H200 machine, most of it the hand-over to the engine's device
-// thread), instead of waiting for it. The buffer is the gradient that the backward returns, so peak
-// memory is unchanged; it is held from the forward to the backward. A second backward through the
-// same graph (retain_graph) recomputes with ssim_backward. reduction = none: ssim_backward in the
-// backward pass (the upstream gradient is a map, known only then).
+// gradient of grad_scale = -ahead_grad_scale (-1, or minus a power of two for float16): the
+// upstream gradient of the usual loss, 1 - ssim, is -1. The backward pass then only scales that
+// gradient by the actual upstream gradient / grad_scale (ssim_scale_: an elementwise kernel whose
+// threads return at once when that factor is 1, i.e. for 1 - ssim in float32, bfloat16 and
+// float64). The GPU runs the backward kernel while the host goes through the autograd engine (about
+// 0.15-0.2 ms of host time per step on the H200 machine, most of it the hand-over to the engine's
+// device thread), instead of waiting for it. The buffer is the gradient that the backward returns,
+// so peak memory is unchanged; it is held from the forward to the backward. A second backward
+// through the same graph (retain_graph) recomputes with ssim_backward. reduction = none:
+// ssim_backward in the backward pass (the upstream gradient is a map, known only then).
 class SsimFunction : public torch::autograd::Function<SsimFunction> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx,
