@@ -17,7 +17,9 @@ gradients) in each of these dtypes in turn, every scene and N timed in each, in 
 (the camera, the image and the per-Gaussian screen-space values stay float32);
 ``--interleave``: instead, the dtypes timed alternately call by call on the same scene (forward
 and training step medians, and the median of the per-round ratios to the first dtype), so that
-the machine's drift between calls falls on every dtype alike.
+the machine's drift between calls falls on every dtype alike. ``--backward-pixels 2 4``: every
+timing (and ``--profile``) once per layout of the render backward (pixels a thread,
+``GPUCHECK_SPLAT_BACKWARD_PIXELS``; default: the build's own).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import statistics
 import sys
 from collections.abc import Callable
@@ -46,7 +49,17 @@ TARGET_MS = 4.0  # issue: 1M Gaussians at 1920x1080, forward
 TARGET_STEP_MS = 12.0  # forward + backward
 TARGET_PEAK_MIB = 1.5 * 1000**3 / 2**20
 DIFFERENTIABLE = ("means", "scales", "rotations", "opacities", "sh")
+#: Pixels a thread of the render backward walks (tuning: csrc/splat/splat.cpp)
+BACKWARD_PIXELS_ENV = "GPUCHECK_SPLAT_BACKWARD_PIXELS"
 Render = Callable[[dict[str, torch.Tensor]], torch.Tensor]
+
+
+def use_backward_pixels(value: str | None) -> str:
+    """Sets the render backward's pixels a thread for the calls that follow (None: as the
+    environment has it); returns how the rows name it."""
+    if value is not None:
+        os.environ[BACKWARD_PIXELS_ENV] = value
+    return os.environ.get(BACKWARD_PIXELS_ENV) or "default"
 
 
 def _elapsed_ms(fn: Callable[[], Any]) -> float:
@@ -477,6 +490,12 @@ def main() -> int:
         help="the Gaussian parameters' dtypes to time, each in turn",
     )
     parser.add_argument(
+        "--backward-pixels",
+        nargs="+",
+        choices=["2", "4"],
+        help="time (or profile) once per render-backward layout: pixels a thread",
+    )
+    parser.add_argument(
         "--interleave",
         action="store_true",
         help="time the dtypes alternately, call by call (ratios to the first)",
@@ -520,11 +539,14 @@ def main() -> int:
         for kind in args.scene:
             print(memory_at_peak(args.memory, device, kind))
         return 0
+    layouts = args.backward_pixels or [None]
     if args.profile:
         for kind in args.scene:
             for dtype in dtypes:
-                print(f"== scene {kind}, N={args.profile}, {dtype}")
-                print(profile(args.profile, device, kind=kind, dtype=dtype))
+                for layout in layouts:
+                    name = use_backward_pixels(layout)
+                    print(f"== scene {kind}, N={args.profile}, {dtype}, backward pixels {name}")
+                    print(profile(args.profile, device, kind=kind, dtype=dtype))
         return 0
     if args.preflight:
         rows = [preflight(n, device) for n in args.n]
@@ -543,13 +565,15 @@ def main() -> int:
         "device": torch.cuda.get_device_name(device),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "timing": [
-            timing(n, args.repeats, device, kind=kind, dtype=dtype)
-            for kind in args.scene
-            for n in args.n
-            for dtype in dtypes
-        ],
+        "timing": [],
     }
+    for kind in args.scene:
+        for n in args.n:
+            for dtype in dtypes:
+                for layout in layouts:
+                    name = use_backward_pixels(layout)
+                    row = timing(n, args.repeats, device, kind=kind, dtype=dtype)
+                    result["timing"].append({**row, "backward_pixels": name})
     if not args.no_accuracy:
         result["accuracy"] = accuracy(device)
         result["gradients"] = gradient_accuracy(device)
@@ -576,14 +600,16 @@ def main() -> int:
             + f"; radii equal {all(r['radii_equal'] for r in result['accuracy'])}"
         )
     print(
-        f"{'scene':>8} {'N':>9} {'dtype':>8} {'fwd ms':>8} {'bwd ms':>8} {'f+b ms':>8} "
-        f"{'peak MiB':>9} {'fwd pk':>7} {'bwd pk':>7} {'grads':>6} {'overlaps':>10} finite"
+        f"{'scene':>8} {'N':>9} {'dtype':>8} {'bwd px':>7} {'fwd ms':>8} {'bwd ms':>8} "
+        f"{'f+b ms':>8} {'peak MiB':>9} {'fwd pk':>7} {'bwd pk':>7} {'grads':>6} "
+        f"{'overlaps':>10} finite"
     )
     for t in result["timing"]:
         print(
-            f"{t['scene']:>8} {t['n']:>9} {t['dtype']:>8} {t['forward_ms']:8.3f} "
-            f"{t['backward_ms']:8.3f} {t['fwd_bwd_ms']:8.3f} {t['peak_train_mib']:9.1f} "
-            f"{t['peak_forward_mib']:7.1f} {t['peak_backward_mib']:7.1f} {t['grads_mib']:6.1f} "
+            f"{t['scene']:>8} {t['n']:>9} {t['dtype']:>8} {t['backward_pixels']:>7} "
+            f"{t['forward_ms']:8.3f} {t['backward_ms']:8.3f} {t['fwd_bwd_ms']:8.3f} "
+            f"{t['peak_train_mib']:9.1f} {t['peak_forward_mib']:7.1f} "
+            f"{t['peak_backward_mib']:7.1f} {t['grads_mib']:6.1f} "
             f"{t['n_intersections']:>10} {t['grads_finite']}"
         )
     return 0

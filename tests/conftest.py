@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -10,14 +11,23 @@ from gpucheck.devices import Device, Inventory
 
 pytest_plugins = ["pytester"]
 
+# The tests start hundreds of Python processes (gpucheck runs, their workers and ranks): with
+# $PYTHONDONTWRITEBYTECODE set (as on our CI image) each compiled gpucheck's modules and
+# rewrote their asserts (pytest marks the plugin's distribution for that) from source again,
+# about a second of CPU a process. Theirs are written to __pycache__ once and read back after.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+# The xdist workers and the processes they start run at once: each with torch's default of an
+# OpenMP thread per CPU, their pools spin against each other (a CPU reference or gradcheck took
+# several times as long beside another test). One thread each, as gpucheck's own share gives
+# its workers on a machine of two CPUs (tests/controller/test_passes.py tests that share).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _own_lock_folder(tmp_path_factory: pytest.TempPathFactory) -> None:
     """The runs of the tests lock their GPUs and folders (gpucheck.controller.devlock) in a
     folder of this session's (of each xdist worker): not the machine's, where a real run or
     another test worker holds the same fake GPU-0."""
-    import os
-
     os.environ.setdefault("GPUCHECK_LOCK_DIR", str(tmp_path_factory.getbasetemp() / "locks"))
 
 

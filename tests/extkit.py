@@ -1,32 +1,48 @@
 """Extension calls for the tests: small C++ torch extensions built on CPU
 (``torch.utils.cpp_extension.load_inline``: a ``PYBIND11_MODULE`` that links libc10 /
 libtorch the way a CUDA extension does, so gpucheck's watch wraps its functions; a build takes
-tens of seconds: build one per test module, in a module- or session-scoped fixture), the
+tens of seconds: one per test session, from a module- or session-scoped fixture), the
 loader a suite's test file uses for one, ``torch.library`` ops that leave outputs unwritten,
 and a dispatch mode that lists what a case's own mode would see."""
 
 from __future__ import annotations
 
+import fcntl
+import os
 import subprocess
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
-def build(name: str, source: str, folder: Path) -> ModuleType:
-    """Compile and load ``source`` as the extension module ``name``, in ``folder``, after the
-    compiled-extension watch is installed (its functions are wrapped at load)."""
+def build(name: str, source: str, tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
+    """Compile and load ``source`` as the extension module ``name`` after the compiled-extension
+    watch is installed (its functions are wrapped at load). Built once per test session: under
+    pytest-xdist its workers share the build folder, the first to need the module builds it
+    and the others wait for it, then load the same file (a module's tests may run on several
+    workers, and each build takes tens of seconds of a core)."""
     from torch.utils import cpp_extension
 
     from gpucheck.detectors import ext_watch
 
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's, above each worker's own
+    folder = root / "ext_builds" / name
+    folder.mkdir(parents=True, exist_ok=True)
     ext_watch.install()
-    return cpp_extension.load_inline(
-        name=name, cpp_sources=[source], build_directory=str(folder), verbose=False
-    )
+    with open(folder.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # let go when this process ends, however it ends
+        # torch's own lock, left behind by a build whose process was killed, would hold
+        # load_inline for ever; while we hold ours, no other build runs here
+        (folder / "lock").unlink(missing_ok=True)
+        return cpp_extension.load_inline(
+            name=name, cpp_sources=[source], build_directory=str(folder), verbose=False
+        )
 
 
 #: what a suite's test file runs to load the extension built here (its name and file in

@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -450,6 +451,16 @@ SplatInputs splat_inputs(const char* op, const at::Tensor& means2d, const at::Te
   return in;
 }
 
+// Pixels each thread of the render backward walks: kBackwardPixels, or
+// GPUCHECK_SPLAT_BACKWARD_PIXELS (2 or 4; tuning and tests).
+int backward_pixels(const char* op) {
+  const char* env = std::getenv("GPUCHECK_SPLAT_BACKWARD_PIXELS");
+  if (env == nullptr || *env == '\0') return kBackwardPixels;
+  TORCH_CHECK_VALUE(std::strcmp(env, "2") == 0 || std::strcmp(env, "4") == 0, op,
+                    ": GPUCHECK_SPLAT_BACKWARD_PIXELS must be 2 or 4, got '", env, "'");
+  return env[0] - '0';
+}
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> splat_render_cuda(
@@ -516,6 +527,7 @@ splat_render_backward_cuda(
   };
   const float* grad_alpha_ptr = optional_plane(grad_alpha, "grad_alpha");
   const float* grad_depth_ptr = optional_plane(grad_depth, "grad_depth");
+  const int pixels_per_thread = backward_pixels(op);
   const int64_t n = means2d.size(0);
   const auto options = means2d.options();
   at::Tensor g_means2d = at::zeros({n, 2}, options);
@@ -537,7 +549,7 @@ splat_render_backward_cuda(
   g.g_opacities = g_opacities.data_ptr<float>();
   g.g_rgb = g_rgb.data_ptr<float>();
   g.g_depths = g_depths.data_ptr<float>();
-  launch_render_backward(in, g, c10::cuda::getCurrentCUDAStream());
+  launch_render_backward(in, g, pixels_per_thread, c10::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {g_means2d, g_conics, g_opacities, g_rgb, g_depths};
 }

@@ -181,7 +181,11 @@ struct RenderGrads {
   float* g_rgb;             // [n, 3]
   float* g_depths;          // [n]
 };
-void launch_render_backward(const SplatInputs& in, const RenderGrads& g, cudaStream_t stream);
+// pixels_per_thread: 2 or 4 (kBackwardPixels; GPUCHECK_SPLAT_BACKWARD_PIXELS overrides it, for
+// tuning and tests), the pixels of one column each thread walks.
+constexpr int kBackwardPixels = 4;
+void launch_render_backward(const SplatInputs& in, const RenderGrads& g, int pixels_per_thread,
+                            cudaStream_t stream);
 
 // Backward of project (per Gaussian; float32, decisions in float64): from d loss / d (means2d,
 // conics, rgb, depths) to d loss / d (means, scales, rotations, colours or SH), written in the

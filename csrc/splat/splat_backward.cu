@@ -1,9 +1,11 @@
 // Tile-based 3D Gaussian splatting rasterizer, backward pass: kernels and launchers.
 //
-// 1. render_backward: one 16x16 block per tile, one thread per pixel, the tile's Gaussians
-//    staged through shared memory 256 at a time, walked back to front from the last one any
-//    pixel of the tile composited. Each pixel starts from its final transmittance T_N and
-//    undoes one Gaussian at a time (T_i = T_{i+1} / (1 - alpha_i)), carrying
+// 1. render_backward: one block per 16x16 tile, each thread P vertically adjacent pixels of one
+//    column (P = kBackwardPixels, 4; 2 with GPUCHECK_SPLAT_BACKWARD_PIXELS=2), the tile's
+//    Gaussians staged through shared memory a thread's worth at a time, walked back to front
+//    from the last one any pixel of the tile composited. Each pixel starts from its final
+//    transmittance T_N and undoes one Gaussian at a time (T_i = T_{i+1} / (1 - alpha_i)),
+//    carrying
 //      R = sum_{j > i} (g . c_j) alpha_j T_j + T_N dL/dT_N
 //    (g: the pixel's gradient of the colour and depth channels; the depth output is
 //    sum z_i w_i / sum w_i, so its channel value is (z_i - depth) / alpha, which has no
@@ -12,14 +14,22 @@
 //      dL/dalpha_i = (g . c_i) T_i - R / (1 - alpha_i).
 //    From dL/dalpha_i follow the gradients of the opacity, of the exponent and through it of
 //    the conic and the screen mean; the colour and depth gradients are g alpha_i T_i. Every
-//    lane of a warp walks the same Gaussian at the same time, so the 10 per-Gaussian values
-//    are summed over the warp with a reduce-scatter of 12 shuffles (warp_reduce_scatter;
-//    skipped when no lane of the warp touched the Gaussian), the 8 warps' sums meet in shared
-//    memory, and every 32 Gaussians the block adds its sums to global memory: one atomicAdd
-//    per Gaussian, tile and value (was: 50 shuffles and up to 8 atomicAdds of each value, one
-//    per warp, from one lane). sm_90's vector atomics (two float4 and a float2 a Gaussian into
-//    a packed [n, 12] buffer, split afterwards) were tried: no faster (the kernel is
-//    issue-bound: ncu 88 % SM throughput either way, 1.48 vs 1.50 ms on an H200).
+//    lane of a warp walks the same Gaussian at the same time: a thread first adds its P
+//    pixels' 10 values, the warp sums them with a reduce-scatter of 12 shuffles
+//    (warp_reduce_scatter; skipped when no pixel of the warp took the Gaussian), the warps'
+//    sums meet in shared memory, and every 32 Gaussians the block adds them to global
+//    memory: one atomicAdd per Gaussian, tile and value. So the per-(Gaussian, warp) work
+//    (the shared loads, the loop, the vote, the reduction and its store) is shared by 16 P
+//    pixels, and per pixel there is only the forward's alpha and a branch-free undo; the
+//    screen mean's and the conic's gradients are summed as moments of d loss / d exponent
+//    (undo_gaussian) and turned into gradients once per tile in the flush. Static SASS of the
+//    inner loop (sm_90, a Gaussian that some pixel of the warp took / that none took): one
+//    pixel a thread, 8 warps, as before: 180 / 68 instructions per 32 pixels; P = 2: 150 / 39
+//    per 64; P = 4: 239 / 61 per 128 (with the exponent without fmas and expf: 172 / 61 and
+//    282 / 104). sm_90's vector atomics (two float4 and a float2 a
+//    Gaussian into a packed [n, 12] buffer, split afterwards) were tried with one pixel a
+//    thread: no faster (issue-bound: ncu 88 % SM throughput either way, 1.48 vs 1.50 ms on an
+//    H200).
 // 2. project_backward: one thread per Gaussian: conic -> 2D covariance -> (Jacobian, 3D
 //    covariance) -> (mean, scale, quaternion); screen mean and depth -> mean; colour -> SH
 //    coefficients and (through the view direction) mean. The decisions that must match the
@@ -28,8 +38,10 @@
 //    determinant as a sum of non-negative terms, see covariance_backward). Each warp stages
 //    the SH rows of its 32 Gaussians through shared memory, so that SH coefficients are read
 //    and their gradients written as coalesced chunks (not 48 accesses of stride 192 bytes a
-//    thread). float64 throughout took 164 registers (12.5 % occupancy) and 0.83 ms at 1M
-//    Gaussians on an H200; this is 83 registers and 0.44 ms. With bfloat16 / float16
+//    thread), 8 values a lane in flight at a time (warp_copy_rows). float64 throughout took
+//    164 registers (12.5 % occupancy) and 0.83 ms at 1M Gaussians on an H200; this took 80
+//    registers and 0.44-0.46 ms with one value a lane at a time in the copies, and takes 96
+//    (5 blocks of 4 warps an SM, was 6). With bfloat16 / float16
 //    parameters (a template on the type) it reads them as such, computes the same float32
 //    gradients and rounds each once, at its store, into the parameters' dtype; the opacity
 //    and background gradients (summed in float32 by render backward's atomics, for render's
@@ -51,8 +63,7 @@ namespace {
 constexpr int kProjectThreads = 128;  // shared SH staging: kShRowStride floats a thread
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kGradValues = 10;  // means2d 2, conic 3, rgb 3, depth 1, opacity 1
-constexpr int kWarps = kBlockPixels / 32;
-constexpr int kSub = 32;  // Gaussians per flush of the block's partial sums
+constexpr int kSub = 32;  // render backward: Gaussians per flush of the block's partial sums
 
 // Sums v[0..9] over the warp and scatters the sums over its lanes: lane l returns the sum of
 // value reduce_slot(l) (lanes l and l ^ 1 the same one; lanes whose slot is -1 hold padding).
@@ -103,14 +114,149 @@ __device__ __forceinline__ float* grad_slot(const RenderGrads& gr, int64_t id, i
   return k == 8 ? gr.g_depths + id : gr.g_opacities + id;
 }
 
-// 5 blocks of 256 threads an SM: 46 registers, no spills (4 blocks, 52: 0.5 % faster in the
-// 8x4-warp build that was dropped, within the spread).
-__global__ void __launch_bounds__(kBlockPixels, 5)
+// 1 / x for x in [2^-125, 2^126] (here 1 - alpha, in [0.01, 1]), correctly rounded: the
+// bits of __frcp_rn, whose fast path this is (the approximate reciprocal and one Newton step
+// in fma); without its range check and slow-path call in the inner loop.
+__device__ __forceinline__ float rcp_rn_normal(float x) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return fmaf(r, fmaf(-x, r, 1.0f), r);
+}
+
+// The walk of one pixel back to front (see the file's comment): its transmittance T after the
+// Gaussian being undone, R, the gradient of its colour channels g and of sum_i z_i w_i
+// (g_depth), its depth, its last contribution's list position + 1 and its centre's y.
+struct PixelWalk {
+  float T = 1.0f;
+  float R = 0.0f;
+  float g[3] = {0.0f, 0.0f, 0.0f};
+  float g_depth = 0.0f;  // d loss / d (sum_i z_i w_i): d loss / d depth over alpha
+  float depth = 0.0f;
+  float cy = 0.0f;
+  int last = 0;
+};
+
+__device__ __forceinline__ PixelWalk start_walk(const SplatInputs& in, const RenderGrads& gr,
+                                                int px, int py) {
+  PixelWalk p;
+  p.cy = static_cast<float>(py) + 0.5f;
+  if (px >= in.width || py >= in.height) return p;
+  const int64_t plane = static_cast<int64_t>(in.width) * in.height;
+  const int64_t pix = static_cast<int64_t>(py) * in.width + px;
+  p.T = gr.final_T[pix];
+  p.last = gr.n_contrib[pix];
+  float g_T = gr.grad_alpha != nullptr ? -gr.grad_alpha[pix] : 0.0f;  // alpha = 1 - T_N
+  for (int ch = 0; ch < 3; ++ch) {
+    p.g[ch] = gr.grad_image[ch * plane + pix];
+    g_T += p.g[ch] * in.background[ch];
+  }
+  const float acc = gr.alpha[pix];  // sum_i w_i, the forward's alpha
+  if (acc > 0.0f && gr.grad_depth != nullptr) {  // depth = sum_i z_i w_i / acc (0 where
+    p.g_depth = gr.grad_depth[pix] / acc;        // alpha is 0)
+    p.depth = gr.depth[pix];
+  }
+  p.R = p.T * g_T;
+  return p;
+}
+
+// One Gaussian at one pixel: the forward's alpha, formed by the forward's operations (the
+// same bits: the same skip decisions), and whether the forward composited it there.
+struct PixelAlpha {
+  float dy;  // mean_y - pixel centre (dx: the column's)
+  float G;   // exp(power)
+  float og;  // opacity G, before the clamp
+  float a;   // alpha
+  bool take;
+};
+
+// col, coef: the column's terms and the coefficients of the exponent (splat_device.cuh), the
+// Gaussian at list position pos with screen mean y mean_y.
+__device__ __forceinline__ PixelAlpha pixel_alpha(const PixelWalk& p, const ExponentColumn& col,
+                                                  float4 coef, float mean_y, int pos) {
+  PixelAlpha e;
+  const float power = gaussian_power(col, coef, mean_y, p.cy, e.dy);
+  e.G = gaussian_exp(power);
+  e.og = __fmul_rn(coef.w, e.G);
+  e.a = fminf(kAlphaMax, e.og);
+  e.take = pos < p.last && power <= 0.0f && e.a >= kAlphaMin;
+  return e;
+}
+
+// Undoes the Gaussian (e: its alpha here; dx: mean_x - the pixel's centre x; cd: its colour
+// and depth) at pixel p where e.take, and gives its 10 values there (0 where not e.take) to v:
+// stored when `first`, else added. The values, in kGradValues's order: with h = -d loss /
+// d power (power = -(a dx^2 + c dy^2) / 2 - b dx dy, (a, b, c) the conic) the moments h dx,
+// h dy, h dx^2, h dx dy, h dy^2, whose sums m over the tile's pixels give the gradients of the
+// screen mean, (a m_x + b m_y, b m_x + c m_y), and of the conic, (m_xx / 2, m_xy, m_yy / 2)
+// (flush_value: the conic is the same at every pixel, so it multiplies the sums once, not
+// every pixel's terms); then d loss / d (rgb, depth, opacity). Without branches: the warp runs
+// this for all its lanes once any of them takes the Gaussian, so selects (of finite values:
+// alpha <= 0.99) cost less than divergent paths and the zeros they need.
+__device__ __forceinline__ void undo_gaussian(PixelWalk& p, const PixelAlpha& e, float dx,
+                                              float4 cd, bool first, float (&v)[kGradValues]) {
+  // one reciprocal (correctly rounded) for both divisions by 1 - alpha
+  const float inv_one_minus = rcp_rn_normal(1.0f - e.a);
+  if (e.take) p.T = p.T * inv_one_minus;  // transmittance in front of this Gaussian
+  const float w = e.take ? e.a * p.T : 0.0f;
+  const float gc = p.g[0] * cd.x + p.g[1] * cd.y + p.g[2] * cd.z + p.g_depth * (cd.w - p.depth);
+  const float g_alpha = gc * p.T - p.R * inv_one_minus;
+  p.R += gc * w;
+  const bool free = e.take && e.og <= kAlphaMax;  // not clamped: gradients to opacity, power
+  const float h = free ? -(g_alpha * e.a) : 0.0f;
+  const float hx = h * dx, hy = h * e.dy;
+  const float u[kGradValues] = {
+      hx,
+      hy,
+      hx * dx,
+      hx * e.dy,
+      hy * e.dy,
+      p.g[0] * w,
+      p.g[1] * w,
+      p.g[2] * w,
+      p.g_depth * w,
+      free ? g_alpha * e.G : 0.0f,  // opacity (G may be inf where power > 0: not taken)
+  };
+#pragma unroll
+  for (int k = 0; k < kGradValues; ++k) v[k] = first ? u[k] : v[k] + u[k];
+}
+
+// The gradient value k of a Gaussian from the tile's sums of undo_gaussian's values: value k
+// itself (`sum`), value k ^ 1 (`pair`, the other first moment for k < 2) and the conic co.
+__device__ __forceinline__ float flush_value(int k, float sum, float pair, float4 co) {
+  switch (k) {
+    case 0: return co.x * sum + co.y * pair;  // screen mean x: a m_x + b m_y
+    case 1: return co.y * pair + co.z * sum;  // screen mean y: b m_x + c m_y
+    case 2:
+    case 4: return 0.5f * sum;                // conic a, c
+    default: return sum;                      // conic b; rgb, depth, opacity
+  }
+}
+
+// One Gaussian of the batch being walked, in shared memory (one base address for the three
+// loads of an iteration).
+struct StagedGaussian {
+  float4 coef;   // exponent_coefficients: -a / 2, -b, -c / 2 and the opacity
+  float4 color;  // r, g, b, depth
+  float2 xy;     // screen mean
+  int32_t id;
+  int32_t unused;
+  float4 conic;  // a, b, c (and the opacity): flush_value's
+};
+
+// Blocks an SM runs of render_backward_kernel<P>: as many as its registers allow without
+// spills (P 2: 61 registers, 8 blocks of 4 warps; P 4: 93, 10 blocks of 2 warps; 12 of them
+// would spill 12 bytes).
+constexpr int backward_blocks_per_sm(int pixels) { return pixels == 2 ? 8 : 10; }
+
+// One block a 16x16 tile, each thread P vertically adjacent pixels of one column (a warp:
+// 16 x 2P pixels).
+template <int P>
+__global__ void __launch_bounds__(kBlockPixels / P, backward_blocks_per_sm(P))
     render_backward_kernel(const SplatInputs in, const RenderGrads gr) {
-  __shared__ int32_t s_id[kBlockPixels];
-  __shared__ float2 s_xy[kBlockPixels];
-  __shared__ float4 s_conic[kBlockPixels];
-  __shared__ float4 s_color[kBlockPixels];
+  constexpr int kThreads = kBlockPixels / P;
+  constexpr int kWarps = kThreads / 32;
+  static_assert(kTileSize % P == 0 && kThreads % 32 == 0, "whole columns, whole warps");
+  __shared__ StagedGaussian s_gauss[kThreads];
   // per warp, the warp sums of the kSub Gaussians being walked; double-buffered, so that one
   // barrier per kSub Gaussians separates the writes of one group from the flush of the last
   __shared__ float s_part[2][kWarps][kSub * kGradValues];
@@ -122,110 +268,89 @@ __global__ void __launch_bounds__(kBlockPixels, 5)
   const int slot = reduce_slot(lane);
   const bool writer = slot >= 0 && (lane & 1) == 0;
   const int px = blockIdx.x * kTileSize + tid % kTileSize;
-  const int py = blockIdx.y * kTileSize + tid / kTileSize;
-  const bool inside = px < in.width && py < in.height;
+  const int py = blockIdx.y * kTileSize + tid / kTileSize * P;
   const float cx = static_cast<float>(px) + 0.5f;
-  const float cy = static_cast<float>(py) + 0.5f;
   const int2 range = in.ranges[blockIdx.y * in.tiles_x + blockIdx.x];
 
-  float T = 1.0f;  // transmittance after the Gaussian being undone
-  float R = 0.0f;
-  float g[3] = {0.0f, 0.0f, 0.0f};
-  float g_depth = 0.0f;  // d loss / d (sum_i z_i w_i): d loss / d depth over alpha
-  float depth = 0.0f;
-  int last = 0;
-  if (inside) {
-    const int64_t plane = static_cast<int64_t>(in.width) * in.height;
-    const int64_t pix = static_cast<int64_t>(py) * in.width + px;
-    T = gr.final_T[pix];
-    last = gr.n_contrib[pix];
-    float g_T = gr.grad_alpha != nullptr ? -gr.grad_alpha[pix] : 0.0f;  // alpha = 1 - T_N
-    for (int ch = 0; ch < 3; ++ch) {
-      g[ch] = gr.grad_image[ch * plane + pix];
-      g_T += g[ch] * in.background[ch];
-    }
-    const float acc = gr.alpha[pix];  // sum_i w_i, the forward's alpha
-    if (acc > 0.0f && gr.grad_depth != nullptr) {  // depth = sum_i z_i w_i / acc (0 where
-      g_depth = gr.grad_depth[pix] / acc;          // alpha is 0)
-      depth = gr.depth[pix];
-    }
-    R = T * g_T;
+  PixelWalk pix[P];
+  int last = 0;  // the largest of this thread's pixels
+#pragma unroll
+  for (int k = 0; k < P; ++k) {
+    pix[k] = start_walk(in, gr, px, py + k);
+    last = max(last, pix[k].last);
   }
+  const int warp_last = __reduce_max_sync(kFullMask, last);  // the Gaussians the warp walks
   if (tid == 0) s_last = 0;
   __syncthreads();
-  if (last > 0) atomicMin(&s_last, -last);  // s_last = -max(last)
+  if (lane == 0 && warp_last > 0) atomicMin(&s_last, -warp_last);  // s_last = -max(last)
   __syncthreads();
   const int stop = range.x - s_last;
 
   int parity = 0;
-  for (int end = stop; end > range.x; end -= kBlockPixels) {
-    const int start = max(range.x, end - kBlockPixels);
+  for (int end = stop; end > range.x; end -= kThreads) {
+    const int start = max(range.x, end - kThreads);
     const int count = end - start;
     __syncthreads();  // the previous batch is consumed (walked and flushed)
     if (tid < count) {
       const int id = in.ids[start + tid];
       const float* co = in.conics + 3 * static_cast<int64_t>(id);
       const float* c = in.rgb + 3 * static_cast<int64_t>(id);
-      s_id[tid] = id;
-      s_xy[tid] = in.means2d[id];
-      s_conic[tid] = make_float4(co[0], co[1], co[2], in.opacities[id]);
-      s_color[tid] = make_float4(c[0], c[1], c[2], in.depths[id]);
+      StagedGaussian& sg = s_gauss[tid];
+      sg.id = id;
+      sg.xy = in.means2d[id];
+      const float opacity = in.opacities[id];
+      sg.coef = exponent_coefficients(co, opacity);
+      sg.conic = make_float4(co[0], co[1], co[2], opacity);
+      sg.color = make_float4(c[0], c[1], c[2], in.depths[id]);
     }
     __syncthreads();
+    const int offset = start - range.x;  // list position of s_gauss[0]
     for (int sub_end = count; sub_end > 0; sub_end -= kSub) {
       const int sub_start = max(0, sub_end - kSub);
-      float* part = s_part[parity][warp];
-      for (int j = sub_end - 1; j >= sub_start; --j) {
-        float v[kGradValues];
-        for (int k = 0; k < kGradValues; ++k) v[k] = 0.0f;
-        bool take = start - range.x + j < last;
-        if (take) {
-          const float4 co = s_conic[j];
-          float dx, dy;
-          const float power = gaussian_power(s_xy[j], co.x, co.y, co.z, cx, cy, dx, dy);
-          const float G = expf(power);
-          const float og = __fmul_rn(co.w, G);
-          const float a = fminf(kAlphaMax, og);
-          take = power <= 0.0f && a >= kAlphaMin;
-          if (take) {
-            // one reciprocal (correctly rounded) for both divisions by 1 - alpha
-            const float inv_one_minus = __frcp_rn(1.0f - a);
-            T = T * inv_one_minus;  // transmittance in front of this Gaussian
-            const float w = a * T;
-            const float4 cd = s_color[j];
-            const float gc =
-                g[0] * cd.x + g[1] * cd.y + g[2] * cd.z + g_depth * (cd.w - depth);
-            const float g_alpha = gc * T - R * inv_one_minus;
-            R += gc * w;
-            v[5] = g[0] * w;
-            v[6] = g[1] * w;
-            v[7] = g[2] * w;
-            v[8] = g_depth * w;
-            if (og <= kAlphaMax) {  // not clamped
-              v[9] = g_alpha * G;                // opacity
-              const float g_power = g_alpha * a;
-              v[0] = -g_power * (co.x * dx + co.y * dy);  // screen mean x
-              v[1] = -g_power * (co.y * dx + co.z * dy);  // screen mean y
-              v[2] = -0.5f * g_power * dx * dx;           // conic a
-              v[3] = -g_power * dx * dy;                  // conic b
-              v[4] = -0.5f * g_power * dy * dy;           // conic c
-            }
+      // walked back to front: sg (the Gaussian at list position pos) and out (where the warp
+      // stores its sums; writers only) are decremented together
+      const StagedGaussian* sg = s_gauss + sub_end;
+      float* out = s_part[parity][warp] + max(slot, 0) + (sub_end - sub_start) * kGradValues;
+      for (int pos = offset + sub_end - 1; pos >= offset + sub_start; --pos) {
+        --sg;
+        out -= kGradValues;
+        float sum = 0.0f;
+        if (pos < warp_last) {  // uniform over the warp
+          const float2 xy = sg->xy;
+          const float4 coef = sg->coef;
+          const ExponentColumn col = exponent_column(coef, xy.x, cx);
+          PixelAlpha e[P];
+          bool took = false;
+#pragma unroll
+          for (int k = 0; k < P; ++k) {
+            e[k] = pixel_alpha(pix[k], col, coef, xy.y, pos);
+            took |= e[k].take;
+          }
+          if (__any_sync(kFullMask, took)) {
+            const float4 cd = sg->color;
+            float v[kGradValues];
+#pragma unroll
+            for (int k = 0; k < P; ++k) undo_gaussian(pix[k], e[k], col.dx, cd, k == 0, v);
+            sum = warp_reduce_scatter(v, lane);
           }
         }
-        float sum = 0.0f;
-        if (__any_sync(kFullMask, take)) sum = warp_reduce_scatter(v, lane);
-        if (writer) part[(j - sub_start) * kGradValues + slot] = sum;
+        if (writer) *out = sum;
       }
       __syncthreads();  // every warp's sums of this group are in s_part[parity]
       // flush: the block's sum of each value of each Gaussian of the group, one atomicAdd
       // (none where the tile's pixels gave it nothing)
-      for (int e = tid; e < (sub_end - sub_start) * kGradValues; e += kBlockPixels) {
-        float total = 0.0f;
+      for (int e = tid; e < (sub_end - sub_start) * kGradValues; e += kThreads) {
+        const int k = e % kGradValues;
+        const int g = sub_start + e / kGradValues;
+        float sum = 0.0f, pair = 0.0f;
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) total += s_part[parity][w][e];
-        if (total != 0.0f) {
-          atomicAdd(grad_slot(gr, s_id[sub_start + e / kGradValues], e % kGradValues), total);
+        for (int w = 0; w < kWarps; ++w) sum += s_part[parity][w][e];
+        if (k < 2) {
+#pragma unroll
+          for (int w = 0; w < kWarps; ++w) pair += s_part[parity][w][e ^ 1];
         }
+        const float total = flush_value(k, sum, pair, s_gauss[g].conic);
+        if (total != 0.0f) atomicAdd(grad_slot(gr, s_gauss[g].id, k), total);
       }
       parity ^= 1;
     }
@@ -503,9 +628,14 @@ __global__ void __launch_bounds__(kProjectThreads) project_backward_kernel(const
 
 }  // namespace
 
-void launch_render_backward(const SplatInputs& in, const RenderGrads& g, cudaStream_t stream) {
+void launch_render_backward(const SplatInputs& in, const RenderGrads& g, int pixels_per_thread,
+                            cudaStream_t stream) {
   const dim3 grid(in.tiles_x, in.tiles_y);
-  render_backward_kernel<<<grid, kBlockPixels, 0, stream>>>(in, g);
+  if (pixels_per_thread == 4) {
+    render_backward_kernel<4><<<grid, kBlockPixels / 4, 0, stream>>>(in, g);
+  } else {
+    render_backward_kernel<2><<<grid, kBlockPixels / 2, 0, stream>>>(in, g);
+  }
 }
 
 void launch_project_backward(const ProjectGrads& g, cudaStream_t stream) {

@@ -30,6 +30,12 @@
 //  7. render: one 16x16 block per tile; the tile's Gaussians are staged through shared memory
 //     256 at a time and each thread composites its pixel front to back, stopping when its
 //     transmittance would fall below 1e-4; the block leaves when all its pixels are done.
+//     The exponent with fmas and exp by ex2.approx (gaussian_power, gaussian_exp in
+//     splat_device.cuh: 8 operations and ex2 a pixel, where the exponent without fmas and
+//     expf took 11 and 9), bit for bit what the backward forms; a staged Gaussian is one
+//     struct (one base address for an iteration's loads, not three rebuilt every iteration).
+//     The inner loop: 39 instructions a composited Gaussian, 17 one whose exponent is > 0
+//     (were 56 and 27).
 //     (Warps of 8x4 pixels that pass over the Gaussians whose reach misses them were tried:
 //     slower, HISTORY.md "Splatting training step 1.5x gsplat".)
 //     Each pixel keeps its final transmittance and the list position of its last
@@ -81,17 +87,19 @@ __device__ bool camera_ok(const PreprocessArgs& a) {
 // The margins make that hold for the float32 render too, so the tiles the box drops held no
 // pixel the Gaussian reached, and image, alpha, depth and gradients do not change. With
 // u = 2^-24 and d now taken about the float32 mean:
-//  * alpha = fl(opacity * expf(power)) >= fl(1/255) > 1/255, expf within 2 ulp: -2 power
-//    <= t + 2^-20;
-//  * gaussian_power rounds the conic, dx, dy and every product and sum (<= 6 roundings on the
-//    diagonal terms, 5 on the cross term, 1 on the result), so with [a b; b c] = S^-1 and
-//    |2 b dx dy| <= a dx^2 + c dy^2: -2 power >= (1 - u) (q - 11 u (a dx^2 + c dy^2)). That
-//    quadratic form <= (t + 2^-20) / (1 - u) < t + 2^-19 has its box at sqrt(Sxx /
-//    (1 - 22 u k)) per unit of t along x (Syy along y), k = Sxx Syy / det >= 1 (large for
-//    thin, tilted ellipses). kBoxSlackT = 2^-17 on t (4x) and kBoxSlackQuad = 2^-18 on k
-//    (2.9x 22 u) cover both, with room for the float64 rounding of S, its inverse and this
-//    function (far smaller). Above k = kBoxMaxSkew = 2^17 (an ellipse ~700 times longer
-//    than wide at 45 degrees) the denominator could reach 0: the square alone is used;
+//  * alpha = fl(opacity * G) >= fl(1/255) > 1/255 with G = ex2(fl(power fl(log2 e)))
+//    (gaussian_exp in splat_device.cuh; ex2 within 2 ulp, the multiply and log2 e's rounding
+//    2 u of the exponent, whose double is at most t <= 2 ln 255): -2 power <= t + 2^-19;
+//  * each of the three terms of power (gaussian_power) carries at most 6 roundings (the
+//    conic's, dx and dy, the products, the two fmas), so with [a b; b c] = S^-1 and
+//    |2 b dx dy| <= a dx^2 + c dy^2: -2 power >= q - 12 u (a dx^2 + c dy^2). That quadratic
+//    form <= t + 2^-19 has its box at sqrt(Sxx / (1 - 24 u k)) per unit of t along x (Syy
+//    along y), k = Sxx Syy / det >= 1 (large for thin, tilted ellipses). kBoxSlackT = 2^-17
+//    on t (4x) and kBoxSlackQuad = 2^-18 on k (2.7x 24 u) cover both, with room for the
+//    float64 rounding of S, its inverse and this function (far smaller). (The exponent
+//    without fmas and expf, before: 11 u and a rounding of the result, 22 u k: 2.9x.) Above
+//    k = kBoxMaxSkew = 2^17 (an ellipse ~700 times longer than wide at 45 degrees) the
+//    denominator could reach 0: the square alone is used;
 //  * the render's mean is the float32 rounding of (mx, my), at most u |mx| away:
 //    kBoxSlackMean = 2^-22 times |mx| on the extent covers it (4x) and the float64 rounding
 //    of mx -+ ex.
@@ -376,13 +384,20 @@ __global__ void __launch_bounds__(kThreads)
   if (k == items - 1) ranges[tile].y = items;
 }
 
+// One Gaussian of the batch being composited, in shared memory (one base address for an
+// iteration's loads).
+struct RenderGaussian {
+  float4 coef;   // exponent_coefficients: -a / 2, -b, -c / 2 and the opacity
+  float4 color;  // r, g, b, depth
+  float2 xy;     // screen mean
+  float2 unused;
+};
+
 __global__ void __launch_bounds__(kBlockPixels)
     render_kernel(const SplatInputs in, float* __restrict__ image, float* __restrict__ alpha_out,
                   float* __restrict__ depth_out, float* __restrict__ final_T,
                   int32_t* __restrict__ n_contrib) {
-  __shared__ float2 s_xy[kBlockPixels];
-  __shared__ float4 s_conic[kBlockPixels];
-  __shared__ float4 s_color[kBlockPixels];
+  __shared__ RenderGaussian s_gauss[kBlockPixels];
 
   const int tid = threadIdx.x;
   const int px = blockIdx.x * kTileSize + tid % kTileSize;
@@ -406,25 +421,28 @@ __global__ void __launch_bounds__(kBlockPixels)
       const int g = in.ids[k];
       const float* co = in.conics + 3 * static_cast<int64_t>(g);
       const float* c = in.rgb + 3 * static_cast<int64_t>(g);
-      s_xy[tid] = in.means2d[g];
-      s_conic[tid] = make_float4(co[0], co[1], co[2], in.opacities[g]);
-      s_color[tid] = make_float4(c[0], c[1], c[2], in.depths[g]);
+      RenderGaussian& sg = s_gauss[tid];
+      sg.xy = in.means2d[g];
+      sg.coef = exponent_coefficients(co, in.opacities[g]);
+      sg.color = make_float4(c[0], c[1], c[2], in.depths[g]);
     }
     __syncthreads();
     const int batch = min(kBlockPixels, range.y - start);
-    for (int j = 0; !done && j < batch; ++j) {
-      const float4 co = s_conic[j];
-      float dx, dy;
-      const float power = gaussian_power(s_xy[j], co.x, co.y, co.z, cx, cy, dx, dy);
+    const RenderGaussian* sg = s_gauss;
+    for (int j = 0; !done && j < batch; ++j, ++sg) {
+      const float4 coef = sg->coef;
+      const float2 xy = sg->xy;
+      float dy;
+      const float power = gaussian_power(exponent_column(coef, xy.x, cx), coef, xy.y, cy, dy);
       if (!(power <= 0.0f)) continue;
-      const float a = fminf(kAlphaMax, __fmul_rn(co.w, expf(power)));
+      const float a = fminf(kAlphaMax, __fmul_rn(coef.w, gaussian_exp(power)));
       if (a < kAlphaMin) continue;
       const float next_T = T * (1.0f - a);
       if (next_T < kTransmittanceMin) {
         done = true;
         break;
       }
-      const float4 cd = s_color[j];
+      const float4 cd = sg->color;
       const float w = a * T;
       rgb[0] += cd.x * w;
       rgb[1] += cd.y * w;

@@ -1,6 +1,6 @@
 // Device functions shared by the forward (splat_cuda.cu) and backward (splat_backward.cu)
 // kernels of the Gaussian-splatting rasterizer: world -> camera with the pinhole quantities and
-// the EWA Jacobian, the SH view direction and basis, quaternion rotation, and the one alpha
+// the EWA Jacobian, the SH view direction and basis, quaternion rotation, and the one exponent
 // formula that both compositing passes must evaluate to the same bits.
 #pragma once
 
@@ -245,41 +245,103 @@ constexpr int kShRowStride = 3 * kShStagedCoeffs + 1;
 // row `base` (coalesced), and the warp's float shared buffer (row stride kShRowStride).
 // kLoad: global -> buffer: buffer[r * kShRowStride + j] = global[(base + r) * len + j]
 // (converted to float); else buffer -> global (rounded to G). One warp; lane = the caller's
-// lane; len = 3 * coefficients <= 3 * kShStagedCoeffs.
+// lane; len = 3 * coefficients <= 3 * kShStagedCoeffs. The values go kCopyBatch a lane at a
+// time, all read before any is written, so that a batch's global loads are in flight together:
+// a warp's 1536 values of SH degree 3 take 6 load latencies where one value at a time (each
+// store waiting for its load) took 48, which with ~24 warps an SM and ~600 cycles a load
+// bounds the read of the SH rows at ~1.2 TB/s (estimate; the DRAM gives 3.35). The loads are
+// unpredicated (past the rows, a lane reads the last value again): predicated, the eighth
+// waited for a free predicate register, after the first stores.
+constexpr int kCopyBatch = 8;
+
 template <bool kLoad, typename G>
 __device__ __forceinline__ void warp_copy_rows(G* __restrict__ global,
                                                float* __restrict__ buffer, int64_t base,
                                                int rows, int len, int lane) {
   const int64_t offset = base * len;
   const int total = rows * len;
-  int r = 0, j = lane;
+  int r = 0, j = lane;  // row and column of element e = lane + 32 i, walked along
   while (j >= len) {
     j -= len;
     ++r;
   }
-  for (int e = lane; e < total; e += 32) {
-    if constexpr (kLoad) {
-      buffer[r * kShRowStride + j] = to_float(global[offset + e]);
-    } else {
-      global[offset + e] = from_float<std::remove_const_t<G>>(buffer[r * kShRowStride + j]);
+  for (int first = lane; first < total; first += 32 * kCopyBatch) {
+    int at[kCopyBatch];  // buffer index of element first + 32 u
+#pragma unroll
+    for (int u = 0; u < kCopyBatch; ++u) {
+      at[u] = r * kShRowStride + j;
+      j += 32;
+      while (j >= len) {
+        j -= len;
+        ++r;
+      }
     }
-    j += 32;
-    while (j >= len) {
-      j -= len;
-      ++r;
+    float v[kCopyBatch];
+#pragma unroll
+    for (int u = 0; u < kCopyBatch; ++u) {
+      const int e = first + 32 * u;
+      if constexpr (kLoad) {
+        v[u] = to_float(global[offset + min(e, total - 1)]);  // unpredicated: all in flight
+      } else if (e < total) {
+        v[u] = buffer[at[u]];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kCopyBatch; ++u) {
+      const int e = first + 32 * u;
+      if (e < total) {
+        if constexpr (kLoad) {
+          buffer[at[u]] = v[u];
+        } else {
+          global[offset + e] = from_float<std::remove_const_t<G>>(v[u]);
+        }
+      }
     }
   }
 }
 
-// Exponent -0.5 d^T conic d at pixel centre (px, py), d = mean - centre. Explicitly rounded
-// operations (no FMA contraction), so that the forward and the backward kernel take every
-// skip / stop decision the same way.
-__device__ __forceinline__ float gaussian_power(float2 m, float ca, float cb, float cc, float px,
-                                                float py, float& dx, float& dy) {
-  dx = __fsub_rn(m.x, px);
-  dy = __fsub_rn(m.y, py);
-  const float quad = __fadd_rn(__fmul_rn(__fmul_rn(ca, dx), dx), __fmul_rn(__fmul_rn(cc, dy), dy));
-  return __fsub_rn(__fmul_rn(-0.5f, quad), __fmul_rn(__fmul_rn(cb, dx), dy));
+// The exponent of a Gaussian at a pixel centre, power = -(a dx^2 + c dy^2) / 2 - b dx dy
+// (d = (dx, dy) = screen mean - centre, (a, b, c) its conic), and G = exp(power) = 2^(power
+// log2 e) by ex2.approx. render and render_backward must form the same bits (they take every
+// skip decision alike), so every operation is explicitly rounded (an fma only where one is
+// written), and they split the work the same way: the coefficients (-a / 2, -b, -c / 2, exact)
+// once per Gaussian (exponent_coefficients), the terms of dx once per pixel column
+// (exponent_column: a thread of render_backward walks several pixels of one column), per pixel
+// dy and two fmas (gaussian_power), then one multiply and ex2 (gaussian_exp). 8 operations and
+// ex2 a pixel (4 where a column's 4 are shared), where the exponent without fmas and expf
+// took 11 and 9. Rounding (for tile_box's margins in splat_cuda.cu): at most 6 roundings on
+// each of the exponent's three terms (the conic's, dx and dy, the products, the two fmas), as
+// many as before; the multiply by log2 e adds one relative to the exponent itself.
+constexpr float kLog2e = 1.442695040888963407360f;
+
+// (-a / 2, -b, -c / 2, opacity) from the conic (a, b, c): exact (powers of 2).
+__device__ __forceinline__ float4 exponent_coefficients(const float* conic, float opacity) {
+  return make_float4(-0.5f * conic[0], -conic[1], -0.5f * conic[2], opacity);
+}
+
+// What the exponent takes from a pixel column: dx, A dx^2 and B dx (coef: exponent_coefficients).
+struct ExponentColumn {
+  float dx, axx, bx;
+};
+
+__device__ __forceinline__ ExponentColumn exponent_column(float4 coef, float mean_x, float px) {
+  const float dx = __fsub_rn(mean_x, px);
+  return {dx, __fmul_rn(__fmul_rn(coef.x, dx), dx), __fmul_rn(coef.y, dx)};
+}
+
+// The exponent at the pixel of column col and centre py; dy receives mean_y - py.
+__device__ __forceinline__ float gaussian_power(const ExponentColumn& col, float4 coef,
+                                                float mean_y, float py, float& dy) {
+  dy = __fsub_rn(mean_y, py);
+  return __fmaf_rn(dy, __fmaf_rn(coef.z, dy, col.bx), col.axx);
+}
+
+// exp(power) as 2^(power log2 e), the hardware's approximation (ex2.approx: within 2 ulp, 0
+// below 2^-126).
+__device__ __forceinline__ float gaussian_exp(float power) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(__fmul_rn(power, kLog2e)));
+  return y;
 }
 
 }  // namespace gpucheck::splat

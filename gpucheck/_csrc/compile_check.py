@@ -32,8 +32,9 @@ def check_only_sources() -> list[Path]:
     return found
 
 
-def _torch_compile_env(cuda_home: Path) -> tuple[list[str], list[str]]:
-    """Include flags and the nvcc flags torch itself adds for extensions."""
+def _torch_compile_env(cuda_home: Path, scratch: Path) -> tuple[list[str], list[str]]:
+    """Include flags and the nvcc flags torch itself adds for extensions (a header torch's CPU
+    wheel lacks is written under ``scratch``, a folder the caller removes)."""
     import sysconfig
 
     import torch
@@ -50,7 +51,7 @@ def _torch_compile_env(cuda_home: Path) -> tuple[list[str], list[str]]:
     if not (torch_include / "c10/cuda/impl/cuda_cmake_macros.h").exists():
         # CPU wheels ship c10/cuda headers but not this one generated file; recreate it with
         # the content a CUDA build generates, in a private include dir.
-        shim = Path(tempfile.mkdtemp(prefix="gpucheck-shim-"))
+        shim = scratch / "shim"
         (shim / "c10/cuda/impl").mkdir(parents=True)
         (shim / "c10/cuda/impl/cuda_cmake_macros.h").write_text(
             "#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n"
@@ -121,9 +122,9 @@ def compile_check(jobs: int = 2, defects: str = "with") -> int:
     if not units:
         print("compile check: csrc/ has no sources yet; nothing to compile")
         return 1 if missing else 0
-    includes, torch_nvcc = _torch_compile_env(cuda_home)
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
+        includes, torch_nvcc = _torch_compile_env(cuda_home, Path(tmp))
         procs: list[tuple[Path, str, list[str], subprocess.Popen[bytes], float]] = []
         pending = list(enumerate(units))
         while pending or procs:

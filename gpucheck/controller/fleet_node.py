@@ -17,6 +17,7 @@ has a ``.remote``.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import threading
 from dataclasses import dataclass, replace
@@ -39,6 +40,8 @@ from gpucheck.model import modes
 from gpucheck.model.fleet import device_name
 from gpucheck.model.layout import RunFolder, open_regular
 from gpucheck.model.modes import tool_of
+from gpucheck.model.results import BAD_STATUSES
+from gpucheck.model.runlog import RunLog
 from gpucheck.sanitizer import command as sanitizer_cmd
 
 #: seconds between two looks of the forwarder at the node's files
@@ -146,6 +149,19 @@ class Forwarder:
         return self.last
 
 
+def tidy(local: Path, seed: bytes, stopped: bool, what: str) -> list[str]:
+    """The node's folder ``local`` removed where nothing in it is worth a look (the node was
+    not stopped, and every case it recorded after ``seed`` passed or was skipped, without an
+    error); else left on the node, and a note says where (``what`` it holds)."""
+    log = RunLog(RunFolder(local).results)
+    log.offset = len(seed)
+    recorded = log.refresh(final=True)
+    if stopped or log.unreadable or any(r.status in BAD_STATUSES or r.errors() for r in recorded):
+        return [f"its {what} are in {local} on that node"]
+    shutil.rmtree(local, ignore_errors=True)
+    return []
+
+
 def run_node(
     cfg: RunConfig,
     node: str,
@@ -178,7 +194,7 @@ def run_node(
             interrupted = run.device_passes()
     finally:
         last = forwarder.stop()
-    notes.append(f"its workers' files (logs, state) are in {local} on that node")
+    notes += tidy(local, seed, interrupted, "workers' files (logs, state)")
     return {"notes": [f"{node}: {n}" for n in notes], "interrupted": interrupted, "last": last}
 
 
@@ -208,7 +224,9 @@ def run_group(
     finally:
         last = forwarder.stop()
     notes += harness.notes
-    notes.append(f"its ranks' files (logs, state, stacks) are in {local} on that node")
+    faults = bool(harness.diagnoses) or harness.generation != group.first_generation
+    stopped = interrupted or harness.stopped_by is not None or faults
+    notes += tidy(local, seed, stopped, "ranks' files (logs, state, stacks)")
     return {
         "notes": [f"{node}: {n}" for n in notes],
         "interrupted": interrupted,  # not when the head stopped it: the head knows why

@@ -60,8 +60,14 @@ from gpucheck.model.runlog import Diagnosis, RunLog
 from gpucheck.model.worker_state import WorkerState
 from gpucheck.processes import Cgroup, Proc, descendants
 from gpucheck.sanitizer import command as sanitizer_cmd
+from gpucheck.sanitizer import open_calls
 from gpucheck.sanitizer.command import SANITIZER_CRASH
-from gpucheck.sanitizer.findings import dropped_finding, read_records, sanitizer_findings
+from gpucheck.sanitizer.findings import (
+    crash_findings,
+    dropped_finding,
+    read_records,
+    sanitizer_findings,
+)
 
 #: seconds a hung worker has to write its stacks (SIGUSR1) before it is killed
 STACK_WAIT_S = 1.0
@@ -292,7 +298,7 @@ class Harness:
         ending = end.ending
         if ending == "output-error":  # it could not write a record: neither can the others
             raise OutputProblem(output_fault(end.stderr, self.out_dir, w.spec.label))
-        unclaimed = self._unclaimed_sanitizer_findings(w) if w.spec.sanitizer_tool else []
+        unclaimed = self._unclaimed_sanitizer_findings(w, end) if w.spec.sanitizer_tool else []
         if unclaimed and not end.in_case:  # else they go on the record of its case
             self._unclaimed_record(w, unclaimed)
             unclaimed = []
@@ -394,15 +400,24 @@ class Harness:
             diagnosis = Diagnosis(self.run_id, w.spec.label, suite, case, w.spec.mode, [finding])
             results.append(self.results_path, diagnosis.to_json())
 
-    def _unclaimed_sanitizer_findings(self, w: Worker) -> list[Finding]:
-        """Records of the worker's sanitizer logs that no finished case claimed."""
+    def _unclaimed_sanitizer_findings(self, w: Worker, end: WorkerEnd) -> list[Finding]:
+        """Records of the worker's sanitizer logs that no finished case claimed; where it
+        ended inside a case, the invalid accesses among them traced to the calls it had
+        under way (a memcheck pass writes them beside its logs)."""
         offsets = w.state.sanitizer_offsets
+        files = WorkerFiles.of_state(w.state_path)
+        under_way = (
+            open_calls.read(open_calls.path_for(files.sanitizer_log_template)) if end.case else []
+        )
+        where = self._origin(w).at(w.state.suite or ",".join(w.spec.suites), end.case or "")
+        tool = w.spec.sanitizer_tool
         found: list[Finding] = []
-        for log in WorkerFiles.of_state(w.state_path).sanitizer_logs():
+        for log in files.sanitizer_logs():
             text, _ = read_records(log, offsets.get(str(log), 0), complete_only=False)
+            found += crash_findings(str(log), text, tool, under_way, where)
             found += [
                 f
-                for f in sanitizer_findings(text, w.spec.sanitizer_tool, w.spec.label, None, None)
+                for f in sanitizer_findings(text, tool, w.spec.label, None, None)
                 if f.severity in ("error", "warning")
             ]
         return found

@@ -273,6 +273,14 @@ def watched_modules() -> list[Watched]:
         return [record for _, record in _modules.values()]
 
 
+def library_of(op: str) -> str | None:
+    """The shared library of the compiled extension module whose function ``op``
+    (``package._C.function``) is; None for any other op (a ``torch.ops`` op's library is not
+    known here)."""
+    with _lock:
+        return next((r.path for _, r in _modules.values() if op in r.functions), None)
+
+
 def libraries() -> dict[str, bool]:
     """The shared library of every compiled torch extension in this process -> whether it is
     watched now (False: its module is opted out). Besides the wrapped modules, every library

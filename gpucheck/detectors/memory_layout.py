@@ -7,8 +7,11 @@ copies it, the backward does not, and the gradient is silently wrong. Nothing ra
 user's gradient test fails without a word about why, or passes on the contiguous inputs it
 happens to use.
 
-The rule. For the first call per (op, argument signature: dtypes, shapes, strides) of a case
-that has a tensor argument of two or more dimensions and more than one element, the call is
+The rule. For the first call per (op, argument signature: dtypes, ranks, layouts, the tails
+of the shapes) of a case that has a tensor argument of two or more dimensions and more than one
+element, where the process has not re-run that signature yet on :data:`~gpucheck.detectors.
+budget.SHAPES` shapes (:func:`family`; every call of one found reading a layout wrongly is,
+once a case: :mod:`~gpucheck.detectors.budget`), the call is
 made once more, *outside the case's result* (its own copies of the arguments the call may
 write, no autograd recording, the case's torch-function and dispatch modes and the random
 number generators' states left as they were, not watched by the other per-call checks),
@@ -45,10 +48,11 @@ op that runs a collective would wait for the other ranks forever), and the sanit
 backward is a call of its own: a pybind11 extension's backward function, a ``torch.ops``
 backward op called by a Python autograd formula.
 
-Cost: per case, one more call for each (op, signature) whose layouts agree, plus the copies
-of its tensor arguments (a pybind11 function's all, since it does not say which it writes);
-a refusing extension pays one call per such argument, a difference a few more. Its seconds
-are counted under ``memory-layout`` in each case's ``cost_s``.
+Cost: per process, one more call for each (op, signature) and tail pattern whose layouts
+agree (a few shapes of each), plus the copies of its tensor arguments (a pybind11 function's
+all, since it does not say which it writes); a refusing extension pays one call per such
+argument, a difference a few more, in every case. Its seconds are counted under
+``memory-layout`` in each case's ``cost_s``.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ from typing import Any
 
 from gpucheck.detectors import layouts, op_watch
 from gpucheck.detectors.base import CallWatcher, CaseInfo, WorkerContext, detector_error
+from gpucheck.detectors.budget import Families, tails
 from gpucheck.detectors.mixed_devices import argument_names
 from gpucheck.detectors.numerics import scratch
 from gpucheck.errors import CUDA_ERROR_MARKERS
@@ -176,6 +181,23 @@ def _seeded(fn: Any) -> bool:
     return torch.Tag.nondeterministic_seeded in (tags or ())
 
 
+def family(op: str, tensors: list[Any]) -> tuple[Any, ...]:
+    """(op, each tensor argument's dtype, rank and layout: its dimensions from the largest
+    stride down, whether at a storage offset): the calls whose re-runs in other layouts stand
+    for each other but for their shapes' tails (:mod:`~gpucheck.detectors.budget`)."""
+    return (op, *((str(t.dtype), t.dim(), _order(t), t.storage_offset() > 0) for t in tensors))
+
+
+def _order(t: Any) -> tuple[int, ...]:
+    """The dimensions of ``t`` from the largest stride down."""
+    strides = t.stride()
+    return tuple(sorted(range(t.dim()), key=lambda d: -strides[d]))
+
+
+#: the shapes of each family re-run in other layouts in this process
+FAMILIES = Families()
+
+
 def _distributed() -> bool:
     torch = sys.modules["torch"]
     dist = getattr(torch, "distributed", None)
@@ -206,14 +228,16 @@ def _filled() -> Iterator[None]:
     enabled = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     fill = torch.utils.deterministic.fill_uninitialized_memory
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    # the flag itself: torch.use_deterministic_algorithms also sets inductor's, whose import
+    # imports torch._dynamo (seconds, once a worker), and no re-run here compiles anything
+    torch._C._set_deterministic_algorithms(True, warn_only=True)
     torch.utils.deterministic.fill_uninitialized_memory = True
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
-        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+        torch._C._set_deterministic_algorithms(enabled, warn_only=warn_only)
         torch.utils.deterministic.fill_uninitialized_memory = fill
 
 
@@ -234,7 +258,8 @@ MEMORY_LAYOUT = Kind(KIND, precedence=90)
 
 
 class MemoryLayout(CallWatcher):
-    """Re-runs the first call per (op, argument signature) of a case in other layouts."""
+    """Re-runs the first call per (op, argument signature) of a case in other layouts, within
+    the process's budget (:data:`FAMILIES`)."""
 
     name = KIND
     kinds = (MEMORY_LAYOUT,)
@@ -259,11 +284,13 @@ class MemoryLayout(CallWatcher):
         tensors = call.inputs
         if not any(candidate(t) for t in tensors) or not all(_plain(t) for t in tensors):
             return
-        key = (call.op, *((str(t.dtype), tuple(t.shape), tuple(t.stride())) for t in tensors))
+        key = (family(call.op, tensors), tails(tensors))
         with self.lock:
             if key in self.seen:
                 return
             self.seen.add(key)
+            if not FAMILIES.take(*key):
+                return
         if op_watch.capturing() or _seeded(call.fn) or _distributed():
             return
         if sum(t.numel() * t.element_size() for t in tensors) > MAX_BYTES:
@@ -305,6 +332,7 @@ class MemoryLayout(CallWatcher):
                 self.too_big += 1
                 return
         if found is not None:
+            FAMILIES.bug(family(call.op, call.inputs))
             with self.lock:
                 self.found.setdefault(call.op, found)
 

@@ -30,10 +30,13 @@ unwritten by design: ``GPUCHECK_UNWRITTEN=op:output,...`` (:data:`UNWRITTEN_ENV`
 gpucheck names it, the output by index or by name, all outputs when left out).
 
 **Memory** (this module, with the evidence's types and the outputs' names). Per worker
-process: each (op, argument signature) is probed on its first call; one found leaving outputs
-unwritten by mistake is probed again on later calls (the detector's budget); a convention,
-once found for an (op, output), is kept for the process and applied to every later call of
-the op whose marker fits (:func:`~gpucheck.detectors.unwritten_rule.left_out`).
+process: a signature (op, dtypes, shapes) is probed on its first call where its family (op,
+dtypes, ranks, placeholders) has not been probed on a shape of its tail pattern yet
+(:func:`wanted`: at most a few shapes a family, :mod:`~gpucheck.detectors.budget`); one found
+leaving outputs unwritten by mistake is probed again on later calls, and its family on every
+shape (the detector's budget); a convention, once found for an (op, output), is kept for the
+process and applied to every later call of the op whose marker fits
+(:func:`~gpucheck.detectors.unwritten_rule.left_out`).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpucheck.detectors import op_watch
+from gpucheck.detectors.budget import Families, tails
 from gpucheck.detectors.mixed_devices import split_params
 
 #: outputs unwritten by design, named by their author: ``op[:output],...``
@@ -129,14 +133,17 @@ CLEAN, UNWRITTEN, BY_DESIGN, FAILED = "clean", "unwritten", "by design", "failed
 
 @dataclass
 class Memory:
-    """What the probes of this process found, by call signature, and the conventions by op."""
+    """What the probes of this process found, by call signature, the conventions by op, and
+    the shapes of each family of signatures probed (:mod:`~gpucheck.detectors.budget`)."""
 
     states: dict[tuple[Any, ...], str] = field(default_factory=dict)
     conventions: dict[str, dict[int, Convention]] = field(default_factory=dict)
+    shapes: Families = field(default_factory=Families)
 
     def clear(self) -> None:
         self.states.clear()
         self.conventions.clear()
+        self.shapes.clear()
 
 
 MEMORY = Memory()
@@ -153,15 +160,37 @@ def signature(call: op_watch.Call) -> tuple[Any, ...]:
     )
 
 
+def family(call: op_watch.Call) -> tuple[Any, ...]:
+    """(op, each tensor argument's dtype, rank, device type and whether it is a placeholder,
+    each bool argument): the signatures whose probes stand for each other but for their
+    shapes' tails (:mod:`~gpucheck.detectors.budget`)."""
+    flags = tuple(a for a in (*call.args, *call.kwargs.values()) if isinstance(a, bool))
+    return (
+        call.op,
+        tuple((str(t.dtype), t.dim(), t.device.type, op_watch.placeholder(t)) for t in call.inputs),
+        flags,
+    )
+
+
+def wanted(call: op_watch.Call) -> bool:
+    """Whether a call of a signature not probed yet is probed: the first shapes of each tail
+    pattern of its family, every shape of a family found leaving outputs unwritten by
+    mistake (:class:`~gpucheck.detectors.budget.Families`)."""
+    return MEMORY.shapes.take(family(call), tails(call.inputs))
+
+
 def conventions(op: str) -> dict[int, Convention]:
     """The conventions this process found for ``op``'s outputs, by output index."""
     return MEMORY.conventions.get(op, {})
 
 
-def remember(op: str, key: tuple[Any, ...], gaps: list[Gap]) -> None:
-    """What the probe of one call signature found, for the later calls of this process."""
+def remember(call: op_watch.Call, key: tuple[Any, ...], gaps: list[Gap]) -> None:
+    """What the probe of one call signature found, for the later calls of this process (a
+    bug: its family probed on every shape)."""
+    op = call.op
     if any(not g.by_design for g in gaps):
         MEMORY.states[key] = UNWRITTEN
+        MEMORY.shapes.bug(family(call))
     else:
         MEMORY.states[key] = BY_DESIGN if gaps else CLEAN
     for g in gaps:

@@ -19,10 +19,13 @@ call never wrote. One finding per (op, output) a case:
 
 **Budget.** A probe costs two more calls of the op, a fill of each fresh allocation and a
 comparison of each output. Per worker process each (op, argument signature) is probed on its
-first call (at most :data:`PROBES_PER_CASE` new signatures a case); a signature found leaving
-an output unwritten by mistake is probed again on its first :data:`CAP` calls of every later
-case (the evidence of those calls: their findings, and what ``numerics`` needs to tell an
-unwritten difference from non-determinism). Its seconds are in each case's ``cost_s`` under
+first call where its family (op, dtypes, ranks) was not probed yet on a shape of the same
+tail pattern (at most :data:`~gpucheck.detectors.budget.SHAPES` shapes a family, and at most
+:data:`PROBES_PER_CASE` new signatures a case: :func:`unwritten.wanted
+<gpucheck.detectors.unwritten.wanted>`); a signature found leaving an output unwritten by
+mistake is probed again on its first :data:`CAP` calls of every later case, and its family on
+every new shape (the evidence of those calls: their findings, and what ``numerics`` needs to
+tell an unwritten difference from non-determinism). Its seconds are in each case's ``cost_s`` under
 ``unwritten-output``. In an initcheck pass the probe stands aside (its copies of arguments
 read what earlier calls never wrote, which the tool reports): that pass finds the reads
 itself, traced to the op (:mod:`gpucheck.detectors.sanitizer_trace`).
@@ -89,7 +92,7 @@ class UnwrittenOutput(CallWatcher):
         state = unwritten.MEMORY.states.get(key)
         with self.lock:
             if state is None:
-                if self.new >= PROBES_PER_CASE:
+                if self.new >= PROBES_PER_CASE or not unwritten.wanted(call):
                     return
                 self.new += 1
             elif state == unwritten.UNWRITTEN and self.again.get(key, 0) < CAP:

@@ -176,30 +176,40 @@ _MODE: list[Any] = []
 
 
 def _fill_mode() -> Any:
-    """The dispatch mode that fills fresh allocations (made once: torch is imported late)."""
+    """The dispatch mode that fills fresh allocations, or tells them (made once: torch is
+    imported late)."""
     if _MODE:
         return _MODE[0]
+    torch = sys.modules["torch"]
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class FillMode(TorchDispatchMode):
-        def __init__(self, byte: int, keyset: Any) -> None:
+        def __init__(self, byte: int | None, keyset: Any, seen: Any = None) -> None:
             super().__init__()
-            self.byte, self.keyset = byte, keyset
+            self.byte, self.keyset, self.seen = byte, keyset, seen
 
-        def __torch_dispatch__(
-            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
-        ) -> Any:
-            kwargs = kwargs or {}
-            if getattr(func, "namespace", "aten") not in op_watch.TORCH_NAMESPACES:
-                with FillMode(self.byte, self.keyset):  # an extension op: into its kernel
-                    return func.redispatch(self.keyset, *args, **kwargs)
-            name = func.overloadpacket._qualified_op_name
-            before = args[0].untyped_storage().nbytes() if name == RESIZE else 0
-            out = func(*args, **kwargs)
-            if name in ALLOCATIONS or (name == RESIZE and out.untyped_storage().nbytes() > before):
+    def dispatch(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if getattr(func, "namespace", "aten") not in op_watch.TORCH_NAMESPACES:
+            with FillMode(self.byte, self.keyset, self.seen):  # an extension op: its kernel
+                return func.redispatch(self.keyset, *args, **kwargs)
+        name = func.overloadpacket._qualified_op_name
+        before = args[0].untyped_storage().nbytes() if name == RESIZE else 0
+        out = func(*args, **kwargs)
+        if name in ALLOCATIONS or (name == RESIZE and out.untyped_storage().nbytes() > before):
+            if self.byte is not None:
                 fill(out, self.byte, before)
-            return out
+            if self.seen is not None:
+                self.seen(out)
+        return out
 
+    # Set after the class is made: torch wraps a mode's own __torch_dispatch__ in dynamo's
+    # disable, whose first use imports torch._dynamo (4 s, once per worker: most of what the
+    # probe cost on the bundled suites). Where a case loaded dynamo already, the wrap is kept.
+    loaded = "torch._dynamo" in sys.modules
+    FillMode.__torch_dispatch__ = (  # type: ignore[method-assign]
+        torch._disable_dynamo(dispatch, recursive=True) if loaded else dispatch
+    )
     _MODE.append(FillMode)
     return FillMode
 
@@ -219,9 +229,19 @@ def fill(t: Any, byte: int, start: int = 0) -> None:
 def filling(byte: int, device: Any) -> Any:
     """A context in which every fresh allocation of the calls made (an extension op's inside
     its kernel for ``device`` too) is filled with ``byte`` (the probe's mode)."""
+    return _fill_mode()(byte, _keyset(device))
+
+
+def allocating(seen: Any, device: Any) -> Any:
+    """A context in which ``seen(tensor)`` is called with every fresh allocation of the calls
+    made (an extension op's inside its kernel for ``device`` too), left as they are."""
+    return _fill_mode()(None, _keyset(device), seen)
+
+
+def _keyset(device: Any) -> Any:
     torch = sys.modules["torch"]
     key = torch._C.DispatchKey.CUDA if device.type == "cuda" else torch._C.DispatchKey.CPU
-    return _fill_mode()(byte, torch._C.DispatchKeySet(key))
+    return torch._C.DispatchKeySet(key)
 
 
 def _bits(t: Any) -> Any:
@@ -305,7 +325,7 @@ def _probe(call: op_watch.Call, out: Any, snap: Snapshot) -> Evidence:
         count = int(mask.sum()) if mask is not None else 0
         if count:
             gaps.append(_gap(call, outs, runs[0], masks, i, count, names))
-    remember(call.op, key, gaps)
+    remember(call, key, gaps)
     return Evidence(call.op, gaps)
 
 

@@ -1,18 +1,30 @@
 """compute-sanitizer's records as findings of the case that made them: the one place that
 turns a slice of a worker's sanitizer log into findings (the worker, per case, and the
-controller, for what a worker that died left in its log), and that reads a finding's record
-back (:func:`read_back`, what the report shows)."""
+controller, for what a worker that died left in its log: its records, and the out-of-bounds
+access it died of, traced to the call it had under way: :func:`crash_findings`), and that
+reads a finding's record back (:func:`read_back`, what the report shows)."""
 
 from __future__ import annotations
 
+import os
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from gpucheck.model.kinds import SYMPTOM, Kind
-from gpucheck.model.results import EVIDENCE_CHARS, Finding
+from gpucheck.model.results import EVIDENCE_CHARS, CaseInfo, Finding
+from gpucheck.sanitizer import tracing
 from gpucheck.sanitizer.command import LIMIT_REACHED, PRINT_LIMIT, SANITIZER_CRASH
+from gpucheck.sanitizer.open_calls import OpenCall
 from gpucheck.sanitizer.parser import SanitizerFinding, parse, parse_record
+
+OOB_HINT = (
+    "the kernel indexes past the tensor it was given: check its bounds against the sizes it "
+    "receives (the element count, the row stride) and the grid's tail block"
+)
+#: the memcheck records that are an invalid access by a kernel (not an API error, a leak)
+ACCESSES = ("read", "write", "atomic", "access")
 
 #: the blank tool line that ends a compute-sanitizer record
 RECORD_END = re.compile(rb"^={9} ?\n", re.M)
@@ -32,8 +44,12 @@ SANITIZER = Kind(
 )
 #: the case during which the tool reached its print limit: its findings may miss some
 SANITIZER_LIMIT = Kind(LIMIT_REACHED, SYMPTOM)
+#: memcheck's invalid accesses traced to the op that launched their kernel (in a case by
+#: :mod:`gpucheck.detectors.sanitizer_trace`, in a worker the tool ended inside a call by the
+#: controller: :func:`crash_findings`): it makes the kernel fault, early in the precedence
+OUT_OF_BOUNDS = Kind("out-of-bounds", precedence=30)
 #: the kinds of compute-sanitizer's findings
-KINDS = (SANITIZER, SANITIZER_LIMIT, SANITIZER_CRASH)
+KINDS = (SANITIZER, SANITIZER_LIMIT, SANITIZER_CRASH, OUT_OF_BOUNDS)
 
 
 def read_records(log: Path, offset: int, complete_only: bool = True) -> tuple[str, int]:
@@ -206,3 +222,65 @@ def dropped_finding(logs: list[str], device: str, suite: str, case: str) -> Find
         hint="the records it printed are this case's first ones; run the case alone under the "
         "tool (gpucheck run -k CASE --mode sanitizer:TOOL) to see the rest",
     )
+
+
+def out_of_bounds(
+    op: str, kernel: str, group: list[tracing.Traced], where: CaseInfo, died: bool = False
+) -> Finding:
+    """The ``out-of-bounds`` finding of memcheck's invalid accesses by ``kernel``, launched
+    by a call of ``op`` in the case ``where`` names (``died``: the worker died inside that
+    call)."""
+    window = group[0].window
+    records = [t.record for t in group]
+    near = next((t.nearest for t in group if t.nearest), None)
+    frame = f" (called from {window.frame})" if window and window.frame else ""
+    accesses = sorted({f"{r.space or 'global'} {r.access}" for r in records})
+    n = sum(r.count for r in records)
+    how = "the worker died inside the call (the tool ended it)" if died else f"while {op} ran"
+    return where.finding(
+        OUT_OF_BOUNDS.name,
+        "error",
+        f"`{op}` launched {kernel}, which made {n} invalid {'/'.join(accesses)}(s)"
+        + (f": {near}" if near else "")
+        + frame,
+        op=op,
+        kernel=kernel,
+        evidence=(f"memcheck, {how}{frame}\nfirst record:\n" + "\n".join(records[0].lines[:12]))[
+            :EVIDENCE_CHARS
+        ],
+        hint=OOB_HINT,
+    )
+
+
+def crash_findings(
+    log: str, text: str, tool: str | None, calls: list[OpenCall], where: CaseInfo
+) -> list[Finding]:
+    """The ``out-of-bounds`` findings of a worker that died during the case ``where`` names:
+    memcheck's invalid accesses in ``text`` (the slice of ``log`` no finished case claimed)
+    traced to the calls it had under way (:mod:`~gpucheck.sanitizer.open_calls`, innermost
+    last), each one's access named against that call's tensors. A record whose Python line is
+    another than the call's is left out."""
+    if not calls:
+        return []
+    found = tracing.Calls()
+    for i, call in enumerate(calls):  # all under way from before the slice, the last innermost
+        found.windows.append(tracing.Window(i, call.op, call.frame, {log: i - len(calls)}))
+        found.spans += [replace(s, call=i) for s in call.spans]
+    groups: dict[tuple[str, str], list[tracing.Traced]] = {}
+    for t in tracing.trace(log, 0, text, tool, found):
+        r = t.record
+        if r.tool != "memcheck" or r.access not in ACCESSES or not r.kernel_name:
+            continue
+        if t.window is None or not _same_line(r.python_frame, t.window.frame):
+            continue
+        groups.setdefault((t.window.op, r.kernel_name), []).append(t)
+    return [out_of_bounds(op, kernel, g, where, died=True) for (op, kernel), g in groups.items()]
+
+
+def _same_line(record_frame: str | None, call_frame: str | None) -> bool:
+    """Whether a record's Python line (``test_x.py:76``, the file's name only) is the call's
+    (``path/test_x.py:76 in test_overrun``); a record without one may be the call's."""
+    if not record_frame or not call_frame:
+        return True
+    where = call_frame.split(" in ")[0]
+    return os.path.basename(where) == os.path.basename(record_frame)

@@ -4,7 +4,9 @@ compute-sanitizer writes its records to a log per process (``--log-file``, ``%p`
 its own choosing, and a case's child processes get their own). The worker reads each log from
 where the last case ended (``offsets``, kept in its state file so that the controller knows
 what no case claimed) and turns the case's slice into findings, traced to the case's watched
-calls where they can be (:mod:`gpucheck.detectors.sanitizer_trace`).
+calls where they can be (:mod:`gpucheck.detectors.sanitizer_trace`), once the logs have
+stopped growing (the tool may write a kernel's records some milliseconds after the call that
+launched it returned).
 
 **The print budget is per case.** The tool prints at most
 :data:`~gpucheck.sanitizer.command.PRINT_LIMIT` records per process and only counts the rest
@@ -20,14 +22,19 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from pathlib import Path
 
 from gpucheck.detectors.base import CaseInfo
 from gpucheck.detectors.sanitizer_trace import SanitizerTrace
 from gpucheck.model.results import Finding
 from gpucheck.sanitizer import command as sanitizer_cmd
+from gpucheck.sanitizer import open_calls
 from gpucheck.sanitizer.findings import read_records
 from gpucheck.sanitizer.parser import placed, printed
+
+#: how long the logs may keep growing after a case before they are read, and how often looked
+SETTLE_S, SETTLE_STEP_S = 0.5, 0.01
 
 
 class SanitizerPass:
@@ -39,7 +46,10 @@ class SanitizerPass:
         self.tool = tool
         self.offsets: dict[str, int] = {}
         self.printed: dict[str, int] = {}  # log -> records it holds (its print budget)
-        self.trace = SanitizerTrace(self.logs)
+        # a memcheck pass writes its calls under way beside its logs (the controller reads
+        # them when the tool ends the worker inside a call)
+        calls = open_calls.path_for(Path(template).absolute())
+        self.trace = SanitizerTrace(self.logs, tool, calls)
         self.limited: tuple[str, str] | None = None  # (suite, case) that reached the limit
 
     def logs(self) -> list[Path]:
@@ -51,6 +61,7 @@ class SanitizerPass:
         if torch is not None and torch.cuda.is_initialized():
             with contextlib.suppress(RuntimeError):  # a lost context: the log is all there is
                 torch.cuda.synchronize()
+        self._settle()
         found: list[Finding] = []
         for log in self.logs():
             start = self.offsets.get(str(log), 0)
@@ -65,6 +76,26 @@ class SanitizerPass:
             found += self.trace.findings(str(log), start, text, self.tool, info, other_current)
         self.trace.clear()
         return found
+
+    def _settle(self) -> None:
+        """Until the logs stop growing (at most :data:`SETTLE_S`): the tool writes a kernel's
+        records when it has analysed it, which may be after the call that launched it
+        returned; those of the case's last kernels belong to this case, not the next."""
+        deadline = time.monotonic() + SETTLE_S
+        sizes = self._sizes()
+        while time.monotonic() < deadline:
+            time.sleep(SETTLE_STEP_S)
+            now = self._sizes()
+            if now == sizes:
+                return
+            sizes = now
+
+    def _sizes(self) -> dict[str, int]:
+        sizes = {}
+        for log in self.logs():
+            with contextlib.suppress(OSError):
+                sizes[str(log)] = log.stat().st_size
+        return sizes
 
     def budget_spent(self) -> bool:
         """Whether a log holds so many records that the next case could not print its

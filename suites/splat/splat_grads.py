@@ -66,10 +66,10 @@ def decision_pixels(args: dict[str, Any]) -> torch.Tensor:
     1e-4 (the pixel stops before it or after it). Evaluated in float64 like the reference.
 
     The kernel's alpha carries relative errors up to ~1e-5 (conic and screen mean rounded to
-    float32, ``expf``) and its transmittance, a product over the list, up to ~1e-4 in opaque
-    stacks. Where a decision falls within that, both sides are right and their gradients
-    differ by that pixel's whole share (the gradient is discontinuous there: the float64
-    reference moves as much when its inputs move by float32 rounding).
+    float32, the exponent's rounding, ``ex2``) and its transmittance, a product over the list,
+    up to ~1e-4 in opaque stacks. Where a decision falls within that, both sides are right and
+    their gradients differ by that pixel's whole share (the gradient is discontinuous there:
+    the float64 reference moves as much when its inputs move by float32 rounding).
     """
     d = {
         k: (v.detach().cpu().double() if isinstance(v, torch.Tensor) else v)

@@ -12,8 +12,9 @@ opacity-aware box) must be *equal*. Compositing is float32:
 each Gaussian's pixel mean and conic are rounded to float32 (relative 6e-8: at pixel
 coordinates up to ~200 that moves dx by up to ~1e-5 px, which moves the exponent by
 |a dx + b dy| * 1e-5 <= ~6e-5 for the sharpest Gaussian that still reaches alpha >= 1/255,
-i.e. a relative error of ~6e-5 in its alpha; in practice dx errors are far smaller), ``expf``
-adds 2 ulp, and the colour, transmittance and depth sums round once per Gaussian. Colours are
+i.e. a relative error of ~6e-5 in its alpha; in practice dx errors are far smaller), the
+exponent's own rounding (with fmas) ~4e-6 of alpha for round Gaussians, ``ex2`` (for ``exp``)
+2 ulp, and the colour, transmittance and depth sums round once per Gaussian. Colours are
 <= ~2, so image and alpha must agree to ``ATOL = 1e-4`` and the accumulated depth
 ``depth * alpha`` to ``ATOL * z_max``.
 On top of that the kernel may decide a threshold the other way from the reference when a value

@@ -235,6 +235,34 @@ def test_gradients_at_depth_tie(gpu_device: torch.device) -> None:
     assert found["background"]["rel_l2"] < 1e-5, found["background"]
 
 
+@pytest.mark.parametrize("pixels", ["2", "4"])
+def test_gradients_of_each_backward_layout(
+    gpu_device: torch.device, monkeypatch: pytest.MonkeyPatch, pixels: str
+) -> None:
+    """The render backward's layouts (pixels of one column a thread walks, tuning only:
+    GPUCHECK_SPLAT_BACKWARD_PIXELS; the other tests run the build's default): each against the
+    reference, on the dense scene (long lists, warps that stop at different list positions)
+    and an SH scene whose size is no tile multiple (threads with pixels off the image)."""
+    monkeypatch.setenv("GPUCHECK_SPLAT_BACKWARD_PIXELS", pixels)
+    seed = fresh_seed()
+    kw = dict(EDGE_CASES["dense"])
+    args = splat_scenes.scene(
+        kw.pop("n"), kw.pop("width"), kw.pop("height"), seed, gpu_device, **kw
+    )
+    check_gradients(args, f"dense, {pixels} pixels a thread, scene={seed}")
+    args = splat_scenes.scene(300, 203, 113, seed, gpu_device, sh_degree=3)
+    check_gradients(args, f"sh3 113x203, {pixels} pixels a thread, scene={seed}", extra=True)
+
+
+def test_bad_backward_layout(gpu_device: torch.device, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUCHECK_SPLAT_BACKWARD_PIXELS", "3")
+    args = splat_scenes.scene(20, 37, 21, fresh_seed(), gpu_device)
+    means = args["means"].clone().requires_grad_()
+    image = rasterize(**{**args, "means": means}).image
+    with pytest.raises(ValueError, match="GPUCHECK_SPLAT_BACKWARD_PIXELS must be 2 or 4, got '3'"):
+        image.sum().backward()
+
+
 def test_no_gaussians(gpu_device: torch.device) -> None:
     args = splat_scenes.scene(0, 37, 21, fresh_seed(), gpu_device)
     bg = args["background"].clone().requires_grad_()

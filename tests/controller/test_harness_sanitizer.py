@@ -9,6 +9,7 @@ import shutil
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -93,21 +94,28 @@ def setup(tmp_path, monkeypatch):
     return tool, suite
 
 
-def test_sanitizer_records_are_attributed_to_their_case(setup, tmp_path):
-    tool, suite = setup
+def _run(
+    tmp_path: Path, suites: dict[str, Path], name: str, tool: Path, timeout: float, **spec: Any
+) -> Path:
+    """One worker on CPU under the stand-in ``tool`` in a pass of the sanitizer tool ``name``;
+    its run folder (``tmp_path/out``)."""
     out = tmp_path / "out"
     out.mkdir()
-    spec = WorkerSpec(
-        "cpu",
-        None,
-        None,
-        {"san": suite},
-        "sanitizer:memcheck",
-        sanitizer_tool="memcheck",
-        sanitizer=tool,
+    worker = WorkerSpec(
+        "cpu", None, None, suites, f"sanitizer:{name}", sanitizer_tool=name, sanitizer=tool, **spec
     )
-    Harness([spec], out, out / "results.jsonl", "r1", timeout=60).run()
-    recs = {r["case"].rsplit("::", 1)[-1]: r for r in results.cases(out / "results.jsonl")}
+    Harness([worker], out, out / "results.jsonl", "r1", timeout=timeout).run()
+    return out
+
+
+def _cases(out: Path) -> dict[str, dict[str, Any]]:
+    """The case records of a run folder by test name."""
+    return {r["case"].rsplit("::", 1)[-1]: r for r in results.cases(out / "results.jsonl")}
+
+
+def test_sanitizer_records_are_attributed_to_their_case(setup, tmp_path):
+    tool, suite = setup
+    recs = _cases(_run(tmp_path, {"san": suite}, "memcheck", tool, 60))
     # only the cases marked `sanitizer` ran
     assert "test_not_small_enough_for_the_sanitizer" not in recs
     assert "test_racecheck_only" not in recs  # marked for another tool's pass
@@ -131,6 +139,61 @@ def test_sanitizer_records_are_attributed_to_their_case(setup, tmp_path):
     assert "Race reported between Write access" in killed["findings"][0]["message"]
     assert recs["test_last"]["status"] == "passed"
     assert not [k for k in recs if k.startswith("<")]  # nothing left unattributed
+
+
+CRASH_SUITE = textwrap.dedent("""
+    import gzip, os, pytest, torch
+    LIB = torch.library.Library("gpucheck_crash_test", "DEF")
+    LIB.define("overrun(Tensor x) -> Tensor")
+
+    @torch.library.impl(LIB, "overrun", "CPU")
+    def _overrun(x):
+        out = torch.empty_like(x)
+        with gzip.open(os.path.join(os.environ["FIXTURES"], LOG), "rt") as f:
+            text = f.read()
+        # the record's nearest allocation moved onto this output, its line onto the case's
+        text = text.replace("0x7f9539002000", hex(out.untyped_storage().data_ptr()))
+        text = text.replace("test_unwritten_gpu.py:76", f"test_crash.py:{LINE}")
+        with open(os.environ["FAKE_SAN_LOG"].replace("%p", str(os.getpid())), "a") as f:
+            f.write(text)
+        os.abort()  # as on the GPU: a failed launch, a free in a C++ destructor, the end
+
+    @pytest.mark.sanitizer
+    def test_overrun():
+        torch.ops.gpucheck_crash_test.overrun(torch.rand(1000))
+
+    @pytest.mark.sanitizer
+    def test_after():
+        assert True
+""")
+
+
+def test_an_overrun_that_kills_the_worker_is_out_of_bounds_of_the_call_under_way(setup, tmp_path):
+    """On an H100 memcheck's invalid write in test_7_overrun ended the worker inside the call:
+    a crash and plain records, no out-of-bounds. The recorded log, written by a real call that
+    then dies: the controller traces it to the call the worker had under way."""
+    tool, _ = setup
+    suite = tmp_path / "suites" / "crash"
+    suite.mkdir(parents=True)
+    line = CRASH_SUITE.splitlines().index(
+        "    torch.ops.gpucheck_crash_test.overrun(torch.rand(1000))"
+    )
+    text = CRASH_SUITE.replace("LOG)", '"memcheck_overrun_crash_h100.log.gz")')
+    (suite / "test_crash.py").write_text(text.replace("{LINE}", str(line + 1)))
+    recs = _cases(_run(tmp_path, {"crash": suite}, "memcheck", tool, 120))
+    crashed = recs["test_overrun"]
+    assert crashed["status"] == "crashed"
+    kinds = [f["kind"] for f in crashed["findings"]]
+    assert kinds[0] == "out-of-bounds" and kinds[-1] == "crash" and "sanitizer" in kinds
+    oob = crashed["findings"][0]
+    assert (oob["op"], oob["kernel"]) == ("gpucheck_crash_test::overrun", "overrun_kernel")
+    assert oob["message"].startswith(
+        "`gpucheck_crash_test::overrun` launched overrun_kernel, which made 1 invalid global "
+        "write(s): 1 bytes after a tensor gpucheck_crash_test::overrun allocated while it ran "
+        "(shape [1000], float32) (called from "
+    )
+    assert f"test_crash.py:{line + 1} in test_overrun" in oob["message"]
+    assert recs["test_after"]["status"] == "passed"
 
 
 def test_worker_command_under_the_sanitizer(setup, tmp_path):
@@ -165,20 +228,9 @@ def test_hang_under_the_sanitizer_dumps_the_workers_stacks(setup, tmp_path, monk
     """The tool is the worker's parent: the stack request must reach the Python worker."""
     tool, suite = setup
     monkeypatch.setenv("DEMO_HANG", "1")
-    out = tmp_path / "out"
-    out.mkdir()
-    spec = WorkerSpec(
-        "cpu",
-        None,
-        None,
-        {"san": suite},
-        "sanitizer:memcheck",
-        pytest_args=["-k", "test_hang or test_last"],
-        sanitizer_tool="memcheck",
-        sanitizer=tool,
-    )
-    Harness([spec], out, out / "results.jsonl", "r1", timeout=3).run()
-    recs = {r["case"].rsplit("::", 1)[-1]: r for r in results.cases(out / "results.jsonl")}
+    pytest_args = ["-k", "test_hang or test_last"]
+    out = _run(tmp_path, {"san": suite}, "memcheck", tool, 3, pytest_args=pytest_args)
+    recs = _cases(out)
     hung = recs["test_hang"]
     assert hung["status"] == "hung"
     assert "in test_hang" in hung["findings"][-1]["evidence"]
@@ -258,13 +310,7 @@ def test_no_case_runs_after_the_print_budget_is_spent_without_a_fresh_worker(tmp
     (tmp_path / "dropped").mkdir()
     monkeypatch.setenv("FIXTURES", str(FIXTURES))
     monkeypatch.setenv("DROPPED", str(tmp_path / "dropped"))
-    out = tmp_path / "out"
-    out.mkdir()
-    spec = WorkerSpec(
-        "cpu", None, None, {"budget": suite}, "sanitizer:initcheck",
-        sanitizer_tool="initcheck", sanitizer=tool,
-    )  # fmt: skip
-    Harness([spec], out, out / "results.jsonl", "r1", timeout=120).run()
+    out = _run(tmp_path, {"budget": suite}, "initcheck", tool, 120)
     recs = {
         r.case.rsplit("::", 1)[-1]: r for r in RunLog.read(out / "results.jsonl").diagnosed_cases()
     }

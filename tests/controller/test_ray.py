@@ -16,6 +16,7 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 import textwrap
 import time
 from collections import Counter
@@ -75,15 +76,36 @@ def _node(cluster: Cluster, name: str, gpus: int):
 GPUS = {"node-a": 2, "node-b": 1}
 
 
+def _node_temp(folder: Path) -> dict[str, str]:
+    """The environment that puts the temporary folders of gpucheck's node tasks (their
+    workers' files) in ``folder``, not the machine's /tmp, which Ray keeps for its own (the
+    paths of its sockets must stay short)."""
+    return {"TMPDIR": str(folder), "RAY_TMPDIR": tempfile.gettempdir()}
+
+
 @pytest.fixture(scope="module")
-def ray_cluster():
+def node_tmp(tmp_path_factory) -> Path:
+    """The temporary folder of the module's Ray nodes (where their node tasks' folders go)."""
+    return tmp_path_factory.mktemp("ray_nodes")
+
+
+def _node_folders(node_tmp: Path) -> set[Path]:
+    return set(node_tmp.glob("gpucheck-node-*"))
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(node_tmp):
     """A head without GPUs and two nodes that declare some (node-a: 2, node-b: 1), for the
-    module (a cluster takes seconds to start)."""
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    nodes = {name: _node(c, name, gpus) for name, gpus in GPUS.items()}
-    c.wait_for_nodes()
-    yield c, nodes
-    c.shutdown()
+    module (a cluster takes seconds to start); its processes (node-b's, when it is added
+    again, too) put their temporary folders in ``node_tmp``."""
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in _node_temp(node_tmp).items():
+            env.setenv(name, value)
+        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+        nodes = {name: _node(c, name, gpus) for name, gpus in GPUS.items()}
+        c.wait_for_nodes()
+        yield c, nodes
+        c.shutdown()
 
 
 @pytest.fixture
@@ -134,7 +156,10 @@ def _resumed_with_node_b(c, nodes, cwd: Path, verdict: str) -> Counter:
     return keys
 
 
-def test_a_suite_runs_on_every_node_into_one_report(cluster, tmp_path: Path) -> None:
+def test_a_suite_runs_on_every_node_into_one_report(cluster, node_tmp, tmp_path: Path) -> None:
+    """Each case once on each node, one run folder and report; test_fails failed on each
+    node, so each keeps its workers' files (in the nodes' temporary folder), and a note
+    says where."""
     c, _ = cluster
     make_suite(tmp_path)
     proc = _run(tmp_path, c.address, "--cpu-only", "--suite", "demo", "--out", "run")
@@ -159,6 +184,8 @@ def test_a_suite_runs_on_every_node_into_one_report(cluster, tmp_path: Path) -> 
     assert not _lost(out)
     _verdict_last(said, "failed (exit 1): 16 case(s)")
     assert "(run_node" in (out / "ray.log").read_text()  # the nodes' own lines, kept there
+    kept = re.findall(r"note: node-[ab]: its workers' files \(logs, state\) are in (\S+) on", said)
+    assert len(kept) == 2 and all(Path(k).parent == node_tmp and Path(k).is_dir() for k in kept)
 
 
 def test_a_lost_node_is_named_and_resume_runs_only_what_it_missed(cluster, tmp_path) -> None:
@@ -236,7 +263,8 @@ def test_cpu_only_runs_on_a_ray_instance_without_gpus_and_says_what_it_leaves_ou
     with the verdict."""
     proc = start(
         "run", "--quiet", "--ray", "--cpu-only", "--out", "run", "--", "-k", "truncated_file",
-        cwd=tmp_path, env={**NO_GPU, "RAY_ADDRESS": ""}, stderr=subprocess.STDOUT,
+        cwd=tmp_path, env={**NO_GPU, "RAY_ADDRESS": "", **_node_temp(tmp_path)},
+        stderr=subprocess.STDOUT,
     )  # fmt: skip
     said, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, said
@@ -267,12 +295,16 @@ def _dist(cwd: Path, address: str, suite: str, *args: str) -> tuple[int, str, li
     return proc.returncode, said, cases(cwd / "run")
 
 
-def test_the_distributed_suite_runs_as_one_group_over_the_nodes(cluster, tmp_path) -> None:
+def test_the_distributed_suite_runs_as_one_group_over_the_nodes(cluster, node_tmp, tmp_path):
     """node-a declares 2 GPUs, node-b 1: three gloo ranks, 0 and 1 on node-a, 2 on node-b,
-    one group (its collectives span the nodes), one run folder on the head."""
+    one group (its collectives span the nodes), one run folder on the head; nothing failed,
+    so nothing is left on the nodes."""
     c, _ = cluster
+    before = _node_folders(node_tmp)
     code, said, recs = _dist(tmp_path, c.address, "dist")
     assert code == 0, said
+    # every case passed: the nodes removed their ranks' files, and no note names them
+    assert _node_folders(node_tmp) == before and "ranks' files" not in said
     assert "Traceback" not in said
     assert Counter(r["device"] for r in recs) == dict.fromkeys(RANKS, 5)
     passed = {(r["device"], r["case"].split("::")[-1]) for r in recs if r["status"] == "passed"}
@@ -326,6 +358,8 @@ def test_a_rank_that_dies_or_hangs_on_one_node_is_named_with_its_node(cluster, t
     assert clean == set(RANKS)
     assert all(r["status"] == "passed" for r in recs if r["case"].endswith("clean_after_defects"))
     assert took < 120
+    for node in ("node-a", "node-b"):  # both were stopped: both keep their ranks' files
+        assert f"note: {node}: its ranks' files (logs, state, stacks) are in " in said
 
 
 #: the group meets in test_first and test_last (dist_rank: a case boundary of the group); in

@@ -57,7 +57,7 @@ CASE = CaseInfo("cpu", "s", "test_x.py::test_x")
 @pytest.fixture(scope="session")
 def ext(tmp_path_factory):
     """The module, built once per session (about 25 s) after the watch was installed."""
-    return extkit.build(NAME, SOURCE, tmp_path_factory.mktemp("ext_build"))
+    return extkit.build(NAME, SOURCE, tmp_path_factory)
 
 
 class Log:

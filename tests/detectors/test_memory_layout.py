@@ -12,13 +12,14 @@ import textwrap
 import xml.etree.ElementTree as ET
 from types import SimpleNamespace
 
+import extkit
 import pytest
 import torch
 from clirun import gpucheck
 
-from gpucheck.detectors import CaseInfo, ext_watch, layouts, op_watch
+from gpucheck.detectors import CaseInfo, layouts, op_watch
 from gpucheck.detectors.base import WorkerContext
-from gpucheck.detectors.memory_layout import KIND, UNWRITTEN_NOTE, MemoryLayout
+from gpucheck.detectors.memory_layout import FAMILIES, KIND, UNWRITTEN_NOTE, MemoryLayout
 from gpucheck.model import results
 
 NAME = "gpucheck_test_layout_ext"
@@ -159,13 +160,15 @@ SOURCE = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def ext(tmp_path_factory):
     """The module, built once (about 25 s) after the watch was installed."""
-    from torch.utils import cpp_extension
+    return extkit.build(NAME, SOURCE, tmp_path_factory)
 
-    ext_watch.install()
-    build = tmp_path_factory.mktemp("layout_build")
-    return cpp_extension.load_inline(
-        name=NAME, cpp_sources=[SOURCE], build_directory=str(build), verbose=False
-    )
+
+@pytest.fixture(autouse=True)
+def fresh_budget():
+    """Each test starts as a fresh worker process would: no signature re-run yet."""
+    FAMILIES.clear()
+    yield
+    FAMILIES.clear()
 
 
 def judged(body, det=None):
@@ -234,11 +237,24 @@ def test_the_fixed_twin_and_the_refusing_twin_draw_nothing(ext):
     assert ext.calls() - before == 1  # the re-run was refused before it counted
 
 
-def test_the_first_call_per_signature_of_a_case_is_made_again(ext):
+def test_a_signature_is_made_again_on_a_few_shapes_a_process_a_bug_in_every_case(ext):
+    def calls(body):
+        before = ext.calls()
+        found = judged(body)
+        return found, ext.calls() - before
+
     x = torch.rand(5, 7)
-    before = ext.calls()
-    found = judged(lambda: [ext.row_sums_fixed(x) for _ in range(3)])
-    assert found == [] and ext.calls() - before == 4
+    # the first call of a signature is made again, once
+    assert calls(lambda: [ext.row_sums_fixed(x) for _ in range(3)]) == ([], 4)
+    # a later case, and another shape of the same tail pattern: not again
+    assert calls(lambda: ext.row_sums_fixed(torch.rand(9, 3))) == ([], 1)
+    # a shape with other tails (a multiple of 16 here: 32 × 16), or another layout: again
+    assert calls(lambda: ext.row_sums_fixed(torch.rand(32, 16))) == ([], 2)
+    assert calls(lambda: ext.row_sums_fixed(x.t())) == ([], 2)
+    # an op found reading a layout wrongly is made again in every case, on every shape
+    for shape in ((5, 7), (5, 7), (9, 3)):
+        found, n = calls(lambda s=shape: ext.row_sums(torch.rand(*s)))
+        assert [f.kind for f in found] == [KIND] and n >= 2
 
 
 def test_an_output_argument_written_as_if_contiguous(ext):

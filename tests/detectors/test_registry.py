@@ -4,6 +4,7 @@ distribution on sys.path, found by importlib.metadata the way an installed packa
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -292,3 +293,34 @@ def test_a_package_declares_its_kind_and_the_report_ranks_by_it(tmp_path: Path):
     rules = json.loads((out / "results.sarif").read_text())["runs"][0]["tool"]["driver"]
     toy = next(r for r in rules["rules"] if r["id"] == "toy-cause")
     assert (toy["name"], toy["help"]["text"]) == ("Toy causes", "look at the toy op's bounds")
+
+
+def _literal_kinds(node: ast.expr) -> list[str]:
+    """The kind names a finding's first argument can be, where the source spells them."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.IfExp):
+        return _literal_kinds(node.body) + _literal_kinds(node.orelse)
+    return []
+
+
+def test_every_kind_the_package_makes_a_finding_of_is_declared():
+    """A finding made with a kind spelled in place (``case.finding("leak", ...)``,
+    ``Finding("oom", ...)``) names a kind some maker declares: a misspelled kind would be a
+    diagnosis without a place, ranked last in the report."""
+    package = Path(registry.__file__).resolve().parent.parent
+    declared = {k.name for k in registry.Builtin().gpucheck_finding_kinds()}
+    declared |= set(registry.kinds().by_name)  # the kernel wing's, through its entry point
+    used: dict[str, str] = {}
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Call) or not node.args:
+                continue
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+            if name in ("finding", "Finding"):
+                for kind in _literal_kinds(node.args[0]):
+                    used.setdefault(kind, f"{path.relative_to(package)}:{node.lineno}")
+    assert len(used) > 10  # the walk sees the package's findings
+    undeclared = {k: where for k, where in used.items() if k not in declared}
+    assert not undeclared, f"kinds used but declared by no maker: {undeclared}"

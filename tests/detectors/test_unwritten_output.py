@@ -95,7 +95,7 @@ CASE = CaseInfo("cpu", "s", "test_x.py::test_x")
 
 @pytest.fixture(scope="module")
 def ext(tmp_path_factory):
-    return extkit.build(NAME, SOURCE, tmp_path_factory.mktemp("unwritten_build"))
+    return extkit.build(NAME, SOURCE, tmp_path_factory)
 
 
 @pytest.fixture
@@ -237,6 +237,32 @@ def test_a_signature_is_probed_once_a_process_and_a_bug_again_each_case(ext, det
     found = det.case_finished(CASE)
     assert [f.op for f in found] == [f"{NAME}.rasterize"] * 2
     assert all(f.severity == "error" for f in found)
+
+
+def test_a_few_shapes_of_a_signature_are_probed_a_process_every_shape_of_a_bug(ext, det):
+    def probed(call):
+        before = set(unwritten.MEMORY.states)
+        call()
+        return len(set(unwritten.MEMORY.states) - before)
+
+    assert probed(lambda: ext.project(_means(8))) == 1
+    # another size with the same tails (not a multiple of 16, nor of 256 elements): not probed
+    assert probed(lambda: ext.project(_means(9))) == 0
+    # a size without a tail along dim 0 is: tails are where a kernel's last tile is skipped
+    assert probed(lambda: ext.project(_means(32))) == 1
+    assert probed(lambda: ext.project(_means(256))) == 1  # 768 elements: no block's tail
+    assert probed(lambda: ext.project(_means(512))) == 0  # its pattern again
+    # a rasterizer found leaving tiles unwritten is probed on every new shape (this one's
+    # tails are the first's)
+    assert probed(lambda: ext.rasterize(torch.rand(40, 48, 3), _mask(), 8, False)) == 1
+    taller = torch.ones(7, 6, dtype=torch.bool)
+    taller[0, 0] = False
+    assert probed(lambda: ext.rasterize(torch.rand(56, 48, 3), taller, 8, False)) == 1
+    found = det.case_finished(CASE)
+    assert {(f.op, f.severity) for f in found} == {
+        (f"{NAME}.project", "info"),
+        (f"{NAME}.rasterize", "error"),
+    }
 
 
 @pytest.mark.parametrize(

@@ -285,7 +285,7 @@ def test_under_torchrun_each_process_owns_its_rank(tmp_path: Path) -> None:
     """torchrun starts the gpucheck processes; each runs the rank torchrun gave it, the
     ranks meet through the shared --out folder, and global rank 0 writes the report."""
     out = tmp_path / "run"
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", **_torchrun_tmp(tmp_path)}
     proc = subprocess.run(
         [
             sys.executable,
@@ -333,6 +333,11 @@ def test_under_torchrun_each_process_owns_its_rank(tmp_path: Path) -> None:
     ]
     assert sorted(clean) == ["rank0/cpu", "rank1/cpu"]
     assert (out / "report.html").exists() and records[-1]["record"] == "end"
+
+
+def _torchrun_tmp(folder: Path) -> dict[str, str]:
+    """torchrun's log folders (torchelastic_*) in the test's folder, not left in /tmp."""
+    return {"TMPDIR": str(folder)}
 
 
 def _port() -> int:
@@ -445,7 +450,7 @@ def test_under_torchrun_a_skewed_rank_stopped_by_sigterm_resumes_its_own_cases(t
              "--nproc-per-node", "2", "--master-port", str(_port()), "-m", "gpucheck.cli",
              "run", "--quiet", *args],
             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+            env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **_torchrun_tmp(tmp_path)},
         )  # fmt: skip
 
     proc = torchrun("--distributed", "--cpu-only", "--suite", str(suite), "--out", str(out))

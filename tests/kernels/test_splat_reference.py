@@ -579,15 +579,20 @@ def _float32_hits(
     m: np.ndarray, con: np.ndarray, op: np.float32, px: np.ndarray, py: np.ndarray
 ) -> np.ndarray:
     """Where the kernel composites one Gaussian, emulated in float32 operation by operation
-    (gaussian_power of csrc/splat/splat_device.cuh, no FMA; expf; the clamp and the 1/255
-    skip): ``m`` [2] its float32 screen mean, ``con`` [3] its float32 conic, ``px``, ``py``
-    float32 pixel centres."""
+    (exponent_coefficients, exponent_column and gaussian_power of csrc/splat/splat_device.cuh,
+    its fmas as one float64 rounding then one to float32; gaussian_exp: 2^(power log2 e); the
+    clamp and the 1/255 skip): ``m`` [2] its float32 screen mean, ``con`` [3] its float32
+    conic, ``px``, ``py`` float32 pixel centres."""
     f32 = np.float32
+
+    def fma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+        return (a.astype(np.float64) * b + c).astype(f32)
+
+    ca, cb, cc = f32(-0.5) * con[0], -con[1], f32(-0.5) * con[2]
     dx, dy = m[0] - px, m[1] - py
-    quad = (con[0] * dx) * dx + (con[2] * dy) * dy
-    power = f32(-0.5) * quad - (con[1] * dx) * dy
+    power = fma(dy, fma(cc, dy, cb * dx), (ca * dx) * dx)
     with np.errstate(over="ignore", under="ignore"):
-        alpha = np.minimum(f32(0.99), op * np.exp(power))
+        alpha = np.minimum(f32(0.99), op * np.exp2(power * f32(math.log2(math.e))))
     return (power <= 0) & (alpha >= f32(1 / 255))
 
 

@@ -40,9 +40,12 @@ def test_records_are_placed_in_the_innermost_call_under_way():
     assert t.window is inner and t.record.kernel_name == "shared_race"
     [t] = tracing.trace(LOG, 0, text, None, Calls([outer]))
     assert t.window is outer
-    # written while gpucheck re-ran a call or hashed its outputs: not the case's
+    # a kernel's record written while gpucheck re-ran a call or hashed its outputs: the
+    # call's under way all the same, marked as written aside; with no call at all, left out
     aside = Aside({LOG: at}, {LOG: at + 10})
-    assert tracing.trace(LOG, 0, text, None, Calls([outer], asides=[aside])) == []
+    [t] = tracing.trace(LOG, 0, text, None, Calls([outer], asides=[aside]))
+    assert t.window is outer and t.aside
+    assert tracing.trace(LOG, 0, text, None, Calls([], asides=[aside])) == []
     # a slice read from byte 100 of the log: its offsets are the log's
     late = Window(0, "ext.op", None, {LOG: 100 + at}, {LOG: 100 + at + 1})
     [t] = tracing.trace(LOG, 100, text, None, Calls([late]))
@@ -73,3 +76,50 @@ def test_an_out_of_bounds_access_names_the_tensor_it_lies_next_to():
     assert first.nearest == (
         "193 bytes after output 0 of ext.add_one_overrun (shape [10000], float32)"
     )
+
+
+def test_a_kernels_record_written_after_its_call_returned_is_that_calls():
+    """compute-sanitizer writes a kernel's record when it has analysed it: on an H100 the
+    case's race and the probe's two re-runs' were all written after the call returned
+    (recorded log), while gpucheck re-ran it."""
+    text = (FIXTURES / "racecheck_smooth_backward_h100.log").read_text()
+    at = [i for i in range(len(text)) if text.startswith("========= Error: Race", i)]
+    call = Window(0, "ext.smooth_backward", "t.py:30 in Smooth.backward", {LOG: 0}, {LOG: 0})
+    probe = Aside({LOG: 0}, {LOG: at[1]}, call=call)  # its first re-runs: the first record
+    again = Aside({LOG: at[1]}, {LOG: at[2]}, call=call)
+    traced = tracing.trace(LOG, 0, text, "racecheck", Calls([call], asides=[probe, again]))
+    assert [(t.window, t.aside) for t in traced] == [(call, True), (call, True), (None, False)]
+    # the third, written after the probe: the latest call whose library defines its kernel
+    other = Window(1, "other.op", None, {LOG: at[2] - 1}, {LOG: at[2] - 1})
+    calls = Calls([call, other], asides=[probe, again])
+    by_library = {"ext.smooth_backward": True, "other.op": False}
+    traced = tracing.trace(LOG, 0, text, "racecheck", calls, lambda op, _: by_library[op])
+    assert [t.window for t in traced] == [call, call, call]
+
+
+def test_a_record_under_way_in_another_librarys_call_goes_to_the_kernels_library():
+    text = (FIXTURES / "racecheck_smooth_backward_h100.log").read_text()
+    first = Window(0, "ext.smooth_backward", None, {LOG: 0}, {LOG: 0})
+    later = Window(1, "other.op", None, {LOG: 0}, {LOG: len(text)})  # under way when written
+    launches = {"ext.smooth_backward": True, "other.op": False}
+    traced = tracing.trace(LOG, 0, text, "racecheck", Calls([first, later]), launches.get)
+    assert {t.window.op for t in traced} == {"ext.smooth_backward"}
+    # where no call's library is known to define the kernel, the call under way keeps it
+    unknown = {"ext.smooth_backward": None, "other.op": None}
+    traced = tracing.trace(LOG, 0, text, "racecheck", Calls([first, later]), unknown.get)
+    assert {t.window.op for t in traced} == {"other.op"}
+    nowhere = {"ext.smooth_backward": False, "other.op": False}
+    traced = tracing.trace(LOG, 0, text, "racecheck", Calls([first, later]), nowhere.get)
+    assert {t.window.op for t in traced} == {"other.op"}
+
+
+def test_initcheck_reads_written_aside_are_marked_not_owned():
+    """An initcheck read during gpucheck's own work is gpucheck's (the marker's read, the
+    probe's): placed on its tensor, marked aside, never given a call to own it."""
+    text = (FIXTURES / "initcheck_uninit_planted_h200.log").read_text()
+    call = Window(0, "ext.rasterize", None, {LOG: 0}, {LOG: 0})
+    alpha = _span(0x7F00A4800800, (8, 4), (4, 1), call=0, output=1)
+    aside = Aside({LOG: 0}, {LOG: len(text)}, call=call)
+    found = tracing.trace(LOG, 0, text, None, Calls([call], [alpha], [aside]))
+    assert len(found) == 20 and all(t.aside and t.span is alpha for t in found)
+    assert all(t.window is None for t in found)

@@ -168,7 +168,7 @@ def test_matrix_step_without_a_run_folder_fails_and_says_so(tmp_path):
     assert row.split()[:2] == ["matrix", "1"] and "no results.jsonl" in row
 
 
-def _run(folder: Path, cases: dict[str, tuple[str, float]]) -> None:
+def _run(folder: Path, cases: dict[str, tuple[str, float]], cost: dict | None = None) -> None:
     folder.mkdir(parents=True)
     lines = [
         json.dumps(
@@ -181,6 +181,7 @@ def _run(folder: Path, cases: dict[str, tuple[str, float]]) -> None:
                 "status": "passed",
                 "duration_s": d,
                 "findings": [],
+                "cost_s": cost or {},
             }
         )
         for c, (s, d) in cases.items()
@@ -192,7 +193,8 @@ def test_cost_table_pairs_each_setting_on_both_cards(tmp_path):
     off = {"a": ("knn", 1.0), "b": ("ssim", 2.0), "only_off": ("knn", 9.0)}
     on = {"a": ("knn", 1.5), "b": ("ssim", 2.0)}
     for lab, cases in (("on_a", on), ("off_a", off), ("on_b", on), ("off_b", off)):
-        _run(tmp_path / f"cost_{lab}", cases)
+        spent = {"unwritten-output": 0.25, "memory-layout": 0.5} if lab == "on_a" else None
+        _run(tmp_path / f"cost_{lab}", cases, spent)
     proc = subprocess.run(
         [sys.executable, str(STEPS / "tables.py"), "cost", str(tmp_path)],
         capture_output=True,
@@ -202,8 +204,12 @@ def test_cost_table_pairs_each_setting_on_both_cards(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "cost: 2 cases passed in all four runs" in proc.stdout
     # (1.5 + 2.0) / (1.0 + 2.0) over both pairs; per case 1.5 and 1.0
-    assert proc.stdout.strip().splitlines()[-1] == (
-        "detectors on / off: 1.167 (sum of case time of 2 cases), per-case median 1.250"
+    *_, ratio, spent = proc.stdout.strip().splitlines()
+    assert ratio == "detectors on / off: 1.167 (sum of case time of 2 cases), per-case median 1.250"
+    # each detector's seconds over the two runs with detectors on, their mean (one run here)
+    assert spent == (
+        "cost_s of the detectors on (mean of the two runs): memory-layout 0.50 s, "
+        "unwritten-output 0.25 s"
     )
     assert re.search(r"knn +1 cases +on +1\.50 s +off +1\.00 s +ratio 1\.500", proc.stdout)
 

@@ -6,12 +6,23 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
+from gpucheck import processes
 from gpucheck.worker import guard
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+
+def _exec_done(proc: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+    """``proc`` once its command line can be read: a child just forked under load can show an
+    empty one for a moment, mid-exec (the lists compared here name the command)."""
+    deadline = time.monotonic() + 10
+    while not processes.cmdline(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return proc
 
 
 @pytest.fixture
@@ -25,7 +36,7 @@ def children():
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_live_children_lists_running_children_with_their_command_line(children):
-    children.append(subprocess.Popen(SLEEPER))
+    children.append(_exec_done(subprocess.Popen(SLEEPER)))
     done = subprocess.Popen([sys.executable, "-c", "pass"])
     done.wait()  # reaped: gone
     zombie = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -52,7 +63,7 @@ def test_a_child_another_thread_started_is_listed_too(children):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_without_children_lists_every_process_of_proc_is_scanned(children, monkeypatch):
     """A kernel without the children lists: the scan of /proc finds the same children."""
-    children.append(subprocess.Popen(SLEEPER))
+    children.append(_exec_done(subprocess.Popen(SLEEPER)))
     listed = guard.live_children()
     real_open = open
 

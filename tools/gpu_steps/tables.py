@@ -139,6 +139,15 @@ def cost(work: Path) -> int:
         f"detectors on / off: {total:.3f} (sum of case time of {len(common)} cases), "
         f"per-case median {statistics.median(ratios):.3f}"
     )
+    spent: Counter[str] = Counter()
+    for lab in ("on_a", "on_b"):
+        for r in records(work / f"cost_{lab}"):
+            if r.get("record") == "case":
+                spent.update({k: v / 2 for k, v in (r.get("cost_s") or {}).items()})
+    print(
+        "cost_s of the detectors on (mean of the two runs): "
+        + ", ".join(f"{k} {v:.2f} s" for k, v in spent.most_common(8))
+    )
     return 0
 
 

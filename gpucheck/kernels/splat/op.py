@@ -27,7 +27,9 @@ scope). Losses may use ``image``, ``alpha`` and ``depth``, and also ``means2d``,
 ``colors`` of the result; a gradient on ``conics`` of a Gaussian with radius 0 is dropped (the
 kernel returns zeros there, the reference the conic it computed anyway). Gradients are
 accumulated with float atomics, so they are reproducible to rounding, not bitwise; the forward
-is bitwise deterministic.
+is bitwise deterministic. The environment variable ``GPUCHECK_SPLAT_BACKWARD_PIXELS`` (2 or 4;
+tuning and tests only) sets how many pixels each thread of the render backward walks; it
+changes the speed and the summation order, nothing else.
 
 **Half precision.** The Gaussian parameters (``means``, ``scales``, ``rotations``,
 ``opacities``, ``colors`` / ``sh``, ``background``) are all float32, all bfloat16 or all

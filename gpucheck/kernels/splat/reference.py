@@ -272,10 +272,10 @@ def _tile_box(
     ``opacity * exp(-q / 2) >= 1/255`` needs ``q = d^T cov2d^-1 d <= t = 2 ln(255 opacity)``:
     nowhere when ``opacity < 1/255``, else inside the ellipse's bounding box ``sqrt(t Sxx)``,
     ``sqrt(t Syy)``. The ``TILE_BOX_*`` margins widen it so that the float32 kernel's alpha
-    (screen mean and conic rounded to float32, ``expf``) cannot reach 1/255 outside it either
-    (csrc/splat/splat_cuda.cu, ``tile_box``, has the derivation); ellipses too thin and tilted
-    for that bound (skew ``Sxx Syy / det`` above ``TILE_BOX_MAX_SKEW``) get an infinite box,
-    i.e. the square alone.
+    (screen mean and conic rounded to float32, the exponent with fmas, ``ex2`` for ``exp``)
+    cannot reach 1/255 outside it either (csrc/splat/splat_cuda.cu, ``tile_box``, has the
+    derivation); ellipses too thin and tilted for that bound (skew ``Sxx Syy / det`` above
+    ``TILE_BOX_MAX_SKEW``) get an infinite box, i.e. the square alone.
     """
     reaches = opacities >= ALPHA_MIN
     skew = sxx * syy / torch.where(det > 0, det, torch.ones_like(det))

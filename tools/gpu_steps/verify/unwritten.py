@@ -20,10 +20,19 @@ printed as PASS/FAIL with the evidence:
    test_unwritten_gpu.py:N``); the projection's copy of culled rows is no error; a case that
    prints more records than compute-sanitizer's limit ends its worker with a
    ``sanitizer-limit`` finding that says how many were dropped, and the next case still has
-   its own records (a fresh worker);
-3. ``--mode sanitizer:racecheck``: the race is ``data-race`` naming the backward op;
-4. ``--mode sanitizer:memcheck``: the overrun is ``out-of-bounds`` naming the op and
-   ``... bytes after output 0``.
+   its own records (a fresh worker); the masked case's ``last_ids``, never written either,
+   is no marker of ``alpha`` (initcheck reports gpucheck's read of it right after the call);
+   the fixed twin is clean there too (no record of gpucheck's own reads in its slice);
+3. ``--mode sanitizer:racecheck``: the race is one ``data-race`` naming the backward op,
+   though compute-sanitizer writes its records after the call returned (while the probe
+   re-runs it);
+4. ``--mode sanitizer:memcheck``: the overrun is ``out-of-bounds`` naming the op and the
+   tensor it allocated (``1 bytes after a tensor ... allocated while it ran``), though the
+   tool ends the worker inside the call (the controller traces it from the calls the worker
+   wrote under way).
+
+The extension's entry points take any layout (``.contiguous()``), so the memory-layout check
+has nothing to say: the checks above test what they mean.
 
 The messages found are printed, so the log shows what a user reads. The suite reads the
 outputs through torch's copy kernel (a dtype conversion), as in the field's report; a plain
@@ -63,8 +72,9 @@ __global__ void project_kernel(const float* means, float* xy, float* depth, int*
   radii[i] = 3;
 }
 
-std::vector<at::Tensor> project(const at::Tensor& means) {  // [N, 3]
-  const c10::cuda::OptionalCUDAGuard guard(device_of(means));
+std::vector<at::Tensor> project(const at::Tensor& means_in) {  // [N, 3]
+  const c10::cuda::OptionalCUDAGuard guard(device_of(means_in));
+  const auto means = means_in.contiguous();  // the kernel indexes it as contiguous
   auto n = means.size(0);
   auto xy = at::empty({n, 2}, means.options());
   auto depth = at::empty({n}, means.options());
@@ -87,10 +97,11 @@ __global__ void raster_kernel(const float* colors, const bool* mask, float* alph
   last[p] = 1;
 }
 
-std::vector<at::Tensor> rasterize(const at::Tensor& colors,  // [H, W, 3]
-                                  const at::Tensor& mask,    // [H/tile, W/tile] bool
+std::vector<at::Tensor> rasterize(const at::Tensor& colors_in,  // [H, W, 3]
+                                  const at::Tensor& mask_in,    // [H/tile, W/tile] bool
                                   int64_t tile, bool fixed) {
-  const c10::cuda::OptionalCUDAGuard guard(device_of(colors));
+  const c10::cuda::OptionalCUDAGuard guard(device_of(colors_in));
+  const auto colors = colors_in.contiguous(), mask = mask_in.contiguous();
   auto h = colors.size(0), w = colors.size(1);
   auto ints = colors.options().dtype(at::kInt);
   auto alpha = fixed ? at::zeros({h, w, 1}, colors.options())
@@ -113,8 +124,9 @@ __global__ void smooth_backward_kernel(const float* g, float* out, int n) {
   if (i < n) out[i] = 0.5f * (tile[threadIdx.x] + left);
 }
 
-at::Tensor smooth_backward(const at::Tensor& grad) {  // [N]
-  const c10::cuda::OptionalCUDAGuard guard(device_of(grad));
+at::Tensor smooth_backward(const at::Tensor& grad_in) {  // [N]
+  const c10::cuda::OptionalCUDAGuard guard(device_of(grad_in));
+  const auto grad = grad_in.contiguous();
   auto out = at::empty_like(grad);
   int n = grad.numel();
   smooth_backward_kernel<<<(n + 255) / 256, 256, 0, c10::cuda::getCurrentCUDAStream()>>>(
@@ -128,8 +140,9 @@ __global__ void overrun_kernel(const float* x, float* out, int64_t n) {
   if (i <= n) out[i] = x[i < n ? i : 0] + 1.f;  // i == n: one element past the end
 }
 
-at::Tensor overrun(const at::Tensor& x) {  // [N]
-  const c10::cuda::OptionalCUDAGuard guard(device_of(x));
+at::Tensor overrun(const at::Tensor& x_in) {  // [N]
+  const c10::cuda::OptionalCUDAGuard guard(device_of(x_in));
+  const auto x = x_in.contiguous();
   auto out = at::empty_like(x);
   int64_t n = x.numel();
   overrun_kernel<<<(n + 256) / 256, 256, 0, c10::cuda::getCurrentCUDAStream()>>>(
@@ -319,16 +332,28 @@ check(
 
 # 2. initcheck
 init = run("initcheck", "--mode", "sanitizer:initcheck", **env)
-traced = messages(init.get("test_4_masked", {}), "unwritten-output")
+masked4 = init.get("test_4_masked", {})
+traced = messages(masked4, "unwritten-output")
 check(
-    "initcheck: torch's copy of the masked alpha is traced to the op and the test's line",
+    "initcheck: torch's copy of the masked alpha is traced to the op and the test's line "
+    "(last_ids, never written either, is no marker)",
     any(
-        "output 0 (alpha) of `" in m
-        and "was never written at" in m
+        f["kind"] == "unwritten-output"
+        and f["severity"] == "error"
+        and f"output 0 (alpha) of `{NAME}.rasterize` was never written at 512 element" in m
         and "read by torch's copy at test_unwritten_gpu.py:" in m
-        for m in traced
-    ),
+        for f in masked4.get("findings", [])
+        for m in [f["message"]]
+    )
+    and not any("by design" in m for m in traced),
     "; ".join(m[:220] for m in traced),
+)
+fixed = init.get("test_5_fixed", {})
+check(
+    "initcheck: the fixed twin is clean (gpucheck's own reads of the masked case's outputs "
+    "are not in its slice)",
+    fixed.get("status") == "passed" and not kinds(fixed, "error"),
+    f"{[(f['kind'], f['message'][:160]) for f in fixed.get('findings', [])]}",
 )
 check(
     "initcheck: the projection's copy of culled rows is no error",
@@ -348,8 +373,11 @@ check(
 race = run("racecheck", "--mode", "sanitizer:racecheck", **env)
 races = messages(race.get("test_6_race", {}), "data-race")
 check(
-    "racecheck: the shared-memory race is a data-race naming the backward op",
-    any(f"`{NAME}.smooth_backward` launched" in m for m in races),
+    "racecheck: the shared-memory race is one data-race naming the backward op (its records "
+    "written after the call returned, the probe's re-runs' too)",
+    len(races) == 1
+    and races[0].startswith(f"`{NAME}.smooth_backward` launched smooth_backward_kernel, which ")
+    and "in Smooth.backward" in races[0],
     "; ".join(races),
 )
 
@@ -357,8 +385,17 @@ check(
 mem = run("memcheck", "--mode", "sanitizer:memcheck", **env)
 oob = messages(mem.get("test_7_overrun", {}), "out-of-bounds")
 check(
-    "memcheck: the overrun is out-of-bounds naming the op and its output",
-    any(f"`{NAME}.overrun` launched" in m and "after output 0 of" in m for m in oob),
+    "memcheck: the overrun is out-of-bounds naming the op and the tensor it allocated, "
+    "though the tool ended the worker inside the call",
+    any(
+        f"`{NAME}.overrun` launched overrun_kernel" in m
+        and (
+            f"1 bytes after a tensor {NAME}.overrun allocated while it ran (shape [1000]" in m
+            or "1 bytes after output 0 of" in m  # had the worker lived to see it returned
+        )
+        and "test_unwritten_gpu.py:" in m
+        for m in oob
+    ),
     "; ".join(oob),
 )
 
