@@ -13,7 +13,12 @@ backward of ``1 - ssim(img1, img2)`` with img1 requiring grad, as in 3DGS):
 * enqueue: host (CPU) time to issue one call, with no synchronisation;
 * peak: ``max_memory_allocated`` above the inputs (train: includes the gradient of img1).
 
-Usage: ``python benchmarks/ssim.py [--json FILE] [--quick] [--ref] [--profile | --host]
+With ``--peer``, fused-ssim (``import fused_ssim``: the peer, installed from its sources) is
+timed in the same process on the same inputs, float32 rows, in rounds that alternate ours and
+the peer's (median of the rounds; the ratio is the median of each round's ratio), and issue 61's
+training target is judged on those numbers instead of the recorded ones.
+
+Usage: ``python benchmarks/ssim.py [--json FILE] [--quick] [--ref] [--peer] [--profile | --host]
 [--shape BxCxHxW]``
 """
 
@@ -37,10 +42,18 @@ from gpucheck.kernels.ssim.reference import ssim as ref_ssim
 SIZES = [(5, 3, 1080, 1920), (1, 3, 1080, 1920), (5, 1, 1500, 1500)]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # fused-ssim, measured by us on one H200 (Nov 2026; HISTORY.md, "Peers"): (inference, train).
-PEERS = {
+PEERS: dict[tuple[int, ...], tuple[float, float]] = {
     (5, 3, 1080, 1920): (0.573, 1.584),
     (1, 3, 1080, 1920): (0.133, 0.365),
     (5, 1, 1500, 1500): (0.227, 0.618),
+}
+# Issue 61's targets per card model: float32 inference of 5x3x1080x1920 at >= this share of the
+# read floor (the two images at half the read+write copy rate), and training steps >= 2x as
+# fast as fused-ssim's, measured side by side on that card model (fused-ssim's train ms by
+# shape: one H100, 2026-12-07; one H200, 2026-11-28).
+TARGETS: dict[str, tuple[float, dict[tuple[int, ...], float]]] = {
+    "H100": (0.75, {(5, 3, 1080, 1920): 1.824, (1, 3, 1080, 1920): 0.529}),
+    "H200": (0.60, {(5, 3, 1080, 1920): 1.753, (1, 3, 1080, 1920): 0.608}),
 }
 
 
@@ -165,6 +178,64 @@ def bench_case(
     return out
 
 
+def load_peer() -> Callable[..., torch.Tensor]:
+    """fused-ssim's loss as ``impl(x, y, train=...)`` (its mean SSIM); SystemExit with a clear
+    message where it is not installed."""
+    try:
+        from fused_ssim import fused_ssim
+    except ImportError as exc:
+        raise SystemExit(
+            f"--peer: fused-ssim is not importable ({exc}); install it from its sources"
+        ) from None
+
+    def peer(x: torch.Tensor, y: torch.Tensor, train: bool = True) -> torch.Tensor:
+        return fused_ssim(x, y, train=train)
+
+    return peer
+
+
+def side_by_side(
+    peer: Callable[..., torch.Tensor],
+    shape: tuple[int, ...],
+    device: torch.device,
+    reps: int,
+    rounds: int = 5,
+) -> dict[str, Any]:
+    """Ours and the peer on the same float32 inputs, `rounds` alternating rounds of `reps`
+    CUDA-event-timed calls each (inference, then the training step of ``1 - ssim``): medians of
+    the rounds' medians, the median of each round's peer / ours ratio, and |ours - peer| of the
+    mean on one pair (the two compute the same function: a guard on the timings)."""
+    sets = rotation(shape, torch.float32, device)
+    leaves = [x.clone().requires_grad_(True) for x, _ in sets]
+
+    def runner(impl: Callable[..., torch.Tensor], train: bool) -> Callable[[int], Any]:
+        def infer(i: int) -> torch.Tensor:
+            x, y = sets[i % len(sets)]
+            return impl(x, y, train=False)
+
+        def step(i: int) -> None:
+            a = leaves[i % len(leaves)]
+            a.grad = None
+            (1 - impl(a, sets[i % len(sets)][1])).backward()
+
+        return step if train else infer
+
+    out: dict[str, Any] = {"rounds": rounds}
+    for kind, train in (("infer", False), ("train", True)):
+        ours_t, peer_t = [], []
+        for _ in range(rounds):
+            ours_t.append(time_ms(runner(ssim, train), reps, 5))
+            peer_t.append(time_ms(runner(peer, train), reps, 5))
+        out[f"{kind}_ms"] = statistics.median(ours_t)
+        out[f"peer_{kind}_ms"] = statistics.median(peer_t)
+        out[f"{kind}_ratio"] = statistics.median(p / o for o, p in zip(ours_t, peer_t, strict=True))
+    x, y = sets[0]
+    out["abs_diff_vs_peer"] = abs(float(ssim(x, y, train=False)) - float(peer(x, y, train=False)))
+    for a in leaves:
+        a.grad = None
+    return out
+
+
 def autograd_floor(device: torch.device) -> tuple[float, float]:
     """Host time (µs) to issue ``(1 - a.sum()).backward()`` on a small CUDA leaf, and the
     step's CUDA-event time (ms, as the train column is timed): the autograd engine's own cost
@@ -271,6 +342,46 @@ def host_breakdown(device: torch.device, shape: tuple[int, ...], rounds: int = 2
     return 0
 
 
+def print_targets(rows: list[dict[str, Any]], rate: float, card: str) -> None:
+    """Print issue 61's target lines for this card model (float32 rows), met or not."""
+    model = next((m for m in TARGETS if m in card), None)
+    if model is None:
+        print(f"\nno issue-61 targets for {card} (H100 and H200 only)")
+        return
+    floor_share, fused_train = TARGETS[model]
+    print(f"\nissue-61 targets ({model}):")
+    for r in rows:
+        shape = tuple(r["shape"])
+        if r["dtype"] != "float32":
+            continue
+        name = "x".join(map(str, shape))
+        if shape == (5, 3, 1080, 1920):
+            floor = 2 * math.prod(shape) * 4 / (rate / 2) * 1e3
+            share = floor / r["infer_ms"]
+            met = "met" if share >= floor_share else "MISSED"
+            print(
+                f"  {name} float32 inference {r['infer_ms']:.3f} ms = {100 * share:.0f} % of the "
+                f"read floor {floor:.3f} ms; target >= {100 * floor_share:.0f} %: {met}"
+            )
+        side = r.get("peer")
+        if side is not None:
+            met = "met" if side["train_ratio"] >= 2 else "MISSED"
+            print(
+                f"  {name} float32 train {side['train_ms']:.3f} ms = {side['train_ratio']:.2f}x "
+                f"fused-ssim ({side['peer_train_ms']:.3f} ms in this process, median of "
+                f"{side['rounds']} alternating rounds); target >= 2x: {met}"
+            )
+            continue
+        fused = fused_train.get(shape)
+        if fused is not None:
+            ratio = fused / r["train_ms"]
+            met = "met" if ratio >= 2 else "MISSED"
+            print(
+                f"  {name} float32 train {r['train_ms']:.3f} ms = {ratio:.2f}x fused-ssim "
+                f"({fused} ms on an {model}); target >= 2x: {met}"
+            )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", default=None, help="write all numbers to this file")
@@ -288,6 +399,11 @@ def main() -> int:
         action="store_true",
         help="only print the host-time breakdown of a train step (fp32)",
     )
+    parser.add_argument(
+        "--peer",
+        action="store_true",
+        help="also time fused-ssim (installed) side by side in this process (fp32 rows)",
+    )
     parser.add_argument("--shape", default=None, help="only this shape, e.g. 1x3x1080x1920")
     args = parser.parse_args()
     device = torch.device("cuda", torch.cuda.current_device())
@@ -297,6 +413,7 @@ def main() -> int:
         return profile_train(device, sizes[0])
     if args.host:
         return host_breakdown(device, sizes[0])
+    peer = load_peer() if args.peer else None
     reps, warmup = (20, 5) if args.quick else (60, 10)
     rate = copy_rate(device)
     props = torch.cuda.get_device_properties(device)
@@ -328,6 +445,11 @@ def main() -> int:
             "train_floor_frac": 5 * image_bytes / rate * 1e3 / ours["train_ms"],
             "ref": ref,
             "abs_err_mean_vs_f64": check(shape, device) if dtype == torch.float32 else None,
+            "peer": (
+                side_by_side(peer, shape, device, max(reps, 40))
+                if peer is not None and dtype == torch.float32
+                else None
+            ),
         }
         rows.append(row)
         print(json.dumps(row))
@@ -354,7 +476,15 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         shape = tuple(r["shape"])
-        peer = PEERS.get(shape) if r["dtype"] == "float32" else None
+        side = r.get("peer")
+        recorded = PEERS.get(shape) if r["dtype"] == "float32" else None
+        fused = (
+            f"{side['peer_infer_ms']:.3f} / {side['peer_train_ms']:.3f} (this process; ours "
+            f"{side['infer_ms']:.3f} / {side['train_ms']:.3f}: {side['infer_ratio']:.2f}x / "
+            f"{side['train_ratio']:.2f}x)"
+            if side
+            else (f"{recorded[0]} / {recorded[1]} (recorded)" if recorded else "-")
+        )
         cells = [
             "x".join(map(str, shape)),
             r["dtype"],
@@ -369,9 +499,10 @@ def main() -> int:
             f"{r['train_ms'] - r['train_kernel_ms']:.3f}",
             f"{r['train_enqueue_us']:.0f}",
             f"{r['infer_peak_mib']:.1f} / {r['train_peak_mib']:.1f}",
-            f"{peer[0]} / {peer[1]}" if peer else "-",
+            fused,
         ]
         print("| " + " | ".join(cells) + " |")
+    print_targets(rows, rate, props.name)
     return 0
 
 

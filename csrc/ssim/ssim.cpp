@@ -101,21 +101,22 @@ cudaStream_t launch_stream() {
 #endif
 }
 
-// The mean of the SSIM map (0-dim, x's dtype): the forward kernel's per-block partial sums,
-// then one reduction kernel.
-at::Tensor forward_mean(const at::Tensor& x, const at::Tensor& y, const ssim::Geometry& geo,
-                        ssim::Dtype dtype, int64_t blocks, cudaStream_t stream) {
-  const auto acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  at::Tensor partials = at::empty({blocks}, x.options().dtype(acc));  // [blocks] scratch
+// The mean of the SSIM map (0-dim, x's dtype) from the sums of its cells (`partials`, written
+// by the forward or the backward kernel): one reduction kernel.
+at::Tensor mean_of_cells(const at::Tensor& x, const at::Tensor& partials, const ssim::Geometry& geo,
+                         ssim::Dtype dtype, cudaStream_t stream) {
   at::Tensor out = at::empty({}, x.options());
-  check_cuda_call(ssim::launch_forward(dtype, x.data_ptr(), y.data_ptr(), geo, nullptr,
-                                       partials.data_ptr(), stream));
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
   const double count = static_cast<double>(geo.planes) * geo.out_height() * geo.out_width();
-  check_cuda_call(ssim::launch_mean(dtype, partials.data_ptr(), blocks, 1.0 / count,
+  check_cuda_call(ssim::launch_mean(dtype, partials.data_ptr(), partials.numel(), 1.0 / count,
                                     out.data_ptr(), stream));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
+}
+
+// Scratch for the sums of the map's cells ([mean_cells], float32, float64 for float64).
+at::Tensor cell_sums(const at::Tensor& x, const ssim::Geometry& geo) {
+  const auto acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  return at::empty({ssim::mean_cells(geo)}, x.options().dtype(acc));
 }
 
 // Returns the SSIM map ([B, C, H', W'], the images' dtype) or its mean (0-dim).
@@ -130,8 +131,7 @@ at::Tensor ssim_forward(const at::Tensor& img1,  // [B, C, H, W]
   const at::Tensor y = img2.contiguous();
   const ssim::Geometry geo = geometry(x, opt.valid);
   const ssim::Dtype dtype = to_dtype(x.scalar_type());
-  const int64_t blocks = ssim::forward_blocks(dtype, geo);
-  check_grid(blocks, kForward, x);
+  check_grid(ssim::forward_blocks(dtype, geo, opt.mean), kForward, x);
   const cudaStream_t stream = launch_stream();
 
   if (!opt.mean) {
@@ -143,7 +143,11 @@ at::Tensor ssim_forward(const at::Tensor& img1,  // [B, C, H, W]
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return map;
   }
-  return forward_mean(x, y, geo, dtype, blocks, stream);
+  at::Tensor partials = cell_sums(x, geo);
+  check_cuda_call(ssim::launch_forward(dtype, x.data_ptr(), y.data_ptr(), geo, nullptr,
+                                       partials.data_ptr(), stream));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return mean_of_cells(x, partials, geo, dtype, stream);
 }
 
 // Returns (d loss / d img1, d loss / d img2); the second is an empty [0] tensor unless
@@ -182,7 +186,7 @@ std::tuple<at::Tensor, at::Tensor> ssim_backward(
   const double count = static_cast<double>(geo.planes) * geo.out_height() * geo.out_width();
   check_cuda_call(ssim::launch_backward(dtype, g.data_ptr(), opt.mean, 1.0 / count,
                                         x.data_ptr(), y.data_ptr(), geo, grad1.data_ptr(),
-                                        need_grad2 ? grad2.data_ptr() : nullptr,
+                                        need_grad2 ? grad2.data_ptr() : nullptr, nullptr,
                                         launch_stream()));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {grad1, grad2};
@@ -190,9 +194,12 @@ std::tuple<at::Tensor, at::Tensor> ssim_backward(
 
 // The training step's forward with reduction = mean: returns (mean SSIM, grad_scale *
 // d mean / d img1, grad_scale * d mean / d img2); the last is an empty [0] tensor unless
-// need_grad2. Three kernels (forward, mean, backward with an upstream gradient of grad_scale)
-// from one op call: the autograd Function below runs the backward kernel ahead, while the host
-// is still in the autograd engine, and its backward pass only scales the result (ssim_scale_).
+// need_grad2. Two kernels from one op call: the backward kernel, for an upstream gradient of
+// grad_scale, which also writes the sums of the map's cells (the same values, bit for bit, as
+// the forward kernel's: the mean equals ssim_forward's), then the mean of those. No forward
+// kernel: the backward recomputes the moments anyway. The autograd Function below runs this
+// ahead, while the host is still in the autograd engine, and its backward pass only scales the
+// gradient (ssim_scale_).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> ssim_train(
     const at::Tensor& img1,  // [B, C, H, W]
     const at::Tensor& img2,  // [B, C, H, W]
@@ -207,18 +214,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ssim_train(
   const at::Tensor y = img2.contiguous();
   const ssim::Geometry geo = geometry(x, opt.valid);
   const ssim::Dtype dtype = to_dtype(x.scalar_type());
-  const int64_t blocks = ssim::forward_blocks(dtype, geo);
-  check_grid(blocks, kTrain, x);
   check_grid(ssim::backward_blocks(geo), kTrain, x);
   const cudaStream_t stream = launch_stream();
-  at::Tensor out = forward_mean(x, y, geo, dtype, blocks, stream);
+  at::Tensor partials = cell_sums(x, geo);
   at::Tensor grad1 = at::empty_like(x);
   at::Tensor grad2 = need_grad2 ? at::empty_like(y) : at::empty({0}, y.options());
   const double count = static_cast<double>(geo.planes) * geo.out_height() * geo.out_width();
   check_cuda_call(ssim::launch_backward(dtype, nullptr, true, grad_scale / count, x.data_ptr(),
                                         y.data_ptr(), geo, grad1.data_ptr(),
-                                        need_grad2 ? grad2.data_ptr() : nullptr, stream));
+                                        need_grad2 ? grad2.data_ptr() : nullptr,
+                                        partials.data_ptr(), stream));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+  at::Tensor out = mean_of_cells(x, partials, geo, dtype, stream);
   return {out, grad1, grad2};
 }
 
@@ -310,17 +317,17 @@ double ahead_grad_scale(const at::Tensor& img,  // [B, C, H, W]
 
 // Forward saves references to the two images (no memory: they are inputs) and the two options. With
 // reduction = mean (the training loss), the upstream gradient is a scalar, so the forward (one op,
-// ssim_train) launches the backward kernel right after the forward kernel, for an upstream gradient
-// of grad_scale = -ahead_grad_scale (-1, or minus a power of two for float16): the upstream
-// gradient of the usual loss, 1 - ssim, is -1. The backward pass then only scales that gradient by
-// the actual upstream gradient / grad_scale (ssim_scale_: an elementwise kernel whose threads
-// return at once when that factor is 1, i.e. for 1 - ssim in float32, bfloat16 and float64). The
-// GPU runs the backward kernel while the host goes through the autograd engine (about 0.15-0.2 ms
-// of host time per step on the H200 machine, most of it the hand-over to the engine's device
-// thread), instead of waiting for it. The buffer is the gradient that the backward returns, so peak
-// memory is unchanged; it is held from the forward to the backward. A second backward through the
-// same graph (retain_graph) recomputes with ssim_backward. reduction = none: ssim_backward in the
-// backward pass (the upstream gradient is a map, known only then).
+// ssim_train) launches the backward kernel, which also sums the map for the mean, for an upstream
+// gradient of grad_scale = -ahead_grad_scale (-1, or minus a power of two for float16): the
+// upstream gradient of the usual loss, 1 - ssim, is -1. The backward pass then only scales that
+// gradient by the actual upstream gradient / grad_scale (ssim_scale_: an elementwise kernel whose
+// threads return at once when that factor is 1, i.e. for 1 - ssim in float32, bfloat16 and
+// float64). The GPU runs the backward kernel while the host goes through the autograd engine (about
+// 0.15-0.2 ms of host time per step on the H200 machine, most of it the hand-over to the engine's
+// device thread), instead of waiting for it. The buffer is the gradient that the backward returns,
+// so peak memory is unchanged; it is held from the forward to the backward. A second backward
+// through the same graph (retain_graph) recomputes with ssim_backward. reduction = none:
+// ssim_backward in the backward pass (the upstream gradient is a map, known only then).
 class SsimFunction : public torch::autograd::Function<SsimFunction> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx,

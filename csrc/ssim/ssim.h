@@ -29,14 +29,17 @@ struct Geometry {
   int out_width() const { return valid ? width - 10 : width; }
 };
 
-// Thread blocks of the forward kernel (= number of per-block partial sums with mean).
-int64_t forward_blocks(Dtype dtype, const Geometry& geo);
+// Thread blocks of the forward kernel (`mean`: reduction = mean).
+int64_t forward_blocks(Dtype dtype, const Geometry& geo, bool mean);
 // Thread blocks of the backward kernel.
 int64_t backward_blocks(const Geometry& geo);
+// Cells of the mean (ssim_device.cuh): the partial sums that either kernel writes with
+// reduction = mean, [planes, ceil((height + 5) / 16), ceil((width + 5) / 116)].
+int64_t mean_cells(const Geometry& geo);
 
 // Forward pass in one kernel. Exactly one of `map` (dtype, [planes, out_h, out_w]) and
-// `partials` (float32, or float64 for kFloat64; [forward_blocks]) is non-null: the SSIM map,
-// or each block's sum of its map values (reduction = mean). Returns the error of setting the
+// `partials` (float32, or float64 for kFloat64; [mean_cells]) is non-null: the SSIM map, or
+// the sum of the map over each cell (reduction = mean). Returns the error of setting the
 // kernel's shared-memory attribute (the launch itself is checked by the caller).
 cudaError_t launch_forward(Dtype dtype, const void* img1, const void* img2, const Geometry& geo,
                            void* map, void* partials, cudaStream_t stream);
@@ -49,11 +52,13 @@ cudaError_t launch_mean(Dtype dtype, const void* partials, int64_t count, double
 // Backward pass in one kernel, recomputing the moments from the images (nothing is saved by
 // the forward). `grad` has `dtype`: one element when `grad_is_scalar` (reduction = mean; the
 // per-pixel gradient is grad[0] * scale, or `scale` when grad is null), else
-// [planes, out_h, out_w]. Writes grad1
-// ([planes, height, width], dtype) and, when non-null, grad2.
+// [planes, out_h, out_w]. Writes grad1 ([planes, height, width], dtype) and, when non-null,
+// grad2 and `partials` ([mean_cells], as launch_forward's: the same values, bit for bit, so
+// that launch_mean gives the forward's mean; the training step's forward needs no forward
+// kernel).
 cudaError_t launch_backward(Dtype dtype, const void* grad, bool grad_is_scalar, double scale,
                             const void* img1, const void* img2, const Geometry& geo, void* grad1,
-                            void* grad2, cudaStream_t stream);
+                            void* grad2, void* partials, cudaStream_t stream);
 
 // In place: grad[0..n) *= upstream[0] * factor (`grad` and the one-element `upstream` have
 // `dtype`), computed in the accumulator type with one rounding for 16-bit types when `factor`

@@ -2,10 +2,11 @@
 
 The kernels (csrc/ssim) compute the same function as :func:`gpucheck.reference.ssim`:
 an 11×11 Gaussian window (sigma 1.5), C1 = 0.01², C2 = 0.03², zero padding. With
-``reduction="mean"`` (a training loss) the forward also computes the gradient at once
-(``ssim_train``; it is the buffer the backward returns, so no extra memory) and the backward
-only scales it (``ssim_scale_``); otherwise the backward recomputes the window moments from the
-inputs (nothing saved but references to them). Autograd is registered in C++
+``reduction="mean"`` (a training loss) the forward runs the backward kernel at once
+(``ssim_train``: it also sums the map for the mean, bit for bit as the forward kernel does, so
+no forward kernel runs; the gradient is the buffer the backward returns, so no extra memory)
+and the backward only scales it (``ssim_scale_``); otherwise the backward recomputes the window
+moments from the inputs (nothing saved but references to them). Autograd is registered in C++
 (csrc/ssim/ssim.cpp).
 
 Accuracy: float32 arithmetic (float64 for float64 images; 16-bit images are computed in
