@@ -139,6 +139,26 @@ def peak_mib(fn: Callable[[], Any], device: torch.device) -> float:
     return (torch.cuda.max_memory_allocated(device) - base) / 2**20
 
 
+def calls(
+    impl: Callable[..., torch.Tensor],
+    sets: list[tuple[torch.Tensor, torch.Tensor]],
+    leaves: list[torch.Tensor],
+) -> tuple[Callable[[int], torch.Tensor], Callable[[int], None]]:
+    """fn(i) for inference (``impl(x, y, train=False)``) and for the training step (forward and
+    backward of ``1 - impl(a, y)``, a a leaf clone of x), the inputs rotated by i."""
+
+    def infer(i: int) -> torch.Tensor:
+        x, y = sets[i % len(sets)]
+        return impl(x, y, train=False)
+
+    def train(i: int) -> None:
+        a = leaves[i % len(leaves)]
+        a.grad = None
+        (1 - impl(a, sets[i % len(sets)][1])).backward()
+
+    return infer, train
+
+
 def bench_case(
     impl: Callable[..., torch.Tensor],
     shape: tuple[int, ...],
@@ -151,16 +171,7 @@ def bench_case(
     """Time, kernel time, host enqueue time and peak memory of inference and train."""
     sets = rotation(shape, dtype, device)
     leaves = [x.clone().requires_grad_(True) for x, _ in sets]
-
-    def infer(i: int) -> torch.Tensor:
-        x, y = sets[i % len(sets)]
-        return impl(x, y, train=False)
-
-    def train(i: int) -> None:
-        a = leaves[i % len(leaves)]
-        a.grad = None
-        loss = 1 - impl(a, sets[i % len(sets)][1])
-        loss.backward()
+    infer, train = calls(impl, sets, leaves)
 
     out: dict[str, Any] = {
         "infer_ms": time_ms(infer, reps, warmup),
@@ -209,16 +220,7 @@ def side_by_side(
     leaves = [x.clone().requires_grad_(True) for x, _ in sets]
 
     def runner(impl: Callable[..., torch.Tensor], train: bool) -> Callable[[int], Any]:
-        def infer(i: int) -> torch.Tensor:
-            x, y = sets[i % len(sets)]
-            return impl(x, y, train=False)
-
-        def step(i: int) -> None:
-            a = leaves[i % len(leaves)]
-            a.grad = None
-            (1 - impl(a, sets[i % len(sets)][1])).backward()
-
-        return step if train else infer
+        return calls(impl, sets, leaves)[1 if train else 0]
 
     out: dict[str, Any] = {"rounds": rounds}
     for kind, train in (("infer", False), ("train", True)):

@@ -52,17 +52,15 @@ template <typename T>
 using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
 template <typename A>
-__device__ __forceinline__ A gauss(int k);
-template <>
-__device__ __forceinline__ float gauss<float>(int k) { return kGaussF[k]; }
-template <>
-__device__ __forceinline__ double gauss<double>(int k) { return kGaussD[k]; }
+__device__ __forceinline__ A gauss(int k) {
+  if constexpr (std::is_same_v<A, double>) return kGaussD[k];
+  else return kGaussF[k];
+}
 template <typename A>
-__device__ __forceinline__ A gauss2(int k);
-template <>
-__device__ __forceinline__ float gauss2<float>(int k) { return kGauss2F[k]; }
-template <>
-__device__ __forceinline__ double gauss2<double>(int k) { return kGauss2D[k]; }
+__device__ __forceinline__ A gauss2(int k) {
+  if constexpr (std::is_same_v<A, double>) return kGauss2D[k];
+  else return kGauss2F[k];
+}
 
 // Products, sums and differences the compiler must keep as written (never contracted into an
 // FMA with a neighbouring operation: the two kernels must round alike).
