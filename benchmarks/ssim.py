@@ -218,16 +218,13 @@ def side_by_side(
     mean on one pair (the two compute the same function: a guard on the timings)."""
     sets = rotation(shape, torch.float32, device)
     leaves = [x.clone().requires_grad_(True) for x, _ in sets]
-
-    def runner(impl: Callable[..., torch.Tensor], train: bool) -> Callable[[int], Any]:
-        return calls(impl, sets, leaves)[1 if train else 0]
-
+    ours, theirs = calls(ssim, sets, leaves), calls(peer, sets, leaves)
     out: dict[str, Any] = {"rounds": rounds}
-    for kind, train in (("infer", False), ("train", True)):
+    for which, kind in enumerate(("infer", "train")):
         ours_t, peer_t = [], []
         for _ in range(rounds):
-            ours_t.append(time_ms(runner(ssim, train), reps, 5))
-            peer_t.append(time_ms(runner(peer, train), reps, 5))
+            ours_t.append(time_ms(ours[which], reps, 5))
+            peer_t.append(time_ms(theirs[which], reps, 5))
         out[f"{kind}_ms"] = statistics.median(ours_t)
         out[f"peer_{kind}_ms"] = statistics.median(peer_t)
         out[f"{kind}_ratio"] = statistics.median(p / o for o, p in zip(ours_t, peer_t, strict=True))
