@@ -100,27 +100,18 @@ def timed(fn: Callable[[], Any], reps: int, device: str) -> float:
 def gpu_work(fn: Callable[[], Any]) -> str:
     """What one ``fn()`` ran on the GPU, from kineto's profiler: ``kernels+copies+memsets``
     (``-`` where the profiler could not run)."""
-    try:
-        from torch._C._profiler import (
-            ProfilerActivity,
-            ProfilerConfig,
-            ProfilerState,
-            _ExperimentalConfig,
-        )
-        from torch.autograd.profiler import _disable_profiler, _enable_profiler, _prepare_profiler
+    from torch.profiler import ProfilerActivity, profile
 
+    try:
         from gpucheck.detectors.launch_trace import gpu_events  # BASE's, where it has one
 
-        config = ProfilerConfig(
-            ProfilerState.KINETO, False, False, False, False, False, _ExperimentalConfig()
-        )
-        _prepare_profiler(config, {ProfilerActivity.CUDA})
-        _enable_profiler(config, {ProfilerActivity.CUDA})
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        events = gpu_events(prof.profiler.kineto_results)
     except Exception:
         return "-"
-    fn()
-    torch.cuda.synchronize()
-    kinds = Counter(e["type"] for e in gpu_events(_disable_profiler()))
+    kinds = Counter(e["type"] for e in events)
     return f"{kinds['kernel']}+{kinds['gpu_memcpy']}+{kinds['gpu_memset']}"
 
 
