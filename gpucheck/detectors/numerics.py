@@ -111,14 +111,14 @@ def _scan(torch: Any, chunk: list[Any], size: int) -> list[int]:
 
     Under CUDA_LAUNCH_BLOCKING every kernel is a round trip, so the launches are the cost. On
     a GPU: the row (:func:`_row`: none for a lone tensor, one ``cat`` for tensors of one
-    width, else one copy a tensor); the scan into int64 (a cast where the row is narrower,
-    then cub's two kernels); its sum (one reduction, and a memset on a long row), written
-    just after the scan's last element, the plain sum; one copy back of those two adjacent
-    values. 4 to 6 launches for a lone tensor, 5 to 7 for any number of tensors of one width
-    (float32 and int32 alike: the common case), the tensors' count + 4 or 5 for mixed
-    widths; one more for each tensor not laid out as one row where it is viewed as one (a
-    transposed one; not in the mixed widths' copies). No index, nothing copied to the
-    device."""
+    width, else one copy a tensor); the scan into int64 (a cast or a copy where the row is
+    narrower or strided, then cub's two kernels); its sum (one reduction, and a memset on a
+    long row), written just after the scan's last element, the plain sum; one copy back of
+    those two adjacent values. 4 to 6 launches for a lone tensor, 5 to 7 for any number of
+    tensors of one width (float32 and int32 alike: the common case), the tensors' count + 4
+    or 5 for mixed widths; one more for each tensor not laid out as one row where it is
+    viewed as one (a transposed one; not in the mixed widths' copies). No index, nothing
+    copied to the device."""
     scanned = torch.empty(size + 1, dtype=torch.int64, device=chunk[0].device)
     torch.cumsum(_row(torch, chunk, size), 0, dtype=torch.int64, out=scanned[:size])
     torch.sum(scanned[:size], 0, out=scanned[size])
@@ -171,7 +171,7 @@ def _fingerprint(torch: Any, obj: Any, results_only: bool, left_out: dict[int, A
     from torch.utils._pytree import tree_leaves
 
     parts: list[Any] = []
-    hashed: dict[Any, list[Any]] = {}  # device -> its tensors, summed with one copy back
+    hashed: dict[Any, list[Any]] = {}  # device -> its tensors, one copy back a chunk
     index = -1
     for leaf in tree_leaves(obj):
         if isinstance(leaf, torch.Tensor):
