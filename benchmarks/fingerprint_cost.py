@@ -10,8 +10,10 @@ kernel it launches is a round trip, so its cost is its kernels' count. Each row 
 :func:`~gpucheck.detectors.numerics.fingerprint` of one tensor set shaped as a bundled op's
 inputs or outputs (the sizes of the kernel suites' cases), medians of ``--reps`` (CUDA events
 around each on a GPU, after a warm-up); ``per tensor`` is the median over the set's tensors
-with data. Run it under ``CUDA_LAUNCH_BLOCKING=1`` for the cost inside ``gpucheck run`` and
-without for the cost's floor; the table is printed and written to ``--json`` with the machine.
+with data; ``GPU work`` is what one fingerprint of the set ran on a GPU, from kineto's
+profiler after the timings: kernels + copies + memsets (the count the cost follows). Run it
+under ``CUDA_LAUNCH_BLOCKING=1`` for the cost inside ``gpucheck run`` and without for the
+cost's floor; the table is printed and written to ``--json`` with the machine.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import os
 import platform
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -94,6 +97,24 @@ def timed(fn: Callable[[], Any], reps: int, device: str) -> float:
     return statistics.median(times)
 
 
+def gpu_work(fn: Callable[[], Any]) -> str:
+    """What one ``fn()`` ran on the GPU, from kineto's profiler: ``kernels+copies+memsets``
+    (``-`` where the profiler could not run)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        from gpucheck.detectors.launch_trace import gpu_events  # BASE's, where it has one
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        events = gpu_events(prof.profiler.kineto_results)
+    except Exception:
+        return "-"
+    kinds = Counter(e["type"] for e in events)
+    return f"{kinds['kernel']}+{kinds['gpu_memcpy']}+{kinds['gpu_memset']}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -109,7 +130,8 @@ def main() -> None:
             "fingerprint_cost: no CUDA device visible (--device cpu measures the host)"
         )
     rows = []
-    for name, obj in sets(args.device, args.n, args.side).items():
+    tensor_sets = sets(args.device, args.n, args.side)
+    for name, obj in tensor_sets.items():
         tensors = [t for t in torch.utils._pytree.tree_leaves(obj) if isinstance(t, torch.Tensor)]
         with_data = [t for t in tensors if t.numel()]
         whole = timed(lambda o=obj: numerics.fingerprint(o), args.reps, args.device)
@@ -123,6 +145,11 @@ def main() -> None:
                 "us": round(whole, 1),
                 "us_per_tensor": round(each, 1),
             }
+        )
+    for row, obj in zip(rows, tensor_sets.values(), strict=True):
+        # after every timing: CUPTI, once attached, may slow later launches
+        row["gpu_work"] = (
+            gpu_work(lambda o=obj: numerics.fingerprint(o)) if args.device == "cuda" else "-"
         )
     machine = {
         "device": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor(),
@@ -140,10 +167,13 @@ def main() -> None:
         f", {machine['numerics']}"
     )
     print(
-        "| tensor set | tensors | fingerprint µs | a one-tensor fingerprint µs |\n|---|---|---|---|"
+        "| tensor set | tensors | fingerprint µs | a one-tensor fingerprint µs "
+        "| GPU work (kernels+copies+memsets) |\n|---|---|---|---|---|"
     )
     for r in rows:
-        print(f"| {r['set']} | {r['tensors']} | {r['us']} | {r['us_per_tensor']} |")
+        print(
+            f"| {r['set']} | {r['tensors']} | {r['us']} | {r['us_per_tensor']} | {r['gpu_work']} |"
+        )
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"machine": machine, "rows": rows}, fh, indent=1)

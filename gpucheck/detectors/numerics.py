@@ -57,7 +57,7 @@ from gpucheck.model.results import CaseData, CaseRecord, Finding
 
 CAP = 16
 SAMPLE = 1 << 20
-CHUNK = SAMPLE  # elements summed at once: two rows of int64, 16 MiB at most
+CHUNK = SAMPLE  # elements summed at once (their row, its int64 widening and scan: 20 MiB)
 MAX_KEPT = 64  # fingerprints a case record keeps
 HINT = (
     "make the result a function of the input alone: no float atomics whose order varies "
@@ -69,54 +69,76 @@ _INT = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
 
 
 def _ints(torch: Any, t: Any) -> Any:
-    """The tensor's elements as integers of their width (its bits), flat, in logical order;
-    above :data:`SAMPLE` elements an evenly strided sample (the first element kept). A view
-    where the tensor allows one (no kernel)."""
-    flat = t.detach().reshape(-1)
-    n = flat.numel()
+    """The tensor's elements as integers of their width (its bits), in logical order, in its
+    own shape; above :data:`SAMPLE` elements an evenly strided flat sample of them (the first
+    element kept). A view (no kernel), but for the flat sample of a tensor that is not laid
+    out as one row, and a conjugate or negative view (``x.conj()``, its ``.imag``), whose
+    stored bits are not its values."""
+    bits = t.detach().resolve_conj().resolve_neg()
+    n = bits.numel()
     if n > SAMPLE:
-        flat = flat[:: -(-n // SAMPLE)]
-    if flat.dtype.is_complex:
-        flat = torch.view_as_real(flat).reshape(-1)
-    return flat.view(getattr(torch, _INT[flat.element_size()]))
+        bits = bits.reshape(-1)[:: -(-n // SAMPLE)]
+    if bits.dtype.is_complex:
+        bits = torch.view_as_real(bits)
+    return bits.view(getattr(torch, _INT[bits.element_size()]))
 
 
 def _sums(torch: Any, tensors: list[Any]) -> list[int]:
-    """Two sums of each tensor's bits (``tensors``: of one device), in order: the plain sum
-    and a sum weighted by position (so an order change shows), read back flat.
+    """Two sums of the tensors' bits (``tensors``: non-empty, of one device) per chunk of at
+    most :data:`CHUNK` elements (whole tensors, in order; one tensor above it is a chunk of
+    its own): the plain sum of the chunk's integers, one tensor after another, and a sum
+    weighted by position (so that a change of order, or of which tensor holds a value,
+    shows). The tensors' dtypes and shapes are not in them: the caller hashes those beside.
 
-    The tensors' integers are scanned one after another into a row of int64 (a running sum
-    that starts again at each tensor, whose last element is the tensor's sum); a scan of that
-    row sums the running sums (at a tensor's last element: every earlier element weighted by
-    its distance from there, the earlier tensors of the chunk included). Both rows are read at
-    each tensor's last element. int64 sums wrap around alike in any order of summation, so a
-    device's parallel scan gives the host's numbers. Under CUDA_LAUNCH_BLOCKING every kernel
-    is a round trip, so the count is the cost: one scan a tensor, then per :data:`CHUNK`
-    elements the index of the ends, the second scan, the read of both rows and the copy back."""
+    Both are exact int64 sums, which wrap around alike in any order of summation, so a
+    device's parallel scan and reduction give the host's numbers."""
     values: list[int] = []
     chunk: list[Any] = []
     size = 0
-    for flat in [_ints(torch, t) for t in tensors]:
-        if chunk and size + flat.numel() > CHUNK:
+    for bits in [_ints(torch, t) for t in tensors]:
+        if chunk and size + bits.numel() > CHUNK:
             values += _scan(torch, chunk, size)
             chunk, size = [], 0
-        chunk.append(flat)
-        size += flat.numel()
+        chunk.append(bits)
+        size += bits.numel()
     return values + _scan(torch, chunk, size)
 
 
-def _scan(torch: Any, flats: list[Any], size: int) -> list[int]:
-    rows = torch.empty(2, size, dtype=torch.int64, device=flats[0].device)
-    ends: list[int] = []
+def _scan(torch: Any, chunk: list[Any], size: int) -> list[int]:
+    """``[sum, weighted]`` of a chunk's integers (``chunk``: :func:`_ints` views, ``size``
+    elements in all) laid out as one row ``x``: ``sum`` of ``x[i]``, and ``weighted``, the sum
+    of the row's running sums, ``(size - i) * x[i]`` summed.
+
+    Under CUDA_LAUNCH_BLOCKING every kernel is a round trip, so the launches are the cost. On
+    a GPU: the row (:func:`_row`: none for a lone tensor, one ``cat`` for tensors of one
+    width, else one copy a tensor); the scan into int64 (a cast or a copy where the row is
+    narrower or strided, then cub's two kernels); its sum (one reduction, and a memset on a
+    long row), written just after the scan's last element, the plain sum; one copy back of
+    those two adjacent values. 4 to 6 launches for a lone tensor, 5 to 7 for any number of
+    tensors of one width (float32 and int32 alike: the common case), the tensors' count + 4
+    or 5 for mixed widths; one more for each tensor not laid out as one row where it is
+    viewed as one (a transposed one; not in the mixed widths' copies). No index, nothing
+    copied to the device."""
+    scanned = torch.empty(size + 1, dtype=torch.int64, device=chunk[0].device)
+    torch.cumsum(_row(torch, chunk, size), 0, dtype=torch.int64, out=scanned[:size])
+    torch.sum(scanned[:size], 0, out=scanned[size])
+    return scanned[size - 1 :].tolist()
+
+
+def _row(torch: Any, chunk: list[Any], size: int) -> Any:
+    """The chunk's integers one tensor after another, flat: a view of a lone tensor, one
+    ``cat`` of tensors of one width (a copy for each not laid out as one row), else each
+    copied, widened, into a row of int64 in its own layout."""
+    if len(chunk) == 1:
+        return chunk[0].reshape(-1)
+    if len({bits.dtype for bits in chunk}) == 1:
+        return torch.cat([bits.reshape(-1) for bits in chunk])
+    row = torch.empty(size, dtype=torch.int64, device=chunk[0].device)
     start = 0
-    for flat in flats:
-        end = start + flat.numel()
-        torch.cumsum(flat, 0, dtype=torch.int64, out=rows[0, start:end])
-        ends.append(end - 1)
-        start = end
-    torch.cumsum(rows[0], 0, out=rows[1])
-    read = rows[:, torch.tensor(ends, device=rows.device)]
-    return [v for pair in zip(*read.tolist(), strict=True) for v in pair]
+    for bits in chunk:
+        row[start : start + bits.numel()].view(bits.shape).copy_(bits)
+        start += bits.numel()
+    return row
 
 
 def scratch(t: Any) -> bool:
@@ -149,7 +171,7 @@ def _fingerprint(torch: Any, obj: Any, results_only: bool, left_out: dict[int, A
     from torch.utils._pytree import tree_leaves
 
     parts: list[Any] = []
-    hashed: dict[Any, list[Any]] = {}  # device -> its tensors, summed with one copy back
+    hashed: dict[Any, list[Any]] = {}  # device -> its tensors, one copy back a chunk
     index = -1
     for leaf in tree_leaves(obj):
         if isinstance(leaf, torch.Tensor):

@@ -8,6 +8,7 @@ import itertools
 
 import extkit
 import torch
+from torch.overrides import TorchFunctionMode
 
 from gpucheck.detectors import CaseInfo, Numerics, numerics, unwritten, unwritten_probe
 from gpucheck.detectors.numerics import conflicts, disagreements, fingerprint, parse
@@ -61,53 +62,165 @@ def test_fingerprint_is_of_the_bits():
 
 def _python_sums(tensors, chunk):
     """The sums :func:`gpucheck.detectors.numerics._sums` reads back, in plain Python: each
-    tensor's bits as integers (sampled above SAMPLE elements), a running sum that starts
-    again at each tensor, and the running sum of that row over a chunk of tensors; both at
-    each tensor's last element, int64 wrapping as on the device."""
+    tensor's bits as integers (sampled above SAMPLE elements), one tensor after another in
+    chunks of at most ``chunk`` elements; per chunk the plain sum and the sum weighted by each
+    element's distance from the chunk's end (``n - i``), int64 wrapping as on the device."""
     ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
     def wrap(v):
         return (v + (1 << 63)) % (1 << 64) - (1 << 63)
 
-    flats = []
+    rows, row = [], []
     for t in tensors:
         flat = t.reshape(-1)
         if flat.numel() > numerics.SAMPLE:
             flat = flat[:: -(-flat.numel() // numerics.SAMPLE)]
         if flat.dtype.is_complex:
             flat = torch.view_as_real(flat).reshape(-1)
-        flats.append(flat.view(ints[flat.element_size()]).tolist())
-    values, used, second = [], 0, 0
-    for flat in flats:
-        if used and used + len(flat) > chunk:
-            used, second = 0, 0
-        first = 0
-        for v in flat:
-            first = wrap(first + v)
-            second = wrap(second + first)
-        used += len(flat)
-        values += [first, second]
+        bits = flat.view(ints[flat.element_size()]).tolist()
+        if row and len(row) + len(bits) > chunk:
+            rows.append(row)
+            row = []
+        row = row + bits
+    values = []
+    for x in [*rows, row]:
+        values += [wrap(sum(x)), wrap(sum((len(x) - i) * v for i, v in enumerate(x)))]
     return values
 
 
-def test_the_sums_are_the_bits_running_sums(monkeypatch):
-    """The device-side sums against the same sums in Python, over the dtypes an op takes
-    (bool, bytes, 16-bit floats, complex, int64 near its limits, a strided view, a sampled
-    tensor) and over several chunks."""
-    g = torch.Generator().manual_seed(1)
-    tensors = [
+def _tensors(g):
+    """Of one width (float32 and int32; one transposed, one a scalar) and of every width an op
+    takes (bool, bytes, 16-bit floats, complex, int64 near its limits and a scalar, a strided
+    view), each with a tensor sampled above SAMPLE elements."""
+    one_width = [
+        torch.rand(300, generator=g),
+        torch.randint(-(2**31), 2**31 - 1, (40,), generator=g, dtype=torch.int32),
+        torch.rand(9, 7, generator=g).t(),
+        torch.rand(numerics.SAMPLE + 3, generator=g),
+        torch.rand((), generator=g),
+    ]
+    widths = [
         torch.rand(300, generator=g),
         torch.rand(7, generator=g) > 0.5,
         torch.randint(0, 256, (33,), generator=g, dtype=torch.uint8),
         torch.rand(5, 4, generator=g).half().t(),
         torch.randn(9, generator=g, dtype=torch.complex64),
         torch.tensor([2**63 - 1, 2**63 - 1, -(2**63), 5]),
+        torch.tensor(-3),
         torch.rand(50, 20, generator=g, dtype=torch.float64)[:, ::3],
         torch.rand(numerics.SAMPLE + 3, generator=g),
     ]
-    for chunk in (numerics.CHUNK, 64):
+    return one_width, widths
+
+
+def test_the_sums_are_each_chunks_plain_and_position_weighted_sums(monkeypatch):
+    """The device-side sums against the same sums in Python: of tensors of one width (one
+    ``cat``), of mixed widths (one copy each), of a lone tensor (its own view) and over
+    several chunks."""
+    one_width, widths = _tensors(torch.Generator().manual_seed(1))
+    for chunk in (numerics.CHUNK, 64, 1000):
         monkeypatch.setattr(numerics, "CHUNK", chunk)
-        assert numerics._sums(torch, tensors) == _python_sums(tensors, chunk)
+        for tensors in (one_width, widths, *([t] for t in one_width + widths)):
+            assert numerics._sums(torch, tensors) == _python_sums(tensors, chunk)
+
+
+def test_a_fingerprint_changes_with_an_element_its_place_or_its_tensor():
+    """One element changed, two swapped within a tensor or between two, or two tensors of one
+    shape swapped: another digest, for tensors of one width and of mixed widths alike; the same
+    values in another memory layout, or as a conjugate or negative view: the same digest."""
+    g = torch.Generator().manual_seed(2)
+    for b in (torch.rand(6, 5, generator=g), torch.rand(6, 5, generator=g).double()):
+        a = torch.rand(6, 5, generator=g)
+        c = torch.randint(0, 1000, (4,), generator=g, dtype=torch.int32)
+        base = fingerprint((a, b, c))
+        nudged = a.clone()
+        nudged[3, 1] = torch.nextafter(nudged[3, 1], torch.tensor(2.0))
+        swapped = a.clone()
+        swapped[0, 0], swapped[5, 4] = a[5, 4], a[0, 0]
+        a2, b2 = a.clone(), b.clone()
+        a2[2, 2], b2[2, 2] = b[2, 2].to(a.dtype), a[2, 2].to(b.dtype)
+        assert b2[2, 2] != b[2, 2]
+        changed = {
+            fingerprint((nudged, b, c)),
+            fingerprint((swapped, b, c)),
+            fingerprint((a2, b2, c)),
+            fingerprint((a, b, c.flip(0))),
+        }
+        assert len(changed) == 4 and base not in changed
+        assert fingerprint((a, b.t().contiguous().t(), c)) == base
+        assert fingerprint(b.t()) == fingerprint(b.t().contiguous())
+    a, b = torch.rand(2, 8, generator=g).unbind()
+    assert fingerprint((a, b)) != fingerprint((b, a))  # which tensor holds which values
+    z = torch.randn(6, generator=g, dtype=torch.complex64)
+    assert fingerprint(z.conj()) == fingerprint(z.conj().resolve_conj()) != fingerprint(z)
+    assert fingerprint(z.conj().imag) == fingerprint(-z.imag) != fingerprint(z.imag)
+
+
+def test_a_fingerprint_leaves_masked_elements_and_byte_scratch_out():
+    """``left_out``: the masked elements hashed as 0, whatever they hold; ``results_only``:
+    a ``uint8`` tensor left out, whatever it holds (but not its place among the tensors)."""
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.rand(4, 3, generator=g), torch.rand(5, generator=g)
+    rows = torch.tensor([True, False, True, False])[:, None]
+    other = torch.where(rows, torch.rand(4, 3, generator=g), x)
+    zeroed = x.masked_fill(rows, 0.0)
+    assert fingerprint((y, x), left_out={1: rows}) == fingerprint((y, other), left_out={1: rows})
+    assert fingerprint((y, x), left_out={1: rows}) == fingerprint((y, zeroed))
+    assert fingerprint((y, x)) != fingerprint((y, other))
+    scratch = torch.randint(0, 256, (32,), generator=g, dtype=torch.uint8)
+    assert fingerprint((x, scratch), results_only=True) == fingerprint(
+        (x, scratch.flip(0)), results_only=True
+    )
+    assert fingerprint((x, scratch)) != fingerprint((x, scratch.flip(0)))
+    assert fingerprint((x, scratch), results_only=True) != fingerprint(x, results_only=True)
+
+
+class _Functions(TorchFunctionMode):
+    """A torch-function mode that lists what it sees (by name)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.seen.append(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+def _launches(obj):
+    """What a fingerprint of ``obj`` runs that would be a kernel or a copy between host and
+    device on a GPU: the aten ops that are neither views nor allocations, and the reads back
+    (``tolist``, ``item``) and copies to the device (``torch.tensor``)."""
+    with _Functions() as functions, extkit.Dispatched() as dispatched:
+        digest = numerics._fingerprint(torch, obj, False, {})
+    assert digest is not None
+    free = ("aten.empty.memory_format", "aten._unsafe_view.default")  # no kernel either
+    kernels = [op for op in dispatched.seen if op not in free and not _overload(op).is_view]
+    transfers = [f for f in functions.seen if f in ("tolist", "item", "tensor", "cpu", "to")]
+    return kernels, transfers
+
+
+def _overload(name):
+    ns, op, overload = name.split(".")
+    return getattr(getattr(getattr(torch.ops, ns), op), overload)
+
+
+def test_a_fingerprint_launches_a_few_kernels_whatever_its_tensors_count(monkeypatch):
+    """What the fingerprint of a call costs on a GPU under CUDA_LAUNCH_BLOCKING is its
+    launches: counted here as the aten ops it runs (each a kernel or cub's two on a GPU) and
+    its reads back, so a regression in the count shows on the host."""
+    scan = ["aten.cumsum.out", "aten.sum.IntList_out"]
+    x = torch.rand(64, 3)
+    assert _launches(x) == (scan, ["tolist"])
+    splat = (*(torch.rand(n, 3) for n in (10, 20, 30)), torch.arange(7, dtype=torch.int32), 3)
+    assert _launches(splat) == (["aten.cat.default", *scan], ["tolist"])
+    mixed = (x, torch.arange(5), torch.rand(4) > 0.5)
+    assert _launches(mixed) == (["aten.copy_.default"] * 3 + scan, ["tolist"])
+    # a tensor not laid out as one row: a copy where it is viewed as one (not among mixed widths)
+    assert _launches((x, x.t())) == (["aten.clone.default", "aten.cat.default", *scan], ["tolist"])
+    assert _launches((x.t(), torch.arange(5))) == (["aten.copy_.default"] * 2 + scan, ["tolist"])
+    monkeypatch.setattr(numerics, "CHUNK", 2 * x.numel())  # two chunks: x and x, then x alone
+    assert _launches((x, x, x)) == (["aten.cat.default", *scan, *scan], ["tolist"] * 2)
 
 
 def _run_case(det, body):
@@ -219,24 +332,14 @@ def test_numerics_leaves_an_ops_byte_scratch_out():
 def test_the_hashing_is_unseen_by_the_cases_modes():
     """A case's dispatch and torch-function modes (opcheck's schema check, a logging mode) see
     the op's own torch calls, never the fingerprinting's: it would pay (and log) for each."""
-    from torch.overrides import TorchFunctionMode
-
-    class Functions(TorchFunctionMode):
-        def __init__(self):
-            super().__init__()
-            self.seen = []
-
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            self.seen.append(getattr(func, "__name__", str(func)))
-            return func(*args, **(kwargs or {}))
-
     x = torch.rand(64)
     det = Numerics()
-    with Functions() as functions, extkit.Dispatched() as dispatched:
+    with _Functions() as functions, extkit.Dispatched() as dispatched:
         found, data = _run_case(det, lambda: torch.ops.gpucheck_numerics.double(x))
     assert not found and len(data.fingerprints) == 1  # it was hashed
     assert dispatched.seen == ["gpucheck_numerics.double.default"], dispatched.seen
-    assert not any(s in ("cumsum", "empty", "tensor") for s in functions.seen), functions.seen
+    hashing = ("empty", "cumsum", "cat", "sum", "tolist")
+    assert not any(s in hashing for s in functions.seen), functions.seen
 
 
 # -- outputs an op leaves unwritten (the unwritten-output probe's evidence) ------------------

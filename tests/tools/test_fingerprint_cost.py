@@ -1,4 +1,5 @@
-"""benchmarks/fingerprint_cost.py on the host: a row per tensor set of the bundled ops, timed."""
+"""benchmarks/fingerprint_cost.py on the host: a row per tensor set of the bundled ops, timed
+(its GPU work is counted on a GPU only)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ def test_each_set_is_timed_and_written(tmp_path):
     assert rows["splat_project in (8 tensors)"]["tensors"] == 8
     assert rows["splat_project out (10 tensors)"]["tensors"] == 8  # two [0] placeholders
     assert all(r["us"] > 0 and r["us_per_tensor"] > 0 for r in rows.values())
+    assert all(r["gpu_work"] == "-" for r in rows.values())  # kineto's count: on a GPU only
     assert done.stdout.count("\n| ") == len(rows) + 1  # the header and a line a set
     assert Path(data["machine"]["numerics"]) == ROOT / "gpucheck" / "detectors" / "numerics.py"
 
